@@ -1,0 +1,345 @@
+//! `ScalePolicy`: what a team asks for — runners for one GitHub target, with labels, bounds,
+//! nodes, workspace and execution modes. Tenants never name host paths or download URLs: slots
+//! are derived by the agent and packages are resolved by the operator.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::conditions::Condition;
+use crate::duration::ManifestDuration;
+
+/// A repository, organization or enterprise URL on github.com or a GitHub Enterprise Server host.
+/// No user-info part (`user:token@`): credentials belong in the Secret.
+pub const GITHUB_URL_PATTERN: &str = r"^https://[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?/(enterprises/[A-Za-z0-9_.-]+|[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)?)/?$";
+/// A runner label as GitHub accepts it: no spaces, no commas.
+pub const LABEL_PATTERN: &str = r"^[A-Za-z0-9][A-Za-z0-9._:/+-]*$";
+/// `latest` or `MAJOR.MINOR.PATCH`.
+pub const RUNNER_VERSION_PATTERN: &str = r"^(latest|[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4})$";
+/// Upper bound of `maxRunners`: a sanity ceiling, and the highest persistent slot number.
+pub const MAX_RUNNERS_CEILING: u32 = 1000;
+/// How many pending jobs a policy's status remembers (oldest dropped first).
+pub const PENDING_JOBS_BOUND: usize = 1000;
+
+/// Runners for one GitHub target: how many, with which labels, on which nodes, and how they run.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "runner-manager.dev",
+    version = "v1alpha1",
+    kind = "ScalePolicy",
+    doc = "Runners for one GitHub target: labels, bounds, nodes, workspace and execution. `kubectl explain scalepolicy.spec` documents every field.",
+    plural = "scalepolicies",
+    shortname = "sp",
+    category = "runner-manager",
+    namespaced,
+    status = "ScalePolicyStatus",
+    printcolumn = r#"{"name":"Target","type":"string","jsonPath":".spec.github.url"}"#,
+    printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".status.desired"}"#,
+    printcolumn = r#"{"name":"Idle","type":"integer","jsonPath":".status.idle"}"#,
+    printcolumn = r#"{"name":"Busy","type":"integer","jsonPath":".status.busy"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalePolicySpec {
+    /// The GitHub target and how to authenticate to it.
+    pub github: GitHubSpec,
+    /// The runners' labels, which jobs' `runs-on` are matched against. 1 to 99 (GitHub allows
+    /// 100; the cluster's ownership label takes one).
+    #[schemars(length(min = 1, max = 99), inner(pattern(LABEL_PATTERN), length(min = 1, max = 100)))]
+    pub labels: Vec<String>,
+    /// Idle runners kept registered on top of the work, so a new job starts without waiting for
+    /// a launch. At most `maxRunners`.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 1000))]
+    pub min_idle: u32,
+    /// The most runners of this policy alive at once, across the cluster.
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_runners: u32,
+    /// Node labels a node must carry to host this policy's runners.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Where a runner's `_work` lives.
+    #[serde(default)]
+    pub workspace: WorkspaceSpec,
+    /// How a runner runs: a host process or an OCI pod.
+    #[serde(default)]
+    pub execution: ExecutionSpec,
+    /// Which runner version, and the runners' environment.
+    #[serde(default)]
+    pub runner: RunnerSpec,
+    /// How long a runner may take to register, and stay idle.
+    #[serde(default)]
+    pub timeouts: PolicyTimeouts,
+    /// How demand is learnt.
+    #[serde(default)]
+    pub scaling: ScalingSpec,
+}
+
+/// The GitHub target and its credentials.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GitHubSpec {
+    /// `https://github.com/OWNER/REPO` (repository), `https://github.com/ORG` (organization) or
+    /// `https://github.com/enterprises/ENTERPRISE` (enterprise); a GitHub Enterprise Server host
+    /// in place of github.com works the same way. Never with credentials in it.
+    #[schemars(pattern(GITHUB_URL_PATTERN), length(max = 512))]
+    pub url: String,
+    /// The Secret in this namespace with the credentials: a GitHub App (`appId`, `privateKey`,
+    /// optionally `installationId`) or a token (`token`).
+    pub credentials_secret_ref: SecretRef,
+    /// The runner group: a name (resolved to its id) or an id. Default `Default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_group: Option<IntOrString>,
+}
+
+/// A Secret in the policy's namespace.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SecretRef {
+    /// The Secret's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// A ConfigMap in the policy's namespace.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ConfigMapRef {
+    /// The ConfigMap's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// Where `_work` lives.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceSpec {
+    /// `Ephemeral` (a fresh directory per runner, removed after) or `Persistent` (a slot per
+    /// concurrent runner whose `_work` is kept warm between jobs; repository targets only).
+    #[serde(default)]
+    pub mode: WorkspaceMode,
+}
+
+/// A workspace mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum WorkspaceMode {
+    /// A fresh directory per runner, removed whole after its job.
+    #[default]
+    Ephemeral,
+    /// A slot per concurrent runner (`s1..s<maxRunners>` on each node) whose `_work` is kept.
+    Persistent,
+}
+
+/// How a runner runs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecutionSpec {
+    /// `Native` (a host process in its own cgroup) or `Oci` (a pod on the node).
+    #[serde(default)]
+    pub mode: ExecutionMode,
+    /// `Oci` only: the runner image, pinned by digest (`name@sha256:<64 hex>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
+    /// Per runner: cgroup limits (native) or pod resources (OCI).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<RunnerResources>,
+}
+
+/// An execution mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum ExecutionMode {
+    /// A host process in its own cgroup, as a runner account of the node's pool.
+    #[default]
+    Native,
+    /// A pod pinned to the node, from an image pinned by digest.
+    Oci,
+}
+
+/// Per-runner limits.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RunnerResources {
+    /// CPU limit, e.g. `4` or `1500m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<Quantity>,
+    /// Memory limit, e.g. `8Gi`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Quantity>,
+}
+
+/// Which runner, and its environment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunnerSpec {
+    /// `latest` or a version such as `2.330.0`. The operator resolves version, download URL and
+    /// sha256 from GitHub's runner downloads (or the admin's mirror) and pins them per attempt.
+    #[serde(default = "latest")]
+    #[schemars(pattern(RUNNER_VERSION_PATTERN))]
+    pub version: String,
+    /// A ConfigMap whose `runner.env` key holds `NAME=value` lines for the runners' environment.
+    /// The operator validates it and copies it into each attempt, so agents never read team
+    /// namespaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_from: Option<EnvFrom>,
+}
+
+fn latest() -> String {
+    "latest".to_owned()
+}
+
+impl Default for RunnerSpec {
+    fn default() -> Self {
+        Self {
+            version: latest(),
+            env_from: None,
+        }
+    }
+}
+
+/// Where the runners' environment comes from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvFrom {
+    /// The ConfigMap holding `runner.env`.
+    pub config_map_ref: ConfigMapRef,
+}
+
+/// Timeouts of a runner's life.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyTimeouts {
+    /// How long a runner may take from receiving its JIT to being listed online. Default `5m`.
+    #[serde(default = "default_registration")]
+    pub registration: ManifestDuration,
+    /// How long a registered runner may wait for a job before it is stopped (deregistered
+    /// first). Default `10m`.
+    #[serde(default = "default_idle")]
+    pub idle: ManifestDuration,
+}
+
+fn default_registration() -> ManifestDuration {
+    ManifestDuration::from_secs(300)
+}
+
+fn default_idle() -> ManifestDuration {
+    ManifestDuration::from_secs(600)
+}
+
+impl Default for PolicyTimeouts {
+    fn default() -> Self {
+        Self {
+            registration: default_registration(),
+            idle: default_idle(),
+        }
+    }
+}
+
+/// How demand is learnt.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalingSpec {
+    /// Take demand from `workflow_job` webhooks. Default `true`.
+    #[serde(default = "yes")]
+    pub webhook: bool,
+    /// How often queued jobs are polled to repair missed deliveries (repository targets).
+    /// Default `60s`.
+    #[serde(default = "default_poll")]
+    pub poll_interval: ManifestDuration,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_poll() -> ManifestDuration {
+    ManifestDuration::from_secs(60)
+}
+
+impl Default for ScalingSpec {
+    fn default() -> Self {
+        Self {
+            webhook: true,
+            poll_interval: default_poll(),
+        }
+    }
+}
+
+/// What the operator last saw and decided for a policy.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalePolicyStatus {
+    /// The `metadata.generation` the status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `Scaling`, `Degraded`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition<PolicyConditionType, PolicyReason>>,
+    /// Runners wanted now: `min(maxRunners, busy + pendingJobs + minIdle)`.
+    #[serde(default)]
+    pub desired: u32,
+    /// Attempts on their way up (not yet listed online).
+    #[serde(default)]
+    pub starting: u32,
+    /// Runners online without a job.
+    #[serde(default)]
+    pub idle: u32,
+    /// Runners running a job.
+    #[serde(default)]
+    pub busy: u32,
+    /// Attempts concluded and not yet cleaned.
+    #[serde(default)]
+    pub cleaning: u32,
+    /// Attempts whose workspace is quarantined for a person.
+    #[serde(default)]
+    pub quarantined: u32,
+    /// The runner group id `runnerGroup` resolved to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_group_id: Option<i64>,
+    /// The runner version `runner.version` resolved to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_version: Option<String>,
+    /// When the desired count last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_time: Option<Time>,
+    /// Jobs queued for this policy and not yet taken: job id → queued time. Written by every
+    /// webhook receiver, so demand survives operator restarts and failover. Bounded.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pending_jobs: BTreeMap<String, Time>,
+}
+
+/// The condition types of a policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum PolicyConditionType {
+    /// The policy is valid and its target, credentials and runner group resolve.
+    Ready,
+    /// The policy is changing its runner count.
+    Scaling,
+    /// Launches keep failing; replacement is paused until the spec changes.
+    Degraded,
+}
+
+/// Why a policy condition is what it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum PolicyReason {
+    Valid,
+    InvalidSpec,
+    SecretNotFound,
+    SecretKeyMissing,
+    CredentialsRejected,
+    RunnerGroupNotFound,
+    RunnerVersionUnresolvable,
+    ImageUnresolvable,
+    RunnerEnvInvalid,
+    GitHubUnreachable,
+    NoEligibleNode,
+    ScalingUp,
+    ScalingDown,
+    Steady,
+    AtMaxRunners,
+    LaunchesFailing,
+    Healthy,
+}

@@ -1,0 +1,345 @@
+//! Semantic validation of a ScalePolicy: what the CRD schema cannot say. Returns every problem at
+//! once, each with the field path and how to fix it, so one `kubectl describe` shows them all.
+//! Messages never echo a value that may be secret (the URL) or chosen by a workflow.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::attempt::TargetScope;
+use crate::policy::{ExecutionMode, MAX_RUNNERS_CEILING, ScalePolicySpec, WorkspaceMode};
+use crate::target::GitHubTarget;
+
+/// One problem: where, and what to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// The field path, e.g. `spec.workspace.mode`.
+    pub field: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// Labels the cluster reserves: the ownership label (`rm-<12 hex>`) is added by the broker.
+const RESERVED_LABEL_PREFIX: &str = "rm-";
+
+/// Every problem of a policy spec; empty when it is valid.
+pub fn validate_policy(spec: &ScalePolicySpec) -> Vec<Problem> {
+    let mut out = Vec::new();
+    let mut problem = |field: &str, message: String| {
+        out.push(Problem {
+            field: field.to_owned(),
+            message,
+        })
+    };
+
+    let target = match GitHubTarget::parse(&spec.github.url) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            problem("spec.github.url", format!("the URL {e}"));
+            None
+        }
+    };
+
+    if spec.github.credentials_secret_ref.name.is_empty() {
+        problem(
+            "spec.github.credentialsSecretRef.name",
+            "name the Secret holding the GitHub App (appId, privateKey) or token".into(),
+        );
+    }
+    match &spec.github.runner_group {
+        Some(IntOrString::Int(id)) if *id < 1 => problem(
+            "spec.github.runnerGroup",
+            "a runner group id is a positive integer; or give the group's name".into(),
+        ),
+        Some(IntOrString::String(name)) if name.trim().is_empty() => problem(
+            "spec.github.runnerGroup",
+            "give the runner group's name (e.g. Default) or its numeric id".into(),
+        ),
+        _ => {}
+    }
+
+    check_labels(&spec.labels, &mut problem);
+
+    if spec.max_runners == 0 || spec.max_runners > MAX_RUNNERS_CEILING {
+        problem(
+            "spec.maxRunners",
+            format!("must be between 1 and {MAX_RUNNERS_CEILING}"),
+        );
+    }
+    if spec.min_idle > spec.max_runners {
+        problem(
+            "spec.minIdle",
+            format!(
+                "is {} but maxRunners is {}; lower minIdle or raise maxRunners",
+                spec.min_idle, spec.max_runners
+            ),
+        );
+    }
+
+    for (key, value) in &spec.node_selector {
+        if !is_label_key(key) {
+            problem(
+                "spec.nodeSelector",
+                "a key is not a valid Kubernetes label key ([prefix/]name, name of 1-63 alphanumerics, '-', '_', '.')".into(),
+            );
+        }
+        if !is_label_value(value) {
+            problem(
+                &format!("spec.nodeSelector.{key}"),
+                "is not a valid label value (0-63 alphanumerics, '-', '_', '.')".into(),
+            );
+        }
+    }
+
+    if spec.workspace.mode == WorkspaceMode::Persistent
+        && let Some(t) = &target
+        && t.scope() != TargetScope::Repository
+    {
+        problem(
+            "spec.workspace.mode",
+            format!(
+                "Persistent needs a repository target (a retained workspace is shared only by jobs of one repository) but the URL names an {}; use Ephemeral, or one policy per repository",
+                match t.scope() {
+                    TargetScope::Organization => "organization",
+                    _ => "enterprise",
+                }
+            ),
+        );
+    }
+
+    match (spec.execution.mode, spec.execution.image.as_deref()) {
+        (ExecutionMode::Oci, None) => problem(
+            "spec.execution.image",
+            "Oci needs an image pinned by digest, e.g. ghcr.io/acme/runner@sha256:<64 hex>".into(),
+        ),
+        (ExecutionMode::Oci, Some(image)) if !is_digest_pinned(image) => problem(
+            "spec.execution.image",
+            "must be pinned by digest (NAME@sha256:<64 lower-case hex>); a tag can change under running jobs".into(),
+        ),
+        (ExecutionMode::Native, Some(_)) => problem(
+            "spec.execution.image",
+            "is only used with mode Oci; remove it or set spec.execution.mode: Oci".into(),
+        ),
+        _ => {}
+    }
+    if let Some(res) = &spec.execution.resources {
+        if let Some(cpu) = &res.cpu
+            && parse_cpu_millis(cpu).is_none_or(|m| m == 0)
+        {
+            problem(
+                "spec.execution.resources.cpu",
+                "must be a positive CPU quantity such as 4, 0.5 or 1500m".into(),
+            );
+        }
+        if let Some(mem) = &res.memory
+            && parse_memory_bytes(mem).is_none_or(|b| b < 64 * 1024 * 1024)
+        {
+            problem(
+                "spec.execution.resources.memory",
+                "must be a memory quantity of at least 64Mi, such as 8Gi or 512Mi".into(),
+            );
+        }
+    }
+
+    let bounds = [
+        (
+            "spec.timeouts.registration",
+            spec.timeouts.registration.as_duration(),
+            Duration::from_secs(30),
+            Duration::from_secs(3600),
+        ),
+        (
+            "spec.timeouts.idle",
+            spec.timeouts.idle.as_duration(),
+            Duration::from_secs(30),
+            Duration::from_secs(7 * 24 * 3600),
+        ),
+        (
+            "spec.scaling.pollInterval",
+            spec.scaling.poll_interval.as_duration(),
+            Duration::from_secs(10),
+            Duration::from_secs(3600),
+        ),
+    ];
+    for (field, value, min, max) in bounds {
+        if value < min || value > max {
+            problem(
+                field,
+                format!(
+                    "must be between {} and {}",
+                    crate::duration::ManifestDuration::from_secs(min.as_secs()),
+                    crate::duration::ManifestDuration::from_secs(max.as_secs())
+                ),
+            );
+        }
+    }
+    out
+}
+
+fn check_labels(labels: &[String], problem: &mut impl FnMut(&str, String)) {
+    if labels.is_empty() || labels.len() > 99 {
+        problem(
+            "spec.labels",
+            format!(
+                "has {} labels; give 1 to 99 (GitHub allows 100 and the cluster's ownership label takes one)",
+                labels.len()
+            ),
+        );
+    }
+    let mut seen = BTreeSet::new();
+    for (i, label) in labels.iter().enumerate() {
+        let field = format!("spec.labels[{i}]");
+        if label.is_empty()
+            || label.len() > 100
+            || label.chars().any(|c| c.is_whitespace() || c == ',')
+        {
+            problem(&field, "a label is 1-100 characters without spaces or commas".into());
+        }
+        if label.to_ascii_lowercase().starts_with(RESERVED_LABEL_PREFIX) {
+            problem(
+                &field,
+                "labels starting with rm- are reserved for the cluster's ownership label; rename it".into(),
+            );
+        }
+        // GitHub compares labels case-insensitively.
+        if !seen.insert(label.to_ascii_lowercase()) {
+            problem(&field, "repeats an earlier label (labels compare case-insensitively)".into());
+        }
+    }
+}
+
+fn is_label_value(v: &str) -> bool {
+    v.is_empty()
+        || (v.len() <= 63
+            && v.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && v.as_bytes()[0].is_ascii_alphanumeric()
+            && v.as_bytes()[v.len() - 1].is_ascii_alphanumeric())
+}
+
+fn is_label_key(k: &str) -> bool {
+    let (prefix, name) = match k.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|part| {
+                !part.is_empty()
+                    && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            })
+    });
+    prefix_ok && !name.is_empty() && is_label_value(name)
+}
+
+/// `NAME@sha256:<64 lower-case hex>`.
+pub fn is_digest_pinned(image: &str) -> bool {
+    image.rsplit_once("@sha256:").is_some_and(|(name, digest)| {
+        !name.is_empty()
+            && digest.len() == 64
+            && digest.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// A CPU quantity in millicores: `4`, `0.5`, `1500m`.
+pub fn parse_cpu_millis(q: &Quantity) -> Option<u64> {
+    let s = q.0.trim();
+    if let Some(m) = s.strip_suffix('m') {
+        return m.parse().ok();
+    }
+    let v: f64 = s.parse().ok()?;
+    (v.is_finite() && v >= 0.0).then(|| (v * 1000.0).round() as u64)
+}
+
+/// A memory quantity in bytes: `8Gi`, `512Mi`, `1G`, `1048576`.
+pub fn parse_memory_bytes(q: &Quantity) -> Option<u64> {
+    let s = q.0.trim();
+    let units: [(&str, u64); 8] = [
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+    ];
+    for (suffix, mult) in units {
+        if let Some(n) = s.strip_suffix(suffix) {
+            return n.parse::<u64>().ok()?.checked_mul(mult);
+        }
+    }
+    s.parse().ok()
+}
+
+/// A problem in a `runner.env` file: the line and what is wrong; never the value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvProblem {
+    /// 1-based line number.
+    pub line: usize,
+    pub message: &'static str,
+}
+
+/// Names the agent sets itself; a `runner.env` may not override them.
+const RESERVED_ENV_PREFIXES: &[&str] = &["ACTIONS_RUNNER_INPUT_", "RUNNER_MANAGER_"];
+
+/// Parse `runner.env`: `NAME=value` lines, `#` comments, blank lines. Returns every problem.
+pub fn parse_runner_env(text: &str) -> Result<BTreeMap<String, String>, Vec<EnvProblem>> {
+    let mut vars = BTreeMap::new();
+    let mut problems = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim_start();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let n = i + 1;
+        let Some((name, value)) = line.split_once('=') else {
+            problems.push(EnvProblem {
+                line: n,
+                message: "is not NAME=value",
+            });
+            continue;
+        };
+        let name = name.trim_end();
+        let valid_name = name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !valid_name {
+            problems.push(EnvProblem {
+                line: n,
+                message: "has a name that is not [A-Za-z_][A-Za-z0-9_]*",
+            });
+        } else if RESERVED_ENV_PREFIXES.iter().any(|p| name.starts_with(p)) {
+            problems.push(EnvProblem {
+                line: n,
+                message: "sets a variable reserved for the runner's JIT handoff or the agent",
+            });
+        } else if value.contains('\0') {
+            problems.push(EnvProblem {
+                line: n,
+                message: "has a NUL byte in its value",
+            });
+        } else if vars.insert(name.to_owned(), value.to_owned()).is_some() {
+            problems.push(EnvProblem {
+                line: n,
+                message: "sets a name an earlier line already set",
+            });
+        }
+    }
+    if problems.is_empty() {
+        Ok(vars)
+    } else {
+        Err(problems)
+    }
+}

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Debian packages the control plane and the tests need. Idempotent: apt is only asked for what is missing.
+set -euo pipefail
+need=()
+for p in golang-go golang-github-modern-go-reflect2-dev dpkg-dev rsync jq openssl etcd-server curl unzip ca-certificates; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing Debian packages: ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
