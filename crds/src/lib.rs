@@ -44,3 +44,24 @@ pub fn crd_documents() -> Vec<(&'static str, Result<String, serde_norway::Error>
         ),
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    /// The committed YAML is what the types generate: run `cargo run --bin crdgen` after changing
+    /// an API type, and commit `crds/generated/`.
+    #[test]
+    fn committed_crds_are_fresh() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("generated");
+        for (file, yaml) in super::crd_documents() {
+            let want = yaml.unwrap();
+            let path = dir.join(file);
+            let have = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}; run `cargo run --bin crdgen`", path.display()));
+            assert!(
+                have == want,
+                "{} is stale: run `cargo run --bin crdgen` and commit crds/generated/",
+                path.display()
+            );
+        }
+    }
+}
