@@ -584,16 +584,14 @@ impl AttemptJournal {
                 next.timestamps.allocated_at = time(now);
             }
             Transition::BeginPrepare | Transition::AssignmentNotTaken => {}
-            Transition::MarkPrepared { environment } => {
-                match (kind.execution, environment) {
-                    (ExecutionMode::Native, None) => {}
-                    (ExecutionMode::Oci, Some(env)) => next.environment = Some(env),
-                    (ExecutionMode::Native, Some(_)) => {
-                        return Err(missing("no pod identity for a native attempt"));
-                    }
-                    (ExecutionMode::Oci, None) => return Err(missing("the prepared pod identity")),
+            Transition::MarkPrepared { environment } => match (kind.execution, environment) {
+                (ExecutionMode::Native, None) => {}
+                (ExecutionMode::Oci, Some(env)) => next.environment = Some(env),
+                (ExecutionMode::Native, Some(_)) => {
+                    return Err(missing("no pod identity for a native attempt"));
                 }
-            }
+                (ExecutionMode::Oci, None) => return Err(missing("the prepared pod identity")),
+            },
             Transition::ReceiveJit { runner } => {
                 // A JIT is never minted twice for one attempt: a second one means the first was
                 // lost, and the attempt concludes JitExpired instead.
@@ -651,7 +649,10 @@ impl AttemptJournal {
                 return Err("a rejection allocates nothing and is cleaned at once");
             }
         }
-        if s != S::Pending && self.workspace.is_none() && !matches!(self.outcome, Some(Outcome::Rejected(_))) {
+        if s != S::Pending
+            && self.workspace.is_none()
+            && !matches!(self.outcome, Some(Outcome::Rejected(_)))
+        {
             return Err("every admitted attempt has a journalled workspace");
         }
         if let Some(w) = &self.workspace

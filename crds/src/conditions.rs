@@ -26,7 +26,6 @@ pub struct Condition<T, R> {
     pub reason: R,
     /// A sentence for people: names the field or object to fix and how. Never carries a
     /// credential or a value chosen by a workflow.
-    #[serde(default)]
     pub message: String,
     /// When `status` last changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -85,9 +84,15 @@ mod tests {
         let mut cs = vec![cond(T::A, ConditionStatus::True, 10)];
         upsert(&mut cs, cond(T::A, ConditionStatus::True, 20));
         assert_eq!(cs.len(), 1);
-        assert_eq!(cs[0].last_transition_time.as_ref().unwrap().0.as_second(), 10);
+        assert_eq!(
+            cs[0].last_transition_time.as_ref().unwrap().0.as_second(),
+            10
+        );
         upsert(&mut cs, cond(T::A, ConditionStatus::False, 30));
-        assert_eq!(cs[0].last_transition_time.as_ref().unwrap().0.as_second(), 30);
+        assert_eq!(
+            cs[0].last_transition_time.as_ref().unwrap().0.as_second(),
+            30
+        );
         upsert(&mut cs, cond(T::B, ConditionStatus::True, 40));
         assert_eq!(cs.len(), 2);
         assert!(find(&cs, T::B).is_some());

@@ -73,7 +73,7 @@ impl fmt::Display for ManifestDuration {
         if ms == 0 {
             return f.write_str("0s");
         }
-        if ms % 1000 != 0 {
+        if !ms.is_multiple_of(1000) {
             return write!(f, "{ms}ms");
         }
         let secs = ms / 1000;
@@ -128,15 +128,37 @@ mod tests {
 
     #[test]
     fn parses_the_documented_forms() {
-        assert_eq!(ManifestDuration::parse("90s").unwrap().0, Duration::from_secs(90));
-        assert_eq!(ManifestDuration::parse("5m").unwrap().0, Duration::from_secs(300));
-        assert_eq!(ManifestDuration::parse("1h30m").unwrap().0, Duration::from_secs(5400));
-        assert_eq!(ManifestDuration::parse("250ms").unwrap().0, Duration::from_millis(250));
+        assert_eq!(
+            ManifestDuration::parse("90s").unwrap().0,
+            Duration::from_secs(90)
+        );
+        assert_eq!(
+            ManifestDuration::parse("5m").unwrap().0,
+            Duration::from_secs(300)
+        );
+        assert_eq!(
+            ManifestDuration::parse("1h30m").unwrap().0,
+            Duration::from_secs(5400)
+        );
+        assert_eq!(
+            ManifestDuration::parse("250ms").unwrap().0,
+            Duration::from_millis(250)
+        );
     }
 
     #[test]
     fn refuses_what_the_schema_refuses() {
-        for bad in ["", "5", "m", "5 m", "5d", "-5s", "1.5h", "5mm", "9999999999s"] {
+        for bad in [
+            "",
+            "5",
+            "m",
+            "5 m",
+            "5d",
+            "-5s",
+            "1.5h",
+            "5mm",
+            "9999999999s",
+        ] {
             assert!(ManifestDuration::parse(bad).is_err(), "{bad:?} accepted");
         }
     }
@@ -146,7 +168,11 @@ mod tests {
         for text in ["90s", "5m", "1h30m", "250ms", "2h", "1h1m1s"] {
             let d = ManifestDuration::parse(text).unwrap();
             let shown = d.to_string();
-            assert_eq!(ManifestDuration::parse(&shown).unwrap(), d, "{text} -> {shown}");
+            assert_eq!(
+                ManifestDuration::parse(&shown).unwrap(),
+                d,
+                "{text} -> {shown}"
+            );
         }
         assert_eq!(ManifestDuration::parse("90s").unwrap().to_string(), "1m30s");
     }

@@ -55,8 +55,9 @@ mod tests {
         for (file, yaml) in super::crd_documents() {
             let want = yaml.unwrap();
             let path = dir.join(file);
-            let have = std::fs::read_to_string(&path)
-                .unwrap_or_else(|e| panic!("{}: {e}; run `cargo run --bin crdgen`", path.display()));
+            let have = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+                panic!("{}: {e}; run `cargo run --bin crdgen`", path.display())
+            });
             assert!(
                 have == want,
                 "{} is stale: run `cargo run --bin crdgen` and commit crds/generated/",

@@ -72,7 +72,10 @@ mod tests {
         );
         assert_eq!(attempt_of_runner_name(&runner_name(id)), Some(id));
         assert_eq!(attempt_of_runner_name("runner-manager-nope"), None);
-        assert_eq!(attempt_of_runner_name("other-3f2a9c01-77aa-4bcd-8e00-123456789abc"), None);
+        assert_eq!(
+            attempt_of_runner_name("other-3f2a9c01-77aa-4bcd-8e00-123456789abc"),
+            None
+        );
         assert_eq!(ephemeral_runtime_dir(id), "runners/3f2a9c0177aa");
         assert_eq!(slot_dir("team", "uid-1", 3), "team/uid-1/s3");
     }

@@ -120,7 +120,28 @@ pub struct OutcomeWire {
     pub kind: OutcomeKind,
     /// Why, for `Failed`, `Orphaned` and `Rejected`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = no_null_in_enum)]
     pub reason: Option<OutcomeReason>,
+}
+
+/// An optional enum's schema lists `null` among its values; API servers before 1.30 refuse a
+/// CRD whose enum holds `null`. The field is omitted rather than null, so drop it.
+fn no_null_in_enum(schema: &mut schemars::Schema) {
+    let strip = |v: &mut serde_json::Value| {
+        if let Some(values) = v.get_mut("enum").and_then(|e| e.as_array_mut()) {
+            values.retain(|x| !x.is_null());
+        }
+    };
+    if let Some(obj) = schema.as_object_mut() {
+        let mut value = serde_json::Value::Object(std::mem::take(obj));
+        strip(&mut value);
+        if let Some(any_of) = value.get_mut("anyOf").and_then(|a| a.as_array_mut()) {
+            any_of.iter_mut().for_each(strip);
+        }
+        if let serde_json::Value::Object(o) = value {
+            *obj = o;
+        }
+    }
 }
 
 /// A stored outcome whose kind and reason do not belong together.

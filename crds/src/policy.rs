@@ -51,7 +51,10 @@ pub struct ScalePolicySpec {
     pub github: GitHubSpec,
     /// The runners' labels, which jobs' `runs-on` are matched against. 1 to 99 (GitHub allows
     /// 100; the cluster's ownership label takes one).
-    #[schemars(length(min = 1, max = 99), inner(pattern(LABEL_PATTERN), length(min = 1, max = 100)))]
+    #[schemars(
+        length(min = 1, max = 99),
+        inner(pattern(LABEL_PATTERN), length(min = 1, max = 100))
+    )]
     pub labels: Vec<String>,
     /// Idle runners kept registered on top of the work, so a new job starts without waiting for
     /// a launch. At most `maxRunners`.

@@ -91,7 +91,10 @@ pub enum RecoveryDecision {
     Clean,
 }
 
-fn elapsed_since(since: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>, now: Timestamp) -> Duration {
+fn elapsed_since(
+    since: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    now: Timestamp,
+) -> Duration {
     // A missing timestamp reads as "just now": never time out on data we do not have.
     since
         .and_then(|t| now.duration_since(t.0).try_into().ok())
@@ -128,7 +131,9 @@ pub fn recovery_decision(
     let in_state = elapsed_since(ts.last_state_change_at.as_ref(), now);
     // The registration deadline runs from the JIT, so a slow start cannot stretch it.
     let since_jit = elapsed_since(
-        ts.jit_received_at.as_ref().or(ts.last_state_change_at.as_ref()),
+        ts.jit_received_at
+            .as_ref()
+            .or(ts.last_state_change_at.as_ref()),
         now,
     );
     match (state, github, process) {

@@ -23,7 +23,17 @@ use crate::policy::ExecutionMode;
 
 /// Where an attempt is in its life.
 #[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
     JsonSchema,
 )]
 pub enum AttemptState {
@@ -98,7 +108,10 @@ impl AttemptState {
     /// Past the conclusion: an outcome is recorded and the state only moves toward `Cleaned`.
     pub fn is_terminal(self) -> bool {
         self.is_concluded()
-            || matches!(self, Self::Destroying | Self::CleanupDeferred | Self::Cleaned)
+            || matches!(
+                self,
+                Self::Destroying | Self::CleanupDeferred | Self::Cleaned
+            )
     }
 
     /// Whether an attempt in this state holds a unit of its node's capacity. Every attempt that
@@ -166,7 +179,10 @@ pub enum EdgeError {
         allowed: Actor,
     },
     #[error("edge {edge:?} is missing what it must record: {missing}")]
-    Precondition { edge: EdgeKind, missing: &'static str },
+    Precondition {
+        edge: EdgeKind,
+        missing: &'static str,
+    },
 }
 
 impl EdgeKind {
@@ -373,6 +389,9 @@ mod tests {
         assert!(E::MarkPrepared.target(S::Allocated, Native).is_ok());
         assert!(E::MarkPrepared.target(S::Allocated, Oci).is_err());
         assert!(E::BeginPrepare.target(S::Allocated, Native).is_err());
-        assert!(E::Clean.target(S::Failed, Oci).is_err(), "OCI must tear down first");
+        assert!(
+            E::Clean.target(S::Failed, Oci).is_err(),
+            "OCI must tear down first"
+        );
     }
 }

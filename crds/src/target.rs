@@ -28,7 +28,9 @@ pub enum TargetError {
         "carries credentials before the host (user:token@); remove them and put the token in the credentials Secret"
     )]
     CarriesCredentials,
-    #[error("has a query or fragment; give only https://HOST/OWNER[/REPO] or https://HOST/enterprises/NAME")]
+    #[error(
+        "has a query or fragment; give only https://HOST/OWNER[/REPO] or https://HOST/enterprises/NAME"
+    )]
     QueryOrFragment,
     #[error("has no host")]
     NoHost,
@@ -100,7 +102,9 @@ impl GitHubTarget {
     /// The REST path prefix of the target's self-hosted runner endpoints.
     pub fn runners_path(&self) -> String {
         match &self.kind {
-            TargetKind::Repository { owner, repo } => format!("/repos/{owner}/{repo}/actions/runners"),
+            TargetKind::Repository { owner, repo } => {
+                format!("/repos/{owner}/{repo}/actions/runners")
+            }
             TargetKind::Organization { org } => format!("/orgs/{org}/actions/runners"),
             TargetKind::Enterprise { enterprise } => {
                 format!("/enterprises/{enterprise}/actions/runners")
@@ -132,12 +136,24 @@ mod tests {
     fn refuses_bad_urls_without_echoing_them() {
         let secret = "ghp_SECRETSECRET";
         let cases = [
-            (format!("https://x:{secret}@github.com/acme/web"), TargetError::CarriesCredentials),
-            ("http://github.com/acme/web".to_owned(), TargetError::NotHttps),
+            (
+                format!("https://x:{secret}@github.com/acme/web"),
+                TargetError::CarriesCredentials,
+            ),
+            (
+                "http://github.com/acme/web".to_owned(),
+                TargetError::NotHttps,
+            ),
             ("https://github.com/a/b/c".to_owned(), TargetError::BadPath),
             ("https://github.com/".to_owned(), TargetError::BadPath),
-            ("https://github.com/enterprises".to_owned(), TargetError::BadPath),
-            ("https://github.com/a/b?x=1".to_owned(), TargetError::QueryOrFragment),
+            (
+                "https://github.com/enterprises".to_owned(),
+                TargetError::BadPath,
+            ),
+            (
+                "https://github.com/a/b?x=1".to_owned(),
+                TargetError::QueryOrFragment,
+            ),
             ("https:///a/b".to_owned(), TargetError::NoHost),
             ("https://github.com/a/..".to_owned(), TargetError::BadPath),
         ];

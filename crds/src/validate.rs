@@ -202,9 +202,15 @@ fn check_labels(labels: &[String], problem: &mut impl FnMut(&str, String)) {
             || label.len() > 100
             || label.chars().any(|c| c.is_whitespace() || c == ',')
         {
-            problem(&field, "a label is 1-100 characters without spaces or commas".into());
+            problem(
+                &field,
+                "a label is 1-100 characters without spaces or commas".into(),
+            );
         }
-        if label.to_ascii_lowercase().starts_with(RESERVED_LABEL_PREFIX) {
+        if label
+            .to_ascii_lowercase()
+            .starts_with(RESERVED_LABEL_PREFIX)
+        {
             problem(
                 &field,
                 "labels starting with rm- are reserved for the cluster's ownership label; rename it".into(),
@@ -212,7 +218,10 @@ fn check_labels(labels: &[String], problem: &mut impl FnMut(&str, String)) {
         }
         // GitHub compares labels case-insensitively.
         if !seen.insert(label.to_ascii_lowercase()) {
-            problem(&field, "repeats an earlier label (labels compare case-insensitively)".into());
+            problem(
+                &field,
+                "repeats an earlier label (labels compare case-insensitively)".into(),
+            );
         }
     }
 }
@@ -220,7 +229,8 @@ fn check_labels(labels: &[String], problem: &mut impl FnMut(&str, String)) {
 fn is_label_value(v: &str) -> bool {
     v.is_empty()
         || (v.len() <= 63
-            && v.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
             && v.as_bytes()[0].is_ascii_alphanumeric()
             && v.as_bytes()[v.len() - 1].is_ascii_alphanumeric())
 }
@@ -235,7 +245,9 @@ fn is_label_key(k: &str) -> bool {
             && p.len() <= 253
             && p.split('.').all(|part| {
                 !part.is_empty()
-                    && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && part
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
             })
     });
     prefix_ok && !name.is_empty() && is_label_value(name)
@@ -246,7 +258,9 @@ pub fn is_digest_pinned(image: &str) -> bool {
     image.rsplit_once("@sha256:").is_some_and(|(name, digest)| {
         !name.is_empty()
             && digest.len() == 64
-            && digest.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            && digest
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     })
 }
 

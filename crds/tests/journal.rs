@@ -1,6 +1,8 @@
 //! The journal's edge functions: every state × every edge through `apply`, the actor rule, the
 //! records each edge keeps, and a property test over random edge sequences.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use proptest::prelude::*;
@@ -32,7 +34,9 @@ fn apply_agrees_with_the_table_for_every_state_and_edge() {
                         );
                     }
                     (Err(_), Err(_)) => {}
-                    (Ok(_), Err(e)) if from == AttemptState::Prepared && edge == EdgeKind::ReceiveJit => {
+                    (Ok(_), Err(e))
+                        if from == AttemptState::Prepared && edge == EdgeKind::ReceiveJit =>
+                    {
                         panic!("a fresh Prepared journal must accept a JIT: {e}")
                     }
                     (t, g) => panic!("{edge:?} from {from:?} ({kind:?}): table {t:?}, apply {g:?}"),
@@ -101,7 +105,10 @@ fn edges_refuse_missing_records() {
         at(0),
     );
     assert!(matches!(wrong, Err(EdgeError::Precondition { .. })));
-    assert!(WorkspacePlacement::slot(0, "/x").is_none(), "slots are 1-based");
+    assert!(
+        WorkspacePlacement::slot(0, "/x").is_none(),
+        "slots are 1-based"
+    );
     let no_hash = pending.apply(
         Actor::Agent,
         NATIVE,
@@ -116,7 +123,12 @@ fn edges_refuse_missing_records() {
     let allocated_oci = journal_in(OCI, AttemptState::Preparing);
     assert!(
         allocated_oci
-            .apply(Actor::Agent, OCI, Transition::MarkPrepared { environment: None }, at(1))
+            .apply(
+                Actor::Agent,
+                OCI,
+                Transition::MarkPrepared { environment: None },
+                at(1)
+            )
             .is_err()
     );
     let jit = journal_in(NATIVE, AttemptState::JitReceived);
@@ -154,24 +166,43 @@ fn conclusions_are_only_from_the_states_that_justify_them() {
     // CompletedJob only from Busy; ExitedIdleWithoutWork only from Idle.
     for from in reachable_states(NATIVE) {
         let j = journal_in(NATIVE, from);
-        let completed = j.apply(Actor::Agent, NATIVE, Transition::Conclude(Outcome::CompletedJob), at(1));
-        assert_eq!(completed.is_ok(), from == AttemptState::Busy, "CompletedJob from {from:?}");
+        let completed = j.apply(
+            Actor::Agent,
+            NATIVE,
+            Transition::Conclude(Outcome::CompletedJob),
+            at(1),
+        );
+        assert_eq!(
+            completed.is_ok(),
+            from == AttemptState::Busy,
+            "CompletedJob from {from:?}"
+        );
         let idle = j.apply(
             Actor::Agent,
             NATIVE,
             Transition::Conclude(Outcome::ExitedIdleWithoutWork),
             at(1),
         );
-        assert_eq!(idle.is_ok(), from == AttemptState::Idle, "ExitedIdle from {from:?}");
+        assert_eq!(
+            idle.is_ok(),
+            from == AttemptState::Idle,
+            "ExitedIdle from {from:?}"
+        );
     }
     let busy = journal_in(NATIVE, AttemptState::Busy);
     let done = step(&busy, NATIVE, EdgeKind::CompleteJob, at(9));
     assert_eq!(done.outcome(), Some(Outcome::CompletedJob));
-    assert_eq!(done.timestamps().concluded_at.as_ref().map(|t| t.0), Some(at(9)));
+    assert_eq!(
+        done.timestamps().concluded_at.as_ref().map(|t| t.0),
+        Some(at(9))
+    );
     let rejected = step(&AttemptJournal::default(), NATIVE, EdgeKind::Reject, at(2));
     assert_eq!(rejected.state(), AttemptState::Cleaned);
     assert!(rejected.workspace().is_none());
-    assert_eq!(rejected.timestamps().cleaned_at.as_ref().map(|t| t.0), Some(at(2)));
+    assert_eq!(
+        rejected.timestamps().cleaned_at.as_ref().map(|t| t.0),
+        Some(at(2))
+    );
 }
 
 #[test]
@@ -179,7 +210,10 @@ fn assignment_not_taken_restarts_the_idle_clock() {
     let busy = journal_in(NATIVE, AttemptState::Busy);
     let idle = step(&busy, NATIVE, EdgeKind::AssignmentNotTaken, at(100));
     assert_eq!(idle.state(), AttemptState::Idle);
-    assert_eq!(idle.timestamps().last_state_change_at.as_ref().map(|t| t.0), Some(at(100)));
+    assert_eq!(
+        idle.timestamps().last_state_change_at.as_ref().map(|t| t.0),
+        Some(at(100))
+    );
 }
 
 #[test]
@@ -190,7 +224,11 @@ fn a_persistent_slot_is_held_until_cleaned() {
     };
     let failed = journal_in(kind, AttemptState::Failed);
     assert!(failed.holds_slot_lease());
-    assert!(!failed.state().counts_against_capacity(ExecutionMode::Native));
+    assert!(
+        !failed
+            .state()
+            .counts_against_capacity(ExecutionMode::Native)
+    );
     let cleaned = step(&failed, kind, EdgeKind::Clean, at(3));
     assert!(!cleaned.holds_slot_lease());
     assert_eq!(failed.workspace().and_then(|w| w.slot_number()), Some(1));
@@ -198,7 +236,9 @@ fn a_persistent_slot_is_held_until_cleaned() {
 
 #[test]
 fn status_round_trips_and_keeps_its_two_owners_apart() {
-    use runner_manager_crds::attempt::{AttemptFacts, GitHubFact, GitHubRunnerStatus, RunnerAttemptStatus};
+    use runner_manager_crds::attempt::{
+        AttemptFacts, GitHubFact, GitHubRunnerStatus, RunnerAttemptStatus,
+    };
     let status = RunnerAttemptStatus {
         journal: journal_in(NATIVE, AttemptState::Idle),
         facts: AttemptFacts {
@@ -275,8 +315,16 @@ proptest! {
 fn failure_reasons_on_a_failed_journal_survive_the_wire() {
     let j = journal_in(NATIVE, AttemptState::Prepared);
     let failed = j
-        .apply(Actor::Agent, NATIVE, Transition::Conclude(Outcome::Failed(FailureReason::JitRequestFailed)), at(1))
+        .apply(
+            Actor::Agent,
+            NATIVE,
+            Transition::Conclude(Outcome::Failed(FailureReason::JitRequestFailed)),
+            at(1),
+        )
         .unwrap();
     let json = serde_json::to_value(&failed).unwrap();
-    assert_eq!(json["outcome"], serde_json::json!({"kind": "Failed", "reason": "JitRequestFailed"}));
+    assert_eq!(
+        json["outcome"],
+        serde_json::json!({"kind": "Failed", "reason": "JitRequestFailed"})
+    );
 }

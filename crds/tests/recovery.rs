@@ -2,6 +2,8 @@
 //! exhaustive sweep: every reachable state × process × GitHub observation × before/after the
 //! deadline gets a decision consistent with the rules that hold across rows.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use std::time::Duration;
@@ -51,7 +53,11 @@ fn terminal_and_pending_states_come_first() {
 
 #[test]
 fn interrupted_preparation_concludes_without_touching_github() {
-    for (kind, s) in [(NATIVE, S::Allocated), (OCI, S::Allocated), (OCI, S::Preparing)] {
+    for (kind, s) in [
+        (NATIVE, S::Allocated),
+        (OCI, S::Allocated),
+        (OCI, S::Preparing),
+    ] {
         let j = journal_in(kind, s);
         for p in [P::Alive, P::Gone] {
             for g in [G::NotRegistered, REG_IDLE] {
@@ -82,7 +88,11 @@ fn prepared_asks_for_its_jit_until_the_handoff_deadline() {
 fn jit_received_is_adopted_only_with_a_live_process() {
     let j = journal_in(NATIVE, S::JitReceived);
     for g in [G::NotRegistered, REG_IDLE, REG_BUSY] {
-        assert_eq!(decide(&j, P::Alive, g, 0), D::Observe(S::Starting), "spawn crash gap");
+        assert_eq!(
+            decide(&j, P::Alive, g, 0),
+            D::Observe(S::Starting),
+            "spawn crash gap"
+        );
         assert_eq!(
             decide(&j, P::Gone, g, 0),
             D::Conclude(Outcome::Failed(FailureReason::JitExpired)),
@@ -165,7 +175,10 @@ fn termination_outcomes() {
         TerminateReason::RegistrationTimeout.outcome(),
         Outcome::Failed(FailureReason::TerminatedAfterRegistrationTimeout)
     );
-    assert_eq!(TerminateReason::IdleTimeout.outcome(), Outcome::ExitedIdleWithoutWork);
+    assert_eq!(
+        TerminateReason::IdleTimeout.outcome(),
+        Outcome::ExitedIdleWithoutWork
+    );
     assert!(!TerminateReason::IdleTimeout.outcome().wants_replacement());
 }
 
@@ -198,9 +211,9 @@ fn sweep_every_state_observation_and_clock() {
                         }
                         // Observe names a state reachable by one legal edge.
                         if let D::Observe(to) = d {
-                            let reachable = EdgeKind::ALL.iter().any(|e| {
-                                e.target(s, kind.execution) == Ok(to)
-                            });
+                            let reachable = EdgeKind::ALL
+                                .iter()
+                                .any(|e| e.target(s, kind.execution) == Ok(to));
                             assert!(reachable, "{s:?} -> {to:?}");
                         }
                         // GitHub unreachable never yields an effect on a live attempt.

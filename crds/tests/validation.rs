@@ -1,12 +1,12 @@
 //! Semantic validation: every problem at once, each with its field path and a fix, and never the
 //! URL's credentials.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use runner_manager_crds::duration::ManifestDuration;
-use runner_manager_crds::policy::{
-    ExecutionMode, RunnerResources, ScalePolicySpec, WorkspaceMode,
-};
+use runner_manager_crds::policy::{ExecutionMode, RunnerResources, ScalePolicySpec, WorkspaceMode};
 use runner_manager_crds::validate::{parse_runner_env, validate_policy};
 
 fn valid() -> ScalePolicySpec {
@@ -26,7 +26,11 @@ fn fields(spec: &ScalePolicySpec) -> Vec<String> {
 #[test]
 fn a_valid_policy_has_no_problems_and_gets_the_documented_defaults() {
     let spec = valid();
-    assert!(validate_policy(&spec).is_empty(), "{:?}", validate_policy(&spec));
+    assert!(
+        validate_policy(&spec).is_empty(),
+        "{:?}",
+        validate_policy(&spec)
+    );
     assert_eq!(spec.workspace.mode, WorkspaceMode::Ephemeral);
     assert_eq!(spec.execution.mode, ExecutionMode::Native);
     assert_eq!(spec.runner.version, "latest");
@@ -40,12 +44,18 @@ fn persistent_workspace_needs_a_repository() {
     let mut spec = valid();
     spec.workspace.mode = WorkspaceMode::Persistent;
     assert!(validate_policy(&spec).is_empty());
-    for url in ["https://github.com/acme", "https://github.com/enterprises/acme"] {
+    for url in [
+        "https://github.com/acme",
+        "https://github.com/enterprises/acme",
+    ] {
         spec.github.url = url.into();
         let problems = validate_policy(&spec);
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert_eq!(problems[0].field, "spec.workspace.mode");
-        assert!(problems[0].message.contains("Ephemeral"), "the fix is named");
+        assert!(
+            problems[0].message.contains("Ephemeral"),
+            "the fix is named"
+        );
     }
 }
 
@@ -59,10 +69,18 @@ fn oci_needs_an_image_pinned_by_digest() {
     spec.execution.image = Some(format!("ghcr.io/acme/runner@sha256:{}", "a".repeat(64)));
     assert!(fields(&spec).is_empty());
     spec.execution.image = Some(format!("ghcr.io/acme/runner@sha256:{}", "A".repeat(64)));
-    assert_eq!(fields(&spec), ["spec.execution.image"], "upper-case hex is not a digest");
+    assert_eq!(
+        fields(&spec),
+        ["spec.execution.image"],
+        "upper-case hex is not a digest"
+    );
     spec.execution.mode = ExecutionMode::Native;
     spec.execution.image = Some(format!("r@sha256:{}", "a".repeat(64)));
-    assert_eq!(fields(&spec), ["spec.execution.image"], "an image on a native policy");
+    assert_eq!(
+        fields(&spec),
+        ["spec.execution.image"],
+        "an image on a native policy"
+    );
 }
 
 #[test]
@@ -83,7 +101,10 @@ fn a_url_with_credentials_is_refused_and_never_echoed() {
     assert_eq!(problems.len(), 1);
     assert_eq!(problems[0].field, "spec.github.url");
     let shown = problems[0].to_string();
-    assert!(!shown.contains("TOPSECRET") && !shown.contains("x-access-token"), "{shown}");
+    assert!(
+        !shown.contains("TOPSECRET") && !shown.contains("x-access-token"),
+        "{shown}"
+    );
     assert!(shown.contains("Secret"), "the fix is named: {shown}");
 }
 
@@ -91,7 +112,12 @@ fn a_url_with_credentials_is_refused_and_never_echoed() {
 fn every_problem_is_reported_at_once() {
     let mut spec = valid();
     spec.github.url = "http://github.com/acme/web".into();
-    spec.labels = vec!["linux".into(), "Linux".into(), "rm-123".into(), "has space".into()];
+    spec.labels = vec![
+        "linux".into(),
+        "Linux".into(),
+        "rm-123".into(),
+        "has space".into(),
+    ];
     spec.min_idle = 9;
     spec.github.runner_group = Some(IntOrString::Int(0));
     spec.node_selector.insert("bad key!".into(), "v".into());

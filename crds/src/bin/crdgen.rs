@@ -20,7 +20,8 @@ fn main() -> ExitCode {
             continue;
         }
         let path = out_dir.join(file);
-        if let Err(e) = std::fs::create_dir_all(&out_dir).and_then(|()| std::fs::write(&path, yaml)) {
+        if let Err(e) = std::fs::create_dir_all(&out_dir).and_then(|()| std::fs::write(&path, yaml))
+        {
             eprintln!("crdgen: cannot write {}: {e}", path.display());
             return ExitCode::FAILURE;
         }

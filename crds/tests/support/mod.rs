@@ -1,6 +1,6 @@
 //! Journals in every state, reached through the public edge functions only (so a test never
 //! builds a journal the machine could not produce).
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use runner_manager_crds::attempt::{
@@ -51,8 +51,12 @@ pub fn transition_of(kind: AttemptKind, edge: EdgeKind) -> Transition {
     match edge {
         EdgeKind::Admit => Transition::Admit {
             placement: match kind.workspace {
-                WorkspaceMode::Ephemeral => WorkspacePlacement::ephemeral("/var/lib/rm/runners/abc"),
-                WorkspaceMode::Persistent => WorkspacePlacement::slot(1, "/slots/ns/uid/s1").unwrap(),
+                WorkspaceMode::Ephemeral => {
+                    WorkspacePlacement::ephemeral("/var/lib/rm/runners/abc")
+                }
+                WorkspaceMode::Persistent => {
+                    WorkspacePlacement::slot(1, "/slots/ns/uid/s1").unwrap()
+                }
             },
             spec_hash: "hash".into(),
         },
@@ -96,7 +100,12 @@ pub fn transition_of(kind: AttemptKind, edge: EdgeKind) -> Transition {
     }
 }
 
-pub fn step(j: &AttemptJournal, kind: AttemptKind, edge: EdgeKind, now: Timestamp) -> AttemptJournal {
+pub fn step(
+    j: &AttemptJournal,
+    kind: AttemptKind,
+    edge: EdgeKind,
+    now: Timestamp,
+) -> AttemptJournal {
     j.apply(edge.actor(), kind, transition_of(kind, edge), now)
         .unwrap_or_else(|e| panic!("{edge:?} from {:?}: {e}", j.state()))
 }
@@ -105,7 +114,10 @@ pub fn step(j: &AttemptJournal, kind: AttemptKind, edge: EdgeKind, now: Timestam
 /// Panics for a state the kind never reaches (native: Preparing, Destroying, CleanupDeferred);
 /// see [`reachable`].
 pub fn journal_in(kind: AttemptKind, state: AttemptState) -> AttemptJournal {
-    assert!(reachable(kind, state), "{state:?} is not reachable for {kind:?}");
+    assert!(
+        reachable(kind, state),
+        "{state:?} is not reachable for {kind:?}"
+    );
     use AttemptState as S;
     use EdgeKind as E;
     let oci = kind.execution == ExecutionMode::Oci;
@@ -122,17 +134,38 @@ pub fn journal_in(kind: AttemptKind, state: AttemptState) -> AttemptJournal {
         S::Prepared => path.extend(up_to_prepared),
         S::JitReceived => path.extend(up_to_prepared.into_iter().chain([E::ReceiveJit])),
         S::Starting => path.extend(up_to_prepared.into_iter().chain([E::ReceiveJit, E::Start])),
-        S::Idle => path.extend(up_to_prepared.into_iter().chain([E::ReceiveJit, E::Start, E::RegisterIdle])),
-        S::Busy => path.extend(up_to_prepared.into_iter().chain([E::ReceiveJit, E::Start, E::AssignJob])),
-        S::Finished => path.extend(
-            up_to_prepared.into_iter().chain([E::ReceiveJit, E::Start, E::AssignJob, E::CompleteJob]),
-        ),
+        S::Idle => path.extend(up_to_prepared.into_iter().chain([
+            E::ReceiveJit,
+            E::Start,
+            E::RegisterIdle,
+        ])),
+        S::Busy => {
+            path.extend(
+                up_to_prepared
+                    .into_iter()
+                    .chain([E::ReceiveJit, E::Start, E::AssignJob]),
+            )
+        }
+        S::Finished => path.extend(up_to_prepared.into_iter().chain([
+            E::ReceiveJit,
+            E::Start,
+            E::AssignJob,
+            E::CompleteJob,
+        ])),
         S::Failed => path.extend(up_to_prepared.into_iter().chain([E::Fail])),
-        S::Orphaned => path.extend(up_to_prepared.into_iter().chain([E::ReceiveJit, E::Start, E::Orphan])),
+        S::Orphaned => {
+            path.extend(
+                up_to_prepared
+                    .into_iter()
+                    .chain([E::ReceiveJit, E::Start, E::Orphan]),
+            )
+        }
         S::Destroying => path.extend(up_to_prepared.into_iter().chain([E::Fail, E::BeginDestroy])),
-        S::CleanupDeferred => path.extend(
-            up_to_prepared.into_iter().chain([E::Fail, E::BeginDestroy, E::DeferCleanup]),
-        ),
+        S::CleanupDeferred => path.extend(up_to_prepared.into_iter().chain([
+            E::Fail,
+            E::BeginDestroy,
+            E::DeferCleanup,
+        ])),
         S::Cleaned => {
             path.extend(up_to_prepared.into_iter().chain([E::Fail]));
             if oci {
@@ -160,5 +193,7 @@ pub fn reachable(kind: AttemptKind, state: AttemptState) -> bool {
 
 /// Every state an attempt of `kind` can be in.
 pub fn reachable_states(kind: AttemptKind) -> impl Iterator<Item = AttemptState> {
-    AttemptState::ALL.into_iter().filter(move |s| reachable(kind, *s))
+    AttemptState::ALL
+        .into_iter()
+        .filter(move |s| reachable(kind, *s))
 }

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Start etcd + kube-apiserver + kube-controller-manager v1.20 on loopback, in $RM_RUN.
+# Writes $RM_RUN/kubeconfig and one pid file per process; waits for /readyz.
+# Ports: RM_ETCD_PORT (23790, +1 for peers), RM_API_PORT (16443), RM_KCM_PORT (10257).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/env.sh"
+RUN=$RM_RUN
+ETCD_PORT=${RM_ETCD_PORT:-23790}; API_PORT=${RM_API_PORT:-16443}; KCM_PORT=${RM_KCM_PORT:-10257}
+for b in kube-apiserver kube-controller-manager; do
+  [ -x "$RM_K8S_BIN/$b" ] || { echo "missing $RM_K8S_BIN/$b: run e2e/control-plane/build-k8s.sh" >&2; exit 1; }
+done
+command -v etcd >/dev/null || { echo "etcd missing: run e2e/control-plane/install-packages.sh" >&2; exit 1; }
+if [ -f "$RUN/apiserver.pid" ] && kill -0 "$(cat "$RUN/apiserver.pid")" 2>/dev/null; then
+  echo "a control plane already runs from $RUN (pid $(cat "$RUN/apiserver.pid")); stop it with e2e/control-plane/stop.sh" >&2
+  exit 1
+fi
+rm -rf "$RUN"; mkdir -p "$RUN/pki" "$RUN/etcd-data"
+cd "$RUN/pki"
+q() { "$@" >/dev/null 2>&1; }
+# A throwaway CA, the API server's serving certificate, an admin client certificate and the
+# service-account key pair. Valid two days: a test control plane never lives longer.
+q openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 -subj "/CN=runner-manager-test-ca"
+q openssl req -newkey rsa:2048 -nodes -keyout apiserver.key -out apiserver.csr -subj "/CN=kube-apiserver"
+printf "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.0.0.1\nextendedKeyUsage=serverAuth\n" > san.ext
+q openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out apiserver.crt -days 2 -extfile san.ext
+q openssl req -newkey rsa:2048 -nodes -keyout admin.key -out admin.csr -subj "/O=system:masters/CN=admin"
+printf "extendedKeyUsage=clientAuth\n" > client.ext
+q openssl x509 -req -in admin.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out admin.crt -days 2 -extfile client.ext
+q openssl genrsa -out sa.key 2048
+q openssl rsa -in sa.key -pubout -out sa.pub
+cd "$RUN"
+etcd --data-dir "$RUN/etcd-data" --listen-client-urls "http://127.0.0.1:$ETCD_PORT" \
+  --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" --listen-peer-urls "http://127.0.0.1:$((ETCD_PORT+1))" \
+  --initial-advertise-peer-urls "http://127.0.0.1:$((ETCD_PORT+1))" \
+  --initial-cluster "default=http://127.0.0.1:$((ETCD_PORT+1))" > "$RUN/etcd.log" 2>&1 &
+echo $! > "$RUN/etcd.pid"
+"$RM_K8S_BIN/kube-apiserver" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+  --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
+  --tls-cert-file pki/apiserver.crt --tls-private-key-file pki/apiserver.key --client-ca-file pki/ca.crt \
+  --service-account-key-file pki/sa.pub --service-account-signing-key-file pki/sa.key \
+  --service-account-issuer https://kubernetes.default.svc.cluster.local \
+  --api-audiences https://kubernetes.default.svc.cluster.local,runner-manager-broker \
+  --service-cluster-ip-range 10.0.0.0/24 --authorization-mode RBAC \
+  --disable-admission-plugins ServiceAccount --allow-privileged=true \
+  > "$RUN/apiserver.log" 2>&1 &
+echo $! > "$RUN/apiserver.pid"
+cat > "$RUN/kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster:
+    server: https://127.0.0.1:$API_PORT
+    certificate-authority: $RUN/pki/ca.crt
+users:
+- name: admin
+  user:
+    client-certificate: $RUN/pki/admin.crt
+    client-key: $RUN/pki/admin.key
+contexts:
+- name: local
+  context: {cluster: local, user: admin}
+current-context: local
+KC
+ready=
+for _ in $(seq 1 120); do
+  if curl -sf --cacert pki/ca.crt --cert pki/admin.crt --key pki/admin.key \
+       "https://127.0.0.1:$API_PORT/readyz" >/dev/null; then ready=1; break; fi
+  kill -0 "$(cat "$RUN/apiserver.pid")" 2>/dev/null || break
+  sleep 0.5
+done
+if [ -z "$ready" ]; then
+  echo "kube-apiserver not ready; last lines of $RUN/apiserver.log:" >&2; tail -20 "$RUN/apiserver.log" >&2
+  "$here/stop.sh"; exit 1
+fi
+# The controller manager runs garbage collection (owner references) and namespace deletion.
+"$RM_K8S_BIN/kube-controller-manager" --kubeconfig "$RUN/kubeconfig" --leader-elect=false \
+  --service-account-private-key-file pki/sa.key --root-ca-file pki/ca.crt \
+  --cluster-signing-cert-file pki/ca.crt --cluster-signing-key-file pki/ca.key \
+  --use-service-account-credentials=false \
+  --bind-address 127.0.0.1 --secure-port "$KCM_PORT" \
+  --controllers '*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-route,-service' > "$RUN/kcm.log" 2>&1 &
+echo $! > "$RUN/kcm.pid"
+echo "control plane ready: KUBECONFIG=$RUN/kubeconfig"

@@ -1,0 +1,6 @@
+//! `runner-manager-node-agent`: the per-node agent. Today it holds its command line and the
+//! journal (CAS status writes through the `crds` edges); packages, workspaces, providers,
+//! supervision and recovery land with the node-agent issues.
+
+pub mod cli;
+pub mod journal;

@@ -1,0 +1,71 @@
+//! The operator's command line. Every flag can also come from the environment (Deployment env).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use runner_manager_crds::duration::ManifestDuration;
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    ManifestDuration::parse(s)
+        .map(ManifestDuration::as_duration)
+        .map_err(|e| e.to_string())
+}
+
+/// runner-manager operator: reconciles ScalePolicies and RunnerAttempts, talks to GitHub, serves
+/// the JIT broker and the webhook receiver.
+#[derive(Debug, Parser)]
+#[command(name = "runner-manager-operator", version)]
+pub struct Cli {
+    /// The operator's namespace (its Lease, broker certificate Secret and CA ConfigMap).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "runner-manager-system")]
+    pub namespace: String,
+    /// Where the JIT broker listens (HTTPS).
+    #[arg(long, env = "RM_BROKER_ADDR", default_value = "0.0.0.0:8443")]
+    pub broker_addr: SocketAddr,
+    /// Where the workflow_job webhook receiver listens.
+    #[arg(long, env = "RM_WEBHOOK_ADDR", default_value = "0.0.0.0:8080")]
+    pub webhook_addr: SocketAddr,
+    /// Where /metrics, /healthz and /readyz are served.
+    #[arg(long, env = "RM_METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    pub metrics_addr: SocketAddr,
+    /// The Secret (in --namespace) holding the webhook HMAC secret under key `secret`.
+    #[arg(
+        long,
+        env = "RM_WEBHOOK_SECRET_NAME",
+        default_value = "runner-manager-webhook"
+    )]
+    pub webhook_secret_name: String,
+    /// Override the GitHub API base URL (tests, or a proxy). Normally derived from each policy's
+    /// URL: api.github.com, or https://HOST/api/v3 for Enterprise Server.
+    #[arg(long, env = "RM_GITHUB_API_URL")]
+    pub github_api_url: Option<String>,
+    /// An admin-run mirror of runner packages; tenants never name download URLs.
+    #[arg(long, env = "RM_RUNNER_MIRROR_URL")]
+    pub runner_mirror_url: Option<String>,
+    /// Run under a Lease so only one replica reconciles.
+    #[arg(long, env = "RM_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+    /// How long a node's agent Lease may stay expired before its live attempts are Orphaned(NodeLost).
+    #[arg(long, env = "RM_NODE_LOST_GRACE", default_value = "10m", value_parser = duration)]
+    pub node_lost_grace: Duration,
+    /// Cleaned attempts kept per policy before garbage collection.
+    #[arg(long, env = "RM_ATTEMPT_HISTORY", default_value_t = 20)]
+    pub attempt_history: u32,
+    /// Consecutive failed launches before a policy is Degraded and stops replacing.
+    #[arg(long, env = "RM_MAX_CONSECUTIVE_FAILURES", default_value_t = 5)]
+    pub max_consecutive_failures: u32,
+    /// Apply the CRDs at start (server-side apply), so an upgrade cannot leave old ones behind.
+    #[arg(long, env = "RM_APPLY_CRDS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub apply_crds: bool,
+    /// Log format.
+    #[arg(long, env = "RM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
