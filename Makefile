@@ -1,0 +1,46 @@
+# runner-manager: the two commands of the README, and the pieces they are made of.
+# `make test` and `make demo` do all set-up on a fresh machine (Debian packages, the v1.20 API
+# server build, kubectl and helm) through e2e/control-plane/; nothing needs installing by hand.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+CARGO ?= cargo
+
+.PHONY: test demo demo-down lint unit crds crds-check control-plane tools
+
+## test: formatting, lints, unit tests, then the integration tests against a local control
+## plane that this target starts and always stops.
+test:
+	e2e/run-tests.sh
+
+## demo: a local control plane with the CRDs and sample policies; leaves it running.
+demo:
+	e2e/demo.sh
+
+## demo-down: stop the demo's control plane.
+demo-down:
+	RM_RUN=$${RM_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/runner-manager}/demo-run e2e/control-plane/stop.sh
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+unit:
+	env -u KUBECONFIG $(CARGO) nextest run --workspace
+
+## crds: regenerate crds/generated/ and the chart's copy after changing an API type.
+crds:
+	$(CARGO) run -q -p runner-manager-crds --bin crdgen
+	cp crds/generated/*.yaml charts/runner-manager/crds/
+
+## crds-check: fail when the committed CRDs differ from what the types generate.
+crds-check:
+	$(CARGO) run -q -p runner-manager-crds --bin crdgen -- --stdout > /dev/null
+	$(CARGO) test -q -p runner-manager-crds --lib committed_crds_are_fresh
+	diff -r crds/generated charts/runner-manager/crds
+
+control-plane:
+	e2e/control-plane/up.sh
+
+tools:
+	e2e/control-plane/install-tools.sh
