@@ -10,6 +10,7 @@ pub mod conditions;
 pub mod duration;
 pub mod names;
 pub mod outcome;
+pub mod patch;
 pub mod policy;
 pub mod recovery;
 pub mod state;

@@ -15,6 +15,7 @@ use runner_manager_crds::attempt::{
     RunnerPackage, TargetScope, TargetSnapshot, Transition, WorkspacePlacement, spec_hash,
 };
 use runner_manager_crds::duration::ManifestDuration;
+use runner_manager_crds::patch::PatchError;
 use runner_manager_crds::policy::{ExecutionMode, ScalePolicy, WorkspaceMode};
 use runner_manager_crds::state::{Actor, AttemptState};
 use runner_manager_crds::validate::validate_policy;
@@ -280,7 +281,7 @@ async fn status_writes_are_a_cas_and_the_journal_rereads_on_conflict() {
     )
     .await;
     match stale {
-        Err(JournalError::Kube(kube::Error::Api(s))) => assert_eq!(s.code, 409, "{s:?}"),
+        Err(e) if e.is_conflict() => {}
         other => panic!("a stale resourceVersion must be refused with 409, got {other:?}"),
     }
     let now = api.get_status(&name).await.unwrap();
@@ -330,7 +331,10 @@ async fn status_writes_are_a_cas_and_the_journal_rereads_on_conflict() {
         ))
     })
     .await;
-    assert!(matches!(illegal, Err(JournalError::Edge(_))), "{illegal:?}");
+    assert!(
+        matches!(illegal, Err(JournalError::Patch(PatchError::Edge(_)))),
+        "{illegal:?}"
+    );
     // And the broker's edge is refused to the agent.
     let wrong_actor = journal::advance(&api, &name, Actor::Agent, |_| {
         Decision::Take(Transition::MarkPrepared { environment: None })
@@ -352,7 +356,7 @@ async fn status_writes_are_a_cas_and_the_journal_rereads_on_conflict() {
         AttemptState::Prepared
     );
     assert!(
-        matches!(by_agent, Err(JournalError::Edge(_))),
+        matches!(by_agent, Err(JournalError::Patch(PatchError::Edge(_)))),
         "{by_agent:?}"
     );
 }
@@ -383,7 +387,10 @@ async fn a_changed_spec_is_refused_by_the_journal() {
         Decision::Take(Transition::MarkPrepared { environment: None })
     })
     .await;
-    assert!(matches!(r, Err(JournalError::SpecChanged)), "{r:?}");
+    assert!(
+        matches!(r, Err(JournalError::Patch(PatchError::SpecChanged))),
+        "{r:?}"
+    );
     // Concluding stays possible, so the attempt can still end and be cleaned.
     let concluded = journal::advance(&api, "web-000000000001", Actor::Agent, |_| {
         Decision::Take(Transition::Conclude(
