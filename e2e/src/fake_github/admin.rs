@@ -1,0 +1,316 @@
+//! The admin API (`/_admin/…`): set the world up, queue jobs, inject faults, read counters,
+//! steer webhook deliveries. It is for tests and people, so it is neither authenticated nor
+//! counted nor rate limited.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use jsonwebtoken::DecodingKey;
+use secrecy::SecretString;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::auth::{self, AppRegistration, Installation, TargetType};
+use super::clock::unix_now;
+use super::endpoint::Resource;
+use super::error::ApiError;
+use super::faults::FaultRequest;
+use super::ratelimit::{Bucket, ExceededStatus};
+use super::runners::RunnerGroup;
+use super::scope::Scope;
+use super::state::FakeGithub;
+use super::webhooks::{Hook, WebhookControls};
+use crate::standin_runner::behaviour::JobBehaviour;
+
+type Fake = State<Arc<FakeGithub>>;
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, message)
+}
+
+#[derive(Debug, Deserialize)]
+pub struct AppBody {
+    pub app_id: u64,
+    pub client_id: Option<String>,
+    pub slug: Option<String>,
+    pub public_key_pem: String,
+}
+
+/// `POST /_admin/app`: registers the GitHub App by its public key.
+pub async fn register_app(
+    State(fake): Fake,
+    Json(b): Json<AppBody>,
+) -> Result<StatusCode, ApiError> {
+    let key = DecodingKey::from_rsa_pem(b.public_key_pem.as_bytes())
+        .map_err(|_| bad("public_key_pem is not an RSA public key in PEM"))?;
+    fake.world().app = Some(AppRegistration {
+        app_id: b.app_id,
+        client_id: b
+            .client_id
+            .unwrap_or_else(|| format!("Iv1.fake{}", b.app_id)),
+        slug: b.slug.unwrap_or_else(|| "fake-app".into()),
+        public_key: key,
+    });
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+pub struct InstallationBody {
+    pub id: u64,
+    pub account: String,
+    pub target_type: Option<TargetType>,
+    #[serde(default)]
+    pub suspended: bool,
+}
+
+/// `POST /_admin/installations`.
+pub async fn add_installation(State(fake): Fake, Json(b): Json<InstallationBody>) -> StatusCode {
+    fake.world().installations.insert(
+        b.id,
+        Installation {
+            id: b.id,
+            account: b.account,
+            target_type: b.target_type.unwrap_or(TargetType::Organization),
+            suspended: b.suspended,
+        },
+    );
+    StatusCode::NO_CONTENT
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PatBody {
+    pub token: SecretString,
+}
+
+/// `POST /_admin/pats`: a personal access token good for every scope.
+pub async fn add_pat(State(fake): Fake, Json(b): Json<PatBody>) -> StatusCode {
+    use secrecy::ExposeSecret;
+    fake.world()
+        .pats
+        .insert(auth::token_hash(b.token.expose_secret()));
+    StatusCode::NO_CONTENT
+}
+
+#[derive(Debug, Deserialize)]
+pub struct GroupBody {
+    /// `orgs/<org>` or `enterprises/<enterprise>`.
+    pub owner: String,
+    pub name: String,
+    #[serde(default = "yes")]
+    pub usable: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `POST /_admin/runner-groups` → `{"id"}`.
+pub async fn add_group(
+    State(fake): Fake,
+    Json(b): Json<GroupBody>,
+) -> Result<Json<Value>, ApiError> {
+    let scope = match b.owner.split_once('/') {
+        Some(("orgs", org)) => Scope::org(org),
+        Some(("enterprises", e)) => Scope::enterprise(e),
+        _ => return Err(bad("owner must be orgs/<org> or enterprises/<enterprise>")),
+    };
+    let mut world = fake.world();
+    let groups = world.groups_of(&scope);
+    let id = groups.iter().map(|g| g.id).max().unwrap_or(1) + 1;
+    groups.push(RunnerGroup {
+        id,
+        name: b.name,
+        default: false,
+        usable: b.usable,
+    });
+    Ok(Json(json!({"id": id})))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct JobBody {
+    pub owner: String,
+    pub repo: String,
+    pub labels: Vec<String>,
+    pub name: Option<String>,
+    #[serde(default)]
+    pub behaviour: JobBehaviour,
+}
+
+/// `POST /_admin/jobs`: queues a job → `{"job_id", "run_id"}`.
+pub async fn queue_job(State(fake): Fake, Json(b): Json<JobBody>) -> (StatusCode, Json<Value>) {
+    let name = b.name.unwrap_or_else(|| "build".into());
+    let (job_id, run_id) = fake.queue_job(&b.owner, &b.repo, name, b.labels, b.behaviour);
+    (
+        StatusCode::CREATED,
+        Json(json!({"job_id": job_id, "run_id": run_id})),
+    )
+}
+
+/// `GET /_admin/jobs/{id}`.
+pub async fn get_job(State(fake): Fake, Path(id): Path<u64>) -> Result<Json<Value>, ApiError> {
+    let world = fake.world();
+    let j = world.jobs.get(&id).ok_or_else(ApiError::not_found)?;
+    Ok(Json(json!({
+        "id": j.id,
+        "run_id": j.run_id,
+        "status": j.status,
+        "conclusion": j.conclusion,
+        "runner_id": j.runner.as_ref().map(|r| r.id),
+        "runner_name": j.runner.as_ref().map(|r| r.name.clone()),
+    })))
+}
+
+/// `GET /_admin/runners`: every registration, in every scope.
+pub async fn list_runners(State(fake): Fake) -> Json<Value> {
+    let world = fake.world();
+    let list: Vec<Value> = world
+        .runners
+        .values()
+        .map(|r| {
+            json!({
+                "id": r.id, "name": r.name, "scope": r.scope.path(),
+                "status": r.status().as_str(), "busy": r.busy(), "jit_used": r.jit_used,
+            })
+        })
+        .collect();
+    Json(json!(list))
+}
+
+/// `POST /_admin/faults`.
+pub async fn add_fault(State(fake): Fake, Json(b): Json<FaultRequest>) -> StatusCode {
+    let mut world = fake.world();
+    let queue = world.faults.entry(b.endpoint).or_default();
+    for _ in 0..b.count {
+        queue.push_back(b.fault.clone());
+    }
+    StatusCode::NO_CONTENT
+}
+
+/// `DELETE /_admin/faults`.
+pub async fn clear_faults(State(fake): Fake) -> StatusCode {
+    fake.world().faults.clear();
+    StatusCode::NO_CONTENT
+}
+
+/// `GET /_admin/counters` → `{"<endpoint>": {"<status>|dropped": n}}`.
+pub async fn counters(State(fake): Fake) -> Json<Value> {
+    Json(json!(fake.world().counters))
+}
+
+/// `DELETE /_admin/counters`.
+pub async fn reset_counters(State(fake): Fake) -> StatusCode {
+    fake.world().counters.clear();
+    StatusCode::NO_CONTENT
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RateLimitBody {
+    pub resource: Resource,
+    pub limit: u64,
+    pub window_secs: Option<i64>,
+    #[serde(default)]
+    pub exceeded_status: ExceededStatus,
+}
+
+/// `POST /_admin/rate-limits`: sets a bucket's budget and starts a fresh window.
+pub async fn set_rate_limit(State(fake): Fake, Json(b): Json<RateLimitBody>) -> StatusCode {
+    let mut bucket = Bucket::new(b.limit, b.window_secs.unwrap_or(3600), unix_now());
+    bucket.exceeded_status = b.exceeded_status;
+    fake.world().buckets.insert(b.resource, bucket);
+    StatusCode::NO_CONTENT
+}
+
+#[derive(Debug, Deserialize)]
+pub struct HookBody {
+    pub url: String,
+    pub secret: SecretString,
+}
+
+/// `POST /_admin/webhooks` → `{"id"}`.
+pub async fn add_hook(State(fake): Fake, Json(b): Json<HookBody>) -> Json<Value> {
+    let mut world = fake.world();
+    let id = world.hooks.len() as u64 + 1;
+    world.hooks.push(Hook {
+        id,
+        url: b.url,
+        secret: b.secret,
+    });
+    Json(json!({"id": id}))
+}
+
+/// `PUT /_admin/webhooks/controls`.
+pub async fn set_controls(State(fake): Fake, Json(b): Json<WebhookControls>) -> StatusCode {
+    fake.world().webhook_controls = b;
+    StatusCode::NO_CONTENT
+}
+
+/// `GET /_admin/deliveries`.
+pub async fn deliveries(State(fake): Fake) -> Json<Value> {
+    let world = fake.world();
+    let list: Vec<Value> = world
+        .deliveries
+        .iter()
+        .map(|d| {
+            json!({
+                "guid": d.guid, "hook_id": d.hook_id, "event": "workflow_job",
+                "action": d.action, "job_id": d.job_id, "dropped": d.dropped,
+                "attempts": d.attempts,
+            })
+        })
+        .collect();
+    Json(json!(list))
+}
+
+/// `POST /_admin/deliveries/{guid}/redeliver`.
+pub async fn redeliver(
+    State(fake): Fake,
+    Path(guid): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    fake.redeliver(&guid)?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+#[derive(Debug, Deserialize)]
+pub struct VersionBody {
+    pub version: Option<String>,
+}
+
+/// `PUT /_admin/minimum-runner-version`: older runners are refused and exit 7.
+pub async fn set_minimum_version(State(fake): Fake, Json(b): Json<VersionBody>) -> StatusCode {
+    fake.world().minimum_runner_version = b.version;
+    StatusCode::NO_CONTENT
+}
+
+/// `GET /_admin/package`: where the served stand-in package is and its digest.
+pub async fn package(State(fake): Fake) -> Result<Json<Value>, ApiError> {
+    let p = fake.package.as_ref().ok_or_else(ApiError::not_found)?;
+    Ok(Json(json!({
+        "version": p.version, "file_name": p.file_name, "sha256": p.sha256,
+        "size": p.size, "path": p.path,
+        "download_url": format!("{}/_downloads/{}", fake.base_url, p.file_name),
+    })))
+}
+
+/// Route table of the admin API.
+pub fn router() -> axum::Router<Arc<FakeGithub>> {
+    use axum::routing::{get, post, put};
+    axum::Router::new()
+        .route("/_admin/app", post(register_app))
+        .route("/_admin/installations", post(add_installation))
+        .route("/_admin/pats", post(add_pat))
+        .route("/_admin/runner-groups", post(add_group))
+        .route("/_admin/jobs", post(queue_job))
+        .route("/_admin/jobs/{id}", get(get_job))
+        .route("/_admin/runners", get(list_runners))
+        .route("/_admin/faults", post(add_fault).delete(clear_faults))
+        .route("/_admin/counters", get(counters).delete(reset_counters))
+        .route("/_admin/rate-limits", post(set_rate_limit))
+        .route("/_admin/webhooks", post(add_hook))
+        .route("/_admin/webhooks/controls", put(set_controls))
+        .route("/_admin/deliveries", get(deliveries))
+        .route("/_admin/deliveries/{guid}/redeliver", post(redeliver))
+        .route("/_admin/minimum-runner-version", put(set_minimum_version))
+        .route("/_admin/package", get(package))
+}

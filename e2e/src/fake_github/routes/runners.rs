@@ -1,0 +1,193 @@
+//! Self-hosted runner endpoints at repository, organization and enterprise scope.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{OriginalUri, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use secrecy::ExposeSecret;
+use serde_json::{Value, json};
+
+use super::pagination::{PageQuery, paginate};
+use crate::fake_github::auth;
+use crate::fake_github::clock::{iso8601, unix_now};
+use crate::fake_github::error::ApiError;
+use crate::fake_github::scope::Scope;
+use crate::fake_github::state::{FakeGithub, JitRequest};
+
+pub type Params = Path<BTreeMap<String, String>>;
+
+/// The scope named by a route's path parameters.
+pub fn scope_of(params: &BTreeMap<String, String>) -> Result<Scope, ApiError> {
+    match (
+        params.get("owner"),
+        params.get("repo"),
+        params.get("org"),
+        params.get("enterprise"),
+    ) {
+        (Some(o), Some(r), _, _) => Ok(Scope::repo(o, r)),
+        (_, _, Some(o), _) => Ok(Scope::org(o)),
+        (_, _, _, Some(e)) => Ok(Scope::enterprise(e)),
+        _ => Err(ApiError::not_found()),
+    }
+}
+
+fn runner_id(params: &BTreeMap<String, String>) -> Result<u64, ApiError> {
+    params
+        .get("runner_id")
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(ApiError::not_found)
+}
+
+pub async fn list(
+    State(fake): State<Arc<FakeGithub>>,
+    Path(params): Params,
+    Query(query): Query<PageQuery>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let scope = scope_of(&params)?;
+    fake.authorize(&headers, &scope)?;
+    let mut world = fake.world();
+    let ids: Vec<u64> = world
+        .runners
+        .values()
+        .filter(|r| r.scope == scope)
+        .filter(|r| query.name.as_ref().is_none_or(|n| r.name == *n))
+        .map(|r| r.id)
+        .collect();
+    let all: Vec<Value> = ids.iter().filter_map(|id| world.runner_json(*id)).collect();
+    drop(world);
+    let (page, link) = paginate(&all, &query, &fake.base_url, &uri);
+    let mut resp = Json(json!({"total_count": all.len(), "runners": page})).into_response();
+    if let Some(link) = link {
+        resp.headers_mut().insert("link", link);
+    }
+    Ok(resp)
+}
+
+pub async fn get(
+    State(fake): State<Arc<FakeGithub>>,
+    Path(params): Params,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let scope = scope_of(&params)?;
+    fake.authorize(&headers, &scope)?;
+    let id = runner_id(&params)?;
+    let mut world = fake.world();
+    if world.runners.get(&id).is_none_or(|r| r.scope != scope) {
+        return Err(ApiError::not_found());
+    }
+    world
+        .runner_json(id)
+        .map(Json)
+        .ok_or_else(ApiError::not_found)
+}
+
+pub async fn delete(
+    State(fake): State<Arc<FakeGithub>>,
+    Path(params): Params,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    let scope = scope_of(&params)?;
+    fake.authorize(&headers, &scope)?;
+    fake.delete_runner(&scope, runner_id(&params)?)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn generate_jitconfig(
+    State(fake): State<Arc<FakeGithub>>,
+    Path(params): Params,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let scope = scope_of(&params)?;
+    fake.authorize(&headers, &scope)?;
+    let req: JitRequest = serde_json::from_slice(&body)
+        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "Problems parsing JSON"))?;
+    let (runner, jit) = fake.generate_jit(&scope, req)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"runner": runner, "encoded_jit_config": jit.expose_secret()})),
+    ))
+}
+
+pub async fn registration_token(
+    State(fake): State<Arc<FakeGithub>>,
+    Path(params): Params,
+    headers: HeaderMap,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let scope = scope_of(&params)?;
+    fake.authorize(&headers, &scope)?;
+    // Registration tokens are for `config.sh`, which the stand-in does not support; the fake
+    // hands one out so clients can exercise the call, and remembers nothing about it.
+    let token = auth::mint_token("AAAA");
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "token": token.expose_secret(),
+            "expires_at": iso8601(unix_now() + 3600),
+        })),
+    ))
+}
+
+pub async fn downloads(
+    State(fake): State<Arc<FakeGithub>>,
+    Path(params): Params,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let scope = scope_of(&params)?;
+    fake.authorize(&headers, &scope)?;
+    let list = match &fake.package {
+        Some(p) => json!([{
+            "os": "linux",
+            "architecture": "x64",
+            "download_url": format!("{}/_downloads/{}", fake.base_url, p.file_name),
+            "filename": p.file_name,
+            "sha256_checksum": p.sha256,
+        }]),
+        None => json!([]),
+    };
+    Ok(Json(list))
+}
+
+pub async fn groups(
+    State(fake): State<Arc<FakeGithub>>,
+    Path(params): Params,
+    Query(query): Query<PageQuery>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let scope = scope_of(&params)?;
+    fake.authorize(&headers, &scope)?;
+    let base = fake.base_url.clone();
+    let groups: Vec<Value> = fake
+        .world()
+        .groups_of(&scope)
+        .iter()
+        .map(|g| {
+            json!({
+                "id": g.id,
+                "name": g.name,
+                "visibility": "all",
+                "default": g.default,
+                "runners_url": format!("{base}/{}/actions/runner-groups/{}/runners", scope.path(), g.id),
+                "hosted_runners_url": format!("{base}/{}/actions/runner-groups/{}/hosted-runners", scope.path(), g.id),
+                "inherited": false,
+                "allows_public_repositories": false,
+                "restricted_to_workflows": false,
+                "selected_workflows": [],
+                "workflow_restrictions_read_only": false,
+            })
+        })
+        .collect();
+    let (page, link) = paginate(&groups, &query, &base, &uri);
+    let mut resp =
+        Json(json!({"total_count": groups.len(), "runner_groups": page})).into_response();
+    if let Some(link) = link {
+        resp.headers_mut().insert("link", link);
+    }
+    Ok(resp)
+}

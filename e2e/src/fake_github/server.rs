@@ -1,0 +1,223 @@
+//! Binding, routing, the per-call layer (faults, rate limits, counters) and the webhook sender.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use super::admin;
+use super::clock::unix_now;
+use super::endpoint::Endpoint;
+use super::error::ApiError;
+use super::ratelimit::ExceededStatus;
+use super::routes::{actions, app, releases, runner_protocol, runners};
+use super::state::{FakeGithub, PackageInfo};
+use super::webhooks::{self, Outgoing};
+
+/// The REST and runner-protocol routes, under the per-call layer.
+fn api_routes() -> Router<Arc<FakeGithub>> {
+    let mut r = Router::new();
+    for prefix in [
+        "/repos/{owner}/{repo}",
+        "/orgs/{org}",
+        "/enterprises/{enterprise}",
+    ] {
+        r = r
+            .route(&format!("{prefix}/actions/runners"), get(runners::list))
+            .route(
+                &format!("{prefix}/actions/runners/{{runner_id}}"),
+                get(runners::get).delete(runners::delete),
+            )
+            .route(
+                &format!("{prefix}/actions/runners/generate-jitconfig"),
+                post(runners::generate_jitconfig),
+            )
+            .route(
+                &format!("{prefix}/actions/runners/registration-token"),
+                post(runners::registration_token),
+            )
+            .route(
+                &format!("{prefix}/actions/runners/downloads"),
+                get(runners::downloads),
+            );
+    }
+    r.route("/orgs/{org}/actions/runner-groups", get(runners::groups))
+        .route(
+            "/enterprises/{enterprise}/actions/runner-groups",
+            get(runners::groups),
+        )
+        .route(
+            "/repos/{owner}/{repo}/actions/runs",
+            get(actions::list_runs),
+        )
+        .route(
+            "/repos/{owner}/{repo}/actions/runs/{run_id}/jobs",
+            get(actions::list_run_jobs),
+        )
+        .route(
+            "/repos/{owner}/{repo}/actions/jobs/{job_id}",
+            get(actions::get_job),
+        )
+        .route("/repos/{owner}/{repo}/installation", get(app::installation))
+        .route("/orgs/{org}/installation", get(app::installation))
+        .route(
+            "/app/installations/{installation_id}/access_tokens",
+            post(app::access_tokens),
+        )
+        .route("/rate_limit", get(app::rate_limit))
+        .route(
+            "/repos/{owner}/{repo}/releases/latest",
+            get(releases::latest),
+        )
+        .route("/_downloads/{file}", get(releases::download))
+        .route("/_runner/sessions", post(runner_protocol::open_session))
+        .route(
+            "/_runner/sessions/{session}",
+            delete(runner_protocol::close_session),
+        )
+        .route("/_runner/jobs/next", get(runner_protocol::next_job))
+        .route(
+            "/_runner/jobs/{job_id}/complete",
+            post(runner_protocol::complete),
+        )
+}
+
+/// The whole application.
+pub fn router(fake: Arc<FakeGithub>) -> Router {
+    api_routes()
+        .route_layer(middleware::from_fn_with_state(fake.clone(), per_call))
+        .merge(admin::router())
+        .with_state(fake)
+}
+
+/// A response whose body fails at once, so the server closes the connection without a
+/// complete answer: what a client sees when GitHub's edge drops it.
+fn dropped() -> Response {
+    let stream = futures_util::stream::once(async {
+        Err::<Vec<u8>, _>(std::io::Error::other("fault injection: dropped connection"))
+    });
+    Body::from_stream(stream).into_response()
+}
+
+fn outcome(status: StatusCode) -> String {
+    status.as_u16().to_string()
+}
+
+/// Faults first, then the rate-limit budget, then the handler; every answer is counted and the
+/// REST ones carry rate-limit headers.
+async fn per_call(
+    State(fake): State<Arc<FakeGithub>>,
+    matched: Option<MatchedPath>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let Some(endpoint) = matched.and_then(|m| Endpoint::classify(req.method(), m.as_str())) else {
+        return next.run(req).await;
+    };
+    let resource = endpoint.resource();
+    let with_headers = |fake: &FakeGithub, mut resp: Response| {
+        if let Some(res) = resource {
+            let now = unix_now();
+            let mut world = fake.world();
+            world
+                .bucket(res, now)
+                .write_headers(res, resp.headers_mut());
+        }
+        resp
+    };
+    if let Some(fault) = fake.take_fault(endpoint) {
+        if fault.latency_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(fault.latency_ms)).await;
+        }
+        if fault.drop_connection {
+            fake.count(endpoint, "dropped".into());
+            return dropped();
+        }
+        if let Some(code) = fault.status {
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let mut err = ApiError::new(status, "Fault injected by fake-github");
+            err.retry_after = fault.retry_after_secs;
+            fake.count(endpoint, outcome(status));
+            return with_headers(&fake, err.into_response());
+        }
+    }
+    if let Some(res) = resource {
+        let now = unix_now();
+        let refused = {
+            let mut world = fake.world();
+            let bucket = world.bucket(res, now);
+            (!bucket.take(now)).then(|| (bucket.exceeded_status, bucket.reset_at - now))
+        };
+        if let Some((how, wait)) = refused {
+            let status = match how {
+                ExceededStatus::Forbidden => StatusCode::FORBIDDEN,
+                ExceededStatus::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
+            };
+            let mut err = ApiError::new(
+                status,
+                format!("API rate limit exceeded for resource {}.", res.as_str()),
+            );
+            err.retry_after = Some(u64::try_from(wait.max(0)).unwrap_or(0));
+            fake.count(endpoint, outcome(status));
+            return with_headers(&fake, err.into_response());
+        }
+    }
+    let resp = next.run(req).await;
+    fake.count(endpoint, outcome(resp.status()));
+    with_headers(&fake, resp)
+}
+
+/// Sends queued deliveries in order; a delayed one goes on its own task so later ones can
+/// overtake it, as GitHub's can.
+async fn webhook_sender(fake: Arc<FakeGithub>, mut rx: mpsc::UnboundedReceiver<Outgoing>) {
+    let client = reqwest::Client::new();
+    while let Some(out) = rx.recv().await {
+        if out.delay.is_zero() {
+            let status = webhooks::send(&client, &out).await;
+            fake.record_attempt(&out.guid, status, out.redelivery);
+        } else {
+            let fake = fake.clone();
+            let client = client.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(out.delay).await;
+                let status = webhooks::send(&client, &out).await;
+                fake.record_attempt(&out.guid, status, out.redelivery);
+            });
+        }
+    }
+}
+
+/// A fake serving on a loopback port.
+#[derive(Debug)]
+pub struct RunningFake {
+    pub base_url: String,
+    pub addr: SocketAddr,
+    pub fake: Arc<FakeGithub>,
+    pub server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// Binds `addr` (port 0 picks a free one), starts serving and the webhook sender.
+pub async fn start(addr: SocketAddr, package: Option<PackageInfo>) -> std::io::Result<RunningFake> {
+    let listener = TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    let base_url = format!("http://{addr}");
+    let (fake, rx) = FakeGithub::new(base_url.clone(), package);
+    tokio::spawn(webhook_sender(fake.clone(), rx));
+    let app = router(fake.clone());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(RunningFake {
+        base_url,
+        addr,
+        fake,
+        server,
+    })
+}

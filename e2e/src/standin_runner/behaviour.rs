@@ -1,0 +1,40 @@
+//! What a queued job makes the stand-in runner do, carried in the job's metadata.
+
+use serde::{Deserialize, Serialize};
+
+/// A file the job writes under `_work`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkFile {
+    /// Relative to `_work`; absolute paths and `..` are refused.
+    pub path: String,
+    #[serde(default)]
+    pub bytes: u64,
+}
+
+/// Job behaviours. The default is a job that succeeds at once.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobBehaviour {
+    /// How long the job runs.
+    #[serde(default)]
+    pub duration_ms: u64,
+    /// Files written into `_work`.
+    #[serde(default)]
+    pub write_files: Vec<WorkFile>,
+    /// Hostile: replace `_work` with a symlink to this path.
+    #[serde(default)]
+    pub symlink_work_to: Option<String>,
+    /// Leave a FIFO in the job's temp directory (`$TMPDIR`, else `_work/_temp`).
+    #[serde(default)]
+    pub fifo_in_tmp: bool,
+    /// Spawn a child that sleeps this long and outlives the listener.
+    #[serde(default)]
+    pub orphan_child_secs: Option<u64>,
+    /// The worker's exit code; non-zero makes the job's conclusion `failure`.
+    #[serde(default)]
+    pub worker_exit_code: i32,
+    /// The listener's exit code after the job (7 is the real runner's "deprecated version").
+    #[serde(default)]
+    pub listener_exit_code: Option<i32>,
+}

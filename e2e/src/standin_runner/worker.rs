@@ -1,0 +1,137 @@
+//! `bin/Runner.Worker spawnclient`: writes `_diag/Worker_*.log` and acts out the job's behaviour.
+
+use std::io::Read;
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use super::behaviour::JobBehaviour;
+use super::diag::{DiagKind, DiagLog};
+use super::listener::runner_root;
+use crate::fake_github::jobs::AcquiredJob;
+
+const EXIT_FAILED: i32 = 1;
+
+/// A path under `_work` that stays there.
+fn inside(work: &Path, rel: &str) -> Option<PathBuf> {
+    let p = Path::new(rel);
+    p.components()
+        .all(|c| matches!(c, Component::Normal(_)))
+        .then(|| work.join(p))
+}
+
+fn write_file(path: &Path, bytes: u64) -> std::io::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let f = std::fs::File::create(path)?;
+    let mut w = std::io::BufWriter::new(f);
+    let chunk = vec![b'x'; 64 * 1024];
+    let mut left = bytes;
+    while left > 0 {
+        let n = usize::try_from(left.min(chunk.len() as u64)).unwrap_or(chunk.len());
+        std::io::Write::write_all(&mut w, &chunk[..n])?;
+        left -= n as u64;
+    }
+    std::io::Write::flush(&mut w)
+}
+
+/// The job's temp directory: `$TMPDIR` when the launcher set one, else `_work/_temp`.
+fn temp_dir(work: &Path) -> PathBuf {
+    std::env::var_os("TMPDIR").map_or_else(|| work.join("_temp"), PathBuf::from)
+}
+
+fn act(root: &Path, b: &JobBehaviour, log: &mut DiagLog) -> std::io::Result<()> {
+    let work = root.join("_work");
+    std::fs::create_dir_all(&work)?;
+    for f in &b.write_files {
+        let path = inside(&work, &f.path)
+            .ok_or_else(|| std::io::Error::other("write_files paths must stay under _work"))?;
+        write_file(&path, f.bytes)?;
+        log.line(
+            "INFO",
+            &format!("wrote {} bytes to _work/{}", f.bytes, f.path),
+        );
+    }
+    if b.fifo_in_tmp {
+        let tmp = temp_dir(&work);
+        std::fs::create_dir_all(&tmp)?;
+        let fifo = tmp.join("standin-job.fifo");
+        let status = std::process::Command::new("mkfifo").arg(&fifo).status()?;
+        if !status.success() {
+            return Err(std::io::Error::other("mkfifo failed"));
+        }
+        log.line("INFO", &format!("left a FIFO at {}", fifo.display()));
+    }
+    if let Some(secs) = b.orphan_child_secs {
+        let child = std::process::Command::new("sleep")
+            .arg(secs.to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+        // Not waited for on purpose: it must outlive the worker and the listener.
+        std::fs::write(
+            root.join("_diag").join("orphan.pid"),
+            child.id().to_string(),
+        )?;
+        log.line("INFO", &format!("spawned orphan pid {}", child.id()));
+    }
+    if b.duration_ms > 0 {
+        std::thread::sleep(Duration::from_millis(b.duration_ms));
+    }
+    if let Some(target) = &b.symlink_work_to {
+        std::fs::remove_dir_all(&work)?;
+        std::os::unix::fs::symlink(target, &work)?;
+        log.line(
+            "INFO",
+            &format!("replaced _work with a symlink to {target}"),
+        );
+    }
+    Ok(())
+}
+
+/// Runs the worker; returns the process exit code.
+#[must_use]
+pub fn main(args: &[String]) -> i32 {
+    if args.first().map(String::as_str) != Some("spawnclient") {
+        eprintln!("Usage: Runner.Worker spawnclient");
+        return EXIT_FAILED;
+    }
+    let Ok(root) = runner_root() else {
+        return EXIT_FAILED;
+    };
+    let Ok(mut log) = DiagLog::create(&root, DiagKind::Worker) else {
+        return EXIT_FAILED;
+    };
+    let mut input = String::new();
+    if std::io::stdin().read_to_string(&mut input).is_err() {
+        log.line("ERROR", "no job on stdin");
+        return EXIT_FAILED;
+    }
+    let job: AcquiredJob = match serde_json::from_str(&input) {
+        Ok(j) => j,
+        Err(e) => {
+            log.line("ERROR", &format!("unreadable job: {e}"));
+            return EXIT_FAILED;
+        }
+    };
+    log.line(
+        "INFO",
+        &format!(
+            "job {} ({}) of {} starting",
+            job.job_id, job.name, job.repository
+        ),
+    );
+    if let Err(e) = act(&root, &job.behaviour, &mut log) {
+        log.line("ERROR", &format!("job step failed: {e}"));
+        return EXIT_FAILED;
+    }
+    log.line(
+        "INFO",
+        &format!(
+            "job {} finished, exit {}",
+            job.job_id, job.behaviour.worker_exit_code
+        ),
+    );
+    job.behaviour.worker_exit_code
+}

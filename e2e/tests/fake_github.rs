@@ -1,0 +1,1442 @@
+//! Tests of the simulated GitHub and the stand-in runner, each against a real `fake-github`
+//! process. Every REST answer is checked against GitHub's official description and every
+//! webhook against the official webhook schema.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::http::HeaderMap;
+use reqwest::Method;
+use runner_manager_e2e::fake_github::conformance::Conformance;
+use runner_manager_e2e::fake_github::jit::JitSettings;
+use runner_manager_e2e::fake_github::webhooks::verify_signature;
+use runner_manager_e2e::standin_runner::package;
+use secrecy::SecretString;
+use serde_json::{Value, json};
+use sha2::Digest;
+
+const FAKE_BIN: &str = env!("CARGO_BIN_EXE_fake-github");
+const STANDIN_BIN: &str = env!("CARGO_BIN_EXE_standin-runner-listener");
+const APP_ID: u64 = 4242;
+const INSTALLATION: u64 = 77;
+const ORG: &str = "octo-org";
+const REPO: &str = "hello";
+const PAT: &str = "ghp_fake_personal_access_token";
+const HOOK_SECRET: &str = "hook-secret";
+
+// ---------------------------------------------------------------------------------------------
+// helpers
+
+/// A `fake-github` process, killed when dropped.
+struct FakeProcess {
+    child: Child,
+    base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl FakeProcess {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(FAKE_BIN)
+            .args(["--listener-bin", STANDIN_BIN, "--package-dir"])
+            .arg(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start fake-github");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().expect("a first line").expect("readable");
+        let base = first
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+            .to_owned();
+        assert!(base.starts_with("http://127.0.0.1:"), "{base}");
+        // Keep draining so the fake never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Self {
+            child,
+            base,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for FakeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn conformance() -> &'static Conformance {
+    static C: OnceLock<Conformance> = OnceLock::new();
+    C.get_or_init(|| Conformance::load().unwrap_or_else(|e| panic!("{e}")))
+}
+
+struct Answer {
+    status: u16,
+    headers: HeaderMap,
+    body: Value,
+}
+
+/// A REST client that holds every exchange to GitHub's description.
+struct Api {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Api {
+    fn new(base: &str) -> Self {
+        Self {
+            http: reqwest::Client::new(),
+            base: base.to_owned(),
+        }
+    }
+
+    /// Calls `path` (an instance of `template`) and checks the exchange against the description.
+    async fn call(
+        &self,
+        method: Method,
+        template: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> Answer {
+        let mut req = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.base))
+            .header("accept", "application/vnd.github+json");
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = &body {
+            req = req.json(b);
+        }
+        let resp = req.send().await.expect("send");
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let bytes = resp.bytes().await.expect("body");
+        let value: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).expect("a JSON body")
+        };
+        let c = conformance();
+        if status != 204 {
+            c.check_response(method.as_str(), template, status, &value)
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        if let (Some(b), true) = (&body, (200..300).contains(&status)) {
+            c.check_request(method.as_str(), template, b)
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        Answer {
+            status,
+            headers,
+            body: value,
+        }
+    }
+
+    async fn admin(&self, method: Method, path: &str, body: Value) -> Value {
+        let resp = self
+            .http
+            .request(method, format!("{}/_admin/{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .expect("admin call");
+        assert!(
+            resp.status().is_success(),
+            "admin {path}: {}",
+            resp.status()
+        );
+        let bytes = resp.bytes().await.unwrap();
+        if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        }
+    }
+
+    async fn admin_get(&self, path: &str) -> Value {
+        self.http
+            .get(format!("{}/_admin/{path}", self.base))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+/// Polls `check` until it yields, failing after `timeout` with `what`.
+async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The App's RSA key pair (PEM), made once per test process with the system's openssl.
+fn app_keys() -> &'static (String, String) {
+    static KEYS: OnceLock<(String, String)> = OnceLock::new();
+    KEYS.get_or_init(|| {
+        let private = Command::new("openssl")
+            .args(["genrsa", "2048"])
+            .stderr(Stdio::null())
+            .output()
+            .expect("openssl genrsa");
+        assert!(private.status.success());
+        let mut public = Command::new("openssl")
+            .args(["rsa", "-pubout"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut public.stdin.take().unwrap(), &private.stdout).unwrap();
+        let public = public.wait_with_output().unwrap();
+        assert!(public.status.success());
+        (
+            String::from_utf8(private.stdout).unwrap(),
+            String::from_utf8(public.stdout).unwrap(),
+        )
+    })
+}
+
+fn now() -> i64 {
+    runner_manager_e2e::fake_github::clock::unix_now()
+}
+
+fn jwt(claims: &Value) -> String {
+    let key = jsonwebtoken::EncodingKey::from_rsa_pem(app_keys().0.as_bytes()).unwrap();
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256),
+        claims,
+        &key,
+    )
+    .unwrap()
+}
+
+fn good_jwt() -> String {
+    jwt(&json!({"iat": now() - 60, "exp": now() + 540, "iss": APP_ID}))
+}
+
+/// Registers the App and its installation on `ORG`, plus a PAT.
+async fn setup_auth(api: &Api) {
+    api.admin(
+        Method::POST,
+        "app",
+        json!({"app_id": APP_ID, "public_key_pem": app_keys().1}),
+    )
+    .await;
+    api.admin(
+        Method::POST,
+        "installations",
+        json!({"id": INSTALLATION, "account": ORG}),
+    )
+    .await;
+    api.admin(Method::POST, "pats", json!({"token": PAT})).await;
+}
+
+async fn installation_token(api: &Api) -> String {
+    let a = api
+        .call(
+            Method::POST,
+            "/app/installations/{installation_id}/access_tokens",
+            &format!("/app/installations/{INSTALLATION}/access_tokens"),
+            Some(&good_jwt()),
+            None,
+        )
+        .await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    a.body["token"].as_str().unwrap().to_owned()
+}
+
+const JIT_TEMPLATE: &str = "/repos/{owner}/{repo}/actions/runners/generate-jitconfig";
+
+async fn generate_jit(api: &Api, token: &str, name: &str, labels: &[&str]) -> (u64, String) {
+    let a = api
+        .call(
+            Method::POST,
+            JIT_TEMPLATE,
+            &format!("/repos/{ORG}/{REPO}/actions/runners/generate-jitconfig"),
+            Some(token),
+            Some(json!({"name": name, "runner_group_id": 1, "labels": labels, "work_folder": "_work"})),
+        )
+        .await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    (
+        a.body["runner"]["id"].as_u64().unwrap(),
+        a.body["encoded_jit_config"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// One delivery as received: headers and raw body.
+type Received = (HeaderMap, Vec<u8>);
+
+/// A webhook receiver on a loopback port that records what it gets.
+#[derive(Clone, Default)]
+struct Receiver {
+    got: Arc<Mutex<Vec<Received>>>,
+}
+
+impl Receiver {
+    async fn start() -> (Self, String) {
+        let r = Self::default();
+        let state = r.clone();
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(
+                |axum::extract::State(s): axum::extract::State<Receiver>,
+                 headers: HeaderMap,
+                 body: axum::body::Bytes| async move {
+                    s.got.lock().unwrap().push((headers, body.to_vec()));
+                    axum::http::StatusCode::OK
+                },
+            ),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app.with_state(state)).await });
+        (r, url)
+    }
+
+    fn received(&self) -> Vec<Received> {
+        self.got.lock().unwrap().clone()
+    }
+
+    async fn wait_count(&self, n: usize) -> Vec<Received> {
+        wait_for(
+            &format!("{n} webhook deliveries"),
+            Duration::from_secs(20),
+            || {
+                let got = self.received();
+                async move { (got.len() >= n).then_some(got) }
+            },
+        )
+        .await
+    }
+}
+
+/// Checks one delivery the way a receiver must, and returns its GUID and parsed body.
+fn verify_delivery(headers: &HeaderMap, body: &[u8]) -> (String, Value) {
+    let h = |k: &str| {
+        headers
+            .get(k)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    assert_eq!(h("x-github-event"), "workflow_job");
+    let guid = h("x-github-delivery");
+    assert!(
+        uuid::Uuid::parse_str(&guid).is_ok(),
+        "delivery GUID {guid:?}"
+    );
+    let secret = SecretString::from(HOOK_SECRET.to_owned());
+    assert!(
+        verify_signature(&secret, body, &h("x-hub-signature-256")),
+        "signature must verify"
+    );
+    let wrong = SecretString::from("other".to_owned());
+    assert!(!verify_signature(&wrong, body, &h("x-hub-signature-256")));
+    let value: Value = serde_json::from_slice(body).unwrap();
+    conformance()
+        .check_webhook(&value)
+        .unwrap_or_else(|e| panic!("{e}"));
+    (guid, value)
+}
+
+/// A process's output collected on a thread.
+fn collect(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = r.read_to_string(&mut s);
+        s
+    })
+}
+
+struct ListenerRun {
+    child: Child,
+    stdout: Option<std::thread::JoinHandle<String>>,
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl ListenerRun {
+    fn start(root: &Path, jit: &str, extra_env: &[(&str, &str)]) -> Self {
+        let mut child = Command::new(root.join("bin/Runner.Listener"))
+            .arg("run")
+            .env("ACTIONS_RUNNER_INPUT_JITCONFIG", jit)
+            .envs(extra_env.iter().copied())
+            .current_dir(root)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start Runner.Listener");
+        let stdout = Some(collect(child.stdout.take().unwrap()));
+        let stderr = Some(collect(child.stderr.take().unwrap()));
+        Self {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Waits for the exit; returns (code, stdout, stderr).
+    async fn finish(&mut self) -> (i32, String, String) {
+        let status = wait_for("the listener to exit", Duration::from_secs(60), || {
+            let s = self.child.try_wait().unwrap();
+            async move { s }
+        })
+        .await;
+        let out = self.stdout.take().unwrap().join().unwrap();
+        let err = self.stderr.take().unwrap().join().unwrap();
+        (status.code().unwrap_or(-1), out, err)
+    }
+}
+
+impl Drop for ListenerRun {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Downloads the package the fake publishes as the latest release, checks its digest, unpacks it.
+async fn install_runner(api: &Api, dest: &Path) {
+    let rel = api
+        .call(
+            Method::GET,
+            "/repos/{owner}/{repo}/releases/latest",
+            "/repos/actions/runner/releases/latest",
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(rel.status, 200);
+    let asset = &rel.body["assets"][0];
+    let name = asset["name"].as_str().unwrap();
+    assert!(name.starts_with("actions-runner-linux-x64-") && name.ends_with(".tar.gz"));
+    let bytes = api
+        .http
+        .get(asset["browser_download_url"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&bytes)));
+    assert_eq!(asset["digest"].as_str().unwrap(), digest);
+    let tarball = dest.join(name);
+    std::fs::write(&tarball, &bytes).unwrap();
+    let root = dest.join("runner");
+    std::fs::create_dir_all(&root).unwrap();
+    package::unpack(&tarball, &root).unwrap();
+    for f in [
+        "bin/Runner.Listener",
+        "bin/Runner.Worker",
+        "run.sh",
+        "config.sh",
+    ] {
+        assert!(root.join(f).is_file(), "package lacks {f}");
+    }
+}
+
+fn diag_logs(root: &Path, prefix: &str) -> Vec<PathBuf> {
+    let Ok(dir) = std::fs::read_dir(root.join("_diag")) else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            // <Prefix>_yyyyMMdd-HHmmss-utc.log
+            n.starts_with(&format!("{prefix}_"))
+                && n.ends_with("-utc.log")
+                && n.len() == prefix.len() + 1 + 15 + 8
+        })
+        .collect()
+}
+
+async fn runner_count(api: &Api, token: &str) -> u64 {
+    let a = api
+        .call(
+            Method::GET,
+            "/repos/{owner}/{repo}/actions/runners",
+            &format!("/repos/{ORG}/{REPO}/actions/runners"),
+            Some(token),
+            None,
+        )
+        .await;
+    assert_eq!(a.status, 200);
+    a.body["total_count"].as_u64().unwrap()
+}
+
+async fn job_state(api: &Api, token: &str, job_id: u64) -> Value {
+    let a = api
+        .call(
+            Method::GET,
+            "/repos/{owner}/{repo}/actions/jobs/{job_id}",
+            &format!("/repos/{ORG}/{REPO}/actions/jobs/{job_id}"),
+            Some(token),
+            None,
+        )
+        .await;
+    assert_eq!(a.status, 200);
+    a.body
+}
+
+// ---------------------------------------------------------------------------------------------
+// the "done when" scenario
+
+#[tokio::test]
+async fn a_jit_runner_takes_one_job_reports_it_and_leaves() {
+    let fake = FakeProcess::start();
+    let api = Api::new(&fake.base);
+    setup_auth(&api).await;
+    let (receiver, hook_url) = Receiver::start().await;
+    api.admin(
+        Method::POST,
+        "webhooks",
+        json!({"url": hook_url, "secret": HOOK_SECRET}),
+    )
+    .await;
+    let token = installation_token(&api).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    install_runner(&api, dir.path()).await;
+    let root = dir.path().join("runner");
+
+    let (runner_id, jit) = generate_jit(
+        &api,
+        &token,
+        "rm-1",
+        &["self-hosted", "linux", "x64", "rm-test"],
+    )
+    .await;
+    let mut listener = ListenerRun::start(&root, &jit, &[]);
+
+    let runner_path = format!("/repos/{ORG}/{REPO}/actions/runners/{runner_id}");
+    wait_for("the runner online", Duration::from_secs(30), || {
+        let api = &api;
+        let token = &token;
+        let path = &runner_path;
+        async move {
+            let a = api
+                .call(
+                    Method::GET,
+                    "/repos/{owner}/{repo}/actions/runners/{runner_id}",
+                    path,
+                    Some(token),
+                    None,
+                )
+                .await;
+            (a.body["status"] == "online").then_some(())
+        }
+    })
+    .await;
+
+    let queued = api
+        .admin(
+            Method::POST,
+            "jobs",
+            json!({
+                "owner": ORG, "repo": REPO, "labels": ["self-hosted", "rm-test"], "name": "build",
+                "behaviour": {"write_files": [{"path": "src/out.txt", "bytes": 1000}]},
+            }),
+        )
+        .await;
+    let job_id = queued["job_id"].as_u64().unwrap();
+
+    let job = wait_for("the job completed", Duration::from_secs(30), || {
+        let api = &api;
+        let token = &token;
+        async move {
+            let j = job_state(api, token, job_id).await;
+            (j["status"] == "completed").then_some(j)
+        }
+    })
+    .await;
+    assert_eq!(job["conclusion"], "success");
+    assert_eq!(job["runner_id"].as_u64(), Some(runner_id));
+    assert_eq!(job["runner_name"], "rm-1");
+
+    let (code, stdout, stderr) = listener.finish().await;
+    assert_eq!(code, 0, "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.contains("Listening for Jobs"), "{stdout}");
+    assert!(
+        !stdout.contains(&jit) && !stderr.contains(&jit),
+        "the JIT must never be printed"
+    );
+
+    assert_eq!(
+        runner_count(&api, &token).await,
+        0,
+        "the ephemeral runner is gone"
+    );
+    let gone = api
+        .call(
+            Method::GET,
+            "/repos/{owner}/{repo}/actions/runners/{runner_id}",
+            &runner_path,
+            Some(&token),
+            None,
+        )
+        .await;
+    assert_eq!(gone.status, 404);
+
+    let runner_logs = diag_logs(&root, "Runner");
+    let worker_logs = diag_logs(&root, "Worker");
+    assert_eq!(runner_logs.len(), 1, "one Runner_*.log");
+    assert_eq!(worker_logs.len(), 1, "one Worker_*.log");
+    for log in runner_logs.iter().chain(&worker_logs) {
+        let text = std::fs::read_to_string(log).unwrap();
+        assert!(!text.is_empty());
+        assert!(!text.contains(&jit));
+    }
+    assert_eq!(
+        std::fs::metadata(root.join("_work/src/out.txt"))
+            .unwrap()
+            .len(),
+        1000
+    );
+
+    let got = receiver.wait_count(3).await;
+    let mut guids = BTreeSet::new();
+    let mut actions = Vec::new();
+    for (headers, body) in &got {
+        let (guid, value) = verify_delivery(headers, body);
+        guids.insert(guid);
+        assert_eq!(value["workflow_job"]["id"].as_u64(), Some(job_id));
+        actions.push(value["action"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(guids.len(), 3, "every delivery has its own GUID");
+    assert_eq!(actions, ["queued", "in_progress", "completed"]);
+    let completed: Value = serde_json::from_slice(&got[2].1).unwrap();
+    assert_eq!(completed["workflow_job"]["conclusion"], "success");
+    assert_eq!(completed["workflow_job"]["runner_name"], "rm-1");
+
+    // The same JIT cannot start a second runner.
+    let mut again = ListenerRun::start(&root, &jit, &[]);
+    let (code, _, _) = again.finish().await;
+    assert_ne!(code, 0, "a used (and deleted) JIT must not connect");
+}
+
+// ---------------------------------------------------------------------------------------------
+// authentication
+
+#[tokio::test]
+async fn app_jwts_are_verified_and_tokens_are_scoped() {
+    let fake = FakeProcess::start();
+    let api = Api::new(&fake.base);
+    setup_auth(&api).await;
+    let tokens_path = format!("/app/installations/{INSTALLATION}/access_tokens");
+    let t = "/app/installations/{installation_id}/access_tokens";
+    let other_key = {
+        let out = Command::new("openssl")
+            .args(["genrsa", "2048"])
+            .stderr(Stdio::null())
+            .output()
+            .unwrap();
+        jsonwebtoken::EncodingKey::from_rsa_pem(&out.stdout).unwrap()
+    };
+    let wrong_key = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256),
+        &json!({"iat": now() - 60, "exp": now() + 540, "iss": APP_ID}),
+        &other_key,
+    )
+    .unwrap();
+    let refused = [
+        (
+            "expired",
+            jwt(&json!({"iat": now() - 1200, "exp": now() - 600, "iss": APP_ID})),
+        ),
+        (
+            "too long",
+            jwt(&json!({"iat": now() - 60, "exp": now() + 3600, "iss": APP_ID})),
+        ),
+        (
+            "issued in the future",
+            jwt(&json!({"iat": now() + 600, "exp": now() + 900, "iss": APP_ID})),
+        ),
+        (
+            "wrong issuer",
+            jwt(&json!({"iat": now() - 60, "exp": now() + 540, "iss": 1})),
+        ),
+        ("wrong key", wrong_key),
+        ("not a JWT", "garbage".to_owned()),
+    ];
+    for (what, token) in refused {
+        let a = api
+            .call(Method::POST, t, &tokens_path, Some(&token), None)
+            .await;
+        assert_eq!(a.status, 401, "{what}: {}", a.body);
+    }
+    let none = api.call(Method::POST, t, &tokens_path, None, None).await;
+    assert_eq!(none.status, 401);
+    // `iss` may also be the App id as a string.
+    let as_string = jwt(&json!({"iat": now() - 60, "exp": now() + 540, "iss": APP_ID.to_string()}));
+    assert_eq!(
+        api.call(Method::POST, t, &tokens_path, Some(&as_string), None)
+            .await
+            .status,
+        201
+    );
+    let unknown = api
+        .call(
+            Method::POST,
+            t,
+            "/app/installations/999/access_tokens",
+            Some(&good_jwt()),
+            None,
+        )
+        .await;
+    assert_eq!(unknown.status, 404);
+
+    let inst = api
+        .call(
+            Method::GET,
+            "/repos/{owner}/{repo}/installation",
+            &format!("/repos/{ORG}/{REPO}/installation"),
+            Some(&good_jwt()),
+            None,
+        )
+        .await;
+    assert_eq!(inst.status, 200);
+    assert_eq!(inst.body["id"].as_u64(), Some(INSTALLATION));
+    let org_inst = api
+        .call(
+            Method::GET,
+            "/orgs/{org}/installation",
+            &format!("/orgs/{ORG}/installation"),
+            Some(&good_jwt()),
+            None,
+        )
+        .await;
+    assert_eq!(org_inst.status, 200);
+
+    let token = installation_token(&api).await;
+    assert!(token.starts_with("ghs_"));
+    let list = "/repos/{owner}/{repo}/actions/runners";
+    let own = api
+        .call(
+            Method::GET,
+            list,
+            &format!("/repos/{ORG}/{REPO}/actions/runners"),
+            Some(&token),
+            None,
+        )
+        .await;
+    assert_eq!(own.status, 200);
+    let other = api
+        .call(
+            Method::GET,
+            list,
+            "/repos/someone-else/x/actions/runners",
+            Some(&token),
+            None,
+        )
+        .await;
+    assert_eq!(
+        other.status, 403,
+        "an installation reaches only its own account"
+    );
+    let pat = api
+        .call(
+            Method::GET,
+            list,
+            "/repos/someone-else/x/actions/runners",
+            Some(PAT),
+            None,
+        )
+        .await;
+    assert_eq!(pat.status, 200);
+    let anonymous = api
+        .call(
+            Method::GET,
+            list,
+            &format!("/repos/{ORG}/{REPO}/actions/runners"),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(anonymous.status, 401);
+    let bad = api
+        .call(
+            Method::GET,
+            list,
+            &format!("/repos/{ORG}/{REPO}/actions/runners"),
+            Some("ghs_nope"),
+            None,
+        )
+        .await;
+    assert_eq!(bad.status, 401);
+    // The App JWT is not a credential for the runner endpoints.
+    let jwt_there = api
+        .call(
+            Method::GET,
+            list,
+            &format!("/repos/{ORG}/{REPO}/actions/runners"),
+            Some(&good_jwt()),
+            None,
+        )
+        .await;
+    assert_eq!(jwt_there.status, 401);
+}
+
+// ---------------------------------------------------------------------------------------------
+// runners: pagination, JIT rules, busy delete
+
+#[tokio::test]
+async fn runner_lists_paginate_with_link_headers_and_filter_by_name() {
+    let fake = FakeProcess::start();
+    let api = Api::new(&fake.base);
+    setup_auth(&api).await;
+    for i in 0..5 {
+        generate_jit(&api, PAT, &format!("r-{i}"), &["self-hosted"]).await;
+    }
+    let t = "/repos/{owner}/{repo}/actions/runners";
+    let p = format!("/repos/{ORG}/{REPO}/actions/runners");
+    let mut seen = Vec::new();
+    let mut next = Some(format!("{p}?per_page=2"));
+    let mut pages = 0;
+    while let Some(path) = next.take() {
+        let a = api.call(Method::GET, t, &path, Some(PAT), None).await;
+        assert_eq!(a.status, 200);
+        assert_eq!(a.body["total_count"], 5);
+        pages += 1;
+        for r in a.body["runners"].as_array().unwrap() {
+            seen.push(r["name"].as_str().unwrap().to_owned());
+        }
+        let link = a.headers.get("link").unwrap().to_str().unwrap().to_owned();
+        assert!(link.contains("rel=\"last\""), "{link}");
+        next = link
+            .split(", ")
+            .find(|l| l.ends_with("rel=\"next\""))
+            .map(|l| {
+                let url = l.trim_start_matches('<').split('>').next().unwrap();
+                url.trim_start_matches(&fake.base).to_owned()
+            });
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(seen, ["r-0", "r-1", "r-2", "r-3", "r-4"]);
+
+    let all = api.call(Method::GET, t, &p, Some(PAT), None).await;
+    assert!(all.headers.get("link").is_none(), "one page needs no Link");
+    assert_eq!(all.body["runners"].as_array().unwrap().len(), 5);
+    let named = api
+        .call(Method::GET, t, &format!("{p}?name=r-3"), Some(PAT), None)
+        .await;
+    assert_eq!(named.body["total_count"], 1);
+    assert_eq!(named.body["runners"][0]["name"], "r-3");
+    assert_eq!(named.body["runners"][0]["status"], "offline");
+}
+
+#[tokio::test]
+async fn jit_registration_rules_and_one_shot_use() {
+    let fake = FakeProcess::start();
+    let api = Api::new(&fake.base);
+    setup_auth(&api).await;
+    let path = format!("/repos/{ORG}/{REPO}/actions/runners/generate-jitconfig");
+    let (_, jit) = generate_jit(&api, PAT, "dup", &["self-hosted"]).await;
+
+    let again = api
+        .call(
+            Method::POST,
+            JIT_TEMPLATE,
+            &path,
+            Some(PAT),
+            Some(json!({"name": "dup", "runner_group_id": 1, "labels": ["x"]})),
+        )
+        .await;
+    assert_eq!(again.status, 409);
+    let no_group = api
+        .call(
+            Method::POST,
+            JIT_TEMPLATE,
+            &path,
+            Some(PAT),
+            Some(json!({"name": "n", "labels": ["x"]})),
+        )
+        .await;
+    assert_eq!(no_group.status, 422);
+    let unknown_group = api
+        .call(
+            Method::POST,
+            JIT_TEMPLATE,
+            &path,
+            Some(PAT),
+            Some(json!({"name": "n", "runner_group_id": 99, "labels": ["x"]})),
+        )
+        .await;
+    assert_eq!(unknown_group.status, 404);
+    let g = api
+        .admin(
+            Method::POST,
+            "runner-groups",
+            json!({"owner": format!("orgs/{ORG}"), "name": "locked", "usable": false}),
+        )
+        .await;
+    let locked = api
+        .call(
+            Method::POST,
+            JIT_TEMPLATE,
+            &path,
+            Some(PAT),
+            Some(json!({"name": "n", "runner_group_id": g["id"], "labels": ["x"]})),
+        )
+        .await;
+    assert_eq!(locked.status, 403);
+    let no_labels = api
+        .call(
+            Method::POST,
+            JIT_TEMPLATE,
+            &path,
+            Some(PAT),
+            Some(json!({"name": "n", "runner_group_id": 1, "labels": []})),
+        )
+        .await;
+    assert_eq!(no_labels.status, 422);
+
+    // The JIT carries the runner's real settings files, and opens exactly one session.
+    let settings = JitSettings::decode(&SecretString::from(jit)).unwrap();
+    assert!(settings.runner.ephemeral);
+    assert_eq!(settings.runner.agent_name, "dup");
+    let session = json!({
+        "client_id": settings.credentials.data.client_id,
+        "client_secret": settings.rsa_params.d,
+        "version": package::STANDIN_VERSION,
+    });
+    let url = format!("{}/_runner/sessions", fake.base);
+    let first = api.http.post(&url).json(&session).send().await.unwrap();
+    assert_eq!(first.status(), 201);
+    let second = api.http.post(&url).json(&session).send().await.unwrap();
+    assert_eq!(second.status(), 409, "a JIT is good for one use");
+}
+
+#[tokio::test]
+async fn a_busy_runner_cannot_be_deleted() {
+    let fake = FakeProcess::start();
+    let api = Api::new(&fake.base);
+    setup_auth(&api).await;
+    let (id, jit) = generate_jit(&api, PAT, "busy", &["self-hosted"]).await;
+    let settings = JitSettings::decode(&SecretString::from(jit)).unwrap();
+    let session: Value = api
+        .http
+        .post(format!("{}/_runner/sessions", fake.base))
+        .json(&json!({
+            "client_id": settings.credentials.data.client_id,
+            "client_secret": settings.rsa_params.d,
+            "version": package::STANDIN_VERSION,
+        }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let session = session["session_token"].as_str().unwrap().to_owned();
+    let queued = api
+        .admin(
+            Method::POST,
+            "jobs",
+            json!({"owner": ORG, "repo": REPO, "labels": ["self-hosted"]}),
+        )
+        .await;
+    let job: Value = api
+        .http
+        .get(format!("{}/_runner/jobs/next?wait_secs=5", fake.base))
+        .bearer_auth(&session)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(job["job_id"], queued["job_id"]);
+
+    let t = "/repos/{owner}/{repo}/actions/runners/{runner_id}";
+    let p = format!("/repos/{ORG}/{REPO}/actions/runners/{id}");
+    let busy = api.call(Method::GET, t, &p, Some(PAT), None).await;
+    assert_eq!(busy.body["busy"], true);
+    let refused = api.call(Method::DELETE, t, &p, Some(PAT), None).await;
+    assert_eq!(refused.status, 422);
+    let runs = api
+        .call(
+            Method::GET,
+            "/repos/{owner}/{repo}/actions/runs",
+            &format!("/repos/{ORG}/{REPO}/actions/runs?status=in_progress"),
+            Some(PAT),
+            None,
+        )
+        .await;
+    assert_eq!(runs.body["total_count"], 1);
+
+    let done = api
+        .http
+        .post(format!(
+            "{}/_runner/jobs/{}/complete",
+            fake.base, job["job_id"]
+        ))
+        .bearer_auth(&session)
+        .json(&json!({"conclusion": "success"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(done.status(), 204);
+    let deleted = api.call(Method::DELETE, t, &p, Some(PAT), None).await;
+    assert_eq!(
+        deleted.status, 404,
+        "the ephemeral runner left with its job"
+    );
+
+    // An idle runner deletes with 204.
+    let (idle, _) = generate_jit(&api, PAT, "idle", &["self-hosted"]).await;
+    let p = format!("/repos/{ORG}/{REPO}/actions/runners/{idle}");
+    assert_eq!(
+        api.call(Method::DELETE, t, &p, Some(PAT), None)
+            .await
+            .status,
+        204
+    );
+    assert_eq!(
+        api.call(Method::DELETE, t, &p, Some(PAT), None)
+            .await
+            .status,
+        404
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// faults, counters, rate limits
+
+#[tokio::test]
+async fn injected_faults_and_counters() {
+    let fake = FakeProcess::start();
+    let api = Api::new(&fake.base);
+    setup_auth(&api).await;
+    let t = "/repos/{owner}/{repo}/actions/runners";
+    let p = format!("/repos/{ORG}/{REPO}/actions/runners");
+    api.admin(
+        Method::POST,
+        "faults",
+        json!({"endpoint": "list_runners", "count": 2, "status": 503, "retry_after_secs": 3}),
+    )
+    .await;
+    for _ in 0..2 {
+        let a = api.call(Method::GET, t, &p, Some(PAT), None).await;
+        assert_eq!(a.status, 503);
+        assert_eq!(a.headers.get("retry-after").unwrap(), "3");
+    }
+    assert_eq!(
+        api.call(Method::GET, t, &p, Some(PAT), None).await.status,
+        200
+    );
+
+    api.admin(
+        Method::POST,
+        "faults",
+        json!({"endpoint": "list_runners", "drop_connection": true}),
+    )
+    .await;
+    let dropped = async {
+        let resp = api
+            .http
+            .get(format!("{}{p}", fake.base))
+            .bearer_auth(PAT)
+            .send()
+            .await?;
+        resp.bytes().await
+    }
+    .await;
+    assert!(
+        dropped.is_err(),
+        "a dropped connection gives no complete answer"
+    );
+
+    api.admin(
+        Method::POST,
+        "faults",
+        json!({"endpoint": "list_runners", "latency_ms": 400}),
+    )
+    .await;
+    let started = Instant::now();
+    assert_eq!(
+        api.call(Method::GET, t, &p, Some(PAT), None).await.status,
+        200
+    );
+    assert!(started.elapsed() >= Duration::from_millis(400));
+
+    api.admin(
+        Method::POST,
+        "faults",
+        json!({"endpoint": "generate_jitconfig", "status": 429, "retry_after_secs": 1}),
+    )
+    .await;
+    let a = api
+        .call(
+            Method::POST,
+            JIT_TEMPLATE,
+            &format!("/repos/{ORG}/{REPO}/actions/runners/generate-jitconfig"),
+            Some(PAT),
+            Some(json!({"name": "x", "runner_group_id": 1, "labels": ["x"]})),
+        )
+        .await;
+    assert_eq!(a.status, 429);
+
+    let counters = api.admin_get("counters").await;
+    assert_eq!(counters["list_runners"]["503"], 2);
+    assert_eq!(counters["list_runners"]["200"], 2);
+    assert_eq!(counters["list_runners"]["dropped"], 1);
+    assert_eq!(counters["generate_jitconfig"]["429"], 1);
+}
+
+#[tokio::test]
+async fn rate_limits_are_reported_and_enforced_per_bucket() {
+    let fake = FakeProcess::start();
+    let api = Api::new(&fake.base);
+    setup_auth(&api).await;
+    api.admin(
+        Method::POST,
+        "rate-limits",
+        json!({"resource": "core", "limit": 3, "exceeded_status": "429"}),
+    )
+    .await;
+    let t = "/repos/{owner}/{repo}/actions/runners";
+    let p = format!("/repos/{ORG}/{REPO}/actions/runners");
+    for left in [2, 1, 0] {
+        let a = api.call(Method::GET, t, &p, Some(PAT), None).await;
+        assert_eq!(a.status, 200);
+        let h = |k: &str| a.headers.get(k).unwrap().to_str().unwrap().to_owned();
+        assert_eq!(h("x-ratelimit-limit"), "3");
+        assert_eq!(h("x-ratelimit-remaining"), left.to_string());
+        assert_eq!(h("x-ratelimit-resource"), "core");
+        assert!(h("x-ratelimit-reset").parse::<i64>().unwrap() > now());
+    }
+    let over = api.call(Method::GET, t, &p, Some(PAT), None).await;
+    assert_eq!(over.status, 429);
+    assert!(over.headers.get("retry-after").is_some());
+    // Registration calls draw from their own bucket.
+    let (_, _) = generate_jit(&api, PAT, "still-ok", &["x"]).await;
+    let rl = api
+        .call(Method::GET, "/rate_limit", "/rate_limit", Some(PAT), None)
+        .await;
+    assert_eq!(rl.status, 200);
+    assert_eq!(rl.body["resources"]["core"]["remaining"], 0);
+    assert_eq!(
+        rl.body["resources"]["actions_runner_registration"]["used"],
+        1
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// webhooks
+
+#[tokio::test]
+async fn webhook_deliveries_can_be_dropped_duplicated_and_redelivered() {
+    let fake = FakeProcess::start();
+    let api = Api::new(&fake.base);
+    let (receiver, url) = Receiver::start().await;
+    api.admin(
+        Method::POST,
+        "webhooks",
+        json!({"url": url, "secret": HOOK_SECRET}),
+    )
+    .await;
+    api.admin(
+        Method::PUT,
+        "webhooks/controls",
+        json!({"drop_next": 1, "duplicate_next": 1}),
+    )
+    .await;
+    api.admin(
+        Method::POST,
+        "jobs",
+        json!({"owner": ORG, "repo": REPO, "labels": ["a"]}),
+    )
+    .await;
+    api.admin(
+        Method::POST,
+        "jobs",
+        json!({"owner": ORG, "repo": REPO, "labels": ["b"]}),
+    )
+    .await;
+    // First delivery dropped, second sent twice with one GUID.
+    let got = receiver.wait_count(2).await;
+    let (g1, v1) = verify_delivery(&got[0].0, &got[0].1);
+    let (g2, _) = verify_delivery(&got[1].0, &got[1].1);
+    assert_eq!(g1, g2, "a duplicate carries the same GUID");
+    assert_eq!(v1["workflow_job"]["labels"], json!(["b"]));
+
+    let deliveries = api.admin_get("deliveries").await;
+    let dropped = deliveries
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["dropped"] == true)
+        .unwrap();
+    let guid = dropped["guid"].as_str().unwrap();
+    api.admin(
+        Method::POST,
+        &format!("deliveries/{guid}/redeliver"),
+        json!({}),
+    )
+    .await;
+    let got = receiver.wait_count(3).await;
+    let (g3, v3) = verify_delivery(&got[2].0, &got[2].1);
+    assert_eq!(g3, guid, "a redelivery keeps its GUID");
+    assert_eq!(v3["workflow_job"]["labels"], json!(["a"]));
+    assert_eq!(v3["action"], "queued");
+
+    // A delayed delivery arrives, later.
+    api.admin(Method::PUT, "webhooks/controls", json!({"delay_ms": 300}))
+        .await;
+    let sent = Instant::now();
+    api.admin(
+        Method::POST,
+        "jobs",
+        json!({"owner": ORG, "repo": REPO, "labels": ["c"]}),
+    )
+    .await;
+    receiver.wait_count(4).await;
+    assert!(sent.elapsed() >= Duration::from_millis(300));
+}
+
+// ---------------------------------------------------------------------------------------------
+// the other endpoints, at every scope, against the description
+
+#[tokio::test]
+async fn every_scope_and_endpoint_answers_in_githubs_shape() {
+    let fake = FakeProcess::start();
+    let api = Api::new(&fake.base);
+    setup_auth(&api).await;
+    for (prefix, scope) in [
+        ("/repos/{owner}/{repo}", format!("/repos/{ORG}/{REPO}")),
+        ("/orgs/{org}", format!("/orgs/{ORG}")),
+        ("/enterprises/{enterprise}", "/enterprises/acme".to_owned()),
+    ] {
+        let jit = api
+            .call(
+                Method::POST,
+                &format!("{prefix}/actions/runners/generate-jitconfig"),
+                &format!("{scope}/actions/runners/generate-jitconfig"),
+                Some(PAT),
+                Some(json!({"name": "s", "runner_group_id": 1, "labels": ["self-hosted", "gpu"]})),
+            )
+            .await;
+        assert_eq!(jit.status, 201, "{scope}");
+        assert_eq!(jit.body["runner"]["labels"][1]["type"], "custom");
+        let id = jit.body["runner"]["id"].as_u64().unwrap();
+        let list = api
+            .call(
+                Method::GET,
+                &format!("{prefix}/actions/runners"),
+                &format!("{scope}/actions/runners"),
+                Some(PAT),
+                None,
+            )
+            .await;
+        assert_eq!(list.body["total_count"], 1, "{scope}");
+        let get = api
+            .call(
+                Method::GET,
+                &format!("{prefix}/actions/runners/{{runner_id}}"),
+                &format!("{scope}/actions/runners/{id}"),
+                Some(PAT),
+                None,
+            )
+            .await;
+        assert_eq!(get.status, 200);
+        let reg = api
+            .call(
+                Method::POST,
+                &format!("{prefix}/actions/runners/registration-token"),
+                &format!("{scope}/actions/runners/registration-token"),
+                Some(PAT),
+                None,
+            )
+            .await;
+        assert_eq!(reg.status, 201);
+        let dl = api
+            .call(
+                Method::GET,
+                &format!("{prefix}/actions/runners/downloads"),
+                &format!("{scope}/actions/runners/downloads"),
+                Some(PAT),
+                None,
+            )
+            .await;
+        assert_eq!(dl.status, 200);
+        assert_eq!(dl.body[0]["os"], "linux");
+        let del = api
+            .call(
+                Method::DELETE,
+                &format!("{prefix}/actions/runners/{{runner_id}}"),
+                &format!("{scope}/actions/runners/{id}"),
+                Some(PAT),
+                None,
+            )
+            .await;
+        assert_eq!(del.status, 204);
+    }
+    for (t, p) in [
+        (
+            "/orgs/{org}/actions/runner-groups",
+            format!("/orgs/{ORG}/actions/runner-groups"),
+        ),
+        (
+            "/enterprises/{enterprise}/actions/runner-groups",
+            "/enterprises/acme/actions/runner-groups".to_owned(),
+        ),
+    ] {
+        let g = api.call(Method::GET, t, &p, Some(PAT), None).await;
+        assert_eq!(g.status, 200);
+        assert_eq!(g.body["runner_groups"][0]["default"], true);
+    }
+    let queued = api
+        .admin(
+            Method::POST,
+            "jobs",
+            json!({"owner": ORG, "repo": REPO, "labels": ["self-hosted"]}),
+        )
+        .await;
+    let runs = api
+        .call(
+            Method::GET,
+            "/repos/{owner}/{repo}/actions/runs",
+            &format!("/repos/{ORG}/{REPO}/actions/runs?status=queued"),
+            Some(PAT),
+            None,
+        )
+        .await;
+    assert_eq!(runs.body["total_count"], 1);
+    let run_id = runs.body["workflow_runs"][0]["id"].as_u64().unwrap();
+    assert_eq!(Some(run_id), queued["run_id"].as_u64());
+    let jobs = api
+        .call(
+            Method::GET,
+            "/repos/{owner}/{repo}/actions/runs/{run_id}/jobs",
+            &format!("/repos/{ORG}/{REPO}/actions/runs/{run_id}/jobs"),
+            Some(PAT),
+            None,
+        )
+        .await;
+    assert_eq!(jobs.body["jobs"][0]["status"], "queued");
+    let job = job_state(&api, PAT, queued["job_id"].as_u64().unwrap()).await;
+    assert_eq!(job["labels"], json!(["self-hosted"]));
+    let rl = api
+        .call(Method::GET, "/rate_limit", "/rate_limit", None, None)
+        .await;
+    assert_eq!(rl.status, 200);
+}
+
+// ---------------------------------------------------------------------------------------------
+// hostile and failing job behaviours, and the deprecated-version exit
+
+#[tokio::test]
+async fn job_behaviours_hostile_workspace_orphans_and_exit_codes() {
+    let fake = FakeProcess::start();
+    let api = Api::new(&fake.base);
+    setup_auth(&api).await;
+    let dir = tempfile::tempdir().unwrap();
+    install_runner(&api, dir.path()).await;
+    let root = dir.path().join("runner");
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+
+    let (_, jit) = generate_jit(&api, PAT, "hostile", &["self-hosted", "hostile"]).await;
+    let queued = api
+        .admin(
+            Method::POST,
+            "jobs",
+            json!({
+                "owner": ORG, "repo": REPO, "labels": ["hostile"],
+                "behaviour": {
+                    "duration_ms": 50,
+                    "fifo_in_tmp": true,
+                    "orphan_child_secs": 30,
+                    "symlink_work_to": elsewhere,
+                    "worker_exit_code": 3,
+                    "listener_exit_code": 7,
+                },
+            }),
+        )
+        .await;
+    let tmp_env = tmp.to_string_lossy().into_owned();
+    let mut listener = ListenerRun::start(&root, &jit, &[("TMPDIR", &tmp_env)]);
+    let (code, out, err) = listener.finish().await;
+    assert_eq!(code, 7, "stdout: {out}\nstderr: {err}");
+    let job = job_state(&api, PAT, queued["job_id"].as_u64().unwrap()).await;
+    assert_eq!(job["status"], "completed");
+    assert_eq!(job["conclusion"], "failure");
+    let work = std::fs::symlink_metadata(root.join("_work")).unwrap();
+    assert!(
+        work.file_type().is_symlink(),
+        "_work was replaced by a symlink"
+    );
+    use std::os::unix::fs::FileTypeExt;
+    let fifo = std::fs::symlink_metadata(tmp.join("standin-job.fifo")).unwrap();
+    assert!(fifo.file_type().is_fifo());
+    let pid: u32 = std::fs::read_to_string(root.join("_diag/orphan.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        Path::new(&format!("/proc/{pid}")).exists(),
+        "the child outlives the listener"
+    );
+    // End the orphan this test started.
+    let _ = Command::new("kill").arg(pid.to_string()).status();
+
+    // A version the service no longer accepts: exit 7 when asked for it, 1 otherwise.
+    api.admin(
+        Method::PUT,
+        "minimum-runner-version",
+        json!({"version": "9.0.0"}),
+    )
+    .await;
+    let (_, jit) = generate_jit(&api, PAT, "old-1", &["self-hosted"]).await;
+    let mut old = ListenerRun::start(
+        &root,
+        &jit,
+        &[("ACTIONS_RUNNER_RETURN_VERSION_DEPRECATED_EXIT_CODE", "1")],
+    );
+    assert_eq!(old.finish().await.0, 7);
+    let (_, jit) = generate_jit(&api, PAT, "old-2", &["self-hosted"]).await;
+    let mut old = ListenerRun::start(&root, &jit, &[]);
+    assert_eq!(old.finish().await.0, 1);
+
+    // Anything but exactly `run` is refused, and no JIT means no start.
+    let bad = Command::new(root.join("bin/Runner.Listener"))
+        .arg("configure")
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    let none = Command::new(root.join("bin/Runner.Listener"))
+        .arg("run")
+        .env_remove("ACTIONS_RUNNER_INPUT_JITCONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(none.status.code(), Some(1));
+}
