@@ -1,0 +1,114 @@
+//! Ephemeral runtimes: `<hostRoot>/runners/<12 hex>`, created 0700 for one attempt and removed
+//! whole, without opening FIFOs or following links. Removal dispatches on the journalled kind
+//! and refuses a path that is not the one derived for the attempt, so a damaged journal can
+//! never aim a recursive removal elsewhere.
+
+use std::fs::DirBuilder;
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+use runner_manager_crds::names::{ephemeral_runtime_dir, short_hex};
+use rustix::fs::{AtFlags, FileType};
+use uuid::Uuid;
+
+use super::remove::{EntryKind, open_dir_nofollow, remove_entry_at};
+
+/// `<hostRoot>/runners`.
+pub fn runners_dir(host_root: &Path) -> PathBuf {
+    host_root.join("runners")
+}
+
+/// `<hostRoot>/runners/<12 hex>`.
+pub fn ephemeral_runtime_path(host_root: &Path, attempt: Uuid) -> PathBuf {
+    host_root.join(ephemeral_runtime_dir(attempt))
+}
+
+/// Why an ephemeral runtime was not removed. Tolerated by supervision and retried with backoff.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EphemeralError {
+    #[error(
+        "the journalled runtime is not the path derived for the attempt ({}); nothing was removed", expected.display()
+    )]
+    NotTheDerivedPath { expected: PathBuf },
+    #[error("the ephemeral runtime {} could not be removed ({kind:?}); retried with backoff", path.display())]
+    CouldNotBeRemoved { path: PathBuf, kind: io::ErrorKind },
+    #[error("the ephemeral runtime {} could not be created ({kind:?})", path.display())]
+    CouldNotBeCreated { path: PathBuf, kind: io::ErrorKind },
+}
+
+/// What a removal found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EphemeralRemoval {
+    /// Removed; `entries` counts entries at every depth.
+    Removed { entries: u64 },
+    /// Nothing was there: already clean.
+    AlreadyGone,
+}
+
+/// Creates a fresh runtime for an attempt. An existing one is refused: a runtime is never
+/// shared, and what stands there is residue for cleanup.
+pub fn create_ephemeral_runtime(
+    host_root: &Path,
+    attempt: Uuid,
+) -> Result<PathBuf, EphemeralError> {
+    let path = ephemeral_runtime_path(host_root, attempt);
+    let failed = |e: io::Error| EphemeralError::CouldNotBeCreated {
+        path: path.clone(),
+        kind: e.kind(),
+    };
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o711)
+        .create(runners_dir(host_root))
+        .map_err(failed)?;
+    DirBuilder::new()
+        .mode(0o700)
+        .create(&path)
+        .map_err(failed)?;
+    Ok(path)
+}
+
+/// Removes an attempt's ephemeral runtime whole. Also the reaper of late residue: after an
+/// attempt is `Cleaned`, a late child may recreate part of its runtime, and the next pass calls
+/// this again (the caller must not release the package lease a second time).
+pub fn remove_ephemeral_runtime(
+    host_root: &Path,
+    attempt: Uuid,
+    journalled: &str,
+) -> Result<EphemeralRemoval, EphemeralError> {
+    let expected = ephemeral_runtime_path(host_root, attempt);
+    if Path::new(journalled) != expected {
+        return Err(EphemeralError::NotTheDerivedPath { expected });
+    }
+    let failed = |e: io::Error| EphemeralError::CouldNotBeRemoved {
+        path: expected.clone(),
+        kind: e.kind(),
+    };
+    // The runners directory is the anchor; from here on nothing is resolved by path.
+    let runners = match open_dir_nofollow(&runners_dir(host_root)) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(EphemeralRemoval::AlreadyGone),
+        Err(e) => return Err(failed(e)),
+    };
+    let name = short_hex(attempt);
+    let kind = match rustix::fs::statat(runners.as_fd(), name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(stat) if FileType::from_raw_mode(stat.st_mode) == FileType::Directory => {
+            EntryKind::Directory
+        }
+        // A link or a file where the runtime was: unlinked, never followed.
+        Ok(_) => EntryKind::File,
+        Err(rustix::io::Errno::NOENT) => return Ok(EphemeralRemoval::AlreadyGone),
+        Err(e) => return Err(failed(e.into())),
+    };
+    let removed = remove_entry_at(runners.as_fd(), &cstring(&name), kind).map_err(failed)?;
+    Ok(EphemeralRemoval::Removed {
+        entries: removed.entries,
+    })
+}
+
+fn cstring(name: &str) -> std::ffi::CString {
+    // A 12-hex name has no NUL byte.
+    std::ffi::CString::new(name).unwrap_or_default()
+}

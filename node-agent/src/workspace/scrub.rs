@@ -1,0 +1,220 @@
+//! The persistent scrub (DESIGN §4 rule 5): seven ordered checks. Any refusal quarantines the
+//! slot and nothing after it is removed. Checks 1, 2 and the allow-list are pure
+//! ([`super::scrub_plan`]); this file does the filesystem part, fd-relative from the moment the
+//! slot is opened with `O_NOFOLLOW`, so nothing a job plants can redirect a removal.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::Path;
+
+use runner_manager_crds::attempt::WorkspacePlacement;
+use rustix::fs::AtFlags;
+
+use super::refusal::{Quarantine, SlotRefusal};
+use super::remove::{ListedEntry, list_entries, open_dir_nofollow, remove_entry_at};
+use super::scrub_plan::{
+    ScrubTarget, SlotOwner, check_journal, entries_to_remove, is_kept, residue,
+};
+use super::slot_path::SENSITIVE_SLOT_ENTRIES;
+
+/// A scrub that refused nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scrubbed {
+    /// The slot does not exist: nothing to scrub.
+    Absent,
+    /// Everything but a real `_work` is gone; `removed` counts removed entries at every depth.
+    Clean { removed: u64 },
+}
+
+/// Scrubs the journalled slot of an attempt. Needs only journal facts (the placement, the
+/// attempt's namespace and snapshot policy uid) and the agent's slots root: no policy, and no
+/// directory is scanned to decide ownership.
+pub fn scrub_slot(
+    placement: &WorkspacePlacement,
+    slots_root: &Path,
+    owner: SlotOwner<'_>,
+) -> Result<Scrubbed, Quarantine> {
+    // Checks 1 and 2.
+    let target = check_journal(placement, slots_root, owner)?;
+    // Check 3.
+    if !check_containment(&target, owner)? {
+        return Ok(Scrubbed::Absent);
+    }
+    // Check 4.
+    let slot = match std::fs::symlink_metadata(&target.slot) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Scrubbed::Absent),
+        Err(e) => return Err(enumeration(&target.slot, e.kind())),
+        Ok(meta) if !meta.file_type().is_dir() => return Err(not_a_directory(&target.slot)),
+        Ok(_) => match open_dir_nofollow(&target.slot) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Scrubbed::Absent),
+            Err(e) if is_link_or_not_dir(&e) => return Err(not_a_directory(&target.slot)),
+            Err(e) => return Err(enumeration(&target.slot, e.kind())),
+        },
+    };
+    // Check 5.
+    let entries = list_entries(slot.as_fd()).map_err(|e| enumeration(&target.slot, e.kind()))?;
+    // Check 6.
+    let doomed = entries_to_remove(&entries)?;
+    let removed = remove_listed(slot.as_fd(), &doomed, &target.slot)?;
+    // Check 7.
+    verify(slot.as_fd(), &target.slot)?;
+    Ok(Scrubbed::Clean { removed })
+}
+
+/// Check 3: the slots root, the policy root and the slot resolve where the agent derives them.
+/// Returns `false` when the policy root does not exist (so neither does the slot).
+fn check_containment(target: &ScrubTarget, owner: SlotOwner<'_>) -> Result<bool, Quarantine> {
+    let escapes = |detail: String| Quarantine::new(SlotRefusal::Containment, detail);
+    let root = std::fs::canonicalize(&target.slots_root).map_err(|e| {
+        escapes(format!(
+            "the slots root {} could not be resolved ({:?})",
+            target.slots_root.display(),
+            e.kind()
+        ))
+    })?;
+    let expected_policy_root = root.join(owner.namespace).join(owner.policy_uid);
+    match std::fs::canonicalize(&target.policy_root) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => {
+            return Err(escapes(format!(
+                "{} could not be resolved ({:?})",
+                target.policy_root.display(),
+                e.kind()
+            )));
+        }
+        Ok(resolved) if resolved != expected_policy_root => {
+            return Err(escapes(format!(
+                "{} resolves outside the slots root",
+                target.policy_root.display()
+            )));
+        }
+        Ok(_) => {}
+    }
+    // A slot that is a link to somewhere inside the root passes here and is refused by check 4;
+    // a dangling link is refused by check 4 too.
+    match std::fs::canonicalize(&target.slot) {
+        Ok(resolved) if !resolved.starts_with(&expected_policy_root) => Err(escapes(format!(
+            "{} resolves outside its policy's root; the link was left in place",
+            target.slot.display()
+        ))),
+        _ => Ok(true),
+    }
+}
+
+/// Check 6's removals, in listing order. The first failure stops the scrub: nothing after it is
+/// removed. An entry that vanished since it was listed counts as removed.
+pub(crate) fn remove_listed(
+    slot: BorrowedFd<'_>,
+    doomed: &[&ListedEntry],
+    slot_path: &Path,
+) -> Result<u64, Quarantine> {
+    let mut removed = 0;
+    for (done, entry) in doomed.iter().enumerate() {
+        match remove_entry_at(slot, &entry.name, entry.kind) {
+            Ok(r) => removed += r.entries,
+            Err(e) => {
+                let which = sensitive_name(entry)
+                    .map(|n| format!("`{n}`"))
+                    .unwrap_or_else(|| "an entry".to_owned());
+                return Err(Quarantine::new(
+                    SlotRefusal::Deletion,
+                    format!(
+                        "{which} of {} could not be removed ({:?}); {done} of {} entries were removed before it and nothing after it",
+                        slot_path.display(),
+                        e.kind(),
+                        doomed.len()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// Check 7, two independent passes: a fresh listing counting everything but a real `_work`, and
+/// a direct `lstat` of every sensitive name (which does not trust the listing).
+fn verify(slot: BorrowedFd<'_>, slot_path: &Path) -> Result<(), Quarantine> {
+    let listed = list_entries(slot)
+        .map_err(|e| enumeration(slot_path, e.kind()))?
+        .iter()
+        .filter(|e| !is_kept(e))
+        .count();
+    let named: Vec<&'static str> = SENSITIVE_SLOT_ENTRIES
+        .iter()
+        .copied()
+        .filter(|name| {
+            // Anything but "not there" fails closed: absence is what must be proven.
+            !matches!(
+                rustix::fs::statat(slot, *name, AtFlags::SYMLINK_NOFOLLOW),
+                Err(rustix::io::Errno::NOENT)
+            )
+        })
+        .collect();
+    residue(slot_path, listed, &named).map_or(Ok(()), Err)
+}
+
+fn sensitive_name(entry: &ListedEntry) -> Option<&'static str> {
+    SENSITIVE_SLOT_ENTRIES
+        .iter()
+        .copied()
+        .find(|n| n.as_bytes() == entry.name.to_bytes())
+}
+
+pub(crate) fn is_link_or_not_dir(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(c) if c == rustix::io::Errno::LOOP.raw_os_error() || c == rustix::io::Errno::NOTDIR.raw_os_error())
+}
+
+fn not_a_directory(slot: &Path) -> Quarantine {
+    Quarantine::new(
+        SlotRefusal::SlotNotADirectory,
+        format!(
+            "{} is a link or a file, not a directory; it was left in place",
+            slot.display()
+        ),
+    )
+}
+
+fn enumeration(slot: &Path, kind: io::ErrorKind) -> Quarantine {
+    Quarantine::new(
+        SlotRefusal::Enumeration,
+        format!("{} could not be listed ({kind:?})", slot.display()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::fs;
+
+    use super::*;
+
+    #[test]
+    fn an_entry_that_vanishes_between_listing_and_removal_counts_as_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("tmp/deep")).unwrap();
+        fs::write(dir.path().join("run.sh"), b"#!/bin/sh").unwrap();
+        fs::create_dir(dir.path().join("_work")).unwrap();
+        let fd = open_dir_nofollow(dir.path()).unwrap();
+        let entries = list_entries(fd.as_fd()).unwrap();
+        let doomed = entries_to_remove(&entries).unwrap();
+        assert_eq!(doomed.len(), 2);
+        // Between the listing and the removal, something else removes both entries.
+        fs::remove_dir_all(dir.path().join("tmp")).unwrap();
+        fs::remove_file(dir.path().join("run.sh")).unwrap();
+        assert_eq!(remove_listed(fd.as_fd(), &doomed, dir.path()), Ok(0));
+        verify(fd.as_fd(), dir.path()).unwrap();
+    }
+
+    #[test]
+    fn verification_asks_the_filesystem_rather_than_the_listing_that_missed_an_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let fd = open_dir_nofollow(dir.path()).unwrap();
+        verify(fd.as_fd(), dir.path()).unwrap();
+        // Created after the scrub's listing: the second pass must see it by name.
+        fs::write(dir.path().join(".credentials"), b"x").unwrap();
+        let q = verify(fd.as_fd(), dir.path()).unwrap_err();
+        assert_eq!(q.refusal, SlotRefusal::Residue);
+        assert!(q.detail.contains("`.credentials`"), "{}", q.detail);
+    }
+}
