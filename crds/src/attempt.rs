@@ -42,6 +42,10 @@ use crate::state::{Actor, AttemptState, EdgeError, EdgeKind};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RunnerAttemptSpec {
+    /// The attempt's uuid. The object is named `<policy>-<its first 12 hex>` and the GitHub
+    /// runner `runner-manager-<uuid>`.
+    #[schemars(pattern(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"))]
+    pub id: String,
     /// The ScalePolicy (same namespace) this attempt serves.
     pub policy: String,
     /// The node the attempt is bound to at creation.
@@ -55,6 +59,13 @@ pub struct RunnerAttemptSpec {
     /// The one mutable field: a termination request, set by the operator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub termination: Option<TerminationRequest>,
+}
+
+impl RunnerAttemptSpec {
+    /// The attempt uuid, if `id` holds one (the schema makes sure it does).
+    pub fn attempt_uuid(&self) -> Option<uuid::Uuid> {
+        uuid::Uuid::try_parse(&self.id).ok()
+    }
 }
 
 /// The policy, resolved and frozen for one attempt.
@@ -693,6 +704,7 @@ impl AttemptJournal {
 /// Keys are sorted (serde_json's map is ordered), so field order on the wire does not matter.
 pub fn spec_hash(spec: &RunnerAttemptSpec) -> String {
     let projection = serde_json::json!({
+        "id": spec.id,
         "policy": spec.policy,
         "nodeName": spec.node_name,
         "snapshot": spec.snapshot,

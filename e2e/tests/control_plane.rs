@@ -190,6 +190,7 @@ async fn fields_a_tenant_might_add_for_paths_or_urls_are_pruned() {
 
 fn attempt(name: &str) -> RunnerAttempt {
     let spec = RunnerAttemptSpec {
+        id: "3f2a9c01-77aa-4bcd-8e00-123456789abc".into(),
         policy: "web".into(),
         node_name: "node-a".into(),
         snapshot: AttemptSnapshot {

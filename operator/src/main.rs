@@ -1,7 +1,7 @@
 //! The operator binary. This build parses and checks its configuration and says plainly that the
 //! controllers are not implemented yet.
 
-mod cli;
+use runner_manager_operator::cli;
 
 use std::process::ExitCode;
 

@@ -1,0 +1,204 @@
+//! The broker protocol of DESIGN §5, for one request from a proven caller:
+//! only for `Prepared` without a runner id; delete a registration left behind by a crashed
+//! exchange; mint; CAS-write `JitReceived` with the runner id (re-read and retried while the
+//! attempt is still `Prepared` without one, otherwise the fresh registration is deleted and the
+//! answer is 409); only then does the JIT leave. An attempt that already has a runner id gets
+//! 410: its JIT is lost and it concludes `JitExpired`.
+
+use std::future::Future;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use runner_manager_crds::attempt::{RunnerAttempt, RunnerRegistration, Transition, spec_hash};
+use runner_manager_crds::broker::{BrokerError, BrokerErrorCode, JitRequest, JitResponse};
+use runner_manager_crds::names::runner_name;
+use runner_manager_crds::patch::journal_patch;
+use runner_manager_crds::state::{Actor, AttemptState};
+
+use super::authn::Caller;
+use crate::github::GitHubError;
+use crate::github::types::JitConfig;
+
+/// The GitHub operations the broker needs (the GitHub client; a test double in unit tests).
+pub trait Registrar: Send + Sync {
+    /// Delete any registration of that name; its id if there was one.
+    fn discard(&self, name: &str) -> impl Future<Output = Result<Option<i64>, GitHubError>> + Send;
+    /// Mint a JIT.
+    fn mint(
+        &self,
+        name: &str,
+        runner_group_id: i64,
+        labels: &[String],
+    ) -> impl Future<Output = Result<JitConfig, GitHubError>> + Send;
+}
+
+impl Registrar for crate::github::GitHubClient {
+    async fn discard(&self, name: &str) -> Result<Option<i64>, GitHubError> {
+        self.discard_registration(name).await
+    }
+
+    async fn mint(
+        &self,
+        name: &str,
+        group: i64,
+        labels: &[String],
+    ) -> Result<JitConfig, GitHubError> {
+        self.generate_jit(name, group, labels, "_work").await
+    }
+}
+
+/// A CAS conflict is re-read and re-decided at most this often.
+const MAX_CONFLICTS: usize = 8;
+
+fn refuse(code: BrokerErrorCode, message: &str) -> BrokerError {
+    BrokerError {
+        code,
+        message: message.to_owned(),
+    }
+}
+
+fn github_unavailable(e: &GitHubError) -> BrokerError {
+    // GitHub's error text names the fix (permission, group) and never a secret.
+    refuse(BrokerErrorCode::GitHubUnavailable, &e.to_string())
+}
+
+/// Serve one JIT request.
+pub async fn issue<R: Registrar>(
+    attempts: &Api<RunnerAttempt>,
+    registrar: &R,
+    ownership_label: &str,
+    name: &str,
+    request: &JitRequest,
+    caller: &Caller,
+) -> Result<JitResponse, BrokerError> {
+    let internal = |_| {
+        refuse(
+            BrokerErrorCode::Internal,
+            "the API server could not be read",
+        )
+    };
+    let Some(attempt) = attempts.get_opt(name).await.map_err(internal)? else {
+        return Err(refuse(BrokerErrorCode::UnknownAttempt, "no such attempt"));
+    };
+    if attempt.metadata.uid.as_deref() != Some(request.attempt_uid.as_str()) {
+        return Err(refuse(
+            BrokerErrorCode::UnknownAttempt,
+            "no attempt with that uid",
+        ));
+    }
+    if attempt.spec.node_name != caller.node_name {
+        return Err(refuse(
+            BrokerErrorCode::WrongNode,
+            "the caller's pod does not run on the attempt's node",
+        ));
+    }
+    check_issuable(&attempt, request)?;
+
+    let uuid = attempt_uuid(&attempt)?;
+    let runner = runner_name(uuid);
+    // A registration under this name was left by a broker that crashed between GitHub's 201
+    // and its CAS, or by a request that lost its CAS: its JIT never reached a runner.
+    registrar
+        .discard(&runner)
+        .await
+        .map_err(|e| github_unavailable(&e))?;
+    let mut labels = attempt.spec.snapshot.labels.clone();
+    labels.push(ownership_label.to_owned());
+    let minted = registrar
+        .mint(&runner, attempt.spec.snapshot.runner_group_id, &labels)
+        .await
+        .map_err(|e| github_unavailable(&e))?;
+    let registration = RunnerRegistration {
+        name: minted.runner.name.clone(),
+        id: minted.runner.id,
+    };
+
+    let mut current = attempt;
+    for _ in 0..MAX_CONFLICTS {
+        let transition = Transition::ReceiveJit {
+            runner: registration.clone(),
+        };
+        let patch = match journal_patch(&current, Actor::Broker, transition, Timestamp::now()) {
+            Ok((_, patch)) => patch,
+            Err(_) => {
+                // No longer Prepared without a runner id: the fresh registration must not
+                // outlive this answer.
+                let _ = registrar.discard(&runner).await;
+                return Err(match check_issuable(&current, request) {
+                    Err(e) => e,
+                    Ok(()) => refuse(BrokerErrorCode::NotPrepared, "the attempt changed"),
+                });
+            }
+        };
+        match attempts
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                return Ok(JitResponse {
+                    runner: registration,
+                    encoded_jit_config: minted.encoded_jit_config,
+                });
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                current = match attempts.get_opt(name).await {
+                    Ok(Some(a)) => a,
+                    _ => {
+                        let _ = registrar.discard(&runner).await;
+                        return Err(refuse(
+                            BrokerErrorCode::UnknownAttempt,
+                            "the attempt is gone",
+                        ));
+                    }
+                };
+            }
+            Err(_) => {
+                let _ = registrar.discard(&runner).await;
+                return Err(refuse(
+                    BrokerErrorCode::Internal,
+                    "the journal write failed; no JIT was issued",
+                ));
+            }
+        }
+    }
+    let _ = registrar.discard(&runner).await;
+    Err(refuse(
+        BrokerErrorCode::Internal,
+        "the journal write kept conflicting; no JIT was issued",
+    ))
+}
+
+/// Whether a JIT may be issued for the attempt as it is.
+fn check_issuable(attempt: &RunnerAttempt, request: &JitRequest) -> Result<(), BrokerError> {
+    let journal = attempt.status.as_ref().map(|s| &s.journal);
+    if journal.and_then(|j| j.runner()).is_some() {
+        return Err(refuse(
+            BrokerErrorCode::AlreadyIssued,
+            "a JIT was already issued for this attempt; it is lost: conclude JitExpired",
+        ));
+    }
+    let state = journal.map(|j| j.state()).unwrap_or_default();
+    if state != AttemptState::Prepared {
+        return Err(refuse(
+            BrokerErrorCode::NotPrepared,
+            "the attempt is not Prepared",
+        ));
+    }
+    let admitted = journal.and_then(|j| j.spec_hash());
+    if admitted != Some(request.spec_hash.as_str())
+        || admitted != Some(spec_hash(&attempt.spec).as_str())
+    {
+        return Err(refuse(
+            BrokerErrorCode::NotPrepared,
+            "the spec hash differs from the one admitted",
+        ));
+    }
+    Ok(())
+}
+
+fn attempt_uuid(attempt: &RunnerAttempt) -> Result<uuid::Uuid, BrokerError> {
+    attempt
+        .spec
+        .attempt_uuid()
+        .ok_or_else(|| refuse(BrokerErrorCode::Internal, "the attempt has no valid id"))
+}

@@ -1,0 +1,187 @@
+//! The broker's HTTPS server: `POST /v1/attempts/{namespace}/{name}/jit`. Stateless apart from
+//! the GitHub clients' token caches, so every operator replica serves it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header::AUTHORIZATION};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use kube::api::Api;
+use runner_manager_crds::attempt::RunnerAttempt;
+use runner_manager_crds::broker::{BrokerError, BrokerErrorCode, JitRequest};
+use secrecy::SecretString;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use super::authn::{AgentIdentity, authenticate};
+use super::protocol::issue;
+use crate::github::registry::Clients;
+
+/// What the broker needs to answer.
+pub struct Broker {
+    pub kube: kube::Client,
+    pub agents: AgentIdentity,
+    pub clients: Clients,
+    /// `rm-<12 hex>`: this cluster's label on every runner it registers.
+    pub ownership_label: String,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker")
+            .field("agents", &self.agents)
+            .field("ownership_label", &self.ownership_label)
+            .finish_non_exhaustive()
+    }
+}
+
+fn answer(e: BrokerError) -> Response {
+    let status =
+        StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(e)).into_response()
+}
+
+fn bearer(headers: &HeaderMap) -> Option<SecretString> {
+    let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
+    let token = value.strip_prefix("Bearer ")?.trim();
+    (!token.is_empty()).then(|| SecretString::from(token.to_owned()))
+}
+
+async fn jit(
+    State(broker): State<Arc<Broker>>,
+    Path((namespace, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Option<Json<JitRequest>>,
+) -> Response {
+    let Some(token) = bearer(&headers) else {
+        return answer(BrokerError {
+            code: BrokerErrorCode::Unauthenticated,
+            message: "a bound service-account token is required".into(),
+        });
+    };
+    let caller = match authenticate(&broker.kube, &broker.agents, &token).await {
+        Ok(c) => c,
+        Err(e) => {
+            let code = match e.http_status() {
+                401 => BrokerErrorCode::Unauthenticated,
+                403 => BrokerErrorCode::WrongNode,
+                _ => BrokerErrorCode::Internal,
+            };
+            return answer(BrokerError {
+                code,
+                message: e.to_string(),
+            });
+        }
+    };
+    let Some(Json(request)) = body else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "a JSON body {attemptUid, specHash} is required",
+        )
+            .into_response();
+    };
+    let attempts: Api<RunnerAttempt> = Api::namespaced(broker.kube.clone(), &namespace);
+    let policy = match attempts.get_opt(&name).await {
+        Ok(Some(a)) => a.spec.policy,
+        Ok(None) => {
+            return answer(BrokerError {
+                code: BrokerErrorCode::UnknownAttempt,
+                message: "no such attempt".into(),
+            });
+        }
+        Err(_) => {
+            return answer(BrokerError {
+                code: BrokerErrorCode::Internal,
+                message: "the API server could not be read".into(),
+            });
+        }
+    };
+    let client = match broker.clients.for_policy(&namespace, &policy).await {
+        Ok(c) => c,
+        Err(e) => {
+            return answer(BrokerError {
+                code: BrokerErrorCode::GitHubUnavailable,
+                message: e.to_string(),
+            });
+        }
+    };
+    let started = std::time::Instant::now();
+    let result = issue(
+        &attempts,
+        client.as_ref(),
+        &broker.ownership_label,
+        &name,
+        &request,
+        &caller,
+    )
+    .await;
+    tracing::info!(
+        namespace = %namespace,
+        attempt = %name,
+        node = %caller.node_name,
+        outcome = match &result { Ok(_) => "issued", Err(e) => error_label(e.code) },
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "broker request"
+    );
+    match result {
+        Ok(response) => (StatusCode::OK, Json(response)).into_response(),
+        Err(e) => answer(e),
+    }
+}
+
+fn error_label(code: BrokerErrorCode) -> &'static str {
+    match code {
+        BrokerErrorCode::Unauthenticated => "unauthenticated",
+        BrokerErrorCode::WrongNode => "wrong_node",
+        BrokerErrorCode::UnknownAttempt => "unknown_attempt",
+        BrokerErrorCode::NotPrepared => "not_prepared",
+        BrokerErrorCode::AlreadyIssued => "already_issued",
+        BrokerErrorCode::GitHubUnavailable => "github_unavailable",
+        BrokerErrorCode::Internal => "internal",
+    }
+}
+
+/// The broker's routes.
+pub fn router(broker: Arc<Broker>) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/attempts/{namespace}/{name}/jit", post(jit))
+        .with_state(broker)
+}
+
+/// Serve HTTPS on `listener` until the task is dropped. Each connection is its own task; a
+/// failed handshake closes that connection only.
+pub async fn serve(listener: TcpListener, tls: rustls::ServerConfig, app: axum::Router) {
+    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    loop {
+        let Ok((stream, _peer)) = listener.accept().await else {
+            continue;
+        };
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        tokio::spawn(async move {
+            let Ok(stream) = acceptor.accept(stream).await else {
+                return;
+            };
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let _ =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+        });
+    }
+}
+
+/// Bind and serve; returns the bound address (port 0 picks one) and the server task.
+pub async fn start(
+    addr: SocketAddr,
+    tls: rustls::ServerConfig,
+    broker: Arc<Broker>,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let task = tokio::spawn(serve(listener, tls, router(broker)));
+    Ok((bound, task))
+}

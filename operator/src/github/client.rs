@@ -1,0 +1,825 @@
+//! The client for one GitHub target and one set of credentials. Every call goes through
+//! [`GitHubClient::call`]: budget admission, authentication, a conditional request where it
+//! helps, classification, and retries where a retry is safe. A JIT mint is never resent blindly.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use reqwest::header::{ACCEPT, AUTHORIZATION, ETAG, HeaderMap, IF_NONE_MATCH, USER_AGENT};
+use reqwest::{Method, StatusCode};
+use runner_manager_crds::target::{GitHubTarget, TargetKind};
+use secrecy::{ExposeSecret, SecretString};
+use serde::de::DeserializeOwned;
+
+use super::auth::{CachedToken, Credentials, app_jwt, bearer};
+use super::endpoint::Endpoint;
+use super::errors::{GitHubError, TransportKind, classify};
+use super::ratelimit::{Admission, Budgets, Observed, Priority};
+use super::retry::RetryPolicy;
+use super::types::{
+    Installation, InstallationTokenWire, JitConfig, JitConfigWire, Job, JobPage, Runner,
+    RunnerDownload, RunnerGroupPage, RunnerPage, WorkflowRun, WorkflowRunPage,
+};
+
+/// Client settings.
+#[derive(Clone, Debug)]
+pub struct GitHubConfig {
+    /// Overrides the API base derived from the target (tests, a proxy).
+    pub api_base: Option<String>,
+    pub retry: RetryPolicy,
+    /// Per request.
+    pub timeout: Duration,
+    /// Record every request sent (contract tests).
+    pub record: bool,
+}
+
+impl Default for GitHubConfig {
+    fn default() -> Self {
+        Self {
+            api_base: None,
+            retry: RetryPolicy::default(),
+            timeout: Duration::from_secs(30),
+            record: false,
+        }
+    }
+}
+
+/// One request as sent (for the contract test): no headers, so no credential.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SentRequest {
+    pub endpoint: Endpoint,
+    pub method: String,
+    pub path: String,
+    pub query: Vec<(String, String)>,
+    pub body: Option<serde_json::Value>,
+}
+
+/// The outcome of deleting a runner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deleted {
+    Deleted,
+    /// 404: already gone (GitHub removes finished ephemeral runners itself).
+    AlreadyGone,
+    /// 422: the runner is running a job; not now.
+    Busy,
+}
+
+struct Request {
+    endpoint: Endpoint,
+    method: Method,
+    path: String,
+    query: Vec<(String, String)>,
+    body: Option<serde_json::Value>,
+    priority: Priority,
+    conditional: bool,
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+#[derive(Default)]
+struct InstallationState {
+    id: Option<u64>,
+    token: Option<CachedToken>,
+}
+
+/// Pages are asked for 100 at a time, the most GitHub gives.
+const PER_PAGE: usize = 100;
+/// A runner list is at most this many pages (10,000 runners): a bound, not an expectation.
+const MAX_PAGES: usize = 100;
+
+/// The client of one target.
+pub struct GitHubClient {
+    http: reqwest::Client,
+    api_base: String,
+    target: GitHubTarget,
+    credentials: Credentials,
+    /// Budgets are per credential: an App installation, or a token.
+    credential_key: String,
+    retry: RetryPolicy,
+    // A tokio mutex: holding it across the token request is the point (one refresh at a time).
+    installation: tokio::sync::Mutex<InstallationState>,
+    budgets: Mutex<Budgets>,
+    etags: Mutex<HashMap<String, (String, Bytes)>>,
+    groups: Mutex<HashMap<String, i64>>,
+    counters: Mutex<BTreeMap<(Endpoint, u16), u64>>,
+    sent: Option<Arc<Mutex<Vec<SentRequest>>>>,
+}
+
+impl std::fmt::Debug for GitHubClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GitHubClient")
+            .field("api_base", &self.api_base)
+            .field("target", &self.target)
+            .field("credential", &self.credential_key)
+            .finish_non_exhaustive()
+    }
+}
+
+fn now_unix() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding one of these maps cannot leave it inconsistent in a way that
+    // matters (each update is a single insert), so a poisoned lock is used as is.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn header_i64(headers: &HeaderMap, name: &str) -> Option<i64> {
+    headers.get(name)?.to_str().ok()?.trim().parse().ok()
+}
+
+/// What GitHub asks the client to wait: `retry-after`, or the reset of an empty bucket.
+fn asked_wait(headers: &HeaderMap) -> Option<Duration> {
+    if let Some(secs) = header_i64(headers, "retry-after") {
+        return Some(Duration::from_secs(u64::try_from(secs).unwrap_or(0)));
+    }
+    if header_i64(headers, "x-ratelimit-remaining") == Some(0) {
+        let reset = header_i64(headers, "x-ratelimit-reset")?;
+        return Some(Duration::from_secs(
+            u64::try_from(reset - now_unix()).unwrap_or(0).max(1),
+        ));
+    }
+    None
+}
+
+fn transport(endpoint: Endpoint, e: &reqwest::Error) -> GitHubError {
+    let kind = if e.is_timeout() {
+        TransportKind::Timeout
+    } else if e.is_connect() {
+        TransportKind::Connect
+    } else {
+        TransportKind::Broken
+    };
+    GitHubError::Transport { endpoint, kind }
+}
+
+fn jitter() -> f64 {
+    rand::random::<f64>()
+}
+
+impl GitHubClient {
+    /// A client for `target` with `credentials`.
+    pub fn new(
+        target: GitHubTarget,
+        credentials: Credentials,
+        config: GitHubConfig,
+    ) -> Result<Self, GitHubError> {
+        let http = reqwest::Client::builder()
+            .timeout(config.timeout)
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|_| GitHubError::Transport {
+                endpoint: Endpoint::RateLimit,
+                kind: TransportKind::Connect,
+            })?;
+        let api_base = config
+            .api_base
+            .clone()
+            .unwrap_or_else(|| target.api_base())
+            .trim_end_matches('/')
+            .to_owned();
+        let (credential_key, installation_id) = match &credentials {
+            Credentials::App {
+                app_id,
+                installation_id,
+                ..
+            } => (format!("app-{app_id}"), *installation_id),
+            Credentials::Token(t) => (format!("token-{}", token_key(t)), None),
+        };
+        Ok(Self {
+            http,
+            api_base,
+            target,
+            credentials,
+            credential_key,
+            retry: config.retry,
+            installation: tokio::sync::Mutex::new(InstallationState {
+                id: installation_id,
+                token: None,
+            }),
+            budgets: Mutex::new(Budgets::default()),
+            etags: Mutex::new(HashMap::new()),
+            groups: Mutex::new(HashMap::new()),
+            counters: Mutex::new(BTreeMap::new()),
+            sent: config.record.then(|| Arc::new(Mutex::new(Vec::new()))),
+        })
+    }
+
+    pub fn target(&self) -> &GitHubTarget {
+        &self.target
+    }
+
+    /// Every request sent so far (when recording).
+    pub fn sent(&self) -> Vec<SentRequest> {
+        self.sent
+            .as_ref()
+            .map(|s| lock(s).clone())
+            .unwrap_or_default()
+    }
+
+    /// Calls per (endpoint, status); status 0 for a transport failure.
+    pub fn counters(&self) -> BTreeMap<(Endpoint, u16), u64> {
+        lock(&self.counters).clone()
+    }
+
+    /// What GitHub last said of this credential's buckets: (resource, observed).
+    pub fn rate_limits(&self) -> Vec<(String, Observed)> {
+        lock(&self.budgets)
+            .all()
+            .map(|(_, r, o)| (r.to_owned(), o))
+            .collect()
+    }
+
+    fn count(&self, endpoint: Endpoint, status: u16) {
+        *lock(&self.counters).entry((endpoint, status)).or_insert(0) += 1;
+    }
+
+    /// The installation token (App) or the token (PAT); one refresh at a time.
+    async fn token(&self) -> Result<SecretString, GitHubError> {
+        if let Credentials::Token(t) = &self.credentials {
+            return Ok(t.clone());
+        }
+        let mut state = self.installation.lock().await;
+        if let Some(t) = &state.token
+            && t.is_fresh(now_unix())
+        {
+            return Ok(t.token.clone());
+        }
+        let id = match state.id {
+            Some(id) => id,
+            None => {
+                let id = self.lookup_installation().await?;
+                state.id = Some(id);
+                id
+            }
+        };
+        let answer = self
+            .send(Request {
+                endpoint: Endpoint::CreateInstallationToken,
+                method: Method::POST,
+                path: format!("/app/installations/{id}/access_tokens"),
+                query: vec![],
+                body: None,
+                priority: Priority::Launch,
+                conditional: false,
+            })
+            .await?;
+        let wire: InstallationTokenWire = parse(Endpoint::CreateInstallationToken, &answer.body)?;
+        let expires =
+            k8s_openapi::jiff::Timestamp::strptime("%Y-%m-%dT%H:%M:%S%#z", &wire.expires_at)
+                .or_else(|_| wire.expires_at.parse::<k8s_openapi::jiff::Timestamp>())
+                .map(|t| t.as_second())
+                .map_err(|_| GitHubError::Malformed {
+                    endpoint: Endpoint::CreateInstallationToken,
+                })?;
+        let cached = CachedToken::new(wire.token, expires);
+        let token = cached.token.clone();
+        state.token = Some(cached);
+        Ok(token)
+    }
+
+    async fn forget_token(&self) {
+        self.installation.lock().await.token = None;
+    }
+
+    async fn lookup_installation(&self) -> Result<u64, GitHubError> {
+        let path = match &self.target.kind {
+            TargetKind::Repository { owner, repo } => format!("/repos/{owner}/{repo}/installation"),
+            TargetKind::Organization { org } => format!("/orgs/{org}/installation"),
+            // GitHub has no installation lookup by enterprise: the Secret must say it.
+            TargetKind::Enterprise { .. } => {
+                return Err(super::auth::CredentialsError::Missing(
+                    super::auth::KEY_INSTALLATION_ID,
+                )
+                .into());
+            }
+        };
+        let answer = self
+            .send(Request {
+                endpoint: Endpoint::GetInstallation,
+                method: Method::GET,
+                path,
+                query: vec![],
+                body: None,
+                priority: Priority::Launch,
+                conditional: false,
+            })
+            .await?;
+        Ok(parse::<Installation>(Endpoint::GetInstallation, &answer.body)?.id)
+    }
+
+    async fn authorization(&self, endpoint: Endpoint) -> Result<String, GitHubError> {
+        if endpoint.uses_app_jwt() {
+            return match &self.credentials {
+                Credentials::App { app_id, key, .. } => {
+                    Ok(bearer(&app_jwt(*app_id, key, now_unix())?))
+                }
+                // A token never needs the App endpoints.
+                Credentials::Token(t) => Ok(bearer(t)),
+            };
+        }
+        Ok(bearer(&self.token().await?))
+    }
+
+    async fn admitted(&self, endpoint: Endpoint, priority: Priority) {
+        let resource = resource_of(endpoint);
+        loop {
+            let admission =
+                lock(&self.budgets).admit(&self.credential_key, resource, priority, now_ms());
+            match admission {
+                Admission::Go => return,
+                Admission::Wait(d) => tokio::time::sleep(d.min(self.retry.max_wait)).await,
+            }
+        }
+    }
+
+    /// One call with retries where they are safe.
+    async fn call(&self, req: Request) -> Result<Answer, GitHubError> {
+        let mut attempt = 0;
+        let mut refreshed = false;
+        loop {
+            let result = self.send(self.clone_request(&req)).await;
+            let err = match result {
+                Ok(a) => return Ok(a),
+                Err(e) => e,
+            };
+            // A 401 on an installation token: it may have been revoked early. Refresh once.
+            if err.status() == Some(401)
+                && !refreshed
+                && !req.endpoint.uses_app_jwt()
+                && matches!(self.credentials, Credentials::App { .. })
+            {
+                refreshed = true;
+                self.forget_token().await;
+                continue;
+            }
+            if !err.is_retryable() || !req.endpoint.is_idempotent() {
+                return Err(err);
+            }
+            let asked = match &err {
+                GitHubError::Retryable { retry_after, .. } => *retry_after,
+                _ => None,
+            };
+            match self.retry.wait(attempt, asked, jitter()) {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => return Err(err),
+            }
+            attempt += 1;
+        }
+    }
+
+    fn clone_request(&self, r: &Request) -> Request {
+        Request {
+            endpoint: r.endpoint,
+            method: r.method.clone(),
+            path: r.path.clone(),
+            query: r.query.clone(),
+            body: r.body.clone(),
+            priority: r.priority,
+            conditional: r.conditional,
+        }
+    }
+
+    /// One HTTP exchange: admission, auth, conditional request, rate-limit bookkeeping,
+    /// classification. No retry.
+    async fn send(&self, req: Request) -> Result<Answer, GitHubError> {
+        let endpoint = req.endpoint;
+        self.admitted(endpoint, req.priority).await;
+        let auth = Box::pin(self.authorization(endpoint)).await?;
+        let url = format!("{}{}", self.api_base, req.path);
+        let cache_key = format!("{}?{:?}", req.path, req.query);
+        let mut rb = self
+            .http
+            .request(req.method.clone(), &url)
+            .header(AUTHORIZATION, auth)
+            .header(ACCEPT, "application/vnd.github+json")
+            .header("X-GitHub-Api-Version", "2022-11-28")
+            .header(
+                USER_AGENT,
+                concat!("runner-manager/", env!("CARGO_PKG_VERSION")),
+            );
+        if !req.query.is_empty() {
+            rb = rb.query(&req.query);
+        }
+        if let Some(body) = &req.body {
+            rb = rb.json(body);
+        }
+        let cached = req
+            .conditional
+            .then(|| lock(&self.etags).get(&cache_key).cloned())
+            .flatten();
+        if let Some((etag, _)) = &cached {
+            rb = rb.header(IF_NONE_MATCH, etag.as_str());
+        }
+        if let Some(sent) = &self.sent {
+            lock(sent).push(SentRequest {
+                endpoint,
+                method: req.method.as_str().to_owned(),
+                path: req.path.clone(),
+                query: req.query.clone(),
+                body: req.body.clone(),
+            });
+        }
+        let resp = match rb.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                self.count(endpoint, 0);
+                return Err(transport(endpoint, &e));
+            }
+        };
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        self.count(endpoint, status.as_u16());
+        self.record_rate_limit(&headers);
+        let body = match resp.bytes().await {
+            Ok(b) => b,
+            // The status arrived but the body broke: for a mint the caller resolves this by
+            // looking the runner up by name; for anything else it is a transport failure.
+            Err(e) => return Err(transport(endpoint, &e)),
+        };
+        if status == StatusCode::NOT_MODIFIED
+            && let Some((_, cached_body)) = cached
+        {
+            return Ok(Answer {
+                status: StatusCode::OK,
+                headers,
+                body: cached_body,
+            });
+        }
+        if status.is_success() {
+            if req.conditional
+                && let Some(etag) = headers.get(ETAG).and_then(|v| v.to_str().ok())
+            {
+                lock(&self.etags).insert(cache_key, (etag.to_owned(), body.clone()));
+            }
+            return Ok(Answer {
+                status,
+                headers,
+                body,
+            });
+        }
+        let message = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_owned))
+            .unwrap_or_default();
+        Err(classify(
+            endpoint,
+            status.as_u16(),
+            &message,
+            asked_wait(&headers),
+        ))
+    }
+
+    fn record_rate_limit(&self, headers: &HeaderMap) {
+        let (Some(limit), Some(remaining), Some(reset)) = (
+            header_i64(headers, "x-ratelimit-limit"),
+            header_i64(headers, "x-ratelimit-remaining"),
+            header_i64(headers, "x-ratelimit-reset"),
+        ) else {
+            return;
+        };
+        let resource = headers
+            .get("x-ratelimit-resource")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("core")
+            .to_owned();
+        lock(&self.budgets).observe(
+            &self.credential_key,
+            &resource,
+            Observed {
+                limit: u32::try_from(limit).unwrap_or(u32::MAX),
+                remaining: u32::try_from(remaining).unwrap_or(0),
+                reset_unix: reset,
+            },
+        );
+    }
+
+    fn runners_path(&self) -> String {
+        self.target.runners_path()
+    }
+
+    /// Every runner of the target, all pages; conditional per page (a 304 costs no budget).
+    pub async fn list_runners(&self) -> Result<Vec<Runner>, GitHubError> {
+        let mut all = Vec::new();
+        for page in 1..=MAX_PAGES {
+            let answer = self
+                .call(Request {
+                    endpoint: Endpoint::ListRunners,
+                    method: Method::GET,
+                    path: self.runners_path(),
+                    query: vec![
+                        ("per_page".into(), PER_PAGE.to_string()),
+                        ("page".into(), page.to_string()),
+                    ],
+                    body: None,
+                    priority: Priority::Observe,
+                    conditional: true,
+                })
+                .await?;
+            let parsed: RunnerPage = parse(Endpoint::ListRunners, &answer.body)?;
+            let n = parsed.runners.len();
+            all.extend(parsed.runners);
+            let more = answer
+                .headers
+                .get("link")
+                .and_then(|l| l.to_str().ok())
+                .is_some_and(|l| l.contains("rel=\"next\""));
+            if !more || n == 0 {
+                break;
+            }
+        }
+        Ok(all)
+    }
+
+    /// The runner of that exact name, if registered.
+    pub async fn find_runner(
+        &self,
+        name: &str,
+        priority: Priority,
+    ) -> Result<Option<Runner>, GitHubError> {
+        let answer = self
+            .call(Request {
+                endpoint: Endpoint::ListRunners,
+                method: Method::GET,
+                path: self.runners_path(),
+                query: vec![("name".into(), name.to_owned())],
+                body: None,
+                priority,
+                conditional: false,
+            })
+            .await?;
+        let page: RunnerPage = parse(Endpoint::ListRunners, &answer.body)?;
+        Ok(page.runners.into_iter().find(|r| r.name == name))
+    }
+
+    /// Delete a runner registration.
+    pub async fn delete_runner(&self, id: i64, priority: Priority) -> Result<Deleted, GitHubError> {
+        let result = self
+            .call(Request {
+                endpoint: Endpoint::DeleteRunner,
+                method: Method::DELETE,
+                path: format!("{}/{id}", self.runners_path()),
+                query: vec![],
+                body: None,
+                priority,
+                conditional: false,
+            })
+            .await;
+        match result {
+            Ok(_) => Ok(Deleted::Deleted),
+            Err(e) if e.status() == Some(404) => Ok(Deleted::AlreadyGone),
+            Err(e) if e.status() == Some(422) => Ok(Deleted::Busy),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Mint a JIT config. Never resent blindly: after an ambiguous failure (5xx, a broken
+    /// connection, a 201 whose body cannot be read) the name is looked up, and a registration
+    /// found is deleted — its JIT is lost — before another mint is tried. A 201 whose body was
+    /// lost is not minted again at all: the caller gets a retryable error.
+    pub async fn generate_jit(
+        &self,
+        name: &str,
+        runner_group_id: i64,
+        labels: &[String],
+        work_folder: &str,
+    ) -> Result<JitConfig, GitHubError> {
+        let body = serde_json::json!({
+            "name": name,
+            "runner_group_id": runner_group_id,
+            "labels": labels,
+            "work_folder": work_folder,
+        });
+        let mut attempt = 0;
+        loop {
+            let sent = self
+                .call(Request {
+                    endpoint: Endpoint::GenerateJitConfig,
+                    method: Method::POST,
+                    path: format!("{}/generate-jitconfig", self.runners_path()),
+                    query: vec![],
+                    body: Some(body.clone()),
+                    priority: Priority::Launch,
+                    conditional: false,
+                })
+                .await;
+            let err = match sent {
+                Ok(answer) => match serde_json::from_slice::<JitConfigWire>(&answer.body) {
+                    Ok(w) => {
+                        return Ok(JitConfig {
+                            runner: w.runner,
+                            encoded_jit_config: w.encoded_jit_config,
+                        });
+                    }
+                    Err(_) => {
+                        self.discard_registration(name).await?;
+                        return Err(GitHubError::Retryable {
+                            endpoint: Endpoint::GenerateJitConfig,
+                            status: answer.status.as_u16(),
+                            retry_after: None,
+                        });
+                    }
+                },
+                Err(e) => e,
+            };
+            if !err.is_retryable() {
+                return Err(err);
+            }
+            // Did the mint register before failing? Its JIT never reached us: delete it.
+            self.discard_registration(name).await?;
+            let asked = match &err {
+                GitHubError::Retryable { retry_after, .. } => *retry_after,
+                _ => None,
+            };
+            match self.retry.wait(attempt, asked, jitter()) {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => return Err(err),
+            }
+            attempt += 1;
+        }
+    }
+
+    /// Delete the registration of that name, if any (its JIT is lost).
+    pub async fn discard_registration(&self, name: &str) -> Result<Option<i64>, GitHubError> {
+        match self.find_runner(name, Priority::Launch).await? {
+            Some(r) => {
+                self.delete_runner(r.id, Priority::Launch).await?;
+                Ok(Some(r.id))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// The id of a runner group by name (cached). Repository targets have only `Default` (id 1).
+    pub async fn runner_group_id(&self, name: &str) -> Result<i64, GitHubError> {
+        if let Some(id) = lock(&self.groups).get(name) {
+            return Ok(*id);
+        }
+        let path = match &self.target.kind {
+            TargetKind::Repository { .. } => {
+                return if name.eq_ignore_ascii_case("default") {
+                    Ok(1)
+                } else {
+                    Err(GitHubError::Terminal {
+                        endpoint: Endpoint::ListRunnerGroups,
+                        status: 404,
+                        reason: super::errors::Terminal::RunnerGroupUnusable,
+                    })
+                };
+            }
+            TargetKind::Organization { org } => format!("/orgs/{org}/actions/runner-groups"),
+            TargetKind::Enterprise { enterprise } => {
+                format!("/enterprises/{enterprise}/actions/runner-groups")
+            }
+        };
+        for page in 1..=MAX_PAGES {
+            let answer = self
+                .call(Request {
+                    endpoint: Endpoint::ListRunnerGroups,
+                    method: Method::GET,
+                    path: path.clone(),
+                    query: vec![
+                        ("per_page".into(), PER_PAGE.to_string()),
+                        ("page".into(), page.to_string()),
+                    ],
+                    body: None,
+                    priority: Priority::Observe,
+                    conditional: false,
+                })
+                .await?;
+            let groups: RunnerGroupPage = parse(Endpoint::ListRunnerGroups, &answer.body)?;
+            let n = groups.runner_groups.len();
+            let mut cache = lock(&self.groups);
+            for g in groups.runner_groups {
+                cache.insert(g.name, g.id);
+            }
+            if let Some(id) = cache.get(name) {
+                return Ok(*id);
+            }
+            if n < PER_PAGE {
+                break;
+            }
+        }
+        Err(GitHubError::Terminal {
+            endpoint: Endpoint::ListRunnerGroups,
+            status: 404,
+            reason: super::errors::Terminal::RunnerGroupUnusable,
+        })
+    }
+
+    /// The runner packages GitHub lists for this target.
+    pub async fn runner_downloads(&self) -> Result<Vec<RunnerDownload>, GitHubError> {
+        let answer = self
+            .call(Request {
+                endpoint: Endpoint::ListRunnerDownloads,
+                method: Method::GET,
+                path: format!("{}/downloads", self.runners_path()),
+                query: vec![],
+                body: None,
+                priority: Priority::Observe,
+                conditional: true,
+            })
+            .await?;
+        parse(Endpoint::ListRunnerDownloads, &answer.body)
+    }
+
+    fn repo(&self) -> Option<(&str, &str)> {
+        match &self.target.kind {
+            TargetKind::Repository { owner, repo } => Some((owner, repo)),
+            _ => None,
+        }
+    }
+
+    /// Queued workflow runs of a repository target (empty for other scopes).
+    pub async fn queued_runs(&self) -> Result<Vec<WorkflowRun>, GitHubError> {
+        let Some((owner, repo)) = self.repo() else {
+            return Ok(vec![]);
+        };
+        let answer = self
+            .call(Request {
+                endpoint: Endpoint::ListQueuedRuns,
+                method: Method::GET,
+                path: format!("/repos/{owner}/{repo}/actions/runs"),
+                query: vec![
+                    ("status".into(), "queued".into()),
+                    ("per_page".into(), PER_PAGE.to_string()),
+                ],
+                body: None,
+                priority: Priority::Observe,
+                conditional: true,
+            })
+            .await?;
+        Ok(parse::<WorkflowRunPage>(Endpoint::ListQueuedRuns, &answer.body)?.workflow_runs)
+    }
+
+    /// The jobs of a run.
+    pub async fn run_jobs(&self, run_id: i64) -> Result<Vec<Job>, GitHubError> {
+        let Some((owner, repo)) = self.repo() else {
+            return Ok(vec![]);
+        };
+        let answer = self
+            .call(Request {
+                endpoint: Endpoint::ListRunJobs,
+                method: Method::GET,
+                path: format!("/repos/{owner}/{repo}/actions/runs/{run_id}/jobs"),
+                query: vec![("per_page".into(), PER_PAGE.to_string())],
+                body: None,
+                priority: Priority::Observe,
+                conditional: false,
+            })
+            .await?;
+        Ok(parse::<JobPage>(Endpoint::ListRunJobs, &answer.body)?.jobs)
+    }
+
+    /// One job of a repository (`None` for other scopes).
+    pub async fn job(&self, owner: &str, repo: &str, job_id: i64) -> Result<Job, GitHubError> {
+        let answer = self
+            .call(Request {
+                endpoint: Endpoint::GetJob,
+                method: Method::GET,
+                path: format!("/repos/{owner}/{repo}/actions/jobs/{job_id}"),
+                query: vec![],
+                body: None,
+                priority: Priority::Observe,
+                conditional: false,
+            })
+            .await?;
+        parse(Endpoint::GetJob, &answer.body)
+    }
+}
+
+/// Which rate-limit bucket an endpoint draws from (GitHub's `x-ratelimit-resource`).
+fn resource_of(endpoint: Endpoint) -> &'static str {
+    match endpoint {
+        Endpoint::GenerateJitConfig => "actions_runner_registration",
+        _ => "core",
+    }
+}
+
+fn parse<T: DeserializeOwned>(endpoint: Endpoint, body: &[u8]) -> Result<T, GitHubError> {
+    serde_json::from_slice(body).map_err(|_| GitHubError::Malformed { endpoint })
+}
+
+/// A short, non-reversible name for a token, so budgets are keyed by credential without the
+/// token itself ever sitting in a map key or a log field.
+fn token_key(token: &SecretString) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(&Sha256::digest(token.expose_secret().as_bytes())[..6])
+}

@@ -1,0 +1,76 @@
+//! The closed list of GitHub endpoints the client calls: metric labels, rate-limit buckets and
+//! the contract test all speak this vocabulary, never a raw URL.
+
+use std::fmt;
+
+/// One GitHub operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Endpoint {
+    CreateInstallationToken,
+    GetInstallation,
+    ListRunners,
+    GetRunner,
+    DeleteRunner,
+    GenerateJitConfig,
+    ListRunnerDownloads,
+    ListRunnerGroups,
+    ListQueuedRuns,
+    ListRunJobs,
+    GetJob,
+    RateLimit,
+}
+
+impl Endpoint {
+    pub const ALL: [Self; 12] = [
+        Self::CreateInstallationToken,
+        Self::GetInstallation,
+        Self::ListRunners,
+        Self::GetRunner,
+        Self::DeleteRunner,
+        Self::GenerateJitConfig,
+        Self::ListRunnerDownloads,
+        Self::ListRunnerGroups,
+        Self::ListQueuedRuns,
+        Self::ListRunJobs,
+        Self::GetJob,
+        Self::RateLimit,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::CreateInstallationToken => "create_installation_token",
+            Self::GetInstallation => "get_installation",
+            Self::ListRunners => "list_runners",
+            Self::GetRunner => "get_runner",
+            Self::DeleteRunner => "delete_runner",
+            Self::GenerateJitConfig => "generate_jitconfig",
+            Self::ListRunnerDownloads => "list_runner_downloads",
+            Self::ListRunnerGroups => "list_runner_groups",
+            Self::ListQueuedRuns => "list_queued_runs",
+            Self::ListRunJobs => "list_run_jobs",
+            Self::GetJob => "get_job",
+            Self::RateLimit => "rate_limit",
+        }
+    }
+
+    /// Whether the call is authenticated with the App's JWT rather than an installation token.
+    pub fn uses_app_jwt(self) -> bool {
+        matches!(self, Self::CreateInstallationToken | Self::GetInstallation)
+    }
+
+    /// Whether sending it twice is harmless. A JIT mint is not: a second one registers a second
+    /// runner, so an ambiguous failure is resolved by looking the name up, never by resending.
+    pub fn is_idempotent(self) -> bool {
+        !matches!(
+            self,
+            Self::GenerateJitConfig | Self::CreateInstallationToken
+        )
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

@@ -1,0 +1,126 @@
+//! The shapes the client reads, from GitHub's official description (only the fields we use;
+//! unknown fields are ignored so GitHub can add to them).
+
+use secrecy::SecretString;
+use serde::Deserialize;
+
+/// A self-hosted runner.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct Runner {
+    pub id: i64,
+    pub name: String,
+    /// `online` or `offline`.
+    pub status: String,
+    pub busy: bool,
+    #[serde(default)]
+    pub labels: Vec<RunnerLabel>,
+}
+
+impl Runner {
+    pub fn has_label(&self, name: &str) -> bool {
+        self.labels
+            .iter()
+            .any(|l| l.name.eq_ignore_ascii_case(name))
+    }
+}
+
+/// A runner label.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct RunnerLabel {
+    pub name: String,
+}
+
+/// `GET …/actions/runners`.
+#[derive(Debug, Deserialize)]
+pub struct RunnerPage {
+    pub total_count: i64,
+    pub runners: Vec<Runner>,
+}
+
+/// A runner group.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct RunnerGroup {
+    pub id: i64,
+    pub name: String,
+}
+
+/// `GET …/actions/runner-groups`.
+#[derive(Debug, Deserialize)]
+pub struct RunnerGroupPage {
+    pub total_count: i64,
+    pub runner_groups: Vec<RunnerGroup>,
+}
+
+/// A minted JIT: the registration and the one-shot config.
+pub struct JitConfig {
+    pub runner: Runner,
+    pub encoded_jit_config: SecretString,
+}
+
+impl std::fmt::Debug for JitConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JitConfig")
+            .field("runner", &self.runner)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Deserialize)]
+pub(crate) struct JitConfigWire {
+    pub runner: Runner,
+    pub encoded_jit_config: SecretString,
+}
+
+/// A runner package GitHub lists for download.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct RunnerDownload {
+    pub os: String,
+    pub architecture: String,
+    pub download_url: String,
+    pub filename: String,
+    #[serde(default)]
+    pub sha256_checksum: Option<String>,
+}
+
+/// An installation.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct Installation {
+    pub id: u64,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct InstallationTokenWire {
+    pub token: SecretString,
+    pub expires_at: String,
+}
+
+/// A workflow run.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct WorkflowRun {
+    pub id: i64,
+    pub status: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct WorkflowRunPage {
+    pub workflow_runs: Vec<WorkflowRun>,
+}
+
+/// A workflow job.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct Job {
+    pub id: i64,
+    pub run_id: i64,
+    pub status: String,
+    #[serde(default)]
+    pub conclusion: Option<String>,
+    #[serde(default)]
+    pub labels: Vec<String>,
+    #[serde(default)]
+    pub runner_name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct JobPage {
+    pub jobs: Vec<Job>,
+}
