@@ -4,4 +4,5 @@
 
 pub mod cli;
 pub mod journal;
+pub mod packages;
 pub mod workspace;

@@ -6,6 +6,7 @@
 //! wording), [`refusal`], [`backoff`], [`slot_path`]. Filesystem: [`remove`] (fd-relative,
 //! never following), [`ephemeral`], [`prepare`], [`scrub`].
 
+pub mod allocation;
 pub mod backoff;
 pub mod ephemeral;
 pub mod prepare;

@@ -1,0 +1,270 @@
+//! Safe extraction of a verified `.tar.gz` into a staging directory. Refused: absolute paths,
+//! `..`, a path through an extracted link, links whose target leaves the tree, devices, FIFOs
+//! and anything else that is not a directory, file, link or hard link; and a top-level `_work`
+//! (a package that once ran a job). Modes are normalised (0755 directories, 0755/0644 files);
+//! setuid, setgid and sticky bits are never applied. Every file is hashed as it is written,
+//! which gives the [`PackageContents`] the trees are later verified against.
+
+use std::collections::BTreeSet;
+use std::fs::{DirBuilder, File};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use super::contents::{EntryRecord, PackageContents};
+use crate::workspace::WORK_DIR;
+
+/// Why an archive was refused. Terminal: the same archive refuses the same way.
+#[derive(Debug, thiserror::Error)]
+pub enum ExtractError {
+    #[error("the archive holds an absolute path or one that climbs out with `..`")]
+    UnsafePath,
+    #[error("the archive holds a link whose target leaves the package")]
+    EscapingLink,
+    #[error("the archive writes through a link it holds")]
+    ThroughLink,
+    #[error("the archive holds a device, FIFO or other special entry")]
+    SpecialEntry,
+    #[error("the archive holds the same path twice")]
+    Duplicate,
+    #[error("the archive holds a top-level `_work`: a package that ran a job is never used")]
+    TopLevelWork,
+    #[error("the archive could not be read or written ({0})")]
+    Io(#[from] io::Error),
+}
+
+impl ExtractError {
+    /// Whether the archive itself is at fault (terminal), rather than the disk.
+    pub fn is_unsafe_archive(&self) -> bool {
+        !matches!(self, Self::Io(_))
+    }
+}
+
+/// A relative path with only normal components (a leading `./` dropped); `None` for the root
+/// entry itself; an error for anything absolute or climbing.
+fn normalise(path: &Path) -> Result<Option<PathBuf>, ExtractError> {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::CurDir => {}
+            Component::Normal(c) => out.push(c),
+            Component::ParentDir | Component::RootDir | Component::Prefix(_) => {
+                return Err(ExtractError::UnsafePath);
+            }
+        }
+    }
+    Ok((!out.as_os_str().is_empty()).then_some(out))
+}
+
+/// Whether a link at `entry` pointing at `target` stays inside the package. A target is
+/// leading `..`s (which climb real directories: nothing is extracted below a link) and then
+/// normal names only; a `..` after a name could climb out of another link's target, so it is
+/// refused rather than resolved.
+fn link_stays_inside(entry: &Path, target: &Path) -> bool {
+    if target.is_absolute() {
+        return false;
+    }
+    let mut depth: usize = entry.components().count().saturating_sub(1);
+    let mut named = false;
+    for component in target.components() {
+        match component {
+            Component::CurDir => {}
+            Component::Normal(_) => {
+                named = true;
+                depth += 1;
+            }
+            Component::ParentDir if named => return false,
+            Component::ParentDir => match depth.checked_sub(1) {
+                Some(d) => depth = d,
+                None => return false,
+            },
+            Component::RootDir | Component::Prefix(_) => return false,
+        }
+    }
+    true
+}
+
+/// Extracts `archive` (gzip-compressed tar) into the empty directory `dest`.
+pub fn extract_tar_gz(archive: &Path, dest: &Path) -> Result<PackageContents, ExtractError> {
+    let file = File::open(archive)?;
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(io::BufReader::new(file)));
+    let mut contents = PackageContents::default();
+    // Links are created last, so nothing is ever written through one; an entry below a link
+    // path is refused.
+    let mut links: Vec<(PathBuf, PathBuf)> = Vec::new();
+    let mut link_paths = BTreeSet::new();
+    for entry in tar.entries()? {
+        let mut entry = entry?;
+        let Some(rel) = normalise(&entry.path()?)? else {
+            continue;
+        };
+        if rel
+            .components()
+            .next()
+            .is_some_and(|c| c.as_os_str() == WORK_DIR)
+        {
+            return Err(ExtractError::TopLevelWork);
+        }
+        if rel.ancestors().skip(1).any(|a| link_paths.contains(a)) {
+            return Err(ExtractError::ThroughLink);
+        }
+        if contents.entries.contains_key(&rel) || link_paths.contains(&rel) {
+            // A directory listed twice is harmless; anything else twice is not.
+            if entry.header().entry_type().is_dir()
+                && contents.entries.get(&rel) == Some(&EntryRecord::Dir)
+            {
+                continue;
+            }
+            return Err(ExtractError::Duplicate);
+        }
+        let target = dest.join(&rel);
+        let kind = entry.header().entry_type();
+        if kind.is_dir() {
+            make_parents(dest, &rel, &mut contents)?;
+            DirBuilder::new().mode(0o755).create(&target)?;
+            contents.entries.insert(rel, EntryRecord::Dir);
+        } else if kind.is_file() {
+            let executable = entry.header().mode()? & 0o111 != 0;
+            make_parents(dest, &rel, &mut contents)?;
+            let (size, sha256) = write_new(&target, executable, &mut entry)?;
+            contents.entries.insert(
+                rel,
+                EntryRecord::File {
+                    size,
+                    executable,
+                    sha256,
+                },
+            );
+        } else if kind.is_symlink() {
+            let link = entry
+                .link_name()?
+                .ok_or(ExtractError::EscapingLink)?
+                .into_owned();
+            if !link_stays_inside(&rel, &link) {
+                return Err(ExtractError::EscapingLink);
+            }
+            link_paths.insert(rel.clone());
+            links.push((rel, link));
+        } else if kind.is_hard_link() {
+            // A hard link becomes a copy of a file already extracted: nothing outside can be
+            // named, and the copy is verified like any file.
+            let Some(source) = entry
+                .link_name()?
+                .map(|l| normalise(&l))
+                .transpose()?
+                .flatten()
+            else {
+                return Err(ExtractError::UnsafePath);
+            };
+            let Some(record @ EntryRecord::File { executable, .. }) =
+                contents.entries.get(&source).cloned()
+            else {
+                return Err(ExtractError::EscapingLink);
+            };
+            make_parents(dest, &rel, &mut contents)?;
+            let mut from = File::open(dest.join(&source))?;
+            write_new(&target, executable, &mut from)?;
+            contents.entries.insert(rel, record);
+        } else {
+            return Err(ExtractError::SpecialEntry);
+        }
+    }
+    for (rel, link) in links {
+        if rel.ancestors().skip(1).any(|a| link_paths.contains(a)) {
+            return Err(ExtractError::ThroughLink);
+        }
+        make_parents(dest, &rel, &mut contents)?;
+        std::os::unix::fs::symlink(&link, dest.join(&rel))?;
+        contents
+            .entries
+            .insert(rel, EntryRecord::Symlink { target: link });
+    }
+    Ok(contents)
+}
+
+/// Creates missing parents of `rel` (archives need not list directories first).
+fn make_parents(dest: &Path, rel: &Path, contents: &mut PackageContents) -> io::Result<()> {
+    let parents: Vec<&Path> = rel
+        .ancestors()
+        .skip(1)
+        .filter(|a| !a.as_os_str().is_empty())
+        .collect();
+    for parent in parents.into_iter().rev() {
+        if !contents.entries.contains_key(parent) {
+            DirBuilder::new().mode(0o755).create(dest.join(parent))?;
+            contents
+                .entries
+                .insert(parent.to_path_buf(), EntryRecord::Dir);
+        }
+    }
+    Ok(())
+}
+
+/// Writes a new file (never an existing one, never through a link), hashing what it writes.
+fn write_new(path: &Path, executable: bool, from: &mut impl Read) -> io::Result<(u64, [u8; 32])> {
+    let mode = if executable { 0o755 } else { 0o644 };
+    let mut file = File::options()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut size = 0u64;
+    loop {
+        let n = from.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        file.write_all(&buf[..n])?;
+        size += n as u64;
+    }
+    // The umask may have narrowed the mode.
+    file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    Ok((size, hasher.finalize().into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_are_judged_by_where_they_land() {
+        assert!(link_stays_inside(
+            Path::new("bin/node"),
+            Path::new("../externals/node")
+        ));
+        assert!(link_stays_inside(Path::new("a/b/c"), Path::new("../../x")));
+        // `up -> ..` then `esc -> up/../x` would land outside: a `..` after a name is refused.
+        assert!(!link_stays_inside(
+            Path::new("sub/esc"),
+            Path::new("up/../x")
+        ));
+        assert!(!link_stays_inside(
+            Path::new("bin/node"),
+            Path::new("../../etc/passwd")
+        ));
+        assert!(!link_stays_inside(Path::new("top"), Path::new("..")));
+        assert!(!link_stays_inside(
+            Path::new("bin/x"),
+            Path::new("/etc/passwd")
+        ));
+        assert!(link_stays_inside(Path::new("bin/x"), Path::new("./y")));
+    }
+
+    #[test]
+    fn paths_are_normalised_or_refused() {
+        assert_eq!(
+            normalise(Path::new("./bin/x")).ok().flatten(),
+            Some(PathBuf::from("bin/x"))
+        );
+        assert!(matches!(normalise(Path::new("./")), Ok(None)));
+        assert!(normalise(Path::new("../x")).is_err());
+        assert!(normalise(Path::new("bin/../../x")).is_err());
+        assert!(normalise(Path::new("/etc/x")).is_err());
+    }
+}

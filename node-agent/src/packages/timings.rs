@@ -1,0 +1,29 @@
+//! Where a package's share of a launch went, for the attempt's `status.launch`.
+
+use std::time::Duration;
+
+/// Package timings of one materialization. A step never reached is zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PackageTimings {
+    /// Waiting for the shared or exclusive hold (behind an install or a prune).
+    pub wait: Duration,
+    /// Download (when needed), archive check and extraction.
+    pub install: Duration,
+    /// Fingerprints and the full contents check of the copy.
+    pub verify: Duration,
+    /// Laying the package out in the runtime.
+    pub copy: Duration,
+    /// Whether this launch downloaded the archive.
+    pub downloaded: bool,
+}
+
+impl PackageTimings {
+    pub fn total(&self) -> Duration {
+        self.wait + self.install + self.verify + self.copy
+    }
+
+    /// Milliseconds, for `status.launch.materializeMs`.
+    pub fn total_ms(&self) -> u64 {
+        u64::try_from(self.total().as_millis()).unwrap_or(u64::MAX)
+    }
+}

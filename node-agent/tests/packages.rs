@@ -1,0 +1,691 @@
+//! The package cache against real archives, a real HTTP server on loopback and real
+//! directories.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::VecDeque;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use runner_manager_node_agent::packages::cache::PruneReport;
+use runner_manager_node_agent::packages::contents::RetainedWork;
+use runner_manager_node_agent::packages::copy::CopyError;
+use runner_manager_node_agent::packages::download::{
+    DownloadError, Downloader, RetryPolicy, Timeouts,
+};
+use runner_manager_node_agent::packages::extract::ExtractError;
+use runner_manager_node_agent::packages::{PackageCache, PackageError, PackageRef, RuntimeKind};
+use runner_manager_node_agent::workspace::allocation::AllocationLock;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+// ---- archives ------------------------------------------------------------------------------
+
+enum Entry<'a> {
+    Dir(&'a str),
+    File(&'a str, &'a [u8], u32),
+    Link(&'a str, &'a str),
+    HardLink(&'a str, &'a str),
+    CharDevice(&'a str),
+    /// A name written raw into the header, bypassing the builder's own path checks.
+    RawFile(&'a [u8]),
+}
+
+fn tar_gz(entries: &[Entry<'_>]) -> Vec<u8> {
+    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let mut b = tar::Builder::new(gz);
+    for entry in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_mtime(0);
+        match entry {
+            Entry::Dir(p) => {
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_mode(0o755);
+                h.set_size(0);
+                b.append_data(&mut h, p, std::io::empty()).unwrap();
+            }
+            Entry::File(p, data, mode) => {
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(*mode);
+                h.set_size(data.len() as u64);
+                b.append_data(&mut h, p, *data).unwrap();
+            }
+            Entry::Link(p, target) => {
+                h.set_entry_type(tar::EntryType::Symlink);
+                h.set_size(0);
+                b.append_link(&mut h, p, target).unwrap();
+            }
+            Entry::HardLink(p, target) => {
+                h.set_entry_type(tar::EntryType::Link);
+                h.set_size(0);
+                b.append_link(&mut h, p, target).unwrap();
+            }
+            Entry::CharDevice(p) => {
+                h.set_entry_type(tar::EntryType::Char);
+                h.set_size(0);
+                h.set_mode(0o600);
+                b.append_data(&mut h, p, std::io::empty()).unwrap();
+            }
+            Entry::RawFile(name) => {
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(0o644);
+                h.set_size(4);
+                h.as_old_mut().name[..name.len()].copy_from_slice(name);
+                h.set_cksum();
+                b.append(&h, &b"evil"[..]).unwrap();
+            }
+        }
+    }
+    b.into_inner().unwrap().finish().unwrap()
+}
+
+fn runner_package() -> Vec<u8> {
+    tar_gz(&[
+        Entry::Dir("./"),
+        Entry::Dir("./bin"),
+        Entry::File(
+            "./bin/Runner.Listener",
+            b"#!/bin/sh\necho listener\n",
+            0o755,
+        ),
+        Entry::File("./bin/Runner.Worker.dll", b"worker", 0o644),
+        Entry::File("./externals/node20/bin/node", b"node", 0o755),
+        Entry::File("./externals/_work/nested is fine.txt", b"nested", 0o644),
+        Entry::File("./a dir with spaces/file with spaces", b"spaces", 0o644),
+        Entry::Link("./externals/node", "node20"),
+        Entry::HardLink("./bin/Runner.Listener.copy", "./bin/Runner.Listener"),
+        Entry::File("./run.sh", b"#!/bin/sh\n", 0o4755),
+        Entry::File("./config.sh", b"#!/bin/sh\n", 0o755),
+    ])
+}
+
+fn sha(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+// ---- a loopback HTTP server ----------------------------------------------------------------
+
+#[derive(Clone)]
+enum Reply {
+    Body(Vec<u8>),
+    Status(u16),
+}
+
+struct Server {
+    url: String,
+    requests: Arc<AtomicUsize>,
+    /// Replies in order; the last one repeats.
+    replies: Arc<Mutex<VecDeque<Reply>>>,
+}
+
+impl Server {
+    async fn start(replies: Vec<Reply>) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/runner.tar.gz", listener.local_addr().unwrap());
+        let requests = Arc::new(AtomicUsize::new(0));
+        let replies = Arc::new(Mutex::new(VecDeque::from(replies)));
+        let (count, queue) = (Arc::clone(&requests), Arc::clone(&replies));
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut socket, _)) = listener.accept().await else {
+                    return;
+                };
+                let reply = {
+                    let mut q = queue.lock().unwrap();
+                    if q.len() > 1 {
+                        q.pop_front().unwrap()
+                    } else {
+                        q.front().unwrap().clone()
+                    }
+                };
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        let Ok(n) = socket.read(&mut chunk).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                    }
+                    let (status, body) = match reply {
+                        Reply::Body(b) => (200, b),
+                        Reply::Status(s) => (s, Vec::new()),
+                    };
+                    let head = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = socket.write_all(head.as_bytes()).await;
+                    let _ = socket.write_all(&body).await;
+                    let _ = socket.shutdown().await;
+                });
+            }
+        });
+        Self {
+            url,
+            requests,
+            replies,
+        }
+    }
+    fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+    fn set(&self, reply: Reply) {
+        *self.replies.lock().unwrap() = VecDeque::from([reply]);
+    }
+}
+
+const TEST_RETRY: RetryPolicy = RetryPolicy {
+    max_attempts: 3,
+    initial: Duration::from_millis(10),
+    maximum: Duration::from_millis(25),
+};
+
+struct Host {
+    dir: tempfile::TempDir,
+    cache: PackageCache,
+}
+
+impl Host {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let downloader = Downloader::new(TEST_RETRY, Timeouts::PRODUCTION).unwrap();
+        let cache = PackageCache::new(dir.path().join("packages"), downloader).unwrap();
+        Self { dir, cache }
+    }
+    fn runtime(&self, name: &str) -> PathBuf {
+        let path = self.dir.path().join("runners").join(name);
+        fs::create_dir_all(&path).unwrap();
+        path
+    }
+    fn staging_is_empty(&self) -> bool {
+        fs::read_dir(self.dir.path().join("packages/.staging"))
+            .unwrap()
+            .next()
+            .is_none()
+    }
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+// ---- tests ---------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_package_is_downloaded_once_verified_and_materialized_into_each_runtime() {
+    let archive = runner_package();
+    let digest = sha(&archive);
+    let server = Server::start(vec![Reply::Body(archive)]).await;
+    let host = Host::new();
+    let package = PackageRef {
+        sha256: &digest,
+        url: &server.url,
+    };
+    let first = host.runtime("aaaaaaaaaaaa");
+    let m = host
+        .cache
+        .materialize("a-1", package, &first, RuntimeKind::Ephemeral)
+        .await
+        .unwrap();
+    assert!(m.timings.downloaded);
+    assert!(m.timings.install > Duration::ZERO && m.timings.copy > Duration::ZERO);
+    assert_eq!(m.copy.files, 8);
+    assert_eq!(
+        fs::read(first.join("bin/Runner.Listener")).unwrap(),
+        b"#!/bin/sh\necho listener\n"
+    );
+    assert_eq!(
+        fs::read(first.join("bin/Runner.Listener.copy")).unwrap(),
+        b"#!/bin/sh\necho listener\n"
+    );
+    assert_eq!(
+        fs::read(first.join("a dir with spaces/file with spaces")).unwrap(),
+        b"spaces"
+    );
+    assert_eq!(
+        fs::read(first.join("externals/_work/nested is fine.txt")).unwrap(),
+        b"nested"
+    );
+    assert_eq!(
+        fs::read_link(first.join("externals/node")).unwrap(),
+        Path::new("node20")
+    );
+    let mode = fs::metadata(first.join("run.sh"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o7777, 0o755, "setuid is never applied");
+    assert_eq!(host.cache.leases("a-1"), Some(digest.clone()));
+
+    let second = host.runtime("bbbbbbbbbbbb");
+    let m = host
+        .cache
+        .materialize("a-2", package, &second, RuntimeKind::Ephemeral)
+        .await
+        .unwrap();
+    assert!(!m.timings.downloaded);
+    assert_eq!(m.timings.install, Duration::ZERO);
+    assert_eq!(server.requests(), 1);
+    assert!(host.staging_is_empty());
+    host.cache.release("a-1");
+    host.cache.release("a-1");
+    assert_eq!(host.cache.leases("a-1"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_package_is_laid_out_around_a_retained_work_without_opening_it() {
+    let archive = runner_package();
+    let digest = sha(&archive);
+    let server = Server::start(vec![Reply::Body(archive)]).await;
+    let host = Host::new();
+    let slot = host.runtime("s1");
+    fs::create_dir_all(slot.join("_work/repo")).unwrap();
+    fs::write(slot.join("_work/repo/checkout.txt"), b"retained").unwrap();
+    // Not the package's: verification of a slot must skip `_work`, or this would count.
+    fs::write(slot.join("_work/repo/extra"), b"x").unwrap();
+    let package = PackageRef {
+        sha256: &digest,
+        url: &server.url,
+    };
+    host.cache
+        .materialize("p-1", package, &slot, RuntimeKind::PersistentSlot)
+        .await
+        .unwrap();
+    assert_eq!(
+        fs::read(slot.join("_work/repo/checkout.txt")).unwrap(),
+        b"retained"
+    );
+    assert!(slot.join("bin/Runner.Listener").is_file());
+    // The same runtime verified as ephemeral would count `_work` as foreign.
+    let contents = host.cache.contents(&digest).unwrap();
+    let as_ephemeral = contents
+        .verify_tree(&slot, RetainedWork::Include, 2)
+        .unwrap();
+    assert!(as_ephemeral.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_that_already_holds_a_package_entry_is_refused_and_left_alone() {
+    let archive = runner_package();
+    let digest = sha(&archive);
+    let server = Server::start(vec![Reply::Body(archive)]).await;
+    let host = Host::new();
+    let runtime = host.runtime("cccccccccccc");
+    fs::create_dir(runtime.join("bin")).unwrap();
+    fs::write(runtime.join("bin/Runner.Listener"), b"planted").unwrap();
+    let package = PackageRef {
+        sha256: &digest,
+        url: &server.url,
+    };
+    let err = host
+        .cache
+        .materialize("o-1", package, &runtime, RuntimeKind::Ephemeral)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, PackageError::Copy(CopyError::Occupied)),
+        "{err:?}"
+    );
+    assert_eq!(
+        fs::read(runtime.join("bin/Runner.Listener")).unwrap(),
+        b"planted"
+    );
+    assert_eq!(host.cache.leases("o-1"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_package_with_a_top_level_work_is_refused() {
+    let archive = tar_gz(&[
+        Entry::File("bin/Runner.Listener", b"x", 0o755),
+        Entry::File("_work/repo/leftover", b"from a job", 0o644),
+    ]);
+    let digest = sha(&archive);
+    let server = Server::start(vec![Reply::Body(archive)]).await;
+    let host = Host::new();
+    let runtime = host.runtime("dddddddddddd");
+    let package = PackageRef {
+        sha256: &digest,
+        url: &server.url,
+    };
+    let err = host
+        .cache
+        .materialize("w-1", package, &runtime, RuntimeKind::Ephemeral)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, PackageError::Unsafe(ExtractError::TopLevelWork)),
+        "{err:?}"
+    );
+    assert!(err.is_terminal());
+    assert!(names(&runtime).is_empty());
+    assert!(!host.cache.tree(&digest).exists());
+    assert!(host.staging_is_empty());
+}
+
+#[test]
+fn copying_a_tree_with_a_top_level_work_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    fs::create_dir_all(src.join("_work")).unwrap();
+    fs::create_dir_all(src.join("bin")).unwrap();
+    fs::create_dir_all(&dst).unwrap();
+    let err = runner_manager_node_agent::packages::copy::copy_tree(&src, &dst, 2).unwrap_err();
+    assert!(matches!(err, CopyError::TopLevelWork));
+    assert!(names(&dst).is_empty());
+}
+
+async fn refused(entries: &[Entry<'_>]) -> (PackageError, Host) {
+    let archive = tar_gz(entries);
+    let digest = sha(&archive);
+    let server = Server::start(vec![Reply::Body(archive)]).await;
+    let host = Host::new();
+    let runtime = host.runtime("eeeeeeeeeeee");
+    let package = PackageRef {
+        sha256: &digest,
+        url: &server.url,
+    };
+    let err = host
+        .cache
+        .materialize("x-1", package, &runtime, RuntimeKind::Ephemeral)
+        .await
+        .unwrap_err();
+    assert!(err.is_terminal(), "{err:?}");
+    assert!(host.staging_is_empty());
+    assert!(!host.cache.tree(&digest).exists());
+    (err, host)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tarball_with_dotdot_or_absolute_entries_is_refused() {
+    let (err, host) = refused(&[
+        Entry::File("bin/x", b"x", 0o644),
+        Entry::RawFile(b"../evil"),
+    ])
+    .await;
+    assert!(
+        matches!(err, PackageError::Unsafe(ExtractError::UnsafePath)),
+        "{err:?}"
+    );
+    assert!(!host.dir.path().join("packages/evil").exists());
+    assert!(!host.dir.path().join("packages/.staging/evil").exists());
+    let (err, _) = refused(&[Entry::RawFile(b"bin/../../evil")]).await;
+    assert!(
+        matches!(err, PackageError::Unsafe(ExtractError::UnsafePath)),
+        "{err:?}"
+    );
+    let (err, _) = refused(&[Entry::RawFile(b"/tmp/rm-evil-absolute")]).await;
+    assert!(
+        matches!(err, PackageError::Unsafe(ExtractError::UnsafePath)),
+        "{err:?}"
+    );
+    assert!(!Path::new("/tmp/rm-evil-absolute").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tarball_with_escaping_links_devices_or_writes_through_links_is_refused() {
+    let (err, _) = refused(&[Entry::Link("bin/etc", "../../etc")]).await;
+    assert!(
+        matches!(err, PackageError::Unsafe(ExtractError::EscapingLink)),
+        "{err:?}"
+    );
+    let (err, _) = refused(&[Entry::Link("bin/passwd", "/etc/passwd")]).await;
+    assert!(
+        matches!(err, PackageError::Unsafe(ExtractError::EscapingLink)),
+        "{err:?}"
+    );
+    let (err, _) = refused(&[Entry::HardLink("bin/shadow", "/etc/shadow")]).await;
+    assert!(matches!(err, PackageError::Unsafe(_)), "{err:?}");
+    let (err, _) = refused(&[Entry::CharDevice("bin/null")]).await;
+    assert!(
+        matches!(err, PackageError::Unsafe(ExtractError::SpecialEntry)),
+        "{err:?}"
+    );
+    let (err, _) = refused(&[
+        Entry::Dir("sub"),
+        Entry::Link("l", "sub"),
+        Entry::File("l/through", b"x", 0o644),
+    ])
+    .await;
+    assert!(
+        matches!(err, PackageError::Unsafe(ExtractError::ThroughLink)),
+        "{err:?}"
+    );
+    let (err, _) = refused(&[Entry::File("a", b"1", 0o644), Entry::File("a", b"2", 0o644)]).await;
+    assert!(
+        matches!(err, PackageError::Unsafe(ExtractError::Duplicate)),
+        "{err:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tampered_package_tree_is_detected_and_reinstalled() {
+    let archive = runner_package();
+    let digest = sha(&archive);
+    let server = Server::start(vec![Reply::Body(archive)]).await;
+    let host = Host::new();
+    let package = PackageRef {
+        sha256: &digest,
+        url: &server.url,
+    };
+    host.cache
+        .materialize("t-1", package, &host.runtime("r1"), RuntimeKind::Ephemeral)
+        .await
+        .unwrap();
+    // A job rewrites the listener in place (same size, so only the fingerprint can tell).
+    let listener = host.cache.tree(&digest).join("bin/Runner.Listener");
+    let mut f = fs::OpenOptions::new().write(true).open(&listener).unwrap();
+    f.write_all(b"#!/bin/sh\necho EVILIIII\n").unwrap();
+    drop(f);
+    let r2 = host.runtime("r2");
+    let m = host
+        .cache
+        .materialize("t-2", package, &r2, RuntimeKind::Ephemeral)
+        .await
+        .unwrap();
+    assert!(m.timings.install > Duration::ZERO, "reinstalled");
+    assert!(
+        !m.timings.downloaded,
+        "from the kept archive, whose digest checked again"
+    );
+    assert_eq!(server.requests(), 1);
+    assert_eq!(
+        fs::read(r2.join("bin/Runner.Listener")).unwrap(),
+        b"#!/bin/sh\necho listener\n"
+    );
+    assert_eq!(fs::read(&listener).unwrap(), b"#!/bin/sh\necho listener\n");
+
+    // The kept archive tampered as well: downloaded again.
+    let kept = host
+        .dir
+        .path()
+        .join(format!("packages/.archives/{digest}.tar.gz"));
+    fs::write(&kept, b"not the archive").unwrap();
+    fs::write(host.cache.tree(&digest).join("config.sh"), b"edited").unwrap();
+    let m = host
+        .cache
+        .materialize("t-3", package, &host.runtime("r3"), RuntimeKind::Ephemeral)
+        .await
+        .unwrap();
+    assert!(m.timings.downloaded);
+    assert_eq!(server.requests(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_digest_mismatch_is_retried_then_given_up_and_nothing_is_extracted() {
+    let server = Server::start(vec![Reply::Body(b"not what was pinned".to_vec())]).await;
+    let host = Host::new();
+    let digest = sha(b"the pinned archive");
+    let package = PackageRef {
+        sha256: &digest,
+        url: &server.url,
+    };
+    let runtime = host.runtime("ffffffffffff");
+    let err = host
+        .cache
+        .materialize("m-1", package, &runtime, RuntimeKind::Ephemeral)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, PackageError::Download(DownloadError::Exhausted { attempts: 3, last }) if matches!(**last, DownloadError::ChecksumMismatch)),
+        "{err:?}"
+    );
+    assert_eq!(server.requests(), 3);
+    assert!(names(&runtime).is_empty());
+    assert!(!host.cache.tree(&digest).exists());
+    assert!(host.staging_is_empty());
+    assert!(
+        !err.to_string().contains("127.0.0.1"),
+        "the URL is never in a message"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_package_is_not_retried_and_a_transient_error_is() {
+    let server = Server::start(vec![Reply::Status(404)]).await;
+    let host = Host::new();
+    let digest = sha(b"x");
+    let package = PackageRef {
+        sha256: &digest,
+        url: &server.url,
+    };
+    let err = host
+        .cache
+        .materialize("n-1", package, &host.runtime("n1"), RuntimeKind::Ephemeral)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PackageError::Download(DownloadError::Status { status: 404 })
+        ),
+        "{err:?}"
+    );
+    assert_eq!(server.requests(), 1);
+
+    let archive = runner_package();
+    let digest = sha(&archive);
+    let server = Server::start(vec![Reply::Status(503), Reply::Body(archive)]).await;
+    let package = PackageRef {
+        sha256: &digest,
+        url: &server.url,
+    };
+    host.cache
+        .materialize("n-2", package, &host.runtime("n2"), RuntimeKind::Ephemeral)
+        .await
+        .unwrap();
+    assert_eq!(server.requests(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn launches_queued_behind_a_failed_install_get_its_failure_instead_of_downloading_again() {
+    let server = Server::start(vec![Reply::Status(500)]).await;
+    let host = Host::new();
+    let archive = runner_package();
+    let digest = sha(&archive);
+    let package = PackageRef {
+        sha256: &digest,
+        url: &server.url,
+    };
+    let (r1, r2) = (host.runtime("q1"), host.runtime("q2"));
+    let (first, second) = tokio::join!(
+        host.cache
+            .materialize("q-1", package, &r1, RuntimeKind::Ephemeral),
+        host.cache
+            .materialize("q-2", package, &r2, RuntimeKind::Ephemeral),
+    );
+    assert!(
+        matches!(
+            first,
+            Err(PackageError::Download(DownloadError::Exhausted { .. }))
+        ),
+        "{first:?}"
+    );
+    assert!(
+        matches!(second, Err(PackageError::QueuedBehindFailedInstall(_))),
+        "{second:?}"
+    );
+    assert_eq!(
+        server.requests(),
+        TEST_RETRY.max_attempts as usize,
+        "one install's tries, not two"
+    );
+    // A launch that starts after the failure tries again on its own.
+    server.set(Reply::Body(archive));
+    host.cache
+        .materialize("q-3", package, &host.runtime("q3"), RuntimeKind::Ephemeral)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pruning_removes_only_unleased_versions_and_only_under_the_allocation_lock() {
+    let (a, b) = (
+        runner_package(),
+        tar_gz(&[Entry::File("bin/Runner.Listener", b"v2", 0o755)]),
+    );
+    let (da, db) = (sha(&a), sha(&b));
+    let (sa, sb) = (
+        Server::start(vec![Reply::Body(a)]).await,
+        Server::start(vec![Reply::Body(b)]).await,
+    );
+    let host = Host::new();
+    host.cache
+        .materialize(
+            "v-1",
+            PackageRef {
+                sha256: &da,
+                url: &sa.url,
+            },
+            &host.runtime("v1"),
+            RuntimeKind::Ephemeral,
+        )
+        .await
+        .unwrap();
+    host.cache
+        .materialize(
+            "v-2",
+            PackageRef {
+                sha256: &db,
+                url: &sb.url,
+            },
+            &host.runtime("v2"),
+            RuntimeKind::Ephemeral,
+        )
+        .await
+        .unwrap();
+    let lock = AllocationLock::default();
+    let guard = lock.lock().await;
+    let report = host.cache.prune(&guard, &[]).unwrap();
+    assert_eq!(
+        report,
+        PruneReport {
+            removed: Vec::new(),
+            ran: true
+        },
+        "both leased: nothing removed"
+    );
+    host.cache.release("v-1");
+    let report = host.cache.prune(&guard, &[]).unwrap();
+    assert_eq!(report.removed, vec![da.clone()]);
+    assert!(!host.cache.tree(&da).exists() && host.cache.tree(&db).exists());
+    assert!(!host.cache.is_trusted(&da));
+    host.cache.release("v-2");
+    assert!(
+        host.cache.prune(&guard, &[&db]).unwrap().removed.is_empty(),
+        "kept when named"
+    );
+}
