@@ -2,4 +2,5 @@
 //! to skip), CRD installation, throwaway namespaces, and waiting on conditions with deadlines.
 
 pub mod cluster;
+pub mod github;
 pub mod wait;

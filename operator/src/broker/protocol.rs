@@ -1,6 +1,6 @@
 //! The broker protocol of DESIGN §5, for one request from a proven caller:
-//! only for `Prepared` without a runner id; delete a registration left behind by a crashed
-//! exchange; mint; CAS-write `JitReceived` with the runner id (re-read and retried while the
+//! only for `Prepared` without a runner id; mint, and if GitHub refuses the name because a
+//! crashed exchange left a registration behind, delete it and mint again; CAS-write `JitReceived` with the runner id (re-read and retried while the
 //! attempt is still `Prepared` without one, otherwise the fresh registration is deleted and the
 //! answer is 409); only then does the JIT leave. An attempt that already has a runner id gets
 //! 410: its JIT is lost and it concludes `JitExpired`.
@@ -96,18 +96,24 @@ pub async fn issue<R: Registrar>(
 
     let uuid = attempt_uuid(&attempt)?;
     let runner = runner_name(uuid);
-    // A registration under this name was left by a broker that crashed between GitHub's 201
-    // and its CAS, or by a request that lost its CAS: its JIT never reached a runner.
-    registrar
-        .discard(&runner)
-        .await
-        .map_err(|e| github_unavailable(&e))?;
     let mut labels = attempt.spec.snapshot.labels.clone();
     labels.push(ownership_label.to_owned());
-    let minted = registrar
-        .mint(&runner, attempt.spec.snapshot.runner_group_id, &labels)
-        .await
-        .map_err(|e| github_unavailable(&e))?;
+    let group = attempt.spec.snapshot.runner_group_id;
+    let minted = match registrar.mint(&runner, group, &labels).await {
+        // A registration under this name was left by a broker that crashed between GitHub's
+        // 201 and its CAS, or by a request that lost its CAS: its JIT never reached a runner.
+        // GitHub refuses the name (409); delete the leftover and mint once more. Minting first
+        // and looking up only on a refusal keeps a mint at one GitHub call.
+        Err(e) if is_name_taken(&e) => {
+            registrar
+                .discard(&runner)
+                .await
+                .map_err(|e| github_unavailable(&e))?;
+            registrar.mint(&runner, group, &labels).await
+        }
+        other => other,
+    }
+    .map_err(|e| github_unavailable(&e))?;
     let registration = RunnerRegistration {
         name: minted.runner.name.clone(),
         id: minted.runner.id,
@@ -166,6 +172,16 @@ pub async fn issue<R: Registrar>(
         BrokerErrorCode::Internal,
         "the journal write kept conflicting; no JIT was issued",
     ))
+}
+
+fn is_name_taken(e: &GitHubError) -> bool {
+    matches!(
+        e,
+        GitHubError::Terminal {
+            reason: crate::github::errors::Terminal::NameTaken,
+            ..
+        }
+    )
 }
 
 /// Whether a JIT may be issued for the attempt as it is.

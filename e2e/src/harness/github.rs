@@ -1,0 +1,155 @@
+//! A simulated GitHub for scenario tests: `fake-github` served in this process on a loopback
+//! port, with a GitHub App (its RSA key made by the system's openssl), an installation and a
+//! PAT registered through the admin API.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use serde_json::{Value, json};
+
+use crate::fake_github::{self, RunningFake};
+
+/// The App's id on the fake.
+pub const APP_ID: u64 = 4242;
+/// The App's installation on the fake's `acme` organization.
+pub const INSTALLATION_ID: u64 = 777;
+/// The organization (and owner of the repository `acme/web`).
+pub const ORG: &str = "acme";
+/// A personal access token the fake accepts everywhere.
+pub const PAT: &str = "ghp_fakepersonalaccesstoken0000000001";
+
+/// Why the simulated GitHub could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum FakeError {
+    #[error("openssl: {0}")]
+    Openssl(String),
+    #[error("starting fake-github: {0}")]
+    Start(#[from] std::io::Error),
+    #[error("admin API {0}: {1}")]
+    Admin(String, String),
+}
+
+/// The App's RSA key pair (private PEM, public PEM), made once per process with openssl.
+pub fn app_keys() -> Result<&'static (String, String), FakeError> {
+    static KEYS: OnceLock<Result<(String, String), String>> = OnceLock::new();
+    KEYS.get_or_init(|| {
+        let private = Command::new("openssl")
+            .args(["genrsa", "2048"])
+            .stderr(Stdio::null())
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !private.status.success() {
+            return Err("openssl genrsa failed".into());
+        }
+        let mut child = Command::new("openssl")
+            .args(["rsa", "-pubout"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        if let Some(mut stdin) = child.stdin.take() {
+            std::io::Write::write_all(&mut stdin, &private.stdout).map_err(|e| e.to_string())?;
+        }
+        let public = child.wait_with_output().map_err(|e| e.to_string())?;
+        Ok((
+            String::from_utf8_lossy(&private.stdout).into_owned(),
+            String::from_utf8_lossy(&public.stdout).into_owned(),
+        ))
+    })
+    .as_ref()
+    .map_err(|e| FakeError::Openssl(e.clone()))
+}
+
+/// A running simulated GitHub and an admin client for it.
+pub struct SimulatedGitHub {
+    pub running: RunningFake,
+    http: reqwest::Client,
+}
+
+impl std::fmt::Debug for SimulatedGitHub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimulatedGitHub")
+            .field("base_url", &self.running.base_url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SimulatedGitHub {
+    /// Start the fake with the App, its installation on `acme`, and the PAT.
+    pub async fn start() -> Result<Self, FakeError> {
+        let running = fake_github::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), None).await?;
+        let this = Self {
+            running,
+            http: reqwest::Client::new(),
+        };
+        let (_, public) = app_keys()?;
+        this.admin(
+            "POST",
+            "app",
+            json!({"app_id": APP_ID, "public_key_pem": public}),
+        )
+        .await?;
+        this.admin(
+            "POST",
+            "installations",
+            json!({"id": INSTALLATION_ID, "account": ORG}),
+        )
+        .await?;
+        this.admin("POST", "pats", json!({"token": PAT})).await?;
+        Ok(this)
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.running.base_url
+    }
+
+    /// Call the admin API: `method` `/_admin/<path>` with a JSON body.
+    pub async fn admin(&self, method: &str, path: &str, body: Value) -> Result<Value, FakeError> {
+        let url = format!("{}/_admin/{path}", self.running.base_url);
+        let method = reqwest::Method::from_bytes(method.as_bytes())
+            .map_err(|e| FakeError::Admin(path.to_owned(), e.to_string()))?;
+        let mut req = self.http.request(method, &url);
+        if !body.is_null() {
+            req = req.json(&body);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| FakeError::Admin(path.to_owned(), e.to_string()))?;
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        if !status.is_success() {
+            return Err(FakeError::Admin(
+                path.to_owned(),
+                format!("{status}: {text}"),
+            ));
+        }
+        Ok(serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// `{"<endpoint>": {"<status>": n}}`.
+    pub async fn counters(&self) -> Result<Value, FakeError> {
+        self.admin("GET", "counters", Value::Null).await
+    }
+
+    /// How many calls an endpoint answered (every status).
+    pub async fn calls(&self, endpoint: &str) -> Result<u64, FakeError> {
+        let c = self.counters().await?;
+        Ok(c.get(endpoint)
+            .and_then(Value::as_object)
+            .map(|m| m.values().filter_map(Value::as_u64).sum())
+            .unwrap_or(0))
+    }
+
+    /// Every registration the fake holds.
+    pub async fn runners(&self) -> Result<Vec<Value>, FakeError> {
+        Ok(self
+            .admin("GET", "runners", Value::Null)
+            .await?
+            .as_array()
+            .cloned()
+            .unwrap_or_default())
+    }
+}

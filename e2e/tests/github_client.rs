@@ -1,0 +1,373 @@
+//! The operator's GitHub client against the simulated GitHub: App auth end to end with a cached
+//! installation token, pagination, retry discipline (429 + retry-after honoured, 403 terminal
+//! without a retry), a mint never resent blindly, and the contract test: every request the client
+//! sent is one GitHub's official description defines (method, path, query, body schema).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::ByteString;
+use runner_manager_crds::target::GitHubTarget;
+use runner_manager_e2e::fake_github::conformance::{Conformance, shared_dir};
+use runner_manager_e2e::harness::github::{APP_ID, ORG, PAT, SimulatedGitHub, app_keys};
+use runner_manager_operator::github::auth::Credentials;
+use runner_manager_operator::github::client::{Deleted, SentRequest};
+use runner_manager_operator::github::errors::Terminal;
+use runner_manager_operator::github::ratelimit::Priority;
+use runner_manager_operator::github::retry::RetryPolicy;
+use runner_manager_operator::github::{GitHubClient, GitHubConfig, GitHubError};
+use serde_json::{Value, json};
+
+fn app_credentials(installation: Option<u64>) -> Credentials {
+    let mut data: BTreeMap<String, ByteString> = BTreeMap::new();
+    data.insert("appId".into(), ByteString(APP_ID.to_string().into_bytes()));
+    data.insert(
+        "privateKey".into(),
+        ByteString(app_keys().unwrap().0.clone().into_bytes()),
+    );
+    if let Some(i) = installation {
+        data.insert(
+            "installationId".into(),
+            ByteString(i.to_string().into_bytes()),
+        );
+    }
+    Credentials::from_secret_data(&data).unwrap()
+}
+
+fn pat() -> Credentials {
+    let data = [("token".to_owned(), ByteString(PAT.as_bytes().to_vec()))].into();
+    Credentials::from_secret_data(&data).unwrap()
+}
+
+fn client(fake: &SimulatedGitHub, url: &str, credentials: Credentials) -> GitHubClient {
+    let config = GitHubConfig {
+        api_base: Some(fake.base_url().to_owned()),
+        retry: RetryPolicy {
+            attempts: 4,
+            base: Duration::from_millis(20),
+            max_wait: Duration::from_secs(5),
+        },
+        timeout: Duration::from_secs(10),
+        record: true,
+    };
+    GitHubClient::new(GitHubTarget::parse(url).unwrap(), credentials, config).unwrap()
+}
+
+fn labels() -> Vec<String> {
+    vec![
+        "self-hosted".into(),
+        "linux".into(),
+        "rm-0123456789ab".into(),
+    ]
+}
+
+#[tokio::test]
+async fn app_auth_end_to_end_with_one_token_for_many_calls() {
+    let fake = SimulatedGitHub::start().await.unwrap();
+    // No installationId in the Secret: the client looks it up with the App's JWT.
+    let gh = client(
+        &fake,
+        &format!("https://github.com/{ORG}/web"),
+        app_credentials(None),
+    );
+    let jit = gh
+        .generate_jit("runner-manager-a", 1, &labels(), "_work")
+        .await
+        .unwrap();
+    assert!(jit.runner.id > 0);
+    assert!(
+        !format!("{jit:?}").contains(secrecy::ExposeSecret::expose_secret(
+            &jit.encoded_jit_config
+        ))
+    );
+    let listed = gh.list_runners().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].has_label("rm-0123456789ab"));
+    assert_eq!(
+        gh.find_runner("runner-manager-a", Priority::Observe)
+            .await
+            .unwrap()
+            .map(|r| r.id),
+        Some(jit.runner.id)
+    );
+    assert_eq!(
+        gh.delete_runner(jit.runner.id, Priority::Observe)
+            .await
+            .unwrap(),
+        Deleted::Deleted
+    );
+    assert_eq!(
+        gh.delete_runner(jit.runner.id, Priority::Observe)
+            .await
+            .unwrap(),
+        Deleted::AlreadyGone
+    );
+    // One installation lookup and one token for all of it: the token is cached.
+    assert_eq!(fake.calls("installation").await.unwrap(), 1);
+    assert_eq!(fake.calls("access_tokens").await.unwrap(), 1);
+    // With a warm token a JIT mint costs exactly one GitHub call.
+    let before = fake.counters().await.unwrap();
+    gh.generate_jit("runner-manager-b", 1, &labels(), "_work")
+        .await
+        .unwrap();
+    let after = fake.counters().await.unwrap();
+    assert_eq!(total(&after) - total(&before), 1, "{before} -> {after}");
+    check_contract(&gh.sent());
+}
+
+fn total(counters: &Value) -> u64 {
+    counters
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|m| m.as_object().unwrap().values())
+        .filter_map(Value::as_u64)
+        .sum()
+}
+
+#[tokio::test]
+async fn a_token_works_at_organization_scope_and_pages_are_all_read() {
+    let fake = SimulatedGitHub::start().await.unwrap();
+    let gh = client(&fake, &format!("https://github.com/{ORG}"), pat());
+    for i in 0..250 {
+        gh.generate_jit(&format!("runner-manager-{i:03}"), 1, &labels(), "_work")
+            .await
+            .unwrap();
+    }
+    let before = fake.calls("list_runners").await.unwrap();
+    let all = gh.list_runners().await.unwrap();
+    assert_eq!(all.len(), 250);
+    let names: std::collections::BTreeSet<_> = all.iter().map(|r| r.name.clone()).collect();
+    assert_eq!(names.len(), 250, "no runner twice");
+    assert_eq!(
+        fake.calls("list_runners").await.unwrap() - before,
+        3,
+        "100 + 100 + 50"
+    );
+    // The second pass sends If-None-Match where it has an ETag (the fake sends none yet).
+    let again = gh.list_runners().await.unwrap();
+    assert_eq!(again.len(), 250);
+
+    check_contract(&gh.sent());
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured_and_a_permission_403_is_not_retried() {
+    let fake = SimulatedGitHub::start().await.unwrap();
+    let gh = client(&fake, &format!("https://github.com/{ORG}/web"), pat());
+    fake.admin(
+        "POST",
+        "faults",
+        json!({"endpoint": "list_runners", "count": 1, "status": 429, "retry_after_secs": 1}),
+    )
+    .await
+    .unwrap();
+    let started = Instant::now();
+    assert!(gh.list_runners().await.unwrap().is_empty());
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "retry-after: 1 was honoured"
+    );
+    assert_eq!(fake.calls("list_runners").await.unwrap(), 2);
+
+    // 5xx twice, then success.
+    fake.admin(
+        "POST",
+        "faults",
+        json!({"endpoint": "list_runners", "count": 2, "status": 502}),
+    )
+    .await
+    .unwrap();
+    assert!(gh.list_runners().await.unwrap().is_empty());
+    assert_eq!(fake.calls("list_runners").await.unwrap(), 5);
+
+    // A 403 that is not a rate limit is terminal: one call, an error naming the permission.
+    fake.admin(
+        "POST",
+        "faults",
+        json!({"endpoint": "list_runners", "count": 3, "status": 403}),
+    )
+    .await
+    .unwrap();
+    let err = gh.list_runners().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GitHubError::Terminal {
+                reason: Terminal::MissingPermission,
+                status: 403,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("Administration"), "{err}");
+    assert_eq!(
+        fake.calls("list_runners").await.unwrap(),
+        6,
+        "no retry after a 403"
+    );
+    fake.admin("DELETE", "faults", Value::Null).await.unwrap();
+    check_contract(&gh.sent());
+}
+
+#[tokio::test]
+async fn an_ambiguous_mint_failure_is_resolved_by_name_never_by_a_blind_resend() {
+    let fake = SimulatedGitHub::start().await.unwrap();
+    let gh = client(&fake, &format!("https://github.com/{ORG}/web"), pat());
+    // A 502 on the mint: the client looks the name up before minting again.
+    fake.admin(
+        "POST",
+        "faults",
+        json!({"endpoint": "generate_jitconfig", "count": 1, "status": 502}),
+    )
+    .await
+    .unwrap();
+    let jit = gh
+        .generate_jit("runner-manager-x", 1, &labels(), "_work")
+        .await
+        .unwrap();
+    let sent: Vec<_> = gh
+        .sent()
+        .into_iter()
+        .map(|r| (r.method, r.path, r.query))
+        .collect();
+    let mint = "/repos/acme/web/actions/runners/generate-jitconfig".to_owned();
+    let lookup = "/repos/acme/web/actions/runners".to_owned();
+    let order: Vec<&str> = sent
+        .iter()
+        .filter_map(|(m, p, q)| {
+            if *p == mint && m == "POST" {
+                Some("mint")
+            } else if *p == lookup
+                && q.iter()
+                    .any(|(k, v)| k == "name" && v == "runner-manager-x")
+            {
+                Some("lookup")
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(order, ["mint", "lookup", "mint"], "{sent:?}");
+    let runners = fake.runners().await.unwrap();
+    let ours: Vec<_> = runners
+        .iter()
+        .filter(|r| r["name"] == "runner-manager-x")
+        .collect();
+    assert_eq!(ours.len(), 1);
+    assert_eq!(ours[0]["id"].as_i64(), Some(jit.runner.id));
+
+    // A dropped connection after GitHub registered the runner: the lookup finds it, deletes it
+    // (its JIT is lost), and the next mint succeeds under the same name.
+    fake.admin(
+        "POST",
+        "faults",
+        json!({"endpoint": "generate_jitconfig", "count": 1, "drop_connection": true}),
+    )
+    .await
+    .unwrap();
+    let again = gh
+        .generate_jit("runner-manager-y", 1, &labels(), "_work")
+        .await
+        .unwrap();
+    let ys: Vec<_> = fake
+        .runners()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r["name"] == "runner-manager-y")
+        .collect();
+    assert_eq!(ys.len(), 1, "exactly one registration: {ys:?}");
+    assert_eq!(ys[0]["id"].as_i64(), Some(again.runner.id));
+    check_contract(&gh.sent());
+}
+
+#[tokio::test]
+async fn runner_groups_resolve_by_name_and_unknown_groups_name_the_fix() {
+    let fake = SimulatedGitHub::start().await.unwrap();
+    let made = fake
+        .admin(
+            "POST",
+            "runner-groups",
+            json!({"owner": format!("orgs/{ORG}"), "name": "linux-big"}),
+        )
+        .await
+        .unwrap();
+    let gh = client(
+        &fake,
+        &format!("https://github.com/{ORG}"),
+        app_credentials(Some(777)),
+    );
+    let id = gh.runner_group_id("linux-big").await.unwrap();
+    assert_eq!(Some(id), made["id"].as_i64());
+    let calls = fake.calls("runner_groups").await.unwrap();
+    assert_eq!(gh.runner_group_id("linux-big").await.unwrap(), id);
+    assert_eq!(
+        fake.calls("runner_groups").await.unwrap(),
+        calls,
+        "cached per target"
+    );
+    let err = gh.runner_group_id("nope").await.unwrap_err();
+    assert!(err.to_string().contains("spec.github.runnerGroup"), "{err}");
+    let repo = client(&fake, &format!("https://github.com/{ORG}/web"), pat());
+    assert_eq!(repo.runner_group_id("Default").await.unwrap(), 1);
+    check_contract(&gh.sent());
+}
+
+/// Every request sent matches an operation of the official description: the method exists on a
+/// path template that matches the path, every query parameter is declared for it, and the body
+/// validates against its request schema.
+fn check_contract(sent: &[SentRequest]) {
+    let text = std::fs::read_to_string(shared_dir().join("openapi-runners-subset.json"))
+        .expect("the shared GitHub description (../shared/github) is beside the repository");
+    let openapi: Value = serde_json::from_str(&text).unwrap();
+    let conformance = Conformance::load().unwrap();
+    let paths = openapi["paths"].as_object().unwrap();
+    assert!(!sent.is_empty());
+    for req in sent {
+        let segments: Vec<&str> = req.path.trim_start_matches('/').split('/').collect();
+        let template = paths
+            .keys()
+            .filter(|t| {
+                let ts: Vec<&str> = t.trim_start_matches('/').split('/').collect();
+                ts.len() == segments.len()
+                    && ts.iter().zip(&segments).all(|(t, s)| {
+                        (t.starts_with('{') && t.ends_with('}') && !s.is_empty()) || t == s
+                    })
+            })
+            // A literal segment beats a parameter (generate-jitconfig vs {runner_id}).
+            .min_by_key(|t| t.matches('{').count())
+            .unwrap_or_else(|| {
+                panic!("{} {} is not in GitHub's description", req.method, req.path)
+            });
+        let op = &paths[template][req.method.to_ascii_lowercase()];
+        assert!(
+            op.is_object(),
+            "{} {template} is not an operation",
+            req.method
+        );
+        let declared: Vec<&str> = op["parameters"]
+            .as_array()
+            .map(|ps| {
+                ps.iter()
+                    .filter(|p| p["in"] == "query")
+                    .filter_map(|p| p["name"].as_str())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (name, _) in &req.query {
+            assert!(
+                declared.contains(&name.as_str()),
+                "{} {template}: query `{name}` is not declared",
+                req.method
+            );
+        }
+        if let Some(body) = &req.body {
+            conformance
+                .check_request(&req.method, template, body)
+                .unwrap_or_else(|e| panic!("{} {template}: {e}", req.method));
+        }
+    }
+}
