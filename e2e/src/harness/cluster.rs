@@ -35,10 +35,18 @@ pub async fn client_or_skip(test: &str) -> Result<Option<Client>, ClusterError> 
         );
         return Ok(None);
     }
+    install_crypto_provider();
     let config = kube::Config::infer()
         .await
         .map_err(|e| ClusterError::Config(e.to_string()))?;
     Ok(Some(Client::try_from(config)?))
+}
+
+/// Select aws-lc-rs as the process's TLS crypto provider. The workspace builds rustls with it
+/// alone, but a dependency enabling a second provider would make rustls refuse to choose, so
+/// every entry point says which. Installing twice is a no-op.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 }
 
 /// The project's CRDs, applied server-side and waited on until Established.

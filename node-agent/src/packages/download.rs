@@ -104,9 +104,9 @@ pub struct Downloader {
 
 impl Downloader {
     pub fn new(retry: RetryPolicy, timeouts: Timeouts) -> Result<Self, DownloadError> {
-        // rustls with ring, the provider the rest of the workspace uses; installing it twice is
+        // rustls with aws-lc-rs, the one provider the workspace compiles; installing it twice is
         // harmless (the second call reports the first).
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         let client = reqwest::Client::builder()
             .connect_timeout(timeouts.connect)
             .read_timeout(timeouts.read)

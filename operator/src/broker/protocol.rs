@@ -62,24 +62,16 @@ fn github_unavailable(e: &GitHubError) -> BrokerError {
     refuse(BrokerErrorCode::GitHubUnavailable, &e.to_string())
 }
 
-/// Serve one JIT request.
+/// Serve one JIT request for `attempt`, as just read by the caller.
 pub async fn issue<R: Registrar>(
     attempts: &Api<RunnerAttempt>,
     registrar: &R,
     ownership_label: &str,
-    name: &str,
+    attempt: RunnerAttempt,
     request: &JitRequest,
     caller: &Caller,
 ) -> Result<JitResponse, BrokerError> {
-    let internal = |_| {
-        refuse(
-            BrokerErrorCode::Internal,
-            "the API server could not be read",
-        )
-    };
-    let Some(attempt) = attempts.get_opt(name).await.map_err(internal)? else {
-        return Err(refuse(BrokerErrorCode::UnknownAttempt, "no such attempt"));
-    };
+    let name = attempt.metadata.name.clone().unwrap_or_default();
     if attempt.metadata.uid.as_deref() != Some(request.attempt_uid.as_str()) {
         return Err(refuse(
             BrokerErrorCode::UnknownAttempt,
@@ -137,7 +129,7 @@ pub async fn issue<R: Registrar>(
             }
         };
         match attempts
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
             Ok(_) => {
@@ -147,7 +139,7 @@ pub async fn issue<R: Registrar>(
                 });
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
-                current = match attempts.get_opt(name).await {
+                current = match attempts.get_opt(&name).await {
                     Ok(Some(a)) => a,
                     _ => {
                         let _ = registrar.discard(&runner).await;

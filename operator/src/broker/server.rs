@@ -84,8 +84,8 @@ async fn jit(
             .into_response();
     };
     let attempts: Api<RunnerAttempt> = Api::namespaced(broker.kube.clone(), &namespace);
-    let policy = match attempts.get_opt(&name).await {
-        Ok(Some(a)) => a.spec.policy,
+    let attempt = match attempts.get_opt(&name).await {
+        Ok(Some(a)) => a,
         Ok(None) => {
             return answer(BrokerError {
                 code: BrokerErrorCode::UnknownAttempt,
@@ -99,7 +99,11 @@ async fn jit(
             });
         }
     };
-    let client = match broker.clients.for_policy(&namespace, &policy).await {
+    let client = match broker
+        .clients
+        .for_policy(&namespace, &attempt.spec.policy)
+        .await
+    {
         Ok(c) => c,
         Err(e) => {
             return answer(BrokerError {
@@ -113,7 +117,7 @@ async fn jit(
         &attempts,
         client.as_ref(),
         &broker.ownership_label,
-        &name,
+        attempt,
         &request,
         &caller,
     )

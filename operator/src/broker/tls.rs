@@ -164,7 +164,7 @@ pub fn server_config(tls: &BrokerTls) -> Result<rustls::ServerConfig, TlsError> 
     let key = rustls_pemfile::private_key(&mut tls.key_pem.expose_secret().as_bytes())
         .map_err(|_| TlsError::Pem)?
         .ok_or(TlsError::Pem)?;
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()

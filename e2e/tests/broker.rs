@@ -1,0 +1,805 @@
+//! The JIT broker on the real control plane with the simulated GitHub: the right agent gets the
+//! JIT once, everyone else is refused with the right status, a leftover registration is deleted
+//! before minting, CAS conflicts are re-decided (retried while still Prepared, the fresh
+//! registration deleted otherwise), two replicas serve, and after an exchange the JIT is found in
+//! no object of the API server, no event and no log line. Skipped without `KUBECONFIG`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, Secret, ServiceAccount};
+use kube::Client;
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams,
+};
+use kube::discovery::{Discovery, verbs};
+use runner_manager_crds::attempt::{
+    AttemptSnapshot, AttemptTimeouts, ExecutionSnapshot, RunnerAttempt, RunnerAttemptSpec,
+    RunnerPackage, TargetScope, TargetSnapshot, Transition, WorkspacePlacement, spec_hash,
+};
+use runner_manager_crds::broker::{BROKER_AUDIENCE, JitRequest, jit_path};
+use runner_manager_crds::duration::ManifestDuration;
+use runner_manager_crds::names::{attempt_name, ownership_label, runner_name};
+use runner_manager_crds::outcome::{FailureReason, Outcome};
+use runner_manager_crds::policy::{ExecutionMode, ScalePolicy, WorkspaceMode};
+use runner_manager_crds::state::{Actor, AttemptState};
+use runner_manager_e2e::harness::cluster::{client_or_skip, fresh_namespace, install_crds};
+use runner_manager_e2e::harness::github::{APP_ID, ORG, SimulatedGitHub, app_keys};
+use runner_manager_e2e::harness::wait;
+use runner_manager_node_agent::journal::{self, Decision};
+use runner_manager_operator::broker::authn::AgentIdentity;
+use runner_manager_operator::broker::server::{Broker, start};
+use runner_manager_operator::broker::tls;
+use runner_manager_operator::github::registry::Clients;
+use runner_manager_operator::github::{GitHubConfig, retry::RetryPolicy};
+use serde_json::{Value, json};
+
+const AGENT_SA: &str = "runner-manager-node-agent";
+
+fn agent_labels() -> BTreeMap<String, String> {
+    [(
+        "app.kubernetes.io/component".to_owned(),
+        "node-agent".to_owned(),
+    )]
+    .into()
+}
+
+/// Everything a broker test needs.
+struct World {
+    kube: Client,
+    system: String,
+    team: String,
+    fake: SimulatedGitHub,
+    brokers: Vec<String>,
+    http: reqwest::Client,
+    ownership: String,
+}
+
+async fn world(test: &str, replicas: usize) -> Option<World> {
+    let kube = client_or_skip(test).await.unwrap()?;
+    install_crds(&kube).await.unwrap();
+    let system = fresh_namespace(&kube, "rm-sys").await.unwrap();
+    let team = fresh_namespace(&kube, "rm-team").await.unwrap();
+    let fake = SimulatedGitHub::start().await.unwrap();
+
+    // The team's policy and its GitHub App Secret (no installationId: looked up).
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("github-app".into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(
+            [
+                (
+                    "appId".to_owned(),
+                    ByteString(APP_ID.to_string().into_bytes()),
+                ),
+                (
+                    "privateKey".to_owned(),
+                    ByteString(app_keys().unwrap().0.clone().into_bytes()),
+                ),
+            ]
+            .into(),
+        ),
+        ..Secret::default()
+    };
+    Api::<Secret>::namespaced(kube.clone(), &team)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let policy: ScalePolicy = serde_json::from_value(json!({
+        "apiVersion": "runner-manager.dev/v1alpha1", "kind": "ScalePolicy",
+        "metadata": {"name": "web"},
+        "spec": {"github": {"url": format!("https://github.com/{ORG}/web"), "credentialsSecretRef": {"name": "github-app"}},
+                 "labels": ["self-hosted", "linux"], "maxRunners": 4}
+    }))
+    .unwrap();
+    Api::<ScalePolicy>::namespaced(kube.clone(), &team)
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+
+    // The agents' service account and one agent pod per simulated node (Pending forever: no kubelet).
+    Api::<ServiceAccount>::namespaced(kube.clone(), &system)
+        .create(
+            &PostParams::default(),
+            &ServiceAccount {
+                metadata: ObjectMeta {
+                    name: Some(AGENT_SA.into()),
+                    ..ObjectMeta::default()
+                },
+                ..ServiceAccount::default()
+            },
+        )
+        .await
+        .unwrap();
+    for node in ["node-a", "node-b"] {
+        agent_pod(
+            &kube,
+            &system,
+            &format!("agent-{node}"),
+            node,
+            AGENT_SA,
+            agent_labels(),
+        )
+        .await;
+    }
+
+    let kube_system = Api::<Namespace>::all(kube.clone())
+        .get("kube-system")
+        .await
+        .unwrap();
+    let ownership = ownership_label(kube_system.metadata.uid.as_deref().unwrap(), &system);
+    let tls = tls::ensure(
+        &kube,
+        &system,
+        tls::serving_names(&system, "runner-manager-broker"),
+    )
+    .await
+    .unwrap();
+    let mut brokers = Vec::new();
+    for _ in 0..replicas {
+        // Each replica loads the certificate from the Secret, as a restarted operator would.
+        let stored = tls::ensure(&kube, &system, vec![]).await.unwrap();
+        assert_eq!(
+            stored.cert_pem, tls.cert_pem,
+            "one certificate for every replica"
+        );
+        let broker = Arc::new(Broker {
+            kube: kube.clone(),
+            agents: AgentIdentity {
+                namespace: system.clone(),
+                service_account: AGENT_SA.into(),
+                pod_labels: agent_labels(),
+            },
+            clients: Clients::new(
+                kube.clone(),
+                GitHubConfig {
+                    api_base: Some(fake.base_url().to_owned()),
+                    retry: RetryPolicy {
+                        attempts: 3,
+                        base: Duration::from_millis(20),
+                        max_wait: Duration::from_secs(5),
+                    },
+                    ..GitHubConfig::default()
+                },
+            ),
+            ownership_label: ownership.clone(),
+        });
+        let (addr, _task) = start(
+            SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            tls::server_config(&stored).unwrap(),
+            broker,
+        )
+        .await
+        .unwrap();
+        brokers.push(format!("https://127.0.0.1:{}", addr.port()));
+    }
+    // Agents trust the CA the operator published in its ConfigMap.
+    let ca = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(kube.clone(), &system)
+        .get(tls::CA_CONFIGMAP)
+        .await
+        .unwrap()
+        .data
+        .unwrap()["ca.crt"]
+        .clone();
+    let http = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    Some(World {
+        kube,
+        system,
+        team,
+        fake,
+        brokers,
+        http,
+        ownership,
+    })
+}
+
+async fn agent_pod(
+    kube: &Client,
+    ns: &str,
+    name: &str,
+    node: &str,
+    sa: &str,
+    labels: BTreeMap<String, String>,
+) -> Pod {
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.into()),
+            service_account_name: Some(sa.into()),
+            containers: vec![Container {
+                name: "agent".into(),
+                image: Some("runner-manager/node-agent:test".into()),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    };
+    Api::<Pod>::namespaced(kube.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap()
+}
+
+impl World {
+    /// A token bound to `pod`, for `audience`.
+    async fn token(&self, pod: &str, sa: &str, audience: &str) -> String {
+        let p = Api::<Pod>::namespaced(self.kube.clone(), &self.system)
+            .get(pod)
+            .await
+            .unwrap();
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: vec![audience.into()],
+                bound_object_ref: Some(BoundObjectReference {
+                    kind: Some("Pod".into()),
+                    api_version: Some("v1".into()),
+                    name: Some(pod.into()),
+                    uid: p.metadata.uid.clone(),
+                }),
+                expiration_seconds: Some(3600),
+            },
+            ..TokenRequest::default()
+        };
+        Api::<ServiceAccount>::namespaced(self.kube.clone(), &self.system)
+            .create_token_request(sa, &PostParams::default(), &request)
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .token
+    }
+
+    async fn agent_token(&self, node: &str) -> String {
+        self.token(&format!("agent-{node}"), AGENT_SA, BROKER_AUDIENCE)
+            .await
+    }
+
+    fn attempts(&self) -> Api<RunnerAttempt> {
+        Api::namespaced(self.kube.clone(), &self.team)
+    }
+
+    /// A new attempt on `node`, walked by the agent to `Prepared`.
+    async fn prepared_attempt(&self, node: &str) -> RunnerAttempt {
+        let a = self.attempt_in(node, AttemptState::Prepared).await;
+        assert_eq!(
+            a.status.as_ref().unwrap().journal.state(),
+            AttemptState::Prepared
+        );
+        a
+    }
+
+    async fn attempt_in(&self, node: &str, state: AttemptState) -> RunnerAttempt {
+        let id = uuid::Uuid::new_v4();
+        let policy = Api::<ScalePolicy>::namespaced(self.kube.clone(), &self.team)
+            .get("web")
+            .await
+            .unwrap();
+        let spec = RunnerAttemptSpec {
+            id: id.hyphenated().to_string(),
+            policy: "web".into(),
+            node_name: node.into(),
+            snapshot: AttemptSnapshot {
+                policy_uid: policy.metadata.uid.clone().unwrap(),
+                target: TargetSnapshot {
+                    url: format!("https://github.com/{ORG}/web"),
+                    scope: TargetScope::Repository,
+                },
+                labels: vec!["self-hosted".into(), "linux".into()],
+                runner_group_id: 1,
+                workspace: WorkspaceMode::Ephemeral,
+                max_slots: 4,
+                execution: ExecutionSnapshot {
+                    mode: ExecutionMode::Native,
+                    image: None,
+                    resources: None,
+                },
+                runner: RunnerPackage {
+                    version: "2.330.0".into(),
+                    url: format!("{}/runner.tar.gz", self.fake.base_url()),
+                    sha256: "a".repeat(64),
+                },
+                env: BTreeMap::new(),
+                timeouts: AttemptTimeouts {
+                    registration: ManifestDuration::from_secs(300),
+                    idle: ManifestDuration::from_secs(600),
+                    jit_handoff: ManifestDuration::from_secs(120),
+                },
+            },
+            replaces: None,
+            termination: None,
+        };
+        let name = attempt_name("web", id);
+        let created = self
+            .attempts()
+            .create(&PostParams::default(), &RunnerAttempt::new(&name, spec))
+            .await
+            .unwrap();
+        let mut steps = vec![];
+        if state >= AttemptState::Allocated {
+            steps.push(Transition::Admit {
+                placement: WorkspacePlacement::ephemeral(format!(
+                    "/var/lib/runner-manager/runners/{name}"
+                )),
+                spec_hash: spec_hash(&created.spec),
+            });
+        }
+        if state >= AttemptState::Prepared {
+            steps.push(Transition::MarkPrepared { environment: None });
+        }
+        let mut current = created;
+        for t in steps {
+            let mut t = Some(t);
+            current = journal::advance(&self.attempts(), &name, Actor::Agent, |_| {
+                t.take().map_or(Decision::Nothing, Decision::Take)
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        }
+        current
+    }
+
+    /// Ask broker replica `replica` for the JIT of `attempt` with `token`.
+    async fn ask_via(
+        &self,
+        replica: usize,
+        attempt: &RunnerAttempt,
+        token: Option<&str>,
+    ) -> (u16, Value) {
+        let journal = attempt
+            .status
+            .as_ref()
+            .map(|s| s.journal.clone())
+            .unwrap_or_default();
+        let body = JitRequest {
+            attempt_uid: attempt.metadata.uid.clone().unwrap(),
+            spec_hash: journal.spec_hash().unwrap_or_default().to_owned(),
+        };
+        let url = format!(
+            "{}{}",
+            self.brokers[replica],
+            jit_path(&self.team, attempt.metadata.name.as_deref().unwrap())
+        );
+        let mut req = self.http.post(url).json(&body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn ask(&self, attempt: &RunnerAttempt, token: Option<&str>) -> (u16, Value) {
+        self.ask_via(0, attempt, token).await
+    }
+
+    async fn reread(&self, attempt: &RunnerAttempt) -> RunnerAttempt {
+        self.attempts()
+            .get(attempt.metadata.name.as_deref().unwrap())
+            .await
+            .unwrap()
+    }
+
+    async fn registrations_named(&self, name: &str) -> Vec<Value> {
+        self.fake
+            .runners()
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r["name"] == name)
+            .collect()
+    }
+}
+
+fn code(body: &Value) -> &str {
+    body["code"].as_str().unwrap_or("")
+}
+
+#[tokio::test]
+async fn the_right_agent_gets_the_jit_once_and_the_runner_id_is_journalled_first() {
+    let Some(w) = world("the_right_agent_gets_the_jit_once", 1).await else {
+        return;
+    };
+    let attempt = w.prepared_attempt("node-a").await;
+    let token = w.agent_token("node-a").await;
+    let started = Instant::now();
+    let (status, body) = w.ask(&attempt, Some(&token)).await;
+    let first_latency = started.elapsed();
+    assert_eq!(status, 200, "{body}");
+    let jit = body["encodedJitConfig"].as_str().unwrap().to_owned();
+    assert!(!jit.is_empty());
+    let name = runner_name(attempt.spec.attempt_uuid().unwrap());
+    assert_eq!(body["runner"]["name"], name.as_str());
+
+    let after = w.reread(&attempt).await;
+    let journal = after.status.unwrap().journal;
+    assert_eq!(journal.state(), AttemptState::JitReceived);
+    assert_eq!(
+        journal.runner().map(|r| r.id),
+        body["runner"]["id"].as_i64()
+    );
+    assert!(journal.timestamps().jit_received_at.is_some());
+    // Registered on GitHub with the snapshot's labels plus this cluster's ownership label.
+    let regs = w.registrations_named(&name).await;
+    assert_eq!(regs.len(), 1);
+    let listed = runner_manager_operator::github::GitHubClient::new(
+        runner_manager_crds::target::GitHubTarget::parse("https://github.com/acme/web").unwrap(),
+        runner_manager_operator::github::auth::Credentials::from_secret_data(
+            &[(
+                "token".to_owned(),
+                ByteString(runner_manager_e2e::harness::github::PAT.as_bytes().to_vec()),
+            )]
+            .into(),
+        )
+        .unwrap(),
+        GitHubConfig {
+            api_base: Some(w.fake.base_url().to_owned()),
+            ..GitHubConfig::default()
+        },
+    )
+    .unwrap()
+    .find_runner(
+        &name,
+        runner_manager_operator::github::ratelimit::Priority::Observe,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(listed.has_label(&w.ownership), "{listed:?}");
+    assert!(listed.has_label("self-hosted") && listed.has_label("linux"));
+
+    // A second request: the first JIT is lost as far as the broker knows. 410, nothing minted.
+    let mints = w.fake.calls("generate_jitconfig").await.unwrap();
+    let (status, body) = w
+        .ask(&after_attempt(&w, &attempt).await, Some(&token))
+        .await;
+    assert_eq!(status, 410, "{body}");
+    assert_eq!(code(&body), "AlreadyIssued");
+    assert_eq!(w.fake.calls("generate_jitconfig").await.unwrap(), mints);
+
+    // Latency with a warm installation token: a second attempt's exchange.
+    let second = w.prepared_attempt("node-a").await;
+    let started = Instant::now();
+    let (status, _) = w.ask(&second, Some(&token)).await;
+    assert_eq!(status, 200);
+    eprintln!(
+        "broker exchange latency: first {:?} (installation lookup + token), warm {:?}",
+        first_latency,
+        started.elapsed()
+    );
+}
+
+async fn after_attempt(w: &World, a: &RunnerAttempt) -> RunnerAttempt {
+    w.reread(a).await
+}
+
+#[tokio::test]
+async fn callers_that_are_not_the_attempts_agent_are_refused() {
+    let Some(w) = world("callers_that_are_not_the_attempts_agent_are_refused", 1).await else {
+        return;
+    };
+    let attempt = w.prepared_attempt("node-a").await;
+    // No token.
+    let (status, body) = w.ask(&attempt, None).await;
+    assert_eq!((status, code(&body)), (401, "Unauthenticated"), "{body}");
+    // The agent of another node.
+    let (status, body) = w.ask(&attempt, Some(&w.agent_token("node-b").await)).await;
+    assert_eq!((status, code(&body)), (403, "WrongNode"), "{body}");
+    // A token for another audience (the API server's own).
+    let wrong_aud = w
+        .token(
+            "agent-node-a",
+            AGENT_SA,
+            "https://kubernetes.default.svc.cluster.local",
+        )
+        .await;
+    let (status, body) = w.ask(&attempt, Some(&wrong_aud)).await;
+    assert_eq!((status, code(&body)), (401, "Unauthenticated"), "{body}");
+    // A pod on the right node under another service account.
+    Api::<ServiceAccount>::namespaced(w.kube.clone(), &w.system)
+        .create(
+            &PostParams::default(),
+            &ServiceAccount {
+                metadata: ObjectMeta {
+                    name: Some("intruder".into()),
+                    ..ObjectMeta::default()
+                },
+                ..ServiceAccount::default()
+            },
+        )
+        .await
+        .unwrap();
+    agent_pod(
+        &w.kube,
+        &w.system,
+        "intruder-node-a",
+        "node-a",
+        "intruder",
+        agent_labels(),
+    )
+    .await;
+    let intruder = w
+        .token("intruder-node-a", "intruder", BROKER_AUDIENCE)
+        .await;
+    let (status, body) = w.ask(&attempt, Some(&intruder)).await;
+    assert_eq!((status, code(&body)), (403, "WrongNode"), "{body}");
+    // A pod of the agent's account but not an agent (no agent labels).
+    agent_pod(
+        &w.kube,
+        &w.system,
+        "stray-node-a",
+        "node-a",
+        AGENT_SA,
+        BTreeMap::new(),
+    )
+    .await;
+    let stray = w.token("stray-node-a", AGENT_SA, BROKER_AUDIENCE).await;
+    let (status, body) = w.ask(&attempt, Some(&stray)).await;
+    assert_eq!((status, code(&body)), (403, "WrongNode"), "{body}");
+    // The token of a deleted agent pod.
+    let token = w.agent_token("node-a").await;
+    Api::<Pod>::namespaced(w.kube.clone(), &w.system)
+        .delete("agent-node-a", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let pods = Api::<Pod>::namespaced(w.kube.clone(), &w.system);
+    wait::until(Duration::from_secs(30), "the agent pod is gone", || {
+        let pods = pods.clone();
+        async move {
+            pods.get_opt("agent-node-a")
+                .await
+                .ok()
+                .flatten()
+                .is_none()
+                .then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    let (status, body) = w.ask(&attempt, Some(&token)).await;
+    assert_eq!((status, code(&body)), (401, "Unauthenticated"), "{body}");
+    // Nothing was minted for any of them, and the attempt is still Prepared.
+    assert_eq!(w.fake.calls("generate_jitconfig").await.unwrap(), 0);
+    assert_eq!(
+        w.reread(&attempt).await.status.unwrap().journal.state(),
+        AttemptState::Prepared
+    );
+}
+
+#[tokio::test]
+async fn only_a_prepared_attempt_gets_a_jit_and_a_leftover_registration_is_replaced() {
+    let Some(w) = world("only_a_prepared_attempt_gets_a_jit", 1).await else {
+        return;
+    };
+    let token = w.agent_token("node-a").await;
+    let allocated = w.attempt_in("node-a", AttemptState::Allocated).await;
+    let (status, body) = w.ask(&allocated, Some(&token)).await;
+    assert_eq!((status, code(&body)), (409, "NotPrepared"), "{body}");
+
+    // A registration with the attempt's runner name, left by a broker that crashed after
+    // GitHub's 201: it is deleted and a fresh one minted.
+    let attempt = w.prepared_attempt("node-a").await;
+    let name = runner_name(attempt.spec.attempt_uuid().unwrap());
+    let gh = runner_manager_operator::github::GitHubClient::new(
+        runner_manager_crds::target::GitHubTarget::parse("https://github.com/acme/web").unwrap(),
+        runner_manager_operator::github::auth::Credentials::from_secret_data(
+            &[(
+                "token".to_owned(),
+                ByteString(runner_manager_e2e::harness::github::PAT.as_bytes().to_vec()),
+            )]
+            .into(),
+        )
+        .unwrap(),
+        GitHubConfig {
+            api_base: Some(w.fake.base_url().to_owned()),
+            ..GitHubConfig::default()
+        },
+    )
+    .unwrap();
+    let leftover = gh
+        .generate_jit(&name, 1, &["self-hosted".into()], "_work")
+        .await
+        .unwrap();
+    let (status, body) = w.ask(&attempt, Some(&token)).await;
+    assert_eq!(status, 200, "{body}");
+    let regs = w.registrations_named(&name).await;
+    assert_eq!(regs.len(), 1, "{regs:?}");
+    assert_ne!(
+        regs[0]["id"].as_i64(),
+        Some(leftover.runner.id),
+        "the leftover was deleted"
+    );
+    assert_eq!(regs[0]["id"].as_i64(), body["runner"]["id"].as_i64());
+}
+
+#[tokio::test]
+async fn a_concurrent_status_write_is_retried_and_a_concluded_attempt_gets_nothing() {
+    let Some(w) = world("a_concurrent_status_write_is_retried", 1).await else {
+        return;
+    };
+    let token = w.agent_token("node-a").await;
+
+    // 1. The operator writes a fact while the mint is in flight: the broker's CAS conflicts,
+    //    it re-reads, finds the attempt still Prepared without a runner id, and writes again.
+    let attempt = w.prepared_attempt("node-a").await;
+    let name = attempt.metadata.name.clone().unwrap();
+    w.fake
+        .admin(
+            "POST",
+            "faults",
+            json!({"endpoint": "generate_jitconfig", "count": 1, "latency_ms": 1500}),
+        )
+        .await
+        .unwrap();
+    let asked = {
+        let (a, t) = (attempt.clone(), token.clone());
+        let w = &w;
+        async move { w.ask(&a, Some(&t)).await }
+    };
+    let interfere = async {
+        wait_for_mint_in_flight(&w).await;
+        let fact =
+            json!({"status": {"github": {"status": "absent", "busy": false, "generation": 1}}});
+        w.attempts()
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&fact))
+            .await
+            .unwrap();
+    };
+    let ((status, body), ()) = tokio::join!(asked, interfere);
+    assert_eq!(status, 200, "{body}");
+    let after = w.reread(&attempt).await.status.unwrap();
+    assert_eq!(after.journal.state(), AttemptState::JitReceived);
+    assert_eq!(
+        after.facts.github.unwrap().generation,
+        1,
+        "the fact survived"
+    );
+
+    // 2. The agent concludes the attempt while the mint is in flight: the broker's CAS
+    //    conflicts, the attempt is no longer Prepared, the fresh registration is deleted, 409.
+    let attempt = w.prepared_attempt("node-a").await;
+    let name = attempt.metadata.name.clone().unwrap();
+    let runner = runner_name(attempt.spec.attempt_uuid().unwrap());
+    w.fake
+        .admin(
+            "POST",
+            "faults",
+            json!({"endpoint": "generate_jitconfig", "count": 1, "latency_ms": 1500}),
+        )
+        .await
+        .unwrap();
+    let asked = {
+        let (a, t) = (attempt.clone(), token.clone());
+        let w = &w;
+        async move { w.ask(&a, Some(&t)).await }
+    };
+    let conclude = async {
+        wait_for_mint_in_flight(&w).await;
+        journal::advance(&w.attempts(), &name, Actor::Agent, |_| {
+            Decision::Take(Transition::Conclude(Outcome::Failed(
+                FailureReason::JitRequestFailed,
+            )))
+        })
+        .await
+        .unwrap();
+    };
+    let ((status, body), ()) = tokio::join!(asked, conclude);
+    assert_eq!((status, code(&body)), (409, "NotPrepared"), "{body}");
+    assert!(
+        w.registrations_named(&runner).await.is_empty(),
+        "the fresh registration was deleted"
+    );
+    assert_eq!(
+        w.reread(&attempt).await.status.unwrap().journal.state(),
+        AttemptState::Failed
+    );
+}
+
+/// The mint has reached the fake and is held by its latency fault (the fault is taken from the
+/// queue when the request arrives): the broker has read the attempt, so a write now makes its
+/// CAS stale.
+async fn wait_for_mint_in_flight(w: &World) {
+    use runner_manager_e2e::fake_github::endpoint::Endpoint;
+    let fake = w.fake.running.fake.clone();
+    wait::until(Duration::from_secs(10), "the mint to reach GitHub", || {
+        let fake = fake.clone();
+        async move {
+            let pending = fake
+                .world()
+                .faults
+                .get(&Endpoint::GenerateJitconfig)
+                .map_or(0, |q| q.len());
+            (pending == 0).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn two_replicas_serve_and_the_jit_is_found_nowhere_after_the_exchange() {
+    let logs = capture_logs();
+    let Some(w) = world("two_replicas_serve", 2).await else {
+        return;
+    };
+    let token = w.agent_token("node-a").await;
+    let mut jits = Vec::new();
+    for replica in 0..2 {
+        let attempt = w.prepared_attempt("node-a").await;
+        let (status, body) = w.ask_via(replica, &attempt, Some(&token)).await;
+        assert_eq!(status, 200, "replica {replica}: {body}");
+        jits.push(body["encodedJitConfig"].as_str().unwrap().to_owned());
+    }
+    // Every object of every listable resource in the API server, and every event.
+    let discovery = Discovery::new(w.kube.clone()).run().await.unwrap();
+    let mut searched = 0;
+    for group in discovery.groups() {
+        for (ar, caps) in group.recommended_resources() {
+            if !caps.supports_operation(verbs::LIST) {
+                continue;
+            }
+            let api: Api<DynamicObject> = Api::all_with(w.kube.clone(), &ar);
+            let Ok(list) = api.list(&ListParams::default()).await else {
+                continue;
+            };
+            let text = serde_json::to_string(&list.items).unwrap();
+            for jit in &jits {
+                assert!(
+                    !text.contains(jit.as_str()),
+                    "the JIT is stored in {}",
+                    ar.plural
+                );
+            }
+            searched += list.items.len();
+        }
+    }
+    assert!(searched > 20, "searched {searched} objects");
+    let captured = logs.lock().unwrap().clone();
+    let captured = String::from_utf8_lossy(&captured);
+    assert!(
+        captured.contains("broker request"),
+        "logs were captured: {captured}"
+    );
+    for jit in &jits {
+        assert!(!captured.contains(jit.as_str()), "the JIT is in a log line");
+    }
+}
+
+/// Capture this process's tracing output.
+fn capture_logs() -> Arc<Mutex<Vec<u8>>> {
+    #[derive(Clone)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+    impl Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Arc::new(Mutex::new(Vec::new()));
+    let sink = Sink(buf.clone());
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_writer(move || sink.clone())
+        .finish();
+    let _ = tracing::subscriber::set_global_default(subscriber);
+    buf
+}
