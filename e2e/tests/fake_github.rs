@@ -43,8 +43,8 @@ impl FakeProcess {
     fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(FAKE_BIN)
-            .args(["--listener-bin", STANDIN_BIN, "--package-dir"])
-            .arg(dir.path())
+            .arg("--package")
+            .arg(shared_package())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -71,6 +71,19 @@ impl Drop for FakeProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The stand-in package, built once per test process (gzip is slow in debug builds) and served
+/// by every fake this process starts.
+fn shared_package() -> &'static Path {
+    static PACKAGE: OnceLock<PathBuf> = OnceLock::new();
+    PACKAGE.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("fake-github-package-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let spec = package::PackageSpec::small(PathBuf::from(STANDIN_BIN));
+        package::build(&spec, &dir).unwrap().path
+    })
 }
 
 fn conformance() -> &'static Conformance {
@@ -232,8 +245,12 @@ fn jwt(claims: &Value) -> String {
     .unwrap()
 }
 
+/// A valid App JWT, signed once per test process (signing is slow in debug builds); it stays
+/// valid for nine minutes, longer than the whole suite runs.
 fn good_jwt() -> String {
-    jwt(&json!({"iat": now() - 60, "exp": now() + 540, "iss": APP_ID}))
+    static JWT: OnceLock<String> = OnceLock::new();
+    JWT.get_or_init(|| jwt(&json!({"iat": now() - 60, "exp": now() + 540, "iss": APP_ID})))
+        .clone()
 }
 
 /// Registers the App and its installation on `ORG`, plus a PAT.
@@ -1439,4 +1456,26 @@ async fn job_behaviours_hostile_workspace_orphans_and_exit_codes() {
         .output()
         .unwrap();
     assert_eq!(none.status.code(), Some(1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// the conformance check itself
+
+#[test]
+fn the_conformance_check_rejects_what_github_would_not_send() {
+    let c = conformance();
+    let t = "/repos/{owner}/{repo}/actions/runners";
+    let good = json!({"total_count": 1, "runners": [
+        {"id": 1, "name": "r", "os": "linux", "status": "online", "busy": false, "labels": [{"name": "x"}]}
+    ]});
+    c.check_response("GET", t, 200, &good).unwrap();
+    let no_busy = json!({"total_count": 1, "runners": [
+        {"id": 1, "name": "r", "os": "linux", "status": "online", "labels": []}
+    ]});
+    assert!(c.check_response("GET", t, 200, &no_busy).is_err());
+    let wrong_type = json!({"total_count": "1", "runners": []});
+    assert!(c.check_response("GET", t, 200, &wrong_type).is_err());
+    let bad_request = json!({"name": "n", "runner_group_id": 1, "labels": []});
+    assert!(c.check_request("POST", JIT_TEMPLATE, &bad_request).is_err());
+    assert!(c.check_webhook(&json!({"action": "queued"})).is_err());
 }

@@ -2,7 +2,9 @@
 //! responses, the webhook schemas for `workflow_job` deliveries. The files live in the shared
 //! reading material, found relative to this crate (`../../shared/github/…`).
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use jsonschema::Draft;
 use serde_json::{Map, Value, json};
@@ -27,11 +29,13 @@ pub enum ConformanceError {
     },
 }
 
-/// The official descriptions, loaded once per test.
+/// The official descriptions, loaded once per test; compiled validators are kept, because
+/// compiling the larger schemas costs more than validating against them.
 #[derive(Debug)]
 pub struct Conformance {
     openapi: Value,
     webhooks: Value,
+    compiled: Mutex<HashMap<String, Arc<jsonschema::Validator>>>,
 }
 
 /// Where the shared GitHub reference files are.
@@ -82,14 +86,21 @@ pub fn openapi_to_json_schema(v: &Value) -> Value {
     }
 }
 
-fn check(what: String, schema: &Value, body: &Value) -> Result<(), ConformanceError> {
-    let validator = jsonschema::options()
+fn compile(what: &str, schema: &Value) -> Result<jsonschema::Validator, ConformanceError> {
+    jsonschema::options()
         .with_draft(Draft::Draft7)
         .build(schema)
         .map_err(|e| ConformanceError::BadSchema {
-            what: what.clone(),
+            what: what.to_owned(),
             error: e.to_string(),
-        })?;
+        })
+}
+
+fn check_with(
+    what: String,
+    validator: &jsonschema::Validator,
+    body: &Value,
+) -> Result<(), ConformanceError> {
     let errors: Vec<String> = validator
         .iter_errors(body)
         .take(8)
@@ -122,7 +133,36 @@ impl Conformance {
         Ok(Self {
             openapi: load("openapi-runners-subset.json")?,
             webhooks: load("webhooks-workflow_job-schema.json")?,
+            compiled: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Validates `body` against `schema`, compiling it once per `key`.
+    fn check(
+        &self,
+        key: &str,
+        what: String,
+        schema: &Value,
+        body: &Value,
+    ) -> Result<(), ConformanceError> {
+        let cached = self
+            .compiled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned();
+        let validator = match cached {
+            Some(v) => v,
+            None => {
+                let v = Arc::new(compile(&what, schema)?);
+                self.compiled
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(key.to_owned(), v.clone());
+                v
+            }
+        };
+        check_with(what, &validator, body)
     }
 
     fn operation(&self, method: &str, template: &str) -> Result<&Value, ConformanceError> {
@@ -147,10 +187,15 @@ impl Conformance {
         let documented = op.get("responses").and_then(|r| r.get(status.to_string()));
         match documented {
             Some(resp) => match resp.pointer("/content/application~1json/schema") {
-                Some(schema) => check(what, &openapi_to_json_schema(schema), body),
+                Some(schema) => self.check(
+                    &format!("response {method} {template} {status}"),
+                    what,
+                    &openapi_to_json_schema(schema),
+                    body,
+                ),
                 None => Ok(()),
             },
-            None if status >= 400 => check(what, &basic_error(), body),
+            None if status >= 400 => self.check("basic-error", what, &basic_error(), body),
             None => Err(ConformanceError::Mismatch {
                 what,
                 errors: "  the description does not list this status".into(),
@@ -169,7 +214,12 @@ impl Conformance {
         let op = self.operation(method, template)?;
         let what = format!("request {method} {template}");
         match op.pointer("/requestBody/content/application~1json/schema") {
-            Some(schema) => check(what, &openapi_to_json_schema(schema), body),
+            Some(schema) => self.check(
+                &format!("request {method} {template}"),
+                what,
+                &openapi_to_json_schema(schema),
+                body,
+            ),
             None => Ok(()),
         }
     }
@@ -184,6 +234,6 @@ impl Conformance {
             .and_then(|w| w.get(&key))
             .and_then(|w| w.pointer("/post/requestBody/content/application~1json/schema"))
             .ok_or_else(|| ConformanceError::NoOperation(key.clone()))?;
-        check(format!("webhook {key}"), schema, body)
+        self.check(&key, format!("webhook {key}"), schema, body)
     }
 }
