@@ -136,21 +136,19 @@ async fn world(test: &str, replicas: usize) -> Option<World> {
         .await
         .unwrap();
     let ownership = ownership_label(kube_system.metadata.uid.as_deref().unwrap(), &system);
-    let tls = tls::ensure(
-        &kube,
-        &system,
-        tls::serving_names(&system, "runner-manager-broker"),
-    )
-    .await
-    .unwrap();
     let mut brokers = Vec::new();
+    let mut first_cert = None;
     for _ in 0..replicas {
-        // Each replica loads the certificate from the Secret, as a restarted operator would.
-        let stored = tls::ensure(&kube, &system, vec![]).await.unwrap();
-        assert_eq!(
-            stored.cert_pem, tls.cert_pem,
-            "one certificate for every replica"
-        );
+        // The first replica makes the certificate; the others load it from the Secret.
+        let stored = tls::ensure(
+            &kube,
+            &system,
+            tls::serving_names(&system, "runner-manager-broker"),
+        )
+        .await
+        .unwrap();
+        let cert = first_cert.get_or_insert_with(|| stored.cert_pem.clone());
+        assert_eq!(&stored.cert_pem, cert, "one certificate for every replica");
         let broker = Arc::new(Broker {
             kube: kube.clone(),
             agents: AgentIdentity {
@@ -181,27 +179,19 @@ async fn world(test: &str, replicas: usize) -> Option<World> {
         .unwrap();
         brokers.push(format!("https://127.0.0.1:{}", addr.port()));
     }
-    // Agents trust the CA the operator published in its ConfigMap.
-    let ca = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(kube.clone(), &system)
-        .get(tls::CA_CONFIGMAP)
-        .await
-        .unwrap()
-        .data
-        .unwrap()["ca.crt"]
-        .clone();
-    let http = reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).unwrap())
-        .build()
-        .unwrap();
-    Some(World {
+    let mut world = World {
         kube,
         system,
         team,
         fake,
         brokers,
-        http,
+        http: reqwest::Client::new(),
         ownership,
-    })
+    };
+    if replicas > 0 {
+        world.trust_published_ca().await;
+    }
+    Some(world)
 }
 
 async fn agent_pod(
@@ -237,6 +227,24 @@ async fn agent_pod(
 }
 
 impl World {
+    /// Trust the CA the operator published in its ConfigMap, as agents do.
+    async fn trust_published_ca(&mut self) {
+        let ca = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+            self.kube.clone(),
+            &self.system,
+        )
+        .get(tls::CA_CONFIGMAP)
+        .await
+        .unwrap()
+        .data
+        .unwrap()["ca.crt"]
+            .clone();
+        self.http = reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).unwrap())
+            .build()
+            .unwrap();
+    }
+
     /// A token bound to `pod`, for `audience`.
     async fn token(&self, pod: &str, sa: &str, audience: &str) -> String {
         let p = Api::<Pod>::namespaced(self.kube.clone(), &self.system)
@@ -802,4 +810,75 @@ fn capture_logs() -> Arc<Mutex<Vec<u8>>> {
         .finish();
     let _ = tracing::subscriber::set_global_default(subscriber);
     buf
+}
+
+/// The operator binary as a real process: it applies the CRDs, makes the broker certificate,
+/// serves the broker, stops on SIGTERM, and a restarted operator serves with the same
+/// certificate (the agents' trust in the published CA survives restarts).
+#[tokio::test]
+async fn the_operator_process_serves_the_broker_across_restarts() {
+    use runner_manager_e2e::harness::process::{Running, binary};
+    let Some(mut w) = world("the_operator_process_serves_the_broker", 0).await else {
+        return;
+    };
+    let start_operator = |w: &World| {
+        let mut cmd = std::process::Command::new(binary("runner-manager-operator").unwrap());
+        cmd.args([
+            "--namespace",
+            &w.system,
+            "--broker-addr",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--github-api-url",
+            w.fake.base_url(),
+            "--log-format",
+            "json",
+        ]);
+        Running::spawn("runner-manager-operator", cmd).unwrap()
+    };
+    for round in 0..2 {
+        let operator = start_operator(&w);
+        let broker = wait::until(
+            Duration::from_secs(60),
+            "the operator to serve the broker",
+            || {
+                let lines = operator.lines();
+                async move {
+                    lines.iter().find_map(|l| {
+                        let v: Value = serde_json::from_str(l).ok()?;
+                        v["fields"]["broker"].as_str().map(str::to_owned)
+                    })
+                }
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}: {:?}", operator.lines()));
+        w.brokers = vec![format!("https://{broker}")];
+        // Trusting the CA published in round 0 also proves round 1 serves the same certificate.
+        if round == 0 {
+            w.trust_published_ca().await;
+        }
+        let attempt = w.prepared_attempt("node-a").await;
+        let (status, body) = w.ask(&attempt, Some(&w.agent_token("node-a").await)).await;
+        assert_eq!(status, 200, "round {round}: {body}");
+        operator.terminate().unwrap();
+        let mut operator = operator;
+        let exit = wait::until(
+            Duration::from_secs(30),
+            "the operator to exit on SIGTERM",
+            || {
+                let status = operator.child.try_wait().ok().flatten();
+                async move { status }
+            },
+        )
+        .await
+        .unwrap();
+        assert!(exit.success(), "round {round}: {exit:?}");
+        let logs = operator.lines().join("\n");
+        assert!(
+            !logs.contains(body["encodedJitConfig"].as_str().unwrap()),
+            "the JIT in a log line"
+        );
+    }
 }

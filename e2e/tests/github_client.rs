@@ -126,6 +126,31 @@ fn total(counters: &Value) -> u64 {
         .sum()
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_calls_on_a_cold_client_refresh_the_token_once() {
+    let fake = SimulatedGitHub::start().await.unwrap();
+    let gh = std::sync::Arc::new(client(
+        &fake,
+        &format!("https://github.com/{ORG}/web"),
+        app_credentials(Some(777)),
+    ));
+    let calls: Vec<_> = (0..8)
+        .map(|_| {
+            let gh = gh.clone();
+            tokio::spawn(async move { gh.list_runners().await })
+        })
+        .collect();
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        fake.calls("access_tokens").await.unwrap(),
+        1,
+        "one refresh at a time"
+    );
+    assert_eq!(fake.calls("list_runners").await.unwrap(), 8);
+}
+
 #[tokio::test]
 async fn a_token_works_at_organization_scope_and_pages_are_all_read() {
     let fake = SimulatedGitHub::start().await.unwrap();

@@ -65,7 +65,36 @@ pub struct Cli {
     /// Apply the CRDs at start (server-side apply), so an upgrade cannot leave old ones behind.
     #[arg(long, env = "RM_APPLY_CRDS", default_value_t = true, action = clap::ArgAction::Set)]
     pub apply_crds: bool,
+    /// The node agents' service account (in --namespace): only its pods may ask the broker.
+    #[arg(
+        long,
+        env = "RM_AGENT_SERVICE_ACCOUNT",
+        default_value = "runner-manager-node-agent"
+    )]
+    pub agent_service_account: String,
+    /// Labels every agent pod carries (the DaemonSet's selector), `k=v,k=v`.
+    #[arg(long, env = "RM_AGENT_POD_SELECTOR", default_value = "app.kubernetes.io/component=node-agent", value_parser = selector)]
+    pub agent_pod_selector: std::collections::BTreeMap<String, String>,
+    /// The broker Service's name (its certificate covers the Service's DNS names).
+    #[arg(
+        long,
+        env = "RM_BROKER_SERVICE",
+        default_value = "runner-manager-broker"
+    )]
+    pub broker_service: String,
     /// Log format.
     #[arg(long, env = "RM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+fn selector(s: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|pair| {
+            pair.split_once('=')
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                .filter(|(k, _)| !k.is_empty())
+                .ok_or_else(|| format!("`{pair}` is not key=value"))
+        })
+        .collect()
 }

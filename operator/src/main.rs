@@ -1,24 +1,28 @@
-//! The operator binary. This build parses and checks its configuration and says plainly that the
-//! controllers are not implemented yet.
-
-use runner_manager_operator::cli;
+//! The operator binary.
 
 use std::process::ExitCode;
 
 use clap::Parser;
+use runner_manager_operator::{cli::Cli, run, telemetry};
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
-    eprintln!(
-        "runner-manager-operator {}: namespace {}, broker {}, webhook {}, metrics {}",
-        env!("CARGO_PKG_VERSION"),
-        cli.namespace,
-        cli.broker_addr,
-        cli.webhook_addr,
-        cli.metrics_addr
-    );
-    eprintln!(
-        "this build does not reconcile yet (GitHub client, broker and controllers land with the operator issues); exiting"
-    );
-    ExitCode::from(2)
+    let cli = Cli::parse();
+    telemetry::init(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("runner-manager-operator: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run::run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "runner-manager-operator stopped");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -4,13 +4,8 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Client, CustomResourceExt};
-use runner_manager_crds::attempt::RunnerAttempt;
-use runner_manager_crds::policy::ScalePolicy;
-
-use super::wait;
+use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
 
 /// Field manager of everything the harness applies.
 pub const FIELD_MANAGER: &str = "runner-manager-e2e";
@@ -18,12 +13,10 @@ pub const FIELD_MANAGER: &str = "runner-manager-e2e";
 /// Why the harness could not set up.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
-    #[error("kubeconfig: {0}")]
+    #[error("{0}")]
     Config(String),
     #[error("API server: {0}")]
     Kube(#[from] kube::Error),
-    #[error(transparent)]
-    Wait(#[from] wait::TimedOut),
 }
 
 /// A client for the API server `KUBECONFIG` points at, or `None` (with the reason printed) when
@@ -49,34 +42,12 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 }
 
-/// The project's CRDs, applied server-side and waited on until Established.
+/// The project's CRDs, applied server-side the way the operator applies them at start, and
+/// waited on until Established.
 pub async fn install_crds(client: &Client) -> Result<(), ClusterError> {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    for crd in [ScalePolicy::crd(), RunnerAttempt::crd()] {
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        api.patch(&name, &params, &Patch::Apply(&crd)).await?;
-        let api = api.clone();
-        wait::until(
-            Duration::from_secs(30),
-            &format!("CRD {name} Established"),
-            || {
-                let api = api.clone();
-                let name = name.clone();
-                async move {
-                    let crd = api.get(&name).await.ok()?;
-                    let established = crd
-                        .status?
-                        .conditions?
-                        .iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True");
-                    established.then_some(())
-                }
-            },
-        )
-        .await?;
-    }
-    Ok(())
+    runner_manager_operator::crd_apply::apply_crds(client, FIELD_MANAGER, Duration::from_secs(30))
+        .await
+        .map_err(|e| ClusterError::Config(e.to_string()))
 }
 
 /// A new namespace named after the test, unique per run.

@@ -3,4 +3,5 @@
 
 pub mod cluster;
 pub mod github;
+pub mod process;
 pub mod wait;

@@ -1,0 +1,97 @@
+//! The project's own binaries as real processes: found beside the test binary in the shared
+//! `target/` (`make test` builds them first), killed when dropped, output kept for a failed run.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Why a binary could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    #[error(
+        "{0} is not built next to the tests; run `cargo build --workspace --bins` (make test does)"
+    )]
+    NotBuilt(String),
+    #[error("starting {0}: {1}")]
+    Spawn(String, std::io::Error),
+}
+
+/// The path of a workspace binary, next to the running test binary's `deps/` directory.
+pub fn binary(name: &str) -> Result<PathBuf, ProcessError> {
+    let exe = std::env::current_exe().map_err(|e| ProcessError::Spawn(name.to_owned(), e))?;
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .ok_or_else(|| ProcessError::NotBuilt(name.to_owned()))?;
+    let path = dir.join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(ProcessError::NotBuilt(name.to_owned()))
+    }
+}
+
+/// A child process whose stderr lines are collected; killed (SIGKILL) and reaped when dropped.
+pub struct Running {
+    pub child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("pid", &self.child.id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Running {
+    /// Start `cmd` with stderr captured line by line.
+    pub fn spawn(name: &str, mut cmd: Command) -> Result<Self, ProcessError> {
+        let mut child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| ProcessError::Spawn(name.to_owned(), e))?;
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        if let Some(stderr) = child.stderr.take() {
+            let sink = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    sink.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(line);
+                }
+            });
+        }
+        Ok(Self { child, lines })
+    }
+
+    /// Every stderr line so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Send SIGTERM (graceful stop).
+    pub fn terminate(&self) -> std::io::Result<()> {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(std::io::Error::other("kill -TERM failed"))
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
