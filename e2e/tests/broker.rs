@@ -169,6 +169,7 @@ async fn world(test: &str, replicas: usize) -> Option<World> {
                 },
             ),
             ownership_label: ownership.clone(),
+            metrics: None,
         });
         let (addr, _task) = start(
             SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
@@ -839,7 +840,7 @@ async fn the_operator_process_serves_the_broker_across_restarts() {
     };
     for round in 0..2 {
         let operator = start_operator(&w);
-        let broker = wait::until(
+        let (broker, health) = wait::until(
             Duration::from_secs(60),
             "the operator to serve the broker",
             || {
@@ -847,7 +848,11 @@ async fn the_operator_process_serves_the_broker_across_restarts() {
                 async move {
                     lines.iter().find_map(|l| {
                         let v: Value = serde_json::from_str(l).ok()?;
-                        v["fields"]["broker"].as_str().map(str::to_owned)
+                        let f = &v["fields"];
+                        Some((
+                            f["broker"].as_str()?.to_owned(),
+                            f["health"].as_str()?.to_owned(),
+                        ))
                     })
                 }
             },
@@ -862,6 +867,26 @@ async fn the_operator_process_serves_the_broker_across_restarts() {
         let attempt = w.prepared_attempt("node-a").await;
         let (status, body) = w.ask(&attempt, Some(&w.agent_token("node-a").await)).await;
         assert_eq!(status, 200, "round {round}: {body}");
+        // The exchange is counted: one issued request, one JIT mint (warm or not, one call).
+        let metrics = reqwest::get(format!("http://{health}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        for line in [
+            "runner_manager_broker_requests_total{outcome=\"issued\"} 1",
+            "runner_manager_github_calls_total{endpoint=\"generate_jitconfig\",status=\"201\"} 1",
+        ] {
+            assert!(
+                metrics.contains(line),
+                "round {round}: no `{line}` in\n{metrics}"
+            );
+        }
+        assert!(
+            metrics.contains("runner_manager_github_rate_limit_remaining{"),
+            "{metrics}"
+        );
         operator.terminate().unwrap();
         let mut operator = operator;
         let exit = wait::until(

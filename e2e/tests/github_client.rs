@@ -50,6 +50,7 @@ fn client(fake: &SimulatedGitHub, url: &str, credentials: Credentials) -> GitHub
         },
         timeout: Duration::from_secs(10),
         record: true,
+        metrics: None,
     };
     GitHubClient::new(GitHubTarget::parse(url).unwrap(), credentials, config).unwrap()
 }
@@ -170,9 +171,21 @@ async fn a_token_works_at_organization_scope_and_pages_are_all_read() {
         3,
         "100 + 100 + 50"
     );
-    // The second pass sends If-None-Match where it has an ETag (the fake sends none yet).
+    // The second pass is conditional: unchanged pages answer 304 and are served from the cache.
     let again = gh.list_runners().await.unwrap();
     assert_eq!(again.len(), 250);
+    assert_eq!(again, all);
+    let counters = fake.counters().await.unwrap();
+    assert_eq!(
+        counters["list_runners"]["304"].as_u64(),
+        Some(3),
+        "{counters}"
+    );
+    // A change is seen: the page that changed answers 200 with the new content.
+    gh.generate_jit("runner-manager-new", 1, &labels(), "_work")
+        .await
+        .unwrap();
+    assert_eq!(gh.list_runners().await.unwrap().len(), 251);
 
     check_contract(&gh.sent());
 }

@@ -6,5 +6,6 @@ pub mod broker;
 pub mod cli;
 pub mod crd_apply;
 pub mod github;
+pub mod metrics;
 pub mod run;
 pub mod telemetry;

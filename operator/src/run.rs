@@ -16,6 +16,7 @@ use crate::cli::Cli;
 use crate::crd_apply::apply_crds;
 use crate::github::GitHubConfig;
 use crate::github::registry::Clients;
+use crate::metrics::Metrics;
 
 /// Why the operator stopped.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +62,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
         tls::serving_names(&cli.namespace, &cli.broker_service),
     )
     .await?;
+    let metrics = Metrics::new();
     let broker = Arc::new(server::Broker {
         kube: kube.clone(),
         agents: AgentIdentity {
@@ -72,10 +74,12 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
             kube.clone(),
             GitHubConfig {
                 api_base: cli.github_api_url.clone(),
+                metrics: Some(metrics.clone()),
                 ..GitHubConfig::default()
             },
         ),
         ownership_label: ownership.clone(),
+        metrics: Some(metrics.clone()),
     });
     let (broker_addr, broker_task) =
         server::start(cli.broker_addr, tls::server_config(&certificate)?, broker)
@@ -89,7 +93,8 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
         .map_err(|e| RunError::Bind(cli.metrics_addr, e))?;
     let health_app = axum::Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }));
+        .route("/readyz", get(|| async { "ok" }))
+        .route("/metrics", get(move || async move { metrics.encode() }));
     let health_task = tokio::spawn(async move { axum::serve(health, health_app).await });
     tracing::info!(
         broker = %broker_addr,

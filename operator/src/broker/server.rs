@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use kube::api::Api;
 use runner_manager_crds::attempt::RunnerAttempt;
-use runner_manager_crds::broker::{BrokerError, BrokerErrorCode, JitRequest};
+use runner_manager_crds::broker::{BrokerError, BrokerErrorCode, JitRequest, JitResponse};
 use secrecy::SecretString;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
@@ -27,6 +27,7 @@ pub struct Broker {
     pub clients: Clients,
     /// `rm-<12 hex>`: this cluster's label on every runner it registers.
     pub ownership_label: String,
+    pub metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -56,64 +57,82 @@ async fn jit(
     headers: HeaderMap,
     body: Option<Json<JitRequest>>,
 ) -> Response {
-    let Some(token) = bearer(&headers) else {
-        return answer(BrokerError {
-            code: BrokerErrorCode::Unauthenticated,
-            message: "a bound service-account token is required".into(),
-        });
+    let started = std::time::Instant::now();
+    let result = handle(&broker, &namespace, &name, &headers, body.map(|Json(b)| b)).await;
+    let outcome = match &result {
+        Ok(_) => "issued",
+        Err(e) => error_label(e.code),
     };
-    let caller = match authenticate(&broker.kube, &broker.agents, &token).await {
-        Ok(c) => c,
-        Err(e) => {
+    let elapsed = started.elapsed();
+    if let Some(m) = &broker.metrics {
+        m.broker_request(outcome, elapsed.as_secs_f64());
+    }
+    tracing::info!(
+        namespace = %namespace,
+        attempt = %name,
+        outcome,
+        elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+        "broker request"
+    );
+    match result {
+        Ok(response) => (StatusCode::OK, Json(response)).into_response(),
+        Err(e) => answer(e),
+    }
+}
+
+fn refused(code: BrokerErrorCode, message: impl Into<String>) -> BrokerError {
+    BrokerError {
+        code,
+        message: message.into(),
+    }
+}
+
+async fn handle(
+    broker: &Broker,
+    namespace: &str,
+    name: &str,
+    headers: &HeaderMap,
+    body: Option<JitRequest>,
+) -> Result<JitResponse, BrokerError> {
+    let token = bearer(headers).ok_or_else(|| {
+        refused(
+            BrokerErrorCode::Unauthenticated,
+            "a bound service-account token is required",
+        )
+    })?;
+    let caller = authenticate(&broker.kube, &broker.agents, &token)
+        .await
+        .map_err(|e| {
             let code = match e.http_status() {
                 401 => BrokerErrorCode::Unauthenticated,
                 403 => BrokerErrorCode::WrongNode,
                 _ => BrokerErrorCode::Internal,
             };
-            return answer(BrokerError {
-                code,
-                message: e.to_string(),
-            });
-        }
-    };
-    let Some(Json(request)) = body else {
-        return (
-            StatusCode::BAD_REQUEST,
+            refused(code, e.to_string())
+        })?;
+    let request = body.ok_or_else(|| {
+        refused(
+            BrokerErrorCode::NotPrepared,
             "a JSON body {attemptUid, specHash} is required",
         )
-            .into_response();
-    };
-    let attempts: Api<RunnerAttempt> = Api::namespaced(broker.kube.clone(), &namespace);
-    let attempt = match attempts.get_opt(&name).await {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            return answer(BrokerError {
-                code: BrokerErrorCode::UnknownAttempt,
-                message: "no such attempt".into(),
-            });
-        }
-        Err(_) => {
-            return answer(BrokerError {
-                code: BrokerErrorCode::Internal,
-                message: "the API server could not be read".into(),
-            });
-        }
-    };
-    let client = match broker
-        .clients
-        .for_policy(&namespace, &attempt.spec.policy)
+    })?;
+    let attempts: Api<RunnerAttempt> = Api::namespaced(broker.kube.clone(), namespace);
+    let attempt = attempts
+        .get_opt(name)
         .await
-    {
-        Ok(c) => c,
-        Err(e) => {
-            return answer(BrokerError {
-                code: BrokerErrorCode::GitHubUnavailable,
-                message: e.to_string(),
-            });
-        }
-    };
-    let started = std::time::Instant::now();
-    let result = issue(
+        .map_err(|_| {
+            refused(
+                BrokerErrorCode::Internal,
+                "the API server could not be read",
+            )
+        })?
+        .ok_or_else(|| refused(BrokerErrorCode::UnknownAttempt, "no such attempt"))?;
+    let client = broker
+        .clients
+        .for_policy(namespace, &attempt.spec.policy)
+        .await
+        .map_err(|e| refused(BrokerErrorCode::GitHubUnavailable, e.to_string()))?;
+    issue(
         &attempts,
         client.as_ref(),
         &broker.ownership_label,
@@ -121,19 +140,7 @@ async fn jit(
         &request,
         &caller,
     )
-    .await;
-    tracing::info!(
-        namespace = %namespace,
-        attempt = %name,
-        node = %caller.node_name,
-        outcome = match &result { Ok(_) => "issued", Err(e) => error_label(e.code) },
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "broker request"
-    );
-    match result {
-        Ok(response) => (StatusCode::OK, Json(response)).into_response(),
-        Err(e) => answer(e),
-    }
+    .await
 }
 
 fn error_label(code: BrokerErrorCode) -> &'static str {

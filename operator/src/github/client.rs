@@ -33,6 +33,8 @@ pub struct GitHubConfig {
     pub timeout: Duration,
     /// Record every request sent (contract tests).
     pub record: bool,
+    /// Where calls and rate limits are counted.
+    pub metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
 }
 
 impl Default for GitHubConfig {
@@ -42,6 +44,7 @@ impl Default for GitHubConfig {
             retry: RetryPolicy::default(),
             timeout: Duration::from_secs(30),
             record: false,
+            metrics: None,
         }
     }
 }
@@ -109,6 +112,7 @@ pub struct GitHubClient {
     groups: Mutex<HashMap<String, i64>>,
     counters: Mutex<BTreeMap<(Endpoint, u16), u64>>,
     sent: Option<Arc<Mutex<Vec<SentRequest>>>>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl std::fmt::Debug for GitHubClient {
@@ -219,6 +223,7 @@ impl GitHubClient {
             groups: Mutex::new(HashMap::new()),
             counters: Mutex::new(BTreeMap::new()),
             sent: config.record.then(|| Arc::new(Mutex::new(Vec::new()))),
+            metrics: config.metrics.clone(),
         })
     }
 
@@ -249,6 +254,9 @@ impl GitHubClient {
 
     fn count(&self, endpoint: Endpoint, status: u16) {
         *lock(&self.counters).entry((endpoint, status)).or_insert(0) += 1;
+        if let Some(m) = &self.metrics {
+            m.github_call(endpoint, status);
+        }
     }
 
     /// The installation token (App) or the token (PAT); one refresh at a time.
@@ -500,6 +508,9 @@ impl GitHubClient {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("core")
             .to_owned();
+        if let Some(m) = &self.metrics {
+            m.rate_limit(&self.credential_key, &resource, remaining, reset);
+        }
         lock(&self.budgets).observe(
             &self.credential_key,
             &resource,

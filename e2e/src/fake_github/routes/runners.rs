@@ -61,11 +61,35 @@ pub async fn list(
     let all: Vec<Value> = ids.iter().filter_map(|id| world.runner_json(*id)).collect();
     drop(world);
     let (page, link) = paginate(&all, &query, &fake.base_url, &uri);
-    let mut resp = Json(json!({"total_count": all.len(), "runners": page})).into_response();
+    let body = json!({"total_count": all.len(), "runners": page});
+    // GitHub answers list endpoints with an ETag and honours If-None-Match with a 304 and no
+    // body; clients use it to make unchanged inventory passes cheap.
+    let etag = etag_of(&body);
+    let unchanged = headers
+        .get(axum::http::header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == etag);
+    let mut resp = if unchanged {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        Json(body).into_response()
+    };
+    if let Ok(v) = axum::http::HeaderValue::from_str(&etag) {
+        resp.headers_mut().insert(axum::http::header::ETAG, v);
+    }
     if let Some(link) = link {
         resp.headers_mut().insert("link", link);
     }
     Ok(resp)
+}
+
+/// A weak validator of a JSON body: `W/"<sha256 hex>"`.
+fn etag_of(body: &Value) -> String {
+    use sha2::{Digest, Sha256};
+    format!(
+        "W/\"{}\"",
+        hex::encode(Sha256::digest(body.to_string().as_bytes()))
+    )
 }
 
 pub async fn get(
