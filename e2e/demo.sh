@@ -25,7 +25,7 @@ kubectl create namespace demo --dry-run=client -o yaml | kubectl apply -f - >/de
 say kubectl apply -n demo -f deploy/samples/
 say kubectl get sp,ra -n demo
 echo
-echo "(no RunnerAttempts yet: the operator and node agents do not reconcile in this build)"
+echo "(no RunnerAttempts yet: the operator's controllers and the node agent do not run in this build)"
 # The published OpenAPI v2 document picks up new CRDs a moment after they are Established.
 for _ in $(seq 1 50); do
   kubectl explain scalepolicy.spec --output=plaintext-openapiv2 >/dev/null 2>&1 && break
