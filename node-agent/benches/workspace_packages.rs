@@ -1,1 +1,323 @@
-fn main() {}
+//! Materialize and scrub benchmarks (DESIGN §10), each beside its baseline in the same run:
+//! materialize (copy + full verification) vs `cp -a`, scrub of a slot vs `rm -rf` of the same
+//! entries, ephemeral removal vs `rm -rf`, plus fingerprint and install (extract + hash) times.
+//!
+//! `cargo bench -p runner-manager-node-agent --bench workspace_packages -- --quick` (900 files,
+//! 20 MB: for `make test`); without `--quick`, the full 9,000-file / 200 MB tree. The trees are
+//! built under `RM_BENCH_DIR` (default: the system temp dir); point it at a reflink-capable
+//! volume (XFS with `reflink=1`, btrfs) to measure clones.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use runner_manager_crds::attempt::WorkspacePlacement;
+use runner_manager_node_agent::packages::contents::{PackageContents, RetainedWork};
+use runner_manager_node_agent::packages::copy::copy_tree;
+use runner_manager_node_agent::packages::extract::extract_tar_gz;
+use runner_manager_node_agent::packages::fingerprint::fingerprint;
+use runner_manager_node_agent::workspace::ephemeral::{
+    create_ephemeral_runtime, remove_ephemeral_runtime,
+};
+use runner_manager_node_agent::workspace::prepare::prepare_slot;
+use runner_manager_node_agent::workspace::scrub::{Scrubbed, scrub_slot};
+use runner_manager_node_agent::workspace::scrub_plan::SlotOwner;
+use uuid::Uuid;
+
+struct Shape {
+    name: &'static str,
+    small_files: usize,
+    large_files: usize,
+    large_size: usize,
+    work_files: usize,
+    runs: usize,
+}
+
+const QUICK: Shape = Shape {
+    name: "quick",
+    small_files: 890,
+    large_files: 10,
+    large_size: 1_250_000,
+    work_files: 300,
+    runs: 3,
+};
+
+const FULL: Shape = Shape {
+    name: "full",
+    small_files: 8_900,
+    large_files: 100,
+    large_size: 1_250_000,
+    work_files: 3_000,
+    runs: 3,
+};
+
+/// Deterministic incompressible bytes (xorshift), so no filesystem or gzip shortcut applies.
+struct Bytes(u64);
+
+impl Bytes {
+    fn fill(&mut self, buf: &mut [u8]) {
+        for chunk in buf.chunks_mut(8) {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            let v = self.0.to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+    }
+}
+
+/// A runner-package-shaped tree: `bin/`, `externals/<n>/…`, small files of 1–16 KiB and a
+/// few large ones. Returns (files, bytes).
+fn build_tree(
+    root: &Path,
+    files: usize,
+    large: usize,
+    large_size: usize,
+    seed: u64,
+) -> (usize, u64) {
+    let mut rng = Bytes(seed | 1);
+    let mut buf = vec![0u8; large_size.max(16 * 1024)];
+    let mut total = 0u64;
+    for i in 0..files + large {
+        let dir = if i % 10 == 0 {
+            root.join("bin")
+        } else {
+            root.join(format!("externals/m{}/lib{}", i % 40, i % 7))
+        };
+        fs::create_dir_all(&dir).unwrap();
+        let size = if i < large {
+            large_size
+        } else {
+            1024 + (i * 1531) % (15 * 1024)
+        };
+        rng.fill(&mut buf[..size]);
+        let mut f = fs::File::create(dir.join(format!("f{i}.dll"))).unwrap();
+        f.write_all(&buf[..size]).unwrap();
+        total += size as u64;
+    }
+    (files + large, total)
+}
+
+fn time<T>(f: impl FnOnce() -> T) -> (Duration, T) {
+    let started = Instant::now();
+    let out = f();
+    (started.elapsed(), out)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.0} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn ratio(a: Duration, b: Duration) -> String {
+    format!("{:.2}×", a.as_secs_f64() / b.as_secs_f64())
+}
+
+fn run(cmd: &mut Command) {
+    let status = cmd.status().unwrap();
+    assert!(status.success(), "{cmd:?}");
+}
+
+/// Writes back dirty pages before a timed step, so no step pays for the previous one's writes.
+fn settle() {
+    run(&mut Command::new("sync"));
+}
+
+fn fs_type(path: &Path) -> String {
+    let out = Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(path)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn main() {
+    let shape = if std::env::args().any(|a| a == "--quick") {
+        QUICK
+    } else {
+        FULL
+    };
+    let base = std::env::var_os("RM_BENCH_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
+    let dir = tempfile::Builder::new()
+        .prefix("rm-bench-")
+        .tempdir_in(&base)
+        .unwrap();
+    let root = dir.path();
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    println!(
+        "mode {}, volume {} ({}), {} threads",
+        shape.name,
+        base.display(),
+        fs_type(root),
+        threads
+    );
+
+    // The package: built, archived, then installed the way the cache installs it.
+    let source = root.join("source");
+    let (files, bytes) = build_tree(
+        &source,
+        shape.small_files,
+        shape.large_files,
+        shape.large_size,
+        42,
+    );
+    let archive = root.join("package.tar.gz");
+    {
+        let gz = flate2::write::GzEncoder::new(
+            fs::File::create(&archive).unwrap(),
+            flate2::Compression::fast(),
+        );
+        let mut tar = tar::Builder::new(gz);
+        tar.append_dir_all(".", &source).unwrap();
+        tar.into_inner().unwrap().finish().unwrap();
+    }
+    fs::remove_dir_all(&source).unwrap();
+    let tree = root.join("packages/pkg");
+    fs::create_dir_all(&tree).unwrap();
+    let (install, contents): (_, PackageContents) =
+        time(|| extract_tar_gz(&archive, &tree).unwrap());
+    let (fingerprint_time, _) = time(|| fingerprint(&tree).unwrap());
+    println!("package: {files} files, {:.0} MB", bytes as f64 / 1e6);
+
+    // Materialize vs cp -a, alternating so neither side gets a warmer cache.
+    let (mut cp, mut copy_only, mut materialize) = (Vec::new(), Vec::new(), Vec::new());
+    let mut reflinked = 0;
+    for i in 0..shape.runs {
+        let dst = root.join(format!("cp-{i}"));
+        settle();
+        let (t, ()) = time(|| {
+            run(Command::new("cp")
+                .arg("-a")
+                .arg(format!("{}/.", tree.display()))
+                .arg(&dst))
+        });
+        cp.push(t);
+        let runtime = root.join(format!("mat-{i}"));
+        fs::create_dir(&runtime).unwrap();
+        settle();
+        let (t_copy, report) = time(|| copy_tree(&tree, &runtime, threads).unwrap());
+        let (t_verify, verdict) = time(|| {
+            contents
+                .verify_tree(&runtime, RetainedWork::Include, threads)
+                .unwrap()
+        });
+        verdict.unwrap();
+        reflinked = report.reflinked;
+        copy_only.push(t_copy);
+        materialize.push(t_copy + t_verify);
+        fs::remove_dir_all(&dst).unwrap();
+        fs::remove_dir_all(&runtime).unwrap();
+    }
+    let (cp, copy_only, materialize) = (median(cp), median(copy_only), median(materialize));
+
+    // Scrub a slot holding the package and a large `_work` vs `rm -rf` of the same entries.
+    let slots = root.join("slots");
+    let owner = SlotOwner {
+        namespace: "team",
+        policy_uid: "uid",
+    };
+    let (mut scrub, mut rm) = (Vec::new(), Vec::new());
+    for i in 0..shape.runs {
+        let make = |n: u32| {
+            let slot = prepare_slot(&slots, "team", "uid", n).unwrap().path;
+            copy_tree(&tree, &slot, threads).unwrap();
+            build_tree(
+                &slot.join("_work/repo"),
+                shape.work_files,
+                0,
+                0,
+                7 + u64::from(n),
+            );
+            for state in [".runner", ".credentials", ".github-runner-id"] {
+                fs::write(slot.join(state), b"x").unwrap();
+            }
+            slot
+        };
+        let n = 2 * i as u32 + 1;
+        let (a, b) = (make(n), make(n + 1));
+        let placement = WorkspacePlacement::slot(n, a.to_str().unwrap()).unwrap();
+        settle();
+        let (t, scrubbed) = time(|| scrub_slot(&placement, &slots, owner).unwrap());
+        assert!(matches!(scrubbed, Scrubbed::Clean { .. }));
+        scrub.push(t);
+        let entries: Vec<PathBuf> = fs::read_dir(&b)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.file_name().is_some_and(|n| n != "_work"))
+            .collect();
+        settle();
+        let (t, ()) = time(|| run(Command::new("rm").arg("-rf").args(&entries)));
+        rm.push(t);
+    }
+    let (scrub, rm) = (median(scrub), median(rm));
+
+    // Ephemeral removal vs rm -rf of a runtime holding the package.
+    let (mut eph, mut rm_eph) = (Vec::new(), Vec::new());
+    for i in 0..shape.runs {
+        let id = Uuid::from_u128(0x1000 + i as u128);
+        let runtime = create_ephemeral_runtime(root, id).unwrap();
+        copy_tree(&tree, &runtime, threads).unwrap();
+        let other = root.join(format!("rm-{i}"));
+        fs::create_dir(&other).unwrap();
+        copy_tree(&tree, &other, threads).unwrap();
+        let journalled = runtime.to_str().unwrap().to_owned();
+        settle();
+        let (t, _) = time(|| remove_ephemeral_runtime(root, id, &journalled).unwrap());
+        eph.push(t);
+        settle();
+        let (t, ()) = time(|| run(Command::new("rm").arg("-rf").arg(&other)));
+        rm_eph.push(t);
+    }
+    let (eph, rm_eph) = (median(eph), median(rm_eph));
+
+    let copy_path = if reflinked > 0 {
+        format!("reflink (FICLONE, {reflinked} of {files} files cloned)")
+    } else {
+        "parallel copy (copy_file_range; the volume cannot clone)".to_owned()
+    };
+    println!("copy path: {copy_path}");
+    println!("| what | ours | baseline | ratio |");
+    println!("|---|---|---|---|");
+    println!(
+        "| materialize (copy + full verify) | {} | `cp -a` {} | {} |",
+        ms(materialize),
+        ms(cp),
+        ratio(materialize, cp)
+    );
+    println!(
+        "| materialize, copy only | {} | `cp -a` {} | {} |",
+        ms(copy_only),
+        ms(cp),
+        ratio(copy_only, cp)
+    );
+    println!(
+        "| scrub slot (package + `_work` of {} files kept) | {} | `rm -rf` entries {} | {} |",
+        shape.work_files,
+        ms(scrub),
+        ms(rm),
+        ratio(scrub, rm)
+    );
+    println!(
+        "| remove ephemeral runtime | {} | `rm -rf` {} | {} |",
+        ms(eph),
+        ms(rm_eph),
+        ratio(eph, rm_eph)
+    );
+    println!(
+        "| fingerprint the package tree | {} | | |",
+        ms(fingerprint_time)
+    );
+    println!(
+        "| install (extract + hash from .tar.gz) | {} | | |",
+        ms(install)
+    );
+    println!("(median of {} runs each, warm page cache)", shape.runs);
+}
