@@ -2,7 +2,12 @@
 //! journal (CAS status writes through the `crds` edges); packages, workspaces, providers,
 //! supervision and recovery land with the node-agent issues.
 
+pub mod account;
 pub mod cli;
+pub mod entry;
+pub mod handoff;
 pub mod journal;
 pub mod packages;
+pub mod process;
+pub mod providers;
 pub mod workspace;

@@ -1,0 +1,250 @@
+//! The entry helper (`runner-manager-runner-entry`): the process a launcher starts for a
+//! runner. It joins the runner's cgroup (direct launcher), takes the JIT from the handoff file
+//! (reading and deleting it), and execs exactly `<runtime>/bin/Runner.Listener run` with the JIT
+//! in `ACTIONS_RUNNER_INPUT_JITCONFIG` in the listener's own environment only, as the runner
+//! account. Its own argv holds paths and ids only, never the JIT.
+//!
+//! Status to the direct launcher goes over the helper's stdout, which the launcher gives it as
+//! a pipe: the helper moves that pipe to a close-on-exec descriptor and points stdout at
+//! `/dev/null` (a runner must not hold a pipe to an agent that may die before it), writes
+//! [`READY`] once the handoff is gone, then execs. A successful exec closes the pipe, so the
+//! launcher's end reads `READY` then end-of-file; a failure reads [`FAILED`] and a closed kind.
+//! Under systemd the pipe is the journal and the launcher watches the handoff file instead.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::Command;
+
+use secrecy::ExposeSecret;
+
+use crate::handoff;
+use crate::process::environment::JIT_VARIABLE;
+
+/// The first status line once the handoff is read and deleted and exec is next.
+pub const READY: &str = "ready";
+/// The status line's prefix on failure, followed by an [`EntryFailure`] kind.
+pub const FAILED: &str = "failed ";
+/// The listener, relative to the runtime.
+pub const LISTENER: &str = "bin/Runner.Listener";
+/// The exit code of a helper that failed before exec.
+pub const EXIT_FAILED: i32 = 125;
+
+/// What the helper is told. Paths and ids only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryArgs {
+    pub handoff: PathBuf,
+    pub runtime: PathBuf,
+    /// Direct launcher: the cgroup directory to join before anything else.
+    pub cgroup: Option<PathBuf>,
+    /// Direct launcher: the account to become at exec (systemd already started us as it).
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+impl EntryArgs {
+    /// The helper's argv after the program name.
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = vec![
+            "--handoff".into(),
+            self.handoff.clone().into(),
+            "--runtime".into(),
+            self.runtime.clone().into(),
+        ];
+        if let Some(c) = &self.cgroup {
+            a.push("--cgroup".into());
+            a.push(c.clone().into());
+        }
+        if let Some(u) = self.uid {
+            a.push("--uid".into());
+            a.push(u.to_string().into());
+        }
+        if let Some(g) = self.gid {
+            a.push("--gid".into());
+            a.push(g.to_string().into());
+        }
+        a
+    }
+
+    /// Parses what [`to_args`](Self::to_args) wrote.
+    pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Self, EntryFailure> {
+        let (mut handoff, mut runtime, mut cgroup, mut uid, mut gid) =
+            (None, None, None, None, None);
+        let mut it = args.into_iter();
+        while let Some(flag) = it.next() {
+            let value = it.next().ok_or(EntryFailure::Usage)?;
+            let id = || {
+                value
+                    .to_str()
+                    .and_then(|s| s.parse::<u32>().ok())
+                    .ok_or(EntryFailure::Usage)
+            };
+            match flag.to_str() {
+                Some("--handoff") => handoff = Some(PathBuf::from(&value)),
+                Some("--runtime") => runtime = Some(PathBuf::from(&value)),
+                Some("--cgroup") => cgroup = Some(PathBuf::from(&value)),
+                Some("--uid") => uid = Some(id()?),
+                Some("--gid") => gid = Some(id()?),
+                _ => return Err(EntryFailure::Usage),
+            }
+        }
+        Ok(Self {
+            handoff: handoff.ok_or(EntryFailure::Usage)?,
+            runtime: runtime.ok_or(EntryFailure::Usage)?,
+            cgroup,
+            uid,
+            gid,
+        })
+    }
+}
+
+/// Why the helper stopped before exec. Closed: it is all the launcher learns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EntryFailure {
+    #[error("usage")]
+    Usage,
+    #[error("status-channel")]
+    StatusChannel,
+    #[error("join-cgroup")]
+    JoinCgroup,
+    #[error("handoff")]
+    Handoff,
+    #[error("no-new-privileges")]
+    NoNewPrivileges,
+    #[error("exec")]
+    Exec,
+}
+
+impl EntryFailure {
+    pub const ALL: [Self; 6] = [
+        Self::Usage,
+        Self::StatusChannel,
+        Self::JoinCgroup,
+        Self::Handoff,
+        Self::NoNewPrivileges,
+        Self::Exec,
+    ];
+
+    /// Reads a kind back from a status line.
+    pub fn from_kind(kind: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.to_string() == kind)
+    }
+}
+
+/// Moves stdout to a close-on-exec descriptor (the status channel) and points stdout at
+/// `/dev/null`.
+fn take_status_channel() -> Result<std::fs::File, EntryFailure> {
+    let status: OwnedFd = rustix::io::fcntl_dupfd_cloexec(std::io::stdout(), 3)
+        .map_err(|_| EntryFailure::StatusChannel)?;
+    let null = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/null")
+        .map_err(|_| EntryFailure::StatusChannel)?;
+    rustix::stdio::dup2_stdout(&null).map_err(|_| EntryFailure::StatusChannel)?;
+    Ok(std::fs::File::from(status))
+}
+
+/// Joins the cgroup by writing our own pid ("0" means the writer) to its `cgroup.procs`.
+fn join_cgroup(dir: &std::path::Path) -> Result<(), EntryFailure> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut procs = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(dir.join("cgroup.procs"))
+        .map_err(|_| EntryFailure::JoinCgroup)?;
+    procs.write_all(b"0").map_err(|_| EntryFailure::JoinCgroup)
+}
+
+/// Runs the helper. Returns only on failure (success is an exec).
+pub fn run(args: &EntryArgs, status: &mut impl Write) -> EntryFailure {
+    // Out of the agent's session and process group: a signal to the agent's group, or its
+    // terminal going away, does not reach the runner. Already a leader (systemd) is fine.
+    let _ = rustix::process::setsid();
+    if let Some(cgroup) = &args.cgroup
+        && let Err(e) = join_cgroup(cgroup)
+    {
+        return e;
+    }
+    let owner = args
+        .uid
+        .unwrap_or_else(|| rustix::process::geteuid().as_raw());
+    let jit = match handoff::take(&args.handoff, owner) {
+        Ok(jit) => jit,
+        Err(_) => return EntryFailure::Handoff,
+    };
+    let mut listener = Command::new(args.runtime.join(LISTENER));
+    listener.arg("run").current_dir(&args.runtime);
+    for (name, _) in std::env::vars_os() {
+        if name
+            .to_str()
+            .is_some_and(|n| n.to_ascii_uppercase().starts_with("ACTIONS_RUNNER_INPUT_"))
+        {
+            listener.env_remove(name);
+        }
+    }
+    listener.env(JIT_VARIABLE, jit.expose_secret());
+    drop(jit);
+    if let Some(gid) = args.gid {
+        listener.gid(gid);
+    }
+    if let Some(uid) = args.uid {
+        // std clears the supplementary groups when it changes the uid as root.
+        listener.uid(uid);
+    }
+    // The runner and everything it starts can never gain privileges (setuid binaries, file
+    // capabilities), as systemd's NoNewPrivileges=yes does for the other launcher.
+    if rustix::thread::set_no_new_privs(true).is_err() {
+        return EntryFailure::NoNewPrivileges;
+    }
+    if writeln!(status, "{READY}")
+        .and_then(|()| status.flush())
+        .is_err()
+    {
+        return EntryFailure::StatusChannel;
+    }
+    let _ = listener.exec();
+    EntryFailure::Exec
+}
+
+/// The binary's `main`: argv, status channel, run, report.
+pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> i32 {
+    let Ok(mut status) = take_status_channel() else {
+        return EXIT_FAILED;
+    };
+    let failure = match EntryArgs::parse(args) {
+        Ok(args) => run(&args, &mut status),
+        Err(e) => e,
+    };
+    let _ = writeln!(status, "{FAILED}{failure}");
+    EXIT_FAILED
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args_round_trip_and_hold_no_secret_shaped_value() {
+        let a = EntryArgs {
+            handoff: "/rt/jit-x.tmp".into(),
+            runtime: "/rt".into(),
+            cgroup: Some("/sys/fs/cgroup/runner-manager.slice/rm-0123456789ab".into()),
+            uid: Some(1001),
+            gid: Some(1001),
+        };
+        assert_eq!(EntryArgs::parse(a.to_args()).unwrap(), a);
+        assert_eq!(
+            EntryArgs::parse(vec!["--handoff".into()]),
+            Err(EntryFailure::Usage)
+        );
+    }
+
+    #[test]
+    fn failure_kinds_read_back() {
+        for f in EntryFailure::ALL {
+            assert_eq!(EntryFailure::from_kind(&f.to_string()), Some(f));
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! The launcher trait: start the entry helper for one attempt with its handoff, inspect and stop
+//! what it started, by identity.
+//!
+//! `start` returns only once the handoff file is gone and the identity is durable in
+//! `.runner-process.json` (DESIGN §4 rule 1, lifecycle spec §2.7 item 4), so the caller may
+//! journal `Starting` with it. A failure says whether a child ever existed: only a failure
+//! before any child existed may be retried, because a child may have consumed the one-shot JIT
+//! (lifecycle spec §2.3).
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::Path;
+use std::process::ExitStatus;
+
+use runner_manager_crds::attempt::{Launcher, ProcessIdentity};
+
+use super::cgroup::{CgroupError, CgroupLimits};
+use crate::account::RunnerAccount;
+use crate::entry::EntryFailure;
+use crate::handoff::RestrictiveHandoff;
+use crate::process::Inspection;
+use crate::process::identity_file::IdentityFileError;
+
+/// What one launch needs. Holds no secret: the JIT is in the handoff file only.
+#[derive(Clone, Debug)]
+pub struct LaunchSpec<'a> {
+    /// The attempt's uuid: names its cgroup or unit.
+    pub attempt: uuid::Uuid,
+    /// The attempt's runtime: a 0700 directory owned by `account`, holding `bin/Runner.Listener`.
+    pub runtime: &'a Path,
+    /// The account the listener runs as.
+    pub account: RunnerAccount,
+    /// The listener's environment but for the JIT
+    /// ([`crate::process::environment::layered_environment`]).
+    pub environment: BTreeMap<String, String>,
+    /// From the snapshot's resources.
+    pub limits: CgroupLimits,
+}
+
+/// Why a start failed. Closed: reaches journal conditions and logs as a kind.
+#[derive(Debug, thiserror::Error)]
+pub enum StartFailure {
+    #[error("bin/Runner.Listener is missing or not an executable file")]
+    ListenerMissing,
+    #[error("cgroup: {0}")]
+    Cgroup(#[from] CgroupError),
+    #[error("the entry helper could not be started: {0}")]
+    Spawn(io::ErrorKind),
+    #[error("the entry helper failed: {0}")]
+    Entry(EntryFailure),
+    #[error("the entry helper did not report in time")]
+    NotReadyInTime,
+    #[error("the entry helper's report was not understood")]
+    BadReport,
+    #[error("the handoff file survived the start")]
+    HandoffSurvived,
+    #[error("the runner is not in its cgroup")]
+    NotInCgroup,
+    #[error("the runner's start time could not be read")]
+    NoStartTime,
+    #[error("the identity file could not be written: {0}")]
+    IdentityFile(#[from] IdentityFileError),
+    #[error("the transient unit could not be started")]
+    Unit,
+}
+
+/// A failed start.
+#[derive(Debug, thiserror::Error)]
+#[error("{failure}")]
+pub struct StartError {
+    pub failure: StartFailure,
+    /// Whether a child process ever existed. Only a start with none may be retried.
+    pub child_existed: bool,
+    /// A child that could not be proven dead after the failure: its identity (made durable
+    /// where possible) must be journalled as `Starting` so supervision keeps fencing its
+    /// capacity and proves it dead later.
+    pub live: Option<ProcessIdentity>,
+}
+
+impl StartError {
+    pub(crate) fn before_child(failure: impl Into<StartFailure>) -> Self {
+        Self {
+            failure: failure.into(),
+            child_existed: false,
+            live: None,
+        }
+    }
+
+    /// May the caller try again (with the same JIT, which no process can have seen)?
+    pub fn retryable(&self) -> bool {
+        !self.child_existed
+    }
+}
+
+/// How a stop ended: only ever returned once death is proven by re-inspection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// Nothing was running any more.
+    AlreadyGone,
+    /// The launcher stopped it, and re-inspection shows it gone.
+    Stopped,
+}
+
+/// Why a stop did not end in proven death.
+#[derive(Debug, thiserror::Error)]
+pub enum StopError {
+    #[error("the runner is still running after the stop")]
+    StillRunning,
+    #[error("the identity names a cgroup or unit that is not ours")]
+    NotOurs,
+    #[error("the identity is another launcher's")]
+    WrongLauncher,
+    #[error("cgroup: {0}")]
+    Cgroup(CgroupError),
+    #[error("inspection failed: {0}")]
+    Inspect(io::ErrorKind),
+    #[error("the unit could not be stopped")]
+    Unit,
+}
+
+impl From<CgroupError> for StopError {
+    fn from(e: CgroupError) -> Self {
+        match e {
+            CgroupError::NotOurs => Self::NotOurs,
+            e => Self::Cgroup(e),
+        }
+    }
+}
+
+/// One way of running native runners.
+pub trait RunnerLauncher: Send + Sync {
+    /// Which launcher this is (recorded in the identity).
+    fn kind(&self) -> Launcher;
+
+    /// Starts the entry helper for `spec`, which takes the JIT from `handoff`. Returns once the
+    /// handoff is gone and the identity is durable.
+    fn start(
+        &self,
+        spec: &LaunchSpec<'_>,
+        handoff: RestrictiveHandoff,
+    ) -> Result<ProcessIdentity, StartError>;
+
+    /// Is the runner alive? A recycled pid or a process outside the recorded cgroup or unit is
+    /// gone.
+    fn inspect(&self, identity: &ProcessIdentity) -> io::Result<Inspection>;
+
+    /// Stops everything of the runner (its whole cgroup or unit) and proves it gone by
+    /// re-inspection. Never signals a pid by number.
+    fn stop(&self, identity: &ProcessIdentity) -> Result<Stopped, StopError>;
+
+    /// The exit status, when this launcher owns the child and it has exited.
+    fn exit_status(&self, identity: &ProcessIdentity) -> Option<ExitStatus>;
+}

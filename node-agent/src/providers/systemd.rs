@@ -1,0 +1,285 @@
+//! The systemd launcher: in a cluster the agent's own process tree lives in its container and
+//! dies with it, so each runner becomes a transient unit on the host's systemd
+//! (`rm-<12hex>.service` in `runner-manager.slice`) whose command is the entry helper, run as
+//! the runner account with no privileges and the snapshot's limits. The unit's properties are
+//! built purely ([`unit_properties`]), and the JIT is never among them: it stays in the handoff
+//! file, which the helper reads and deletes.
+//!
+//! Submission goes through `systemd-run`/`systemctl` (the agent's image carries them, the
+//! DaemonSet mounts `/run/systemd`). This machine does not boot systemd, so only the property
+//! list is tested here.
+
+use std::ffi::OsString;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use runner_manager_crds::attempt::{Launcher, ProcessIdentity};
+
+use super::cgroup::attempt_cgroup_name;
+use super::launcher::{LaunchSpec, RunnerLauncher, StartError, StartFailure, StopError, Stopped};
+use crate::entry::EntryArgs;
+use crate::handoff::RestrictiveHandoff;
+use crate::process::stat::read_stat;
+use crate::process::{Inspection, identity_file, inspect};
+
+/// The slice every runner unit goes into.
+pub const SLICE: &str = "runner-manager.slice";
+
+/// A runner's unit name.
+pub fn unit_name(attempt: &uuid::Uuid) -> String {
+    format!("{}.service", attempt_cgroup_name(attempt))
+}
+
+/// The transient unit one launch submits: its name and its properties, in submission order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransientUnit {
+    pub name: String,
+    pub properties: Vec<(String, String)>,
+}
+
+impl TransientUnit {
+    /// `systemd-run`'s argv (without the program).
+    pub fn systemd_run_args(&self) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec![
+            format!("--unit={}", self.name).into(),
+            "--no-ask-password".into(),
+            "--quiet".into(),
+        ];
+        let mut exec: Option<&str> = None;
+        for (k, v) in &self.properties {
+            if k == "ExecStart" {
+                exec = Some(v);
+            } else {
+                args.push(format!("--property={k}={v}").into());
+            }
+        }
+        args.push("--".into());
+        if let Some(exec) = exec {
+            args.extend(exec.split(' ').map(OsString::from));
+        }
+        args
+    }
+}
+
+/// The unit for `spec`, running `entry_helper` on `handoff`.
+pub fn unit_properties(
+    spec: &LaunchSpec<'_>,
+    entry_helper: &Path,
+    handoff: &Path,
+) -> TransientUnit {
+    let mut p: Vec<(String, String)> = Vec::new();
+    let mut set = |k: &str, v: String| p.push((k.to_owned(), v));
+    set("Slice", SLICE.to_owned());
+    set("Type", "exec".to_owned());
+    set("User", spec.account.uid.to_string());
+    set("Group", spec.account.gid.to_string());
+    set("NoNewPrivileges", "yes".to_owned());
+    // Empty: no capabilities at all, bounding or ambient.
+    set("CapabilityBoundingSet", String::new());
+    set("AmbientCapabilities", String::new());
+    set("KillMode", "control-group".to_owned());
+    if let Some(m) = spec.limits.memory_max {
+        set("MemoryMax", m.to_string());
+    }
+    if let Some(c) = spec.limits.cpu_quota_percent() {
+        set("CPUQuota", format!("{c}%"));
+    }
+    set("WorkingDirectory", spec.runtime.display().to_string());
+    set("StandardInput", "null".to_owned());
+    set("StandardOutput", "null".to_owned());
+    set("StandardError", "null".to_owned());
+    for (k, v) in &spec.environment {
+        set("Environment", format!("{k}={v}"));
+    }
+    let args = EntryArgs {
+        handoff: handoff.to_path_buf(),
+        runtime: spec.runtime.to_path_buf(),
+        cgroup: None,
+        uid: None,
+        gid: None,
+    };
+    let mut exec = vec![entry_helper.display().to_string()];
+    exec.extend(
+        args.to_args()
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned()),
+    );
+    set("ExecStart", exec.join(" "));
+    TransientUnit {
+        name: unit_name(&spec.attempt),
+        properties: p,
+    }
+}
+
+/// The systemd launcher.
+#[derive(Clone, Debug)]
+pub struct SystemdLauncher {
+    pub entry_helper: PathBuf,
+    pub systemd_run: PathBuf,
+    pub systemctl: PathBuf,
+    pub ready_deadline: Duration,
+    pub stop_deadline: Duration,
+}
+
+impl SystemdLauncher {
+    pub fn new(entry_helper: PathBuf) -> Self {
+        Self {
+            entry_helper,
+            systemd_run: "systemd-run".into(),
+            systemctl: "systemctl".into(),
+            ready_deadline: Duration::from_secs(10),
+            stop_deadline: Duration::from_secs(10),
+        }
+    }
+
+    fn run(&self, program: &Path, args: &[OsString]) -> io::Result<(ExitStatus, String)> {
+        let out = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()?;
+        Ok((
+            out.status,
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        ))
+    }
+
+    /// `MainPID`, `ControlGroup` and `ActiveState` of a unit.
+    fn show(&self, unit: &str) -> io::Result<(u32, String, String)> {
+        let (status, out) = self.run(
+            &self.systemctl,
+            &[
+                "show".into(),
+                "--property=MainPID,ControlGroup,ActiveState".into(),
+                unit.into(),
+            ],
+        )?;
+        if !status.success() {
+            return Err(io::Error::other("systemctl show failed"));
+        }
+        let (mut pid, mut cgroup, mut state) = (0, String::new(), String::new());
+        for line in out.lines() {
+            match line.split_once('=') {
+                Some(("MainPID", v)) => pid = v.parse().unwrap_or(0),
+                Some(("ControlGroup", v)) => cgroup = v.to_owned(),
+                Some(("ActiveState", v)) => state = v.to_owned(),
+                _ => {}
+            }
+        }
+        Ok((pid, cgroup, state))
+    }
+
+    fn kill_unit(&self, unit: &str) {
+        let _ = self.run(
+            &self.systemctl,
+            &["kill".into(), "--signal=SIGKILL".into(), unit.into()],
+        );
+        let _ = self.run(&self.systemctl, &["stop".into(), unit.into()]);
+    }
+}
+
+impl RunnerLauncher for SystemdLauncher {
+    fn kind(&self) -> Launcher {
+        Launcher::Systemd
+    }
+
+    fn start(
+        &self,
+        spec: &LaunchSpec<'_>,
+        handoff: RestrictiveHandoff,
+    ) -> Result<ProcessIdentity, StartError> {
+        let unit = unit_properties(spec, &self.entry_helper, handoff.path());
+        let submitted = self.run(&self.systemd_run, &unit.systemd_run_args());
+        match submitted {
+            Ok((status, _)) if status.success() => {}
+            // systemd-run failing leaves no unit (Type=exec fails the start itself).
+            Ok(_) => return Err(StartError::before_child(StartFailure::Unit)),
+            Err(e) => return Err(StartError::before_child(StartFailure::Spawn(e.kind()))),
+        }
+        let fail = |failure| {
+            self.kill_unit(&unit.name);
+            StartError {
+                failure,
+                child_existed: true,
+                live: None,
+            }
+        };
+        // The helper deletes the handoff before it execs the listener.
+        let until = Instant::now() + self.ready_deadline;
+        loop {
+            match handoff.exists() {
+                Ok(false) => break,
+                Ok(true) if Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
+                _ => return Err(fail(StartFailure::NotReadyInTime)),
+            }
+        }
+        let _ = handoff.delete();
+        let Ok((pid, cgroup, _)) = self.show(&unit.name) else {
+            return Err(fail(StartFailure::Unit));
+        };
+        let Some(stat) = read_stat(pid).ok().flatten().filter(|_| pid != 0) else {
+            return Err(fail(StartFailure::NoStartTime));
+        };
+        let identity = ProcessIdentity {
+            launcher: Launcher::Systemd,
+            unit: Some(unit.name.clone()),
+            pid,
+            start_time: stat.start_time,
+            cgroup,
+        };
+        identity_file::write(spec.runtime, &identity).map_err(|e| fail(e.into()))?;
+        Ok(identity)
+    }
+
+    fn inspect(&self, identity: &ProcessIdentity) -> io::Result<Inspection> {
+        inspect(identity)
+    }
+
+    fn stop(&self, identity: &ProcessIdentity) -> Result<Stopped, StopError> {
+        if identity.launcher != Launcher::Systemd {
+            return Err(StopError::WrongLauncher);
+        }
+        let Some(unit) = identity
+            .unit
+            .as_deref()
+            .filter(|u| u.starts_with("rm-") && u.ends_with(".service"))
+        else {
+            return Err(StopError::NotOurs);
+        };
+        let before = inspect(identity).map_err(|e| StopError::Inspect(e.kind()))?;
+        // KillMode=control-group: stopping the unit kills its whole cgroup, never a pid by
+        // number.
+        let (status, _) = self
+            .run(&self.systemctl, &["stop".into(), unit.into()])
+            .map_err(|_| StopError::Unit)?;
+        if !status.success() {
+            return Err(StopError::Unit);
+        }
+        let until = Instant::now() + self.stop_deadline;
+        loop {
+            let (_, _, state) = self.show(unit).map_err(|_| StopError::Unit)?;
+            let alive = inspect(identity)
+                .map_err(|e| StopError::Inspect(e.kind()))?
+                .is_alive();
+            if !alive && matches!(state.as_str(), "inactive" | "failed" | "") {
+                break;
+            }
+            if Instant::now() >= until {
+                return Err(StopError::StillRunning);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(if before.is_alive() {
+            Stopped::Stopped
+        } else {
+            Stopped::AlreadyGone
+        })
+    }
+
+    fn exit_status(&self, _identity: &ProcessIdentity) -> Option<ExitStatus> {
+        // systemd keeps it (ExecMainStatus); supervision reads it from the unit.
+        None
+    }
+}
