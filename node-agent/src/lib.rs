@@ -4,10 +4,13 @@
 
 pub mod account;
 pub mod cli;
+pub mod durable;
 pub mod entry;
+pub mod evidence;
 pub mod handoff;
 pub mod journal;
 pub mod packages;
 pub mod process;
 pub mod providers;
+pub mod termination;
 pub mod workspace;

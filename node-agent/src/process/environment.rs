@@ -62,6 +62,12 @@ fn platform_defaults(inherited: &BTreeMap<String, String>) -> BTreeMap<String, S
     {
         d.insert("POWERSHELL_TELEMETRY_OPTOUT".to_owned(), "1".to_owned());
     }
+    // Without it a runner GitHub no longer accepts exits like any crash; with it, it exits 7,
+    // which the agent concludes as `RunnerVersionRejected` (never retried).
+    d.insert(
+        "ACTIONS_RUNNER_RETURN_VERSION_DEPRECATED_EXIT_CODE".to_owned(),
+        "1".to_owned(),
+    );
     d
 }
 

@@ -10,11 +10,11 @@
 //! the recorded pid to sit in the recorded cgroup, which only the agent can create.
 
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::path::Path;
 
 use runner_manager_crds::attempt::ProcessIdentity;
-use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::fs::{FileType, Mode, OFlags};
 
 /// The identity file's name.
 pub const IDENTITY_FILE: &str = ".runner-process.json";
@@ -49,44 +49,13 @@ impl From<rustix::io::Errno> for IdentityFileError {
 }
 
 fn open_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, IdentityFileError> {
-    Ok(rustix::fs::open(
-        dir,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?)
+    Ok(crate::durable::open_dir(dir)?)
 }
 
-/// Writes `identity` to `<dir>/.runner-process.json` durably: exclusive temp file, fsync,
-/// rename, fsync of the directory. Returns only once all of that succeeded.
+/// Writes `identity` to `<dir>/.runner-process.json` durably ([`crate::durable::write_file`]).
 pub fn write(dir: &Path, identity: &ProcessIdentity) -> Result<(), IdentityFileError> {
-    let dirfd = open_dir(dir)?;
     let body = serde_json::to_vec(identity).map_err(|_| IdentityFileError::Malformed)?;
-    let tmp = format!("{IDENTITY_FILE}.{}.tmp", uuid::Uuid::new_v4());
-    let fd = rustix::fs::openat(
-        &dirfd,
-        tmp.as_str(),
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    )?;
-    let mut file = File::from(fd);
-    let written = file
-        .write_all(&body)
-        .and_then(|()| file.sync_all())
-        .map_err(IdentityFileError::from)
-        .and_then(|()| {
-            Ok(rustix::fs::renameat(
-                &dirfd,
-                tmp.as_str(),
-                &dirfd,
-                IDENTITY_FILE,
-            )?)
-        });
-    if let Err(e) = written {
-        let _ = rustix::fs::unlinkat(&dirfd, tmp.as_str(), AtFlags::empty());
-        return Err(e);
-    }
-    rustix::fs::fsync(&dirfd)?;
-    Ok(())
+    Ok(crate::durable::write_file(dir, IDENTITY_FILE, &body)?)
 }
 
 /// Reads `<dir>/.runner-process.json`. `Ok(None)`: there is none.
@@ -124,11 +93,5 @@ pub fn read(dir: &Path) -> Result<Option<ProcessIdentity>, IdentityFileError> {
 
 /// Removes the identity file (after death is proven, before the workspace goes).
 pub fn remove(dir: &Path) -> Result<(), IdentityFileError> {
-    let dirfd = open_dir(dir)?;
-    match rustix::fs::unlinkat(&dirfd, IDENTITY_FILE, AtFlags::empty()) {
-        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
-        Err(e) => return Err(e.into()),
-    }
-    rustix::fs::fsync(&dirfd)?;
-    Ok(())
+    Ok(crate::durable::remove_file(dir, IDENTITY_FILE)?)
 }

@@ -1,0 +1,236 @@
+//! Ordered termination (DESIGN §4 rule 3, lifecycle spec §2.4 `Terminate`, behaviours I): a
+//! durable intent file *with its reason* before any signal; the stop through the launcher
+//! (whole cgroup or unit, never a pid by number); death proven by re-inspection; only then the
+//! outcome. The reason is recorded so a crash between signal and conclusion is concluded with
+//! the right outcome on restart (the predecessor always wrote `registration-timeout`, which
+//! turned an interrupted idle stop into a failure with a replacement).
+
+use std::io;
+use std::path::Path;
+
+use runner_manager_crds::attempt::{ProcessIdentity, TerminationReason};
+use runner_manager_crds::outcome::{FailureReason, Outcome};
+use runner_manager_crds::recovery::TerminateReason;
+
+use crate::providers::{RunnerLauncher, StopError};
+
+/// The intent file's name in the attempt's runtime.
+pub const INTENT_FILE: &str = ".terminate-intent";
+const MAX_INTENT_BYTES: usize = 64;
+
+/// Why the agent is stopping a runner: its own deadline (recovery's `Terminate`), or the
+/// operator's `spec.termination` (including deletion of the attempt).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IntentReason {
+    Deadline(TerminateReason),
+    Requested(TerminationReason),
+}
+
+impl From<TerminateReason> for IntentReason {
+    fn from(r: TerminateReason) -> Self {
+        Self::Deadline(r)
+    }
+}
+
+impl From<TerminationReason> for IntentReason {
+    fn from(r: TerminationReason) -> Self {
+        Self::Requested(r)
+    }
+}
+
+const TOKENS: [(IntentReason, &str); 8] = [
+    (
+        IntentReason::Deadline(TerminateReason::RegistrationTimeout),
+        "registration-timeout",
+    ),
+    (
+        IntentReason::Deadline(TerminateReason::IdleTimeout),
+        "idle-timeout",
+    ),
+    (
+        IntentReason::Requested(TerminationReason::RegistrationTimeout),
+        "requested:registration-timeout",
+    ),
+    (
+        IntentReason::Requested(TerminationReason::IdleTimeout),
+        "requested:idle-timeout",
+    ),
+    (
+        IntentReason::Requested(TerminationReason::PolicyDeleted),
+        "requested:policy-deleted",
+    ),
+    (
+        IntentReason::Requested(TerminationReason::Drain),
+        "requested:drain",
+    ),
+    (
+        IntentReason::Requested(TerminationReason::Deleted),
+        "requested:deleted",
+    ),
+    (
+        IntentReason::Requested(TerminationReason::ScaleDown),
+        "requested:scale-down",
+    ),
+];
+
+impl IntentReason {
+    /// The file's content.
+    pub fn token(self) -> &'static str {
+        TOKENS
+            .iter()
+            .find(|(r, _)| *r == self)
+            .map_or("registration-timeout", |(_, t)| t)
+    }
+
+    pub fn from_token(token: &str) -> Option<Self> {
+        TOKENS.iter().find(|(_, t)| *t == token).map(|(r, _)| *r)
+    }
+
+    /// The outcome once the runner is proven gone. The agent's own deadlines follow
+    /// `TerminateReason::outcome`; a request for a registered runner that was deregistered
+    /// first (idle timeout, scale-down) is an idle exit; deletion, drain and policy deletion
+    /// are `TerminationRequested`.
+    pub fn outcome(self) -> Outcome {
+        match self {
+            Self::Deadline(r) => r.outcome(),
+            Self::Requested(TerminationReason::RegistrationTimeout) => {
+                TerminateReason::RegistrationTimeout.outcome()
+            }
+            Self::Requested(TerminationReason::IdleTimeout | TerminationReason::ScaleDown) => {
+                TerminateReason::IdleTimeout.outcome()
+            }
+            Self::Requested(
+                TerminationReason::PolicyDeleted
+                | TerminationReason::Drain
+                | TerminationReason::Deleted,
+            ) => Outcome::Failed(FailureReason::TerminationRequested),
+        }
+    }
+}
+
+/// Why a termination did not conclude. Closed.
+#[derive(Debug, thiserror::Error)]
+pub enum TerminationError {
+    /// The intent could not be made durable: nothing was signalled.
+    #[error("the termination intent could not be made durable ({0}); nothing was signalled")]
+    IntentNotDurable(io::ErrorKind),
+    /// The stop did not end in proven death: no conclusion yet (deferred).
+    #[error("the runner could not be proven stopped: {0}")]
+    Deferred(StopError),
+    #[error("re-inspection failed: {0}")]
+    Inspect(io::ErrorKind),
+}
+
+/// Durably records the intent (temp file, fsync, rename, directory fsync).
+pub fn record_intent(runtime: &Path, reason: IntentReason) -> io::Result<()> {
+    crate::durable::write_file(
+        runtime,
+        INTENT_FILE,
+        format!("{}\n", reason.token()).as_bytes(),
+    )
+}
+
+/// The recorded intent, if any. An unreadable or unknown one reads as the registration
+/// timeout, the reason that stays true of a dead process (lifecycle spec §2.4 rule 9).
+pub fn read_intent(runtime: &Path) -> io::Result<Option<IntentReason>> {
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    let dir = crate::durable::open_dir(runtime)?;
+    let fd = match rustix::fs::openat(
+        dir.as_fd(),
+        INTENT_FILE,
+        rustix::fs::OFlags::RDONLY
+            | rustix::fs::OFlags::NOFOLLOW
+            | rustix::fs::OFlags::CLOEXEC
+            | rustix::fs::OFlags::NONBLOCK,
+        rustix::fs::Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let mut text = String::new();
+    let read = std::fs::File::from(fd)
+        .take(MAX_INTENT_BYTES as u64)
+        .read_to_string(&mut text);
+    Ok(Some(
+        read.ok()
+            .and_then(|_| IntentReason::from_token(text.trim()))
+            .unwrap_or(IntentReason::Deadline(TerminateReason::RegistrationTimeout)),
+    ))
+}
+
+/// Removes the intent once the conclusion is journalled.
+pub fn clear_intent(runtime: &Path) -> io::Result<()> {
+    crate::durable::remove_file(runtime, INTENT_FILE)
+}
+
+/// Terminates the runner of `identity`: intent, stop, proof of death, outcome. The caller then
+/// deregisters (if GitHub still lists it), journals the outcome and cleans.
+pub fn terminate(
+    launcher: &dyn RunnerLauncher,
+    identity: &ProcessIdentity,
+    runtime: &Path,
+    reason: IntentReason,
+) -> Result<Outcome, TerminationError> {
+    // 1. Durable intent, or no signal at all.
+    record_intent(runtime, reason).map_err(|e| TerminationError::IntentNotDurable(e.kind()))?;
+    // 2. Stop the whole cgroup or unit (the launcher never signals a pid by number, so a
+    //    recycled pid is never touched).
+    launcher
+        .stop(identity)
+        .map_err(TerminationError::Deferred)?;
+    // 3. Death proven by looking again, whatever the stop said.
+    if launcher
+        .inspect(identity)
+        .map_err(|e| TerminationError::Inspect(e.kind()))?
+        .is_alive()
+    {
+        return Err(TerminationError::Deferred(StopError::StillRunning));
+    }
+    Ok(reason.outcome())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_round_trips_and_has_its_outcome() {
+        for (r, t) in TOKENS {
+            assert_eq!(IntentReason::from_token(t), Some(r));
+            assert_eq!(r.token(), t);
+        }
+        assert_eq!(
+            IntentReason::Deadline(TerminateReason::IdleTimeout).outcome(),
+            Outcome::ExitedIdleWithoutWork
+        );
+        assert_eq!(
+            IntentReason::Deadline(TerminateReason::RegistrationTimeout).outcome(),
+            Outcome::Failed(FailureReason::TerminatedAfterRegistrationTimeout)
+        );
+        assert_eq!(
+            IntentReason::Requested(TerminationReason::ScaleDown).outcome(),
+            Outcome::ExitedIdleWithoutWork
+        );
+        assert_eq!(
+            IntentReason::Requested(TerminationReason::Deleted).outcome(),
+            Outcome::Failed(FailureReason::TerminationRequested)
+        );
+        assert!(
+            !IntentReason::Requested(TerminationReason::Drain)
+                .outcome()
+                .wants_replacement()
+        );
+        assert!(
+            IntentReason::Deadline(TerminateReason::RegistrationTimeout)
+                .outcome()
+                .wants_replacement()
+        );
+        assert!(
+            !IntentReason::Deadline(TerminateReason::IdleTimeout)
+                .outcome()
+                .wants_replacement()
+        );
+    }
+}
