@@ -42,6 +42,10 @@ cargo build --workspace --bins
 cargo nextest run --workspace --no-fail-fast
 done_stage tests
 
+stage "benchmarks, quick mode (dev profile: the figures prove the benches run, not the targets)"
+cargo bench -p runner-manager-node-agent --bench workspace_packages --profile dev -- --quick
+done_stage benches
+
 stage "helm chart: lint, template, install against the control plane"
 e2e/chart-check.sh
 done_stage chart

@@ -297,8 +297,8 @@ async fn an_ambiguous_mint_failure_is_resolved_by_name_never_by_a_blind_resend()
     assert_eq!(ours.len(), 1);
     assert_eq!(ours[0]["id"].as_i64(), Some(jit.runner.id));
 
-    // A dropped connection after GitHub registered the runner: the lookup finds it, deletes it
-    // (its JIT is lost), and the next mint succeeds under the same name.
+    // A dropped connection before GitHub answered: the lookup finds nothing to delete and the
+    // next mint succeeds under the same name.
     fake.admin(
         "POST",
         "faults",
@@ -351,6 +351,83 @@ async fn runner_groups_resolve_by_name_and_unknown_groups_name_the_fix() {
     assert!(err.to_string().contains("spec.github.runnerGroup"), "{err}");
     let repo = client(&fake, &format!("https://github.com/{ORG}/web"), pat());
     assert_eq!(repo.runner_group_id("Default").await.unwrap(), 1);
+    check_contract(&gh.sent());
+}
+
+#[tokio::test]
+async fn queued_runs_and_their_jobs_are_read_for_polling_and_enterprise_targets_mint() {
+    let fake = SimulatedGitHub::start().await.unwrap();
+    let queued = fake
+        .admin(
+            "POST",
+            "jobs",
+            json!({"owner": ORG, "repo": "web", "labels": ["self-hosted", "linux"], "name": "build"}),
+        )
+        .await
+        .unwrap();
+    let gh = client(&fake, &format!("https://github.com/{ORG}/web"), pat());
+    let runs = gh.queued_runs().await.unwrap();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(Some(runs[0].id), queued["run_id"].as_i64());
+    let jobs = gh.run_jobs(runs[0].id).await.unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(Some(jobs[0].id), queued["job_id"].as_i64());
+    assert_eq!(jobs[0].status, "queued");
+    assert_eq!(jobs[0].labels, ["self-hosted", "linux"]);
+    let job = gh.job(ORG, "web", jobs[0].id).await.unwrap();
+    assert_eq!(job, jobs[0]);
+    // Organization targets have no run listing: polling is for repository targets.
+    let org = client(&fake, &format!("https://github.com/{ORG}"), pat());
+    assert!(org.queued_runs().await.unwrap().is_empty());
+
+    // Enterprise scope: mint, list, delete.
+    let ent = client(&fake, "https://github.com/enterprises/big", pat());
+    let jit = ent
+        .generate_jit("runner-manager-ent", 1, &labels(), "_work")
+        .await
+        .unwrap();
+    assert_eq!(ent.list_runners().await.unwrap().len(), 1);
+    assert_eq!(
+        ent.delete_runner(jit.runner.id, Priority::Observe)
+            .await
+            .unwrap(),
+        Deleted::Deleted
+    );
+    check_contract(&gh.sent());
+    check_contract(&ent.sent());
+}
+
+#[tokio::test]
+async fn a_created_registration_whose_answer_was_lost_is_deleted_and_never_reminted() {
+    let fake = SimulatedGitHub::start().await.unwrap();
+    let gh = client(&fake, &format!("https://github.com/{ORG}/web"), pat());
+    // GitHub registers the runner and answers 201, but the body never arrives: the JIT is lost.
+    fake.admin(
+        "POST",
+        "faults",
+        json!({"endpoint": "generate_jitconfig", "count": 1, "lose_body": true}),
+    )
+    .await
+    .unwrap();
+    let err = gh
+        .generate_jit("runner-manager-lost", 1, &labels(), "_work")
+        .await
+        .unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    let mints = gh
+        .sent()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/generate-jitconfig"))
+        .count();
+    assert_eq!(mints, 1, "never minted again after a 201");
+    assert!(
+        fake.runners()
+            .await
+            .unwrap()
+            .iter()
+            .all(|r| r["name"] != "runner-manager-lost"),
+        "the registration whose JIT was lost is deleted"
+    );
     check_contract(&gh.sent());
 }
 

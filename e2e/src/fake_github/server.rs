@@ -11,6 +11,7 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
+use futures_util::StreamExt;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
@@ -108,6 +109,34 @@ fn dropped() -> Response {
     Body::from_stream(stream).into_response()
 }
 
+/// The answer's status and headers, then half its body, then a broken connection: the client
+/// knows the request took effect and cannot read what it returned.
+async fn truncated(resp: Response) -> Response {
+    let (parts, body) = resp.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    let half = bytes.slice(..bytes.len() / 2);
+    // The break comes a moment after the first half, so the status line and headers are on
+    // the wire first, as when GitHub's edge loses a connection mid-answer.
+    let stream = futures_util::stream::iter([0u8, 1]).then(move |i| {
+        let half = half.clone();
+        async move {
+            if i == 0 {
+                Ok::<_, std::io::Error>(half.to_vec())
+            } else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Err(std::io::Error::other("fault injection: body lost"))
+            }
+        }
+    });
+    let mut parts = parts;
+    // A declared length would let the client notice the truncation before reading; GitHub's
+    // JSON answers are chunked anyway.
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from_stream(stream))
+}
+
 fn outcome(status: StatusCode) -> String {
     status.as_u16().to_string()
 }
@@ -134,7 +163,9 @@ async fn per_call(
         }
         resp
     };
+    let mut lose_body = false;
     if let Some(fault) = fake.take_fault(endpoint) {
+        lose_body = fault.lose_body;
         if fault.latency_ms > 0 {
             tokio::time::sleep(Duration::from_millis(fault.latency_ms)).await;
         }
@@ -173,6 +204,9 @@ async fn per_call(
     }
     let resp = next.run(req).await;
     fake.count(endpoint, outcome(resp.status()));
+    if lose_body {
+        return with_headers(&fake, truncated(resp).await);
+    }
     with_headers(&fake, resp)
 }
 

@@ -458,8 +458,14 @@ impl GitHubClient {
         self.record_rate_limit(&headers);
         let body = match resp.bytes().await {
             Ok(b) => b,
-            // The status arrived but the body broke: for a mint the caller resolves this by
-            // looking the runner up by name; for anything else it is a transport failure.
+            // A success whose body broke took effect: say so, so a mint is resolved by name
+            // and never sent again.
+            Err(_) if status.is_success() => {
+                return Err(GitHubError::BodyLost {
+                    endpoint,
+                    status: status.as_u16(),
+                });
+            }
             Err(e) => return Err(transport(endpoint, &e)),
         };
         if status == StatusCode::NOT_MODIFIED
@@ -639,15 +645,20 @@ impl GitHubClient {
                             encoded_jit_config: w.encoded_jit_config,
                         });
                     }
+                    // A body that arrived but cannot be read is a lost JIT all the same.
                     Err(_) => {
                         self.discard_registration(name).await?;
-                        return Err(GitHubError::Retryable {
+                        return Err(GitHubError::BodyLost {
                             endpoint: Endpoint::GenerateJitConfig,
                             status: answer.status.as_u16(),
-                            retry_after: None,
                         });
                     }
                 },
+                Err(e @ GitHubError::BodyLost { .. }) => {
+                    // Registered, JIT lost: delete the registration, never mint again here.
+                    self.discard_registration(name).await?;
+                    return Err(e);
+                }
                 Err(e) => e,
             };
             if !err.is_retryable() {

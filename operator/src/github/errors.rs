@@ -72,6 +72,10 @@ pub enum GitHubError {
     },
     #[error("{endpoint}: the response did not have the documented shape")]
     Malformed { endpoint: Endpoint },
+    /// GitHub answered with a success status but its body never arrived whole: the request
+    /// took effect and what it returned is lost.
+    #[error("{endpoint}: GitHub answered {status} but the body was lost")]
+    BodyLost { endpoint: Endpoint, status: u16 },
     #[error("credentials: {0}")]
     Credentials(#[from] super::auth::CredentialsError),
 }
@@ -90,13 +94,18 @@ pub enum TransportKind {
 impl GitHubError {
     /// Whether trying again later can succeed without a person.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Retryable { .. } | Self::Transport { .. })
+        matches!(
+            self,
+            Self::Retryable { .. } | Self::Transport { .. } | Self::BodyLost { .. }
+        )
     }
 
     /// The HTTP status, when there was one.
     pub fn status(&self) -> Option<u16> {
         match self {
-            Self::Terminal { status, .. } | Self::Retryable { status, .. } => Some(*status),
+            Self::Terminal { status, .. }
+            | Self::Retryable { status, .. }
+            | Self::BodyLost { status, .. } => Some(*status),
             _ => None,
         }
     }
