@@ -19,18 +19,17 @@ use kube::api::{
     Api, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams,
 };
 use kube::discovery::{Discovery, verbs};
-use runner_manager_crds::attempt::{
-    AttemptSnapshot, AttemptTimeouts, ExecutionSnapshot, RunnerAttempt, RunnerAttemptSpec,
-    RunnerPackage, TargetScope, TargetSnapshot, Transition, WorkspacePlacement, spec_hash,
-};
+use runner_manager_crds::attempt::{RunnerAttempt, Transition, WorkspacePlacement, spec_hash};
 use runner_manager_crds::broker::{BROKER_AUDIENCE, JitRequest, jit_path};
-use runner_manager_crds::duration::ManifestDuration;
-use runner_manager_crds::names::{attempt_name, ownership_label, runner_name};
+use runner_manager_crds::names::{ownership_label, runner_name};
 use runner_manager_crds::outcome::{FailureReason, Outcome};
-use runner_manager_crds::policy::{ExecutionMode, ScalePolicy, WorkspaceMode};
+use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_crds::state::{Actor, AttemptState};
 use runner_manager_e2e::harness::cluster::{client_or_skip, fresh_namespace, install_crds};
-use runner_manager_e2e::harness::github::{APP_ID, ORG, SimulatedGitHub, app_keys};
+use runner_manager_e2e::harness::fixtures::native_attempt;
+use runner_manager_e2e::harness::github::{
+    APP_ID, ORG, SimulatedGitHub, app_keys, pat_credentials,
+};
 use runner_manager_e2e::harness::wait;
 use runner_manager_node_agent::journal::{self, Decision};
 use runner_manager_operator::broker::authn::AgentIdentity;
@@ -299,44 +298,11 @@ impl World {
             .get("web")
             .await
             .unwrap();
-        let spec = RunnerAttemptSpec {
-            id: id.hyphenated().to_string(),
-            policy: "web".into(),
-            node_name: node.into(),
-            snapshot: AttemptSnapshot {
-                policy_uid: policy.metadata.uid.clone().unwrap(),
-                target: TargetSnapshot {
-                    url: format!("https://github.com/{ORG}/web"),
-                    scope: TargetScope::Repository,
-                },
-                labels: vec!["self-hosted".into(), "linux".into()],
-                runner_group_id: 1,
-                workspace: WorkspaceMode::Ephemeral,
-                max_slots: 4,
-                execution: ExecutionSnapshot {
-                    mode: ExecutionMode::Native,
-                    image: None,
-                    resources: None,
-                },
-                runner: RunnerPackage {
-                    version: "2.330.0".into(),
-                    url: format!("{}/runner.tar.gz", self.fake.base_url()),
-                    sha256: "a".repeat(64),
-                },
-                env: BTreeMap::new(),
-                timeouts: AttemptTimeouts {
-                    registration: ManifestDuration::from_secs(300),
-                    idle: ManifestDuration::from_secs(600),
-                    jit_handoff: ManifestDuration::from_secs(120),
-                },
-            },
-            replaces: None,
-            termination: None,
-        };
-        let name = attempt_name("web", id);
+        let fresh = native_attempt(id, "web", policy.metadata.uid.as_deref().unwrap(), node);
+        let name = fresh.metadata.name.clone().unwrap();
         let created = self
             .attempts()
-            .create(&PostParams::default(), &RunnerAttempt::new(&name, spec))
+            .create(&PostParams::default(), &fresh)
             .await
             .unwrap();
         let mut steps = vec![];
@@ -447,29 +413,16 @@ async fn the_right_agent_gets_the_jit_once_and_the_runner_id_is_journalled_first
     // Registered on GitHub with the snapshot's labels plus this cluster's ownership label.
     let regs = w.registrations_named(&name).await;
     assert_eq!(regs.len(), 1);
-    let listed = runner_manager_operator::github::GitHubClient::new(
-        runner_manager_crds::target::GitHubTarget::parse("https://github.com/acme/web").unwrap(),
-        runner_manager_operator::github::auth::Credentials::from_secret_data(
-            &[(
-                "token".to_owned(),
-                ByteString(runner_manager_e2e::harness::github::PAT.as_bytes().to_vec()),
-            )]
-            .into(),
+    let listed = w
+        .fake
+        .client("https://github.com/acme/web", pat_credentials())
+        .find_runner(
+            &name,
+            runner_manager_operator::github::ratelimit::Priority::Observe,
         )
-        .unwrap(),
-        GitHubConfig {
-            api_base: Some(w.fake.base_url().to_owned()),
-            ..GitHubConfig::default()
-        },
-    )
-    .unwrap()
-    .find_runner(
-        &name,
-        runner_manager_operator::github::ratelimit::Priority::Observe,
-    )
-    .await
-    .unwrap()
-    .unwrap();
+        .await
+        .unwrap()
+        .unwrap();
     assert!(listed.has_label(&w.ownership), "{listed:?}");
     assert!(listed.has_label("self-hosted") && listed.has_label("linux"));
 
@@ -605,22 +558,9 @@ async fn only_a_prepared_attempt_gets_a_jit_and_a_leftover_registration_is_repla
     // GitHub's 201: it is deleted and a fresh one minted.
     let attempt = w.prepared_attempt("node-a").await;
     let name = runner_name(attempt.spec.attempt_uuid().unwrap());
-    let gh = runner_manager_operator::github::GitHubClient::new(
-        runner_manager_crds::target::GitHubTarget::parse("https://github.com/acme/web").unwrap(),
-        runner_manager_operator::github::auth::Credentials::from_secret_data(
-            &[(
-                "token".to_owned(),
-                ByteString(runner_manager_e2e::harness::github::PAT.as_bytes().to_vec()),
-            )]
-            .into(),
-        )
-        .unwrap(),
-        GitHubConfig {
-            api_base: Some(w.fake.base_url().to_owned()),
-            ..GitHubConfig::default()
-        },
-    )
-    .unwrap();
+    let gh = w
+        .fake
+        .client("https://github.com/acme/web", pat_credentials());
     let leftover = gh
         .generate_jit(&name, 1, &["self-hosted".into()], "_work")
         .await

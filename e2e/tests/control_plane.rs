@@ -8,18 +8,15 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
+use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
-use kube::{Client, Resource};
-use runner_manager_crds::attempt::{
-    AttemptSnapshot, AttemptTimeouts, ExecutionSnapshot, RunnerAttempt, RunnerAttemptSpec,
-    RunnerPackage, TargetScope, TargetSnapshot, Transition, WorkspacePlacement, spec_hash,
-};
-use runner_manager_crds::duration::ManifestDuration;
+use runner_manager_crds::attempt::{RunnerAttempt, Transition, WorkspacePlacement, spec_hash};
 use runner_manager_crds::patch::PatchError;
-use runner_manager_crds::policy::{ExecutionMode, ScalePolicy, WorkspaceMode};
+use runner_manager_crds::policy::{ScalePolicy, WorkspaceMode};
 use runner_manager_crds::state::{Actor, AttemptState};
 use runner_manager_crds::validate::validate_policy;
 use runner_manager_e2e::harness::cluster::{client_or_skip, fresh_namespace, install_crds};
+use runner_manager_e2e::harness::fixtures::native_attempt;
 use runner_manager_node_agent::journal::{self, Decision, JournalError};
 
 fn repo_root() -> PathBuf {
@@ -188,56 +185,8 @@ async fn fields_a_tenant_might_add_for_paths_or_urls_are_pruned() {
     }
 }
 
-fn attempt(name: &str) -> RunnerAttempt {
-    let spec = RunnerAttemptSpec {
-        id: "3f2a9c01-77aa-4bcd-8e00-123456789abc".into(),
-        policy: "web".into(),
-        node_name: "node-a".into(),
-        snapshot: AttemptSnapshot {
-            policy_uid: "policy-uid".into(),
-            target: TargetSnapshot {
-                url: "https://github.com/acme/web".into(),
-                scope: TargetScope::Repository,
-            },
-            labels: vec!["self-hosted".into(), "linux".into()],
-            runner_group_id: 1,
-            workspace: WorkspaceMode::Ephemeral,
-            max_slots: 4,
-            execution: ExecutionSnapshot {
-                mode: ExecutionMode::Native,
-                image: None,
-                resources: None,
-            },
-            runner: RunnerPackage {
-                version: "2.330.0".into(),
-                url: "https://example.invalid/runner.tar.gz".into(),
-                sha256: "a".repeat(64),
-            },
-            env: Default::default(),
-            timeouts: AttemptTimeouts {
-                registration: ManifestDuration::from_secs(300),
-                idle: ManifestDuration::from_secs(600),
-                jit_handoff: ManifestDuration::from_secs(120),
-            },
-        },
-        replaces: None,
-        termination: None,
-    };
-    let mut a = RunnerAttempt::new(name, spec);
-    a.meta_mut().labels = Some(
-        [
-            (
-                runner_manager_crds::POLICY_LABEL.to_owned(),
-                "web".to_owned(),
-            ),
-            (
-                runner_manager_crds::NODE_LABEL.to_owned(),
-                "node-a".to_owned(),
-            ),
-        ]
-        .into(),
-    );
-    a
+fn attempt(id: u128) -> RunnerAttempt {
+    native_attempt(uuid::Uuid::from_u128(id), "web", "policy-uid", "node-a")
 }
 
 fn admit(a: &RunnerAttempt) -> Decision {
@@ -261,7 +210,10 @@ async fn status_writes_are_a_cas_and_the_journal_rereads_on_conflict() {
     };
     let api: Api<RunnerAttempt> = Api::namespaced(client.clone(), &ns);
     let created = api
-        .create(&PostParams::default(), &attempt("web-3f2a9c0177aa"))
+        .create(
+            &PostParams::default(),
+            &attempt(0x3f2a9c01_77aa_4bcd_8e00_123456789abc),
+        )
         .await
         .unwrap();
     let name = created.metadata.name.clone().unwrap();
@@ -368,23 +320,20 @@ async fn a_changed_spec_is_refused_by_the_journal() {
         return;
     };
     let api: Api<RunnerAttempt> = Api::namespaced(client.clone(), &ns);
-    api.create(&PostParams::default(), &attempt("web-000000000001"))
+    let name1 = attempt(1).metadata.name.unwrap();
+    api.create(&PostParams::default(), &attempt(1))
         .await
         .unwrap();
-    journal::advance(&api, "web-000000000001", Actor::Agent, admit)
+    journal::advance(&api, &name1, Actor::Agent, admit)
         .await
         .unwrap()
         .unwrap();
     // Someone edits the snapshot after admission.
     let edit = serde_json::json!({"spec": {"snapshot": {"labels": ["self-hosted", "gpu"]}}});
-    api.patch(
-        "web-000000000001",
-        &PatchParams::default(),
-        &Patch::Merge(&edit),
-    )
-    .await
-    .unwrap();
-    let r = journal::advance(&api, "web-000000000001", Actor::Agent, |_| {
+    api.patch(&name1, &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .unwrap();
+    let r = journal::advance(&api, &name1, Actor::Agent, |_| {
         Decision::Take(Transition::MarkPrepared { environment: None })
     })
     .await;
@@ -393,7 +342,7 @@ async fn a_changed_spec_is_refused_by_the_journal() {
         "{r:?}"
     );
     // Concluding stays possible, so the attempt can still end and be cleaned.
-    let concluded = journal::advance(&api, "web-000000000001", Actor::Agent, |_| {
+    let concluded = journal::advance(&api, &name1, Actor::Agent, |_| {
         Decision::Take(Transition::Conclude(
             runner_manager_crds::outcome::Outcome::Failed(
                 runner_manager_crds::outcome::FailureReason::SpecChanged,

@@ -4,55 +4,29 @@
 //! sent is one GitHub's official description defines (method, path, query, body schema).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::ByteString;
-use runner_manager_crds::target::GitHubTarget;
 use runner_manager_e2e::fake_github::conformance::{Conformance, shared_dir};
-use runner_manager_e2e::harness::github::{APP_ID, ORG, PAT, SimulatedGitHub, app_keys};
+use runner_manager_e2e::harness::github::{
+    ORG, SimulatedGitHub, app_credentials as harness_app_credentials, pat_credentials,
+};
 use runner_manager_operator::github::auth::Credentials;
 use runner_manager_operator::github::client::{Deleted, SentRequest};
 use runner_manager_operator::github::errors::Terminal;
 use runner_manager_operator::github::ratelimit::Priority;
-use runner_manager_operator::github::retry::RetryPolicy;
-use runner_manager_operator::github::{GitHubClient, GitHubConfig, GitHubError};
+use runner_manager_operator::github::{GitHubClient, GitHubError};
 use serde_json::{Value, json};
 
 fn app_credentials(installation: Option<u64>) -> Credentials {
-    let mut data: BTreeMap<String, ByteString> = BTreeMap::new();
-    data.insert("appId".into(), ByteString(APP_ID.to_string().into_bytes()));
-    data.insert(
-        "privateKey".into(),
-        ByteString(app_keys().unwrap().0.clone().into_bytes()),
-    );
-    if let Some(i) = installation {
-        data.insert(
-            "installationId".into(),
-            ByteString(i.to_string().into_bytes()),
-        );
-    }
-    Credentials::from_secret_data(&data).unwrap()
+    harness_app_credentials(installation).unwrap()
 }
 
 fn pat() -> Credentials {
-    let data = [("token".to_owned(), ByteString(PAT.as_bytes().to_vec()))].into();
-    Credentials::from_secret_data(&data).unwrap()
+    pat_credentials()
 }
 
 fn client(fake: &SimulatedGitHub, url: &str, credentials: Credentials) -> GitHubClient {
-    let config = GitHubConfig {
-        api_base: Some(fake.base_url().to_owned()),
-        retry: RetryPolicy {
-            attempts: 4,
-            base: Duration::from_millis(20),
-            max_wait: Duration::from_secs(5),
-        },
-        timeout: Duration::from_secs(10),
-        record: true,
-        metrics: None,
-    };
-    GitHubClient::new(GitHubTarget::parse(url).unwrap(), credentials, config).unwrap()
+    fake.client(url, credentials)
 }
 
 fn labels() -> Vec<String> {

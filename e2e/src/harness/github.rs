@@ -6,6 +6,14 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use runner_manager_crds::target::GitHubTarget;
+use runner_manager_operator::github::auth::Credentials;
+use runner_manager_operator::github::retry::RetryPolicy;
+use runner_manager_operator::github::{GitHubClient, GitHubConfig};
 use serde_json::{Value, json};
 
 use crate::fake_github::{self, RunningFake};
@@ -151,5 +159,49 @@ impl SimulatedGitHub {
             .as_array()
             .cloned()
             .unwrap_or_default())
+    }
+}
+
+/// Credentials for the fake's PAT.
+pub fn pat_credentials() -> Credentials {
+    let data = [("token".to_owned(), ByteString(PAT.as_bytes().to_vec()))].into();
+    // A fixed, non-empty token: always accepted.
+    Credentials::from_secret_data(&data).unwrap_or_else(|e| unreachable!("{e}"))
+}
+
+/// Credentials for the fake's App, with or without the installation id.
+pub fn app_credentials(installation: Option<u64>) -> Result<Credentials, FakeError> {
+    let mut data: BTreeMap<String, ByteString> = BTreeMap::new();
+    data.insert("appId".into(), ByteString(APP_ID.to_string().into_bytes()));
+    data.insert(
+        "privateKey".into(),
+        ByteString(app_keys()?.0.clone().into_bytes()),
+    );
+    if let Some(i) = installation {
+        data.insert(
+            "installationId".into(),
+            ByteString(i.to_string().into_bytes()),
+        );
+    }
+    Credentials::from_secret_data(&data).map_err(|e| FakeError::Openssl(e.to_string()))
+}
+
+impl SimulatedGitHub {
+    /// The operator's GitHub client for `url`, pointed at the fake, retrying fast, recording every
+    /// request it sends (for the contract check).
+    pub fn client(&self, url: &str, credentials: Credentials) -> GitHubClient {
+        let config = GitHubConfig {
+            api_base: Some(self.base_url().to_owned()),
+            retry: RetryPolicy {
+                attempts: 4,
+                base: Duration::from_millis(20),
+                max_wait: Duration::from_secs(5),
+            },
+            timeout: Duration::from_secs(10),
+            record: true,
+            metrics: None,
+        };
+        let target = GitHubTarget::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+        GitHubClient::new(target, credentials, config).unwrap_or_else(|e| panic!("{e}"))
     }
 }

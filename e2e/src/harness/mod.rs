@@ -2,6 +2,7 @@
 //! to skip), CRD installation, throwaway namespaces, and waiting on conditions with deadlines.
 
 pub mod cluster;
+pub mod fixtures;
 pub mod github;
 pub mod process;
 pub mod wait;

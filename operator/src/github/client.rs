@@ -69,6 +69,7 @@ pub enum Deleted {
     Busy,
 }
 
+#[derive(Clone)]
 struct Request {
     endpoint: Endpoint,
     method: Method,
@@ -77,6 +78,50 @@ struct Request {
     body: Option<serde_json::Value>,
     priority: Priority,
     conditional: bool,
+}
+
+impl Request {
+    fn new(endpoint: Endpoint, method: Method, path: String) -> Self {
+        Self {
+            endpoint,
+            method,
+            path,
+            query: vec![],
+            body: None,
+            priority: Priority::Observe,
+            conditional: false,
+        }
+    }
+
+    fn get(endpoint: Endpoint, path: String) -> Self {
+        Self::new(endpoint, Method::GET, path)
+    }
+
+    fn query(mut self, name: &str, value: impl ToString) -> Self {
+        self.query.push((name.to_owned(), value.to_string()));
+        self
+    }
+
+    /// `per_page` at its maximum and `page`.
+    fn page(self, page: usize) -> Self {
+        self.query("per_page", PER_PAGE).query("page", page)
+    }
+
+    fn body(mut self, body: serde_json::Value) -> Self {
+        self.body = Some(body);
+        self
+    }
+
+    fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Sent with `If-None-Match` when an ETag is cached: a 304 answer is served from the cache.
+    fn conditional(mut self) -> Self {
+        self.conditional = true;
+        self
+    }
 }
 
 struct Answer {
@@ -279,15 +324,14 @@ impl GitHubClient {
             }
         };
         let answer = self
-            .send(Request {
-                endpoint: Endpoint::CreateInstallationToken,
-                method: Method::POST,
-                path: format!("/app/installations/{id}/access_tokens"),
-                query: vec![],
-                body: None,
-                priority: Priority::Launch,
-                conditional: false,
-            })
+            .send(
+                Request::new(
+                    Endpoint::CreateInstallationToken,
+                    Method::POST,
+                    format!("/app/installations/{id}/access_tokens"),
+                )
+                .priority(Priority::Launch),
+            )
             .await?;
         let wire: InstallationTokenWire = parse(Endpoint::CreateInstallationToken, &answer.body)?;
         let expires =
@@ -320,15 +364,7 @@ impl GitHubClient {
             }
         };
         let answer = self
-            .send(Request {
-                endpoint: Endpoint::GetInstallation,
-                method: Method::GET,
-                path,
-                query: vec![],
-                body: None,
-                priority: Priority::Launch,
-                conditional: false,
-            })
+            .send(Request::get(Endpoint::GetInstallation, path).priority(Priority::Launch))
             .await?;
         Ok(parse::<Installation>(Endpoint::GetInstallation, &answer.body)?.id)
     }
@@ -363,7 +399,7 @@ impl GitHubClient {
         let mut attempt = 0;
         let mut refreshed = false;
         loop {
-            let result = self.send(self.clone_request(&req)).await;
+            let result = self.send(req.clone()).await;
             let err = match result {
                 Ok(a) => return Ok(a),
                 Err(e) => e,
@@ -390,18 +426,6 @@ impl GitHubClient {
                 None => return Err(err),
             }
             attempt += 1;
-        }
-    }
-
-    fn clone_request(&self, r: &Request) -> Request {
-        Request {
-            endpoint: r.endpoint,
-            method: r.method.clone(),
-            path: r.path.clone(),
-            query: r.query.clone(),
-            body: r.body.clone(),
-            priority: r.priority,
-            conditional: r.conditional,
         }
     }
 
@@ -537,18 +561,11 @@ impl GitHubClient {
         let mut all = Vec::new();
         for page in 1..=MAX_PAGES {
             let answer = self
-                .call(Request {
-                    endpoint: Endpoint::ListRunners,
-                    method: Method::GET,
-                    path: self.runners_path(),
-                    query: vec![
-                        ("per_page".into(), PER_PAGE.to_string()),
-                        ("page".into(), page.to_string()),
-                    ],
-                    body: None,
-                    priority: Priority::Observe,
-                    conditional: true,
-                })
+                .call(
+                    Request::get(Endpoint::ListRunners, self.runners_path())
+                        .page(page)
+                        .conditional(),
+                )
                 .await?;
             let parsed: RunnerPage = parse(Endpoint::ListRunners, &answer.body)?;
             let n = parsed.runners.len();
@@ -572,15 +589,11 @@ impl GitHubClient {
         priority: Priority,
     ) -> Result<Option<Runner>, GitHubError> {
         let answer = self
-            .call(Request {
-                endpoint: Endpoint::ListRunners,
-                method: Method::GET,
-                path: self.runners_path(),
-                query: vec![("name".into(), name.to_owned())],
-                body: None,
-                priority,
-                conditional: false,
-            })
+            .call(
+                Request::get(Endpoint::ListRunners, self.runners_path())
+                    .query("name", name)
+                    .priority(priority),
+            )
             .await?;
         let page: RunnerPage = parse(Endpoint::ListRunners, &answer.body)?;
         Ok(page.runners.into_iter().find(|r| r.name == name))
@@ -589,15 +602,14 @@ impl GitHubClient {
     /// Delete a runner registration.
     pub async fn delete_runner(&self, id: i64, priority: Priority) -> Result<Deleted, GitHubError> {
         let result = self
-            .call(Request {
-                endpoint: Endpoint::DeleteRunner,
-                method: Method::DELETE,
-                path: format!("{}/{id}", self.runners_path()),
-                query: vec![],
-                body: None,
-                priority,
-                conditional: false,
-            })
+            .call(
+                Request::new(
+                    Endpoint::DeleteRunner,
+                    Method::DELETE,
+                    format!("{}/{id}", self.runners_path()),
+                )
+                .priority(priority),
+            )
             .await;
         match result {
             Ok(_) => Ok(Deleted::Deleted),
@@ -627,15 +639,15 @@ impl GitHubClient {
         let mut attempt = 0;
         loop {
             let sent = self
-                .call(Request {
-                    endpoint: Endpoint::GenerateJitConfig,
-                    method: Method::POST,
-                    path: format!("{}/generate-jitconfig", self.runners_path()),
-                    query: vec![],
-                    body: Some(body.clone()),
-                    priority: Priority::Launch,
-                    conditional: false,
-                })
+                .call(
+                    Request::new(
+                        Endpoint::GenerateJitConfig,
+                        Method::POST,
+                        format!("{}/generate-jitconfig", self.runners_path()),
+                    )
+                    .body(body.clone())
+                    .priority(Priority::Launch),
+                )
                 .await;
             let err = match sent {
                 Ok(answer) => match serde_json::from_slice::<JitConfigWire>(&answer.body) {
@@ -713,18 +725,7 @@ impl GitHubClient {
         };
         for page in 1..=MAX_PAGES {
             let answer = self
-                .call(Request {
-                    endpoint: Endpoint::ListRunnerGroups,
-                    method: Method::GET,
-                    path: path.clone(),
-                    query: vec![
-                        ("per_page".into(), PER_PAGE.to_string()),
-                        ("page".into(), page.to_string()),
-                    ],
-                    body: None,
-                    priority: Priority::Observe,
-                    conditional: false,
-                })
+                .call(Request::get(Endpoint::ListRunnerGroups, path.clone()).page(page))
                 .await?;
             let groups: RunnerGroupPage = parse(Endpoint::ListRunnerGroups, &answer.body)?;
             let n = groups.runner_groups.len();
@@ -749,15 +750,13 @@ impl GitHubClient {
     /// The runner packages GitHub lists for this target.
     pub async fn runner_downloads(&self) -> Result<Vec<RunnerDownload>, GitHubError> {
         let answer = self
-            .call(Request {
-                endpoint: Endpoint::ListRunnerDownloads,
-                method: Method::GET,
-                path: format!("{}/downloads", self.runners_path()),
-                query: vec![],
-                body: None,
-                priority: Priority::Observe,
-                conditional: true,
-            })
+            .call(
+                Request::get(
+                    Endpoint::ListRunnerDownloads,
+                    format!("{}/downloads", self.runners_path()),
+                )
+                .conditional(),
+            )
             .await?;
         parse(Endpoint::ListRunnerDownloads, &answer.body)
     }
@@ -775,18 +774,15 @@ impl GitHubClient {
             return Ok(vec![]);
         };
         let answer = self
-            .call(Request {
-                endpoint: Endpoint::ListQueuedRuns,
-                method: Method::GET,
-                path: format!("/repos/{owner}/{repo}/actions/runs"),
-                query: vec![
-                    ("status".into(), "queued".into()),
-                    ("per_page".into(), PER_PAGE.to_string()),
-                ],
-                body: None,
-                priority: Priority::Observe,
-                conditional: true,
-            })
+            .call(
+                Request::get(
+                    Endpoint::ListQueuedRuns,
+                    format!("/repos/{owner}/{repo}/actions/runs"),
+                )
+                .query("status", "queued")
+                .query("per_page", PER_PAGE)
+                .conditional(),
+            )
             .await?;
         Ok(parse::<WorkflowRunPage>(Endpoint::ListQueuedRuns, &answer.body)?.workflow_runs)
     }
@@ -797,15 +793,13 @@ impl GitHubClient {
             return Ok(vec![]);
         };
         let answer = self
-            .call(Request {
-                endpoint: Endpoint::ListRunJobs,
-                method: Method::GET,
-                path: format!("/repos/{owner}/{repo}/actions/runs/{run_id}/jobs"),
-                query: vec![("per_page".into(), PER_PAGE.to_string())],
-                body: None,
-                priority: Priority::Observe,
-                conditional: false,
-            })
+            .call(
+                Request::get(
+                    Endpoint::ListRunJobs,
+                    format!("/repos/{owner}/{repo}/actions/runs/{run_id}/jobs"),
+                )
+                .query("per_page", PER_PAGE),
+            )
             .await?;
         Ok(parse::<JobPage>(Endpoint::ListRunJobs, &answer.body)?.jobs)
     }
@@ -813,15 +807,10 @@ impl GitHubClient {
     /// One job of a repository (`None` for other scopes).
     pub async fn job(&self, owner: &str, repo: &str, job_id: i64) -> Result<Job, GitHubError> {
         let answer = self
-            .call(Request {
-                endpoint: Endpoint::GetJob,
-                method: Method::GET,
-                path: format!("/repos/{owner}/{repo}/actions/jobs/{job_id}"),
-                query: vec![],
-                body: None,
-                priority: Priority::Observe,
-                conditional: false,
-            })
+            .call(Request::get(
+                Endpoint::GetJob,
+                format!("/repos/{owner}/{repo}/actions/jobs/{job_id}"),
+            ))
             .await?;
         parse(Endpoint::GetJob, &answer.body)
     }
