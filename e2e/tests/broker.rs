@@ -364,6 +364,31 @@ impl World {
         self.ask_via(0, attempt, token).await
     }
 
+    /// Ask for the JIT while GitHub holds the mint (a latency fault), and run `during` once the
+    /// mint is in flight: the broker has read the attempt, so a write in `during` makes its CAS
+    /// stale.
+    async fn ask_while_minting(
+        &self,
+        attempt: &RunnerAttempt,
+        token: &str,
+        during: impl std::future::Future<Output = ()>,
+    ) -> (u16, Value) {
+        self.fake
+            .admin(
+                "POST",
+                "faults",
+                json!({"endpoint": "generate_jitconfig", "count": 1, "latency_ms": 1500}),
+            )
+            .await
+            .unwrap();
+        let interfere = async {
+            wait_for_mint_in_flight(self).await;
+            during.await;
+        };
+        let (answer, ()) = tokio::join!(self.ask(attempt, Some(token)), interfere);
+        answer
+    }
+
     async fn reread(&self, attempt: &RunnerAttempt) -> RunnerAttempt {
         self.attempts()
             .get(attempt.metadata.name.as_deref().unwrap())
@@ -588,29 +613,15 @@ async fn a_concurrent_status_write_is_retried_and_a_concluded_attempt_gets_nothi
     //    it re-reads, finds the attempt still Prepared without a runner id, and writes again.
     let attempt = w.prepared_attempt("node-a").await;
     let name = attempt.metadata.name.clone().unwrap();
-    w.fake
-        .admin(
-            "POST",
-            "faults",
-            json!({"endpoint": "generate_jitconfig", "count": 1, "latency_ms": 1500}),
-        )
-        .await
-        .unwrap();
-    let asked = {
-        let (a, t) = (attempt.clone(), token.clone());
-        let w = &w;
-        async move { w.ask(&a, Some(&t)).await }
-    };
-    let interfere = async {
-        wait_for_mint_in_flight(&w).await;
-        let fact =
-            json!({"status": {"github": {"status": "absent", "busy": false, "generation": 1}}});
-        w.attempts()
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&fact))
-            .await
-            .unwrap();
-    };
-    let ((status, body), ()) = tokio::join!(asked, interfere);
+    let fact = json!({"status": {"github": {"status": "absent", "busy": false, "generation": 1}}});
+    let (status, body) = w
+        .ask_while_minting(&attempt, &token, async {
+            w.attempts()
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&fact))
+                .await
+                .unwrap();
+        })
+        .await;
     assert_eq!(status, 200, "{body}");
     let after = w.reread(&attempt).await.status.unwrap();
     assert_eq!(after.journal.state(), AttemptState::JitReceived);
@@ -625,30 +636,17 @@ async fn a_concurrent_status_write_is_retried_and_a_concluded_attempt_gets_nothi
     let attempt = w.prepared_attempt("node-a").await;
     let name = attempt.metadata.name.clone().unwrap();
     let runner = runner_name(attempt.spec.attempt_uuid().unwrap());
-    w.fake
-        .admin(
-            "POST",
-            "faults",
-            json!({"endpoint": "generate_jitconfig", "count": 1, "latency_ms": 1500}),
-        )
-        .await
-        .unwrap();
-    let asked = {
-        let (a, t) = (attempt.clone(), token.clone());
-        let w = &w;
-        async move { w.ask(&a, Some(&t)).await }
-    };
-    let conclude = async {
-        wait_for_mint_in_flight(&w).await;
-        journal::advance(&w.attempts(), &name, Actor::Agent, |_| {
-            Decision::Take(Transition::Conclude(Outcome::Failed(
-                FailureReason::JitRequestFailed,
-            )))
+    let (status, body) = w
+        .ask_while_minting(&attempt, &token, async {
+            journal::advance(&w.attempts(), &name, Actor::Agent, |_| {
+                Decision::Take(Transition::Conclude(Outcome::Failed(
+                    FailureReason::JitRequestFailed,
+                )))
+            })
+            .await
+            .unwrap();
         })
-        .await
-        .unwrap();
-    };
-    let ((status, body), ()) = tokio::join!(asked, conclude);
+        .await;
     assert_eq!((status, code(&body)), (409, "NotPrepared"), "{body}");
     assert!(
         w.registrations_named(&runner).await.is_empty(),

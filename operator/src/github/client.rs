@@ -417,15 +417,24 @@ impl GitHubClient {
             if !err.is_retryable() || !req.endpoint.is_idempotent() {
                 return Err(err);
             }
-            let asked = match &err {
-                GitHubError::Retryable { retry_after, .. } => *retry_after,
-                _ => None,
-            };
-            match self.retry.wait(attempt, asked, jitter()) {
-                Some(wait) => tokio::time::sleep(wait).await,
-                None => return Err(err),
-            }
+            self.back_off(attempt, err).await?;
             attempt += 1;
+        }
+    }
+
+    /// Wait before the next attempt after `err` (what GitHub asked for, else exponential with
+    /// jitter), or give `err` back when the attempts are spent or the wait is too long.
+    async fn back_off(&self, attempt: u32, err: GitHubError) -> Result<(), GitHubError> {
+        let asked = match &err {
+            GitHubError::Retryable { retry_after, .. } => *retry_after,
+            _ => None,
+        };
+        match self.retry.wait(attempt, asked, jitter()) {
+            Some(wait) => {
+                tokio::time::sleep(wait).await;
+                Ok(())
+            }
+            None => Err(err),
         }
     }
 
@@ -678,14 +687,7 @@ impl GitHubClient {
             }
             // Did the mint register before failing? Its JIT never reached us: delete it.
             self.discard_registration(name).await?;
-            let asked = match &err {
-                GitHubError::Retryable { retry_after, .. } => *retry_after,
-                _ => None,
-            };
-            match self.retry.wait(attempt, asked, jitter()) {
-                Some(wait) => tokio::time::sleep(wait).await,
-                None => return Err(err),
-            }
+            self.back_off(attempt, err).await?;
             attempt += 1;
         }
     }
