@@ -431,6 +431,14 @@ pub enum AttemptReason {
     SlotMissing,
     UnexpectedEntries,
     SymlinkOrSpecialFile,
+    /// The slot itself was replaced by a link or a file.
+    SlotNotADirectory,
+    /// The retained `_work` was replaced by a link or a file.
+    RetainedWorkNotADirectory,
+    /// The slot's entries could not be listed.
+    EnumerationFailed,
+    /// An entry could not be removed.
+    DeletionFailed,
     VerificationFailed,
     ProviderResourceRemains,
     OwnershipUnproven,

@@ -65,6 +65,23 @@ impl TerminateReason {
     }
 }
 
+/// The outcome of a runner the operator asked to terminate (`spec.termination`), once it is
+/// proven stopped. A registration timeout is a failure to replace. Any other request ends an
+/// idle runner as an idle exit — scale-down, drain, policy deletion and `kubectl delete` of an
+/// idle runner are not failures and are never replaced — and ends a runner that was not idle
+/// (still starting, or busy when deleted) as `Failed(TerminationRequested)`.
+pub fn requested_termination_outcome(
+    reason: crate::attempt::TerminationReason,
+    state: AttemptState,
+) -> Outcome {
+    use crate::attempt::TerminationReason as R;
+    match (reason, state) {
+        (R::RegistrationTimeout, _) => TerminateReason::RegistrationTimeout.outcome(),
+        (_, AttemptState::Idle) => TerminateReason::IdleTimeout.outcome(),
+        _ => Outcome::Failed(FailureReason::TerminationRequested),
+    }
+}
+
 /// What to do with the attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecoveryDecision {

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use runner_manager_crds::attempt::AttemptJournal;
 use runner_manager_crds::outcome::{FailureReason, OrphanReason, Outcome};
+use runner_manager_crds::policy::ExecutionMode;
 use runner_manager_crds::recovery::{
     GitHubObservation as G, ProcessObservation as P, RecoveryDecision as D, RecoveryTimeouts,
     TerminateReason, recovery_decision,
@@ -180,6 +181,55 @@ fn termination_outcomes() {
         Outcome::ExitedIdleWithoutWork
     );
     assert!(!TerminateReason::IdleTimeout.outcome().wants_replacement());
+}
+
+#[test]
+fn a_requested_termination_of_an_idle_runner_is_an_idle_exit() {
+    use runner_manager_crds::attempt::TerminationReason as R;
+    use runner_manager_crds::recovery::requested_termination_outcome as outcome;
+    for r in [
+        R::IdleTimeout,
+        R::ScaleDown,
+        R::Drain,
+        R::PolicyDeleted,
+        R::Deleted,
+    ] {
+        assert_eq!(outcome(r, S::Idle), Outcome::ExitedIdleWithoutWork, "{r:?}");
+        assert!(!outcome(r, S::Idle).wants_replacement());
+        for s in [S::Starting, S::Busy] {
+            assert_eq!(
+                outcome(r, s),
+                Outcome::Failed(FailureReason::TerminationRequested),
+                "{r:?} in {s:?}"
+            );
+        }
+    }
+    for s in [S::Starting, S::Idle] {
+        assert_eq!(
+            outcome(R::RegistrationTimeout, s),
+            Outcome::Failed(FailureReason::TerminatedAfterRegistrationTimeout)
+        );
+    }
+    // Every outcome is one the state machine lets that state conclude with.
+    for r in [
+        R::RegistrationTimeout,
+        R::IdleTimeout,
+        R::ScaleDown,
+        R::Drain,
+        R::PolicyDeleted,
+        R::Deleted,
+    ] {
+        for s in [S::Starting, S::Idle, S::Busy] {
+            let edge = runner_manager_crds::attempt::Transition::Conclude(outcome(r, s)).kind();
+            if r == R::RegistrationTimeout && s == S::Busy {
+                continue; // never requested for a busy runner
+            }
+            assert!(
+                edge.target(s, ExecutionMode::Native).is_ok(),
+                "{r:?} in {s:?}"
+            );
+        }
+    }
 }
 
 /// Rules that hold across the whole table, over every combination.

@@ -9,8 +9,9 @@ use std::io;
 use std::path::Path;
 
 use runner_manager_crds::attempt::{ProcessIdentity, TerminationReason};
-use runner_manager_crds::outcome::{FailureReason, Outcome};
-use runner_manager_crds::recovery::TerminateReason;
+use runner_manager_crds::outcome::Outcome;
+use runner_manager_crds::recovery::{TerminateReason, requested_termination_outcome};
+use runner_manager_crds::state::AttemptState;
 
 use crate::providers::{RunnerLauncher, StopError};
 
@@ -90,20 +91,12 @@ impl IntentReason {
     /// `TerminateReason::outcome`; a request for a registered runner that was deregistered
     /// first (idle timeout, scale-down) is an idle exit; deletion, drain and policy deletion
     /// are `TerminationRequested`.
-    pub fn outcome(self) -> Outcome {
+    /// The outcome once the runner is proven stopped, from the state it was stopped in (an
+    /// idle runner stopped on request exited idle; see `crds::recovery`).
+    pub fn outcome(self, state: AttemptState) -> Outcome {
         match self {
             Self::Deadline(r) => r.outcome(),
-            Self::Requested(TerminationReason::RegistrationTimeout) => {
-                TerminateReason::RegistrationTimeout.outcome()
-            }
-            Self::Requested(TerminationReason::IdleTimeout | TerminationReason::ScaleDown) => {
-                TerminateReason::IdleTimeout.outcome()
-            }
-            Self::Requested(
-                TerminationReason::PolicyDeleted
-                | TerminationReason::Drain
-                | TerminationReason::Deleted,
-            ) => Outcome::Failed(FailureReason::TerminationRequested),
+            Self::Requested(r) => requested_termination_outcome(r, state),
         }
     }
 }
@@ -172,6 +165,7 @@ pub fn terminate(
     identity: &ProcessIdentity,
     runtime: &Path,
     reason: IntentReason,
+    state: AttemptState,
 ) -> Result<Outcome, TerminationError> {
     // 1. Durable intent, or no signal at all.
     record_intent(runtime, reason).map_err(|e| TerminationError::IntentNotDurable(e.kind()))?;
@@ -188,12 +182,13 @@ pub fn terminate(
     {
         return Err(TerminationError::Deferred(StopError::StillRunning));
     }
-    Ok(reason.outcome())
+    Ok(reason.outcome(state))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use runner_manager_crds::outcome::FailureReason;
 
     #[test]
     fn every_reason_round_trips_and_has_its_outcome() {
@@ -202,34 +197,39 @@ mod tests {
             assert_eq!(r.token(), t);
         }
         assert_eq!(
-            IntentReason::Deadline(TerminateReason::IdleTimeout).outcome(),
+            IntentReason::Deadline(TerminateReason::IdleTimeout).outcome(AttemptState::Idle),
             Outcome::ExitedIdleWithoutWork
         );
         assert_eq!(
-            IntentReason::Deadline(TerminateReason::RegistrationTimeout).outcome(),
+            IntentReason::Deadline(TerminateReason::RegistrationTimeout)
+                .outcome(AttemptState::Starting),
             Outcome::Failed(FailureReason::TerminatedAfterRegistrationTimeout)
         );
         assert_eq!(
-            IntentReason::Requested(TerminationReason::ScaleDown).outcome(),
+            IntentReason::Requested(TerminationReason::ScaleDown).outcome(AttemptState::Idle),
             Outcome::ExitedIdleWithoutWork
         );
         assert_eq!(
-            IntentReason::Requested(TerminationReason::Deleted).outcome(),
+            IntentReason::Requested(TerminationReason::Deleted).outcome(AttemptState::Busy),
             Outcome::Failed(FailureReason::TerminationRequested)
+        );
+        assert_eq!(
+            IntentReason::Requested(TerminationReason::Deleted).outcome(AttemptState::Idle),
+            Outcome::ExitedIdleWithoutWork
         );
         assert!(
             !IntentReason::Requested(TerminationReason::Drain)
-                .outcome()
+                .outcome(AttemptState::Idle)
                 .wants_replacement()
         );
         assert!(
             IntentReason::Deadline(TerminateReason::RegistrationTimeout)
-                .outcome()
+                .outcome(AttemptState::Starting)
                 .wants_replacement()
         );
         assert!(
             !IntentReason::Deadline(TerminateReason::IdleTimeout)
-                .outcome()
+                .outcome(AttemptState::Idle)
                 .wants_replacement()
         );
     }

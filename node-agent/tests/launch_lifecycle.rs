@@ -13,6 +13,7 @@ use launch_support::*;
 use runner_manager_crds::attempt::{Launcher, ProcessIdentity, TerminationReason};
 use runner_manager_crds::outcome::{FailureReason, Outcome};
 use runner_manager_crds::recovery::TerminateReason;
+use runner_manager_crds::state::AttemptState;
 use runner_manager_node_agent::evidence::{ExitReading, JobEvidence, job_evidence};
 use runner_manager_node_agent::handoff::RestrictiveHandoff;
 use runner_manager_node_agent::process::{Inspection, inspect};
@@ -33,7 +34,7 @@ fn an_idle_termination_records_its_reason_stops_the_real_runner_and_is_not_a_fai
     let id = launcher.start(&w.spec("sleep"), handoff).unwrap();
     w.wait_for("ready");
     let reason = IntentReason::Deadline(TerminateReason::IdleTimeout);
-    let outcome = terminate(&launcher, &id, &w.runtime, reason).unwrap();
+    let outcome = terminate(&launcher, &id, &w.runtime, reason, AttemptState::Idle).unwrap();
     assert_eq!(outcome, Outcome::ExitedIdleWithoutWork);
     assert!(!outcome.wants_replacement());
     assert!(!inspect(&id).unwrap().is_alive());
@@ -61,6 +62,7 @@ fn an_intent_that_cannot_be_made_durable_means_no_signal_and_no_outcome() {
         &id,
         &w.runtime,
         IntentReason::Deadline(TerminateReason::RegistrationTimeout),
+        AttemptState::Starting,
     )
     .unwrap_err();
     assert!(
@@ -135,8 +137,16 @@ fn the_intent_is_on_disk_when_the_stop_happens_and_death_is_proven_after_it() {
         log: Mutex::new(vec![]),
         stop_kills: true,
     };
+    // Deleted while starting (not idle): a requested termination, not an idle exit.
     let reason = IntentReason::Requested(TerminationReason::Deleted);
-    let outcome = terminate(&l, &some_identity(), dir.path(), reason).unwrap();
+    let outcome = terminate(
+        &l,
+        &some_identity(),
+        dir.path(),
+        reason,
+        AttemptState::Starting,
+    )
+    .unwrap();
     assert_eq!(
         outcome,
         Outcome::Failed(FailureReason::TerminationRequested)
@@ -165,6 +175,7 @@ fn a_stop_that_claims_success_but_leaves_it_alive_concludes_nothing() {
         &some_identity(),
         dir.path(),
         IntentReason::Deadline(TerminateReason::RegistrationTimeout),
+        AttemptState::Starting,
     )
     .unwrap_err();
     assert!(
@@ -196,6 +207,7 @@ fn a_recycled_pid_is_not_signalled_by_termination() {
         &recycled,
         &w.runtime,
         IntentReason::Deadline(TerminateReason::RegistrationTimeout),
+        AttemptState::Starting,
     )
     .unwrap();
     assert_eq!(

@@ -68,17 +68,16 @@ impl SlotRefusal {
         }
     }
 
-    /// The closest condition reason `crds` has today. Several classes share a reason there
-    /// (see the node-agent issue note); the event class stays distinct.
+    /// The `Quarantined` condition's reason: one per class.
     pub fn reason(self) -> AttemptReason {
         match self {
             Self::NotTheJournalledSlot => AttemptReason::SlotNotJournalled,
             Self::PolicyRootDisagrees => AttemptReason::PolicyRootMismatch,
             Self::Containment => AttemptReason::OutsideSlotsRoot,
-            Self::SlotNotADirectory | Self::WorkNotADirectory => {
-                AttemptReason::SymlinkOrSpecialFile
-            }
-            Self::Enumeration | Self::Deletion => AttemptReason::IoError,
+            Self::SlotNotADirectory => AttemptReason::SlotNotADirectory,
+            Self::WorkNotADirectory => AttemptReason::RetainedWorkNotADirectory,
+            Self::Enumeration => AttemptReason::EnumerationFailed,
+            Self::Deletion => AttemptReason::DeletionFailed,
             Self::Residue => AttemptReason::VerificationFailed,
         }
     }
