@@ -7,5 +7,6 @@ pub mod cli;
 pub mod crd_apply;
 pub mod github;
 pub mod metrics;
+pub mod policy;
 pub mod run;
 pub mod telemetry;

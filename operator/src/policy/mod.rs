@@ -1,0 +1,8 @@
+//! The pure core of the policy controller: how many runners a policy wants and which to remove
+//! (`demand`), which policy a queued job belongs to (`matching`), and on which node a new attempt
+//! goes (`placement`). No I/O: the controllers feed these from their caches and act on the
+//! answers.
+
+pub mod demand;
+pub mod matching;
+pub mod placement;
