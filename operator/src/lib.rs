@@ -10,3 +10,4 @@ pub mod metrics;
 pub mod policy;
 pub mod run;
 pub mod telemetry;
+pub mod webhook;

@@ -40,6 +40,7 @@ pub struct Metrics {
     rate_limit_reset: Family<BucketLabels, Gauge>,
     broker_requests: Family<OutcomeLabels, Counter>,
     broker_duration: Histogram,
+    webhook_deliveries: Family<OutcomeLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -81,6 +82,12 @@ impl Metrics {
             "Time to answer a JIT broker request",
             broker_duration.clone(),
         );
+        let webhook_deliveries = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "webhook_deliveries",
+            "workflow_job webhook deliveries by outcome",
+            webhook_deliveries.clone(),
+        );
         Arc::new(Self {
             registry,
             github_calls,
@@ -88,6 +95,7 @@ impl Metrics {
             rate_limit_reset,
             broker_requests,
             broker_duration,
+            webhook_deliveries,
         })
     }
 
@@ -126,6 +134,15 @@ impl Metrics {
             })
             .inc();
         self.broker_duration.observe(seconds);
+    }
+
+    /// One webhook delivery; `outcome` from the receiver's closed list.
+    pub fn webhook_delivery(&self, outcome: &'static str) {
+        self.webhook_deliveries
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
     }
 
     /// The text exposition.

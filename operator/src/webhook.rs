@@ -1,0 +1,773 @@
+//! The `workflow_job` webhook receiver (DESIGN §7, §4 rule 12), served on every replica at
+//! `POST /webhook`.
+//!
+//! Order of checks, each answering before anything changes: the body size (413), the HMAC-SHA256
+//! signature over the raw body in constant time (401 — checked before anything else is read, so
+//! an unauthenticated caller learns nothing and cannot fill the de-duplication memory), the event
+//! type (400 but for `ping`, which GitHub sends when a hook is created and which answers 200 so
+//! the hook does not show as failing), the delivery GUID and the payload (400). Then a delivery
+//! already handed on is acknowledged without being handed on again, and a new one is handed to
+//! the [`JobSink`] (503 if the sink fails; the GUID is forgotten so a redelivery is taken).
+//!
+//! Nothing a workflow controls (labels, repository, runner name) is logged; logs and metrics
+//! carry the closed [`WebhookOutcome`] only.
+
+use std::collections::{HashSet, VecDeque};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use hmac::{Hmac, KeyInit, Mac};
+use runner_manager_crds::names::attempt_of_runner_name;
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+use sha2::Sha256;
+
+use crate::metrics::Metrics;
+
+/// GitHub caps webhook payloads at 25 MB, but a `workflow_job` payload is a few KiB.
+pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+/// Recent delivery GUIDs remembered for de-duplication. GitHub's duplicates and manual
+/// redeliveries come within minutes; this covers thousands of deliveries.
+pub const DEFAULT_DEDUP_CAPACITY: usize = 4096;
+/// A GUID is 36 characters; anything far longer is not one.
+const MAX_DELIVERY_ID_LEN: usize = 100;
+
+/// The `action` of a `workflow_job` delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobAction {
+    /// Queued: a pending job.
+    Queued,
+    /// Waiting for an environment's approval: not yet runnable.
+    Waiting,
+    /// A runner took it (`runner_name` says which).
+    InProgress,
+    /// Done, whatever the conclusion.
+    Completed,
+}
+
+impl JobAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Waiting => "waiting",
+            Self::InProgress => "in_progress",
+            Self::Completed => "completed",
+        }
+    }
+}
+
+/// One `workflow_job` delivery, as the controller needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobEvent {
+    /// `X-GitHub-Delivery`.
+    pub delivery: String,
+    pub action: JobAction,
+    pub job_id: u64,
+    pub run_id: u64,
+    /// The job's `runs-on` labels. Workflow-controlled: never logged.
+    pub labels: Vec<String>,
+    /// The runner that took the job (`in_progress`, `completed`). Workflow-visible: never logged.
+    pub runner_name: Option<String>,
+    /// `owner/repo`.
+    pub repository: String,
+    /// The enterprise slug, when the delivery names one.
+    pub enterprise: Option<String>,
+}
+
+impl JobEvent {
+    /// The attempt whose runner took the job, if its name is one of ours in form.
+    pub fn attempt(&self) -> Option<uuid::Uuid> {
+        self.runner_name.as_deref().and_then(attempt_of_runner_name)
+    }
+}
+
+/// Why a sink could not record an event.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SinkError {
+    /// The store behind the sink (the API server) could not take it now.
+    #[error("the job ledger is unavailable")]
+    Unavailable,
+}
+
+/// Where accepted events go. The policy controller implements it by recording the job in the
+/// matching policy's `status.pendingJobs` (and `in_progress` in the attempt's `status.job`).
+pub trait JobSink: Send + Sync + 'static {
+    fn record(&self, event: JobEvent) -> impl Future<Output = Result<(), SinkError>> + Send;
+}
+
+/// An in-memory sink: the events in arrival order. For tests, and a receiver without a cluster.
+#[derive(Debug, Default)]
+pub struct MemorySink {
+    events: Mutex<Vec<JobEvent>>,
+}
+
+impl MemorySink {
+    pub fn events(&self) -> Vec<JobEvent> {
+        self.events.lock().map(|e| e.clone()).unwrap_or_default()
+    }
+}
+
+impl JobSink for MemorySink {
+    async fn record(&self, event: JobEvent) -> Result<(), SinkError> {
+        self.events
+            .lock()
+            .map_err(|_| SinkError::Unavailable)?
+            .push(event);
+        Ok(())
+    }
+}
+
+/// What became of a delivery: closed, for logs and the deliveries metric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WebhookOutcome {
+    Accepted,
+    Duplicate,
+    Ping,
+    TooLarge,
+    BadSignature,
+    WrongEvent,
+    Malformed,
+    SinkFailed,
+}
+
+impl WebhookOutcome {
+    pub const ALL: [Self; 8] = [
+        Self::Accepted,
+        Self::Duplicate,
+        Self::Ping,
+        Self::TooLarge,
+        Self::BadSignature,
+        Self::WrongEvent,
+        Self::Malformed,
+        Self::SinkFailed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Accepted => "accepted",
+            Self::Duplicate => "duplicate",
+            Self::Ping => "ping",
+            Self::TooLarge => "too_large",
+            Self::BadSignature => "bad_signature",
+            Self::WrongEvent => "wrong_event",
+            Self::Malformed => "malformed",
+            Self::SinkFailed => "sink_failed",
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::Accepted => StatusCode::ACCEPTED,
+            Self::Duplicate | Self::Ping => StatusCode::OK,
+            Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BadSignature => StatusCode::UNAUTHORIZED,
+            Self::WrongEvent | Self::Malformed => StatusCode::BAD_REQUEST,
+            Self::SinkFailed => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The response body: fixed text, never an echo of the request.
+    fn body(self) -> &'static str {
+        match self {
+            Self::Accepted => "accepted",
+            Self::Duplicate => "duplicate delivery",
+            Self::Ping => "pong",
+            Self::TooLarge => "payload too large",
+            Self::BadSignature => "bad or missing X-Hub-Signature-256",
+            Self::WrongEvent => "only workflow_job events are accepted",
+            Self::Malformed => "malformed workflow_job delivery",
+            Self::SinkFailed => "try again later",
+        }
+    }
+}
+
+/// The receiver's configuration.
+#[derive(Clone, Debug)]
+pub struct WebhookConfig {
+    /// The hook's secret, as configured on GitHub.
+    pub secret: SecretString,
+    pub body_limit: usize,
+    pub dedup_capacity: usize,
+}
+
+impl WebhookConfig {
+    pub fn new(secret: SecretString) -> Self {
+        Self {
+            secret,
+            body_limit: DEFAULT_BODY_LIMIT,
+            dedup_capacity: DEFAULT_DEDUP_CAPACITY,
+        }
+    }
+}
+
+/// Why a receiver cannot be built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WebhookConfigError {
+    #[error("the webhook secret is empty: anyone could sign deliveries; set the hook's secret")]
+    EmptySecret,
+}
+
+/// The last `capacity` delivery GUIDs, oldest forgotten first.
+#[derive(Debug)]
+struct RecentDeliveries {
+    capacity: usize,
+    order: VecDeque<String>,
+    seen: HashSet<String>,
+}
+
+impl RecentDeliveries {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            order: VecDeque::new(),
+            seen: HashSet::new(),
+        }
+    }
+
+    /// Remember `guid`; false if it was already remembered.
+    fn insert(&mut self, guid: &str) -> bool {
+        if self.seen.contains(guid) {
+            return false;
+        }
+        if self.order.len() == self.capacity
+            && let Some(old) = self.order.pop_front()
+        {
+            self.seen.remove(&old);
+        }
+        self.order.push_back(guid.to_owned());
+        self.seen.insert(guid.to_owned());
+        true
+    }
+
+    fn forget(&mut self, guid: &str) {
+        if self.seen.remove(guid) {
+            self.order.retain(|g| g != guid);
+        }
+    }
+}
+
+/// The receiver: its secret, its memory of recent deliveries and where events go.
+pub struct WebhookReceiver<S> {
+    secret: SecretString,
+    body_limit: usize,
+    recent: Mutex<RecentDeliveries>,
+    sink: Arc<S>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl<S> std::fmt::Debug for WebhookReceiver<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookReceiver")
+            .field("body_limit", &self.body_limit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: JobSink> WebhookReceiver<S> {
+    pub fn new(
+        config: WebhookConfig,
+        sink: Arc<S>,
+        metrics: Option<Arc<Metrics>>,
+    ) -> Result<Self, WebhookConfigError> {
+        if config.secret.expose_secret().is_empty() {
+            return Err(WebhookConfigError::EmptySecret);
+        }
+        Ok(Self {
+            secret: config.secret,
+            body_limit: config.body_limit,
+            recent: Mutex::new(RecentDeliveries::new(config.dedup_capacity)),
+            sink,
+            metrics,
+        })
+    }
+
+    /// Judge one delivery and hand it on if it is new and well-formed.
+    pub async fn receive(&self, headers: &HeaderMap, body: &[u8]) -> WebhookOutcome {
+        let outcome = self.judge(headers, body).await;
+        if let Some(m) = &self.metrics {
+            m.webhook_delivery(outcome.as_str());
+        }
+        match outcome {
+            WebhookOutcome::BadSignature | WebhookOutcome::SinkFailed => {
+                tracing::warn!(outcome = outcome.as_str(), "webhook delivery refused");
+            }
+            _ => tracing::debug!(outcome = outcome.as_str(), "webhook delivery"),
+        }
+        outcome
+    }
+
+    async fn judge(&self, headers: &HeaderMap, body: &[u8]) -> WebhookOutcome {
+        if body.len() > self.body_limit {
+            return WebhookOutcome::TooLarge;
+        }
+        let signature = headers
+            .get("x-hub-signature-256")
+            .and_then(|v| v.to_str().ok());
+        if !signature.is_some_and(|s| verify_signature(&self.secret, body, s)) {
+            return WebhookOutcome::BadSignature;
+        }
+        match headers.get("x-github-event").and_then(|v| v.to_str().ok()) {
+            Some("workflow_job") => {}
+            Some("ping") => return WebhookOutcome::Ping,
+            _ => return WebhookOutcome::WrongEvent,
+        }
+        let Some(delivery) = headers
+            .get("x-github-delivery")
+            .and_then(|v| v.to_str().ok())
+            .filter(|g| is_delivery_id(g))
+        else {
+            return WebhookOutcome::Malformed;
+        };
+        let Ok(event) = parse(delivery, body) else {
+            return WebhookOutcome::Malformed;
+        };
+        if !self.remember(delivery) {
+            return WebhookOutcome::Duplicate;
+        }
+        match self.sink.record(event).await {
+            Ok(()) => WebhookOutcome::Accepted,
+            Err(SinkError::Unavailable) => {
+                // Not handed on: a redelivery with the same GUID must be taken.
+                if let Ok(mut r) = self.recent.lock() {
+                    r.forget(delivery);
+                }
+                WebhookOutcome::SinkFailed
+            }
+        }
+    }
+
+    fn remember(&self, guid: &str) -> bool {
+        // A poisoned lock only means another request panicked mid-insert; the set is still a
+        // valid memory, so keep using it.
+        let mut recent = self
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        recent.insert(guid)
+    }
+}
+
+fn is_delivery_id(g: &str) -> bool {
+    !g.is_empty()
+        && g.len() <= MAX_DELIVERY_ID_LEN
+        && g.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+/// `sha256=<hex>` checked against the HMAC-SHA256 of `body` under `secret`, in constant time.
+pub fn verify_signature(secret: &SecretString, body: &[u8], header: &str) -> bool {
+    let Some(sig) = header
+        .strip_prefix("sha256=")
+        .and_then(|h| hex::decode(h).ok())
+    else {
+        return false;
+    };
+    let Ok(mut mac) = <Hmac<Sha256> as KeyInit>::new_from_slice(secret.expose_secret().as_bytes())
+    else {
+        return false;
+    };
+    mac.update(body);
+    mac.verify_slice(&sig).is_ok()
+}
+
+/// `sha256=<hex HMAC-SHA256 of body>`: what GitHub sends (for tests and tools).
+pub fn sign(secret: &SecretString, body: &[u8]) -> String {
+    match <Hmac<Sha256> as KeyInit>::new_from_slice(secret.expose_secret().as_bytes()) {
+        Ok(mut mac) => {
+            mac.update(body);
+            format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+        }
+        // HMAC takes keys of any length.
+        Err(_) => String::new(),
+    }
+}
+
+#[derive(Deserialize)]
+struct Payload {
+    action: JobAction,
+    workflow_job: WorkflowJob,
+    repository: Repository,
+    #[serde(default)]
+    enterprise: Option<Enterprise>,
+}
+
+#[derive(Deserialize)]
+struct WorkflowJob {
+    id: u64,
+    run_id: u64,
+    labels: Vec<String>,
+    #[serde(default)]
+    runner_name: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Repository {
+    full_name: String,
+}
+
+#[derive(Deserialize)]
+struct Enterprise {
+    #[serde(default)]
+    slug: Option<String>,
+}
+
+/// Why a body is not a `workflow_job` payload. The serde message is dropped: it may quote the
+/// body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("not a workflow_job payload")]
+pub struct Malformed;
+
+/// Parse a `workflow_job` payload.
+pub fn parse(delivery: &str, body: &[u8]) -> Result<JobEvent, Malformed> {
+    let p: Payload = serde_json::from_slice(body).map_err(|_| Malformed)?;
+    if !p.repository.full_name.contains('/') {
+        return Err(Malformed);
+    }
+    Ok(JobEvent {
+        delivery: delivery.to_owned(),
+        action: p.action,
+        job_id: p.workflow_job.id,
+        run_id: p.workflow_job.run_id,
+        labels: p.workflow_job.labels,
+        runner_name: p.workflow_job.runner_name.filter(|n| !n.is_empty()),
+        repository: p.repository.full_name,
+        enterprise: p.enterprise.and_then(|e| e.slug),
+    })
+}
+
+async fn handle<S: JobSink>(
+    State(receiver): State<Arc<WebhookReceiver<S>>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> (StatusCode, &'static str) {
+    let outcome = match body {
+        Ok(body) => receiver.receive(&headers, &body).await,
+        Err(rejection) => {
+            let outcome = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                WebhookOutcome::TooLarge
+            } else {
+                WebhookOutcome::Malformed
+            };
+            if let Some(m) = &receiver.metrics {
+                m.webhook_delivery(outcome.as_str());
+            }
+            outcome
+        }
+    };
+    (outcome.status(), outcome.body())
+}
+
+/// `POST /webhook`, with the body limit applied before anything is buffered past it.
+pub fn router<S: JobSink>(receiver: Arc<WebhookReceiver<S>>) -> Router {
+    let limit = receiver.body_limit;
+    Router::new()
+        .route("/webhook", post(handle::<S>))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(receiver)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    const SECRET: &str = "It's a Secret to Everybody";
+
+    fn examples() -> Vec<serde_json::Value> {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/github/webhook-examples-workflow_job.json"
+        );
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("{path}: {e} (the shared GitHub reference data)"));
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn secret() -> SecretString {
+        SecretString::from(SECRET)
+    }
+
+    fn receiver() -> (WebhookReceiver<MemorySink>, Arc<MemorySink>) {
+        let sink = Arc::new(MemorySink::default());
+        let r = WebhookReceiver::new(WebhookConfig::new(secret()), sink.clone(), None).unwrap();
+        (r, sink)
+    }
+
+    fn headers(event: &str, guid: &str, signature: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("x-github-event", HeaderValue::from_str(event).unwrap());
+        h.insert("x-github-delivery", HeaderValue::from_str(guid).unwrap());
+        if let Some(s) = signature {
+            h.insert("x-hub-signature-256", HeaderValue::from_str(s).unwrap());
+        }
+        h
+    }
+
+    fn signed(guid: &str, body: &[u8]) -> HeaderMap {
+        headers("workflow_job", guid, Some(&sign(&secret(), body)))
+    }
+
+    #[test]
+    fn githubs_documented_signature_verifies() {
+        // GitHub's documentation example ("Validating webhook deliveries").
+        let s = secret();
+        let want = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
+        assert_eq!(sign(&s, b"Hello, World!"), want);
+        assert!(verify_signature(&s, b"Hello, World!", want));
+        assert!(verify_signature(
+            &s,
+            b"Hello, World!",
+            &want.to_uppercase().replace("SHA256", "sha256")
+        ));
+        assert!(!verify_signature(&s, b"Hello, World?", want));
+        assert!(!verify_signature(&s, b"Hello, World!", &want[7..]));
+        assert!(!verify_signature(&s, b"Hello, World!", "sha256=zz"));
+        assert!(!verify_signature(
+            &SecretString::from("other"),
+            b"Hello, World!",
+            want
+        ));
+    }
+
+    #[test]
+    fn every_example_payload_parses() {
+        let all = examples();
+        assert_eq!(all.len(), 8);
+        for (i, ex) in all.iter().enumerate() {
+            let body = serde_json::to_vec(ex).unwrap();
+            let e = parse("guid", &body).unwrap_or_else(|_| panic!("example {i}"));
+            assert_eq!(
+                e.action.as_str(),
+                ex["action"].as_str().unwrap(),
+                "example {i}"
+            );
+            assert_eq!(e.job_id, ex["workflow_job"]["id"].as_u64().unwrap());
+            assert_eq!(e.run_id, ex["workflow_job"]["run_id"].as_u64().unwrap());
+            assert!(!e.labels.is_empty());
+            assert!(e.repository.contains('/'));
+        }
+        let first = parse("g", &serde_json::to_vec(&all[0]).unwrap()).unwrap();
+        assert_eq!(first.action, JobAction::InProgress);
+        assert_eq!(first.labels, ["gpu", "db-app", "dc-03"]);
+        assert_eq!(first.runner_name.as_deref(), Some("my runner"));
+        assert_eq!(first.repository, "octo-org/example-workflow");
+        assert_eq!(first.attempt(), None);
+        let waiting = parse("g", &serde_json::to_vec(&all[7]).unwrap()).unwrap();
+        assert_eq!(waiting.action, JobAction::Waiting);
+        assert_eq!(waiting.runner_name, None);
+    }
+
+    #[test]
+    fn runner_names_of_ours_name_the_attempt() {
+        let mut ex = examples().remove(0);
+        let id = uuid::Uuid::from_u128(7);
+        ex["workflow_job"]["runner_name"] = runner_manager_crds::names::runner_name(id).into();
+        let e = parse("g", &serde_json::to_vec(&ex).unwrap()).unwrap();
+        assert_eq!(e.attempt(), Some(id));
+    }
+
+    #[tokio::test]
+    async fn signed_examples_are_accepted_and_handed_on() {
+        let (r, sink) = receiver();
+        for (i, ex) in examples().iter().enumerate() {
+            let body = serde_json::to_vec(ex).unwrap();
+            let guid = format!("00000000-0000-0000-0000-{i:012}");
+            assert_eq!(
+                r.receive(&signed(&guid, &body), &body).await,
+                WebhookOutcome::Accepted
+            );
+        }
+        let got = sink.events();
+        assert_eq!(got.len(), 8);
+        assert_eq!(got[5].action, JobAction::Queued);
+        assert_eq!(got[5].job_id, 289_782_451);
+    }
+
+    #[tokio::test]
+    async fn bad_or_missing_signature_is_401_and_nothing_changes() {
+        let (r, sink) = receiver();
+        let body = serde_json::to_vec(&examples()[5]).unwrap();
+        let wrong = sign(&SecretString::from("wrong"), &body);
+        let cases = [
+            headers("workflow_job", "a-1", None),
+            headers("workflow_job", "a-1", Some(&wrong)),
+            headers("workflow_job", "a-1", Some("sha1=abcdef")),
+            headers("workflow_job", "a-1", Some("")),
+        ];
+        for h in &cases {
+            assert_eq!(r.receive(h, &body).await, WebhookOutcome::BadSignature);
+        }
+        // A signature over another body does not carry over.
+        let h = signed("a-1", b"{}");
+        assert_eq!(r.receive(&h, &body).await, WebhookOutcome::BadSignature);
+        assert!(sink.events().is_empty());
+        // The refused GUID was not remembered: the genuine delivery is taken.
+        assert_eq!(
+            r.receive(&signed("a-1", &body), &body).await,
+            WebhookOutcome::Accepted
+        );
+        assert_eq!(
+            WebhookOutcome::BadSignature.status(),
+            StatusCode::UNAUTHORIZED
+        );
+    }
+
+    #[tokio::test]
+    async fn duplicate_delivery_is_acknowledged_but_not_handed_on_twice() {
+        let (r, sink) = receiver();
+        let body = serde_json::to_vec(&examples()[5]).unwrap();
+        let h = signed("dup-1", &body);
+        assert_eq!(r.receive(&h, &body).await, WebhookOutcome::Accepted);
+        assert_eq!(r.receive(&h, &body).await, WebhookOutcome::Duplicate);
+        assert!(WebhookOutcome::Duplicate.status().is_success());
+        assert_eq!(sink.events().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn malformed_or_other_events_are_400_and_nothing_changes() {
+        let (r, sink) = receiver();
+        let garbage = b"{not json";
+        assert_eq!(
+            r.receive(&signed("m-1", garbage), garbage).await,
+            WebhookOutcome::Malformed
+        );
+        let wrong_shape = br#"{"action":"queued","workflow_job":{"id":"x"}}"#;
+        assert_eq!(
+            r.receive(&signed("m-2", wrong_shape), wrong_shape).await,
+            WebhookOutcome::Malformed
+        );
+        let mut unknown = examples().remove(5);
+        unknown["action"] = "exploded".into();
+        let unknown = serde_json::to_vec(&unknown).unwrap();
+        assert_eq!(
+            r.receive(&signed("m-3", &unknown), &unknown).await,
+            WebhookOutcome::Malformed
+        );
+        let body = serde_json::to_vec(&examples()[5]).unwrap();
+        let push = headers("push", "m-4", Some(&sign(&secret(), &body)));
+        assert_eq!(r.receive(&push, &body).await, WebhookOutcome::WrongEvent);
+        let mut no_event = signed("m-5", &body);
+        no_event.remove("x-github-event");
+        assert_eq!(
+            r.receive(&no_event, &body).await,
+            WebhookOutcome::WrongEvent
+        );
+        let mut no_guid = signed("m-6", &body);
+        no_guid.remove("x-github-delivery");
+        assert_eq!(r.receive(&no_guid, &body).await, WebhookOutcome::Malformed);
+        let bad_guid = signed("not a guid; really", &body);
+        assert_eq!(r.receive(&bad_guid, &body).await, WebhookOutcome::Malformed);
+        let ping = headers("ping", "p-1", Some(&sign(&secret(), b"{}")));
+        assert_eq!(r.receive(&ping, b"{}").await, WebhookOutcome::Ping);
+        assert!(sink.events().is_empty());
+        // A malformed delivery's GUID was not remembered either.
+        assert_eq!(
+            r.receive(&signed("m-1", &body), &body).await,
+            WebhookOutcome::Accepted
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failing_sink_answers_503_and_the_redelivery_is_taken() {
+        #[derive(Debug, Default)]
+        struct Flaky {
+            fail: std::sync::atomic::AtomicBool,
+            inner: MemorySink,
+        }
+        impl JobSink for Flaky {
+            async fn record(&self, event: JobEvent) -> Result<(), SinkError> {
+                if self.fail.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                    return Err(SinkError::Unavailable);
+                }
+                self.inner.record(event).await
+            }
+        }
+        let sink = Arc::new(Flaky::default());
+        sink.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        let r = WebhookReceiver::new(WebhookConfig::new(secret()), sink.clone(), None).unwrap();
+        let body = serde_json::to_vec(&examples()[5]).unwrap();
+        let h = signed("s-1", &body);
+        assert_eq!(r.receive(&h, &body).await, WebhookOutcome::SinkFailed);
+        assert_eq!(r.receive(&h, &body).await, WebhookOutcome::Accepted);
+        assert_eq!(sink.inner.events().len(), 1);
+    }
+
+    #[test]
+    fn recent_deliveries_are_bounded() {
+        let mut r = RecentDeliveries::new(2);
+        assert!(r.insert("a"));
+        assert!(r.insert("b"));
+        assert!(!r.insert("a"));
+        assert!(r.insert("c"));
+        assert!(r.insert("a"), "a was the oldest and was forgotten");
+        assert_eq!(r.order.len(), 2);
+        assert_eq!(r.seen.len(), 2);
+    }
+
+    #[test]
+    fn an_empty_secret_is_refused() {
+        let sink = Arc::new(MemorySink::default());
+        let e = WebhookReceiver::new(WebhookConfig::new(SecretString::from("")), sink, None);
+        assert_eq!(e.err(), Some(WebhookConfigError::EmptySecret));
+    }
+
+    #[tokio::test]
+    async fn served_router_enforces_the_body_limit_and_the_signature() {
+        crate::run::install_crypto_provider();
+        let sink = Arc::new(MemorySink::default());
+        let metrics = Metrics::new();
+        let config = WebhookConfig {
+            body_limit: 64 * 1024,
+            ..WebhookConfig::new(secret())
+        };
+        let r =
+            Arc::new(WebhookReceiver::new(config, sink.clone(), Some(metrics.clone())).unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/webhook", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move { axum::serve(listener, router(r)).await });
+        let http = reqwest::Client::new();
+        let post = |body: Vec<u8>, guid: &str, sig: Option<String>| {
+            let mut req = http
+                .post(&url)
+                .header("x-github-event", "workflow_job")
+                .header("x-github-delivery", guid)
+                .body(body);
+            if let Some(s) = sig {
+                req = req.header("x-hub-signature-256", s);
+            }
+            req.send()
+        };
+        let body = serde_json::to_vec(&examples()[5]).unwrap();
+        let ok = post(body.clone(), "r-1", Some(sign(&secret(), &body)))
+            .await
+            .unwrap();
+        assert_eq!(ok.status(), StatusCode::ACCEPTED);
+        let unsigned = post(body.clone(), "r-2", None).await.unwrap();
+        assert_eq!(unsigned.status(), StatusCode::UNAUTHORIZED);
+        let big = vec![b' '; 64 * 1024 + 1];
+        let sig = sign(&secret(), &big);
+        let too_large = post(big, "r-3", Some(sig)).await.unwrap();
+        assert_eq!(too_large.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let garbage = b"garbage".to_vec();
+        let sig = sign(&secret(), &garbage);
+        let bad = post(garbage, "r-4", Some(sig)).await.unwrap();
+        assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(sink.events().len(), 1);
+        let text = metrics.encode();
+        for outcome in ["accepted", "bad_signature", "too_large", "malformed"] {
+            assert!(
+                text.contains(&format!(
+                    "runner_manager_webhook_deliveries_total{{outcome=\"{outcome}\"}} 1"
+                )),
+                "{outcome}: {text}"
+            );
+        }
+        server.abort();
+    }
+}
