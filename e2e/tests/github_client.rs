@@ -405,6 +405,31 @@ async fn a_created_registration_whose_answer_was_lost_is_deleted_and_never_remin
     check_contract(&gh.sent());
 }
 
+#[tokio::test]
+async fn an_enterprise_server_target_uses_its_api_v3_base() {
+    let fake = SimulatedGitHub::start().await.unwrap();
+    let url = format!("https://ghes.example.com/{ORG}/web");
+    let target = runner_manager_crds::target::GitHubTarget::parse(&url).unwrap();
+    assert_eq!(target.api_base(), "https://ghes.example.com/api/v3");
+    // The fake stands in for the GHES host: same base shape, `<host>/api/v3`.
+    let config = runner_manager_operator::github::GitHubConfig {
+        api_base: Some(format!("{}/api/v3", fake.base_url())),
+        record: true,
+        ..Default::default()
+    };
+    let gh = GitHubClient::new(target, pat(), config).unwrap();
+    let jit = gh
+        .generate_jit("runner-manager-ghes", 1, &labels(), "_work")
+        .await
+        .unwrap();
+    let listed = gh.list_runners().await.unwrap();
+    assert_eq!(
+        listed.iter().map(|r| r.id).collect::<Vec<_>>(),
+        [jit.runner.id]
+    );
+    check_contract(&gh.sent());
+}
+
 /// Every request sent matches an operation of the official description: the method exists on a
 /// path template that matches the path, every query parameter is declared for it, and the body
 /// validates against its request schema.

@@ -94,8 +94,13 @@ fn api_routes() -> Router<Arc<FakeGithub>> {
 
 /// The whole application.
 pub fn router(fake: Arc<FakeGithub>) -> Router {
-    api_routes()
-        .route_layer(middleware::from_fn_with_state(fake.clone(), per_call))
+    let api = api_routes().route_layer(middleware::from_fn_with_state(fake.clone(), per_call));
+    // GitHub Enterprise Server serves the same REST API under `/api/v3`; answer there too, so a
+    // client configured with a GHES base is exercised with its path prefix. (Calls under the
+    // prefix are answered and authorized but not counted per endpoint.)
+    Router::new()
+        .nest("/api/v3", api.clone())
+        .merge(api)
         .merge(admin::router())
         .with_state(fake)
 }
