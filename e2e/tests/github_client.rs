@@ -427,6 +427,10 @@ async fn an_enterprise_server_target_uses_its_api_v3_base() {
         listed.iter().map(|r| r.id).collect::<Vec<_>>(),
         [jit.runner.id]
     );
+    // Every call went under the prefix: the fake counts only calls at its root, so a client
+    // that dropped `/api/v3` would show up here.
+    assert_eq!(fake.calls("generate_jitconfig").await.unwrap(), 0);
+    assert_eq!(fake.calls("list_runners").await.unwrap(), 0);
     check_contract(&gh.sent());
 }
 
