@@ -137,9 +137,7 @@ fn the_runner_outlives_the_launcher_and_a_new_one_stops_it() {
 fn stop_kills_the_whole_cgroup_including_a_grandchild_that_escaped() {
     let w = World::new();
     let launcher = w.launcher();
-    let (secret, _) = jit();
-    let handoff = RestrictiveHandoff::create(&w.runtime, RUNNER, &secret).unwrap();
-    let id = launcher.start(&w.spec("escape"), handoff).unwrap();
+    let id = w.start(&launcher, "escape");
     let grandchild: u32 = w.wait_for("grandchild.pid").trim().parse().unwrap();
     w.wait_for("ready");
     let gstat = runner_manager_node_agent::process::stat::read_stat(grandchild)
@@ -161,9 +159,7 @@ fn stop_kills_the_whole_cgroup_including_a_grandchild_that_escaped() {
 fn a_recycled_pid_reads_gone_and_is_never_signalled() {
     let w = World::new();
     let launcher = w.launcher();
-    let (secret, _) = jit();
-    let handoff = RestrictiveHandoff::create(&w.runtime, RUNNER, &secret).unwrap();
-    let id = launcher.start(&w.spec("sleep"), handoff).unwrap();
+    let id = w.start(&launcher, "sleep");
     w.wait_for("ready");
 
     // An unrelated process standing in for whoever got the runner's pid after a recycle.
@@ -217,9 +213,7 @@ fn a_recycled_pid_reads_gone_and_is_never_signalled() {
 fn the_exit_status_is_kept_for_the_conclusion() {
     let w = World::new();
     let launcher = w.launcher();
-    let (secret, _) = jit();
-    let handoff = RestrictiveHandoff::create(&w.runtime, RUNNER, &secret).unwrap();
-    let id = launcher.start(&w.spec("exit7"), handoff).unwrap();
+    let id = w.start(&launcher, "exit7");
     wait_until(Duration::from_secs(10), || {
         !launcher.inspect(&id).unwrap().is_alive()
     });

@@ -29,9 +29,7 @@ use runner_manager_node_agent::termination::{
 fn an_idle_termination_records_its_reason_stops_the_real_runner_and_is_not_a_failure() {
     let w = World::new();
     let launcher = w.launcher();
-    let (secret, _) = jit();
-    let handoff = RestrictiveHandoff::create(&w.runtime, RUNNER, &secret).unwrap();
-    let id = launcher.start(&w.spec("sleep"), handoff).unwrap();
+    let id = w.start(&launcher, "sleep");
     w.wait_for("ready");
     let reason = IntentReason::Deadline(TerminateReason::IdleTimeout);
     let outcome = terminate(&launcher, &id, &w.runtime, reason, AttemptState::Idle).unwrap();
@@ -51,9 +49,7 @@ fn an_idle_termination_records_its_reason_stops_the_real_runner_and_is_not_a_fai
 fn an_intent_that_cannot_be_made_durable_means_no_signal_and_no_outcome() {
     let w = World::new();
     let launcher = w.launcher();
-    let (secret, _) = jit();
-    let handoff = RestrictiveHandoff::create(&w.runtime, RUNNER, &secret).unwrap();
-    let id = launcher.start(&w.spec("sleep"), handoff).unwrap();
+    let id = w.start(&launcher, "sleep");
     w.wait_for("ready");
     // A directory where the intent must go: the rename over it fails.
     std::fs::create_dir(w.runtime.join(INTENT_FILE)).unwrap();
@@ -280,9 +276,7 @@ fn diag_evidence_is_bounded_by_entry_count() {
 fn exit_code_7_is_a_rejected_runner_version_from_a_real_exit() {
     let w = World::new();
     let launcher = w.launcher();
-    let (secret, _) = jit();
-    let handoff = RestrictiveHandoff::create(&w.runtime, RUNNER, &secret).unwrap();
-    let id = launcher.start(&w.spec("exit7"), handoff).unwrap();
+    let id = w.start(&launcher, "exit7");
     wait_until(Duration::from_secs(10), || {
         !launcher.inspect(&id).unwrap().is_alive()
     });

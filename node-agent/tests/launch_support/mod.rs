@@ -87,6 +87,24 @@ impl World {
         DirectLauncher::new(self.parent(), PathBuf::from(ENTRY_HELPER))
     }
 
+    /// Start the stand-in in `mode` with a fresh JIT through `launcher`: the arrange step most
+    /// launch tests share.
+    pub fn start(
+        &self,
+        launcher: &DirectLauncher,
+        mode: &str,
+    ) -> runner_manager_crds::attempt::ProcessIdentity {
+        use runner_manager_node_agent::providers::RunnerLauncher;
+        let (secret, _) = jit();
+        let handoff = runner_manager_node_agent::handoff::RestrictiveHandoff::create(
+            &self.runtime,
+            RUNNER,
+            &secret,
+        )
+        .unwrap();
+        launcher.start(&self.spec(mode), handoff).unwrap()
+    }
+
     pub fn spec(&self, mode: &str) -> LaunchSpec<'_> {
         let mut environment = BTreeMap::new();
         environment.insert("STANDIN_MODE".to_owned(), mode.to_owned());
