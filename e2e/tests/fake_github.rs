@@ -1250,68 +1250,40 @@ async fn every_scope_and_endpoint_answers_in_githubs_shape() {
         ("/orgs/{org}", format!("/orgs/{ORG}")),
         ("/enterprises/{enterprise}", "/enterprises/acme".to_owned()),
     ] {
-        let jit = api
-            .call(
-                Method::POST,
-                &format!("{prefix}/actions/runners/generate-jitconfig"),
-                &format!("{scope}/actions/runners/generate-jitconfig"),
-                Some(PAT),
-                Some(json!({"name": "s", "runner_group_id": 1, "labels": ["self-hosted", "gpu"]})),
-            )
-            .await;
+        // One scope's runner endpoint: the template and the concrete path share the tail.
+        let runners = |method: Method, tail_template: &str, tail: &str, body: Option<Value>| {
+            let template = format!("{prefix}/actions/runners{tail_template}");
+            let path = format!("{scope}/actions/runners{tail}");
+            let api = &api;
+            async move { api.call(method, &template, &path, Some(PAT), body).await }
+        };
+        let jit = runners(
+            Method::POST,
+            "/generate-jitconfig",
+            "/generate-jitconfig",
+            Some(json!({"name": "s", "runner_group_id": 1, "labels": ["self-hosted", "gpu"]})),
+        )
+        .await;
         assert_eq!(jit.status, 201, "{scope}");
         assert_eq!(jit.body["runner"]["labels"][1]["type"], "custom");
         let id = jit.body["runner"]["id"].as_u64().unwrap();
-        let list = api
-            .call(
-                Method::GET,
-                &format!("{prefix}/actions/runners"),
-                &format!("{scope}/actions/runners"),
-                Some(PAT),
-                None,
-            )
-            .await;
+        let one = format!("/{id}");
+        let list = runners(Method::GET, "", "", None).await;
         assert_eq!(list.body["total_count"], 1, "{scope}");
-        let get = api
-            .call(
-                Method::GET,
-                &format!("{prefix}/actions/runners/{{runner_id}}"),
-                &format!("{scope}/actions/runners/{id}"),
-                Some(PAT),
-                None,
-            )
-            .await;
+        let get = runners(Method::GET, "/{runner_id}", &one, None).await;
         assert_eq!(get.status, 200);
-        let reg = api
-            .call(
-                Method::POST,
-                &format!("{prefix}/actions/runners/registration-token"),
-                &format!("{scope}/actions/runners/registration-token"),
-                Some(PAT),
-                None,
-            )
-            .await;
+        let reg = runners(
+            Method::POST,
+            "/registration-token",
+            "/registration-token",
+            None,
+        )
+        .await;
         assert_eq!(reg.status, 201);
-        let dl = api
-            .call(
-                Method::GET,
-                &format!("{prefix}/actions/runners/downloads"),
-                &format!("{scope}/actions/runners/downloads"),
-                Some(PAT),
-                None,
-            )
-            .await;
+        let dl = runners(Method::GET, "/downloads", "/downloads", None).await;
         assert_eq!(dl.status, 200);
         assert_eq!(dl.body[0]["os"], "linux");
-        let del = api
-            .call(
-                Method::DELETE,
-                &format!("{prefix}/actions/runners/{{runner_id}}"),
-                &format!("{scope}/actions/runners/{id}"),
-                Some(PAT),
-                None,
-            )
-            .await;
+        let del = runners(Method::DELETE, "/{runner_id}", &one, None).await;
         assert_eq!(del.status, 204);
     }
     for (t, p) in [
