@@ -5,10 +5,10 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{OriginalUri, Path, Query, State};
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use axum::response::Response;
+use serde_json::Value;
 
-use super::pagination::{PageQuery, paginate};
+use super::pagination::{PageQuery, page_response};
 use super::runners::{Params, scope_of};
 use crate::fake_github::error::ApiError;
 use crate::fake_github::jobs::Job;
@@ -44,12 +44,13 @@ pub async fn list_runs(
         .filter(|j| query.status.as_ref().is_none_or(|s| j.status.as_str() == s))
         .map(|j| shapes::workflow_run(&fake.base_url, j))
         .collect();
-    let (page, link) = paginate(&runs, &query, &fake.base_url, &uri);
-    let mut resp = Json(json!({"total_count": runs.len(), "workflow_runs": page})).into_response();
-    if let Some(link) = link {
-        resp.headers_mut().insert("link", link);
-    }
-    Ok(resp)
+    Ok(page_response(
+        &runs,
+        "workflow_runs",
+        &query,
+        &fake.base_url,
+        &uri,
+    ))
 }
 
 pub async fn list_run_jobs(
@@ -71,12 +72,7 @@ pub async fn list_run_jobs(
     if jobs.is_empty() {
         return Err(ApiError::not_found());
     }
-    let (page, link) = paginate(&jobs, &query, &fake.base_url, &uri);
-    let mut resp = Json(json!({"total_count": jobs.len(), "jobs": page})).into_response();
-    if let Some(link) = link {
-        resp.headers_mut().insert("link", link);
-    }
-    Ok(resp)
+    Ok(page_response(&jobs, "jobs", &query, &fake.base_url, &uri))
 }
 
 pub async fn get_job(

@@ -71,3 +71,21 @@ pub fn paginate<T: Clone>(
     rels.push(link(1, "first"));
     (slice, HeaderValue::from_str(&rels.join(", ")).ok())
 }
+
+/// A list endpoint's answer: `{"total_count", "<key>": <this page>}` with its `Link` header.
+pub fn page_response(
+    items: &[serde_json::Value],
+    key: &str,
+    query: &PageQuery,
+    base: &str,
+    uri: &Uri,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let (page, link) = paginate(items, query, base, uri);
+    let mut resp =
+        axum::Json(serde_json::json!({"total_count": items.len(), key: page})).into_response();
+    if let Some(link) = link {
+        resp.headers_mut().insert("link", link);
+    }
+    resp
+}

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 
-use super::pagination::{PageQuery, paginate};
+use super::pagination::{PageQuery, page_response, paginate};
 use crate::fake_github::auth;
 use crate::fake_github::clock::{iso8601, unix_now};
 use crate::fake_github::error::ApiError;
@@ -207,11 +207,5 @@ pub async fn groups(
             })
         })
         .collect();
-    let (page, link) = paginate(&groups, &query, &base, &uri);
-    let mut resp =
-        Json(json!({"total_count": groups.len(), "runner_groups": page})).into_response();
-    if let Some(link) = link {
-        resp.headers_mut().insert("link", link);
-    }
-    Ok(resp)
+    Ok(page_response(&groups, "runner_groups", &query, &base, &uri))
 }
