@@ -4,5 +4,6 @@
 pub mod cluster;
 pub mod fixtures;
 pub mod github;
+pub mod node;
 pub mod process;
 pub mod wait;

@@ -1,0 +1,186 @@
+//! Simulated nodes: there is no kubelet on the test control plane, so a "node" is a Node object
+//! (with labels, so `nodeSelector` works), the agents' service account, one agent Pod bound to the
+//! node (it stays Pending forever) and a service-account token bound to that Pod with the broker's
+//! audience — exactly what the broker checks (DESIGN §5: "the harness creates a Pod object per
+//! simulated node and hands each agent a token bound to it").
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec, ServiceAccount};
+use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
+use runner_manager_crds::broker::BROKER_AUDIENCE;
+
+use super::cluster::ClusterError;
+
+/// The agents' service account, as the chart names it (the operator's default
+/// `--agent-service-account`).
+pub const AGENT_SA: &str = "runner-manager-node-agent";
+
+/// Labels every agent Pod carries (the operator's default `--agent-pod-selector`).
+pub fn agent_pod_labels() -> BTreeMap<String, String> {
+    [(
+        "app.kubernetes.io/component".to_owned(),
+        "node-agent".to_owned(),
+    )]
+    .into()
+}
+
+/// A Node object with `labels`. Nodes are cluster-scoped: callers give unique names (see
+/// [`unique_node_name`]).
+pub async fn create_node(
+    kube: &Client,
+    name: &str,
+    labels: BTreeMap<String, String>,
+) -> Result<Node, ClusterError> {
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    };
+    Ok(Api::<Node>::all(kube.clone())
+        .create(&PostParams::default(), &node)
+        .await?)
+}
+
+/// `<prefix>-<8 hex>`: a node name no other test run uses.
+pub fn unique_node_name(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}
+
+/// The agents' service account in the system namespace (idempotent).
+pub async fn ensure_agent_service_account(kube: &Client, system: &str) -> Result<(), ClusterError> {
+    let sa = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some(AGENT_SA.into()),
+            ..ObjectMeta::default()
+        },
+        ..ServiceAccount::default()
+    };
+    match Api::<ServiceAccount>::namespaced(kube.clone(), system)
+        .create(&PostParams::default(), &sa)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The agent Pod of `node` (`agent-<node>`), bound to the node, with the agents' labels.
+pub async fn create_agent_pod(
+    kube: &Client,
+    system: &str,
+    node: &str,
+) -> Result<Pod, ClusterError> {
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some(agent_pod_name(node)),
+            labels: Some(agent_pod_labels()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.into()),
+            service_account_name: Some(AGENT_SA.into()),
+            containers: vec![Container {
+                name: "agent".into(),
+                image: Some("runner-manager/node-agent:test".into()),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    };
+    Ok(Api::<Pod>::namespaced(kube.clone(), system)
+        .create(&PostParams::default(), &pod)
+        .await?)
+}
+
+/// `agent-<node>`.
+pub fn agent_pod_name(node: &str) -> String {
+    format!("agent-{node}")
+}
+
+/// A token for `sa`, bound to `pod`, for `audience` (one hour).
+pub async fn bound_token(
+    kube: &Client,
+    system: &str,
+    pod: &Pod,
+    sa: &str,
+    audience: &str,
+) -> Result<String, ClusterError> {
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![audience.into()],
+            bound_object_ref: Some(BoundObjectReference {
+                kind: Some("Pod".into()),
+                api_version: Some("v1".into()),
+                name: pod.metadata.name.clone(),
+                uid: pod.metadata.uid.clone(),
+            }),
+            expiration_seconds: Some(3600),
+        },
+        ..TokenRequest::default()
+    };
+    Api::<ServiceAccount>::namespaced(kube.clone(), system)
+        .create_token_request(sa, &PostParams::default(), &request)
+        .await?
+        .status
+        .map(|s| s.token)
+        .ok_or_else(|| ClusterError::Config("TokenRequest answered without a token".into()))
+}
+
+/// One simulated node: its Node object, its agent Pod and a broker token file for its agent.
+#[derive(Debug)]
+pub struct SimNode {
+    pub name: String,
+    pub pod: Pod,
+    /// The agent's `--broker-token-file` (0600).
+    pub token_file: PathBuf,
+}
+
+impl SimNode {
+    /// Create the Node (with `labels`), the agents' service account if missing, the agent Pod,
+    /// and write a bound broker token to `<dir>/broker-token`.
+    pub async fn create(
+        kube: &Client,
+        system: &str,
+        name: &str,
+        labels: BTreeMap<String, String>,
+        dir: &Path,
+    ) -> Result<Self, ClusterError> {
+        create_node(kube, name, labels).await?;
+        ensure_agent_service_account(kube, system).await?;
+        let pod = create_agent_pod(kube, system, name).await?;
+        let token = bound_token(kube, system, &pod, AGENT_SA, BROKER_AUDIENCE).await?;
+        std::fs::create_dir_all(dir).map_err(|e| ClusterError::Config(e.to_string()))?;
+        let token_file = dir.join("broker-token");
+        write_private(&token_file, token.as_bytes())
+            .map_err(|e| ClusterError::Config(format!("{}: {e}", token_file.display())))?;
+        Ok(Self {
+            name: name.to_owned(),
+            pod,
+            token_file,
+        })
+    }
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(bytes)
+}
