@@ -13,13 +13,14 @@ CARGO ?= cargo
 test:
 	e2e/run-tests.sh
 
-## demo: a local control plane with the CRDs and sample policies; leaves it running.
+## demo: the whole loop on a local control plane with the simulated GitHub (operator, two node
+## agents, a policy, a handful of jobs); leaves it running (DEMO_ARGS=--stop stops at the end).
 demo:
-	e2e/demo.sh
+	e2e/demo.sh $(DEMO_ARGS)
 
 ## demo-down: stop the demo's control plane.
 demo-down:
-	RM_RUN=$${RM_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/runner-manager}/demo-run e2e/control-plane/stop.sh
+	e2e/demo-down.sh
 
 lint:
 	$(CARGO) fmt --all -- --check
