@@ -6,8 +6,6 @@
 //! root with the runner accounts of `e2e/setup-runner-accounts.sh`. Skipped without KUBECONFIG.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
-
 use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::outcome::{FailureReason, Outcome, RejectReason};
 use runner_manager_crds::state::AttemptState;
@@ -146,4 +144,266 @@ async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
     stop_idle(&w, &b, "ScaleDown").await;
     assert_settled(&w, &b, 2).await;
     drop(agent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_runner_is_terminated_in_order_and_exits_idle() {
+    let Some(w) = AgentWorld::start("an_idle_runner_is_terminated_in_order")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let _agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    let idle = bring_to_idle(&w, &a).await;
+    let pid = idle.status.as_ref().unwrap().journal.process().unwrap().pid;
+    stop_idle(&w, &a, "IdleTimeout").await;
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    assert!(!outcome(&done).unwrap().wants_replacement());
+    assert!(!pid_alive(pid));
+    assert_settled(&w, &a, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_rejects_the_surplus_over_capacity() {
+    let Some(w) = AgentWorld::start("admission_rejects_the_surplus")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let _agent = w.agent(1, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let first = w.pending_attempt().await.unwrap();
+    let second = w.pending_attempt().await.unwrap();
+    let mut admitted = None;
+    let mut rejected = None;
+    for a in [&first, &second] {
+        let settled = w
+            .wait_for(&name(a), "admitted or rejected", |s| {
+                s.journal.state() >= AttemptState::Starting
+            })
+            .await
+            .unwrap();
+        match outcome(&settled) {
+            Some(o) => rejected = Some((a.clone(), settled, o)),
+            None => admitted = Some(a.clone()),
+        }
+    }
+    let (rejected, settled, o) = rejected.expect("one attempt rejected");
+    assert_eq!(o, Outcome::Rejected(RejectReason::NodeFull));
+    let journal = &settled.status.as_ref().unwrap().journal;
+    assert_eq!(journal.state(), AttemptState::Cleaned);
+    assert!(journal.workspace().is_none(), "a rejection allocates nothing");
+    assert!(w.registrations(&rejected).await.unwrap().is_empty());
+    let advert = wait::until(STEP, "the Lease to show the node full", || async {
+        w.advert().await.filter(|a| a.capacity == 1 && a.free == 0)
+    })
+    .await
+    .unwrap();
+    assert!(advert.recovery_complete);
+    let admitted = admitted.expect("one attempt admitted");
+    bring_to_idle(&w, &admitted).await;
+    stop_idle(&w, &admitted, "ScaleDown").await;
+    assert_settled(&w, &admitted, 1).await;
+    wait::until(STEP, "the Lease to show the node free", || async {
+        w.advert().await.filter(|a| a.free == 1)
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_agent_on_the_same_host_refuses_to_act() {
+    let Some(w) = AgentWorld::start("a_second_agent_on_the_same_host_refuses")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let _first = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let mut second = w.agent(4, &[]).unwrap();
+    let status = wait_exit(&mut second).await;
+    assert_eq!(status.code(), Some(3), "{:?}", second.lines());
+    assert!(
+        second.lines().iter().any(|l| l.contains("refusing to act")),
+        "{:?}",
+        second.lines()
+    );
+    // The first one still serves.
+    let a = w.pending_attempt().await.unwrap();
+    w.wait_state(&name(&a), AttemptState::Starting).await.unwrap();
+    bring_to_idle(&w, &a).await;
+    stop_idle(&w, &a, "ScaleDown").await;
+    assert_settled(&w, &a, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_readopts_its_live_runner() {
+    let Some(w) = AgentWorld::start("a_restarted_agent_readopts")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let mut agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    let idle = bring_to_idle(&w, &a).await;
+    let process = idle.status.as_ref().unwrap().journal.process().unwrap().clone();
+
+    agent.terminate().unwrap();
+    let status = wait_exit(&mut agent).await;
+    assert!(status.success(), "{status:?}");
+    assert!(pid_alive(process.pid), "the runner died with the agent");
+
+    let _again = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let now = w.attempts().get(&n).await.unwrap();
+    let journal = &now.status.as_ref().unwrap().journal;
+    assert_eq!(journal.state(), AttemptState::Idle);
+    assert_eq!(journal.process(), Some(&process), "the same runner, re-adopted");
+    assert!(pid_alive(process.pid));
+
+    // Supervised again: a job runs on it and it is concluded and cleaned.
+    let job = w.queue_job(0).await.unwrap();
+    w.wait_assigned(job).await.unwrap();
+    w.set_job(&n, job).await.unwrap();
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    assert_settled(&w, &a, 1).await;
+}
+
+/// Kill the agent at `boundary`, restart it without the fault, let things settle (the test
+/// playing the operator), and check the invariants. Returns the final attempt.
+async fn crash_at(test: &str, boundary: &str, expected: Outcome) {
+    let Some(w) = AgentWorld::start(test).await.unwrap() else {
+        return;
+    };
+    let mut agent = w.agent(4, &[("RM_AGENT_FAULT", boundary)]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    match boundary {
+        // The request alone: the agent must see a live runner to write its intent. The
+        // deregistration follows the crash.
+        "after-termination-intent" => {
+            w.wait_state(&n, AttemptState::Starting).await.unwrap();
+            bring_to_idle(&w, &a).await;
+            w.request_termination(&n, "IdleTimeout").await.unwrap();
+        }
+        "mid-cleanup" => {
+            w.wait_state(&n, AttemptState::Starting).await.unwrap();
+            bring_to_idle(&w, &a).await;
+            stop_idle(&w, &a, "IdleTimeout").await;
+        }
+        _ => {}
+    }
+    let status = wait_exit(&mut agent).await;
+    assert!(!status.success(), "the agent did not crash at {boundary}");
+    assert!(
+        agent.lines().iter().any(|l| l.contains(boundary)),
+        "{:?}",
+        agent.lines()
+    );
+    drop(agent);
+    if boundary == "after-termination-intent" {
+        w.deregister(&a).await.unwrap();
+    }
+
+    let _again = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    // Settle as the operator would: a re-adopted runner is brought online and stopped; a lost
+    // JIT's registration is deleted.
+    let seen = w
+        .wait_for(&n, "a settled or re-adopted attempt", |s| {
+            matches!(
+                s.journal.state(),
+                AttemptState::Starting | AttemptState::Idle | AttemptState::Cleaned
+            )
+        })
+        .await
+        .unwrap();
+    let state = seen.status.as_ref().unwrap().journal.state();
+    if state == AttemptState::Starting {
+        bring_to_idle(&w, &a).await;
+    }
+    if state != AttemptState::Cleaned {
+        stop_idle(&w, &a, "IdleTimeout").await;
+    }
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(outcome(&done), Some(expected), "{boundary}");
+    if expected.wants_replacement() {
+        // The operator deregisters what a lost launch left on GitHub, then replaces it.
+        w.deregister(&done).await.unwrap();
+    }
+    assert_settled(&w, &a, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_allocated_concludes_preparation_interrupted() {
+    crash_at(
+        "crash_after_allocated",
+        "after-allocated",
+        Outcome::Failed(FailureReason::PreparationInterrupted),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_materialize_concludes_preparation_interrupted() {
+    crash_at(
+        "crash_after_materialize",
+        "after-materialize",
+        Outcome::Failed(FailureReason::PreparationInterrupted),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_jit_and_the_spawn_loses_the_jit() {
+    crash_at(
+        "crash_after_jit_before_spawn",
+        "after-jit-before-spawn",
+        Outcome::Failed(FailureReason::JitExpired),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_spawn_and_starting_readopts_the_runner() {
+    crash_at(
+        "crash_after_spawn_before_starting",
+        "after-spawn-before-starting",
+        Outcome::ExitedIdleWithoutWork,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_the_termination_intent_finishes_the_stop() {
+    crash_at(
+        "crash_after_termination_intent",
+        "after-termination-intent",
+        Outcome::ExitedIdleWithoutWork,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_mid_cleanup_finishes_the_cleanup() {
+    crash_at(
+        "crash_mid_cleanup",
+        "mid-cleanup",
+        Outcome::ExitedIdleWithoutWork,
+    )
+    .await;
 }
