@@ -103,9 +103,15 @@ async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
     let journal = &started.status.as_ref().unwrap().journal;
     let process = journal.process().unwrap().clone();
     assert!(journal.runner().is_some());
-    assert!(journal.launch.as_ref().unwrap().package_downloaded, "a cold launch downloads");
+    assert!(
+        journal.launch.as_ref().unwrap().package_downloaded,
+        "a cold launch downloads"
+    );
     print_launch("cold", &started);
-    assert!(w.handoff_files().is_empty(), "the handoff survived the start");
+    assert!(
+        w.handoff_files().is_empty(),
+        "the handoff survived the start"
+    );
     assert!(pid_alive(process.pid));
     assert_eq!(
         std::fs::metadata(journal.workspace().unwrap().runtime_path())
@@ -118,7 +124,17 @@ async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
     bring_to_idle(&w, &a).await;
     let job = w.queue_job(3000).await.unwrap();
     let runner = w.wait_assigned(job).await.unwrap();
-    assert_eq!(runner, started.status.as_ref().unwrap().journal.runner().unwrap().name);
+    assert_eq!(
+        runner,
+        started
+            .status
+            .as_ref()
+            .unwrap()
+            .journal
+            .runner()
+            .unwrap()
+            .name
+    );
     w.set_job(&n, job).await.unwrap();
     w.set_github(&n, true, true, 2).await.unwrap();
     w.wait_state(&n, AttemptState::Busy).await.unwrap();
@@ -138,7 +154,17 @@ async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
         })
         .await
         .unwrap();
-    assert!(!warm.status.as_ref().unwrap().journal.launch.as_ref().unwrap().package_downloaded);
+    assert!(
+        !warm
+            .status
+            .as_ref()
+            .unwrap()
+            .journal
+            .launch
+            .as_ref()
+            .unwrap()
+            .package_downloaded
+    );
     print_launch("warm", &warm);
     bring_to_idle(&w, &b).await;
     stop_idle(&w, &b, "ScaleDown").await;
@@ -199,7 +225,10 @@ async fn admission_rejects_the_surplus_over_capacity() {
     assert_eq!(o, Outcome::Rejected(RejectReason::NodeFull));
     let journal = &settled.status.as_ref().unwrap().journal;
     assert_eq!(journal.state(), AttemptState::Cleaned);
-    assert!(journal.workspace().is_none(), "a rejection allocates nothing");
+    assert!(
+        journal.workspace().is_none(),
+        "a rejection allocates nothing"
+    );
     assert!(w.registrations(&rejected).await.unwrap().is_empty());
     let advert = wait::until(STEP, "the Lease to show the node full", || async {
         w.advert().await.filter(|a| a.capacity == 1 && a.free == 0)
@@ -238,7 +267,9 @@ async fn a_second_agent_on_the_same_host_refuses_to_act() {
     );
     // The first one still serves.
     let a = w.pending_attempt().await.unwrap();
-    w.wait_state(&name(&a), AttemptState::Starting).await.unwrap();
+    w.wait_state(&name(&a), AttemptState::Starting)
+        .await
+        .unwrap();
     bring_to_idle(&w, &a).await;
     stop_idle(&w, &a, "ScaleDown").await;
     assert_settled(&w, &a, 1).await;
@@ -258,7 +289,14 @@ async fn a_restarted_agent_readopts_its_live_runner() {
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
     let idle = bring_to_idle(&w, &a).await;
-    let process = idle.status.as_ref().unwrap().journal.process().unwrap().clone();
+    let process = idle
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .process()
+        .unwrap()
+        .clone();
 
     agent.terminate().unwrap();
     let status = wait_exit(&mut agent).await;
@@ -270,7 +308,11 @@ async fn a_restarted_agent_readopts_its_live_runner() {
     let now = w.attempts().get(&n).await.unwrap();
     let journal = &now.status.as_ref().unwrap().journal;
     assert_eq!(journal.state(), AttemptState::Idle);
-    assert_eq!(journal.process(), Some(&process), "the same runner, re-adopted");
+    assert_eq!(
+        journal.process(),
+        Some(&process),
+        "the same runner, re-adopted"
+    );
     assert!(pid_alive(process.pid));
 
     // Supervised again: a job runs on it and it is concluded and cleaned.

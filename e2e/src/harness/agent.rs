@@ -68,12 +68,16 @@ impl AgentWorld {
             return Ok(None);
         };
         install_crds(&kube).await.map_err(|e| fail("crds", e))?;
-        let system = fresh_namespace(&kube, "rm-sys").await.map_err(|e| fail("ns", e))?;
-        let team = fresh_namespace(&kube, "rm-team").await.map_err(|e| fail("ns", e))?;
+        let system = fresh_namespace(&kube, "rm-sys")
+            .await
+            .map_err(|e| fail("ns", e))?;
+        let team = fresh_namespace(&kube, "rm-team")
+            .await
+            .map_err(|e| fail("ns", e))?;
         let scratch = tempfile::tempdir().map_err(|e| fail("tempdir", e))?;
         let listener = binary("standin-runner-listener").map_err(|e| fail("binary", e))?;
-        let package = build(&PackageSpec::small(listener), scratch.path())
-            .map_err(|e| fail("package", e))?;
+        let package =
+            build(&PackageSpec::small(listener), scratch.path()).map_err(|e| fail("package", e))?;
         let fake = SimulatedGitHub::start_with_package(Some(package.clone()))
             .await
             .map_err(|e| fail("fake github", e))?;
@@ -162,9 +166,17 @@ impl AgentWorld {
     /// A new `Pending` native, ephemeral attempt bound to this node, pinning the published
     /// package.
     pub async fn pending_attempt(&self) -> Result<RunnerAttempt, String> {
-        let mut a = native_attempt(uuid::Uuid::new_v4(), "web", &self.policy_uid, &self.node.name);
-        a.spec.snapshot.runner.url =
-            format!("{}/_downloads/{}", self.fake.base_url(), self.package.file_name);
+        let mut a = native_attempt(
+            uuid::Uuid::new_v4(),
+            "web",
+            &self.policy_uid,
+            &self.node.name,
+        );
+        a.spec.snapshot.runner.url = format!(
+            "{}/_downloads/{}",
+            self.fake.base_url(),
+            self.package.file_name
+        );
         a.spec.snapshot.runner.sha256 = self.package.sha256.clone();
         a.spec.snapshot.runner.version = self.package.version.clone();
         self.attempts()
@@ -193,7 +205,11 @@ impl AgentWorld {
         .map_err(|e| e.to_string())
     }
 
-    pub async fn wait_state(&self, name: &str, state: AttemptState) -> Result<RunnerAttempt, String> {
+    pub async fn wait_state(
+        &self,
+        name: &str,
+        state: AttemptState,
+    ) -> Result<RunnerAttempt, String> {
         self.wait_for(name, &format!("{name} to be {state:?}"), |s| {
             s.journal.state() == state
         })
@@ -201,7 +217,13 @@ impl AgentWorld {
     }
 
     /// The operator's fact: what GitHub's list says of the runner.
-    pub async fn set_github(&self, name: &str, online: bool, busy: bool, generation: i64) -> Result<(), String> {
+    pub async fn set_github(
+        &self,
+        name: &str,
+        online: bool,
+        busy: bool,
+        generation: i64,
+    ) -> Result<(), String> {
         let body = json!({"status": {"github": {
             "status": if online { "online" } else { "offline" }, "busy": busy, "generation": generation}}});
         self.attempts()
@@ -284,13 +306,19 @@ impl AgentWorld {
             )
             .await
             .map_err(|e| fail("queue job", e))?;
-        v["job_id"].as_u64().ok_or_else(|| format!("no job id in {v}"))
+        v["job_id"]
+            .as_u64()
+            .ok_or_else(|| format!("no job id in {v}"))
     }
 
     /// Waits until the fake assigned job `id` to a runner; returns the runner's name.
     pub async fn wait_assigned(&self, id: u64) -> Result<String, String> {
         wait::until(STEP, "the job assigned", || async {
-            let v = self.fake.admin("GET", &format!("jobs/{id}"), Value::Null).await.ok()?;
+            let v = self
+                .fake
+                .admin("GET", &format!("jobs/{id}"), Value::Null)
+                .await
+                .ok()?;
             v["runner_name"].as_str().map(str::to_owned)
         })
         .await
@@ -317,7 +345,11 @@ impl AgentWorld {
     /// Sessions refused because the JIT was already used (a second runner with one JIT), and
     /// JIT mints, from the fake's counters.
     pub async fn second_sessions_and_mints(&self) -> Result<(u64, u64), String> {
-        let c = self.fake.counters().await.map_err(|e| fail("counters", e))?;
+        let c = self
+            .fake
+            .counters()
+            .await
+            .map_err(|e| fail("counters", e))?;
         let refused = c["runner_session"]["409"].as_u64().unwrap_or(0);
         let mints = c["generate_jitconfig"]["201"].as_u64().unwrap_or(0);
         Ok((refused, mints))
@@ -384,10 +416,19 @@ async fn team_policy(kube: &Client, team: &str) -> Result<String, String> {
         },
         data: Some(
             [
-                ("appId".to_owned(), ByteString(APP_ID.to_string().into_bytes())),
+                (
+                    "appId".to_owned(),
+                    ByteString(APP_ID.to_string().into_bytes()),
+                ),
                 (
                     "privateKey".to_owned(),
-                    ByteString(app_keys().map_err(|e| fail("keys", e))?.0.clone().into_bytes()),
+                    ByteString(
+                        app_keys()
+                            .map_err(|e| fail("keys", e))?
+                            .0
+                            .clone()
+                            .into_bytes(),
+                    ),
                 ),
             ]
             .into(),
@@ -436,7 +477,8 @@ async fn start_operator(system: &str, github: &str) -> Result<(Running, String),
     ])
     .env("RM_CONTROLLERS", "false")
     .env("RM_LEADER_ELECTION", "false");
-    let operator = Running::spawn("runner-manager-operator", cmd).map_err(|e| fail("operator", e))?;
+    let operator =
+        Running::spawn("runner-manager-operator", cmd).map_err(|e| fail("operator", e))?;
     let broker = wait::until(STEP, "the operator to serve the broker", || {
         let lines = operator.lines();
         async move {
