@@ -125,7 +125,7 @@ mod tests {
                 busy,
                 generation: 1,
             }),
-            job: job.then(|| JobFact {
+            job: job.then_some(JobFact {
                 id: 1,
                 run_id: None,
                 repository: None,
