@@ -449,3 +449,264 @@ async fn a_crash_mid_cleanup_finishes_the_cleanup() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_version_github_refuses_exits_7_and_is_concluded_distinctly() {
+    let Some(w) = AgentWorld::start("a_runner_version_github_refuses")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    w.fake
+        .admin(
+            "PUT",
+            "minimum-runner-version",
+            serde_json::json!({"version": "9.9.9"}),
+        )
+        .await
+        .unwrap();
+    let _agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let done = w
+        .wait_state(&name(&a), AttemptState::Cleaned)
+        .await
+        .unwrap();
+    assert_eq!(
+        outcome(&done),
+        Some(Outcome::Failed(FailureReason::RunnerVersionRejected))
+    );
+    // The operator deletes the registration GitHub refused to serve.
+    w.deregister(&done).await.unwrap();
+    assert_settled(&w, &a, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_that_dies_before_registering_is_a_failure() {
+    let Some(w) = AgentWorld::start("a_runner_that_dies_before_registering")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let _agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    let process = started
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .process()
+        .unwrap()
+        .clone();
+    // Its registration vanishes under it (no termination was asked): the listener exits.
+    w.wait_online(&a).await.unwrap();
+    w.deregister(&a).await.unwrap();
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(
+        outcome(&done),
+        Some(Outcome::Failed(FailureReason::ProcessExitedUnexpectedly))
+    );
+    assert!(!pid_alive(process.pid));
+    assert_settled(&w, &a, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_an_attempt_stops_its_runner_in_order_before_the_finalizer_goes() {
+    use kube::api::{DeleteParams, Patch, PatchParams};
+    let Some(w) = AgentWorld::start("deleting_an_attempt_stops_its_runner")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    // The operator creates attempts with its cleanup finalizer.
+    w.attempts()
+        .patch(
+            &n,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": [runner_manager_crds::CLEANUP_FINALIZER]}})),
+        )
+        .await
+        .unwrap();
+    w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    let idle = bring_to_idle(&w, &a).await;
+    let pid = idle.status.as_ref().unwrap().journal.process().unwrap().pid;
+    w.attempts()
+        .delete(&n, &DeleteParams::default())
+        .await
+        .unwrap();
+    w.deregister(&a).await.unwrap();
+    let done = w
+        .wait_state(&n, AttemptState::Cleaned)
+        .await
+        .unwrap_or_else(|e| panic!("{e}: {:?}", agent.lines()));
+    assert!(done.metadata.deletion_timestamp.is_some());
+    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    assert!(!pid_alive(pid));
+    assert_eq!(
+        done.metadata.finalizers.as_deref(),
+        Some(&[runner_manager_crds::CLEANUP_FINALIZER.to_owned()][..]),
+        "the agent never removes the finalizer"
+    );
+    assert_settled(&w, &a, 1).await;
+    // The operator's part: the finalizer goes once the attempt is Cleaned.
+    w.attempts()
+        .patch(
+            &n,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_identity_keeps_recovery_incomplete_and_says_why() {
+    use k8s_openapi::api::core::v1::Event;
+    let Some(w) = AgentWorld::start("an_unreadable_identity_keeps_recovery_incomplete")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let mut agent = w
+        .agent(4, &[("RM_AGENT_FAULT", "after-spawn-before-starting")])
+        .unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    assert!(!wait_exit(&mut agent).await.success());
+    drop(agent);
+    let jit_received = w.attempts().get(&n).await.unwrap();
+    let journal = &jit_received.status.as_ref().unwrap().journal;
+    assert_eq!(journal.state(), AttemptState::JitReceived);
+    let identity_file = std::path::Path::new(journal.workspace().unwrap().runtime_path())
+        .join(".runner-process.json");
+    let original = std::fs::read(&identity_file).unwrap();
+    std::fs::write(&identity_file, b"{ not an identity").unwrap();
+
+    let _again = w.agent(4, &[]).unwrap();
+    let blocked = wait::until(STEP, "the Lease to say recovery is blocked", || async {
+        w.advert().await.filter(|a| a.recovery_blocked.is_some())
+    })
+    .await
+    .unwrap();
+    assert!(!blocked.recovery_complete);
+    assert_eq!(
+        blocked.recovery_blocked,
+        Some(runner_manager_crds::lease::RecoveryBlocked::IdentityUnreadable)
+    );
+    let events = kube::Api::<Event>::namespaced(w.kube.clone(), &w.team);
+    wait::until(STEP, "a RecoveryBlocked event on the attempt", || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("RecoveryBlocked")
+                    && e.involved_object.name.as_deref() == Some(n.as_str())
+            })
+            .map(|_| ())
+    })
+    .await
+    .unwrap();
+    // Nothing is admitted while blocked.
+    let waiting = w.pending_attempt().await.unwrap();
+
+    // A person restores the identity: the runner is re-adopted and recovery completes.
+    std::fs::write(&identity_file, &original).unwrap();
+    w.wait_recovered().await.unwrap();
+    w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    for x in [&a, &waiting] {
+        w.wait_for(&name(x), "Starting", |s| {
+            s.journal.state() >= AttemptState::Starting
+        })
+        .await
+        .unwrap();
+        bring_to_idle(&w, x).await;
+        stop_idle(&w, x, "ScaleDown").await;
+    }
+    for x in [&a, &waiting] {
+        w.wait_state(&name(x), AttemptState::Cleaned).await.unwrap();
+    }
+    assert_settled(&w, &a, 2).await;
+    assert_settled(&w, &waiting, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_slot_keeps_its_work_and_its_account_across_attempts() {
+    use runner_manager_crds::policy::WorkspaceMode;
+    let Some(w) = AgentWorld::start("a_persistent_slot_keeps_its_work")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let _agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let mut uids = Vec::new();
+    for round in 1..=2 {
+        let a = w
+            .pending_attempt_with(|s| s.workspace = WorkspaceMode::Persistent)
+            .await
+            .unwrap();
+        let n = name(&a);
+        let started = w
+            .wait_for(&n, "Starting", |s| {
+                s.journal.state() >= AttemptState::Starting
+            })
+            .await
+            .unwrap();
+        let placement = started
+            .status
+            .as_ref()
+            .unwrap()
+            .journal
+            .workspace()
+            .unwrap()
+            .clone();
+        assert_eq!(
+            placement.slot_number(),
+            Some(1),
+            "round {round}: the lowest free slot"
+        );
+        let slot = std::path::PathBuf::from(placement.runtime_path());
+        uids.push(std::os::unix::fs::MetadataExt::uid(
+            &std::fs::metadata(&slot).unwrap(),
+        ));
+        bring_to_idle(&w, &a).await;
+        let job = w.queue_job(0).await.unwrap();
+        w.wait_assigned(job).await.unwrap();
+        w.set_job(&n, job).await.unwrap();
+        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+        assert_eq!(outcome(&done), Some(Outcome::CompletedJob), "round {round}");
+        let left: Vec<String> = std::fs::read_dir(&slot)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            left.iter().all(|e| e == "_work"),
+            "round {round}: the scrub keeps only _work: {left:?}"
+        );
+        assert!(w.registrations(&done).await.unwrap().is_empty());
+        let free = wait::until(STEP, "the cleaned slot advertised", || async {
+            w.advert()
+                .await
+                .and_then(|a| a.free_slots.get(&w.policy_uid).copied())
+        })
+        .await
+        .unwrap();
+        assert_eq!(free, 1);
+    }
+    assert_eq!(uids[0], uids[1], "the slot's account is bound to it");
+    assert!(w.handoff_files().is_empty());
+}

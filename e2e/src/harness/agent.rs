@@ -166,12 +166,21 @@ impl AgentWorld {
     /// A new `Pending` native, ephemeral attempt bound to this node, pinning the published
     /// package.
     pub async fn pending_attempt(&self) -> Result<RunnerAttempt, String> {
+        self.pending_attempt_with(|_| {}).await
+    }
+
+    /// Like [`pending_attempt`](Self::pending_attempt), with the snapshot changed by `edit`.
+    pub async fn pending_attempt_with(
+        &self,
+        edit: impl FnOnce(&mut runner_manager_crds::attempt::AttemptSnapshot),
+    ) -> Result<RunnerAttempt, String> {
         let mut a = native_attempt(
             uuid::Uuid::new_v4(),
             "web",
             &self.policy_uid,
             &self.node.name,
         );
+        edit(&mut a.spec.snapshot);
         a.spec.snapshot.runner.url = format!(
             "{}/_downloads/{}",
             self.fake.base_url(),

@@ -120,7 +120,12 @@ pub async fn attempt_task(agent: Arc<Agent>, namespace: String, name: String, ui
     loop {
         let a = match api.get(&name).await {
             Ok(a) if a.metadata.uid.as_deref() == Some(uid.as_str()) => a,
-            Ok(_) | Err(kube::Error::Api(_)) => {
+            Ok(_) => {
+                agent.book().forget(&uid);
+                agent.gate.reconciled(&uid);
+                return;
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {
                 // Gone (or replaced by a new object of the same name): nothing left to drive.
                 agent.book().forget(&uid);
                 agent.gate.reconciled(&uid);
