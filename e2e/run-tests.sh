@@ -37,6 +37,8 @@ export KUBECONFIG="$RM_RUN/kubeconfig"
 done_stage start
 
 stage "unit and integration tests (nextest)"
+# The node agent's runner accounts (its installer's job on a real node).
+e2e/setup-runner-accounts.sh
 # The scenario tests start the project's binaries as processes: build them first.
 cargo build --workspace --bins
 cargo nextest run --workspace --no-fail-fast

@@ -44,10 +44,22 @@ pub struct Cli {
     /// How native runners are launched.
     #[arg(long, env = "RM_LAUNCHER", value_enum, default_value_t = LauncherKind::Systemd)]
     pub launcher: LauncherKind,
-    /// Prefix of the runner account pool (accounts <prefix>1..<prefix>N, one per concurrent
-    /// runner).
-    #[arg(long, env = "RM_RUNNER_ACCOUNT_PREFIX", default_value = "rm-runner")]
-    pub runner_account_prefix: String,
+    /// The runner account pool: uids `<first>-<last>`, one per concurrent runner (created by the
+    /// installer: `e2e/setup-runner-accounts.sh` in the tests, the chart later).
+    #[arg(long, env = "RM_RUNNER_UID_RANGE", default_value = "20001-20064", value_parser = parse_uid_range)]
+    pub runner_uid_range: (u32, u32),
+    /// The pool's group (caches are shared through it).
+    #[arg(long, env = "RM_RUNNER_GID", default_value_t = 20000)]
+    pub runner_gid: u32,
+    /// The cgroup v2 parent of the direct launcher's runners (relative to the v2 mount).
+    #[arg(long, env = "RM_CGROUP_PARENT", default_value = "runner-manager.slice")]
+    pub cgroup_parent: String,
+    /// The entry helper (`runner-manager-runner-entry`); by default the one beside this binary.
+    #[arg(long, env = "RM_ENTRY_HELPER")]
+    pub entry_helper: Option<PathBuf>,
+    /// Milliseconds between two supervision passes of one attempt.
+    #[arg(long, env = "RM_SUPERVISION_MILLIS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    pub supervision_millis: u64,
     /// The operator's JIT broker.
     #[arg(
         long,
@@ -70,9 +82,41 @@ pub struct Cli {
     )]
     pub broker_token_file: PathBuf,
     /// Seconds between Lease renewals (the heartbeat the operator places by).
-    #[arg(long, env = "RM_HEARTBEAT_SECONDS", default_value_t = 10)]
+    #[arg(long, env = "RM_HEARTBEAT_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub heartbeat_seconds: u64,
     /// Log format.
     #[arg(long, env = "RM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+/// `<first>-<last>`, first ≤ last, never root.
+fn parse_uid_range(s: &str) -> Result<(u32, u32), String> {
+    let (a, b) = s
+        .split_once('-')
+        .ok_or_else(|| "expected <first uid>-<last uid>".to_owned())?;
+    let first: u32 = a
+        .trim()
+        .parse()
+        .map_err(|_| "the first uid is not a number")?;
+    let last: u32 = b
+        .trim()
+        .parse()
+        .map_err(|_| "the last uid is not a number")?;
+    if first == 0 || first > last {
+        return Err("the range must be non-empty and must not include root".to_owned());
+    }
+    Ok((first, last))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uid_ranges_are_checked() {
+        assert_eq!(parse_uid_range("20001-20064"), Ok((20001, 20064)));
+        assert!(parse_uid_range("0-5").is_err());
+        assert!(parse_uid_range("9-5").is_err());
+        assert!(parse_uid_range("x").is_err());
+    }
 }

@@ -5,7 +5,7 @@
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use runner_manager_crds::attempt::{RunnerAttempt, Transition};
+use runner_manager_crds::attempt::{LaunchTimings, RunnerAttempt, Transition};
 use runner_manager_crds::patch::{PatchError, journal_patch};
 use runner_manager_crds::state::Actor;
 
@@ -70,7 +70,57 @@ pub async fn write(
     transition: Transition,
     now: Timestamp,
 ) -> Result<RunnerAttempt, JournalError> {
-    let (_, patch) = journal_patch(current, actor, transition, now)?;
+    write_with(api, current, actor, transition, now, None).await
+}
+
+/// Like [`advance`], with `launch` (the launch step timings) written in the same CAS as the edge,
+/// so `Starting` and its timings appear together.
+pub async fn advance_with_launch(
+    api: &Api<RunnerAttempt>,
+    name: &str,
+    actor: Actor,
+    launch: &LaunchTimings,
+    mut decide: impl FnMut(&RunnerAttempt) -> Decision,
+) -> Result<Option<RunnerAttempt>, JournalError> {
+    for _ in 0..MAX_CONFLICTS {
+        let current = api.get_status(name).await?;
+        let Decision::Take(transition) = decide(&current) else {
+            return Ok(None);
+        };
+        match write_with(
+            api,
+            &current,
+            actor,
+            transition,
+            Timestamp::now(),
+            Some(launch),
+        )
+        .await
+        {
+            Err(e) if e.is_conflict() => continue,
+            other => return other.map(Some),
+        }
+    }
+    Err(JournalError::Contended)
+}
+
+async fn write_with(
+    api: &Api<RunnerAttempt>,
+    current: &RunnerAttempt,
+    actor: Actor,
+    transition: Transition,
+    now: Timestamp,
+    launch: Option<&LaunchTimings>,
+) -> Result<RunnerAttempt, JournalError> {
+    let (_, mut patch) = journal_patch(current, actor, transition, now)?;
+    if let (Some(launch), Some(status)) = (launch, patch.get_mut("status"))
+        && let Some(status) = status.as_object_mut()
+    {
+        status.insert(
+            "launch".to_owned(),
+            serde_json::to_value(launch).map_err(PatchError::Encode)?,
+        );
+    }
     let name = current.metadata.name.as_deref().unwrap_or_default();
     Ok(api
         .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))

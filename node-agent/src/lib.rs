@@ -1,8 +1,9 @@
-//! `runner-manager-node-agent`: the per-node agent. Today it holds its command line and the
-//! journal (CAS status writes through the `crds` edges); packages, workspaces, providers,
-//! supervision and recovery land with the node-agent issues.
+//! `runner-manager-node-agent`: the per-node agent. [`agent`] is the process (fence, Lease,
+//! watch, admission, launch, supervision, recovery, cleanup); the other modules are its parts:
+//! the journal (CAS status writes through the `crds` edges), packages, workspaces, providers.
 
 pub mod account;
+pub mod agent;
 pub mod cli;
 pub mod durable;
 pub mod entry;

@@ -1,22 +1,39 @@
-//! The node agent binary. This build parses and checks its configuration and says plainly that
-//! supervision is not implemented yet.
+//! The node agent binary: the process of DESIGN §6 (see `agent`).
 
 use std::process::ExitCode;
 
 use clap::Parser;
+use runner_manager_node_agent::agent::{self, AgentError};
 use runner_manager_node_agent::cli::Cli;
 
+/// Another agent holds the host fence.
+const EXIT_FENCED: u8 = 3;
+const EXIT_FAILED: u8 = 1;
+
 fn main() -> ExitCode {
+    // aws-lc-rs is the one TLS provider this workspace builds; say so before anything uses TLS.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let cli = Cli::parse();
-    eprintln!(
-        "runner-manager-node-agent {}: node {}, capacity {}, launcher {:?}",
-        env!("CARGO_PKG_VERSION"),
-        cli.node_name,
-        cli.capacity,
-        cli.launcher
-    );
-    eprintln!(
-        "this build does not supervise runners yet (admission, packages, workspaces and providers land with the node-agent issues); exiting"
-    );
-    ExitCode::from(2)
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("runner-manager-node-agent: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_FAILED);
+        }
+    };
+    match runtime.block_on(agent::run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ AgentError::Fence(_)) => {
+            eprintln!("runner-manager-node-agent: {e}");
+            ExitCode::from(EXIT_FENCED)
+        }
+        Err(e) => {
+            eprintln!("runner-manager-node-agent: {e}");
+            ExitCode::from(EXIT_FAILED)
+        }
+    }
 }

@@ -87,7 +87,16 @@ impl std::fmt::Debug for SimulatedGitHub {
 impl SimulatedGitHub {
     /// Start the fake with the App, its installation on `acme`, and the PAT.
     pub async fn start() -> Result<Self, FakeError> {
-        let running = fake_github::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), None).await?;
+        Self::start_with_package(None).await
+    }
+
+    /// Like [`start`](Self::start), also publishing `package` as the runner release (served
+    /// at `<base>/_downloads/<file name>`).
+    pub async fn start_with_package(
+        package: Option<fake_github::state::PackageInfo>,
+    ) -> Result<Self, FakeError> {
+        let running =
+            fake_github::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), package).await?;
         let this = Self {
             running,
             http: reqwest::Client::new(),

@@ -1,0 +1,712 @@
+//! The node agent as a process on the real control plane, with the simulated GitHub, the
+//! operator binary serving the broker, the stand-in runner package and real processes in real
+//! cgroups: launch, supervision, ordered termination, admission, the host fence, re-adoption
+//! after a restart, and a crash at each named boundary. The test plays the operator's facts
+//! (`status.github`, `status.job`) and requests (`spec.termination`, deregistration). Runs as
+//! root with the runner accounts of `e2e/setup-runner-accounts.sh`. Skipped without KUBECONFIG.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use runner_manager_crds::attempt::RunnerAttempt;
+use runner_manager_crds::outcome::{FailureReason, Outcome, RejectReason};
+use runner_manager_crds::state::AttemptState;
+use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
+use runner_manager_e2e::harness::process::Running;
+use runner_manager_e2e::harness::wait;
+
+fn name(a: &RunnerAttempt) -> String {
+    a.metadata.name.clone().unwrap()
+}
+
+fn outcome(a: &RunnerAttempt) -> Option<Outcome> {
+    a.status.as_ref().and_then(|s| s.journal.outcome())
+}
+
+fn pid_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+async fn wait_exit(agent: &mut Running) -> std::process::ExitStatus {
+    wait::until(STEP, "the agent to exit", || {
+        let status = agent.child.try_wait().ok().flatten();
+        async move { status }
+    })
+    .await
+    .unwrap()
+}
+
+/// Online → `Idle`: the fake lists the runner online, the test writes the fact.
+async fn bring_to_idle(w: &AgentWorld, a: &RunnerAttempt) -> RunnerAttempt {
+    let n = name(a);
+    w.wait_online(a).await.unwrap();
+    w.set_github(&n, true, false, 1).await.unwrap();
+    w.wait_state(&n, AttemptState::Idle).await.unwrap()
+}
+
+/// The operator's ordered termination of an idle runner: the request, then the
+/// deregistration at once (the agent must conclude the same whichever it sees first).
+async fn stop_idle(w: &AgentWorld, a: &RunnerAttempt, reason: &str) {
+    w.request_termination(&name(a), reason).await.unwrap();
+    w.deregister(a).await.unwrap();
+}
+
+/// Everything the scenarios assert once an attempt is settled.
+async fn assert_settled(w: &AgentWorld, a: &RunnerAttempt, attempts_in_world: u64) {
+    let done = w.wait_state(&name(a), AttemptState::Cleaned).await.unwrap();
+    assert!(w.runtimes().is_empty(), "runtimes left: {:?}", w.runtimes());
+    assert!(w.handoff_files().is_empty(), "{:?}", w.handoff_files());
+    assert!(
+        w.registrations(&done).await.unwrap().is_empty(),
+        "a registration is left"
+    );
+    let (second_sessions, mints) = w.second_sessions_and_mints().await.unwrap();
+    assert_eq!(second_sessions, 0, "a second runner used the JIT");
+    assert!(
+        mints <= attempts_in_world,
+        "{mints} JITs minted for {attempts_in_world} attempt(s)"
+    );
+    let entries: Vec<_> = std::fs::read_dir(w.cgroup_dir())
+        .map(|d| d.flatten().filter(|e| e.path().is_dir()).count())
+        .into_iter()
+        .collect();
+    assert!(entries.iter().all(|n| *n == 0), "runner cgroups left");
+}
+
+fn print_launch(label: &str, a: &RunnerAttempt) {
+    let l = a.status.as_ref().unwrap().journal.launch.clone().unwrap();
+    println!(
+        "status.launch ({label}): materializeMs={} prepareMs={} registerMs={} spawnMs={} packageDownloaded={}",
+        l.materialize_ms, l.prepare_ms, l.register_ms, l.spawn_ms, l.package_downloaded
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
+    let Some(w) = AgentWorld::start("a_runner_goes_from_pending_to_a_completed_job")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    let started = w
+        .wait_for(&n, "Starting or later", |s| {
+            s.journal.state() >= AttemptState::Starting
+        })
+        .await
+        .unwrap();
+    let journal = &started.status.as_ref().unwrap().journal;
+    let process = journal.process().unwrap().clone();
+    assert!(journal.runner().is_some());
+    assert!(
+        journal.launch.as_ref().unwrap().package_downloaded,
+        "a cold launch downloads"
+    );
+    print_launch("cold", &started);
+    assert!(
+        w.handoff_files().is_empty(),
+        "the handoff survived the start"
+    );
+    assert!(pid_alive(process.pid));
+    assert_eq!(
+        std::fs::metadata(journal.workspace().unwrap().runtime_path())
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+            .unwrap(),
+        20001,
+        "the runtime belongs to the first pool account"
+    );
+
+    bring_to_idle(&w, &a).await;
+    let job = w.queue_job(3000).await.unwrap();
+    let runner = w.wait_assigned(job).await.unwrap();
+    assert_eq!(
+        runner,
+        started
+            .status
+            .as_ref()
+            .unwrap()
+            .journal
+            .runner()
+            .unwrap()
+            .name
+    );
+    w.set_job(&n, job).await.unwrap();
+    w.set_github(&n, true, true, 2).await.unwrap();
+    w.wait_state(&n, AttemptState::Busy).await.unwrap();
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    assert!(!pid_alive(process.pid));
+    assert_settled(&w, &a, 1).await;
+    let diag = std::fs::read_to_string(w.host_root().join("diagnostics").join(format!("{n}.log")))
+        .unwrap();
+    assert!(diag.contains("CompletedJob"), "{diag}");
+
+    // A second launch on the same node is warm: the package is cached.
+    let b = w.pending_attempt().await.unwrap();
+    let warm = w
+        .wait_for(&name(&b), "Starting or later", |s| {
+            s.journal.state() >= AttemptState::Starting
+        })
+        .await
+        .unwrap();
+    assert!(
+        !warm
+            .status
+            .as_ref()
+            .unwrap()
+            .journal
+            .launch
+            .as_ref()
+            .unwrap()
+            .package_downloaded
+    );
+    print_launch("warm", &warm);
+    bring_to_idle(&w, &b).await;
+    stop_idle(&w, &b, "ScaleDown").await;
+    assert_settled(&w, &b, 2).await;
+    drop(agent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_runner_is_terminated_in_order_and_exits_idle() {
+    let Some(w) = AgentWorld::start("an_idle_runner_is_terminated_in_order")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let _agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    let idle = bring_to_idle(&w, &a).await;
+    let pid = idle.status.as_ref().unwrap().journal.process().unwrap().pid;
+    stop_idle(&w, &a, "IdleTimeout").await;
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    assert!(!outcome(&done).unwrap().wants_replacement());
+    assert!(!pid_alive(pid));
+    assert_settled(&w, &a, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_rejects_the_surplus_over_capacity() {
+    let Some(w) = AgentWorld::start("admission_rejects_the_surplus")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let _agent = w.agent(1, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let first = w.pending_attempt().await.unwrap();
+    let second = w.pending_attempt().await.unwrap();
+    let mut admitted = None;
+    let mut rejected = None;
+    for a in [&first, &second] {
+        let settled = w
+            .wait_for(&name(a), "admitted or rejected", |s| {
+                s.journal.state() >= AttemptState::Starting
+            })
+            .await
+            .unwrap();
+        match outcome(&settled) {
+            Some(o) => rejected = Some((a.clone(), settled, o)),
+            None => admitted = Some(a.clone()),
+        }
+    }
+    let (rejected, settled, o) = rejected.expect("one attempt rejected");
+    assert_eq!(o, Outcome::Rejected(RejectReason::NodeFull));
+    let journal = &settled.status.as_ref().unwrap().journal;
+    assert_eq!(journal.state(), AttemptState::Cleaned);
+    assert!(
+        journal.workspace().is_none(),
+        "a rejection allocates nothing"
+    );
+    assert!(w.registrations(&rejected).await.unwrap().is_empty());
+    let advert = wait::until(STEP, "the Lease to show the node full", || async {
+        w.advert().await.filter(|a| a.capacity == 1 && a.free == 0)
+    })
+    .await
+    .unwrap();
+    assert!(advert.recovery_complete);
+    let admitted = admitted.expect("one attempt admitted");
+    bring_to_idle(&w, &admitted).await;
+    stop_idle(&w, &admitted, "ScaleDown").await;
+    assert_settled(&w, &admitted, 1).await;
+    wait::until(STEP, "the Lease to show the node free", || async {
+        w.advert().await.filter(|a| a.free == 1)
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_agent_on_the_same_host_refuses_to_act() {
+    let Some(w) = AgentWorld::start("a_second_agent_on_the_same_host_refuses")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let _first = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let mut second = w.agent(4, &[]).unwrap();
+    let status = wait_exit(&mut second).await;
+    assert_eq!(status.code(), Some(3), "{:?}", second.lines());
+    assert!(
+        second.lines().iter().any(|l| l.contains("refusing to act")),
+        "{:?}",
+        second.lines()
+    );
+    // The first one still serves.
+    let a = w.pending_attempt().await.unwrap();
+    w.wait_state(&name(&a), AttemptState::Starting)
+        .await
+        .unwrap();
+    bring_to_idle(&w, &a).await;
+    stop_idle(&w, &a, "ScaleDown").await;
+    assert_settled(&w, &a, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_readopts_its_live_runner() {
+    let Some(w) = AgentWorld::start("a_restarted_agent_readopts")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let mut agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    let idle = bring_to_idle(&w, &a).await;
+    let process = idle
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .process()
+        .unwrap()
+        .clone();
+
+    agent.terminate().unwrap();
+    let status = wait_exit(&mut agent).await;
+    assert!(status.success(), "{status:?}");
+    assert!(pid_alive(process.pid), "the runner died with the agent");
+
+    let _again = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let now = w.attempts().get(&n).await.unwrap();
+    let journal = &now.status.as_ref().unwrap().journal;
+    assert_eq!(journal.state(), AttemptState::Idle);
+    assert_eq!(
+        journal.process(),
+        Some(&process),
+        "the same runner, re-adopted"
+    );
+    assert!(pid_alive(process.pid));
+
+    // Supervised again: a job runs on it and it is concluded and cleaned.
+    let job = w.queue_job(0).await.unwrap();
+    w.wait_assigned(job).await.unwrap();
+    w.set_job(&n, job).await.unwrap();
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    assert_settled(&w, &a, 1).await;
+}
+
+/// Kill the agent at `boundary`, restart it without the fault, let things settle (the test
+/// playing the operator), and check the invariants. Returns the final attempt.
+async fn crash_at(test: &str, boundary: &str, expected: Outcome) {
+    let Some(w) = AgentWorld::start(test).await.unwrap() else {
+        return;
+    };
+    let mut agent = w.agent(4, &[("RM_AGENT_FAULT", boundary)]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    match boundary {
+        // The request alone: the agent must see a live runner to write its intent. The
+        // deregistration follows the crash.
+        "after-termination-intent" => {
+            w.wait_state(&n, AttemptState::Starting).await.unwrap();
+            bring_to_idle(&w, &a).await;
+            w.request_termination(&n, "IdleTimeout").await.unwrap();
+        }
+        "mid-cleanup" => {
+            w.wait_state(&n, AttemptState::Starting).await.unwrap();
+            bring_to_idle(&w, &a).await;
+            stop_idle(&w, &a, "IdleTimeout").await;
+        }
+        _ => {}
+    }
+    let status = wait_exit(&mut agent).await;
+    assert!(!status.success(), "the agent did not crash at {boundary}");
+    assert!(
+        agent.lines().iter().any(|l| l.contains(boundary)),
+        "{:?}",
+        agent.lines()
+    );
+    drop(agent);
+    if boundary == "after-termination-intent" {
+        w.deregister(&a).await.unwrap();
+    }
+
+    let _again = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    // Settle as the operator would: a re-adopted runner is brought online and stopped; a lost
+    // JIT's registration is deleted.
+    let seen = w
+        .wait_for(&n, "a settled or re-adopted attempt", |s| {
+            matches!(
+                s.journal.state(),
+                AttemptState::Starting | AttemptState::Idle | AttemptState::Cleaned
+            )
+        })
+        .await
+        .unwrap();
+    let state = seen.status.as_ref().unwrap().journal.state();
+    if state == AttemptState::Starting {
+        bring_to_idle(&w, &a).await;
+    }
+    if state != AttemptState::Cleaned {
+        stop_idle(&w, &a, "IdleTimeout").await;
+    }
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(outcome(&done), Some(expected), "{boundary}");
+    if expected.wants_replacement() {
+        // The operator deregisters what a lost launch left on GitHub, then replaces it.
+        w.deregister(&done).await.unwrap();
+    }
+    assert_settled(&w, &a, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_allocated_concludes_preparation_interrupted() {
+    crash_at(
+        "crash_after_allocated",
+        "after-allocated",
+        Outcome::Failed(FailureReason::PreparationInterrupted),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_materialize_concludes_preparation_interrupted() {
+    crash_at(
+        "crash_after_materialize",
+        "after-materialize",
+        Outcome::Failed(FailureReason::PreparationInterrupted),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_jit_and_the_spawn_loses_the_jit() {
+    crash_at(
+        "crash_after_jit_before_spawn",
+        "after-jit-before-spawn",
+        Outcome::Failed(FailureReason::JitExpired),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_spawn_and_starting_readopts_the_runner() {
+    crash_at(
+        "crash_after_spawn_before_starting",
+        "after-spawn-before-starting",
+        Outcome::ExitedIdleWithoutWork,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_the_termination_intent_finishes_the_stop() {
+    crash_at(
+        "crash_after_termination_intent",
+        "after-termination-intent",
+        Outcome::ExitedIdleWithoutWork,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_mid_cleanup_finishes_the_cleanup() {
+    crash_at(
+        "crash_mid_cleanup",
+        "mid-cleanup",
+        Outcome::ExitedIdleWithoutWork,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_version_github_refuses_exits_7_and_is_concluded_distinctly() {
+    let Some(w) = AgentWorld::start("a_runner_version_github_refuses")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    w.fake
+        .admin(
+            "PUT",
+            "minimum-runner-version",
+            serde_json::json!({"version": "9.9.9"}),
+        )
+        .await
+        .unwrap();
+    let _agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let done = w
+        .wait_state(&name(&a), AttemptState::Cleaned)
+        .await
+        .unwrap();
+    assert_eq!(
+        outcome(&done),
+        Some(Outcome::Failed(FailureReason::RunnerVersionRejected))
+    );
+    // The operator deletes the registration GitHub refused to serve.
+    w.deregister(&done).await.unwrap();
+    assert_settled(&w, &a, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_that_dies_before_registering_is_a_failure() {
+    let Some(w) = AgentWorld::start("a_runner_that_dies_before_registering")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let _agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    let process = started
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .process()
+        .unwrap()
+        .clone();
+    // Its registration vanishes under it (no termination was asked): the listener exits.
+    w.wait_online(&a).await.unwrap();
+    w.deregister(&a).await.unwrap();
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(
+        outcome(&done),
+        Some(Outcome::Failed(FailureReason::ProcessExitedUnexpectedly))
+    );
+    assert!(!pid_alive(process.pid));
+    assert_settled(&w, &a, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_an_attempt_stops_its_runner_in_order_before_the_finalizer_goes() {
+    use kube::api::{DeleteParams, Patch, PatchParams};
+    let Some(w) = AgentWorld::start("deleting_an_attempt_stops_its_runner")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    // The operator creates attempts with its cleanup finalizer.
+    w.attempts()
+        .patch(
+            &n,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": [runner_manager_crds::CLEANUP_FINALIZER]}})),
+        )
+        .await
+        .unwrap();
+    w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    let idle = bring_to_idle(&w, &a).await;
+    let pid = idle.status.as_ref().unwrap().journal.process().unwrap().pid;
+    w.attempts()
+        .delete(&n, &DeleteParams::default())
+        .await
+        .unwrap();
+    w.deregister(&a).await.unwrap();
+    let done = w
+        .wait_state(&n, AttemptState::Cleaned)
+        .await
+        .unwrap_or_else(|e| panic!("{e}: {:?}", agent.lines()));
+    assert!(done.metadata.deletion_timestamp.is_some());
+    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    assert!(!pid_alive(pid));
+    assert_eq!(
+        done.metadata.finalizers.as_deref(),
+        Some(&[runner_manager_crds::CLEANUP_FINALIZER.to_owned()][..]),
+        "the agent never removes the finalizer"
+    );
+    assert_settled(&w, &a, 1).await;
+    // The operator's part: the finalizer goes once the attempt is Cleaned.
+    w.attempts()
+        .patch(
+            &n,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_identity_keeps_recovery_incomplete_and_says_why() {
+    use k8s_openapi::api::core::v1::Event;
+    let Some(w) = AgentWorld::start("an_unreadable_identity_keeps_recovery_incomplete")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let mut agent = w
+        .agent(4, &[("RM_AGENT_FAULT", "after-spawn-before-starting")])
+        .unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    assert!(!wait_exit(&mut agent).await.success());
+    drop(agent);
+    let jit_received = w.attempts().get(&n).await.unwrap();
+    let journal = &jit_received.status.as_ref().unwrap().journal;
+    assert_eq!(journal.state(), AttemptState::JitReceived);
+    let identity_file = std::path::Path::new(journal.workspace().unwrap().runtime_path())
+        .join(".runner-process.json");
+    let original = std::fs::read(&identity_file).unwrap();
+    std::fs::write(&identity_file, b"{ not an identity").unwrap();
+
+    let _again = w.agent(4, &[]).unwrap();
+    let blocked = wait::until(STEP, "the Lease to say recovery is blocked", || async {
+        w.advert().await.filter(|a| a.recovery_blocked.is_some())
+    })
+    .await
+    .unwrap();
+    assert!(!blocked.recovery_complete);
+    assert_eq!(
+        blocked.recovery_blocked,
+        Some(runner_manager_crds::lease::RecoveryBlocked::IdentityUnreadable)
+    );
+    let events = kube::Api::<Event>::namespaced(w.kube.clone(), &w.team);
+    wait::until(STEP, "a RecoveryBlocked event on the attempt", || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("RecoveryBlocked")
+                    && e.involved_object.name.as_deref() == Some(n.as_str())
+            })
+            .map(|_| ())
+    })
+    .await
+    .unwrap();
+    // Nothing is admitted while blocked.
+    let waiting = w.pending_attempt().await.unwrap();
+
+    // A person restores the identity: the runner is re-adopted and recovery completes.
+    std::fs::write(&identity_file, &original).unwrap();
+    w.wait_recovered().await.unwrap();
+    w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    for x in [&a, &waiting] {
+        w.wait_for(&name(x), "Starting", |s| {
+            s.journal.state() >= AttemptState::Starting
+        })
+        .await
+        .unwrap();
+        bring_to_idle(&w, x).await;
+        stop_idle(&w, x, "ScaleDown").await;
+    }
+    for x in [&a, &waiting] {
+        w.wait_state(&name(x), AttemptState::Cleaned).await.unwrap();
+    }
+    assert_settled(&w, &a, 2).await;
+    assert_settled(&w, &waiting, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_slot_keeps_its_work_and_its_account_across_attempts() {
+    use runner_manager_crds::policy::WorkspaceMode;
+    let Some(w) = AgentWorld::start("a_persistent_slot_keeps_its_work")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let _agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let mut uids = Vec::new();
+    for round in 1..=2 {
+        let a = w
+            .pending_attempt_with(|s| s.workspace = WorkspaceMode::Persistent)
+            .await
+            .unwrap();
+        let n = name(&a);
+        let started = w
+            .wait_for(&n, "Starting", |s| {
+                s.journal.state() >= AttemptState::Starting
+            })
+            .await
+            .unwrap();
+        let placement = started
+            .status
+            .as_ref()
+            .unwrap()
+            .journal
+            .workspace()
+            .unwrap()
+            .clone();
+        assert_eq!(
+            placement.slot_number(),
+            Some(1),
+            "round {round}: the lowest free slot"
+        );
+        let slot = std::path::PathBuf::from(placement.runtime_path());
+        uids.push(std::os::unix::fs::MetadataExt::uid(
+            &std::fs::metadata(&slot).unwrap(),
+        ));
+        bring_to_idle(&w, &a).await;
+        let job = w.queue_job(0).await.unwrap();
+        w.wait_assigned(job).await.unwrap();
+        w.set_job(&n, job).await.unwrap();
+        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+        assert_eq!(outcome(&done), Some(Outcome::CompletedJob), "round {round}");
+        let left: Vec<String> = std::fs::read_dir(&slot)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            left.iter().all(|e| e == "_work"),
+            "round {round}: the scrub keeps only _work: {left:?}"
+        );
+        assert!(w.registrations(&done).await.unwrap().is_empty());
+        let free = wait::until(STEP, "the cleaned slot advertised", || async {
+            w.advert()
+                .await
+                .and_then(|a| a.free_slots.get(&w.policy_uid).copied())
+        })
+        .await
+        .unwrap();
+        assert_eq!(free, 1);
+    }
+    assert_eq!(uids[0], uids[1], "the slot's account is bound to it");
+    assert!(w.handoff_files().is_empty());
+}

@@ -1,0 +1,131 @@
+//! Admission (DESIGN §3, §4 rule 9): the agent's own count of what holds capacity on its node is
+//! the authority. An attempt that would overfill the node, or whose snapshot this node cannot
+//! run, is concluded `Rejected` from `Pending` with nothing allocated.
+
+use std::collections::BTreeSet;
+
+use runner_manager_crds::attempt::AttemptSnapshot;
+use runner_manager_crds::outcome::RejectReason;
+use runner_manager_crds::policy::{ExecutionMode, WorkspaceMode};
+use runner_manager_crds::state::AttemptState;
+
+/// What admission decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    Admit,
+    Reject(RejectReason),
+}
+
+/// Whether this agent can run a snapshot at all: native execution only (the OCI provider is not
+/// built yet), and a pinned package digest it can verify.
+pub fn usable(snapshot: &AttemptSnapshot) -> bool {
+    let digest_ok = snapshot.runner.sha256.len() == 64
+        && snapshot
+            .runner
+            .sha256
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    let workspace_ok = matches!(
+        snapshot.workspace,
+        WorkspaceMode::Ephemeral | WorkspaceMode::Persistent
+    );
+    snapshot.execution.mode == ExecutionMode::Native && digest_ok && workspace_ok
+}
+
+/// The pure decision: `held` attempts already count against `capacity`.
+pub fn decide(held: usize, capacity: u32, snapshot_usable: bool) -> Admission {
+    if !snapshot_usable {
+        Admission::Reject(RejectReason::SnapshotUnusable)
+    } else if held >= capacity as usize {
+        Admission::Reject(RejectReason::NodeFull)
+    } else {
+        Admission::Admit
+    }
+}
+
+/// The agent's count: every admitted attempt whose state may still hold a process.
+#[derive(Clone, Debug, Default)]
+pub struct CapacityBook {
+    held: BTreeSet<String>,
+}
+
+impl CapacityBook {
+    /// Keeps the book in step with a state seen in the journal: an admitted attempt counts while
+    /// `counts_against_capacity`, a `Pending` one is not in the book until admitted.
+    pub fn observe(&mut self, attempt: &str, state: AttemptState, execution: ExecutionMode) {
+        if state != AttemptState::Pending && state.counts_against_capacity(execution) {
+            self.held.insert(attempt.to_owned());
+        } else {
+            self.held.remove(attempt);
+        }
+    }
+
+    /// Decides for a `Pending` attempt and, when admitted, counts it at once (the caller holds
+    /// the book's lock across the decision, so two admissions never see the same count).
+    pub fn admit(&mut self, attempt: &str, capacity: u32, snapshot_usable: bool) -> Admission {
+        if self.held.contains(attempt) {
+            return Admission::Admit;
+        }
+        let decision = decide(self.held.len(), capacity, snapshot_usable);
+        if decision == Admission::Admit {
+            self.held.insert(attempt.to_owned());
+        }
+        decision
+    }
+
+    /// Forgets an attempt (its admission CAS lost, or it is gone).
+    pub fn forget(&mut self, attempt: &str) {
+        self.held.remove(attempt);
+    }
+
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_surplus_over_capacity_is_rejected_and_a_conclusion_frees_a_place() {
+        let mut b = CapacityBook::default();
+        assert_eq!(b.admit("a", 2, true), Admission::Admit);
+        assert_eq!(b.admit("b", 2, true), Admission::Admit);
+        assert_eq!(
+            b.admit("c", 2, true),
+            Admission::Reject(RejectReason::NodeFull)
+        );
+        assert_eq!(b.admit("a", 2, true), Admission::Admit, "idempotent");
+        b.observe("a", AttemptState::Finished, ExecutionMode::Native);
+        assert_eq!(b.admit("c", 2, true), Admission::Admit);
+        assert_eq!(b.held(), 2);
+    }
+
+    #[test]
+    fn what_may_hold_a_process_counts_after_a_restart() {
+        let mut b = CapacityBook::default();
+        b.observe("idle", AttemptState::Idle, ExecutionMode::Native);
+        b.observe("pending", AttemptState::Pending, ExecutionMode::Native);
+        b.observe("cleaned", AttemptState::Cleaned, ExecutionMode::Native);
+        b.observe("oci-failed", AttemptState::Failed, ExecutionMode::Oci);
+        assert_eq!(b.held(), 2);
+        assert_eq!(
+            b.admit("x", 2, true),
+            Admission::Reject(RejectReason::NodeFull)
+        );
+    }
+
+    #[test]
+    fn an_unusable_snapshot_is_rejected_even_with_room() {
+        assert_eq!(
+            decide(0, 4, false),
+            Admission::Reject(RejectReason::SnapshotUnusable)
+        );
+        assert_eq!(decide(3, 4, true), Admission::Admit);
+        assert_eq!(
+            decide(4, 4, true),
+            Admission::Reject(RejectReason::NodeFull)
+        );
+    }
+}

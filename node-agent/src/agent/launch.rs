@@ -1,0 +1,499 @@
+//! The launch pipeline of one attempt (DESIGN §4 rule 1, lifecycle spec §2): each step is
+//! journalled by CAS before the next effect. Pending → admission → workspace placed
+//! (`Allocated`, with the spec hash) → package materialized → runner.env and account prepared
+//! (`Prepared`) → one JIT request → handoff file → launcher start → `Starting` with the
+//! identity and the step timings. Only a start that never had a child is retried.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use kube::api::Api;
+use runner_manager_crds::attempt::{
+    LaunchTimings, RunnerAttempt, StartedIdentity, Transition, WorkspacePlacement, spec_hash,
+};
+use runner_manager_crds::broker::JitRequest;
+use runner_manager_crds::outcome::{FailureReason, Outcome};
+use runner_manager_crds::policy::WorkspaceMode;
+use runner_manager_crds::state::{Actor, AttemptState};
+
+use super::Agent;
+use super::admission::{self, Admission};
+use super::broker_client::JitAnswer;
+use super::events::{self, EventReason};
+use super::fault::{self, Boundary};
+use super::rebuild::{journal_of, owner_of, state_of};
+use super::supervise::{StepError, conclude, uuid_of};
+use crate::account::RunnerAccount;
+use crate::handoff::RestrictiveHandoff;
+use crate::journal::{self, Decision};
+use crate::packages::{PackageRef, RuntimeKind};
+use crate::process::environment::{EnvironmentLayers, layered_environment};
+use crate::providers::LaunchSpec;
+use crate::providers::cgroup::CgroupLimits;
+use crate::workspace::ephemeral::{create_ephemeral_runtime, ephemeral_runtime_path};
+use crate::workspace::prepare::prepare_slot;
+use crate::workspace::slot_path::derive_slot_path;
+use crate::workspace::slot_table::{JournalledLease, SlotKey};
+
+/// How many times a start that never had a child is tried.
+const START_TRIES: u32 = 3;
+
+/// The runner's environment from the snapshot (the agent passes only `PATH` through).
+pub fn environment(
+    snapshot_env: &BTreeMap<String, String>,
+    runtime: &Path,
+) -> Result<BTreeMap<String, String>, crate::process::environment::EnvironmentRefusal> {
+    let inherited = std::env::var("PATH")
+        .ok()
+        .map(|p| BTreeMap::from([("PATH".to_owned(), p)]))
+        .unwrap_or_default();
+    layered_environment(
+        &EnvironmentLayers {
+            inherited,
+            caches: BTreeMap::new(),
+            runner_env: snapshot_env.clone(),
+        },
+        runtime,
+    )
+}
+
+/// Takes the one edge `t` if the attempt is still in `from` (a CAS; a conflict is re-read and
+/// re-decided). Returns whether it was taken.
+pub async fn take(
+    api: &Api<RunnerAttempt>,
+    name: &str,
+    from: AttemptState,
+    t: Transition,
+) -> Result<bool, StepError> {
+    let taken = journal::advance(api, name, Actor::Agent, |cur| {
+        if state_of(cur) == from {
+            Decision::Take(t.clone())
+        } else {
+            Decision::Nothing
+        }
+    })
+    .await?;
+    Ok(taken.is_some())
+}
+
+/// Admission and the whole launch of a `Pending` attempt.
+pub async fn admit_and_launch(
+    agent: &Agent,
+    api: &Api<RunnerAttempt>,
+    a: &RunnerAttempt,
+) -> Result<(), StepError> {
+    let (uid, name, ns) = super::supervise::names(a)?;
+    let snapshot = &a.spec.snapshot;
+    let usable = admission::usable(snapshot)
+        && environment(&snapshot.env, Path::new("/nonexistent-runtime")).is_ok();
+    let decision = agent.book().admit(&uid, agent.capacity, usable);
+    agent.advert_changed.notify_one();
+    if let Admission::Reject(reason) = decision {
+        eprintln!("agent: {ns}/{name}: rejected ({reason:?})");
+        conclude(api, &name, Outcome::Rejected(reason)).await?;
+        events::warn(
+            &agent.kube,
+            &agent.node,
+            a,
+            EventReason::Rejected,
+            format!("the node agent rejected the attempt: {reason:?}"),
+        )
+        .await;
+        return Ok(());
+    }
+    let admitted = allocate(agent, api, a, &name, &ns).await;
+    let Some(placement) = admitted.inspect_err(|_| agent.book().forget(&uid))? else {
+        agent.book().forget(&uid);
+        return Ok(());
+    };
+    fault::at(Boundary::AfterAllocated);
+    let runtime = PathBuf::from(placement.runtime_path());
+    let uuid = uuid_of(a)?;
+
+    // The runtime, then the package in it.
+    let made = match placement.kind() {
+        WorkspaceMode::Ephemeral => create_ephemeral_runtime(&agent.host_root, uuid)
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        WorkspaceMode::Persistent => prepare_slot(
+            &agent.slots_root,
+            &ns,
+            &snapshot.policy_uid,
+            placement.slot_number().unwrap_or_default(),
+        )
+        .map(|_| ())
+        .map_err(|e| e.to_string()),
+    };
+    if let Err(why) = made {
+        eprintln!("agent: {ns}/{name}: workspace unavailable: {why}");
+        conclude(
+            api,
+            &name,
+            Outcome::Failed(FailureReason::WorkspaceUnavailable),
+        )
+        .await?;
+        return Ok(());
+    }
+    let materialized = agent
+        .packages
+        .materialize(
+            &uid,
+            PackageRef {
+                sha256: &snapshot.runner.sha256,
+                url: &snapshot.runner.url,
+            },
+            &runtime,
+            match placement.kind() {
+                WorkspaceMode::Ephemeral => RuntimeKind::Ephemeral,
+                WorkspaceMode::Persistent => RuntimeKind::PersistentSlot,
+            },
+        )
+        .await;
+    let package = match materialized {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("agent: {ns}/{name}: package not materialized: {e}");
+            conclude(
+                api,
+                &name,
+                Outcome::Failed(FailureReason::RunnerPackageUnverified),
+            )
+            .await?;
+            return Ok(());
+        }
+    };
+    fault::at(Boundary::AfterMaterialize);
+    let mut timings = LaunchTimings {
+        materialize_ms: package.timings.total_ms(),
+        package_downloaded: package.timings.downloaded,
+        ..LaunchTimings::default()
+    };
+
+    // The account and the runtime's ownership, then `Prepared`.
+    let prepared_at = Instant::now();
+    let account = {
+        let mut pool = agent.accounts();
+        match placement.slot_number() {
+            Some(n) => pool.assign_for_slot(&uid, &format!("{}/s{n}", snapshot.policy_uid)),
+            None => pool.assign(&uid),
+        }
+    };
+    let Ok(account) = account else {
+        eprintln!("agent: {ns}/{name}: no free runner account");
+        conclude(
+            api,
+            &name,
+            Outcome::Failed(FailureReason::WorkspaceUnavailable),
+        )
+        .await?;
+        return Ok(());
+    };
+    if let Err(e) = own_runtime(&runtime, account) {
+        eprintln!("agent: {ns}/{name}: runtime not prepared: {:?}", e.kind());
+        conclude(
+            api,
+            &name,
+            Outcome::Failed(FailureReason::WorkspaceUnavailable),
+        )
+        .await?;
+        return Ok(());
+    }
+    timings.prepare_ms = millis(prepared_at);
+    if !take(
+        api,
+        &name,
+        AttemptState::Allocated,
+        Transition::MarkPrepared { environment: None },
+    )
+    .await?
+    {
+        return Ok(());
+    }
+    request_and_start(agent, api, &name, &ns, runtime, account, timings).await
+}
+
+/// `Pending → Allocated`: the placement and the spec hash, journalled before any effect. Holds
+/// the allocation lock from the slot choice to the table update after the CAS.
+async fn allocate(
+    agent: &Agent,
+    api: &Api<RunnerAttempt>,
+    a: &RunnerAttempt,
+    name: &str,
+    ns: &str,
+) -> Result<Option<WorkspacePlacement>, StepError> {
+    let snapshot = &a.spec.snapshot;
+    let uuid = uuid_of(a)?;
+    let _held = agent.allocation.lock().await;
+    let (placement, lease) = match snapshot.workspace {
+        WorkspaceMode::Ephemeral => (
+            WorkspacePlacement::ephemeral(
+                ephemeral_runtime_path(&agent.host_root, uuid)
+                    .display()
+                    .to_string(),
+            ),
+            None,
+        ),
+        WorkspaceMode::Persistent => {
+            let key = SlotKey {
+                namespace: ns.to_owned(),
+                policy_uid: snapshot.policy_uid.clone(),
+            };
+            let chosen = agent.slots().lowest_free(&key, snapshot.max_slots);
+            let slot = match chosen {
+                Ok(n) => n,
+                Err(e) => {
+                    eprintln!("agent: {ns}/{name}: {e}");
+                    conclude(
+                        api,
+                        name,
+                        Outcome::Rejected(runner_manager_crds::outcome::RejectReason::NodeFull),
+                    )
+                    .await?;
+                    return Ok(None);
+                }
+            };
+            let path = derive_slot_path(&agent.slots_root, ns, &snapshot.policy_uid, slot)
+                .map_err(|e| StepError::Local(e.to_string()))?;
+            let placement = WorkspacePlacement::slot(slot, path.display().to_string())
+                .ok_or_else(|| StepError::Local("slot 0".to_owned()))?;
+            (
+                placement,
+                Some(JournalledLease {
+                    key,
+                    slot,
+                    attempt: name.to_owned(),
+                }),
+            )
+        }
+    };
+    let hash = spec_hash(&a.spec);
+    let admitted = take(
+        api,
+        name,
+        AttemptState::Pending,
+        Transition::Admit {
+            placement: placement.clone(),
+            spec_hash: hash,
+        },
+    )
+    .await?;
+    if !admitted {
+        return Ok(None);
+    }
+    if let Some(lease) = lease {
+        let _ = agent.slots().record(lease);
+    }
+    Ok(Some(placement))
+}
+
+/// Owned by the runner's account, 0700, with its private `tmp` (TMPDIR).
+fn own_runtime(runtime: &Path, account: RunnerAccount) -> std::io::Result<()> {
+    let tmp = runtime.join("tmp");
+    match std::fs::DirBuilder::new().mode(0o700).create(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    for dir in [&tmp, &runtime.to_path_buf()] {
+        if std::fs::symlink_metadata(dir)?.file_type().is_symlink() {
+            return Err(std::io::Error::other("a link stands where the runtime is"));
+        }
+        std::os::unix::fs::lchown(dir, Some(account.uid), Some(account.gid))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+fn millis(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A `Prepared` attempt found at start (recovery's `RequestJit`): its runtime and account are
+/// on disk, so it goes on from the one JIT request.
+pub async fn resume_prepared(
+    agent: &Agent,
+    api: &Api<RunnerAttempt>,
+    a: &RunnerAttempt,
+) -> Result<(), StepError> {
+    let (uid, name, ns) = super::supervise::names(a)?;
+    let journal = journal_of(a);
+    let runtime = journal
+        .workspace()
+        .map(|w| PathBuf::from(w.runtime_path()))
+        .ok_or_else(|| StepError::Local("a prepared attempt without a workspace".into()))?;
+    let owner = owner_of(&runtime).filter(|u| agent.accounts().contains(*u));
+    let Some(uid_owner) = owner else {
+        conclude(
+            api,
+            &name,
+            Outcome::Failed(FailureReason::PreparationInterrupted),
+        )
+        .await?;
+        return Ok(());
+    };
+    agent.accounts().restore(uid_owner, &uid);
+    let account = RunnerAccount {
+        uid: uid_owner,
+        gid: std::fs::symlink_metadata(&runtime)
+            .map(|m| std::os::unix::fs::MetadataExt::gid(&m))
+            .unwrap_or_default(),
+    };
+    request_and_start(
+        agent,
+        api,
+        &name,
+        &ns,
+        runtime,
+        account,
+        LaunchTimings::default(),
+    )
+    .await
+}
+
+/// `Prepared` → one JIT request → handoff → start → `Starting`.
+async fn request_and_start(
+    agent: &Agent,
+    api: &Api<RunnerAttempt>,
+    name: &str,
+    ns: &str,
+    runtime: PathBuf,
+    account: RunnerAccount,
+    mut timings: LaunchTimings,
+) -> Result<(), StepError> {
+    let current = api.get_status(name).await?;
+    if state_of(&current) != AttemptState::Prepared {
+        return Ok(());
+    }
+    let snapshot = current.spec.snapshot.clone();
+    let uuid = uuid_of(&current)?;
+    let env = match environment(&snapshot.env, &runtime) {
+        Ok(env) => env,
+        Err(e) => {
+            eprintln!("agent: {ns}/{name}: runner.env refused: {e}");
+            conclude(
+                api,
+                name,
+                Outcome::Failed(FailureReason::WorkspaceUnavailable),
+            )
+            .await?;
+            return Ok(());
+        }
+    };
+    let limits = match CgroupLimits::from_resources(snapshot.execution.resources.as_ref()) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("agent: {ns}/{name}: resources refused: {e}");
+            conclude(
+                api,
+                name,
+                Outcome::Failed(FailureReason::ProcessStartFailed),
+            )
+            .await?;
+            return Ok(());
+        }
+    };
+    let request = JitRequest {
+        attempt_uid: current.metadata.uid.clone().unwrap_or_default(),
+        spec_hash: journal_of(&current)
+            .spec_hash()
+            .unwrap_or_default()
+            .to_owned(),
+    };
+    // The one request of this attempt (DESIGN §5): whatever happens, never a second.
+    let asked = Instant::now();
+    let answer = agent.broker.request_jit(ns, name, &request).await;
+    timings.register_ms = millis(asked);
+    let jit = match answer {
+        JitAnswer::Issued(r) => r,
+        JitAnswer::AlreadyIssued | JitAnswer::Lost => {
+            eprintln!(
+                "agent: {ns}/{name}: the JIT is lost (the broker's answer was not received whole, or it was issued before)"
+            );
+            conclude(api, name, Outcome::Failed(FailureReason::JitExpired)).await?;
+            return Ok(());
+        }
+        JitAnswer::Refused(code) => {
+            eprintln!("agent: {ns}/{name}: the broker refused the JIT request ({code})");
+            conclude(api, name, Outcome::Failed(FailureReason::JitRequestFailed)).await?;
+            return Ok(());
+        }
+        JitAnswer::NotSent(why) => {
+            eprintln!("agent: {ns}/{name}: the JIT request was not sent: {why}");
+            conclude(api, name, Outcome::Failed(FailureReason::JitRequestFailed)).await?;
+            return Ok(());
+        }
+    };
+    fault::at(Boundary::AfterJitBeforeSpawn);
+
+    let spec = LaunchSpec {
+        attempt: uuid,
+        runtime: &runtime,
+        account,
+        environment: env,
+        limits,
+    };
+    let spawned = Instant::now();
+    let mut identity = None;
+    for _ in 0..START_TRIES {
+        let handoff = match RestrictiveHandoff::create(&runtime, account, &jit.encoded_jit_config) {
+            Ok(h) => h,
+            Err(e) => {
+                eprintln!("agent: {ns}/{name}: handoff refused: {e}");
+                break;
+            }
+        };
+        match tokio::task::block_in_place(|| agent.launcher.start(&spec, handoff)) {
+            Ok(id) => {
+                identity = Some(id);
+                break;
+            }
+            Err(e) if e.retryable() => {
+                eprintln!(
+                    "agent: {ns}/{name}: start failed before a child existed ({e}); retrying"
+                );
+            }
+            Err(e) => {
+                eprintln!(
+                    "agent: {ns}/{name}: start failed after a child existed ({e}); never retried"
+                );
+                // A child that could not be proven dead is journalled so supervision proves it.
+                identity = e.live;
+                break;
+            }
+        }
+    }
+    // The JIT leaves memory here, whatever happened.
+    drop(jit);
+    let Some(identity) = identity else {
+        conclude(
+            api,
+            name,
+            Outcome::Failed(FailureReason::ProcessStartFailed),
+        )
+        .await?;
+        return Ok(());
+    };
+    timings.spawn_ms = millis(spawned);
+    fault::at(Boundary::AfterSpawnBeforeStarting);
+    let start = Transition::Start {
+        identity: StartedIdentity::Process(identity),
+    };
+    journal::advance_with_launch(api, name, Actor::Agent, &timings, |cur| {
+        if state_of(cur) == AttemptState::JitReceived {
+            Decision::Take(start.clone())
+        } else {
+            Decision::Nothing
+        }
+    })
+    .await?;
+    eprintln!(
+        "agent: {ns}/{name}: started (materialize {} ms, prepare {} ms, register {} ms, spawn {} ms, downloaded {})",
+        timings.materialize_ms,
+        timings.prepare_ms,
+        timings.register_ms,
+        timings.spawn_ms,
+        timings.package_downloaded
+    );
+    Ok(())
+}

@@ -1,0 +1,300 @@
+//! The agent process: the host fence, the node Lease, the watch of the node's attempts, the
+//! startup recovery gate, and one supervising task per attempt (DESIGN §3–§6).
+//!
+//! One task per attempt drives it from `Pending` to `Cleaned` with journal-before-effect steps;
+//! the same task's `step` is recovery after a restart ("recovery is supervision"). The agent
+//! writes status only, through the journal's CAS; never spec, never finalizers.
+
+pub mod accounts;
+pub mod admission;
+pub mod broker_client;
+pub mod cleanup;
+pub mod edges;
+pub mod events;
+pub mod fault;
+pub mod fence;
+pub mod gate;
+pub mod launch;
+pub mod lease;
+pub mod rebuild;
+pub mod supervise;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::TryStreamExt;
+use kube::Client;
+use kube::api::{Api, ListParams, WatchParams};
+use runner_manager_crds::NODE_LABEL;
+use runner_manager_crds::attempt::RunnerAttempt;
+use runner_manager_crds::lease::AgentAdvert;
+use runner_manager_crds::state::AttemptState;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::cli::{Cli, LauncherKind};
+use crate::packages::PackageCache;
+use crate::packages::download::{Downloader, RetryPolicy, Timeouts};
+use crate::providers::RunnerLauncher;
+use crate::providers::cgroup::CgroupParent;
+use crate::providers::direct::DirectLauncher;
+use crate::providers::systemd::SystemdLauncher;
+use crate::workspace::allocation::AllocationLock;
+use crate::workspace::slot_table::{SlotKey, SlotTable};
+use accounts::AccountPool;
+use admission::CapacityBook;
+use broker_client::BrokerClient;
+use fence::{FenceError, HostFence};
+use gate::RecoveryGate;
+
+/// Why the agent could not run. Each maps to an exit code in `main`.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Fence(#[from] FenceError),
+    #[error("the host root {0} could not be prepared: {1:?}")]
+    HostRoot(PathBuf, std::io::ErrorKind),
+    #[error("no Kubernetes configuration (KUBECONFIG or in-cluster): {0}")]
+    KubeConfig(String),
+    #[error("the launcher could not be set up: {0}")]
+    Launcher(String),
+    #[error("the package cache could not be set up: {0}")]
+    Packages(String),
+    #[error("signal handling: {0:?}")]
+    Signals(std::io::ErrorKind),
+}
+
+/// Everything the attempt tasks share.
+pub struct Agent {
+    pub node: String,
+    pub host_root: PathBuf,
+    pub slots_root: PathBuf,
+    pub capacity: u32,
+    pub system_namespace: String,
+    pub heartbeat: Duration,
+    pub poll: Duration,
+    pub kube: Client,
+    pub launcher: Box<dyn RunnerLauncher>,
+    pub packages: PackageCache,
+    pub allocation: AllocationLock,
+    pub broker: BrokerClient,
+    pub gate: RecoveryGate,
+    book: Mutex<CapacityBook>,
+    accounts: Mutex<AccountPool>,
+    slots: Mutex<SlotTable>,
+    /// `Pending` attempts of the node at the last list (they count against free capacity).
+    pending: AtomicUsize,
+    /// Renew the Lease now: the advert changed.
+    pub advert_changed: Notify,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update under these locks is one insert or remove: a panic elsewhere leaves them
+    // consistent.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Agent {
+    pub fn book(&self) -> MutexGuard<'_, CapacityBook> {
+        lock(&self.book)
+    }
+    pub fn accounts(&self) -> MutexGuard<'_, AccountPool> {
+        lock(&self.accounts)
+    }
+    pub fn slots(&self) -> MutexGuard<'_, SlotTable> {
+        lock(&self.slots)
+    }
+
+    /// What the Lease says now.
+    pub fn advert(&self) -> AgentAdvert {
+        let counted = self.book().held() + self.pending.load(Ordering::SeqCst);
+        let slots = self.slots().clone();
+        lease::advert(
+            self.capacity,
+            counted,
+            self.gate.is_complete(),
+            self.gate.blocked(),
+            lease::cached_packages(&self.host_root.join("packages")),
+            lease::free_cleaned_slots(&self.slots_root, |ns, uid, n| {
+                slots
+                    .leased(&SlotKey {
+                        namespace: ns.to_owned(),
+                        policy_uid: uid.to_owned(),
+                    })
+                    .contains(&n)
+            }),
+        )
+    }
+}
+
+fn entry_helper(cli: &Cli) -> Result<PathBuf, AgentError> {
+    if let Some(p) = &cli.entry_helper {
+        return Ok(p.clone());
+    }
+    let exe = std::env::current_exe().map_err(|e| AgentError::Launcher(e.to_string()))?;
+    Ok(exe
+        .parent()
+        .map(|d| d.join("runner-manager-runner-entry"))
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/runner-manager-runner-entry")))
+}
+
+fn prepare_host_root(root: &std::path::Path) -> Result<(), AgentError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let failed = |e: std::io::Error| AgentError::HostRoot(root.to_path_buf(), e.kind());
+    // Runners traverse the host root to reach their runtime; only the agent writes to it.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(root)
+        .map_err(failed)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(root.join("diagnostics"))
+        .map_err(failed)
+}
+
+/// Runs the agent until SIGTERM (or SIGINT). Runners keep running: they outlive the agent.
+pub async fn run(cli: Cli) -> Result<(), AgentError> {
+    prepare_host_root(&cli.host_root)?;
+    let fence = HostFence::acquire(&cli.host_root)?;
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| AgentError::KubeConfig(e.to_string()))?;
+    let kube = Client::try_from(config).map_err(|e| AgentError::KubeConfig(e.to_string()))?;
+    let helper = entry_helper(&cli)?;
+    let launcher: Box<dyn RunnerLauncher> = match cli.launcher {
+        LauncherKind::Direct => Box::new(DirectLauncher::new(
+            CgroupParent::open(&cli.cgroup_parent)
+                .map_err(|e| AgentError::Launcher(e.to_string()))?,
+            helper,
+        )),
+        LauncherKind::Systemd => Box::new(SystemdLauncher::new(helper)),
+    };
+    let downloader = Downloader::new(RetryPolicy::PRODUCTION, Timeouts::PRODUCTION)
+        .map_err(|e| AgentError::Packages(e.to_string()))?;
+    let packages = PackageCache::new(cli.host_root.join("packages"), downloader)
+        .map_err(|e| AgentError::Packages(format!("{:?}", e.kind())))?;
+    let agent = Arc::new(Agent {
+        node: cli.node_name.clone(),
+        host_root: cli.host_root.clone(),
+        slots_root: cli.slots_root.clone(),
+        capacity: cli.capacity,
+        system_namespace: cli.system_namespace.clone(),
+        heartbeat: Duration::from_secs(cli.heartbeat_seconds),
+        poll: Duration::from_millis(cli.supervision_millis),
+        broker: BrokerClient::new(
+            cli.broker_url.clone(),
+            cli.broker_token_file.clone(),
+            kube.clone(),
+            cli.system_namespace.clone(),
+        ),
+        kube,
+        launcher,
+        packages,
+        allocation: AllocationLock::default(),
+        gate: RecoveryGate::default(),
+        book: Mutex::new(CapacityBook::default()),
+        accounts: Mutex::new(AccountPool::new(cli.runner_uid_range, cli.runner_gid)),
+        slots: Mutex::new(SlotTable::default()),
+        pending: AtomicUsize::new(0),
+        advert_changed: Notify::new(),
+    });
+    eprintln!(
+        "agent: node {} serving (capacity {}, launcher {:?}, host root {})",
+        agent.node,
+        agent.capacity,
+        cli.launcher,
+        agent.host_root.display()
+    );
+    let heartbeat = tokio::spawn(lease::heartbeat(Arc::clone(&agent)));
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| AgentError::Signals(e.kind()))?;
+    let watching = watch_attempts(Arc::clone(&agent));
+    tokio::select! {
+        _ = sigterm.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+        () = watching => {}
+    }
+    // Stop watching and supervising; the runners run on and the next agent adopts them.
+    heartbeat.abort();
+    drop(fence);
+    eprintln!("agent: stopped on signal; runners keep running");
+    Ok(())
+}
+
+/// Lists the node's attempts, starts a task for each one without a live task, then watches
+/// until something changes, and again. The first successful list feeds the recovery gate.
+async fn watch_attempts(agent: Arc<Agent>) {
+    let api = Api::<RunnerAttempt>::all(agent.kube.clone());
+    let selector = format!("{NODE_LABEL}={}", agent.node);
+    let mut tasks: HashMap<String, JoinHandle<()>> = HashMap::new();
+    let mut first = true;
+    loop {
+        let list = match api.list(&ListParams::default().labels(&selector)).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("agent: listing attempts failed: {e}");
+                if first {
+                    agent.gate.list_failed();
+                    agent.advert_changed.notify_one();
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        if first {
+            rebuild::rebuild(&agent, &list.items);
+            first = false;
+        }
+        let pending = list
+            .items
+            .iter()
+            .filter(|a| rebuild::state_of(a) == AttemptState::Pending)
+            .count();
+        if agent.pending.swap(pending, Ordering::SeqCst) != pending {
+            agent.advert_changed.notify_one();
+        }
+        tasks.retain(|_, t| !t.is_finished());
+        for a in &list.items {
+            let (Some(uid), Some(ns), Some(name)) = (
+                a.metadata.uid.clone(),
+                a.metadata.namespace.clone(),
+                a.metadata.name.clone(),
+            ) else {
+                continue;
+            };
+            if rebuild::state_of(a) == AttemptState::Cleaned || tasks.contains_key(&uid) {
+                continue;
+            }
+            let task = tokio::spawn(supervise::attempt_task(
+                Arc::clone(&agent),
+                ns,
+                name,
+                uid.clone(),
+            ));
+            tasks.insert(uid, task);
+        }
+        let version = list.metadata.resource_version.unwrap_or_default();
+        let params = WatchParams::default().labels(&selector).timeout(10);
+        match api.watch(&params, &version).await {
+            Ok(stream) => {
+                let mut stream = Box::pin(stream);
+                // Any event (or the watch's end) means: list again.
+                let _ = stream.try_next().await;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    }
+}

@@ -1,0 +1,445 @@
+//! One attempt's task: read the attempt, take one step, again, until it is `Cleaned`. The same
+//! `step` is recovery after a restart and ordinary supervision ("recovery is supervision",
+//! DESIGN §4 rule 8): every decision on an attempt the agent is not bringing up goes through
+//! `crds::recovery::recovery_decision`, with the facts the operator wrote and what the agent
+//! sees of the process.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use runner_manager_crds::attempt::{
+    AttemptJournal, RunnerAttempt, StartedIdentity, TerminationReason, Transition,
+};
+use runner_manager_crds::lease::RecoveryBlocked;
+use runner_manager_crds::outcome::Outcome;
+use runner_manager_crds::recovery::{
+    ProcessObservation, RecoveryDecision, RecoveryTimeouts, recovery_decision,
+};
+use runner_manager_crds::state::{Actor, AttemptState};
+
+use super::edges::{conclusion_path, exit_outcome, fact_edge, github_observation, observe_edge};
+use super::events::{self, EventReason};
+use super::fault::{self, Boundary};
+use super::launch::{self, take};
+use super::rebuild::{journal_of, state_of};
+use super::{Agent, cleanup};
+use crate::evidence::{ExitReading, JobEvidence, job_evidence};
+use crate::journal::{self, Decision, JournalError};
+use crate::process::identity_file;
+use crate::termination::{IntentReason, read_intent, record_intent, terminate};
+
+/// What a step came to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Something was journalled: read again at once.
+    Again,
+    /// Nothing to do until facts change.
+    Wait,
+    /// The attempt is `Cleaned` (or not this node's): the task ends.
+    Done,
+}
+
+/// Why a step did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error("API server: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("recovery blocked: {0:?}")]
+    Blocked(RecoveryBlocked),
+    #[error("{0}")]
+    Local(String),
+}
+
+pub fn names(a: &RunnerAttempt) -> Result<(String, String, String), StepError> {
+    match (
+        a.metadata.uid.clone(),
+        a.metadata.name.clone(),
+        a.metadata.namespace.clone(),
+    ) {
+        (Some(u), Some(n), Some(ns)) => Ok((u, n, ns)),
+        _ => Err(StepError::Local(
+            "an attempt without uid, name or namespace".into(),
+        )),
+    }
+}
+
+pub fn uuid_of(a: &RunnerAttempt) -> Result<uuid::Uuid, StepError> {
+    a.spec
+        .attempt_uuid()
+        .ok_or_else(|| StepError::Local("the attempt's id is not a uuid".into()))
+}
+
+pub fn timeouts(a: &RunnerAttempt) -> RecoveryTimeouts {
+    let t = &a.spec.snapshot.timeouts;
+    RecoveryTimeouts {
+        jit_handoff: t.jit_handoff.as_duration(),
+        registration: t.registration.as_duration(),
+        idle: t.idle.as_duration(),
+    }
+}
+
+pub fn runtime_of(journal: &AttemptJournal) -> Option<PathBuf> {
+    journal.workspace().map(|w| PathBuf::from(w.runtime_path()))
+}
+
+/// Concludes with `outcome` along the edges the table allows (one CAS each), unless the attempt
+/// is already concluded.
+pub async fn conclude(
+    api: &Api<RunnerAttempt>,
+    name: &str,
+    outcome: Outcome,
+) -> Result<(), StepError> {
+    for _ in 0..3 {
+        let written = journal::advance(api, name, Actor::Agent, |cur| {
+            let state = state_of(cur);
+            if state.is_terminal() {
+                return Decision::Nothing;
+            }
+            conclusion_path(state, outcome)
+                .into_iter()
+                .next()
+                .map_or(Decision::Nothing, Decision::Take)
+        })
+        .await?;
+        match written {
+            Some(a) if !state_of(&a).is_terminal() => continue,
+            _ => return Ok(()),
+        }
+    }
+    Ok(())
+}
+
+/// The task of one attempt.
+pub async fn attempt_task(agent: Arc<Agent>, namespace: String, name: String, uid: String) {
+    let api = Api::<RunnerAttempt>::namespaced(agent.kube.clone(), &namespace);
+    let mut reported = false;
+    loop {
+        let a = match api.get(&name).await {
+            Ok(a) if a.metadata.uid.as_deref() == Some(uid.as_str()) => a,
+            Ok(_) => {
+                agent.book().forget(&uid);
+                agent.gate.reconciled(&uid);
+                return;
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {
+                // Gone (or replaced by a new object of the same name): nothing left to drive.
+                agent.book().forget(&uid);
+                agent.gate.reconciled(&uid);
+                return;
+            }
+            Err(_) => {
+                tokio::time::sleep(agent.poll).await;
+                continue;
+            }
+        };
+        match step(&agent, &api, &a).await {
+            Ok(Step::Done) => {
+                agent.gate.reconciled(&uid);
+                agent.advert_changed.notify_one();
+                return;
+            }
+            Ok(Step::Again) => agent.advert_changed.notify_one(),
+            Ok(Step::Wait) => {
+                agent.gate.reconciled(&uid);
+                tokio::time::sleep(agent.poll).await;
+            }
+            Err(StepError::Blocked(why)) => {
+                agent.gate.block(&uid, why);
+                agent.advert_changed.notify_one();
+                if !reported {
+                    reported = true;
+                    eprintln!(
+                        "agent: {namespace}/{name}: recovery blocked: {}",
+                        why.as_str()
+                    );
+                    events::warn(
+                        &agent.kube,
+                        &agent.node,
+                        &a,
+                        EventReason::RecoveryBlocked,
+                        format!(
+                            "recovery of this node is incomplete: {} (the runner's identity file cannot be read; a person must check the runtime)",
+                            why.as_str()
+                        ),
+                    )
+                    .await;
+                }
+                tokio::time::sleep(agent.poll).await;
+            }
+            Err(e) => {
+                eprintln!("agent: {namespace}/{name}: {e}");
+                tokio::time::sleep(agent.poll).await;
+            }
+        }
+    }
+}
+
+/// One decision and its effect.
+pub async fn step(
+    agent: &Agent,
+    api: &Api<RunnerAttempt>,
+    a: &RunnerAttempt,
+) -> Result<Step, StepError> {
+    let (uid, _, _) = names(a)?;
+    if a.spec.node_name != agent.node {
+        // Labelled for this node but bound elsewhere: not ours to touch.
+        return Ok(Step::Done);
+    }
+    let journal = journal_of(a);
+    let state = journal.state();
+    agent
+        .book()
+        .observe(&uid, state, a.spec.snapshot.execution.mode);
+    match state {
+        AttemptState::Cleaned => {
+            agent.accounts().release(&uid);
+            agent.packages.release(&uid);
+            Ok(Step::Done)
+        }
+        AttemptState::Pending => {
+            if !agent.gate.is_complete() {
+                return Ok(Step::Wait);
+            }
+            launch::admit_and_launch(agent, api, a).await?;
+            Ok(Step::Again)
+        }
+        s if s.is_terminal() => cleanup::clean(agent, api, a).await,
+        AttemptState::JitReceived => jit_received(agent, api, a, &journal).await,
+        AttemptState::Starting | AttemptState::Idle | AttemptState::Busy => {
+            live(agent, api, a, &journal).await
+        }
+        // Allocated, Preparing, Prepared: a launch a previous agent did not finish.
+        _ => {
+            let github = github_observation(
+                &a.status
+                    .as_ref()
+                    .map(|s| s.facts.clone())
+                    .unwrap_or_default(),
+            );
+            match recovery_decision(
+                &journal,
+                ProcessObservation::Gone,
+                github,
+                &timeouts(a),
+                Timestamp::now(),
+            ) {
+                RecoveryDecision::Conclude(o) => {
+                    conclude(api, &names(a)?.1, o).await?;
+                    Ok(Step::Again)
+                }
+                RecoveryDecision::RequestJit => {
+                    launch::resume_prepared(agent, api, a).await?;
+                    Ok(Step::Again)
+                }
+                _ => Ok(Step::Wait),
+            }
+        }
+    }
+}
+
+/// `JitReceived` found at start: the runner may have been spawned just before the crash. Its
+/// identity is durable on the host before spawn returned; alive → `Starting`, gone → the JIT is
+/// lost (`JitExpired`).
+async fn jit_received(
+    agent: &Agent,
+    api: &Api<RunnerAttempt>,
+    a: &RunnerAttempt,
+    journal: &AttemptJournal,
+) -> Result<Step, StepError> {
+    let (_, name, _) = names(a)?;
+    let identity = match runtime_of(journal).map(|r| identity_file::read(&r)) {
+        None | Some(Ok(None)) => None,
+        Some(Ok(Some(id))) => Some(id),
+        Some(Err(_)) => return Err(StepError::Blocked(RecoveryBlocked::IdentityUnreadable)),
+    };
+    let alive = match &identity {
+        Some(id) => tokio::task::block_in_place(|| agent.launcher.inspect(id))
+            .map_err(|_| StepError::Blocked(RecoveryBlocked::IdentityUnreadable))?
+            .observation(),
+        None => ProcessObservation::Gone,
+    };
+    let facts = a
+        .status
+        .as_ref()
+        .map(|s| s.facts.clone())
+        .unwrap_or_default();
+    match recovery_decision(
+        journal,
+        alive,
+        github_observation(&facts),
+        &timeouts(a),
+        Timestamp::now(),
+    ) {
+        RecoveryDecision::Observe(AttemptState::Starting) => {
+            if let Some(id) = identity {
+                eprintln!(
+                    "agent: {}: re-adopted runner pid {} (spawned before the crash)",
+                    name, id.pid
+                );
+                take(
+                    api,
+                    &name,
+                    AttemptState::JitReceived,
+                    Transition::Start {
+                        identity: StartedIdentity::Process(id),
+                    },
+                )
+                .await?;
+            }
+            Ok(Step::Again)
+        }
+        RecoveryDecision::Conclude(o) => {
+            conclude(api, &name, o).await?;
+            Ok(Step::Again)
+        }
+        _ => Ok(Step::Wait),
+    }
+}
+
+/// The termination the operator asked for: `spec.termination`, or the attempt's deletion.
+fn requested(a: &RunnerAttempt) -> Option<IntentReason> {
+    a.spec
+        .termination
+        .as_ref()
+        .map(|t| IntentReason::Requested(t.reason))
+        .or_else(|| {
+            a.metadata
+                .deletion_timestamp
+                .as_ref()
+                .map(|_| IntentReason::Requested(TerminationReason::Deleted))
+        })
+}
+
+fn evidence(runtime: &Path) -> JobEvidence {
+    tokio::task::block_in_place(|| job_evidence(runtime))
+}
+
+/// A started runner: facts become edges, deadlines and requests become ordered terminations,
+/// an exit becomes a conclusion.
+async fn live(
+    agent: &Agent,
+    api: &Api<RunnerAttempt>,
+    a: &RunnerAttempt,
+    journal: &AttemptJournal,
+) -> Result<Step, StepError> {
+    let (_, name, ns) = names(a)?;
+    let state = journal.state();
+    let runtime = runtime_of(journal)
+        .ok_or_else(|| StepError::Local("a started attempt without a workspace".into()))?;
+    let Some(identity) = journal.process().cloned() else {
+        return Err(StepError::Local(
+            "a started attempt without a process identity".into(),
+        ));
+    };
+    let facts = a
+        .status
+        .as_ref()
+        .map(|s| s.facts.clone())
+        .unwrap_or_default();
+    let github = github_observation(&facts);
+    let inspection = tokio::task::block_in_place(|| agent.launcher.inspect(&identity))
+        .map_err(|e| StepError::Local(format!("inspection failed: {:?}", e.kind())))?;
+    let request = requested(a);
+    if inspection.is_alive() {
+        if let Some(reason) = request {
+            return stop(agent, api, a, &identity, &runtime, reason, state).await;
+        }
+        if let Some(t) = fact_edge(state, &facts, || evidence(&runtime)) {
+            take(api, &name, state, t).await?;
+            return Ok(Step::Again);
+        }
+        return match recovery_decision(
+            journal,
+            ProcessObservation::Alive,
+            github,
+            &timeouts(a),
+            Timestamp::now(),
+        ) {
+            RecoveryDecision::Observe(to) => {
+                if let Some(t) = observe_edge(state, to) {
+                    take(api, &name, state, t).await?;
+                }
+                Ok(Step::Again)
+            }
+            RecoveryDecision::Terminate(r) => {
+                stop(
+                    agent,
+                    api,
+                    a,
+                    &identity,
+                    &runtime,
+                    IntentReason::Deadline(r),
+                    state,
+                )
+                .await
+            }
+            RecoveryDecision::Conclude(o) => {
+                conclude(api, &name, o).await?;
+                Ok(Step::Again)
+            }
+            _ => Ok(Step::Wait),
+        };
+    }
+    // Gone: the exit, `_diag`, an intent or a request, then GitHub's witness.
+    let exit = ExitReading::of(agent.launcher.exit_status(&identity));
+    let seen = evidence(&runtime);
+    let intent = request.or_else(|| read_intent(&runtime).ok().flatten());
+    let rec = recovery_decision(
+        journal,
+        ProcessObservation::Gone,
+        github,
+        &timeouts(a),
+        Timestamp::now(),
+    );
+    match exit_outcome(state, exit, seen, intent, rec) {
+        Some(outcome) => {
+            eprintln!("agent: {ns}/{name}: runner exited ({exit:?}, {seen:?}): {outcome:?}");
+            conclude(api, &name, outcome).await?;
+            Ok(Step::Again)
+        }
+        None => Ok(Step::Wait),
+    }
+}
+
+/// Ordered termination: durable intent with its reason, stop through the launcher, death proven,
+/// then the conclusion from the reason and the state it was stopped in.
+#[allow(clippy::too_many_arguments)]
+async fn stop(
+    agent: &Agent,
+    api: &Api<RunnerAttempt>,
+    a: &RunnerAttempt,
+    identity: &runner_manager_crds::attempt::ProcessIdentity,
+    runtime: &Path,
+    reason: IntentReason,
+    state: AttemptState,
+) -> Result<Step, StepError> {
+    let (_, name, ns) = names(a)?;
+    if let Err(e) = record_intent(runtime, reason) {
+        eprintln!(
+            "agent: {ns}/{name}: termination intent not durable ({:?}); nothing signalled",
+            e.kind()
+        );
+        return Ok(Step::Wait);
+    }
+    fault::at(Boundary::AfterTerminationIntent);
+    match tokio::task::block_in_place(|| {
+        terminate(agent.launcher.as_ref(), identity, runtime, reason, state)
+    }) {
+        Ok(outcome) => {
+            eprintln!(
+                "agent: {ns}/{name}: stopped ({}): {outcome:?}",
+                reason.token()
+            );
+            conclude(api, &name, outcome).await?;
+            Ok(Step::Again)
+        }
+        Err(e) => {
+            eprintln!("agent: {ns}/{name}: termination deferred: {e}");
+            Ok(Step::Wait)
+        }
+    }
+}
