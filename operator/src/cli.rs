@@ -82,6 +82,37 @@ pub struct Cli {
         default_value = "runner-manager-broker"
     )]
     pub broker_service: String,
+    /// Run the policy and attempt controllers (under leader election). With false the process
+    /// serves only the broker, the webhook receiver and metrics (tests of the node agent).
+    #[arg(long, env = "RM_CONTROLLERS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub controllers: bool,
+    /// This replica's identity in the leader Lease (the pod name in a cluster).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// How long a leader's Lease holds without renewal; a standby takes over after it.
+    #[arg(long, env = "RM_LEASE_DURATION", default_value = "15s", value_parser = duration)]
+    pub lease_duration: Duration,
+    /// How often each policy's GitHub target is observed (one runner list per target per pass).
+    #[arg(long, env = "RM_OBSERVE_INTERVAL", default_value = "30s", value_parser = duration)]
+    pub observe_interval: Duration,
+    /// The longest a reconcile pass waits for a change before running anyway.
+    #[arg(long, env = "RM_RESYNC_INTERVAL", default_value = "10s", value_parser = duration)]
+    pub resync_interval: Duration,
+    /// An orphan registration must be seen orphaned on two passes at least this far apart.
+    #[arg(long, env = "RM_ORPHAN_GRACE", default_value = "5m", value_parser = duration)]
+    pub orphan_grace: Duration,
+    /// A `Pending` attempt the agent has not admitted within this is expired and replaced.
+    #[arg(long, env = "RM_ADMISSION_TIMEOUT", default_value = "60s", value_parser = duration)]
+    pub admission_timeout: Duration,
+    /// A pending job without assignment for this long is checked once with GET …/jobs/{id}.
+    #[arg(long, env = "RM_JOB_CHECK_GRACE", default_value = "2m", value_parser = duration)]
+    pub job_check_grace: Duration,
+    /// First wait before a policy's failed launch is replaced; doubles per consecutive failure.
+    #[arg(long, env = "RM_REPLACEMENT_BACKOFF", default_value = "5s", value_parser = duration)]
+    pub replacement_backoff: Duration,
+    /// Cap of the replacement backoff.
+    #[arg(long, env = "RM_REPLACEMENT_BACKOFF_MAX", default_value = "5m", value_parser = duration)]
+    pub replacement_backoff_max: Duration,
     /// Log format.
     #[arg(long, env = "RM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

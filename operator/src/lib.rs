@@ -1,9 +1,10 @@
 //! `runner-manager-operator`: the only part that holds GitHub credentials and talks to GitHub.
-//! Today: its command line, its CRDs applied at start, the GitHub client and the JIT broker;
-//! the policy and attempt controllers follow.
+//! Its command line, its CRDs applied at start, the GitHub client, the JIT broker, the webhook
+//! receiver and the controllers (policy, placement, attempt supervision) under leader election.
 
 pub mod broker;
 pub mod cli;
+pub mod controller;
 pub mod crd_apply;
 pub mod github;
 pub mod metrics;

@@ -32,6 +32,21 @@ struct OutcomeLabels {
     outcome: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
 /// Every metric of the operator.
 pub struct Metrics {
     registry: Registry,
@@ -41,6 +56,13 @@ pub struct Metrics {
     broker_requests: Family<OutcomeLabels, Counter>,
     broker_duration: Histogram,
     webhook_deliveries: Family<OutcomeLabels, Counter>,
+    api_writes: Family<KindLabels, Counter>,
+    attempts: Family<StateLabels, Gauge>,
+    attempts_created: Family<ReasonLabels, Counter>,
+    placement_failures: Family<ReasonLabels, Counter>,
+    terminations: Family<ReasonLabels, Counter>,
+    orphan_registrations_deleted: Counter,
+    leader: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -88,8 +110,57 @@ impl Metrics {
             "workflow_job webhook deliveries by outcome",
             webhook_deliveries.clone(),
         );
+        let api_writes = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "api_writes",
+            "Writes the operator's controllers sent to the API server, by kind",
+            api_writes.clone(),
+        );
+        let attempts = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "attempts",
+            "RunnerAttempts by state, as of the leader's last pass",
+            attempts.clone(),
+        );
+        let attempts_created = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "attempts_created",
+            "RunnerAttempts created, by why (scale_up or replacement)",
+            attempts_created.clone(),
+        );
+        let placement_failures = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "placement_failures",
+            "Attempts that could not be placed, by why no node fitted",
+            placement_failures.clone(),
+        );
+        let terminations = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "terminations_requested",
+            "spec.termination requests, by reason",
+            terminations.clone(),
+        );
+        let orphan_registrations_deleted = Counter::default();
+        registry.register(
+            "orphan_registrations_deleted",
+            "Runner registrations of ours with no attempt, deleted after the grace period",
+            orphan_registrations_deleted.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease and reconciles",
+            leader.clone(),
+        );
         Arc::new(Self {
             registry,
+            api_writes,
+            attempts,
+            attempts_created,
+            placement_failures,
+            terminations,
+            orphan_registrations_deleted,
+            leader,
             github_calls,
             rate_limit_remaining,
             rate_limit_reset,
@@ -146,6 +217,57 @@ impl Metrics {
     }
 
     /// The text exposition.
+    pub fn api_write(&self, kind: &'static str) {
+        self.api_writes
+            .get_or_create(&KindLabels {
+                kind: kind.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Set the attempts-by-state gauges (every state, so a state that emptied shows 0).
+    pub fn attempts_by_state(&self, counts: &[(&'static str, i64)]) {
+        for (state, n) in counts {
+            self.attempts
+                .get_or_create(&StateLabels {
+                    state: (*state).to_owned(),
+                })
+                .set(*n);
+        }
+    }
+
+    pub fn attempt_created(&self, reason: &'static str) {
+        self.attempts_created
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn placement_failure(&self, reason: &'static str) {
+        self.placement_failures
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn termination(&self, reason: &'static str) {
+        self.terminations
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn orphan_deleted(&self) {
+        self.orphan_registrations_deleted.inc();
+    }
+
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.

@@ -1,5 +1,7 @@
-//! The operator process: CRDs applied, broker certificate ensured, the JIT broker and the health
-//! endpoints served until SIGTERM. The controllers are not wired yet; the log says so.
+//! The operator process: CRDs applied, broker certificate ensured; the JIT broker, the webhook
+//! receiver and the health endpoints served on every replica; the controllers run on the one
+//! replica holding the leader Lease (or on this one, without leader election) until SIGTERM.
+//! Leadership lost means the process stops reconciling at once and exits non-zero.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,11 +10,18 @@ use axum::routing::get;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
 use runner_manager_crds::names::ownership_label;
+use secrecy::SecretString;
 use tokio::net::TcpListener;
+
+use crate::webhook::{self, WebhookConfig, WebhookReceiver};
 
 use crate::broker::authn::AgentIdentity;
 use crate::broker::{server, tls};
 use crate::cli::Cli;
+use crate::controller::leader::{Elector, LeaderError};
+use crate::controller::{
+    self, Ctx, Settings, cache, events::Events, job_ledger::KubeSink, writes::Writer,
+};
 use crate::crd_apply::apply_crds;
 use crate::github::GitHubConfig;
 use crate::github::registry::Clients;
@@ -31,6 +40,8 @@ pub enum RunError {
     Tls(#[from] tls::TlsError),
     #[error("binding {0}: {1}")]
     Bind(std::net::SocketAddr, std::io::Error),
+    #[error(transparent)]
+    Leadership(#[from] LeaderError),
 }
 
 /// Select aws-lc-rs as the TLS crypto provider (the one the workspace compiles).
@@ -63,6 +74,11 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
     )
     .await?;
     let metrics = Metrics::new();
+    let github_config = GitHubConfig {
+        api_base: cli.github_api_url.clone(),
+        metrics: Some(metrics.clone()),
+        ..GitHubConfig::default()
+    };
     let broker = Arc::new(server::Broker {
         kube: kube.clone(),
         agents: AgentIdentity {
@@ -70,14 +86,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
             service_account: cli.agent_service_account.clone(),
             pod_labels: cli.agent_pod_selector.clone(),
         },
-        clients: Clients::new(
-            kube.clone(),
-            GitHubConfig {
-                api_base: cli.github_api_url.clone(),
-                metrics: Some(metrics.clone()),
-                ..GitHubConfig::default()
-            },
-        ),
+        clients: Clients::new(kube.clone(), github_config.clone()),
         ownership_label: ownership.clone(),
         metrics: Some(metrics.clone()),
     });
@@ -94,19 +103,149 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
     let health_app = axum::Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ok" }))
-        .route("/metrics", get(move || async move { metrics.encode() }));
+        .route(
+            "/metrics",
+            get({
+                let metrics = metrics.clone();
+                move || async move { metrics.encode() }
+            }),
+        );
     let health_task = tokio::spawn(async move { axum::serve(health, health_app).await });
+    let writer = Writer {
+        kube: kube.clone(),
+        metrics: metrics.clone(),
+    };
+    let wake = Arc::new(tokio::sync::Notify::new());
+    // Every replica matches webhook deliveries against the policies, so every replica caches them.
+    let policies = cache::policies(&kube, wake.clone());
+    let webhook = TcpListener::bind(cli.webhook_addr)
+        .await
+        .map_err(|e| RunError::Bind(cli.webhook_addr, e))?;
+    let webhook_addr = webhook
+        .local_addr()
+        .map_err(|e| RunError::Bind(cli.webhook_addr, e))?;
+    let webhook_task = tokio::spawn(serve_webhook(
+        kube.clone(),
+        cli.namespace.clone(),
+        cli.webhook_secret_name.clone(),
+        webhook,
+        Arc::new(KubeSink {
+            writer: writer.clone(),
+            policies: policies.clone(),
+        }),
+        metrics.clone(),
+    ));
     tracing::info!(
         broker = %broker_addr,
         health = %health_addr,
+        webhook = %webhook_addr,
         ownership_label = %ownership,
-        "serving the JIT broker; the policy and attempt controllers are not part of this build"
+        controllers = cli.controllers,
+        "serving the JIT broker, the webhook receiver and health"
     );
-    shutdown_signal().await;
-    tracing::info!("shutting down");
+    let result = if cli.controllers {
+        let identity = cli.identity.clone().unwrap_or_else(|| {
+            format!(
+                "operator-{}",
+                &uuid::Uuid::new_v4().simple().to_string()[..12]
+            )
+        });
+        let ctx = Arc::new(Ctx {
+            events: Events::new(writer.clone(), identity.clone()),
+            writer,
+            clients: Arc::new(Clients::new(kube.clone(), github_config)),
+            caches: cache::Caches::start(&kube, &cli.namespace, policies, wake.clone()),
+            settings: settings(&cli, ownership.clone()),
+            metrics: metrics.clone(),
+        });
+        let lead = async {
+            if cli.leader_election {
+                let elector =
+                    Elector::new(kube.clone(), &cli.namespace, identity, cli.lease_duration);
+                elector.acquire().await;
+                metrics.set_leader(true);
+                tokio::select! {
+                    () = controller::run(ctx, wake) => Ok(()),
+                    lost = elector.hold() => Err(lost),
+                }
+            } else {
+                metrics.set_leader(true);
+                controller::run(ctx, wake).await;
+                Ok(())
+            }
+        };
+        tokio::select! {
+            () = shutdown_signal() => Ok(()),
+            r = lead => r.map_err(RunError::from),
+        }
+    } else {
+        shutdown_signal().await;
+        Ok(())
+    };
+    match &result {
+        Ok(()) => tracing::info!("shutting down"),
+        Err(e) => tracing::error!(error = %e, "stopping at once"),
+    }
     broker_task.abort();
     health_task.abort();
-    Ok(())
+    webhook_task.abort();
+    result
+}
+
+fn settings(cli: &Cli, ownership_label: String) -> Settings {
+    Settings {
+        namespace: cli.namespace.clone(),
+        ownership_label,
+        runner_mirror_url: cli.runner_mirror_url.clone(),
+        observe_interval: cli.observe_interval,
+        resync_interval: cli.resync_interval,
+        orphan_grace: cli.orphan_grace,
+        admission_timeout: cli.admission_timeout,
+        node_lost_grace: cli.node_lost_grace,
+        job_check_grace: cli.job_check_grace,
+        attempt_history: cli.attempt_history,
+        max_consecutive_failures: cli.max_consecutive_failures,
+        replacement_backoff: cli.replacement_backoff,
+        replacement_backoff_max: cli.replacement_backoff_max,
+    }
+}
+
+/// Serve `POST /webhook` once the HMAC secret can be read (Secret `--webhook-secret-name`, key
+/// `secret`, in the operator namespace). Until then the port accepts no delivery (GitHub counts
+/// it failed and it can be redelivered), and the Secret is looked for again every few seconds.
+async fn serve_webhook(
+    kube: kube::Client,
+    namespace: String,
+    secret_name: String,
+    listener: TcpListener,
+    sink: Arc<KubeSink>,
+    metrics: Arc<Metrics>,
+) {
+    use k8s_openapi::api::core::v1::Secret;
+    let secrets = Api::<Secret>::namespaced(kube, &namespace);
+    let receiver = loop {
+        let found = secrets.get_opt(&secret_name).await;
+        let value = found.ok().flatten().and_then(|s| {
+            let bytes = s.data?.remove("secret")?.0;
+            String::from_utf8(bytes).ok()
+        });
+        if let Some(v) = value {
+            match WebhookReceiver::new(
+                WebhookConfig::new(SecretString::from(v)),
+                sink.clone(),
+                Some(metrics.clone()),
+            ) {
+                Ok(r) => break Arc::new(r),
+                Err(e) => tracing::warn!(error = %e, "webhook secret unusable"),
+            }
+        } else {
+            tracing::warn!(secret = %secret_name, "webhook secret not found (key `secret`); deliveries are refused until it exists");
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    };
+    if let Err(e) = axum::serve(listener, webhook::router(receiver)).await {
+        tracing::error!(error = %e, "webhook receiver stopped");
+    }
 }
 
 async fn shutdown_signal() {

@@ -85,8 +85,21 @@ impl Clients {
             .get_opt(&secret_name)
             .await?
             .ok_or_else(|| ClientError::NoSecret(secret_name.clone()))?;
+        self.for_secret(namespace, policy, &policy_obj.spec.github.url, &secret)
+    }
+
+    /// The client for a policy whose URL and credentials Secret the caller has already read (the
+    /// controllers hold the policy in their cache and read the Secret once per resolution).
+    pub fn for_secret(
+        &self,
+        namespace: &str,
+        policy: &str,
+        url: &str,
+        secret: &Secret,
+    ) -> Result<Arc<GitHubClient>, ClientError> {
+        let secret_name = secret.metadata.name.clone().unwrap_or_default();
         let version = secret.metadata.resource_version.clone().unwrap_or_default();
-        let url = policy_obj.spec.github.url.clone();
+        let url = url.to_owned();
         let key = Key {
             namespace: namespace.to_owned(),
             policy: policy.to_owned(),
@@ -100,13 +113,11 @@ impl Clients {
                 return Ok(e.client.clone());
             }
         }
-        let credentials =
-            Credentials::from_secret_data(&secret.data.unwrap_or_default()).map_err(|error| {
-                ClientError::BadSecret {
-                    secret: secret_name,
-                    error,
-                }
-            })?;
+        let credentials = Credentials::from_secret_data(&secret.data.clone().unwrap_or_default())
+            .map_err(|error| ClientError::BadSecret {
+            secret: secret_name,
+            error,
+        })?;
         let target = GitHubTarget::parse(&url).map_err(|e| ClientError::BadUrl(e.to_string()))?;
         let client = Arc::new(GitHubClient::new(target, credentials, self.config.clone())?);
         self.cache

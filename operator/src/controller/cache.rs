@@ -1,0 +1,88 @@
+//! The controllers' view of the cluster: one reflector (watch + local store) per kind, so a
+//! reconcile pass reads memory, not the API server. Every event wakes the pass loop.
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use runner_manager_crds::attempt::RunnerAttempt;
+use runner_manager_crds::policy::ScalePolicy;
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+
+/// The stores the controllers read.
+#[derive(Clone)]
+pub struct Caches {
+    pub policies: Store<ScalePolicy>,
+    pub attempts: Store<RunnerAttempt>,
+    pub leases: Store<Lease>,
+    pub nodes: Store<Node>,
+}
+
+fn reflect<K>(api: Api<K>, wake: Arc<Notify>) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(item) = stream.next().await {
+            if let Err(e) = item {
+                tracing::warn!(error = %e, "watch interrupted; resuming");
+            }
+            wake.notify_one();
+        }
+    });
+    reader
+}
+
+/// Only the ScalePolicies (the webhook receivers of every replica match jobs against them).
+pub fn policies(kube: &kube::Client, wake: Arc<Notify>) -> Store<ScalePolicy> {
+    reflect(Api::all(kube.clone()), wake)
+}
+
+impl Caches {
+    /// Start the reflectors the leader needs; `policies` may be shared with the webhook sink.
+    pub fn start(
+        kube: &kube::Client,
+        namespace: &str,
+        policies: Store<ScalePolicy>,
+        wake: Arc<Notify>,
+    ) -> Self {
+        Self {
+            policies,
+            attempts: reflect(Api::all(kube.clone()), wake.clone()),
+            leases: reflect(Api::namespaced(kube.clone(), namespace), wake.clone()),
+            nodes: reflect(Api::all(kube.clone()), wake),
+        }
+    }
+
+    /// Wait until every store has its first full list: deciding on a partial view would create
+    /// attempts that already exist.
+    pub async fn ready(&self) -> bool {
+        self.policies.wait_until_ready().await.is_ok()
+            && self.attempts.wait_until_ready().await.is_ok()
+            && self.leases.wait_until_ready().await.is_ok()
+            && self.nodes.wait_until_ready().await.is_ok()
+    }
+}
+
+impl std::fmt::Debug for Caches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Caches").finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,179 @@
+//! Replacement without loops (DESIGN §11): launches that failed are counted per policy
+//! generation, each replacement waits an exponential backoff, and past the limit the policy is
+//! Degraded and creates nothing until its spec changes. Pure.
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use runner_manager_crds::outcome::{FailureReason, Outcome};
+
+/// One attempt as the failure count sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch<'a> {
+    pub name: &'a str,
+    pub created: Timestamp,
+    /// The policy generation it was made for.
+    pub generation: i64,
+    pub outcome: Option<Outcome>,
+    /// GitHub listed it (or it took a job): the launch worked, whatever came after.
+    pub registered: bool,
+    pub concluded_at: Option<Timestamp>,
+    /// Another attempt names it in `spec.replaces`.
+    pub replaced: bool,
+}
+
+/// A launch that failed for a reason a replacement may hit again.
+pub fn is_launch_failure(outcome: Option<Outcome>) -> bool {
+    matches!(outcome, Some(Outcome::Failed(r)) if r != FailureReason::TerminationRequested)
+}
+
+fn wants_lineage(l: &Launch<'_>) -> bool {
+    !l.replaced
+        && matches!(
+            l.outcome,
+            Some(o) if o.wants_replacement() || matches!(o, Outcome::Rejected(_))
+        )
+}
+
+/// Failed launches of `generation` since its last working one, newest first until a success.
+pub fn consecutive_failures(launches: &[Launch<'_>], generation: i64) -> u32 {
+    let mut mine: Vec<&Launch<'_>> = launches
+        .iter()
+        .filter(|l| l.generation == generation)
+        .collect();
+    mine.sort_by(|a, b| b.created.cmp(&a.created).then(b.name.cmp(a.name)));
+    let mut n = 0;
+    for l in mine {
+        if l.registered {
+            break;
+        }
+        if is_launch_failure(l.outcome) && !l.registered {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// The wait before the next replacement after `failures` consecutive failures.
+pub fn backoff(failures: u32, base: Duration, max: Duration) -> Duration {
+    if failures == 0 {
+        return Duration::ZERO;
+    }
+    let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(20));
+    base.saturating_mul(factor).min(max)
+}
+
+/// When creation may resume: the newest failure's conclusion plus the backoff.
+pub fn resume_at(
+    launches: &[Launch<'_>],
+    failures: u32,
+    base: Duration,
+    max: Duration,
+) -> Option<Timestamp> {
+    if failures == 0 {
+        return None;
+    }
+    let last = launches
+        .iter()
+        .filter(|l| is_launch_failure(l.outcome))
+        .filter_map(|l| l.concluded_at)
+        .max()?;
+    let wait = backoff(failures, base, max);
+    last.checked_add(k8s_openapi::jiff::SignedDuration::try_from(wait).ok()?)
+        .ok()
+}
+
+/// The attempt a new one replaces (`spec.replaces`): the newest failed, rejected or lost one
+/// that nobody replaced yet.
+pub fn lineage<'a>(launches: &[Launch<'a>]) -> Option<&'a str> {
+    launches
+        .iter()
+        .filter(|l| wants_lineage(l))
+        .max_by(|a, b| a.created.cmp(&b.created).then(a.name.cmp(b.name)))
+        .map(|l| l.name)
+}
+
+/// Every attempt the next creations will replace, newest first.
+pub fn lineages<'a>(launches: &[Launch<'a>]) -> Vec<&'a str> {
+    let mut v: Vec<&Launch<'a>> = launches.iter().filter(|l| wants_lineage(l)).collect();
+    v.sort_by(|a, b| b.created.cmp(&a.created).then(b.name.cmp(a.name)));
+    v.into_iter().map(|l| l.name).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runner_manager_crds::outcome::RejectReason;
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(s).unwrap()
+    }
+
+    fn launch(name: &str, created: i64, outcome: Option<Outcome>, registered: bool) -> Launch<'_> {
+        Launch {
+            name,
+            created: t(created),
+            generation: 1,
+            outcome,
+            registered,
+            concluded_at: outcome.map(|_| t(created + 10)),
+            replaced: false,
+        }
+    }
+
+    const JIT: Option<Outcome> = Some(Outcome::Failed(FailureReason::JitExpired));
+
+    #[test]
+    fn counts_trailing_failures_of_the_generation() {
+        let ls = [
+            launch("a", 1, JIT, false),
+            launch("b", 2, Some(Outcome::CompletedJob), true),
+            launch("c", 3, JIT, false),
+            launch("d", 4, JIT, false),
+            launch("e", 5, None, false),
+        ];
+        assert_eq!(consecutive_failures(&ls, 1), 2);
+        assert_eq!(
+            consecutive_failures(&ls, 2),
+            0,
+            "a new generation starts afresh"
+        );
+        let asked = [launch(
+            "x",
+            1,
+            Some(Outcome::Failed(FailureReason::TerminationRequested)),
+            false,
+        )];
+        assert_eq!(consecutive_failures(&asked, 1), 0);
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let b = Duration::from_secs(5);
+        let m = Duration::from_secs(60);
+        assert_eq!(backoff(0, b, m), Duration::ZERO);
+        assert_eq!(backoff(1, b, m), Duration::from_secs(5));
+        assert_eq!(backoff(3, b, m), Duration::from_secs(20));
+        assert_eq!(backoff(30, b, m), m);
+        let ls = [launch("a", 100, JIT, false)];
+        assert_eq!(resume_at(&ls, 1, b, m), Some(t(115)));
+    }
+
+    #[test]
+    fn lineage_is_the_newest_unreplaced_failure() {
+        let mut old = launch("old", 1, JIT, false);
+        old.replaced = true;
+        let ls = [
+            old,
+            launch(
+                "rej",
+                2,
+                Some(Outcome::Rejected(RejectReason::NodeFull)),
+                false,
+            ),
+            launch("ok", 3, Some(Outcome::CompletedJob), true),
+        ];
+        assert_eq!(lineage(&ls), Some("rej"));
+        assert_eq!(lineages(&ls), vec!["rej"]);
+    }
+}

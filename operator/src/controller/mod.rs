@@ -1,0 +1,237 @@
+//! The controllers the leader runs: one level-triggered reconcile pass over the cached policies,
+//! attempts, agent Leases and Nodes, woken by any watch event and at least every resync
+//! interval. One pass holds the one placement worker, so its expectations are never shared.
+//!
+//! Each pass: per attempt, housekeeping (finalizers, abandon, timeouts, the operator's two
+//! edges); per policy, resolution → demand → placement/creation → scale-down → observation of
+//! GitHub → job ledger repairs → status.
+
+pub mod attempts;
+pub mod cache;
+pub mod events;
+pub mod failures;
+pub mod job_ledger;
+pub mod leader;
+pub mod placement_worker;
+pub mod policy;
+pub mod resolve;
+pub mod snapshot;
+pub mod supervisor;
+pub mod timeouts;
+pub mod writes;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use runner_manager_crds::attempt::RunnerAttempt;
+use runner_manager_crds::state::AttemptState;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::github::registry::Clients;
+use crate::github::types::Runner;
+use crate::metrics::Metrics;
+use cache::Caches;
+use events::Events;
+use placement_worker::PlacementWorker;
+use resolve::{Invalid, Resolved};
+use writes::Writer;
+
+/// The policy finalizer: a policy being deleted drains before it goes.
+pub const POLICY_FINALIZER: &str = "runner-manager.dev/drain";
+
+/// Settings from the command line.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub namespace: String,
+    pub ownership_label: String,
+    pub runner_mirror_url: Option<String>,
+    pub observe_interval: Duration,
+    pub resync_interval: Duration,
+    pub orphan_grace: Duration,
+    pub admission_timeout: Duration,
+    pub node_lost_grace: Duration,
+    pub job_check_grace: Duration,
+    pub attempt_history: u32,
+    pub max_consecutive_failures: u32,
+    pub replacement_backoff: Duration,
+    pub replacement_backoff_max: Duration,
+}
+
+/// What every step needs.
+pub struct Ctx {
+    pub writer: Writer,
+    pub clients: Arc<Clients>,
+    pub settings: Settings,
+    pub caches: Caches,
+    pub events: Events,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Ctx {
+    pub fn kube(&self) -> &kube::Client {
+        &self.writer.kube
+    }
+}
+
+/// A resolution and when it was made.
+pub struct ResolvedEntry {
+    pub generation: i64,
+    pub at: Instant,
+    pub result: Result<Resolved, Invalid>,
+}
+
+/// What the leader remembers of one policy between passes (rebuilt after failover; nothing
+/// here is needed for safety, only to space out work).
+#[derive(Default)]
+pub struct PolicyMemory {
+    pub resolved: Option<ResolvedEntry>,
+    pub last_observe: Option<Instant>,
+    pub last_poll: Option<Instant>,
+    /// The last runner listing of the policy's target, by runner name.
+    pub listing: Option<HashMap<String, Runner>>,
+    /// Orphan registrations by runner id: when first seen orphaned.
+    pub orphans: HashMap<i64, Instant>,
+    /// Pending jobs by id: when last checked with GitHub.
+    pub job_checks: HashMap<String, Instant>,
+}
+
+/// The leader's memory.
+#[derive(Default)]
+pub struct Memory {
+    pub placement: PlacementWorker,
+    pub policies: HashMap<String, PolicyMemory>,
+}
+
+fn key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+/// Run reconcile passes until the future is dropped (leadership lost or shutdown).
+pub async fn run(ctx: Arc<Ctx>, wake: Arc<Notify>) {
+    if !ctx.caches.ready().await {
+        tracing::error!("the controller caches stopped before their first list");
+        return;
+    }
+    tracing::info!("controllers reconciling");
+    let mut memory = Memory::default();
+    loop {
+        let started = Instant::now();
+        pass(&ctx, &mut memory).await;
+        tracing::debug!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "pass done"
+        );
+        // Coalesce bursts of watch events: at most a few passes a second.
+        tokio::select! {
+            () = wake.notified() => tokio::time::sleep(Duration::from_millis(200)).await,
+            () = tokio::time::sleep(ctx.settings.resync_interval) => {}
+        }
+    }
+}
+
+/// One pass over everything.
+pub async fn pass(ctx: &Ctx, memory: &mut Memory) {
+    let now = Timestamp::now();
+    let attempts = ctx.caches.attempts.state();
+    memory.placement.observe(
+        attempts.iter().filter_map(|a| a.metadata.name.as_deref()),
+        now,
+    );
+    let mut by_policy: BTreeMap<String, Vec<Arc<RunnerAttempt>>> = BTreeMap::new();
+    let mut states: BTreeMap<AttemptState, i64> =
+        AttemptState::ALL.iter().map(|s| (*s, 0)).collect();
+    for a in &attempts {
+        let ns = a.metadata.namespace.as_deref().unwrap_or_default();
+        by_policy
+            .entry(key(ns, &a.spec.policy))
+            .or_default()
+            .push(a.clone());
+        let s = a
+            .status
+            .as_ref()
+            .map(|s| s.journal.state())
+            .unwrap_or_default();
+        *states.entry(s).or_default() += 1;
+    }
+    let counts: Vec<(&'static str, i64)> =
+        states.iter().map(|(s, n)| (state_name(*s), *n)).collect();
+    ctx.metrics.attempts_by_state(&counts);
+    attempts::housekeeping(ctx, &attempts, now).await;
+    let all_policies = ctx.caches.policies.state();
+    let attempt_ids: std::collections::HashSet<String> =
+        attempts.iter().map(|a| a.spec.id.clone()).collect();
+    for p in &all_policies {
+        let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+        let name = p.metadata.name.as_deref().unwrap_or_default();
+        let k = key(ns, name);
+        let mine = by_policy.remove(&k).unwrap_or_default();
+        let mem = memory.policies.entry(k).or_default();
+        policy::reconcile(
+            ctx,
+            &mut memory.placement,
+            mem,
+            p,
+            &mine,
+            &all_policies,
+            &attempt_ids,
+            now,
+        )
+        .await;
+    }
+    let live: std::collections::HashSet<String> = all_policies
+        .iter()
+        .map(|p| {
+            key(
+                p.metadata.namespace.as_deref().unwrap_or_default(),
+                p.metadata.name.as_deref().unwrap_or_default(),
+            )
+        })
+        .collect();
+    memory.policies.retain(|k, _| live.contains(k));
+}
+
+pub fn state_name(s: AttemptState) -> &'static str {
+    match s {
+        AttemptState::Pending => "Pending",
+        AttemptState::Allocated => "Allocated",
+        AttemptState::Preparing => "Preparing",
+        AttemptState::Prepared => "Prepared",
+        AttemptState::JitReceived => "JitReceived",
+        AttemptState::Starting => "Starting",
+        AttemptState::Idle => "Idle",
+        AttemptState::Busy => "Busy",
+        AttemptState::Finished => "Finished",
+        AttemptState::Failed => "Failed",
+        AttemptState::Orphaned => "Orphaned",
+        AttemptState::Destroying => "Destroying",
+        AttemptState::CleanupDeferred => "CleanupDeferred",
+        AttemptState::Cleaned => "Cleaned",
+    }
+}
+
+impl std::fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ctx").finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for ResolvedEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResolvedEntry").finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for PolicyMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyMemory").finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Memory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Memory").finish_non_exhaustive()
+    }
+}

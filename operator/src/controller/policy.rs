@@ -1,0 +1,628 @@
+//! One policy's reconcile: resolution → demand → creation with placement → scale-down →
+//! timeouts → GitHub observation → job-ledger repairs → status. A policy that is not Ready
+//! creates nothing and changes nothing already running.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
+use runner_manager_crds::attempt::{RunnerAttempt, TerminationReason};
+use runner_manager_crds::conditions::{Condition, ConditionStatus, upsert};
+use runner_manager_crds::policy::{
+    PolicyConditionType, PolicyReason, ScalePolicy, ScalePolicyStatus,
+};
+use runner_manager_crds::state::AttemptState;
+use serde_json::{Map, Value};
+use tokio::time::Instant;
+
+use super::attempts::state_of;
+use super::events::Reason;
+use super::failures::{Launch, consecutive_failures, lineages, resume_at};
+use super::job_ledger::{additions, no_longer_pending, poll_queued};
+use super::placement_worker::{PlacementWorker, node_facts};
+use super::resolve::{Resolved, resolve};
+use super::snapshot::{POLICY_GENERATION_ANNOTATION, Pinned, build};
+use super::supervisor::{Terminated, observe, terminate};
+use super::timeouts::{Due, due};
+use super::{Ctx, POLICY_FINALIZER, PolicyMemory, ResolvedEntry};
+use crate::policy::demand::{AttemptView, DemandInput, ScaleDecision, decide};
+
+type Cond = Condition<PolicyConditionType, PolicyReason>;
+
+fn cond(
+    t: PolicyConditionType,
+    ok: bool,
+    reason: PolicyReason,
+    message: String,
+    generation: i64,
+    now: Timestamp,
+) -> Cond {
+    Condition {
+        type_: t,
+        status: if ok {
+            ConditionStatus::True
+        } else {
+            ConditionStatus::False
+        },
+        reason,
+        message,
+        last_transition_time: Some(Time(now)),
+        observed_generation: Some(generation),
+    }
+}
+
+fn launches(attempts: &[Arc<RunnerAttempt>]) -> Vec<Launch<'_>> {
+    let replaced: HashSet<&str> = attempts
+        .iter()
+        .filter_map(|a| a.spec.replaces.as_deref())
+        .collect();
+    attempts
+        .iter()
+        .filter_map(|a| {
+            let name = a.metadata.name.as_deref()?;
+            let journal = a.status.as_ref().map(|s| &s.journal);
+            let ts = journal.map(|j| j.timestamps());
+            Some(Launch {
+                name,
+                created: a.metadata.creation_timestamp.as_ref()?.0,
+                generation: a
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|m| m.get(POLICY_GENERATION_ANNOTATION))
+                    .and_then(|g| g.parse().ok())
+                    .unwrap_or(-1),
+                outcome: journal.and_then(|j| j.outcome()),
+                registered: ts.is_some_and(|t| t.registered_at.is_some() || t.busy_at.is_some()),
+                concluded_at: ts.and_then(|t| t.concluded_at.as_ref()).map(|t| t.0),
+                replaced: replaced.contains(name),
+            })
+        })
+        .collect()
+}
+
+fn views(attempts: &[Arc<RunnerAttempt>]) -> Vec<AttemptView<'_>> {
+    attempts
+        .iter()
+        .map(|a| {
+            let state = state_of(a);
+            AttemptView {
+                name: a.metadata.name.as_deref().unwrap_or_default(),
+                state,
+                termination_requested: a.spec.termination.is_some()
+                    || a.metadata.deletion_timestamp.is_some(),
+                idle_since: (state == AttemptState::Idle)
+                    .then(|| {
+                        a.status
+                            .as_ref()
+                            .and_then(|s| s.journal.timestamps().last_state_change_at.clone())
+                            .map(|t| t.0)
+                    })
+                    .flatten(),
+            }
+        })
+        .collect()
+}
+
+/// How long a resolution is trusted: a valid one is re-checked every few minutes (a Secret or
+/// the latest runner may change), a transient failure retried soon.
+fn resolution_fresh(e: &ResolvedEntry, generation: i64) -> bool {
+    let ttl = match &e.result {
+        Ok(_) => std::time::Duration::from_secs(300),
+        Err(i) if i.is_transient() => std::time::Duration::from_secs(10),
+        Err(_) => std::time::Duration::from_secs(30),
+    };
+    e.generation == generation && e.at.elapsed() < ttl
+}
+
+#[allow(clippy::too_many_arguments)]
+pub async fn reconcile(
+    ctx: &Ctx,
+    placement: &mut PlacementWorker,
+    mem: &mut PolicyMemory,
+    policy: &Arc<ScalePolicy>,
+    attempts: &[Arc<RunnerAttempt>],
+    all: &[Arc<ScalePolicy>],
+    attempt_ids: &HashSet<String>,
+    now: Timestamp,
+) {
+    let ns = policy.metadata.namespace.as_deref().unwrap_or_default();
+    let name = policy.metadata.name.as_deref().unwrap_or_default();
+    let generation = policy.metadata.generation.unwrap_or(0);
+    if policy.metadata.deletion_timestamp.is_some() {
+        drain(ctx, mem, policy, attempts, now).await;
+        return;
+    }
+    let finalizers = policy.metadata.finalizers.clone().unwrap_or_default();
+    if !finalizers.iter().any(|f| f == POLICY_FINALIZER) {
+        let mut with = finalizers;
+        with.push(POLICY_FINALIZER.to_owned());
+        let _ = ctx.writer.policy_finalizers(policy, with).await;
+    }
+
+    // Resolution (once per generation, not per pass).
+    if !mem
+        .resolved
+        .as_ref()
+        .is_some_and(|e| resolution_fresh(e, generation))
+    {
+        let was_ok = mem.resolved.as_ref().map(|e| e.result.is_ok());
+        let result = resolve(
+            ctx.kube(),
+            &ctx.clients,
+            policy,
+            ctx.settings.runner_mirror_url.as_deref(),
+        )
+        .await;
+        match (&result, was_ok) {
+            (Err(i), Some(true) | None) => {
+                ctx.events
+                    .publish(
+                        &policy.object_ref(&()),
+                        Reason::PolicyInvalid,
+                        i.message.clone(),
+                    )
+                    .await;
+            }
+            (Ok(r), Some(false) | None) => {
+                ctx.events
+                    .publish(
+                        &policy.object_ref(&()),
+                        Reason::PolicyReady,
+                        format!(
+                            "runner {} pinned; runner group {}",
+                            r.package.version, r.runner_group_id
+                        ),
+                    )
+                    .await;
+            }
+            _ => {}
+        }
+        mem.resolved = Some(ResolvedEntry {
+            generation,
+            at: Instant::now(),
+            result,
+        });
+    }
+    let resolved: Option<Resolved> = mem
+        .resolved
+        .as_ref()
+        .and_then(|e| e.result.as_ref().ok().cloned());
+
+    let old = policy.status.clone().unwrap_or_default();
+    let pending_jobs = u32::try_from(old.pending_jobs.len()).unwrap_or(u32::MAX);
+    let attempt_views = views(attempts);
+    let input = DemandInput {
+        min_idle: policy.spec.min_idle,
+        max_runners: policy.spec.max_runners,
+        pending_jobs,
+    };
+    let scale = decide(input, &attempt_views);
+    let history = launches(attempts);
+    let failures = consecutive_failures(&history, generation);
+    let degraded = failures >= ctx.settings.max_consecutive_failures;
+    let last_failure = history
+        .iter()
+        .filter(|l| super::failures::is_launch_failure(l.outcome))
+        .max_by_key(|l| l.created)
+        .and_then(|l| l.outcome);
+
+    let mut scaling = (
+        true,
+        PolicyReason::Steady,
+        "supply matches demand".to_owned(),
+    );
+    match (&resolved, &scale.decision) {
+        (None, _) => {
+            scaling = (
+                false,
+                PolicyReason::Steady,
+                "nothing is created while the policy is not Ready".into(),
+            );
+        }
+        (Some(_), ScaleDecision::Up { .. }) if degraded => {
+            scaling = (
+                false,
+                PolicyReason::LaunchesFailing,
+                "replacements stopped: the policy is Degraded until its spec changes".into(),
+            );
+        }
+        (Some(r), ScaleDecision::Up { create }) => {
+            let gate = resume_at(
+                &history,
+                failures,
+                ctx.settings.replacement_backoff,
+                ctx.settings.replacement_backoff_max,
+            );
+            if let Some(at) = gate.filter(|at| *at > now) {
+                scaling = (
+                    true,
+                    PolicyReason::ScalingUp,
+                    format!(
+                        "{failures} launch(es) failed in a row; next replacement after {at} (backoff)"
+                    ),
+                );
+            } else {
+                scaling =
+                    create_attempts(ctx, placement, policy, attempts, r, *create, &history, now)
+                        .await;
+            }
+        }
+        (Some(_), ScaleDecision::Down { idle }) => {
+            let mut asked = 0;
+            for victim in idle {
+                let Some(a) = attempts
+                    .iter()
+                    .find(|a| a.metadata.name.as_deref() == Some(victim))
+                else {
+                    continue;
+                };
+                let client = resolved.as_ref().map(|r| r.client.as_ref());
+                if terminate(ctx, mem, client, a, TerminationReason::ScaleDown, now).await
+                    == Terminated::Requested
+                {
+                    asked += 1;
+                }
+            }
+            scaling = (
+                true,
+                PolicyReason::ScalingDown,
+                format!("{asked} idle runner(s) deregistered and asked to stop"),
+            );
+        }
+        (Some(_), ScaleDecision::AtMaxRunners) => {
+            scaling = (
+                true,
+                PolicyReason::AtMaxRunners,
+                format!("at spec.maxRunners ({})", policy.spec.max_runners),
+            );
+        }
+        (Some(_), ScaleDecision::Steady) => {}
+    }
+
+    // Timeouts that need a deregistration, and attempts a person deleted.
+    let client = resolved.as_ref().map(|r| r.client.clone());
+    for a in attempts {
+        let reason = match due(
+            a,
+            now,
+            ctx.settings.admission_timeout,
+            None,
+            ctx.settings.node_lost_grace,
+        ) {
+            Some(Due::Terminate(r)) => Some(r),
+            _ => {
+                let state = state_of(a);
+                (a.metadata.deletion_timestamp.is_some()
+                    && a.spec.termination.is_none()
+                    && state.is_live()
+                    && state != AttemptState::Busy)
+                    .then_some(TerminationReason::Deleted)
+            }
+        };
+        if let Some(reason) = reason {
+            terminate(ctx, mem, client.as_deref(), a, reason, now).await;
+        }
+    }
+
+    // GitHub observation, polling and ledger repairs, each at its own interval.
+    if let Some(r) = &resolved {
+        if mem
+            .last_observe
+            .is_none_or(|t| t.elapsed() >= ctx.settings.observe_interval)
+        {
+            mem.last_observe = Some(Instant::now());
+            observe(ctx, mem, policy, attempts, &r.client, attempt_ids).await;
+        }
+        let poll = policy.spec.scaling.poll_interval.as_duration();
+        if mem.last_poll.is_none_or(|t| t.elapsed() >= poll) {
+            mem.last_poll = Some(Instant::now());
+            match poll_queued(&r.client, policy, all.to_vec()).await {
+                Ok(jobs) => {
+                    let add = additions(&old.pending_jobs, jobs, now);
+                    let _ = ctx.writer.pending_jobs(ns, name, add).await;
+                }
+                Err(e) => tracing::warn!(error = %e, "polling queued runs failed"),
+            }
+        }
+        let grace = ctx.settings.job_check_grace;
+        let mut remove = Map::new();
+        for (job, queued) in &old.pending_jobs {
+            let age = now
+                .as_millisecond()
+                .saturating_sub(queued.0.as_millisecond());
+            if age < i64::try_from(grace.as_millis()).unwrap_or(i64::MAX) {
+                continue;
+            }
+            if mem.job_checks.get(job).is_some_and(|t| t.elapsed() < grace) {
+                continue;
+            }
+            mem.job_checks.insert(job.clone(), Instant::now());
+            let Ok(id) = job.parse::<i64>() else {
+                remove.insert(job.clone(), Value::Null);
+                continue;
+            };
+            if let Ok(true) = no_longer_pending(&r.client, id).await {
+                remove.insert(job.clone(), Value::Null);
+            }
+        }
+        mem.job_checks
+            .retain(|k, _| old.pending_jobs.contains_key(k));
+        let _ = ctx.writer.pending_jobs(ns, name, remove).await;
+    }
+
+    // Status: the leader's own fields, written only when they change.
+    let mut next = old.clone();
+    next.observed_generation = Some(generation);
+    next.desired = scale.desired;
+    next.starting = scale.counts.starting;
+    next.idle = scale.counts.idle;
+    next.busy = scale.counts.busy;
+    next.cleaning = scale.counts.cleaning + scale.counts.terminating;
+    if let Some(r) = &resolved {
+        next.runner_group_id = Some(r.runner_group_id);
+        next.runner_version = Some(r.package.version.clone());
+    }
+    if next.desired != old.desired {
+        next.last_scale_time = Some(Time(now));
+    }
+    let ready = match mem.resolved.as_ref().map(|e| &e.result) {
+        Some(Ok(r)) => cond(
+            PolicyConditionType::Ready,
+            true,
+            PolicyReason::Valid,
+            format!("valid; runner {} pinned", r.package.version),
+            generation,
+            now,
+        ),
+        Some(Err(i)) => cond(
+            PolicyConditionType::Ready,
+            false,
+            i.reason,
+            i.message.clone(),
+            generation,
+            now,
+        ),
+        None => cond(
+            PolicyConditionType::Ready,
+            false,
+            PolicyReason::GitHubUnreachable,
+            "not resolved yet".into(),
+            generation,
+            now,
+        ),
+    };
+    upsert(&mut next.conditions, ready);
+    upsert(
+        &mut next.conditions,
+        cond(
+            PolicyConditionType::Scaling,
+            scaling.0,
+            scaling.1,
+            scaling.2,
+            generation,
+            now,
+        ),
+    );
+    let degraded_cond = if degraded {
+        cond(
+            PolicyConditionType::Degraded,
+            true,
+            PolicyReason::LaunchesFailing,
+            format!(
+                "{failures} consecutive launches failed (last: {}); no replacements until spec changes",
+                last_failure.map_or_else(
+                    || "unknown".to_owned(),
+                    |o| {
+                        serde_json::to_value(o)
+                            .ok()
+                            .and_then(|v| {
+                                v.get("reason").and_then(Value::as_str).map(str::to_owned)
+                            })
+                            .unwrap_or_default()
+                    }
+                )
+            ),
+            generation,
+            now,
+        )
+    } else {
+        cond(
+            PolicyConditionType::Degraded,
+            false,
+            PolicyReason::Healthy,
+            "launches succeed".into(),
+            generation,
+            now,
+        )
+    };
+    let newly_degraded = degraded
+        && !old
+            .conditions
+            .iter()
+            .any(|c| c.type_ == PolicyConditionType::Degraded && c.status == ConditionStatus::True);
+    upsert(&mut next.conditions, degraded_cond);
+    if newly_degraded {
+        ctx.events
+            .publish(
+                &policy.object_ref(&()),
+                Reason::Degraded,
+                format!("{failures} consecutive launches failed; replacements stopped"),
+            )
+            .await;
+    }
+    if next != old {
+        let _ = ctx
+            .writer
+            .policy_status(ns, name, status_fields(&next))
+            .await;
+    }
+}
+
+/// The status fields the leader owns (never `pendingJobs`).
+fn status_fields(s: &ScalePolicyStatus) -> Value {
+    let mut v = serde_json::to_value(s).unwrap_or(Value::Null);
+    if let Some(o) = v.as_object_mut() {
+        o.remove("pendingJobs");
+        // Counts that are zero are skipped by nothing; absent optional fields stay absent.
+    }
+    v
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn create_attempts(
+    ctx: &Ctx,
+    placement: &mut PlacementWorker,
+    policy: &ScalePolicy,
+    attempts: &[Arc<RunnerAttempt>],
+    resolved: &Resolved,
+    create: u32,
+    history: &[Launch<'_>],
+    now: Timestamp,
+) -> (bool, PolicyReason, String) {
+    let nodes = ctx.caches.nodes.state();
+    let leases = ctx.caches.leases.state();
+    let all_attempts = ctx.caches.attempts.state();
+    let mut facts = node_facts(
+        &nodes.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
+        &leases.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
+        &all_attempts.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
+    );
+    let _ = attempts;
+    let mut lineage = lineages(history).into_iter();
+    let uid = policy.metadata.uid.clone().unwrap_or_default();
+    let pinned = Pinned {
+        runner_group_id: resolved.runner_group_id,
+        package: &resolved.package,
+        env: &resolved.env,
+    };
+    let mut created = 0;
+    for _ in 0..create {
+        let node = match placement.choose(
+            &facts,
+            &policy.spec.node_selector,
+            &uid,
+            &resolved.package.sha256,
+            now,
+        ) {
+            Ok(n) => n,
+            Err(why) => {
+                ctx.metrics.placement_failure(why.as_str());
+                if created == 0 {
+                    ctx.events
+                        .publish(
+                            &policy.object_ref(&()),
+                            Reason::Unplaceable,
+                            why.message().into(),
+                        )
+                        .await;
+                }
+                return (false, why.reason(), why.message().to_owned());
+            }
+        };
+        let replaces = lineage.next().map(str::to_owned);
+        let id = uuid::Uuid::new_v4();
+        let Some(attempt) = build(policy, &pinned, id, &node, replaces.clone()) else {
+            return (
+                false,
+                PolicyReason::InvalidSpec,
+                "spec.github.url cannot be parsed".into(),
+            );
+        };
+        let attempt_name = attempt.metadata.name.clone().unwrap_or_default();
+        match ctx.writer.create_attempt(&attempt).await {
+            Ok(done) => {
+                placement.created(&attempt_name, &node, now);
+                if let Some(f) = facts.iter_mut().find(|f| f.name == node) {
+                    f.counted.insert(attempt_name.clone());
+                }
+                created += 1;
+                ctx.metrics.attempt_created(if replaces.is_some() {
+                    "replacement"
+                } else {
+                    "scale_up"
+                });
+                let note = match &replaces {
+                    Some(old) => format!("created on node {node}, replacing {old}"),
+                    None => format!("created on node {node}"),
+                };
+                ctx.events
+                    .publish(&done.object_ref(&()), Reason::AttemptCreated, note)
+                    .await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "creating an attempt failed");
+                break;
+            }
+        }
+    }
+    (
+        true,
+        PolicyReason::ScalingUp,
+        format!("{created} attempt(s) created toward {create}"),
+    )
+}
+
+/// A policy being deleted: idle and starting runners are deregistered and asked to stop, busy
+/// ones finish their job, `Cleaned` attempts are deleted, and the finalizer goes when none is
+/// left.
+async fn drain(
+    ctx: &Ctx,
+    mem: &PolicyMemory,
+    policy: &ScalePolicy,
+    attempts: &[Arc<RunnerAttempt>],
+    now: Timestamp,
+) {
+    let ns = policy.metadata.namespace.as_deref().unwrap_or_default();
+    let client = mem
+        .resolved
+        .as_ref()
+        .and_then(|e| e.result.as_ref().ok())
+        .map(|r| r.client.clone());
+    for a in attempts {
+        let state = state_of(a);
+        let name = a.metadata.name.as_deref().unwrap_or_default();
+        if state == AttemptState::Cleaned {
+            if a.metadata.deletion_timestamp.is_none() {
+                let _ = ctx.writer.delete_attempt(ns, name).await;
+            }
+            continue;
+        }
+        if a.spec.termination.is_none()
+            && state != AttemptState::Busy
+            && (state.is_live() || state == AttemptState::Pending)
+        {
+            terminate(
+                ctx,
+                mem,
+                client.as_deref(),
+                a,
+                TerminationReason::PolicyDeleted,
+                now,
+            )
+            .await;
+        }
+    }
+    if attempts.is_empty() {
+        let rest: Vec<String> = policy
+            .metadata
+            .finalizers
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|f| f != POLICY_FINALIZER)
+            .collect();
+        if rest.len() != policy.metadata.finalizers.as_ref().map_or(0, Vec::len) {
+            ctx.events
+                .publish(
+                    &policy.object_ref(&()),
+                    Reason::Drained,
+                    "every attempt is gone; the policy is released".into(),
+                )
+                .await;
+            let _ = ctx.writer.policy_finalizers(policy, rest).await;
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! What a policy needs beyond its own spec before anything is created: the semantic checks, the
+//! credentials Secret, the runner group id, the pinned runner package and the runner.env. Each
+//! failure becomes a `Ready=False` reason with a message naming the field and the fix.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::Api;
+use runner_manager_crds::attempt::RunnerPackage;
+use runner_manager_crds::policy::{PolicyReason, ScalePolicy};
+use runner_manager_crds::validate::{parse_runner_env, validate_policy};
+
+use crate::github::client::GitHubClient;
+use crate::github::errors::{GitHubError, Terminal};
+use crate::github::registry::{ClientError, Clients};
+use crate::github::types::RunnerDownload;
+
+/// The key of the runner.env in the ConfigMap of `spec.runner.envFrom`.
+pub const RUNNER_ENV_KEY: &str = "runner.env";
+
+/// Everything resolved for one generation of a policy.
+#[derive(Clone)]
+pub struct Resolved {
+    pub client: Arc<GitHubClient>,
+    pub runner_group_id: i64,
+    pub package: RunnerPackage,
+    pub env: BTreeMap<String, String>,
+}
+
+/// Why a policy is not Ready.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Invalid {
+    pub reason: PolicyReason,
+    pub message: String,
+}
+
+impl Invalid {
+    fn new(reason: PolicyReason, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+        }
+    }
+
+    /// Whether waiting may fix it without a person (GitHub or the API server was unavailable).
+    pub fn is_transient(&self) -> bool {
+        self.reason == PolicyReason::GitHubUnreachable
+    }
+}
+
+/// The runner version in a downloads-listing filename (`actions-runner-linux-x64-2.330.0.tar.gz`).
+pub fn version_of_filename(filename: &str) -> Option<&str> {
+    let stem = filename
+        .strip_suffix(".tar.gz")
+        .or_else(|| filename.strip_suffix(".zip"))?;
+    let v = stem.rsplit('-').next()?;
+    (v.split('.').count() == 3 && v.split('.').all(|p| p.parse::<u32>().is_ok())).then_some(v)
+}
+
+/// Pick the Linux x64 package of `wanted` (`latest` = what the listing offers) and pin version,
+/// URL and sha256. With a mirror, the URL is the mirror's (admins run it; tenants never name URLs)
+/// and the digest still comes from GitHub's listing. Pure.
+pub fn pin_package(
+    listing: &[RunnerDownload],
+    wanted: &str,
+    mirror: Option<&str>,
+) -> Result<RunnerPackage, Invalid> {
+    let unresolvable = |why: String| Invalid::new(PolicyReason::RunnerVersionUnresolvable, why);
+    let d = listing
+        .iter()
+        .find(|d| d.os == "linux" && d.architecture == "x64")
+        .ok_or_else(|| {
+            unresolvable(
+                "spec.runner.version: GitHub's runner downloads listing has no linux x64 package"
+                    .into(),
+            )
+        })?;
+    let version = version_of_filename(&d.filename).ok_or_else(|| {
+        unresolvable("spec.runner.version: the downloads listing names no version".into())
+    })?;
+    if wanted != "latest" && wanted != version {
+        return Err(unresolvable(format!(
+            "spec.runner.version: {wanted} has no published checksum (GitHub lists {version}); use `latest` or {version}"
+        )));
+    }
+    let sha256 = d
+        .sha256_checksum
+        .as_deref()
+        .map(str::to_ascii_lowercase)
+        .filter(|s| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| {
+            unresolvable("spec.runner.version: the downloads listing has no sha256".into())
+        })?;
+    let url = match mirror {
+        Some(m) => format!("{}/{}", m.trim_end_matches('/'), d.filename),
+        None => d.download_url.clone(),
+    };
+    Ok(RunnerPackage {
+        version: version.to_owned(),
+        url,
+        sha256,
+    })
+}
+
+fn github_invalid(e: &GitHubError, field: &str) -> Invalid {
+    match e {
+        GitHubError::Terminal {
+            reason: Terminal::BadCredentials | Terminal::MissingPermission,
+            ..
+        } => Invalid::new(
+            PolicyReason::CredentialsRejected,
+            format!("spec.github.credentialsSecretRef: {e}"),
+        ),
+        GitHubError::Terminal {
+            reason: Terminal::RunnerGroupUnusable,
+            ..
+        } => Invalid::new(PolicyReason::RunnerGroupNotFound, format!("{field}: {e}")),
+        GitHubError::Terminal {
+            reason: Terminal::NotFound,
+            ..
+        } => Invalid::new(PolicyReason::InvalidSpec, format!("spec.github.url: {e}")),
+        _ => Invalid::new(
+            PolicyReason::GitHubUnreachable,
+            format!("GitHub could not be asked ({field}); retrying: {e}"),
+        ),
+    }
+}
+
+/// Resolve one policy. Reads its Secret (and ConfigMap) and asks GitHub; call once per
+/// generation (and again after a transient failure), not per pass.
+pub async fn resolve(
+    kube: &kube::Client,
+    clients: &Clients,
+    policy: &ScalePolicy,
+    mirror: Option<&str>,
+) -> Result<Resolved, Invalid> {
+    let problems = validate_policy(&policy.spec);
+    if !problems.is_empty() {
+        let message = problems
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
+        return Err(Invalid::new(PolicyReason::InvalidSpec, message));
+    }
+    let namespace = policy.metadata.namespace.as_deref().unwrap_or_default();
+    let name = policy.metadata.name.as_deref().unwrap_or_default();
+    let secret_name = &policy.spec.github.credentials_secret_ref.name;
+    let secret = Api::<Secret>::namespaced(kube.clone(), namespace)
+        .get_opt(secret_name)
+        .await
+        .map_err(|e| {
+            Invalid::new(
+                PolicyReason::GitHubUnreachable,
+                format!("reading spec.github.credentialsSecretRef: {e}"),
+            )
+        })?
+        .ok_or_else(|| {
+            Invalid::new(
+                PolicyReason::SecretNotFound,
+                format!(
+                    "spec.github.credentialsSecretRef.name: Secret {secret_name} not found in namespace {namespace}; create it with appId + privateKey (GitHub App) or token"
+                ),
+            )
+        })?;
+    let client = clients
+        .for_secret(namespace, name, &policy.spec.github.url, &secret)
+        .map_err(|e| match e {
+            ClientError::BadSecret { .. } => Invalid::new(
+                PolicyReason::SecretKeyMissing,
+                format!("spec.github.credentialsSecretRef: {e}"),
+            ),
+            ClientError::BadUrl(_) => Invalid::new(PolicyReason::InvalidSpec, e.to_string()),
+            other => Invalid::new(PolicyReason::GitHubUnreachable, other.to_string()),
+        })?;
+    let runner_group_id = match &policy.spec.github.runner_group {
+        Some(IntOrString::Int(id)) => i64::from(*id),
+        Some(IntOrString::String(group)) => client
+            .runner_group_id(group)
+            .await
+            .map_err(|e| github_invalid(&e, "spec.github.runnerGroup"))?,
+        None => client
+            .runner_group_id("Default")
+            .await
+            .map_err(|e| github_invalid(&e, "spec.github.runnerGroup"))?,
+    };
+    let listing = client
+        .runner_downloads()
+        .await
+        .map_err(|e| github_invalid(&e, "spec.runner.version"))?;
+    let package = pin_package(&listing, &policy.spec.runner.version, mirror)?;
+    let env = match &policy.spec.runner.env_from {
+        None => BTreeMap::new(),
+        Some(from) => runner_env(kube, namespace, &from.config_map_ref.name).await?,
+    };
+    Ok(Resolved {
+        client,
+        runner_group_id,
+        package,
+        env,
+    })
+}
+
+async fn runner_env(
+    kube: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<BTreeMap<String, String>, Invalid> {
+    let field = "spec.runner.envFrom.configMapRef";
+    let cm = Api::<ConfigMap>::namespaced(kube.clone(), namespace)
+        .get_opt(name)
+        .await
+        .map_err(|e| Invalid::new(PolicyReason::GitHubUnreachable, format!("{field}: {e}")))?
+        .ok_or_else(|| {
+            Invalid::new(
+                PolicyReason::RunnerEnvInvalid,
+                format!("{field}: ConfigMap {name} not found in namespace {namespace}"),
+            )
+        })?;
+    let text = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get(RUNNER_ENV_KEY))
+        .ok_or_else(|| {
+            Invalid::new(
+                PolicyReason::RunnerEnvInvalid,
+                format!("{field}: ConfigMap {name} has no key {RUNNER_ENV_KEY}"),
+            )
+        })?;
+    // Problems name the file and the line, never a value (DESIGN §4 rule 12).
+    parse_runner_env(text).map_err(|problems| {
+        let lines = problems
+            .iter()
+            .map(|p| format!("{RUNNER_ENV_KEY} line {} {}", p.line, p.message))
+            .collect::<Vec<_>>()
+            .join("; ");
+        Invalid::new(
+            PolicyReason::RunnerEnvInvalid,
+            format!("{field} ({name}): {lines}"),
+        )
+    })
+}
+
+impl std::fmt::Debug for Resolved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resolved").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listing(file: &str, sha: Option<&str>) -> Vec<RunnerDownload> {
+        vec![
+            RunnerDownload {
+                os: "osx".into(),
+                architecture: "arm64".into(),
+                download_url: "https://x/osx".into(),
+                filename: "actions-runner-osx-arm64-2.330.0.tar.gz".into(),
+                sha256_checksum: None,
+            },
+            RunnerDownload {
+                os: "linux".into(),
+                architecture: "x64".into(),
+                download_url: format!(
+                    "https://github.com/actions/runner/releases/download/v2.330.0/{file}"
+                ),
+                filename: file.into(),
+                sha256_checksum: sha.map(str::to_owned),
+            },
+        ]
+    }
+
+    const SHA: &str = "ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef0123456789";
+
+    #[test]
+    fn versions_from_filenames() {
+        assert_eq!(
+            version_of_filename("actions-runner-linux-x64-2.330.0.tar.gz"),
+            Some("2.330.0")
+        );
+        assert_eq!(version_of_filename("actions-runner-linux-x64.tar.gz"), None);
+        assert_eq!(version_of_filename("nonsense"), None);
+    }
+
+    #[test]
+    fn pins_latest_and_the_named_version_with_the_listed_digest() {
+        let l = listing("actions-runner-linux-x64-2.330.0.tar.gz", Some(SHA));
+        let p = pin_package(&l, "latest", None).unwrap();
+        assert_eq!(p.version, "2.330.0");
+        assert_eq!(p.sha256, SHA.to_ascii_lowercase());
+        assert!(p.url.ends_with("actions-runner-linux-x64-2.330.0.tar.gz"));
+        assert_eq!(pin_package(&l, "2.330.0", None).unwrap(), p);
+        let m = pin_package(&l, "latest", Some("https://mirror.local/runner/")).unwrap();
+        assert_eq!(
+            m.url,
+            "https://mirror.local/runner/actions-runner-linux-x64-2.330.0.tar.gz"
+        );
+        let other = pin_package(&l, "2.300.0", None).unwrap_err();
+        assert_eq!(other.reason, PolicyReason::RunnerVersionUnresolvable);
+        assert!(other.message.starts_with("spec.runner.version"));
+        let no_sha = listing("actions-runner-linux-x64-2.330.0.tar.gz", None);
+        assert!(pin_package(&no_sha, "latest", None).is_err());
+    }
+}

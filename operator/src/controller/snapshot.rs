@@ -1,0 +1,152 @@
+//! A new attempt, built without I/O from the policy, what was resolved for it and the chosen
+//! node: name, labels, finalizer and the immutable snapshot of DESIGN §3.
+
+use std::collections::BTreeMap;
+
+use kube::Resource;
+use runner_manager_crds::attempt::{
+    AttemptSnapshot, AttemptTimeouts, ExecutionSnapshot, RunnerAttempt, RunnerAttemptSpec,
+    RunnerPackage, TargetSnapshot,
+};
+use runner_manager_crds::duration::ManifestDuration;
+use runner_manager_crds::names::attempt_name;
+use runner_manager_crds::policy::ScalePolicy;
+use runner_manager_crds::target::GitHubTarget;
+use runner_manager_crds::{CLEANUP_FINALIZER, NODE_LABEL, POLICY_LABEL};
+
+/// The policy generation an attempt was made for: consecutive failures are counted within one
+/// generation, so a changed spec starts afresh (DESIGN §11).
+pub const POLICY_GENERATION_ANNOTATION: &str = "runner-manager.dev/policy-generation";
+
+/// How long an agent may hold a `Prepared` attempt without a JIT (DESIGN §4 rule 9).
+pub const JIT_HANDOFF: ManifestDuration = ManifestDuration::from_secs(120);
+
+/// What was resolved for the policy's current generation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pinned<'a> {
+    pub runner_group_id: i64,
+    pub package: &'a RunnerPackage,
+    pub env: &'a BTreeMap<String, String>,
+}
+
+/// The attempt to create. `None` when the policy has no parseable target (validation refuses
+/// such a policy before this is reached).
+pub fn build(
+    policy: &ScalePolicy,
+    pinned: &Pinned<'_>,
+    id: uuid::Uuid,
+    node: &str,
+    replaces: Option<String>,
+) -> Option<RunnerAttempt> {
+    let name = policy.metadata.name.as_deref()?;
+    let target = GitHubTarget::parse(&policy.spec.github.url).ok()?;
+    let spec = &policy.spec;
+    let attempt_spec = RunnerAttemptSpec {
+        id: id.hyphenated().to_string(),
+        policy: name.to_owned(),
+        node_name: node.to_owned(),
+        snapshot: AttemptSnapshot {
+            policy_uid: policy.metadata.uid.clone().unwrap_or_default(),
+            target: TargetSnapshot {
+                url: spec.github.url.clone(),
+                scope: target.scope(),
+            },
+            labels: spec.labels.clone(),
+            runner_group_id: pinned.runner_group_id,
+            workspace: spec.workspace.mode,
+            max_slots: spec.max_runners,
+            execution: ExecutionSnapshot {
+                mode: spec.execution.mode,
+                image: spec.execution.image.clone(),
+                resources: spec.execution.resources.clone(),
+            },
+            runner: pinned.package.clone(),
+            env: pinned.env.clone(),
+            timeouts: AttemptTimeouts {
+                registration: spec.timeouts.registration,
+                idle: spec.timeouts.idle,
+                jit_handoff: JIT_HANDOFF,
+            },
+        },
+        replaces,
+        termination: None,
+    };
+    let mut attempt = RunnerAttempt::new(&attempt_name(name, id), attempt_spec);
+    let meta = attempt.meta_mut();
+    meta.namespace = policy.metadata.namespace.clone();
+    meta.labels = Some(
+        [
+            (POLICY_LABEL.to_owned(), name.to_owned()),
+            (NODE_LABEL.to_owned(), node.to_owned()),
+        ]
+        .into(),
+    );
+    meta.annotations = Some(
+        [(
+            POLICY_GENERATION_ANNOTATION.to_owned(),
+            policy.metadata.generation.unwrap_or(0).to_string(),
+        )]
+        .into(),
+    );
+    meta.finalizers = Some(vec![CLEANUP_FINALIZER.to_owned()]);
+    Some(attempt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runner_manager_crds::attempt::TargetScope;
+
+    fn policy() -> ScalePolicy {
+        let mut p: ScalePolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "ScalePolicy",
+            "metadata": {"name": "web", "namespace": "team", "uid": "u-1", "generation": 3},
+            "spec": {"github": {"url": "https://github.com/acme/web", "credentialsSecretRef": {"name": "gh"}},
+                     "labels": ["self-hosted", "linux"], "maxRunners": 4,
+                     "timeouts": {"registration": "2m", "idle": "5m"}}
+        }))
+        .unwrap();
+        p.metadata.generation = Some(3);
+        p
+    }
+
+    #[test]
+    fn builds_name_labels_finalizer_and_snapshot() {
+        let pkg = RunnerPackage {
+            version: "2.330.0".into(),
+            url: "https://x/actions-runner-linux-x64-2.330.0.tar.gz".into(),
+            sha256: "b".repeat(64),
+        };
+        let env = BTreeMap::from([("A".to_owned(), "1".to_owned())]);
+        let id = uuid::Uuid::parse_str("0123456789ab4def8123456789abcdef").unwrap();
+        let pinned = Pinned {
+            runner_group_id: 7,
+            package: &pkg,
+            env: &env,
+        };
+        let a = build(&policy(), &pinned, id, "node-a", Some("web-old".into())).unwrap();
+        assert_eq!(a.metadata.name.as_deref(), Some("web-0123456789ab"));
+        assert_eq!(a.metadata.namespace.as_deref(), Some("team"));
+        let labels = a.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels[POLICY_LABEL], "web");
+        assert_eq!(labels[NODE_LABEL], "node-a");
+        assert_eq!(
+            a.metadata.finalizers.as_deref(),
+            Some(&[CLEANUP_FINALIZER.to_owned()][..])
+        );
+        assert_eq!(
+            a.metadata.annotations.as_ref().unwrap()[POLICY_GENERATION_ANNOTATION],
+            "3"
+        );
+        let s = &a.spec.snapshot;
+        assert_eq!(s.policy_uid, "u-1");
+        assert_eq!(s.target.scope, TargetScope::Repository);
+        assert_eq!(s.runner, pkg);
+        assert_eq!(s.env, env);
+        assert_eq!(s.runner_group_id, 7);
+        assert_eq!(s.timeouts.registration.as_duration().as_secs(), 120);
+        assert_eq!(a.spec.replaces.as_deref(), Some("web-old"));
+        assert_eq!(a.spec.node_name, "node-a");
+        assert!(a.spec.termination.is_none());
+    }
+}

@@ -1,0 +1,233 @@
+//! The controllers' writes to the API server, each a merge patch of the writer's own fields (or a
+//! create/delete), counted by kind so the writes per attempt can be measured (DESIGN §10).
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use runner_manager_crds::attempt::{AttemptFacts, RunnerAttempt, TerminationReason};
+use runner_manager_crds::patch::facts_patch;
+use runner_manager_crds::policy::ScalePolicy;
+use serde_json::json;
+
+use crate::metrics::Metrics;
+
+pub const FIELD_MANAGER: &str = "runner-manager-operator";
+
+/// Closed vocabulary of write kinds (the `kind` label of `runner_manager_api_writes_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteKind {
+    AttemptCreate,
+    AttemptFacts,
+    AttemptTermination,
+    AttemptEdge,
+    AttemptFinalizer,
+    AttemptDelete,
+    PolicyStatus,
+    PolicyFinalizer,
+    PendingJobs,
+    Event,
+}
+
+impl WriteKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AttemptCreate => "attempt_create",
+            Self::AttemptFacts => "attempt_facts",
+            Self::AttemptTermination => "attempt_termination",
+            Self::AttemptEdge => "attempt_edge",
+            Self::AttemptFinalizer => "attempt_finalizer",
+            Self::AttemptDelete => "attempt_delete",
+            Self::PolicyStatus => "policy_status",
+            Self::PolicyFinalizer => "policy_finalizer",
+            Self::PendingJobs => "pending_jobs",
+            Self::Event => "event",
+        }
+    }
+}
+
+/// The writer: a client and where writes are counted.
+#[derive(Clone)]
+pub struct Writer {
+    pub kube: kube::Client,
+    pub metrics: std::sync::Arc<Metrics>,
+}
+
+fn params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    }
+}
+
+fn ignore_gone<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+impl Writer {
+    fn count(&self, kind: WriteKind) {
+        self.metrics.api_write(kind.as_str());
+    }
+
+    pub fn attempts(&self, namespace: &str) -> Api<RunnerAttempt> {
+        Api::namespaced(self.kube.clone(), namespace)
+    }
+
+    pub fn policies(&self, namespace: &str) -> Api<ScalePolicy> {
+        Api::namespaced(self.kube.clone(), namespace)
+    }
+
+    pub async fn create_attempt(&self, a: &RunnerAttempt) -> Result<RunnerAttempt, kube::Error> {
+        self.count(WriteKind::AttemptCreate);
+        let ns = a.metadata.namespace.as_deref().unwrap_or_default();
+        self.attempts(ns).create(&PostParams::default(), a).await
+    }
+
+    pub async fn facts(
+        &self,
+        namespace: &str,
+        name: &str,
+        facts: &AttemptFacts,
+    ) -> Result<(), kube::Error> {
+        self.count(WriteKind::AttemptFacts);
+        let body = facts_patch(facts).map_err(|e| kube::Error::Service(Box::new(e)))?;
+        ignore_gone(
+            self.attempts(namespace)
+                .patch_status(name, &params(), &Patch::Merge(body))
+                .await,
+        )
+    }
+
+    pub async fn job_fact(
+        &self,
+        namespace: &str,
+        name: &str,
+        job: &serde_json::Value,
+    ) -> Result<(), kube::Error> {
+        self.count(WriteKind::AttemptFacts);
+        ignore_gone(
+            self.attempts(namespace)
+                .patch_status(
+                    name,
+                    &params(),
+                    &Patch::Merge(json!({"status": {"job": job}})),
+                )
+                .await,
+        )
+    }
+
+    /// `spec.termination`: the one mutable spec field, a request to the agent.
+    pub async fn terminate(
+        &self,
+        namespace: &str,
+        name: &str,
+        reason: TerminationReason,
+        deregistered: bool,
+        now: Timestamp,
+    ) -> Result<(), kube::Error> {
+        self.count(WriteKind::AttemptTermination);
+        let body = json!({"spec": {"termination": {
+            "reason": reason,
+            "requestedAt": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
+            "deregistered": deregistered,
+        }}});
+        ignore_gone(
+            self.attempts(namespace)
+                .patch(name, &params(), &Patch::Merge(body))
+                .await,
+        )
+    }
+
+    /// Drop `finalizer` from an object's list (CAS on the resourceVersion we decided on).
+    pub async fn attempt_finalizers(
+        &self,
+        a: &RunnerAttempt,
+        finalizers: Vec<String>,
+    ) -> Result<(), kube::Error> {
+        self.count(WriteKind::AttemptFinalizer);
+        let ns = a.metadata.namespace.as_deref().unwrap_or_default();
+        let name = a.metadata.name.as_deref().unwrap_or_default();
+        let body = json!({"metadata": {
+            "finalizers": finalizers, "resourceVersion": a.metadata.resource_version,
+        }});
+        ignore_gone(
+            self.attempts(ns)
+                .patch(name, &params(), &Patch::Merge(body))
+                .await,
+        )
+    }
+
+    pub async fn delete_attempt(&self, namespace: &str, name: &str) -> Result<(), kube::Error> {
+        self.count(WriteKind::AttemptDelete);
+        ignore_gone(
+            self.attempts(namespace)
+                .delete(name, &DeleteParams::default())
+                .await,
+        )
+    }
+
+    pub async fn policy_finalizers(
+        &self,
+        p: &ScalePolicy,
+        finalizers: Vec<String>,
+    ) -> Result<(), kube::Error> {
+        self.count(WriteKind::PolicyFinalizer);
+        let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+        let name = p.metadata.name.as_deref().unwrap_or_default();
+        let body = json!({"metadata": {
+            "finalizers": finalizers, "resourceVersion": p.metadata.resource_version,
+        }});
+        ignore_gone(
+            self.policies(ns)
+                .patch(name, &params(), &Patch::Merge(body))
+                .await,
+        )
+    }
+
+    /// A merge patch of the leader's own status fields (never `pendingJobs`, which every
+    /// replica's webhook receiver writes).
+    pub async fn policy_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        status: serde_json::Value,
+    ) -> Result<(), kube::Error> {
+        self.count(WriteKind::PolicyStatus);
+        ignore_gone(
+            self.policies(namespace)
+                .patch_status(name, &params(), &Patch::Merge(json!({"status": status})))
+                .await,
+        )
+    }
+
+    /// Add or remove (`None`) entries of `status.pendingJobs`.
+    pub async fn pending_jobs(
+        &self,
+        namespace: &str,
+        name: &str,
+        entries: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<(), kube::Error> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        self.count(WriteKind::PendingJobs);
+        let body = json!({"status": {"pendingJobs": entries}});
+        ignore_gone(
+            self.policies(namespace)
+                .patch_status(name, &params(), &Patch::Merge(body))
+                .await,
+        )
+    }
+
+    pub fn counted_event(&self) {
+        self.count(WriteKind::Event);
+    }
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer").finish_non_exhaustive()
+    }
+}
