@@ -58,6 +58,9 @@ pub struct World {
     pub deliveries: Vec<Delivery>,
     /// Runner versions below this are refused at session start (the runner exits 7).
     pub minimum_runner_version: Option<String>,
+    /// Every `encoded_jit_config` handed out, so a scenario can prove none of them is left
+    /// anywhere (API server, logs, host roots) once things settle.
+    pub issued_jits: Vec<SecretString>,
     next_id: u64,
 }
 
@@ -293,6 +296,7 @@ impl FakeGithub {
                 job: None,
             },
         );
+        world.issued_jits.push(encoded.clone());
         let json = world.runner_json(id).unwrap_or(Value::Null);
         drop(world);
         self.bump();

@@ -7,4 +7,5 @@ pub mod fixtures;
 pub mod github;
 pub mod node;
 pub mod process;
+pub mod product;
 pub mod wait;
