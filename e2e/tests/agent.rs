@@ -236,6 +236,20 @@ async fn admission_rejects_the_surplus_over_capacity() {
     .await
     .unwrap();
     assert!(advert.recovery_complete);
+    let lease = kube::Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        w.kube.clone(),
+        &w.system,
+    )
+    .get(&runner_manager_crds::names::agent_lease_name(&w.node.name))
+    .await
+    .unwrap();
+    let spec = lease.spec.unwrap();
+    assert_eq!(
+        spec.lease_duration_seconds,
+        Some(6),
+        "three heartbeats of 2 s"
+    );
+    assert!(spec.renew_time.is_some() && spec.holder_identity.is_some());
     let admitted = admitted.expect("one attempt admitted");
     bring_to_idle(&w, &admitted).await;
     stop_idle(&w, &admitted, "ScaleDown").await;
