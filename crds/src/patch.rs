@@ -43,8 +43,9 @@ pub fn journal_patch(
         .map(|s| s.journal.clone())
         .unwrap_or_default();
     // The spec is immutable after admission; acting on a changed one could run a runner the
-    // operator never asked for. A conclusion stays allowed, so the attempt can still end.
-    let is_conclusion = matches!(transition, Transition::Conclude(_));
+    // operator never asked for. A conclusion and the cleanup after it stay allowed, so the
+    // attempt can still end and release what it holds.
+    let is_conclusion = matches!(transition, Transition::Conclude(_) | Transition::Clean);
     if let Some(admitted) = journal.spec_hash()
         && admitted != spec_hash(&current.spec)
         && !is_conclusion

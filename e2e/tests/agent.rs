@@ -236,6 +236,20 @@ async fn admission_rejects_the_surplus_over_capacity() {
     .await
     .unwrap();
     assert!(advert.recovery_complete);
+    let lease = kube::Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        w.kube.clone(),
+        &w.system,
+    )
+    .get(&runner_manager_crds::names::agent_lease_name(&w.node.name))
+    .await
+    .unwrap();
+    let spec = lease.spec.unwrap();
+    assert_eq!(
+        spec.lease_duration_seconds,
+        Some(6),
+        "three heartbeats of 2 s"
+    );
+    assert!(spec.renew_time.is_some() && spec.holder_identity.is_some());
     let admitted = admitted.expect("one attempt admitted");
     bring_to_idle(&w, &admitted).await;
     stop_idle(&w, &admitted, "ScaleDown").await;
@@ -709,4 +723,86 @@ async fn a_persistent_slot_keeps_its_work_and_its_account_across_attempts() {
     }
     assert_eq!(uids[0], uids[1], "the slot's account is bound to it");
     assert!(w.handoff_files().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_never_listed_online_is_stopped_at_its_registration_deadline() {
+    use runner_manager_crds::duration::ManifestDuration;
+    let Some(w) = AgentWorld::start("a_runner_never_listed_online")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let _agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w
+        .pending_attempt_with(|s| s.timeouts.registration = ManifestDuration::from_secs(3))
+        .await
+        .unwrap();
+    let n = name(&a);
+    let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    let pid = started
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .process()
+        .unwrap()
+        .pid;
+    // The operator never reports it online: the agent's own deadline stops it, in order.
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(
+        outcome(&done),
+        Some(Outcome::Failed(
+            FailureReason::TerminatedAfterRegistrationTimeout
+        ))
+    );
+    assert!(outcome(&done).unwrap().wants_replacement());
+    assert!(!pid_alive(pid));
+    w.deregister(&done).await.unwrap();
+    assert_settled(&w, &a, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_spec_is_refused_but_the_runner_is_still_stopped_and_cleaned() {
+    use k8s_openapi::api::core::v1::Event;
+    use kube::api::{Patch, PatchParams};
+    let Some(w) = AgentWorld::start("a_changed_spec_is_refused")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let _agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    bring_to_idle(&w, &a).await;
+    w.attempts()
+        .patch(
+            &n,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"snapshot": {"labels": ["self-hosted", "linux", "gpu"]}}})),
+        )
+        .await
+        .unwrap();
+    let events = kube::Api::<Event>::namespaced(w.kube.clone(), &w.team);
+    wait::until(STEP, "a SpecChanged event on the attempt", || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("SpecChanged")
+                    && e.involved_object.name.as_deref() == Some(n.as_str())
+            })
+            .map(|_| ())
+    })
+    .await
+    .unwrap();
+    stop_idle(&w, &a, "IdleTimeout").await;
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    assert_settled(&w, &a, 1).await;
 }

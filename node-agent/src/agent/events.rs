@@ -14,6 +14,7 @@ pub enum EventReason {
     RecoveryBlocked,
     CleanupDeferred,
     Rejected,
+    SpecChanged,
 }
 
 impl EventReason {
@@ -22,6 +23,7 @@ impl EventReason {
             Self::RecoveryBlocked => "RecoveryBlocked",
             Self::CleanupDeferred => "CleanupDeferred",
             Self::Rejected => "Rejected",
+            Self::SpecChanged => "SpecChanged",
         }
     }
 }

@@ -89,6 +89,8 @@ pub struct Agent {
     pending: AtomicUsize,
     /// Renew the Lease now: the advert changed.
     pub advert_changed: Notify,
+    /// Attempts whose changed spec was already reported (one event each).
+    spec_warned: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -114,6 +116,11 @@ impl Agent {
     }
     pub fn slots(&self) -> MutexGuard<'_, SlotTable> {
         lock(&self.slots)
+    }
+
+    /// True the first time an attempt's changed spec is seen.
+    pub fn warn_spec_changed(&self, attempt: &str) -> bool {
+        lock(&self.spec_warned).insert(attempt.to_owned())
     }
 
     /// What the Lease says now.
@@ -210,6 +217,7 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         slots: Mutex::new(SlotTable::default()),
         pending: AtomicUsize::new(0),
         advert_changed: Notify::new(),
+        spec_warned: Mutex::new(std::collections::BTreeSet::new()),
     });
     eprintln!(
         "agent: node {} serving (capacity {}, launcher {:?}, host root {})",

@@ -9,11 +9,12 @@ use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
+use runner_manager_crds::attempt::spec_hash;
 use runner_manager_crds::attempt::{
     AttemptJournal, RunnerAttempt, StartedIdentity, TerminationReason, Transition,
 };
 use runner_manager_crds::lease::RecoveryBlocked;
-use runner_manager_crds::outcome::Outcome;
+use runner_manager_crds::outcome::{FailureReason, Outcome};
 use runner_manager_crds::recovery::{
     ProcessObservation, RecoveryDecision, RecoveryTimeouts, recovery_decision,
 };
@@ -194,6 +195,42 @@ pub async fn step(
     agent
         .book()
         .observe(&uid, state, a.spec.snapshot.execution.mode);
+    // The spec is immutable after admission (DESIGN §3): a changed one is refused. A launch not
+    // yet started is concluded `SpecChanged`; a started runner is only stopped or concluded,
+    // never moved on by facts.
+    let frozen = journal
+        .spec_hash()
+        .is_some_and(|admitted| admitted != spec_hash(&a.spec));
+    if frozen && state.is_live() && agent.warn_spec_changed(&uid) {
+        let (_, name, ns) = names(a)?;
+        eprintln!("agent: {ns}/{name}: the spec changed after admission; refusing to act on it");
+        events::warn(
+            &agent.kube,
+            &agent.node,
+            a,
+            EventReason::SpecChanged,
+            "the attempt's spec no longer matches the hash recorded at admission; the agent only stops and concludes it".to_owned(),
+        )
+        .await;
+    }
+    if frozen
+        && matches!(
+            state,
+            AttemptState::Allocated
+                | AttemptState::Preparing
+                | AttemptState::Prepared
+                | AttemptState::JitReceived
+        )
+        && jit_received_is_dead(agent, &journal)
+    {
+        conclude(
+            api,
+            &names(a)?.1,
+            Outcome::Failed(FailureReason::SpecChanged),
+        )
+        .await?;
+        return Ok(Step::Again);
+    }
     match state {
         AttemptState::Cleaned => {
             agent.accounts().release(&uid);
@@ -210,7 +247,7 @@ pub async fn step(
         s if s.is_terminal() => cleanup::clean(agent, api, a).await,
         AttemptState::JitReceived => jit_received(agent, api, a, &journal).await,
         AttemptState::Starting | AttemptState::Idle | AttemptState::Busy => {
-            live(agent, api, a, &journal).await
+            live(agent, api, a, &journal, frozen).await
         }
         // Allocated, Preparing, Prepared: a launch a previous agent did not finish.
         _ => {
@@ -325,6 +362,7 @@ async fn live(
     api: &Api<RunnerAttempt>,
     a: &RunnerAttempt,
     journal: &AttemptJournal,
+    frozen: bool,
 ) -> Result<Step, StepError> {
     let (_, name, ns) = names(a)?;
     let state = journal.state();
@@ -347,6 +385,9 @@ async fn live(
     if inspection.is_alive() {
         if let Some(reason) = request {
             return stop(agent, api, a, &identity, &runtime, reason, state).await;
+        }
+        if frozen {
+            return Ok(Step::Wait);
         }
         if let Some(t) = fact_edge(state, &facts, || evidence(&runtime)) {
             take(api, &name, state, t).await?;
@@ -441,5 +482,20 @@ async fn stop(
             eprintln!("agent: {ns}/{name}: termination deferred: {e}");
             Ok(Step::Wait)
         }
+    }
+}
+
+/// Whether a `JitReceived` attempt's runner (if the state is that) is proven not running, so it
+/// may be concluded; other pre-start states have no runner.
+fn jit_received_is_dead(agent: &Agent, journal: &AttemptJournal) -> bool {
+    if journal.state() != AttemptState::JitReceived {
+        return true;
+    }
+    match runtime_of(journal).map(|r| identity_file::read(&r)) {
+        None | Some(Ok(None)) => true,
+        Some(Ok(Some(id))) => {
+            tokio::task::block_in_place(|| agent.launcher.inspect(&id)).is_ok_and(|i| !i.is_alive())
+        }
+        Some(Err(_)) => false,
     }
 }
