@@ -87,7 +87,15 @@ impl std::fmt::Debug for SimulatedGitHub {
 impl SimulatedGitHub {
     /// Start the fake with the App, its installation on `acme`, and the PAT.
     pub async fn start() -> Result<Self, FakeError> {
-        let running = fake_github::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), None).await?;
+        Self::start_with_package(None).await
+    }
+
+    /// Start the fake, listing `package` as the runner download (the operator pins it).
+    pub async fn start_with_package(
+        package: Option<fake_github::PackageInfo>,
+    ) -> Result<Self, FakeError> {
+        let running =
+            fake_github::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), package).await?;
         let this = Self {
             running,
             http: reqwest::Client::new(),

@@ -6,4 +6,5 @@ pub mod fixtures;
 pub mod github;
 pub mod node;
 pub mod process;
+pub mod scripted_agent;
 pub mod wait;
