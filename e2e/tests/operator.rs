@@ -811,7 +811,7 @@ async fn scale_from_zero_with_webhooks_dropped_by_polling() {
         .admin("PUT", "webhooks/controls", json!({"drop_next": 100}))
         .await
         .unwrap();
-    w.policy("web", json!({"scaling": {"pollInterval": "2s"}}))
+    w.policy("web", json!({"scaling": {"pollInterval": "10s"}}))
         .await;
     let job = w.queue_job().await;
     w.attempts_until("an attempt for the polled job", LONG, |l| {
@@ -856,7 +856,7 @@ async fn registration_timeout_requests_termination_and_a_replacement_carries_lin
     .await;
     w.policy(
         "web",
-        json!({"minIdle": 1, "timeouts": {"registration": "3s"}}),
+        json!({"minIdle": 1, "timeouts": {"registration": "30s"}}),
     )
     .await;
     let first = w
