@@ -554,16 +554,49 @@ async fn scale_from_zero_on_a_signed_webhook() {
     })
     .await
     .unwrap();
-    let writes = w.operators[op].metrics().await;
-    eprintln!(
-        "MEASURE operator writes: {}",
-        writes
-            .lines()
-            .filter(|l| l.starts_with("runner_manager_api_writes_total"))
-            .collect::<Vec<_>>()
-            .join(" | ")
+
+    // The job ends: the agent concludes and cleans, the operator deregisters the concluded
+    // runner GitHub still lists and releases the finalizer.
+    w.agents[0].set(|s| s.finish_busy = true);
+    w.attempts_until("the attempt cleaned and released", LONG, |l| {
+        l.iter()
+            .all(|a| {
+                state(a) == AttemptState::Cleaned
+                    && a.metadata.finalizers.as_ref().is_none_or(Vec::is_empty)
+            })
+            .then_some(())
+    })
+    .await;
+    wait::until(LONG, "the concluded runner deregistered", || async {
+        (!w.registrations()
+            .await
+            .iter()
+            .any(|r| r["name"] == runner.name.as_str()))
+        .then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        w.list().await.len(),
+        1,
+        "no second attempt: demand was one job"
     );
-    eprintln!("MEASURE scripted agent edges: {}", w.agents[0].writes());
+    let metrics = w.operators[op].metrics().await;
+    let writes: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("runner_manager_api_writes_total"))
+        .collect();
+    let per_attempt: f64 = writes
+        .iter()
+        .filter(|l| l.contains("kind=\"attempt_"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    eprintln!("MEASURE operator writes: {}", writes.join(" | "));
+    eprintln!(
+        "MEASURE attempt object writes over one lifecycle: operator {per_attempt} + broker 1 + agent {} = {}",
+        w.agents[0].writes(),
+        per_attempt + 1.0 + w.agents[0].writes() as f64
+    );
 }
 
 async fn post_webhook(addr: &str, body: &Value, secret: &str) -> u16 {
@@ -1042,4 +1075,49 @@ async fn leader_failover_between_two_operator_processes() {
     .await
     .unwrap();
     assert!(!status.success(), "exits non-zero: {status:?}");
+}
+
+#[tokio::test]
+async fn a_rejected_attempt_is_replaced_on_another_node_with_lineage() {
+    let Some(mut w) = world("a_rejected_attempt_is_replaced").await else {
+        return;
+    };
+    let op = w.start_operator(&[]).await;
+    // The full node advertises the package, so placement prefers it first; its agent rejects.
+    let full = w
+        .add_node(
+            Script {
+                reject: true,
+                packages: vec![sha()],
+                ..Script::default()
+            },
+            op,
+        )
+        .await;
+    let roomy = w.add_node(Script::default(), op).await;
+    w.policy("web", json!({"minIdle": 1})).await;
+    let rejected = w
+        .attempts_until("an attempt rejected on the full node", LONG, |l| {
+            l.iter()
+                .find(|a| {
+                    a.spec.node_name == full
+                        && a.status
+                            .as_ref()
+                            .and_then(|s| s.journal.outcome())
+                            .is_some()
+                })
+                .cloned()
+        })
+        .await;
+    assert_eq!(state(&rejected), AttemptState::Cleaned);
+    let replacement = w
+        .attempts_until("its replacement idle on the other node", LONG, |l| {
+            l.iter()
+                .find(|a| {
+                    a.spec.replaces == rejected.metadata.name && state(a) == AttemptState::Idle
+                })
+                .cloned()
+        })
+        .await;
+    assert_eq!(replacement.spec.node_name, roomy);
 }

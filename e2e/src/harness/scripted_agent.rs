@@ -40,6 +40,10 @@ pub struct Script {
     /// Publish heartbeats (false: the agent is gone and its Lease goes stale).
     pub heartbeat: bool,
     pub recovery_complete: bool,
+    /// Conclude a busy runner's job at once (`CompleteJob`), as if its job finished.
+    pub finish_busy: bool,
+    /// Package digests advertised as cached (placement prefers such a node).
+    pub packages: Vec<String>,
 }
 
 impl Default for Script {
@@ -50,6 +54,8 @@ impl Default for Script {
             never_register: false,
             heartbeat: true,
             recovery_complete: true,
+            finish_busy: false,
+            packages: vec![],
         }
     }
 }
@@ -198,6 +204,7 @@ impl Agent {
             free,
             recovery_complete: script.recovery_complete,
             providers: [Provider::Native].into(),
+            packages: script.packages.iter().cloned().collect(),
             ..AgentAdvert::default()
         };
         let api = Api::<Lease>::namespaced(self.kube.clone(), &self.system);
@@ -271,6 +278,9 @@ impl Agent {
                 }) =>
             {
                 Some(Transition::AssignJob)
+            }
+            AttemptState::Busy if script.finish_busy => {
+                Some(Transition::Conclude(Outcome::CompletedJob))
             }
             s if s.is_concluded() => Some(Transition::Clean),
             _ => None,

@@ -496,6 +496,7 @@ async fn create_attempts(
         &nodes.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
         &leases.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
         &all_attempts.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
+        now,
     );
     let _ = attempts;
     let mut lineage = lineages(history).into_iter();
