@@ -1121,3 +1121,120 @@ async fn a_rejected_attempt_is_replaced_on_another_node_with_lineage() {
         .await;
     assert_eq!(replacement.spec.node_name, roomy);
 }
+
+#[tokio::test]
+async fn failed_launches_back_off_then_degrade_the_policy_until_its_spec_changes() {
+    let Some(mut w) = world("failed_launches_degrade").await else {
+        return;
+    };
+    let op = w.start_operator(&["--max-consecutive-failures", "3"]).await;
+    w.add_node(
+        Script {
+            fail_after_jit: true,
+            ..Script::default()
+        },
+        op,
+    )
+    .await;
+    w.policy("web", json!({"minIdle": 1})).await;
+    let (_, reason, message) = wait::until(LONG, "the policy Degraded", || async {
+        w.condition("web", PolicyConditionType::Degraded)
+            .await
+            .filter(|c| c.0 == ConditionStatus::True)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(reason, PolicyReason::LaunchesFailing);
+    assert!(message.contains("JitExpired"), "{message}");
+    let failed = w.list().await;
+    assert_eq!(failed.len(), 3, "three launches, then no more");
+    // Each replacement names the one before it (lineage), and waited its backoff.
+    let mut by_created = failed.clone();
+    by_created.sort_by_key(|a| a.metadata.creation_timestamp.clone().map(|t| t.0));
+    for pair in by_created.windows(2) {
+        assert_eq!(pair[1].spec.replaces, pair[0].metadata.name);
+    }
+    // Degraded stops replacing: several passes later, still three.
+    let before = w.operators[op]
+        .metric("runner_manager_api_writes_total{kind=\"policy_status\"}")
+        .await;
+    wait::until(LONG, "more passes", || async {
+        let now = w.operators[op]
+            .metric("runner_manager_api_writes_total{kind=\"policy_status\"}")
+            .await;
+        let lists = w.fake.calls("list_runners").await.ok()?;
+        (now >= before && lists >= 10).then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(w.list().await.len(), 3);
+    // A spec change clears it; with the agent fixed, the next launch works.
+    w.agents[0].set(|s| s.fail_after_jit = false);
+    w.patch_policy("web", json!({"labels": ["self-hosted", "linux", "x64"]}))
+        .await;
+    w.attempts_until("a working launch after the spec change", LONG, |l| {
+        l.iter().find(|a| state(a) == AttemptState::Idle).cloned()
+    })
+    .await;
+    wait::until(LONG, "Degraded cleared", || async {
+        w.condition("web", PolicyConditionType::Degraded)
+            .await
+            .filter(|c| c.0 == ConditionStatus::False)
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_lost_node_orphans_its_attempts_and_they_are_replaced_elsewhere() {
+    let Some(mut w) = world("a_lost_node").await else {
+        return;
+    };
+    let op = w.start_operator(&["--node-lost-grace", "2s"]).await;
+    let doomed = w
+        .add_node(
+            Script {
+                packages: vec![sha()],
+                ..Script::default()
+            },
+            op,
+        )
+        .await;
+    w.policy("web", json!({"minIdle": 1})).await;
+    let first = w
+        .attempts_until("an idle attempt on the preferred node", LONG, |l| {
+            l.iter()
+                .find(|a| a.spec.node_name == doomed && state(a) == AttemptState::Idle)
+                .cloned()
+        })
+        .await;
+    // The node dies: its agent stops heartbeating and taking edges.
+    w.agents[0].set(|s| {
+        s.heartbeat = false;
+    });
+    let survivor = w.add_node(Script::default(), op).await;
+    let _ = w.agents.remove(0);
+    let orphaned = w
+        .attempts_until(
+            "the attempt Orphaned(NodeLost) by the operator",
+            LONG,
+            |l| {
+                l.iter()
+                    .find(|a| {
+                        a.metadata.name == first.metadata.name && state(a) == AttemptState::Orphaned
+                    })
+                    .cloned()
+            },
+        )
+        .await;
+    let outcome = serde_json::to_value(orphaned.status.unwrap().journal.outcome()).unwrap();
+    assert_eq!(outcome, json!({"kind": "Orphaned", "reason": "NodeLost"}));
+    let replacement = w
+        .attempts_until("a replacement idle on the surviving node", LONG, |l| {
+            l.iter()
+                .find(|a| a.spec.replaces == first.metadata.name && state(a) == AttemptState::Idle)
+                .cloned()
+        })
+        .await;
+    assert_eq!(replacement.spec.node_name, survivor);
+}

@@ -40,6 +40,8 @@ pub struct Script {
     /// Publish heartbeats (false: the agent is gone and its Lease goes stale).
     pub heartbeat: bool,
     pub recovery_complete: bool,
+    /// Conclude `Failed(JitExpired)` right after the broker's edge (a broken launch).
+    pub fail_after_jit: bool,
     /// Conclude a busy runner's job at once (`CompleteJob`), as if its job finished.
     pub finish_busy: bool,
     /// Package digests advertised as cached (placement prefers such a node).
@@ -54,6 +56,7 @@ impl Default for Script {
             never_register: false,
             heartbeat: true,
             recovery_complete: true,
+            fail_after_jit: false,
             finish_busy: false,
             packages: vec![],
         }
@@ -262,6 +265,9 @@ impl Agent {
                 })
             }
             AttemptState::Allocated => Some(Transition::MarkPrepared { environment: None }),
+            AttemptState::JitReceived if script.fail_after_jit => Some(Transition::Conclude(
+                Outcome::Failed(FailureReason::JitExpired),
+            )),
             AttemptState::JitReceived => Some(Transition::Start {
                 identity: StartedIdentity::Process(ProcessIdentity {
                     launcher: Launcher::Direct,
