@@ -182,7 +182,14 @@ impl World {
     /// Start an operator process with the base flags plus `extra`.
     async fn start_operator(&mut self, extra: &[&str]) -> usize {
         let mut cmd = std::process::Command::new(binary("runner-manager-operator").unwrap());
-        cmd.args(self.base_args()).args(extra);
+        // A flag in `extra` replaces the base one (clap refuses a flag given twice).
+        let base = self.base_args();
+        for pair in base.chunks(2) {
+            if !extra.contains(&pair[0].as_str()) {
+                cmd.args(pair);
+            }
+        }
+        cmd.args(extra);
         let process = Running::spawn("runner-manager-operator", cmd).unwrap();
         let (broker, health, webhook) =
             wait::until(LONG, "the operator to log its addresses", || {
@@ -1237,4 +1244,57 @@ async fn a_lost_node_orphans_its_attempts_and_they_are_replaced_elsewhere() {
         })
         .await;
     assert_eq!(replacement.spec.node_name, survivor);
+}
+
+/// DESIGN §10: GitHub calls per launched runner, amortized over a burst of ten jobs (printed as
+/// MEASURE; the broker's look-up-before-mint is one of them by design, DESIGN §5).
+#[tokio::test]
+async fn github_calls_per_launched_runner_in_a_burst() {
+    let Some(mut w) = world("github_calls_per_launched_runner").await else {
+        return;
+    };
+    let op = w.start_operator(&["--observe-interval", "10s"]).await;
+    w.add_node(
+        Script {
+            capacity: 10,
+            ..Script::default()
+        },
+        op,
+    )
+    .await;
+    w.policy("web", json!({"maxRunners": 10})).await;
+    wait::until(LONG, "the policy Ready", || async {
+        matches!(
+            w.condition("web", PolicyConditionType::Ready).await,
+            Some((ConditionStatus::True, ..))
+        )
+        .then_some(())
+    })
+    .await
+    .unwrap();
+    w.hook_to(op).await;
+    w.fake
+        .admin("DELETE", "counters", Value::Null)
+        .await
+        .unwrap();
+    for _ in 0..10 {
+        w.queue_job().await;
+    }
+    w.attempts_until("ten idle runners", LONG, |l| {
+        (l.iter().filter(|a| state(a) == AttemptState::Idle).count() == 10).then_some(())
+    })
+    .await;
+    let counters = w.fake.counters().await.unwrap();
+    let calls: u64 = counters
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| !k.starts_with('_') && !k.contains("download"))
+        .flat_map(|(_, m)| m.as_object().unwrap().values().filter_map(Value::as_u64))
+        .sum();
+    eprintln!(
+        "MEASURE github calls per launched runner (burst of 10): {:.2} ({counters})",
+        calls as f64 / 10.0
+    );
+    assert!(calls > 0);
 }
