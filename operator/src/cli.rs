@@ -86,6 +86,10 @@ pub struct Cli {
     /// serves only the broker, the webhook receiver and metrics (tests of the node agent).
     #[arg(long, env = "RM_CONTROLLERS", default_value_t = true, action = clap::ArgAction::Set)]
     pub controllers: bool,
+    /// Reconcile ScalePolicies and RunnerAttempts of this namespace only (a namespaced install,
+    /// or tests sharing one cluster); all namespaces when unset.
+    #[arg(long, env = "RM_WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
     /// This replica's identity in the leader Lease (the pod name in a cluster).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,

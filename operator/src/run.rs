@@ -117,7 +117,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
     };
     let wake = Arc::new(tokio::sync::Notify::new());
     // Every replica matches webhook deliveries against the policies, so every replica caches them.
-    let policies = cache::policies(&kube, wake.clone());
+    let policies = cache::policies(&kube, cli.watch_namespace.as_deref(), wake.clone());
     let webhook = TcpListener::bind(cli.webhook_addr)
         .await
         .map_err(|e| RunError::Bind(cli.webhook_addr, e))?;
@@ -154,7 +154,13 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
             events: Events::new(writer.clone(), identity.clone()),
             writer,
             clients: Arc::new(Clients::new(kube.clone(), github_config)),
-            caches: cache::Caches::start(&kube, &cli.namespace, policies, wake.clone()),
+            caches: cache::Caches::start(
+                &kube,
+                &cli.namespace,
+                cli.watch_namespace.as_deref(),
+                policies,
+                wake.clone(),
+            ),
             settings: settings(&cli, ownership.clone()),
             metrics: metrics.clone(),
         });

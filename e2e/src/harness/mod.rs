@@ -8,4 +8,5 @@ pub mod github;
 pub mod node;
 pub mod process;
 pub mod product;
+pub mod scripted_agent;
 pub mod wait;

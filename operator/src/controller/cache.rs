@@ -50,9 +50,20 @@ where
     reader
 }
 
-/// Only the ScalePolicies (the webhook receivers of every replica match jobs against them).
-pub fn policies(kube: &kube::Client, wake: Arc<Notify>) -> Store<ScalePolicy> {
-    reflect(Api::all(kube.clone()), wake)
+fn scoped<K>(kube: &kube::Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(kube.clone(), ns),
+        None => Api::all(kube.clone()),
+    }
+}
+
+/// Only the ScalePolicies (the webhook receivers of every replica match jobs against them), of
+/// `watch` or of every namespace.
+pub fn policies(kube: &kube::Client, watch: Option<&str>, wake: Arc<Notify>) -> Store<ScalePolicy> {
+    reflect(scoped(kube, watch), wake)
 }
 
 impl Caches {
@@ -60,12 +71,13 @@ impl Caches {
     pub fn start(
         kube: &kube::Client,
         namespace: &str,
+        watch: Option<&str>,
         policies: Store<ScalePolicy>,
         wake: Arc<Notify>,
     ) -> Self {
         Self {
             policies,
-            attempts: reflect(Api::all(kube.clone()), wake.clone()),
+            attempts: reflect(scoped(kube, watch), wake.clone()),
             leases: reflect(Api::namespaced(kube.clone(), namespace), wake.clone()),
             nodes: reflect(Api::all(kube.clone()), wake),
         }

@@ -12,6 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::lease::AgentAdvert;
 use runner_manager_crds::names::agent_lease_name;
+use runner_manager_crds::outcome::{Outcome, RejectReason};
 
 use crate::policy::placement::{self, AgentLease, Expectations, NodeView, Unplaceable};
 
@@ -53,18 +54,45 @@ pub fn agent_of(lease: &Lease) -> Option<(AgentLease, AgentAdvert)> {
     ))
 }
 
+/// How long a node that rejected an attempt is treated as full, whatever its advert says: the
+/// agent is the authority on its capacity, and its advert may lag its own count.
+pub const REJECTION_COOLDOWN: Duration = Duration::from_secs(30);
+
+fn rejected_recently(a: &RunnerAttempt, now: Timestamp) -> bool {
+    let Some(journal) = a.status.as_ref().map(|s| &s.journal) else {
+        return false;
+    };
+    let rejected = matches!(
+        journal.outcome(),
+        Some(Outcome::Rejected(
+            RejectReason::NodeFull | RejectReason::SnapshotUnusable
+        ))
+    );
+    let at = journal.timestamps().concluded_at.as_ref().map(|t| t.0);
+    rejected
+        && at.is_some_and(|at| {
+            now.as_millisecond().saturating_sub(at.as_millisecond())
+                < i64::try_from(REJECTION_COOLDOWN.as_millis()).unwrap_or(i64::MAX)
+        })
+}
+
 /// Every node with what counts against it. Pure over the cached objects.
 pub fn node_facts(
     nodes: &[&Node],
     leases: &[&Lease],
     attempts: &[&RunnerAttempt],
+    now: Timestamp,
 ) -> Vec<NodeFacts> {
     let by_name: BTreeMap<&str, &Lease> = leases
         .iter()
         .filter_map(|l| Some((l.metadata.name.as_deref()?, *l)))
         .collect();
     let mut counted: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    let mut refused: BTreeSet<&str> = BTreeSet::new();
     for a in attempts {
+        if rejected_recently(a, now) {
+            refused.insert(a.spec.node_name.as_str());
+        }
         let state = a
             .status
             .as_ref()
@@ -83,9 +111,14 @@ pub fn node_facts(
         .iter()
         .filter_map(|n| {
             let name = n.metadata.name.as_deref()?;
-            let agent = by_name
+            let mut agent = by_name
                 .get(agent_lease_name(name).as_str())
                 .and_then(|l| agent_of(l));
+            if refused.contains(name)
+                && let Some((lease, _)) = agent.as_mut()
+            {
+                lease.free = Some(0);
+            }
             Some(NodeFacts {
                 name: name.to_owned(),
                 labels: n.metadata.labels.clone().unwrap_or_default(),
@@ -162,5 +195,115 @@ impl PlacementWorker {
 impl Default for PlacementWorker {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use runner_manager_crds::attempt::{RunnerAttemptStatus, Transition};
+    use runner_manager_crds::state::Actor;
+
+    fn node(name: &str) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"pool": "ci"}}, "spec": {}
+        }))
+        .unwrap()
+    }
+
+    fn lease(node: &str, capacity: u32, renewed: i64) -> Lease {
+        let advert = AgentAdvert {
+            capacity,
+            free: capacity,
+            recovery_complete: true,
+            packages: ["ab".repeat(32)].into(),
+            ..AgentAdvert::default()
+        };
+        let mut l = Lease::default();
+        l.metadata.name = Some(agent_lease_name(node));
+        l.metadata.annotations = Some(advert.to_annotations());
+        l.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            renew_time: Some(MicroTime(Timestamp::from_second(renewed).unwrap())),
+            lease_duration_seconds: Some(40),
+            ..Default::default()
+        });
+        l
+    }
+
+    fn attempt(name: &str, node: &str) -> RunnerAttempt {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
+            "metadata": {"name": name},
+            "spec": {"id": "01234567-89ab-4def-8123-456789abcdef", "policy": "web", "nodeName": node,
+              "snapshot": {"policyUid": "u", "target": {"url": "https://github.com/a/b", "scope": "Repository"},
+                "labels": ["x"], "runnerGroupId": 1, "workspace": "Ephemeral", "maxSlots": 1,
+                "execution": {"mode": "Native"},
+                "runner": {"version": "2.330.0", "url": "u", "sha256": "a".repeat(64)},
+                "timeouts": {"registration": "60s", "idle": "120s", "jitHandoff": "120s"}}}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn facts_count_the_journal_and_a_recent_rejection_fills_the_node() {
+        let now = Timestamp::from_second(10_000).unwrap();
+        let (a, b) = (node("a"), node("b"));
+        let leases = [lease("a", 2, 9_990), lease("b", 2, 9_990)];
+        let pending = attempt("p1", "a");
+        let mut rejected = attempt("r1", "b");
+        let j = RunnerAttemptStatus::default()
+            .journal
+            .apply(
+                Actor::Agent,
+                rejected.spec.snapshot.kind(),
+                Transition::Conclude(Outcome::Rejected(RejectReason::NodeFull)),
+                Timestamp::from_second(9_995).unwrap(),
+            )
+            .unwrap();
+        rejected.status = Some(RunnerAttemptStatus {
+            journal: j,
+            ..RunnerAttemptStatus::default()
+        });
+        let facts = node_facts(
+            &[&a, &b],
+            &leases.iter().collect::<Vec<_>>(),
+            &[&pending, &rejected],
+            now,
+        );
+        assert_eq!(facts[0].counted, BTreeSet::from(["p1".to_owned()]));
+        assert!(
+            facts[1].counted.is_empty(),
+            "a rejected attempt holds nothing"
+        );
+        assert_eq!(
+            facts[1].agent.as_ref().unwrap().free,
+            Some(0),
+            "cooling down"
+        );
+        let w = PlacementWorker::new();
+        let sel = BTreeMap::from([("pool".to_owned(), "ci".to_owned())]);
+        assert_eq!(
+            w.choose(&facts, &sel, "u", &"ab".repeat(32), now),
+            Ok("a".into())
+        );
+        let later = Timestamp::from_second(10_040).unwrap();
+        let leases = [lease("a", 2, 10_030), lease("b", 2, 10_030)];
+        let facts = node_facts(
+            &[&a, &b],
+            &leases.iter().collect::<Vec<_>>(),
+            &[&pending, &rejected],
+            later,
+        );
+        assert_eq!(
+            facts[1].agent.as_ref().unwrap().free,
+            Some(2),
+            "cooled down"
+        );
+        assert_eq!(
+            w.choose(&facts, &sel, "u", &"ab".repeat(32), later),
+            Ok("b".into()),
+            "spread: b holds nothing"
+        );
     }
 }

@@ -87,7 +87,14 @@ fn views(attempts: &[Arc<RunnerAttempt>]) -> Vec<AttemptView<'_>> {
     attempts
         .iter()
         .map(|a| {
-            let state = state_of(a);
+            let mut state = state_of(a);
+            // GitHub already said this runner took a job (webhook `in_progress`): it is busy
+            // for demand and scale-down, even before the agent takes the edge.
+            if matches!(state, AttemptState::Idle | AttemptState::Starting)
+                && a.status.as_ref().is_some_and(|s| s.facts.job.is_some())
+            {
+                state = AttemptState::Busy;
+            }
             AttemptView {
                 name: a.metadata.name.as_deref().unwrap_or_default(),
                 state,
@@ -489,6 +496,7 @@ async fn create_attempts(
         &nodes.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
         &leases.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
         &all_attempts.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
+        now,
     );
     let _ = attempts;
     let mut lineage = lineages(history).into_iter();

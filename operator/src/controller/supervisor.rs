@@ -90,9 +90,11 @@ pub async fn terminate(
         Ok(Some(a)) => a,
         _ => return Terminated::Skipped,
     };
+    let took_job = live.status.as_ref().is_some_and(|s| s.facts.job.is_some());
     if live.spec.termination.is_some()
         || state_of(&live) != decided_state
         || decided_state == AttemptState::Busy
+        || took_job
     {
         return Terminated::Skipped;
     }

@@ -1,0 +1,1300 @@
+//! The operator process's controllers on the real control plane, with the simulated GitHub and a
+//! scripted agent per simulated node (`harness::scripted_agent`): scale from zero on a signed
+//! webhook and by polling, an invalid policy, a bad signature, minIdle, scale-down that
+//! deregisters first and leaves a runner that took a job, registration timeout → replacement with
+//! lineage, orphan registrations cleaned in two phases while a foreign one survives, and leader
+//! failover between two operator processes. Skipped without `KUBECONFIG`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::Client;
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use runner_manager_crds::attempt::{RunnerAttempt, TerminationReason};
+use runner_manager_crds::conditions::ConditionStatus;
+use runner_manager_crds::names::{ownership_label, runner_name};
+use runner_manager_crds::policy::{PolicyConditionType, PolicyReason, ScalePolicy};
+use runner_manager_crds::state::AttemptState;
+use runner_manager_e2e::fake_github::PackageInfo;
+use runner_manager_e2e::harness::cluster::{client_or_skip, fresh_namespace, install_crds};
+use runner_manager_e2e::harness::github::{ORG, PAT, SimulatedGitHub, pat_credentials};
+use runner_manager_e2e::harness::node::{SimNode, unique_node_name};
+use runner_manager_e2e::harness::process::{Running, binary};
+use runner_manager_e2e::harness::scripted_agent::{BrokerAccess, Script, ScriptedAgent};
+use runner_manager_e2e::harness::wait;
+use runner_manager_operator::broker::tls;
+use runner_manager_operator::webhook::sign;
+use secrecy::SecretString;
+use serde_json::{Value, json};
+
+const WEBHOOK_SECRET: &str = "operator-test-webhook-secret";
+const VERSION: &str = "2.330.0";
+const LONG: Duration = Duration::from_secs(60);
+
+fn sha() -> String {
+    "5e".repeat(32)
+}
+
+/// A started operator and the addresses it logged.
+struct Operator {
+    process: Running,
+    broker: String,
+    health: String,
+    webhook: String,
+}
+
+impl Operator {
+    async fn metrics(&self) -> String {
+        reqwest::get(format!("http://{}/metrics", self.health))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    async fn metric(&self, line_prefix: &str) -> f64 {
+        self.metrics()
+            .await
+            .lines()
+            .find(|l| l.starts_with(line_prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+}
+
+struct World {
+    kube: Client,
+    system: String,
+    team: String,
+    fake: SimulatedGitHub,
+    pool: String,
+    nodes: Vec<SimNode>,
+    agents: Vec<ScriptedAgent>,
+    operators: Vec<Operator>,
+    dir: tempfile::TempDir,
+    ownership: String,
+}
+
+async fn world(test: &str) -> Option<World> {
+    let kube = client_or_skip(test).await.unwrap()?;
+    install_crds(&kube).await.unwrap();
+    let system = fresh_namespace(&kube, "rm-op-sys").await.unwrap();
+    let team = fresh_namespace(&kube, "rm-op-team").await.unwrap();
+    let fake = SimulatedGitHub::start_with_package(Some(PackageInfo {
+        version: VERSION.into(),
+        file_name: format!("actions-runner-linux-x64-{VERSION}.tar.gz"),
+        sha256: sha(),
+        size: 1,
+        path: "/nonexistent/runner.tar.gz".into(),
+    }))
+    .await
+    .unwrap();
+    let secret = |name: &str, data: BTreeMap<String, ByteString>| Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(data),
+        ..Secret::default()
+    };
+    Api::<Secret>::namespaced(kube.clone(), &team)
+        .create(
+            &PostParams::default(),
+            &secret(
+                "github",
+                [("token".to_owned(), ByteString(PAT.as_bytes().to_vec()))].into(),
+            ),
+        )
+        .await
+        .unwrap();
+    Api::<Secret>::namespaced(kube.clone(), &system)
+        .create(
+            &PostParams::default(),
+            &secret(
+                "runner-manager-webhook",
+                [(
+                    "secret".to_owned(),
+                    ByteString(WEBHOOK_SECRET.as_bytes().to_vec()),
+                )]
+                .into(),
+            ),
+        )
+        .await
+        .unwrap();
+    let kube_system_uid = Api::<Namespace>::all(kube.clone())
+        .get("kube-system")
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let ownership = ownership_label(&kube_system_uid, &system);
+    Some(World {
+        kube,
+        pool: format!("ci-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
+        system,
+        team,
+        fake,
+        nodes: vec![],
+        agents: vec![],
+        operators: vec![],
+        dir: tempfile::tempdir().unwrap(),
+        ownership,
+    })
+}
+
+impl World {
+    fn base_args(&self) -> Vec<String> {
+        [
+            "--namespace",
+            &self.system,
+            "--watch-namespace",
+            &self.team,
+            "--broker-addr",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--webhook-addr",
+            "127.0.0.1:0",
+            "--github-api-url",
+            self.fake.base_url(),
+            "--log-format",
+            "json",
+            "--observe-interval",
+            "1s",
+            "--resync-interval",
+            "1s",
+            "--lease-duration",
+            "4s",
+            "--replacement-backoff",
+            "1s",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect()
+    }
+
+    /// Start an operator process with the base flags plus `extra`.
+    async fn start_operator(&mut self, extra: &[&str]) -> usize {
+        let mut cmd = std::process::Command::new(binary("runner-manager-operator").unwrap());
+        // A flag in `extra` replaces the base one (clap refuses a flag given twice).
+        let base = self.base_args();
+        for pair in base.chunks(2) {
+            if !extra.contains(&pair[0].as_str()) {
+                cmd.args(pair);
+            }
+        }
+        cmd.args(extra);
+        let process = Running::spawn("runner-manager-operator", cmd).unwrap();
+        let (broker, health, webhook) =
+            wait::until(LONG, "the operator to log its addresses", || {
+                let lines = process.lines();
+                async move {
+                    lines.iter().find_map(|l| {
+                        let v: Value = serde_json::from_str(l).ok()?;
+                        let f = &v["fields"];
+                        Some((
+                            f["broker"].as_str()?.to_owned(),
+                            f["health"].as_str()?.to_owned(),
+                            f["webhook"].as_str()?.to_owned(),
+                        ))
+                    })
+                }
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}: {:?}", process.lines()));
+        self.operators.push(Operator {
+            process,
+            broker,
+            health,
+            webhook,
+        });
+        self.operators.len() - 1
+    }
+
+    /// A simulated node in this test's pool with a scripted agent talking to operator `via`.
+    async fn add_node(&mut self, script: Script, via: usize) -> String {
+        let name = unique_node_name("rm-op");
+        let node = SimNode::create(
+            &self.kube,
+            &self.system,
+            &name,
+            [("pool".to_owned(), self.pool.clone())].into(),
+            &self.dir.path().join(&name),
+        )
+        .await
+        .unwrap();
+        let ca = wait::until(LONG, "the broker CA to be published", || {
+            let api = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+                self.kube.clone(),
+                &self.system,
+            );
+            async move {
+                api.get_opt(tls::CA_CONFIGMAP)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|cm| cm.data?.get("ca.crt").cloned())
+            }
+        })
+        .await
+        .unwrap();
+        let agent = ScriptedAgent::start(
+            self.kube.clone(),
+            &self.system,
+            &name,
+            script,
+            BrokerAccess {
+                url: format!("https://{}", self.operators[via].broker),
+                ca_pem: ca,
+                token_file: node.token_file.clone(),
+            },
+        )
+        .unwrap();
+        self.nodes.push(node);
+        self.agents.push(agent);
+        name
+    }
+
+    fn policies(&self) -> Api<ScalePolicy> {
+        Api::namespaced(self.kube.clone(), &self.team)
+    }
+
+    fn attempts(&self) -> Api<RunnerAttempt> {
+        Api::namespaced(self.kube.clone(), &self.team)
+    }
+
+    /// A policy for `acme/web` on this test's pool; `spec` is merged over the defaults.
+    async fn policy(&self, name: &str, spec: Value) -> ScalePolicy {
+        let mut base = json!({
+            "github": {"url": format!("https://github.com/{ORG}/web"), "credentialsSecretRef": {"name": "github"}},
+            "labels": ["self-hosted", "linux"],
+            "maxRunners": 4,
+            "nodeSelector": {"pool": self.pool},
+        });
+        merge(&mut base, spec);
+        let p: ScalePolicy = serde_json::from_value(json!({
+            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "ScalePolicy",
+            "metadata": {"name": name}, "spec": base,
+        }))
+        .unwrap();
+        self.policies()
+            .create(&PostParams::default(), &p)
+            .await
+            .unwrap()
+    }
+
+    async fn patch_policy(&self, name: &str, spec: Value) {
+        self.policies()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": spec})),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn list(&self) -> Vec<RunnerAttempt> {
+        self.attempts()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+    }
+
+    /// Wait until `check` holds over the team's attempts.
+    async fn attempts_until<T>(
+        &self,
+        what: &str,
+        within: Duration,
+        check: impl Fn(&[RunnerAttempt]) -> Option<T>,
+    ) -> T {
+        let check = &check;
+        match wait::until(within, what, || async move { check(&self.list().await) }).await {
+            Ok(v) => v,
+            Err(e) => panic!("{e}\n{}", self.diagnose().await),
+        }
+    }
+
+    /// What a failed wait should show: policies' status, attempts, deliveries, metrics, logs.
+    async fn diagnose(&self) -> String {
+        let policies = self.policies().list(&ListParams::default()).await.unwrap();
+        let mut out = String::new();
+        for p in policies.items {
+            out += &format!(
+                "policy {}: {}\n",
+                p.metadata.name.unwrap_or_default(),
+                serde_json::to_string(&p.status).unwrap()
+            );
+        }
+        for a in self.list().await {
+            out += &format!(
+                "attempt {}: spec.termination={:?} status={}\n",
+                a.metadata.name.unwrap_or_default(),
+                a.spec.termination,
+                serde_json::to_string(&a.status).unwrap()
+            );
+        }
+        out += &format!(
+            "deliveries: {}\n",
+            self.fake
+                .admin("GET", "deliveries", Value::Null)
+                .await
+                .unwrap()
+        );
+        for o in &self.operators {
+            if let Ok(m) = reqwest::get(format!("http://{}/metrics", o.health)).await {
+                let text = m.text().await.unwrap_or_default();
+                out += &text
+                    .lines()
+                    .filter(|l| !l.starts_with('#') && l.contains("runner_manager_"))
+                    .filter(|l| !l.contains("bucket"))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+            }
+            let l = o.process.lines();
+            out += "\n";
+            out += &l[l.len().saturating_sub(30)..].join("\n");
+        }
+        out
+    }
+
+    async fn condition(
+        &self,
+        policy: &str,
+        t: PolicyConditionType,
+    ) -> Option<(ConditionStatus, PolicyReason, String)> {
+        let p = self.policies().get(policy).await.ok()?;
+        let c = p.status?.conditions.into_iter().find(|c| c.type_ == t)?;
+        Some((c.status, c.reason, c.message))
+    }
+
+    async fn hook_to(&self, operator: usize) {
+        self.fake
+            .admin(
+                "POST",
+                "webhooks",
+                json!({"url": format!("http://{}/webhook", self.operators[operator].webhook), "secret": WEBHOOK_SECRET}),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn queue_job(&self) -> u64 {
+        self.fake
+            .admin(
+                "POST",
+                "jobs",
+                json!({"owner": ORG, "repo": "web", "labels": ["self-hosted", "linux"]}),
+            )
+            .await
+            .unwrap()["job_id"]
+            .as_u64()
+            .unwrap()
+    }
+
+    async fn registrations(&self) -> Vec<Value> {
+        self.fake.runners().await.unwrap()
+    }
+}
+
+fn merge(base: &mut Value, over: Value) {
+    match (base, over) {
+        (Value::Object(b), Value::Object(o)) => {
+            for (k, v) in o {
+                merge(b.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (b, o) => *b = o,
+    }
+}
+
+fn state(a: &RunnerAttempt) -> AttemptState {
+    a.status
+        .as_ref()
+        .map(|s| s.journal.state())
+        .unwrap_or_default()
+}
+
+fn live(list: &[RunnerAttempt]) -> Vec<&RunnerAttempt> {
+    list.iter()
+        .filter(|a| state(a) != AttemptState::Cleaned)
+        .collect()
+}
+
+#[tokio::test]
+async fn scale_from_zero_on_a_signed_webhook() {
+    let Some(mut w) = world("scale_from_zero_on_a_signed_webhook").await else {
+        return;
+    };
+    let op = w.start_operator(&[]).await;
+    let node = w.add_node(Script::default(), op).await;
+    w.policy("web", json!({})).await;
+    wait::until(LONG, "the policy to be Ready", || async {
+        matches!(
+            w.condition("web", PolicyConditionType::Ready).await,
+            Some((ConditionStatus::True, ..))
+        )
+        .then_some(())
+    })
+    .await
+    .unwrap();
+    assert!(w.list().await.is_empty(), "minIdle 0: nothing before a job");
+    w.hook_to(op).await;
+    let calls_before = w.fake.counters().await.unwrap();
+    let job = w.queue_job().await;
+
+    // The job lands in the ledger and one attempt is created on the node, pinned.
+    let a = w
+        .attempts_until("one attempt for the queued job", LONG, |l| {
+            (l.len() == 1).then(|| l[0].clone())
+        })
+        .await;
+    let p = w.policies().get("web").await.unwrap();
+    assert!(
+        p.status
+            .as_ref()
+            .unwrap()
+            .pending_jobs
+            .contains_key(&job.to_string()),
+        "{:?}",
+        p.status
+    );
+    assert_eq!(a.spec.node_name, node);
+    assert_eq!(a.spec.policy, "web");
+    assert_eq!(a.spec.snapshot.runner.version, VERSION);
+    assert_eq!(a.spec.snapshot.runner.sha256, sha());
+    assert!(a.spec.snapshot.runner.url.ends_with(".tar.gz"));
+    assert_eq!(a.spec.snapshot.policy_uid, p.metadata.uid.clone().unwrap());
+    let name = a.metadata.name.clone().unwrap();
+    assert!(
+        name.starts_with("web-") && name.len() == "web-".len() + 12,
+        "{name}"
+    );
+    assert_eq!(
+        a.metadata.finalizers.as_deref(),
+        Some(&["runner-manager.dev/cleanup".to_owned()][..])
+    );
+    let labels = a.metadata.labels.clone().unwrap();
+    assert_eq!(labels["runner-manager.dev/policy"], "web");
+    assert_eq!(labels["runner-manager.dev/node"], node);
+
+    // The scripted agent walks it through the real broker to Idle; the supervisor records
+    // GitHub's fact about the registration.
+    let idle = w
+        .attempts_until("the attempt idle with a GitHub fact", LONG, |l| {
+            l.iter()
+                .find(|a| {
+                    state(a) == AttemptState::Idle
+                        && a.status.as_ref().unwrap().facts.github.is_some()
+                })
+                .cloned()
+        })
+        .await;
+    let runner = idle
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .runner()
+        .unwrap()
+        .clone();
+    assert_eq!(runner.name, runner_name(idle.spec.attempt_uuid().unwrap()));
+    let listed = w
+        .fake
+        .client(&format!("https://github.com/{ORG}/web"), pat_credentials())
+        .list_runners()
+        .await
+        .unwrap();
+    let reg = listed.iter().find(|r| r.name == runner.name).unwrap();
+    assert!(reg.has_label(&w.ownership), "{reg:?}");
+
+    // GitHub calls per launched runner: everything the fake answered since the job was queued
+    // (JIT mint, lookups, runner-list passes, polling) over the one runner launched.
+    let calls_after = w.fake.counters().await.unwrap();
+    let total = |c: &Value| -> u64 {
+        c.as_object()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| !k.starts_with("_") && !k.contains("download"))
+            .flat_map(|(_, m)| m.as_object().unwrap().values().filter_map(Value::as_u64))
+            .sum()
+    };
+    eprintln!(
+        "MEASURE github calls from queued job to idle runner: {} ({calls_after})",
+        total(&calls_after) - total(&calls_before)
+    );
+
+    // The webhook `in_progress` for our runner name lands as the attempt's job fact, and the
+    // agent takes it to Busy; `completed` empties the ledger.
+    let delivery = json!({
+        "action": "in_progress",
+        "workflow_job": {"id": job, "run_id": 1, "labels": ["self-hosted", "linux"], "runner_name": runner.name,
+                          "status": "in_progress"},
+        "repository": {"full_name": format!("{ORG}/web")},
+    });
+    let code = post_webhook(&w.operators[op].webhook, &delivery, WEBHOOK_SECRET).await;
+    assert_eq!(code, 202, "in_progress accepted");
+    w.attempts_until("the attempt busy with its job", LONG, |l| {
+        l.iter()
+            .find(|a| {
+                state(a) == AttemptState::Busy
+                    && a.status.as_ref().unwrap().facts.job.as_ref().map(|j| j.id)
+                        == Some(job as i64)
+            })
+            .cloned()
+    })
+    .await;
+    wait::until(LONG, "the job to leave the ledger", || async {
+        let p = w.policies().get("web").await.ok()?;
+        p.status
+            .unwrap_or_default()
+            .pending_jobs
+            .is_empty()
+            .then_some(())
+    })
+    .await
+    .unwrap();
+
+    // The job ends: the agent concludes and cleans, the operator deregisters the concluded
+    // runner GitHub still lists and releases the finalizer.
+    w.agents[0].set(|s| s.finish_busy = true);
+    w.attempts_until("the attempt cleaned and released", LONG, |l| {
+        l.iter()
+            .all(|a| {
+                state(a) == AttemptState::Cleaned
+                    && a.metadata.finalizers.as_ref().is_none_or(Vec::is_empty)
+            })
+            .then_some(())
+    })
+    .await;
+    wait::until(LONG, "the concluded runner deregistered", || async {
+        (!w.registrations()
+            .await
+            .iter()
+            .any(|r| r["name"] == runner.name.as_str()))
+        .then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        w.list().await.len(),
+        1,
+        "no second attempt: demand was one job"
+    );
+    let metrics = w.operators[op].metrics().await;
+    let writes: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("runner_manager_api_writes_total"))
+        .collect();
+    let per_attempt: f64 = writes
+        .iter()
+        .filter(|l| l.contains("kind=\"attempt_"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    eprintln!("MEASURE operator writes: {}", writes.join(" | "));
+    eprintln!(
+        "MEASURE attempt object writes over one lifecycle: operator {per_attempt} + broker 1 + agent {} = {}",
+        w.agents[0].writes(),
+        per_attempt + 1.0 + w.agents[0].writes() as f64
+    );
+}
+
+async fn post_webhook(addr: &str, body: &Value, secret: &str) -> u16 {
+    let bytes = serde_json::to_vec(body).unwrap();
+    let signature = sign(&SecretString::from(secret), &bytes);
+    reqwest::Client::new()
+        .post(format!("http://{addr}/webhook"))
+        .header("X-GitHub-Event", "workflow_job")
+        .header("X-GitHub-Delivery", uuid::Uuid::new_v4().to_string())
+        .header("X-Hub-Signature-256", signature)
+        .header("Content-Type", "application/json")
+        .body(bytes)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn an_invalid_policy_is_not_ready_names_the_field_and_creates_nothing() {
+    let Some(mut w) = world("an_invalid_policy_is_not_ready").await else {
+        return;
+    };
+    let op = w.start_operator(&[]).await;
+    w.add_node(Script::default(), op).await;
+    w.policy(
+        "nosecret",
+        json!({"minIdle": 2, "github": {"credentialsSecretRef": {"name": "missing"}}}),
+    )
+    .await;
+    w.policy(
+        "orgpersistent",
+        json!({"minIdle": 1, "github": {"url": format!("https://github.com/{ORG}")}, "workspace": {"mode": "Persistent"}}),
+    )
+    .await;
+    let (status, reason, message) = wait::until(LONG, "nosecret not Ready", || async {
+        w.condition("nosecret", PolicyConditionType::Ready)
+            .await
+            .filter(|c| c.0 == ConditionStatus::False)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        (status, reason),
+        (ConditionStatus::False, PolicyReason::SecretNotFound)
+    );
+    assert!(
+        message.contains("spec.github.credentialsSecretRef"),
+        "{message}"
+    );
+    let (_, reason, message) = wait::until(LONG, "orgpersistent not Ready", || async {
+        w.condition("orgpersistent", PolicyConditionType::Ready)
+            .await
+            .filter(|c| c.0 == ConditionStatus::False)
+    })
+    .await
+    .unwrap();
+    assert_eq!(reason, PolicyReason::InvalidSpec);
+    assert!(message.contains("spec.workspace.mode"), "{message}");
+    // A few passes later, still nothing created.
+    let passes_before = w.operators[op]
+        .metric("runner_manager_api_writes_total{kind=\"policy_status\"}")
+        .await;
+    wait::until(LONG, "more reconcile passes", || async {
+        // The condition is rewritten only on change; the Scaling condition says why nothing runs.
+        let s = w
+            .condition("nosecret", PolicyConditionType::Scaling)
+            .await?;
+        (s.0 == ConditionStatus::False).then_some(())
+    })
+    .await
+    .unwrap();
+    let _ = passes_before;
+    assert!(
+        w.list().await.is_empty(),
+        "an invalid policy creates nothing"
+    );
+
+    // Fixing the Secret makes it Ready and minIdle is honoured.
+    w.patch_policy(
+        "nosecret",
+        json!({"github": {"credentialsSecretRef": {"name": "github"}}}),
+    )
+    .await;
+    w.attempts_until("minIdle 2 once valid", LONG, |l| {
+        (l.iter().filter(|a| a.spec.policy == "nosecret").count() == 2).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_bad_signature_is_refused_and_changes_nothing() {
+    let Some(mut w) = world("a_bad_signature_is_refused").await else {
+        return;
+    };
+    let op = w.start_operator(&[]).await;
+    w.add_node(Script::default(), op).await;
+    w.policy("web", json!({})).await;
+    let delivery = json!({
+        "action": "queued",
+        "workflow_job": {"id": 991, "run_id": 1, "labels": ["self-hosted", "linux"], "status": "queued"},
+        "repository": {"full_name": format!("{ORG}/web")},
+    });
+    let addr = w.operators[op].webhook.clone();
+    let code = wait::until(LONG, "the webhook receiver to serve", || {
+        let addr = addr.clone();
+        let delivery = delivery.clone();
+        async move {
+            let bytes = serde_json::to_vec(&delivery).unwrap();
+            reqwest::Client::new()
+                .post(format!("http://{addr}/webhook"))
+                .header("X-GitHub-Event", "workflow_job")
+                .header("X-GitHub-Delivery", uuid::Uuid::new_v4().to_string())
+                .header(
+                    "X-Hub-Signature-256",
+                    sign(&SecretString::from("not-the-secret"), &bytes),
+                )
+                .body(bytes)
+                .send()
+                .await
+                .ok()
+                .map(|r| r.status().as_u16())
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 401);
+    // A correctly signed delivery afterwards is accepted: the receiver is live, and only the bad
+    // one changed nothing.
+    let p = w.policies().get("web").await.unwrap();
+    assert!(p.status.unwrap_or_default().pending_jobs.is_empty());
+    assert!(w.list().await.is_empty());
+    let good = post_webhook(&addr, &delivery, WEBHOOK_SECRET).await;
+    assert_eq!(good, 202);
+    wait::until(LONG, "the signed job in the ledger", || async {
+        let p = w.policies().get("web").await.ok()?;
+        p.status?.pending_jobs.contains_key("991").then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn min_idle_then_scale_down_deregisters_first_and_leaves_a_runner_that_took_a_job() {
+    let Some(mut w) = world("min_idle_then_scale_down").await else {
+        return;
+    };
+    let op = w.start_operator(&[]).await;
+    w.add_node(Script::default(), op).await;
+    w.policy("web", json!({"minIdle": 2})).await;
+    let idle = w
+        .attempts_until("two idle runners (minIdle 2)", LONG, |l| {
+            let idle: Vec<_> = l
+                .iter()
+                .filter(|a| state(a) == AttemptState::Idle)
+                .cloned()
+                .collect();
+            (idle.len() == 2 && l.len() == 2).then_some(idle)
+        })
+        .await;
+    // Steady: no third attempt.
+    assert_eq!(w.list().await.len(), 2);
+
+    // Every DELETE of a runner answers 422 (a job just landed): scale-down leaves them alone.
+    w.fake
+        .admin(
+            "POST",
+            "faults",
+            json!({"endpoint": "delete_runner", "count": 1000, "status": 422}),
+        )
+        .await
+        .unwrap();
+    w.patch_policy("web", json!({"minIdle": 0})).await;
+    wait::until(LONG, "scale-down to try both runners", || async {
+        let c = w.fake.counters().await.ok()?;
+        (c["delete_runner"]["422"].as_u64().unwrap_or(0) >= 2).then_some(())
+    })
+    .await
+    .unwrap();
+    for a in w.list().await {
+        assert!(
+            a.spec.termination.is_none(),
+            "a runner GitHub says is busy is left alone: {:?}",
+            a.spec.termination
+        );
+    }
+    assert_eq!(w.registrations().await.len(), 2);
+
+    // Once GitHub lets go, both are deregistered first, then asked to stop.
+    w.fake.admin("DELETE", "faults", Value::Null).await.unwrap();
+    let names: Vec<String> = idle
+        .iter()
+        .map(|a| {
+            a.status
+                .as_ref()
+                .unwrap()
+                .journal
+                .runner()
+                .unwrap()
+                .name
+                .clone()
+        })
+        .collect();
+    w.attempts_until("both terminated with ScaleDown, deregistered", LONG, |l| {
+        l.iter()
+            .all(|a| {
+                a.spec
+                    .termination
+                    .as_ref()
+                    .is_some_and(|t| t.reason == TerminationReason::ScaleDown && t.deregistered)
+            })
+            .then_some(())
+    })
+    .await;
+    let regs = w.registrations().await;
+    for n in &names {
+        assert!(
+            !regs.iter().any(|r| r["name"] == n.as_str()),
+            "{n} deregistered before its termination"
+        );
+    }
+    // The agent concludes and cleans; the operator releases the finalizers; nothing new starts.
+    w.attempts_until("attempts cleaned and released", LONG, |l| {
+        l.iter()
+            .all(|a| {
+                state(a) == AttemptState::Cleaned
+                    && a.metadata.finalizers.as_ref().is_none_or(Vec::is_empty)
+            })
+            .then_some(())
+    })
+    .await;
+    assert!(live(&w.list().await).is_empty());
+}
+
+#[tokio::test]
+async fn scale_from_zero_with_webhooks_dropped_by_polling() {
+    let Some(mut w) = world("scale_from_zero_by_polling").await else {
+        return;
+    };
+    let op = w.start_operator(&[]).await;
+    w.add_node(Script::default(), op).await;
+    w.hook_to(op).await;
+    w.fake
+        .admin("PUT", "webhooks/controls", json!({"drop_next": 100}))
+        .await
+        .unwrap();
+    w.policy("web", json!({"scaling": {"pollInterval": "10s"}}))
+        .await;
+    let job = w.queue_job().await;
+    w.attempts_until("an attempt for the polled job", LONG, |l| {
+        (l.len() == 1).then_some(())
+    })
+    .await;
+    let p = w.policies().get("web").await.unwrap();
+    assert!(
+        p.status
+            .unwrap()
+            .pending_jobs
+            .contains_key(&job.to_string())
+    );
+    let deliveries = w
+        .fake
+        .admin("GET", "deliveries", Value::Null)
+        .await
+        .unwrap();
+    assert!(
+        deliveries
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["dropped"] == true),
+        "{deliveries}"
+    );
+}
+
+#[tokio::test]
+async fn registration_timeout_requests_termination_and_a_replacement_carries_lineage() {
+    let Some(mut w) = world("registration_timeout_replacement").await else {
+        return;
+    };
+    let op = w.start_operator(&[]).await;
+    w.add_node(
+        Script {
+            never_register: true,
+            ..Script::default()
+        },
+        op,
+    )
+    .await;
+    w.policy(
+        "web",
+        json!({"minIdle": 1, "timeouts": {"registration": "30s"}}),
+    )
+    .await;
+    let first = w
+        .attempts_until("the first attempt stuck in Starting", LONG, |l| {
+            l.iter()
+                .find(|a| state(a) == AttemptState::Starting)
+                .cloned()
+        })
+        .await;
+    let first_name = first.metadata.name.clone().unwrap();
+    let runner = first
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .runner()
+        .unwrap()
+        .clone();
+    let terminated = w
+        .attempts_until("termination RegistrationTimeout", LONG, |l| {
+            l.iter()
+                .find(|a| a.metadata.name.as_deref() == Some(first_name.as_str()))
+                .and_then(|a| a.spec.termination.clone())
+        })
+        .await;
+    assert_eq!(terminated.reason, TerminationReason::RegistrationTimeout);
+    assert!(terminated.deregistered);
+    assert!(
+        !w.registrations()
+            .await
+            .iter()
+            .any(|r| r["name"] == runner.name.as_str()),
+        "deregistered first"
+    );
+    let replacement = w
+        .attempts_until("a replacement naming the first", LONG, |l| {
+            l.iter()
+                .find(|a| a.spec.replaces.as_deref() == Some(first_name.as_str()))
+                .cloned()
+        })
+        .await;
+    assert_ne!(
+        replacement.metadata.name.as_deref(),
+        Some(first_name.as_str())
+    );
+}
+
+#[tokio::test]
+async fn orphan_registrations_are_cleaned_in_two_phases_and_a_foreign_runner_survives() {
+    let Some(mut w) = world("orphan_registrations").await else {
+        return;
+    };
+    let op = w.start_operator(&["--orphan-grace", "4s"]).await;
+    w.add_node(Script::default(), op).await;
+    w.policy("web", json!({})).await;
+    let client = w
+        .fake
+        .client(&format!("https://github.com/{ORG}/web"), pat_credentials());
+    let orphan = runner_name(uuid::Uuid::new_v4());
+    let foreign = runner_name(uuid::Uuid::new_v4());
+    client
+        .generate_jit(
+            &orphan,
+            1,
+            &["self-hosted".into(), w.ownership.clone()],
+            "_work",
+        )
+        .await
+        .unwrap();
+    client
+        .generate_jit(
+            &foreign,
+            1,
+            &["self-hosted".into(), "rm-000000000000".into()],
+            "_work",
+        )
+        .await
+        .unwrap();
+    let created = Instant::now();
+    wait::until(LONG, "the orphan registration deleted", || async {
+        let regs = w.registrations().await;
+        (!regs.iter().any(|r| r["name"] == orphan.as_str())).then_some(())
+    })
+    .await
+    .unwrap();
+    let took = created.elapsed();
+    assert!(
+        took >= Duration::from_secs(4),
+        "deleted after {took:?}: two sightings a grace apart"
+    );
+    // Several more observation passes: the foreign runner is never touched.
+    let deletes = w.fake.calls("delete_runner").await.unwrap();
+    wait::until(LONG, "three more observation passes", || async {
+        let lists = w.fake.calls("list_runners").await.ok()?;
+        (lists >= 8).then_some(())
+    })
+    .await
+    .unwrap();
+    assert!(
+        w.registrations()
+            .await
+            .iter()
+            .any(|r| r["name"] == foreign.as_str()),
+        "a runner without our label survives"
+    );
+    assert_eq!(w.fake.calls("delete_runner").await.unwrap(), deletes);
+    assert_eq!(
+        w.operators[op]
+            .metric("runner_manager_orphan_registrations_deleted_total")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn leader_failover_between_two_operator_processes() {
+    let Some(mut w) = world("leader_failover").await else {
+        return;
+    };
+    let a = w.start_operator(&["--leader-election", "true"]).await;
+    let b = w.start_operator(&["--leader-election", "true"]).await;
+    w.add_node(Script::default(), a).await;
+    let leader = wait::until(LONG, "one leader", || async {
+        let la = w.operators[a].metric("runner_manager_leader").await;
+        let lb = w.operators[b].metric("runner_manager_leader").await;
+        match (la as i64, lb as i64) {
+            (1, 0) => Some(a),
+            (0, 1) => Some(b),
+            _ => None,
+        }
+    })
+    .await
+    .unwrap();
+    let standby = if leader == a { b } else { a };
+    w.policy("web", json!({"minIdle": 1})).await;
+    w.attempts_until("the leader creates the minIdle attempt", LONG, |l| {
+        (l.len() == 1).then_some(())
+    })
+    .await;
+    assert_eq!(
+        w.operators[standby]
+            .metric("runner_manager_attempts_created_total")
+            .await,
+        0.0,
+        "the standby does not reconcile"
+    );
+    // Kill the leader outright: the standby takes over within the lease duration and reconciles.
+    let killed = Instant::now();
+    w.operators[leader].process.child.kill().unwrap();
+    w.operators[leader].process.child.wait().unwrap();
+    wait::until(LONG, "the standby to lead", || async {
+        (w.operators[standby].metric("runner_manager_leader").await == 1.0).then_some(())
+    })
+    .await
+    .unwrap();
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(12), "took over after {took:?}");
+    w.patch_policy("web", json!({"minIdle": 2})).await;
+    w.attempts_until("the new leader honours minIdle 2", LONG, |l| {
+        (l.len() == 2).then_some(())
+    })
+    .await;
+
+    // A leader that finds another holder on renewal stops at once and exits non-zero.
+    let leases =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(w.kube.clone(), &w.system);
+    let mut lease = leases.get("runner-manager-operator").await.unwrap();
+    let spec = lease.spec.as_mut().unwrap();
+    spec.holder_identity = Some("someone-else".into());
+    spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    spec.lease_duration_seconds = Some(3600);
+    leases
+        .replace("runner-manager-operator", &PostParams::default(), &lease)
+        .await
+        .unwrap();
+    let mut deposed = w.operators.swap_remove(standby);
+    let status = wait::until(LONG, "the deposed leader to exit", || {
+        let s = deposed.process.child.try_wait().ok().flatten();
+        async move { s }
+    })
+    .await
+    .unwrap();
+    assert!(!status.success(), "exits non-zero: {status:?}");
+}
+
+#[tokio::test]
+async fn a_rejected_attempt_is_replaced_on_another_node_with_lineage() {
+    let Some(mut w) = world("a_rejected_attempt_is_replaced").await else {
+        return;
+    };
+    let op = w.start_operator(&[]).await;
+    // The full node advertises the package, so placement prefers it first; its agent rejects.
+    let full = w
+        .add_node(
+            Script {
+                reject: true,
+                packages: vec![sha()],
+                ..Script::default()
+            },
+            op,
+        )
+        .await;
+    let roomy = w.add_node(Script::default(), op).await;
+    w.policy("web", json!({"minIdle": 1})).await;
+    let rejected = w
+        .attempts_until("an attempt rejected on the full node", LONG, |l| {
+            l.iter()
+                .find(|a| {
+                    a.spec.node_name == full
+                        && a.status
+                            .as_ref()
+                            .and_then(|s| s.journal.outcome())
+                            .is_some()
+                })
+                .cloned()
+        })
+        .await;
+    assert_eq!(state(&rejected), AttemptState::Cleaned);
+    let replacement = w
+        .attempts_until("its replacement idle on the other node", LONG, |l| {
+            l.iter()
+                .find(|a| {
+                    a.spec.replaces == rejected.metadata.name && state(a) == AttemptState::Idle
+                })
+                .cloned()
+        })
+        .await;
+    assert_eq!(replacement.spec.node_name, roomy);
+}
+
+#[tokio::test]
+async fn failed_launches_back_off_then_degrade_the_policy_until_its_spec_changes() {
+    let Some(mut w) = world("failed_launches_degrade").await else {
+        return;
+    };
+    let op = w.start_operator(&["--max-consecutive-failures", "3"]).await;
+    w.add_node(
+        Script {
+            fail_after_jit: true,
+            ..Script::default()
+        },
+        op,
+    )
+    .await;
+    w.policy("web", json!({"minIdle": 1})).await;
+    let (_, reason, message) = wait::until(LONG, "the policy Degraded", || async {
+        w.condition("web", PolicyConditionType::Degraded)
+            .await
+            .filter(|c| c.0 == ConditionStatus::True)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(reason, PolicyReason::LaunchesFailing);
+    assert!(message.contains("JitExpired"), "{message}");
+    let failed = w.list().await;
+    assert_eq!(failed.len(), 3, "three launches, then no more");
+    // Each replacement names the one before it (lineage), and waited its backoff.
+    let mut by_created = failed.clone();
+    by_created.sort_by_key(|a| a.metadata.creation_timestamp.clone().map(|t| t.0));
+    for pair in by_created.windows(2) {
+        assert_eq!(pair[1].spec.replaces, pair[0].metadata.name);
+    }
+    // Degraded stops replacing: several passes later, still three.
+    let before = w.operators[op]
+        .metric("runner_manager_api_writes_total{kind=\"policy_status\"}")
+        .await;
+    wait::until(LONG, "more passes", || async {
+        let now = w.operators[op]
+            .metric("runner_manager_api_writes_total{kind=\"policy_status\"}")
+            .await;
+        let lists = w.fake.calls("list_runners").await.ok()?;
+        (now >= before && lists >= 10).then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(w.list().await.len(), 3);
+    // A spec change clears it; with the agent fixed, the next launch works.
+    w.agents[0].set(|s| s.fail_after_jit = false);
+    w.patch_policy("web", json!({"labels": ["self-hosted", "linux", "x64"]}))
+        .await;
+    w.attempts_until("a working launch after the spec change", LONG, |l| {
+        l.iter().find(|a| state(a) == AttemptState::Idle).cloned()
+    })
+    .await;
+    wait::until(LONG, "Degraded cleared", || async {
+        w.condition("web", PolicyConditionType::Degraded)
+            .await
+            .filter(|c| c.0 == ConditionStatus::False)
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_lost_node_orphans_its_attempts_and_they_are_replaced_elsewhere() {
+    let Some(mut w) = world("a_lost_node").await else {
+        return;
+    };
+    let op = w.start_operator(&["--node-lost-grace", "2s"]).await;
+    let doomed = w
+        .add_node(
+            Script {
+                packages: vec![sha()],
+                ..Script::default()
+            },
+            op,
+        )
+        .await;
+    w.policy("web", json!({"minIdle": 1})).await;
+    let first = w
+        .attempts_until("an idle attempt on the preferred node", LONG, |l| {
+            l.iter()
+                .find(|a| a.spec.node_name == doomed && state(a) == AttemptState::Idle)
+                .cloned()
+        })
+        .await;
+    // The node dies: its agent stops heartbeating and taking edges.
+    w.agents[0].set(|s| {
+        s.heartbeat = false;
+    });
+    let survivor = w.add_node(Script::default(), op).await;
+    let _ = w.agents.remove(0);
+    let orphaned = w
+        .attempts_until(
+            "the attempt Orphaned(NodeLost) by the operator",
+            LONG,
+            |l| {
+                l.iter()
+                    .find(|a| {
+                        a.metadata.name == first.metadata.name && state(a) == AttemptState::Orphaned
+                    })
+                    .cloned()
+            },
+        )
+        .await;
+    let outcome = serde_json::to_value(orphaned.status.unwrap().journal.outcome()).unwrap();
+    assert_eq!(outcome, json!({"kind": "Orphaned", "reason": "NodeLost"}));
+    let replacement = w
+        .attempts_until("a replacement idle on the surviving node", LONG, |l| {
+            l.iter()
+                .find(|a| a.spec.replaces == first.metadata.name && state(a) == AttemptState::Idle)
+                .cloned()
+        })
+        .await;
+    assert_eq!(replacement.spec.node_name, survivor);
+}
+
+/// DESIGN §10: GitHub calls per launched runner, amortized over a burst of ten jobs (printed as
+/// MEASURE; the broker's look-up-before-mint is one of them by design, DESIGN §5).
+#[tokio::test]
+async fn github_calls_per_launched_runner_in_a_burst() {
+    let Some(mut w) = world("github_calls_per_launched_runner").await else {
+        return;
+    };
+    let op = w.start_operator(&["--observe-interval", "10s"]).await;
+    w.add_node(
+        Script {
+            capacity: 10,
+            ..Script::default()
+        },
+        op,
+    )
+    .await;
+    w.policy("web", json!({"maxRunners": 10})).await;
+    wait::until(LONG, "the policy Ready", || async {
+        matches!(
+            w.condition("web", PolicyConditionType::Ready).await,
+            Some((ConditionStatus::True, ..))
+        )
+        .then_some(())
+    })
+    .await
+    .unwrap();
+    w.hook_to(op).await;
+    w.fake
+        .admin("DELETE", "counters", Value::Null)
+        .await
+        .unwrap();
+    for _ in 0..10 {
+        w.queue_job().await;
+    }
+    w.attempts_until("ten idle runners", LONG, |l| {
+        (l.iter().filter(|a| state(a) == AttemptState::Idle).count() == 10).then_some(())
+    })
+    .await;
+    let counters = w.fake.counters().await.unwrap();
+    let calls: u64 = counters
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| !k.starts_with('_') && !k.contains("download"))
+        .flat_map(|(_, m)| m.as_object().unwrap().values().filter_map(Value::as_u64))
+        .sum();
+    eprintln!(
+        "MEASURE github calls per launched runner (burst of 10): {:.2} ({counters})",
+        calls as f64 / 10.0
+    );
+    assert!(calls > 0);
+}
