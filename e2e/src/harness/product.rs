@@ -172,6 +172,10 @@ impl Product {
         .await?;
         let logs = logs_dir(test);
         let _ = std::fs::remove_dir_all(&logs);
+        eprintln!(
+            "{test}: team namespace {team}, system namespace {system}, logs in {}",
+            logs.display()
+        );
         let mut this = Self {
             test: test.to_owned(),
             kube,
@@ -226,6 +230,10 @@ impl Product {
             self.fake.base_url(),
             "--identity",
             identity,
+            // The test cluster is shared by every test: this world's operators reconcile only its
+            // team namespace.
+            "--watch-namespace",
+            &self.team,
             "--log-format",
             "json",
             // Scenario pace: observe GitHub and resync every second, short leases.
