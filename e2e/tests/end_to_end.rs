@@ -355,3 +355,291 @@ async fn attempts_land_only_where_the_node_selector_allows() {
         assert_eq!(a.spec.node_name, b, "placed outside the node selector");
     }
 }
+
+/// Scale from zero with every webhook dropped: the polling reconciliation (queued runs → jobs)
+/// finds the work.
+#[tokio::test]
+async fn jobs_are_found_by_polling_when_every_webhook_is_dropped() {
+    let Some(p) = Product::start("polling_repairs_dropped_webhooks", ProductOptions::default())
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    p.fake
+        .admin("PUT", "webhooks/controls", json!({"drop_next": 1000}))
+        .await
+        .unwrap();
+    p.policy("web", json!({"minIdle": 0})).await.unwrap();
+    wait_ready(&p, "web").await;
+    let mut jobs = Vec::new();
+    for _ in 0..2 {
+        jobs.push(
+            p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
+                .await
+                .unwrap(),
+        );
+    }
+    p.wait_jobs_completed(&jobs, Duration::from_secs(180))
+        .await
+        .unwrap();
+    let deliveries = p.fake.admin("GET", "deliveries", Value::Null).await.unwrap();
+    let list = deliveries.as_array().unwrap();
+    assert!(!list.is_empty(), "no delivery was even recorded");
+    assert!(
+        list.iter().all(|d| d["dropped"] == true),
+        "a webhook reached the operator: {deliveries}"
+    );
+    assert_settled_and_clean(&p).await;
+}
+
+/// A busy runner is never stopped: the policy is deleted while its runner works; the job finishes
+/// with success, then everything drains and the policy's finalizer goes.
+#[tokio::test]
+async fn a_policy_deleted_while_its_runner_is_busy_drains_after_the_job() {
+    let Some(p) = Product::start("policy_deleted_while_busy", ProductOptions::default())
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    p.policy("web", json!({"minIdle": 0})).await.unwrap();
+    wait_ready(&p, "web").await;
+    let job = p
+        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 6000}))
+        .await
+        .unwrap();
+    let busy = wait_attempts(&p, "a busy runner", Duration::from_secs(120), |list| {
+        list.iter().any(|a| state(a) == AttemptState::Busy)
+    })
+    .await;
+    let busy = busy
+        .into_iter()
+        .find(|a| state(a) == AttemptState::Busy)
+        .unwrap();
+    p.policies()
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    p.wait_jobs_completed(&[job], Duration::from_secs(120))
+        .await
+        .unwrap();
+    let done = p.job(job).await.unwrap();
+    assert_eq!(done["conclusion"], "success", "{done}");
+    assert_eq!(
+        done["runner_name"].as_str(),
+        Some(runner_name(busy.spec.attempt_uuid().unwrap()).as_str())
+    );
+    wait::until(STEP, "the policy gone", || async {
+        p.policies().get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    let this = p
+        .attempts()
+        .get_opt(busy.metadata.name.as_deref().unwrap())
+        .await
+        .unwrap();
+    if let Some(a) = this {
+        assert_eq!(outcome(&a), Some(Outcome::CompletedJob));
+    }
+    wait::until(STEP, "no registration left", || async {
+        p.fake.runners().await.ok()?.is_empty().then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+/// The agent is killed (abort) after the broker answered and before the runner was spawned: the
+/// JIT is lost. The restarted agent concludes `Failed(JitExpired)` without asking again; the
+/// operator deregisters and replaces it (lineage), the job runs on the replacement, and at most
+/// one runner session ever ran per attempt.
+#[tokio::test]
+async fn an_agent_killed_between_jit_and_spawn_recovers_without_a_second_runner() {
+    let Some(mut p) = Product::start("agent_killed_mid_launch", ProductOptions::default())
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    p.kill_agent(0);
+    p.start_agent_with(0, &[("RM_AGENT_FAULT", "after-jit-before-spawn")])
+        .unwrap();
+    p.policy("web", json!({"minIdle": 0})).await.unwrap();
+    wait_ready(&p, "web").await;
+    let job = p
+        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
+        .await
+        .unwrap();
+    {
+        let agent = p.agents[0].process.as_mut().unwrap();
+        wait::until(STEP, "the agent to abort at the fault", || {
+            let exited = agent.child.try_wait().ok().flatten();
+            async move { exited }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    }
+    p.start_agent(0).unwrap();
+    p.wait_jobs_completed(&[job], Duration::from_secs(180))
+        .await
+        .unwrap();
+    let list = p.all_attempts().await;
+    let lost: Vec<_> = list
+        .iter()
+        .filter(|a| {
+            outcome(a)
+                == Some(Outcome::Failed(
+                    runner_manager_crds::outcome::FailureReason::JitExpired,
+                ))
+        })
+        .collect();
+    assert_eq!(lost.len(), 1, "one attempt lost its JIT");
+    let lost_name = lost[0].metadata.name.clone().unwrap();
+    assert!(
+        list.iter()
+            .any(|a| a.spec.replaces.as_deref() == Some(lost_name.as_str())),
+        "no replacement names {lost_name}"
+    );
+    // One session per runner: the lost JIT never reached a listener, so sessions = runners - 1.
+    let counters = p.fake.counters().await.unwrap();
+    let sessions = counters["runner_session"]["201"].as_u64().unwrap_or(0);
+    let mints = counters["generate_jitconfig"]["201"].as_u64().unwrap_or(0);
+    assert_eq!(mints, list.len() as u64, "one mint per attempt");
+    assert!(sessions < mints, "the lost JIT was used: {counters}");
+    assert_settled_and_clean(&p).await;
+}
+
+/// The operator is SIGKILLed mid-burst and restarted: every job still runs once and everything
+/// settles clean.
+#[tokio::test]
+async fn the_operator_killed_mid_burst_converges_after_restart() {
+    let Some(mut p) = Product::start("operator_killed_mid_burst", ProductOptions::default())
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    p.policy("web", json!({"minIdle": 0})).await.unwrap();
+    wait_ready(&p, "web").await;
+    let mut jobs = Vec::new();
+    for _ in 0..4 {
+        jobs.push(
+            p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 500}))
+                .await
+                .unwrap(),
+        );
+    }
+    wait_attempts(&p, "the burst under way", STEP, |list| !list.is_empty()).await;
+    p.kill_operator(0);
+    p.restart_operator(0).await.unwrap();
+    p.hook_to(0).await.unwrap();
+    p.wait_jobs_completed(&jobs, Duration::from_secs(180))
+        .await
+        .unwrap();
+    let mut runners = BTreeSet::new();
+    for id in &jobs {
+        let job = p.job(*id).await.unwrap();
+        assert_eq!(job["conclusion"], "success", "{job}");
+        assert!(runners.insert(job["runner_name"].as_str().unwrap().to_owned()));
+    }
+    assert_settled_and_clean(&p).await;
+}
+
+/// Leader failover with webhooks delivered to the standby: the standby's receiver records the
+/// job for the leader; when the leader is SIGKILLed the standby takes over within the lease
+/// duration and the next job runs too.
+#[tokio::test]
+async fn the_standby_takes_over_and_webhooks_it_received_count() {
+    let options = ProductOptions {
+        operators: 2,
+        webhooks_to: 1,
+        ..ProductOptions::default()
+    };
+    let Some(mut p) = Product::start("leader_failover", options).await.unwrap() else {
+        return;
+    };
+    let leader = wait::until(STEP, "a leader", || p.leader()).await.unwrap();
+    let (leader_i, standby_i) = if leader == p.operators[0].identity {
+        (0, 1)
+    } else {
+        (1, 0)
+    };
+    // Webhooks go to the standby (replica 1 unless it won the election).
+    if standby_i != 1 {
+        p.hook_to(standby_i).await.unwrap();
+    }
+    p.policy("web", json!({"minIdle": 0})).await.unwrap();
+    wait_ready(&p, "web").await;
+    let first = p
+        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
+        .await
+        .unwrap();
+    p.wait_jobs_completed(&[first], Duration::from_secs(120))
+        .await
+        .unwrap();
+    p.kill_operator(leader_i);
+    let standby = p.operators[standby_i].identity.clone();
+    wait::until(STEP, "the standby to lead", || async {
+        (p.leader().await? == standby).then_some(())
+    })
+    .await
+    .unwrap();
+    let second = p
+        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
+        .await
+        .unwrap();
+    p.wait_jobs_completed(&[second], Duration::from_secs(120))
+        .await
+        .unwrap();
+    assert_settled_and_clean(&p).await;
+}
+
+/// GitHub 5xx and 429 storms during a burst: everything converges, every job runs once, no
+/// attempt is lost and no registration is left.
+#[tokio::test]
+async fn a_burst_converges_through_github_5xx_and_429_storms() {
+    let Some(p) = Product::start("github_storms", ProductOptions::default())
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    p.policy("web", json!({"minIdle": 0})).await.unwrap();
+    wait_ready(&p, "web").await;
+    for (endpoint, fault) in [
+        ("generate_jitconfig", json!({"status": 502, "count": 2})),
+        (
+            "generate_jitconfig",
+            json!({"status": 429, "retry_after_secs": 1, "count": 1}),
+        ),
+        ("list_runners", json!({"status": 503, "count": 3})),
+        (
+            "list_runners",
+            json!({"status": 429, "retry_after_secs": 1, "count": 2}),
+        ),
+        ("delete_runner", json!({"status": 500, "count": 1})),
+    ] {
+        let mut body = fault;
+        body["endpoint"] = json!(endpoint);
+        p.fake.admin("POST", "faults", body).await.unwrap();
+    }
+    let mut jobs = Vec::new();
+    for _ in 0..4 {
+        jobs.push(
+            p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 300}))
+                .await
+                .unwrap(),
+        );
+    }
+    p.wait_jobs_completed(&jobs, Duration::from_secs(180))
+        .await
+        .unwrap();
+    let mut runners = BTreeSet::new();
+    for id in &jobs {
+        let job = p.job(*id).await.unwrap();
+        assert_eq!(job["conclusion"], "success", "{job}");
+        assert!(runners.insert(job["runner_name"].as_str().unwrap().to_owned()));
+    }
+    assert_settled_and_clean(&p).await;
+}

@@ -64,6 +64,8 @@ pub struct ProductOptions {
     pub operators: usize,
     /// Extra operator flags (`--flag`, `value`).
     pub operator_flags: Vec<(String, String)>,
+    /// The operator replica the simulated GitHub delivers webhooks to.
+    pub webhooks_to: usize,
 }
 
 impl Default for ProductOptions {
@@ -72,6 +74,7 @@ impl Default for ProductOptions {
             nodes: vec![NodeOptions::new("node", 4, &[])],
             operators: 1,
             operator_flags: Vec::new(),
+            webhooks_to: 0,
         }
     }
 }
@@ -113,6 +116,9 @@ pub struct Product {
     pub package: PackageInfo,
     pub operators: Vec<OperatorProcess>,
     pub agents: Vec<AgentProcess>,
+    /// The broker "Service": a TCP pass-through to every live replica's broker, so agents keep
+    /// one address across operator restarts and failover, as a Service gives them in a cluster.
+    broker_service: ServiceProxy,
     options: ProductOptions,
     logs: PathBuf,
     scratch: tempfile::TempDir,
@@ -185,6 +191,9 @@ impl Product {
             package,
             operators: Vec::new(),
             agents: Vec::new(),
+            broker_service: ServiceProxy::start()
+                .await
+                .map_err(|e| fail("broker service", e))?,
             options: options.clone(),
             logs,
             scratch,
@@ -193,8 +202,12 @@ impl Product {
             let op = this.start_operator(&format!("operator-{i}")).await?;
             this.operators.push(op);
         }
-        // Webhooks go to the first replica; a test of failover points them elsewhere.
-        let url = format!("http://{}/webhook", this.operators[0].webhook);
+        this.update_broker_service();
+        // Webhooks go to one replica (a failover test points them at the standby).
+        let url = format!(
+            "http://{}/webhook",
+            this.operators[options.webhooks_to.min(options.operators - 1)].webhook
+        );
         this.fake
             .admin(
                 "POST",
@@ -308,12 +321,7 @@ impl Product {
     /// (Re)start agent `i` with `env` (e.g. `RM_AGENT_FAULT`). The broker is the first live
     /// operator replica's.
     pub fn start_agent_with(&mut self, i: usize, env: &[(&str, &str)]) -> Result<(), String> {
-        let broker = self
-            .operators
-            .iter()
-            .find(|o| o.process.is_some())
-            .map(|o| format!("https://{}", o.broker))
-            .ok_or("no operator runs")?;
+        let broker = format!("https://{}", self.broker_service.addr);
         let a = &self.agents[i];
         let mut cmd = std::process::Command::new(
             binary("runner-manager-node-agent").map_err(|e| fail("binary", e))?,
@@ -354,6 +362,47 @@ impl Product {
         Ok(())
     }
 
+    /// Restart operator replica `i` (after [`kill_operator`](Self::kill_operator)).
+    pub async fn restart_operator(&mut self, i: usize) -> Result<(), String> {
+        let identity = self.operators[i].identity.clone();
+        let op = self.start_operator(&identity).await?;
+        self.operators[i] = op;
+        self.update_broker_service();
+        Ok(())
+    }
+
+    fn update_broker_service(&self) {
+        self.broker_service.set_backends(
+            self.operators
+                .iter()
+                .filter(|o| o.process.is_some())
+                .map(|o| o.broker.clone())
+                .collect(),
+        );
+    }
+
+    /// Also deliver webhooks to replica `i` (a restarted replica listens on a new port).
+    pub async fn hook_to(&self, i: usize) -> Result<(), String> {
+        let url = format!("http://{}/webhook", self.operators[i].webhook);
+        self.fake
+            .admin("POST", "webhooks", json!({"url": url, "secret": WEBHOOK_SECRET}))
+            .await
+            .map(|_| ())
+            .map_err(|e| fail("webhook", e))
+    }
+
+    /// The holder of the operators' leader Lease.
+    pub async fn leader(&self) -> Option<String> {
+        let lease = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+            self.kube.clone(),
+            &self.system,
+        )
+        .get("runner-manager-operator")
+        .await
+        .ok()?;
+        lease.spec?.holder_identity
+    }
+
     pub fn start_agent(&mut self, i: usize) -> Result<(), String> {
         self.start_agent_with(i, &[])
     }
@@ -372,6 +421,7 @@ impl Product {
             self.keep_log(&format!("operator-{i}-killed"), &p);
             drop(p);
         }
+        self.update_broker_service();
     }
 
     /// Create a ScalePolicy `name` in the team namespace with `spec` merged over the world's
@@ -638,6 +688,59 @@ impl WriteCounter {
 }
 
 impl Drop for WriteCounter {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A TCP pass-through on a fixed loopback port to the first backend that accepts: what a
+/// Kubernetes Service does for the broker's clients (TLS is end to end; the broker's certificate
+/// covers `127.0.0.1`).
+#[derive(Debug)]
+struct ServiceProxy {
+    addr: std::net::SocketAddr,
+    backends: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ServiceProxy {
+    async fn start() -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let backends = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let shared = backends.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let candidates = shared
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
+                tokio::spawn(async move {
+                    for backend in candidates {
+                        if let Ok(mut server) = tokio::net::TcpStream::connect(&backend).await {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Ok(Self {
+            addr,
+            backends,
+            task,
+        })
+    }
+
+    fn set_backends(&self, backends: Vec<String>) {
+        *self
+            .backends
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = backends;
+    }
+}
+
+impl Drop for ServiceProxy {
     fn drop(&mut self) {
         self.task.abort();
     }
