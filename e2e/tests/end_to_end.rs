@@ -544,6 +544,11 @@ async fn the_operator_killed_mid_burst_converges_after_restart() {
         assert!(runners.insert(job["runner_name"].as_str().unwrap().to_owned()));
     }
     assert_settled_and_clean(&p).await;
+    // History: Cleaned attempts past the policy's limit (2 here) are garbage-collected.
+    wait_attempts(&p, "at most two Cleaned attempts kept", STEP, |list| {
+        list.iter().filter(|a| state(a) == AttemptState::Cleaned).count() <= 2
+    })
+    .await;
 }
 
 /// Leader failover with webhooks delivered to the standby: the standby's receiver records the
@@ -599,10 +604,11 @@ async fn the_standby_takes_over_and_webhooks_it_received_count() {
 /// attempt is lost and no registration is left.
 #[tokio::test]
 async fn a_burst_converges_through_github_5xx_and_429_storms() {
-    let Some(p) = Product::start("github_storms", ProductOptions::default())
-        .await
-        .unwrap()
-    else {
+    let options = ProductOptions {
+        operator_flags: vec![("--attempt-history".into(), "2".into())],
+        ..ProductOptions::default()
+    };
+    let Some(p) = Product::start("github_storms", options).await.unwrap() else {
         return;
     };
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
@@ -642,4 +648,301 @@ async fn a_burst_converges_through_github_5xx_and_429_storms() {
         assert!(runners.insert(job["runner_name"].as_str().unwrap().to_owned()));
     }
     assert_settled_and_clean(&p).await;
+    // History: Cleaned attempts past the policy's limit (2 here) are garbage-collected.
+    wait_attempts(&p, "at most two Cleaned attempts kept", STEP, |list| {
+        list.iter().filter(|a| state(a) == AttemptState::Cleaned).count() <= 2
+    })
+    .await;
+}
+
+/// A runner that never registers (its session hangs at the fake) is stopped at the registration
+/// deadline and replaced with lineage; the job runs on the replacement.
+#[tokio::test]
+async fn a_runner_that_never_registers_is_terminated_and_replaced_with_lineage() {
+    let Some(p) = Product::start("registration_timeout", ProductOptions::default())
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    p.fake
+        .admin(
+            "POST",
+            "faults",
+            json!({"endpoint": "runner_session", "latency_ms": 600_000, "count": 1}),
+        )
+        .await
+        .unwrap();
+    p.policy(
+        "web",
+        json!({"minIdle": 0, "timeouts": {"registration": "30s", "idle": "10m"}}),
+    )
+    .await
+    .unwrap();
+    wait_ready(&p, "web").await;
+    let job = p
+        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
+        .await
+        .unwrap();
+    p.wait_jobs_completed(&[job], Duration::from_secs(240))
+        .await
+        .unwrap();
+    let list = p.all_attempts().await;
+    let timed_out: Vec<_> = list
+        .iter()
+        .filter(|a| {
+            a.spec.termination.as_ref().is_some_and(|t| {
+                t.reason == runner_manager_crds::attempt::TerminationReason::RegistrationTimeout
+            })
+        })
+        .collect();
+    assert_eq!(timed_out.len(), 1, "one attempt hit its registration deadline");
+    let first = timed_out[0].metadata.name.clone().unwrap();
+    assert!(
+        list.iter()
+            .any(|a| a.spec.replaces.as_deref() == Some(first.as_str())),
+        "no replacement names {first}"
+    );
+    assert_settled_and_clean(&p).await;
+}
+
+/// An idle runner past its idle timeout is deregistered, stopped and concluded
+/// `ExitedIdleWithoutWork` — not a failure, never replaced (minIdle may ask for a new one, which
+/// carries no lineage).
+#[tokio::test]
+async fn an_idle_timeout_exits_idle_without_work_and_is_not_replaced() {
+    let Some(p) = Product::start("idle_timeout", ProductOptions::default())
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    p.policy(
+        "web",
+        json!({"minIdle": 1, "timeouts": {"registration": "5m", "idle": "30s"}}),
+    )
+    .await
+    .unwrap();
+    let list = wait_attempts(&p, "an idle-timeout exit", Duration::from_secs(180), |list| {
+        list.iter()
+            .any(|a| outcome(a) == Some(Outcome::ExitedIdleWithoutWork))
+    })
+    .await;
+    let exited = list
+        .iter()
+        .find(|a| outcome(a) == Some(Outcome::ExitedIdleWithoutWork))
+        .unwrap();
+    assert_eq!(
+        exited.spec.termination.as_ref().map(|t| t.reason),
+        Some(runner_manager_crds::attempt::TerminationReason::IdleTimeout)
+    );
+    assert!(exited.spec.termination.as_ref().unwrap().deregistered);
+    let name = exited.metadata.name.clone().unwrap();
+    let list = p.all_attempts().await;
+    assert!(
+        list.iter()
+            .all(|a| a.spec.replaces.as_deref() != Some(name.as_str())),
+        "an idle exit was replaced"
+    );
+    let sp = p.policies().get("web").await.unwrap();
+    let degraded = find(&sp.status.unwrap().conditions, PolicyConditionType::Degraded)
+        .map(|c| c.status == ConditionStatus::True);
+    assert_ne!(degraded, Some(true), "an idle exit counted as a failure");
+}
+
+/// Persistent slots: job 1 writes into `_work`, job 2 on the same node and slot finds it; a job
+/// that replaces `_work` with a symlink quarantines its slot (condition + event, nothing outside
+/// removed) and later jobs use another slot.
+#[tokio::test]
+async fn persistent_slots_keep_work_and_a_symlinked_work_quarantines_the_slot() {
+    let Some(p) = Product::start("persistent_slots", ProductOptions::default())
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let sp = p
+        .policy(
+            "web",
+            json!({"minIdle": 0, "maxRunners": 2, "workspace": {"mode": "Persistent"}}),
+        )
+        .await
+        .unwrap();
+    wait_ready(&p, "web").await;
+    let uid = sp.metadata.uid.clone().unwrap();
+    let slots = p.agents[0].host.join("slots").join(&p.team).join(&uid);
+    let slot_of = |a: &RunnerAttempt| {
+        a.status
+            .as_ref()
+            .and_then(|s| s.journal.workspace())
+            .and_then(|w| w.slot_number())
+    };
+    // Job 1 writes a file; job 2 runs after it (one at a time) and writes another.
+    for (i, file) in ["cache/one.txt", "cache/two.txt"].iter().enumerate() {
+        let job = p
+            .queue_job(
+                &["self-hosted", "linux"],
+                json!({"duration_ms": 200, "write_files": [{"path": file, "bytes": 64}]}),
+            )
+            .await
+            .unwrap();
+        p.wait_jobs_completed(&[job], Duration::from_secs(180))
+            .await
+            .unwrap();
+        let list = wait_attempts(&p, "the job's attempt cleaned", STEP, |list| {
+            list.iter().all(|a| state(a) == AttemptState::Cleaned)
+        })
+        .await;
+        assert!(
+            list.iter().all(|a| slot_of(a) == Some(1)),
+            "round {i}: the lowest slot, reused: {:?}",
+            list.iter().map(slot_of).collect::<Vec<_>>()
+        );
+    }
+    let work = slots.join("s1").join("_work");
+    assert!(work.join("cache/one.txt").is_file(), "job 1's file kept");
+    assert!(work.join("cache/two.txt").is_file(), "job 2's file kept");
+
+    // A hostile job points `_work` at a directory outside the slot.
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("precious"), b"keep me").unwrap();
+    let hostile = p
+        .queue_job(
+            &["self-hosted", "linux"],
+            json!({"duration_ms": 200, "symlink_work_to": outside.path()}),
+        )
+        .await
+        .unwrap();
+    p.wait_jobs_completed(&[hostile], Duration::from_secs(180))
+        .await
+        .unwrap();
+    let runner = p.job(hostile).await.unwrap()["runner_name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let list = wait_attempts(&p, "the hostile job's slot quarantined", STEP, |list| {
+        list.iter().any(|a| {
+            runner_name(a.spec.attempt_uuid().unwrap()) == runner
+                && a.status.as_ref().is_some_and(|s| {
+                    s.journal.conditions.iter().any(|c| {
+                        c.type_ == runner_manager_crds::attempt::AttemptConditionType::Quarantined
+                            && c.status == ConditionStatus::True
+                    })
+                })
+        })
+    })
+    .await;
+    let quarantined = list
+        .iter()
+        .find(|a| runner_name(a.spec.attempt_uuid().unwrap()) == runner)
+        .unwrap();
+    assert_eq!(slot_of(quarantined), Some(1));
+    assert_eq!(
+        std::fs::read(outside.path().join("precious")).unwrap(),
+        b"keep me",
+        "cleanup followed the symlink"
+    );
+    // The next job gets slot 2.
+    let next = p
+        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
+        .await
+        .unwrap();
+    p.wait_jobs_completed(&[next], Duration::from_secs(180))
+        .await
+        .unwrap();
+    let runner = p.job(next).await.unwrap()["runner_name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let list = p.all_attempts().await;
+    let a = list
+        .iter()
+        .find(|a| runner_name(a.spec.attempt_uuid().unwrap()) == runner)
+        .unwrap();
+    assert_eq!(slot_of(a), Some(2), "a quarantined slot is not reused");
+}
+
+/// An agent that never comes back: its node's Lease expires, its attempts are concluded
+/// `Orphaned(NodeLost)` after the grace and replaced on the other node; a person releases the
+/// orphan with the abandon annotation and the object goes.
+#[tokio::test]
+async fn a_lost_node_is_orphaned_replaced_elsewhere_and_released_by_abandon() {
+    let options = ProductOptions {
+        nodes: vec![
+            NodeOptions::new("lost", 1, &[("runner-manager.dev/pool", "ci")]),
+            NodeOptions::new("kept", 1, &[("runner-manager.dev/pool", "ci")]),
+        ],
+        operator_flags: vec![("--node-lost-grace".into(), "5s".into())],
+        ..ProductOptions::default()
+    };
+    let Some(mut p) = Product::start("node_lost", options).await.unwrap() else {
+        return;
+    };
+    p.policy(
+        "web",
+        json!({"minIdle": 1, "nodeSelector": {"runner-manager.dev/pool": "ci"}}),
+    )
+    .await
+    .unwrap();
+    let list = wait_attempts(&p, "one idle runner", Duration::from_secs(120), |list| {
+        list.iter().any(|a| state(a) == AttemptState::Idle)
+    })
+    .await;
+    let idle = list
+        .into_iter()
+        .find(|a| state(a) == AttemptState::Idle)
+        .unwrap();
+    let lost_i = p
+        .agents
+        .iter()
+        .position(|a| a.node.name == idle.spec.node_name)
+        .unwrap();
+    let kept_node = p.agents[1 - lost_i].node.name.clone();
+    // The node dies: its agent and its runner with it.
+    p.kill_agent(lost_i);
+    for pid in cgroup_procs(&p.agents[lost_i].cgroup_dir()) {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid])
+            .status();
+    }
+    let name = idle.metadata.name.clone().unwrap();
+    wait_attempts(&p, "the orphan replaced on the other node", Duration::from_secs(120), |list| {
+        let orphaned = list.iter().any(|a| {
+            a.metadata.name.as_deref() == Some(name.as_str())
+                && outcome(a)
+                    == Some(Outcome::Orphaned(
+                        runner_manager_crds::outcome::OrphanReason::NodeLost,
+                    ))
+        });
+        let replaced = list.iter().any(|a| {
+            a.spec.node_name == kept_node && state(a) == AttemptState::Idle
+        });
+        orphaned && replaced
+    })
+    .await;
+    // Nobody can clean the orphan: a person releases it.
+    let patch = json!({"metadata": {"annotations": {"runner-manager.dev/abandon": "true"}}});
+    p.attempts()
+        .patch(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    wait::until(STEP, "the abandoned attempt released", || async {
+        p.attempts().get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    // The dead runner's registration is gone; only the replacement's remains.
+    let uuid = idle.spec.attempt_uuid().unwrap();
+    wait::until(STEP, "the dead runner deregistered", || async {
+        let regs = p.fake.runners().await.ok()?;
+        regs.iter()
+            .all(|r| r["name"] != runner_name(uuid).as_str())
+            .then_some(())
+    })
+    .await
+    .unwrap();
 }
