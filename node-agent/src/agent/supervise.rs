@@ -287,7 +287,7 @@ async fn jit_received(
     a: &RunnerAttempt,
     journal: &AttemptJournal,
 ) -> Result<Step, StepError> {
-    let (_, name, _) = names(a)?;
+    let (_, name, ns) = names(a)?;
     let identity = match runtime_of(journal).map(|r| identity_file::read(&r)) {
         None | Some(Ok(None)) => None,
         Some(Ok(Some(id))) => Some(id),
