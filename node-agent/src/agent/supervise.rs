@@ -314,8 +314,8 @@ async fn jit_received(
         RecoveryDecision::Observe(AttemptState::Starting) => {
             if let Some(id) = identity {
                 eprintln!(
-                    "agent: {}: re-adopted runner pid {} (spawned before the crash)",
-                    name, id.pid
+                    "agent: {ns}/{name}: re-adopted runner pid {} (spawned before the crash)",
+                    id.pid
                 );
                 take(
                     api,
