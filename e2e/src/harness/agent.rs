@@ -152,6 +152,8 @@ impl AgentWorld {
             "2",
             "--supervision-millis",
             "200",
+            "--log-format",
+            "json",
         ]);
         for (k, v) in extra {
             cmd.env(k, v);
