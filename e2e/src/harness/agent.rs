@@ -31,7 +31,7 @@ use crate::fake_github::scope::Scope;
 use crate::standin_runner::package::{PackageSpec, build};
 
 /// How long a scenario step may take on this shared 2-core machine.
-pub const STEP: Duration = Duration::from_secs(60);
+pub const STEP: Duration = Duration::from_secs(120);
 
 /// One agent scenario's world.
 pub struct AgentWorld {
@@ -152,6 +152,8 @@ impl AgentWorld {
             "2",
             "--supervision-millis",
             "200",
+            "--log-format",
+            "json",
         ]);
         for (k, v) in extra {
             cmd.env(k, v);

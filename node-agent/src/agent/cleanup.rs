@@ -4,6 +4,7 @@
 //! removed whole, persistent scrubbed by the seven checks); the package lease and the account;
 //! then `Cleaned`. Each step is idempotent, so a crash anywhere is finished by the next pass.
 
+use super::log::say;
 use kube::api::Api;
 use runner_manager_crds::attempt::{AttemptJournal, RunnerAttempt, Transition};
 use runner_manager_crds::policy::WorkspaceMode;
@@ -55,7 +56,7 @@ pub async fn clean(
     if let Some(identity) = recorded
         && let Err(e) = tokio::task::block_in_place(|| agent.launcher.stop(&identity))
     {
-        eprintln!("agent: {ns}/{name}: cleanup deferred: the runner is not proven stopped: {e}");
+        say!("{ns}/{name}: cleanup deferred: the runner is not proven stopped: {e}");
         return Ok(Step::Wait);
     }
 
@@ -65,10 +66,7 @@ pub async fn clean(
         &format!("{name}.log"),
         diagnostics(a, &journal).as_bytes(),
     ) {
-        eprintln!(
-            "agent: {ns}/{name}: diagnostics not written ({:?})",
-            e.kind()
-        );
+        say!("{ns}/{name}: diagnostics not written ({:?})", e.kind());
     }
 
     // 3. The workspace, dispatched on the journalled kind.
@@ -78,7 +76,7 @@ pub async fn clean(
                 if let Err(e) =
                     remove_ephemeral_runtime(&agent.host_root, uuid_of(a)?, w.runtime_path())
                 {
-                    eprintln!("agent: {ns}/{name}: cleanup deferred: {e}");
+                    say!("{ns}/{name}: cleanup deferred: {e}");
                     return Ok(Step::Wait);
                 }
             }
@@ -88,7 +86,7 @@ pub async fn clean(
                     policy_uid: &a.spec.snapshot.policy_uid,
                 };
                 if let Err(q) = scrub_slot(w, &agent.slots_root, owner) {
-                    eprintln!("agent: {ns}/{name}: slot quarantined: {q:?}");
+                    say!("{ns}/{name}: slot quarantined: {q:?}");
                     events::warn(
                         &agent.kube,
                         &agent.node,
@@ -121,7 +119,7 @@ pub async fn clean(
     }
     agent.accounts().release(&uid);
     agent.book().forget(&uid);
-    eprintln!("agent: {ns}/{name}: cleaned");
+    say!("{ns}/{name}: cleaned");
     Ok(if state == AttemptState::Cleaned {
         Step::Done
     } else {

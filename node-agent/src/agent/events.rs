@@ -1,6 +1,7 @@
 //! Events on attempts, for what a person must see (a blocked recovery, a quarantined slot).
 //! Reasons are a closed vocabulary; messages carry ids and kinds, never workflow-chosen names.
 
+use super::log::say;
 use k8s_openapi::api::core::v1::{Event, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -72,6 +73,6 @@ pub async fn warn(
         .create(&PostParams::default(), &event)
         .await
     {
-        eprintln!("agent: event {} not written: {e}", reason.as_str());
+        say!("event {} not written: {e}", reason.as_str());
     }
 }

@@ -4,6 +4,7 @@
 //! (`Prepared`) → one JIT request → handoff file → launcher start → `Starting` with the
 //! identity and the step timings. Only a start that never had a child is retried.
 
+use super::log::say;
 use std::collections::BTreeMap;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -91,7 +92,7 @@ pub async fn admit_and_launch(
     let decision = agent.book().admit(&uid, agent.capacity, usable);
     agent.advert_changed.notify_one();
     if let Admission::Reject(reason) = decision {
-        eprintln!("agent: {ns}/{name}: rejected ({reason:?})");
+        say!("{ns}/{name}: rejected ({reason:?})");
         conclude(api, &name, Outcome::Rejected(reason)).await?;
         events::warn(
             &agent.kube,
@@ -127,7 +128,7 @@ pub async fn admit_and_launch(
         .map_err(|e| e.to_string()),
     };
     if let Err(why) = made {
-        eprintln!("agent: {ns}/{name}: workspace unavailable: {why}");
+        say!("{ns}/{name}: workspace unavailable: {why}");
         conclude(
             api,
             &name,
@@ -154,7 +155,7 @@ pub async fn admit_and_launch(
     let package = match materialized {
         Ok(m) => m,
         Err(e) => {
-            eprintln!("agent: {ns}/{name}: package not materialized: {e}");
+            say!("{ns}/{name}: package not materialized: {e}");
             conclude(
                 api,
                 &name,
@@ -181,7 +182,7 @@ pub async fn admit_and_launch(
         }
     };
     let Ok(account) = account else {
-        eprintln!("agent: {ns}/{name}: no free runner account");
+        say!("{ns}/{name}: no free runner account");
         conclude(
             api,
             &name,
@@ -191,7 +192,7 @@ pub async fn admit_and_launch(
         return Ok(());
     };
     if let Err(e) = own_runtime(&runtime, account) {
-        eprintln!("agent: {ns}/{name}: runtime not prepared: {:?}", e.kind());
+        say!("{ns}/{name}: runtime not prepared: {:?}", e.kind());
         conclude(
             api,
             &name,
@@ -244,7 +245,7 @@ async fn allocate(
             let slot = match chosen {
                 Ok(n) => n,
                 Err(e) => {
-                    eprintln!("agent: {ns}/{name}: {e}");
+                    say!("{ns}/{name}: {e}");
                     conclude(
                         api,
                         name,
@@ -370,7 +371,7 @@ async fn request_and_start(
     let env = match environment(&snapshot.env, &runtime) {
         Ok(env) => env,
         Err(e) => {
-            eprintln!("agent: {ns}/{name}: runner.env refused: {e}");
+            say!("{ns}/{name}: runner.env refused: {e}");
             conclude(
                 api,
                 name,
@@ -383,7 +384,7 @@ async fn request_and_start(
     let limits = match CgroupLimits::from_resources(snapshot.execution.resources.as_ref()) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("agent: {ns}/{name}: resources refused: {e}");
+            say!("{ns}/{name}: resources refused: {e}");
             conclude(
                 api,
                 name,
@@ -407,19 +408,19 @@ async fn request_and_start(
     let jit = match answer {
         JitAnswer::Issued(r) => r,
         JitAnswer::AlreadyIssued | JitAnswer::Lost => {
-            eprintln!(
-                "agent: {ns}/{name}: the JIT is lost (the broker's answer was not received whole, or it was issued before)"
+            say!(
+                "{ns}/{name}: the JIT is lost (the broker's answer was not received whole, or it was issued before)"
             );
             conclude(api, name, Outcome::Failed(FailureReason::JitExpired)).await?;
             return Ok(());
         }
         JitAnswer::Refused(code) => {
-            eprintln!("agent: {ns}/{name}: the broker refused the JIT request ({code})");
+            say!("{ns}/{name}: the broker refused the JIT request ({code})");
             conclude(api, name, Outcome::Failed(FailureReason::JitRequestFailed)).await?;
             return Ok(());
         }
         JitAnswer::NotSent(why) => {
-            eprintln!("agent: {ns}/{name}: the JIT request was not sent: {why}");
+            say!("{ns}/{name}: the JIT request was not sent: {why}");
             conclude(api, name, Outcome::Failed(FailureReason::JitRequestFailed)).await?;
             return Ok(());
         }
@@ -439,7 +440,7 @@ async fn request_and_start(
         let handoff = match RestrictiveHandoff::create(&runtime, account, &jit.encoded_jit_config) {
             Ok(h) => h,
             Err(e) => {
-                eprintln!("agent: {ns}/{name}: handoff refused: {e}");
+                say!("{ns}/{name}: handoff refused: {e}");
                 break;
             }
         };
@@ -449,14 +450,10 @@ async fn request_and_start(
                 break;
             }
             Err(e) if e.retryable() => {
-                eprintln!(
-                    "agent: {ns}/{name}: start failed before a child existed ({e}); retrying"
-                );
+                say!("{ns}/{name}: start failed before a child existed ({e}); retrying");
             }
             Err(e) => {
-                eprintln!(
-                    "agent: {ns}/{name}: start failed after a child existed ({e}); never retried"
-                );
+                say!("{ns}/{name}: start failed after a child existed ({e}); never retried");
                 // A child that could not be proven dead is journalled so supervision proves it.
                 identity = e.live;
                 break;
@@ -487,8 +484,8 @@ async fn request_and_start(
         }
     })
     .await?;
-    eprintln!(
-        "agent: {ns}/{name}: started (materialize {} ms, prepare {} ms, register {} ms, spawn {} ms, downloaded {})",
+    say!(
+        "{ns}/{name}: started (materialize {} ms, prepare {} ms, register {} ms, spawn {} ms, downloaded {})",
         timings.materialize_ms,
         timings.prepare_ms,
         timings.register_ms,

@@ -3,6 +3,7 @@
 //! heartbeats, its annotations the [`AgentAdvert`] the operator's placement reads. It is
 //! liveness for the operator; the host `flock` is the fence.
 
+use super::log::say;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
@@ -28,12 +29,12 @@ pub async fn heartbeat(agent: Arc<Agent>) {
         let advert = agent.advert();
         match renew(&api, &name, &holder, agent.heartbeat.as_secs(), &advert).await {
             Ok(()) if failing => {
-                eprintln!("agent: lease renewed again");
+                say!("lease renewed again");
                 failing = false;
             }
             Ok(()) => {}
             Err(e) if !failing => {
-                eprintln!("agent: lease renewal failed: {e}");
+                say!("lease renewal failed: {e}");
                 failing = true;
             }
             Err(_) => {}

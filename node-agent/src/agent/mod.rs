@@ -16,6 +16,7 @@ pub mod fence;
 pub mod gate;
 pub mod launch;
 pub mod lease;
+pub mod log;
 pub mod rebuild;
 pub mod supervise;
 
@@ -49,6 +50,7 @@ use admission::CapacityBook;
 use broker_client::BrokerClient;
 use fence::{FenceError, HostFence};
 use gate::RecoveryGate;
+use log::say;
 
 /// Why the agent could not run. Each maps to an exit code in `main`.
 #[derive(Debug, thiserror::Error)]
@@ -174,6 +176,7 @@ fn prepare_host_root(root: &std::path::Path) -> Result<(), AgentError> {
 
 /// Runs the agent until SIGTERM (or SIGINT). Runners keep running: they outlive the agent.
 pub async fn run(cli: Cli) -> Result<(), AgentError> {
+    log::init(cli.log_format);
     prepare_host_root(&cli.host_root)?;
     let fence = HostFence::acquire(&cli.host_root)?;
     let config = kube::Config::infer()
@@ -219,8 +222,8 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         advert_changed: Notify::new(),
         spec_warned: Mutex::new(std::collections::BTreeSet::new()),
     });
-    eprintln!(
-        "agent: node {} serving (capacity {}, launcher {:?}, host root {})",
+    say!(
+        "node {} serving (capacity {}, launcher {:?}, host root {})",
         agent.node,
         agent.capacity,
         cli.launcher,
@@ -238,7 +241,7 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
     // Stop watching and supervising; the runners run on and the next agent adopts them.
     heartbeat.abort();
     drop(fence);
-    eprintln!("agent: stopped on signal; runners keep running");
+    say!("stopped on signal; runners keep running");
     Ok(())
 }
 
@@ -253,7 +256,7 @@ async fn watch_attempts(agent: Arc<Agent>) {
         let list = match api.list(&ListParams::default().labels(&selector)).await {
             Ok(l) => l,
             Err(e) => {
-                eprintln!("agent: listing attempts failed: {e}");
+                say!("listing attempts failed: {e}");
                 if first {
                     agent.gate.list_failed();
                     agent.advert_changed.notify_one();

@@ -2,6 +2,7 @@
 //! capacity book, the slot table, the account pool (the owners of the runtimes of uncleaned
 //! attempts) and the package leases; and the set of attempts the recovery gate waits for.
 
+use super::log::say;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -66,8 +67,8 @@ pub fn rebuild(agent: &Agent, attempts: &[RunnerAttempt]) {
         }
     }
     restore_slot_bindings(agent);
-    eprintln!(
-        "agent: recovery: {} attempt(s) of this node to reconcile before admitting",
+    say!(
+        "recovery: {} attempt(s) of this node to reconcile before admitting",
         expected.len()
     );
     agent.gate.expect(expected);

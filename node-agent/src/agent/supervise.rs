@@ -4,6 +4,7 @@
 //! `crds::recovery::recovery_decision`, with the facts the operator wrote and what the agent
 //! sees of the process.
 
+use super::log::say;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -153,10 +154,7 @@ pub async fn attempt_task(agent: Arc<Agent>, namespace: String, name: String, ui
                 agent.advert_changed.notify_one();
                 if !reported {
                     reported = true;
-                    eprintln!(
-                        "agent: {namespace}/{name}: recovery blocked: {}",
-                        why.as_str()
-                    );
+                    say!("{namespace}/{name}: recovery blocked: {}", why.as_str());
                     events::warn(
                         &agent.kube,
                         &agent.node,
@@ -172,7 +170,7 @@ pub async fn attempt_task(agent: Arc<Agent>, namespace: String, name: String, ui
                 tokio::time::sleep(agent.poll).await;
             }
             Err(e) => {
-                eprintln!("agent: {namespace}/{name}: {e}");
+                say!("{namespace}/{name}: {e}");
                 tokio::time::sleep(agent.poll).await;
             }
         }
@@ -203,7 +201,7 @@ pub async fn step(
         .is_some_and(|admitted| admitted != spec_hash(&a.spec));
     if frozen && state.is_live() && agent.warn_spec_changed(&uid) {
         let (_, name, ns) = names(a)?;
-        eprintln!("agent: {ns}/{name}: the spec changed after admission; refusing to act on it");
+        say!("{ns}/{name}: the spec changed after admission; refusing to act on it");
         events::warn(
             &agent.kube,
             &agent.node,
@@ -287,7 +285,7 @@ async fn jit_received(
     a: &RunnerAttempt,
     journal: &AttemptJournal,
 ) -> Result<Step, StepError> {
-    let (_, name, _) = names(a)?;
+    let (_, name, ns) = names(a)?;
     let identity = match runtime_of(journal).map(|r| identity_file::read(&r)) {
         None | Some(Ok(None)) => None,
         Some(Ok(Some(id))) => Some(id),
@@ -313,9 +311,9 @@ async fn jit_received(
     ) {
         RecoveryDecision::Observe(AttemptState::Starting) => {
             if let Some(id) = identity {
-                eprintln!(
-                    "agent: {}: re-adopted runner pid {} (spawned before the crash)",
-                    name, id.pid
+                say!(
+                    "{ns}/{name}: re-adopted runner pid {} (spawned before the crash)",
+                    id.pid
                 );
                 take(
                     api,
@@ -438,7 +436,7 @@ async fn live(
     );
     match exit_outcome(state, exit, seen, intent, rec) {
         Some(outcome) => {
-            eprintln!("agent: {ns}/{name}: runner exited ({exit:?}, {seen:?}): {outcome:?}");
+            say!("{ns}/{name}: runner exited ({exit:?}, {seen:?}): {outcome:?}");
             conclude(api, &name, outcome).await?;
             Ok(Step::Again)
         }
@@ -460,8 +458,8 @@ async fn stop(
 ) -> Result<Step, StepError> {
     let (_, name, ns) = names(a)?;
     if let Err(e) = record_intent(runtime, reason) {
-        eprintln!(
-            "agent: {ns}/{name}: termination intent not durable ({:?}); nothing signalled",
+        say!(
+            "{ns}/{name}: termination intent not durable ({:?}); nothing signalled",
             e.kind()
         );
         return Ok(Step::Wait);
@@ -471,15 +469,12 @@ async fn stop(
         terminate(agent.launcher.as_ref(), identity, runtime, reason, state)
     }) {
         Ok(outcome) => {
-            eprintln!(
-                "agent: {ns}/{name}: stopped ({}): {outcome:?}",
-                reason.token()
-            );
+            say!("{ns}/{name}: stopped ({}): {outcome:?}", reason.token());
             conclude(api, &name, outcome).await?;
             Ok(Step::Again)
         }
         Err(e) => {
-            eprintln!("agent: {ns}/{name}: termination deferred: {e}");
+            say!("{ns}/{name}: termination deferred: {e}");
             Ok(Step::Wait)
         }
     }
