@@ -1,5 +1,6 @@
 //! Materialize and scrub benchmarks (DESIGN §10), each beside its baseline in the same run:
-//! materialize (copy + full verification) vs `cp -a`, scrub of a slot vs `rm -rf` of the same
+//! materialize (the cache's checked copy + verification of every byte: hashed as copied, or
+//! cloned from a proven origin whose fingerprint held across the copy) vs `cp -a`, scrub of a slot vs `rm -rf` of the same
 //! entries, ephemeral removal vs `rm -rf`, plus fingerprint and install (extract + hash) times.
 //!
 //! `cargo bench -p runner-manager-node-agent --bench workspace_packages -- --quick` (900 files,
@@ -15,10 +16,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use runner_manager_crds::attempt::WorkspacePlacement;
-use runner_manager_node_agent::packages::contents::{PackageContents, RetainedWork};
-use runner_manager_node_agent::packages::copy::copy_tree;
+use runner_manager_node_agent::packages::contents::{CopyCheck, PackageContents, RetainedWork};
+use runner_manager_node_agent::packages::copy::{copy_tree, copy_tree_checked};
 use runner_manager_node_agent::packages::extract::extract_tar_gz;
 use runner_manager_node_agent::packages::fingerprint::fingerprint;
+use runner_manager_node_agent::packages::origin::{prove_origin, still_intact};
 use runner_manager_node_agent::workspace::ephemeral::{
     create_ephemeral_runtime, remove_ephemeral_runtime,
 };
@@ -184,12 +186,16 @@ fn main() {
     fs::create_dir_all(&tree).unwrap();
     let (install, contents): (_, PackageContents) =
         time(|| extract_tar_gz(&archive, &tree).unwrap());
-    let (fingerprint_time, _) = time(|| fingerprint(&tree).unwrap());
+    let (fingerprint_time, print) = time(|| fingerprint(&tree).unwrap());
+    // What the cache does once per install, on the first launch that clones from the tree.
+    settle();
+    let (prove_time, proven) = time(|| prove_origin(&tree, &contents, print, threads).unwrap());
+    assert!(proven);
     println!("package: {files} files, {:.0} MB", bytes as f64 / 1e6);
 
     // Materialize vs cp -a, alternating so neither side gets a warmer cache.
     let (mut cp, mut copy_only, mut materialize) = (Vec::new(), Vec::new(), Vec::new());
-    let mut reflinked = 0;
+    let (mut reflinked, mut check) = (0, CopyCheck::Full);
     for i in 0..shape.runs {
         let dst = root.join(format!("cp-{i}"));
         settle();
@@ -203,10 +209,15 @@ fn main() {
         let runtime = root.join(format!("mat-{i}"));
         fs::create_dir(&runtime).unwrap();
         settle();
-        let (t_copy, report) = time(|| copy_tree(&tree, &runtime, threads).unwrap());
+        // The same steps as `PackageCache::materialize`, minus the holds and the lease.
+        let (t_copy, report) =
+            time(|| copy_tree_checked(&tree, &runtime, &contents, threads).unwrap());
+        assert_eq!(report.differing, 0);
         let (t_verify, verdict) = time(|| {
+            let intact = report.reflinked > 0 && still_intact(&tree, print);
+            check = CopyCheck::for_copy(&report, intact);
             contents
-                .verify_tree(&runtime, RetainedWork::Include, threads)
+                .verify_copy(&runtime, RetainedWork::Include, check, threads)
                 .unwrap()
         });
         verdict.unwrap();
@@ -283,11 +294,11 @@ fn main() {
     } else {
         "parallel copy (copy_file_range; the volume cannot clone)".to_owned()
     };
-    println!("copy path: {copy_path}");
+    println!("copy path: {copy_path}; after the copy: {check:?}");
     println!("| what | ours | baseline | ratio |");
     println!("|---|---|---|---|");
     println!(
-        "| materialize (copy + full verify) | {} | `cp -a` {} | {} |",
+        "| materialize (checked copy + verify) | {} | `cp -a` {} | {} |",
         ms(materialize),
         ms(cp),
         ratio(materialize, cp)
@@ -318,6 +329,10 @@ fn main() {
     println!(
         "| install (extract + hash from .tar.gz) | {} | | |",
         ms(install)
+    );
+    println!(
+        "| prove the tree (once per install, first clone only) | {} | | |",
+        ms(prove_time)
     );
     println!("(median of {} runs each, warm page cache)", shape.runs);
 }

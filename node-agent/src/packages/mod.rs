@@ -12,6 +12,7 @@ pub mod copy;
 pub mod download;
 pub mod extract;
 pub mod fingerprint;
+pub mod origin;
 pub mod timings;
 
 pub use cache::{Materialized, PackageCache, PackageError, PackageRef, RuntimeKind};
