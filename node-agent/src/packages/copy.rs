@@ -274,7 +274,9 @@ fn copy_one(
             Laid::Copied
         }
         (None, Expected::File { size, sha256 }) => {
-            if copy_hashing(&mut src, &mut dst, size, buf)? == *sha256 {
+            // A size that moved means the origin changed, even where the first `size` bytes
+            // still match: the copy would be right, but the origin must be forgotten.
+            if job.size == size && copy_hashing(&mut src, &mut dst, size, buf)? == *sha256 {
                 Laid::CopiedMatching
             } else {
                 Laid::CopiedDiffering
