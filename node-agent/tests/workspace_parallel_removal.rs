@@ -108,7 +108,7 @@ fn the_parallel_remover_removes_what_the_sequential_one_does_and_follows_nothing
     let name = CString::new("a").unwrap();
     let sequential = remove_entry_at(parent.as_fd(), &name, EntryKind::Directory).unwrap();
     let parallel = bounded(move || {
-        let parent = open_dir(&b.parent().unwrap().to_path_buf());
+        let parent = open_dir(b.parent().unwrap());
         let name = CString::new("b").unwrap();
         remove_entry_at_parallel(parent.as_fd(), &name, EntryKind::Directory, 4).unwrap()
     });

@@ -218,7 +218,9 @@ fn walk(
         {
             continue;
         }
-        let meta = std::fs::symlink_metadata(root.join(&child))?;
+        // `DirEntry::metadata` is an `lstat` relative to the open directory: no link followed,
+        // no path walked again.
+        let meta = entry.metadata()?;
         let kind = meta.file_type();
         let record = if kind.is_dir() {
             walk(root, &child, work, found)?;

@@ -95,7 +95,8 @@ fn lay_out_dirs(
     for entry in std::fs::read_dir(origin.join(rel))? {
         let entry = entry?;
         let child = rel.join(entry.file_name());
-        let meta = std::fs::symlink_metadata(origin.join(&child))?;
+        // An `lstat` relative to the open directory.
+        let meta = entry.metadata()?;
         let kind = meta.file_type();
         let target = dest.join(&child);
         let created = if kind.is_dir() {
