@@ -329,7 +329,8 @@ fn main() {
     let copy_path = if reflinked > 0 {
         format!("reflink (FICLONE, {reflinked} of {files} files cloned)")
     } else {
-        "parallel copy (copy_file_range; the volume cannot clone)".to_owned()
+        "parallel checked copy (read, hash, write each file once; the volume cannot clone)"
+            .to_owned()
     };
     println!("copy path: {copy_path}; after the copy: {check:?}");
     println!("| what | ours | baseline | ratio |");

@@ -179,44 +179,62 @@ fn copy_files(
     // Once the volume says it cannot clone, stop asking for every file.
     let can_clone = AtomicBool::new(true);
     let failure: Mutex<Option<CopyError>> = Mutex::new(None);
-    std::thread::scope(|scope| {
-        for _ in 0..threads.max(1) {
-            scope.spawn(|| {
-                // One buffer per thread, for checked copies only.
-                let mut buf = Vec::new();
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(job) = files.get(i) else { break };
-                    let expected = Expected::of(contents, &job.rel);
-                    match copy_one(origin, dest, job, expected, &can_clone, &mut buf) {
-                        Ok(laid) => {
-                            let counter = match laid {
-                                Laid::Cloned => Some(&reflinked),
-                                Laid::Copied => None,
-                                Laid::CopiedMatching => Some(&hashed),
-                                Laid::CopiedDiffering => {
-                                    hashed.fetch_add(1, Ordering::Relaxed);
-                                    Some(&differing)
-                                }
-                            };
-                            if let Some(counter) = counter {
-                                counter.fetch_add(1, Ordering::Relaxed);
-                            }
-                            bytes.fetch_add(job.size, Ordering::Relaxed);
-                        }
-                        Err(e) => {
-                            if let Ok(mut slot) = failure.lock() {
-                                slot.get_or_insert(e);
-                            }
-                            // Stop the others too: the copy is rejected as a whole.
-                            next.store(files.len(), Ordering::Relaxed);
-                            break;
-                        }
+    // Lays down the next file; `false` once there is none left or the copy failed.
+    let step = |buf: &mut Vec<u8>| -> bool {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let Some(job) = files.get(i) else {
+            return false;
+        };
+        let expected = Expected::of(contents, &job.rel);
+        match copy_one(origin, dest, job, expected, &can_clone, buf) {
+            Ok(laid) => {
+                let counter = match laid {
+                    Laid::Cloned => Some(&reflinked),
+                    Laid::Copied => None,
+                    Laid::CopiedMatching => Some(&hashed),
+                    Laid::CopiedDiffering => {
+                        hashed.fetch_add(1, Ordering::Relaxed);
+                        Some(&differing)
                     }
+                };
+                if let Some(counter) = counter {
+                    counter.fetch_add(1, Ordering::Relaxed);
                 }
-            });
+                bytes.fetch_add(job.size, Ordering::Relaxed);
+                true
+            }
+            Err(e) => {
+                if let Ok(mut slot) = failure.lock() {
+                    slot.get_or_insert(e);
+                }
+                // Stop the others too: the copy is rejected as a whole.
+                next.store(files.len(), Ordering::Relaxed);
+                false
+            }
         }
-    });
+    };
+    // One buffer per thread, for checked copies only.
+    let mut buf = Vec::new();
+    // The first file goes alone and tells whether the volume clones. Clones are metadata
+    // operations that contend for the same directories and log when run side by side: on XFS
+    // the 9,000-file package cloned in 590 ms on one thread and 852 ms on two. Byte copies
+    // (and their hashing) get every thread.
+    if step(&mut buf) {
+        let threads = if reflinked.load(Ordering::Relaxed) > 0 {
+            1
+        } else {
+            threads.max(1)
+        };
+        std::thread::scope(|scope| {
+            for _ in 1..threads {
+                scope.spawn(|| {
+                    let mut buf = Vec::new();
+                    while step(&mut buf) {}
+                });
+            }
+            while step(&mut buf) {}
+        });
+    }
     if let Some(e) = failure.into_inner().ok().flatten() {
         return Err(e);
     }
