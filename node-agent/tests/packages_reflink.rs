@@ -364,3 +364,48 @@ async fn pruning_a_version_removes_its_seeds() {
     // Nothing of it is trusted any more: the next launch installs again.
     assert!(!cache.is_trusted(&sha));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_on_a_volume_that_cannot_clone_is_not_used_again() {
+    // tmpfs: another volume than the temporary directory's, and one that cannot clone.
+    let Ok(other) = tempfile::tempdir_in("/dev/shm") else {
+        eprintln!("skipped: no /dev/shm");
+        return;
+    };
+    let host = tempfile::tempdir().unwrap();
+    if fs::metadata(other.path()).unwrap().dev() == fs::metadata(host.path()).unwrap().dev() {
+        eprintln!("skipped: /dev/shm is on the temporary directory's volume");
+        return;
+    }
+    let archive = archive();
+    let sha = digest(&archive);
+    let cache = cache_with(&host.path().join("packages"), &archive, &sha)
+        .with_seed_root(other.path())
+        .unwrap();
+    let package = PackageRef {
+        sha256: &sha,
+        url: "http://127.0.0.1:9/never",
+    };
+    let first = runtime_in(other.path(), "aaaaaaaaaaaa");
+    let m = cache
+        .materialize("a-1", package, &first, RuntimeKind::Ephemeral)
+        .await
+        .unwrap();
+    assert_eq!((m.copy.reflinked, m.copy.hashed), (0, 40));
+    let seed = cache.seed_path(other.path(), &sha);
+    let made = fs::metadata(&seed).unwrap().ino();
+    // Were the seed still in use, this edit would have it remade (a new inode).
+    tamper(&seed.join("externals/m1/f5.dll"));
+    // Not remade, not copied from: the next copy comes from the cache, hashed as it is copied.
+    let second = runtime_in(other.path(), "bbbbbbbbbbbb");
+    let m = cache
+        .materialize("a-2", package, &second, RuntimeKind::Ephemeral)
+        .await
+        .unwrap();
+    assert_eq!(m.timings.install, std::time::Duration::ZERO);
+    assert_eq!(
+        (m.copy.reflinked, m.copy.hashed, m.check),
+        (0, 40, CopyCheck::LayoutOnly)
+    );
+    assert_eq!(fs::metadata(&seed).unwrap().ino(), made);
+}

@@ -443,6 +443,16 @@ impl PackageCache {
                 changed: usize::try_from(copy.differing).unwrap_or(usize::MAX),
             }));
         }
+        if let Some(dev) = origin.seed
+            && copy.reflinked == 0
+        {
+            // The seed's volume cannot clone: a seed there only moves reads onto that disk.
+            // Later launches copy from the cache; the seed goes with its version's prune.
+            if let Some(t) = self.state().trusted.get_mut(&sha) {
+                t.seeds.remove(&dev);
+                t.unseedable.insert(dev);
+            }
+        }
         // Still under the shared hold, so the origin is neither pruned nor reseeded meanwhile.
         let started = Instant::now();
         let origin_intact = if copy.reflinked == 0 {
