@@ -1,5 +1,6 @@
 //! Materialize and scrub benchmarks (DESIGN §10), each beside its baseline in the same run:
-//! materialize (copy + full verification) vs `cp -a`, scrub of a slot vs `rm -rf` of the same
+//! materialize (the cache's checked copy + verification of every byte: hashed as copied, or
+//! cloned from a proven origin whose fingerprint held across the copy) vs `cp -a`, scrub of a slot vs `rm -rf` of the same
 //! entries, ephemeral removal vs `rm -rf`, plus fingerprint and install (extract + hash) times.
 //!
 //! `cargo bench -p runner-manager-node-agent --bench workspace_packages -- --quick` (900 files,
@@ -15,10 +16,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use runner_manager_crds::attempt::WorkspacePlacement;
-use runner_manager_node_agent::packages::contents::{PackageContents, RetainedWork};
-use runner_manager_node_agent::packages::copy::copy_tree;
+use runner_manager_node_agent::packages::contents::{CopyCheck, PackageContents, RetainedWork};
+use runner_manager_node_agent::packages::copy::{copy_tree, copy_tree_checked};
 use runner_manager_node_agent::packages::extract::extract_tar_gz;
 use runner_manager_node_agent::packages::fingerprint::fingerprint;
+use runner_manager_node_agent::packages::origin::{prove_origin, still_intact};
 use runner_manager_node_agent::workspace::ephemeral::{
     create_ephemeral_runtime, remove_ephemeral_runtime,
 };
@@ -51,7 +53,8 @@ const FULL: Shape = Shape {
     large_files: 100,
     large_size: 1_250_000,
     work_files: 3_000,
-    runs: 3,
+    // Five, not three: on a 2-core machine shared with builds a single run can be off by 2×.
+    runs: 5,
 };
 
 /// Deterministic incompressible bytes (xorshift), so no filesystem or gzip shortcut applies.
@@ -184,12 +187,16 @@ fn main() {
     fs::create_dir_all(&tree).unwrap();
     let (install, contents): (_, PackageContents) =
         time(|| extract_tar_gz(&archive, &tree).unwrap());
-    let (fingerprint_time, _) = time(|| fingerprint(&tree).unwrap());
+    let (fingerprint_time, print) = time(|| fingerprint(&tree).unwrap());
+    // What the cache does once per install, on the first launch that clones from the tree.
+    settle();
+    let (prove_time, proven) = time(|| prove_origin(&tree, &contents, print, threads).unwrap());
+    assert!(proven);
     println!("package: {files} files, {:.0} MB", bytes as f64 / 1e6);
 
     // Materialize vs cp -a, alternating so neither side gets a warmer cache.
     let (mut cp, mut copy_only, mut materialize) = (Vec::new(), Vec::new(), Vec::new());
-    let mut reflinked = 0;
+    let (mut reflinked, mut check) = (0, CopyCheck::Full);
     for i in 0..shape.runs {
         let dst = root.join(format!("cp-{i}"));
         settle();
@@ -203,10 +210,15 @@ fn main() {
         let runtime = root.join(format!("mat-{i}"));
         fs::create_dir(&runtime).unwrap();
         settle();
-        let (t_copy, report) = time(|| copy_tree(&tree, &runtime, threads).unwrap());
+        // The same steps as `PackageCache::materialize`, minus the holds and the lease.
+        let (t_copy, report) =
+            time(|| copy_tree_checked(&tree, &runtime, &contents, threads).unwrap());
+        assert_eq!(report.differing, 0);
         let (t_verify, verdict) = time(|| {
+            let intact = report.reflinked > 0 && still_intact(&tree, print);
+            check = CopyCheck::for_copy(&report, intact);
             contents
-                .verify_tree(&runtime, RetainedWork::Include, threads)
+                .verify_copy(&runtime, RetainedWork::Include, check, threads)
                 .unwrap()
         });
         verdict.unwrap();
@@ -242,20 +254,39 @@ fn main() {
             slot
         };
         let n = 2 * i as u32 + 1;
-        let (a, b) = (make(n), make(n + 1));
+        // Which tree is made first alternates too: on XFS the one made last removes faster.
+        let (a, b) = if i % 2 == 0 {
+            let a = make(n);
+            (a, make(n + 1))
+        } else {
+            let b = make(n + 1);
+            (make(n), b)
+        };
         let placement = WorkspacePlacement::slot(n, a.to_str().unwrap()).unwrap();
-        settle();
-        let (t, scrubbed) = time(|| scrub_slot(&placement, &slots, owner).unwrap());
-        assert!(matches!(scrubbed, Scrubbed::Clean { .. }));
-        scrub.push(t);
         let entries: Vec<PathBuf> = fs::read_dir(&b)
             .unwrap()
             .map(|e| e.unwrap().path())
             .filter(|p| p.file_name().is_some_and(|n| n != "_work"))
             .collect();
-        settle();
-        let (t, ()) = time(|| run(Command::new("rm").arg("-rf").args(&entries)));
-        rm.push(t);
+        let mut ours = || {
+            settle();
+            let (t, scrubbed) = time(|| scrub_slot(&placement, &slots, owner).unwrap());
+            assert!(matches!(scrubbed, Scrubbed::Clean { .. }));
+            scrub.push(t);
+        };
+        let mut theirs = || {
+            settle();
+            let (t, ()) = time(|| run(Command::new("rm").arg("-rf").args(&entries)));
+            rm.push(t);
+        };
+        // Alternating which goes first, so neither side always follows the other's writeback.
+        if i % 2 == 0 {
+            ours();
+            theirs();
+        } else {
+            theirs();
+            ours();
+        }
     }
     let (scrub, rm) = (median(scrub), median(rm));
 
@@ -264,30 +295,48 @@ fn main() {
     for i in 0..shape.runs {
         let id = Uuid::from_u128(0x1000 + i as u128);
         let runtime = create_ephemeral_runtime(root, id).unwrap();
-        copy_tree(&tree, &runtime, threads).unwrap();
         let other = root.join(format!("rm-{i}"));
         fs::create_dir(&other).unwrap();
-        copy_tree(&tree, &other, threads).unwrap();
+        let made = if i % 2 == 0 {
+            [&runtime, &other]
+        } else {
+            [&other, &runtime]
+        };
+        for dest in made {
+            copy_tree(&tree, dest, threads).unwrap();
+        }
         let journalled = runtime.to_str().unwrap().to_owned();
-        settle();
-        let (t, _) = time(|| remove_ephemeral_runtime(root, id, &journalled).unwrap());
-        eph.push(t);
-        settle();
-        let (t, ()) = time(|| run(Command::new("rm").arg("-rf").arg(&other)));
-        rm_eph.push(t);
+        let mut ours = || {
+            settle();
+            let (t, _) = time(|| remove_ephemeral_runtime(root, id, &journalled).unwrap());
+            eph.push(t);
+        };
+        let mut theirs = || {
+            settle();
+            let (t, ()) = time(|| run(Command::new("rm").arg("-rf").arg(&other)));
+            rm_eph.push(t);
+        };
+        if i % 2 == 0 {
+            ours();
+            theirs();
+        } else {
+            theirs();
+            ours();
+        }
     }
     let (eph, rm_eph) = (median(eph), median(rm_eph));
 
     let copy_path = if reflinked > 0 {
         format!("reflink (FICLONE, {reflinked} of {files} files cloned)")
     } else {
-        "parallel copy (copy_file_range; the volume cannot clone)".to_owned()
+        "parallel checked copy (read, hash, write each file once; the volume cannot clone)"
+            .to_owned()
     };
-    println!("copy path: {copy_path}");
+    println!("copy path: {copy_path}; after the copy: {check:?}");
     println!("| what | ours | baseline | ratio |");
     println!("|---|---|---|---|");
     println!(
-        "| materialize (copy + full verify) | {} | `cp -a` {} | {} |",
+        "| materialize (checked copy + verify) | {} | `cp -a` {} | {} |",
         ms(materialize),
         ms(cp),
         ratio(materialize, cp)
@@ -318,6 +367,10 @@ fn main() {
     println!(
         "| install (extract + hash from .tar.gz) | {} | | |",
         ms(install)
+    );
+    println!(
+        "| prove the tree (once per install, first clone only) | {} | | |",
+        ms(prove_time)
     );
     println!("(median of {} runs each, warm page cache)", shape.runs);
 }

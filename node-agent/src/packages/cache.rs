@@ -2,13 +2,20 @@
 //! in `packages/.archives/`, and trust held only in this process's memory (after a restart every
 //! tree is reinstalled before use, from the kept archive once its digest checks again).
 //!
+//! Seeds (`<seed root>/.seed/<sha256>/`): a runtime on another volume than the cache cannot
+//! clone from it, so each registered seed root (a directory on such a volume: a slots root, a
+//! runner root) gets one copy of a version, made once under the exclusive hold, read in full
+//! against the contents, fingerprinted, and cloned from by every later launch on that volume.
+//! A seed that cannot be made means a slower launch (a byte copy from the cache), not a failure.
+//!
 //! Concurrency: `trees` is held shared to copy from a tree and exclusively to install or prune
 //! one, so there is one install at a time. A launch that queued behind an install that failed
 //! gets that failure instead of starting another download; its own retry policy decides when to
 //! try again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,11 +23,12 @@ use std::time::Instant;
 
 use tokio::sync::RwLock;
 
-use super::contents::{PackageContents, RetainedWork, TreeMismatch, sha256_file};
-use super::copy::{CopyError, CopyReport, copy_tree};
+use super::contents::{CopyCheck, PackageContents, RetainedWork, TreeMismatch, sha256_file};
+use super::copy::{CopyError, CopyReport, copy_tree_checked};
 use super::download::{DownloadError, Downloader};
 use super::extract::{ExtractError, extract_tar_gz};
 use super::fingerprint::{Fingerprint, fingerprint};
+use super::origin::{prove_origin, still_intact};
 use super::timings::PackageTimings;
 use crate::workspace::allocation::AllocationGuard;
 
@@ -80,11 +88,52 @@ impl PackageError {
 pub struct Materialized {
     pub timings: PackageTimings,
     pub copy: CopyReport,
+    /// How the copy's bytes were checked after it was laid out.
+    pub check: CopyCheck,
 }
 
 struct Trusted {
     fingerprint: Fingerprint,
     contents: Arc<PackageContents>,
+    /// Whether the tree was read in full against the contents after `fingerprint` was taken
+    /// (done once, by the first launch that clones from it).
+    proven: bool,
+    /// Seeds of this version, by the device of their volume. Always proven.
+    seeds: HashMap<u64, Seed>,
+    /// Volumes where making a seed of this version failed: not retried for this install, so a
+    /// full volume does not put every launch behind the exclusive hold.
+    unseedable: HashSet<u64>,
+}
+
+#[derive(Clone, Debug)]
+struct Seed {
+    path: PathBuf,
+    fingerprint: Fingerprint,
+}
+
+/// A directory on a volume other than the cache's, where seeds go.
+#[derive(Clone, Debug)]
+struct SeedRoot {
+    /// `<root>/.seed`.
+    dir: PathBuf,
+    dev: u64,
+}
+
+/// Where a copy is made from, and what is known about it.
+#[derive(Clone, Debug)]
+struct Origin {
+    path: PathBuf,
+    fingerprint: Fingerprint,
+    proven: bool,
+    /// The seed's device, when the origin is a seed.
+    seed: Option<u64>,
+}
+
+/// A trusted version, read under a hold.
+struct Ready {
+    contents: Arc<PackageContents>,
+    tree: Origin,
+    seed: Option<Origin>,
 }
 
 #[derive(Default)]
@@ -108,6 +157,9 @@ pub struct PruneReport {
 /// One per agent.
 pub struct PackageCache {
     root: PathBuf,
+    /// The cache's own device: a runtime there clones from the tree itself.
+    dev: u64,
+    seed_roots: Vec<SeedRoot>,
     downloader: Downloader,
     threads: usize,
     trees: RwLock<()>,
@@ -147,8 +199,11 @@ impl PackageCache {
             std::fs::create_dir_all(dir)?;
         }
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let dev = std::fs::metadata(&root)?.dev();
         Ok(Self {
             root,
+            dev,
+            seed_roots: Vec::new(),
             downloader,
             threads,
             trees: RwLock::new(()),
@@ -157,9 +212,28 @@ impl PackageCache {
         })
     }
 
+    /// Registers `root`, a directory on a volume where runtimes live, for seeds
+    /// (`<root>/.seed/<sha256>`). A root on the cache's own volume is ignored: runtimes there
+    /// clone from the cache. Needs an existing `root`.
+    pub fn with_seed_root(mut self, root: &Path) -> io::Result<Self> {
+        let dev = std::fs::metadata(root)?.dev();
+        if dev != self.dev && !self.seed_roots.iter().any(|r| r.dev == dev) {
+            self.seed_roots.push(SeedRoot {
+                dir: root.join(".seed"),
+                dev,
+            });
+        }
+        Ok(self)
+    }
+
     /// `packages/<sha256>`.
     pub fn tree(&self, sha256: &str) -> PathBuf {
         self.root.join(sha256)
+    }
+
+    /// The seed path of `sha256` on the volume of a registered seed root.
+    pub fn seed_path(&self, seed_root: &Path, sha256: &str) -> PathBuf {
+        seed_root.join(".seed").join(sha256)
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -168,33 +242,84 @@ impl PackageCache {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The trusted contents of `sha256` if its tree still has the recorded fingerprint. A tree
-    /// whose fingerprint moved is forgotten (and reinstalled by the caller).
+    /// The trusted contents of `sha256` if its tree still has the recorded fingerprint, with
+    /// the seed on `seed_root`'s volume if that one still has its own. A tree whose fingerprint
+    /// moved is forgotten (and reinstalled by the caller); so is a seed.
     async fn ready(
         &self,
         sha256: &str,
+        seed_root: Option<&SeedRoot>,
         timings: &mut PackageTimings,
-    ) -> Option<Arc<PackageContents>> {
-        let (recorded, contents) = {
+    ) -> Option<Ready> {
+        let (tree, contents, seed) = {
             let state = self.state();
             let t = state.trusted.get(sha256)?;
-            (t.fingerprint, Arc::clone(&t.contents))
+            let tree = Origin {
+                path: self.tree(sha256),
+                fingerprint: t.fingerprint,
+                proven: t.proven,
+                seed: None,
+            };
+            let seed = seed_root
+                .and_then(|r| t.seeds.get(&r.dev).map(|s| (r.dev, s.clone())))
+                .map(|(dev, s)| Origin {
+                    path: s.path,
+                    fingerprint: s.fingerprint,
+                    proven: true,
+                    seed: Some(dev),
+                });
+            (tree, Arc::clone(&t.contents), seed)
         };
-        let tree = self.tree(sha256);
         let started = Instant::now();
-        let now = blocking(move || Ok(fingerprint(&tree)?)).await.ok();
+        let (tree2, seed2) = (tree.clone(), seed.clone());
+        let intact = blocking(move || {
+            Ok((
+                still_intact(&tree2.path, tree2.fingerprint),
+                seed2.is_some_and(|s| still_intact(&s.path, s.fingerprint)),
+            ))
+        })
+        .await
+        .ok();
         timings.verify += started.elapsed();
-        if now == Some(recorded) {
-            Some(contents)
-        } else {
-            self.state().trusted.remove(sha256);
-            None
+        match intact {
+            Some((true, seed_intact)) => {
+                if !seed_intact && let Some(dev) = seed.as_ref().and_then(|s| s.seed) {
+                    self.forget_seed(sha256, dev);
+                }
+                Some(Ready {
+                    contents,
+                    tree,
+                    seed: seed.filter(|_| seed_intact),
+                })
+            }
+            _ => {
+                self.state().trusted.remove(sha256);
+                None
+            }
+        }
+    }
+
+    fn forget_seed(&self, sha256: &str, dev: u64) {
+        if let Some(t) = self.state().trusted.get_mut(sha256) {
+            t.seeds.remove(&dev);
+        }
+    }
+
+    /// Forgets whichever origin a copy came from.
+    fn forget_origin(&self, sha256: &str, origin: &Origin) {
+        match origin.seed {
+            Some(dev) => self.forget_seed(sha256, dev),
+            None => {
+                self.state().trusted.remove(sha256);
+            }
         }
     }
 
     /// Lays the package out in `runtime` (an existing directory), leases it to `attempt`, and
-    /// verifies the copy in full. On failure the runtime may hold part of the package: the
-    /// attempt's cleanup, dispatched on its journalled kind, removes it.
+    /// verifies the copy: every byte of it is checked against the verified contents, either as
+    /// it is copied or, for a clone, through its proven origin (see [`CopyCheck::for_copy`]).
+    /// On failure the runtime may hold part of the package: the attempt's cleanup, dispatched
+    /// on its journalled kind, removes it.
     pub async fn materialize(
         &self,
         attempt: &str,
@@ -208,26 +333,49 @@ impl PackageCache {
         let sha = package.sha256.to_owned();
         let queued_after = self.failures.load(Ordering::SeqCst);
         let mut timings = PackageTimings::default();
+        // Only asked when seeds are configured (most hosts keep runtimes on the cache's volume).
+        let seed_root = if self.seed_roots.is_empty() {
+            None
+        } else {
+            let runtime = runtime.to_path_buf();
+            let roots = self.seed_roots.clone();
+            let dev = self.dev;
+            blocking(move || {
+                let rt = std::fs::metadata(&runtime)?.dev();
+                Ok((rt != dev)
+                    .then(|| roots.into_iter().find(|r| r.dev == rt))
+                    .flatten())
+            })
+            .await?
+        };
         let waited = Instant::now();
         let mut shared = self.trees.read().await;
         timings.wait += waited.elapsed();
-        let contents = match self.ready(&sha, &mut timings).await {
-            Some(contents) => contents,
-            None => {
+        let ready = match self.ready(&sha, seed_root.as_ref(), &mut timings).await {
+            Some(ready)
+                if ready.seed.is_some()
+                    || seed_root
+                        .as_ref()
+                        .is_none_or(|r| self.unseedable(&sha, r.dev)) =>
+            {
+                ready
+            }
+            early => {
                 drop(shared);
                 let waited = Instant::now();
                 let exclusive = self.trees.write().await;
                 timings.wait += waited.elapsed();
-                if let Some((serial, cause)) = &self.state().failed
+                if early.is_none()
+                    && let Some((serial, cause)) = &self.state().failed
                     && *serial > queued_after
                 {
                     return Err(PackageError::QueuedBehindFailedInstall(cause.clone()));
                 }
-                let contents = match self.ready(&sha, &mut timings).await {
+                let mut ready = match self.ready(&sha, seed_root.as_ref(), &mut timings).await {
                     // Someone installed it while this launch waited.
-                    Some(contents) => contents,
+                    Some(ready) => ready,
                     None => match self.install(package, &mut timings).await {
-                        Ok(contents) => contents,
+                        Ok(ready) => ready,
                         Err(e) => {
                             if !e.is_terminal() {
                                 let serial = self.failures.fetch_add(1, Ordering::SeqCst) + 1;
@@ -237,34 +385,106 @@ impl PackageCache {
                         }
                     },
                 };
+                if let Some(root) = &seed_root
+                    && ready.seed.is_none()
+                    && !self.unseedable(&sha, root.dev)
+                {
+                    let started = Instant::now();
+                    ready.seed = self.make_seed(&sha, root, &ready).await;
+                    timings.install += started.elapsed();
+                }
                 shared = exclusive.downgrade();
-                contents
+                ready
             }
         };
+        let origin = ready.seed.clone().unwrap_or_else(|| ready.tree.clone());
         let started = Instant::now();
-        let (origin, dest, threads) = (self.tree(&sha), runtime.to_path_buf(), self.threads);
-        let copied = blocking(move || Ok(copy_tree(&origin, &dest, threads)?)).await;
+        let copied = {
+            let (origin, dest, threads) = (origin.clone(), runtime.to_path_buf(), self.threads);
+            let contents = Arc::clone(&ready.contents);
+            blocking(move || {
+                let copy = copy_tree_checked(&origin.path, &dest, &contents, threads)?;
+                Ok(copy)
+            })
+            .await
+        };
         timings.copy += started.elapsed();
         let copy = match copied {
             Ok(copy) => copy,
             Err(e) => {
                 drop(shared);
-                // A failed copy may mean the source changed: re-check it, and forget it if so.
+                // A failed copy may mean the origin changed: re-check it, and forget it if so.
                 // A tainted runtime is never a reason to download.
-                let (tree, contents, threads) =
-                    (self.tree(&sha), Arc::clone(&contents), self.threads);
+                let (path, contents, threads) = (
+                    origin.path.clone(),
+                    Arc::clone(&ready.contents),
+                    self.threads,
+                );
                 let intact = blocking(move || {
                     Ok(contents
-                        .verify_tree(&tree, RetainedWork::Include, threads)?
+                        .verify_tree(&path, RetainedWork::Include, threads)?
                         .is_ok())
                 })
                 .await;
                 if !matches!(intact, Ok(true)) {
-                    self.state().trusted.remove(&sha);
+                    self.forget_origin(&sha, &origin);
                 }
                 return Err(e);
             }
         };
+        if copy.differing > 0 {
+            // Bytes read from the origin differ from the verified contents: the origin was
+            // changed since it was trusted. Forget it; the next launch reinstalls or reseeds.
+            drop(shared);
+            self.forget_origin(&sha, &origin);
+            return Err(PackageError::CopyDiffers(TreeMismatch {
+                missing: 0,
+                extra: 0,
+                changed: usize::try_from(copy.differing).unwrap_or(usize::MAX),
+            }));
+        }
+        if let Some(dev) = origin.seed
+            && copy.reflinked == 0
+        {
+            // The seed's volume cannot clone: a seed there only moves reads onto that disk.
+            // Later launches copy from the cache; the seed goes with its version's prune.
+            if let Some(t) = self.state().trusted.get_mut(&sha) {
+                t.seeds.remove(&dev);
+                t.unseedable.insert(dev);
+            }
+        }
+        // Still under the shared hold, so the origin is neither pruned nor reseeded meanwhile.
+        let started = Instant::now();
+        let origin_intact = if copy.reflinked == 0 {
+            false
+        } else {
+            let (origin2, contents, threads) =
+                (origin.clone(), Arc::clone(&ready.contents), self.threads);
+            let intact = blocking(move || {
+                // The first clone from a tree pays for the tree's proof, once per install.
+                let proven = origin2.proven
+                    || prove_origin(&origin2.path, &contents, origin2.fingerprint, threads)?;
+                Ok((
+                    proven,
+                    proven && still_intact(&origin2.path, origin2.fingerprint),
+                ))
+            })
+            .await;
+            match intact {
+                Ok((proven, intact)) => {
+                    if proven && !origin.proven && origin.seed.is_none() {
+                        self.mark_proven(&sha, origin.fingerprint);
+                    }
+                    if !intact {
+                        // Changed while cloned, or never held what the contents say.
+                        self.forget_origin(&sha, &origin);
+                    }
+                    intact
+                }
+                Err(_) => false,
+            }
+        };
+        timings.verify += started.elapsed();
         // Leased while still holding the shared hold, so a prune cannot slip in between.
         self.state().leases.insert(attempt.to_owned(), sha.clone());
         drop(shared);
@@ -273,11 +493,17 @@ impl PackageCache {
             RuntimeKind::Ephemeral => RetainedWork::Include,
             RuntimeKind::PersistentSlot => RetainedWork::Skip,
         };
-        let (dest, threads) = (runtime.to_path_buf(), self.threads);
-        let verified = blocking(move || Ok(contents.verify_tree(&dest, work, threads)?)).await;
+        let check = CopyCheck::for_copy(&copy, origin_intact);
+        let (dest, threads, contents) = (runtime.to_path_buf(), self.threads, ready.contents);
+        let verified =
+            blocking(move || Ok(contents.verify_copy(&dest, work, check, threads)?)).await;
         timings.verify += started.elapsed();
         match verified {
-            Ok(Ok(())) => Ok(Materialized { timings, copy }),
+            Ok(Ok(())) => Ok(Materialized {
+                timings,
+                copy,
+                check,
+            }),
             Ok(Err(mismatch)) => {
                 self.release(attempt);
                 Err(PackageError::CopyDiffers(mismatch))
@@ -289,13 +515,88 @@ impl PackageCache {
         }
     }
 
+    fn unseedable(&self, sha256: &str, dev: u64) -> bool {
+        self.state()
+            .trusted
+            .get(sha256)
+            .is_some_and(|t| t.unseedable.contains(&dev))
+    }
+
+    fn mark_proven(&self, sha256: &str, at: Fingerprint) {
+        if let Some(t) = self.state().trusted.get_mut(sha256)
+            && t.fingerprint == at
+        {
+            t.proven = true;
+        }
+    }
+
+    /// Makes the seed of a trusted version on `root`'s volume, under the exclusive hold: a
+    /// checked copy into a staging directory, a rename, a fingerprint, then a full read against
+    /// the contents (the seed's proof). `None` when any step fails: the launch copies from the
+    /// cache instead.
+    async fn make_seed(&self, sha256: &str, root: &SeedRoot, ready: &Ready) -> Option<Origin> {
+        let (dir, sha) = (root.dir.clone(), sha256.to_owned());
+        let (tree, contents, threads) = (
+            ready.tree.path.clone(),
+            Arc::clone(&ready.contents),
+            self.threads,
+        );
+        let made = blocking(move || {
+            let seed = dir.join(&sha);
+            // Whatever stands there is untrusted (a stale seed, an interrupted staging).
+            for entry in std::fs::read_dir(&dir).into_iter().flatten() {
+                let name = entry?.file_name();
+                if name == sha.as_str() || name.to_string_lossy().starts_with(".staging-") {
+                    std::fs::remove_dir_all(dir.join(&name))?;
+                }
+            }
+            std::fs::create_dir_all(&dir)?;
+            let staging = dir.join(format!(".staging-{}", uuid::Uuid::new_v4().simple()));
+            std::fs::create_dir(&staging)?;
+            let copied = copy_tree_checked(&tree, &staging, &contents, threads);
+            if !matches!(copied, Ok(CopyReport { differing: 0, .. })) {
+                let _ = std::fs::remove_dir_all(&staging);
+                return Ok(None);
+            }
+            std::fs::rename(&staging, &seed)?;
+            let print = fingerprint(&seed)?;
+            if !prove_origin(&seed, &contents, print, threads)? {
+                let _ = std::fs::remove_dir_all(&seed);
+                return Ok(None);
+            }
+            Ok(Some((seed, print)))
+        })
+        .await;
+        let Some((path, print)) = made.ok().flatten() else {
+            if let Some(t) = self.state().trusted.get_mut(sha256) {
+                t.unseedable.insert(root.dev);
+            }
+            return None;
+        };
+        if let Some(t) = self.state().trusted.get_mut(sha256) {
+            t.seeds.insert(
+                root.dev,
+                Seed {
+                    path: path.clone(),
+                    fingerprint: print,
+                },
+            );
+        }
+        Some(Origin {
+            path,
+            fingerprint: print,
+            proven: true,
+            seed: Some(root.dev),
+        })
+    }
+
     /// Install under the exclusive hold: reuse the kept archive when its digest still checks,
     /// else download it; extract into staging; commit by rename; record trust.
     async fn install(
         &self,
         package: PackageRef<'_>,
         timings: &mut PackageTimings,
-    ) -> Result<Arc<PackageContents>, PackageError> {
+    ) -> Result<Ready, PackageError> {
         let started = Instant::now();
         let sha = package.sha256.to_owned();
         let tree = self.tree(&sha);
@@ -370,9 +671,21 @@ impl PackageCache {
             Trusted {
                 fingerprint: print,
                 contents: Arc::clone(&contents),
+                proven: false,
+                seeds: HashMap::new(),
+                unseedable: HashSet::new(),
             },
         );
-        Ok(contents)
+        Ok(Ready {
+            contents,
+            tree: Origin {
+                path: tree,
+                fingerprint: print,
+                proven: false,
+                seed: None,
+            },
+            seed: None,
+        })
     }
 
     /// Pins `sha256` for an attempt found in the journal at agent start.
@@ -431,6 +744,12 @@ impl PackageCache {
             }
             self.state().trusted.remove(sha);
             std::fs::remove_dir_all(self.tree(sha))?;
+            for root in &self.seed_roots {
+                match std::fs::remove_dir_all(root.dir.join(sha)) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                    _ => {}
+                }
+            }
             match std::fs::remove_file(self.root.join(".archives").join(format!("{sha}.tar.gz"))) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
                 _ => {}

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use sha2::{Digest, Sha256};
 
+use super::copy::CopyReport;
 use crate::workspace::WORK_DIR;
 
 /// One entry of a package.
@@ -78,6 +79,41 @@ impl PackageContents {
         work: RetainedWork,
         threads: usize,
     ) -> io::Result<Result<(), TreeMismatch>> {
+        self.check(root, work, Some(threads))
+    }
+
+    /// Checks everything [`Self::verify_tree`] checks except the files' bytes: the entry set,
+    /// every kind, link target, file size and exec bit. Only for a tree whose bytes are proven
+    /// otherwise (see [`CopyCheck`]).
+    pub fn verify_layout(
+        &self,
+        root: &Path,
+        work: RetainedWork,
+    ) -> io::Result<Result<(), TreeMismatch>> {
+        self.check(root, work, None)
+    }
+
+    /// Verifies a runtime copy as `check` says: in full, or its layout only.
+    pub fn verify_copy(
+        &self,
+        root: &Path,
+        work: RetainedWork,
+        check: CopyCheck,
+        threads: usize,
+    ) -> io::Result<Result<(), TreeMismatch>> {
+        match check {
+            CopyCheck::Full => self.verify_tree(root, work, threads),
+            CopyCheck::LayoutOnly => self.verify_layout(root, work),
+        }
+    }
+
+    /// `hash_threads: None` checks the layout only.
+    fn check(
+        &self,
+        root: &Path,
+        work: RetainedWork,
+        hash_threads: Option<usize>,
+    ) -> io::Result<Result<(), TreeMismatch>> {
         let mut found = BTreeMap::new();
         walk(root, Path::new(""), work, &mut found)?;
         let mut mismatch = TreeMismatch {
@@ -114,8 +150,9 @@ impl PackageContents {
             }
         }
         mismatch.extra = found.len();
-        let differing = hash_in_parallel(root, &to_hash, threads)?;
-        mismatch.changed += differing;
+        if let Some(threads) = hash_threads {
+            mismatch.changed += hash_in_parallel(root, &to_hash, threads)?;
+        }
         Ok(
             if mismatch.missing + mismatch.extra + mismatch.changed == 0 {
                 Ok(())
@@ -123,6 +160,41 @@ impl PackageContents {
                 Err(mismatch)
             },
         )
+    }
+}
+
+/// How much of a runtime copy its verification must read again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyCheck {
+    /// Every file's bytes: some cloned file's origin is not proven intact.
+    Full,
+    /// The layout only: every byte is proven already, each file either hashed as it was copied
+    /// or cloned from an origin proven intact across the clone.
+    LayoutOnly,
+}
+
+impl CopyCheck {
+    /// What a copy still needs, from its report and whether its origin is proven intact (its
+    /// bytes were read against the contents at fingerprint F, and it still had F after the
+    /// copy).
+    ///
+    /// Why a clone needs no second read: `FICLONE` makes the new file share the origin's extents
+    /// as they are at that instant, so at creation the clone holds exactly the origin's bytes.
+    /// A clone can differ from the contents only if the origin did, and an origin with the same
+    /// fingerprint before and after the copy was not written in between (any write, truncation,
+    /// replacement or rename moves a ctime, which only the superuser can set). What remains is
+    /// an origin mutated *before* the copy while keeping its fingerprint, which the origin's own
+    /// proof excludes: it was read in full after that fingerprint was taken.
+    ///
+    /// Counted, not assumed: every file must be either hashed as copied or a clone of an intact
+    /// origin, so a plain (unchecked) copy always gets the full check.
+    pub fn for_copy(copy: &CopyReport, origin_intact: bool) -> Self {
+        let clones_proven = if origin_intact { copy.reflinked } else { 0 };
+        if copy.hashed + clones_proven >= copy.files {
+            Self::LayoutOnly
+        } else {
+            Self::Full
+        }
     }
 }
 
@@ -146,7 +218,9 @@ fn walk(
         {
             continue;
         }
-        let meta = std::fs::symlink_metadata(root.join(&child))?;
+        // `DirEntry::metadata` is an `lstat` relative to the open directory: no link followed,
+        // no path walked again.
+        let meta = entry.metadata()?;
         let kind = meta.file_type();
         let record = if kind.is_dir() {
             walk(root, &child, work, found)?;

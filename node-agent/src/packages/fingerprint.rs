@@ -41,17 +41,17 @@ fn feed(hasher: &mut Sha256, rel: &[u8], meta: &std::fs::Metadata) {
 
 fn walk(root: &Path, rel: &mut Vec<u8>, hasher: &mut Sha256) -> io::Result<()> {
     let dir = root.join(std::ffi::OsStr::from_bytes(rel));
-    let mut names: Vec<_> = std::fs::read_dir(&dir)?
-        .map(|e| e.map(|e| e.file_name()))
+    // `DirEntry::metadata` is an `lstat` relative to the open directory (no link followed).
+    let mut entries: Vec<_> = std::fs::read_dir(&dir)?
+        .map(|e| e.and_then(|e| Ok((e.file_name(), e.metadata()?))))
         .collect::<Result<_, _>>()?;
-    names.sort();
-    for name in names {
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, meta) in entries {
         let len = rel.len();
         if !rel.is_empty() {
             rel.push(b'/');
         }
         rel.extend_from_slice(name.as_bytes());
-        let meta = std::fs::symlink_metadata(root.join(std::ffi::OsStr::from_bytes(rel)))?;
         feed(hasher, rel, &meta);
         if meta.file_type().is_dir() {
             walk(root, rel, hasher)?;

@@ -13,7 +13,8 @@ use runner_manager_crds::names::{ephemeral_runtime_dir, short_hex};
 use rustix::fs::{AtFlags, FileType};
 use uuid::Uuid;
 
-use super::remove::{EntryKind, open_dir_nofollow, remove_entry_at};
+use super::remove::{EntryKind, open_dir_nofollow};
+use super::remove_parallel::{removal_threads, remove_entry_at_parallel};
 
 /// `<hostRoot>/runners`.
 pub fn runners_dir(host_root: &Path) -> PathBuf {
@@ -102,7 +103,9 @@ pub fn remove_ephemeral_runtime(
         Err(rustix::io::Errno::NOENT) => return Ok(EphemeralRemoval::AlreadyGone),
         Err(e) => return Err(failed(e.into())),
     };
-    let removed = remove_entry_at(runners.as_fd(), &cstring(&name), kind).map_err(failed)?;
+    let removed =
+        remove_entry_at_parallel(runners.as_fd(), &cstring(&name), kind, removal_threads())
+            .map_err(failed)?;
     Ok(EphemeralRemoval::Removed {
         entries: removed.entries,
     })

@@ -12,6 +12,7 @@ pub mod ephemeral;
 pub mod prepare;
 pub mod refusal;
 pub mod remove;
+pub mod remove_parallel;
 pub mod scrub;
 pub mod scrub_plan;
 pub mod slot_path;

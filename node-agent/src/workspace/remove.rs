@@ -4,7 +4,7 @@
 
 use std::ffi::CStr;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 
@@ -52,27 +52,50 @@ pub struct ListedEntry {
 /// does not give is `lstat`ed; one that vanished in between is skipped, because a vanished
 /// entry needs no removal.
 pub(crate) fn list_entries(dir: BorrowedFd<'_>) -> io::Result<Vec<ListedEntry>> {
-    let mut listing = Dir::read_from(dir)?;
-    let mut entries = Vec::new();
+    let raw = read_listing(&mut Dir::read_from(dir)?)?;
+    resolve_kinds(raw, dir)
+}
+
+/// Lists a directory whose descriptor the caller owns and needs afterwards only for fd-relative
+/// calls: the listing takes the descriptor itself (`Dir::read_from` would open a second one)
+/// and lends it back through [`Dir::fd`].
+pub(crate) fn list_owned(dir: OwnedFd) -> io::Result<(Dir, Vec<ListedEntry>)> {
+    let mut listing = Dir::new(dir)?;
+    let raw = read_listing(&mut listing)?;
+    let entries = resolve_kinds(raw, listing.fd()?)?;
+    Ok((listing, entries))
+}
+
+/// Names and kinds as the listing gives them (`None`: the listing could not say).
+fn read_listing(listing: &mut Dir) -> io::Result<Vec<(std::ffi::CString, Option<EntryKind>)>> {
+    let mut raw = Vec::new();
     while let Some(entry) = listing.read() {
         let entry = entry?;
         let name = entry.file_name();
         if name.to_bytes() == b"." || name.to_bytes() == b".." {
             continue;
         }
-        let kind = match EntryKind::of(entry.file_type()) {
+        raw.push((name.to_owned(), EntryKind::of(entry.file_type())));
+    }
+    Ok(raw)
+}
+
+fn resolve_kinds(
+    raw: Vec<(std::ffi::CString, Option<EntryKind>)>,
+    dir: BorrowedFd<'_>,
+) -> io::Result<Vec<ListedEntry>> {
+    let mut entries = Vec::with_capacity(raw.len());
+    for (name, kind) in raw {
+        let kind = match kind {
             Some(kind) => kind,
-            None => match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            None => match rustix::fs::statat(dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(stat) => EntryKind::of(FileType::from_raw_mode(stat.st_mode))
                     .unwrap_or(EntryKind::Special),
                 Err(rustix::io::Errno::NOENT) => continue,
                 Err(e) => return Err(e.into()),
             },
         };
-        entries.push(ListedEntry {
-            name: name.to_owned(),
-            kind,
-        });
+        entries.push(ListedEntry { name, kind });
     }
     Ok(entries)
 }
@@ -95,7 +118,7 @@ pub fn remove_entry_at(dir: BorrowedFd<'_>, name: &CStr, kind: EntryKind) -> io:
     Ok(removed)
 }
 
-fn remove_at(
+pub(crate) fn remove_at(
     dir: BorrowedFd<'_>,
     name: &CStr,
     kind: EntryKind,
@@ -124,8 +147,7 @@ fn remove_at(
         }
         Err(e) => return Err(e),
     };
-    empty_dir(child.as_fd(), removed)?;
-    drop(child);
+    empty_dir(child, removed)?;
     match rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
         Ok(()) => {
             removed.entries += 1;
@@ -136,9 +158,10 @@ fn remove_at(
     }
 }
 
-/// Removes every entry of the open directory `dir`.
-fn empty_dir(dir: BorrowedFd<'_>, removed: &mut Removed) -> io::Result<()> {
-    let entries = list_entries(dir)?;
+/// Removes every entry of the open directory `dir`, then closes it.
+pub(crate) fn empty_dir(dir: OwnedFd, removed: &mut Removed) -> io::Result<()> {
+    let (listing, entries) = list_owned(dir)?;
+    let dir = listing.fd()?;
     let mut granted = false;
     for entry in entries {
         match remove_at(dir, &entry.name, entry.kind, removed) {
@@ -156,7 +179,7 @@ fn empty_dir(dir: BorrowedFd<'_>, removed: &mut Removed) -> io::Result<()> {
     Ok(())
 }
 
-fn grant_owner(dir: BorrowedFd<'_>) -> io::Result<()> {
+pub(crate) fn grant_owner(dir: BorrowedFd<'_>) -> io::Result<()> {
     let stat = rustix::fs::fstat(dir)?;
     let mode = Mode::from_raw_mode(stat.st_mode) | Mode::RWXU;
     Ok(rustix::fs::fchmod(dir, mode)?)

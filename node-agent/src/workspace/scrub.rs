@@ -11,7 +11,8 @@ use runner_manager_crds::attempt::WorkspacePlacement;
 use rustix::fs::AtFlags;
 
 use super::refusal::{Quarantine, SlotRefusal};
-use super::remove::{ListedEntry, list_entries, open_dir_nofollow, remove_entry_at};
+use super::remove::{ListedEntry, list_entries, open_dir_nofollow};
+use super::remove_parallel::{removal_threads, remove_entry_at_parallel};
 use super::scrub_plan::{
     ScrubTarget, SlotOwner, check_journal, entries_to_remove, is_kept, residue,
 };
@@ -102,16 +103,18 @@ fn check_containment(target: &ScrubTarget, owner: SlotOwner<'_>) -> Result<bool,
     }
 }
 
-/// Check 6's removals, in listing order. The first failure stops the scrub: nothing after it is
-/// removed. An entry that vanished since it was listed counts as removed.
+/// Check 6's removals, in listing order, one entry at a time (each large one on several
+/// threads). The first failure stops the scrub: nothing after it is removed. An entry that
+/// vanished since it was listed counts as removed.
 pub(crate) fn remove_listed(
     slot: BorrowedFd<'_>,
     doomed: &[&ListedEntry],
     slot_path: &Path,
 ) -> Result<u64, Quarantine> {
     let mut removed = 0;
+    let threads = removal_threads();
     for (done, entry) in doomed.iter().enumerate() {
-        match remove_entry_at(slot, &entry.name, entry.kind) {
+        match remove_entry_at_parallel(slot, &entry.name, entry.kind, threads) {
             Ok(r) => removed += r.entries,
             Err(e) => {
                 let which = sensitive_name(entry)
