@@ -688,12 +688,17 @@ async fn a_runner_that_never_registers_is_terminated_and_replaced_with_lineage()
         .await
         .unwrap();
     let list = p.all_attempts().await;
+    // Whichever sees the deadline first stops it: the operator (deregister, then
+    // `spec.termination`) or the agent, which holds the same deadline from `jitReceivedAt`.
     let timed_out: Vec<_> = list
         .iter()
         .filter(|a| {
             a.spec.termination.as_ref().is_some_and(|t| {
                 t.reason == runner_manager_crds::attempt::TerminationReason::RegistrationTimeout
-            })
+            }) || outcome(a)
+                == Some(Outcome::Failed(
+                    runner_manager_crds::outcome::FailureReason::TerminatedAfterRegistrationTimeout,
+                ))
         })
         .collect();
     assert_eq!(timed_out.len(), 1, "one attempt hit its registration deadline");

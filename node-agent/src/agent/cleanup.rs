@@ -6,11 +6,15 @@
 
 use super::log::say;
 use kube::api::Api;
-use runner_manager_crds::attempt::{AttemptJournal, RunnerAttempt, Transition};
+use runner_manager_crds::attempt::{
+    AttemptConditionType, AttemptJournal, AttemptReason, RunnerAttempt, Transition,
+};
+use runner_manager_crds::conditions::ConditionStatus;
 use runner_manager_crds::policy::WorkspaceMode;
 use runner_manager_crds::state::AttemptState;
 
 use super::Agent;
+use super::conditions;
 use super::events::{self, EventReason};
 use super::fault::{self, Boundary};
 use super::launch::take;
@@ -81,21 +85,63 @@ pub async fn clean(
                 }
             }
             WorkspaceMode::Persistent => {
+                // A refused scrub is retried with backoff (30 s doubling to 15 min), not at the
+                // supervision interval: a quarantined slot waits for a person, and hammering it
+                // would also repeat the event.
+                if !agent.cleanup_backoff().due(&uid, std::time::Instant::now()) {
+                    return Ok(Step::Wait);
+                }
                 let owner = SlotOwner {
                     namespace: &ns,
                     policy_uid: &a.spec.snapshot.policy_uid,
                 };
-                if let Err(q) = scrub_slot(w, &agent.slots_root, owner) {
-                    say!("{ns}/{name}: slot quarantined: {q:?}");
-                    events::warn(
-                        &agent.kube,
-                        &agent.node,
-                        a,
-                        EventReason::CleanupDeferred,
-                        format!("the persistent slot was quarantined: {q:?}"),
-                    )
-                    .await;
-                    return Ok(Step::Wait);
+                match scrub_slot(w, &agent.slots_root, owner) {
+                    Err(q) => {
+                        let retry = agent
+                            .cleanup_backoff()
+                            .failed(&uid, std::time::Instant::now());
+                        say!(
+                            "{ns}/{name}: slot quarantined ({}); next try in {}s",
+                            q.refusal.event_class(),
+                            retry.as_secs()
+                        );
+                        let newly = conditions::set(
+                            api,
+                            a,
+                            AttemptConditionType::Quarantined,
+                            ConditionStatus::True,
+                            q.refusal.reason(),
+                            q.to_string(),
+                        )
+                        .await?;
+                        if newly {
+                            events::warn(
+                                &agent.kube,
+                                &agent.node,
+                                a,
+                                EventReason::CleanupDeferred,
+                                format!("the persistent slot was quarantined: {q}"),
+                            )
+                            .await;
+                        }
+                        return Ok(Step::Wait);
+                    }
+                    Ok(_) => {
+                        agent.cleanup_backoff().succeeded(&uid);
+                        if conditions::holds(a, AttemptConditionType::Quarantined) {
+                            conditions::set(
+                                api,
+                                a,
+                                AttemptConditionType::Quarantined,
+                                ConditionStatus::False,
+                                AttemptReason::Resolved,
+                                "the slot passed every cleanup check".to_owned(),
+                            )
+                            .await?;
+                            // The condition write moved the resourceVersion: decide again.
+                            return Ok(Step::Again);
+                        }
+                    }
                 }
             }
         }

@@ -9,6 +9,7 @@ pub mod accounts;
 pub mod admission;
 pub mod broker_client;
 pub mod cleanup;
+pub mod conditions;
 pub mod edges;
 pub mod events;
 pub mod fault;
@@ -44,6 +45,7 @@ use crate::providers::cgroup::CgroupParent;
 use crate::providers::direct::DirectLauncher;
 use crate::providers::systemd::SystemdLauncher;
 use crate::workspace::allocation::AllocationLock;
+use crate::workspace::backoff::CleanupBackoff;
 use crate::workspace::slot_table::{SlotKey, SlotTable};
 use accounts::AccountPool;
 use admission::CapacityBook;
@@ -89,6 +91,8 @@ pub struct Agent {
     slots: Mutex<SlotTable>,
     /// `Pending` attempts of the node at the last list (they count against free capacity).
     pending: AtomicUsize,
+    /// Per-attempt backoff of refused slot scrubs.
+    cleanup_backoff: Mutex<CleanupBackoff>,
     /// Renew the Lease now: the advert changed.
     pub advert_changed: Notify,
     /// Attempts whose changed spec was already reported (one event each).
@@ -118,6 +122,9 @@ impl Agent {
     }
     pub fn slots(&self) -> MutexGuard<'_, SlotTable> {
         lock(&self.slots)
+    }
+    pub fn cleanup_backoff(&self) -> MutexGuard<'_, CleanupBackoff> {
+        lock(&self.cleanup_backoff)
     }
 
     /// True the first time an attempt's changed spec is seen.
@@ -219,6 +226,7 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         accounts: Mutex::new(AccountPool::new(cli.runner_uid_range, cli.runner_gid)),
         slots: Mutex::new(SlotTable::default()),
         pending: AtomicUsize::new(0),
+        cleanup_backoff: Mutex::new(CleanupBackoff::default()),
         advert_changed: Notify::new(),
         spec_warned: Mutex::new(std::collections::BTreeSet::new()),
     });
