@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use futures_util::TryStreamExt;
 use kube::Client;
-use kube::api::{Api, ListParams, WatchParams};
+use kube::api::Api;
 use runner_manager_crds::NODE_LABEL;
 use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::lease::AgentAdvert;
@@ -253,48 +253,81 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
     Ok(())
 }
 
-/// Lists the node's attempts, starts a task for each one without a live task, then watches
-/// until something changes, and again. The first successful list feeds the recovery gate.
+/// Watches the node's attempts (a kube-runtime watcher: one initial list, served from the API
+/// server's watch cache, then incremental events, re-listing only when the watch expires) and
+/// starts a task for each attempt without a live one. Re-listing on every event would cost
+/// every agent a scan of every attempt in the cluster per change. The first complete list feeds
+/// the recovery gate.
 async fn watch_attempts(agent: Arc<Agent>) {
+    use kube::runtime::watcher::{self, Event};
     let api = Api::<RunnerAttempt>::all(agent.kube.clone());
     let selector = format!("{NODE_LABEL}={}", agent.node);
     let mut tasks: HashMap<String, JoinHandle<()>> = HashMap::new();
+    // The node's attempts by uid, as the watch last showed them.
+    let mut known: HashMap<String, RunnerAttempt> = HashMap::new();
+    let mut listing: HashMap<String, RunnerAttempt> = HashMap::new();
     let mut first = true;
+    let stream = watcher::watcher(api, watcher::Config::default().labels(&selector));
+    let mut stream = std::pin::pin!(stream);
     loop {
-        let list = match api.list(&ListParams::default().labels(&selector)).await {
-            Ok(l) => l,
+        let event = match stream.try_next().await {
+            Ok(Some(e)) => e,
+            Ok(None) => return,
             Err(e) => {
-                say!("listing attempts failed: {e}");
+                say!("watching attempts failed: {e}");
                 if first {
                     agent.gate.list_failed();
                     agent.advert_changed.notify_one();
                 }
+                // The watcher backs off and re-lists on its own; pace the loop anyway.
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
         };
-        if first {
-            rebuild::rebuild(&agent, &list.items);
-            first = false;
+        match event {
+            Event::Init => listing.clear(),
+            Event::InitApply(a) => {
+                if let Some(uid) = a.metadata.uid.clone() {
+                    listing.insert(uid, a);
+                }
+                continue;
+            }
+            Event::InitDone => {
+                known = std::mem::take(&mut listing);
+                if first {
+                    let all: Vec<RunnerAttempt> = known.values().cloned().collect();
+                    rebuild::rebuild(&agent, &all);
+                    first = false;
+                }
+            }
+            Event::Apply(a) => {
+                if let Some(uid) = a.metadata.uid.clone() {
+                    known.insert(uid, a);
+                }
+            }
+            Event::Delete(a) => {
+                if let Some(uid) = a.metadata.uid.as_deref() {
+                    known.remove(uid);
+                }
+            }
         }
-        let pending = list
-            .items
-            .iter()
+        if first {
+            continue;
+        }
+        let pending = known
+            .values()
             .filter(|a| rebuild::state_of(a) == AttemptState::Pending)
             .count();
         if agent.pending.swap(pending, Ordering::SeqCst) != pending {
             agent.advert_changed.notify_one();
         }
         tasks.retain(|_, t| !t.is_finished());
-        for a in &list.items {
-            let (Some(uid), Some(ns), Some(name)) = (
-                a.metadata.uid.clone(),
-                a.metadata.namespace.clone(),
-                a.metadata.name.clone(),
-            ) else {
+        for (uid, a) in &known {
+            let (Some(ns), Some(name)) = (a.metadata.namespace.clone(), a.metadata.name.clone())
+            else {
                 continue;
             };
-            if rebuild::state_of(a) == AttemptState::Cleaned || tasks.contains_key(&uid) {
+            if rebuild::state_of(a) == AttemptState::Cleaned || tasks.contains_key(uid) {
                 continue;
             }
             let task = tokio::spawn(supervise::attempt_task(
@@ -303,17 +336,9 @@ async fn watch_attempts(agent: Arc<Agent>) {
                 name,
                 uid.clone(),
             ));
-            tasks.insert(uid, task);
+            tasks.insert(uid.clone(), task);
         }
-        let version = list.metadata.resource_version.unwrap_or_default();
-        let params = WatchParams::default().labels(&selector).timeout(10);
-        match api.watch(&params, &version).await {
-            Ok(stream) => {
-                let mut stream = Box::pin(stream);
-                // Any event (or the watch's end) means: list again.
-                let _ = stream.try_next().await;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
-        }
+        // Cleaned attempts wait only for the operator's finalizer removal: forget them here.
+        known.retain(|_, a| rebuild::state_of(a) != AttemptState::Cleaned);
     }
 }
