@@ -1298,3 +1298,121 @@ async fn github_calls_per_launched_runner_in_a_burst() {
     );
     assert!(calls > 0);
 }
+
+/// DESIGN §10: the operator's RSS and pass time with 1,000 policies and 10,000 attempts in the
+/// API server (printed as MEASURE). Slow to set up, so ignored by default:
+/// `cargo test -p runner-manager-e2e --test operator -- --ignored --nocapture rss`.
+#[tokio::test]
+#[ignore = "a measurement: creates 11,000 objects"]
+async fn rss_with_1000_policies_and_10000_attempts() {
+    use futures_util::StreamExt;
+    let Some(mut w) = world("rss_with_1000_policies").await else {
+        return;
+    };
+    let policies: Vec<String> = (0..1000).map(|i| format!("p{i:04}")).collect();
+    futures_util::stream::iter(policies.iter())
+        .for_each_concurrent(16, |name| {
+            let w = &w;
+            async move {
+                w.policy(name, json!({"maxRunners": 10})).await;
+            }
+        })
+        .await;
+    let created = w
+        .policies()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let attempts: Vec<RunnerAttempt> = created
+        .iter()
+        .flat_map(|p| {
+            let name = p.metadata.name.clone().unwrap();
+            let uid = p.metadata.uid.clone().unwrap();
+            (0..10).map(move |_| {
+                let mut a = runner_manager_e2e::harness::fixtures::native_attempt(
+                    uuid::Uuid::new_v4(),
+                    &name,
+                    &uid,
+                    "rm-op-nonexistent-node",
+                );
+                a.metadata.namespace = None;
+                a
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    futures_util::stream::iter(attempts.iter())
+        .for_each_concurrent(32, |a| {
+            let api = w.attempts();
+            async move {
+                api.create(&PostParams::default(), a).await.unwrap();
+            }
+        })
+        .await;
+    eprintln!("created 10,000 attempts in {:?}", started.elapsed());
+    let op = w
+        .start_operator(&[
+            "--admission-timeout",
+            "1h",
+            "--attempt-history",
+            "100000",
+            "--observe-interval",
+            "30s",
+            "--resync-interval",
+            "5s",
+        ])
+        .await;
+    let pid = w.operators[op].process.child.id();
+    let rss = || {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .unwrap()
+            .to_owned()
+    };
+    // Wait until every policy has a status (the first full pass is done), then a few more.
+    wait::until(
+        Duration::from_secs(600),
+        "every policy reconciled",
+        || async {
+            let n = w
+                .policies()
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .iter()
+                .filter(|p| p.status.as_ref().is_some_and(|s| !s.conditions.is_empty()))
+                .count();
+            (n == 1000).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let mut peak = 0u64;
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let line = rss();
+        let kib: u64 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        peak = peak.max(kib);
+        eprintln!(
+            "MEASURE {line}; last pass {} ms",
+            w.operators[op]
+                .metric("runner_manager_reconcile_pass_milliseconds")
+                .await
+        );
+    }
+    eprintln!("MEASURE peak RSS {} MiB", peak / 1024);
+    assert_eq!(
+        w.list().await.len(),
+        10_000,
+        "the operator created nothing more"
+    );
+    let _ = &mut w;
+}

@@ -120,6 +120,7 @@ pub async fn run(ctx: Arc<Ctx>, wake: Arc<Notify>) {
     loop {
         let started = Instant::now();
         pass(&ctx, &mut memory).await;
+        ctx.metrics.reconcile_pass(started.elapsed());
         tracing::debug!(
             elapsed_ms = started.elapsed().as_millis() as u64,
             "pass done"
