@@ -1424,3 +1424,62 @@ async fn rss_with_1000_policies_and_10000_attempts() {
     );
     let _ = &mut w;
 }
+
+#[tokio::test]
+async fn deleting_a_policy_drains_it_and_abandon_releases_a_stuck_attempt() {
+    let Some(mut w) = world("deleting_a_policy_drains").await else {
+        return;
+    };
+    let op = w.start_operator(&[]).await;
+    w.add_node(Script::default(), op).await;
+    w.policy("web", json!({"minIdle": 1})).await;
+    w.policy(
+        "stuck",
+        json!({"minIdle": 1, "labels": ["self-hosted", "gpu"]}),
+    )
+    .await;
+    w.attempts_until("one idle attempt per policy", LONG, |l| {
+        (l.iter().filter(|a| state(a) == AttemptState::Idle).count() == 2).then_some(())
+    })
+    .await;
+    // Deleting `web` drains: its idle runner is deregistered and stopped, the Cleaned attempt
+    // deleted, and the policy released.
+    w.policies()
+        .delete("web", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    wait::until(LONG, "the policy gone", || async {
+        w.policies()
+            .get_opt("web")
+            .await
+            .ok()
+            .and_then(|p| p.is_none().then_some(()))
+    })
+    .await
+    .unwrap();
+    let left = w.list().await;
+    assert!(left.iter().all(|a| a.spec.policy == "stuck"), "{left:?}");
+    // An attempt whose agent is gone for good is released by the abandon annotation.
+    w.agents.clear();
+    let stuck = left[0].metadata.name.clone().unwrap();
+    w.attempts()
+        .delete(&stuck, &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    w.attempts()
+        .patch(
+            &stuck,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"runner-manager.dev/abandon": "true"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    w.attempts_until("the abandoned attempt released", LONG, |l| {
+        (!l.iter()
+            .any(|a| a.metadata.name.as_deref() == Some(stuck.as_str())))
+        .then_some(())
+    })
+    .await;
+}
