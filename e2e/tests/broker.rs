@@ -773,6 +773,9 @@ async fn the_operator_process_serves_the_broker_across_restarts() {
             w.fake.base_url(),
             "--log-format",
             "json",
+            // The broker alone: controllers would reconcile every namespace of the shared cluster.
+            "--controllers",
+            "false",
         ]);
         Running::spawn("runner-manager-operator", cmd).unwrap()
     };

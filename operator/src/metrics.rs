@@ -63,6 +63,7 @@ pub struct Metrics {
     terminations: Family<ReasonLabels, Counter>,
     orphan_registrations_deleted: Counter,
     leader: Gauge,
+    pass_ms: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -152,7 +153,14 @@ impl Metrics {
             "1 while this replica holds the leader Lease and reconciles",
             leader.clone(),
         );
+        let pass_ms = Gauge::default();
+        registry.register(
+            "reconcile_pass_milliseconds",
+            "How long the leader's last full reconcile pass took",
+            pass_ms.clone(),
+        );
         Arc::new(Self {
+            pass_ms,
             registry,
             api_writes,
             attempts,
@@ -266,6 +274,11 @@ impl Metrics {
 
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
+    }
+
+    pub fn reconcile_pass(&self, elapsed: std::time::Duration) {
+        self.pass_ms
+            .set(i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX));
     }
 
     pub fn encode(&self) -> String {

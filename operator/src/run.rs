@@ -217,8 +217,8 @@ fn settings(cli: &Cli, ownership_label: String) -> Settings {
 }
 
 /// Serve `POST /webhook` once the HMAC secret can be read (Secret `--webhook-secret-name`, key
-/// `secret`, in the operator namespace). Until then the port accepts no delivery (GitHub counts
-/// it failed and it can be redelivered), and the Secret is looked for again every few seconds.
+/// `secret`, in the operator namespace). Until then deliveries get 503, and the Secret is looked
+/// for again every few seconds.
 async fn serve_webhook(
     kube: kube::Client,
     namespace: String,
@@ -228,6 +228,36 @@ async fn serve_webhook(
     metrics: Arc<Metrics>,
 ) {
     use k8s_openapi::api::core::v1::Secret;
+    // Until the secret is found, deliveries are answered 503 (GitHub records a failed delivery
+    // that can be redelivered) from a clone of the same socket; then the receiver takes over.
+    let sockets = listener.into_std().and_then(|l| {
+        let spare = l.try_clone()?;
+        Ok((TcpListener::from_std(l)?, TcpListener::from_std(spare)?))
+    });
+    let (interim_listener, listener) = match sockets {
+        Ok(pair) => pair,
+        Err(e) => {
+            tracing::error!(error = %e, "webhook socket unusable");
+            return;
+        }
+    };
+    let (found, found_rx) = tokio::sync::oneshot::channel::<()>();
+    let pending = axum::Router::new().route(
+        "/webhook",
+        axum::routing::post(|| async {
+            (
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "webhook secret not configured",
+            )
+        }),
+    );
+    let interim = tokio::spawn(async move {
+        axum::serve(interim_listener, pending)
+            .with_graceful_shutdown(async {
+                let _ = found_rx.await;
+            })
+            .await
+    });
     let secrets = Api::<Secret>::namespaced(kube, &namespace);
     let receiver = loop {
         let found = secrets.get_opt(&secret_name).await;
@@ -245,10 +275,12 @@ async fn serve_webhook(
                 Err(e) => tracing::warn!(error = %e, "webhook secret unusable"),
             }
         } else {
-            tracing::warn!(secret = %secret_name, "webhook secret not found (key `secret`); deliveries are refused until it exists");
+            tracing::warn!(secret = %secret_name, "webhook secret not found (key `secret`); deliveries are answered 503 until it exists");
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
     };
+    let _ = found.send(());
+    let _ = interim.await;
     if let Err(e) = axum::serve(listener, webhook::router(receiver)).await {
         tracing::error!(error = %e, "webhook receiver stopped");
     }

@@ -102,6 +102,10 @@ pub struct BrokerAccess {
 struct Agent {
     kube: Client,
     system: String,
+    /// The namespace whose attempts it watches (a real agent watches all; tests share a cluster).
+    namespace: String,
+    /// What counted against the node at the last round (the advert's `free`).
+    used: u32,
     node: String,
     script: Arc<Mutex<Script>>,
     writes: Arc<Mutex<u64>>,
@@ -115,6 +119,7 @@ impl ScriptedAgent {
     pub fn start(
         kube: Client,
         system: &str,
+        namespace: &str,
         node: &str,
         script: Script,
         broker: BrokerAccess,
@@ -132,6 +137,8 @@ impl ScriptedAgent {
         let mut agent = Agent {
             kube,
             system: system.to_owned(),
+            namespace: namespace.to_owned(),
+            used: 0,
             node: node.to_owned(),
             script: script.clone(),
             writes: writes.clone(),
@@ -181,21 +188,21 @@ impl Agent {
 
     async fn round(&mut self) {
         let script = self.script();
-        let attempts = Api::<RunnerAttempt>::all(self.kube.clone())
+        // Heartbeat first, so a slow list never lets the Lease lapse.
+        if script.heartbeat {
+            let free = script.capacity.saturating_sub(self.used);
+            self.heartbeat(&script, free).await;
+        }
+        let attempts = Api::<RunnerAttempt>::namespaced(self.kube.clone(), &self.namespace)
             .list(&ListParams::default().labels(&format!("{NODE_LABEL}={}", self.node)))
             .await
             .map(|l| l.items)
             .unwrap_or_default();
-        if script.heartbeat {
-            let used = attempts
-                .iter()
-                .filter(|a| state(a).counts_against_capacity(a.spec.snapshot.execution.mode))
-                .count();
-            let free = script
-                .capacity
-                .saturating_sub(u32::try_from(used).unwrap_or(u32::MAX));
-            self.heartbeat(&script, free).await;
-        }
+        let used = attempts
+            .iter()
+            .filter(|a| state(a).counts_against_capacity(a.spec.snapshot.execution.mode))
+            .count();
+        self.used = u32::try_from(used).unwrap_or(u32::MAX);
         for a in attempts {
             self.step(&script, &a).await;
         }

@@ -23,7 +23,9 @@ pub struct Caches {
     pub nodes: Store<Node>,
 }
 
-fn reflect<K>(api: Api<K>, wake: Arc<Notify>) -> Store<K>
+/// Keep only what the controllers read: managed fields are dropped from every cached object
+/// (they are often the largest part of it), and `trim` drops more per kind.
+fn reflect<K>(api: Api<K>, wake: Arc<Notify>, trim: fn(&mut K)) -> Store<K>
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -36,6 +38,10 @@ where
     let (reader, writer) = reflector::store();
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
+        .modify(move |o: &mut K| {
+            o.meta_mut().managed_fields = None;
+            trim(o);
+        })
         .reflect(writer)
         .touched_objects();
     tokio::spawn(async move {
@@ -63,7 +69,13 @@ where
 /// Only the ScalePolicies (the webhook receivers of every replica match jobs against them), of
 /// `watch` or of every namespace.
 pub fn policies(kube: &kube::Client, watch: Option<&str>, wake: Arc<Notify>) -> Store<ScalePolicy> {
-    reflect(scoped(kube, watch), wake)
+    reflect(scoped(kube, watch), wake, |_| {})
+}
+
+/// A Node's status (images, conditions, addresses) is large and placement reads none of it.
+fn trim_node(n: &mut Node) {
+    n.status = None;
+    n.metadata.annotations = None;
 }
 
 impl Caches {
@@ -77,9 +89,13 @@ impl Caches {
     ) -> Self {
         Self {
             policies,
-            attempts: reflect(scoped(kube, watch), wake.clone()),
-            leases: reflect(Api::namespaced(kube.clone(), namespace), wake.clone()),
-            nodes: reflect(Api::all(kube.clone()), wake),
+            attempts: reflect(scoped(kube, watch), wake.clone(), |_| {}),
+            leases: reflect(
+                Api::namespaced(kube.clone(), namespace),
+                wake.clone(),
+                |_| {},
+            ),
+            nodes: reflect(Api::all(kube.clone()), wake, trim_node),
         }
     }
 

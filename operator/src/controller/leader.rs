@@ -153,7 +153,8 @@ impl Elector {
         let deadline = self.duration.mul_f64(0.7);
         loop {
             tokio::time::sleep(self.retry_period()).await;
-            match tokio::time::timeout(self.retry_period(), self.try_hold()).await {
+            // One try may take up to half the lease: a slow API server is not yet a lost lease.
+            match tokio::time::timeout(self.duration / 2, self.try_hold()).await {
                 Ok(Ok(true)) => last = tokio::time::Instant::now(),
                 Ok(Ok(false)) => return LeaderError::Lost("another replica holds the Lease"),
                 Ok(Err(e)) => tracing::warn!(error = %e, "renewing the leader Lease failed"),

@@ -24,8 +24,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use runner_manager_crds::attempt::RunnerAttempt;
+use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_crds::state::AttemptState;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -38,6 +40,9 @@ use events::Events;
 use placement_worker::PlacementWorker;
 use resolve::{Invalid, Resolved};
 use writes::Writer;
+
+/// Policies whose I/O runs at once in a pass (bounded: GitHub budgets and the API server).
+const PREPARE_CONCURRENCY: usize = 16;
 
 /// The policy finalizer: a policy being deleted drains before it goes.
 pub const POLICY_FINALIZER: &str = "runner-manager.dev/drain";
@@ -120,6 +125,7 @@ pub async fn run(ctx: Arc<Ctx>, wake: Arc<Notify>) {
     loop {
         let started = Instant::now();
         pass(&ctx, &mut memory).await;
+        ctx.metrics.reconcile_pass(started.elapsed());
         tracing::debug!(
             elapsed_ms = started.elapsed().as_millis() as u64,
             "pass done"
@@ -163,23 +169,47 @@ pub async fn pass(ctx: &Ctx, memory: &mut Memory) {
     let all_policies = ctx.caches.policies.state();
     let attempt_ids: std::collections::HashSet<String> =
         attempts.iter().map(|a| a.spec.id.clone()).collect();
-    for p in &all_policies {
-        let ns = p.metadata.namespace.as_deref().unwrap_or_default();
-        let name = p.metadata.name.as_deref().unwrap_or_default();
-        let k = key(ns, name);
-        let mine = by_policy.remove(&k).unwrap_or_default();
-        let mem = memory.policies.entry(k).or_default();
-        policy::reconcile(
-            ctx,
-            &mut memory.placement,
-            mem,
-            p,
-            &mine,
-            &all_policies,
-            &attempt_ids,
-            now,
-        )
-        .await;
+    // Each policy's own I/O (resolution, GitHub observation, polling) runs concurrently: it
+    // touches nothing shared. Decisions that share the placement worker run one at a time.
+    let keys: Vec<String> = all_policies
+        .iter()
+        .map(|p| {
+            key(
+                p.metadata.namespace.as_deref().unwrap_or_default(),
+                p.metadata.name.as_deref().unwrap_or_default(),
+            )
+        })
+        .collect();
+    for k in &keys {
+        memory.policies.entry(k.clone()).or_default();
+    }
+    let empty: Vec<Arc<RunnerAttempt>> = Vec::new();
+    {
+        let by_key: HashMap<&str, &Arc<ScalePolicy>> = keys
+            .iter()
+            .map(String::as_str)
+            .zip(all_policies.iter())
+            .collect();
+        let work: Vec<_> = memory
+            .policies
+            .iter_mut()
+            .filter_map(|(k, mem)| {
+                let p = by_key.get(k.as_str())?;
+                Some((*p, by_policy.get(k).unwrap_or(&empty), mem))
+            })
+            .collect();
+        futures_util::stream::iter(work)
+            .for_each_concurrent(PREPARE_CONCURRENCY, |(p, mine, mem)| {
+                policy::prepare(ctx, mem, p, mine, &all_policies, &attempt_ids, now)
+            })
+            .await;
+    }
+    for (p, k) in all_policies.iter().zip(&keys) {
+        let mine = by_policy.get(k).unwrap_or(&empty);
+        let Some(mem) = memory.policies.get_mut(k) else {
+            continue;
+        };
+        policy::reconcile(ctx, &mut memory.placement, mem, p, mine, now).await;
     }
     let live: std::collections::HashSet<String> = all_policies
         .iter()

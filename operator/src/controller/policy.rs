@@ -124,10 +124,11 @@ fn resolution_fresh(e: &ResolvedEntry, generation: i64) -> bool {
     e.generation == generation && e.at.elapsed() < ttl
 }
 
-#[allow(clippy::too_many_arguments)]
-pub async fn reconcile(
+/// A policy's I/O that touches no shared state (placement): its finalizer, its resolution, the
+/// GitHub observation of its target, polling and job checks. Passes run this for many policies
+/// at once, then `reconcile` one at a time.
+pub async fn prepare(
     ctx: &Ctx,
-    placement: &mut PlacementWorker,
     mem: &mut PolicyMemory,
     policy: &Arc<ScalePolicy>,
     attempts: &[Arc<RunnerAttempt>],
@@ -135,13 +136,12 @@ pub async fn reconcile(
     attempt_ids: &HashSet<String>,
     now: Timestamp,
 ) {
+    if policy.metadata.deletion_timestamp.is_some() {
+        return;
+    }
     let ns = policy.metadata.namespace.as_deref().unwrap_or_default();
     let name = policy.metadata.name.as_deref().unwrap_or_default();
     let generation = policy.metadata.generation.unwrap_or(0);
-    if policy.metadata.deletion_timestamp.is_some() {
-        drain(ctx, mem, policy, attempts, now).await;
-        return;
-    }
     let finalizers = policy.metadata.finalizers.clone().unwrap_or_default();
     if !finalizers.iter().any(|f| f == POLICY_FINALIZER) {
         let mut with = finalizers;
@@ -192,6 +192,74 @@ pub async fn reconcile(
             at: Instant::now(),
             result,
         });
+    }
+    let resolved: Option<Resolved> = mem
+        .resolved
+        .as_ref()
+        .and_then(|e| e.result.as_ref().ok().cloned());
+    let old = policy.status.clone().unwrap_or_default();
+    // GitHub observation, polling and ledger repairs, each at its own interval.
+    if let Some(r) = &resolved {
+        if mem
+            .last_observe
+            .is_none_or(|t| t.elapsed() >= ctx.settings.observe_interval)
+        {
+            mem.last_observe = Some(Instant::now());
+            observe(ctx, mem, policy, attempts, &r.client, attempt_ids).await;
+        }
+        let poll = policy.spec.scaling.poll_interval.as_duration();
+        if mem.last_poll.is_none_or(|t| t.elapsed() >= poll) {
+            mem.last_poll = Some(Instant::now());
+            match poll_queued(&r.client, policy, all.to_vec()).await {
+                Ok(jobs) => {
+                    let add = additions(&old.pending_jobs, jobs, now);
+                    let _ = ctx.writer.pending_jobs(ns, name, add).await;
+                }
+                Err(e) => tracing::warn!(error = %e, "polling queued runs failed"),
+            }
+        }
+        let grace = ctx.settings.job_check_grace;
+        let mut remove = Map::new();
+        for (job, queued) in &old.pending_jobs {
+            let age = now
+                .as_millisecond()
+                .saturating_sub(queued.0.as_millisecond());
+            if age < i64::try_from(grace.as_millis()).unwrap_or(i64::MAX) {
+                continue;
+            }
+            if mem.job_checks.get(job).is_some_and(|t| t.elapsed() < grace) {
+                continue;
+            }
+            mem.job_checks.insert(job.clone(), Instant::now());
+            let Ok(id) = job.parse::<i64>() else {
+                remove.insert(job.clone(), Value::Null);
+                continue;
+            };
+            if let Ok(true) = no_longer_pending(&r.client, id).await {
+                remove.insert(job.clone(), Value::Null);
+            }
+        }
+        mem.job_checks
+            .retain(|k, _| old.pending_jobs.contains_key(k));
+        let _ = ctx.writer.pending_jobs(ns, name, remove).await;
+    }
+}
+
+/// A policy's decisions: demand, creation with placement, scale-down, timeouts, status.
+pub async fn reconcile(
+    ctx: &Ctx,
+    placement: &mut PlacementWorker,
+    mem: &mut PolicyMemory,
+    policy: &Arc<ScalePolicy>,
+    attempts: &[Arc<RunnerAttempt>],
+    now: Timestamp,
+) {
+    let ns = policy.metadata.namespace.as_deref().unwrap_or_default();
+    let name = policy.metadata.name.as_deref().unwrap_or_default();
+    let generation = policy.metadata.generation.unwrap_or(0);
+    if policy.metadata.deletion_timestamp.is_some() {
+        drain(ctx, mem, policy, attempts, now).await;
+        return;
     }
     let resolved: Option<Resolved> = mem
         .resolved
@@ -312,52 +380,6 @@ pub async fn reconcile(
         if let Some(reason) = reason {
             terminate(ctx, mem, client.as_deref(), a, reason, now).await;
         }
-    }
-
-    // GitHub observation, polling and ledger repairs, each at its own interval.
-    if let Some(r) = &resolved {
-        if mem
-            .last_observe
-            .is_none_or(|t| t.elapsed() >= ctx.settings.observe_interval)
-        {
-            mem.last_observe = Some(Instant::now());
-            observe(ctx, mem, policy, attempts, &r.client, attempt_ids).await;
-        }
-        let poll = policy.spec.scaling.poll_interval.as_duration();
-        if mem.last_poll.is_none_or(|t| t.elapsed() >= poll) {
-            mem.last_poll = Some(Instant::now());
-            match poll_queued(&r.client, policy, all.to_vec()).await {
-                Ok(jobs) => {
-                    let add = additions(&old.pending_jobs, jobs, now);
-                    let _ = ctx.writer.pending_jobs(ns, name, add).await;
-                }
-                Err(e) => tracing::warn!(error = %e, "polling queued runs failed"),
-            }
-        }
-        let grace = ctx.settings.job_check_grace;
-        let mut remove = Map::new();
-        for (job, queued) in &old.pending_jobs {
-            let age = now
-                .as_millisecond()
-                .saturating_sub(queued.0.as_millisecond());
-            if age < i64::try_from(grace.as_millis()).unwrap_or(i64::MAX) {
-                continue;
-            }
-            if mem.job_checks.get(job).is_some_and(|t| t.elapsed() < grace) {
-                continue;
-            }
-            mem.job_checks.insert(job.clone(), Instant::now());
-            let Ok(id) = job.parse::<i64>() else {
-                remove.insert(job.clone(), Value::Null);
-                continue;
-            };
-            if let Ok(true) = no_longer_pending(&r.client, id).await {
-                remove.insert(job.clone(), Value::Null);
-            }
-        }
-        mem.job_checks
-            .retain(|k, _| old.pending_jobs.contains_key(k));
-        let _ = ctx.writer.pending_jobs(ns, name, remove).await;
     }
 
     // Status: the leader's own fields, written only when they change.
