@@ -85,6 +85,24 @@ pub fn additions(
     out
 }
 
+/// The entries a complete poll of a repository target proves are no longer queued: recorded
+/// before `cutoff` and absent from the poll's queued jobs. Without this, a job whose `in_progress`
+/// and `completed` deliveries were lost stays in the ledger until its per-job check and keeps a
+/// runner launched for it (over-provisioning). The cutoff lies a poll interval before the poll,
+/// because GitHub's run list can lag behind the `queued` delivery of a brand-new job. Pure.
+pub fn stale_after_poll(
+    ledger: &BTreeMap<String, Time>,
+    queued: &[i64],
+    cutoff: Timestamp,
+) -> Map<String, Value> {
+    let found: std::collections::BTreeSet<String> = queued.iter().map(i64::to_string).collect();
+    ledger
+        .iter()
+        .filter(|(job, at)| !found.contains(*job) && at.0 < cutoff)
+        .map(|(job, _)| (job.clone(), Value::Null))
+        .collect()
+}
+
 /// The webhook receiver's sink on every replica.
 pub struct KubeSink {
     pub writer: Writer,
@@ -204,6 +222,21 @@ impl std::fmt::Debug for KubeSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_poll_removes_only_old_entries_it_no_longer_sees_queued() {
+        let t = |s| Time(Timestamp::from_second(s).unwrap());
+        let ledger: BTreeMap<String, Time> = [
+            ("1".to_owned(), t(100)), // old, still queued: kept
+            ("2".to_owned(), t(100)), // old, no longer queued: removed
+            ("3".to_owned(), t(200)), // recorded after the cutoff (a brand-new job): kept
+        ]
+        .into();
+        let cutoff = Timestamp::from_second(150).unwrap();
+        let stale = stale_after_poll(&ledger, &[1], cutoff);
+        assert_eq!(stale.keys().cloned().collect::<Vec<_>>(), vec!["2"]);
+        assert_eq!(stale["2"], Value::Null);
+    }
 
     #[test]
     fn additions_skip_known_jobs_and_respect_the_bound() {

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::attempts::state_of;
 use super::events::Reason;
 use super::failures::{Launch, consecutive_failures, lineages, resume_at};
-use super::job_ledger::{additions, no_longer_pending, poll_queued};
+use super::job_ledger::{additions, no_longer_pending, poll_queued, stale_after_poll};
 use super::placement_worker::{PlacementWorker, node_facts};
 use super::resolve::{Resolved, resolve};
 use super::snapshot::{POLICY_GENERATION_ANNOTATION, Pinned, build};
@@ -210,10 +210,16 @@ pub async fn prepare(
         let poll = policy.spec.scaling.poll_interval.as_duration();
         if mem.last_poll.is_none_or(|t| t.elapsed() >= poll) {
             mem.last_poll = Some(Instant::now());
+            let cutoff = now
+                .checked_sub(k8s_openapi::jiff::SignedDuration::try_from(poll).unwrap_or_default())
+                .unwrap_or(now);
             match poll_queued(&r.client, policy, all.to_vec()).await {
                 Ok(jobs) => {
-                    let add = additions(&old.pending_jobs, jobs, now);
-                    let _ = ctx.writer.pending_jobs(ns, name, add).await;
+                    let mut change = stale_after_poll(&old.pending_jobs, &jobs, cutoff);
+                    change.extend(additions(&old.pending_jobs, jobs, now));
+                    if !change.is_empty() {
+                        let _ = ctx.writer.pending_jobs(ns, name, change).await;
+                    }
                 }
                 Err(e) => tracing::warn!(error = %e, "polling queued runs failed"),
             }
