@@ -20,9 +20,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use kube::api::{Api, WatchEvent, WatchParams};
 use runner_manager_crds::attempt::RunnerAttempt;
-use runner_manager_e2e::harness::product::{
-    NodeOptions, Product, ProductOptions, WriteCounter,
-};
+use runner_manager_e2e::harness::product::{NodeOptions, Product, ProductOptions, WriteCounter};
 use runner_manager_e2e::harness::wait;
 use serde_json::{Value, json};
 
@@ -159,9 +157,9 @@ async fn latency(warm_samples: usize) {
         // The next sample starts from zero again: wait until no runner is live.
         wait::until(Duration::from_secs(120), "no live runner", || async {
             let live = p.all_attempts().await.into_iter().any(|a| {
-                a.status.as_ref().is_some_and(|s| {
-                    !s.journal.state().is_terminal()
-                })
+                a.status
+                    .as_ref()
+                    .is_some_and(|s| !s.journal.state().is_terminal())
             });
             (!live).then_some(())
         })
@@ -234,9 +232,11 @@ async fn burst(jobs: usize) {
                 .unwrap(),
         );
     }
-    wait::until(Duration::from_secs(600), "every burst runner started", || async {
-        (started.count() >= before + jobs).then_some(())
-    })
+    wait::until(
+        Duration::from_secs(600),
+        "every burst runner started",
+        || async { (started.count() >= before + jobs).then_some(()) },
+    )
     .await
     .unwrap();
     let all_started = started.all().into_iter().max().unwrap() - queued;
@@ -249,9 +249,9 @@ async fn burst(jobs: usize) {
     // Writes per attempt, once the burst's attempts are cleaned.
     wait::until(Duration::from_secs(300), "the burst cleaned", || async {
         let live = p.all_attempts().await.into_iter().any(|a| {
-            a.status
-                .as_ref()
-                .is_none_or(|s| s.journal.state() != runner_manager_crds::state::AttemptState::Cleaned)
+            a.status.as_ref().is_none_or(|s| {
+                s.journal.state() != runner_manager_crds::state::AttemptState::Cleaned
+            })
         });
         (!live).then_some(())
     })

@@ -238,18 +238,13 @@ async fn webhook_jobs_scale_from_zero_and_everything_is_cleaned() {
         assert!(name.starts_with("runner-manager-"), "{job}");
         assert!(runners.insert(name), "two jobs on one runner");
     }
-    let attempts = wait_attempts(
-        &p,
-        "the job attempts concluded",
-        STEP,
-        |list| {
-            list.iter()
-                .filter(|a| runners.contains(&runner_name(a.spec.attempt_uuid().unwrap())))
-                .filter(|a| outcome(a) == Some(Outcome::CompletedJob))
-                .count()
-                == jobs.len()
-        },
-    )
+    let attempts = wait_attempts(&p, "the job attempts concluded", STEP, |list| {
+        list.iter()
+            .filter(|a| runners.contains(&runner_name(a.spec.attempt_uuid().unwrap())))
+            .filter(|a| outcome(a) == Some(Outcome::CompletedJob))
+            .count()
+            == jobs.len()
+    })
     .await;
     for a in &attempts {
         let name = a.metadata.name.as_deref().unwrap();
@@ -288,12 +283,18 @@ async fn min_idle_holds_two_idle_runners_and_no_more() {
     p.policy("web", json!({"minIdle": 2})).await.unwrap();
     wait_ready(&p, "web").await;
     wait_attempts(&p, "two idle runners", Duration::from_secs(120), |list| {
-        list.iter().filter(|a| state(a) == AttemptState::Idle).count() == 2
+        list.iter()
+            .filter(|a| state(a) == AttemptState::Idle)
+            .count()
+            == 2
     })
     .await;
     // Stability, measured in the operator's own progress rather than time: three more runner-list
     // passes of the target, and still exactly two live attempts.
-    let lists = |c: Value| c["list_runners"]["200"].as_u64().unwrap_or(0) + c["list_runners"]["304"].as_u64().unwrap_or(0);
+    let lists = |c: Value| {
+        c["list_runners"]["200"].as_u64().unwrap_or(0)
+            + c["list_runners"]["304"].as_u64().unwrap_or(0)
+    };
     let before = lists(p.fake.counters().await.unwrap());
     wait::until(STEP, "three more observation passes", || async {
         (lists(p.fake.counters().await.ok()?) >= before + 3).then_some(())
@@ -304,9 +305,16 @@ async fn min_idle_holds_two_idle_runners_and_no_more() {
         .all_attempts()
         .await
         .into_iter()
-        .filter(|a| state(a).counts_against_capacity(runner_manager_crds::policy::ExecutionMode::Native))
+        .filter(|a| {
+            state(a).counts_against_capacity(runner_manager_crds::policy::ExecutionMode::Native)
+        })
         .collect();
-    assert_eq!(live.len(), 2, "{:?}", live.iter().map(state).collect::<Vec<_>>());
+    assert_eq!(
+        live.len(),
+        2,
+        "{:?}",
+        live.iter().map(state).collect::<Vec<_>>()
+    );
     let registered = p.fake.runners().await.unwrap();
     assert_eq!(registered.len(), 2, "{registered:?}");
 
@@ -316,7 +324,12 @@ async fn min_idle_holds_two_idle_runners_and_no_more() {
         .await
         .unwrap();
     wait::until(STEP, "the policy gone", || async {
-        p.policies().get_opt("web").await.ok()?.is_none().then_some(())
+        p.policies()
+            .get_opt("web")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
     })
     .await
     .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
@@ -337,7 +350,10 @@ async fn attempts_land_only_where_the_node_selector_allows() {
         ],
         ..ProductOptions::default()
     };
-    let Some(p) = Product::start("node_selector_pools", options).await.unwrap() else {
+    let Some(p) = Product::start("node_selector_pools", options)
+        .await
+        .unwrap()
+    else {
         return;
     };
     p.policy(
@@ -347,9 +363,17 @@ async fn attempts_land_only_where_the_node_selector_allows() {
     .await
     .unwrap();
     let b = p.agents[1].node.name.clone();
-    let list = wait_attempts(&p, "two idle runners on pool b", Duration::from_secs(120), |list| {
-        list.iter().filter(|a| state(a) == AttemptState::Idle).count() == 2
-    })
+    let list = wait_attempts(
+        &p,
+        "two idle runners on pool b",
+        Duration::from_secs(120),
+        |list| {
+            list.iter()
+                .filter(|a| state(a) == AttemptState::Idle)
+                .count()
+                == 2
+        },
+    )
     .await;
     for a in &list {
         assert_eq!(a.spec.node_name, b, "placed outside the node selector");
@@ -360,10 +384,12 @@ async fn attempts_land_only_where_the_node_selector_allows() {
 /// finds the work.
 #[tokio::test]
 async fn jobs_are_found_by_polling_when_every_webhook_is_dropped() {
-    let Some(p) = Product::start("polling_repairs_dropped_webhooks", ProductOptions::default())
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start(
+        "polling_repairs_dropped_webhooks",
+        ProductOptions::default(),
+    )
+    .await
+    .unwrap() else {
         return;
     };
     p.fake
@@ -383,7 +409,11 @@ async fn jobs_are_found_by_polling_when_every_webhook_is_dropped() {
     p.wait_jobs_completed(&jobs, Duration::from_secs(180))
         .await
         .unwrap();
-    let deliveries = p.fake.admin("GET", "deliveries", Value::Null).await.unwrap();
+    let deliveries = p
+        .fake
+        .admin("GET", "deliveries", Value::Null)
+        .await
+        .unwrap();
     let list = deliveries.as_array().unwrap();
     assert!(!list.is_empty(), "no delivery was even recorded");
     assert!(
@@ -431,7 +461,12 @@ async fn a_policy_deleted_while_its_runner_is_busy_drains_after_the_job() {
         Some(runner_name(busy.spec.attempt_uuid().unwrap()).as_str())
     );
     wait::until(STEP, "the policy gone", || async {
-        p.policies().get_opt("web").await.ok()?.is_none().then_some(())
+        p.policies()
+            .get_opt("web")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
     })
     .await
     .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
@@ -546,7 +581,10 @@ async fn the_operator_killed_mid_burst_converges_after_restart() {
     assert_settled_and_clean(&p).await;
     // History: Cleaned attempts past the policy's limit (2 here) are garbage-collected.
     wait_attempts(&p, "at most two Cleaned attempts kept", STEP, |list| {
-        list.iter().filter(|a| state(a) == AttemptState::Cleaned).count() <= 2
+        list.iter()
+            .filter(|a| state(a) == AttemptState::Cleaned)
+            .count()
+            <= 2
     })
     .await;
 }
@@ -650,7 +688,10 @@ async fn a_burst_converges_through_github_5xx_and_429_storms() {
     assert_settled_and_clean(&p).await;
     // History: Cleaned attempts past the policy's limit (2 here) are garbage-collected.
     wait_attempts(&p, "at most two Cleaned attempts kept", STEP, |list| {
-        list.iter().filter(|a| state(a) == AttemptState::Cleaned).count() <= 2
+        list.iter()
+            .filter(|a| state(a) == AttemptState::Cleaned)
+            .count()
+            <= 2
     })
     .await;
 }
@@ -701,7 +742,11 @@ async fn a_runner_that_never_registers_is_terminated_and_replaced_with_lineage()
                 ))
         })
         .collect();
-    assert_eq!(timed_out.len(), 1, "one attempt hit its registration deadline");
+    assert_eq!(
+        timed_out.len(),
+        1,
+        "one attempt hit its registration deadline"
+    );
     let first = timed_out[0].metadata.name.clone().unwrap();
     assert!(
         list.iter()
@@ -728,10 +773,15 @@ async fn an_idle_timeout_exits_idle_without_work_and_is_not_replaced() {
     )
     .await
     .unwrap();
-    let list = wait_attempts(&p, "an idle-timeout exit", Duration::from_secs(180), |list| {
-        list.iter()
-            .any(|a| outcome(a) == Some(Outcome::ExitedIdleWithoutWork))
-    })
+    let list = wait_attempts(
+        &p,
+        "an idle-timeout exit",
+        Duration::from_secs(180),
+        |list| {
+            list.iter()
+                .any(|a| outcome(a) == Some(Outcome::ExitedIdleWithoutWork))
+        },
+    )
     .await;
     let exited = list
         .iter()
@@ -750,8 +800,11 @@ async fn an_idle_timeout_exits_idle_without_work_and_is_not_replaced() {
         "an idle exit was replaced"
     );
     let sp = p.policies().get("web").await.unwrap();
-    let degraded = find(&sp.status.unwrap().conditions, PolicyConditionType::Degraded)
-        .map(|c| c.status == ConditionStatus::True);
+    let degraded = find(
+        &sp.status.unwrap().conditions,
+        PolicyConditionType::Degraded,
+    )
+    .map(|c| c.status == ConditionStatus::True);
     assert_ne!(degraded, Some(true), "an idle exit counted as a failure");
 }
 
@@ -911,19 +964,24 @@ async fn a_lost_node_is_orphaned_replaced_elsewhere_and_released_by_abandon() {
             .status();
     }
     let name = idle.metadata.name.clone().unwrap();
-    wait_attempts(&p, "the orphan replaced on the other node", Duration::from_secs(120), |list| {
-        let orphaned = list.iter().any(|a| {
-            a.metadata.name.as_deref() == Some(name.as_str())
-                && outcome(a)
-                    == Some(Outcome::Orphaned(
-                        runner_manager_crds::outcome::OrphanReason::NodeLost,
-                    ))
-        });
-        let replaced = list.iter().any(|a| {
-            a.spec.node_name == kept_node && state(a) == AttemptState::Idle
-        });
-        orphaned && replaced
-    })
+    wait_attempts(
+        &p,
+        "the orphan replaced on the other node",
+        Duration::from_secs(120),
+        |list| {
+            let orphaned = list.iter().any(|a| {
+                a.metadata.name.as_deref() == Some(name.as_str())
+                    && outcome(a)
+                        == Some(Outcome::Orphaned(
+                            runner_manager_crds::outcome::OrphanReason::NodeLost,
+                        ))
+            });
+            let replaced = list
+                .iter()
+                .any(|a| a.spec.node_name == kept_node && state(a) == AttemptState::Idle);
+            orphaned && replaced
+        },
+    )
     .await;
     // Nobody can clean the orphan: a person releases it.
     let patch = json!({"metadata": {"annotations": {"runner-manager.dev/abandon": "true"}}});
@@ -936,7 +994,12 @@ async fn a_lost_node_is_orphaned_replaced_elsewhere_and_released_by_abandon() {
         .await
         .unwrap();
     wait::until(STEP, "the abandoned attempt released", || async {
-        p.attempts().get_opt(&name).await.ok()?.is_none().then_some(())
+        p.attempts()
+            .get_opt(&name)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
     })
     .await
     .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));

@@ -156,8 +156,8 @@ impl Product {
         let listener = binary("standin-runner-listener").map_err(|e| fail("binary", e))?;
         let package_dir = scratch.path().join("package");
         std::fs::create_dir_all(&package_dir).map_err(|e| fail("package dir", e))?;
-        let package = build(&PackageSpec::small(listener), &package_dir)
-            .map_err(|e| fail("package", e))?;
+        let package =
+            build(&PackageSpec::small(listener), &package_dir).map_err(|e| fail("package", e))?;
         let fake = SimulatedGitHub::start_with_package(Some(package.clone()))
             .await
             .map_err(|e| fail("fake github", e))?;
@@ -268,25 +268,24 @@ impl Product {
     /// Start an operator replica and wait until it serves.
     pub async fn start_operator(&self, identity: &str) -> Result<OperatorProcess, String> {
         let cmd = self.operator_command(identity)?;
-        let process = Running::spawn("runner-manager-operator", cmd)
-            .map_err(|e| fail("operator", e))?;
-        let (broker, health, webhook) =
-            wait::until(STEP, "the operator to serve", || {
-                let lines = process.lines();
-                async move {
-                    lines.iter().find_map(|l| {
-                        let v: Value = serde_json::from_str(l).ok()?;
-                        let f = &v["fields"];
-                        Some((
-                            f["broker"].as_str()?.to_owned(),
-                            f["health"].as_str()?.to_owned(),
-                            f["webhook"].as_str()?.to_owned(),
-                        ))
-                    })
-                }
-            })
-            .await
-            .map_err(|e| format!("{e}: {:?}", process.lines()))?;
+        let process =
+            Running::spawn("runner-manager-operator", cmd).map_err(|e| fail("operator", e))?;
+        let (broker, health, webhook) = wait::until(STEP, "the operator to serve", || {
+            let lines = process.lines();
+            async move {
+                lines.iter().find_map(|l| {
+                    let v: Value = serde_json::from_str(l).ok()?;
+                    let f = &v["fields"];
+                    Some((
+                        f["broker"].as_str()?.to_owned(),
+                        f["health"].as_str()?.to_owned(),
+                        f["webhook"].as_str()?.to_owned(),
+                    ))
+                })
+            }
+        })
+        .await
+        .map_err(|e| format!("{e}: {:?}", process.lines()))?;
         Ok(OperatorProcess {
             identity: identity.to_owned(),
             process: Some(process),
@@ -385,7 +384,11 @@ impl Product {
     pub async fn hook_to(&self, i: usize) -> Result<(), String> {
         let url = format!("http://{}/webhook", self.operators[i].webhook);
         self.fake
-            .admin("POST", "webhooks", json!({"url": url, "secret": WEBHOOK_SECRET}))
+            .admin(
+                "POST",
+                "webhooks",
+                json!({"url": url, "secret": WEBHOOK_SECRET}),
+            )
             .await
             .map(|_| ())
             .map_err(|e| fail("webhook", e))
@@ -661,11 +664,7 @@ impl WriteCounter {
                         }
                         WatchEvent::Error(_) => return,
                     };
-                    version = object
-                        .metadata
-                        .resource_version
-                        .clone()
-                        .unwrap_or(version);
+                    version = object.metadata.resource_version.clone().unwrap_or(version);
                     let name = object.metadata.name.clone().unwrap_or_default();
                     *sink
                         .lock()

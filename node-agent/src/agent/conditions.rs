@@ -88,7 +88,10 @@ pub fn holds(a: &RunnerAttempt, type_: AttemptConditionType) -> bool {
 mod tests {
     use super::*;
 
-    fn condition(status: ConditionStatus, message: &str) -> Condition<AttemptConditionType, AttemptReason> {
+    fn condition(
+        status: ConditionStatus,
+        message: &str,
+    ) -> Condition<AttemptConditionType, AttemptReason> {
         Condition {
             type_: AttemptConditionType::Quarantined,
             status,
