@@ -25,7 +25,7 @@ if [ -d "$demo" ]; then
   for proc in /proc/[0-9]*; do
     cwd=$(readlink "$proc/cwd" 2>/dev/null) || continue
     case "$cwd" in
-      "$demo"/*) kill -KILL "${proc#/proc/}" 2>/dev/null && { $quiet || echo "stopped runner process ${proc#/proc/}"; } ;;
+      "$demo"/*|/var/lib/runner-manager-demo/*) kill -KILL "${proc#/proc/}" 2>/dev/null && { $quiet || echo "stopped runner process ${proc#/proc/}"; } ;;
     esac
   done
 fi

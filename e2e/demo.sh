@@ -40,7 +40,7 @@ say "2/6 the control plane"
 e2e/demo-down.sh --quiet || true
 e2e/control-plane/start.sh
 export KUBECONFIG="$RM_RUN/kubeconfig"
-rm -rf "$demo" && mkdir -p "$demo/logs"
+rm -rf "$demo" /var/lib/runner-manager-demo && mkdir -p "$demo/logs"
 bin="$root/target/debug"
 
 say "3/6 the simulated GitHub"
@@ -85,12 +85,16 @@ spec:
   serviceAccountName: runner-manager-node-agent
   containers: [{name: agent, image: runner-manager/node-agent:demo}]
 YAML
-  mkdir -p "$demo/$node/host" "$demo/$node/slots"
+  # Host roots live outside $HOME: the runner accounts must be able to reach their runtimes
+  # (the agent refuses a root under a directory they cannot search).
+  hosts=/var/lib/runner-manager-demo
+  mkdir -p "$demo/$node" "$hosts/$node/host" "$hosts/$node/slots"
+  chmod 755 /var/lib "$hosts" "$hosts/$node"
   kubectl -n "$operator_ns" create token runner-manager-node-agent --audience runner-manager-broker \
     --bound-object-kind Pod --bound-object-name "agent-$node" --duration 24h >"$demo/$node/broker-token"
   chmod 600 "$demo/$node/broker-token"
-  "$bin/runner-manager-node-agent" --node-name "$node" --host-root "$demo/$node/host" \
-    --slots-root "$demo/$node/slots" --capacity 3 --launcher direct \
+  "$bin/runner-manager-node-agent" --node-name "$node" --host-root "$hosts/$node/host" \
+    --slots-root "$hosts/$node/slots" --capacity 3 --launcher direct \
     --broker-url https://127.0.0.1:18443 --system-namespace "$operator_ns" \
     --broker-token-file "$demo/$node/broker-token" --heartbeat-seconds 2 \
     >"$demo/logs/agent-$node.log" 2>&1 &

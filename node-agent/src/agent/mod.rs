@@ -61,6 +61,10 @@ pub enum AgentError {
     Fence(#[from] FenceError),
     #[error("the host root {0} could not be prepared: {1:?}")]
     HostRoot(PathBuf, std::io::ErrorKind),
+    #[error(
+        "{0} is not searchable by the runner accounts (mode {1:o}): runners could not reach their runtime under it; choose a --host-root/--slots-root whose every parent directory has o+x (or g+x for the runner group), e.g. /var/lib/runner-manager"
+    )]
+    NotTraversable(PathBuf, u32),
     #[error("no Kubernetes configuration (KUBECONFIG or in-cluster): {0}")]
     KubeConfig(String),
     #[error("the launcher could not be set up: {0}")]
@@ -165,6 +169,50 @@ fn entry_helper(cli: &Cli) -> Result<PathBuf, AgentError> {
         .unwrap_or_else(|| PathBuf::from("/usr/bin/runner-manager-runner-entry")))
 }
 
+/// Runner-root preflight: every existing ancestor of `root` (and `root` itself) must be
+/// searchable by the runner accounts, which are neither root nor the owner. A root under a 0700
+/// home directory would otherwise fail every launch at `exec` of the listener, after a JIT was
+/// already spent.
+fn traversable_by_runners(root: &std::path::Path, runner_gid: u32) -> Result<(), AgentError> {
+    use std::os::unix::fs::MetadataExt;
+    for dir in root.ancestors() {
+        let Ok(meta) = std::fs::metadata(dir) else {
+            continue; // Not created yet: it is made 0755 (or by the slot code) later.
+        };
+        let mode = meta.mode() & 0o7777;
+        if !searchable(mode, meta.gid(), runner_gid) {
+            return Err(AgentError::NotTraversable(dir.to_path_buf(), mode));
+        }
+    }
+    Ok(())
+}
+
+/// Whether a directory with `mode` and group `gid` lets a runner account (group `runner_gid`,
+/// not the owner) pass through it. Pure.
+fn searchable(mode: u32, gid: u32, runner_gid: u32) -> bool {
+    mode & 0o001 != 0 || (gid == runner_gid && mode & 0o010 != 0)
+}
+
+#[cfg(test)]
+mod preflight_tests {
+    use super::searchable;
+
+    #[test]
+    fn runner_accounts_need_other_or_group_search() {
+        assert!(searchable(0o755, 0, 20000));
+        assert!(searchable(0o751, 0, 20000));
+        assert!(!searchable(0o700, 0, 20000), "a home directory");
+        assert!(
+            !searchable(0o750, 0, 20000),
+            "group search for another group"
+        );
+        assert!(
+            searchable(0o750, 20000, 20000),
+            "group search for the runner group"
+        );
+    }
+}
+
 fn prepare_host_root(root: &std::path::Path) -> Result<(), AgentError> {
     use std::os::unix::fs::DirBuilderExt;
     let failed = |e: std::io::Error| AgentError::HostRoot(root.to_path_buf(), e.kind());
@@ -185,6 +233,8 @@ fn prepare_host_root(root: &std::path::Path) -> Result<(), AgentError> {
 pub async fn run(cli: Cli) -> Result<(), AgentError> {
     log::init(cli.log_format);
     prepare_host_root(&cli.host_root)?;
+    traversable_by_runners(&cli.host_root, cli.runner_gid)?;
+    traversable_by_runners(&cli.slots_root, cli.runner_gid)?;
     let fence = HostFence::acquire(&cli.host_root)?;
     let config = kube::Config::infer()
         .await
