@@ -114,6 +114,26 @@ async fn operator_calls(p: &Product) -> u64 {
     total
 }
 
+async fn wait_recovered(p: &Product) {
+    let leases =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(p.kube.clone(), &p.system);
+    let name = runner_manager_crds::names::agent_lease_name(&p.agents[0].node.name);
+    wait::until(
+        Duration::from_secs(120),
+        "the agent's recovery complete",
+        || async {
+            let lease = leases.get(&name).await.ok()?;
+            let advert = runner_manager_crds::lease::AgentAdvert::from_annotations(
+                &lease.metadata.annotations.unwrap_or_default(),
+            )
+            .ok()?;
+            advert.recovery_complete.then_some(())
+        },
+    )
+    .await
+    .unwrap();
+}
+
 /// Cold then warm scale-from-zero latencies.
 async fn latency(warm_samples: usize) {
     let Some(p) = Product::start("bench_latency", ProductOptions::default())
@@ -129,6 +149,8 @@ async fn latency(warm_samples: usize) {
     })
     .await
     .unwrap();
+    // Cold means "package not cached", not "agent still starting": wait for its recovery gate.
+    wait_recovered(&p).await;
     let (started, _watch) = Started::spawn(p.attempts());
     let mut cold = None;
     let mut warm = Vec::new();
