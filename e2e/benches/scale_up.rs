@@ -22,7 +22,7 @@ use kube::api::{Api, WatchEvent, WatchParams};
 use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_e2e::harness::product::{NodeOptions, Product, ProductOptions, WriteCounter};
 use runner_manager_e2e::harness::wait;
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// When each attempt was first seen with a runner process in its journal.
 #[derive(Clone, Default)]
@@ -92,26 +92,6 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 fn ms(d: Duration) -> String {
     format!("{:.0} ms", d.as_secs_f64() * 1000.0)
-}
-
-async fn operator_calls(p: &Product) -> u64 {
-    let c = p.fake.counters().await.unwrap();
-    let mut total = 0;
-    if let Value::Object(m) = &c {
-        for (endpoint, outcomes) in m {
-            if matches!(
-                endpoint.as_str(),
-                "download_package" | "runner_session" | "runner_poll" | "runner_complete"
-            ) {
-                continue;
-            }
-            total += outcomes
-                .as_object()
-                .map(|o| o.values().filter_map(Value::as_u64).sum::<u64>())
-                .unwrap_or(0);
-        }
-    }
-    total
 }
 
 async fn wait_recovered(p: &Product) {
@@ -225,7 +205,7 @@ async fn burst(jobs: usize) {
     p.wait_jobs_completed(&[warmup], Duration::from_secs(180))
         .await
         .unwrap();
-    let calls_before = operator_calls(&p).await;
+    let calls_before = p.operator_github_calls().await.unwrap().0;
     let writes = WriteCounter::start(p.attempts()).await.unwrap();
     let (started, _watch) = Started::spawn(p.attempts());
     let before = started.count();
@@ -267,7 +247,7 @@ async fn burst(jobs: usize) {
         .unwrap();
     let all_done = queued.elapsed();
     sampler.abort();
-    let calls = operator_calls(&p).await - calls_before;
+    let calls = p.operator_github_calls().await.unwrap().0 - calls_before;
     // Writes per attempt, once the burst's attempts are cleaned.
     wait::until(Duration::from_secs(300), "the burst cleaned", || async {
         let live = p.all_attempts().await.into_iter().any(|a| {

@@ -79,7 +79,7 @@ async fn assert_settled_and_clean(p: &Product) {
         p.fake.runners().await.ok()?.is_empty().then_some(())
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}: {:?}", futures_block(p)));
+    .unwrap_or_else(|e| panic!("{e}: {:?}", logs_hint(p)));
     for a in &p.agents {
         let runners = a.host.join("runners");
         let left: Vec<_> = std::fs::read_dir(&runners)
@@ -126,7 +126,19 @@ async fn assert_settled_and_clean(p: &Product) {
     }
 }
 
-fn futures_block(p: &Product) -> String {
+/// Every job succeeded, each on a runner of its own.
+async fn assert_each_job_ran_once(p: &Product, jobs: &[u64]) {
+    let mut runners = BTreeSet::new();
+    for id in jobs {
+        let job = p.job(*id).await.unwrap();
+        assert_eq!(job["conclusion"], "success", "{job}");
+        let name = job["runner_name"].as_str().unwrap().to_owned();
+        assert!(name.starts_with("runner-manager-"), "{job}");
+        assert!(runners.insert(name), "two jobs on one runner: {job}");
+    }
+}
+
+fn logs_hint(p: &Product) -> String {
     format!("logs in {}", p.logs().display())
 }
 
@@ -177,28 +189,6 @@ fn cgroup_procs(dir: &Path) -> Vec<String> {
         }
     }
     procs
-}
-
-/// The GitHub REST calls the operator made (the runner protocol and package downloads are the
-/// runner's and the agent's), by endpoint.
-async fn operator_calls(p: &Product) -> (u64, Value) {
-    let c = p.fake.counters().await.unwrap();
-    let mut total = 0;
-    if let Value::Object(m) = &c {
-        for (endpoint, outcomes) in m {
-            if matches!(
-                endpoint.as_str(),
-                "download_package" | "runner_session" | "runner_poll" | "runner_complete"
-            ) {
-                continue;
-            }
-            total += outcomes
-                .as_object()
-                .map(|o| o.values().filter_map(Value::as_u64).sum::<u64>())
-                .unwrap_or(0);
-        }
-    }
-    (total, c)
 }
 
 /// Scale from zero on `workflow_job` webhooks: three jobs queued, three fresh runners take them,
@@ -253,7 +243,7 @@ async fn webhook_jobs_scale_from_zero_and_everything_is_cleaned() {
     }
     assert_settled_and_clean(&p).await;
 
-    let (calls, counters) = operator_calls(&p).await;
+    let (calls, counters) = p.operator_github_calls().await.unwrap();
     let launched = attempts.len() as f64;
     let mints = counters["generate_jitconfig"]["201"].as_u64().unwrap_or(0);
     let counts = writes.counts();
@@ -572,21 +562,8 @@ async fn the_operator_killed_mid_burst_converges_after_restart() {
     p.wait_jobs_completed(&jobs, Duration::from_secs(180))
         .await
         .unwrap();
-    let mut runners = BTreeSet::new();
-    for id in &jobs {
-        let job = p.job(*id).await.unwrap();
-        assert_eq!(job["conclusion"], "success", "{job}");
-        assert!(runners.insert(job["runner_name"].as_str().unwrap().to_owned()));
-    }
+    assert_each_job_ran_once(&p, &jobs).await;
     assert_settled_and_clean(&p).await;
-    // History: Cleaned attempts past the policy's limit (2 here) are garbage-collected.
-    wait_attempts(&p, "at most two Cleaned attempts kept", STEP, |list| {
-        list.iter()
-            .filter(|a| state(a) == AttemptState::Cleaned)
-            .count()
-            <= 2
-    })
-    .await;
 }
 
 /// Leader failover with webhooks delivered to the standby: the standby's receiver records the
@@ -679,12 +656,7 @@ async fn a_burst_converges_through_github_5xx_and_429_storms() {
     p.wait_jobs_completed(&jobs, Duration::from_secs(180))
         .await
         .unwrap();
-    let mut runners = BTreeSet::new();
-    for id in &jobs {
-        let job = p.job(*id).await.unwrap();
-        assert_eq!(job["conclusion"], "success", "{job}");
-        assert!(runners.insert(job["runner_name"].as_str().unwrap().to_owned()));
-    }
+    assert_each_job_ran_once(&p, &jobs).await;
     assert_settled_and_clean(&p).await;
     // History: Cleaned attempts past the policy's limit (2 here) are garbage-collected.
     wait_attempts(&p, "at most two Cleaned attempts kept", STEP, |list| {

@@ -496,6 +496,32 @@ impl Product {
         .map_err(|e| format!("{e}; logs in {}", self.logs.display()))
     }
 
+    /// The GitHub REST calls the operator made so far (every endpoint but the runner protocol and
+    /// package downloads, which are the runner's and the agent's), and the raw counters.
+    pub async fn operator_github_calls(&self) -> Result<(u64, Value), String> {
+        let c = self
+            .fake
+            .counters()
+            .await
+            .map_err(|e| fail("counters", e))?;
+        let mut total = 0;
+        if let Value::Object(m) = &c {
+            for (endpoint, outcomes) in m {
+                if matches!(
+                    endpoint.as_str(),
+                    "download_package" | "runner_session" | "runner_poll" | "runner_complete"
+                ) {
+                    continue;
+                }
+                total += outcomes
+                    .as_object()
+                    .map(|o| o.values().filter_map(Value::as_u64).sum::<u64>())
+                    .unwrap_or(0);
+            }
+        }
+        Ok((total, c))
+    }
+
     /// Every attempt of the team namespace.
     pub async fn all_attempts(&self) -> Vec<RunnerAttempt> {
         self.attempts()
