@@ -193,26 +193,6 @@ fn searchable(mode: u32, gid: u32, runner_gid: u32) -> bool {
     mode & 0o001 != 0 || (gid == runner_gid && mode & 0o010 != 0)
 }
 
-#[cfg(test)]
-mod preflight_tests {
-    use super::searchable;
-
-    #[test]
-    fn runner_accounts_need_other_or_group_search() {
-        assert!(searchable(0o755, 0, 20000));
-        assert!(searchable(0o751, 0, 20000));
-        assert!(!searchable(0o700, 0, 20000), "a home directory");
-        assert!(
-            !searchable(0o750, 0, 20000),
-            "group search for another group"
-        );
-        assert!(
-            searchable(0o750, 20000, 20000),
-            "group search for the runner group"
-        );
-    }
-}
-
 fn prepare_host_root(root: &std::path::Path) -> Result<(), AgentError> {
     use std::os::unix::fs::DirBuilderExt;
     let failed = |e: std::io::Error| AgentError::HostRoot(root.to_path_buf(), e.kind());
@@ -390,5 +370,25 @@ async fn watch_attempts(agent: Arc<Agent>) {
         }
         // Cleaned attempts wait only for the operator's finalizer removal: forget them here.
         known.retain(|_, a| rebuild::state_of(a) != AttemptState::Cleaned);
+    }
+}
+
+#[cfg(test)]
+mod preflight_tests {
+    use super::searchable;
+
+    #[test]
+    fn runner_accounts_need_other_or_group_search() {
+        assert!(searchable(0o755, 0, 20000));
+        assert!(searchable(0o751, 0, 20000));
+        assert!(!searchable(0o700, 0, 20000), "a home directory");
+        assert!(
+            !searchable(0o750, 0, 20000),
+            "group search for another group"
+        );
+        assert!(
+            searchable(0o750, 20000, 20000),
+            "group search for the runner group"
+        );
     }
 }
