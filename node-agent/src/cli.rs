@@ -60,6 +60,12 @@ pub struct Cli {
     /// Milliseconds between two supervision passes of one attempt.
     #[arg(long, env = "RM_SUPERVISION_MILLIS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(50..=60_000))]
     pub supervision_millis: u64,
+    /// How long after a registration or idle deadline the agent stops a runner on its own. The
+    /// operator owns those deadlines and stops in order — deregister first, then request the
+    /// termination (DESIGN §4 rule 3), so a job landing at that moment is never cut off; the
+    /// agent's copy is a backstop for an operator that is down, and must come later.
+    #[arg(long, env = "RM_DEADLINE_GRACE_SECONDS", default_value_t = 120)]
+    pub deadline_grace_seconds: u64,
     /// The operator's JIT broker.
     #[arg(
         long,

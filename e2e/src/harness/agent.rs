@@ -152,6 +152,9 @@ impl AgentWorld {
             "2",
             "--supervision-millis",
             "200",
+            // No operator controllers run here: the agent's backstop deadlines are under test.
+            "--deadline-grace-seconds",
+            "0",
             "--log-format",
             "json",
         ]);

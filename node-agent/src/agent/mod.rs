@@ -84,6 +84,8 @@ pub struct Agent {
     pub system_namespace: String,
     pub heartbeat: Duration,
     pub poll: Duration,
+    /// Backstop grace after the operator-owned registration and idle deadlines.
+    pub deadline_grace: Duration,
     pub kube: Client,
     pub launcher: Box<dyn RunnerLauncher>,
     pub packages: PackageCache,
@@ -241,6 +243,7 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         system_namespace: cli.system_namespace.clone(),
         heartbeat: Duration::from_secs(cli.heartbeat_seconds),
         poll: Duration::from_millis(cli.supervision_millis),
+        deadline_grace: Duration::from_secs(cli.deadline_grace_seconds),
         broker: BrokerClient::new(
             cli.broker_url.clone(),
             cli.broker_token_file.clone(),

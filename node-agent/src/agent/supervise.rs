@@ -75,12 +75,15 @@ pub fn uuid_of(a: &RunnerAttempt) -> Result<uuid::Uuid, StepError> {
         .ok_or_else(|| StepError::Local("the attempt's id is not a uuid".into()))
 }
 
-pub fn timeouts(a: &RunnerAttempt) -> RecoveryTimeouts {
+/// The deadlines the agent enforces: the snapshot's, with the registration and idle deadlines
+/// pushed back by the agent's backstop grace (the operator stops those in order first; see
+/// `--deadline-grace-seconds`). The JIT handoff deadline is the agent's own.
+pub fn timeouts(a: &RunnerAttempt, grace: std::time::Duration) -> RecoveryTimeouts {
     let t = &a.spec.snapshot.timeouts;
     RecoveryTimeouts {
         jit_handoff: t.jit_handoff.as_duration(),
-        registration: t.registration.as_duration(),
-        idle: t.idle.as_duration(),
+        registration: t.registration.as_duration().saturating_add(grace),
+        idle: t.idle.as_duration().saturating_add(grace),
     }
 }
 
@@ -259,7 +262,7 @@ pub async fn step(
                 &journal,
                 ProcessObservation::Gone,
                 github,
-                &timeouts(a),
+                &timeouts(a, agent.deadline_grace),
                 Timestamp::now(),
             ) {
                 RecoveryDecision::Conclude(o) => {
@@ -306,7 +309,7 @@ async fn jit_received(
         journal,
         alive,
         github_observation(&facts),
-        &timeouts(a),
+        &timeouts(a, agent.deadline_grace),
         Timestamp::now(),
     ) {
         RecoveryDecision::Observe(AttemptState::Starting) => {
@@ -395,7 +398,7 @@ async fn live(
             journal,
             ProcessObservation::Alive,
             github,
-            &timeouts(a),
+            &timeouts(a, agent.deadline_grace),
             Timestamp::now(),
         ) {
             RecoveryDecision::Observe(to) => {
@@ -431,7 +434,7 @@ async fn live(
         journal,
         ProcessObservation::Gone,
         github,
-        &timeouts(a),
+        &timeouts(a, agent.deadline_grace),
         Timestamp::now(),
     );
     match exit_outcome(state, exit, seen, intent, rec) {
