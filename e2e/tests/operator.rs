@@ -22,7 +22,7 @@ use runner_manager_e2e::fake_github::PackageInfo;
 use runner_manager_e2e::harness::cluster::{client_or_skip, fresh_namespace, install_crds};
 use runner_manager_e2e::harness::github::{ORG, PAT, SimulatedGitHub, pat_credentials};
 use runner_manager_e2e::harness::node::{SimNode, unique_node_name};
-use runner_manager_e2e::harness::process::{Running, binary};
+use runner_manager_e2e::harness::process::{OperatorAddrs, Running, binary, operator_addrs};
 use runner_manager_e2e::harness::scripted_agent::{BrokerAccess, Script, ScriptedAgent};
 use runner_manager_e2e::harness::wait;
 use runner_manager_operator::broker::tls;
@@ -191,23 +191,11 @@ impl World {
         }
         cmd.args(extra);
         let process = Running::spawn("runner-manager-operator", cmd).unwrap();
-        let (broker, health, webhook) =
-            wait::until(LONG, "the operator to log its addresses", || {
-                let lines = process.lines();
-                async move {
-                    lines.iter().find_map(|l| {
-                        let v: Value = serde_json::from_str(l).ok()?;
-                        let f = &v["fields"];
-                        Some((
-                            f["broker"].as_str()?.to_owned(),
-                            f["health"].as_str()?.to_owned(),
-                            f["webhook"].as_str()?.to_owned(),
-                        ))
-                    })
-                }
-            })
-            .await
-            .unwrap_or_else(|e| panic!("{e}: {:?}", process.lines()));
+        let OperatorAddrs {
+            broker,
+            health,
+            webhook,
+        } = operator_addrs(&process, LONG).await.unwrap();
         self.operators.push(Operator {
             process,
             broker,

@@ -24,7 +24,7 @@ use super::cluster::{client_or_skip, fresh_namespace, install_crds};
 use super::fixtures::native_attempt;
 use super::github::{APP_ID, ORG, SimulatedGitHub, app_keys};
 use super::node::SimNode;
-use super::process::{Running, binary};
+use super::process::{Running, binary, operator_addrs};
 use super::wait;
 use crate::fake_github::PackageInfo;
 use crate::fake_github::scope::Scope;
@@ -493,16 +493,6 @@ async fn start_operator(system: &str, github: &str) -> Result<(Running, String),
     .env("RM_LEADER_ELECTION", "false");
     let operator =
         Running::spawn("runner-manager-operator", cmd).map_err(|e| fail("operator", e))?;
-    let broker = wait::until(STEP, "the operator to serve the broker", || {
-        let lines = operator.lines();
-        async move {
-            lines.iter().find_map(|l| {
-                let v: Value = serde_json::from_str(l).ok()?;
-                v["fields"]["broker"].as_str().map(str::to_owned)
-            })
-        }
-    })
-    .await
-    .map_err(|e| format!("{e}: {:?}", operator.lines()))?;
+    let broker = operator_addrs(&operator, STEP).await?.broker;
     Ok((operator, format!("https://{broker}")))
 }

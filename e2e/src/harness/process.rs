@@ -95,3 +95,35 @@ impl Drop for Running {
         let _ = self.child.wait();
     }
 }
+
+/// Where an operator process serves, from the JSON line it logs once it does
+/// (`--log-format json`: `fields.broker`, `fields.health`, `fields.webhook`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperatorAddrs {
+    pub broker: String,
+    pub health: String,
+    pub webhook: String,
+}
+
+/// Waits until `operator` has logged where it serves; the error carries its output so far.
+pub async fn operator_addrs(
+    operator: &Running,
+    deadline: std::time::Duration,
+) -> Result<OperatorAddrs, String> {
+    super::wait::until(deadline, "the operator to log its addresses", || {
+        let lines = operator.lines();
+        async move {
+            lines.iter().find_map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).ok()?;
+                let f = &v["fields"];
+                Some(OperatorAddrs {
+                    broker: f["broker"].as_str()?.to_owned(),
+                    health: f["health"].as_str()?.to_owned(),
+                    webhook: f["webhook"].as_str()?.to_owned(),
+                })
+            })
+        }
+    })
+    .await
+    .map_err(|e| format!("{e}: {:?}", operator.lines()))
+}

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use super::cluster::{client_or_skip, fresh_namespace, install_crds};
 use super::github::{APP_ID, SimulatedGitHub, app_keys};
 use super::node::{SimNode, unique_node_name};
-use super::process::{Running, binary};
+use super::process::{OperatorAddrs, Running, binary, operator_addrs};
 use super::wait;
 use crate::fake_github::PackageInfo;
 use crate::standin_runner::package::{PackageSpec, build};
@@ -270,22 +270,11 @@ impl Product {
         let cmd = self.operator_command(identity)?;
         let process =
             Running::spawn("runner-manager-operator", cmd).map_err(|e| fail("operator", e))?;
-        let (broker, health, webhook) = wait::until(STEP, "the operator to serve", || {
-            let lines = process.lines();
-            async move {
-                lines.iter().find_map(|l| {
-                    let v: Value = serde_json::from_str(l).ok()?;
-                    let f = &v["fields"];
-                    Some((
-                        f["broker"].as_str()?.to_owned(),
-                        f["health"].as_str()?.to_owned(),
-                        f["webhook"].as_str()?.to_owned(),
-                    ))
-                })
-            }
-        })
-        .await
-        .map_err(|e| format!("{e}: {:?}", process.lines()))?;
+        let OperatorAddrs {
+            broker,
+            health,
+            webhook,
+        } = operator_addrs(&process, STEP).await?;
         Ok(OperatorProcess {
             identity: identity.to_owned(),
             process: Some(process),
