@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, Secret, ServiceAccount};
 use kube::Client;
 use kube::api::{
@@ -30,6 +29,7 @@ use runner_manager_e2e::harness::fixtures::native_attempt;
 use runner_manager_e2e::harness::github::{
     APP_ID, ORG, SimulatedGitHub, app_keys, pat_credentials,
 };
+use runner_manager_e2e::harness::node::bound_token;
 use runner_manager_e2e::harness::wait;
 use runner_manager_node_agent::journal::{self, Decision};
 use runner_manager_operator::broker::authn::AgentIdentity;
@@ -251,26 +251,9 @@ impl World {
             .get(pod)
             .await
             .unwrap();
-        let request = TokenRequest {
-            spec: TokenRequestSpec {
-                audiences: vec![audience.into()],
-                bound_object_ref: Some(BoundObjectReference {
-                    kind: Some("Pod".into()),
-                    api_version: Some("v1".into()),
-                    name: Some(pod.into()),
-                    uid: p.metadata.uid.clone(),
-                }),
-                expiration_seconds: Some(3600),
-            },
-            ..TokenRequest::default()
-        };
-        Api::<ServiceAccount>::namespaced(self.kube.clone(), &self.system)
-            .create_token_request(sa, &PostParams::default(), &request)
+        bound_token(&self.kube, &self.system, &p, sa, audience)
             .await
             .unwrap()
-            .status
-            .unwrap()
-            .token
     }
 
     async fn agent_token(&self, node: &str) -> String {
