@@ -47,6 +47,7 @@ done_stage tests
 stage "benchmarks, quick mode (dev profile: the figures prove the benches run, not the targets)"
 cargo bench -p runner-manager-node-agent --bench workspace_packages --profile dev -- --quick
 cargo bench -p runner-manager-e2e --bench scale_up --profile dev -- --quick
+cargo bench -p runner-manager-e2e --bench operator_scale --profile dev -- --quick
 done_stage benches
 
 stage "helm chart: lint, template, install against the control plane"

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use runner_manager_e2e::fake_github::conformance::{Conformance, shared_dir};
 use runner_manager_e2e::harness::github::{
-    ORG, SimulatedGitHub, app_credentials as harness_app_credentials, pat_credentials,
+    ORG, SimulatedGitHub, app_credentials as harness_app_credentials, app_secret_data,
+    pat_credentials,
 };
 use runner_manager_operator::github::auth::Credentials;
 use runner_manager_operator::github::client::{Deleted, SentRequest};
@@ -488,4 +489,68 @@ fn check_contract(sent: &[SentRequest]) {
                 .unwrap_or_else(|e| panic!("{} {template}: {e}", req.method));
         }
     }
+}
+
+/// DESIGN §10's "GitHub calls per runner" at policy scale: policies of one Secret share one
+/// installation token (per installation, so also across targets of one owner) and one rate-limit
+/// budget; policies of one target share one client and one runner list per interval; a rotated
+/// Secret gets new clients and a new token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_of_one_secret_share_a_token_and_one_target_shares_one_listing() {
+    use k8s_openapi::api::core::v1::Secret;
+    use runner_manager_operator::github::registry::Clients;
+    let fake = SimulatedGitHub::start().await.unwrap();
+    // The registry reads nothing from the API server for `for_secret`: a client that points
+    // nowhere proves it.
+    let kube =
+        kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+    let config = runner_manager_operator::github::GitHubConfig {
+        api_base: Some(fake.base_url().to_owned()),
+        timeout: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let clients = Clients::new(kube, config);
+    let secret = |version: &str| Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("github-app".into()),
+            resource_version: Some(version.into()),
+            ..Default::default()
+        },
+        data: Some(app_secret_data(None).unwrap()),
+        ..Default::default()
+    };
+    let web = format!("https://github.com/{ORG}/web");
+    let org = format!("https://github.com/{ORG}");
+    let v1 = secret("1");
+    let a = clients.for_secret("team", &web, &v1).unwrap();
+    let b = clients.for_secret("team", &web, &v1).unwrap();
+    let c = clients.for_secret("team", &org, &v1).unwrap();
+    assert!(
+        std::sync::Arc::ptr_eq(&a, &b),
+        "one client per Secret and target"
+    );
+    assert!(
+        !std::sync::Arc::ptr_eq(&a, &c),
+        "another target, another client"
+    );
+
+    // Ten policies of `web` observing at once, and the org-scoped policy: two lists, one token.
+    let web_lists =
+        futures_util::future::join_all((0..10).map(|_| a.recent_runners(Duration::from_secs(60))));
+    let (web_lists, org_list) = tokio::join!(web_lists, c.list_runners());
+    assert!(web_lists.iter().all(Result::is_ok));
+    org_list.unwrap();
+    assert_eq!(fake.calls("list_runners").await.unwrap(), 2);
+    assert_eq!(
+        fake.calls("access_tokens").await.unwrap(),
+        1,
+        "one installation token for every client of the Secret at that owner"
+    );
+
+    // A rotated Secret: new clients, a new token.
+    let v2 = secret("2");
+    let d = clients.for_secret("team", &web, &v2).unwrap();
+    assert!(!std::sync::Arc::ptr_eq(&a, &d));
+    d.list_runners().await.unwrap();
+    assert_eq!(fake.calls("access_tokens").await.unwrap(), 2);
 }

@@ -180,6 +180,14 @@ pub fn pat_credentials() -> Credentials {
 
 /// Credentials for the fake's App, with or without the installation id.
 pub fn app_credentials(installation: Option<u64>) -> Result<Credentials, FakeError> {
+    Credentials::from_secret_data(&app_secret_data(installation)?)
+        .map_err(|e| FakeError::Openssl(e.to_string()))
+}
+
+/// The data of a credentials Secret for the fake's App, with or without the installation id.
+pub fn app_secret_data(
+    installation: Option<u64>,
+) -> Result<BTreeMap<String, ByteString>, FakeError> {
     let mut data: BTreeMap<String, ByteString> = BTreeMap::new();
     data.insert("appId".into(), ByteString(APP_ID.to_string().into_bytes()));
     data.insert(
@@ -192,7 +200,7 @@ pub fn app_credentials(installation: Option<u64>) -> Result<Credentials, FakeErr
             ByteString(i.to_string().into_bytes()),
         );
     }
-    Credentials::from_secret_data(&data).map_err(|e| FakeError::Openssl(e.to_string()))
+    Ok(data)
 }
 
 impl SimulatedGitHub {

@@ -203,19 +203,22 @@ impl Product {
             this.operators.push(op);
         }
         this.update_broker_service();
-        // Webhooks go to one replica (a failover test points them at the standby).
-        let url = format!(
-            "http://{}/webhook",
-            this.operators[options.webhooks_to.min(options.operators - 1)].webhook
-        );
-        this.fake
-            .admin(
-                "POST",
-                "webhooks",
-                json!({"url": url, "secret": WEBHOOK_SECRET}),
-            )
-            .await
-            .map_err(|e| fail("webhook", e))?;
+        // Webhooks go to one replica (a failover test points them at the standby); with none,
+        // the caller starts its operator later (a bench that fills the API server first).
+        if let Some(last) = options.operators.checked_sub(1) {
+            let url = format!(
+                "http://{}/webhook",
+                this.operators[options.webhooks_to.min(last)].webhook
+            );
+            this.fake
+                .admin(
+                    "POST",
+                    "webhooks",
+                    json!({"url": url, "secret": WEBHOOK_SECRET}),
+                )
+                .await
+                .map_err(|e| fail("webhook", e))?;
+        }
         for node in &options.nodes {
             let agent = this.create_agent(node).await?;
             this.agents.push(agent);
@@ -249,16 +252,20 @@ impl Product {
             &self.team,
             "--log-format",
             "json",
-            // Scenario pace: observe GitHub and resync every second. The leader Lease keeps its
-            // default duration: a loaded 2-core machine can delay a renewal by seconds, and a
-            // leader that misses one stops at once (there is no Deployment here to restart it).
-            "--observe-interval",
-            "1s",
-            "--resync-interval",
-            "1s",
-            "--replacement-backoff",
-            "1s",
         ]);
+        // Scenario pace unless the world says otherwise: observe GitHub and resync every second.
+        // The leader Lease keeps its default duration: a loaded 2-core machine can delay a
+        // renewal by seconds, and a leader that misses one stops at once (there is no
+        // Deployment here to restart it).
+        for (k, v) in [
+            ("--observe-interval", "1s"),
+            ("--resync-interval", "1s"),
+            ("--replacement-backoff", "1s"),
+        ] {
+            if !self.options.operator_flags.iter().any(|(f, _)| f == k) {
+                cmd.args([k, v]);
+            }
+        }
         for (k, v) in &self.options.operator_flags {
             cmd.args([k, v]);
         }

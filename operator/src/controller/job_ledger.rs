@@ -19,13 +19,14 @@ use crate::policy::matching::{JobLabels, PolicyLabels, match_job};
 use crate::webhook::{JobAction, JobEvent, JobSink, SinkError};
 
 /// The policies a job could belong to, parsed once per use.
-struct Candidates {
+#[derive(Debug)]
+pub struct Candidates {
     policies: Vec<std::sync::Arc<ScalePolicy>>,
     targets: Vec<Option<TargetKind>>,
 }
 
 impl Candidates {
-    fn of(policies: Vec<std::sync::Arc<ScalePolicy>>, webhook_only: bool) -> Self {
+    pub fn of(policies: Vec<std::sync::Arc<ScalePolicy>>, webhook_only: bool) -> Self {
         let policies: Vec<_> = policies
             .into_iter()
             .filter(|p| !webhook_only || p.spec.scaling.webhook)
@@ -167,34 +168,31 @@ impl JobSink for KubeSink {
 }
 
 /// Queued jobs of a repository target that belong to `policy` (polling repairs missed
-/// deliveries). One call for the queued runs, one per queued run for its jobs.
+/// deliveries). The repository's queued jobs are polled once per `max_age` for all its
+/// policies (one call for the queued runs, one per queued run for its jobs); `candidates` is
+/// built once per pass.
 pub async fn poll_queued(
     client: &GitHubClient,
     policy: &ScalePolicy,
-    all: Vec<std::sync::Arc<ScalePolicy>>,
+    candidates: &Candidates,
+    max_age: std::time::Duration,
 ) -> Result<Vec<i64>, GitHubError> {
     let TargetKind::Repository { owner, repo } = &client.target().kind else {
         return Ok(vec![]);
     };
     let repository = format!("{owner}/{repo}");
-    let candidates = Candidates::of(all, false);
     let mut found = Vec::new();
-    for run in client.queued_runs().await? {
-        for job in client.run_jobs(run.id).await? {
-            if job.status != "queued" {
-                continue;
-            }
-            let labels = JobLabels {
-                repository: &repository,
-                enterprise: None,
-                labels: &job.labels,
-            };
-            let ours = candidates
-                .matching(&labels)
-                .is_some_and(|p| p.metadata.uid == policy.metadata.uid && p.metadata.uid.is_some());
-            if ours {
-                found.push(job.id);
-            }
+    for job in client.recent_queued_jobs(max_age).await?.iter() {
+        let labels = JobLabels {
+            repository: &repository,
+            enterprise: None,
+            labels: &job.labels,
+        };
+        let ours = candidates
+            .matching(&labels)
+            .is_some_and(|p| p.metadata.uid == policy.metadata.uid && p.metadata.uid.is_some());
+        if ours {
+            found.push(job.id);
         }
     }
     Ok(found)

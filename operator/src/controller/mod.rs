@@ -41,8 +41,8 @@ use placement_worker::PlacementWorker;
 use resolve::{Invalid, Resolved};
 use writes::Writer;
 
-/// Policies whose I/O runs at once in a pass (bounded: GitHub budgets and the API server).
-const PREPARE_CONCURRENCY: usize = 16;
+/// Policies reconciled at once in a pass (bounded: GitHub budgets and the API server).
+const POLICY_CONCURRENCY: usize = 32;
 
 /// The policy finalizer: a policy being deleted drains before it goes.
 pub const POLICY_FINALIZER: &str = "runner-manager.dev/drain";
@@ -122,14 +122,25 @@ pub async fn run(ctx: Arc<Ctx>, wake: Arc<Notify>) {
     }
     tracing::info!("controllers reconciling");
     let mut memory = Memory::default();
+    let mut first = true;
     loop {
         let started = Instant::now();
         pass(&ctx, &mut memory).await;
+        let elapsed_ms = started.elapsed().as_millis() as u64;
         ctx.metrics.reconcile_pass(started.elapsed());
-        tracing::debug!(
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "pass done"
-        );
+        if first {
+            // The pass that resolves every policy and writes every status: the one a failover
+            // or an upgrade waits for.
+            tracing::info!(
+                elapsed_ms,
+                policies = memory.policies.len(),
+                attempts = ctx.caches.attempts.state().len(),
+                "first reconcile pass done"
+            );
+            first = false;
+        } else {
+            tracing::debug!(elapsed_ms, "pass done");
+        }
         // Coalesce bursts of watch events: at most a few passes a second.
         tokio::select! {
             () = wake.notified() => tokio::time::sleep(Duration::from_millis(200)).await,
@@ -184,6 +195,13 @@ pub async fn pass(ctx: &Ctx, memory: &mut Memory) {
         memory.policies.entry(k.clone()).or_default();
     }
     let empty: Vec<Arc<RunnerAttempt>> = Vec::new();
+    // The job→policy matcher, built once per pass (it parses every policy's URL).
+    let candidates = job_ledger::Candidates::of(all_policies.clone(), false);
+    // Policies reconcile concurrently: their I/O (resolution, GitHub observation, polling,
+    // status) touches nothing shared. Creation shares the placement worker: it holds the lock
+    // from reading capacity to recording what it created, so no two policies place against the
+    // same free slot.
+    let placement = tokio::sync::Mutex::new(std::mem::take(&mut memory.placement));
     {
         let by_key: HashMap<&str, &Arc<ScalePolicy>> = keys
             .iter()
@@ -198,19 +216,15 @@ pub async fn pass(ctx: &Ctx, memory: &mut Memory) {
                 Some((*p, by_policy.get(k).unwrap_or(&empty), mem))
             })
             .collect();
+        let (candidates, attempt_ids, placement) = (&candidates, &attempt_ids, &placement);
         futures_util::stream::iter(work)
-            .for_each_concurrent(PREPARE_CONCURRENCY, |(p, mine, mem)| {
-                policy::prepare(ctx, mem, p, mine, &all_policies, &attempt_ids, now)
+            .for_each_concurrent(POLICY_CONCURRENCY, |(p, mine, mem)| async move {
+                policy::prepare(ctx, mem, p, mine, candidates, attempt_ids, now).await;
+                policy::reconcile(ctx, placement, mem, p, mine, now).await;
             })
             .await;
     }
-    for (p, k) in all_policies.iter().zip(&keys) {
-        let mine = by_policy.get(k).unwrap_or(&empty);
-        let Some(mem) = memory.policies.get_mut(k) else {
-            continue;
-        };
-        policy::reconcile(ctx, &mut memory.placement, mem, p, mine, now).await;
-    }
+    memory.placement = placement.into_inner();
     let live: std::collections::HashSet<String> = all_policies
         .iter()
         .map(|p| {

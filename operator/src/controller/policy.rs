@@ -15,12 +15,13 @@ use runner_manager_crds::policy::{
 };
 use runner_manager_crds::state::AttemptState;
 use serde_json::{Map, Value};
+use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use super::attempts::state_of;
 use super::events::Reason;
 use super::failures::{Launch, consecutive_failures, lineages, resume_at};
-use super::job_ledger::{additions, no_longer_pending, poll_queued, stale_after_poll};
+use super::job_ledger::{Candidates, additions, no_longer_pending, poll_queued, stale_after_poll};
 use super::placement_worker::{PlacementWorker, node_facts};
 use super::resolve::{Resolved, resolve};
 use super::snapshot::{POLICY_GENERATION_ANNOTATION, Pinned, build};
@@ -113,6 +114,14 @@ fn views(attempts: &[Arc<RunnerAttempt>]) -> Vec<AttemptView<'_>> {
         .collect()
 }
 
+/// The stored `Ready` condition of this generation, if the status has one: whether it is True.
+fn stored_ready(policy: &ScalePolicy, generation: i64) -> Option<bool> {
+    let status = policy.status.as_ref()?;
+    let ready =
+        runner_manager_crds::conditions::find(&status.conditions, PolicyConditionType::Ready)?;
+    (ready.observed_generation == Some(generation)).then_some(ready.status == ConditionStatus::True)
+}
+
 /// How long a resolution is trusted: a valid one is re-checked every few minutes (a Secret or
 /// the latest runner may change), a transient failure retried soon.
 fn resolution_fresh(e: &ResolvedEntry, generation: i64) -> bool {
@@ -124,15 +133,14 @@ fn resolution_fresh(e: &ResolvedEntry, generation: i64) -> bool {
     e.generation == generation && e.at.elapsed() < ttl
 }
 
-/// A policy's I/O that touches no shared state (placement): its finalizer, its resolution, the
-/// GitHub observation of its target, polling and job checks. Passes run this for many policies
-/// at once, then `reconcile` one at a time.
+/// A policy's I/O before its decisions: its finalizer, its resolution, the GitHub observation of
+/// its target, polling and job checks.
 pub async fn prepare(
     ctx: &Ctx,
     mem: &mut PolicyMemory,
     policy: &Arc<ScalePolicy>,
     attempts: &[Arc<RunnerAttempt>],
-    all: &[Arc<ScalePolicy>],
+    candidates: &Candidates,
     attempt_ids: &HashSet<String>,
     now: Timestamp,
 ) {
@@ -155,7 +163,13 @@ pub async fn prepare(
         .as_ref()
         .is_some_and(|e| resolution_fresh(e, generation))
     {
-        let was_ok = mem.resolved.as_ref().map(|e| e.result.is_ok());
+        // After a restart or failover the memory is empty: the stored condition says what a
+        // person last saw, so a thousand unchanged policies publish no thousand events.
+        let was_ok = mem
+            .resolved
+            .as_ref()
+            .map(|e| e.result.is_ok())
+            .or_else(|| stored_ready(policy, generation));
         let result = resolve(
             ctx.kube(),
             &ctx.clients,
@@ -213,7 +227,7 @@ pub async fn prepare(
             let cutoff = now
                 .checked_sub(k8s_openapi::jiff::SignedDuration::try_from(poll).unwrap_or_default())
                 .unwrap_or(now);
-            match poll_queued(&r.client, policy, all.to_vec()).await {
+            match poll_queued(&r.client, policy, candidates, poll / 2).await {
                 Ok(jobs) => {
                     let mut change = stale_after_poll(&old.pending_jobs, &jobs, cutoff);
                     change.extend(additions(&old.pending_jobs, jobs, now));
@@ -254,7 +268,7 @@ pub async fn prepare(
 /// A policy's decisions: demand, creation with placement, scale-down, timeouts, status.
 pub async fn reconcile(
     ctx: &Ctx,
-    placement: &mut PlacementWorker,
+    placement: &Mutex<PlacementWorker>,
     mem: &mut PolicyMemory,
     policy: &Arc<ScalePolicy>,
     attempts: &[Arc<RunnerAttempt>],
@@ -509,7 +523,7 @@ fn status_fields(s: &ScalePolicyStatus) -> Value {
 #[allow(clippy::too_many_arguments)]
 async fn create_attempts(
     ctx: &Ctx,
-    placement: &mut PlacementWorker,
+    placement: &Mutex<PlacementWorker>,
     policy: &ScalePolicy,
     attempts: &[Arc<RunnerAttempt>],
     resolved: &Resolved,
@@ -517,6 +531,8 @@ async fn create_attempts(
     history: &[Launch<'_>],
     now: Timestamp,
 ) -> (bool, PolicyReason, String) {
+    // Held until every creation of this policy is recorded as an expectation.
+    let mut placement = placement.lock().await;
     let nodes = ctx.caches.nodes.state();
     let leases = ctx.caches.leases.state();
     let all_attempts = ctx.caches.attempts.state();

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::Api;
 use runner_manager_crds::attempt::RunnerPackage;
@@ -146,10 +146,9 @@ pub async fn resolve(
         return Err(Invalid::new(PolicyReason::InvalidSpec, message));
     }
     let namespace = policy.metadata.namespace.as_deref().unwrap_or_default();
-    let name = policy.metadata.name.as_deref().unwrap_or_default();
     let secret_name = &policy.spec.github.credentials_secret_ref.name;
-    let secret = Api::<Secret>::namespaced(kube.clone(), namespace)
-        .get_opt(secret_name)
+    let secret = clients
+        .secret(namespace, secret_name)
         .await
         .map_err(|e| {
             Invalid::new(
@@ -166,7 +165,7 @@ pub async fn resolve(
             )
         })?;
     let client = clients
-        .for_secret(namespace, name, &policy.spec.github.url, &secret)
+        .for_secret(namespace, &policy.spec.github.url, &secret)
         .map_err(|e| match e {
             ClientError::BadSecret { .. } => Invalid::new(
                 PolicyReason::SecretKeyMissing,
@@ -186,8 +185,10 @@ pub async fn resolve(
             .await
             .map_err(|e| github_invalid(&e, "spec.github.runnerGroup"))?,
     };
+    // Policies of one target resolve within moments of each other (a restart, a Secret
+    // rotation): one listing serves them all.
     let listing = client
-        .runner_downloads()
+        .recent_downloads(std::time::Duration::from_secs(60))
         .await
         .map_err(|e| github_invalid(&e, "spec.runner.version"))?;
     let package = pin_package(&listing, &policy.spec.runner.version, mirror)?;

@@ -170,15 +170,21 @@ pub async fn observe(
     client: &GitHubClient,
     attempt_ids: &HashSet<String>,
 ) {
-    let runners = match client.list_runners().await {
+    // Every policy of the target reads one listing per half interval.
+    let runners = match client
+        .recent_runners(ctx.settings.observe_interval / 2)
+        .await
+    {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(error = %e, "listing runners failed; facts unchanged");
             return;
         }
     };
-    let listing: HashMap<String, Runner> =
-        runners.into_iter().map(|r| (r.name.clone(), r)).collect();
+    let listing: HashMap<String, Runner> = runners
+        .iter()
+        .map(|r| (r.name.clone(), r.clone()))
+        .collect();
     for a in attempts {
         let Some(runner) = a.status.as_ref().and_then(|s| s.journal.runner()) else {
             continue;

@@ -17,6 +17,7 @@ use super::auth::{CachedToken, Credentials, app_jwt, bearer};
 use super::endpoint::Endpoint;
 use super::errors::{GitHubError, TransportKind, classify};
 use super::ratelimit::{Admission, Budgets, Observed, Priority};
+use super::recent::Recent;
 use super::retry::RetryPolicy;
 use super::types::{
     Installation, InstallationTokenWire, JitConfig, JitConfigWire, Job, JobPage, Runner,
@@ -136,6 +137,49 @@ struct InstallationState {
     token: Option<CachedToken>,
 }
 
+/// What every client of one credential at one installation shares: one installation token (a
+/// thousand policies of one organisation mint one token, not a thousand) and the rate-limit
+/// budget GitHub keeps per credential, so their calls are admitted against one count.
+pub struct SharedCredential {
+    // A tokio mutex: holding it across the token request is the point (one refresh at a time).
+    installation: tokio::sync::Mutex<InstallationState>,
+    budgets: Mutex<Budgets>,
+}
+
+impl SharedCredential {
+    pub fn new(credentials: &Credentials) -> Self {
+        let id = match credentials {
+            Credentials::App {
+                installation_id, ..
+            } => *installation_id,
+            Credentials::Token(_) => None,
+        };
+        Self {
+            installation: tokio::sync::Mutex::new(InstallationState { id, token: None }),
+            budgets: Mutex::new(Budgets::default()),
+        }
+    }
+}
+
+impl std::fmt::Debug for SharedCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedCredential").finish_non_exhaustive()
+    }
+}
+
+/// The HTTP client (connection pool, TLS roots) every GitHub client of the process shares:
+/// building one per policy cost a TLS root store and a pool each.
+pub fn http_client(config: &GitHubConfig) -> Result<reqwest::Client, GitHubError> {
+    reqwest::Client::builder()
+        .timeout(config.timeout)
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|_| GitHubError::Transport {
+            endpoint: Endpoint::RateLimit,
+            kind: TransportKind::Connect,
+        })
+}
+
 /// Pages are asked for 100 at a time, the most GitHub gives.
 const PER_PAGE: usize = 100;
 /// A runner list is at most this many pages (10,000 runners): a bound, not an expectation.
@@ -150,9 +194,12 @@ pub struct GitHubClient {
     /// Budgets are per credential: an App installation, or a token.
     credential_key: String,
     retry: RetryPolicy,
-    // A tokio mutex: holding it across the token request is the point (one refresh at a time).
-    installation: tokio::sync::Mutex<InstallationState>,
-    budgets: Mutex<Budgets>,
+    /// Shared by every client of this credential at this installation.
+    shared: Arc<SharedCredential>,
+    /// The target's runner list and queued jobs, shared by every policy of the target.
+    runners: Recent<Vec<Runner>>,
+    queued_jobs: Recent<Vec<Job>>,
+    downloads: Recent<Vec<RunnerDownload>>,
     etags: Mutex<HashMap<String, (String, Bytes)>>,
     groups: Mutex<HashMap<String, i64>>,
     counters: Mutex<BTreeMap<(Endpoint, u16), u64>>,
@@ -225,51 +272,53 @@ fn jitter() -> f64 {
 
 impl GitHubClient {
     /// A client for `target` with `credentials`.
+    /// A client with its own HTTP client and credential state (tests, one-off tools).
     pub fn new(
         target: GitHubTarget,
         credentials: Credentials,
         config: GitHubConfig,
     ) -> Result<Self, GitHubError> {
-        let http = reqwest::Client::builder()
-            .timeout(config.timeout)
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|_| GitHubError::Transport {
-                endpoint: Endpoint::RateLimit,
-                kind: TransportKind::Connect,
-            })?;
+        let http = http_client(&config)?;
+        let shared = Arc::new(SharedCredential::new(&credentials));
+        Ok(Self::sharing(target, credentials, config, http, shared))
+    }
+
+    /// A client of one target that shares the process's HTTP client and the credential's
+    /// token and budget with every other client of that credential.
+    pub fn sharing(
+        target: GitHubTarget,
+        credentials: Credentials,
+        config: GitHubConfig,
+        http: reqwest::Client,
+        shared: Arc<SharedCredential>,
+    ) -> Self {
         let api_base = config
             .api_base
             .clone()
             .unwrap_or_else(|| target.api_base())
             .trim_end_matches('/')
             .to_owned();
-        let (credential_key, installation_id) = match &credentials {
-            Credentials::App {
-                app_id,
-                installation_id,
-                ..
-            } => (format!("app-{app_id}"), *installation_id),
-            Credentials::Token(t) => (format!("token-{}", token_key(t)), None),
+        let credential_key = match &credentials {
+            Credentials::App { app_id, .. } => format!("app-{app_id}"),
+            Credentials::Token(t) => format!("token-{}", token_key(t)),
         };
-        Ok(Self {
+        Self {
             http,
             api_base,
             target,
             credentials,
             credential_key,
             retry: config.retry,
-            installation: tokio::sync::Mutex::new(InstallationState {
-                id: installation_id,
-                token: None,
-            }),
-            budgets: Mutex::new(Budgets::default()),
+            shared,
+            runners: Recent::default(),
+            queued_jobs: Recent::default(),
+            downloads: Recent::default(),
             etags: Mutex::new(HashMap::new()),
             groups: Mutex::new(HashMap::new()),
             counters: Mutex::new(BTreeMap::new()),
             sent: config.record.then(|| Arc::new(Mutex::new(Vec::new()))),
             metrics: config.metrics.clone(),
-        })
+        }
     }
 
     pub fn target(&self) -> &GitHubTarget {
@@ -291,7 +340,7 @@ impl GitHubClient {
 
     /// What GitHub last said of this credential's buckets: (resource, observed).
     pub fn rate_limits(&self) -> Vec<(String, Observed)> {
-        lock(&self.budgets)
+        lock(&self.shared.budgets)
             .all()
             .map(|(_, r, o)| (r.to_owned(), o))
             .collect()
@@ -309,7 +358,7 @@ impl GitHubClient {
         if let Credentials::Token(t) = &self.credentials {
             return Ok(t.clone());
         }
-        let mut state = self.installation.lock().await;
+        let mut state = self.shared.installation.lock().await;
         if let Some(t) = &state.token
             && t.is_fresh(now_unix())
         {
@@ -348,7 +397,7 @@ impl GitHubClient {
     }
 
     async fn forget_token(&self) {
-        self.installation.lock().await.token = None;
+        self.shared.installation.lock().await.token = None;
     }
 
     async fn lookup_installation(&self) -> Result<u64, GitHubError> {
@@ -385,8 +434,12 @@ impl GitHubClient {
     async fn admitted(&self, endpoint: Endpoint, priority: Priority) {
         let resource = resource_of(endpoint);
         loop {
-            let admission =
-                lock(&self.budgets).admit(&self.credential_key, resource, priority, now_ms());
+            let admission = lock(&self.shared.budgets).admit(
+                &self.credential_key,
+                resource,
+                priority,
+                now_ms(),
+            );
             match admission {
                 Admission::Go => return,
                 Admission::Wait(d) => tokio::time::sleep(d.min(self.retry.max_wait)).await,
@@ -550,7 +603,7 @@ impl GitHubClient {
         if let Some(m) = &self.metrics {
             m.rate_limit(&self.credential_key, &resource, remaining, reset);
         }
-        lock(&self.budgets).observe(
+        lock(&self.shared.budgets).observe(
             &self.credential_key,
             &resource,
             Observed {
@@ -589,6 +642,12 @@ impl GitHubClient {
             }
         }
         Ok(all)
+    }
+
+    /// The target's runner list, at most `max_age` old: every policy of the target reads the
+    /// same answer, and callers arriving while it is fetched wait for it.
+    pub async fn recent_runners(&self, max_age: Duration) -> Result<Arc<Vec<Runner>>, GitHubError> {
+        self.runners.get(max_age, || self.list_runners()).await
     }
 
     /// The runner of that exact name, if registered.
@@ -763,6 +822,16 @@ impl GitHubClient {
         parse(Endpoint::ListRunnerDownloads, &answer.body)
     }
 
+    /// The downloads listing, at most `max_age` old (the same for every policy of the target).
+    pub async fn recent_downloads(
+        &self,
+        max_age: Duration,
+    ) -> Result<Arc<Vec<RunnerDownload>>, GitHubError> {
+        self.downloads
+            .get(max_age, || self.runner_downloads())
+            .await
+    }
+
     fn repo(&self) -> Option<(&str, &str)> {
         match &self.target.kind {
             TargetKind::Repository { owner, repo } => Some((owner, repo)),
@@ -804,6 +873,28 @@ impl GitHubClient {
             )
             .await?;
         Ok(parse::<JobPage>(Endpoint::ListRunJobs, &answer.body)?.jobs)
+    }
+
+    /// The queued jobs of the repository's queued runs, at most `max_age` old (one poll per
+    /// repository, however many policies it has). Empty for other scopes.
+    pub async fn recent_queued_jobs(
+        &self,
+        max_age: Duration,
+    ) -> Result<Arc<Vec<Job>>, GitHubError> {
+        self.queued_jobs
+            .get(max_age, || async {
+                let mut queued = Vec::new();
+                for run in self.queued_runs().await? {
+                    queued.extend(
+                        self.run_jobs(run.id)
+                            .await?
+                            .into_iter()
+                            .filter(|j| j.status == "queued"),
+                    );
+                }
+                Ok(queued)
+            })
+            .await
     }
 
     /// One job of a repository (`None` for other scopes).

@@ -6,6 +6,7 @@ pub mod client;
 pub mod endpoint;
 pub mod errors;
 pub mod ratelimit;
+pub mod recent;
 pub mod registry;
 pub mod retry;
 pub mod types;

@@ -1,18 +1,22 @@
-//! GitHub clients per policy: the policy's target and the credentials of its Secret. A client is
-//! reused while the Secret's resourceVersion and the URL stay the same, so its installation token
-//! cache and ETags survive from one call to the next.
+//! GitHub clients for policies: one per target and credentials Secret (policies of one repository
+//! and one Secret share it, with its ETags and its shared runner list), reused while the Secret's
+//! resourceVersion stays the same. Every client shares the process's one HTTP client, and every
+//! client of one Secret at one installation (an organisation, user or enterprise) shares its
+//! installation token and its rate-limit budget.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use runner_manager_crds::policy::ScalePolicy;
-use runner_manager_crds::target::GitHubTarget;
+use runner_manager_crds::target::{GitHubTarget, TargetKind};
 
 use super::auth::{Credentials, CredentialsError};
-use super::client::{GitHubClient, GitHubConfig};
+use super::client::{GitHubClient, GitHubConfig, SharedCredential, http_client};
 use super::errors::GitHubError;
+use super::recent::Recent;
 
 /// Why a policy has no usable client. Messages name the object and key, never a value.
 #[derive(Debug, thiserror::Error)]
@@ -34,23 +38,47 @@ pub enum ClientError {
     GitHub(#[from] GitHubError),
 }
 
+/// Which Secret, at which version: a changed Secret makes new clients and a new token.
 #[derive(Clone, PartialEq, Eq, Hash)]
-struct Key {
+struct SecretKey {
     namespace: String,
-    policy: String,
+    secret: String,
+    version: String,
 }
 
-struct Entry {
-    url: String,
-    secret_version: String,
-    client: Arc<GitHubClient>,
+/// The clients made so far and the credential state they share.
+#[derive(Default)]
+struct Made {
+    /// By Secret and target URL.
+    clients: HashMap<(SecretKey, String), Arc<GitHubClient>>,
+    /// By Secret and installation owner (GitHub mints installation tokens per installation).
+    credentials: HashMap<(SecretKey, String), Arc<SharedCredential>>,
 }
 
 /// The clients of every policy seen.
 pub struct Clients {
     kube: kube::Client,
     config: GitHubConfig,
-    cache: Mutex<HashMap<Key, Entry>>,
+    /// Built on first use (TLS roots are loaded then), then shared by every client.
+    http: Mutex<Option<reqwest::Client>>,
+    made: Mutex<Made>,
+    /// Credentials Secrets by namespace and name, each read at most once per `SECRET_MAX_AGE`.
+    secrets: Mutex<HashMap<(String, String), Arc<Recent<Option<Secret>>>>>,
+}
+
+/// How long a Secret read serves every policy that names it: the policies of one Secret resolve
+/// within moments of each other (a start, a failover), and a rotation is seen seconds later.
+const SECRET_MAX_AGE: Duration = Duration::from_secs(5);
+
+/// The installation a target's calls authenticate against.
+fn installation_owner(target: &GitHubTarget) -> String {
+    match &target.kind {
+        TargetKind::Repository { owner, .. } => format!("owner/{}", owner.to_ascii_lowercase()),
+        TargetKind::Organization { org } => format!("owner/{}", org.to_ascii_lowercase()),
+        TargetKind::Enterprise { enterprise } => {
+            format!("enterprise/{}", enterprise.to_ascii_lowercase())
+        }
+    }
 }
 
 impl std::fmt::Debug for Clients {
@@ -66,7 +94,9 @@ impl Clients {
         Self {
             kube,
             config,
-            cache: Mutex::new(HashMap::new()),
+            http: Mutex::new(None),
+            made: Mutex::new(Made::default()),
+            secrets: Mutex::new(HashMap::new()),
         }
     }
 
@@ -85,7 +115,23 @@ impl Clients {
             .get_opt(&secret_name)
             .await?
             .ok_or_else(|| ClientError::NoSecret(secret_name.clone()))?;
-        self.for_secret(namespace, policy, &policy_obj.spec.github.url, &secret)
+        self.for_secret(namespace, &policy_obj.spec.github.url, &secret)
+    }
+
+    /// A credentials Secret (None: not found), shared by every policy that names it.
+    pub async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, kube::Error> {
+        let slot = lock(&self.secrets)
+            .entry((namespace.to_owned(), name.to_owned()))
+            .or_default()
+            .clone();
+        let secret = slot
+            .get(SECRET_MAX_AGE, || async {
+                Api::<Secret>::namespaced(self.kube.clone(), namespace)
+                    .get_opt(name)
+                    .await
+            })
+            .await?;
+        Ok(secret.as_ref().clone())
     }
 
     /// The client for a policy whose URL and credentials Secret the caller has already read (the
@@ -93,44 +139,66 @@ impl Clients {
     pub fn for_secret(
         &self,
         namespace: &str,
-        policy: &str,
         url: &str,
         secret: &Secret,
     ) -> Result<Arc<GitHubClient>, ClientError> {
         let secret_name = secret.metadata.name.clone().unwrap_or_default();
-        let version = secret.metadata.resource_version.clone().unwrap_or_default();
-        let url = url.to_owned();
-        let key = Key {
+        let key = SecretKey {
             namespace: namespace.to_owned(),
-            policy: policy.to_owned(),
+            secret: secret_name.clone(),
+            version: secret.metadata.resource_version.clone().unwrap_or_default(),
         };
-        {
-            let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(e) = cache.get(&key)
-                && e.url == url
-                && e.secret_version == version
-            {
-                return Ok(e.client.clone());
-            }
+        let client_key = (key.clone(), url.to_owned());
+        if let Some(c) = lock(&self.made).clients.get(&client_key) {
+            return Ok(c.clone());
         }
         let credentials = Credentials::from_secret_data(&secret.data.clone().unwrap_or_default())
             .map_err(|error| ClientError::BadSecret {
             secret: secret_name,
             error,
         })?;
-        let target = GitHubTarget::parse(&url).map_err(|e| ClientError::BadUrl(e.to_string()))?;
-        let client = Arc::new(GitHubClient::new(target, credentials, self.config.clone())?);
-        self.cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(
-                key,
-                Entry {
-                    url,
-                    secret_version: version,
-                    client: client.clone(),
-                },
-            );
+        let target = GitHubTarget::parse(url).map_err(|e| ClientError::BadUrl(e.to_string()))?;
+        let http = {
+            let mut http = lock(&self.http);
+            match http.as_ref() {
+                Some(h) => h.clone(),
+                None => {
+                    let h = http_client(&self.config)?;
+                    *http = Some(h.clone());
+                    h
+                }
+            }
+        };
+        let mut made = lock(&self.made);
+        // Entries of an older version of this Secret are dropped with it.
+        made.clients.retain(|(k, _), _| {
+            k.namespace != key.namespace || k.secret != key.secret || k.version == key.version
+        });
+        made.credentials.retain(|(k, _), _| {
+            k.namespace != key.namespace || k.secret != key.secret || k.version == key.version
+        });
+        let shared = made
+            .credentials
+            .entry((key, installation_owner(&target)))
+            .or_insert_with(|| Arc::new(SharedCredential::new(&credentials)))
+            .clone();
+        let client = made
+            .clients
+            .entry(client_key)
+            .or_insert_with(|| {
+                Arc::new(GitHubClient::sharing(
+                    target,
+                    credentials,
+                    self.config.clone(),
+                    http,
+                    shared,
+                ))
+            })
+            .clone();
         Ok(client)
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -1,0 +1,250 @@
+//! The operator at scale (DESIGN §10: 1,000 policies and 10,000 attempts → RSS ≤ 200 MiB, a
+//! full pass ≤ 10 s), on the real control plane with the operator as a process and the simulated
+//! GitHub (GitHub App credentials, so installation tokens are minted for real).
+//!
+//! The API server is filled first (every policy at its `maxRunners`, so the operator creates
+//! nothing), then the operator starts. Printed:
+//! - the baseline, in the same run: one plain LIST of every policy and attempt by this process
+//!   (what any controller's first sync costs at least);
+//! - operator start → every policy reconciled, and the first pass alone (the operator's own log
+//!   line), which resolves every policy, observes every target and writes every status;
+//! - the steady pass afterwards (`runner_manager_reconcile_pass_milliseconds`);
+//! - the operator's peak RSS over the sampling window;
+//! - the GitHub calls the first pass made.
+//!
+//! `cargo bench -p runner-manager-e2e --bench operator_scale --profile dev` (1,000 policies,
+//! 10,000 attempts); `-- --quick` (100 and 1,000) is what `make test` runs. Needs `KUBECONFIG`
+//! (skips with a reason without it) and the workspace binaries built.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use kube::api::{ListParams, PostParams};
+use runner_manager_e2e::harness::fixtures::native_attempt;
+use runner_manager_e2e::harness::product::{Product, ProductOptions};
+use runner_manager_e2e::harness::wait;
+use serde_json::{Value, json};
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// User + system CPU seconds a process has used.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the command name (which may hold spaces) come state, then numeric fields; utime and
+    // stime are the 14th and 15th fields of the line, in clock ticks (100 per second here).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
+}
+
+/// A gauge's value from the operator's `/metrics`.
+async fn metric(health: &str, name: &str) -> Option<f64> {
+    let text = reqwest::get(format!("http://{health}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+}
+
+/// The operator's "first reconcile pass done" log line: (elapsed ms, policies, attempts).
+fn first_pass(p: &Product) -> Option<(u64, u64, u64)> {
+    p.all_log_lines().iter().find_map(|l| {
+        let v: Value = serde_json::from_str(l).ok()?;
+        let f = v.get("fields")?;
+        (f.get("message")?.as_str()? == "first reconcile pass done").then(|| {
+            let n = |k: &str| f.get(k).and_then(Value::as_u64).unwrap_or(0);
+            (n("elapsed_ms"), n("policies"), n("attempts"))
+        })
+    })
+}
+
+async fn scale(policies: usize, per_policy: usize) {
+    let options = ProductOptions {
+        nodes: vec![],
+        operators: 0,
+        operator_flags: [
+            // Nothing times out or is collected while measuring.
+            ("--admission-timeout", "1h"),
+            ("--attempt-history", "1000000"),
+            ("--observe-interval", "30s"),
+            ("--resync-interval", "5s"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect(),
+        ..ProductOptions::default()
+    };
+    let Some(mut p) = Product::start("bench_operator_scale", options)
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let filled = Instant::now();
+    let names: Vec<String> = (0..policies).map(|i| format!("p{i:04}")).collect();
+    let spec = json!({"maxRunners": per_policy, "minIdle": 0});
+    let created: Vec<_> = futures_util::stream::iter(&names)
+        .map(|n| p.policy(n, spec.clone()))
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let attempts: Vec<_> = created
+        .into_iter()
+        .map(Result::unwrap)
+        .flat_map(|sp| {
+            let name = sp.metadata.name.clone().unwrap();
+            let uid = sp.metadata.uid.clone().unwrap();
+            (0..per_policy).map(move |_| {
+                native_attempt(uuid::Uuid::new_v4(), &name, &uid, "rm-bench-no-such-node")
+            })
+        })
+        .collect();
+    let api = p.attempts();
+    futures_util::stream::iter(&attempts)
+        .for_each_concurrent(32, |a| {
+            let api = api.clone();
+            async move {
+                let mut a = a.clone();
+                a.metadata.namespace = None;
+                api.create(&PostParams::default(), &a).await.unwrap();
+            }
+        })
+        .await;
+    println!(
+        "filled the API server: {policies} policies, {} attempts in {:.1} s",
+        attempts.len(),
+        filled.elapsed().as_secs_f64()
+    );
+
+    let listed = Instant::now();
+    let n_policies = p.policies().list(&ListParams::default()).await.unwrap();
+    let n_attempts = p.attempts().list(&ListParams::default()).await.unwrap();
+    let baseline = listed.elapsed();
+    assert_eq!(n_attempts.items.len(), attempts.len());
+    drop((n_policies, n_attempts));
+
+    let (calls_before, _) = p.operator_github_calls().await.unwrap();
+    let started = Instant::now();
+    let op = p.start_operator("operator-0").await.unwrap();
+    let pid = op.process.as_ref().unwrap().child.id();
+    let health = op.health.clone();
+    p.operators.push(op);
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let peak = peak.clone();
+        tokio::spawn(async move {
+            loop {
+                peak.fetch_max(rss_kib(pid), Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    wait::until(
+        Duration::from_secs(900),
+        "every policy reconciled",
+        || async {
+            let all = p.policies().list(&ListParams::default()).await.ok()?;
+            let done = all
+                .items
+                .iter()
+                .filter(|sp| sp.status.as_ref().is_some_and(|s| !s.conditions.is_empty()))
+                .count();
+            (done == policies).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let all_reconciled = started.elapsed();
+    let (calls_after, _) = p.operator_github_calls().await.unwrap();
+    let first = wait::until(
+        Duration::from_secs(60),
+        "the first-pass log line",
+        || async { first_pass(&p) },
+    )
+    .await
+    .unwrap();
+    // Steady state: sample RSS while the operator keeps passing over everything.
+    let mut steady = Vec::new();
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if let Some(ms) = metric(&health, "runner_manager_reconcile_pass_milliseconds").await {
+            steady.push(ms);
+        }
+    }
+    sampler.abort();
+    let peak = peak.load(Ordering::Relaxed);
+    let cpu = cpu_seconds(pid);
+
+    // A restart (an upgrade, a failover): finalizers are in place and statuses current, so the
+    // first pass writes next to nothing.
+    p.kill_operator(0);
+    let restarted = Instant::now();
+    let op = p.start_operator("operator-1").await.unwrap();
+    p.operators.push(op);
+    let again = wait::until(
+        Duration::from_secs(300),
+        "the restarted operator's first pass",
+        || async { first_pass(&p) },
+    )
+    .await
+    .unwrap();
+    let restart_total = restarted.elapsed();
+
+    let after = p.attempts().list(&ListParams::default()).await.unwrap();
+    assert_eq!(
+        after.items.len(),
+        attempts.len(),
+        "the operator created nothing"
+    );
+    println!(
+        "baseline: one LIST of every policy and attempt by this process {:.2} s",
+        baseline.as_secs_f64()
+    );
+    println!(
+        "operator start -> every policy reconciled {:.1} s; first pass {:.1} s over {} policies / {} attempts (target: full pass <= 10 s at 1,000 / 10,000)",
+        all_reconciled.as_secs_f64(),
+        first.0 as f64 / 1000.0,
+        first.1,
+        first.2
+    );
+    println!(
+        "operator CPU from start to the end of sampling {cpu:.1} s; after a kill and restart: start -> first pass done {:.1} s (waits out the dead leader's Lease), the pass itself {:.1} s",
+        restart_total.as_secs_f64(),
+        again.0 as f64 / 1000.0
+    );
+    println!(
+        "steady pass {:.0}..{:.0} ms; operator peak RSS {} MiB (target: <= 200 MiB); GitHub calls in the first pass {} ({:.2} per policy)",
+        steady.iter().copied().fold(f64::INFINITY, f64::min),
+        steady.iter().copied().fold(0.0, f64::max),
+        peak / 1024,
+        calls_after - calls_before,
+        (calls_after - calls_before) as f64 / policies as f64
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    if quick {
+        scale(100, 10).await;
+    } else {
+        scale(1000, 10).await;
+    }
+}
