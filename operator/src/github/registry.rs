@@ -63,8 +63,11 @@ pub struct Clients {
     http: Mutex<Option<reqwest::Client>>,
     made: Mutex<Made>,
     /// Credentials Secrets by namespace and name, each read at most once per `SECRET_MAX_AGE`.
-    secrets: Mutex<HashMap<(String, String), Arc<Recent<Option<Secret>>>>>,
+    secrets: Mutex<HashMap<(String, String), Arc<SecretRead>>>,
 }
+
+/// The last read of one Secret (None: not found).
+type SecretRead = Recent<Option<Secret>>;
 
 /// How long a Secret read serves every policy that names it: the policies of one Secret resolve
 /// within moments of each other (a start, a failover), and a rotation is seen seconds later.
