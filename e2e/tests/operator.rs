@@ -1353,3 +1353,70 @@ async fn deleting_a_policy_drains_it_and_abandon_releases_a_stuck_attempt() {
     })
     .await;
 }
+
+/// DESIGN §11: a cordoned node gets no new attempts and its idle runners are drained: the idle
+/// runner is deregistered first, then asked to stop (`Drain`), and its successor is placed on the
+/// node that is still schedulable.
+#[tokio::test]
+async fn a_cordoned_nodes_idle_runner_is_drained_and_replaced_elsewhere() {
+    let Some(mut w) = world("cordoned_node_drained").await else {
+        return;
+    };
+    let op = w.start_operator(&[]).await;
+    let first = w.add_node(Script::default(), op).await;
+    w.policy("web", json!({"minIdle": 1})).await;
+    let idle = w
+        .attempts_until("an idle runner on the first node", LONG, |l| {
+            l.iter()
+                .find(|a| state(a) == AttemptState::Idle && a.spec.node_name == first)
+                .cloned()
+        })
+        .await;
+    let runner = idle
+        .status
+        .as_ref()
+        .and_then(|s| s.journal.runner())
+        .map(|r| r.name.clone())
+        .unwrap();
+    let second = w.add_node(Script::default(), op).await;
+    Api::<k8s_openapi::api::core::v1::Node>::all(w.kube.clone())
+        .patch(
+            &first,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .unwrap();
+    let successor = w
+        .attempts_until("an idle successor on the second node", LONG, |l| {
+            l.iter()
+                .find(|a| state(a) == AttemptState::Idle && a.spec.node_name == second)
+                .cloned()
+        })
+        .await;
+    let drained = w
+        .attempts()
+        .get(idle.metadata.name.as_deref().unwrap())
+        .await
+        .unwrap();
+    let termination = drained.spec.termination.as_ref().expect("asked to stop");
+    assert_eq!(termination.reason, TerminationReason::Drain);
+    assert!(termination.deregistered, "deregistered before the stop");
+    assert!(
+        !w.registrations()
+            .await
+            .iter()
+            .any(|r| r["name"].as_str() == Some(runner.as_str())),
+        "GitHub no longer lists the drained runner"
+    );
+    assert_ne!(successor.metadata.name, idle.metadata.name);
+    assert!(
+        w.list()
+            .await
+            .iter()
+            .filter(|a| a.spec.node_name == first)
+            .count()
+            == 1,
+        "nothing new on the cordoned node"
+    );
+}

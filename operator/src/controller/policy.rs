@@ -122,6 +122,17 @@ fn stored_ready(policy: &ScalePolicy, generation: i64) -> Option<bool> {
     (ready.observed_generation == Some(generation)).then_some(ready.status == ConditionStatus::True)
 }
 
+/// The nodes marked unschedulable (`kubectl cordon`, a drain, a node upgrade).
+fn cordoned_nodes(ctx: &Ctx) -> HashSet<String> {
+    ctx.caches
+        .nodes
+        .state()
+        .iter()
+        .filter(|n| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true))
+        .filter_map(|n| n.metadata.name.clone())
+        .collect()
+}
+
 /// How long a resolution is trusted: a valid one is re-checked every few minutes (a Secret or
 /// the latest runner may change), a transient failure retried soon.
 fn resolution_fresh(e: &ResolvedEntry, generation: i64) -> bool {
@@ -377,8 +388,28 @@ pub async fn reconcile(
         (Some(_), ScaleDecision::Steady) => {}
     }
 
-    // Timeouts that need a deregistration, and attempts a person deleted.
     let client = resolved.as_ref().map(|r| r.client.clone());
+    // A cordoned node keeps its busy runners until their jobs end; its idle ones are
+    // deregistered and stopped now (DESIGN §11), and demand places their successors elsewhere.
+    let cordoned = cordoned_nodes(ctx);
+    for (a, view) in attempts.iter().zip(&attempt_views) {
+        if view.state == AttemptState::Idle
+            && !view.termination_requested
+            && cordoned.contains(a.spec.node_name.as_str())
+        {
+            terminate(
+                ctx,
+                mem,
+                client.as_deref(),
+                a,
+                TerminationReason::Drain,
+                now,
+            )
+            .await;
+        }
+    }
+
+    // Timeouts that need a deregistration, and attempts a person deleted.
     for a in attempts {
         let reason = match due(
             a,
