@@ -24,31 +24,10 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use kube::api::{ListParams, PostParams};
 use runner_manager_e2e::harness::fixtures::native_attempt;
+use runner_manager_e2e::harness::process::{cpu_seconds, rss_kib};
 use runner_manager_e2e::harness::product::{Product, ProductOptions};
 use runner_manager_e2e::harness::wait;
 use serde_json::{Value, json};
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// User + system CPU seconds a process has used.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // After the command name (which may hold spaces) come state, then numeric fields; utime and
-    // stime are the 14th and 15th fields of the line, in clock ticks (100 per second here).
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let tick = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
-    (tick(11) + tick(12)) / 100.0
-}
 
 /// A gauge's value from the operator's `/metrics`.
 async fn metric(health: &str, name: &str) -> Option<f64> {

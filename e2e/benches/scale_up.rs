@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use kube::api::{Api, WatchEvent, WatchParams};
 use runner_manager_crds::attempt::RunnerAttempt;
+use runner_manager_e2e::harness::process::rss_kib;
 use runner_manager_e2e::harness::product::{NodeOptions, Product, ProductOptions, WriteCounter};
 use runner_manager_e2e::harness::wait;
 use serde_json::json;
@@ -69,17 +70,6 @@ impl Started {
     fn all(&self) -> Vec<Instant> {
         self.0.lock().unwrap().values().copied().collect()
     }
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
