@@ -1420,3 +1420,47 @@ async fn a_cordoned_nodes_idle_runner_is_drained_and_replaced_elsewhere() {
         "nothing new on the cordoned node"
     );
 }
+
+/// A leader stopped cleanly (SIGTERM: a rolling upgrade, a drained node) stops reconciling,
+/// then releases its Lease: the standby takes over at its next try, not after the lease lapses.
+#[tokio::test]
+async fn a_leader_stopped_by_sigterm_hands_over_before_its_lease_would_lapse() {
+    let Some(mut w) = world("leader_sigterm_release").await else {
+        return;
+    };
+    // A long lease, so waiting it out and a release cannot be confused.
+    let flags = ["--leader-election", "true", "--lease-duration", "40s"];
+    let a = w.start_operator(&flags).await;
+    let b = w.start_operator(&flags).await;
+    let leader = wait::until(LONG, "one leader", || async {
+        let la = w.operators[a].metric("runner_manager_leader").await;
+        let lb = w.operators[b].metric("runner_manager_leader").await;
+        match (la as i64, lb as i64) {
+            (1, 0) => Some(a),
+            (0, 1) => Some(b),
+            _ => None,
+        }
+    })
+    .await
+    .unwrap();
+    let standby = if leader == a { b } else { a };
+    let stopped = Instant::now();
+    w.operators[leader].process.terminate().unwrap();
+    let status = wait::until(LONG, "the old leader to exit", || {
+        let s = w.operators[leader].process.child.try_wait().ok().flatten();
+        async move { s }
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "a clean stop exits 0: {status:?}");
+    wait::until(
+        Duration::from_secs(30),
+        "the standby to lead before the 40 s lease would lapse",
+        || async {
+            (w.operators[standby].metric("runner_manager_leader").await == 1.0).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    eprintln!("MEASURE standby led {:?} after SIGTERM", stopped.elapsed());
+}

@@ -62,6 +62,7 @@ pub struct Metrics {
     placement_failures: Family<ReasonLabels, Counter>,
     terminations: Family<ReasonLabels, Counter>,
     orphan_registrations_deleted: Counter,
+    events_dropped: Counter,
     leader: Gauge,
     pass_ms: Gauge,
 }
@@ -147,6 +148,12 @@ impl Metrics {
             "Runner registrations of ours with no attempt, deleted after the grace period",
             orphan_registrations_deleted.clone(),
         );
+        let events_dropped = Counter::default();
+        registry.register(
+            "events_dropped",
+            "Kubernetes Events dropped because the publishing queue was full",
+            events_dropped.clone(),
+        );
         let leader = Gauge::default();
         registry.register(
             "leader",
@@ -168,6 +175,7 @@ impl Metrics {
             placement_failures,
             terminations,
             orphan_registrations_deleted,
+            events_dropped,
             leader,
             github_calls,
             rate_limit_remaining,
@@ -270,6 +278,10 @@ impl Metrics {
 
     pub fn orphan_deleted(&self) {
         self.orphan_registrations_deleted.inc();
+    }
+
+    pub fn event_dropped(&self) {
+        self.events_dropped.inc();
     }
 
     pub fn set_leader(&self, leading: bool) {

@@ -164,10 +164,11 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
             settings: settings(&cli, ownership.clone()),
             metrics: metrics.clone(),
         });
+        let elector = cli
+            .leader_election
+            .then(|| Elector::new(kube.clone(), &cli.namespace, identity, cli.lease_duration));
         let lead = async {
-            if cli.leader_election {
-                let elector =
-                    Elector::new(kube.clone(), &cli.namespace, identity, cli.lease_duration);
+            if let Some(elector) = &elector {
                 elector.acquire().await;
                 metrics.set_leader(true);
                 tokio::select! {
@@ -180,10 +181,18 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
                 Ok(())
             }
         };
-        tokio::select! {
+        let stopped = tokio::select! {
             () = shutdown_signal() => Ok(()),
             r = lead => r.map_err(RunError::from),
+        };
+        // The controllers stopped with `lead` above; only now may a standby take over. A lost
+        // Lease is not ours to release.
+        if stopped.is_ok()
+            && let Some(elector) = &elector
+        {
+            elector.release().await;
         }
+        stopped
     } else {
         shutdown_signal().await;
         Ok(())

@@ -115,8 +115,7 @@ pub async fn housekeeping(ctx: &Ctx, attempts: &[Arc<RunnerAttempt>], now: Times
                     &a.object_ref(&()),
                     Reason::Abandoned,
                     format!("released by the {ABANDON_ANNOTATION} annotation in state {state:?}; the agent's cleanup is not waited for"),
-                )
-                .await;
+                );
             let _ = ctx.writer.attempt_finalizers(a, without_finalizer(a)).await;
             let _ = ctx.writer.delete_attempt(ns, name).await;
             continue;
@@ -149,16 +148,14 @@ pub async fn housekeeping(ctx: &Ctx, attempts: &[Arc<RunnerAttempt>], now: Times
             Some(Due::ExpireAdmission) => {
                 let outcome = Outcome::Rejected(RejectReason::AdmissionTimeout);
                 if take_edge(ctx, a, outcome, now).await {
-                    ctx.events
-                        .publish(
-                            &a.object_ref(&()),
-                            Reason::AdmissionExpired,
-                            format!(
-                                "no agent admitted the attempt within {}s; a replacement is placed",
-                                ctx.settings.admission_timeout.as_secs()
-                            ),
-                        )
-                        .await;
+                    ctx.events.publish(
+                        &a.object_ref(&()),
+                        Reason::AdmissionExpired,
+                        format!(
+                            "no agent admitted the attempt within {}s; a replacement is placed",
+                            ctx.settings.admission_timeout.as_secs()
+                        ),
+                    );
                 }
             }
             Some(Due::LoseNode) => {
@@ -169,8 +166,7 @@ pub async fn housekeeping(ctx: &Ctx, attempts: &[Arc<RunnerAttempt>], now: Times
                             &a.object_ref(&()),
                             Reason::NodeLost,
                             "the node's agent Lease expired past the grace period; a replacement is placed".into(),
-                        )
-                        .await;
+                        );
                 }
             }
             Some(Due::Terminate(_)) | None => {}

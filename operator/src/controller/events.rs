@@ -1,8 +1,10 @@
 //! Kubernetes Events for every decision a person would want to see (DESIGN §8). Reasons are a
 //! closed vocabulary; notes never echo workflow-controlled text.
 
+use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tokio::sync::mpsc;
 
 use super::writes::Writer;
 
@@ -56,26 +58,47 @@ impl Reason {
 }
 
 /// Publishes events; a failure to publish is logged, never fatal.
+/// Events wait here for the sender: a pass never waits on an Event write (a burst of 50
+/// creations or a thousand policies turning Ready would otherwise wait on as many POSTs).
+const QUEUE: usize = 4096;
+/// Events sent at once.
+const SENDERS: usize = 8;
+
+/// The Event publisher: a bounded queue drained by one background task. When the queue is full
+/// an Event is dropped and counted, as client-go's broadcaster does: Events are for people, and
+/// no decision depends on one.
 #[derive(Clone)]
 pub struct Events {
-    recorder: Recorder,
+    queue: mpsc::Sender<(ObjectReference, Event)>,
     writer: Writer,
 }
 
 impl Events {
+    /// Start the sender (needs a tokio runtime).
     pub fn new(writer: Writer, instance: String) -> Self {
         let reporter = Reporter {
             controller: "runner-manager-operator".into(),
             instance: Some(instance),
         };
-        Self {
-            recorder: Recorder::new(writer.kube.clone(), reporter),
-            writer,
-        }
+        let recorder = Recorder::new(writer.kube.clone(), reporter);
+        let (queue, mut rx) = mpsc::channel::<(ObjectReference, Event)>(QUEUE);
+        tokio::spawn(async move {
+            futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+                .for_each_concurrent(SENDERS, |(regarding, event)| {
+                    let recorder = recorder.clone();
+                    async move {
+                        if let Err(e) = recorder.publish(&event, &regarding).await {
+                            tracing::debug!(error = %e, reason = %event.reason, "event not published");
+                        }
+                    }
+                })
+                .await;
+        });
+        Self { queue, writer }
     }
 
-    pub async fn publish(&self, regarding: &ObjectReference, reason: Reason, note: String) {
-        self.writer.counted_event();
+    /// Queue an Event; it is written in the background.
+    pub fn publish(&self, regarding: &ObjectReference, reason: Reason, note: String) {
         let event = Event {
             type_: if reason.is_warning() {
                 EventType::Warning
@@ -87,8 +110,12 @@ impl Events {
             action: reason.as_str().into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, regarding).await {
-            tracing::debug!(error = %e, reason = reason.as_str(), "event not published");
+        match self.queue.try_send((regarding.clone(), event)) {
+            Ok(()) => self.writer.counted_event(),
+            Err(_) => {
+                self.writer.dropped_event();
+                tracing::warn!(reason = reason.as_str(), "event queue full; event dropped");
+            }
         }
     }
 }

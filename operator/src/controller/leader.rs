@@ -167,6 +167,37 @@ impl Elector {
     }
 }
 
+impl Elector {
+    /// Give the Lease up on a clean stop (SIGTERM, a rolling upgrade), so a standby takes over
+    /// at its next try instead of waiting out the lease. Called only once this replica's
+    /// controllers have stopped; a CAS, so a Lease someone else took meanwhile is left alone.
+    pub async fn release(&self) {
+        let Ok(Some(mut lease)) = self.api.get_opt(LEASE_NAME).await else {
+            return;
+        };
+        let Some(spec) = lease.spec.as_mut() else {
+            return;
+        };
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return;
+        }
+        // An empty holder is free to take (`Holding::may_take`), as client-go's release does.
+        spec.holder_identity = Some(String::new());
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        match self
+            .api
+            .replace(LEASE_NAME, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => tracing::info!(identity = %self.identity, "leadership released"),
+            Err(e) => {
+                tracing::warn!(error = %e, "releasing the leader Lease failed; a standby waits it out")
+            }
+        }
+    }
+}
+
 impl std::fmt::Debug for Elector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Elector").finish_non_exhaustive()

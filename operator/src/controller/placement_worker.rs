@@ -190,6 +190,11 @@ impl PlacementWorker {
     pub fn created(&mut self, name: &str, node: &str, now: Timestamp) {
         self.expectations.created(name, node, now);
     }
+
+    /// A create that failed: its place is free again.
+    pub fn forget(&mut self, name: &str) {
+        self.expectations.observed(name);
+    }
 }
 
 impl Default for PlacementWorker {

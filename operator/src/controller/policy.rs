@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use futures_util::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
@@ -190,25 +191,21 @@ pub async fn prepare(
         .await;
         match (&result, was_ok) {
             (Err(i), Some(true) | None) => {
-                ctx.events
-                    .publish(
-                        &policy.object_ref(&()),
-                        Reason::PolicyInvalid,
-                        i.message.clone(),
-                    )
-                    .await;
+                ctx.events.publish(
+                    &policy.object_ref(&()),
+                    Reason::PolicyInvalid,
+                    i.message.clone(),
+                );
             }
             (Ok(r), Some(false) | None) => {
-                ctx.events
-                    .publish(
-                        &policy.object_ref(&()),
-                        Reason::PolicyReady,
-                        format!(
-                            "runner {} pinned; runner group {}",
-                            r.package.version, r.runner_group_id
-                        ),
-                    )
-                    .await;
+                ctx.events.publish(
+                    &policy.object_ref(&()),
+                    Reason::PolicyReady,
+                    format!(
+                        "runner {} pinned; runner group {}",
+                        r.package.version, r.runner_group_id
+                    ),
+                );
             }
             _ => {}
         }
@@ -275,6 +272,9 @@ pub async fn prepare(
         let _ = ctx.writer.pending_jobs(ns, name, remove).await;
     }
 }
+
+/// Attempt creates sent at once by one policy.
+const CREATE_CONCURRENCY: usize = 8;
 
 /// A policy's decisions: demand, creation with placement, scale-down, timeouts, status.
 pub async fn reconcile(
@@ -351,9 +351,7 @@ pub async fn reconcile(
                     ),
                 );
             } else {
-                scaling =
-                    create_attempts(ctx, placement, policy, attempts, r, *create, &history, now)
-                        .await;
+                scaling = create_attempts(ctx, placement, policy, r, *create, &history, now).await;
             }
         }
         (Some(_), ScaleDecision::Down { idle }) => {
@@ -525,13 +523,11 @@ pub async fn reconcile(
             .any(|c| c.type_ == PolicyConditionType::Degraded && c.status == ConditionStatus::True);
     upsert(&mut next.conditions, degraded_cond);
     if newly_degraded {
-        ctx.events
-            .publish(
-                &policy.object_ref(&()),
-                Reason::Degraded,
-                format!("{failures} consecutive launches failed; replacements stopped"),
-            )
-            .await;
+        ctx.events.publish(
+            &policy.object_ref(&()),
+            Reason::Degraded,
+            format!("{failures} consecutive launches failed; replacements stopped"),
+        );
     }
     if next != old {
         let _ = ctx
@@ -551,76 +547,88 @@ fn status_fields(s: &ScalePolicyStatus) -> Value {
     v
 }
 
+/// Create up to `create` attempts. Nodes are chosen one by one under the placement worker's
+/// lock and each choice is recorded as an expectation before its create is sent, so the lock is
+/// released before the creates, which go out at once (a burst of 50 does not wait on 50
+/// sequential round trips). A create that fails forgets its expectation; the next pass retries.
 #[allow(clippy::too_many_arguments)]
 async fn create_attempts(
     ctx: &Ctx,
     placement: &Mutex<PlacementWorker>,
     policy: &ScalePolicy,
-    attempts: &[Arc<RunnerAttempt>],
     resolved: &Resolved,
     create: u32,
     history: &[Launch<'_>],
     now: Timestamp,
 ) -> (bool, PolicyReason, String) {
-    // Held until every creation of this policy is recorded as an expectation.
-    let mut placement = placement.lock().await;
-    let nodes = ctx.caches.nodes.state();
-    let leases = ctx.caches.leases.state();
-    let all_attempts = ctx.caches.attempts.state();
-    let mut facts = node_facts(
-        &nodes.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
-        &leases.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
-        &all_attempts.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
-        now,
-    );
-    let _ = attempts;
-    let mut lineage = lineages(history).into_iter();
     let uid = policy.metadata.uid.clone().unwrap_or_default();
     let pinned = Pinned {
         runner_group_id: resolved.runner_group_id,
         package: &resolved.package,
         env: &resolved.env,
     };
-    let mut created = 0;
-    for _ in 0..create {
-        let node = match placement.choose(
-            &facts,
-            &policy.spec.node_selector,
-            &uid,
-            &resolved.package.sha256,
+    let mut lineage = lineages(history).into_iter();
+    let mut planned = Vec::new();
+    let mut unplaceable = None;
+    {
+        let mut placement = placement.lock().await;
+        let nodes = ctx.caches.nodes.state();
+        let leases = ctx.caches.leases.state();
+        let all_attempts = ctx.caches.attempts.state();
+        let mut facts = node_facts(
+            &nodes.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
+            &leases.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
+            &all_attempts.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
             now,
-        ) {
-            Ok(n) => n,
-            Err(why) => {
-                ctx.metrics.placement_failure(why.as_str());
-                if created == 0 {
-                    ctx.events
-                        .publish(
-                            &policy.object_ref(&()),
-                            Reason::Unplaceable,
-                            why.message().into(),
-                        )
-                        .await;
+        );
+        for _ in 0..create {
+            let node = match placement.choose(
+                &facts,
+                &policy.spec.node_selector,
+                &uid,
+                &resolved.package.sha256,
+                now,
+            ) {
+                Ok(n) => n,
+                Err(why) => {
+                    unplaceable = Some(why);
+                    break;
                 }
-                return (false, why.reason(), why.message().to_owned());
+            };
+            let replaces = lineage.next().map(str::to_owned);
+            let Some(attempt) = build(
+                policy,
+                &pinned,
+                uuid::Uuid::new_v4(),
+                &node,
+                replaces.clone(),
+            ) else {
+                return (
+                    false,
+                    PolicyReason::InvalidSpec,
+                    "spec.github.url cannot be parsed".into(),
+                );
+            };
+            let name = attempt.metadata.name.clone().unwrap_or_default();
+            placement.created(&name, &node, now);
+            if let Some(f) = facts.iter_mut().find(|f| f.name == node) {
+                f.counted.insert(name);
             }
-        };
-        let replaces = lineage.next().map(str::to_owned);
-        let id = uuid::Uuid::new_v4();
-        let Some(attempt) = build(policy, &pinned, id, &node, replaces.clone()) else {
-            return (
-                false,
-                PolicyReason::InvalidSpec,
-                "spec.github.url cannot be parsed".into(),
-            );
-        };
-        let attempt_name = attempt.metadata.name.clone().unwrap_or_default();
-        match ctx.writer.create_attempt(&attempt).await {
+            planned.push((attempt, node, replaces));
+        }
+    }
+    let results: Vec<_> = futures_util::stream::iter(planned)
+        .map(|(attempt, node, replaces)| async move {
+            let result = ctx.writer.create_attempt(&attempt).await;
+            (attempt, node, replaces, result)
+        })
+        .buffer_unordered(CREATE_CONCURRENCY)
+        .collect()
+        .await;
+    let mut created = 0;
+    for (attempt, node, replaces, result) in results {
+        match result {
             Ok(done) => {
-                placement.created(&attempt_name, &node, now);
-                if let Some(f) = facts.iter_mut().find(|f| f.name == node) {
-                    f.counted.insert(attempt_name.clone());
-                }
                 created += 1;
                 ctx.metrics.attempt_created(if replaces.is_some() {
                     "replacement"
@@ -632,14 +640,27 @@ async fn create_attempts(
                     None => format!("created on node {node}"),
                 };
                 ctx.events
-                    .publish(&done.object_ref(&()), Reason::AttemptCreated, note)
-                    .await;
+                    .publish(&done.object_ref(&()), Reason::AttemptCreated, note);
             }
             Err(e) => {
-                tracing::warn!(error = %e, "creating an attempt failed");
-                break;
+                tracing::warn!(error = %e, "creating an attempt failed; the next pass retries");
+                placement
+                    .lock()
+                    .await
+                    .forget(attempt.metadata.name.as_deref().unwrap_or_default());
             }
         }
+    }
+    if let Some(why) = unplaceable {
+        ctx.metrics.placement_failure(why.as_str());
+        if created == 0 {
+            ctx.events.publish(
+                &policy.object_ref(&()),
+                Reason::Unplaceable,
+                why.message().into(),
+            );
+        }
+        return (false, why.reason(), why.message().to_owned());
     }
     (
         true,
@@ -698,13 +719,11 @@ async fn drain(
             .filter(|f| f != POLICY_FINALIZER)
             .collect();
         if rest.len() != policy.metadata.finalizers.as_ref().map_or(0, Vec::len) {
-            ctx.events
-                .publish(
-                    &policy.object_ref(&()),
-                    Reason::Drained,
-                    "every attempt is gone; the policy is released".into(),
-                )
-                .await;
+            ctx.events.publish(
+                &policy.object_ref(&()),
+                Reason::Drained,
+                "every attempt is gone; the policy is released".into(),
+            );
             let _ = ctx.writer.policy_finalizers(policy, rest).await;
         }
     }

@@ -113,13 +113,13 @@ pub async fn terminate(
             match client.delete_runner(runner.id, Priority::Observe).await {
                 Ok(Deleted::Deleted | Deleted::AlreadyGone) => deregistered = true,
                 Ok(Deleted::Busy) => {
-                    ctx.events
-                        .publish(
-                            &live.object_ref(&()),
-                            Reason::RunnerTookJob,
-                            format!("not terminated ({reason:?}): GitHub says the runner is running a job"),
-                        )
-                        .await;
+                    ctx.events.publish(
+                        &live.object_ref(&()),
+                        Reason::RunnerTookJob,
+                        format!(
+                            "not terminated ({reason:?}): GitHub says the runner is running a job"
+                        ),
+                    );
                     return Terminated::TookJob;
                 }
                 Err(e) => {
@@ -140,13 +140,11 @@ pub async fn terminate(
         return Terminated::Skipped;
     }
     ctx.metrics.termination(reason_name(reason));
-    ctx.events
-        .publish(
-            &live.object_ref(&()),
-            Reason::TerminationRequested,
-            format!("{reason:?}: runner deregistered={deregistered}"),
-        )
-        .await;
+    ctx.events.publish(
+        &live.object_ref(&()),
+        Reason::TerminationRequested,
+        format!("{reason:?}: runner deregistered={deregistered}"),
+    );
     Terminated::Requested
 }
 
@@ -234,8 +232,7 @@ pub async fn observe(
                             r.id,
                             now.duration_since(first).as_secs()
                         ),
-                    )
-                    .await;
+                    );
             continue;
         }
         still.insert(r.id, first);

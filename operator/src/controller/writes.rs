@@ -224,6 +224,10 @@ impl Writer {
     pub fn counted_event(&self) {
         self.count(WriteKind::Event);
     }
+
+    pub fn dropped_event(&self) {
+        self.metrics.event_dropped();
+    }
 }
 
 impl std::fmt::Debug for Writer {
