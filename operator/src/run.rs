@@ -20,7 +20,8 @@ use crate::broker::{server, tls};
 use crate::cli::Cli;
 use crate::controller::leader::{Elector, LeaderError};
 use crate::controller::{
-    self, Ctx, Settings, cache, events::Events, job_ledger::KubeSink, writes::Writer,
+    self, Ctx, Settings, cache, events::Events, job_ledger::KubeSink, ledger_batch::LedgerBatches,
+    writes::Writer,
 };
 use crate::crd_apply::apply_crds;
 use crate::github::GitHubConfig;
@@ -132,6 +133,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
         Arc::new(KubeSink {
             writer: writer.clone(),
             policies: policies.clone(),
+            batches: LedgerBatches::default(),
         }),
         metrics.clone(),
     ));

@@ -215,14 +215,34 @@ async fn per_call(
     with_headers(&fake, resp)
 }
 
-/// Sends queued deliveries in order; a delayed one goes on its own task so later ones can
-/// overtake it, as GitHub's can.
+/// Delivery lanes: GitHub sends deliveries concurrently, each its own HTTP request. The fake
+/// keeps one job's deliveries in order (a lane per job, by id) and sends different jobs' at
+/// once, so a burst of 50 queued jobs is not 50 round trips one after the other.
+const LANES: u64 = 8;
+
+/// Sends queued deliveries, in order within a job's lane; a delayed one goes on its own task so
+/// later ones can overtake it, as GitHub's can.
 async fn webhook_sender(fake: Arc<FakeGithub>, mut rx: mpsc::UnboundedReceiver<Outgoing>) {
     let client = reqwest::Client::new();
+    let lanes: Vec<mpsc::UnboundedSender<Outgoing>> = (0..LANES)
+        .map(|_| {
+            let (tx, mut lane) = mpsc::unbounded_channel::<Outgoing>();
+            let fake = fake.clone();
+            let client = client.clone();
+            tokio::spawn(async move {
+                while let Some(out) = lane.recv().await {
+                    let status = webhooks::send(&client, &out).await;
+                    fake.record_attempt(&out.guid, status, out.redelivery);
+                }
+            });
+            tx
+        })
+        .collect();
     while let Some(out) = rx.recv().await {
         if out.delay.is_zero() {
-            let status = webhooks::send(&client, &out).await;
-            fake.record_attempt(&out.guid, status, out.redelivery);
+            // The lane count is a small constant: the index always fits.
+            let lane = usize::try_from(out.job_id % LANES).unwrap_or(0);
+            let _ = lanes[lane].send(out);
         } else {
             let fake = fake.clone();
             let client = client.clone();

@@ -581,6 +581,7 @@ impl FakeGithub {
                 // A closed channel means the fake is shutting down; nothing to deliver to.
                 let _ = self.outgoing.send(Outgoing {
                     guid: guid.clone(),
+                    job_id: job.id,
                     hook_id: hook.id,
                     url: hook.url.clone(),
                     secret: hook.secret.clone(),
@@ -607,6 +608,7 @@ impl FakeGithub {
             .ok_or_else(ApiError::not_found)?;
         let _ = self.outgoing.send(Outgoing {
             guid: d.guid.clone(),
+            job_id: d.job_id,
             hook_id: hook.id,
             url: hook.url.clone(),
             secret: hook.secret.clone(),

@@ -75,6 +75,8 @@ pub struct Delivery {
 #[derive(Debug, Clone)]
 pub struct Outgoing {
     pub guid: String,
+    /// The job it is about: deliveries of one job go out in order, of different jobs at once.
+    pub job_id: u64,
     pub hook_id: u64,
     pub url: String,
     pub secret: SecretString,

@@ -81,11 +81,27 @@ impl CapacityBook {
     pub fn held(&self) -> usize {
         self.held.len()
     }
+
+    /// What counts against capacity: the admitted attempts, and the `Pending` ones (by uid) not
+    /// admitted yet. An attempt admitted a moment ago may still be `Pending` in the watch: it
+    /// counts once, or a burst would advertise the node full while it has room.
+    pub fn counted_with(&self, pending: &BTreeSet<String>) -> usize {
+        self.held.len() + pending.iter().filter(|p| !self.held.contains(*p)).count()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_admitted_attempt_still_pending_in_the_watch_counts_once() {
+        let mut b = CapacityBook::default();
+        assert_eq!(b.admit("a", 4, true), Admission::Admit);
+        let pending: BTreeSet<String> = ["a".to_owned(), "b".to_owned()].into();
+        assert_eq!(b.counted_with(&pending), 2, "a admitted, b waiting");
+        assert_eq!(b.counted_with(&BTreeSet::new()), 1);
+    }
 
     #[test]
     fn the_surplus_over_capacity_is_rejected_and_a_conclusion_frees_a_place() {

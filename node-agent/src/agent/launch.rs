@@ -215,8 +215,9 @@ pub async fn admit_and_launch(
     request_and_start(agent, api, &name, &ns, runtime, account, timings).await
 }
 
-/// `Pending → Allocated`: the placement and the spec hash, journalled before any effect. Holds
-/// the allocation lock from the slot choice to the table update after the CAS.
+/// `Pending → Allocated`: the placement and the spec hash, journalled before any effect. A
+/// persistent placement holds the allocation lock from the slot choice to the table update after
+/// the CAS.
 async fn allocate(
     agent: &Agent,
     api: &Api<RunnerAttempt>,
@@ -226,7 +227,13 @@ async fn allocate(
 ) -> Result<Option<WorkspacePlacement>, StepError> {
     let snapshot = &a.spec.snapshot;
     let uuid = uuid_of(a)?;
-    let _held = agent.allocation.lock().await;
+    // Only a slot choice needs the lock: the lowest free slot must stay free until the table
+    // records it after the CAS. An ephemeral runtime is named by its attempt, so a burst's
+    // admissions do not queue behind one another's API writes (50 of them took 8-15 s).
+    let _held = match snapshot.workspace {
+        WorkspaceMode::Persistent => Some(agent.allocation.lock().await),
+        WorkspaceMode::Ephemeral => None,
+    };
     let (placement, lease) = match snapshot.workspace {
         WorkspaceMode::Ephemeral => (
             WorkspacePlacement::ephemeral(

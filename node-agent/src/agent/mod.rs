@@ -21,9 +21,8 @@ pub mod log;
 pub mod rebuild;
 pub mod supervise;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -95,8 +94,9 @@ pub struct Agent {
     book: Mutex<CapacityBook>,
     accounts: Mutex<AccountPool>,
     slots: Mutex<SlotTable>,
-    /// `Pending` attempts of the node at the last list (they count against free capacity).
-    pending: AtomicUsize,
+    /// Uids of the node's `Pending` attempts at the last watch event (they count against free
+    /// capacity until admitted, and once: see `CapacityBook::counted_with`).
+    pending: Mutex<BTreeSet<String>>,
     /// Per-attempt backoff of refused slot scrubs.
     cleanup_backoff: Mutex<CleanupBackoff>,
     /// Renew the Lease now: the advert changed.
@@ -140,7 +140,8 @@ impl Agent {
 
     /// What the Lease says now.
     pub fn advert(&self) -> AgentAdvert {
-        let counted = self.book().held() + self.pending.load(Ordering::SeqCst);
+        let pending = lock(&self.pending).clone();
+        let counted = self.book().counted_with(&pending);
         let slots = self.slots().clone();
         lease::advert(
             self.capacity,
@@ -258,7 +259,7 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         book: Mutex::new(CapacityBook::default()),
         accounts: Mutex::new(AccountPool::new(cli.runner_uid_range, cli.runner_gid)),
         slots: Mutex::new(SlotTable::default()),
-        pending: AtomicUsize::new(0),
+        pending: Mutex::new(BTreeSet::new()),
         cleanup_backoff: Mutex::new(CleanupBackoff::default()),
         advert_changed: Notify::new(),
         spec_warned: Mutex::new(std::collections::BTreeSet::new()),
@@ -347,11 +348,13 @@ async fn watch_attempts(agent: Arc<Agent>) {
         if first {
             continue;
         }
-        let pending = known
-            .values()
-            .filter(|a| rebuild::state_of(a) == AttemptState::Pending)
-            .count();
-        if agent.pending.swap(pending, Ordering::SeqCst) != pending {
+        let pending: BTreeSet<String> = known
+            .iter()
+            .filter(|(_, a)| rebuild::state_of(a) == AttemptState::Pending)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        if *lock(&agent.pending) != pending {
+            *lock(&agent.pending) = pending;
             agent.advert_changed.notify_one();
         }
         tasks.retain(|_, t| !t.is_finished());

@@ -12,6 +12,7 @@ use runner_manager_crds::policy::{PENDING_JOBS_BOUND, ScalePolicy};
 use runner_manager_crds::target::{GitHubTarget, TargetKind};
 use serde_json::{Map, Value, json};
 
+use super::ledger_batch::{BatchError, LedgerBatches};
 use super::writes::Writer;
 use crate::github::client::GitHubClient;
 use crate::github::errors::GitHubError;
@@ -108,10 +109,21 @@ pub fn stale_after_poll(
 pub struct KubeSink {
     pub writer: Writer,
     pub policies: Store<ScalePolicy>,
+    /// Deliveries for one policy that arrive together share one ledger patch.
+    pub batches: LedgerBatches,
+}
+
+/// Why a delivery could not be recorded (GitHub redelivers on the 503 it gets).
+#[derive(Debug, thiserror::Error)]
+enum ApplyError {
+    #[error(transparent)]
+    Ledger(#[from] BatchError),
+    #[error("writing the attempt's job: {0}")]
+    JobFact(#[from] kube::Error),
 }
 
 impl KubeSink {
-    async fn apply(&self, event: JobEvent) -> Result<(), kube::Error> {
+    async fn apply(&self, event: JobEvent) -> Result<(), ApplyError> {
         let candidates = Candidates::of(self.policies.state(), true);
         let job = JobLabels {
             repository: &event.repository,
@@ -130,7 +142,7 @@ impl KubeSink {
         match event.action {
             JobAction::Queued => {
                 let add = additions(ledger, [id], Timestamp::now());
-                self.writer.pending_jobs(ns, name, add).await?;
+                self.batches.write(&self.writer, ns, name, add).await?;
             }
             JobAction::Waiting => {}
             JobAction::InProgress | JobAction::Completed => {
@@ -138,7 +150,7 @@ impl KubeSink {
                 // ago may not have reached the cache, and a null on an absent key is harmless.
                 let mut remove = Map::new();
                 remove.insert(key, Value::Null);
-                self.writer.pending_jobs(ns, name, remove).await?;
+                self.batches.write(&self.writer, ns, name, remove).await?;
                 // The attempt whose runner took it learns its job at once.
                 if event.action == JobAction::InProgress
                     && let Some(attempt) = event.attempt()

@@ -12,6 +12,7 @@ pub mod events;
 pub mod failures;
 pub mod job_ledger;
 pub mod leader;
+pub mod ledger_batch;
 pub mod placement_worker;
 pub mod policy;
 pub mod resolve;

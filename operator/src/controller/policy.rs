@@ -336,6 +336,13 @@ pub async fn reconcile(
             );
         }
         (Some(r), ScaleDecision::Up { create }) => {
+            tracing::debug!(
+                policy = name,
+                desired = scale.desired,
+                create = *create,
+                pending_jobs,
+                "scaling up"
+            );
             let gate = resume_at(
                 &history,
                 failures,
@@ -617,6 +624,12 @@ async fn create_attempts(
             planned.push((attempt, node, replaces));
         }
     }
+    tracing::debug!(
+        planned = planned.len(),
+        create,
+        unplaceable = unplaceable.as_ref().map_or("", |w| w.as_str()),
+        "placed"
+    );
     let results: Vec<_> = futures_util::stream::iter(planned)
         .map(|(attempt, node, replaces)| async move {
             let result = ctx.writer.create_attempt(&attempt).await;
