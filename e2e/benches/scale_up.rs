@@ -88,6 +88,34 @@ impl Started {
     }
 }
 
+/// The calls per endpoint between two readings of the simulated GitHub's counters.
+fn by_endpoint(after: &serde_json::Value, before: &serde_json::Value) -> String {
+    let total = |v: &serde_json::Value, e: &str| -> u64 {
+        v.get(e)
+            .and_then(serde_json::Value::as_object)
+            .map_or(0, |m| {
+                m.values().filter_map(serde_json::Value::as_u64).sum()
+            })
+    };
+    after
+        .as_object()
+        .map(|m| {
+            m.keys()
+                .filter(|e| {
+                    !matches!(
+                        e.as_str(),
+                        "download_package" | "runner_session" | "runner_poll" | "runner_complete"
+                    )
+                })
+                .map(|e| (e, total(after, e) - total(before, e)))
+                .filter(|(_, n)| *n > 0)
+                .map(|(e, n)| format!("{e} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default()
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -211,7 +239,7 @@ async fn burst(jobs: usize) {
     p.wait_jobs_completed(&[warmup], Duration::from_secs(180))
         .await
         .unwrap();
-    let calls_before = p.operator_github_calls().await.unwrap().0;
+    let (calls_before, by_endpoint_before) = p.operator_github_calls().await.unwrap();
     let writes = WriteCounter::start(p.attempts()).await.unwrap();
     let (started, _watch) = Started::spawn(p.attempts());
     let before = started.count();
@@ -260,7 +288,9 @@ async fn burst(jobs: usize) {
         .unwrap();
     let all_done = queued.elapsed();
     sampler.abort();
-    let calls = p.operator_github_calls().await.unwrap().0 - calls_before;
+    let (calls_after, by_endpoint_after) = p.operator_github_calls().await.unwrap();
+    let calls = calls_after - calls_before;
+    let breakdown = by_endpoint(&by_endpoint_after, &by_endpoint_before);
     // Writes per attempt, once the burst's attempts are cleaned.
     wait::until(Duration::from_secs(300), "the burst cleaned", || async {
         let live = p.all_attempts().await.into_iter().any(|a| {
@@ -292,6 +322,7 @@ async fn burst(jobs: usize) {
         counts.len(),
         calls as f64 / counts.len().max(1) as f64
     );
+    println!("  by endpoint: {breakdown}");
     println!(
         "API writes per attempt: mean {mean:.1}, max {} (target <= 12)",
         counts.iter().max().copied().unwrap_or(0)

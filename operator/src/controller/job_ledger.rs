@@ -188,13 +188,14 @@ pub async fn poll_queued(
     policy: &ScalePolicy,
     candidates: &Candidates,
     max_age: std::time::Duration,
+    settle: std::time::Duration,
 ) -> Result<Vec<i64>, GitHubError> {
     let TargetKind::Repository { owner, repo } = &client.target().kind else {
         return Ok(vec![]);
     };
     let repository = format!("{owner}/{repo}");
     let mut found = Vec::new();
-    for job in client.recent_queued_jobs(max_age).await?.iter() {
+    for job in client.recent_queued_jobs(max_age, settle).await?.iter() {
         let labels = JobLabels {
             repository: &repository,
             enterprise: None,

@@ -235,7 +235,14 @@ pub async fn prepare(
             let cutoff = now
                 .checked_sub(k8s_openapi::jiff::SignedDuration::try_from(poll).unwrap_or_default())
                 .unwrap_or(now);
-            match poll_queued(&r.client, policy, candidates, poll / 2).await {
+            // With webhooks on, a run is polled once it is a poll interval old: until then its
+            // deliveries are most likely in flight. Without them, at once.
+            let settle = if policy.spec.scaling.webhook {
+                poll
+            } else {
+                std::time::Duration::ZERO
+            };
+            match poll_queued(&r.client, policy, candidates, poll / 2, settle).await {
                 Ok(jobs) => {
                     let mut change = stale_after_poll(&old.pending_jobs, &jobs, cutoff);
                     change.extend(additions(&old.pending_jobs, jobs, now));

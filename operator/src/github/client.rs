@@ -876,15 +876,23 @@ impl GitHubClient {
     }
 
     /// The queued jobs of the repository's queued runs, at most `max_age` old (one poll per
-    /// repository, however many policies it has). Empty for other scopes.
+    /// repository, however many policies it has). Empty for other scopes. Runs created less than
+    /// `settle` ago are skipped: their webhook deliveries are most likely in flight, and a burst
+    /// of 50 fresh runs would otherwise cost 50 job listings; a run whose delivery was lost is
+    /// read at the first poll after it settles.
     pub async fn recent_queued_jobs(
         &self,
         max_age: Duration,
+        settle: Duration,
     ) -> Result<Arc<Vec<Job>>, GitHubError> {
         self.queued_jobs
             .get(max_age, || async {
                 let mut queued = Vec::new();
+                let now = k8s_openapi::jiff::Timestamp::now();
                 for run in self.queued_runs().await? {
+                    if run_is_younger_than(&run, now, settle) {
+                        continue;
+                    }
                     queued.extend(
                         self.run_jobs(run.id)
                             .await?
@@ -909,6 +917,25 @@ impl GitHubClient {
     }
 }
 
+/// Whether a run was created less than `settle` before `now` (an unreadable time: no). Pure.
+pub fn run_is_younger_than(
+    run: &WorkflowRun,
+    now: k8s_openapi::jiff::Timestamp,
+    settle: Duration,
+) -> bool {
+    let Some(created) = run
+        .created_at
+        .as_deref()
+        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+    else {
+        return false;
+    };
+    let age_ms = now
+        .as_millisecond()
+        .saturating_sub(created.as_millisecond());
+    age_ms < i64::try_from(settle.as_millis()).unwrap_or(i64::MAX)
+}
+
 /// Which rate-limit bucket an endpoint draws from (GitHub's `x-ratelimit-resource`).
 fn resource_of(endpoint: Endpoint) -> &'static str {
     match endpoint {
@@ -926,4 +953,40 @@ fn parse<T: DeserializeOwned>(endpoint: Endpoint, body: &[u8]) -> Result<T, GitH
 fn token_key(token: &SecretString) -> String {
     use sha2::{Digest, Sha256};
     hex::encode(&Sha256::digest(token.expose_secret().as_bytes())[..6])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(created_at: Option<&str>) -> WorkflowRun {
+        WorkflowRun {
+            id: 1,
+            status: Some("queued".into()),
+            created_at: created_at.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_run_is_polled_once_it_has_settled_and_an_unreadable_time_is_polled_at_once() {
+        let now: k8s_openapi::jiff::Timestamp = "2026-11-30T17:00:10Z".parse().unwrap();
+        let settle = Duration::from_secs(10);
+        assert!(run_is_younger_than(
+            &run(Some("2026-11-30T17:00:05Z")),
+            now,
+            settle
+        ));
+        assert!(!run_is_younger_than(
+            &run(Some("2026-11-30T17:00:00Z")),
+            now,
+            settle
+        ));
+        assert!(!run_is_younger_than(&run(None), now, settle));
+        assert!(!run_is_younger_than(&run(Some("yesterday")), now, settle));
+        assert!(!run_is_younger_than(
+            &run(Some("2026-11-30T17:00:09Z")),
+            now,
+            Duration::ZERO
+        ));
+    }
 }

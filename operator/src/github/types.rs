@@ -99,6 +99,9 @@ pub(crate) struct InstallationTokenWire {
 pub struct WorkflowRun {
     pub id: i64,
     pub status: Option<String>,
+    /// ISO 8601, e.g. `2026-11-30T17:00:00Z`.
+    #[serde(default)]
+    pub created_at: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
