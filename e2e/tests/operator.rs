@@ -388,6 +388,21 @@ impl World {
             .unwrap()
     }
 
+    /// Wait until exactly one of replicas `a` and `b` leads: (leader, standby).
+    async fn one_leader(&self, a: usize, b: usize) -> (usize, usize) {
+        wait::until(LONG, "one leader", || async {
+            let la = self.operators[a].metric("runner_manager_leader").await;
+            let lb = self.operators[b].metric("runner_manager_leader").await;
+            match (la as i64, lb as i64) {
+                (1, 0) => Some((a, b)),
+                (0, 1) => Some((b, a)),
+                _ => None,
+            }
+        })
+        .await
+        .unwrap()
+    }
+
     async fn registrations(&self) -> Vec<Value> {
         self.fake.runners().await.unwrap()
     }
@@ -1015,18 +1030,7 @@ async fn leader_failover_between_two_operator_processes() {
         .start_operator(&["--leader-election", "true", "--lease-duration", "8s"])
         .await;
     w.add_node(Script::default(), a).await;
-    let leader = wait::until(LONG, "one leader", || async {
-        let la = w.operators[a].metric("runner_manager_leader").await;
-        let lb = w.operators[b].metric("runner_manager_leader").await;
-        match (la as i64, lb as i64) {
-            (1, 0) => Some(a),
-            (0, 1) => Some(b),
-            _ => None,
-        }
-    })
-    .await
-    .unwrap();
-    let standby = if leader == a { b } else { a };
+    let (leader, standby) = w.one_leader(a, b).await;
     w.policy("web", json!({"minIdle": 1})).await;
     w.attempts_until("the leader creates the minIdle attempt", LONG, |l| {
         (l.len() == 1).then_some(())
@@ -1432,18 +1436,7 @@ async fn a_leader_stopped_by_sigterm_hands_over_before_its_lease_would_lapse() {
     let flags = ["--leader-election", "true", "--lease-duration", "40s"];
     let a = w.start_operator(&flags).await;
     let b = w.start_operator(&flags).await;
-    let leader = wait::until(LONG, "one leader", || async {
-        let la = w.operators[a].metric("runner_manager_leader").await;
-        let lb = w.operators[b].metric("runner_manager_leader").await;
-        match (la as i64, lb as i64) {
-            (1, 0) => Some(a),
-            (0, 1) => Some(b),
-            _ => None,
-        }
-    })
-    .await
-    .unwrap();
-    let standby = if leader == a { b } else { a };
+    let (leader, standby) = w.one_leader(a, b).await;
     let stopped = Instant::now();
     w.operators[leader].process.terminate().unwrap();
     let status = wait::until(LONG, "the old leader to exit", || {
