@@ -217,24 +217,19 @@ pub async fn pass(ctx: &Ctx, memory: &mut Memory) {
                 Some((*p, by_policy.get(k).unwrap_or(&empty), mem))
             })
             .collect();
-        let (candidates, attempt_ids, placement) = (&candidates, &attempt_ids, &placement);
+        // Nodes cordoned now, read once for every policy of the pass.
+        let cordoned = policy::cordoned_nodes(ctx);
+        let (candidates, attempt_ids, placement, cordoned) =
+            (&candidates, &attempt_ids, &placement, &cordoned);
         futures_util::stream::iter(work)
             .for_each_concurrent(POLICY_CONCURRENCY, |(p, mine, mem)| async move {
                 policy::prepare(ctx, mem, p, mine, candidates, attempt_ids, now).await;
-                policy::reconcile(ctx, placement, mem, p, mine, now).await;
+                policy::reconcile(ctx, placement, cordoned, mem, p, mine, now).await;
             })
             .await;
     }
     memory.placement = placement.into_inner();
-    let live: std::collections::HashSet<String> = all_policies
-        .iter()
-        .map(|p| {
-            key(
-                p.metadata.namespace.as_deref().unwrap_or_default(),
-                p.metadata.name.as_deref().unwrap_or_default(),
-            )
-        })
-        .collect();
+    let live: std::collections::HashSet<&String> = keys.iter().collect();
     memory.policies.retain(|k, _| live.contains(k));
 }
 

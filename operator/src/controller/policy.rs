@@ -124,7 +124,7 @@ fn stored_ready(policy: &ScalePolicy, generation: i64) -> Option<bool> {
 }
 
 /// The nodes marked unschedulable (`kubectl cordon`, a drain, a node upgrade).
-fn cordoned_nodes(ctx: &Ctx) -> HashSet<String> {
+pub fn cordoned_nodes(ctx: &Ctx) -> HashSet<String> {
     ctx.caches
         .nodes
         .state()
@@ -287,6 +287,7 @@ const CREATE_CONCURRENCY: usize = 8;
 pub async fn reconcile(
     ctx: &Ctx,
     placement: &Mutex<PlacementWorker>,
+    cordoned: &HashSet<String>,
     mem: &mut PolicyMemory,
     policy: &Arc<ScalePolicy>,
     attempts: &[Arc<RunnerAttempt>],
@@ -403,7 +404,6 @@ pub async fn reconcile(
     let client = resolved.as_ref().map(|r| r.client.clone());
     // A cordoned node keeps its busy runners until their jobs end; its idle ones are
     // deregistered and stopped now (DESIGN §11), and demand places their successors elsewhere.
-    let cordoned = cordoned_nodes(ctx);
     for (a, view) in attempts.iter().zip(&attempt_views) {
         if view.state == AttemptState::Idle
             && !view.termination_requested
