@@ -10,6 +10,9 @@ OUT=$RM_K8S_BIN
 WORK=${K8S_SRC_WORK:-$RM_CACHE/k8s-src}
 
 "$here/install-packages.sh"
+# Debian's Go 1.19 (golang-go) builds these v1.20 sources; a newer Go first on PATH does not
+# (the vendored tree predates its toolchain checks), so it goes first here.
+export PATH="/usr/lib/go-1.19/bin:$PATH"
 if [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/kube-controller-manager" ] \
    && "$OUT/kube-apiserver" --version >/dev/null 2>&1; then
   echo "kube-apiserver already built: $("$OUT/kube-apiserver" --version)"; exit 0

@@ -23,5 +23,17 @@ if ! "$RM_TOOLS_BIN/helm" version >/dev/null 2>&1; then
   [ -n "$bin" ] || { echo "helm binary not found in the layer" >&2; exit 1; }
   install -m 0755 "$bin" "$RM_TOOLS_BIN/helm"
 fi
+# The Rust tools `make test` runs: rustfmt and clippy from rustup, cargo-nextest from crates.io
+# (built once into ~/.cargo/bin; a few minutes on two cores).
+if command -v rustup >/dev/null 2>&1; then
+  for c in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
+  done
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "installing cargo-nextest"
+  cargo install --locked --quiet cargo-nextest
+fi
+echo "nextest: $(cargo nextest --version 2>/dev/null | head -1)"
 echo "kubectl: $("$RM_TOOLS_BIN/kubectl" version --client 2>/dev/null | head -1)"
 echo "helm:    $("$RM_TOOLS_BIN/helm" version --short 2>/dev/null)"
