@@ -305,6 +305,84 @@ pub struct EnvProblem {
 
 /// Names the agent sets itself; a `runner.env` may not override them.
 const RESERVED_ENV_PREFIXES: &[&str] = &["ACTIONS_RUNNER_INPUT_", "RUNNER_MANAGER_"];
+/// Set by the agent to the runner's own temporary directory.
+const TMP_ENV_NAMES: &[&str] = &["TMPDIR", "TEMP", "TMP"];
+/// Read by the dynamic loader of every program the runner starts.
+const LOADER_ENV_PREFIX: &str = "LD_";
+/// Read by the C library itself (glibc drops each of them for setuid programs for the same
+/// reason): character-set modules, tunables, the allocator, message catalogues, the resolver,
+/// locale and time-zone data.
+const LIBC_ENV_NAMES: &[&str] = &[
+    "GCONV_PATH",
+    "GETCONF_DIR",
+    "GLIBC_TUNABLES",
+    "HOSTALIASES",
+    "LOCALDOMAIN",
+    "LOCPATH",
+    "NIS_PATH",
+    "NLSPATH",
+    "RESOLV_HOST_CONF",
+    "RES_OPTIONS",
+    "TZDIR",
+];
+const LIBC_ENV_PREFIXES: &[&str] = &["MALLOC_"];
+
+/// Why a `runner.env` name is refused whatever its value. Closed: both the operator (this
+/// module) and the node agent classify names with it, so the two never disagree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReservedEnvName {
+    /// `ACTIONS_RUNNER_INPUT_*` (the JIT handoff) or `RUNNER_MANAGER_*` (the agent's own).
+    Agent,
+    /// `TMPDIR`, `TEMP`, `TMP`: the runner's temporary directory.
+    TempDir,
+    /// `LD_*`: the dynamic loader.
+    DynamicLoader,
+    /// `GCONV_PATH`, `GLIBC_TUNABLES`, `MALLOC_*`, `NLSPATH`, …: the C library.
+    CLibrary,
+}
+
+impl ReservedEnvName {
+    /// What is wrong and how to fix it; names the class, never a value.
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::Agent => {
+                "sets a variable reserved for the runner's JIT handoff or the agent (ACTIONS_RUNNER_INPUT_*, RUNNER_MANAGER_*); remove the line"
+            }
+            Self::TempDir => {
+                "sets TMPDIR, TEMP or TMP, which the agent points at the runner's own temporary directory; remove the line"
+            }
+            Self::DynamicLoader => {
+                "sets a dynamic-loader variable (LD_*), which the loader would apply to every program the runner starts; remove the line, and set library paths inside the job's own steps if it needs them"
+            }
+            Self::CLibrary => {
+                "sets a C-library variable (GCONV_PATH, GETCONF_DIR, GLIBC_TUNABLES, HOSTALIASES, LOCALDOMAIN, LOCPATH, MALLOC_*, NIS_PATH, NLSPATH, RES_OPTIONS, RESOLV_HOST_CONF, TZDIR), which changes how the C library of every program behaves; remove the line, and set it inside the job's own steps if it needs it"
+            }
+        }
+    }
+}
+
+fn starts_with_ignore_case(name: &str, prefix: &str) -> bool {
+    name.len() >= prefix.len()
+        && name.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
+}
+
+/// The class of a name `runner.env` may not set, or `None`. Compared without regard to case:
+/// the C library reads only the upper-case spellings, but nothing legitimate needs the others.
+pub fn reserved_env_name(name: &str) -> Option<ReservedEnvName> {
+    let one_of = |names: &[&str]| names.iter().any(|n| n.eq_ignore_ascii_case(name));
+    let prefixed = |prefixes: &[&str]| prefixes.iter().any(|p| starts_with_ignore_case(name, p));
+    if prefixed(RESERVED_ENV_PREFIXES) {
+        Some(ReservedEnvName::Agent)
+    } else if one_of(TMP_ENV_NAMES) {
+        Some(ReservedEnvName::TempDir)
+    } else if starts_with_ignore_case(name, LOADER_ENV_PREFIX) {
+        Some(ReservedEnvName::DynamicLoader)
+    } else if one_of(LIBC_ENV_NAMES) || prefixed(LIBC_ENV_PREFIXES) {
+        Some(ReservedEnvName::CLibrary)
+    } else {
+        None
+    }
+}
 
 /// Parse `runner.env`: `NAME=value` lines, `#` comments, blank lines. Returns every problem.
 pub fn parse_runner_env(text: &str) -> Result<BTreeMap<String, String>, Vec<EnvProblem>> {
@@ -334,10 +412,10 @@ pub fn parse_runner_env(text: &str) -> Result<BTreeMap<String, String>, Vec<EnvP
                 line: n,
                 message: "has a name that is not [A-Za-z_][A-Za-z0-9_]*",
             });
-        } else if RESERVED_ENV_PREFIXES.iter().any(|p| name.starts_with(p)) {
+        } else if let Some(class) = reserved_env_name(name) {
             problems.push(EnvProblem {
                 line: n,
-                message: "sets a variable reserved for the runner's JIT handoff or the agent",
+                message: class.message(),
             });
         } else if value.contains('\0') {
             problems.push(EnvProblem {
@@ -355,5 +433,88 @@ pub fn parse_runner_env(text: &str) -> Result<BTreeMap<String, String>, Vec<EnvP
         Ok(vars)
     } else {
         Err(problems)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loader_and_libc_names_are_refused_by_line_and_class_never_by_value() {
+        let text = "\
+GOOD=1
+LD_PRELOAD=/tmp/x.so
+# a comment
+ld_library_path=/tmp
+GCONV_PATH=/tmp/gconv
+GLIBC_TUNABLES=glibc.malloc.check=3
+MALLOC_ARENA_MAX=2
+NLSPATH=/tmp/%N
+HOSTALIASES=/tmp/hosts
+RESOLV_HOST_CONF=/tmp/h
+LOCALDOMAIN=evil
+RES_OPTIONS=debug
+TZDIR=/tmp/tz
+LOCPATH=/tmp/loc
+NIS_PATH=/tmp/nis
+TMPDIR=/tmp
+ACTIONS_RUNNER_INPUT_JITCONFIG=x
+RUNNER_MANAGER_RUNNER_ENV=x
+LDFLAGS=-L/opt/lib
+MALLOCATOR=jemalloc
+";
+        let problems = parse_runner_env(text).unwrap_err();
+        let by_line: Vec<(usize, &str)> = problems.iter().map(|p| (p.line, p.message)).collect();
+        let loader = ReservedEnvName::DynamicLoader.message();
+        let libc = ReservedEnvName::CLibrary.message();
+        assert_eq!(
+            by_line,
+            vec![
+                (2, loader),
+                (4, loader),
+                (5, libc),
+                (6, libc),
+                (7, libc),
+                (8, libc),
+                (9, libc),
+                (10, libc),
+                (11, libc),
+                (12, libc),
+                (13, libc),
+                (14, libc),
+                (15, libc),
+                (16, ReservedEnvName::TempDir.message()),
+                (17, ReservedEnvName::Agent.message()),
+                (18, ReservedEnvName::Agent.message()),
+            ]
+        );
+        for p in &problems {
+            assert!(!p.message.contains("/tmp/x.so") && !p.message.contains("evil"));
+            assert!(p.message.contains("remove the line"), "{}", p.message);
+        }
+        // Near misses are ordinary names: LDFLAGS is not LD_*, MALLOCATOR is not MALLOC_*.
+        let ok =
+            parse_runner_env("LDFLAGS=-L/opt/lib\nMALLOCATOR=jemalloc\nLANG=C.UTF-8\n").unwrap();
+        assert_eq!(ok.len(), 3);
+    }
+
+    #[test]
+    fn names_are_classified_without_regard_to_case() {
+        for (name, class) in [
+            ("LD_PRELOAD", Some(ReservedEnvName::DynamicLoader)),
+            ("LD_AUDIT", Some(ReservedEnvName::DynamicLoader)),
+            ("Ld_Library_Path", Some(ReservedEnvName::DynamicLoader)),
+            ("malloc_perturb_", Some(ReservedEnvName::CLibrary)),
+            ("glibc_tunables", Some(ReservedEnvName::CLibrary)),
+            ("Temp", Some(ReservedEnvName::TempDir)),
+            ("actions_runner_input_x", Some(ReservedEnvName::Agent)),
+            ("LD", None),
+            ("OLD_PATH", None),
+            ("PATH", None),
+            ("HOME", None),
+        ] {
+            assert_eq!(reserved_env_name(name), class, "{name}");
+        }
     }
 }

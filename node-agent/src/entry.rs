@@ -10,7 +10,15 @@
 //! [`READY`] once the handoff is gone, then execs. A successful exec closes the pipe, so the
 //! launcher's end reads `READY` then end-of-file; a failure reads [`FAILED`] and a closed kind.
 //! Under systemd the pipe is the journal and the launcher watches the handoff file instead.
+//!
+//! The helper starts as root under the direct launcher, so nothing of a tenant's may be in its
+//! own environment: a `runner.env` `LD_PRELOAD` (or any loader or C-library variable) would act
+//! in a root process. The launchers start it with a fixed environment ([`helper_environment`]:
+//! `PATH`, `LANG`) plus one opaque variable, [`ENVIRONMENT_VARIABLE`], holding the listener's
+//! whole environment percent-encoded; neither the loader nor the C library reads that name. The
+//! helper decodes it and applies it only to the final `exec`, which changes the uid first.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::Write;
 use std::os::fd::OwnedFd;
@@ -31,6 +39,116 @@ pub const FAILED: &str = "failed ";
 pub const LISTENER: &str = "bin/Runner.Listener";
 /// The exit code of a helper that failed before exec.
 pub const EXIT_FAILED: i32 = 125;
+/// The variable carrying the listener's environment to the helper ([`encode_environment`]).
+pub const ENVIRONMENT_VARIABLE: &str = "RUNNER_MANAGER_RUNNER_ENV";
+/// The helper's own `PATH`: fixed, never the policy's.
+pub const HELPER_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
+/// The helper's own `LANG`: fixed, never the policy's.
+pub const HELPER_LANG: &str = "C.UTF-8";
+
+/// Bytes [`encode_environment`] writes as themselves: no white space, quote, backslash, `$`,
+/// `%` or control character, so the encoded value is one word to every parser it passes
+/// through (`systemd-run --setenv`, a unit's `Environment=`, a shell).
+fn plain(b: u8) -> bool {
+    b.is_ascii_alphanumeric()
+        || matches!(
+            b,
+            b'_' | b'-' | b'.' | b'/' | b':' | b',' | b'+' | b'=' | b'@'
+        )
+}
+
+/// The listener's environment as one opaque value: `NAME=value` records separated by NUL,
+/// every byte outside [`plain`] as `%XX`.
+pub fn encode_environment(env: &BTreeMap<String, String>) -> String {
+    let mut out = String::new();
+    for (i, (name, value)) in env.iter().enumerate() {
+        if i > 0 {
+            out.push_str("%00");
+        }
+        for b in name
+            .bytes()
+            .chain(std::iter::once(b'='))
+            .chain(value.bytes())
+        {
+            if plain(b) {
+                out.push(char::from(b));
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+    }
+    out
+}
+
+fn hex_digit(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        _ => None,
+    }
+}
+
+/// Reads back what [`encode_environment`] wrote. Refuses anything else: a byte that should
+/// have been escaped, a bad escape, a record without a valid name, a value that is not UTF-8,
+/// and a `ACTIONS_RUNNER_INPUT_*` name (only the helper sets the JIT).
+pub fn decode_environment(encoded: &str) -> Result<Vec<(String, String)>, EntryFailure> {
+    let mut bytes = Vec::with_capacity(encoded.len());
+    let mut it = encoded.bytes();
+    while let Some(b) = it.next() {
+        if b == b'%' {
+            let hi = it
+                .next()
+                .and_then(hex_digit)
+                .ok_or(EntryFailure::Environment)?;
+            let lo = it
+                .next()
+                .and_then(hex_digit)
+                .ok_or(EntryFailure::Environment)?;
+            bytes.push((hi << 4) | lo);
+        } else if plain(b) {
+            bytes.push(b);
+        } else {
+            return Err(EntryFailure::Environment);
+        }
+    }
+    if bytes.is_empty() {
+        return Ok(Vec::new());
+    }
+    bytes
+        .split(|b| *b == 0)
+        .map(|record| {
+            let text = std::str::from_utf8(record).map_err(|_| EntryFailure::Environment)?;
+            let (name, value) = text.split_once('=').ok_or(EntryFailure::Environment)?;
+            let mut chars = name.bytes();
+            let valid = matches!(chars.next(), Some(c) if c == b'_' || c.is_ascii_alphabetic())
+                && chars.all(|c| c == b'_' || c.is_ascii_alphanumeric());
+            if !valid || is_reserved_input(name) {
+                return Err(EntryFailure::Environment);
+            }
+            Ok((name.to_owned(), value.to_owned()))
+        })
+        .collect()
+}
+
+fn is_reserved_input(name: &str) -> bool {
+    name.to_ascii_uppercase()
+        .starts_with("ACTIONS_RUNNER_INPUT_")
+}
+
+/// The helper's whole environment, as a launcher starts it: fixed `PATH` and `LANG`, and the
+/// listener's environment encoded in [`ENVIRONMENT_VARIABLE`]. Nothing of `listener` acts before
+/// the final `exec`.
+pub fn helper_environment(listener: &BTreeMap<String, String>) -> Vec<(String, String)> {
+    vec![
+        ("PATH".to_owned(), HELPER_PATH.to_owned()),
+        ("LANG".to_owned(), HELPER_LANG.to_owned()),
+        (
+            ENVIRONMENT_VARIABLE.to_owned(),
+            encode_environment(listener),
+        ),
+    ]
+}
 
 /// What the helper is told. Paths and ids only.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -113,17 +231,20 @@ pub enum EntryFailure {
     Handoff,
     #[error("no-new-privileges")]
     NoNewPrivileges,
+    #[error("environment")]
+    Environment,
     #[error("exec")]
     Exec,
 }
 
 impl EntryFailure {
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::Usage,
         Self::StatusChannel,
         Self::JoinCgroup,
         Self::Handoff,
         Self::NoNewPrivileges,
+        Self::Environment,
         Self::Exec,
     ];
 
@@ -167,6 +288,16 @@ pub fn run(args: &EntryArgs, status: &mut impl Write) -> EntryFailure {
     {
         return e;
     }
+    // Decoded before the handoff is taken, so a malformed channel does not consume the JIT.
+    // Missing is malformed: every launcher sets it, and a listener silently started without the
+    // policy's environment would be harder to diagnose than a failed start.
+    let env = match std::env::var(ENVIRONMENT_VARIABLE)
+        .map_err(|_| EntryFailure::Environment)
+        .and_then(|v| decode_environment(&v))
+    {
+        Ok(env) => env,
+        Err(e) => return e,
+    };
     let owner = args
         .uid
         .unwrap_or_else(|| rustix::process::geteuid().as_raw());
@@ -176,14 +307,15 @@ pub fn run(args: &EntryArgs, status: &mut impl Write) -> EntryFailure {
     };
     let mut listener = Command::new(args.runtime.join(LISTENER));
     listener.arg("run").current_dir(&args.runtime);
+    // The helper's own environment (the launcher's fixed one, or systemd's for the unit's user)
+    // stays, less the channel and any JIT-shaped name; the listener's environment goes over it.
+    listener.env_remove(ENVIRONMENT_VARIABLE);
     for (name, _) in std::env::vars_os() {
-        if name
-            .to_str()
-            .is_some_and(|n| n.to_ascii_uppercase().starts_with("ACTIONS_RUNNER_INPUT_"))
-        {
+        if name.to_str().is_some_and(is_reserved_input) {
             listener.env_remove(name);
         }
     }
+    listener.envs(env);
     listener.env(JIT_VARIABLE, jit.expose_secret());
     drop(jit);
     if let Some(gid) = args.gid {
@@ -239,6 +371,66 @@ mod tests {
             EntryArgs::parse(vec!["--handoff".into()]),
             Err(EntryFailure::Usage)
         );
+    }
+
+    #[test]
+    fn the_environment_round_trips_as_one_inert_word() {
+        let env: BTreeMap<String, String> = [
+            ("PATH", "/usr/bin:/bin"),
+            ("A", "x Environment=LD_PRELOAD=/tmp/x.so"),
+            ("B", "y\nUser=root"),
+            ("C", "quote\" back\\slash $HOME %41 ;&|`"),
+            ("D", ""),
+            ("E", "ünïcode ✓"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let encoded = encode_environment(&env);
+        assert!(encoded.bytes().all(plain_or_escape), "{encoded}");
+        assert!(!encoded.contains(' ') && !encoded.contains('\n'));
+        let back: BTreeMap<String, String> =
+            decode_environment(&encoded).unwrap().into_iter().collect();
+        assert_eq!(back, env);
+        assert_eq!(
+            decode_environment(&encode_environment(&BTreeMap::new())).unwrap(),
+            vec![]
+        );
+    }
+
+    fn plain_or_escape(b: u8) -> bool {
+        plain(b) || b == b'%'
+    }
+
+    #[test]
+    fn a_malformed_or_jit_shaped_environment_is_refused() {
+        for bad in [
+            "A=1 B=2",
+            "A=%4",
+            "A=%zz",
+            "=x",
+            "1A=x",
+            "noequals",
+            "A=1%00ACTIONS_RUNNER_INPUT_JITCONFIG=x",
+            "A=%FF",
+        ] {
+            assert_eq!(
+                decode_environment(bad),
+                Err(EntryFailure::Environment),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_helper_environment_is_fixed_and_holds_the_listeners_only_encoded() {
+        let listener: BTreeMap<String, String> =
+            [("LD_PRELOAD".to_owned(), "/tmp/x.so".to_owned())].into();
+        let helper = helper_environment(&listener);
+        let names: Vec<&str> = helper.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, ["PATH", "LANG", ENVIRONMENT_VARIABLE]);
+        assert_eq!(helper[0].1, HELPER_PATH);
+        assert_eq!(helper[1].1, HELPER_LANG);
     }
 
     #[test]

@@ -9,6 +9,9 @@ use std::time::Duration;
 use launch_support::*;
 use runner_manager_crds::attempt::{Launcher, ProcessIdentity};
 use runner_manager_node_agent::handoff::{HandoffError, HandoffRefusal, RestrictiveHandoff};
+use runner_manager_node_agent::process::environment::{
+    EnvironmentLayers, EnvironmentRefusal, layered_environment,
+};
 use runner_manager_node_agent::process::identity_file;
 use runner_manager_node_agent::process::{GoneBecause, Inspection, inspect};
 use runner_manager_node_agent::providers::cgroup::{CgroupError, CgroupLimits};
@@ -423,4 +426,97 @@ fn the_handoff_is_private_to_the_runner_and_read_once() {
         "{err:?}"
     );
     assert!(!format!("{err:?}{err}").contains(&value));
+}
+
+/// Every file under `dir` whose name starts with `prefix`, with its owner and content.
+fn traces(dir: &std::path::Path, prefix: &str) -> Vec<(u32, String)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+        .map(|e| {
+            let m = e.metadata().unwrap();
+            (
+                m.uid(),
+                String::from_utf8_lossy(&std::fs::read(e.path()).unwrap()).into_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Issue 13: the entry helper runs as root until its final exec, so a `runner.env` loader
+/// variable (`LD_PRELOAD=/tmp/x.so` planted by an earlier job) in its environment would run
+/// code as root. The agent's validator refuses such names; and even a snapshot that bypassed
+/// it never reaches the helper's root phase, only the runner after the uid change.
+///
+/// The observable is the loader itself: with `LD_DEBUG=files` and `LD_DEBUG_OUTPUT=<prefix>`,
+/// ld.so writes `<prefix>.<pid>` naming every program it loads, in every process that has the
+/// variables when it execs. A trace naming the helper is the helper's root phase seeing them.
+#[test]
+fn a_loader_variable_in_runner_env_is_refused_and_never_reaches_the_helpers_root_phase() {
+    let w = World::new();
+    // The validator: refused, by name and class.
+    let layers = EnvironmentLayers {
+        runner_env: [("LD_PRELOAD".to_owned(), "/tmp/x.so".to_owned())].into(),
+        ..EnvironmentLayers::default()
+    };
+    assert_eq!(
+        layered_environment(&layers, &w.runtime).unwrap_err(),
+        EnvironmentRefusal::DynamicLoader("LD_PRELOAD".into())
+    );
+
+    let dir = w.base.path().join("ld-debug");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+
+    // The control: the helper is dynamically loaded, so with the variables in its own
+    // environment its loader does write a trace naming it.
+    let control = std::process::Command::new(ENTRY_HELPER)
+        .env("LD_DEBUG", "files")
+        .env("LD_DEBUG_OUTPUT", dir.join("control"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(control.code(), Some(125), "no arguments: a usage failure");
+    let control = traces(&dir, "control");
+    assert!(
+        control
+            .iter()
+            .any(|(_, t)| t.contains("runner-manager-runner-entry")),
+        "the observable works: {control:?}"
+    );
+
+    // Bypassing the validator: the spec's environment carries the loader variables.
+    let mut spec = w.spec("sleep");
+    spec.environment
+        .insert("LD_DEBUG".to_owned(), "files".to_owned());
+    spec.environment.insert(
+        "LD_DEBUG_OUTPUT".to_owned(),
+        dir.join("launch").to_string_lossy().into_owned(),
+    );
+    let (secret, _) = jit();
+    let launcher = w.launcher();
+    let handoff = RestrictiveHandoff::create(&w.runtime, RUNNER, &secret).unwrap();
+    let id = launcher.start(&spec, handoff).unwrap();
+    w.wait_for("ready");
+    let env = w.wait_for("env");
+
+    let launched = traces(&dir, "launch");
+    // The root phase never had them: no trace names the helper, and none is root's.
+    for (uid, trace) in &launched {
+        assert!(
+            !trace.contains("runner-manager-runner-entry"),
+            "the helper's loader saw the policy's LD_DEBUG: {trace}"
+        );
+        assert_eq!(*uid, RUNNER.uid, "a trace written as uid {uid}");
+    }
+    // The runner did, after the uid change: its shell was loaded with them, and its
+    // environment holds them — but not the channel they travelled in.
+    assert!(!launched.is_empty(), "the runner's loader wrote no trace");
+    assert!(env.lines().any(|l| l == "LD_DEBUG=files"), "{env}");
+    assert!(env.lines().any(|l| l == "STANDIN_MODE=sleep"), "{env}");
+    assert!(!env.contains("RUNNER_MANAGER_RUNNER_ENV"), "{env}");
+    launcher.stop(&id).unwrap();
 }

@@ -347,18 +347,24 @@ fn the_systemd_unit_has_exactly_these_properties_and_never_the_jit() {
             ("StandardInput", "null"),
             ("StandardOutput", "null"),
             ("StandardError", "null"),
-            ("Environment", "PATH=/usr/bin:/bin"),
-            (
-                "Environment",
-                "TMPDIR=/var/lib/runner-manager/runners/0123456789ab/tmp"
-            ),
-            (
-                "ExecStart",
-                "/usr/bin/runner-manager-runner-entry --handoff \
-                 /var/lib/runner-manager/runners/0123456789ab/jit-6f1c2a.tmp --runtime \
-                 /var/lib/runner-manager/runners/0123456789ab"
-            ),
         ]
+    );
+    // The listener's environment is no property: it reaches the helper encoded in one
+    // variable, applied at the helper's final exec (see the systemd module's hostile-value test).
+    assert_eq!(
+        unit.environment,
+        runner_manager_node_agent::entry::helper_environment(&spec.environment)
+    );
+    assert_eq!(
+        unit.command,
+        [
+            "/usr/bin/runner-manager-runner-entry",
+            "--handoff",
+            "/var/lib/runner-manager/runners/0123456789ab/jit-6f1c2a.tmp",
+            "--runtime",
+            "/var/lib/runner-manager/runners/0123456789ab",
+        ]
+        .map(std::ffi::OsString::from)
     );
     let argv = unit.systemd_run_args();
     assert_eq!(argv[0], "--unit=rm-0123456789ab.service");

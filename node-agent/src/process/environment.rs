@@ -3,9 +3,17 @@
 //! the policy's `runner.env`, then `TMPDIR`/`TEMP`/`TMP` = `<runtime>/tmp`, which nothing can
 //! override. `ACTIONS_RUNNER_INPUT_*` is reserved for the entry helper, which adds the JIT at
 //! the final `exec` only: it is dropped from the inherited layer and refused from `runner.env`.
+//!
+//! `runner.env` is a tenant's: it may not name the dynamic loader's (`LD_*`) or the C library's
+//! variables (`GCONV_PATH`, `GLIBC_TUNABLES`, `MALLOC_*`, …), the same classes the operator
+//! refuses ([`runner_manager_crds::validate::reserved_env_name`]). The entry helper applies this
+//! environment only at its final `exec`, after the uid change ([`crate::entry`]); the refusal is
+//! the second wall, for a snapshot that reached the agent some other way.
 
 use std::collections::BTreeMap;
 use std::path::Path;
+
+use runner_manager_crds::validate::{ReservedEnvName, reserved_env_name};
 
 /// The variable the listener reads its JIT from (runner ≥ 2.336.0).
 pub const JIT_VARIABLE: &str = "ACTIONS_RUNNER_INPUT_JITCONFIG";
@@ -23,6 +31,16 @@ pub enum EnvironmentRefusal {
     ReservedTmp(String),
     #[error("runner.env may not set an ACTIONS_RUNNER_INPUT_ variable")]
     ReservedRunnerInput,
+    #[error("runner.env may not set a RUNNER_MANAGER_ variable: the agent's own")]
+    ReservedAgent,
+    #[error(
+        "runner.env may not set {0}: a dynamic-loader variable (LD_*) acts on every program the runner starts; remove it from the policy's runner.env"
+    )]
+    DynamicLoader(String),
+    #[error(
+        "runner.env may not set {0}: a C-library variable (GCONV_PATH, GLIBC_TUNABLES, MALLOC_*, NLSPATH, …) changes how every program behaves; remove it from the policy's runner.env"
+    )]
+    CLibrary(String),
     #[error("runner.env names an invalid variable")]
     InvalidName,
 }
@@ -83,8 +101,18 @@ pub fn layered_environment(
         if is_reserved_input(name) {
             return Err(EnvironmentRefusal::ReservedRunnerInput);
         }
-        if TMP_VARIABLES.iter().any(|t| t.eq_ignore_ascii_case(name)) {
-            return Err(EnvironmentRefusal::ReservedTmp(name.clone()));
+        match reserved_env_name(name) {
+            None => {}
+            Some(ReservedEnvName::Agent) => return Err(EnvironmentRefusal::ReservedAgent),
+            Some(ReservedEnvName::TempDir) => {
+                return Err(EnvironmentRefusal::ReservedTmp(name.clone()));
+            }
+            Some(ReservedEnvName::DynamicLoader) => {
+                return Err(EnvironmentRefusal::DynamicLoader(name.clone()));
+            }
+            Some(ReservedEnvName::CLibrary) => {
+                return Err(EnvironmentRefusal::CLibrary(name.clone()));
+            }
         }
     }
     let mut env: BTreeMap<String, String> = layers
@@ -176,5 +204,64 @@ mod tests {
             assert_eq!(err, want);
             assert!(!err.to_string().contains("ghp_"));
         }
+    }
+
+    #[test]
+    fn runner_env_cannot_set_loader_or_libc_variables() {
+        for (name, want) in [
+            (
+                "LD_PRELOAD",
+                EnvironmentRefusal::DynamicLoader("LD_PRELOAD".into()),
+            ),
+            (
+                "LD_LIBRARY_PATH",
+                EnvironmentRefusal::DynamicLoader("LD_LIBRARY_PATH".into()),
+            ),
+            (
+                "ld_audit",
+                EnvironmentRefusal::DynamicLoader("ld_audit".into()),
+            ),
+            (
+                "GCONV_PATH",
+                EnvironmentRefusal::CLibrary("GCONV_PATH".into()),
+            ),
+            (
+                "GLIBC_TUNABLES",
+                EnvironmentRefusal::CLibrary("GLIBC_TUNABLES".into()),
+            ),
+            (
+                "MALLOC_CHECK_",
+                EnvironmentRefusal::CLibrary("MALLOC_CHECK_".into()),
+            ),
+            ("NLSPATH", EnvironmentRefusal::CLibrary("NLSPATH".into())),
+            (
+                "HOSTALIASES",
+                EnvironmentRefusal::CLibrary("HOSTALIASES".into()),
+            ),
+            (
+                "RESOLV_HOST_CONF",
+                EnvironmentRefusal::CLibrary("RESOLV_HOST_CONF".into()),
+            ),
+            ("TZDIR", EnvironmentRefusal::CLibrary("TZDIR".into())),
+            (
+                "RUNNER_MANAGER_RUNNER_ENV",
+                EnvironmentRefusal::ReservedAgent,
+            ),
+        ] {
+            let layers = EnvironmentLayers {
+                runner_env: map(&[("GOOD", "1"), (name, "/tmp/planted-by-a-job.so")]),
+                ..Default::default()
+            };
+            let err = layered_environment(&layers, Path::new("/rt")).unwrap_err();
+            assert_eq!(err, want);
+            let text = err.to_string();
+            assert!(!text.contains("planted"), "{text}");
+        }
+        // Near misses are ordinary names.
+        let layers = EnvironmentLayers {
+            runner_env: map(&[("LDFLAGS", "-L/opt"), ("OLD_PWD", "/x"), ("LANG", "C")]),
+            ..Default::default()
+        };
+        assert!(layered_environment(&layers, Path::new("/rt")).is_ok());
     }
 }

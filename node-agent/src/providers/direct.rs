@@ -15,7 +15,7 @@ use runner_manager_crds::attempt::{Launcher, ProcessIdentity};
 
 use super::cgroup::{self, CgroupParent, attempt_cgroup_name};
 use super::launcher::{LaunchSpec, RunnerLauncher, StartError, StartFailure, StopError, Stopped};
-use crate::entry::{EntryArgs, EntryFailure, FAILED, LISTENER, READY};
+use crate::entry::{EntryArgs, EntryFailure, FAILED, LISTENER, READY, helper_environment};
 use crate::handoff::RestrictiveHandoff;
 use crate::process::stat::{read_cgroup_v2, read_stat};
 use crate::process::{Inspection, identity_file, inspect};
@@ -200,10 +200,13 @@ impl RunnerLauncher for DirectLauncher {
             uid: Some(spec.account.uid),
             gid: Some(spec.account.gid),
         };
+        // The helper runs as root until its final exec: its own environment is fixed, and the
+        // listener's (the policy's `runner.env` among it) travels encoded, applied only at that
+        // exec, after the uid change.
         let spawned = Command::new(&self.entry_helper)
             .args(args.to_args())
             .env_clear()
-            .envs(&spec.environment)
+            .envs(helper_environment(&spec.environment))
             .current_dir("/")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -5,6 +5,13 @@
 //! built purely ([`unit_properties`]), and the JIT is never among them: it stays in the handoff
 //! file, which the helper reads and deletes.
 //!
+//! No tenant-chosen text becomes a property: `systemd-run` splits an `Environment=` value on
+//! white space, so `A=x Environment=LD_PRELOAD=/x.so` would have set a second variable. The
+//! listener's environment goes to the helper as one `--setenv` variable whose value is a single
+//! inert word ([`crate::entry::encode_environment`]), and the helper applies it at its final
+//! `exec`; every property is its own `--property=` argument, and the command is argv after `--`,
+//! never a string split on spaces.
+//!
 //! Submission goes through `systemd-run`/`systemctl` (the agent's image carries them, the
 //! DaemonSet mounts `/run/systemd`). This machine does not boot systemd, so only the property
 //! list is tested here.
@@ -19,7 +26,7 @@ use runner_manager_crds::attempt::{Launcher, ProcessIdentity};
 
 use super::cgroup::attempt_cgroup_name;
 use super::launcher::{LaunchSpec, RunnerLauncher, StartError, StartFailure, StopError, Stopped};
-use crate::entry::EntryArgs;
+use crate::entry::{EntryArgs, helper_environment};
 use crate::handoff::RestrictiveHandoff;
 use crate::process::stat::read_stat;
 use crate::process::{Inspection, identity_file, inspect};
@@ -32,33 +39,36 @@ pub fn unit_name(attempt: &uuid::Uuid) -> String {
     format!("{}.service", attempt_cgroup_name(attempt))
 }
 
-/// The transient unit one launch submits: its name and its properties, in submission order.
+/// The transient unit one launch submits: its name, its properties in submission order, the
+/// helper's environment and its command.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TransientUnit {
     pub name: String,
+    /// Agent-made values only (ids, paths, limits): none comes from a policy.
     pub properties: Vec<(String, String)>,
+    /// `--setenv` variables: the helper's fixed environment and the encoded listener's one.
+    pub environment: Vec<(String, String)>,
+    /// The helper's argv, program first.
+    pub command: Vec<OsString>,
 }
 
 impl TransientUnit {
-    /// `systemd-run`'s argv (without the program).
+    /// `systemd-run`'s argv (without the program): one argument per property and per variable,
+    /// then `--` and the command, each of its arguments its own.
     pub fn systemd_run_args(&self) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec![
             format!("--unit={}", self.name).into(),
             "--no-ask-password".into(),
             "--quiet".into(),
         ];
-        let mut exec: Option<&str> = None;
         for (k, v) in &self.properties {
-            if k == "ExecStart" {
-                exec = Some(v);
-            } else {
-                args.push(format!("--property={k}={v}").into());
-            }
+            args.push(format!("--property={k}={v}").into());
+        }
+        for (k, v) in &self.environment {
+            args.push(format!("--setenv={k}={v}").into());
         }
         args.push("--".into());
-        if let Some(exec) = exec {
-            args.extend(exec.split(' ').map(OsString::from));
-        }
+        args.extend(self.command.iter().cloned());
         args
     }
 }
@@ -90,9 +100,6 @@ pub fn unit_properties(
     set("StandardInput", "null".to_owned());
     set("StandardOutput", "null".to_owned());
     set("StandardError", "null".to_owned());
-    for (k, v) in &spec.environment {
-        set("Environment", format!("{k}={v}"));
-    }
     let args = EntryArgs {
         handoff: handoff.to_path_buf(),
         runtime: spec.runtime.to_path_buf(),
@@ -100,16 +107,13 @@ pub fn unit_properties(
         uid: None,
         gid: None,
     };
-    let mut exec = vec![entry_helper.display().to_string()];
-    exec.extend(
-        args.to_args()
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned()),
-    );
-    set("ExecStart", exec.join(" "));
+    let mut command = vec![entry_helper.as_os_str().to_owned()];
+    command.extend(args.to_args());
     TransientUnit {
         name: unit_name(&spec.attempt),
         properties: p,
+        environment: helper_environment(&spec.environment),
+        command,
     }
 }
 
@@ -281,5 +285,119 @@ impl RunnerLauncher for SystemdLauncher {
     fn exit_status(&self, _identity: &ProcessIdentity) -> Option<ExitStatus> {
         // systemd keeps it (ExecMainStatus); supervision reads it from the unit.
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::account::RunnerAccount;
+    use crate::entry::{ENVIRONMENT_VARIABLE, decode_environment};
+    use crate::providers::cgroup::CgroupLimits;
+
+    /// A `runner.env` value with spaces or a newline cannot add a property or a variable: it
+    /// stays inside the one encoded word, and decodes back to exactly itself.
+    #[test]
+    fn a_hostile_environment_value_cannot_smuggle_an_assignment() {
+        let runtime = Path::new("/var/lib/runner-manager/runners/0123456789ab");
+        let environment: BTreeMap<String, String> = [
+            ("A", "x Environment=LD_PRELOAD=/tmp/x.so"),
+            ("B", "y User=root"),
+            ("C", "z\nUser=root"),
+            ("D", "\"q\" 'r' \\ $HOME %n"),
+            ("PATH", "/usr/bin:/bin"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let spec = LaunchSpec {
+            attempt: uuid::Uuid::from_u128(0x0123456789ab4cde8f0123456789abcd),
+            runtime,
+            account: RunnerAccount {
+                uid: 1201,
+                gid: 1200,
+            },
+            environment: environment.clone(),
+            limits: CgroupLimits::default(),
+        };
+        let unit = unit_properties(
+            &spec,
+            Path::new("/usr/bin/runner-manager-runner-entry"),
+            &runtime.join("jit-6f1c2a.tmp"),
+        );
+        // No property carries anything of the policy: not one Environment=, one User=.
+        assert!(!unit.properties.iter().any(|(k, _)| k == "Environment"));
+        let users: Vec<&str> = unit
+            .properties
+            .iter()
+            .filter(|(k, _)| k == "User")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(users, ["1201"]);
+
+        let argv: Vec<String> = unit
+            .systemd_run_args()
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let end = argv.iter().position(|a| a == "--").unwrap();
+        let options = &argv[..end];
+        // Every option is one known kind; the properties are exactly the agent's.
+        let properties: Vec<&str> = options
+            .iter()
+            .filter_map(|a| a.strip_prefix("--property="))
+            .collect();
+        let expected: Vec<String> = unit
+            .properties
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        assert_eq!(properties, expected);
+        let setenv: Vec<&str> = options
+            .iter()
+            .filter_map(|a| a.strip_prefix("--setenv="))
+            .collect();
+        assert_eq!(setenv.len(), 3, "{setenv:?}");
+        assert_eq!(setenv[0], "PATH=/usr/sbin:/usr/bin:/sbin:/bin");
+        assert_eq!(setenv[1], "LANG=C.UTF-8");
+        let encoded = setenv[2]
+            .strip_prefix(&format!("{ENVIRONMENT_VARIABLE}="))
+            .unwrap();
+        assert!(
+            !encoded
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control() || "\"'\\$".contains(c)),
+            "{encoded}"
+        );
+        let back: BTreeMap<String, String> =
+            decode_environment(encoded).unwrap().into_iter().collect();
+        assert_eq!(back, environment);
+        assert_eq!(
+            options.len(),
+            3 + properties.len() + setenv.len(),
+            "{options:?}"
+        );
+        // The hostile text appears in no argument but the encoded one.
+        for a in &argv {
+            if a.contains("User=root") || a.contains("LD_PRELOAD") {
+                assert!(
+                    a.starts_with(&format!("--setenv={ENVIRONMENT_VARIABLE}=")),
+                    "{a}"
+                );
+            }
+        }
+        // The command is argv: the helper and its flags, each its own argument.
+        assert_eq!(
+            &argv[end + 1..],
+            [
+                "/usr/bin/runner-manager-runner-entry",
+                "--handoff",
+                "/var/lib/runner-manager/runners/0123456789ab/jit-6f1c2a.tmp",
+                "--runtime",
+                "/var/lib/runner-manager/runners/0123456789ab",
+            ]
+        );
     }
 }

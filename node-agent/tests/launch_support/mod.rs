@@ -23,7 +23,8 @@ pub const RUNNER: RunnerAccount = RunnerAccount {
 pub const ENTRY_HELPER: &str = env!("CARGO_BIN_EXE_runner-manager-runner-entry");
 
 /// The stand-in listener. It records what it was given (never the JIT itself: only whether it
-/// was there), unsets the JIT so nothing it starts inherits it, then behaves per STANDIN_MODE.
+/// was there; its environment once the JIT is unset), unsets the JIT so nothing it starts
+/// inherits it, then behaves per STANDIN_MODE.
 const STANDIN: &str = r#"#!/bin/sh
 t="$PWD/tmp"
 cat /proc/self/cgroup > "$t/cgroup.tmp" && mv "$t/cgroup.tmp" "$t/cgroup"
@@ -31,6 +32,7 @@ id -u > "$t/uid"
 printf '%s\n' "$@" > "$t/args"
 if [ -n "$ACTIONS_RUNNER_INPUT_JITCONFIG" ]; then echo present > "$t/jit"; else echo absent > "$t/jit"; fi
 unset ACTIONS_RUNNER_INPUT_JITCONFIG
+env > "$t/env.tmp" && mv "$t/env.tmp" "$t/env"
 case "$STANDIN_MODE" in
   exit7) exit 7 ;;
   exit0) exit 0 ;;
