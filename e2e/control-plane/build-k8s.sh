@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds kube-apiserver and kube-controller-manager v1.20.2 from Debian bookworm's `kubernetes`
 # source package into $RM_K8S_BIN. No registry has API-server binaries, and this is the only
-# complete API-server source a reachable registry carries (see shared/reference/control-plane).
+# complete API-server source a reachable registry carries (docs/design.md §9).
 # Skips the build when both binaries exist and answer --version; CI starts from an empty cache.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use runner_manager_e2e::fake_github::conformance::{Conformance, shared_dir};
+use runner_manager_e2e::fake_github::conformance::{Conformance, github_testdata_dir};
 use runner_manager_e2e::harness::github::{
     ORG, SimulatedGitHub, app_credentials as harness_app_credentials, app_secret_data,
     pat_credentials,
@@ -439,8 +439,8 @@ async fn an_enterprise_server_target_uses_its_api_v3_base() {
 /// path template that matches the path, every query parameter is declared for it, and the body
 /// validates against its request schema.
 fn check_contract(sent: &[SentRequest]) {
-    let text = std::fs::read_to_string(shared_dir().join("openapi-runners-subset.json"))
-        .expect("the shared GitHub description (../shared/github) is beside the repository");
+    let text = std::fs::read_to_string(github_testdata_dir().join("openapi-runners-subset.json"))
+        .expect("GitHub's description is in the repository (e2e/testdata/github)");
     let openapi: Value = serde_json::from_str(&text).unwrap();
     let conformance = Conformance::load().unwrap();
     let paths = openapi["paths"].as_object().unwrap();

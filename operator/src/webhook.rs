@@ -482,10 +482,10 @@ mod tests {
     fn examples() -> Vec<serde_json::Value> {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/github/webhook-examples-workflow_job.json"
+            "/../e2e/testdata/github/webhook-examples-workflow_job.json"
         );
         let text = std::fs::read_to_string(path)
-            .unwrap_or_else(|e| panic!("{path}: {e} (the shared GitHub reference data)"));
+            .unwrap_or_else(|e| panic!("{path}: {e} (GitHub's examples, e2e/testdata/github)"));
         serde_json::from_str(&text).unwrap()
     }
 

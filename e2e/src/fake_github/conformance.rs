@@ -1,6 +1,6 @@
 //! Holds bodies to GitHub's official description: the OpenAPI subset for REST requests and
-//! responses, the webhook schemas for `workflow_job` deliveries. The files live in the shared
-//! reading material, found relative to this crate (`../../shared/github/…`).
+//! responses, the webhook schemas for `workflow_job` deliveries. The files are copied into this
+//! crate's `testdata/github/` (see `PROVENANCE.md` there for their source and how to refresh them).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 #[derive(Debug, thiserror::Error)]
 pub enum ConformanceError {
     #[error(
-        "GitHub's description {0} is missing; it belongs in the shared reading material next to the repository (../shared/github)"
+        "GitHub's description {0} is missing; it belongs in the repository (e2e/testdata/github, see PROVENANCE.md there)"
     )]
     Missing(PathBuf),
     #[error("{0} is not readable JSON: {1}")]
@@ -38,14 +38,14 @@ pub struct Conformance {
     compiled: Mutex<HashMap<String, Arc<jsonschema::Validator>>>,
 }
 
-/// Where the shared GitHub reference files are.
+/// Where the copied GitHub descriptions are (`e2e/testdata/github`).
 #[must_use]
-pub fn shared_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/github")
+pub fn github_testdata_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata/github")
 }
 
 fn load(name: &str) -> Result<Value, ConformanceError> {
-    let path = shared_dir().join(name);
+    let path = github_testdata_dir().join(name);
     if !path.exists() {
         return Err(ConformanceError::Missing(path));
     }
