@@ -37,7 +37,11 @@ use crate::state::{Actor, AttemptState, EdgeError, EdgeKind};
     printcolumn = r#"{"name":"Node","type":"string","jsonPath":".spec.nodeName"}"#,
     printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state"}"#,
     printcolumn = r#"{"name":"Outcome","type":"string","jsonPath":".status.outcome.kind"}"#,
+    printcolumn = r#"{"name":"Job","type":"integer","description":"The GitHub job id the runner was assigned.","jsonPath":".status.job.id"}"#,
     printcolumn = r#"{"name":"Runner","type":"string","priority":0,"jsonPath":".status.runner.name"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","priority":1,"description":"Why the attempt ended (the outcome's reason).","jsonPath":".status.outcome.reason"}"#,
+    printcolumn = r#"{"name":"Repository","type":"string","priority":1,"description":"The repository of the job the runner took.","jsonPath":".status.job.repository"}"#,
+    printcolumn = r#"{"name":"Quarantined","type":"string","priority":1,"description":"The Quarantined condition's reason, when the workspace is kept for a person.","jsonPath":".status.conditions[?(@.type==\"Quarantined\")].reason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -76,7 +80,7 @@ pub struct AttemptSnapshot {
     pub policy_uid: String,
     /// The GitHub target.
     pub target: TargetSnapshot,
-    /// The runner's labels (the ownership label is added by the broker).
+    /// The runner's labels, the policy's `labels` (the broker adds the cluster's ownership label).
     pub labels: Vec<String>,
     /// The resolved runner group id.
     pub runner_group_id: i64,
@@ -89,7 +93,8 @@ pub struct AttemptSnapshot {
     pub execution: ExecutionSnapshot,
     /// The runner package, pinned by the operator.
     pub runner: RunnerPackage,
-    /// The runner's environment from the policy's `runner.env`, validated by the operator.
+    /// The runner's environment (`NAME: value`) from the policy's `runner.env`, validated by the
+    /// operator.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// Timeouts of this attempt.
@@ -220,8 +225,11 @@ pub struct AttemptJournal {
     /// How long each launch step took.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch: Option<LaunchTimings>,
-    /// `Quarantined`, `CleanupDeferred`, `SpecMismatch`.
+    /// `Quarantined` (the workspace refused a cleanup check and is kept for a person),
+    /// `CleanupDeferred` (cleanup is retried with backoff), `SpecMismatch` (the spec changed
+    /// after admission), `PackageRefused` (the runner package was refused), one of each type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition<AttemptConditionType, AttemptReason>>,
 }
 
@@ -241,7 +249,10 @@ pub struct AttemptFacts {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GitHubFact {
+    /// `online`, `offline`, `absent` (not in GitHub's list) or `unreachable` (GitHub could not
+    /// be asked).
     pub status: GitHubRunnerStatus,
+    /// Whether GitHub lists the runner as running a job.
     #[serde(default)]
     pub busy: bool,
     /// Incremented each time the fact changes, so the agent can tell a new observation.
@@ -263,11 +274,15 @@ pub enum GitHubRunnerStatus {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct JobFact {
+    /// GitHub's job id.
     pub id: i64,
+    /// GitHub's workflow run id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<i64>,
+    /// The job's repository, `OWNER/REPO`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repository: Option<String>,
+    /// The workflow file and ref the job came from. Reserved: not written yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workflow_ref: Option<String>,
 }
@@ -277,6 +292,8 @@ pub struct JobFact {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspacePlacement {
+    /// `Ephemeral` (a runtime directory removed whole) or `Persistent` (a slot whose `_work` is
+    /// kept).
     kind: WorkspaceMode,
     /// The persistent slot number (1-based), for `Persistent`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -346,12 +363,16 @@ pub enum Launcher {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProcessIdentity {
+    /// `systemd` (a transient unit on the host) or `direct` (a child in its own cgroup).
     pub launcher: Launcher,
+    /// The transient systemd unit, `rm-<12 hex>.service` (systemd launcher only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unit: Option<String>,
+    /// The runner's process id on the node.
     pub pid: u32,
     /// Start time in clock ticks since boot (`/proc/<pid>/stat` field 22).
     pub start_time: u64,
+    /// The runner's cgroup v2 path, relative to the cgroup mount.
     pub cgroup: String,
 }
 
@@ -359,7 +380,9 @@ pub struct ProcessIdentity {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EnvironmentIdentity {
+    /// The runner pod's name.
     pub pod_name: String,
+    /// The runner pod's uid.
     pub uid: String,
     /// A fresh uuid per allocation, on the pod's labels: proves the pod is this allocation's.
     pub generation: String,
@@ -376,18 +399,26 @@ pub enum StartedIdentity {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AttemptTimestamps {
+    /// When the agent admitted the attempt and placed its workspace (`Allocated`; RFC 3339, UTC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocated_at: Option<Time>,
+    /// When the broker recorded the runner id and handed out the JIT (`JitReceived`); the
+    /// registration timeout runs from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jit_received_at: Option<Time>,
+    /// When the runner process or pod was started (`Starting`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,
+    /// When GitHub first listed the runner online (`Idle`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registered_at: Option<Time>,
+    /// When the runner was first seen with a job (`Busy`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub busy_at: Option<Time>,
+    /// When the attempt concluded (`Finished`, `Failed`, `Orphaned`, or `Rejected`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concluded_at: Option<Time>,
+    /// When cleanup finished (`Cleaned`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cleaned_at: Option<Time>,
     /// Every edge sets it; recovery timeouts measure from it, never from creation.
@@ -399,14 +430,20 @@ pub struct AttemptTimestamps {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LaunchTimings {
+    /// Milliseconds to put the runner package in place (download when not cached, then clone
+    /// or copy).
     #[serde(default)]
     pub materialize_ms: u64,
+    /// Milliseconds to prepare the runtime: its directory and runner account (and the pod, OCI).
     #[serde(default)]
     pub prepare_ms: u64,
+    /// Milliseconds from asking the broker for the JIT to having it (GitHub's mint included).
     #[serde(default)]
     pub register_ms: u64,
+    /// Milliseconds to start the runner process or pod.
     #[serde(default)]
     pub spawn_ms: u64,
+    /// Whether this launch downloaded the package (false: it was cached on the node).
     #[serde(default)]
     pub package_downloaded: bool,
 }
@@ -420,6 +457,9 @@ pub enum AttemptConditionType {
     CleanupDeferred,
     /// The spec no longer matches what the agent admitted.
     SpecMismatch,
+    /// The agent refused the runner package archive (unsafe, or past an extraction cap); the
+    /// message names the cap and the agent flag that raises it.
+    PackageRefused,
 }
 
 /// Why an attempt condition is what it is (closed: classes, never names from a workflow).
@@ -444,6 +484,10 @@ pub enum AttemptReason {
     OwnershipUnproven,
     IoError,
     SpecHashMismatch,
+    /// The package archive inflates past one of the agent's extraction caps.
+    PackageCapExceeded,
+    /// The package archive holds an unsafe entry (a climbing path, an escaping link, a device).
+    PackageUnsafe,
     Resolved,
 }
 

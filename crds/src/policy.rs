@@ -43,14 +43,20 @@ pub const PENDING_JOBS_BOUND: usize = 1000;
     printcolumn = r#"{"name":"Idle","type":"integer","jsonPath":".status.idle"}"#,
     printcolumn = r#"{"name":"Busy","type":"integer","jsonPath":".status.busy"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Health","type":"string","description":"The Degraded condition's reason: Healthy, or LaunchesFailing while replacements are paused.","jsonPath":".status.conditions[?(@.type==\"Degraded\")].reason"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","priority":1,"description":"Why the policy is (not) Ready: a closed reason naming what to fix.","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Starting","type":"integer","priority":1,"jsonPath":".status.starting"}"#,
+    printcolumn = r#"{"name":"Quarantined","type":"integer","priority":1,"jsonPath":".status.quarantined"}"#,
+    printcolumn = r#"{"name":"Version","type":"string","priority":1,"description":"The runner version runner.version resolved to.","jsonPath":".status.runnerVersion"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ScalePolicySpec {
     /// The GitHub target and how to authenticate to it.
     pub github: GitHubSpec,
-    /// The runners' labels, which jobs' `runs-on` are matched against. 1 to 99 (GitHub allows
-    /// 100; the cluster's ownership label takes one).
+    /// The runners' labels, which jobs' `runs-on` are matched against: a job goes to the policy
+    /// whose labels cover its `runs-on` with the fewest extra labels. 1 to 99 (GitHub allows
+    /// 100; the cluster's ownership label takes one); no spaces or commas.
     #[schemars(
         length(min = 1, max = 99),
         inner(pattern(LABEL_PATTERN), length(min = 1, max = 100))
@@ -64,7 +70,8 @@ pub struct ScalePolicySpec {
     /// The most runners of this policy alive at once, across the cluster.
     #[schemars(range(min = 1, max = 1000))]
     pub max_runners: u32,
-    /// Node labels a node must carry to host this policy's runners.
+    /// Node labels (`key: value`) a node must carry to host this policy's runners; every node
+    /// with a node agent when empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
     /// Where a runner's `_work` lives.
@@ -278,8 +285,10 @@ pub struct ScalePolicyStatus {
     /// The `metadata.generation` the status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready`, `Scaling`, `Degraded`.
+    /// `Ready` (the policy is valid and resolves), `Scaling` (the runner count is changing) and
+    /// `Degraded` (launches keep failing and replacement is paused), one of each type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition<PolicyConditionType, PolicyReason>>,
     /// Runners wanted now: `min(maxRunners, busy + pendingJobs + minIdle)`.
     #[serde(default)]
@@ -305,13 +314,27 @@ pub struct ScalePolicyStatus {
     /// The runner version `runner.version` resolved to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runner_version: Option<String>,
-    /// When the desired count last changed.
+    /// When the desired count last changed (RFC 3339, UTC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scale_time: Option<Time>,
-    /// Jobs queued for this policy and not yet taken: job id → queued time. Written by every
-    /// webhook receiver, so demand survives operator restarts and failover. Bounded.
+    /// Jobs queued for this policy and not yet taken: GitHub job id → when it was queued
+    /// (RFC 3339, UTC). Written by every webhook receiver and by polling, so demand survives
+    /// operator restarts and failover. At most 1,000, the oldest dropped first.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "pending_jobs_schema")]
     pub pending_jobs: BTreeMap<String, Time>,
+}
+
+/// `pendingJobs`' schema: an object of timestamps, described without k8s `Time`'s Go text.
+fn pending_jobs_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "additionalProperties": {
+            "type": "string",
+            "format": "date-time",
+            "description": "When GitHub queued the job (RFC 3339, UTC)."
+        }
+    })
 }
 
 /// The condition types of a policy.
