@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use runner_manager_crds::attempt::WorkspacePlacement;
 use runner_manager_node_agent::packages::contents::{CopyCheck, PackageContents, RetainedWork};
 use runner_manager_node_agent::packages::copy::{copy_tree, copy_tree_checked};
-use runner_manager_node_agent::packages::extract::extract_tar_gz;
+use runner_manager_node_agent::packages::extract::{ExtractLimits, extract_tar_gz};
 use runner_manager_node_agent::packages::fingerprint::fingerprint;
 use runner_manager_node_agent::packages::origin::{prove_origin, still_intact};
 use runner_manager_node_agent::workspace::ephemeral::{
@@ -186,7 +186,7 @@ fn main() {
     let tree = root.join("packages/pkg");
     fs::create_dir_all(&tree).unwrap();
     let (install, contents): (_, PackageContents) =
-        time(|| extract_tar_gz(&archive, &tree).unwrap());
+        time(|| extract_tar_gz(&archive, &tree, ExtractLimits::default()).unwrap());
     let (fingerprint_time, print) = time(|| fingerprint(&tree).unwrap());
     // What the cache does once per install, on the first launch that clones from the tree.
     settle();
@@ -373,4 +373,128 @@ fn main() {
         ms(prove_time)
     );
     println!("(median of {} runs each, warm page cache)", shape.runs);
+    pathological(root, &shape, threads);
+}
+
+/// Trees no legitimate job makes (issue 14): a chain far deeper than the descriptor limit, and
+/// directories far wider than the parallel remover's skeleton. Removal time and the most
+/// descriptors open at once, ours beside `rm -rf` of the same tree (GNU `rm` walks with `fts`,
+/// which also bounds its descriptors). Descriptors are sampled from `/proc/<pid>/fd` while the
+/// removal runs, so a short peak can be missed; ours also counts its own exactly.
+fn pathological(root: &Path, shape: &Shape, threads: usize) {
+    let (depth, wide_dirs, wide_files) = if shape.name == "quick" {
+        (20_000, 2_000, 20_000)
+    } else {
+        (100_000, 10_000, 200_000)
+    };
+    println!();
+    println!(
+        "| pathological tree | ours | peak fds ours (counted / sampled) | `rm -rf` | peak fds `rm -rf` (sampled) |"
+    );
+    println!("|---|---|---|---|---|");
+    for (label, build) in [
+        (
+            format!("a chain {depth} directories deep"),
+            Box::new(move |p: &Path| deep_chain(p, depth)) as Box<dyn Fn(&Path)>,
+        ),
+        (
+            format!("{wide_dirs} directories + {wide_files} files in one"),
+            Box::new(move |p: &Path| wide(p, wide_dirs, wide_files)),
+        ),
+    ] {
+        let ours_tree = root.join("patho-ours");
+        let rm_tree = root.join("patho-rm");
+        build(&ours_tree);
+        build(&rm_tree);
+        settle();
+        let baseline = fd_count(std::process::id());
+        let sampler = Sampler::start(std::process::id());
+        let anchor = rustix::fs::open(
+            root,
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        let (ours, removed) = time(|| {
+            runner_manager_node_agent::workspace::remove_parallel::remove_entry_at_parallel(
+                std::os::fd::AsFd::as_fd(&anchor),
+                c"patho-ours",
+                runner_manager_node_agent::workspace::remove::EntryKind::Directory,
+                threads,
+            )
+            .unwrap()
+        });
+        let ours_sampled = sampler.stop().saturating_sub(baseline);
+        settle();
+        let started = Instant::now();
+        let mut child = Command::new("rm").arg("-rf").arg(&rm_tree).spawn().unwrap();
+        let mut rm_peak = 0;
+        while child.try_wait().unwrap().is_none() {
+            rm_peak = rm_peak.max(fd_count(child.id()));
+        }
+        let rm = started.elapsed();
+        assert!(!ours_tree.exists() && !rm_tree.exists());
+        println!(
+            "| {label} | {} | {} / {ours_sampled} | {} | {rm_peak} |",
+            ms(ours),
+            removed.peak_open_dirs,
+            ms(rm)
+        );
+    }
+}
+
+fn fd_count(pid: u32) -> u64 {
+    fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count() as u64)
+}
+
+/// Samples this process's open descriptors on a thread until stopped; the most it saw.
+struct Sampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl Sampler {
+    fn start(pid: u32) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut peak = 0;
+            // The sampler's own read of /proc/<pid>/fd holds one descriptor.
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(fd_count(pid).saturating_sub(1));
+            }
+            peak
+        });
+        Self { stop, thread }
+    }
+
+    fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
+fn deep_chain(top: &Path, depth: u32) {
+    use rustix::fs::{Mode, OFlags};
+    fs::create_dir(top).unwrap();
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mut dir = rustix::fs::open(top, flags, Mode::empty()).unwrap();
+    for _ in 0..depth {
+        rustix::fs::mkdirat(&dir, "d", Mode::from_raw_mode(0o755)).unwrap();
+        dir = rustix::fs::openat(&dir, "d", flags, Mode::empty()).unwrap();
+    }
+}
+
+fn wide(top: &Path, dirs: u32, files: u32) {
+    fs::create_dir(top).unwrap();
+    for i in 0..dirs {
+        let d = top.join(format!("d{i}"));
+        fs::create_dir(&d).unwrap();
+        fs::write(d.join("f"), b"x").unwrap();
+    }
+    let flat = top.join("flat");
+    fs::create_dir(&flat).unwrap();
+    for i in 0..files {
+        fs::File::create(flat.join(format!("f{i}"))).unwrap();
+    }
 }

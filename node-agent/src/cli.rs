@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
+use crate::packages::extract::ExtractLimits;
+
 /// How native runners become host processes that outlive the agent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LauncherKind {
@@ -90,9 +92,29 @@ pub struct Cli {
     /// Seconds between Lease renewals (the heartbeat the operator places by).
     #[arg(long, env = "RM_HEARTBEAT_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub heartbeat_seconds: u64,
+    /// The most bytes one runner package archive may inflate to (all files together).
+    #[arg(long, env = "RM_PACKAGE_MAX_BYTES", default_value_t = ExtractLimits::default().max_total_bytes, value_parser = clap::value_parser!(u64).range(1..))]
+    pub package_max_bytes: u64,
+    /// The most entries one runner package archive may hold.
+    #[arg(long, env = "RM_PACKAGE_MAX_ENTRIES", default_value_t = ExtractLimits::default().max_entries, value_parser = clap::value_parser!(u64).range(1..))]
+    pub package_max_entries: u64,
+    /// The most bytes one file of a runner package may have.
+    #[arg(long, env = "RM_PACKAGE_MAX_FILE_BYTES", default_value_t = ExtractLimits::default().max_file_bytes, value_parser = clap::value_parser!(u64).range(1..))]
+    pub package_max_file_bytes: u64,
     /// Log format.
     #[arg(long, env = "RM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+impl Cli {
+    /// The package extraction caps the flags set.
+    pub fn extract_limits(&self) -> ExtractLimits {
+        ExtractLimits {
+            max_total_bytes: self.package_max_bytes,
+            max_entries: self.package_max_entries,
+            max_file_bytes: self.package_max_file_bytes,
+        }
+    }
 }
 
 /// `<first>-<last>`, first ≤ last, never root.

@@ -13,5 +13,6 @@ pub mod journal;
 pub mod packages;
 pub mod process;
 pub mod providers;
+pub mod roots;
 pub mod termination;
 pub mod workspace;

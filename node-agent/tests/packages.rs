@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::fs;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,7 +17,7 @@ use runner_manager_node_agent::packages::copy::CopyError;
 use runner_manager_node_agent::packages::download::{
     DownloadError, Downloader, RetryPolicy, Timeouts,
 };
-use runner_manager_node_agent::packages::extract::ExtractError;
+use runner_manager_node_agent::packages::extract::{ExtractCap, ExtractError, ExtractLimits};
 use runner_manager_node_agent::packages::{PackageCache, PackageError, PackageRef, RuntimeKind};
 use runner_manager_node_agent::workspace::allocation::AllocationLock;
 use sha2::{Digest, Sha256};
@@ -469,6 +469,149 @@ async fn a_tarball_with_escaping_links_devices_or_writes_through_links_is_refuse
         matches!(err, PackageError::Unsafe(ExtractError::Duplicate)),
         "{err:?}"
     );
+}
+
+/// A gzip bomb: one file of `bytes` zeros, which compresses about a thousandfold.
+fn bomb(bytes: usize) -> Vec<u8> {
+    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    let mut b = tar::Builder::new(gz);
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_mode(0o644);
+    h.set_size(bytes as u64);
+    h.set_mtime(0);
+    b.append_data(&mut h, "bin/zeros", std::io::repeat(0).take(bytes as u64))
+        .unwrap();
+    b.into_inner().unwrap().finish().unwrap()
+}
+
+/// Caps small enough for a test to exceed cheaply, the way an admin would set them.
+const SMALL: ExtractLimits = ExtractLimits {
+    max_total_bytes: 8 << 20,
+    max_entries: 50,
+    max_file_bytes: 4 << 20,
+};
+
+/// Materializes `archive` under `limits` into a fresh host; the error, the host and the server.
+async fn capped(archive: Vec<u8>, limits: ExtractLimits) -> (PackageError, Host, Server, String) {
+    let digest = sha(&archive);
+    let server = Server::start(vec![Reply::Body(archive)]).await;
+    let mut host = Host::new();
+    host.cache = host.cache.with_extract_limits(limits);
+    let runtime = host.runtime("cccccccccccc");
+    let err = host
+        .cache
+        .materialize(
+            "cap-1",
+            PackageRef {
+                sha256: &digest,
+                url: &server.url,
+            },
+            &runtime,
+            RuntimeKind::Ephemeral,
+        )
+        .await
+        .unwrap_err();
+    assert!(err.is_terminal(), "{err:?}");
+    assert!(host.staging_is_empty(), "what the bomb wrote is gone");
+    assert!(!host.cache.tree(&digest).exists());
+    (err, host, server, digest)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gzip_bomb_stops_at_the_cap_and_its_digest_is_refused_without_another_download() {
+    // 64 MiB of zeros in a ~64 KiB download, against a 4 MiB per-file cap.
+    let archive = bomb(64 << 20);
+    assert!(archive.len() < 1 << 20, "{}", archive.len());
+    let (err, host, server, digest) = capped(archive, SMALL).await;
+    assert!(
+        matches!(
+            err,
+            PackageError::Unsafe(ExtractError::TooLarge {
+                cap: ExtractCap::FileBytes,
+                limit
+            }) if limit == SMALL.max_file_bytes
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("--package-max-file-bytes"),
+        "the message names the flag that raises the cap: {err}"
+    );
+    assert_eq!(server.requests(), 1);
+    // Terminal for that digest: the next launch is refused at once, nothing downloaded or
+    // inflated again.
+    let runtime = host.runtime("dddddddddddd");
+    let again = host
+        .cache
+        .materialize(
+            "cap-2",
+            PackageRef {
+                sha256: &digest,
+                url: &server.url,
+            },
+            &runtime,
+            RuntimeKind::Ephemeral,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(again, PackageError::RefusedBefore(..)),
+        "{again:?}"
+    );
+    assert!(again.is_terminal());
+    assert!(
+        again.to_string().contains("--package-max-file-bytes"),
+        "{again}"
+    );
+    assert_eq!(server.requests(), 1, "no second download");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archives_past_the_entry_or_total_caps_are_refused() {
+    let names: Vec<String> = (0..60).map(|i| format!("bin/f{i}")).collect();
+    let many: Vec<Entry<'_>> = names.iter().map(|n| Entry::File(n, b"x", 0o644)).collect();
+    let (err, ..) = capped(tar_gz(&many), SMALL).await;
+    assert!(
+        matches!(
+            err,
+            PackageError::Unsafe(ExtractError::TooLarge {
+                cap: ExtractCap::Entries,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    // Three files of 3 MiB: each under the per-file cap, together over the 8 MiB total.
+    let chunk = vec![7u8; 3 << 20];
+    let (err, ..) = capped(
+        tar_gz(&[
+            Entry::File("a", &chunk, 0o644),
+            Entry::File("b", &chunk, 0o644),
+            Entry::File("c", &chunk, 0o644),
+        ]),
+        SMALL,
+    )
+    .await;
+    assert!(
+        matches!(
+            err,
+            PackageError::Unsafe(ExtractError::TooLarge {
+                cap: ExtractCap::TotalBytes,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn the_default_caps_sit_well_above_githubs_runner() {
+    let d = ExtractLimits::default();
+    // GitHub's runner: about 9,000 entries, under 300 MB unpacked.
+    assert!(d.max_entries >= 10 * 9_000);
+    assert!(d.max_total_bytes >= 10 * 300_000_000);
+    assert!(d.max_file_bytes >= 512 << 20);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,7 @@ use std::process::Command;
 use runner_manager_node_agent::packages::contents::{CopyCheck, PackageContents, RetainedWork};
 use runner_manager_node_agent::packages::copy::{CopyReport, copy_tree_checked};
 use runner_manager_node_agent::packages::download::{Downloader, RetryPolicy, Timeouts};
-use runner_manager_node_agent::packages::extract::extract_tar_gz;
+use runner_manager_node_agent::packages::extract::{ExtractLimits, extract_tar_gz};
 use runner_manager_node_agent::packages::fingerprint::fingerprint;
 use runner_manager_node_agent::packages::origin::prove_origin;
 use runner_manager_node_agent::packages::{PackageCache, PackageRef, RuntimeKind};
@@ -49,7 +49,7 @@ fn installed(dir: &Path) -> (PathBuf, PackageContents) {
     fs::write(&archive_path, archive()).unwrap();
     let tree = dir.join("tree");
     fs::create_dir(&tree).unwrap();
-    let contents = extract_tar_gz(&archive_path, &tree).unwrap();
+    let contents = extract_tar_gz(&archive_path, &tree, ExtractLimits::default()).unwrap();
     (tree, contents)
 }
 

@@ -21,7 +21,7 @@ use super::launch::take;
 use super::rebuild::journal_of;
 use super::supervise::{Step, StepError, names, runtime_of, uuid_of};
 use crate::process::identity_file;
-use crate::workspace::ephemeral::remove_ephemeral_runtime;
+use crate::workspace::ephemeral::{EphemeralError, remove_ephemeral_runtime};
 use crate::workspace::scrub::scrub_slot;
 use crate::workspace::scrub_plan::SlotOwner;
 use crate::workspace::slot_table::SlotKey;
@@ -77,11 +77,64 @@ pub async fn clean(
     if let Some(w) = journal.workspace() {
         match w.kind() {
             WorkspaceMode::Ephemeral => {
-                if let Err(e) =
-                    remove_ephemeral_runtime(&agent.host_root, uuid_of(a)?, w.runtime_path())
-                {
-                    say!("{ns}/{name}: cleanup deferred: {e}");
+                // Like a refused scrub, a failed removal backs off (30 s doubling to 15 min):
+                // a tree that failed once will most likely fail again right away, and each try
+                // costs a walk of what is left.
+                if !agent.cleanup_backoff().due(&uid, std::time::Instant::now()) {
                     return Ok(Step::Wait);
+                }
+                match remove_ephemeral_runtime(&agent.host_root, uuid_of(a)?, w.runtime_path()) {
+                    Err(e) => {
+                        let retry = agent
+                            .cleanup_backoff()
+                            .failed(&uid, std::time::Instant::now());
+                        say!(
+                            "{ns}/{name}: cleanup deferred: {e}; next try in {}s",
+                            retry.as_secs()
+                        );
+                        let reason = match e {
+                            EphemeralError::NotTheDerivedPath { .. } => {
+                                AttemptReason::OwnershipUnproven
+                            }
+                            _ => AttemptReason::DeletionFailed,
+                        };
+                        let newly = conditions::set(
+                            api,
+                            a,
+                            AttemptConditionType::CleanupDeferred,
+                            ConditionStatus::True,
+                            reason,
+                            e.to_string(),
+                        )
+                        .await?;
+                        if newly {
+                            events::warn(
+                                &agent.kube,
+                                &agent.node,
+                                a,
+                                EventReason::CleanupDeferred,
+                                format!("the ephemeral runtime was not removed: {e}"),
+                            )
+                            .await;
+                        }
+                        return Ok(Step::Wait);
+                    }
+                    Ok(_) => {
+                        agent.cleanup_backoff().succeeded(&uid);
+                        if conditions::holds(a, AttemptConditionType::CleanupDeferred) {
+                            conditions::set(
+                                api,
+                                a,
+                                AttemptConditionType::CleanupDeferred,
+                                ConditionStatus::False,
+                                AttemptReason::Resolved,
+                                "the ephemeral runtime was removed".to_owned(),
+                            )
+                            .await?;
+                            // The condition write moved the resourceVersion: decide again.
+                            return Ok(Step::Again);
+                        }
+                    }
                 }
             }
             WorkspaceMode::Persistent => {

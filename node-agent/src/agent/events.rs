@@ -16,6 +16,7 @@ pub enum EventReason {
     CleanupDeferred,
     Rejected,
     SpecChanged,
+    PackageRefused,
 }
 
 impl EventReason {
@@ -25,6 +26,7 @@ impl EventReason {
             Self::CleanupDeferred => "CleanupDeferred",
             Self::Rejected => "Rejected",
             Self::SpecChanged => "SpecChanged",
+            Self::PackageRefused => "PackageRefused",
         }
     }
 }

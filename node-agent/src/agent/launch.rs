@@ -12,9 +12,11 @@ use std::time::Instant;
 
 use kube::api::Api;
 use runner_manager_crds::attempt::{
-    LaunchTimings, RunnerAttempt, StartedIdentity, Transition, WorkspacePlacement, spec_hash,
+    AttemptConditionType, AttemptReason, LaunchTimings, RunnerAttempt, StartedIdentity, Transition,
+    WorkspacePlacement, spec_hash,
 };
 use runner_manager_crds::broker::JitRequest;
+use runner_manager_crds::conditions::ConditionStatus;
 use runner_manager_crds::outcome::{FailureReason, Outcome};
 use runner_manager_crds::policy::WorkspaceMode;
 use runner_manager_crds::state::{Actor, AttemptState};
@@ -22,6 +24,7 @@ use runner_manager_crds::state::{Actor, AttemptState};
 use super::Agent;
 use super::admission::{self, Admission};
 use super::broker_client::JitAnswer;
+use super::conditions;
 use super::events::{self, EventReason};
 use super::fault::{self, Boundary};
 use super::rebuild::{journal_of, owner_of, state_of};
@@ -29,6 +32,7 @@ use super::supervise::{StepError, conclude, uuid_of};
 use crate::account::RunnerAccount;
 use crate::handoff::RestrictiveHandoff;
 use crate::journal::{self, Decision};
+use crate::packages::cache::{PackageError, PackageRefusal};
 use crate::packages::{PackageRef, RuntimeKind};
 use crate::process::environment::{EnvironmentLayers, layered_environment};
 use crate::providers::LaunchSpec;
@@ -156,6 +160,7 @@ pub async fn admit_and_launch(
         Ok(m) => m,
         Err(e) => {
             say!("{ns}/{name}: package not materialized: {e}");
+            package_refused(agent, api, a, &name, &e).await?;
             conclude(
                 api,
                 &name,
@@ -213,6 +218,43 @@ pub async fn admit_and_launch(
         return Ok(());
     }
     request_and_start(agent, api, &name, &ns, runtime, account, timings).await
+}
+
+/// A refused archive (unsafe, or past an extraction cap) is said in the `PackageRefused`
+/// condition and an event before the attempt concludes, so `kubectl describe` names the cap and
+/// the flag that raises it; other package failures (download, disk) say it in the log only.
+async fn package_refused(
+    agent: &Agent,
+    api: &Api<RunnerAttempt>,
+    a: &RunnerAttempt,
+    name: &str,
+    e: &PackageError,
+) -> Result<(), StepError> {
+    let reason = match e.refusal() {
+        Some(PackageRefusal::CapExceeded) => AttemptReason::PackageCapExceeded,
+        Some(PackageRefusal::Unsafe) => AttemptReason::PackageUnsafe,
+        None => return Ok(()),
+    };
+    // The condition is a CAS: against the attempt as it is now, not as this launch first read it.
+    let current = api.get_status(name).await?;
+    conditions::set(
+        api,
+        &current,
+        AttemptConditionType::PackageRefused,
+        ConditionStatus::True,
+        reason,
+        e.to_string(),
+    )
+    .await?;
+    events::warn(
+        &agent.kube,
+        &agent.node,
+        a,
+        EventReason::PackageRefused,
+        e.to_string(),
+    )
+    .await;
+    Ok(())
 }
 
 /// `Pending → Allocated`: the placement and the spec hash, journalled before any effect. A

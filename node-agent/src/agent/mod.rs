@@ -58,6 +58,8 @@ use log::say;
 pub enum AgentError {
     #[error(transparent)]
     Fence(#[from] FenceError),
+    #[error(transparent)]
+    Roots(#[from] crate::roots::RootError),
     #[error("the host root {0} could not be prepared: {1:?}")]
     HostRoot(PathBuf, std::io::ErrorKind),
     #[error(
@@ -215,6 +217,8 @@ fn prepare_host_root(root: &std::path::Path) -> Result<(), AgentError> {
 /// Runs the agent until SIGTERM (or SIGINT). Runners keep running: they outlive the agent.
 pub async fn run(cli: Cli) -> Result<(), AgentError> {
     log::init(cli.log_format);
+    // Before anything is created under them.
+    crate::roots::check_roots(&cli.host_root, &cli.slots_root)?;
     prepare_host_root(&cli.host_root)?;
     traversable_by_runners(&cli.host_root, cli.runner_gid)?;
     traversable_by_runners(&cli.slots_root, cli.runner_gid)?;
@@ -235,7 +239,8 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
     let downloader = Downloader::new(RetryPolicy::PRODUCTION, Timeouts::PRODUCTION)
         .map_err(|e| AgentError::Packages(e.to_string()))?;
     let packages = PackageCache::new(cli.host_root.join("packages"), downloader)
-        .map_err(|e| AgentError::Packages(format!("{:?}", e.kind())))?;
+        .map_err(|e| AgentError::Packages(format!("{:?}", e.kind())))?
+        .with_extract_limits(cli.extract_limits());
     let agent = Arc::new(Agent {
         node: cli.node_name.clone(),
         host_root: cli.host_root.clone(),

@@ -26,11 +26,12 @@ use tokio::sync::RwLock;
 use super::contents::{CopyCheck, PackageContents, RetainedWork, TreeMismatch, sha256_file};
 use super::copy::{CopyError, CopyReport, copy_tree_checked};
 use super::download::{DownloadError, Downloader};
-use super::extract::{ExtractError, extract_tar_gz};
+use super::extract::{ExtractError, ExtractLimits, extract_tar_gz};
 use super::fingerprint::{Fingerprint, fingerprint};
 use super::origin::{prove_origin, still_intact};
 use super::timings::PackageTimings;
 use crate::workspace::allocation::AllocationGuard;
+use crate::workspace::remove::remove_tree;
 
 /// The package an attempt's snapshot pins.
 #[derive(Clone, Copy, Debug)]
@@ -58,6 +59,8 @@ pub enum PackageError {
     Download(#[from] DownloadError),
     #[error("the package archive is unsafe: {0}")]
     Unsafe(ExtractError),
+    #[error("the package archive was refused before: {1}")]
+    RefusedBefore(PackageRefusal, String),
     #[error("the install this launch waited behind failed: {0}")]
     QueuedBehindFailedInstall(String),
     #[error("copying the package into the runtime failed: {0}")]
@@ -74,12 +77,33 @@ impl From<io::Error> for PackageError {
     }
 }
 
+/// Why an archive was refused for its digest (closed: it reaches conditions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PackageRefusal {
+    /// It inflates past an extraction cap.
+    CapExceeded,
+    /// It holds an unsafe entry.
+    Unsafe,
+}
+
 impl PackageError {
+    /// Whether (and why) the archive itself was refused, now or by an earlier launch.
+    pub fn refusal(&self) -> Option<PackageRefusal> {
+        match self {
+            Self::Unsafe(ExtractError::TooLarge { .. }) => Some(PackageRefusal::CapExceeded),
+            Self::Unsafe(_) => Some(PackageRefusal::Unsafe),
+            Self::RefusedBefore(refusal, _) => Some(*refusal),
+            _ => None,
+        }
+    }
+
     /// Terminal for the launch: the archive is unverified or unsafe, and retrying downloads the
     /// same thing. Terminal failures are not shared with queued launches.
     pub fn is_terminal(&self) -> bool {
-        matches!(self, Self::BadDigest | Self::Unsafe(_))
-            || matches!(self, Self::Copy(CopyError::TopLevelWork))
+        matches!(
+            self,
+            Self::BadDigest | Self::Unsafe(_) | Self::RefusedBefore(..)
+        ) || matches!(self, Self::Copy(CopyError::TopLevelWork))
     }
 }
 
@@ -143,6 +167,10 @@ struct State {
     leases: HashMap<String, String>,
     /// The last non-terminal install failure and its serial.
     failed: Option<(u64, String)>,
+    /// Digests whose archive was refused (unsafe, or past a cap), with why: the same archive
+    /// refuses the same way, so later launches fail at once instead of downloading and
+    /// inflating it again. Kept until the agent restarts (which is how a raised cap applies).
+    refused: HashMap<String, (PackageRefusal, String)>,
 }
 
 /// What a prune did.
@@ -161,6 +189,7 @@ pub struct PackageCache {
     dev: u64,
     seed_roots: Vec<SeedRoot>,
     downloader: Downloader,
+    limits: ExtractLimits,
     threads: usize,
     trees: RwLock<()>,
     state: Mutex<State>,
@@ -205,11 +234,18 @@ impl PackageCache {
             dev,
             seed_roots: Vec::new(),
             downloader,
+            limits: ExtractLimits::default(),
             threads,
             trees: RwLock::new(()),
             state: Mutex::new(State::default()),
             failures: AtomicU64::new(0),
         })
+    }
+
+    /// Caps what one archive may inflate to (the defaults otherwise).
+    pub fn with_extract_limits(mut self, limits: ExtractLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// Registers `root`, a directory on a volume where runtimes live, for seeds
@@ -371,12 +407,20 @@ impl PackageCache {
                 {
                     return Err(PackageError::QueuedBehindFailedInstall(cause.clone()));
                 }
+                if let Some((refusal, why)) = self.state().refused.get(&sha) {
+                    return Err(PackageError::RefusedBefore(*refusal, why.clone()));
+                }
                 let mut ready = match self.ready(&sha, seed_root.as_ref(), &mut timings).await {
                     // Someone installed it while this launch waited.
                     Some(ready) => ready,
                     None => match self.install(package, &mut timings).await {
                         Ok(ready) => ready,
                         Err(e) => {
+                            if let (Some(refusal), PackageError::Unsafe(why)) = (e.refusal(), &e) {
+                                self.state()
+                                    .refused
+                                    .insert(sha.clone(), (refusal, why.to_string()));
+                            }
                             if !e.is_terminal() {
                                 let serial = self.failures.fetch_add(1, Ordering::SeqCst) + 1;
                                 self.state().failed = Some((serial, e.to_string()));
@@ -547,7 +591,7 @@ impl PackageCache {
             for entry in std::fs::read_dir(&dir).into_iter().flatten() {
                 let name = entry?.file_name();
                 if name == sha.as_str() || name.to_string_lossy().starts_with(".staging-") {
-                    std::fs::remove_dir_all(dir.join(&name))?;
+                    remove_tree(&dir.join(&name))?;
                 }
             }
             std::fs::create_dir_all(&dir)?;
@@ -555,13 +599,13 @@ impl PackageCache {
             std::fs::create_dir(&staging)?;
             let copied = copy_tree_checked(&tree, &staging, &contents, threads);
             if !matches!(copied, Ok(CopyReport { differing: 0, .. })) {
-                let _ = std::fs::remove_dir_all(&staging);
+                let _ = remove_tree(&staging);
                 return Ok(None);
             }
             std::fs::rename(&staging, &seed)?;
             let print = fingerprint(&seed)?;
             if !prove_origin(&seed, &contents, print, threads)? {
-                let _ = std::fs::remove_dir_all(&seed);
+                let _ = remove_tree(&seed);
                 return Ok(None);
             }
             Ok(Some((seed, print)))
@@ -610,7 +654,7 @@ impl PackageCache {
             let (tree, staging) = (tree.clone(), staging.clone());
             blocking(move || {
                 match std::fs::rename(&tree, &staging) {
-                    Ok(()) => std::fs::remove_dir_all(&staging)?,
+                    Ok(()) => drop(remove_tree(&staging)?),
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     Err(e) => return Err(e.into()),
                 }
@@ -639,16 +683,17 @@ impl PackageCache {
             timings.downloaded = true;
         }
         let (archive2, staging2, tree2) = (archive.clone(), staging.clone(), tree.clone());
+        let limits = self.limits;
         let extracted = blocking(move || {
             std::fs::create_dir(&staging2)?;
-            match extract_tar_gz(&archive2, &staging2) {
+            match extract_tar_gz(&archive2, &staging2, limits) {
                 Ok(contents) => {
                     std::fs::rename(&staging2, &tree2)?;
                     let print = fingerprint(&tree2)?;
                     Ok((contents, print))
                 }
                 Err(e) => {
-                    let _ = std::fs::remove_dir_all(&staging2);
+                    let _ = remove_tree(&staging2);
                     if e.is_unsafe_archive() {
                         // The verified archive itself is unsafe: keeping it helps nobody.
                         let _ = std::fs::remove_file(&archive2);
@@ -743,9 +788,9 @@ impl PackageCache {
                 continue;
             }
             self.state().trusted.remove(sha);
-            std::fs::remove_dir_all(self.tree(sha))?;
+            remove_tree(&self.tree(sha))?;
             for root in &self.seed_roots {
-                match std::fs::remove_dir_all(root.dir.join(sha)) {
+                match remove_tree(&root.dir.join(sha)).map(drop) {
                     Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
                     _ => {}
                 }

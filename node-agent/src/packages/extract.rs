@@ -4,6 +4,10 @@
 //! (a package that once ran a job). Modes are normalised (0755 directories, 0755/0644 files);
 //! setuid, setgid and sticky bits are never applied. Every file is hashed as it is written,
 //! which gives the [`PackageContents`] the trees are later verified against.
+//!
+//! Capped ([`ExtractLimits`]): an archive is a tenant's choice (its policy names the URL and the
+//! digest), and a small one can inflate without bound. Bytes are counted as they are written,
+//! not taken from headers, so a lying header or a sparse entry cannot slip past.
 
 use std::collections::BTreeSet;
 use std::fs::{DirBuilder, File};
@@ -15,6 +19,56 @@ use sha2::{Digest, Sha256};
 
 use super::contents::{EntryRecord, PackageContents};
 use crate::workspace::WORK_DIR;
+
+/// What one package archive may inflate to. The defaults sit well above GitHub's runner
+/// (about 9,000 entries, under 300 MB unpacked, its largest file under 120 MB) and its growth; an admin sets
+/// them with the agent's `--package-max-*` flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExtractLimits {
+    /// All files together, in bytes (hard links count again: they become copies).
+    pub max_total_bytes: u64,
+    /// Entries of any kind.
+    pub max_entries: u64,
+    /// One file, in bytes.
+    pub max_file_bytes: u64,
+}
+
+impl Default for ExtractLimits {
+    fn default() -> Self {
+        Self {
+            max_total_bytes: 4 << 30,
+            max_entries: 100_000,
+            max_file_bytes: 1 << 30,
+        }
+    }
+}
+
+/// Which cap an archive exceeded (closed: it reaches conditions and events).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExtractCap {
+    TotalBytes,
+    Entries,
+    FileBytes,
+}
+
+impl ExtractCap {
+    /// The agent flag that raises this cap.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Self::TotalBytes => "--package-max-bytes",
+            Self::Entries => "--package-max-entries",
+            Self::FileBytes => "--package-max-file-bytes",
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Self::TotalBytes => "bytes in all",
+            Self::Entries => "entries",
+            Self::FileBytes => "bytes in one file",
+        }
+    }
+}
 
 /// Why an archive was refused. Terminal: the same archive refuses the same way.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +85,12 @@ pub enum ExtractError {
     Duplicate,
     #[error("the archive holds a top-level `_work`: a package that ran a job is never used")]
     TopLevelWork,
+    #[error(
+        "the archive inflates past the agent's cap of {limit} {}; the package is refused for this digest until the agent restarts (raise {} if the package is legitimate)",
+        cap.what(),
+        cap.flag()
+    )]
+    TooLarge { cap: ExtractCap, limit: u64 },
     #[error("the archive could not be read or written ({0})")]
     Io(#[from] io::Error),
 }
@@ -86,8 +146,51 @@ fn link_stays_inside(entry: &Path, target: &Path) -> bool {
     true
 }
 
-/// Extracts `archive` (gzip-compressed tar) into the empty directory `dest`.
-pub fn extract_tar_gz(archive: &Path, dest: &Path) -> Result<PackageContents, ExtractError> {
+/// What an extraction has used of its limits so far.
+struct Budget {
+    limits: ExtractLimits,
+    entries: u64,
+    bytes: u64,
+}
+
+impl Budget {
+    fn entry(&mut self) -> Result<(), ExtractError> {
+        self.entries += 1;
+        if self.entries > self.limits.max_entries {
+            return Err(ExtractError::TooLarge {
+                cap: ExtractCap::Entries,
+                limit: self.limits.max_entries,
+            });
+        }
+        Ok(())
+    }
+
+    /// How many bytes the next file may have, and which cap says so.
+    fn file_allowance(&self) -> (u64, ExtractCap, u64) {
+        let left = self.limits.max_total_bytes.saturating_sub(self.bytes);
+        if left < self.limits.max_file_bytes {
+            (left, ExtractCap::TotalBytes, self.limits.max_total_bytes)
+        } else {
+            (
+                self.limits.max_file_bytes,
+                ExtractCap::FileBytes,
+                self.limits.max_file_bytes,
+            )
+        }
+    }
+}
+
+/// Extracts `archive` (gzip-compressed tar) into the empty directory `dest`, within `limits`.
+pub fn extract_tar_gz(
+    archive: &Path,
+    dest: &Path,
+    limits: ExtractLimits,
+) -> Result<PackageContents, ExtractError> {
+    let mut budget = Budget {
+        limits,
+        entries: 0,
+        bytes: 0,
+    };
     let file = File::open(archive)?;
     let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(io::BufReader::new(file)));
     let mut contents = PackageContents::default();
@@ -97,6 +200,7 @@ pub fn extract_tar_gz(archive: &Path, dest: &Path) -> Result<PackageContents, Ex
     let mut link_paths = BTreeSet::new();
     for entry in tar.entries()? {
         let mut entry = entry?;
+        budget.entry()?;
         let Some(rel) = normalise(&entry.path()?)? else {
             continue;
         };
@@ -128,7 +232,7 @@ pub fn extract_tar_gz(archive: &Path, dest: &Path) -> Result<PackageContents, Ex
         } else if kind.is_file() {
             let executable = entry.header().mode()? & 0o111 != 0;
             make_parents(dest, &rel, &mut contents)?;
-            let (size, sha256) = write_new(&target, executable, &mut entry)?;
+            let (size, sha256) = write_new(&target, executable, &mut entry, &mut budget)?;
             contents.entries.insert(
                 rel,
                 EntryRecord::File {
@@ -165,7 +269,7 @@ pub fn extract_tar_gz(archive: &Path, dest: &Path) -> Result<PackageContents, Ex
             };
             make_parents(dest, &rel, &mut contents)?;
             let mut from = File::open(dest.join(&source))?;
-            write_new(&target, executable, &mut from)?;
+            write_new(&target, executable, &mut from, &mut budget)?;
             contents.entries.insert(rel, record);
         } else {
             return Err(ExtractError::SpecialEntry);
@@ -202,8 +306,15 @@ fn make_parents(dest: &Path, rel: &Path, contents: &mut PackageContents) -> io::
     Ok(())
 }
 
-/// Writes a new file (never an existing one, never through a link), hashing what it writes.
-fn write_new(path: &Path, executable: bool, from: &mut impl Read) -> io::Result<(u64, [u8; 32])> {
+/// Writes a new file (never an existing one, never through a link), hashing what it writes and
+/// stopping at the first byte past the budget.
+fn write_new(
+    path: &Path,
+    executable: bool,
+    from: &mut impl Read,
+    budget: &mut Budget,
+) -> Result<(u64, [u8; 32]), ExtractError> {
+    let (allowance, cap, limit) = budget.file_allowance();
     let mode = if executable { 0o755 } else { 0o644 };
     let mut file = File::options()
         .write(true)
@@ -219,10 +330,14 @@ fn write_new(path: &Path, executable: bool, from: &mut impl Read) -> io::Result<
         if n == 0 {
             break;
         }
+        size += n as u64;
+        if size > allowance {
+            return Err(ExtractError::TooLarge { cap, limit });
+        }
         hasher.update(&buf[..n]);
         file.write_all(&buf[..n])?;
-        size += n as u64;
     }
+    budget.bytes += size;
     // The umask may have narrowed the mode.
     file.set_permissions(std::fs::Permissions::from_mode(mode))?;
     Ok((size, hasher.finalize().into()))

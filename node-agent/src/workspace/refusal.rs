@@ -63,7 +63,7 @@ impl SlotRefusal {
                 "a job replaced the slot or its `_work` with a link or a file; inspect it and treat its contents as untrusted, then remove it by hand; the attempt keeps its slot lease until then"
             }
             Self::Enumeration | Self::Deletion | Self::Residue => {
-                "cleanup is retried on a later pass with backoff; release whatever holds the entries open or clear everything but `_work` by hand; the attempt keeps its slot lease until then"
+                "cleanup is retried on a later pass with backoff, and a tree of any depth or width is removable, so a failure that persists is the filesystem's: read the error kind in the detail (PermissionDenied: an immutable or append-only attribute, shown by `lsattr -d` and cleared by `chattr -i -a`; ReadOnlyFilesystem; ResourceBusy: a mount inside the slot) and fix that; the next pass then finishes on its own; the attempt keeps its slot lease until then"
             }
         }
     }

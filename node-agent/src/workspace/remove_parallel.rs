@@ -30,6 +30,8 @@ use super::remove::{
 const SUBTREES_PER_THREAD: usize = 8;
 /// How deep the skeleton goes, at most (the entry itself is depth 0).
 const MAX_DEPTH: usize = 3;
+/// The most directories the skeleton holds open, however wide the tree's top levels are.
+pub const MAX_SKELETON_DIRS: usize = 64;
 /// Trees with fewer entries to share out than this are removed on the calling thread.
 const MIN_JOBS: usize = 16;
 
@@ -59,9 +61,8 @@ pub fn remove_entry_at_parallel(
         return remove_entry_at(dir, name, kind);
     }
     let skeleton = Skeleton::open(root, threads)?;
-    let mut removed = Removed {
-        entries: skeleton.remove_jobs(threads)?,
-    };
+    let mut removed = skeleton.remove_jobs(threads)?;
+    removed.peak_open_dirs += skeleton.dirs.len() as u64;
     skeleton.remove_dirs(&mut removed)?;
     match rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
         Ok(()) => removed.entries += 1,
@@ -107,6 +108,7 @@ impl Skeleton {
                     // sequential remover decides what it is now.
                     if expand
                         && entry.kind == EntryKind::Directory
+                        && skeleton.dirs.len() < MAX_SKELETON_DIRS
                         && let Ok(fd) = open_dir_at(skeleton.dirs[parent].as_fd(), &entry.name)
                     {
                         skeleton.dirs.push(fd);
@@ -136,9 +138,10 @@ impl Skeleton {
         Ok(skeleton)
     }
 
-    /// Removes every job; returns how many entries went. A job refused for want of permission
-    /// on its skeleton directory is retried once that directory has its owner bits back.
-    fn remove_jobs(&self, threads: usize) -> io::Result<u64> {
+    /// Removes every job; returns what went (entries, and the most descriptors one thread held).
+    /// A job refused for want of permission on its skeleton directory is retried once that
+    /// directory has its owner bits back.
+    fn remove_jobs(&self, threads: usize) -> io::Result<Removed> {
         let threads = if self.jobs.len() < MIN_JOBS {
             1
         } else {
@@ -146,6 +149,7 @@ impl Skeleton {
         };
         let next = AtomicUsize::new(0);
         let count = AtomicU64::new(0);
+        let peak = AtomicU64::new(0);
         let denied: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
         let failure: Mutex<Option<io::Error>> = Mutex::new(None);
         let work = || {
@@ -170,6 +174,7 @@ impl Skeleton {
                 }
             }
             count.fetch_add(removed.entries, Ordering::Relaxed);
+            peak.fetch_max(removed.peak_open_dirs, Ordering::Relaxed);
         };
         std::thread::scope(|scope| {
             for _ in 1..threads {
@@ -182,6 +187,8 @@ impl Skeleton {
         }
         let mut removed = Removed {
             entries: count.into_inner(),
+            // Each thread holds its own walk's descriptors at once.
+            peak_open_dirs: peak.into_inner() * threads as u64,
         };
         let mut denied = std::mem::take(&mut *lock(&denied));
         denied.sort_unstable();
@@ -195,7 +202,7 @@ impl Skeleton {
             let (name, kind) = &job.entries[at];
             remove_at(self.dirs[job.parent].as_fd(), name, *kind, &mut removed)?;
         }
-        Ok(removed.entries)
+        Ok(removed)
     }
 
     /// Removes the emptied skeleton directories, children first (the reverse of the order

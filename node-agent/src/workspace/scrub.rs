@@ -11,7 +11,7 @@ use runner_manager_crds::attempt::WorkspacePlacement;
 use rustix::fs::AtFlags;
 
 use super::refusal::{Quarantine, SlotRefusal};
-use super::remove::{ListedEntry, list_entries, open_dir_nofollow};
+use super::remove::{ListedEntry, is_link_or_not_dir, list_entries, open_dir_nofollow};
 use super::remove_parallel::{removal_threads, remove_entry_at_parallel};
 use super::scrub_plan::{
     ScrubTarget, SlotOwner, check_journal, entries_to_remove, is_kept, residue,
@@ -162,10 +162,6 @@ fn sensitive_name(entry: &ListedEntry) -> Option<&'static str> {
         .iter()
         .copied()
         .find(|n| n.as_bytes() == entry.name.to_bytes())
-}
-
-pub(crate) fn is_link_or_not_dir(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(c) if c == rustix::io::Errno::LOOP.raw_os_error() || c == rustix::io::Errno::NOTDIR.raw_os_error())
 }
 
 fn not_a_directory(slot: &Path) -> Quarantine {
