@@ -172,6 +172,189 @@ async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
     drop(agent);
 }
 
+/// A job that leaves a tree far deeper than any legitimate one (with a FIFO and a link out at
+/// its bottom) and a directory far wider, against an agent limited to 1024 descriptors: the
+/// runtime is removed and the attempt cleaned, while the agent launches another attempt; the
+/// agent never exits. Before the iterative removal the agent held a descriptor per level (the
+/// removal failed with "too many open files" on every pass, forever) and recursed per level on
+/// a tokio worker's stack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_leaving_pathological_trees_is_cleaned_while_the_agent_serves_others() {
+    let Some(w) = AgentWorld::start("a_job_leaving_pathological_trees")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let mut agent = w.agent_with_fd_limit(2, &[], 1024).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    bring_to_idle(&w, &a).await;
+    let job = w
+        .queue_job_with(serde_json::json!({"deep_tree_depth": 20_000, "wide_tree_entries": 20_000}))
+        .await
+        .unwrap();
+    w.wait_assigned(job).await.unwrap();
+    w.set_job(&n, job).await.unwrap();
+    w.set_github(&n, true, true, 2).await.unwrap();
+    // Launched while the job builds its trees and the agent removes them.
+    let b = w.pending_attempt().await.unwrap();
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    let deferred = done
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .conditions
+        .iter()
+        .any(|c| format!("{:?}", c.type_) == "CleanupDeferred");
+    assert!(!deferred, "the removal never failed");
+    bring_to_idle(&w, &b).await;
+    stop_idle(&w, &b, "ScaleDown").await;
+    assert_settled(&w, &b, 2).await;
+    assert!(
+        agent.child.try_wait().unwrap().is_none(),
+        "the agent is still running"
+    );
+    assert!(std::path::Path::new("/etc/passwd").exists());
+}
+
+/// `chattr -i` on drop, so a failed test still leaves a removable tempdir.
+struct Immutable(std::path::PathBuf);
+
+impl Immutable {
+    fn set(path: std::path::PathBuf) -> Self {
+        std::fs::write(&path, b"pinned").unwrap();
+        let ok = std::process::Command::new("chattr")
+            .arg("+i")
+            .arg(&path)
+            .status()
+            .unwrap()
+            .success();
+        assert!(
+            ok,
+            "chattr +i {path:?}: the host root must be on ext4/xfs/btrfs"
+        );
+        Self(path)
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("chattr")
+            .arg("-i")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Waits for the agent's Lease to be renewed `times` more times (one heartbeat is 2 s here, ten
+/// supervision passes): the clock the backoff is judged against, observed rather than slept.
+async fn heartbeats(w: &AgentWorld, times: usize) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases = kube::Api::<Lease>::namespaced(w.kube.clone(), &w.system);
+    let lease = runner_manager_crds::names::agent_lease_name(&w.node.name);
+    let renewed = || async {
+        leases
+            .get(&lease)
+            .await
+            .ok()
+            .and_then(|l| l.spec.and_then(|s| s.renew_time))
+            .map(|t| t.0)
+    };
+    let mut last = renewed().await;
+    for _ in 0..times {
+        let seen = last;
+        last = wait::until(STEP, "a Lease renewal", || async {
+            let now = renewed().await;
+            (now.is_some() && now != seen).then_some(now)
+        })
+        .await
+        .unwrap();
+    }
+}
+
+fn condition<'a>(
+    a: &'a RunnerAttempt,
+    type_: &str,
+) -> Option<
+    &'a runner_manager_crds::conditions::Condition<
+        runner_manager_crds::attempt::AttemptConditionType,
+        runner_manager_crds::attempt::AttemptReason,
+    >,
+> {
+    a.status
+        .as_ref()?
+        .journal
+        .conditions
+        .iter()
+        .find(|c| format!("{:?}", c.type_) == type_)
+}
+
+/// An ephemeral runtime that cannot be removed (a file made immutable, as `chattr +i` leaves
+/// it) is retried with backoff, not on every supervision pass, under a `CleanupDeferred`
+/// condition and one event; once the file can go, the next try removes the runtime, resolves the
+/// condition and cleans the attempt. Before: retried (and logged) every pass, no condition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unremovable_ephemeral_runtime_backs_off_under_a_cleanup_deferred_condition() {
+    let Some(w) = AgentWorld::start("an_unremovable_ephemeral_runtime_backs_off")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    let idle = bring_to_idle(&w, &a).await;
+    let runtime = std::path::PathBuf::from(
+        idle.status
+            .as_ref()
+            .unwrap()
+            .journal
+            .workspace()
+            .unwrap()
+            .runtime_path(),
+    );
+    let pinned = Immutable::set(runtime.join("pinned"));
+    stop_idle(&w, &a, "ScaleDown").await;
+    let deferred = w
+        .wait_for(&n, "a CleanupDeferred condition", |s| {
+            s.journal.conditions.iter().any(|c| {
+                format!("{:?}", c.type_) == "CleanupDeferred"
+                    && c.status == runner_manager_crds::conditions::ConditionStatus::True
+            })
+        })
+        .await
+        .unwrap();
+    let c = condition(&deferred, "CleanupDeferred").unwrap();
+    assert_eq!(format!("{:?}", c.reason), "DeletionFailed");
+    assert!(c.message.contains("PermissionDenied"), "{}", c.message);
+    let tries = || {
+        agent
+            .lines()
+            .iter()
+            .filter(|l| l.contains(&n) && l.contains("could not be removed"))
+            .count()
+    };
+    // About twenty supervision passes later, still the one try.
+    heartbeats(&w, 2).await;
+    assert_eq!(tries(), 1, "retried without backoff");
+    drop(pinned);
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    let c = condition(&done, "CleanupDeferred").unwrap();
+    assert_eq!(
+        c.status,
+        runner_manager_crds::conditions::ConditionStatus::False
+    );
+    assert_eq!(format!("{:?}", c.reason), "Resolved");
+    assert!(!runtime.exists());
+    assert_eq!(tries(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_runner_is_terminated_in_order_and_exits_idle() {
     let Some(w) = AgentWorld::start("an_idle_runner_is_terminated_in_order")

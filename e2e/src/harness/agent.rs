@@ -121,9 +121,33 @@ impl AgentWorld {
 
     /// The agent binary with this world's flags; `extra` env (e.g. `RM_AGENT_FAULT`).
     pub fn agent(&self, capacity: u32, extra: &[(&str, &str)]) -> Result<Running, String> {
-        let mut cmd = std::process::Command::new(
+        let cmd = std::process::Command::new(
             binary("runner-manager-node-agent").map_err(|e| fail("binary", e))?,
         );
+        self.agent_command(cmd, capacity, extra)
+    }
+
+    /// Like [`Self::agent`], with at most `nofile` open descriptors (soft and hard
+    /// `RLIMIT_NOFILE`, set by util-linux's `prlimit`, which then becomes the agent).
+    pub fn agent_with_fd_limit(
+        &self,
+        capacity: u32,
+        extra: &[(&str, &str)],
+        nofile: u32,
+    ) -> Result<Running, String> {
+        let mut cmd = std::process::Command::new("prlimit");
+        cmd.arg(format!("--nofile={nofile}:{nofile}"))
+            .arg("--")
+            .arg(binary("runner-manager-node-agent").map_err(|e| fail("binary", e))?);
+        self.agent_command(cmd, capacity, extra)
+    }
+
+    fn agent_command(
+        &self,
+        mut cmd: std::process::Command,
+        capacity: u32,
+        extra: &[(&str, &str)],
+    ) -> Result<Running, String> {
         let capacity = capacity.to_string();
         cmd.args([
             "--node-name",
@@ -310,13 +334,19 @@ impl AgentWorld {
 
     /// Queues a job the runner's labels match; returns its id.
     pub async fn queue_job(&self, duration_ms: u64) -> Result<u64, String> {
+        self.queue_job_with(json!({"duration_ms": duration_ms}))
+            .await
+    }
+
+    /// Queues a job with the stand-in's `behaviour` (`standin_runner::behaviour::JobBehaviour`).
+    pub async fn queue_job_with(&self, behaviour: Value) -> Result<u64, String> {
         let v = self
             .fake
             .admin(
                 "POST",
                 "jobs",
                 json!({"owner": ORG, "repo": "web", "labels": ["self-hosted", "linux"],
-                       "behaviour": {"duration_ms": duration_ms}}),
+                       "behaviour": behaviour}),
             )
             .await
             .map_err(|e| fail("queue job", e))?;

@@ -28,6 +28,13 @@ pub struct JobBehaviour {
     /// Leave a FIFO in the job's temp directory (`$TMPDIR`, else `_work/_temp`).
     #[serde(default)]
     pub fifo_in_tmp: bool,
+    /// Hostile: leave a chain of directories this deep under `_work/deep`, a FIFO and a link
+    /// out of the tree at its bottom.
+    #[serde(default)]
+    pub deep_tree_depth: Option<u32>,
+    /// Hostile: leave this many files in one directory, `_work/wide`.
+    #[serde(default)]
+    pub wide_tree_entries: Option<u32>,
     /// Spawn a child that sleeps this long and outlives the listener.
     #[serde(default)]
     pub orphan_child_secs: Option<u64>,

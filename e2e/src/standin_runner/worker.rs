@@ -40,6 +40,25 @@ fn temp_dir(work: &Path) -> PathBuf {
     std::env::var_os("TMPDIR").map_or_else(|| work.join("_temp"), PathBuf::from)
 }
 
+/// A chain of `depth` directories: built by changing into each level (its path is far longer
+/// than `PATH_MAX`, so no absolute path could name the bottom), then back.
+fn build_deep_tree(top: &Path, depth: u32) -> std::io::Result<()> {
+    let back = std::env::current_dir()?;
+    std::fs::create_dir_all(top)?;
+    std::env::set_current_dir(top)?;
+    for _ in 0..depth {
+        std::fs::create_dir("d")?;
+        std::env::set_current_dir("d")?;
+    }
+    let bottom = std::process::Command::new("mkfifo").arg("fifo").status()?;
+    std::os::unix::fs::symlink("/etc", "escape")?;
+    std::env::set_current_dir(back)?;
+    if !bottom.success() {
+        return Err(std::io::Error::other("mkfifo failed"));
+    }
+    Ok(())
+}
+
 fn act(root: &Path, b: &JobBehaviour, log: &mut DiagLog) -> std::io::Result<()> {
     let work = root.join("_work");
     std::fs::create_dir_all(&work)?;
@@ -61,6 +80,18 @@ fn act(root: &Path, b: &JobBehaviour, log: &mut DiagLog) -> std::io::Result<()> 
             return Err(std::io::Error::other("mkfifo failed"));
         }
         log.line("INFO", &format!("left a FIFO at {}", fifo.display()));
+    }
+    if let Some(depth) = b.deep_tree_depth {
+        build_deep_tree(&work.join("deep"), depth)?;
+        log.line("INFO", &format!("left a tree {depth} directories deep"));
+    }
+    if let Some(entries) = b.wide_tree_entries {
+        let wide = work.join("wide");
+        std::fs::create_dir_all(&wide)?;
+        for i in 0..entries {
+            std::fs::File::create(wide.join(format!("f{i}")))?;
+        }
+        log.line("INFO", &format!("left {entries} files in one directory"));
     }
     if let Some(secs) = b.orphan_child_secs {
         let child = std::process::Command::new("sleep")
