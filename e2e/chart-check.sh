@@ -28,15 +28,22 @@ strategy=$(kubectl -n "$ns" get daemonset/runner-manager-node-agent -o jsonpath=
 if [ -n "$strategy" ] && [ "$strategy" != "0" ]; then
   echo "the agent DaemonSet must never surge: maxSurge is $strategy" >&2; exit 1
 fi
-# Least privilege, as the API server evaluates it.
+# Least privilege, as the API server evaluates it. No pods rights at all (issue 13): one node's
+# agent token must not create a pod running as another ServiceAccount, a privileged pod on any
+# node, or a pod posing as another node's agent.
 as="--as=system:serviceaccount:$ns:runner-manager-node-agent"
 kubectl auth can-i patch runnerattempts.runner-manager.dev --subresource=status -n team-a $as >/dev/null
 for denied in "get secrets -n team-a" "get configmaps -n team-a" "update runnerattempts.runner-manager.dev -n team-a" \
-              "update runnerattempts.runner-manager.dev --subresource=finalizers -n team-a" "delete runnerattempts.runner-manager.dev -n team-a"; do
+              "update runnerattempts.runner-manager.dev --subresource=finalizers -n team-a" "delete runnerattempts.runner-manager.dev -n team-a" \
+              "create pods --all-namespaces" "create pods -n $ns" "create pods -n team-a" \
+              "delete pods --all-namespaces" "delete pods -n $ns" "get pods -n $ns" "list pods --all-namespaces"; do
   if kubectl auth can-i $denied $as >/dev/null 2>&1; then
     echo "the node agent may $denied: it must not" >&2; exit 1
   fi
 done
+# The broker reads the agent DaemonSet (its uid) to know which pods are agents.
+kubectl auth can-i get daemonsets.apps/runner-manager-node-agent -n "$ns" \
+  --as="system:serviceaccount:$ns:runner-manager-operator" >/dev/null
 echo "helm install: objects created, agent RBAC is least-privilege"
 helm uninstall runner-manager -n "$ns" >/dev/null
 trap - EXIT

@@ -75,11 +75,14 @@ if [ -z "$ready" ]; then
   "$here/stop.sh"; exit 1
 fi
 # The controller manager runs garbage collection (owner references) and namespace deletion.
+# No DaemonSet controller: there are no kubelets, and the harness makes each simulated node's
+# agent Pod by hand, controlled by a hand-made agent DaemonSet (the broker checks that by uid);
+# the controller would delete or disown those pods (e2e/src/harness/node.rs).
 "$RM_K8S_BIN/kube-controller-manager" --kubeconfig "$RUN/kubeconfig" --leader-elect=false \
   --service-account-private-key-file pki/sa.key --root-ca-file pki/ca.crt \
   --cluster-signing-cert-file pki/ca.crt --cluster-signing-key-file pki/ca.key \
   --use-service-account-credentials=false \
   --bind-address 127.0.0.1 --secure-port "$KCM_PORT" \
-  --controllers '*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-route,-service' > "$RUN/kcm.log" 2>&1 &
+  --controllers '*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-route,-service,-daemonset' > "$RUN/kcm.log" 2>&1 &
 echo $! > "$RUN/kcm.pid"
 echo "control plane ready: KUBECONFIG=$RUN/kubeconfig"

@@ -2,7 +2,9 @@
 //! JIT once, everyone else is refused with the right status, a leftover registration is deleted
 //! before minting, CAS conflicts are re-decided (retried while still Prepared, the fresh
 //! registration deleted otherwise), two replicas serve, and after an exchange the JIT is found in
-//! no object of the API server, no event and no log line. Skipped without `KUBECONFIG`.
+//! no object of the API server, no event and no log line. A pod posing as an agent (labels,
+//! node and service account right, but not controlled by the agent DaemonSet) and an agent token
+//! used from another address than its pod's are refused (issue 13). Skipped without `KUBECONFIG`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -12,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, Secret, ServiceAccount};
 use kube::Client;
 use kube::api::{
@@ -29,7 +32,10 @@ use runner_manager_e2e::harness::fixtures::native_attempt;
 use runner_manager_e2e::harness::github::{
     APP_ID, ORG, SimulatedGitHub, app_keys, pat_credentials,
 };
-use runner_manager_e2e::harness::node::bound_token;
+use runner_manager_e2e::harness::node::{
+    AGENT_DAEMONSET, AGENT_POD_IP, bound_token, controller_ref, ensure_agent_daemonset,
+    ensure_daemonset, set_pod_ip,
+};
 use runner_manager_e2e::harness::wait;
 use runner_manager_node_agent::journal::{self, Decision};
 use runner_manager_operator::broker::authn::AgentIdentity;
@@ -118,6 +124,7 @@ async fn world(test: &str, replicas: usize) -> Option<World> {
         )
         .await
         .unwrap();
+    let agents = ensure_agent_daemonset(&kube, &system).await.unwrap();
     for node in ["node-a", "node-b"] {
         agent_pod(
             &kube,
@@ -126,6 +133,7 @@ async fn world(test: &str, replicas: usize) -> Option<World> {
             node,
             AGENT_SA,
             agent_labels(),
+            Some(&agents),
         )
         .await;
     }
@@ -150,11 +158,12 @@ async fn world(test: &str, replicas: usize) -> Option<World> {
         assert_eq!(&stored.cert_pem, cert, "one certificate for every replica");
         let broker = Arc::new(Broker {
             kube: kube.clone(),
-            agents: AgentIdentity {
-                namespace: system.clone(),
-                service_account: AGENT_SA.into(),
-                pod_labels: agent_labels(),
-            },
+            agents: AgentIdentity::new(
+                system.clone(),
+                AGENT_SA.into(),
+                agent_labels(),
+                AGENT_DAEMONSET.into(),
+            ),
             clients: Clients::new(
                 kube.clone(),
                 GitHubConfig {
@@ -194,6 +203,8 @@ async fn world(test: &str, replicas: usize) -> Option<World> {
     Some(world)
 }
 
+/// A pod as the harness makes agents' pods: controlled by `owner` (when given) and reporting
+/// the loopback address the tests' agents call from.
 async fn agent_pod(
     kube: &Client,
     ns: &str,
@@ -201,11 +212,13 @@ async fn agent_pod(
     node: &str,
     sa: &str,
     labels: BTreeMap<String, String>,
+    owner: Option<&DaemonSet>,
 ) -> Pod {
     let pod = Pod {
         metadata: ObjectMeta {
             name: Some(name.into()),
             labels: Some(labels),
+            owner_references: owner.map(|ds| vec![controller_ref(ds).unwrap()]),
             ..ObjectMeta::default()
         },
         spec: Some(PodSpec {
@@ -220,10 +233,11 @@ async fn agent_pod(
         }),
         ..Pod::default()
     };
-    Api::<Pod>::namespaced(kube.clone(), ns)
+    let created = Api::<Pod>::namespaced(kube.clone(), ns)
         .create(&PostParams::default(), &pod)
         .await
-        .unwrap()
+        .unwrap();
+    set_pod_ip(kube, &created, AGENT_POD_IP).await.unwrap()
 }
 
 impl World {
@@ -502,6 +516,7 @@ async fn callers_that_are_not_the_attempts_agent_are_refused() {
         "node-a",
         "intruder",
         agent_labels(),
+        Some(&agent_daemonset(&w).await),
     )
     .await;
     let intruder = w
@@ -517,6 +532,7 @@ async fn callers_that_are_not_the_attempts_agent_are_refused() {
         "node-a",
         AGENT_SA,
         BTreeMap::new(),
+        Some(&agent_daemonset(&w).await),
     )
     .await;
     let stray = w.token("stray-node-a", AGENT_SA, BROKER_AUDIENCE).await;
@@ -550,6 +566,94 @@ async fn callers_that_are_not_the_attempts_agent_are_refused() {
         w.reread(&attempt).await.status.unwrap().journal.state(),
         AttemptState::Prepared
     );
+}
+
+async fn agent_daemonset(w: &World) -> DaemonSet {
+    Api::<DaemonSet>::namespaced(w.kube.clone(), &w.system)
+        .get(AGENT_DAEMONSET)
+        .await
+        .unwrap()
+}
+
+/// Issue 13: with the pods right an agent token once had (or any other way into the system
+/// namespace), an attacker makes a pod with the agents' labels, service account and node Y and
+/// so receives node Y's JITs. Such a pod is not controlled by the agent DaemonSet (an admin's
+/// object, compared by uid), and is refused; so is a real agent's token used from an address
+/// that is not its pod's. The real agent still gets its JIT.
+#[tokio::test]
+async fn a_pod_posing_as_an_agent_or_a_token_used_from_elsewhere_gets_no_jit() {
+    let Some(w) = world(
+        "a_pod_posing_as_an_agent_or_a_token_used_from_elsewhere_gets_no_jit",
+        1,
+    )
+    .await
+    else {
+        return;
+    };
+    let attempt = w.prepared_attempt("node-a").await;
+
+    // (a) Everything the old broker checked is right — service account, agent labels, node,
+    // pod IP — but no controller at all.
+    agent_pod(
+        &w.kube,
+        &w.system,
+        "forged-no-owner",
+        "node-a",
+        AGENT_SA,
+        agent_labels(),
+        None,
+    )
+    .await;
+    let token = w.token("forged-no-owner", AGENT_SA, BROKER_AUDIENCE).await;
+    let (status, body) = w.ask(&attempt, Some(&token)).await;
+    assert_eq!((status, code(&body)), (403, "WrongNode"), "{body}");
+    assert!(
+        !body.to_string().contains("DaemonSet"),
+        "the answer does not say which check failed: {body}"
+    );
+
+    // (a) Controlled by a DaemonSet with the same selector in the same namespace, which is not
+    // the agent DaemonSet.
+    let decoy = ensure_daemonset(&w.kube, &w.system, "decoy-node-agent", agent_labels())
+        .await
+        .unwrap();
+    agent_pod(
+        &w.kube,
+        &w.system,
+        "forged-decoy-owner",
+        "node-a",
+        AGENT_SA,
+        agent_labels(),
+        Some(&decoy),
+    )
+    .await;
+    let token = w
+        .token("forged-decoy-owner", AGENT_SA, BROKER_AUDIENCE)
+        .await;
+    let (status, body) = w.ask(&attempt, Some(&token)).await;
+    assert_eq!((status, code(&body)), (403, "WrongNode"), "{body}");
+
+    // (b) The real agent pod of node-a, but its IP is not the address the request comes from
+    // (a token copied off the node and replayed from elsewhere).
+    let pods = Api::<Pod>::namespaced(w.kube.clone(), &w.system);
+    let agent = pods.get("agent-node-a").await.unwrap();
+    set_pod_ip(&w.kube, &agent, "10.255.0.7").await.unwrap();
+    let token = w.agent_token("node-a").await;
+    let (status, body) = w.ask(&attempt, Some(&token)).await;
+    assert_eq!((status, code(&body)), (403, "WrongNode"), "{body}");
+
+    // Nothing was minted for any of them, and the attempt is still Prepared.
+    assert_eq!(w.fake.calls("generate_jitconfig").await.unwrap(), 0);
+    assert_eq!(
+        w.reread(&attempt).await.status.unwrap().journal.state(),
+        AttemptState::Prepared
+    );
+
+    // (c) The same pod and token, from its own address: the JIT.
+    set_pod_ip(&w.kube, &agent, AGENT_POD_IP).await.unwrap();
+    let (status, body) = w.ask(&attempt, Some(&token)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(w.fake.calls("generate_jitconfig").await.unwrap(), 1);
 }
 
 #[tokio::test]

@@ -75,6 +75,14 @@ pub struct Cli {
     /// Labels every agent pod carries (the DaemonSet's selector), `k=v,k=v`.
     #[arg(long, env = "RM_AGENT_POD_SELECTOR", default_value = "app.kubernetes.io/component=node-agent", value_parser = selector)]
     pub agent_pod_selector: std::collections::BTreeMap<String, String>,
+    /// The agent DaemonSet (in --namespace): the broker accepts only pods it controls, compared
+    /// by uid, so a pod that merely copies the agents' labels and node is not an agent.
+    #[arg(
+        long,
+        env = "RM_AGENT_DAEMONSET",
+        default_value = "runner-manager-node-agent"
+    )]
+    pub agent_daemonset: String,
     /// The broker Service's name (its certificate covers the Service's DNS names).
     #[arg(
         long,

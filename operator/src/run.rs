@@ -82,11 +82,12 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
     };
     let broker = Arc::new(server::Broker {
         kube: kube.clone(),
-        agents: AgentIdentity {
-            namespace: cli.namespace.clone(),
-            service_account: cli.agent_service_account.clone(),
-            pod_labels: cli.agent_pod_selector.clone(),
-        },
+        agents: AgentIdentity::new(
+            cli.namespace.clone(),
+            cli.agent_service_account.clone(),
+            cli.agent_pod_selector.clone(),
+            cli.agent_daemonset.clone(),
+        ),
         clients: Clients::new(kube.clone(), github_config.clone()),
         ownership_label: ownership.clone(),
         metrics: Some(metrics.clone()),

@@ -3,14 +3,23 @@
 //! node (it stays Pending forever) and a service-account token bound to that Pod with the broker's
 //! audience — exactly what the broker checks (DESIGN §5: "the harness creates a Pod object per
 //! simulated node and hands each agent a token bound to it").
+//!
+//! The broker also requires the pod to be controlled by the agent DaemonSet (by uid) and the
+//! request to come from the pod's IP. So the harness creates that DaemonSet object too, makes it
+//! the controller of every agent Pod, and reports each Pod's IP as 127.0.0.1 (through the status
+//! subresource, as a kubelet would), where the agent processes of the tests run. The test control
+//! plane runs no DaemonSet controller (`e2e/control-plane/start.sh`): without kubelets it could
+//! only delete or disown these hand-made pods.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec, ServiceAccount};
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec, PodTemplateSpec, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
 use kube::Client;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use runner_manager_crds::broker::BROKER_AUDIENCE;
 
 use super::cluster::ClusterError;
@@ -18,6 +27,12 @@ use super::cluster::ClusterError;
 /// The agents' service account, as the chart names it (the operator's default
 /// `--agent-service-account`).
 pub const AGENT_SA: &str = "runner-manager-node-agent";
+
+/// The agent DaemonSet, as the chart names it (the operator's default `--agent-daemonset`).
+pub const AGENT_DAEMONSET: &str = "runner-manager-node-agent";
+
+/// Where the tests' agent processes run, so what their pods report as `status.podIP`.
+pub const AGENT_POD_IP: &str = "127.0.0.1";
 
 /// Labels every agent Pod carries (the operator's default `--agent-pod-selector`).
 pub fn agent_pod_labels() -> BTreeMap<String, String> {
@@ -75,16 +90,106 @@ pub async fn ensure_agent_service_account(kube: &Client, system: &str) -> Result
     }
 }
 
-/// The agent Pod of `node` (`agent-<node>`), bound to the node, with the agents' labels.
+/// A DaemonSet named `name` in `ns` whose pods carry `labels` (idempotent: an existing one is
+/// returned). Its nodeSelector matches no node: it is an owner to point pods at, never a
+/// creator of pods.
+pub async fn ensure_daemonset(
+    kube: &Client,
+    ns: &str,
+    name: &str,
+    labels: BTreeMap<String, String>,
+) -> Result<DaemonSet, ClusterError> {
+    let api = Api::<DaemonSet>::namespaced(kube.clone(), ns);
+    let ds = DaemonSet {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    node_selector: Some(
+                        [(
+                            "runner-manager.dev/e2e-no-such-node".to_owned(),
+                            "true".to_owned(),
+                        )]
+                        .into(),
+                    ),
+                    service_account_name: Some(AGENT_SA.into()),
+                    containers: vec![Container {
+                        name: "agent".into(),
+                        image: Some("runner-manager/node-agent:test".into()),
+                        ..Container::default()
+                    }],
+                    ..PodSpec::default()
+                }),
+            },
+            ..DaemonSetSpec::default()
+        }),
+        ..DaemonSet::default()
+    };
+    match api.create(&PostParams::default(), &ds).await {
+        Ok(ds) => Ok(ds),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(api.get(name).await?),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The agent DaemonSet in the system namespace (idempotent).
+pub async fn ensure_agent_daemonset(
+    kube: &Client,
+    system: &str,
+) -> Result<DaemonSet, ClusterError> {
+    ensure_daemonset(kube, system, AGENT_DAEMONSET, agent_pod_labels()).await
+}
+
+/// The controller reference a DaemonSet's pods carry.
+pub fn controller_ref(ds: &DaemonSet) -> Result<OwnerReference, ClusterError> {
+    Ok(OwnerReference {
+        api_version: "apps/v1".into(),
+        kind: "DaemonSet".into(),
+        name: ds.metadata.name.clone().unwrap_or_default(),
+        uid: ds
+            .metadata
+            .uid
+            .clone()
+            .ok_or_else(|| ClusterError::Config("the DaemonSet has no uid".into()))?,
+        controller: Some(true),
+        block_owner_deletion: None,
+    })
+}
+
+/// Reports `ip` as the pod's IP, as the kubelet would once the pod runs.
+pub async fn set_pod_ip(kube: &Client, pod: &Pod, ip: &str) -> Result<Pod, ClusterError> {
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let patch = serde_json::json!({"status": {"podIP": ip, "podIPs": [{"ip": ip}]}});
+    Ok(Api::<Pod>::namespaced(kube.clone(), &ns)
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?)
+}
+
+/// The agent Pod of `node` (`agent-<node>`), bound to the node, with the agents' labels,
+/// controlled by the agent DaemonSet and reporting [`AGENT_POD_IP`].
 pub async fn create_agent_pod(
     kube: &Client,
     system: &str,
     node: &str,
 ) -> Result<Pod, ClusterError> {
+    let ds = ensure_agent_daemonset(kube, system).await?;
     let pod = Pod {
         metadata: ObjectMeta {
             name: Some(agent_pod_name(node)),
             labels: Some(agent_pod_labels()),
+            owner_references: Some(vec![controller_ref(&ds)?]),
             ..ObjectMeta::default()
         },
         spec: Some(PodSpec {
@@ -99,9 +204,10 @@ pub async fn create_agent_pod(
         }),
         ..Pod::default()
     };
-    Ok(Api::<Pod>::namespaced(kube.clone(), system)
+    let created = Api::<Pod>::namespaced(kube.clone(), system)
         .create(&PostParams::default(), &pod)
-        .await?)
+        .await?;
+    set_pod_ip(kube, &created, AGENT_POD_IP).await
 }
 
 /// `agent-<node>`.

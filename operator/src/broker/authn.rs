@@ -1,9 +1,20 @@
 //! Who is calling: a `TokenReview` of the bound service-account token (audience
 //! `runner-manager-broker`), the pod it is bound to, and that pod's node. Only a live agent pod
-//! (right service account, agent labels, matching uid, not being deleted) is a caller.
+//! is a caller: right service account, agent labels, matching uid, not being deleted,
+//! controlled by the agent DaemonSet itself (its uid, not its name), and — where the pod has an
+//! IP — reached from that IP.
+//!
+//! Labels, `spec.nodeName` and the service account are all chosen by whoever creates the pod.
+//! The controller reference to the DaemonSet's uid is what ties the pod to the one object an
+//! admin installed; the peer address ties the request to the pod's network identity, so a token
+//! copied off node X and replayed from elsewhere does not pass as node X's agent.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
@@ -13,13 +24,75 @@ use secrecy::{ExposeSecret, SecretString};
 const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
 const POD_UID_EXTRA: &str = "authentication.kubernetes.io/pod-uid";
 
-/// Who may call: the agents' namespace, service account and pod labels.
-#[derive(Clone, Debug)]
+/// How long a looked-up DaemonSet uid is trusted before it is read again.
+const DAEMONSET_UID_TTL: Duration = Duration::from_secs(60);
+/// A caller whose owner uid differs from the cached one triggers a re-read (the DaemonSet may
+/// have been re-created), but no more often than this: a stream of forged callers costs the API
+/// server one GET per interval, not one per request.
+const DAEMONSET_UID_REFRESH: Duration = Duration::from_secs(5);
+
+/// Who may call: the agents' namespace, service account, pod labels and DaemonSet.
+#[derive(Debug)]
 pub struct AgentIdentity {
     pub namespace: String,
     pub service_account: String,
     /// Every one of these labels must be on the caller's pod (the DaemonSet's selector).
     pub pod_labels: BTreeMap<String, String>,
+    /// The agent DaemonSet (in `namespace`): the caller's pod must be controlled by it.
+    pub daemonset: String,
+    /// Its uid as last read (`None`: it did not exist), and when.
+    daemonset_uid: Mutex<Option<(Option<String>, Instant)>>,
+}
+
+impl AgentIdentity {
+    pub fn new(
+        namespace: String,
+        service_account: String,
+        pod_labels: BTreeMap<String, String>,
+        daemonset: String,
+    ) -> Self {
+        Self {
+            namespace,
+            service_account,
+            pod_labels,
+            daemonset,
+            daemonset_uid: Mutex::new(None),
+        }
+    }
+
+    /// The cached reading and its age, if any.
+    fn cached(&self) -> Option<(Option<String>, Duration)> {
+        let cached = self.daemonset_uid.lock().ok()?;
+        cached.as_ref().map(|(uid, at)| (uid.clone(), at.elapsed()))
+    }
+
+    /// The agent DaemonSet's uid (`None`: there is none). A reading is kept for
+    /// [`DAEMONSET_UID_TTL`]; a caller whose `owner_uid` differs from it makes it be read again,
+    /// at most every [`DAEMONSET_UID_REFRESH`], so a re-created DaemonSet is accepted at once.
+    async fn daemonset_uid(
+        &self,
+        client: &kube::Client,
+        owner_uid: &str,
+    ) -> Result<Option<String>, AuthnError> {
+        if let Some((uid, age)) = self.cached()
+            && age < DAEMONSET_UID_TTL
+            && (uid.as_deref() == Some(owner_uid) || age < DAEMONSET_UID_REFRESH)
+        {
+            return Ok(uid);
+        }
+        let ds = Api::<DaemonSet>::namespaced(client.clone(), &self.namespace)
+            .get_opt(&self.daemonset)
+            .await
+            .map_err(|e| {
+                tracing::warn!(daemonset = %self.daemonset, error = %e, "the agent DaemonSet could not be read");
+                AuthnError::Unavailable
+            })?;
+        let uid = ds.and_then(|d| d.metadata.uid);
+        if let Ok(mut cached) = self.daemonset_uid.lock() {
+            *cached = Some((uid.clone(), Instant::now()));
+        }
+        Ok(uid)
+    }
 }
 
 /// A proven caller.
@@ -47,6 +120,10 @@ pub enum AuthnError {
     NotAnAgent,
     #[error("the token's pod is not bound to a node")]
     NoNode,
+    #[error("the token's pod is not controlled by the agent DaemonSet")]
+    NotOwnedByAgentDaemonSet,
+    #[error("the request does not come from the token's pod address")]
+    WrongPeer,
     #[error("the API server could not be asked")]
     Unavailable,
 }
@@ -56,17 +133,62 @@ impl AuthnError {
     pub fn http_status(self) -> u16 {
         match self {
             Self::NoToken | Self::NotAuthenticated | Self::NotPodBound | Self::PodGone => 401,
-            Self::WrongServiceAccount | Self::NotAnAgent | Self::NoNode => 403,
+            Self::WrongServiceAccount
+            | Self::NotAnAgent
+            | Self::NoNode
+            | Self::NotOwnedByAgentDaemonSet
+            | Self::WrongPeer => 403,
             Self::Unavailable => 503,
+        }
+    }
+
+    /// What the caller is told. The two checks an attacker with a stolen token would probe are
+    /// answered like any other non-agent pod, so the answer does not say which one failed (the
+    /// log does).
+    pub fn public_message(self) -> String {
+        match self {
+            Self::NotOwnedByAgentDaemonSet | Self::WrongPeer => Self::NotAnAgent.to_string(),
+            e => e.to_string(),
         }
     }
 }
 
-/// Prove the caller.
+/// The uid the pod's controller reference names, when that controller is a DaemonSet.
+fn controlling_daemonset(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .filter(|o| o.kind == "DaemonSet" && o.api_version == "apps/v1")
+        .map(|o| o.uid.as_str())
+}
+
+/// Whether `peer` is one of the pod's IPs. `None` when the pod has no IP yet (no kubelet has
+/// reported it), where there is nothing to compare. An IPv4 peer seen on a dual-stack socket
+/// (`::ffff:a.b.c.d`) is compared as IPv4.
+fn peer_matches(pod: &Pod, peer: IpAddr) -> Option<bool> {
+    let status = pod.status.as_ref()?;
+    let ips: Vec<IpAddr> = status
+        .pod_ip
+        .iter()
+        .chain(status.pod_ips.iter().flatten().map(|p| &p.ip))
+        .filter_map(|ip| ip.parse::<IpAddr>().ok())
+        .map(|ip| ip.to_canonical())
+        .collect();
+    if ips.is_empty() {
+        return None;
+    }
+    Some(ips.contains(&peer.to_canonical()))
+}
+
+/// Prove the caller: its token, its pod, and that `peer` (the TCP peer of the request) is that
+/// pod.
 pub async fn authenticate(
     client: &kube::Client,
     identity: &AgentIdentity,
     token: &SecretString,
+    peer: IpAddr,
 ) -> Result<Caller, AuthnError> {
     let review = TokenReview {
         spec: TokenReviewSpec {
@@ -110,7 +232,7 @@ pub async fn authenticate(
     {
         return Err(AuthnError::PodGone);
     }
-    let labels = pod.metadata.labels.unwrap_or_default();
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
     if !identity
         .pod_labels
         .iter()
@@ -118,14 +240,42 @@ pub async fn authenticate(
     {
         return Err(AuthnError::NotAnAgent);
     }
-    let spec = pod.spec.unwrap_or_default();
-    if spec.service_account_name.as_deref() != Some(identity.service_account.as_str()) {
+    let spec = pod.spec.as_ref();
+    if spec.and_then(|s| s.service_account_name.as_deref())
+        != Some(identity.service_account.as_str())
+    {
         return Err(AuthnError::WrongServiceAccount);
     }
     let node_name = spec
-        .node_name
+        .and_then(|s| s.node_name.clone())
         .filter(|n| !n.is_empty())
         .ok_or(AuthnError::NoNode)?;
+    let Some(owner_uid) = controlling_daemonset(&pod) else {
+        tracing::warn!(pod = %pod_name, node = %node_name, "broker caller refused: its pod has no DaemonSet controller");
+        return Err(AuthnError::NotOwnedByAgentDaemonSet);
+    };
+    let agent_uid = identity.daemonset_uid(client, owner_uid).await?;
+    if agent_uid.as_deref() != Some(owner_uid) {
+        tracing::warn!(
+            pod = %pod_name,
+            node = %node_name,
+            daemonset = %identity.daemonset,
+            owner_uid,
+            agent_daemonset_uid = agent_uid.as_deref().unwrap_or("<absent>"),
+            "broker caller refused: its pod is controlled by another DaemonSet than the agent's"
+        );
+        return Err(AuthnError::NotOwnedByAgentDaemonSet);
+    }
+    if peer_matches(&pod, peer) == Some(false) {
+        tracing::warn!(
+            pod = %pod_name,
+            node = %node_name,
+            %peer,
+            pod_ip = pod.status.as_ref().and_then(|s| s.pod_ip.as_deref()).unwrap_or(""),
+            "broker caller refused: the request does not come from its pod's address"
+        );
+        return Err(AuthnError::WrongPeer);
+    }
     Ok(Caller {
         pod_name,
         pod_uid,

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{HeaderMap, StatusCode, header::AUTHORIZATION};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -53,12 +53,21 @@ fn bearer(headers: &HeaderMap) -> Option<SecretString> {
 
 async fn jit(
     State(broker): State<Arc<Broker>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path((namespace, name)): Path<(String, String)>,
     headers: HeaderMap,
     body: Option<Json<JitRequest>>,
 ) -> Response {
     let started = std::time::Instant::now();
-    let result = handle(&broker, &namespace, &name, &headers, body.map(|Json(b)| b)).await;
+    let result = handle(
+        &broker,
+        peer,
+        &namespace,
+        &name,
+        &headers,
+        body.map(|Json(b)| b),
+    )
+    .await;
     let outcome = match &result {
         Ok(_) => "issued",
         Err(e) => error_label(e.code),
@@ -89,6 +98,7 @@ fn refused(code: BrokerErrorCode, message: impl Into<String>) -> BrokerError {
 
 async fn handle(
     broker: &Broker,
+    peer: SocketAddr,
     namespace: &str,
     name: &str,
     headers: &HeaderMap,
@@ -100,15 +110,17 @@ async fn handle(
             "a bound service-account token is required",
         )
     })?;
-    let caller = authenticate(&broker.kube, &broker.agents, &token)
+    let caller = authenticate(&broker.kube, &broker.agents, &token, peer.ip())
         .await
         .map_err(|e| {
+            // The precise reason is for the operator's log; the caller gets a closed code.
+            tracing::warn!(namespace, attempt = name, peer = %peer.ip(), reason = %e, "broker caller refused");
             let code = match e.http_status() {
                 401 => BrokerErrorCode::Unauthenticated,
                 403 => BrokerErrorCode::WrongNode,
                 _ => BrokerErrorCode::Internal,
             };
-            refused(code, e.to_string())
+            refused(code, e.public_message())
         })?;
     let request = body.ok_or_else(|| {
         refused(
@@ -167,11 +179,13 @@ pub fn router(broker: Arc<Broker>) -> axum::Router {
 pub async fn serve(listener: TcpListener, tls: rustls::ServerConfig, app: axum::Router) {
     let acceptor = TlsAcceptor::from(Arc::new(tls));
     loop {
-        let Ok((stream, _peer)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
             continue;
         };
         let acceptor = acceptor.clone();
-        let app = app.clone();
+        // Each request carries its connection's peer: the broker compares it with the caller
+        // pod's IP.
+        let app = app.clone().layer(axum::Extension(ConnectInfo(peer)));
         tokio::spawn(async move {
             let Ok(stream) = acceptor.accept(stream).await else {
                 return;
