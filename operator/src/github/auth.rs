@@ -2,6 +2,11 @@
 //! short-lived JWT (RS256) and exchanges it for a one-hour installation token, cached until five
 //! minutes before expiry and refreshed by one caller at a time; a token (PAT) is used as is.
 //! Errors name the Secret key to fix, never a value.
+//!
+//! Every key is also accepted under the name actions-runner-controller gives it
+//! (`github_app_id`, `github_app_installation_id`, `github_app_private_key`, `github_token`), so a
+//! team migrating from it can name its existing Secret; a Secret holding both spellings of one
+//! key is refused rather than guessed.
 
 use std::collections::BTreeMap;
 
@@ -14,6 +19,20 @@ pub const KEY_APP_ID: &str = "appId";
 pub const KEY_INSTALLATION_ID: &str = "installationId";
 pub const KEY_PRIVATE_KEY: &str = "privateKey";
 pub const KEY_TOKEN: &str = "token";
+
+/// The same keys as actions-runner-controller names them, accepted as well.
+pub const ARC_KEY_APP_ID: &str = "github_app_id";
+pub const ARC_KEY_INSTALLATION_ID: &str = "github_app_installation_id";
+pub const ARC_KEY_PRIVATE_KEY: &str = "github_app_private_key";
+pub const ARC_KEY_TOKEN: &str = "github_token";
+
+/// Every accepted spelling of each key: (ours, actions-runner-controller's).
+pub const KEY_ALIASES: [(&str, &str); 4] = [
+    (KEY_APP_ID, ARC_KEY_APP_ID),
+    (KEY_INSTALLATION_ID, ARC_KEY_INSTALLATION_ID),
+    (KEY_PRIVATE_KEY, ARC_KEY_PRIVATE_KEY),
+    (KEY_TOKEN, ARC_KEY_TOKEN),
+];
 
 /// How a policy authenticates to GitHub.
 pub enum Credentials {
@@ -46,9 +65,11 @@ impl std::fmt::Debug for Credentials {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CredentialsError {
     #[error(
-        "the Secret has neither `{KEY_PRIVATE_KEY}` (with `{KEY_APP_ID}`) for a GitHub App nor `{KEY_TOKEN}` for a token"
+        "the Secret has neither `{KEY_PRIVATE_KEY}` (with `{KEY_APP_ID}`) for a GitHub App nor `{KEY_TOKEN}` for a token (actions-runner-controller's `{ARC_KEY_APP_ID}`, `{ARC_KEY_PRIVATE_KEY}`, `{ARC_KEY_TOKEN}` are accepted too)"
     )]
     Empty,
+    #[error("the Secret has both `{0}` and `{1}` (the same key, spelled two ways); keep one")]
+    Duplicate(&'static str, &'static str),
     #[error("the Secret has both `{KEY_PRIVATE_KEY}` and `{KEY_TOKEN}`; keep one")]
     Ambiguous,
     #[error("key `{0}` is missing; add it to the Secret")]
@@ -67,12 +88,28 @@ pub enum CredentialsError {
     Signing,
 }
 
+/// The value of `key` (our spelling), found under it or under actions-runner-controller's
+/// spelling, with the name it was found under (errors about the value name that one).
 fn text<'a>(
     data: &'a BTreeMap<String, ByteString>,
     key: &'static str,
-) -> Result<Option<&'a str>, CredentialsError> {
-    data.get(key)
-        .map(|v| std::str::from_utf8(&v.0).map_err(|_| CredentialsError::NotText(key)))
+) -> Result<Option<(&'static str, &'a str)>, CredentialsError> {
+    let arc = KEY_ALIASES
+        .iter()
+        .find(|(ours, _)| *ours == key)
+        .map(|(_, arc)| *arc);
+    let found = match (data.get(key), arc.and_then(|a| data.get(a).map(|v| (a, v)))) {
+        (Some(_), Some((arc, _))) => return Err(CredentialsError::Duplicate(key, arc)),
+        (Some(v), None) => Some((key, v)),
+        (None, Some((arc, v))) => Some((arc, v)),
+        (None, None) => None,
+    };
+    found
+        .map(|(name, v)| {
+            std::str::from_utf8(&v.0)
+                .map(|t| (name, t))
+                .map_err(|_| CredentialsError::NotText(name))
+        })
         .transpose()
 }
 
@@ -92,19 +129,19 @@ impl Credentials {
         match (key, token) {
             (Some(_), Some(_)) => Err(CredentialsError::Ambiguous),
             (None, None) => Err(CredentialsError::Empty),
-            (None, Some(t)) => {
+            (None, Some((_, t))) => {
                 let t = t.trim();
                 if t.is_empty() {
                     return Err(CredentialsError::EmptyToken);
                 }
                 Ok(Self::Token(SecretString::from(t.to_owned())))
             }
-            (Some(pem), None) => {
-                let app_id =
+            (Some((_, pem)), None) => {
+                let (name, app_id) =
                     text(data, KEY_APP_ID)?.ok_or(CredentialsError::Missing(KEY_APP_ID))?;
-                let app_id = number(app_id, KEY_APP_ID)?;
+                let app_id = number(app_id, name)?;
                 let installation_id = text(data, KEY_INSTALLATION_ID)?
-                    .map(|s| number(s, KEY_INSTALLATION_ID))
+                    .map(|(name, s)| number(s, name))
                     .transpose()?;
                 let key = EncodingKey::from_rsa_pem(pem.as_bytes())
                     .map_err(|_| CredentialsError::BadPrivateKey)?;
@@ -218,6 +255,85 @@ mod tests {
         }
         let token = Credentials::from_secret_data(&data(&[("token", "ghp_SECRET\n")])).unwrap();
         assert!(!format!("{token:?}").contains("ghp_SECRET"));
+    }
+
+    /// A Secret made for actions-runner-controller works as it is: its key names are accepted,
+    /// and a key spelled both ways is refused with both names.
+    #[test]
+    fn actions_runner_controller_key_names_are_accepted() {
+        let token = Credentials::from_secret_data(&data(&[
+            ("github_token", "ghp_SECRET"),
+            ("github_webhook_secret_token", "ignored"),
+        ]))
+        .unwrap();
+        assert!(matches!(token, Credentials::Token(t) if t.expose_secret() == "ghp_SECRET"));
+
+        let pem = rsa_pem();
+        let app = Credentials::from_secret_data(&data(&[
+            ("github_app_id", "12345"),
+            ("github_app_installation_id", "678"),
+            ("github_app_private_key", &pem),
+        ]))
+        .unwrap();
+        assert!(matches!(
+            app,
+            Credentials::App {
+                app_id: 12345,
+                installation_id: Some(678),
+                ..
+            }
+        ));
+        // The two spellings mix (one Secret edited by hand during a migration).
+        let mixed = Credentials::from_secret_data(&data(&[
+            ("appId", "12345"),
+            ("github_app_private_key", &pem),
+        ]))
+        .unwrap();
+        assert!(matches!(
+            mixed,
+            Credentials::App {
+                app_id: 12345,
+                installation_id: None,
+                ..
+            }
+        ));
+
+        let cases: [(&[(&str, &str)], CredentialsError); 4] = [
+            (
+                &[("token", "a"), ("github_token", "b")],
+                CredentialsError::Duplicate(KEY_TOKEN, ARC_KEY_TOKEN),
+            ),
+            (
+                &[("github_token", "t"), ("github_app_private_key", "k")],
+                CredentialsError::Ambiguous,
+            ),
+            (
+                &[("github_app_private_key", "k"), ("github_app_id", "x")],
+                CredentialsError::NotANumber(ARC_KEY_APP_ID),
+            ),
+            (
+                &[("github_app_private_key", "k")],
+                CredentialsError::Missing(KEY_APP_ID),
+            ),
+        ];
+        for (pairs, want) in cases {
+            assert_eq!(
+                Credentials::from_secret_data(&data(pairs)).unwrap_err(),
+                want
+            );
+        }
+        assert!(
+            CredentialsError::Empty
+                .to_string()
+                .contains("github_app_private_key")
+        );
+    }
+
+    /// A throwaway RSA key in PEM (PKCS#8).
+    fn rsa_pem() -> String {
+        rcgen::KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256)
+            .unwrap()
+            .serialize_pem()
     }
 
     #[test]
