@@ -27,6 +27,10 @@ stage "generated CRDs are fresh (crds/generated and the chart's copy)"
 diff -r crds/generated charts/runner-manager/crds
 done_stage crds
 
+stage "Argo CD health checks (Lua 5.1 against fixture objects)"
+e2e/argocd-health.sh
+done_stage argocd-health
+
 stage "build the v1.20 API server (skipped when cached)"
 e2e/control-plane/build-k8s.sh
 done_stage build-k8s
