@@ -29,7 +29,7 @@ lint:
 unit:
 	env -u KUBECONFIG $(CARGO) nextest run --workspace
 
-## crds: regenerate crds/generated/ and the chart's copy after changing an API type.
+## crds: regenerate crds/generated/, the chart's copy and docs/scalepolicy-reference.md after changing an API type.
 crds:
 	$(CARGO) run -q -p runner-manager-crds --bin crdgen
 	cp crds/generated/*.yaml charts/runner-manager/crds/

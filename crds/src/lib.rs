@@ -14,6 +14,7 @@ pub mod outcome;
 pub mod patch;
 pub mod policy;
 pub mod recovery;
+pub mod reference;
 pub mod state;
 pub mod target;
 pub mod validate;

@@ -1,4 +1,5 @@
-//! Writes the CRDs the API types generate to `crds/generated/` (or prints them with `--stdout`).
+//! Writes the CRDs the API types generate to `crds/generated/` (or prints them with `--stdout`),
+//! and the ScalePolicy field reference to `docs/scalepolicy-reference.md`.
 //! CI fails when the committed YAML differs from what the types generate.
 
 use std::path::PathBuf;
@@ -22,6 +23,19 @@ fn main() -> ExitCode {
         let path = out_dir.join(file);
         if let Err(e) = std::fs::create_dir_all(&out_dir).and_then(|()| std::fs::write(&path, yaml))
         {
+            eprintln!("crdgen: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        println!("wrote {}", path.display());
+    }
+    if !stdout {
+        // The ScalePolicy field reference, generated from the same schema.
+        let path =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/scalepolicy-reference.md");
+        if let Err(e) = std::fs::write(
+            &path,
+            runner_manager_crds::reference::scalepolicy_markdown(),
+        ) {
             eprintln!("crdgen: cannot write {}: {e}", path.display());
             return ExitCode::FAILURE;
         }
