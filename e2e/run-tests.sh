@@ -58,5 +58,9 @@ stage "helm chart: lint, template, install against the control plane"
 e2e/chart-check.sh
 done_stage chart
 
+stage "helm chart: two releases side by side, upgrade, uninstall"
+e2e/chart-releases.sh
+done_stage chart-releases
+
 echo
 echo "make test: all green in ${SECONDS}s"

@@ -1,9 +1,74 @@
-{{- define "rm.labels" -}}
-app.kubernetes.io/name: runner-manager
+{{/* The chart's name, overridable. */}}
+{{- define "rm.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The release's base name for namespaced objects. A release named like the chart (the default,
+`runner-manager`) keeps the plain names the binaries default to (runner-manager-operator, …).
+*/}}
+{{- define "rm.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Cluster-scoped objects (ClusterRoles and their bindings) carry the namespace too, so two releases in two namespaces never share one. */}}
+{{- define "rm.clusterName" -}}
+{{- printf "%s-%s" (include "rm.fullname" .) .Release.Namespace | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "rm.operatorName" -}}{{ include "rm.fullname" . }}-operator{{- end -}}
+{{- define "rm.agentName" -}}{{ include "rm.fullname" . }}-node-agent{{- end -}}
+{{- define "rm.brokerService" -}}{{ include "rm.fullname" . }}-broker{{- end -}}
+{{- define "rm.webhookService" -}}{{ include "rm.fullname" . }}-webhook{{- end -}}
+{{- define "rm.webhookSecret" -}}{{ default (printf "%s-webhook" (include "rm.fullname" .)) .Values.webhook.secretName }}{{- end -}}
+
+{{- define "rm.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Selector labels: stable across upgrades (a Deployment's selector is immutable). */}}
+{{- define "rm.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "rm.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "rm.labels" -}}
+helm.sh/chart: {{ include "rm.chart" . }}
+{{ include "rm.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: runner-manager
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
+
+{{/* An image reference: [registry/]repository, then @digest when set, else :tag (default appVersion). Call with (dict "image" .Values.image.operator "root" .). */}}
 {{- define "rm.image" -}}
-{{ .repository }}:{{ .tag }}
+{{- $registry := default .root.Values.global.imageRegistry .image.registry -}}
+{{- $repo := .image.repository -}}
+{{- if $registry -}}{{- $repo = printf "%s/%s" $registry $repo -}}{{- end -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" $repo .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repo (default .root.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "rm.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ if kindIs "string" . }}{{ . }}{{ else }}{{ .name }}{{ end }}
+{{- end }}
+{{- end }}
 {{- end -}}
