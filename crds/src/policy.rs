@@ -89,6 +89,21 @@ pub struct ScalePolicySpec {
     /// How demand is learnt.
     #[serde(default)]
     pub scaling: ScalingSpec,
+    /// This policy's own `workflow_job` webhook: deliveries signed with its secret and sent to
+    /// `/webhook/<namespace>/<name>` may change only the policies of this namespace that name
+    /// the same Secret. Without it the policy takes deliveries on `/webhook`, signed with the
+    /// cluster-wide secret that every team using that path shares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<WebhookSpec>,
+}
+
+/// A policy's own webhook.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookSpec {
+    /// The Secret in this namespace whose key `secret` holds the hook's HMAC secret, as set on
+    /// GitHub for the hook that posts to `/webhook/<namespace>/<name>`.
+    pub secret_ref: SecretRef,
 }
 
 /// The GitHub target and its credentials.
@@ -285,8 +300,9 @@ pub struct ScalePolicyStatus {
     /// The `metadata.generation` the status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready` (the policy is valid and resolves), `Scaling` (the runner count is changing) and
-    /// `Degraded` (launches keep failing and replacement is paused), one of each type.
+    /// `Ready` (the policy is valid and resolves; only a Ready policy takes jobs), `Scaling` (the
+    /// runner count is changing), `Degraded` (launches keep failing and replacement is paused)
+    /// and `Conflict` (another namespace names the same target), one of each type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition<PolicyConditionType, PolicyReason>>,
@@ -346,6 +362,9 @@ pub enum PolicyConditionType {
     Scaling,
     /// Launches keep failing; replacement is paused until the spec changes.
     Degraded,
+    /// A policy of another namespace names the same GitHub target (host and target). Jobs still
+    /// go only to Ready policies whose credentials were proven on that target.
+    Conflict,
 }
 
 /// Why a policy condition is what it is.
@@ -368,4 +387,11 @@ pub enum PolicyReason {
     AtMaxRunners,
     LaunchesFailing,
     Healthy,
+    /// The target's GitHub owner is bound to other namespaces by the operator's
+    /// `--owner-namespaces` setting.
+    OwnerBoundElsewhere,
+    /// Another namespace's policy names the same target.
+    TargetClaimedElsewhere,
+    /// No other namespace names this target.
+    NoConflict,
 }

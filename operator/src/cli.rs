@@ -94,10 +94,17 @@ pub struct Cli {
     /// serves only the broker, the webhook receiver and metrics (tests of the node agent).
     #[arg(long, env = "RM_CONTROLLERS", default_value_t = true, action = clap::ArgAction::Set)]
     pub controllers: bool,
-    /// Reconcile ScalePolicies and RunnerAttempts of this namespace only (a namespaced install,
-    /// or tests sharing one cluster); all namespaces when unset.
+    /// Reconcile ScalePolicies and RunnerAttempts of this namespace only, or of these
+    /// (comma-separated; a namespaced install, or tests sharing one cluster); all namespaces when
+    /// unset.
     #[arg(long, env = "RM_WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
+    /// Bind GitHub owners (repository owners, organizations, enterprises) to the namespaces that
+    /// may name them: `owner=ns1,ns2;owner2=ns3`. A policy in any other namespace naming a bound
+    /// owner is not Ready (OwnerBoundElsewhere) and takes no job, whatever its credentials.
+    /// Unbound owners may be named from any namespace. Chart value `ownerNamespaces`.
+    #[arg(long, env = "RM_OWNER_NAMESPACES", default_value = "", value_parser = owner_bindings)]
+    pub owner_namespaces: crate::policy::tenancy::OwnerBindings,
     /// This replica's identity in the leader Lease (the pod name in a cluster).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
@@ -128,6 +135,10 @@ pub struct Cli {
     /// Log format.
     #[arg(long, env = "RM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+fn owner_bindings(s: &str) -> Result<crate::policy::tenancy::OwnerBindings, String> {
+    crate::policy::tenancy::OwnerBindings::parse(s).map_err(|e| e.to_string())
 }
 
 fn selector(s: &str) -> Result<std::collections::BTreeMap<String, String>, String> {

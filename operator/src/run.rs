@@ -135,6 +135,8 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
             writer: writer.clone(),
             policies: policies.clone(),
             batches: LedgerBatches::default(),
+            bindings: cli.owner_namespaces.clone(),
+            hook_secrets: Default::default(),
         }),
         metrics.clone(),
     ));
@@ -225,6 +227,7 @@ fn settings(cli: &Cli, ownership_label: String) -> Settings {
         max_consecutive_failures: cli.max_consecutive_failures,
         replacement_backoff: cli.replacement_backoff,
         replacement_backoff_max: cli.replacement_backoff_max,
+        owner_bindings: cli.owner_namespaces.clone(),
     }
 }
 

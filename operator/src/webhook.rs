@@ -1,13 +1,19 @@
 //! The `workflow_job` webhook receiver (DESIGN §7, §4 rule 12), served on every replica at
-//! `POST /webhook`.
+//! `POST /webhook` (the cluster-wide secret, shared by every team that uses it) and at
+//! `POST /webhook/{namespace}/{policy}` (that policy's own secret, `spec.webhook.secretRef`).
 //!
 //! Order of checks, each answering before anything changes: the body size (413), the HMAC-SHA256
-//! signature over the raw body in constant time (401 — checked before anything else is read, so
-//! an unauthenticated caller learns nothing and cannot fill the de-duplication memory), the event
-//! type (400 but for `ping`, which GitHub sends when a hook is created and which answers 200 so
-//! the hook does not show as failing), the delivery GUID and the payload (400). Then a delivery
-//! already handed on is acknowledged without being handed on again, and a new one is handed to
-//! the [`JobSink`] (503 if the sink fails; the GUID is forgotten so a redelivery is taken).
+//! signature over the raw body in constant time with the route's secret (401 — checked before
+//! anything else is read, so an unauthenticated caller learns nothing and cannot fill the
+//! de-duplication memory), the event type (400 but for `ping`, which GitHub sends when a hook is
+//! created and which answers 200 so the hook does not show as failing), the delivery GUID and
+//! the payload (400). Then a delivery already handed on is acknowledged without being handed on
+//! again — by its GUID, and by its repository, job and action, because the GUID is a header the
+//! signature does not cover and a captured delivery replays with a fresh one (issue 13,
+//! finding 5). A new one is handed to the [`JobSink`] with the route it came through; the sink
+//! refuses a delivery whose job belongs to a policy that route's secret does not vouch for (403),
+//! so one team's secret cannot move another team's demand. Whatever is refused or fails (503) is
+//! forgotten, so the genuine delivery or a redelivery is still taken.
 //!
 //! Nothing a workflow controls (labels, repository, runner name) is logged; logs and metrics
 //! carry the closed [`WebhookOutcome`] only.
@@ -19,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use hmac::{Hmac, KeyInit, Mac};
@@ -63,11 +69,26 @@ impl JobAction {
     }
 }
 
+/// Which hook a delivery came through, and so whose secret signed it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum HookRoute {
+    /// `POST /webhook`: the cluster-wide secret. It may change only policies that set no
+    /// `spec.webhook` of their own.
+    Cluster,
+    /// `POST /webhook/{namespace}/{name}`: that policy's own secret. It may change only the
+    /// policies of that namespace naming the same Secret.
+    Policy { namespace: String, name: String },
+}
+
 /// One `workflow_job` delivery, as the controller needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobEvent {
     /// `X-GitHub-Delivery`.
     pub delivery: String,
+    /// The hook the delivery came through.
+    pub route: HookRoute,
+    /// The GitHub host of the repository (from `repository.html_url`), lowercase.
+    pub host: String,
     pub action: JobAction,
     pub job_id: u64,
     pub run_id: u64,
@@ -94,12 +115,28 @@ pub enum SinkError {
     /// The store behind the sink (the API server) could not take it now.
     #[error("the job ledger is unavailable")]
     Unavailable,
+    /// The job belongs to a policy the delivery's route does not vouch for: a secret of one
+    /// team signing for another team's repository.
+    #[error("the delivery's job belongs to a policy this hook's secret does not cover")]
+    ForeignPolicy,
 }
 
 /// Where accepted events go. The policy controller implements it by recording the job in the
 /// matching policy's `status.pendingJobs` (and `in_progress` in the attempt's `status.job`).
 pub trait JobSink: Send + Sync + 'static {
     fn record(&self, event: JobEvent) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// The secret of policy `namespace/name`'s own hook: `None` when there is no such policy or
+    /// it sets no `spec.webhook` (its route then verifies nothing). A sink without policies has
+    /// no per-policy routes.
+    fn policy_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<SecretString>, SinkError>> + Send {
+        let _ = (namespace, name);
+        async { Ok(None) }
+    }
 }
 
 /// An in-memory sink: the events in arrival order. For tests, and a receiver without a cluster.
@@ -134,11 +171,12 @@ pub enum WebhookOutcome {
     BadSignature,
     WrongEvent,
     Malformed,
+    ForeignPolicy,
     SinkFailed,
 }
 
 impl WebhookOutcome {
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Accepted,
         Self::Duplicate,
         Self::Ping,
@@ -146,6 +184,7 @@ impl WebhookOutcome {
         Self::BadSignature,
         Self::WrongEvent,
         Self::Malformed,
+        Self::ForeignPolicy,
         Self::SinkFailed,
     ];
 
@@ -158,6 +197,7 @@ impl WebhookOutcome {
             Self::BadSignature => "bad_signature",
             Self::WrongEvent => "wrong_event",
             Self::Malformed => "malformed",
+            Self::ForeignPolicy => "foreign_policy",
             Self::SinkFailed => "sink_failed",
         }
     }
@@ -169,6 +209,7 @@ impl WebhookOutcome {
             Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BadSignature => StatusCode::UNAUTHORIZED,
             Self::WrongEvent | Self::Malformed => StatusCode::BAD_REQUEST,
+            Self::ForeignPolicy => StatusCode::FORBIDDEN,
             Self::SinkFailed => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -183,6 +224,7 @@ impl WebhookOutcome {
             Self::BadSignature => "bad or missing X-Hub-Signature-256",
             Self::WrongEvent => "only workflow_job events are accepted",
             Self::Malformed => "malformed workflow_job delivery",
+            Self::ForeignPolicy => "this hook's secret does not cover the job's policy",
             Self::SinkFailed => "try again later",
         }
     }
@@ -198,6 +240,8 @@ pub struct WebhookConfig {
 }
 
 impl WebhookConfig {
+    /// `secret` is the cluster-wide one (`POST /webhook`); policies' own secrets come from the
+    /// sink.
     pub fn new(secret: SecretString) -> Self {
         Self {
             secret,
@@ -214,12 +258,26 @@ pub enum WebhookConfigError {
     EmptySecret,
 }
 
-/// The last `capacity` delivery GUIDs, oldest forgotten first.
+/// The last `capacity` delivery keys, oldest forgotten first: GUIDs, and the
+/// `host/repository#job:action` of each delivery (what a replay with a fresh GUID repeats).
 #[derive(Debug)]
 struct RecentDeliveries {
     capacity: usize,
     order: VecDeque<String>,
     seen: HashSet<String>,
+}
+
+/// The replay key of a delivery: what it is about, not how it was sent. The repository is part
+/// of it so that a team signing for its own repository cannot pre-empt another repository's
+/// job ids (one key per job and action is exactly what GitHub sends).
+fn job_key(event: &JobEvent) -> String {
+    format!(
+        "job:{}/{}#{}:{}",
+        event.host,
+        event.repository.to_ascii_lowercase(),
+        event.job_id,
+        event.action.as_str()
+    )
 }
 
 impl RecentDeliveries {
@@ -244,6 +302,10 @@ impl RecentDeliveries {
         self.order.push_back(guid.to_owned());
         self.seen.insert(guid.to_owned());
         true
+    }
+
+    fn contains(&self, key: &str) -> bool {
+        self.seen.contains(key)
     }
 
     fn forget(&mut self, guid: &str) {
@@ -288,14 +350,26 @@ impl<S: JobSink> WebhookReceiver<S> {
         })
     }
 
-    /// Judge one delivery and hand it on if it is new and well-formed.
+    /// Judge one delivery to `POST /webhook` and hand it on if it is new and well-formed.
     pub async fn receive(&self, headers: &HeaderMap, body: &[u8]) -> WebhookOutcome {
-        let outcome = self.judge(headers, body).await;
+        self.receive_on(&HookRoute::Cluster, headers, body).await
+    }
+
+    /// Judge one delivery that came through `route`.
+    pub async fn receive_on(
+        &self,
+        route: &HookRoute,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> WebhookOutcome {
+        let outcome = self.judge(route, headers, body).await;
         if let Some(m) = &self.metrics {
             m.webhook_delivery(outcome.as_str());
         }
         match outcome {
-            WebhookOutcome::BadSignature | WebhookOutcome::SinkFailed => {
+            WebhookOutcome::BadSignature
+            | WebhookOutcome::SinkFailed
+            | WebhookOutcome::ForeignPolicy => {
                 tracing::warn!(outcome = outcome.as_str(), "webhook delivery refused");
             }
             _ => tracing::debug!(outcome = outcome.as_str(), "webhook delivery"),
@@ -303,14 +377,27 @@ impl<S: JobSink> WebhookReceiver<S> {
         outcome
     }
 
-    async fn judge(&self, headers: &HeaderMap, body: &[u8]) -> WebhookOutcome {
+    async fn judge(&self, route: &HookRoute, headers: &HeaderMap, body: &[u8]) -> WebhookOutcome {
         if body.len() > self.body_limit {
             return WebhookOutcome::TooLarge;
         }
         let signature = headers
             .get("x-hub-signature-256")
             .and_then(|v| v.to_str().ok());
-        if !signature.is_some_and(|s| verify_signature(&self.secret, body, s)) {
+        let policy_secret;
+        let secret = match route {
+            HookRoute::Cluster => &self.secret,
+            HookRoute::Policy { namespace, name } => {
+                policy_secret = match self.sink.policy_secret(namespace, name).await {
+                    Ok(Some(s)) => s,
+                    // No such policy, or it has no hook of its own: nothing can sign for it.
+                    Ok(None) => return WebhookOutcome::BadSignature,
+                    Err(_) => return WebhookOutcome::SinkFailed,
+                };
+                &policy_secret
+            }
+        };
+        if !signature.is_some_and(|s| verify_signature(secret, body, s)) {
             return WebhookOutcome::BadSignature;
         }
         match headers.get("x-github-event").and_then(|v| v.to_str().ok()) {
@@ -325,32 +412,47 @@ impl<S: JobSink> WebhookReceiver<S> {
         else {
             return WebhookOutcome::Malformed;
         };
-        let Ok(event) = parse(delivery, body) else {
+        let Ok(mut event) = parse(delivery, body) else {
             return WebhookOutcome::Malformed;
         };
-        if !self.remember(delivery) {
+        event.route = route.clone();
+        let job = job_key(&event);
+        if !self.remember(delivery, &job) {
             return WebhookOutcome::Duplicate;
         }
         match self.sink.record(event).await {
             Ok(()) => WebhookOutcome::Accepted,
-            Err(SinkError::Unavailable) => {
-                // Not handed on: a redelivery with the same GUID must be taken.
-                if let Ok(mut r) = self.recent.lock() {
-                    r.forget(delivery);
+            Err(e) => {
+                // Not handed on: the genuine delivery (refused here) or a redelivery (the sink
+                // failed) must still be taken.
+                self.recent().forget(delivery);
+                self.recent().forget(&job);
+                match e {
+                    SinkError::Unavailable => WebhookOutcome::SinkFailed,
+                    SinkError::ForeignPolicy => WebhookOutcome::ForeignPolicy,
                 }
-                WebhookOutcome::SinkFailed
             }
         }
     }
 
-    fn remember(&self, guid: &str) -> bool {
+    fn recent(&self) -> std::sync::MutexGuard<'_, RecentDeliveries> {
         // A poisoned lock only means another request panicked mid-insert; the set is still a
         // valid memory, so keep using it.
-        let mut recent = self
-            .recent
+        self.recent
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        recent.insert(guid)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Remember the delivery's GUID and job key; false (and nothing remembered) when either is
+    /// already known.
+    fn remember(&self, guid: &str, job: &str) -> bool {
+        let mut recent = self.recent();
+        if recent.contains(guid) || recent.contains(job) {
+            return false;
+        }
+        recent.insert(guid);
+        recent.insert(job);
+        true
     }
 }
 
@@ -409,6 +511,14 @@ struct WorkflowJob {
 #[derive(Deserialize)]
 struct Repository {
     full_name: String,
+    html_url: String,
+}
+
+/// The host (with its port, lowercase) of `https://HOST/owner/repo`.
+fn host_of(html_url: &str) -> Option<String> {
+    let rest = html_url.strip_prefix("https://")?;
+    let host = rest.split('/').next()?;
+    (!host.is_empty() && !host.contains('@')).then(|| host.to_ascii_lowercase())
 }
 
 #[derive(Deserialize)]
@@ -429,8 +539,11 @@ pub fn parse(delivery: &str, body: &[u8]) -> Result<JobEvent, Malformed> {
     if !p.repository.full_name.contains('/') {
         return Err(Malformed);
     }
+    let host = host_of(&p.repository.html_url).ok_or(Malformed)?;
     Ok(JobEvent {
         delivery: delivery.to_owned(),
+        route: HookRoute::Cluster,
+        host,
         action: p.action,
         job_id: p.workflow_job.id,
         run_id: p.workflow_job.run_id,
@@ -446,8 +559,27 @@ async fn handle<S: JobSink>(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> (StatusCode, &'static str) {
+    respond(&receiver, &HookRoute::Cluster, &headers, body).await
+}
+
+async fn handle_policy<S: JobSink>(
+    State(receiver): State<Arc<WebhookReceiver<S>>>,
+    Path((namespace, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> (StatusCode, &'static str) {
+    let route = HookRoute::Policy { namespace, name };
+    respond(&receiver, &route, &headers, body).await
+}
+
+async fn respond<S: JobSink>(
+    receiver: &WebhookReceiver<S>,
+    route: &HookRoute,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> (StatusCode, &'static str) {
     let outcome = match body {
-        Ok(body) => receiver.receive(&headers, &body).await,
+        Ok(body) => receiver.receive_on(route, headers, &body).await,
         Err(rejection) => {
             let outcome = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 WebhookOutcome::TooLarge
@@ -463,11 +595,13 @@ async fn handle<S: JobSink>(
     (outcome.status(), outcome.body())
 }
 
-/// `POST /webhook`, with the body limit applied before anything is buffered past it.
+/// `POST /webhook` and `POST /webhook/{namespace}/{policy}`, with the body limit applied before
+/// anything is buffered past it.
 pub fn router<S: JobSink>(receiver: Arc<WebhookReceiver<S>>) -> Router {
     let limit = receiver.body_limit;
     Router::new()
         .route("/webhook", post(handle::<S>))
+        .route("/webhook/{namespace}/{policy}", post(handle_policy::<S>))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(receiver)
 }
@@ -578,15 +712,133 @@ mod tests {
         for (i, ex) in examples().iter().enumerate() {
             let body = serde_json::to_vec(ex).unwrap();
             let guid = format!("00000000-0000-0000-0000-{i:012}");
-            assert_eq!(
-                r.receive(&signed(&guid, &body), &body).await,
+            // Examples 1 and 2 are two `completed` deliveries of one job: the second is what a
+            // replay with a fresh GUID looks like, and is not handed on.
+            let want = if i == 2 {
+                WebhookOutcome::Duplicate
+            } else {
                 WebhookOutcome::Accepted
-            );
+            };
+            assert_eq!(r.receive(&signed(&guid, &body), &body).await, want, "{i}");
         }
         let got = sink.events();
-        assert_eq!(got.len(), 8);
-        assert_eq!(got[5].action, JobAction::Queued);
-        assert_eq!(got[5].job_id, 289_782_451);
+        assert_eq!(got.len(), 7);
+        assert_eq!(got[4].action, JobAction::Queued);
+        assert_eq!(got[4].job_id, 289_782_451);
+        assert_eq!(got[4].host, "github.com");
+        assert_eq!(got[4].route, HookRoute::Cluster);
+    }
+
+    #[tokio::test]
+    async fn a_replay_with_a_fresh_guid_is_not_handed_on() {
+        let (r, sink) = receiver();
+        let body = serde_json::to_vec(&examples()[5]).unwrap();
+        assert_eq!(
+            r.receive(&signed("replay-1", &body), &body).await,
+            WebhookOutcome::Accepted
+        );
+        // The signature covers the body only: the captured signature still verifies.
+        assert_eq!(
+            r.receive(&signed("replay-2-fresh", &body), &body).await,
+            WebhookOutcome::Duplicate
+        );
+        // Another action of the same job is news.
+        let mut taken = examples().remove(5);
+        taken["action"] = "in_progress".into();
+        let taken = serde_json::to_vec(&taken).unwrap();
+        assert_eq!(
+            r.receive(&signed("replay-3", &taken), &taken).await,
+            WebhookOutcome::Accepted
+        );
+        assert_eq!(sink.events().len(), 2);
+    }
+
+    /// A sink with one policy hook (`team/web`, secret `team-secret`) that vouches only for
+    /// repository `Codertocat/Hello-World` on that route.
+    #[derive(Debug, Default)]
+    struct Scoped {
+        inner: MemorySink,
+    }
+
+    impl JobSink for Scoped {
+        async fn record(&self, event: JobEvent) -> Result<(), SinkError> {
+            let ours = match &event.route {
+                HookRoute::Policy { namespace, .. } => {
+                    namespace == "team" && event.repository == "Codertocat/Hello-World"
+                }
+                HookRoute::Cluster => false,
+            };
+            if !ours {
+                return Err(SinkError::ForeignPolicy);
+            }
+            self.inner.record(event).await
+        }
+
+        async fn policy_secret(
+            &self,
+            namespace: &str,
+            name: &str,
+        ) -> Result<Option<SecretString>, SinkError> {
+            Ok((namespace == "team" && name == "web").then(|| SecretString::from("team-secret")))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_policy_route_takes_only_its_own_secret_and_its_own_policies() {
+        let sink = Arc::new(Scoped::default());
+        let r = WebhookReceiver::new(WebhookConfig::new(secret()), sink.clone(), None).unwrap();
+        let team = HookRoute::Policy {
+            namespace: "team".into(),
+            name: "web".into(),
+        };
+        let body = serde_json::to_vec(&examples()[5]).unwrap();
+        let with = |key: &str, guid: &str| {
+            headers(
+                "workflow_job",
+                guid,
+                Some(&sign(&SecretString::from(key), &body)),
+            )
+        };
+        // The cluster secret does not sign for a policy route, nor for an unknown policy.
+        assert_eq!(
+            r.receive_on(&team, &with(SECRET, "p-1"), &body).await,
+            WebhookOutcome::BadSignature
+        );
+        let unknown = HookRoute::Policy {
+            namespace: "team".into(),
+            name: "nope".into(),
+        };
+        assert_eq!(
+            r.receive_on(&unknown, &with("team-secret", "p-2"), &body)
+                .await,
+            WebhookOutcome::BadSignature
+        );
+        // Signed right but about a policy the route does not cover: refused, and forgotten, so
+        // the genuine delivery of that job is still taken.
+        let mut foreign = examples().remove(5);
+        foreign["repository"]["full_name"] = "victim/repo".into();
+        let foreign = serde_json::to_vec(&foreign).unwrap();
+        let h = headers(
+            "workflow_job",
+            "p-3",
+            Some(&sign(&SecretString::from("team-secret"), &foreign)),
+        );
+        assert_eq!(
+            r.receive_on(&team, &h, &foreign).await,
+            WebhookOutcome::ForeignPolicy
+        );
+        assert_eq!(
+            WebhookOutcome::ForeignPolicy.status(),
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(
+            r.receive_on(&team, &with("team-secret", "p-4"), &body)
+                .await,
+            WebhookOutcome::Accepted
+        );
+        let got = sink.inner.events();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].route, team);
     }
 
     #[tokio::test]

@@ -146,6 +146,13 @@ pub fn webhook_repository(base: &str, owner: &str, repo: &str) -> Value {
         if let Value::Object(e) = extra {
             m.extend(e);
         }
+        // The fake plays github.com (the policies name https://github.com/…): a receiver takes
+        // the job's host from `repository.html_url`, as it must to tell github.com's acme/web
+        // from a GHES host's.
+        m.insert(
+            "html_url".into(),
+            json!(format!("https://github.com/{owner}/{repo}")),
+        );
     }
     v
 }

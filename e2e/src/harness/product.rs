@@ -31,8 +31,8 @@ use crate::standin_runner::package::{PackageSpec, build};
 /// How long one scenario step may take on this shared 2-core machine.
 pub const STEP: Duration = Duration::from_secs(90);
 
-/// The webhook HMAC secret every world configures on both sides.
-const WEBHOOK_SECRET: &str = "e2e-webhook-secret-0123456789";
+/// The webhook HMAC secret every world configures on both sides (the cluster-wide one).
+pub const WEBHOOK_SECRET: &str = "e2e-webhook-secret-0123456789";
 
 /// One simulated node of a world.
 #[derive(Clone, Debug)]
@@ -66,6 +66,10 @@ pub struct ProductOptions {
     pub operator_flags: Vec<(String, String)>,
     /// The operator replica the simulated GitHub delivers webhooks to.
     pub webhooks_to: usize,
+    /// More tenant namespaces (by prefix), watched by the operators like the team's, each with
+    /// the App Secret `github-app`. Operator flag values may name them: `{team}` and `{extraN}`
+    /// are replaced with the team's and the N-th extra namespace's names.
+    pub extra_namespaces: Vec<String>,
 }
 
 impl Default for ProductOptions {
@@ -75,6 +79,7 @@ impl Default for ProductOptions {
             operators: 1,
             operator_flags: Vec::new(),
             webhooks_to: 0,
+            extra_namespaces: Vec::new(),
         }
     }
 }
@@ -112,6 +117,8 @@ pub struct Product {
     pub kube: Client,
     pub system: String,
     pub team: String,
+    /// The namespaces of `ProductOptions::extra_namespaces`, in order.
+    pub extra: Vec<String>,
     pub fake: SimulatedGitHub,
     pub package: PackageInfo,
     pub operators: Vec<OperatorProcess>,
@@ -169,13 +176,23 @@ impl Product {
         )
         .await?;
         let (private, _) = app_keys().map_err(|e| fail("keys", e))?;
-        create_secret(
-            &kube,
-            &team,
-            "github-app",
-            &[("appId", &APP_ID.to_string()), ("privateKey", private)],
-        )
-        .await?;
+        let mut extra = Vec::new();
+        for prefix in &options.extra_namespaces {
+            extra.push(
+                fresh_namespace(&kube, prefix)
+                    .await
+                    .map_err(|e| fail("ns", e))?,
+            );
+        }
+        for ns in std::iter::once(&team).chain(&extra) {
+            create_secret(
+                &kube,
+                ns,
+                "github-app",
+                &[("appId", &APP_ID.to_string()), ("privateKey", private)],
+            )
+            .await?;
+        }
         let logs = logs_dir(test);
         let _ = std::fs::remove_dir_all(&logs);
         eprintln!(
@@ -187,6 +204,7 @@ impl Product {
             kube,
             system,
             team,
+            extra,
             fake,
             package,
             operators: Vec::new(),
@@ -233,6 +251,11 @@ impl Product {
         let mut cmd = std::process::Command::new(
             binary("runner-manager-operator").map_err(|e| fail("binary", e))?,
         );
+        let watched = std::iter::once(&self.team)
+            .chain(&self.extra)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(",");
         cmd.args([
             "--namespace",
             &self.system,
@@ -249,7 +272,7 @@ impl Product {
             // The test cluster is shared by every test: this world's operators reconcile only its
             // team namespace.
             "--watch-namespace",
-            &self.team,
+            &watched,
             "--log-format",
             "json",
         ]);
@@ -267,7 +290,11 @@ impl Product {
             }
         }
         for (k, v) in &self.options.operator_flags {
-            cmd.args([k, v]);
+            let mut v = v.replace("{team}", &self.team);
+            for (i, ns) in self.extra.iter().enumerate() {
+                v = v.replace(&format!("{{extra{i}}}"), ns);
+            }
+            cmd.args([k, &v]);
         }
         Ok(cmd)
     }
@@ -426,6 +453,16 @@ impl Product {
     /// Create a ScalePolicy `name` in the team namespace with `spec` merged over the world's
     /// defaults (repository `acme/web`, the App Secret, labels `self-hosted, linux`).
     pub async fn policy(&self, name: &str, spec: Value) -> Result<ScalePolicy, String> {
+        self.policy_in(&self.team, name, spec).await
+    }
+
+    /// Like [`policy`](Self::policy), in namespace `namespace` (the team's or an extra one).
+    pub async fn policy_in(
+        &self,
+        namespace: &str,
+        name: &str,
+        spec: Value,
+    ) -> Result<ScalePolicy, String> {
         let mut base = json!({
             "github": {"url": "https://github.com/acme/web", "credentialsSecretRef": {"name": "github-app"}},
             "labels": ["self-hosted", "linux"],
@@ -440,7 +477,7 @@ impl Product {
             "metadata": {"name": name}, "spec": base
         }))
         .map_err(|e| fail("policy", e))?;
-        Api::<ScalePolicy>::namespaced(self.kube.clone(), &self.team)
+        Api::<ScalePolicy>::namespaced(self.kube.clone(), namespace)
             .create(&PostParams::default(), &policy)
             .await
             .map_err(|e| fail("create policy", e))

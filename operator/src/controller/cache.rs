@@ -1,9 +1,10 @@
 //! The controllers' view of the cluster: one reflector (watch + local store) per kind, so a
 //! reconcile pass reads memory, not the API server. Every event wakes the pass loop.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use futures_util::StreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
@@ -25,7 +26,11 @@ pub struct Caches {
 
 /// Keep only what the controllers read: managed fields are dropped from every cached object
 /// (they are often the largest part of it), and `trim` drops more per kind.
-fn reflect<K>(api: Api<K>, wake: Arc<Notify>, trim: fn(&mut K)) -> Store<K>
+fn reflect<K>(
+    (api, only): (Api<K>, Option<Arc<BTreeSet<String>>>),
+    wake: Arc<Notify>,
+    trim: fn(&mut K),
+) -> Store<K>
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -38,6 +43,24 @@ where
     let (reader, writer) = reflector::store();
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
+        // Several watched namespaces: one cluster-wide watch, objects of the others dropped
+        // before they reach the store.
+        .try_filter(move |event| {
+            let keep = match (&only, event) {
+                (
+                    Some(only),
+                    watcher::Event::Apply(o)
+                    | watcher::Event::InitApply(o)
+                    | watcher::Event::Delete(o),
+                ) => o
+                    .meta()
+                    .namespace
+                    .as_ref()
+                    .is_some_and(|ns| only.contains(ns)),
+                _ => true,
+            };
+            std::future::ready(keep)
+        })
         .modify(move |o: &mut K| {
             o.meta_mut().managed_fields = None;
             trim(o);
@@ -56,18 +79,33 @@ where
     reader
 }
 
-fn scoped<K>(kube: &kube::Client, namespace: Option<&str>) -> Api<K>
+/// `watch` is one namespace, several separated by commas, or (`None`) every namespace.
+fn scoped<K>(
+    kube: &kube::Client,
+    namespace: Option<&str>,
+) -> (Api<K>, Option<Arc<BTreeSet<String>>>)
 where
     K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
 {
-    match namespace {
-        Some(ns) => Api::namespaced(kube.clone(), ns),
-        None => Api::all(kube.clone()),
+    let several: BTreeSet<String> = namespace
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned)
+        .collect();
+    match several.len() {
+        0 => (Api::all(kube.clone()), None),
+        1 => (
+            Api::namespaced(kube.clone(), several.iter().next().map_or("", |n| n)),
+            None,
+        ),
+        _ => (Api::all(kube.clone()), Some(Arc::new(several))),
     }
 }
 
 /// Only the ScalePolicies (the webhook receivers of every replica match jobs against them), of
-/// `watch` or of every namespace.
+/// `watch` (one or several namespaces, comma-separated) or of every namespace.
 pub fn policies(kube: &kube::Client, watch: Option<&str>, wake: Arc<Notify>) -> Store<ScalePolicy> {
     reflect(scoped(kube, watch), wake, |_| {})
 }
@@ -91,11 +129,11 @@ impl Caches {
             policies,
             attempts: reflect(scoped(kube, watch), wake.clone(), |_| {}),
             leases: reflect(
-                Api::namespaced(kube.clone(), namespace),
+                (Api::namespaced(kube.clone(), namespace), None),
                 wake.clone(),
                 |_| {},
             ),
-            nodes: reflect(Api::all(kube.clone()), wake, trim_node),
+            nodes: reflect((Api::all(kube.clone()), None), wake, trim_node),
         }
     }
 

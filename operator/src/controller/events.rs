@@ -23,6 +23,7 @@ pub enum Reason {
     Abandoned,
     OrphanRegistrationDeleted,
     Drained,
+    TargetConflict,
 }
 
 impl Reason {
@@ -41,6 +42,7 @@ impl Reason {
             Self::Abandoned => "Abandoned",
             Self::OrphanRegistrationDeleted => "OrphanRegistrationDeleted",
             Self::Drained => "Drained",
+            Self::TargetConflict => "TargetConflict",
         }
     }
 
@@ -53,6 +55,7 @@ impl Reason {
                 | Self::AdmissionExpired
                 | Self::NodeLost
                 | Self::Abandoned
+                | Self::TargetConflict
         )
     }
 }

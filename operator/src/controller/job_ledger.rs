@@ -1,15 +1,25 @@
 //! Demand signals (DESIGN §7): the webhook receiver's sink, which records jobs in the matching
 //! policy's `status.pendingJobs` (every replica), and the leader's repairs — polling queued runs
 //! of repository targets and one `GET …/actions/jobs/{id}` for a job pending past its grace.
+//!
+//! Only an eligible policy takes a job (issue 13, finding 4): Ready for its current generation
+//! — the leader resolved it, which proves its credentials against its own host and target —
+//! and not refused by the owner bindings. A delivery may change a policy only when the hook's
+//! secret vouches for it (finding 5): the cluster secret for policies without a hook of their
+//! own, a policy's own secret for the policies of its namespace naming the same Secret.
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::reflector::Store;
+use kube::api::Api;
+use kube::runtime::reflector::{ObjectRef, Store};
+use runner_manager_crds::conditions::{ConditionStatus, find};
 use runner_manager_crds::names::attempt_name;
-use runner_manager_crds::policy::{PENDING_JOBS_BOUND, ScalePolicy};
+use runner_manager_crds::policy::{PENDING_JOBS_BOUND, PolicyConditionType, ScalePolicy};
 use runner_manager_crds::target::{GitHubTarget, TargetKind};
+use secrecy::SecretString;
 use serde_json::{Map, Value, json};
 
 use super::ledger_batch::{BatchError, LedgerBatches};
@@ -17,27 +27,110 @@ use super::writes::Writer;
 use crate::github::client::GitHubClient;
 use crate::github::errors::GitHubError;
 use crate::policy::matching::{JobLabels, PolicyLabels, match_job};
-use crate::webhook::{JobAction, JobEvent, JobSink, SinkError};
+use crate::policy::tenancy::{Claim, OwnerBindings, conflicts};
+use crate::webhook::{HookRoute, JobAction, JobEvent, JobSink, SinkError};
+
+/// Whether the leader has proven this generation of the policy: `Ready=True` observed for the
+/// current `metadata.generation`. Resolution reads the credentials Secret and asks GitHub with
+/// them for the policy's own target, so Ready is the proof; a spec change (another URL) drops it
+/// until the new target is proven. Tenants cannot write status (the CRD's status subresource).
+pub fn proven(policy: &ScalePolicy) -> bool {
+    let Some(status) = policy.status.as_ref() else {
+        return false;
+    };
+    find(&status.conditions, PolicyConditionType::Ready).is_some_and(|c| {
+        c.status == ConditionStatus::True
+            && c.observed_generation.is_some()
+            && c.observed_generation == policy.metadata.generation
+    })
+}
+
+/// Whether a delivery that came through `route` may change `policy`. `route_secret` is the
+/// Secret the route's own policy names (`None` when that policy is gone or names none). Pure.
+pub fn route_covers(route: &HookRoute, route_secret: Option<&str>, policy: &ScalePolicy) -> bool {
+    let own = policy
+        .spec
+        .webhook
+        .as_ref()
+        .map(|w| w.secret_ref.name.as_str());
+    match route {
+        // The shared secret vouches only for policies that chose no secret of their own.
+        HookRoute::Cluster => own.is_none(),
+        HookRoute::Policy { namespace, .. } => {
+            policy.metadata.namespace.as_deref() == Some(namespace.as_str())
+                && own.is_some()
+                && own == route_secret
+        }
+    }
+}
+
+/// For every policy (`namespace/name`), the policies of other namespaces naming the same target.
+pub fn target_conflicts(
+    policies: &[std::sync::Arc<ScalePolicy>],
+) -> std::collections::HashMap<String, Vec<String>> {
+    let parsed: Vec<(&ScalePolicy, GitHubTarget)> = policies
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| Some((p.as_ref(), GitHubTarget::parse(&p.spec.github.url).ok()?)))
+        .collect();
+    let claims: Vec<Claim<'_>> = parsed
+        .iter()
+        .map(|(p, t)| Claim {
+            namespace: p.metadata.namespace.as_deref().unwrap_or_default(),
+            name: p.metadata.name.as_deref().unwrap_or_default(),
+            host: &t.host,
+            target: &t.kind,
+        })
+        .collect();
+    let found = conflicts(&claims);
+    claims
+        .iter()
+        .zip(found)
+        .filter(|(_, others)| !others.is_empty())
+        .map(|(c, others)| (format!("{}/{}", c.namespace, c.name), others))
+        .collect()
+}
 
 /// The policies a job could belong to, parsed once per use.
 #[derive(Debug)]
 pub struct Candidates {
     policies: Vec<std::sync::Arc<ScalePolicy>>,
-    targets: Vec<Option<TargetKind>>,
+    targets: Vec<Option<GitHubTarget>>,
+    eligible: Vec<bool>,
 }
 
 impl Candidates {
-    pub fn of(policies: Vec<std::sync::Arc<ScalePolicy>>, webhook_only: bool) -> Self {
+    pub fn of(
+        policies: Vec<std::sync::Arc<ScalePolicy>>,
+        webhook_only: bool,
+        bindings: &OwnerBindings,
+    ) -> Self {
         let policies: Vec<_> = policies
             .into_iter()
             .filter(|p| !webhook_only || p.spec.scaling.webhook)
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .collect();
-        let targets = policies
+        let targets: Vec<Option<GitHubTarget>> = policies
             .iter()
-            .map(|p| GitHubTarget::parse(&p.spec.github.url).ok().map(|t| t.kind))
+            .map(|p| GitHubTarget::parse(&p.spec.github.url).ok())
             .collect();
-        Self { policies, targets }
+        // The binding is checked here too, not only at resolution: a status written before the
+        // admin bound the owner still says Ready until the leader's next pass.
+        let eligible = policies
+            .iter()
+            .zip(&targets)
+            .map(|(p, t)| {
+                let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+                proven(p)
+                    && t.as_ref()
+                        .is_some_and(|t| bindings.refuses(&t.kind, ns).is_none())
+            })
+            .collect();
+        Self {
+            policies,
+            targets,
+            eligible,
+        }
     }
 
     /// The policy a job belongs to: the one whose labels cover its `runs-on` with the fewest
@@ -47,12 +140,16 @@ impl Candidates {
             .policies
             .iter()
             .zip(&self.targets)
-            .filter_map(|(p, t)| {
+            .zip(&self.eligible)
+            .filter_map(|((p, t), eligible)| {
+                let t = t.as_ref()?;
                 Some(PolicyLabels {
                     namespace: p.metadata.namespace.as_deref()?,
                     name: p.metadata.name.as_deref()?,
-                    target: t.as_ref()?,
+                    host: &t.host,
+                    target: &t.kind,
                     labels: &p.spec.labels,
+                    eligible: *eligible,
                 })
             })
             .collect();
@@ -111,6 +208,64 @@ pub struct KubeSink {
     pub policies: Store<ScalePolicy>,
     /// Deliveries for one policy that arrive together share one ledger patch.
     pub batches: LedgerBatches,
+    /// The admin's owner bindings (`--owner-namespaces`).
+    pub bindings: OwnerBindings,
+    /// Policies' own hook secrets, read at most every [`HOOK_SECRET_MAX_AGE`].
+    pub hook_secrets: HookSecrets,
+}
+
+/// How long a policy's hook secret is trusted before it is read again (a rotation takes effect
+/// within this; an unauthenticated caller cannot make the receiver read Secrets faster).
+pub const HOOK_SECRET_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A hook secret as read, and when: `None` = the Secret or its key `secret` is missing.
+type ReadSecret = (tokio::time::Instant, Option<SecretString>);
+
+/// Recently read hook secrets by (namespace, Secret name).
+#[derive(Default)]
+pub struct HookSecrets {
+    read: std::sync::Mutex<std::collections::HashMap<(String, String), ReadSecret>>,
+}
+
+impl HookSecrets {
+    async fn get(
+        &self,
+        kube: &kube::Client,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<SecretString>, kube::Error> {
+        let key = (namespace.to_owned(), name.to_owned());
+        {
+            let read = self
+                .read
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some((at, value)) = read.get(&key)
+                && at.elapsed() < HOOK_SECRET_MAX_AGE
+            {
+                return Ok(value.clone());
+            }
+        }
+        let secret = Api::<Secret>::namespaced(kube.clone(), namespace)
+            .get_opt(name)
+            .await?;
+        let value = secret
+            .and_then(|s| s.data?.remove("secret"))
+            .and_then(|b| String::from_utf8(b.0).ok())
+            .filter(|v| !v.is_empty())
+            .map(SecretString::from);
+        self.read
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key, (tokio::time::Instant::now(), value.clone()));
+        Ok(value)
+    }
+}
+
+impl std::fmt::Debug for HookSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HookSecrets").finish_non_exhaustive()
+    }
 }
 
 /// Why a delivery could not be recorded (GitHub redelivers on the 503 it gets).
@@ -120,12 +275,27 @@ enum ApplyError {
     Ledger(#[from] BatchError),
     #[error("writing the attempt's job: {0}")]
     JobFact(#[from] kube::Error),
+    #[error("the hook's secret does not cover the job's policy")]
+    Foreign,
 }
 
 impl KubeSink {
+    /// The Secret named by the `spec.webhook` of policy `namespace/name`, if it has one.
+    fn hook_secret_name(&self, namespace: &str, name: &str) -> Option<String> {
+        let policy = self
+            .policies
+            .get(&ObjectRef::<ScalePolicy>::new(name).within(namespace))?;
+        policy
+            .spec
+            .webhook
+            .as_ref()
+            .map(|w| w.secret_ref.name.clone())
+    }
+
     async fn apply(&self, event: JobEvent) -> Result<(), ApplyError> {
-        let candidates = Candidates::of(self.policies.state(), true);
+        let candidates = Candidates::of(self.policies.state(), true, &self.bindings);
         let job = JobLabels {
+            host: &event.host,
             repository: &event.repository,
             enterprise: event.enterprise.as_deref(),
             labels: &event.labels,
@@ -133,6 +303,13 @@ impl KubeSink {
         let Some(policy) = candidates.matching(&job) else {
             return Ok(());
         };
+        let route_secret = match &event.route {
+            HookRoute::Cluster => None,
+            HookRoute::Policy { namespace, name } => self.hook_secret_name(namespace, name),
+        };
+        if !route_covers(&event.route, route_secret.as_deref(), policy) {
+            return Err(ApplyError::Foreign);
+        }
         let ns = policy.metadata.namespace.as_deref().unwrap_or_default();
         let name = policy.metadata.name.as_deref().unwrap_or_default();
         let empty = BTreeMap::new();
@@ -172,10 +349,32 @@ impl KubeSink {
 
 impl JobSink for KubeSink {
     async fn record(&self, event: JobEvent) -> Result<(), SinkError> {
-        self.apply(event).await.map_err(|e| {
-            tracing::warn!(error = %e, "recording a job in the ledger failed");
-            SinkError::Unavailable
+        self.apply(event).await.map_err(|e| match e {
+            ApplyError::Foreign => SinkError::ForeignPolicy,
+            e => {
+                tracing::warn!(error = %e, "recording a job in the ledger failed");
+                SinkError::Unavailable
+            }
         })
+    }
+
+    async fn policy_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<SecretString>, SinkError> {
+        // Only a policy in the cache that names a Secret leads to a read: unknown paths cost
+        // nothing but a map lookup.
+        let Some(secret) = self.hook_secret_name(namespace, name) else {
+            return Ok(None);
+        };
+        self.hook_secrets
+            .get(&self.writer.kube, namespace, &secret)
+            .await
+            .map_err(|e| {
+                tracing::warn!(error = %e, "reading a policy's webhook secret failed");
+                SinkError::Unavailable
+            })
     }
 }
 
@@ -194,9 +393,11 @@ pub async fn poll_queued(
         return Ok(vec![]);
     };
     let repository = format!("{owner}/{repo}");
+    let host = &client.target().host;
     let mut found = Vec::new();
     for job in client.recent_queued_jobs(max_age, settle).await?.iter() {
         let labels = JobLabels {
+            host,
             repository: &repository,
             enterprise: None,
             labels: &job.labels,
@@ -233,6 +434,122 @@ impl std::fmt::Debug for KubeSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn policy(
+        ns: &str,
+        name: &str,
+        url: &str,
+        hook: Option<&str>,
+        ready: Option<(bool, i64)>,
+    ) -> ScalePolicy {
+        let mut v = json!({
+            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "ScalePolicy",
+            "metadata": {"namespace": ns, "name": name, "generation": 2},
+            "spec": {
+                "github": {"url": url, "credentialsSecretRef": {"name": "creds"}},
+                "labels": ["self-hosted", "linux"], "maxRunners": 2
+            }
+        });
+        if let Some(secret) = hook {
+            v["spec"]["webhook"] = json!({"secretRef": {"name": secret}});
+        }
+        if let Some((ok, generation)) = ready {
+            v["status"] = json!({"conditions": [{
+                "type": "Ready", "status": if ok { "True" } else { "False" },
+                "reason": if ok { "Valid" } else { "CredentialsRejected" }, "message": "",
+                "observedGeneration": generation
+            }]});
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn only_a_policy_ready_for_its_current_generation_is_proven() {
+        let url = "https://github.com/acme/web";
+        assert!(proven(&policy("t", "p", url, None, Some((true, 2)))));
+        assert!(
+            !proven(&policy("t", "p", url, None, Some((false, 2)))),
+            "junk Secret"
+        );
+        assert!(
+            !proven(&policy("t", "p", url, None, None)),
+            "never resolved"
+        );
+        assert!(
+            !proven(&policy("t", "p", url, None, Some((true, 1)))),
+            "proven for an older spec (another URL, perhaps)"
+        );
+    }
+
+    #[test]
+    fn the_attackers_unproven_policy_takes_none_of_the_victims_jobs() {
+        let url = "https://github.com/acme/web";
+        let policies = vec![
+            std::sync::Arc::new(policy("aaa", "steal", url, None, Some((false, 2)))),
+            std::sync::Arc::new(policy("team", "web", url, None, Some((true, 2)))),
+        ];
+        let l = vec!["self-hosted".to_owned(), "linux".to_owned()];
+        let job = JobLabels {
+            host: "github.com",
+            repository: "acme/web",
+            enterprise: None,
+            labels: &l,
+        };
+        let c = Candidates::of(policies.clone(), true, &OwnerBindings::default());
+        let got = c.matching(&job).unwrap();
+        assert_eq!(got.metadata.namespace.as_deref(), Some("team"));
+        // Both proven, but the owner is bound to `team`: `aaa` is out even with a Ready status
+        // written before the binding.
+        let both = vec![
+            std::sync::Arc::new(policy("aaa", "steal", url, None, Some((true, 2)))),
+            policies[1].clone(),
+        ];
+        let bound = OwnerBindings::parse("acme=team").unwrap();
+        let ns_of = |bindings: &OwnerBindings| {
+            Candidates::of(both.clone(), true, bindings)
+                .matching(&job)
+                .and_then(|p| p.metadata.namespace.clone())
+        };
+        assert_eq!(ns_of(&bound).as_deref(), Some("team"));
+        assert_eq!(
+            ns_of(&OwnerBindings::default()).as_deref(),
+            Some("aaa"),
+            "tie by namespace"
+        );
+        // Both namespaces are reported.
+        let conflicts = target_conflicts(&policies);
+        assert_eq!(conflicts["aaa/steal"], ["team/web"]);
+        assert_eq!(conflicts["team/web"], ["aaa/steal"]);
+    }
+
+    #[test]
+    fn a_hook_vouches_only_for_the_policies_that_trust_its_secret() {
+        let url = "https://github.com/acme/web";
+        let shared = policy("team", "web", url, None, None);
+        let own = policy("team", "gpu", url, Some("team-hook"), None);
+        let cluster = HookRoute::Cluster;
+        assert!(route_covers(&cluster, None, &shared));
+        assert!(
+            !route_covers(&cluster, None, &own),
+            "a policy with its own secret"
+        );
+        let team = HookRoute::Policy {
+            namespace: "team".into(),
+            name: "gpu".into(),
+        };
+        assert!(route_covers(&team, Some("team-hook"), &own));
+        assert!(!route_covers(&team, Some("team-hook"), &shared));
+        assert!(!route_covers(&team, Some("other-hook"), &own));
+        assert!(!route_covers(&team, None, &own));
+        let elsewhere = HookRoute::Policy {
+            namespace: "aaa".into(),
+            name: "gpu".into(),
+        };
+        assert!(
+            !route_covers(&elsewhere, Some("team-hook"), &own),
+            "another namespace's Secret of the same name is another secret"
+        );
+    }
 
     #[test]
     fn a_poll_removes_only_old_entries_it_no_longer_sees_queued() {

@@ -64,6 +64,8 @@ pub struct Settings {
     pub max_consecutive_failures: u32,
     pub replacement_backoff: Duration,
     pub replacement_backoff_max: Duration,
+    /// GitHub owners bound to namespaces (`--owner-namespaces`).
+    pub owner_bindings: crate::policy::tenancy::OwnerBindings,
 }
 
 /// What every step needs.
@@ -197,7 +199,10 @@ pub async fn pass(ctx: &Ctx, memory: &mut Memory) {
     }
     let empty: Vec<Arc<RunnerAttempt>> = Vec::new();
     // The job→policy matcher, built once per pass (it parses every policy's URL).
-    let candidates = job_ledger::Candidates::of(all_policies.clone(), false);
+    let candidates =
+        job_ledger::Candidates::of(all_policies.clone(), false, &ctx.settings.owner_bindings);
+    // Targets named from more than one namespace, for the `Conflict` conditions.
+    let conflicts = job_ledger::target_conflicts(&all_policies);
     // Policies reconcile concurrently: their I/O (resolution, GitHub observation, polling,
     // status) touches nothing shared. Creation shares the placement worker: it holds the lock
     // from reading capacity to recording what it created, so no two policies place against the
@@ -219,12 +224,17 @@ pub async fn pass(ctx: &Ctx, memory: &mut Memory) {
             .collect();
         // Nodes cordoned now, read once for every policy of the pass.
         let cordoned = policy::cordoned_nodes(ctx);
-        let (candidates, attempt_ids, placement, cordoned) =
-            (&candidates, &attempt_ids, &placement, &cordoned);
+        let (candidates, attempt_ids, placement, cordoned, conflicts) =
+            (&candidates, &attempt_ids, &placement, &cordoned, &conflicts);
         futures_util::stream::iter(work)
             .for_each_concurrent(POLICY_CONCURRENCY, |(p, mine, mem)| async move {
                 policy::prepare(ctx, mem, p, mine, candidates, attempt_ids, now).await;
-                policy::reconcile(ctx, placement, cordoned, mem, p, mine, now).await;
+                let key = key(
+                    p.metadata.namespace.as_deref().unwrap_or_default(),
+                    p.metadata.name.as_deref().unwrap_or_default(),
+                );
+                let conflict = conflicts.get(&key).map(Vec::as_slice).unwrap_or_default();
+                policy::reconcile(ctx, placement, cordoned, mem, p, mine, conflict, now).await;
             })
             .await;
     }

@@ -187,6 +187,7 @@ pub async fn prepare(
             &ctx.clients,
             policy,
             ctx.settings.runner_mirror_url.as_deref(),
+            &ctx.settings.owner_bindings,
         )
         .await;
         match (&result, was_ok) {
@@ -284,6 +285,8 @@ pub async fn prepare(
 const CREATE_CONCURRENCY: usize = 8;
 
 /// A policy's decisions: demand, creation with placement, scale-down, timeouts, status.
+/// `conflicts` are the policies of other namespaces naming the same target.
+#[allow(clippy::too_many_arguments)]
 pub async fn reconcile(
     ctx: &Ctx,
     placement: &Mutex<PlacementWorker>,
@@ -291,6 +294,7 @@ pub async fn reconcile(
     mem: &mut PolicyMemory,
     policy: &Arc<ScalePolicy>,
     attempts: &[Arc<RunnerAttempt>],
+    conflicts: &[String],
     now: Timestamp,
 ) {
     let ns = policy.metadata.namespace.as_deref().unwrap_or_default();
@@ -536,6 +540,20 @@ pub async fn reconcile(
             .iter()
             .any(|c| c.type_ == PolicyConditionType::Degraded && c.status == ConditionStatus::True);
     upsert(&mut next.conditions, degraded_cond);
+    let conflict_cond = conflict_condition(conflicts, generation, now);
+    let newly_conflicting = !conflicts.is_empty()
+        && !old
+            .conditions
+            .iter()
+            .any(|c| c.type_ == PolicyConditionType::Conflict && c.status == ConditionStatus::True);
+    if newly_conflicting {
+        ctx.events.publish(
+            &policy.object_ref(&()),
+            Reason::TargetConflict,
+            conflict_cond.message.clone(),
+        );
+    }
+    upsert(&mut next.conditions, conflict_cond);
     if newly_degraded {
         ctx.events.publish(
             &policy.object_ref(&()),
@@ -549,6 +567,46 @@ pub async fn reconcile(
             .policy_status(ns, name, status_fields(&next))
             .await;
     }
+}
+
+/// How many conflicting policies a message names before it says "and N more".
+const CONFLICTS_NAMED: usize = 5;
+
+/// The `Conflict` condition: True naming the other namespaces' policies on the same target.
+/// Pure.
+pub fn conflict_condition(conflicts: &[String], generation: i64, now: Timestamp) -> Cond {
+    if conflicts.is_empty() {
+        return cond(
+            PolicyConditionType::Conflict,
+            false,
+            PolicyReason::NoConflict,
+            "no other namespace names this target".into(),
+            generation,
+            now,
+        );
+    }
+    let mut named = conflicts
+        .iter()
+        .take(CONFLICTS_NAMED)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if conflicts.len() > CONFLICTS_NAMED {
+        named.push_str(&format!(" and {} more", conflicts.len() - CONFLICTS_NAMED));
+    }
+    cond(
+        PolicyConditionType::Conflict,
+        true,
+        PolicyReason::TargetClaimedElsewhere,
+        format!(
+            "spec.github.url: the same target is named by {named} in another namespace; jobs go \
+             only to Ready policies whose credentials were proven on it. If that namespace should \
+             not serve this owner, ask the cluster admin to bind the owner to this namespace \
+             (--owner-namespaces)"
+        ),
+        generation,
+        now,
+    )
 }
 
 /// The status fields the leader owns (never `pendingJobs`).

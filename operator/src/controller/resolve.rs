@@ -16,6 +16,7 @@ use crate::github::client::GitHubClient;
 use crate::github::errors::{GitHubError, Terminal};
 use crate::github::registry::{ClientError, Clients};
 use crate::github::types::RunnerDownload;
+use crate::policy::tenancy::OwnerBindings;
 
 /// The key of the runner.env in the ConfigMap of `spec.runner.envFrom`.
 pub const RUNNER_ENV_KEY: &str = "runner.env";
@@ -135,6 +136,7 @@ pub async fn resolve(
     clients: &Clients,
     policy: &ScalePolicy,
     mirror: Option<&str>,
+    bindings: &OwnerBindings,
 ) -> Result<Resolved, Invalid> {
     let problems = validate_policy(&policy.spec);
     if !problems.is_empty() {
@@ -146,6 +148,9 @@ pub async fn resolve(
         return Err(Invalid::new(PolicyReason::InvalidSpec, message));
     }
     let namespace = policy.metadata.namespace.as_deref().unwrap_or_default();
+    // Before the Secret is read: a namespace the admin did not bind gets nothing done with
+    // its credentials for that owner, valid or not.
+    owner_allowed(bindings, &policy.spec.github.url, namespace)?;
     let secret_name = &policy.spec.github.credentials_secret_ref.name;
     let secret = clients
         .secret(namespace, secret_name)
@@ -202,6 +207,21 @@ pub async fn resolve(
         package,
         env,
     })
+}
+
+/// `Err` when the URL's owner is bound to other namespaces. Pure.
+pub fn owner_allowed(bindings: &OwnerBindings, url: &str, namespace: &str) -> Result<(), Invalid> {
+    let Ok(target) = runner_manager_crds::target::GitHubTarget::parse(url) else {
+        // validate_policy already reported it.
+        return Ok(());
+    };
+    match bindings.refuses(&target.kind, namespace) {
+        None => Ok(()),
+        Some(bound) => Err(Invalid::new(
+            PolicyReason::OwnerBoundElsewhere,
+            OwnerBindings::refusal_message(&target.kind, namespace, bound),
+        )),
+    }
 }
 
 async fn runner_env(
@@ -276,6 +296,19 @@ mod tests {
     }
 
     const SHA: &str = "ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef0123456789";
+
+    #[test]
+    fn a_bound_owner_is_refused_elsewhere_with_a_message_naming_the_setting() {
+        let b = OwnerBindings::parse("acme=team").unwrap();
+        assert!(owner_allowed(&b, "https://github.com/acme/web", "team").is_ok());
+        assert!(owner_allowed(&b, "https://github.com/other/web", "aaa").is_ok());
+        let e = owner_allowed(&b, "https://github.com/acme/web", "aaa").unwrap_err();
+        assert_eq!(e.reason, PolicyReason::OwnerBoundElsewhere);
+        assert!(!e.is_transient());
+        assert!(e.message.contains("--owner-namespaces"), "{}", e.message);
+        let org = owner_allowed(&b, "https://github.com/ACME", "aaa").unwrap_err();
+        assert_eq!(org.reason, PolicyReason::OwnerBoundElsewhere);
+    }
 
     #[test]
     fn versions_from_filenames() {

@@ -1,6 +1,12 @@
-//! Which policy a queued job belongs to (DESIGN §7): among the policies whose GitHub target
-//! covers the job's repository and whose labels cover every one of the job's `runs-on` labels,
-//! the one with the fewest extra labels; ties by namespace, then name.
+//! Which policy a queued job belongs to (DESIGN §7): among the *eligible* policies whose GitHub
+//! host is the job's and whose target covers the job's repository, and whose labels cover every
+//! one of the job's `runs-on` labels, the one with the fewest extra labels; ties by namespace,
+//! then name.
+//!
+//! Eligible means Ready for its current generation (its credentials were proven against its own
+//! host and target) and allowed by the owner bindings (`policy::tenancy`): a policy that merely
+//! names a repository, with a junk Secret or from a namespace the admin did not bind, takes no
+//! job, however its namespace sorts (issue 13, finding 4).
 //!
 //! Labels compare case-insensitively, as GitHub compares them. `self-hosted` is a label every
 //! self-hosted runner carries whether or not it was listed, so it is covered by every policy and
@@ -18,13 +24,22 @@ pub const SELF_HOSTED: &str = "self-hosted";
 pub struct PolicyLabels<'a> {
     pub namespace: &'a str,
     pub name: &'a str,
+    /// The host of the policy's URL (`github.com`, a GHES host), lowercase.
+    pub host: &'a str,
     pub target: &'a TargetKind,
     pub labels: &'a [String],
+    /// Whether the policy may take jobs at all (Ready with proven credentials, owner binding
+    /// respected). An ineligible policy never wins, not even a tie.
+    pub eligible: bool,
 }
 
 /// A job as matching sees it.
 #[derive(Clone, Copy, Debug)]
 pub struct JobLabels<'a> {
+    /// The GitHub host the job lives on (from the payload's `repository.html_url`, or the
+    /// polled target's host). `acme/web` on github.com and on a GHES host are different
+    /// repositories.
+    pub host: &'a str,
     /// `owner/repo`, from the payload's `repository.full_name`.
     pub repository: &'a str,
     /// The enterprise slug when the delivery names one (enterprise hooks).
@@ -77,6 +92,7 @@ pub fn match_job<'p, 'a>(
 ) -> Option<&'p PolicyLabels<'a>> {
     policies
         .iter()
+        .filter(|p| p.eligible && eq(p.host, job.host))
         .filter(|p| target_covers(p.target, job))
         .filter_map(|p| extra_labels(p.labels, job.labels).map(|extra| (extra, p)))
         .min_by(|(ea, a), (eb, b)| {
@@ -101,6 +117,7 @@ mod tests {
 
     fn job<'a>(labels: &'a [String]) -> JobLabels<'a> {
         JobLabels {
+            host: "github.com",
             repository: "acme/web",
             enterprise: None,
             labels,
@@ -143,26 +160,34 @@ mod tests {
             PolicyLabels {
                 namespace: "team",
                 name: "zz-big",
+                host: "github.com",
                 target: &t,
                 labels: &big,
+                eligible: true,
             },
             PolicyLabels {
                 namespace: "team",
                 name: "b-small",
+                host: "github.com",
                 target: &t,
                 labels: &small,
+                eligible: true,
             },
             PolicyLabels {
                 namespace: "team",
                 name: "a-small",
+                host: "github.com",
                 target: &t,
                 labels: &small,
+                eligible: true,
             },
             PolicyLabels {
                 namespace: "alpha",
                 name: "z-small",
+                host: "github.com",
                 target: &t,
                 labels: &small,
+                eligible: true,
             },
         ];
         let linux = labels(&["self-hosted", "Linux"]);
@@ -182,8 +207,10 @@ mod tests {
         let policies = [PolicyLabels {
             namespace: "team",
             name: "web",
+            host: "github.com",
             target: &t,
             labels: &l,
+            eligible: true,
         }];
         let gpu = labels(&["self-hosted", "gpu"]);
         assert!(match_job(&job(&gpu), &policies).is_none());
@@ -227,9 +254,64 @@ mod tests {
         let policies = [PolicyLabels {
             namespace: "team",
             name: "api",
+            host: "github.com",
             target: &other_repo,
             labels: &l,
+            eligible: true,
         }];
         assert!(match_job(&j, &policies).is_none());
+    }
+
+    #[test]
+    fn an_ineligible_policy_never_wins_even_a_tie_it_would_win_by_namespace() {
+        // The attack of issue 13: namespace `aaa` names the victim's repository with a junk
+        // Secret. It sorts first, so only eligibility keeps it from the victim's jobs.
+        let repo = TargetKind::Repository {
+            owner: "acme".into(),
+            repo: "web".into(),
+        };
+        let l = labels(&["self-hosted", "linux"]);
+        let policy = |namespace, eligible| PolicyLabels {
+            namespace,
+            name: "runners",
+            host: "github.com",
+            target: &repo,
+            labels: &l,
+            eligible,
+        };
+        let j = job(&l);
+        let both = [policy("aaa", false), policy("team", true)];
+        assert_eq!(match_job(&j, &both).unwrap().namespace, "team");
+        let attacker_alone = [policy("aaa", false)];
+        assert!(match_job(&j, &attacker_alone).is_none());
+        // With eligibility it would have won: the order is what the attack relies on.
+        let unguarded = [policy("aaa", true), policy("team", true)];
+        assert_eq!(match_job(&j, &unguarded).unwrap().namespace, "aaa");
+    }
+
+    #[test]
+    fn the_host_is_part_of_the_match() {
+        let repo = TargetKind::Repository {
+            owner: "acme".into(),
+            repo: "web".into(),
+        };
+        let l = labels(&["self-hosted"]);
+        let ghes = [PolicyLabels {
+            namespace: "aaa",
+            name: "ghes",
+            host: "ghe.example.com",
+            target: &repo,
+            labels: &l,
+            eligible: true,
+        }];
+        assert!(
+            match_job(&job(&l), &ghes).is_none(),
+            "acme/web on a GHES host is not acme/web on github.com"
+        );
+        let on_ghes = JobLabels {
+            host: "GHE.example.com",
+            ..job(&l)
+        };
+        assert_eq!(match_job(&on_ghes, &ghes).unwrap().name, "ghes");
     }
 }
