@@ -11,7 +11,7 @@ export RM_RUN="$RM_CACHE/test-run" RM_API_PORT=${RM_TEST_API_PORT:-16543} \
 
 stage() { printf '\n=== %s\n' "$*"; SECONDS_STAGE=$SECONDS; }
 done_stage() { printf -- '--- %s: %ss\n' "$1" $((SECONDS - SECONDS_STAGE)); }
-cleanup() { e2e/control-plane/stop.sh; }
+cleanup() { e2e/systemd/stop.sh; e2e/control-plane/stop.sh; }
 trap cleanup EXIT
 
 stage "install: Debian packages, kubectl, helm"
@@ -47,6 +47,14 @@ e2e/setup-runner-accounts.sh
 cargo build --workspace --bins
 cargo nextest run --workspace --no-fail-fast
 done_stage tests
+
+stage "the systemd launcher against a real systemd (PID 1 of its own namespaces)"
+# A launcher must run where systemd's pids are its pids: inside, through nsexec.
+e2e/systemd/start.sh
+"${RM_SYSTEMD_STATE:-$RM_CACHE/systemd}/bin/nsexec" env -C "$root" RM_SYSTEMD_TESTS=1 \
+  cargo test -p runner-manager-node-agent --test launch_systemd
+e2e/systemd/stop.sh
+done_stage systemd
 
 stage "benchmarks, quick mode (dev profile: the figures prove the benches run, not the targets)"
 cargo bench -p runner-manager-node-agent --bench workspace_packages --profile dev -- --quick

@@ -2,7 +2,7 @@
 # Debian packages the control plane and the tests need (lua5.1: the Argo CD health checks, e2e/argocd-health.sh). Idempotent: apt is only asked for what is missing.
 set -euo pipefail
 need=()
-for p in golang-go golang-github-modern-go-reflect2-dev dpkg-dev rsync jq openssl etcd-server curl unzip ca-certificates lua5.1; do
+for p in systemd golang-go golang-github-modern-go-reflect2-dev dpkg-dev rsync jq openssl etcd-server curl unzip ca-certificates lua5.1; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

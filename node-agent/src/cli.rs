@@ -101,6 +101,14 @@ pub struct Cli {
     /// The most bytes one file of a runner package may have.
     #[arg(long, env = "RM_PACKAGE_MAX_FILE_BYTES", default_value_t = ExtractLimits::default().max_file_bytes, value_parser = clap::value_parser!(u64).range(1..))]
     pub package_max_file_bytes: u64,
+    /// The memory a runner may use when its policy sets none: a quantity (`4Gi`, `512Mi`),
+    /// `auto` (the node's memory shared equally by --capacity runners) or `none`.
+    #[arg(long, env = "RM_DEFAULT_RUNNER_MEMORY", default_value = "auto")]
+    pub default_runner_memory: String,
+    /// The most tasks (processes and threads) one runner may have (a fork bomb stops there);
+    /// 0 for no limit.
+    #[arg(long, env = "RM_RUNNER_TASKS_MAX", default_value_t = 4096)]
+    pub runner_tasks_max: u64,
     /// Log format.
     #[arg(long, env = "RM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

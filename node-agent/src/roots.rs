@@ -77,6 +77,40 @@ pub enum RootError {
     },
     #[error("{0} {1} could not be resolved ({2:?})")]
     Unresolvable(Root, PathBuf, io::ErrorKind),
+    #[error(
+        "{0} {1} holds {2:?}: with --launcher systemd a runtime's path becomes a unit property, so roots may hold only letters, digits and `._/@+-`; choose such a path"
+    )]
+    UnitUnsafe(Root, PathBuf, char),
+    #[error(
+        "{0} {1} is inside {2}, which the systemd sandbox hides from runners (PrivateTmp, ProtectHome): a runner could not reach its runtime; use e.g. /var/lib/runner-manager"
+    )]
+    HiddenBySandbox(Root, PathBuf, &'static str),
+}
+
+/// Trees the systemd sandbox replaces or hides (`PrivateTmp=`, `ProtectHome=`).
+const SANDBOX_HIDDEN: [&str; 5] = ["/tmp", "/var/tmp", "/home", "/root", "/run/user"];
+
+/// For `--launcher systemd`, on top of [`check_roots`]: a runtime's path is a unit property
+/// value (`ReadWritePaths=`, `WorkingDirectory=`), where white space separates values and
+/// quotes, backslashes and `%` are interpreted, so only characters that need none of that are
+/// allowed; and a runtime must be visible through the sandbox.
+pub fn check_unit_safe(host: &Path, slots: &Path) -> Result<(), RootError> {
+    for (root, path) in [(Root::Host, host), (Root::Slots, slots)] {
+        let text = path.to_string_lossy();
+        if let Some(c) = text
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || "._/@+-".contains(*c)))
+        {
+            return Err(RootError::UnitUnsafe(root, path.to_path_buf(), c));
+        }
+        let resolved = resolve(root, path)?;
+        for candidate in [normal(path), resolved] {
+            if let Some(tree) = SANDBOX_HIDDEN.iter().find(|t| candidate.starts_with(t)) {
+                return Err(RootError::HiddenBySandbox(root, candidate, tree));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks both roots, as given and as they resolve. Creates nothing.
@@ -246,6 +280,34 @@ mod tests {
             })
         ));
         assert!(!slots.exists(), "the preflight creates nothing");
+    }
+
+    #[test]
+    fn systemd_roots_need_no_quoting_and_stay_visible_through_the_sandbox() {
+        check_unit_safe(
+            Path::new("/var/lib/runner-manager"),
+            Path::new("/var/lib/runner-manager/slots"),
+        )
+        .unwrap();
+        for bad in [
+            "/var/lib/runner manager",
+            "/var/lib/rm\nX",
+            "/srv/%n",
+            "/srv/\"x\"",
+        ] {
+            let e = check_unit_safe(Path::new(bad), Path::new("/srv/slots")).unwrap_err();
+            assert!(
+                matches!(e, RootError::UnitUnsafe(Root::Host, ..)),
+                "{bad}: {e}"
+            );
+        }
+        for hidden in ["/tmp/rm", "/var/tmp/rm", "/home/ci/rm", "/root/rm"] {
+            let e = check_unit_safe(Path::new("/var/lib/rm"), Path::new(hidden)).unwrap_err();
+            assert!(
+                matches!(e, RootError::HiddenBySandbox(Root::Slots, ..)),
+                "{hidden}: {e}"
+            );
+        }
     }
 
     #[test]

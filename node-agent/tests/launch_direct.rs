@@ -315,6 +315,7 @@ fn limits_are_in_the_cgroup_before_the_runner_joins_or_the_launch_is_refused() {
     spec.limits = CgroupLimits {
         memory_max: Some(256 << 20),
         cpu_quota_us: Some(50_000),
+        ..CgroupLimits::default()
     };
     let handoff = RestrictiveHandoff::create(&w.runtime, RUNNER, &secret).unwrap();
     match launcher.start(&spec, handoff) {

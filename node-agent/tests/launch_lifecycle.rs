@@ -313,6 +313,7 @@ fn the_systemd_unit_has_exactly_these_properties_and_never_the_jit() {
         limits: CgroupLimits {
             memory_max: Some(8 << 30),
             cpu_quota_us: Some(150_000),
+            ..CgroupLimits::default()
         },
     };
     let handoff = runtime.join("jit-6f1c2a.tmp");
@@ -340,6 +341,31 @@ fn the_systemd_unit_has_exactly_these_properties_and_never_the_jit() {
             ("KillMode", "control-group"),
             ("MemoryMax", "8589934592"),
             ("CPUQuota", "150%"),
+            // The sandbox (issue 13 finding 6; proven against a real systemd in
+            // tests/launch_systemd.rs).
+            ("PrivateTmp", "yes"),
+            ("PrivateDevices", "yes"),
+            ("ProtectSystem", "strict"),
+            ("ProtectHome", "yes"),
+            ("ProtectProc", "invisible"),
+            ("ProtectKernelTunables", "yes"),
+            ("ProtectKernelModules", "yes"),
+            ("ProtectKernelLogs", "yes"),
+            ("ProtectControlGroups", "yes"),
+            ("ProtectClock", "yes"),
+            ("ProtectHostname", "yes"),
+            ("RestrictSUIDSGID", "yes"),
+            ("RestrictRealtime", "yes"),
+            ("LockPersonality", "yes"),
+            ("RemoveIPC", "yes"),
+            (
+                "ReadWritePaths",
+                "/var/lib/runner-manager/runners/0123456789ab"
+            ),
+            (
+                "IPAddressDeny",
+                "169.254.169.254 169.254.170.2 100.100.100.200 fd00:ec2::254"
+            ),
             (
                 "WorkingDirectory",
                 "/var/lib/runner-manager/runners/0123456789ab"

@@ -8,7 +8,13 @@ use std::process::Command;
 
 fn agent(host: &Path, slots: &Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_runner-manager-node-agent"))
-        .args(["--node-name", "preflight-node", "--host-root"])
+        .args([
+            "--node-name",
+            "preflight-node",
+            "--launcher",
+            "direct",
+            "--host-root",
+        ])
         .arg(host)
         .arg("--slots-root")
         .arg(slots)

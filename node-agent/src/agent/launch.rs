@@ -431,7 +431,7 @@ async fn request_and_start(
         }
     };
     let limits = match CgroupLimits::from_resources(snapshot.execution.resources.as_ref()) {
-        Ok(l) => l,
+        Ok(l) => l.with_defaults(agent.runner_defaults),
         Err(e) => {
             say!("{ns}/{name}: resources refused: {e}");
             conclude(

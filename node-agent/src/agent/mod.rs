@@ -40,7 +40,7 @@ use crate::cli::{Cli, LauncherKind};
 use crate::packages::PackageCache;
 use crate::packages::download::{Downloader, RetryPolicy, Timeouts};
 use crate::providers::RunnerLauncher;
-use crate::providers::cgroup::CgroupParent;
+use crate::providers::cgroup::{CgroupParent, DefaultsError, RunnerDefaults};
 use crate::providers::direct::DirectLauncher;
 use crate::providers::systemd::SystemdLauncher;
 use crate::workspace::allocation::AllocationLock;
@@ -70,6 +70,8 @@ pub enum AgentError {
     KubeConfig(String),
     #[error("the launcher could not be set up: {0}")]
     Launcher(String),
+    #[error(transparent)]
+    Defaults(#[from] DefaultsError),
     #[error("the package cache could not be set up: {0}")]
     Packages(String),
     #[error("signal handling: {0:?}")]
@@ -87,6 +89,8 @@ pub struct Agent {
     pub poll: Duration,
     /// Backstop grace after the operator-owned registration and idle deadlines.
     pub deadline_grace: Duration,
+    /// Limits for runners whose policy sets none.
+    pub runner_defaults: RunnerDefaults,
     pub kube: Client,
     pub launcher: Box<dyn RunnerLauncher>,
     pub packages: PackageCache,
@@ -219,6 +223,14 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
     log::init(cli.log_format);
     // Before anything is created under them.
     crate::roots::check_roots(&cli.host_root, &cli.slots_root)?;
+    if cli.launcher == LauncherKind::Systemd {
+        crate::roots::check_unit_safe(&cli.host_root, &cli.slots_root)?;
+    }
+    let runner_defaults = RunnerDefaults::from_flags(
+        &cli.default_runner_memory,
+        cli.runner_tasks_max,
+        cli.capacity,
+    )?;
     prepare_host_root(&cli.host_root)?;
     traversable_by_runners(&cli.host_root, cli.runner_gid)?;
     traversable_by_runners(&cli.slots_root, cli.runner_gid)?;
@@ -250,6 +262,7 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         heartbeat: Duration::from_secs(cli.heartbeat_seconds),
         poll: Duration::from_millis(cli.supervision_millis),
         deadline_grace: Duration::from_secs(cli.deadline_grace_seconds),
+        runner_defaults,
         broker: BrokerClient::new(
             cli.broker_url.clone(),
             cli.broker_token_file.clone(),

@@ -11,6 +11,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use runner_manager_crds::policy::RunnerResources;
 use runner_manager_crds::validate::{parse_cpu_millis, parse_memory_bytes};
 
@@ -55,15 +56,79 @@ pub enum Controller {
     Memory,
     #[error("cpu")]
     Cpu,
+    #[error("pids")]
+    Pids,
 }
 
-/// The limits written into a runner's cgroup, from the snapshot's resources.
+/// The limits written into a runner's cgroup, from the snapshot's resources and, where the
+/// policy sets none, the agent's defaults ([`RunnerDefaults`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CgroupLimits {
     /// `memory.max` in bytes.
     pub memory_max: Option<u64>,
     /// `cpu.max` quota in microseconds per [`CPU_PERIOD_US`].
     pub cpu_quota_us: Option<u64>,
+    /// `pids.max` (systemd's `TasksMax=`): bounds a fork bomb to the runner's own cgroup.
+    pub tasks_max: Option<u64>,
+    /// Controllers whose limit is an agent default rather than the policy's: applied where the
+    /// hierarchy has the controller and skipped where it does not (a policy's own limit is
+    /// refused there instead, never silently dropped).
+    pub best_effort: Vec<Controller>,
+}
+
+/// What a runner gets when its policy sets no limit (agent flags `--default-runner-memory`,
+/// `--runner-tasks-max`). CPU has no default cap: an idle node's cores are better used than
+/// left idle, and under contention the kernel already shares CPU between the runners' cgroups
+/// equally (systemd gives each unit the same `CPUWeight=`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunnerDefaults {
+    /// Bytes; `None`: no default.
+    pub memory_max: Option<u64>,
+    /// Tasks (processes and threads); `None`: no default.
+    pub tasks_max: Option<u64>,
+}
+
+/// Why `--default-runner-memory` was refused.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DefaultsError {
+    #[error(
+        "--default-runner-memory {0:?} is not a memory quantity of at least 64Mi (e.g. 4Gi), `auto` or `none`"
+    )]
+    Memory(String),
+    #[error("--default-runner-memory auto: the node's memory could not be read from /proc/meminfo")]
+    NodeMemory,
+}
+
+impl RunnerDefaults {
+    /// From the agent's flags; `auto` reads the node's memory.
+    pub fn from_flags(memory: &str, tasks_max: u64, capacity: u32) -> Result<Self, DefaultsError> {
+        let memory_max = match memory.trim() {
+            "none" => None,
+            "auto" => {
+                let meminfo = std::fs::read_to_string("/proc/meminfo")
+                    .map_err(|_| DefaultsError::NodeMemory)?;
+                Some(Self::fair_memory_share(
+                    node_memory_bytes(&meminfo).ok_or(DefaultsError::NodeMemory)?,
+                    capacity,
+                ))
+            }
+            q => Some(
+                parse_memory_bytes(&Quantity(q.to_owned()))
+                    .filter(|b| *b >= 64 << 20)
+                    .ok_or_else(|| DefaultsError::Memory(q.to_owned()))?,
+            ),
+        };
+        Ok(Self {
+            memory_max,
+            tasks_max: (tasks_max > 0).then_some(tasks_max),
+        })
+    }
+
+    /// The node's memory shared equally by `capacity` runners: what one runner may use before
+    /// it starts taking another's share.
+    pub fn fair_memory_share(node_memory_bytes: u64, capacity: u32) -> u64 {
+        node_memory_bytes / u64::from(capacity.max(1))
+    }
 }
 
 impl CgroupLimits {
@@ -71,6 +136,7 @@ impl CgroupLimits {
         let Some(r) = r else {
             return Ok(Self::default());
         };
+        // `tasks_max` and `best_effort` come from the agent's defaults, not the policy.
         let memory_max = r
             .memory
             .as_ref()
@@ -89,7 +155,25 @@ impl CgroupLimits {
         Ok(Self {
             memory_max,
             cpu_quota_us,
+            ..Self::default()
         })
+    }
+
+    /// Fills in the agent's defaults for what the policy left unset, marking them best effort.
+    pub fn with_defaults(mut self, defaults: RunnerDefaults) -> Self {
+        if self.memory_max.is_none()
+            && let Some(m) = defaults.memory_max
+        {
+            self.memory_max = Some(m);
+            self.best_effort.push(Controller::Memory);
+        }
+        if self.tasks_max.is_none()
+            && let Some(t) = defaults.tasks_max
+        {
+            self.tasks_max = Some(t);
+            self.best_effort.push(Controller::Pids);
+        }
+        self
     }
 
     /// `cpu.max`'s content.
@@ -110,8 +194,19 @@ impl CgroupLimits {
         if self.cpu_quota_us.is_some() {
             c.push(Controller::Cpu);
         }
+        if self.tasks_max.is_some() {
+            c.push(Controller::Pids);
+        }
         c
     }
+}
+
+/// `MemTotal` of a `/proc/meminfo` text, in bytes.
+pub fn node_memory_bytes(meminfo: &str) -> Option<u64> {
+    meminfo.lines().find_map(|l| {
+        let kib = l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?;
+        kib.trim().parse::<u64>().ok().map(|k| k * 1024)
+    })
 }
 
 /// Finds the cgroup v2 mount point in a mountinfo text.
@@ -200,7 +295,19 @@ impl CgroupParent {
         if !is_attempt_name(name) {
             return Err(CgroupError::NotOurs);
         }
-        self.enable_controllers(&limits.controllers())?;
+        let (required, optional): (Vec<Controller>, Vec<Controller>) = limits
+            .controllers()
+            .into_iter()
+            .partition(|c| !limits.best_effort.contains(c));
+        self.enable_controllers(&required)?;
+        let mut skipped = Vec::new();
+        for c in optional {
+            match self.enable_controllers(&[c]) {
+                Ok(()) => {}
+                Err(CgroupError::ControllerUnavailable(c)) => skipped.push(c),
+                Err(e) => return Err(e),
+            }
+        }
         let dir = self.path().join(name);
         std::fs::create_dir(&dir).map_err(|e| {
             if e.kind() == io::ErrorKind::AlreadyExists {
@@ -210,7 +317,10 @@ impl CgroupParent {
             }
         })?;
         let written = (|| {
-            if let Some(m) = limits.memory_max {
+            if let Some(m) = limits
+                .memory_max
+                .filter(|_| !skipped.contains(&Controller::Memory))
+            {
                 write_file(
                     &dir.join("memory.max"),
                     &m.to_string(),
@@ -219,6 +329,12 @@ impl CgroupParent {
             }
             if let Some(c) = limits.cpu_max() {
                 write_file(&dir.join("cpu.max"), &c, "writing cpu.max")?;
+            }
+            if let Some(t) = limits
+                .tasks_max
+                .filter(|_| !skipped.contains(&Controller::Pids))
+            {
+                write_file(&dir.join("pids.max"), &t.to_string(), "writing pids.max")?;
             }
             Ok(())
         })();
@@ -338,6 +454,53 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     use super::*;
+
+    #[test]
+    fn agent_defaults_fill_only_what_the_policy_left_unset_and_are_best_effort() {
+        let defaults = RunnerDefaults {
+            memory_max: Some(2 << 30),
+            tasks_max: Some(4096),
+        };
+        let unset = CgroupLimits::default().with_defaults(defaults);
+        assert_eq!(unset.memory_max, Some(2 << 30));
+        assert_eq!(unset.tasks_max, Some(4096));
+        assert_eq!(unset.best_effort, [Controller::Memory, Controller::Pids]);
+        let policy = CgroupLimits {
+            memory_max: Some(1 << 30),
+            ..CgroupLimits::default()
+        }
+        .with_defaults(defaults);
+        assert_eq!(
+            policy.memory_max,
+            Some(1 << 30),
+            "the policy's own limit wins"
+        );
+        assert_eq!(
+            policy.best_effort,
+            [Controller::Pids],
+            "and is never best effort"
+        );
+    }
+
+    #[test]
+    fn default_flags_parse_or_name_the_flag() {
+        let d = RunnerDefaults::from_flags("4Gi", 100, 4).unwrap();
+        assert_eq!(d.memory_max, Some(4 << 30));
+        assert_eq!(d.tasks_max, Some(100));
+        let none = RunnerDefaults::from_flags("none", 0, 4).unwrap();
+        assert_eq!(none, RunnerDefaults::default());
+        let auto = RunnerDefaults::from_flags("auto", 1, 4).unwrap();
+        assert!(auto.memory_max.is_some_and(|m| m > 0));
+        for bad in ["lots", "1Ki", "-1Gi"] {
+            let e = RunnerDefaults::from_flags(bad, 1, 4).unwrap_err();
+            assert!(e.to_string().contains("--default-runner-memory"), "{e}");
+        }
+        assert_eq!(
+            node_memory_bytes("MemTotal:       24576000 kB\nMemFree: 1 kB\n"),
+            Some(24_576_000 * 1024)
+        );
+        assert_eq!(RunnerDefaults::fair_memory_share(8 << 30, 4), 2 << 30);
+    }
 
     #[test]
     fn the_v2_mount_is_found_on_unified_and_hybrid_hosts() {

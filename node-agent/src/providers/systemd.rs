@@ -34,6 +34,43 @@ use crate::process::{Inspection, identity_file, inspect};
 /// The slice every runner unit goes into.
 pub const SLICE: &str = "runner-manager.slice";
 
+/// The sandbox every runner unit gets, each line what it takes from a job (systemd.exec(5)).
+pub const SANDBOX: [(&str, &str); 15] = [
+    // Its own /tmp and /var/tmp, removed with the unit.
+    ("PrivateTmp", "yes"),
+    // A /dev with only the pseudo devices: no disks, no /dev/kvm, no /dev/fuse.
+    ("PrivateDevices", "yes"),
+    // The whole file system read-only, /dev, /proc and /sys API mounts aside; the runtime is
+    // made writable again by ReadWritePaths.
+    ("ProtectSystem", "strict"),
+    // /home, /root and /run/user unreachable (the roots preflight keeps runtimes out of them).
+    ("ProtectHome", "yes"),
+    // Other accounts' processes absent from /proc (the agent's, other runners').
+    ("ProtectProc", "invisible"),
+    ("ProtectKernelTunables", "yes"),
+    ("ProtectKernelModules", "yes"),
+    ("ProtectKernelLogs", "yes"),
+    ("ProtectControlGroups", "yes"),
+    ("ProtectClock", "yes"),
+    ("ProtectHostname", "yes"),
+    // No setuid/setgid files made, no realtime scheduling, no personality changes.
+    ("RestrictSUIDSGID", "yes"),
+    ("RestrictRealtime", "yes"),
+    ("LockPersonality", "yes"),
+    // The account's System V and POSIX IPC objects (and its /dev/shm files) removed at stop.
+    ("RemoveIPC", "yes"),
+];
+
+/// Cloud instance metadata services (instance credentials): AWS, GCP, Azure, Oracle and
+/// OpenStack at 169.254.169.254, AWS ECS task metadata, Alibaba Cloud, AWS's IPv6 endpoint.
+/// Exact addresses, not 169.254.0.0/16: link-local also carries node-local DNS caches.
+pub const METADATA_ADDRESSES: [&str; 4] = [
+    "169.254.169.254",
+    "169.254.170.2",
+    "100.100.100.200",
+    "fd00:ec2::254",
+];
+
 /// A runner's unit name.
 pub fn unit_name(attempt: &uuid::Uuid) -> String {
     format!("{}.service", attempt_cgroup_name(attempt))
@@ -96,6 +133,22 @@ pub fn unit_properties(
     if let Some(c) = spec.limits.cpu_quota_percent() {
         set("CPUQuota", format!("{c}%"));
     }
+    if let Some(t) = spec.limits.tasks_max {
+        set("TasksMax", t.to_string());
+    }
+    // The sandbox (docs/security.md, "Runners on a shared host"): a job sees the host read-only
+    // but for its own runtime, its own /tmp and /var/tmp, no devices, no other account's
+    // processes, no kernel knobs, and cannot reach the cloud's metadata service (instance
+    // credentials). What it leaves outside its runtime dies with the unit: the private /tmp and
+    // /var/tmp with it, and RemoveIPC takes the account's IPC objects and /dev/shm files, so a
+    // later runner under the same account (another tenant's, for ephemeral runners) inherits
+    // nothing. The runtime is the only path in a value, and the roots preflight allows only
+    // characters that need no quoting in a unit (`roots::check_unit_safe`).
+    for (k, v) in SANDBOX {
+        set(k, (*v).to_owned());
+    }
+    set("ReadWritePaths", spec.runtime.display().to_string());
+    set("IPAddressDeny", METADATA_ADDRESSES.join(" "));
     set("WorkingDirectory", spec.runtime.display().to_string());
     set("StandardInput", "null".to_owned());
     set("StandardOutput", "null".to_owned());

@@ -1,0 +1,203 @@
+//! The systemd launcher against a real systemd (issue 13 finding 6): a runner unit with the
+//! agent's sandbox, whose stand-in listener performs what a hostile job would try — write the
+//! host's file system, read /home, see other processes, reach a disk, make a setuid file, reach
+//! the cloud's metadata service, fork without bound, leave files in /tmp and /dev/shm for the
+//! next tenant of its account — and records what happened.
+//!
+//! Runs only inside the private systemd's namespaces (`e2e/systemd/start.sh`, then
+//! `nsexec env RM_SYSTEMD_TESTS=1 cargo test -p runner-manager-node-agent --test
+//! launch_systemd`, as `e2e/run-tests.sh` does) with the runner accounts of
+//! `e2e/setup-runner-accounts.sh`; elsewhere each test prints why it skipped.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod launch_support;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use launch_support::{ENTRY_HELPER, jit};
+use runner_manager_node_agent::account::RunnerAccount;
+use runner_manager_node_agent::handoff::RestrictiveHandoff;
+use runner_manager_node_agent::providers::cgroup::{CgroupLimits, RunnerDefaults};
+use runner_manager_node_agent::providers::systemd::SystemdLauncher;
+use runner_manager_node_agent::providers::{LaunchSpec, RunnerLauncher};
+
+/// `rm-runner1` of `e2e/setup-runner-accounts.sh`: systemd resolves `User=` through NSS.
+const RUNNER: RunnerAccount = RunnerAccount {
+    uid: 20001,
+    gid: 20000,
+};
+
+/// What the probe tries; one `name=yes|no` line each, then `done`.
+const PROBE: &str = r#"#!/bin/bash
+r="$PWD/probe"; : > "$r.tmp"
+say() { echo "$1=$2" >> "$r.tmp"; }
+try() { if eval "$2" >/dev/null 2>&1; then say "$1" yes; else say "$1" no; fi; }
+try write_usr 'touch /usr/rm-probe-$PROBE_ID'
+try write_owned_outside 'touch "$PROBE_OUTSIDE/x"'
+try write_runtime 'touch "$PWD/written"'
+try read_home_marker 'cat /home/rm-probe-$PROBE_ID'
+try see_pid1 'test -e /proc/1/status'
+try see_disk 'test -b /dev/vda || test -b /dev/sda || test -b /dev/nvme0n1'
+try make_setuid 'touch "$PWD/s" && chmod 4755 "$PWD/s" && test -u "$PWD/s"'
+try write_tmp 'echo left > /tmp/rm-probe-$PROBE_ID'
+try write_shm 'echo left > /dev/shm/rm-probe-$PROBE_ID'
+# The IP firewall drops what goes to a metadata address (a TCP connect then never completes);
+# the control is a listener of the test's on loopback.
+try metadata_reachable 'timeout 3 bash -c "exec 3<>/dev/tcp/169.254.169.254/80"'
+try loopback_reachable 'timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/$PROBE_PORT"'
+# A fork bomb in miniature: perl's fork fails at once where bash's would retry for seconds.
+say tasks_started "$(perl -e 'my @k; for (1..80) { my $p = fork(); last unless defined $p; if (!$p) { sleep 60; exit 0 } push @k, $p } print scalar(@k); kill 9, @k; waitpid($_, 0) for @k')"
+echo done >> "$r.tmp"; mv "$r.tmp" "$r"
+exec sleep 1000
+"#;
+
+fn inside_systemd(test: &str) -> bool {
+    let here =
+        std::env::var_os("RM_SYSTEMD_TESTS").is_some() && Path::new("/run/systemd/system").exists();
+    if !here {
+        println!(
+            "{test}: skipped (not inside e2e/systemd's namespaces; e2e/run-tests.sh runs it there)"
+        );
+    }
+    here
+}
+
+/// A host root outside /tmp (the unit's /tmp is private) with one runtime owned by the runner.
+struct Host {
+    root: PathBuf,
+    runtime: PathBuf,
+    /// A directory of the runner's own account beside its runtime: writable but for the
+    /// sandbox (`ProtectSystem=strict`).
+    outside: PathBuf,
+    id: String,
+}
+
+impl Host {
+    fn new() -> Self {
+        let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+        let root = PathBuf::from(format!("/var/lib/runner-manager-systemd-test-{id}"));
+        let runtime = root.join("runners").join(&id);
+        std::fs::create_dir_all(runtime.join("bin")).unwrap();
+        for d in [&root, &root.join("runners")] {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let listener = runtime.join("bin/Runner.Listener");
+        std::fs::write(&listener, PROBE).unwrap();
+        std::fs::set_permissions(&listener, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::chown(&runtime, Some(RUNNER.uid), Some(RUNNER.gid)).unwrap();
+        std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let outside = root.join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::os::unix::fs::chown(&outside, Some(RUNNER.uid), Some(RUNNER.gid)).unwrap();
+        // Readable by anyone, were /home visible.
+        std::fs::write(format!("/home/rm-probe-{id}"), b"operator data").unwrap();
+        Self {
+            root,
+            runtime,
+            outside,
+            id,
+        }
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+        let _ = std::fs::remove_file(format!("/home/rm-probe-{}", self.id));
+        let _ = std::fs::remove_file(format!("/usr/rm-probe-{}", self.id));
+        let _ = std::fs::remove_file(format!("/tmp/rm-probe-{}", self.id));
+        let _ = std::fs::remove_file(format!("/dev/shm/rm-probe-{}", self.id));
+    }
+}
+
+fn wait_for(path: &Path, within: Duration) -> String {
+    let until = Instant::now() + within;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            return text;
+        }
+        assert!(Instant::now() < until, "{path:?} never appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_runner_unit_is_sandboxed_and_leaves_nothing_for_the_next_tenant() {
+    if !inside_systemd("a_runner_unit_is_sandboxed") {
+        return;
+    }
+    let host = Host::new();
+    let launcher = SystemdLauncher::new(PathBuf::from(ENTRY_HELPER));
+    let mut environment = BTreeMap::new();
+    environment.insert("PROBE_ID".to_owned(), host.id.clone());
+    environment.insert(
+        "PROBE_OUTSIDE".to_owned(),
+        host.outside.display().to_string(),
+    );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    environment.insert(
+        "PROBE_PORT".to_owned(),
+        listener.local_addr().unwrap().port().to_string(),
+    );
+    // Whether this host has a metadata service at all: where it has, the unit must not reach it
+    // although the host does (the attack, and the proof the defence is what stops it).
+    let host_reaches_metadata = std::net::TcpStream::connect_timeout(
+        &"169.254.169.254:80".parse().unwrap(),
+        Duration::from_secs(3),
+    )
+    .is_ok();
+    println!("the host reaches 169.254.169.254:80: {host_reaches_metadata}");
+    environment.insert(
+        "PATH".to_owned(),
+        "/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
+    );
+    let defaults = RunnerDefaults {
+        memory_max: Some(512 << 20),
+        tasks_max: Some(32),
+    };
+    let spec = LaunchSpec {
+        attempt: uuid::Uuid::new_v4(),
+        runtime: &host.runtime,
+        account: RUNNER,
+        environment,
+        limits: CgroupLimits::default().with_defaults(defaults),
+    };
+    let (secret, _) = jit();
+    let handoff = RestrictiveHandoff::create(&host.runtime, RUNNER, &secret).unwrap();
+    let identity = launcher.start(&spec, handoff).unwrap();
+    let report = wait_for(&host.runtime.join("probe"), Duration::from_secs(60));
+    println!("probe:\n{report}");
+    let said: BTreeMap<&str, &str> = report.lines().filter_map(|l| l.split_once('=')).collect();
+    let expect = [
+        ("write_usr", "no"),
+        ("write_owned_outside", "no"),
+        ("write_runtime", "yes"),
+        ("read_home_marker", "no"),
+        ("see_pid1", "no"),
+        ("see_disk", "no"),
+        ("make_setuid", "no"),
+        ("write_tmp", "yes"),
+        ("write_shm", "yes"),
+        ("metadata_reachable", "no"),
+        ("loopback_reachable", "yes"),
+    ];
+    for (what, want) in expect {
+        assert_eq!(said.get(what).copied(), Some(want), "{what}: {report}");
+    }
+    let tasks: u32 = said["tasks_started"].trim().parse().unwrap();
+    assert!(tasks < 32, "TasksMax=32 let {tasks} sleeps start");
+    assert!(!Path::new(&format!("/usr/rm-probe-{}", host.id)).exists());
+    assert!(!host.outside.join("x").exists());
+    // The unit's /tmp is its own: nothing reached the host's.
+    assert!(!Path::new(&format!("/tmp/rm-probe-{}", host.id)).exists());
+    let shm = PathBuf::from(format!("/dev/shm/rm-probe-{}", host.id));
+    assert!(shm.exists(), "/dev/shm is shared while the unit runs");
+
+    launcher.stop(&identity).unwrap();
+    // RemoveIPC: the account's /dev/shm files go with the unit, so the next runner under this
+    // account (another tenant's, for an ephemeral runner) finds nothing of this one.
+    assert!(!shm.exists(), "RemoveIPC left {shm:?}");
+}
