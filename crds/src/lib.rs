@@ -8,6 +8,7 @@ pub mod attempt;
 pub mod broker;
 pub mod conditions;
 pub mod duration;
+pub mod hosts;
 pub mod lease;
 pub mod names;
 pub mod outcome;

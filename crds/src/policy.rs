@@ -71,7 +71,9 @@ pub struct ScalePolicySpec {
     #[schemars(range(min = 1, max = 1000))]
     pub max_runners: u32,
     /// Node labels (`key: value`) a node must carry to host this policy's runners; every node
-    /// with a node agent when empty.
+    /// with a node agent when empty. Keys must have the `node-restriction.kubernetes.io/`
+    /// prefix, which a kubelet cannot set on its own Node (the NodeRestriction admission plugin):
+    /// a compromised node cannot label itself into another team's pool.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
     /// Where a runner's `_work` lives.
@@ -394,4 +396,7 @@ pub enum PolicyReason {
     TargetClaimedElsewhere,
     /// No other namespace names this target.
     NoConflict,
+    /// The policy's GitHub host is not on the operator's `--github-hosts`, or the runner package
+    /// it resolves to is on a host (or scheme) the admin did not allow.
+    HostNotAllowed,
 }

@@ -28,6 +28,10 @@ impl fmt::Display for Problem {
     }
 }
 
+/// The label prefix a kubelet may not set on its own Node (NodeRestriction admission): the only
+/// keys a policy's `nodeSelector` may route by.
+pub const RESTRICTED_NODE_LABEL_PREFIX: &str = "node-restriction.kubernetes.io/";
+
 /// Labels the cluster reserves: the ownership label (`rm-<12 hex>`) is added by the broker.
 const RESERVED_LABEL_PREFIX: &str = "rm-";
 
@@ -86,6 +90,14 @@ pub fn validate_policy(spec: &ScalePolicySpec) -> Vec<Problem> {
     }
 
     for (key, value) in &spec.node_selector {
+        if is_label_key(key) && !key.starts_with(RESTRICTED_NODE_LABEL_PREFIX) {
+            problem(
+                &format!("spec.nodeSelector.{key}"),
+                format!(
+                    "routes runners by a label a node can set on itself; use a key with the {RESTRICTED_NODE_LABEL_PREFIX} prefix (e.g. {RESTRICTED_NODE_LABEL_PREFIX}runner-pool: ci), which only an admin can put on a Node"
+                ),
+            );
+        }
         if !is_label_key(key) {
             problem(
                 "spec.nodeSelector",

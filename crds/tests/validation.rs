@@ -147,6 +147,34 @@ fn every_problem_is_reported_at_once() {
 }
 
 #[test]
+fn pool_labels_must_be_ones_a_kubelet_cannot_set_on_itself() {
+    let mut spec = valid();
+    spec.node_selector.insert(
+        "node-restriction.kubernetes.io/runner-pool".into(),
+        "ci".into(),
+    );
+    assert!(
+        validate_policy(&spec).is_empty(),
+        "{:?}",
+        validate_policy(&spec)
+    );
+    for key in ["runner-manager.dev/pool", "pool", "kubernetes.io/arch"] {
+        let mut spec = valid();
+        spec.node_selector.insert(key.into(), "ci".into());
+        let problems = validate_policy(&spec);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].field, format!("spec.nodeSelector.{key}"));
+        assert!(
+            problems[0]
+                .message
+                .contains("node-restriction.kubernetes.io/"),
+            "the fix is named: {}",
+            problems[0].message
+        );
+    }
+}
+
+#[test]
 fn runner_env_names_the_line_never_the_value() {
     let ok = parse_runner_env("# comment\n\nFOO=bar\nEMPTY=\nPATHY=/a=b\n").unwrap();
     assert_eq!(ok.get("PATHY").map(String::as_str), Some("/a=b"));

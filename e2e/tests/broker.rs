@@ -151,11 +151,13 @@ async fn world(test: &str, replicas: usize) -> Option<World> {
             &kube,
             &system,
             tls::serving_names(&system, "runner-manager-broker"),
+            tls::DEFAULT_LIFETIME,
         )
         .await
         .unwrap();
-        let cert = first_cert.get_or_insert_with(|| stored.cert_pem.clone());
-        assert_eq!(&stored.cert_pem, cert, "one certificate for every replica");
+        // Each replica serves its own short-lived certificate, all from one kept CA.
+        let ca = first_cert.get_or_insert_with(|| stored.ca_pem.clone());
+        assert_eq!(&stored.ca_pem, ca, "one CA for every replica");
         let broker = Arc::new(Broker {
             kube: kube.clone(),
             agents: AgentIdentity::new(
@@ -173,6 +175,7 @@ async fn world(test: &str, replicas: usize) -> Option<World> {
                         base: Duration::from_millis(20),
                         max_wait: Duration::from_secs(5),
                     },
+                    http_hosts: runner_manager_e2e::harness::github::loopback_hosts(),
                     ..GitHubConfig::default()
                 },
             ),

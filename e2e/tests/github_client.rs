@@ -416,6 +416,7 @@ async fn an_enterprise_server_target_uses_its_api_v3_base() {
     let config = runner_manager_operator::github::GitHubConfig {
         api_base: Some(format!("{}/api/v3", fake.base_url())),
         record: true,
+        http_hosts: runner_manager_e2e::harness::github::loopback_hosts(),
         ..Default::default()
     };
     let gh = GitHubClient::new(target, pat(), config).unwrap();
@@ -507,6 +508,7 @@ async fn policies_of_one_secret_share_a_token_and_one_target_shares_one_listing(
     let config = runner_manager_operator::github::GitHubConfig {
         api_base: Some(fake.base_url().to_owned()),
         timeout: Duration::from_secs(10),
+        http_hosts: runner_manager_e2e::harness::github::loopback_hosts(),
         ..Default::default()
     };
     let clients = Clients::new(kube, config);

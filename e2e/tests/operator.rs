@@ -67,6 +67,10 @@ impl Operator {
     }
 }
 
+/// The node label this test's pool is routed by: one a kubelet cannot set on itself (policies
+/// may route only by such labels).
+const POOL_LABEL: &str = "node-restriction.kubernetes.io/runner-pool";
+
 struct World {
     kube: Client,
     system: String,
@@ -212,7 +216,7 @@ impl World {
             &self.kube,
             &self.system,
             &name,
-            [("pool".to_owned(), self.pool.clone())].into(),
+            [(POOL_LABEL.to_owned(), self.pool.clone())].into(),
             &self.dir.path().join(&name),
         )
         .await
@@ -264,7 +268,7 @@ impl World {
             "github": {"url": format!("https://github.com/{ORG}/web"), "credentialsSecretRef": {"name": "github"}},
             "labels": ["self-hosted", "linux"],
             "maxRunners": 4,
-            "nodeSelector": {"pool": self.pool},
+            "nodeSelector": {POOL_LABEL: self.pool},
         });
         merge(&mut base, spec);
         let p: ScalePolicy = serde_json::from_value(json!({

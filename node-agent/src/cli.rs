@@ -109,12 +109,32 @@ pub struct Cli {
     /// 0 for no limit.
     #[arg(long, env = "RM_RUNNER_TASKS_MAX", default_value_t = 4096)]
     pub runner_tasks_max: u64,
+    /// The most bytes one runner package download may have; a longer one is refused while it
+    /// streams (PackageRefused, PackageCapExceeded).
+    #[arg(long, env = "RM_PACKAGE_MAX_DOWNLOAD_BYTES", default_value_t = crate::packages::download::DEFAULT_MAX_DOWNLOAD_BYTES, value_parser = clap::value_parser!(u64).range(1..))]
+    pub package_max_download_bytes: u64,
+    /// Hosts a package may be downloaded from over plain http (`host` or `host:port`,
+    /// comma-separated); every other URL and redirect must be https. Empty in production.
+    #[arg(long, env = "RM_ALLOW_HTTP_HOSTS", default_value = "", value_parser = host_list)]
+    pub allow_http_hosts: runner_manager_crds::hosts::HostList,
     /// Log format.
     #[arg(long, env = "RM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 }
 
+fn host_list(s: &str) -> Result<runner_manager_crds::hosts::HostList, String> {
+    runner_manager_crds::hosts::HostList::parse(s).map_err(|e| e.to_string())
+}
+
 impl Cli {
+    /// The download limits the flags set.
+    pub fn download_limits(&self) -> crate::packages::download::DownloadLimits {
+        crate::packages::download::DownloadLimits {
+            max_bytes: self.package_max_download_bytes,
+            http_hosts: self.allow_http_hosts.clone(),
+        }
+    }
+
     /// The package extraction caps the flags set.
     pub fn extract_limits(&self) -> ExtractLimits {
         ExtractLimits {

@@ -15,7 +15,7 @@ use runner_manager_node_agent::packages::cache::PruneReport;
 use runner_manager_node_agent::packages::contents::RetainedWork;
 use runner_manager_node_agent::packages::copy::CopyError;
 use runner_manager_node_agent::packages::download::{
-    DownloadError, Downloader, RetryPolicy, Timeouts,
+    DownloadError, DownloadLimits, Downloader, RetryPolicy, Timeouts,
 };
 use runner_manager_node_agent::packages::extract::{ExtractCap, ExtractError, ExtractLimits};
 use runner_manager_node_agent::packages::{PackageCache, PackageError, PackageRef, RuntimeKind};
@@ -197,7 +197,16 @@ struct Host {
 impl Host {
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let downloader = Downloader::new(TEST_RETRY, Timeouts::PRODUCTION).unwrap();
+        // The test servers are plain http on loopback.
+        let downloader = Downloader::with_limits(
+            TEST_RETRY,
+            Timeouts::PRODUCTION,
+            DownloadLimits {
+                http_hosts: runner_manager_crds::hosts::HostList::parse("127.0.0.1").unwrap(),
+                ..DownloadLimits::default()
+            },
+        )
+        .unwrap();
         let cache = PackageCache::new(dir.path().join("packages"), downloader).unwrap();
         Self { dir, cache }
     }

@@ -132,9 +132,70 @@ pub struct Cli {
     /// Cap of the replacement backoff.
     #[arg(long, env = "RM_REPLACEMENT_BACKOFF_MAX", default_value = "5m", value_parser = duration)]
     pub replacement_backoff_max: Duration,
+    /// The GitHub hosts a policy's `spec.github.url` may name (`host` or `host:port`,
+    /// comma-separated). A policy naming another host is not Ready (HostNotAllowed): a tenant's
+    /// host would choose both the runner package's URL and its sha256. Chart value
+    /// `operator.githubHosts`.
+    #[arg(long, env = "RM_GITHUB_HOSTS", default_value = "github.com", value_parser = host_list)]
+    pub github_hosts: runner_manager_crds::hosts::HostList,
+    /// Hosts, besides the policy's own GitHub host and the mirror's, that a runner package URL
+    /// from GitHub's downloads listing may name (an Enterprise Server usually lists packages on
+    /// another host). Chart value `operator.downloadHosts`.
+    #[arg(long, env = "RM_DOWNLOAD_HOSTS", default_value = "", value_parser = host_list)]
+    pub download_hosts: runner_manager_crds::hosts::HostList,
+    /// Hosts that may be spoken to over plain http (the GitHub API base, package URLs); every
+    /// other URL must be https. Empty in production. Chart value `operator.allowHttpHosts`.
+    #[arg(long, env = "RM_ALLOW_HTTP_HOSTS", default_value = "", value_parser = host_list)]
+    pub allow_http_hosts: runner_manager_crds::hosts::HostList,
+    /// The most bytes of one GitHub response body the operator reads; a longer one is refused
+    /// while it streams.
+    #[arg(long, env = "RM_GITHUB_MAX_RESPONSE_BYTES", default_value_t = 8 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1024..))]
+    pub github_max_response_bytes: u64,
+    /// The most runners any one node hosts, whatever its agent advertises (the operator places
+    /// by the smaller of the two). Unset: the agents' adverts. Chart value
+    /// `operator.maxRunnersPerNode`.
+    #[arg(long, env = "RM_MAX_RUNNERS_PER_NODE", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_runners_per_node: Option<u32>,
+    /// Lifetime of the broker's serving certificate (issued from the kept CA, at most 2160h =
+    /// 90 days); it is re-issued at two thirds of it and swapped in without dropping a
+    /// connection.
+    #[arg(long, env = "RM_BROKER_CERT_LIFETIME", default_value = "720h", value_parser = cert_lifetime)]
+    pub broker_cert_lifetime: Duration,
+    /// The most bytes of a webhook delivery read before its signature is checked (GitHub's
+    /// workflow_job deliveries are ~8-14 KiB; one with hundreds of steps is larger).
+    #[arg(long, env = "RM_WEBHOOK_MAX_BODY_BYTES", default_value_t = 64 * 1024, value_parser = clap::value_parser!(u64).range(1024..=26_214_400))]
+    pub webhook_max_body_bytes: u64,
+    /// Both listeners (webhook, broker): how long a client may take to send a request's headers
+    /// (and the TLS handshake), and to send its body.
+    #[arg(long, env = "RM_LISTENER_HEADER_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub listener_header_timeout: Duration,
+    /// Both listeners: a connection with no byte in either direction for this long is closed.
+    #[arg(long, env = "RM_LISTENER_IDLE_TIMEOUT", default_value = "90s", value_parser = duration)]
+    pub listener_idle_timeout: Duration,
+    /// Both listeners: open connections each accepts at once; more wait in the kernel's backlog.
+    #[arg(long, env = "RM_LISTENER_MAX_CONNECTIONS", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub listener_max_connections: u32,
     /// Log format.
     #[arg(long, env = "RM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+fn host_list(s: &str) -> Result<runner_manager_crds::hosts::HostList, String> {
+    runner_manager_crds::hosts::HostList::parse(s).map_err(|e| e.to_string())
+}
+
+/// The most a broker certificate may live.
+pub const MAX_CERT_LIFETIME: Duration = Duration::from_secs(90 * 24 * 3600);
+
+fn cert_lifetime(s: &str) -> Result<Duration, String> {
+    let d = duration(s)?;
+    if d > MAX_CERT_LIFETIME {
+        return Err("at most 2160h (90 days)".to_owned());
+    }
+    if d < Duration::from_secs(10) {
+        return Err("at least 10s".to_owned());
+    }
+    Ok(d)
 }
 
 fn owner_bindings(s: &str) -> Result<crate::policy::tenancy::OwnerBindings, String> {

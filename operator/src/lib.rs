@@ -7,6 +7,7 @@ pub mod cli;
 pub mod controller;
 pub mod crd_apply;
 pub mod github;
+pub mod listen;
 pub mod metrics;
 pub mod policy;
 pub mod run;

@@ -43,6 +43,8 @@ pub enum RunError {
     Bind(std::net::SocketAddr, std::io::Error),
     #[error(transparent)]
     Leadership(#[from] LeaderError),
+    #[error("{0}: the URL {1}")]
+    Url(&'static str, runner_manager_crds::hosts::UrlRefused),
 }
 
 /// Select aws-lc-rs as the TLS crypto provider (the one the workspace compiles).
@@ -53,6 +55,13 @@ pub fn install_crypto_provider() {
 /// Run until SIGTERM or SIGINT.
 pub async fn run(cli: Cli) -> Result<(), RunError> {
     install_crypto_provider();
+    check_admin_urls(&cli)?;
+    crate::listen::Limits::configure(crate::listen::Limits {
+        header_timeout: cli.listener_header_timeout,
+        idle_timeout: cli.listener_idle_timeout,
+        max_connections: usize::try_from(cli.listener_max_connections).unwrap_or(512),
+        ..crate::listen::Limits::default()
+    });
     let config = kube::Config::infer()
         .await
         .map_err(|e| RunError::Config(e.to_string()))?;
@@ -72,12 +81,18 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
         &kube,
         &cli.namespace,
         tls::serving_names(&cli.namespace, &cli.broker_service),
+        cli.broker_cert_lifetime,
     )
     .await?;
+    // Each replica issues its own serving certificate from the kept CA and the next one at two
+    // thirds of its lifetime.
+    let rotation = certificate.spawn_rotation();
     let metrics = Metrics::new();
     let github_config = GitHubConfig {
         api_base: cli.github_api_url.clone(),
         metrics: Some(metrics.clone()),
+        max_response_bytes: cli.github_max_response_bytes,
+        http_hosts: cli.allow_http_hosts.clone(),
         ..GitHubConfig::default()
     };
     let broker = Arc::new(server::Broker {
@@ -139,6 +154,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
             hook_secrets: Default::default(),
         }),
         metrics.clone(),
+        usize::try_from(cli.webhook_max_body_bytes).unwrap_or(webhook::DEFAULT_BODY_LIMIT),
     ));
     tracing::info!(
         broker = %broker_addr,
@@ -207,6 +223,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
         Err(e) => tracing::error!(error = %e, "stopping at once"),
     }
     broker_task.abort();
+    rotation.abort();
     health_task.abort();
     webhook_task.abort();
     result
@@ -228,7 +245,33 @@ fn settings(cli: &Cli, ownership_label: String) -> Settings {
         replacement_backoff: cli.replacement_backoff,
         replacement_backoff_max: cli.replacement_backoff_max,
         owner_bindings: cli.owner_namespaces.clone(),
+        hosts: host_policy(cli),
+        max_runners_per_node: cli.max_runners_per_node,
     }
+}
+
+fn host_policy(cli: &Cli) -> crate::controller::resolve::HostPolicy {
+    crate::controller::resolve::HostPolicy {
+        github_hosts: cli.github_hosts.clone(),
+        download_hosts: cli.download_hosts.clone(),
+        http_hosts: cli.allow_http_hosts.clone(),
+        mirror: cli.runner_mirror_url.clone(),
+    }
+}
+
+/// The admin's own URLs obey the same scheme rule as the tenants': https, or http to a host on
+/// `--allow-http-hosts`. Checked at start so a mistake stops the process with the flag's name.
+fn check_admin_urls(cli: &Cli) -> Result<(), RunError> {
+    for (flag, url) in [
+        ("--github-api-url", cli.github_api_url.as_deref()),
+        ("--runner-mirror-url", cli.runner_mirror_url.as_deref()),
+    ] {
+        if let Some(url) = url {
+            runner_manager_crds::hosts::check_scheme(url, &cli.allow_http_hosts)
+                .map_err(|e| RunError::Url(flag, e))?;
+        }
+    }
+    Ok(())
 }
 
 /// Serve `POST /webhook` once the HMAC secret can be read (Secret `--webhook-secret-name`, key
@@ -241,6 +284,7 @@ async fn serve_webhook(
     listener: TcpListener,
     sink: Arc<KubeSink>,
     metrics: Arc<Metrics>,
+    body_limit: usize,
 ) {
     use k8s_openapi::api::core::v1::Secret;
     // Until the secret is found, deliveries are answered 503 (GitHub records a failed delivery
@@ -266,12 +310,12 @@ async fn serve_webhook(
             )
         }),
     );
+    let limits = crate::listen::Limits::configured();
     let interim = tokio::spawn(async move {
-        axum::serve(interim_listener, pending)
-            .with_graceful_shutdown(async {
-                let _ = found_rx.await;
-            })
-            .await
+        tokio::select! {
+            () = crate::listen::serve(interim_listener, None, pending, limits) => {}
+            _ = found_rx => {}
+        }
     });
     let secrets = Api::<Secret>::namespaced(kube, &namespace);
     let receiver = loop {
@@ -282,7 +326,10 @@ async fn serve_webhook(
         });
         if let Some(v) = value {
             match WebhookReceiver::new(
-                WebhookConfig::new(SecretString::from(v)),
+                WebhookConfig {
+                    body_limit,
+                    ..WebhookConfig::new(SecretString::from(v))
+                },
                 sink.clone(),
                 Some(metrics.clone()),
             ) {
@@ -296,9 +343,7 @@ async fn serve_webhook(
     };
     let _ = found.send(());
     let _ = interim.await;
-    if let Err(e) = axum::serve(listener, webhook::router(receiver)).await {
-        tracing::error!(error = %e, "webhook receiver stopped");
-    }
+    crate::listen::serve(listener, None, webhook::router(receiver), limits).await;
 }
 
 async fn shutdown_signal() {

@@ -36,8 +36,10 @@ use sha2::Sha256;
 
 use crate::metrics::Metrics;
 
-/// GitHub caps webhook payloads at 25 MB, but a `workflow_job` payload is a few KiB.
-pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+/// GitHub caps webhook payloads at 25 MB, but a `workflow_job` payload is 7-14 KiB (GitHub's
+/// examples in e2e/testdata/github; ~150 bytes more per step): at most this much is read before
+/// the signature is checked (`--webhook-max-body-bytes`).
+pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 /// Recent delivery GUIDs remembered for de-duplication. GitHub's duplicates and manual
 /// redeliveries come within minutes; this covers thousands of deliveries.
 pub const DEFAULT_DEDUP_CAPACITY: usize = 4096;

@@ -217,8 +217,16 @@ impl SimulatedGitHub {
             timeout: Duration::from_secs(10),
             record: true,
             metrics: None,
+            max_response_bytes: runner_manager_operator::github::client::DEFAULT_MAX_RESPONSE_BYTES,
+            // The fake serves plain http on loopback (the admin flag `--allow-http-hosts`).
+            http_hosts: loopback_hosts(),
         };
         let target = GitHubTarget::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
         GitHubClient::new(target, credentials, config).unwrap_or_else(|e| panic!("{e}"))
     }
+}
+
+/// The hosts the simulated GitHub serves on over plain http, as an admin would allow them.
+pub fn loopback_hosts() -> runner_manager_crds::hosts::HostList {
+    runner_manager_crds::hosts::HostList::parse(super::process::LOOPBACK).unwrap_or_default()
 }

@@ -6,6 +6,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 
+/// The host the simulated GitHub serves on (http).
+pub const LOOPBACK: &str = "127.0.0.1";
+
 /// Why a binary could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessError {
@@ -48,7 +51,24 @@ impl std::fmt::Debug for Running {
 
 impl Running {
     /// Start `cmd` with stderr captured line by line.
+    ///
+    /// The operator and the agent refuse plain http and hosts the admin did not list (issue 13,
+    /// finding 8); the simulated GitHub serves its API and packages on http://127.0.0.1. So
+    /// both are started with the admin flags naming that host, through their environment
+    /// (`RM_ALLOW_HTTP_HOSTS`, `RM_DOWNLOAD_HOSTS`), unless the test set them itself — an attack
+    /// test sets them empty to see http refused.
     pub fn spawn(name: &str, mut cmd: Command) -> Result<Self, ProcessError> {
+        let set = |cmd: &Command, key: &str| cmd.get_envs().any(|(k, _)| k == key);
+        let loopback: &[&str] = match name {
+            "runner-manager-operator" => &["RM_ALLOW_HTTP_HOSTS", "RM_DOWNLOAD_HOSTS"],
+            "runner-manager-node-agent" => &["RM_ALLOW_HTTP_HOSTS"],
+            _ => &[],
+        };
+        for key in loopback {
+            if !set(&cmd, key) {
+                cmd.env(key, LOOPBACK);
+            }
+        }
         let mut child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -248,8 +248,12 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         )),
         LauncherKind::Systemd => Box::new(SystemdLauncher::new(helper)),
     };
-    let downloader = Downloader::new(RetryPolicy::PRODUCTION, Timeouts::PRODUCTION)
-        .map_err(|e| AgentError::Packages(e.to_string()))?;
+    let downloader = Downloader::with_limits(
+        RetryPolicy::PRODUCTION,
+        Timeouts::PRODUCTION,
+        cli.download_limits(),
+    )
+    .map_err(|e| AgentError::Packages(e.to_string()))?;
     let packages = PackageCache::new(cli.host_root.join("packages"), downloader)
         .map_err(|e| AgentError::Packages(format!("{:?}", e.kind())))?
         .with_extract_limits(cli.extract_limits());

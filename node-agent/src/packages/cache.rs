@@ -90,7 +90,9 @@ impl PackageError {
     /// Whether (and why) the archive itself was refused, now or by an earlier launch.
     pub fn refusal(&self) -> Option<PackageRefusal> {
         match self {
-            Self::Unsafe(ExtractError::TooLarge { .. }) => Some(PackageRefusal::CapExceeded),
+            Self::Unsafe(ExtractError::TooLarge { .. })
+            | Self::Download(DownloadError::TooLarge { .. }) => Some(PackageRefusal::CapExceeded),
+            Self::Download(DownloadError::InsecureUrl) => Some(PackageRefusal::Unsafe),
             Self::Unsafe(_) => Some(PackageRefusal::Unsafe),
             Self::RefusedBefore(refusal, _) => Some(*refusal),
             _ => None,
@@ -102,7 +104,10 @@ impl PackageError {
     pub fn is_terminal(&self) -> bool {
         matches!(
             self,
-            Self::BadDigest | Self::Unsafe(_) | Self::RefusedBefore(..)
+            Self::BadDigest
+                | Self::Unsafe(_)
+                | Self::RefusedBefore(..)
+                | Self::Download(DownloadError::TooLarge { .. } | DownloadError::InsecureUrl)
         ) || matches!(self, Self::Copy(CopyError::TopLevelWork))
     }
 }

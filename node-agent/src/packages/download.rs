@@ -2,13 +2,40 @@
 //! retries with exponential backoff for what may pass (5xx, 429, transport errors, a digest
 //! mismatch), none for what will not (other 4xx). The body streams to a file and is hashed on
 //! the way; a file whose sha256 differs from the pinned one is deleted and never extracted.
+//!
+//! Size and scheme limits (issue 13, finding 8): a body is counted as it streams and refused
+//! past `--package-max-download-bytes` (a Content-Length past it is refused before reading, a
+//! false or missing one does not help); only https is fetched — the URL and every redirect —
+//! unless the admin allows plain http for that host (`--allow-http-hosts`).
 
 use std::io;
 use std::path::Path;
 use std::time::Duration;
 
+use runner_manager_crds::hosts::{HostList, check_scheme};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
+
+/// The default of `--package-max-download-bytes`: the runner's Linux package is ~200 MB.
+pub const DEFAULT_MAX_DOWNLOAD_BYTES: u64 = 1024 * 1024 * 1024;
+
+/// What a download may be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DownloadLimits {
+    /// The most bytes of one package download.
+    pub max_bytes: u64,
+    /// Hosts that may be fetched over plain http (URL or redirect); https everywhere else.
+    pub http_hosts: HostList,
+}
+
+impl Default for DownloadLimits {
+    fn default() -> Self {
+        Self {
+            max_bytes: DEFAULT_MAX_DOWNLOAD_BYTES,
+            http_hosts: HostList::default(),
+        }
+    }
+}
 
 /// Tries, first delay and ceiling. The delay after the n-th failure (1-based) is
 /// `min(initial × 2^(n−1), maximum)`.
@@ -64,6 +91,14 @@ pub enum DownloadError {
     ChecksumMismatch,
     #[error("writing the download failed ({0:?})")]
     Io(io::ErrorKind),
+    #[error(
+        "the download passed {limit} bytes, the agent's --package-max-download-bytes; it was refused and deleted"
+    )]
+    TooLarge { limit: u64 },
+    #[error(
+        "the package URL (or a redirect) is plain http, which the agent refuses unless --allow-http-hosts names its host"
+    )]
+    InsecureUrl,
     #[error("gave up after {attempts} tries: {last}")]
     Exhausted {
         attempts: u32,
@@ -76,7 +111,9 @@ impl DownloadError {
         match self {
             Self::Status { status } => *status == 429 || *status >= 500,
             Self::Transport { .. } | Self::ChecksumMismatch | Self::Io(_) => true,
-            Self::Client | Self::Exhausted { .. } => false,
+            Self::Client | Self::Exhausted { .. } | Self::TooLarge { .. } | Self::InsecureUrl => {
+                false
+            }
         }
     }
 }
@@ -100,20 +137,46 @@ impl From<io::Error> for DownloadError {
 pub struct Downloader {
     client: reqwest::Client,
     retry: RetryPolicy,
+    limits: DownloadLimits,
 }
 
 impl Downloader {
+    /// A downloader with the default limits (https only, [`DEFAULT_MAX_DOWNLOAD_BYTES`]).
     pub fn new(retry: RetryPolicy, timeouts: Timeouts) -> Result<Self, DownloadError> {
+        Self::with_limits(retry, timeouts, DownloadLimits::default())
+    }
+
+    pub fn with_limits(
+        retry: RetryPolicy,
+        timeouts: Timeouts,
+        limits: DownloadLimits,
+    ) -> Result<Self, DownloadError> {
         // rustls with aws-lc-rs, the one provider the workspace compiles; installing it twice is
         // harmless (the second call reports the first).
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let http_hosts = limits.http_hosts.clone();
+        // Every redirect obeys the scheme rule too (an https URL may not lead to plain http).
+        let redirects = reqwest::redirect::Policy::custom(move |attempt| {
+            if attempt.previous().len() >= 10 {
+                attempt.error("too many redirects")
+            } else if check_scheme(attempt.url().as_str(), &http_hosts).is_err() {
+                attempt.error("a redirect to a refused scheme")
+            } else {
+                attempt.follow()
+            }
+        });
         let client = reqwest::Client::builder()
             .connect_timeout(timeouts.connect)
             .read_timeout(timeouts.read)
             .timeout(timeouts.total)
+            .redirect(redirects)
             .build()
             .map_err(|_| DownloadError::Client)?;
-        Ok(Self { client, retry })
+        Ok(Self {
+            client,
+            retry,
+            limits,
+        })
     }
 
     /// Downloads `url` to `dest` (replacing it) and checks its sha256 against `sha256` (lower-
@@ -139,18 +202,31 @@ impl Downloader {
     }
 
     async fn fetch_once(&self, url: &str, sha256: &str, dest: &Path) -> Result<u64, DownloadError> {
-        let mut response = self.client.get(url).send().await?;
+        check_scheme(url, &self.limits.http_hosts).map_err(|_| DownloadError::InsecureUrl)?;
+        let mut response = match self.client.get(url).send().await {
+            Ok(r) => r,
+            Err(e) if e.is_redirect() => return Err(DownloadError::InsecureUrl),
+            Err(e) => return Err(e.into()),
+        };
         let status = response.status();
         if !status.is_success() {
             return Err(DownloadError::Status {
                 status: status.as_u16(),
             });
         }
+        let limit = self.limits.max_bytes;
+        if response.content_length().is_some_and(|n| n > limit) {
+            return Err(DownloadError::TooLarge { limit });
+        }
         let mut file = tokio::fs::File::create(dest).await?;
         let mut hasher = Sha256::new();
         let mut size = 0u64;
         let streamed = async {
             while let Some(chunk) = response.chunk().await? {
+                // Counted as it streams: a false or absent Content-Length does not get past it.
+                if size + chunk.len() as u64 > limit {
+                    return Err(DownloadError::TooLarge { limit });
+                }
                 hasher.update(&chunk);
                 file.write_all(&chunk).await?;
                 size += chunk.len() as u64;
@@ -196,5 +272,76 @@ mod tests {
         assert!(!DownloadError::Status { status: 403 }.retryable());
         assert!(DownloadError::ChecksumMismatch.retryable());
         assert!(DownloadError::Transport { timeout: true }.retryable());
+        assert!(!DownloadError::TooLarge { limit: 1 }.retryable());
+        assert!(!DownloadError::InsecureUrl.retryable());
+    }
+
+    /// Serves one answer per connection: `head` then `body_len` bytes of `x`, without a
+    /// Content-Length when `declare` is false.
+    async fn serve(body_len: usize, declare: bool) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let head = if declare {
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {body_len}\r\nconnection: close\r\n\r\n"
+                    )
+                } else {
+                    "HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n".to_owned()
+                };
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(&vec![b'x'; body_len]).await;
+            }
+        });
+        format!("http://{addr}/pkg.tar.gz")
+    }
+
+    fn quick() -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: 1,
+            initial: Duration::from_millis(1),
+            maximum: Duration::from_millis(1),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_past_the_cap_is_refused_while_streaming_and_deleted() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dest = dir.path().join("p");
+        let limits = DownloadLimits {
+            max_bytes: 1000,
+            http_hosts: HostList::parse("127.0.0.1").unwrap_or_default(),
+        };
+        let d = Downloader::with_limits(quick(), Timeouts::PRODUCTION, limits)
+            .unwrap_or_else(|e| panic!("{e}"));
+        for declare in [true, false] {
+            let url = serve(5000, declare).await;
+            let e = d.fetch(&url, &"0".repeat(64), &dest).await.err();
+            assert!(
+                matches!(e, Some(DownloadError::TooLarge { limit: 1000 })),
+                "declared={declare}: {e:?}"
+            );
+            assert!(!dest.exists(), "nothing left behind");
+        }
+        // Under the cap: read whole (and refused only for its digest).
+        let url = serve(900, false).await;
+        let e = d.fetch(&url, &"0".repeat(64), &dest).await.err();
+        assert!(matches!(e, Some(DownloadError::Exhausted { .. })), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn plain_http_only_for_listed_hosts() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dest = dir.path().join("p");
+        let d = Downloader::new(quick(), Timeouts::PRODUCTION).unwrap_or_else(|e| panic!("{e}"));
+        let url = serve(10, true).await;
+        let e = d.fetch(&url, &"0".repeat(64), &dest).await.err();
+        assert!(matches!(e, Some(DownloadError::InsecureUrl)), "{e:?}");
     }
 }

@@ -42,6 +42,102 @@ pub struct AgentIdentity {
     pub daemonset: String,
     /// Its uid as last read (`None`: it did not exist), and when.
     daemonset_uid: Mutex<Option<(Option<String>, Instant)>>,
+    /// Successful TokenReviews, briefly remembered.
+    reviews: ReviewCache,
+}
+
+/// How long a successful TokenReview is reused. The pod (uid, deletion, owner, address) is still
+/// read on every request, so a token whose pod is gone is refused at once; a revoked token
+/// passes the review step for at most this long.
+const REVIEW_TTL: Duration = Duration::from_secs(30);
+/// Reviews remembered at once: a few per agent (each agent has one token at a time, renewed
+/// hourly). When full, expired entries go, then everything.
+const REVIEW_CACHE_ENTRIES: usize = 4096;
+
+/// What a successful TokenReview said about a token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reviewed {
+    pub username: String,
+    pub pod_name: Option<String>,
+    pub pod_uid: Option<String>,
+}
+
+/// Successful TokenReviews by the token's sha256 (the token itself is never kept), each reused
+/// for [`REVIEW_TTL`]: an agent's JIT requests cost the API server one review per TTL, not one
+/// each. Failed reviews are not remembered (nothing an attacker sends is cached).
+#[derive(Debug, Default)]
+pub struct ReviewCache {
+    entries: Mutex<std::collections::HashMap<[u8; 32], (Reviewed, Instant)>>,
+    /// Reviews sent to the API server (tests and metrics).
+    pub sent: std::sync::atomic::AtomicU64,
+}
+
+fn token_hash(token: &SecretString) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(token.expose_secret().as_bytes()).into()
+}
+
+impl ReviewCache {
+    fn cached(&self, key: &[u8; 32]) -> Option<Reviewed> {
+        let entries = self.entries.lock().ok()?;
+        let (r, at) = entries.get(key)?;
+        (at.elapsed() < REVIEW_TTL).then(|| r.clone())
+    }
+
+    fn remember(&self, key: [u8; 32], reviewed: Reviewed) {
+        let Ok(mut entries) = self.entries.lock() else {
+            return;
+        };
+        if entries.len() >= REVIEW_CACHE_ENTRIES {
+            entries.retain(|_, (_, at)| at.elapsed() < REVIEW_TTL);
+            if entries.len() >= REVIEW_CACHE_ENTRIES {
+                entries.clear();
+            }
+        }
+        entries.insert(key, (reviewed, Instant::now()));
+    }
+
+    /// The token's review for the broker audience: remembered, or asked of the API server.
+    pub async fn review(
+        &self,
+        client: &kube::Client,
+        token: &SecretString,
+    ) -> Result<Reviewed, AuthnError> {
+        let key = token_hash(token);
+        if let Some(r) = self.cached(&key) {
+            return Ok(r);
+        }
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.expose_secret().to_owned()),
+                audiences: Some(vec![BROKER_AUDIENCE.to_owned()]),
+            },
+            ..TokenReview::default()
+        };
+        self.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let reviewed = Api::<TokenReview>::all(client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|_| AuthnError::Unavailable)?;
+        let status = reviewed.status.ok_or(AuthnError::NotAuthenticated)?;
+        let audience_ok = status
+            .audiences
+            .as_ref()
+            .is_some_and(|a| a.iter().any(|x| x == BROKER_AUDIENCE));
+        if status.authenticated != Some(true) || !audience_ok {
+            return Err(AuthnError::NotAuthenticated);
+        }
+        let user = status.user.ok_or(AuthnError::NotAuthenticated)?;
+        let extra = user.extra.unwrap_or_default();
+        let one = |k: &str| extra.get(k).and_then(|v| v.first()).cloned();
+        let r = Reviewed {
+            username: user.username.unwrap_or_default(),
+            pod_name: one(POD_NAME_EXTRA),
+            pod_uid: one(POD_UID_EXTRA),
+        };
+        self.remember(key, r.clone());
+        Ok(r)
+    }
 }
 
 impl AgentIdentity {
@@ -57,6 +153,7 @@ impl AgentIdentity {
             pod_labels,
             daemonset,
             daemonset_uid: Mutex::new(None),
+            reviews: ReviewCache::default(),
         }
     }
 
@@ -190,36 +287,15 @@ pub async fn authenticate(
     token: &SecretString,
     peer: IpAddr,
 ) -> Result<Caller, AuthnError> {
-    let review = TokenReview {
-        spec: TokenReviewSpec {
-            token: Some(token.expose_secret().to_owned()),
-            audiences: Some(vec![BROKER_AUDIENCE.to_owned()]),
-        },
-        ..TokenReview::default()
-    };
-    let reviewed = Api::<TokenReview>::all(client.clone())
-        .create(&PostParams::default(), &review)
-        .await
-        .map_err(|_| AuthnError::Unavailable)?;
-    let status = reviewed.status.ok_or(AuthnError::NotAuthenticated)?;
-    let audience_ok = status
-        .audiences
-        .as_ref()
-        .is_some_and(|a| a.iter().any(|x| x == BROKER_AUDIENCE));
-    if status.authenticated != Some(true) || !audience_ok {
-        return Err(AuthnError::NotAuthenticated);
-    }
-    let user = status.user.ok_or(AuthnError::NotAuthenticated)?;
+    let reviewed = identity.reviews.review(client, token).await?;
     let want = format!(
         "system:serviceaccount:{}:{}",
         identity.namespace, identity.service_account
     );
-    if user.username.as_deref() != Some(want.as_str()) {
+    if reviewed.username != want {
         return Err(AuthnError::WrongServiceAccount);
     }
-    let extra = user.extra.unwrap_or_default();
-    let one = |k: &str| extra.get(k).and_then(|v| v.first()).cloned();
-    let (Some(pod_name), Some(pod_uid)) = (one(POD_NAME_EXTRA), one(POD_UID_EXTRA)) else {
+    let (Some(pod_name), Some(pod_uid)) = (reviewed.pod_name, reviewed.pod_uid) else {
         return Err(AuthnError::NotPodBound);
     };
     let pod = Api::<Pod>::namespaced(client.clone(), &identity.namespace)

@@ -167,36 +167,31 @@ fn error_label(code: BrokerErrorCode) -> &'static str {
     }
 }
 
+/// The most bytes of a broker request body (`{attemptUid, specHash}` is under 200), read before
+/// the caller is authenticated.
+pub const BODY_LIMIT: usize = 4 * 1024;
+
 /// The broker's routes.
 pub fn router(broker: Arc<Broker>) -> axum::Router {
     axum::Router::new()
         .route("/v1/attempts/{namespace}/{name}/jit", post(jit))
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(broker)
 }
 
-/// Serve HTTPS on `listener` until the task is dropped. Each connection is its own task; a
-/// failed handshake closes that connection only.
+/// Serve HTTPS on `listener` until the task is dropped, within the process's listener limits
+/// (`crate::listen`: connection cap, handshake/header/request/idle timeouts, in-flight cap).
+/// Each connection is its own task; a failed handshake closes that connection only. Each
+/// request carries its connection's peer: the broker compares it with the caller pod's IP.
 pub async fn serve(listener: TcpListener, tls: rustls::ServerConfig, app: axum::Router) {
     let acceptor = TlsAcceptor::from(Arc::new(tls));
-    loop {
-        let Ok((stream, peer)) = listener.accept().await else {
-            continue;
-        };
-        let acceptor = acceptor.clone();
-        // Each request carries its connection's peer: the broker compares it with the caller
-        // pod's IP.
-        let app = app.clone().layer(axum::Extension(ConnectInfo(peer)));
-        tokio::spawn(async move {
-            let Ok(stream) = acceptor.accept(stream).await else {
-                return;
-            };
-            let service = hyper_util::service::TowerToHyperService::new(app);
-            let _ =
-                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-        });
-    }
+    crate::listen::serve(
+        listener,
+        Some(acceptor),
+        app,
+        crate::listen::Limits::configured(),
+    )
+    .await;
 }
 
 /// Bind and serve; returns the bound address (port 0 picks one) and the server task.

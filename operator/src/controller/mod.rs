@@ -66,6 +66,10 @@ pub struct Settings {
     pub replacement_backoff_max: Duration,
     /// GitHub owners bound to namespaces (`--owner-namespaces`).
     pub owner_bindings: crate::policy::tenancy::OwnerBindings,
+    /// Which GitHub and download hosts policies may lead to (`--github-hosts` and friends).
+    pub hosts: crate::controller::resolve::HostPolicy,
+    /// `--max-runners-per-node`: placement uses the smaller of this and each agent's advert.
+    pub max_runners_per_node: Option<u32>,
 }
 
 /// What every step needs.

@@ -82,6 +82,7 @@ pub fn node_facts(
     leases: &[&Lease],
     attempts: &[&RunnerAttempt],
     now: Timestamp,
+    max_per_node: Option<u32>,
 ) -> Vec<NodeFacts> {
     let by_name: BTreeMap<&str, &Lease> = leases
         .iter()
@@ -118,6 +119,11 @@ pub fn node_facts(
                 && let Some((lease, _)) = agent.as_mut()
             {
                 lease.free = Some(0);
+            }
+            // The admin's cap bounds what the agent advertises (a node's own claim is not
+            // trusted past it): free units follow as capacity minus what counts against it.
+            if let (Some(cap), Some((lease, _))) = (max_per_node, agent.as_mut()) {
+                lease.capacity = lease.capacity.min(cap);
             }
             Some(NodeFacts {
                 name: name.to_owned(),
@@ -275,6 +281,7 @@ mod tests {
             &leases.iter().collect::<Vec<_>>(),
             &[&pending, &rejected],
             now,
+            None,
         );
         assert_eq!(facts[0].counted, BTreeSet::from(["p1".to_owned()]));
         assert!(
@@ -299,6 +306,7 @@ mod tests {
             &leases.iter().collect::<Vec<_>>(),
             &[&pending, &rejected],
             later,
+            None,
         );
         assert_eq!(
             facts[1].agent.as_ref().unwrap().free,
@@ -310,5 +318,42 @@ mod tests {
             Ok("b".into()),
             "spread: b holds nothing"
         );
+    }
+
+    #[test]
+    fn the_admin_cap_bounds_what_an_agent_advertises() {
+        let now = Timestamp::from_second(10_000).unwrap();
+        let a = node("a");
+        // The agent claims 50; the admin allows 2 per node; one attempt is already there.
+        let leases = [lease("a", 50, 9_990)];
+        let pending = attempt("p1", "a");
+        let facts = node_facts(
+            &[&a],
+            &leases.iter().collect::<Vec<_>>(),
+            &[&pending],
+            now,
+            Some(2),
+        );
+        assert_eq!(facts[0].agent.as_ref().unwrap().capacity, 2);
+        let mut w = PlacementWorker::new();
+        let sel = BTreeMap::from([("pool".to_owned(), "ci".to_owned())]);
+        assert_eq!(
+            w.choose(&facts, &sel, "u", &"ab".repeat(32), now),
+            Ok("a".into())
+        );
+        w.created("p2", "a", now);
+        assert!(
+            w.choose(&facts, &sel, "u", &"ab".repeat(32), now).is_err(),
+            "2 of 2 used: full, whatever the advert says"
+        );
+        // A cap above the advert changes nothing.
+        let facts = node_facts(
+            &[&a],
+            &leases.iter().collect::<Vec<_>>(),
+            &[&pending],
+            now,
+            Some(100),
+        );
+        assert_eq!(facts[0].agent.as_ref().unwrap().capacity, 50);
     }
 }

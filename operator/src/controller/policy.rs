@@ -186,7 +186,7 @@ pub async fn prepare(
             ctx.kube(),
             &ctx.clients,
             policy,
-            ctx.settings.runner_mirror_url.as_deref(),
+            &ctx.settings.hosts,
             &ctx.settings.owner_bindings,
         )
         .await;
@@ -652,6 +652,7 @@ async fn create_attempts(
             &leases.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
             &all_attempts.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
             now,
+            ctx.settings.max_runners_per_node,
         );
         for _ in 0..create {
             let node = match placement.choose(

@@ -17,6 +17,7 @@ use crate::github::errors::{GitHubError, Terminal};
 use crate::github::registry::{ClientError, Clients};
 use crate::github::types::RunnerDownload;
 use crate::policy::tenancy::OwnerBindings;
+use runner_manager_crds::hosts::{HostList, check_scheme, url_host};
 
 /// The key of the runner.env in the ConfigMap of `spec.runner.envFrom`.
 pub const RUNNER_ENV_KEY: &str = "runner.env";
@@ -129,13 +130,81 @@ fn github_invalid(e: &GitHubError, field: &str) -> Invalid {
     }
 }
 
+/// The admin's host settings (issue 13, finding 8): which GitHub hosts policies may name, which
+/// hosts runner packages may come from, which hosts may be spoken to over plain http.
+#[derive(Clone, Debug, Default)]
+pub struct HostPolicy {
+    /// `--github-hosts`.
+    pub github_hosts: HostList,
+    /// `--download-hosts`.
+    pub download_hosts: HostList,
+    /// `--allow-http-hosts`.
+    pub http_hosts: HostList,
+    /// `--runner-mirror-url` (its host is the admin's own).
+    pub mirror: Option<String>,
+}
+
+fn host_refused(message: String) -> Invalid {
+    Invalid::new(PolicyReason::HostNotAllowed, message)
+}
+
+impl HostPolicy {
+    /// `Err` when the policy's GitHub host is not on `--github-hosts`. Pure.
+    pub fn github_host_allowed(&self, url: &str) -> Result<(), Invalid> {
+        let Ok(target) = runner_manager_crds::target::GitHubTarget::parse(url) else {
+            // validate_policy already reported it.
+            return Ok(());
+        };
+        if self.github_hosts.contains(&target.host) {
+            return Ok(());
+        }
+        Err(host_refused(format!(
+            "spec.github.url: the host {} is not one the operator may talk to (its --github-hosts, chart value operator.githubHosts, lists {}); an admin must add the host, or name an allowed one",
+            target.host,
+            if self.github_hosts.is_empty() {
+                "none".to_owned()
+            } else {
+                self.github_hosts.to_string()
+            },
+        )))
+    }
+
+    /// `Err` when the pinned package URL is on a host the admin did not allow (the policy's own
+    /// GitHub host, the mirror's, or `--download-hosts`), or plain http to a host not on
+    /// `--allow-http-hosts`. Pure.
+    pub fn package_allowed(&self, package_url: &str, github_host: &str) -> Result<(), Invalid> {
+        let field = "spec.runner.version";
+        let h = check_scheme(package_url, &self.http_hosts).map_err(|e| {
+            host_refused(format!(
+                "{field}: the runner package URL {e} (chart value operator.allowHttpHosts)"
+            ))
+        })?;
+        let mirror_host = self
+            .mirror
+            .as_deref()
+            .and_then(|m| url_host(m).ok())
+            .map(|m| m.authority);
+        let own = HostList::parse(github_host).unwrap_or_default();
+        if own.contains(&h.authority)
+            || mirror_host.as_deref() == Some(h.authority.as_str())
+            || self.download_hosts.contains(&h.authority)
+        {
+            return Ok(());
+        }
+        Err(host_refused(format!(
+            "{field}: GitHub's downloads listing puts the runner package on {}, which is neither the policy's GitHub host nor in the operator's --download-hosts (chart value operator.downloadHosts); an admin must add it, or set --runner-mirror-url",
+            h.authority
+        )))
+    }
+}
+
 /// Resolve one policy. Reads its Secret (and ConfigMap) and asks GitHub; call once per
 /// generation (and again after a transient failure), not per pass.
 pub async fn resolve(
     kube: &kube::Client,
     clients: &Clients,
     policy: &ScalePolicy,
-    mirror: Option<&str>,
+    hosts: &HostPolicy,
     bindings: &OwnerBindings,
 ) -> Result<Resolved, Invalid> {
     let problems = validate_policy(&policy.spec);
@@ -151,6 +220,9 @@ pub async fn resolve(
     // Before the Secret is read: a namespace the admin did not bind gets nothing done with
     // its credentials for that owner, valid or not.
     owner_allowed(bindings, &policy.spec.github.url, namespace)?;
+    // Before the Secret is read and before GitHub is asked: a host the admin did not list gets
+    // no request, and its listing never chooses a package.
+    hosts.github_host_allowed(&policy.spec.github.url)?;
     let secret_name = &policy.spec.github.credentials_secret_ref.name;
     let secret = clients
         .secret(namespace, secret_name)
@@ -196,7 +268,12 @@ pub async fn resolve(
         .recent_downloads(std::time::Duration::from_secs(60))
         .await
         .map_err(|e| github_invalid(&e, "spec.runner.version"))?;
-    let package = pin_package(&listing, &policy.spec.runner.version, mirror)?;
+    let package = pin_package(
+        &listing,
+        &policy.spec.runner.version,
+        hosts.mirror.as_deref(),
+    )?;
+    hosts.package_allowed(&package.url, &client.target().host)?;
     let env = match &policy.spec.runner.env_from {
         None => BTreeMap::new(),
         Some(from) => runner_env(kube, namespace, &from.config_map_ref.name).await?,
@@ -308,6 +385,50 @@ mod tests {
         assert!(e.message.contains("--owner-namespaces"), "{}", e.message);
         let org = owner_allowed(&b, "https://github.com/ACME", "aaa").unwrap_err();
         assert_eq!(org.reason, PolicyReason::OwnerBoundElsewhere);
+    }
+
+    #[test]
+    fn hosts_outside_the_admin_lists_are_refused_naming_the_setting() {
+        let hosts = HostPolicy {
+            github_hosts: HostList::parse("github.com,ghes.corp.example").unwrap(),
+            download_hosts: HostList::parse("objects.corp.example,127.0.0.1").unwrap(),
+            http_hosts: HostList::parse("127.0.0.1").unwrap(),
+            mirror: Some("https://mirror.corp.example/runner".into()),
+        };
+        assert!(hosts.github_host_allowed("https://github.com/a/b").is_ok());
+        assert!(
+            hosts
+                .github_host_allowed("https://GHES.corp.example/a")
+                .is_ok()
+        );
+        let e = hosts
+            .github_host_allowed("https://evil.example/a/b")
+            .unwrap_err();
+        assert_eq!(e.reason, PolicyReason::HostNotAllowed);
+        assert!(e.message.contains("--github-hosts"), "{}", e.message);
+        assert!(e.message.contains("operator.githubHosts"), "{}", e.message);
+        for ok in [
+            "https://github.com/actions/runner/releases/x.tar.gz",
+            "https://objects.corp.example/x.tar.gz",
+            "https://mirror.corp.example/runner/x.tar.gz",
+            "http://127.0.0.1:9000/x.tar.gz",
+        ] {
+            assert!(hosts.package_allowed(ok, "github.com").is_ok(), "{ok}");
+        }
+        let e = hosts
+            .package_allowed("https://evil.example/x.tar.gz", "github.com")
+            .unwrap_err();
+        assert!(e.message.contains("--download-hosts"), "{}", e.message);
+        let e = hosts
+            .package_allowed("http://github.com/x.tar.gz", "github.com")
+            .unwrap_err();
+        assert!(e.message.contains("--allow-http-hosts"), "{}", e.message);
+        // The policy's own host is allowed, with its port.
+        assert!(
+            hosts
+                .package_allowed("https://ghes.corp.example:8443/x", "ghes.corp.example:8443")
+                .is_ok()
+        );
     }
 
     #[test]

@@ -36,7 +36,14 @@ pub struct GitHubConfig {
     pub record: bool,
     /// Where calls and rate limits are counted.
     pub metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
+    /// The most bytes of one response body read; a longer body is refused while it streams.
+    pub max_response_bytes: u64,
+    /// Hosts the API may be reached on over plain http (`--allow-http-hosts`); https otherwise.
+    pub http_hosts: runner_manager_crds::hosts::HostList,
 }
+
+/// The default of `--github-max-response-bytes`.
+pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 8 * 1024 * 1024;
 
 impl Default for GitHubConfig {
     fn default() -> Self {
@@ -46,6 +53,8 @@ impl Default for GitHubConfig {
             timeout: Duration::from_secs(30),
             record: false,
             metrics: None,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            http_hosts: runner_manager_crds::hosts::HostList::default(),
         }
     }
 }
@@ -180,6 +189,27 @@ pub fn http_client(config: &GitHubConfig) -> Result<reqwest::Client, GitHubError
         })
 }
 
+enum Capped {
+    TooLarge,
+    Transport(reqwest::Error),
+}
+
+/// The body, read chunk by chunk and refused as soon as it passes `limit` bytes (a declared
+/// Content-Length past it is refused before reading; an undeclared or false one is counted).
+async fn read_capped(mut resp: reqwest::Response, limit: u64) -> Result<Bytes, Capped> {
+    if resp.content_length().is_some_and(|n| n > limit) {
+        return Err(Capped::TooLarge);
+    }
+    let mut body = bytes::BytesMut::new();
+    while let Some(chunk) = resp.chunk().await.map_err(Capped::Transport)? {
+        if (body.len() + chunk.len()) as u64 > limit {
+            return Err(Capped::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
 /// Pages are asked for 100 at a time, the most GitHub gives.
 const PER_PAGE: usize = 100;
 /// A runner list is at most this many pages (10,000 runners): a bound, not an expectation.
@@ -196,6 +226,9 @@ pub struct GitHubClient {
     retry: RetryPolicy,
     /// Shared by every client of this credential at this installation.
     shared: Arc<SharedCredential>,
+    max_response_bytes: u64,
+    /// The API base is plain http to a host not on `--allow-http-hosts`: nothing is sent.
+    insecure: bool,
     /// The target's runner list and queued jobs, shared by every policy of the target.
     runners: Recent<Vec<Runner>>,
     queued_jobs: Recent<Vec<Job>>,
@@ -302,6 +335,8 @@ impl GitHubClient {
             Credentials::App { app_id, .. } => format!("app-{app_id}"),
             Credentials::Token(t) => format!("token-{}", token_key(t)),
         };
+        let insecure =
+            runner_manager_crds::hosts::check_scheme(&api_base, &config.http_hosts).is_err();
         Self {
             http,
             api_base,
@@ -310,6 +345,8 @@ impl GitHubClient {
             credential_key,
             retry: config.retry,
             shared,
+            max_response_bytes: config.max_response_bytes,
+            insecure,
             runners: Recent::default(),
             queued_jobs: Recent::default(),
             downloads: Recent::default(),
@@ -495,6 +532,9 @@ impl GitHubClient {
     /// classification. No retry.
     async fn send(&self, req: Request) -> Result<Answer, GitHubError> {
         let endpoint = req.endpoint;
+        if self.insecure {
+            return Err(GitHubError::InsecureUrl { endpoint });
+        }
         self.admitted(endpoint, req.priority).await;
         let auth = Box::pin(self.authorization(endpoint)).await?;
         let url = format!("{}{}", self.api_base, req.path);
@@ -542,17 +582,33 @@ impl GitHubClient {
         let headers = resp.headers().clone();
         self.count(endpoint, status.as_u16());
         self.record_rate_limit(&headers);
-        let body = match resp.bytes().await {
+        let body = match read_capped(resp, self.max_response_bytes).await {
             Ok(b) => b,
-            // A success whose body broke took effect: say so, so a mint is resolved by name
-            // and never sent again.
-            Err(_) if status.is_success() => {
+            // A success too long to read took effect: a mint is resolved by name like a lost
+            // body; anything else is refused as too large.
+            Err(Capped::TooLarge) if status.is_success() && !endpoint.is_idempotent() => {
+                tracing::warn!(%endpoint, limit = self.max_response_bytes, "GitHub's answer was too long to read");
                 return Err(GitHubError::BodyLost {
                     endpoint,
                     status: status.as_u16(),
                 });
             }
-            Err(e) => return Err(transport(endpoint, &e)),
+            Err(Capped::TooLarge) => {
+                return Err(GitHubError::TooLarge {
+                    endpoint,
+                    status: status.as_u16(),
+                    limit: self.max_response_bytes,
+                });
+            }
+            // A success whose body broke took effect: say so, so a mint is resolved by name
+            // and never sent again.
+            Err(Capped::Transport(_)) if status.is_success() => {
+                return Err(GitHubError::BodyLost {
+                    endpoint,
+                    status: status.as_u16(),
+                });
+            }
+            Err(Capped::Transport(e)) => return Err(transport(endpoint, &e)),
         };
         if status == StatusCode::NOT_MODIFIED
             && let Some((_, cached_body)) = cached

@@ -78,6 +78,20 @@ pub enum GitHubError {
     BodyLost { endpoint: Endpoint, status: u16 },
     #[error("credentials: {0}")]
     Credentials(#[from] super::auth::CredentialsError),
+    /// The answer's body was longer than the operator reads (`--github-max-response-bytes`).
+    #[error(
+        "{endpoint}: GitHub's answer (HTTP {status}) was longer than {limit} bytes and was refused; raise --github-max-response-bytes if this host is trusted"
+    )]
+    TooLarge {
+        endpoint: Endpoint,
+        status: u16,
+        limit: u64,
+    },
+    /// The API base is plain http and its host is not on `--allow-http-hosts`.
+    #[error(
+        "{endpoint}: the GitHub API URL is http, which is refused unless the admin allows http for its host (--allow-http-hosts)"
+    )]
+    InsecureUrl { endpoint: Endpoint },
 }
 
 /// A failure before an HTTP status: closed, so no URL or header leaks into a message.
@@ -105,7 +119,8 @@ impl GitHubError {
         match self {
             Self::Terminal { status, .. }
             | Self::Retryable { status, .. }
-            | Self::BodyLost { status, .. } => Some(*status),
+            | Self::BodyLost { status, .. }
+            | Self::TooLarge { status, .. } => Some(*status),
             _ => None,
         }
     }
