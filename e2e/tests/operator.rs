@@ -548,7 +548,7 @@ async fn scale_from_zero_on_a_signed_webhook() {
         "action": "in_progress",
         "workflow_job": {"id": job, "run_id": 1, "labels": ["self-hosted", "linux"], "runner_name": runner.name,
                           "status": "in_progress"},
-        "repository": {"full_name": format!("{ORG}/web")},
+        "repository": {"full_name": format!("{ORG}/web"), "html_url": format!("https://github.com/{ORG}/web")},
     });
     let code = post_webhook(&w.operators[op].webhook, &delivery, WEBHOOK_SECRET).await;
     assert_eq!(code, 202, "in_progress accepted");
@@ -717,7 +717,7 @@ async fn a_bad_signature_is_refused_and_changes_nothing() {
     let delivery = json!({
         "action": "queued",
         "workflow_job": {"id": 991, "run_id": 1, "labels": ["self-hosted", "linux"], "status": "queued"},
-        "repository": {"full_name": format!("{ORG}/web")},
+        "repository": {"full_name": format!("{ORG}/web"), "html_url": format!("https://github.com/{ORG}/web")},
     });
     let addr = w.operators[op].webhook.clone();
     let code = wait::until(LONG, "the webhook receiver to serve", || {
@@ -744,7 +744,16 @@ async fn a_bad_signature_is_refused_and_changes_nothing() {
     .unwrap();
     assert_eq!(code, 401);
     // A correctly signed delivery afterwards is accepted: the receiver is live, and only the bad
-    // one changed nothing.
+    // one changed nothing. Only a Ready policy takes jobs (issue 13): wait for it first.
+    wait::until(LONG, "the policy to be Ready", || async {
+        matches!(
+            w.condition("web", PolicyConditionType::Ready).await,
+            Some((ConditionStatus::True, ..))
+        )
+        .then_some(())
+    })
+    .await
+    .unwrap();
     let p = w.policies().get("web").await.unwrap();
     assert!(p.status.unwrap_or_default().pending_jobs.is_empty());
     assert!(w.list().await.is_empty());
