@@ -539,3 +539,390 @@ async fn a_replayed_delivery_with_a_fresh_guid_changes_nothing() {
     })
     .await;
 }
+
+/// Finding 3: a node agent's token reaches only its own node's attempts and Lease. The operator's
+/// admission webhook is registered for this test's namespaces only (a `namespaceSelector` on a
+/// label no other test's namespaces carry, see `harness::admission`), and the requests are made
+/// as the agent ServiceAccount — with exactly the chart's RBAC — by a token bound to simulated
+/// agent pod A, as a compromised node A would make them.
+mod node_confinement {
+    use std::collections::BTreeMap;
+    use std::time::{Duration, Instant};
+
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+    use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+    use runner_manager_crds::attempt::RunnerAttempt;
+    use runner_manager_crds::names::agent_lease_name;
+    use runner_manager_e2e::harness::admission::{
+        agent_client, grant_agent_rbac, label_namespaces, register, token_client, unregister,
+    };
+    use runner_manager_e2e::harness::cluster::fresh_namespace;
+    use runner_manager_e2e::harness::fixtures::native_attempt;
+    use runner_manager_e2e::harness::node::{SimNode, unique_node_name};
+    use runner_manager_e2e::harness::product::{Product, ProductOptions};
+    use runner_manager_e2e::harness::wait;
+    use serde_json::{Value, json};
+
+    /// The API server's answer to a refused write: (code, message).
+    fn refusal<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> (u16, String) {
+        match r {
+            Err(kube::Error::Api(s)) => (s.code, s.message),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    fn status_patch(v: Value) -> Patch<Value> {
+        Patch::Merge(json!({ "status": v }))
+    }
+
+    async fn attempt_on(kube: &kube::Client, ns: &str, node: &str) -> RunnerAttempt {
+        let id = uuid::Uuid::new_v4();
+        let a = native_attempt(id, "web", "uid-web", node);
+        let api = Api::<RunnerAttempt>::namespaced(kube.clone(), ns);
+        let created = api.create(&PostParams::default(), &a).await.unwrap();
+        let name = created.metadata.name.clone().unwrap();
+        let runner = runner_manager_crds::names::runner_name(id);
+        api.patch_status(
+            &name,
+            &PatchParams::default(),
+            &status_patch(json!({"state": "Idle", "runner": {"id": 7, "name": runner}})),
+        )
+        .await
+        .unwrap()
+    }
+
+    fn status_of(a: &RunnerAttempt) -> Value {
+        serde_json::to_value(a.status.as_ref().unwrap()).unwrap()
+    }
+
+    /// A token of a tenant account that an admin (wrongly) granted write rights on attempts.
+    async fn overprivileged_tenant(kube: &kube::Client, ns: &str) -> kube::Client {
+        let pp = PostParams::default();
+        let meta = || ObjectMeta {
+            name: Some("tenant".into()),
+            ..ObjectMeta::default()
+        };
+        Api::<ServiceAccount>::namespaced(kube.clone(), ns)
+            .create(
+                &pp,
+                &ServiceAccount {
+                    metadata: meta(),
+                    ..ServiceAccount::default()
+                },
+            )
+            .await
+            .unwrap();
+        Api::<Role>::namespaced(kube.clone(), ns)
+            .create(
+                &pp,
+                &Role {
+                    metadata: meta(),
+                    rules: Some(vec![PolicyRule {
+                        api_groups: Some(vec!["runner-manager.dev".into()]),
+                        resources: Some(vec!["runnerattempts".into()]),
+                        verbs: vec![
+                            "get".into(),
+                            "create".into(),
+                            "update".into(),
+                            "patch".into(),
+                        ],
+                        ..PolicyRule::default()
+                    }]),
+                },
+            )
+            .await
+            .unwrap();
+        Api::<RoleBinding>::namespaced(kube.clone(), ns)
+            .create(
+                &pp,
+                &RoleBinding {
+                    metadata: meta(),
+                    role_ref: RoleRef {
+                        api_group: "rbac.authorization.k8s.io".into(),
+                        kind: "Role".into(),
+                        name: "tenant".into(),
+                    },
+                    subjects: Some(vec![Subject {
+                        kind: "ServiceAccount".into(),
+                        name: "tenant".into(),
+                        namespace: Some(ns.into()),
+                        ..Subject::default()
+                    }]),
+                },
+            )
+            .await
+            .unwrap();
+        let token = Api::<ServiceAccount>::namespaced(kube.clone(), ns)
+            .create_token_request("tenant", &pp, &Default::default())
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .token;
+        token_client(&token).await.unwrap()
+    }
+
+    fn percentile(sorted: &[Duration], p: f64) -> Duration {
+        let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+        sorted[i]
+    }
+
+    /// `n` status writes by agent A to its own attempt, each timed.
+    async fn timed_writes(api: &Api<RunnerAttempt>, name: &str, n: usize) -> Vec<Duration> {
+        let mut took = Vec::with_capacity(n);
+        for i in 0..n {
+            let state = if i % 2 == 0 { "Busy" } else { "Idle" };
+            let started = Instant::now();
+            api.patch_status(
+                name,
+                &PatchParams::default(),
+                &status_patch(json!({"state": state})),
+            )
+            .await
+            .unwrap();
+            took.push(started.elapsed());
+        }
+        took.sort();
+        took
+    }
+
+    #[tokio::test]
+    async fn an_agent_token_of_one_node_cannot_write_another_nodes_attempts_or_leases() {
+        let options = ProductOptions {
+            nodes: vec![],
+            ..ProductOptions::default()
+        };
+        let Some(p) = Product::start("agent_confinement", options).await.unwrap() else {
+            return;
+        };
+        let kube = p.kube.clone();
+        let sys = p.system.clone();
+        // The attempts live in a namespace the operator does not reconcile: only its webhook
+        // acts on them, so every change seen below is the attacker's or the test's.
+        let ns = fresh_namespace(&kube, "rm-conf").await.unwrap();
+        let scope = uuid::Uuid::new_v4().simple().to_string();
+        label_namespaces(&kube, &[&sys, &ns], &scope).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (node_a, node_b) = (unique_node_name("conf-a"), unique_node_name("conf-b"));
+        let a = SimNode::create(&kube, &sys, &node_a, BTreeMap::new(), &dir.path().join("a"))
+            .await
+            .unwrap();
+        let b = SimNode::create(&kube, &sys, &node_b, BTreeMap::new(), &dir.path().join("b"))
+            .await
+            .unwrap();
+        grant_agent_rbac(&kube, &sys).await.unwrap();
+        let ra_a = attempt_on(&kube, &ns, &a.name).await;
+        let ra_b = attempt_on(&kube, &ns, &b.name).await;
+        let (name_a, name_b) = (
+            ra_a.metadata.name.clone().unwrap(),
+            ra_b.metadata.name.clone().unwrap(),
+        );
+        let leader = wait::until(
+            Duration::from_secs(60),
+            "the operator holds its leader Lease",
+            || async { p.leader().await },
+        )
+        .await
+        .unwrap();
+
+        let config = format!("rm-e2e-{scope}");
+        let registered = register(&kube, &config, &sys, &p.operators[0].broker, &scope)
+            .await
+            .unwrap();
+        let as_a = agent_client(&kube, &sys, &a.pod).await.unwrap();
+        let attempts_a = Api::<RunnerAttempt>::namespaced(as_a.clone(), &ns);
+        let leases_a = Api::<Lease>::namespaced(as_a.clone(), &sys);
+        // The API server picks the configuration up within a moment: probe with a dry run.
+        let dry = PatchParams {
+            dry_run: true,
+            ..PatchParams::default()
+        };
+        wait::until(Duration::from_secs(30), "the webhook answers", || async {
+            attempts_a
+                .patch_status(&name_b, &dry, &status_patch(json!({"state": "Busy"})))
+                .await
+                .err()
+                .filter(|e| e.to_string().contains("admission webhook"))
+                .map(|_| ())
+        })
+        .await
+        .unwrap();
+
+        // 1. Node A concludes node B's busy attempt: refused, B's status unchanged.
+        let (code, message) = refusal(
+            attempts_a
+                .patch_status(
+                    &name_b,
+                    &PatchParams::default(),
+                    &status_patch(json!({"state": "Finished"})),
+                )
+                .await,
+        );
+        assert_eq!(code, 403, "{message}");
+        assert!(
+            message.contains(&format!("bound to node {node_b}")),
+            "{message}"
+        );
+        // 2. Node A forges the runner of its own attempt (so the operator would deregister
+        //    someone else's runner): refused.
+        let (code, message) = refusal(
+            attempts_a
+                .patch_status(
+                    &name_a,
+                    &PatchParams::default(),
+                    &status_patch(
+                        json!({"runner": {"id": 424242, "name": "runner-manager-victim"}}),
+                    ),
+                )
+                .await,
+        );
+        assert_eq!(code, 403, "{message}");
+        assert!(
+            message.contains("status.runner is not the agent's"),
+            "{message}"
+        );
+        // 3. Node A writes node B's Lease (forged capacity, recoveryComplete): refused; and the
+        //    operator's leader Lease: refused, the holder unchanged.
+        let forged = Lease {
+            metadata: ObjectMeta {
+                name: Some(agent_lease_name(&node_b)),
+                annotations: Some(
+                    [("runner-manager.dev/capacity".to_owned(), "999".to_owned())].into(),
+                ),
+                ..ObjectMeta::default()
+            },
+            ..Lease::default()
+        };
+        let (code, message) = refusal(leases_a.create(&PostParams::default(), &forged).await);
+        assert_eq!(code, 403, "{message}");
+        assert!(
+            message.contains("an agent writes only its own node's Lease"),
+            "{message}"
+        );
+        let (code, message) = refusal(
+            leases_a
+                .patch(
+                    "runner-manager-operator",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"holderIdentity": "node-a-attacker", "leaseDurationSeconds": 3600}})),
+                )
+                .await,
+        );
+        assert_eq!(code, 403, "{message}");
+        // 4. Creating an attempt, or changing a spec: refused for the agent (RBAC and webhook)
+        //    and, by the webhook, for a tenant account an admin granted too much.
+        let extra = native_attempt(uuid::Uuid::new_v4(), "web", "uid-web", &node_a);
+        let (code, _) = refusal(attempts_a.create(&PostParams::default(), &extra).await);
+        assert_eq!(code, 403);
+        let (code, _) = refusal(
+            attempts_a
+                .patch(
+                    &name_b,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"nodeName": node_a}})),
+                )
+                .await,
+        );
+        assert_eq!(code, 403);
+        let tenant = Api::<RunnerAttempt>::namespaced(overprivileged_tenant(&kube, &ns).await, &ns);
+        let (code, message) = refusal(tenant.create(&PostParams::default(), &extra).await);
+        assert_eq!(code, 403, "{message}");
+        assert!(
+            message.contains("only the operator creates RunnerAttempts"),
+            "{message}"
+        );
+        let (code, message) = refusal(
+            tenant
+                .patch(
+                    &name_b,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"nodeName": node_a}})),
+                )
+                .await,
+        );
+        assert_eq!(code, 403, "{message}");
+        assert!(
+            message.contains("only the operator changes an attempt's spec"),
+            "{message}"
+        );
+
+        // Nothing changed.
+        let admin_attempts = Api::<RunnerAttempt>::namespaced(kube.clone(), &ns);
+        let now_b = admin_attempts.get(&name_b).await.unwrap();
+        assert_eq!(status_of(&now_b), status_of(&ra_b), "B's status changed");
+        assert_eq!(now_b.spec, ra_b.spec, "B's spec changed");
+        assert_eq!(
+            status_of(&admin_attempts.get(&name_a).await.unwrap())["runner"],
+            status_of(&ra_a)["runner"]
+        );
+        assert_eq!(
+            admin_attempts
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .len(),
+            2
+        );
+        let leases = Api::<Lease>::namespaced(kube.clone(), &sys);
+        assert!(
+            leases
+                .get_opt(&agent_lease_name(&node_b))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(p.leader().await.as_deref(), Some(leader.as_str()));
+
+        // Node A's own writes pass: its attempt's status, its own Lease.
+        attempts_a
+            .patch_status(
+                &name_a,
+                &PatchParams::default(),
+                &status_patch(json!({"state": "Busy"})),
+            )
+            .await
+            .unwrap();
+        let own = Lease {
+            metadata: ObjectMeta {
+                name: Some(agent_lease_name(&node_a)),
+                ..ObjectMeta::default()
+            },
+            ..Lease::default()
+        };
+        leases_a.create(&PostParams::default(), &own).await.unwrap();
+        leases_a
+            .patch(
+                &agent_lease_name(&node_a),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"holderIdentity": node_a}})),
+            )
+            .await
+            .unwrap();
+
+        // The webhook's cost per agent status write (docs/benchmarks.md): 200 writes with it,
+        // then 200 once the configuration is gone.
+        let with = timed_writes(&attempts_a, &name_a, 200).await;
+        unregister(&kube, &config).await.unwrap();
+        drop(registered);
+        wait::until(Duration::from_secs(30), "the webhook is gone", || async {
+            attempts_a
+                .patch_status(&name_b, &dry, &status_patch(json!({"state": "Busy"})))
+                .await
+                .ok()
+                .map(|_| ())
+        })
+        .await
+        .unwrap();
+        let without = timed_writes(&attempts_a, &name_a, 200).await;
+        eprintln!(
+            "admission latency per agent status write (200 each): with webhook p50 {:?} p95 {:?}; without p50 {:?} p95 {:?}",
+            percentile(&with, 0.5),
+            percentile(&with, 0.95),
+            percentile(&without, 0.5),
+            percentile(&without, 0.95),
+        );
+    }
+}

@@ -83,6 +83,18 @@ pub struct Cli {
         default_value = "runner-manager-node-agent"
     )]
     pub agent_daemonset: String,
+    /// The operator's own service account (in --namespace): the admission webhook lets only it
+    /// (and `system:masters`) create RunnerAttempts or change their spec.
+    #[arg(
+        long,
+        env = "RM_OPERATOR_SERVICE_ACCOUNT",
+        default_value = "runner-manager-operator"
+    )]
+    pub operator_service_account: String,
+    /// The ValidatingWebhookConfiguration (the chart's) whose `caBundle` the operator sets to the
+    /// broker CA at start. The webhook is served on the broker listener either way.
+    #[arg(long, env = "RM_ADMISSION_WEBHOOK_CONFIGURATION")]
+    pub admission_webhook_configuration: Option<String>,
     /// The broker Service's name (its certificate covers the Service's DNS names).
     #[arg(
         long,

@@ -2,6 +2,7 @@
 //! Its command line, its CRDs applied at start, the GitHub client, the JIT broker, the webhook
 //! receiver and the controllers (policy, placement, attempt supervision) under leader election.
 
+pub mod admission;
 pub mod broker;
 pub mod cli;
 pub mod controller;

@@ -15,6 +15,7 @@ use tokio::net::TcpListener;
 
 use crate::webhook::{self, WebhookConfig, WebhookReceiver};
 
+use crate::admission::{self, Admission, review::Principals};
 use crate::broker::authn::AgentIdentity;
 use crate::broker::{server, tls};
 use crate::cli::Cli;
@@ -107,10 +108,33 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
         ownership_label: ownership.clone(),
         metrics: Some(metrics.clone()),
     });
-    let (broker_addr, broker_task) =
-        server::start(cli.broker_addr, tls::server_config(&certificate)?, broker)
-            .await
-            .map_err(|e| RunError::Bind(cli.broker_addr, e))?;
+    // The admission webhook shares the broker's listener and CA (DESIGN §6).
+    let admission = Arc::new(Admission::new(
+        kube.clone(),
+        cli.namespace.clone(),
+        Principals::new(
+            &cli.namespace,
+            &cli.agent_service_account,
+            &cli.operator_service_account,
+        ),
+        AgentIdentity::new(
+            cli.namespace.clone(),
+            cli.agent_service_account.clone(),
+            cli.agent_pod_selector.clone(),
+            cli.agent_daemonset.clone(),
+        ),
+    ));
+    let (broker_addr, broker_task) = server::start_with(
+        cli.broker_addr,
+        tls::server_config(&certificate)?,
+        broker,
+        admission::router(admission),
+    )
+    .await
+    .map_err(|e| RunError::Bind(cli.broker_addr, e))?;
+    if let Some(name) = cli.admission_webhook_configuration.as_deref() {
+        admission::inject_ca_bundle(&kube, name, &certificate.ca_pem).await?;
+    }
     let health = TcpListener::bind(cli.metrics_addr)
         .await
         .map_err(|e| RunError::Bind(cli.metrics_addr, e))?;
@@ -184,6 +208,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
             ),
             settings: settings(&cli, ownership.clone()),
             metrics: metrics.clone(),
+            leading_since: std::sync::OnceLock::new(),
         });
         let elector = cli
             .leader_election

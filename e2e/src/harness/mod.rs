@@ -1,6 +1,7 @@
 //! The harness the scenario tests share: a client for the control plane under test (or a reason
 //! to skip), CRD installation, throwaway namespaces, and waiting on conditions with deadlines.
 
+pub mod admission;
 pub mod agent;
 pub mod cluster;
 pub mod fixtures;

@@ -166,7 +166,7 @@ impl AgentIdentity {
     /// The agent DaemonSet's uid (`None`: there is none). A reading is kept for
     /// [`DAEMONSET_UID_TTL`]; a caller whose `owner_uid` differs from it makes it be read again,
     /// at most every [`DAEMONSET_UID_REFRESH`], so a re-created DaemonSet is accepted at once.
-    async fn daemonset_uid(
+    pub(crate) async fn daemonset_uid(
         &self,
         client: &kube::Client,
         owner_uid: &str,
@@ -251,7 +251,7 @@ impl AuthnError {
 }
 
 /// The uid the pod's controller reference names, when that controller is a DaemonSet.
-fn controlling_daemonset(pod: &Pod) -> Option<&str> {
+pub(crate) fn controlling_daemonset(pod: &Pod) -> Option<&str> {
     pod.metadata
         .owner_references
         .as_ref()?

@@ -200,8 +200,19 @@ pub async fn start(
     tls: rustls::ServerConfig,
     broker: Arc<Broker>,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    start_with(addr, tls, broker, axum::Router::new()).await
+}
+
+/// [`start`], with `extra` routes sharing the listener (the admission webhook,
+/// `crate::admission::router`).
+pub async fn start_with(
+    addr: SocketAddr,
+    tls: rustls::ServerConfig,
+    broker: Arc<Broker>,
+    extra: axum::Router,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let task = tokio::spawn(serve(listener, tls, router(broker)));
+    let task = tokio::spawn(serve(listener, tls, router(broker).merge(extra)));
     Ok((bound, task))
 }

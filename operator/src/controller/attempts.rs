@@ -57,8 +57,9 @@ pub fn node_gone_since(
         .caches
         .leases
         .find(|l| l.metadata.name.as_deref() == Some(agent_lease_name(node).as_str()));
+    let leading_since = ctx.leading_since.get().copied();
     let Some(lease) = lease else {
-        return fallback;
+        return fallback.map(|f| counted_from(f, leading_since));
     };
     let spec = lease.spec.as_ref()?;
     let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref())?.0;
@@ -66,7 +67,16 @@ pub fn node_gone_since(
     let expires = renewed
         .checked_add(k8s_openapi::jiff::SignedDuration::try_from(duration).ok()?)
         .ok()?;
+    let expires = counted_from(expires, leading_since);
     (expires < now).then_some(expires)
+}
+
+/// A node's silence is counted from when this replica began leading at the earliest. Agents
+/// write their Lease through the admission webhook every replica serves (`failurePolicy: Fail`),
+/// so while no operator runs no agent can renew: a leader arriving after a long outage must not
+/// judge every node lost at its first pass. Pure.
+pub fn counted_from(since: Timestamp, leading_since: Option<Timestamp>) -> Timestamp {
+    leading_since.map_or(since, |l| since.max(l))
 }
 
 /// Take one of the operator's edges with a CAS on the cached resourceVersion; a conflict means
@@ -192,5 +202,20 @@ pub async fn housekeeping(ctx: &Ctx, attempts: &[Arc<RunnerAttempt>], now: Times
                 let _ = ctx.writer.delete_attempt(&ns, name).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn silence_before_this_leader_started_is_not_counted() {
+        let t = |s: i64| Timestamp::from_second(s).unwrap();
+        // Expired long before the leader started (the operator, hence the webhook, was down).
+        assert_eq!(counted_from(t(100), Some(t(5000))), t(5000));
+        // Expired while leading: counted from the expiry.
+        assert_eq!(counted_from(t(6000), Some(t(5000))), t(6000));
+        assert_eq!(counted_from(t(100), None), t(100));
     }
 }

@@ -80,6 +80,9 @@ pub struct Ctx {
     pub caches: Caches,
     pub events: Events,
     pub metrics: Arc<Metrics>,
+    /// When this replica's controllers started (after leadership and the first lists): node
+    /// silence is counted from here at the earliest (`attempts::counted_from`).
+    pub leading_since: std::sync::OnceLock<k8s_openapi::jiff::Timestamp>,
 }
 
 impl Ctx {
@@ -127,6 +130,7 @@ pub async fn run(ctx: Arc<Ctx>, wake: Arc<Notify>) {
         tracing::error!("the controller caches stopped before their first list");
         return;
     }
+    let _ = ctx.leading_since.set(k8s_openapi::jiff::Timestamp::now());
     tracing::info!("controllers reconciling");
     let mut memory = Memory::default();
     let mut first = true;

@@ -11,7 +11,7 @@ use kube::Resource;
 use runner_manager_crds::attempt::{
     AttemptFacts, GitHubFact, GitHubRunnerStatus, RunnerAttempt, TerminationReason,
 };
-use runner_manager_crds::names::{RUNNER_NAME_PREFIX, attempt_of_runner_name};
+use runner_manager_crds::names::{RUNNER_NAME_PREFIX, attempt_of_runner_name, runner_name};
 use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_crds::state::AttemptState;
 use tokio::time::Instant;
@@ -63,6 +63,21 @@ pub fn is_orphan(r: &Runner, ownership_label: &str, attempt_ids: &HashSet<String
             .is_some_and(|id| !attempt_ids.contains(&id.hyphenated().to_string()))
 }
 
+/// The GitHub runner name of an attempt, derived from its spec (`runner-manager-<uuid>`), never
+/// read from its status: the status is the agent's to write, so a forged `status.runner` must not
+/// choose which registration the operator deletes. Pure.
+pub fn registration_name(a: &RunnerAttempt) -> Option<String> {
+    a.spec.attempt_uuid().map(runner_name)
+}
+
+/// The registration GitHub lists for `a`'s own runner name. Pure.
+pub fn listed_runner<'l>(
+    listing: &'l HashMap<String, Runner>,
+    a: &RunnerAttempt,
+) -> Option<&'l Runner> {
+    listing.get(&registration_name(a)?)
+}
+
 /// What became of a termination request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Terminated {
@@ -98,19 +113,28 @@ pub async fn terminate(
     {
         return Terminated::Skipped;
     }
-    let runner = live
+    let registered = live
         .status
         .as_ref()
-        .and_then(|s| s.journal.runner().cloned());
-    let mut deregistered = runner.is_none();
-    if let (Some(runner), Some(client)) = (runner, client) {
-        // A DELETE only when GitHub still lists it (or we have not listed yet).
-        let listed = mem
-            .listing
-            .as_ref()
-            .is_none_or(|l| l.contains_key(&runner.name));
-        if listed {
-            match client.delete_runner(runner.id, Priority::Observe).await {
+        .is_some_and(|s| s.journal.runner().is_some());
+    let mut deregistered = !registered;
+    if registered && let Some(client) = client {
+        // A DELETE only when GitHub still lists it (or we have not listed yet), and only of the
+        // id GitHub lists for this attempt's own runner name: never an id read from the status,
+        // which an agent writes (issue 13, finding 3).
+        let listed = match (registration_name(&live), mem.listing.as_ref()) {
+            (None, _) => None,
+            (Some(name), Some(listing)) => listing.get(&name).map(|r| r.id),
+            (Some(name), None) => match client.find_runner(&name, Priority::Observe).await {
+                Ok(found) => found.map(|r| r.id),
+                Err(e) => {
+                    tracing::warn!(error = %e, attempt = name, "looking up the runner before termination failed; retrying next pass");
+                    return Terminated::Skipped;
+                }
+            },
+        };
+        if let Some(id) = listed {
+            match client.delete_runner(id, Priority::Observe).await {
                 Ok(Deleted::Deleted | Deleted::AlreadyGone) => deregistered = true,
                 Ok(Deleted::Busy) => {
                     ctx.events.publish(
@@ -184,13 +208,14 @@ pub async fn observe(
         .map(|r| (r.name.clone(), r.clone()))
         .collect();
     for a in attempts {
-        let Some(runner) = a.status.as_ref().and_then(|s| s.journal.runner()) else {
+        if a.status.as_ref().and_then(|s| s.journal.runner()).is_none() {
             continue;
-        };
+        }
         let ns = a.metadata.namespace.as_deref().unwrap_or_default();
         let name = a.metadata.name.as_deref().unwrap_or_default();
         let state = state_of(a);
-        let listed = listing.get(&runner.name);
+        // By the name derived from the attempt, never the status's (an agent writes the status).
+        let listed = listed_runner(&listing, a);
         if state.is_terminal() {
             // Concluded, yet GitHub still lists it: deregister (never a busy one).
             if let Some(r) = listed
@@ -290,6 +315,40 @@ mod tests {
             ours,
             &none
         ));
+    }
+
+    #[test]
+    fn a_forged_status_runner_never_chooses_the_registration_deleted() {
+        let own = "01234567-89ab-4def-8123-456789abcdef";
+        // The agent (or anyone with status rights) wrote another runner's id and name.
+        let a: RunnerAttempt = serde_json::from_value(serde_json::json!({
+            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
+            "metadata": {"name": "web-1"},
+            "spec": {"id": own, "policy": "web", "nodeName": "n",
+              "snapshot": {"policyUid": "u", "target": {"url": "https://github.com/a/b", "scope": "Repository"},
+                "labels": ["x"], "runnerGroupId": 1, "workspace": "Ephemeral", "maxSlots": 1,
+                "execution": {"mode": "Native"},
+                "runner": {"version": "2.330.0", "url": "u", "sha256": "a".repeat(64)},
+                "timeouts": {"registration": "60s", "idle": "120s", "jitHandoff": "120s"}}},
+            "status": {"state": "Finished", "runner": {"id": 99, "name": "victim"}}
+        }))
+        .unwrap();
+        assert_eq!(a.status.as_ref().unwrap().journal.runner().unwrap().id, 99);
+        let mine = format!("runner-manager-{own}");
+        assert_eq!(registration_name(&a).as_deref(), Some(mine.as_str()));
+        let mut victim = runner("victim", "offline", &[]);
+        victim.id = 99;
+        let mut ours = runner(&mine, "offline", &[]);
+        ours.id = 7;
+        let listing: HashMap<String, Runner> = [victim, ours]
+            .into_iter()
+            .map(|r| (r.name.clone(), r))
+            .collect();
+        assert_eq!(listed_runner(&listing, &a).map(|r| r.id), Some(7));
+        // Not listed under its own name: nothing to delete, whatever the status says.
+        let only_victim: HashMap<String, Runner> =
+            listing.into_iter().filter(|(n, _)| n == "victim").collect();
+        assert!(listed_runner(&only_victim, &a).is_none());
     }
 
     #[test]
