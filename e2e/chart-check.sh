@@ -19,7 +19,11 @@ ns=runner-manager-system
 helm uninstall runner-manager -n "$ns" >/dev/null 2>&1 || true
 # --force-conflicts: the CRDs may already be applied server-side by another field manager (the
 # operator applies its own at start, and the tests do).
-helm install runner-manager charts/runner-manager -n "$ns" --create-namespace --force-conflicts >/dev/null
+# The admission webhook (failurePolicy Fail) would intercept every RunnerAttempt write in the
+# shared test cluster while this release's operator stays Pending: scope it to namespaces
+# labelled for this check only.
+scoped=(--set-json 'admissionWebhook.namespaceSelector={"matchLabels":{"runner-manager.dev/chart-check":"only"}}')
+helm install runner-manager charts/runner-manager -n "$ns" --create-namespace --force-conflicts "${scoped[@]}" >/dev/null
 trap 'helm uninstall runner-manager -n "$ns" >/dev/null 2>&1 || true' EXIT
 kubectl -n "$ns" get deployment/runner-manager-operator daemonset/runner-manager-node-agent \
   service/runner-manager-broker serviceaccount/runner-manager-node-agent >/dev/null
@@ -44,6 +48,29 @@ done
 # The broker reads the agent DaemonSet (its uid) to know which pods are agents.
 kubectl auth can-i get daemonsets.apps/runner-manager-node-agent -n "$ns" \
   --as="system:serviceaccount:$ns:runner-manager-operator" >/dev/null
-echo "helm install: objects created, agent RBAC is least-privilege"
+# The operator (issue 13 finding 7): Secrets and ConfigMaps by get only, CRDs, its certificate
+# Secret, CA ConfigMap and leader Lease by name; the agents' node confinement is registered.
+op="--as=system:serviceaccount:$ns:runner-manager-operator"
+for allowed in "get secrets -n team-a" "get configmaps -n team-a" \
+               "patch customresourcedefinitions.apiextensions.k8s.io/runnerattempts.runner-manager.dev" \
+               "update secrets/runner-manager-broker-tls -n $ns" "patch configmaps/runner-manager-broker-ca -n $ns" \
+               "update leases.coordination.k8s.io/runner-manager-operator -n $ns" \
+               "update validatingwebhookconfigurations.admissionregistration.k8s.io/runner-manager-$ns"; do
+  kubectl auth can-i $allowed $op >/dev/null || { echo "the operator may not $allowed: it must" >&2; exit 1; }
+done
+for denied in "list secrets --all-namespaces" "watch secrets --all-namespaces" "list secrets -n team-a" "list secrets -n $ns" \
+              "list configmaps --all-namespaces" "watch configmaps -n team-a" \
+              "update secrets -n team-a" "update secrets/other -n $ns" "update configmaps/other -n $ns" \
+              "patch customresourcedefinitions.apiextensions.k8s.io/other.example.com" "delete customresourcedefinitions.apiextensions.k8s.io" \
+              "update leases.coordination.k8s.io/other -n $ns" "update leases.coordination.k8s.io -n kube-node-lease" \
+              "update validatingwebhookconfigurations.admissionregistration.k8s.io/other" \
+              "list pods --all-namespaces" "get pods -n team-a"; do
+  if kubectl auth can-i $denied $op >/dev/null 2>&1; then
+    echo "the operator may $denied: it must not" >&2; exit 1
+  fi
+done
+failure=$(kubectl get validatingwebhookconfiguration "runner-manager-$ns" -o jsonpath='{.webhooks[*].failurePolicy}')
+[ "$failure" = "Fail Fail" ] || { echo "the admission webhook's failurePolicy is '$failure', not Fail" >&2; exit 1; }
+echo "helm install: objects created, agent and operator RBAC are least-privilege, admission webhook registered"
 helm uninstall runner-manager -n "$ns" >/dev/null
 trap - EXIT

@@ -79,8 +79,11 @@ for ns in "$ns_a" "$ns_b"; do
   kubectl label namespace "$ns" pod-security.kubernetes.io/enforce=privileged >/dev/null
 done
 # --force-conflicts: the CRDs may already be applied server-side by the operator's field manager.
-helm install "$rel_a" "$chart" -n "$ns_a" --force-conflicts >/dev/null
-helm install "$rel_b" "$chart" -n "$ns_b" --force-conflicts --set operator.watchNamespace=team-b >/dev/null
+# The admission webhook (failurePolicy Fail) is scoped to a label no namespace carries: these
+# releases' operators never run, and the shared test cluster's attempts must stay writable.
+scoped=(--set-json 'admissionWebhook.namespaceSelector={"matchLabels":{"runner-manager.dev/chart-check":"only"}}')
+helm install "$rel_a" "$chart" -n "$ns_a" --force-conflicts "${scoped[@]}" >/dev/null
+helm install "$rel_b" "$chart" -n "$ns_b" --force-conflicts --set operator.watchNamespace=team-b "${scoped[@]}" >/dev/null
 kubectl -n "$ns_a" get deployment/runner-manager-operator daemonset/runner-manager-node-agent \
   service/runner-manager-broker service/runner-manager-webhook >/dev/null
 kubectl -n "$ns_b" get deployment/ci-runner-manager-operator daemonset/ci-runner-manager-node-agent \
@@ -99,7 +102,7 @@ kubectl auth can-i get daemonsets.apps/ci-runner-manager-node-agent -n "$ns_b" \
   --as="system:serviceaccount:$ns_b:ci-runner-manager-operator" >/dev/null
 echo "two releases side by side: $rel_a in $ns_a, $rel_b in $ns_b"
 
-helm upgrade "$rel_b" "$chart" -n "$ns_b" --force-conflicts -f "$tmp/full.yaml" >/dev/null
+helm upgrade "$rel_b" "$chart" -n "$ns_b" --force-conflicts -f "$tmp/full.yaml" "${scoped[@]}" >/dev/null
 [ "$(kubectl -n "$ns_b" get deployment/ci-runner-manager-operator -o jsonpath='{.spec.replicas}')" = 2 ] \
   || fail "the upgrade did not set 2 replicas"
 kubectl -n "$ns_b" get poddisruptionbudget/ci-runner-manager-operator >/dev/null
