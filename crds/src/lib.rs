@@ -32,6 +32,10 @@ pub const POLICY_LABEL: &str = "runner-manager.dev/policy";
 pub const NODE_LABEL: &str = "runner-manager.dev/node";
 /// Annotation with which a person releases an attempt that can never be cleaned.
 pub const ABANDON_ANNOTATION: &str = "runner-manager.dev/abandon";
+/// Annotation the operator sets when it creates an attempt: the W3C `traceparent` of the
+/// attempt's trace (only while it exports OpenTelemetry traces), so the agent's launch spans
+/// join the operator's. Nothing decides on it.
+pub const TRACEPARENT_ANNOTATION: &str = "runner-manager.dev/traceparent";
 
 /// The generated CRDs: (file name, YAML). `crdgen` writes them; a test compares them to the
 /// committed files.

@@ -120,6 +120,11 @@ pub struct Cli {
     /// Log format.
     #[arg(long, env = "RM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (e.g. `0.0.0.0:9090`, what the
+    /// chart sets; port 0 lets the system choose, and the address is logged as `health`). Not
+    /// served when unset.
+    #[arg(long, env = "RM_HEALTH_ADDR")]
+    pub health_addr: Option<std::net::SocketAddr>,
 }
 
 fn host_list(s: &str) -> Result<runner_manager_crds::hosts::HostList, String> {

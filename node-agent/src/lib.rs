@@ -14,5 +14,6 @@ pub mod packages;
 pub mod process;
 pub mod providers;
 pub mod roots;
+pub mod telemetry;
 pub mod termination;
 pub mod workspace;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use runner_manager_node_agent::agent::{self, AgentError};
 use runner_manager_node_agent::cli::Cli;
+use runner_manager_node_agent::telemetry;
 
 /// Another agent holds the host fence.
 const EXIT_FENCED: u8 = 3;
@@ -14,6 +15,7 @@ fn main() -> ExitCode {
     // aws-lc-rs is the one TLS provider this workspace builds; say so before anything uses TLS.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let cli = Cli::parse();
+    let _telemetry = telemetry::init(cli.log_format, "runner-manager-node-agent");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -21,18 +23,18 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("runner-manager-node-agent: cannot start the runtime: {e}");
+            tracing::error!("runner-manager-node-agent: cannot start the runtime: {e}");
             return ExitCode::from(EXIT_FAILED);
         }
     };
     match runtime.block_on(agent::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e @ AgentError::Fence(_)) => {
-            eprintln!("runner-manager-node-agent: {e}");
+            tracing::error!("runner-manager-node-agent: {e}");
             ExitCode::from(EXIT_FENCED)
         }
         Err(e) => {
-            eprintln!("runner-manager-node-agent: {e}");
+            tracing::error!("runner-manager-node-agent: {e}");
             ExitCode::from(EXIT_FAILED)
         }
     }

@@ -4,7 +4,6 @@
 //! removed whole, persistent scrubbed by the seven checks); the package lease and the account;
 //! then `Cleaned`. Each step is idempotent, so a crash anywhere is finished by the next pass.
 
-use super::log::say;
 use kube::api::Api;
 use runner_manager_crds::attempt::{
     AttemptConditionType, AttemptJournal, AttemptReason, RunnerAttempt, Transition,
@@ -60,7 +59,8 @@ pub async fn clean(
     if let Some(identity) = recorded
         && let Err(e) = tokio::task::block_in_place(|| agent.launcher.stop(&identity))
     {
-        say!("{ns}/{name}: cleanup deferred: the runner is not proven stopped: {e}");
+        super::metrics::global().cleanup_deferred();
+        tracing::warn!("{ns}/{name}: cleanup deferred: the runner is not proven stopped: {e}");
         return Ok(Step::Wait);
     }
 
@@ -70,7 +70,7 @@ pub async fn clean(
         &format!("{name}.log"),
         diagnostics(a, &journal).as_bytes(),
     ) {
-        say!("{ns}/{name}: diagnostics not written ({:?})", e.kind());
+        tracing::warn!("{ns}/{name}: diagnostics not written ({:?})", e.kind());
     }
 
     // 3. The workspace, dispatched on the journalled kind.
@@ -88,7 +88,8 @@ pub async fn clean(
                         let retry = agent
                             .cleanup_backoff()
                             .failed(&uid, std::time::Instant::now());
-                        say!(
+                        super::metrics::global().cleanup_deferred();
+                        tracing::warn!(
                             "{ns}/{name}: cleanup deferred: {e}; next try in {}s",
                             retry.as_secs()
                         );
@@ -153,7 +154,8 @@ pub async fn clean(
                         let retry = agent
                             .cleanup_backoff()
                             .failed(&uid, std::time::Instant::now());
-                        say!(
+                        super::metrics::global().quarantined();
+                        tracing::warn!(
                             "{ns}/{name}: slot quarantined ({}); next try in {}s",
                             q.refusal.event_class(),
                             retry.as_secs()
@@ -218,7 +220,7 @@ pub async fn clean(
     }
     agent.accounts().release(&uid);
     agent.book().forget(&uid);
-    say!("{ns}/{name}: cleaned");
+    tracing::info!("{ns}/{name}: cleaned");
     Ok(if state == AttemptState::Cleaned {
         Step::Done
     } else {

@@ -1,12 +1,10 @@
 //! Events on attempts, for what a person must see (a blocked recovery, a quarantined slot).
 //! Reasons are a closed vocabulary; messages carry ids and kinds, never workflow-chosen names.
 
-use super::log::say;
-use k8s_openapi::api::core::v1::{Event, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
+use std::sync::OnceLock;
+
 use kube::Resource;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use runner_manager_crds::attempt::RunnerAttempt;
 
 /// Why an event is emitted.
@@ -20,7 +18,7 @@ pub enum EventReason {
 }
 
 impl EventReason {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::RecoveryBlocked => "RecoveryBlocked",
             Self::CleanupDeferred => "CleanupDeferred",
@@ -31,6 +29,23 @@ impl EventReason {
     }
 }
 
+/// The agent's Event recorder (events.k8s.io/v1 through kube's `Recorder`: repeats of one
+/// Event on one object become a series instead of new objects). The reporting controller is
+/// `runner-manager-node-agent`, the instance the node.
+/// One per process: the agent has one client.
+pub fn recorder(kube: &kube::Client, node: &str) -> &'static Recorder {
+    static RECORDER: OnceLock<Recorder> = OnceLock::new();
+    RECORDER.get_or_init(|| {
+        Recorder::new(
+            kube.clone(),
+            Reporter {
+                controller: "runner-manager-node-agent".into(),
+                instance: Some(node.to_owned()),
+            },
+        )
+    })
+}
+
 /// Emits a Warning event on `attempt`. Best effort: an event that cannot be written is logged.
 pub async fn warn(
     kube: &kube::Client,
@@ -39,42 +54,25 @@ pub async fn warn(
     reason: EventReason,
     message: String,
 ) {
-    let Some(ns) = attempt.metadata.namespace.clone() else {
+    if attempt.metadata.namespace.is_none() {
         return;
-    };
-    let now = Timestamp::now();
+    }
+    super::metrics::global().event(reason.as_str());
     let event = Event {
-        metadata: ObjectMeta {
-            generate_name: Some(format!(
-                "{}-",
-                attempt.metadata.name.as_deref().unwrap_or("attempt")
-            )),
-            ..ObjectMeta::default()
-        },
-        involved_object: ObjectReference {
-            api_version: Some(RunnerAttempt::api_version(&()).into_owned()),
-            kind: Some(RunnerAttempt::kind(&()).into_owned()),
-            name: attempt.metadata.name.clone(),
-            namespace: Some(ns.clone()),
-            uid: attempt.metadata.uid.clone(),
-            ..ObjectReference::default()
-        },
-        reason: Some(reason.as_str().to_owned()),
-        message: Some(message),
-        type_: Some("Warning".to_owned()),
-        first_timestamp: Some(Time(now)),
-        last_timestamp: Some(Time(now)),
-        count: Some(1),
-        source: Some(k8s_openapi::api::core::v1::EventSource {
-            component: Some("runner-manager-node-agent".to_owned()),
-            host: Some(node.to_owned()),
-        }),
-        ..Event::default()
+        type_: EventType::Warning,
+        reason: reason.as_str().into(),
+        note: Some(message),
+        action: reason.as_str().into(),
+        secondary: None,
     };
-    if let Err(e) = Api::<Event>::namespaced(kube.clone(), &ns)
-        .create(&PostParams::default(), &event)
+    if let Err(e) = recorder(kube, node)
+        .publish(&event, &attempt.object_ref(&()))
         .await
     {
-        say!("event {} not written: {e}", reason.as_str());
+        tracing::warn!(
+            reason = reason.as_str(),
+            "event {} not written: {e}",
+            reason.as_str()
+        );
     }
 }

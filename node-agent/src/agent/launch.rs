@@ -4,11 +4,12 @@
 //! (`Prepared`) → one JIT request → handoff file → launcher start → `Starting` with the
 //! identity and the step timings. Only a start that never had a child is retried.
 
-use super::log::say;
 use std::collections::BTreeMap;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+use tracing::Instrument;
 
 use kube::api::Api;
 use runner_manager_crds::attempt::{
@@ -83,8 +84,40 @@ pub async fn take(
     Ok(taken.is_some())
 }
 
+/// The span of one attempt's launch on this node: a child of the span the operator's
+/// `traceparent` annotation names, so the launch joins the runner's trace. Its fields are the
+/// attempt's ids and the node.
+fn launch_span(agent: &Agent, a: &RunnerAttempt, what: &'static str) -> tracing::Span {
+    let span = tracing::info_span!(
+        "launch",
+        otel.name = what,
+        attempt.uid = a.metadata.uid.as_deref().unwrap_or_default(),
+        attempt.namespace = a.metadata.namespace.as_deref().unwrap_or_default(),
+        attempt.name = a.metadata.name.as_deref().unwrap_or_default(),
+        node = agent.node.as_str(),
+    );
+    crate::telemetry::join(
+        &span,
+        a.metadata
+            .annotations
+            .as_ref()
+            .and_then(|m| m.get(crate::telemetry::TRACEPARENT_ANNOTATION))
+            .map(String::as_str),
+    );
+    span
+}
+
 /// Admission and the whole launch of a `Pending` attempt.
 pub async fn admit_and_launch(
+    agent: &Agent,
+    api: &Api<RunnerAttempt>,
+    a: &RunnerAttempt,
+) -> Result<(), StepError> {
+    let span = launch_span(agent, a, "launch");
+    launch_steps(agent, api, a).instrument(span).await
+}
+
+async fn launch_steps(
     agent: &Agent,
     api: &Api<RunnerAttempt>,
     a: &RunnerAttempt,
@@ -96,7 +129,7 @@ pub async fn admit_and_launch(
     let decision = agent.book().admit(&uid, agent.capacity, usable);
     agent.advert_changed.notify_one();
     if let Admission::Reject(reason) = decision {
-        say!("{ns}/{name}: rejected ({reason:?})");
+        tracing::warn!("{ns}/{name}: rejected ({reason:?})");
         conclude(api, &name, Outcome::Rejected(reason)).await?;
         events::warn(
             &agent.kube,
@@ -108,7 +141,9 @@ pub async fn admit_and_launch(
         .await;
         return Ok(());
     }
-    let admitted = allocate(agent, api, a, &name, &ns).await;
+    let admitted = allocate(agent, api, a, &name, &ns)
+        .instrument(tracing::info_span!("admit"))
+        .await;
     let Some(placement) = admitted.inspect_err(|_| agent.book().forget(&uid))? else {
         agent.book().forget(&uid);
         return Ok(());
@@ -132,7 +167,7 @@ pub async fn admit_and_launch(
         .map_err(|e| e.to_string()),
     };
     if let Err(why) = made {
-        say!("{ns}/{name}: workspace unavailable: {why}");
+        tracing::warn!("{ns}/{name}: workspace unavailable: {why}");
         conclude(
             api,
             &name,
@@ -155,11 +190,12 @@ pub async fn admit_and_launch(
                 WorkspaceMode::Persistent => RuntimeKind::PersistentSlot,
             },
         )
+        .instrument(tracing::info_span!("materialize"))
         .await;
     let package = match materialized {
         Ok(m) => m,
         Err(e) => {
-            say!("{ns}/{name}: package not materialized: {e}");
+            tracing::warn!("{ns}/{name}: package not materialized: {e}");
             package_refused(agent, api, a, &name, &e).await?;
             conclude(
                 api,
@@ -187,7 +223,7 @@ pub async fn admit_and_launch(
         }
     };
     let Ok(account) = account else {
-        say!("{ns}/{name}: no free runner account");
+        tracing::warn!("{ns}/{name}: no free runner account");
         conclude(
             api,
             &name,
@@ -196,8 +232,8 @@ pub async fn admit_and_launch(
         .await?;
         return Ok(());
     };
-    if let Err(e) = own_runtime(&runtime, account) {
-        say!("{ns}/{name}: runtime not prepared: {:?}", e.kind());
+    if let Err(e) = tracing::info_span!("prepare").in_scope(|| own_runtime(&runtime, account)) {
+        tracing::warn!("{ns}/{name}: runtime not prepared: {:?}", e.kind());
         conclude(
             api,
             &name,
@@ -294,7 +330,7 @@ async fn allocate(
             let slot = match chosen {
                 Ok(n) => n,
                 Err(e) => {
-                    say!("{ns}/{name}: {e}");
+                    tracing::warn!("{ns}/{name}: {e}");
                     conclude(
                         api,
                         name,
@@ -366,6 +402,7 @@ pub async fn resume_prepared(
     api: &Api<RunnerAttempt>,
     a: &RunnerAttempt,
 ) -> Result<(), StepError> {
+    let span = launch_span(agent, a, "launch.resume");
     let (uid, name, ns) = super::supervise::names(a)?;
     let journal = journal_of(a);
     let runtime = journal
@@ -398,6 +435,7 @@ pub async fn resume_prepared(
         account,
         LaunchTimings::default(),
     )
+    .instrument(span)
     .await
 }
 
@@ -420,7 +458,7 @@ async fn request_and_start(
     let env = match environment(&snapshot.env, &runtime) {
         Ok(env) => env,
         Err(e) => {
-            say!("{ns}/{name}: runner.env refused: {e}");
+            tracing::warn!("{ns}/{name}: runner.env refused: {e}");
             conclude(
                 api,
                 name,
@@ -433,7 +471,7 @@ async fn request_and_start(
     let limits = match CgroupLimits::from_resources(snapshot.execution.resources.as_ref()) {
         Ok(l) => l.with_defaults(agent.runner_defaults),
         Err(e) => {
-            say!("{ns}/{name}: resources refused: {e}");
+            tracing::warn!("{ns}/{name}: resources refused: {e}");
             conclude(
                 api,
                 name,
@@ -452,24 +490,28 @@ async fn request_and_start(
     };
     // The one request of this attempt (DESIGN §5): whatever happens, never a second.
     let asked = Instant::now();
-    let answer = agent.broker.request_jit(ns, name, &request).await;
+    let answer = agent
+        .broker
+        .request_jit(ns, name, &request)
+        .instrument(tracing::info_span!("register"))
+        .await;
     timings.register_ms = millis(asked);
     let jit = match answer {
         JitAnswer::Issued(r) => r,
         JitAnswer::AlreadyIssued | JitAnswer::Lost => {
-            say!(
+            tracing::warn!(
                 "{ns}/{name}: the JIT is lost (the broker's answer was not received whole, or it was issued before)"
             );
             conclude(api, name, Outcome::Failed(FailureReason::JitExpired)).await?;
             return Ok(());
         }
         JitAnswer::Refused(code) => {
-            say!("{ns}/{name}: the broker refused the JIT request ({code})");
+            tracing::warn!("{ns}/{name}: the broker refused the JIT request ({code})");
             conclude(api, name, Outcome::Failed(FailureReason::JitRequestFailed)).await?;
             return Ok(());
         }
         JitAnswer::NotSent(why) => {
-            say!("{ns}/{name}: the JIT request was not sent: {why}");
+            tracing::warn!("{ns}/{name}: the JIT request was not sent: {why}");
             conclude(api, name, Outcome::Failed(FailureReason::JitRequestFailed)).await?;
             return Ok(());
         }
@@ -489,20 +531,24 @@ async fn request_and_start(
         let handoff = match RestrictiveHandoff::create(&runtime, account, &jit.encoded_jit_config) {
             Ok(h) => h,
             Err(e) => {
-                say!("{ns}/{name}: handoff refused: {e}");
+                tracing::warn!("{ns}/{name}: handoff refused: {e}");
                 break;
             }
         };
-        match tokio::task::block_in_place(|| agent.launcher.start(&spec, handoff)) {
+        let started = tracing::info_span!("spawn")
+            .in_scope(|| tokio::task::block_in_place(|| agent.launcher.start(&spec, handoff)));
+        match started {
             Ok(id) => {
                 identity = Some(id);
                 break;
             }
             Err(e) if e.retryable() => {
-                say!("{ns}/{name}: start failed before a child existed ({e}); retrying");
+                tracing::warn!("{ns}/{name}: start failed before a child existed ({e}); retrying");
             }
             Err(e) => {
-                say!("{ns}/{name}: start failed after a child existed ({e}); never retried");
+                tracing::warn!(
+                    "{ns}/{name}: start failed after a child existed ({e}); never retried"
+                );
                 // A child that could not be proven dead is journalled so supervision proves it.
                 identity = e.live;
                 break;
@@ -532,8 +578,10 @@ async fn request_and_start(
             Decision::Nothing
         }
     })
+    .instrument(tracing::info_span!("journal_started"))
     .await?;
-    say!(
+    super::metrics::global().launch_started(&timings);
+    tracing::info!(
         "{ns}/{name}: started (materialize {} ms, prepare {} ms, register {} ms, spawn {} ms, downloaded {})",
         timings.materialize_ms,
         timings.prepare_ms,

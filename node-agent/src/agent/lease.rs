@@ -3,7 +3,6 @@
 //! heartbeats, its annotations the [`AgentAdvert`] the operator's placement reads. It is
 //! liveness for the operator; the host `flock` is the fence.
 
-use super::log::say;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
@@ -19,6 +18,18 @@ use super::Agent;
 
 const FIELD_MANAGER: &str = "runner-manager-node-agent";
 
+static LAST_RENEWED: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+
+fn renewed() {
+    super::metrics::global().lease_renewal(true);
+    *LAST_RENEWED.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+}
+
+/// When this process last renewed its node Lease (readiness and the heartbeat-age gauge).
+pub fn last_renewed() -> Option<std::time::Instant> {
+    *LAST_RENEWED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Renews the Lease until the process ends; an advert change renews at once.
 pub async fn heartbeat(agent: Arc<Agent>) {
     let api = Api::<Lease>::namespaced(agent.kube.clone(), &agent.system_namespace);
@@ -29,15 +40,17 @@ pub async fn heartbeat(agent: Arc<Agent>) {
         let advert = agent.advert();
         match renew(&api, &name, &holder, agent.heartbeat.as_secs(), &advert).await {
             Ok(()) if failing => {
-                say!("lease renewed again");
+                renewed();
+                tracing::info!("lease renewed again");
                 failing = false;
             }
-            Ok(()) => {}
+            Ok(()) => renewed(),
             Err(e) if !failing => {
-                say!("lease renewal failed: {e}");
+                super::metrics::global().lease_renewal(false);
+                tracing::warn!("lease renewal failed: {e}");
                 failing = true;
             }
-            Err(_) => {}
+            Err(_) => super::metrics::global().lease_renewal(false),
         }
         tokio::select! {
             () = tokio::time::sleep(agent.heartbeat) => {}

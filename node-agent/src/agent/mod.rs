@@ -15,9 +15,10 @@ pub mod events;
 pub mod fault;
 pub mod fence;
 pub mod gate;
+pub mod health;
 pub mod launch;
 pub mod lease;
-pub mod log;
+pub mod metrics;
 pub mod rebuild;
 pub mod supervise;
 
@@ -51,7 +52,6 @@ use admission::CapacityBook;
 use broker_client::BrokerClient;
 use fence::{FenceError, HostFence};
 use gate::RecoveryGate;
-use log::say;
 
 /// Why the agent could not run. Each maps to an exit code in `main`.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +76,8 @@ pub enum AgentError {
     Packages(String),
     #[error("signal handling: {0:?}")]
     Signals(std::io::ErrorKind),
+    #[error("binding --health-addr {0}: {1:?}")]
+    Bind(std::net::SocketAddr, std::io::ErrorKind),
 }
 
 /// Everything the attempt tasks share.
@@ -220,7 +222,6 @@ fn prepare_host_root(root: &std::path::Path) -> Result<(), AgentError> {
 
 /// Runs the agent until SIGTERM (or SIGINT). Runners keep running: they outlive the agent.
 pub async fn run(cli: Cli) -> Result<(), AgentError> {
-    log::init(cli.log_format);
     // Before anything is created under them.
     crate::roots::check_roots(&cli.host_root, &cli.slots_root)?;
     if cli.launcher == LauncherKind::Systemd {
@@ -246,7 +247,10 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
                 .map_err(|e| AgentError::Launcher(e.to_string()))?,
             helper,
         )),
-        LauncherKind::Systemd => Box::new(SystemdLauncher::new(helper)),
+        LauncherKind::Systemd => Box::new(SystemdLauncher::new(
+            crate::providers::systemd::install_helper(&helper, &cli.host_root)
+                .map_err(|e| AgentError::Launcher(format!("installing the entry helper: {e}")))?,
+        )),
     };
     let downloader = Downloader::with_limits(
         RetryPolicy::PRODUCTION,
@@ -286,7 +290,18 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         advert_changed: Notify::new(),
         spec_warned: Mutex::new(std::collections::BTreeSet::new()),
     });
-    say!(
+    let health = match cli.health_addr {
+        Some(addr) => Some(
+            health::serve(Arc::clone(&agent), addr)
+                .await
+                .map_err(|e| AgentError::Bind(addr, e.kind()))?,
+        ),
+        None => None,
+    };
+    tracing::info!(
+        node = %agent.node,
+        capacity = agent.capacity,
+        health = %health.as_ref().map(|(a, _)| a.to_string()).unwrap_or_default(),
         "node {} serving (capacity {}, launcher {:?}, host root {})",
         agent.node,
         agent.capacity,
@@ -304,8 +319,11 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
     }
     // Stop watching and supervising; the runners run on and the next agent adopts them.
     heartbeat.abort();
+    if let Some((_, task)) = health {
+        task.abort();
+    }
     drop(fence);
-    say!("stopped on signal; runners keep running");
+    tracing::info!("stopped on signal; runners keep running");
     Ok(())
 }
 
@@ -330,7 +348,7 @@ async fn watch_attempts(agent: Arc<Agent>) {
             Ok(Some(e)) => e,
             Ok(None) => return,
             Err(e) => {
-                say!("watching attempts failed: {e}");
+                tracing::warn!("watching attempts failed: {e}");
                 if first {
                     agent.gate.list_failed();
                     agent.advert_changed.notify_one();

@@ -2,7 +2,6 @@
 //! capacity book, the slot table, the account pool (the owners of the runtimes of uncleaned
 //! attempts) and the package leases; and the set of attempts the recovery gate waits for.
 
-use super::log::say;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -67,7 +66,7 @@ pub fn rebuild(agent: &Agent, attempts: &[RunnerAttempt]) {
         }
     }
     restore_slot_bindings(agent);
-    say!(
+    tracing::info!(
         "recovery: {} attempt(s) of this node to reconcile before admitting",
         expected.len()
     );

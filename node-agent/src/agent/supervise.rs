@@ -4,7 +4,6 @@
 //! `crds::recovery::recovery_decision`, with the facts the operator wrote and what the agent
 //! sees of the process.
 
-use super::log::say;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -98,12 +97,15 @@ pub async fn conclude(
     name: &str,
     outcome: Outcome,
 ) -> Result<(), StepError> {
+    // The state the conclusion started from: before `Starting`, it is a launch that failed.
+    let mut from = None;
     for _ in 0..3 {
         let written = journal::advance(api, name, Actor::Agent, |cur| {
             let state = state_of(cur);
             if state.is_terminal() {
                 return Decision::Nothing;
             }
+            from.get_or_insert(state);
             conclusion_path(state, outcome)
                 .into_iter()
                 .next()
@@ -112,7 +114,21 @@ pub async fn conclude(
         .await?;
         match written {
             Some(a) if !state_of(&a).is_terminal() => continue,
-            _ => return Ok(()),
+            Some(_) => {
+                let launching = from.is_some_and(|s| {
+                    matches!(
+                        s,
+                        AttemptState::Pending
+                            | AttemptState::Allocated
+                            | AttemptState::Preparing
+                            | AttemptState::Prepared
+                            | AttemptState::JitReceived
+                    )
+                });
+                super::metrics::global().concluded(outcome, launching);
+                return Ok(());
+            }
+            None => return Ok(()),
         }
     }
     Ok(())
@@ -157,7 +173,7 @@ pub async fn attempt_task(agent: Arc<Agent>, namespace: String, name: String, ui
                 agent.advert_changed.notify_one();
                 if !reported {
                     reported = true;
-                    say!("{namespace}/{name}: recovery blocked: {}", why.as_str());
+                    tracing::warn!("{namespace}/{name}: recovery blocked: {}", why.as_str());
                     events::warn(
                         &agent.kube,
                         &agent.node,
@@ -173,7 +189,7 @@ pub async fn attempt_task(agent: Arc<Agent>, namespace: String, name: String, ui
                 tokio::time::sleep(agent.poll).await;
             }
             Err(e) => {
-                say!("{namespace}/{name}: {e}");
+                tracing::warn!("{namespace}/{name}: {e}");
                 tokio::time::sleep(agent.poll).await;
             }
         }
@@ -204,7 +220,7 @@ pub async fn step(
         .is_some_and(|admitted| admitted != spec_hash(&a.spec));
     if frozen && state.is_live() && agent.warn_spec_changed(&uid) {
         let (_, name, ns) = names(a)?;
-        say!("{ns}/{name}: the spec changed after admission; refusing to act on it");
+        tracing::warn!("{ns}/{name}: the spec changed after admission; refusing to act on it");
         events::warn(
             &agent.kube,
             &agent.node,
@@ -314,7 +330,7 @@ async fn jit_received(
     ) {
         RecoveryDecision::Observe(AttemptState::Starting) => {
             if let Some(id) = identity {
-                say!(
+                tracing::info!(
                     "{ns}/{name}: re-adopted runner pid {} (spawned before the crash)",
                     id.pid
                 );
@@ -439,7 +455,7 @@ async fn live(
     );
     match exit_outcome(state, exit, seen, intent, rec) {
         Some(outcome) => {
-            say!("{ns}/{name}: runner exited ({exit:?}, {seen:?}): {outcome:?}");
+            tracing::info!("{ns}/{name}: runner exited ({exit:?}, {seen:?}): {outcome:?}");
             conclude(api, &name, outcome).await?;
             Ok(Step::Again)
         }
@@ -461,7 +477,7 @@ async fn stop(
 ) -> Result<Step, StepError> {
     let (_, name, ns) = names(a)?;
     if let Err(e) = record_intent(runtime, reason) {
-        say!(
+        tracing::warn!(
             "{ns}/{name}: termination intent not durable ({:?}); nothing signalled",
             e.kind()
         );
@@ -472,12 +488,12 @@ async fn stop(
         terminate(agent.launcher.as_ref(), identity, runtime, reason, state)
     }) {
         Ok(outcome) => {
-            say!("{ns}/{name}: stopped ({}): {outcome:?}", reason.token());
+            tracing::info!("{ns}/{name}: stopped ({}): {outcome:?}", reason.token());
             conclude(api, &name, outcome).await?;
             Ok(Step::Again)
         }
         Err(e) => {
-            say!("{ns}/{name}: termination deferred: {e}");
+            tracing::warn!("{ns}/{name}: termination deferred: {e}");
             Ok(Step::Wait)
         }
     }
