@@ -331,7 +331,7 @@ fn the_systemd_unit_has_exactly_these_properties_and_never_the_jit() {
     assert_eq!(
         props,
         vec![
-            ("Slice", "runner-manager.slice"),
+            ("Slice", "runnermanager.slice"),
             ("Type", "exec"),
             ("User", "1201"),
             ("Group", "1200"),

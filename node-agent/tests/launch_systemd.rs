@@ -51,6 +51,9 @@ try loopback_reachable 'timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/$PROBE_POR
 # A fork bomb in miniature: perl's fork fails at once where bash's would retry for seconds.
 say tasks_started "$(perl -e 'my @k; for (1..80) { my $p = fork(); last unless defined $p; if (!$p) { sleep 60; exit 0 } push @k, $p } print scalar(@k); kill 9, @k; waitpid($_, 0) for @k')"
 echo done >> "$r.tmp"; mv "$r.tmp" "$r"
+# A job that ignores SIGTERM (and so do its children: an ignored signal stays ignored across
+# exec), as a stop must expect.
+[ -n "$PROBE_IGNORE_TERM" ] && trap '' TERM
 exec sleep 1000
 "#;
 
@@ -122,6 +125,85 @@ fn wait_for(path: &Path, within: Duration) -> String {
         assert!(Instant::now() < until, "{path:?} never appeared");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+fn spec<'a>(host: &'a Host, attempt: uuid::Uuid, extra: &[(&str, &str)]) -> LaunchSpec<'a> {
+    let mut environment = BTreeMap::new();
+    environment.insert("PROBE_ID".to_owned(), host.id.clone());
+    environment.insert(
+        "PROBE_OUTSIDE".to_owned(),
+        host.outside.display().to_string(),
+    );
+    environment.insert("PROBE_PORT".to_owned(), "9".to_owned());
+    environment.insert(
+        "PATH".to_owned(),
+        "/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
+    );
+    for (k, v) in extra {
+        environment.insert((*k).to_owned(), (*v).to_owned());
+    }
+    LaunchSpec {
+        attempt,
+        runtime: &host.runtime,
+        account: RUNNER,
+        environment,
+        limits: CgroupLimits::default(),
+    }
+}
+
+fn handoff(host: &Host) -> RestrictiveHandoff {
+    let (secret, _) = jit();
+    RestrictiveHandoff::create(&host.runtime, RUNNER, &secret).unwrap()
+}
+
+/// A start that fails inside systemd (here: the runner cannot enter its runtime) leaves no
+/// unit holding the name, so the next start of the same attempt is not refused as "already
+/// loaded" until someone runs `systemctl reset-failed`.
+#[test]
+fn a_failed_start_does_not_hold_the_units_name() {
+    if !inside_systemd("a_failed_start_does_not_hold_the_units_name") {
+        return;
+    }
+    let host = Host::new();
+    let launcher = SystemdLauncher::new(PathBuf::from(ENTRY_HELPER));
+    let attempt = uuid::Uuid::new_v4();
+    let handoff_file = handoff(&host);
+    std::os::unix::fs::chown(&host.runtime, Some(0), Some(0)).unwrap();
+    let refused = launcher.start(&spec(&host, attempt, &[]), handoff_file);
+    assert!(
+        refused.is_err(),
+        "the runner cannot chdir into a root-owned 0700 runtime"
+    );
+    std::os::unix::fs::chown(&host.runtime, Some(RUNNER.uid), Some(RUNNER.gid)).unwrap();
+    let identity = launcher
+        .start(&spec(&host, attempt, &[]), handoff(&host))
+        .unwrap();
+    wait_for(&host.runtime.join("probe"), Duration::from_secs(60));
+    launcher.stop(&identity).unwrap();
+}
+
+/// A runner that ignores SIGTERM is stopped at once, not after systemd's stop timeout (10 s in
+/// this systemd, 90 s on a default host).
+#[test]
+fn a_runner_ignoring_sigterm_is_stopped_without_waiting_for_the_stop_timeout() {
+    if !inside_systemd("a_runner_ignoring_sigterm_is_stopped") {
+        return;
+    }
+    let host = Host::new();
+    let launcher = SystemdLauncher::new(PathBuf::from(ENTRY_HELPER));
+    let identity = launcher
+        .start(
+            &spec(&host, uuid::Uuid::new_v4(), &[("PROBE_IGNORE_TERM", "1")]),
+            handoff(&host),
+        )
+        .unwrap();
+    wait_for(&host.runtime.join("probe"), Duration::from_secs(60));
+    let started = Instant::now();
+    launcher.stop(&identity).unwrap();
+    let took = started.elapsed();
+    println!("stop of a TERM-ignoring runner: {} ms", took.as_millis());
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!(!launcher.inspect(&identity).unwrap().is_alive());
 }
 
 #[test]

@@ -31,8 +31,9 @@ use crate::handoff::RestrictiveHandoff;
 use crate::process::stat::read_stat;
 use crate::process::{Inspection, identity_file, inspect};
 
-/// The slice every runner unit goes into.
-pub const SLICE: &str = "runner-manager.slice";
+/// The slice every runner unit goes into. No dash: in a slice's name a dash means a parent
+/// slice, so `runner-manager.slice` would have nested the runners in a `runner.slice`.
+pub const SLICE: &str = "runnermanager.slice";
 
 /// The sandbox every runner unit gets, each line what it takes from a job (systemd.exec(5)).
 pub const SANDBOX: [(&str, &str); 15] = [
@@ -97,6 +98,9 @@ impl TransientUnit {
             format!("--unit={}", self.name).into(),
             "--no-ask-password".into(),
             "--quiet".into(),
+            // Unloaded once inactive, failed or not: a failed start would otherwise hold the
+            // unit's name ("already loaded") until someone ran `systemctl reset-failed`.
+            "--collect".into(),
         ];
         for (k, v) in &self.properties {
             args.push(format!("--property={k}={v}").into());
@@ -170,6 +174,58 @@ pub fn unit_properties(
     }
 }
 
+/// The entry helper's file name on the host.
+pub const HELPER_NAME: &str = "runner-manager-runner-entry";
+
+/// Puts the entry helper where the host's systemd can run it:
+/// `<hostRoot>/bin/runner-manager-runner-entry`. The agent's own copy is in its image, which
+/// the host cannot see; the host root is mounted at the same path in the agent's container and
+/// on the host, so this copy is where both look (`systemd-run` checks the command in the agent's
+/// namespace, systemd execs it in the host's). Rewritten, through a new file and a rename, only
+/// when its bytes or mode differ (an agent upgrade); never written through a link.
+pub fn install_helper(from: &Path, host_root: &Path) -> io::Result<PathBuf> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    let dir = host_root.join("bin");
+    match std::fs::DirBuilder::new().mode(0o755).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    if !std::fs::symlink_metadata(&dir)?.is_dir() {
+        return Err(io::Error::other(format!(
+            "{} is not a directory",
+            dir.display()
+        )));
+    }
+    let dest = dir.join(HELPER_NAME);
+    let want = std::fs::read(from)?;
+    let current = std::fs::symlink_metadata(&dest)
+        .ok()
+        .filter(|m| m.is_file() && m.permissions().mode() & 0o7777 == 0o755);
+    if current.is_some() && std::fs::read(&dest)? == want {
+        return Ok(dest);
+    }
+    let staged = dir.join(format!(".{HELPER_NAME}.{}", uuid::Uuid::new_v4().simple()));
+    let written = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o755)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(&staged)?;
+        file.write_all(&want)?;
+        // The umask may have narrowed the mode.
+        file.set_permissions(std::fs::Permissions::from_mode(0o755))?;
+        file.sync_all()?;
+        std::fs::rename(&staged, &dest)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&staged);
+    }
+    written.map(|()| dest)
+}
+
 /// The systemd launcher.
 #[derive(Clone, Debug)]
 pub struct SystemdLauncher {
@@ -228,12 +284,26 @@ impl SystemdLauncher {
         Ok((pid, cgroup, state))
     }
 
-    fn kill_unit(&self, unit: &str) {
-        let _ = self.run(
+    /// SIGKILL to every process of the unit, then a stop that does not wait: `systemctl stop`
+    /// alone sends SIGTERM and blocks up to `TimeoutStopSec` (90 s by default) for a job that
+    /// ignores it. The runner has nothing to save by then (it is deregistered, or its job is
+    /// over), and the caller proves the end itself by polling the unit and the process.
+    fn kill_unit(&self, unit: &str) -> io::Result<ExitStatus> {
+        let (killed, _) = self.run(
             &self.systemctl,
-            &["kill".into(), "--signal=SIGKILL".into(), unit.into()],
-        );
-        let _ = self.run(&self.systemctl, &["stop".into(), unit.into()]);
+            &[
+                "kill".into(),
+                "--kill-whom=all".into(),
+                "--signal=SIGKILL".into(),
+                unit.into(),
+            ],
+        )?;
+        let (stopped, _) = self.run(
+            &self.systemctl,
+            &["stop".into(), "--no-block".into(), unit.into()],
+        )?;
+        // A unit already gone answers "not loaded" to both: that is stopped too.
+        Ok(if killed.success() { stopped } else { killed })
     }
 }
 
@@ -256,7 +326,7 @@ impl RunnerLauncher for SystemdLauncher {
             Err(e) => return Err(StartError::before_child(StartFailure::Spawn(e.kind()))),
         }
         let fail = |failure| {
-            self.kill_unit(&unit.name);
+            let _ = self.kill_unit(&unit.name);
             StartError {
                 failure,
                 child_existed: true,
@@ -306,14 +376,9 @@ impl RunnerLauncher for SystemdLauncher {
             return Err(StopError::NotOurs);
         };
         let before = inspect(identity).map_err(|e| StopError::Inspect(e.kind()))?;
-        // KillMode=control-group: stopping the unit kills its whole cgroup, never a pid by
-        // number.
-        let (status, _) = self
-            .run(&self.systemctl, &["stop".into(), unit.into()])
-            .map_err(|_| StopError::Unit)?;
-        if !status.success() {
-            return Err(StopError::Unit);
-        }
+        // The unit's whole cgroup, never a pid by number; whether a unit that answered neither
+        // is gone is for the polling below to prove.
+        self.kill_unit(unit).map_err(|_| StopError::Unit)?;
         let until = Instant::now() + self.stop_deadline;
         loop {
             let (_, _, state) = self.show(unit).map_err(|_| StopError::Unit)?;
@@ -346,6 +411,42 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+
+    #[test]
+    fn the_helper_is_installed_on_the_host_root_once_and_replaced_when_it_differs() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let from = dir.path().join("helper-v1");
+        std::fs::write(&from, b"v1").unwrap();
+        let host = dir.path().join("host");
+        std::fs::create_dir(&host).unwrap();
+        let dest = install_helper(&from, &host).unwrap();
+        assert_eq!(dest, host.join("bin").join(HELPER_NAME));
+        assert_eq!(std::fs::read(&dest).unwrap(), b"v1");
+        let mode = std::fs::metadata(&dest).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o755);
+        let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&dest).unwrap());
+        install_helper(&from, &host).unwrap();
+        let again = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&dest).unwrap());
+        assert_eq!(inode, again, "unchanged bytes are not rewritten");
+        // An upgrade, and a link planted where the helper was: replaced, never followed.
+        let outside = dir.path().join("outside");
+        std::fs::write(&outside, b"keep").unwrap();
+        std::fs::remove_file(&dest).unwrap();
+        std::os::unix::fs::symlink(&outside, &dest).unwrap();
+        std::fs::write(&from, b"v2").unwrap();
+        install_helper(&from, &host).unwrap();
+        assert!(
+            !std::fs::symlink_metadata(&dest)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(std::fs::read(&dest).unwrap(), b"v2");
+        assert_eq!(std::fs::read(&outside).unwrap(), b"keep");
+        let leftovers = std::fs::read_dir(host.join("bin")).unwrap().count();
+        assert_eq!(leftovers, 1, "no staged copy left behind");
+    }
     use crate::account::RunnerAccount;
     use crate::entry::{ENVIRONMENT_VARIABLE, decode_environment};
     use crate::providers::cgroup::CgroupLimits;
@@ -429,7 +530,7 @@ mod tests {
         assert_eq!(back, environment);
         assert_eq!(
             options.len(),
-            3 + properties.len() + setenv.len(),
+            4 + properties.len() + setenv.len(),
             "{options:?}"
         );
         // The hostile text appears in no argument but the encoded one.
