@@ -335,8 +335,16 @@ async fn min_idle_holds_two_idle_runners_and_no_more() {
 async fn attempts_land_only_where_the_node_selector_allows() {
     let options = ProductOptions {
         nodes: vec![
-            NodeOptions::new("pool-a", 2, &[("node-restriction.kubernetes.io/runner-pool", "a")]),
-            NodeOptions::new("pool-b", 2, &[("node-restriction.kubernetes.io/runner-pool", "b")]),
+            NodeOptions::new(
+                "pool-a",
+                2,
+                &[("node-restriction.kubernetes.io/runner-pool", "a")],
+            ),
+            NodeOptions::new(
+                "pool-b",
+                2,
+                &[("node-restriction.kubernetes.io/runner-pool", "b")],
+            ),
         ],
         ..ProductOptions::default()
     };
@@ -919,8 +927,16 @@ async fn persistent_slots_keep_work_and_a_symlinked_work_quarantines_the_slot() 
 async fn a_lost_node_is_orphaned_replaced_elsewhere_and_released_by_abandon() {
     let options = ProductOptions {
         nodes: vec![
-            NodeOptions::new("lost", 1, &[("node-restriction.kubernetes.io/runner-pool", "ci")]),
-            NodeOptions::new("kept", 1, &[("node-restriction.kubernetes.io/runner-pool", "ci")]),
+            NodeOptions::new(
+                "lost",
+                1,
+                &[("node-restriction.kubernetes.io/runner-pool", "ci")],
+            ),
+            NodeOptions::new(
+                "kept",
+                1,
+                &[("node-restriction.kubernetes.io/runner-pool", "ci")],
+            ),
         ],
         operator_flags: vec![("--node-lost-grace".into(), "5s".into())],
         ..ProductOptions::default()

@@ -1,0 +1,554 @@
+//! Attacks on the size, host, load, certificate and placement limits (issue 13, findings 8-11),
+//! each against the real API server with the real operator process, node agents and the
+//! simulated GitHub (or a hostile server standing in for a GitHub host). Skipped without
+//! `KUBECONFIG`.
+//!
+//! Finding 8: an oversized GitHub answer and an oversized package download are refused while
+//! they stream; plain http is refused without the admin flag; a policy naming a host the admin
+//! did not list is not Ready, nor is one whose package comes from an unlisted host. Finding 9:
+//! slow-loris connections to the webhook receiver and the broker are closed by the header
+//! timeout while legitimate requests succeed; an oversized unsigned body is refused (413) before
+//! its signature is looked at. Finding 10: the broker's certificate is short-lived and rotates
+//! while an agent keeps getting JITs. Finding 11: a pool label a kubelet could set on itself is
+//! refused; the admin's per-node cap bounds what an agent advertises.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, ObjectMeta, PostParams};
+use runner_manager_crds::attempt::{AttemptConditionType, AttemptReason, RunnerAttempt};
+use runner_manager_crds::conditions::{ConditionStatus, find};
+use runner_manager_crds::policy::{PolicyConditionType, PolicyReason, ScalePolicy};
+use runner_manager_crds::state::AttemptState;
+use runner_manager_e2e::harness::cluster::{client_or_skip, fresh_namespace, install_crds};
+use runner_manager_e2e::harness::process::{Running, binary, operator_addrs};
+use runner_manager_e2e::harness::product::{
+    NodeOptions, Product, ProductOptions, STEP, WEBHOOK_SECRET,
+};
+use runner_manager_e2e::harness::wait;
+use runner_manager_operator::webhook::sign;
+use secrecy::SecretString;
+use serde_json::json;
+
+fn state(a: &RunnerAttempt) -> AttemptState {
+    a.status
+        .as_ref()
+        .map(|s| s.journal.state())
+        .unwrap_or(AttemptState::Pending)
+}
+
+/// Wait until policy `name` (team namespace) is `Ready=status` for its generation.
+async fn ready(p: &Product, name: &str, status: ConditionStatus) -> ScalePolicy {
+    wait::until(STEP, &format!("{name} Ready={status:?}"), || async {
+        let sp = p.policies().get(name).await.ok()?;
+        let c = find(&sp.status.as_ref()?.conditions, PolicyConditionType::Ready)?;
+        (c.status == status && c.observed_generation == sp.metadata.generation).then_some(sp)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()))
+}
+
+fn ready_condition(
+    sp: &ScalePolicy,
+) -> runner_manager_crds::conditions::Condition<PolicyConditionType, PolicyReason> {
+    find(
+        &sp.status.as_ref().unwrap().conditions,
+        PolicyConditionType::Ready,
+    )
+    .unwrap()
+    .clone()
+}
+
+/// Wait until an attempt of the team says `PackageRefused` with `reason`; its message.
+async fn package_refused(p: &Product, reason: AttemptReason) -> String {
+    wait::until(STEP, &format!("PackageRefused {reason:?}"), || async {
+        p.all_attempts().await.into_iter().find_map(|a| {
+            let c = find(
+                &a.status.as_ref()?.journal.conditions,
+                AttemptConditionType::PackageRefused,
+            )?;
+            (c.status == ConditionStatus::True && c.reason == reason).then(|| c.message.clone())
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()))
+}
+
+/// The serving certificate the broker at `addr` presents, checked against the published CA:
+/// (serial, notAfter as Unix seconds).
+async fn served_certificate(p: &Product, addr: &str) -> (Vec<u8>, i64) {
+    let ca = Api::<ConfigMap>::namespaced(p.kube.clone(), &p.system)
+        .get("runner-manager-broker-ca")
+        .await
+        .unwrap()
+        .data
+        .unwrap()["ca.crt"]
+        .clone();
+    let addr = addr.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add_parsable_certificates(
+            rustls::pki_types::pem::PemObject::pem_slice_iter(ca.as_bytes())
+                .map(Result::unwrap)
+                .collect::<Vec<rustls::pki_types::CertificateDer<'static>>>(),
+        );
+        let config = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let mut conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+        let mut sock = std::net::TcpStream::connect(&addr).unwrap();
+        // The handshake verifies the chain to the published CA.
+        while conn.is_handshaking() {
+            conn.complete_io(&mut sock).unwrap();
+        }
+        let der = conn.peer_certificates().unwrap()[0].clone();
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+        (
+            cert.raw_serial().to_vec(),
+            cert.validity().not_after.timestamp(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+fn now_unix() -> i64 {
+    i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+    )
+    .unwrap()
+}
+
+/// A connection that sends `prefix` one byte every `every`, never finishing; returns how long
+/// the server kept it open (until EOF or a reset).
+fn slow_loris(addr: String, prefix: &'static [u8], every: Duration) -> Duration {
+    let start = Instant::now();
+    let mut sock = std::net::TcpStream::connect(addr).unwrap();
+    sock.set_read_timeout(Some(every)).unwrap();
+    let mut buf = [0u8; 512];
+    for b in prefix.iter().cycle() {
+        if sock.write_all(&[*b]).is_err() {
+            break;
+        }
+        match sock.read(&mut buf) {
+            // Closed (or answered 408 and closed).
+            Ok(0) | Err(_) if start.elapsed() < every => {}
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break,
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+    }
+    start.elapsed()
+}
+
+async fn post_delivery(p: &Product, body: Vec<u8>, signature: &str) -> u16 {
+    reqwest::Client::new()
+        .post(format!("http://{}/webhook", p.operators[0].webhook))
+        .header("content-type", "application/json")
+        .header("x-github-event", "workflow_job")
+        .header("x-github-delivery", uuid::Uuid::new_v4().to_string())
+        .header("x-hub-signature-256", signature)
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// Finding 9: two slow-loris connections (one on each listener) that never finish their request
+/// are closed by the header timeout (3 s here, 10 s by default), while a signed delivery is
+/// answered and an agent gets its JIT through the broker at the same time. An unsigned 100 KiB
+/// body is answered 413 — before the signature (401) is looked at. The broker's default
+/// certificate lives at most 90 days (finding 10).
+#[tokio::test]
+async fn slow_loris_connections_are_closed_while_legitimate_requests_succeed() {
+    let options = ProductOptions {
+        operator_flags: vec![("--listener-header-timeout".into(), "3s".into())],
+        ..ProductOptions::default()
+    };
+    let Some(p) = Product::start("attack_slow_loris", options).await.unwrap() else {
+        return;
+    };
+    let webhook = p.operators[0].webhook.clone();
+    let broker = p.operators[0].broker.clone();
+    // The webhook gets a request line and headers one byte per second; the broker gets the first
+    // bytes of a TLS ClientHello the same way (it never completes its handshake).
+    let hook_loris = std::thread::spawn(move || {
+        slow_loris(
+            webhook,
+            b"POST /webhook HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+            Duration::from_secs(1),
+        )
+    });
+    let broker_loris = std::thread::spawn(move || {
+        slow_loris(
+            broker,
+            &[
+                0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
+            ],
+            Duration::from_secs(1),
+        )
+    });
+    // Meanwhile: legitimate traffic on both listeners.
+    p.policy("web", json!({"minIdle": 1})).await.unwrap();
+    let body = serde_json::to_vec(&json!({
+        "action": "queued",
+        "workflow_job": {"id": 991, "run_id": 992, "labels": ["self-hosted", "linux"], "runner_name": null, "status": "queued"},
+        "repository": {"full_name": "acme/web", "html_url": "https://github.com/acme/web"},
+    }))
+    .unwrap();
+    let signature = sign(&SecretString::from(WEBHOOK_SECRET), &body);
+    let status = post_delivery(&p, body, &signature).await;
+    assert!((200..300).contains(&status), "a signed delivery: {status}");
+    wait::until(
+        STEP,
+        "an idle runner (its JIT came through the broker)",
+        || async {
+            p.all_attempts()
+                .await
+                .iter()
+                .any(|a| state(a) == AttemptState::Idle)
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    let hook_held = hook_loris.join().unwrap();
+    let broker_held = broker_loris.join().unwrap();
+    for (what, held) in [("webhook", hook_held), ("broker", broker_held)] {
+        assert!(
+            held < Duration::from_secs(10),
+            "the {what} kept a slow-loris connection {held:?} (header timeout 3 s)"
+        );
+    }
+    // An oversized body without a valid signature: refused for its size, unread past 64 KiB.
+    let status = post_delivery(&p, vec![b' '; 100 * 1024], "sha256=00").await;
+    assert_eq!(status, 413, "an oversized unsigned body");
+    // The default serving certificate: at most 90 days.
+    let (_, not_after) = served_certificate(&p, &p.operators[0].broker).await;
+    let left = not_after - now_unix();
+    assert!(
+        left > 0 && left <= 90 * 24 * 3600,
+        "the broker certificate expires in {left} s"
+    );
+}
+
+/// Finding 10: with a 15 s lifetime the serving certificate is re-issued every 10 s; an agent
+/// keeps launching runners (each a JIT through the broker) across several rotations.
+#[tokio::test]
+async fn the_broker_certificate_rotates_while_an_agent_keeps_getting_jits() {
+    let options = ProductOptions {
+        operator_flags: vec![("--broker-cert-lifetime".into(), "15s".into())],
+        ..ProductOptions::default()
+    };
+    let Some(p) = Product::start("attack_cert_rotation", options)
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let broker = p.operators[0].broker.clone();
+    let (first_serial, not_after) = served_certificate(&p, &broker).await;
+    assert!(
+        not_after - now_unix() <= 20,
+        "a 15 s certificate expires in {} s",
+        not_after - now_unix()
+    );
+    p.policy("web", json!({"minIdle": 1})).await.unwrap();
+    let mut jobs = Vec::new();
+    let start = Instant::now();
+    // Jobs for 35 s: each takes an ephemeral runner, and each runner after it is a new JIT.
+    while start.elapsed() < Duration::from_secs(35) {
+        let id = p
+            .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 300}))
+            .await
+            .unwrap();
+        p.wait_jobs_completed(&[id], STEP).await.unwrap();
+        jobs.push(id);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let (last_serial, not_after) = served_certificate(&p, &broker).await;
+    assert_ne!(first_serial, last_serial, "the certificate was rotated");
+    assert!(not_after - now_unix() <= 20);
+    assert!(jobs.len() >= 3, "jobs ran across the rotations: {jobs:?}");
+    // Ephemeral runners take one job each: every job above ran on a runner whose JIT was
+    // minted after the one before, so across every rotation. None failed for lack of one.
+    let failed: Vec<String> = p
+        .all_attempts()
+        .await
+        .iter()
+        .filter(|a| state(a) == AttemptState::Failed)
+        .map(|a| {
+            format!(
+                "{}: {:?}",
+                a.metadata.name.clone().unwrap_or_default(),
+                a.status.as_ref().and_then(|s| s.journal.outcome())
+            )
+        })
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "attempts failed across rotations: {failed:?}"
+    );
+}
+
+/// Finding 8: a policy naming a GitHub host the admin did not list is not Ready, naming the
+/// flag; with the package host dropped from `--download-hosts`, a policy on an allowed host is
+/// not Ready either (its listing would choose the package's URL). Nothing is created for either.
+#[tokio::test]
+async fn a_policy_naming_a_foreign_host_is_refused() {
+    let options = ProductOptions {
+        operator_flags: vec![("--download-hosts".into(), "".into())],
+        ..ProductOptions::default()
+    };
+    let Some(p) = Product::start("attack_foreign_host", options)
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    p.policy(
+        "foreign",
+        json!({"github": {"url": "https://ghes.attacker.example/acme/web"}, "minIdle": 1}),
+    )
+    .await
+    .unwrap();
+    let sp = ready(&p, "foreign", ConditionStatus::False).await;
+    let c = ready_condition(&sp);
+    assert_eq!(c.reason, PolicyReason::HostNotAllowed, "{}", c.message);
+    assert!(c.message.contains("--github-hosts"), "{}", c.message);
+    // The simulated GitHub lists its package on 127.0.0.1, which is no longer a download host.
+    p.policy("package", json!({"minIdle": 1})).await.unwrap();
+    let sp = ready(&p, "package", ConditionStatus::False).await;
+    let c = ready_condition(&sp);
+    assert_eq!(c.reason, PolicyReason::HostNotAllowed, "{}", c.message);
+    assert!(c.message.contains("--download-hosts"), "{}", c.message);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(p.all_attempts().await.is_empty(), "nothing was created");
+}
+
+/// Finding 11: a policy routing by a label a kubelet may set on itself is not Ready, naming the
+/// field and the prefix; the admin's `--max-runners-per-node 1` holds a node advertising 4 to one
+/// runner.
+#[tokio::test]
+async fn pool_labels_must_be_restricted_and_the_node_cap_holds() {
+    let options = ProductOptions {
+        nodes: vec![NodeOptions::new(
+            "capped",
+            4,
+            &[
+                ("node-restriction.kubernetes.io/runner-pool", "ci"),
+                ("pool", "ci"),
+            ],
+        )],
+        operator_flags: vec![("--max-runners-per-node".into(), "1".into())],
+        ..ProductOptions::default()
+    };
+    let Some(p) = Product::start("attack_pool_labels", options).await.unwrap() else {
+        return;
+    };
+    p.policy(
+        "selfset",
+        json!({"minIdle": 1, "nodeSelector": {"pool": "ci"}}),
+    )
+    .await
+    .unwrap();
+    let sp = ready(&p, "selfset", ConditionStatus::False).await;
+    let c = ready_condition(&sp);
+    assert_eq!(c.reason, PolicyReason::InvalidSpec, "{}", c.message);
+    assert!(
+        c.message.contains("spec.nodeSelector.pool"),
+        "{}",
+        c.message
+    );
+    assert!(
+        c.message.contains("node-restriction.kubernetes.io/"),
+        "{}",
+        c.message
+    );
+    p.policy(
+        "web",
+        json!({"minIdle": 3, "nodeSelector": {"node-restriction.kubernetes.io/runner-pool": "ci"}}),
+    )
+    .await
+    .unwrap();
+    wait::until(STEP, "one idle runner", || async {
+        p.all_attempts()
+            .await
+            .iter()
+            .any(|a| state(a) == AttemptState::Idle)
+            .then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        let live = p
+            .all_attempts()
+            .await
+            .iter()
+            .filter(|a| !state(a).is_terminal())
+            .count();
+        assert!(live <= 1, "{live} live attempts on a node capped at 1");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Finding 8, on the node: a download past `--package-max-download-bytes` is refused while it
+/// streams, and a plain-http package URL is refused without `--allow-http-hosts`; each says so
+/// on the attempt (`PackageRefused`) naming the flag.
+#[tokio::test]
+async fn the_agent_refuses_an_oversized_download_and_plain_http() {
+    let options = ProductOptions {
+        nodes: vec![NodeOptions::new("dl", 2, &[])],
+        ..ProductOptions::default()
+    };
+    let Some(mut p) = Product::start("attack_download_limits", options)
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    p.kill_agent(0);
+    p.start_agent_with(0, &[("RM_PACKAGE_MAX_DOWNLOAD_BYTES", "4096")])
+        .unwrap();
+    p.policy("web", json!({"minIdle": 1})).await.unwrap();
+    let message = package_refused(&p, AttemptReason::PackageCapExceeded).await;
+    assert!(
+        message.contains("--package-max-download-bytes"),
+        "{message}"
+    );
+    p.kill_agent(0);
+    p.start_agent_with(0, &[("RM_ALLOW_HTTP_HOSTS", "")])
+        .unwrap();
+    let message = package_refused(&p, AttemptReason::PackageUnsafe).await;
+    assert!(message.contains("--allow-http-hosts"), "{message}");
+}
+
+/// A server standing in for a hostile GitHub host: every answer is 16 MiB, streamed without a
+/// Content-Length.
+async fn flood_server() -> String {
+    use axum::body::Body;
+    let app = axum::Router::new().fallback(|| async {
+        let chunks = futures_util::stream::iter(
+            (0..256).map(|_| Ok::<_, std::io::Error>(vec![b'['; 64 * 1024])),
+        );
+        axum::response::Response::builder()
+            .status(200)
+            .header("content-type", "application/json")
+            .body(Body::from_stream(chunks))
+            .unwrap()
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+/// Finding 8, in the operator: a GitHub host that answers with an endless body is refused once
+/// `--github-max-response-bytes` is passed (the policy names the flag); and an operator told to
+/// use a plain-http API without `--allow-http-hosts` does not start, naming the flag.
+#[tokio::test]
+async fn an_oversized_github_answer_and_plain_http_are_refused() {
+    let Some(kube) = client_or_skip("attack_github_limits").await.unwrap() else {
+        return;
+    };
+    install_crds(&kube).await.unwrap();
+    let system = fresh_namespace(&kube, "rm-sys").await.unwrap();
+    let team = fresh_namespace(&kube, "rm-team").await.unwrap();
+    let github = flood_server().await;
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("github-app".into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            "token".to_owned(),
+            ByteString(b"ghp_not_a_real_token".to_vec()),
+        )])),
+        ..Secret::default()
+    };
+    Api::<Secret>::namespaced(kube.clone(), &team)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let command = |api: &str| {
+        let mut cmd = std::process::Command::new(binary("runner-manager-operator").unwrap());
+        cmd.args([
+            "--namespace",
+            &system,
+            "--watch-namespace",
+            &team,
+            "--broker-addr",
+            "127.0.0.1:0",
+            "--webhook-addr",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--github-api-url",
+            api,
+            "--leader-election",
+            "false",
+            "--github-max-response-bytes",
+            "1048576",
+            "--resync-interval",
+            "1s",
+            "--log-format",
+            "json",
+        ]);
+        cmd
+    };
+    // No --allow-http-hosts: the operator refuses the plain-http API URL at start.
+    let mut cmd = command(&github);
+    cmd.env("RM_ALLOW_HTTP_HOSTS", "");
+    let mut refused = Running::spawn("runner-manager-operator", cmd).unwrap();
+    let deadline = Instant::now() + STEP;
+    let code = loop {
+        if let Some(code) = refused.child.try_wait().unwrap() {
+            break code;
+        }
+        assert!(Instant::now() < deadline, "the operator did not exit");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(!code.success(), "started with a plain-http GitHub API");
+    let said = refused.lines().join("\n");
+    assert!(said.contains("--allow-http-hosts"), "{said}");
+    // With it: the endless answer is refused at 1 MiB.
+    let operator = Running::spawn("runner-manager-operator", command(&github)).unwrap();
+    operator_addrs(&operator, STEP).await.unwrap();
+    let policy: ScalePolicy = serde_json::from_value(json!({
+        "apiVersion": "runner-manager.dev/v1alpha1", "kind": "ScalePolicy",
+        "metadata": {"name": "web"},
+        "spec": {"github": {"url": "https://github.com/acme/web", "credentialsSecretRef": {"name": "github-app"}},
+                 "labels": ["self-hosted"], "maxRunners": 1}
+    }))
+    .unwrap();
+    let policies = Api::<ScalePolicy>::namespaced(kube.clone(), &team);
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    let message = wait::until(STEP, "web Ready=False", || async {
+        let sp = policies.get("web").await.ok()?;
+        let c = find(&sp.status.as_ref()?.conditions, PolicyConditionType::Ready)?;
+        (c.status == ConditionStatus::False).then(|| c.message.clone())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", operator.lines().join("\n")));
+    assert!(message.contains("--github-max-response-bytes"), "{message}");
+}
