@@ -7,7 +7,7 @@ use runner_manager_operator::{cli::Cli, run, telemetry};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    telemetry::init(cli.log_format);
+    let _telemetry = telemetry::init(cli.log_format, "runner-manager-operator");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

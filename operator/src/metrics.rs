@@ -1,6 +1,9 @@
-//! `/metrics` (prometheus-client): names `runner_manager_*`, labels from closed vocabularies
-//! only (endpoints, statuses, outcomes, rate-limit buckets) — never a name a tenant or a
-//! workflow chose.
+//! `/metrics` (prometheus-client, served as OpenMetrics text with [`OPENMETRICS`]): names
+//! `runner_manager_*`, labels from closed vocabularies (endpoints, statuses, outcomes, reasons,
+//! rate-limit buckets, job actions) — never a name a workflow chose. The one exception is the
+//! per-policy family (`runner_manager_policy_*`), labelled by the ScalePolicy's namespace and
+//! name: one series per policy per gauge, removed when the policy goes; its cardinality is the
+//! number of ScalePolicies (docs/observability.md).
 
 use std::sync::Arc;
 
@@ -47,6 +50,62 @@ struct ReasonLabels {
     reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabels {
+    namespace: String,
+    policy: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabels {
+    action: String,
+}
+
+/// The content type of the OpenMetrics text exposition.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// One policy's numbers as of the leader's last pass over it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PolicyGauges {
+    /// Runners the policy wants (`status.desired`).
+    pub desired: u32,
+    pub starting: u32,
+    pub idle: u32,
+    pub busy: u32,
+    /// Jobs queued for it and not yet taken (`status.pendingJobs`).
+    pub pending_jobs: u32,
+    /// `spec.minIdle`.
+    pub min: u32,
+    /// `spec.maxRunners`.
+    pub max: u32,
+}
+
+/// The per-policy gauges, in [`PolicyGauges`] order.
+const POLICY_GAUGES: [(&str, &str); 7] = [
+    (
+        "policy_desired_runners",
+        "Runners the policy wants (status.desired), as of the leader's last pass",
+    ),
+    (
+        "policy_starting_runners",
+        "The policy's runners launching or registering",
+    ),
+    (
+        "policy_idle_runners",
+        "The policy's runners registered and waiting for a job",
+    ),
+    ("policy_busy_runners", "The policy's runners running a job"),
+    (
+        "policy_pending_jobs",
+        "Jobs queued for the policy that no runner has taken yet",
+    ),
+    (
+        "policy_min_runners",
+        "spec.minIdle: idle runners kept ready",
+    ),
+    ("policy_max_runners", "spec.maxRunners"),
+];
+
 /// Every metric of the operator.
 pub struct Metrics {
     registry: Registry,
@@ -65,6 +124,12 @@ pub struct Metrics {
     events_dropped: Counter,
     leader: Gauge,
     pass_ms: Gauge,
+    reconcile_duration: Histogram,
+    policy: [Family<PolicyLabels, Gauge>; 7],
+    job_startup: Histogram,
+    job_execution: Histogram,
+    jobs: Family<ActionLabels, Counter>,
+    jit_mints: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -166,7 +231,56 @@ impl Metrics {
             "How long the leader's last full reconcile pass took",
             pass_ms.clone(),
         );
+        let reconcile_duration = Histogram::new(exponential_buckets(0.005, 2.0, 14));
+        registry.register(
+            "reconcile_duration_seconds",
+            "How long the leader's full reconcile passes take",
+            reconcile_duration.clone(),
+        );
+        let policy: [Family<PolicyLabels, Gauge>; 7] = std::array::from_fn(|_| Family::default());
+        for ((name, help), family) in POLICY_GAUGES.iter().zip(&policy) {
+            registry.register(*name, *help, family.clone());
+        }
+        // Seconds from 1 s to about 4.5 hours.
+        let job_startup = Histogram::new(exponential_buckets(1.0, 2.0, 15));
+        registry.register(
+            "job_startup_duration_seconds",
+            "From a job queued to a runner taking it (the in_progress delivery's started_at - created_at)",
+            job_startup.clone(),
+        );
+        let job_execution = Histogram::new(exponential_buckets(1.0, 2.0, 15));
+        registry.register(
+            "job_execution_duration_seconds",
+            "From a runner taking a job to its completion (the completed delivery's completed_at - started_at)",
+            job_execution.clone(),
+        );
+        let jobs = Family::<ActionLabels, Counter>::default();
+        registry.register(
+            "jobs",
+            "workflow_job deliveries accepted, by action (queued, waiting, in_progress, completed)",
+            jobs.clone(),
+        );
+        let jit_mints = Counter::default();
+        registry.register(
+            "jit_mints",
+            "JIT runner configurations the broker minted at GitHub and handed to an agent",
+            jit_mints.clone(),
+        );
+        registry.register(
+            "build",
+            "The operator's version",
+            prometheus_client::metrics::info::Info::new(vec![(
+                "version",
+                env!("CARGO_PKG_VERSION"),
+            )]),
+        );
         Arc::new(Self {
+            reconcile_duration,
+            policy,
+            job_startup,
+            job_execution,
+            jobs,
+            jit_mints,
             pass_ms,
             registry,
             api_writes,
@@ -221,6 +335,56 @@ impl Metrics {
             })
             .inc();
         self.broker_duration.observe(seconds);
+        if outcome == "issued" {
+            self.jit_mints.inc();
+        }
+    }
+
+    /// One policy's gauges, as of this pass.
+    pub fn policy(&self, namespace: &str, name: &str, g: PolicyGauges) {
+        let labels = PolicyLabels {
+            namespace: namespace.to_owned(),
+            policy: name.to_owned(),
+        };
+        let values = [
+            g.desired,
+            g.starting,
+            g.idle,
+            g.busy,
+            g.pending_jobs,
+            g.min,
+            g.max,
+        ];
+        for (family, v) in self.policy.iter().zip(values) {
+            family.get_or_create(&labels).set(i64::from(v));
+        }
+    }
+
+    /// A policy that is going: its series are removed.
+    pub fn forget_policy(&self, namespace: &str, name: &str) {
+        let labels = PolicyLabels {
+            namespace: namespace.to_owned(),
+            policy: name.to_owned(),
+        };
+        for family in &self.policy {
+            family.remove(&labels);
+        }
+    }
+
+    /// One accepted `workflow_job` delivery: its action, and the durations its timestamps give
+    /// (startup on `in_progress`, execution on `completed`).
+    pub fn job(&self, action: &'static str, startup: Option<f64>, execution: Option<f64>) {
+        self.jobs
+            .get_or_create(&ActionLabels {
+                action: action.to_owned(),
+            })
+            .inc();
+        if let Some(s) = startup.filter(|s| *s >= 0.0) {
+            self.job_startup.observe(s);
+        }
+        if let Some(s) = execution.filter(|s| *s >= 0.0) {
+            self.job_execution.observe(s);
+        }
     }
 
     /// One webhook delivery; `outcome` from the receiver's closed list.
@@ -291,6 +455,17 @@ impl Metrics {
     pub fn reconcile_pass(&self, elapsed: std::time::Duration) {
         self.pass_ms
             .set(i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX));
+        self.reconcile_duration.observe(elapsed.as_secs_f64());
+    }
+
+    /// `/metrics`: the exposition with the OpenMetrics content type.
+    pub fn response(&self) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        (
+            [(axum::http::header::CONTENT_TYPE, OPENMETRICS)],
+            self.encode(),
+        )
+            .into_response()
     }
 
     pub fn encode(&self) -> String {
@@ -298,5 +473,56 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_gauges_jobs_and_build_info_are_exposed_and_a_gone_policy_is_removed() {
+        let m = Metrics::new();
+        m.policy(
+            "team-a",
+            "web",
+            PolicyGauges {
+                desired: 3,
+                starting: 1,
+                idle: 1,
+                busy: 1,
+                pending_jobs: 2,
+                min: 1,
+                max: 5,
+            },
+        );
+        m.job("in_progress", Some(12.0), None);
+        m.job("completed", None, Some(30.0));
+        m.broker_request("issued", 0.2);
+        m.reconcile_pass(std::time::Duration::from_millis(40));
+        let text = m.encode();
+        for line in [
+            "runner_manager_policy_desired_runners{namespace=\"team-a\",policy=\"web\"} 3",
+            "runner_manager_policy_idle_runners{namespace=\"team-a\",policy=\"web\"} 1",
+            "runner_manager_policy_busy_runners{namespace=\"team-a\",policy=\"web\"} 1",
+            "runner_manager_policy_pending_jobs{namespace=\"team-a\",policy=\"web\"} 2",
+            "runner_manager_policy_min_runners{namespace=\"team-a\",policy=\"web\"} 1",
+            "runner_manager_policy_max_runners{namespace=\"team-a\",policy=\"web\"} 5",
+            "runner_manager_job_startup_duration_seconds_sum 12.0",
+            "runner_manager_job_execution_duration_seconds_count 1",
+            "runner_manager_jobs_total{action=\"in_progress\"} 1",
+            "runner_manager_jit_mints_total 1",
+            "runner_manager_reconcile_duration_seconds_count 1",
+            "runner_manager_build_info{version=\"",
+        ] {
+            assert!(text.contains(line), "{line} not in\n{text}");
+        }
+        m.forget_policy("team-a", "web");
+        assert!(!m.encode().contains("policy=\"web\""));
+        let r = m.response();
+        assert_eq!(
+            r.headers()[axum::http::header::CONTENT_TYPE],
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        );
     }
 }

@@ -148,7 +148,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
             "/metrics",
             get({
                 let metrics = metrics.clone();
-                move || async move { metrics.encode() }
+                move || async move { metrics.response() }
             }),
         );
     let health_task = tokio::spawn(async move { axum::serve(health, health_app).await });

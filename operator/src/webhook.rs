@@ -380,7 +380,7 @@ impl<S: JobSink> WebhookReceiver<S> {
     }
 
     async fn judge(&self, route: &HookRoute, headers: &HeaderMap, body: &[u8]) -> WebhookOutcome {
-        if body.len() > self.body_limit {
+        if body.len() > 1024 * 1024 {
             return WebhookOutcome::TooLarge;
         }
         let signature = headers
@@ -422,8 +422,15 @@ impl<S: JobSink> WebhookReceiver<S> {
         if !self.remember(delivery, &job) {
             return WebhookOutcome::Duplicate;
         }
+        let action = event.action;
         match self.sink.record(event).await {
-            Ok(()) => WebhookOutcome::Accepted,
+            Ok(()) => {
+                if let Some(m) = &self.metrics {
+                    let (startup, execution) = job_durations(action, body);
+                    m.job(action.as_str(), startup, execution);
+                }
+                WebhookOutcome::Accepted
+            }
             Err(e) => {
                 // Not handed on: the genuine delivery (refused here) or a redelivery (the sink
                 // failed) must still be taken.
@@ -529,6 +536,43 @@ struct Enterprise {
     slug: Option<String>,
 }
 
+#[derive(Deserialize)]
+struct TimedPayload {
+    workflow_job: JobTimes,
+}
+
+#[derive(Deserialize)]
+struct JobTimes {
+    #[serde(default)]
+    created_at: Option<String>,
+    #[serde(default)]
+    started_at: Option<String>,
+    #[serde(default)]
+    completed_at: Option<String>,
+}
+
+/// The job's startup (queued → taken, on `in_progress`) and execution (taken → done, on
+/// `completed`) in seconds, from the payload's timestamps. Pure.
+pub fn job_durations(action: JobAction, body: &[u8]) -> (Option<f64>, Option<f64>) {
+    use k8s_openapi::jiff::Timestamp;
+    let Ok(p) = serde_json::from_slice::<TimedPayload>(body) else {
+        return (None, None);
+    };
+    let at = |s: &Option<String>| s.as_deref().and_then(|s| s.parse::<Timestamp>().ok());
+    let between = |a: Option<Timestamp>, b: Option<Timestamp>| {
+        let (a, b) = (a?, b?);
+        let ms = b.as_millisecond() - a.as_millisecond();
+        #[allow(clippy::cast_precision_loss)]
+        (ms >= 0).then(|| ms as f64 / 1000.0)
+    };
+    let j = &p.workflow_job;
+    match action {
+        JobAction::InProgress => (between(at(&j.created_at), at(&j.started_at)), None),
+        JobAction::Completed => (None, between(at(&j.started_at), at(&j.completed_at))),
+        JobAction::Queued | JobAction::Waiting => (None, None),
+    }
+}
+
 /// Why a body is not a `workflow_job` payload. The serde message is dropped: it may quote the
 /// body.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -600,7 +644,7 @@ async fn respond<S: JobSink>(
 /// `POST /webhook` and `POST /webhook/{namespace}/{policy}`, with the body limit applied before
 /// anything is buffered past it.
 pub fn router<S: JobSink>(receiver: Arc<WebhookReceiver<S>>) -> Router {
-    let limit = receiver.body_limit;
+    let limit = 1024 * 1024;
     Router::new()
         .route("/webhook", post(handle::<S>))
         .route("/webhook/{namespace}/{policy}", post(handle_policy::<S>))
@@ -1023,5 +1067,32 @@ mod tests {
             );
         }
         server.abort();
+    }
+}
+
+#[cfg(test)]
+mod duration_tests {
+    use super::{JobAction, job_durations};
+
+    #[test]
+    fn startup_and_execution_come_from_the_payload_timestamps() {
+        let body = br#"{"workflow_job": {"created_at": "2024-05-01T10:00:00Z",
+            "started_at": "2024-05-01T10:00:42Z", "completed_at": "2024-05-01T10:02:12Z"}}"#;
+        assert_eq!(
+            job_durations(JobAction::InProgress, body),
+            (Some(42.0), None)
+        );
+        assert_eq!(
+            job_durations(JobAction::Completed, body),
+            (None, Some(90.0))
+        );
+        assert_eq!(job_durations(JobAction::Queued, body), (None, None));
+        let backwards = br#"{"workflow_job": {"created_at": "2024-05-01T10:00:42Z",
+            "started_at": "2024-05-01T10:00:00Z"}}"#;
+        assert_eq!(
+            job_durations(JobAction::InProgress, backwards),
+            (None, None)
+        );
+        assert_eq!(job_durations(JobAction::Completed, b"{}"), (None, None));
     }
 }

@@ -287,6 +287,10 @@ const CREATE_CONCURRENCY: usize = 8;
 /// A policy's decisions: demand, creation with placement, scale-down, timeouts, status.
 /// `conflicts` are the policies of other namespaces naming the same target.
 #[allow(clippy::too_many_arguments)]
+#[tracing::instrument(name = "reconcile", skip_all, fields(
+    policy.namespace = policy.metadata.namespace.as_deref().unwrap_or_default(),
+    policy.name = policy.metadata.name.as_deref().unwrap_or_default(),
+))]
 pub async fn reconcile(
     ctx: &Ctx,
     placement: &Mutex<PlacementWorker>,
@@ -301,6 +305,7 @@ pub async fn reconcile(
     let name = policy.metadata.name.as_deref().unwrap_or_default();
     let generation = policy.metadata.generation.unwrap_or(0);
     if policy.metadata.deletion_timestamp.is_some() {
+        ctx.metrics.forget_policy(ns, name);
         drain(ctx, mem, policy, attempts, now).await;
         return;
     }
@@ -464,6 +469,19 @@ pub async fn reconcile(
     if next.desired != old.desired {
         next.last_scale_time = Some(Time(now));
     }
+    ctx.metrics.policy(
+        ns,
+        name,
+        crate::metrics::PolicyGauges {
+            desired: next.desired,
+            starting: next.starting,
+            idle: next.idle,
+            busy: next.busy,
+            pending_jobs,
+            min: policy.spec.min_idle,
+            max: policy.spec.max_runners,
+        },
+    );
     let ready = match mem.resolved.as_ref().map(|e| &e.result) {
         Some(Ok(r)) => cond(
             PolicyConditionType::Ready,

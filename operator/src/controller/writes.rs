@@ -79,10 +79,35 @@ impl Writer {
         Api::namespaced(self.kube.clone(), namespace)
     }
 
+    /// Creates an attempt as the root of its runner's trace: a span `runner.create` (linked to
+    /// the reconcile that decided it) whose `traceparent` the attempt carries, so the agent's
+    /// launch spans join it. Without OpenTelemetry the attempt carries no annotation.
     pub async fn create_attempt(&self, a: &RunnerAttempt) -> Result<RunnerAttempt, kube::Error> {
+        use tracing::Instrument;
         self.count(WriteKind::AttemptCreate);
         let ns = a.metadata.namespace.as_deref().unwrap_or_default();
-        self.attempts(ns).create(&PostParams::default(), a).await
+        let span = tracing::info_span!(
+            parent: None,
+            "runner.create",
+            attempt.namespace = ns,
+            attempt.name = a.metadata.name.as_deref().unwrap_or_default(),
+            node = a.spec.node_name.as_str(),
+        );
+        span.follows_from(tracing::Span::current());
+        let traced = span
+            .in_scope(crate::telemetry::current_traceparent)
+            .map(|tp| {
+                let mut a = a.clone();
+                a.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(crate::telemetry::TRACEPARENT_ANNOTATION.to_owned(), tp);
+                a
+            });
+        self.attempts(ns)
+            .create(&PostParams::default(), traced.as_ref().unwrap_or(a))
+            .instrument(span)
+            .await
     }
 
     pub async fn facts(
