@@ -10,4 +10,5 @@ pub mod node;
 pub mod process;
 pub mod product;
 pub mod scripted_agent;
+pub mod telemetry;
 pub mod wait;

@@ -127,6 +127,8 @@ pub struct Product {
     /// one address across operator restarts and failover, as a Service gives them in a cluster.
     broker_service: ServiceProxy,
     options: ProductOptions,
+    /// Environment every operator and agent process gets (e.g. `OTEL_*`).
+    env: Vec<(String, String)>,
     logs: PathBuf,
     scratch: tempfile::TempDir,
 }
@@ -147,6 +149,15 @@ fn fail(what: &str, e: impl std::fmt::Display) -> String {
 impl Product {
     /// Start a world; `None` (with the reason printed) without `KUBECONFIG`.
     pub async fn start(test: &str, options: ProductOptions) -> Result<Option<Self>, String> {
+        Self::start_with_env(test, options, &[]).await
+    }
+
+    /// Like [`start`](Self::start), with `env` in every operator's and agent's environment.
+    pub async fn start_with_env(
+        test: &str,
+        options: ProductOptions,
+        env: &[(&str, &str)],
+    ) -> Result<Option<Self>, String> {
         let Some(kube) = client_or_skip(test).await.map_err(|e| fail("client", e))? else {
             return Ok(None);
         };
@@ -213,6 +224,10 @@ impl Product {
                 .await
                 .map_err(|e| fail("broker service", e))?,
             options: options.clone(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
             logs,
             scratch,
         };
@@ -296,6 +311,9 @@ impl Product {
             }
             cmd.args([k, &v]);
         }
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
         Ok(cmd)
     }
 
@@ -372,7 +390,14 @@ impl Product {
             "1",
             "--supervision-millis",
             "200",
+            // /metrics, /healthz and /readyz on a port of the system's choosing (logged as
+            // `health`, see `telemetry::agent_health`).
+            "--health-addr",
+            "127.0.0.1:0",
         ]);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }

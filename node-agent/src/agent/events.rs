@@ -18,6 +18,14 @@ pub enum EventReason {
 }
 
 impl EventReason {
+    pub const ALL: [Self; 5] = [
+        Self::RecoveryBlocked,
+        Self::CleanupDeferred,
+        Self::Rejected,
+        Self::SpecChanged,
+        Self::PackageRefused,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::RecoveryBlocked => "RecoveryBlocked",

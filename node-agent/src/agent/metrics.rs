@@ -192,6 +192,23 @@ impl AgentMetrics {
             "Runner packages materialized in the node's package cache",
             cached_packages.clone(),
         );
+        // Every series of the closed vocabularies exists from the start, at 0, so a rate or an
+        // alert has a series to read before the first occurrence.
+        for outcome in ["started", "rejected", "failed"] {
+            let _ = launches.get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            });
+        }
+        for reason in super::events::EventReason::ALL {
+            let _ = events.get_or_create(&ReasonLabels {
+                reason: reason.as_str().into(),
+            });
+        }
+        for outcome in ["ok", "failed"] {
+            let _ = lease_renewals.get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            });
+        }
         Self {
             registry,
             launches,

@@ -1,0 +1,278 @@
+//! Observability a platform team can alert on (issue 17), against the real processes: one job
+//! delivered by webhook runs on a runner the operator created and the agent launched, with both
+//! exporting OTLP traces to a receiver here. Then both binaries are scraped and their families
+//! and values checked against what happened, the agent's probes are asked, and the receiver's
+//! spans must show the launch as one trace: the operator's `runner.create` (linked to the
+//! reconcile that decided it), the agent's `launch` under it and each launch step under that.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use runner_manager_crds::outcome::Outcome;
+use runner_manager_crds::state::AttemptState;
+use runner_manager_e2e::harness::product::{Product, ProductOptions, STEP};
+use runner_manager_e2e::harness::telemetry::{
+    OtlpReceiver, ReceivedSpan, agent_health, families, get, sample,
+};
+use runner_manager_e2e::harness::wait;
+use serde_json::json;
+
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[tokio::test]
+async fn one_launch_is_one_trace_and_both_binaries_report_what_happened() {
+    let receiver = OtlpReceiver::start().await.unwrap();
+    let env = receiver.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let Some(p) = Product::start_with_env("observability", ProductOptions::default(), &env)
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    p.policy("web", json!({"minIdle": 0, "maxRunners": 3}))
+        .await
+        .unwrap();
+    let job = p
+        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 300}))
+        .await
+        .unwrap();
+    p.wait_jobs_completed(&[job], Duration::from_secs(180))
+        .await
+        .unwrap();
+    let done = wait::until(
+        STEP,
+        "the attempt Cleaned with its job completed",
+        || async {
+            let list = p.all_attempts().await;
+            (list.len() == 1
+                && list.iter().all(|a| {
+                    a.status.as_ref().is_some_and(|s| {
+                        s.journal.state() == AttemptState::Cleaned
+                            && s.journal.outcome() == Some(Outcome::CompletedJob)
+                    })
+                }))
+            .then_some(list)
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    let attempt = &done[0];
+    let attempt_name = attempt.metadata.name.clone().unwrap();
+    let attempt_uid = attempt.metadata.uid.clone().unwrap();
+    let traceparent = attempt
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("runner-manager.dev/traceparent"))
+        .cloned()
+        .expect("the operator wrote the attempt's traceparent");
+
+    // The operator's exposition.
+    let op = get(&p.operators[0].health, "/metrics").await.unwrap();
+    assert_eq!(op.status, 200);
+    assert_eq!(op.content_type, OPENMETRICS);
+    assert!(op.body.ends_with("# EOF\n"));
+    let policy = format!("namespace=\"{}\",policy=\"web\"", p.team);
+    let v = |name: &str, labels: &str| sample(&op.body, name, labels);
+    assert_eq!(v("runner_manager_policy_max_runners", &policy), Some(3.0));
+    assert_eq!(v("runner_manager_policy_min_runners", &policy), Some(0.0));
+    for g in [
+        "desired_runners",
+        "idle_runners",
+        "busy_runners",
+        "starting_runners",
+        "pending_jobs",
+    ] {
+        assert!(
+            v(&format!("runner_manager_policy_{g}"), &policy).is_some(),
+            "{g}: {}",
+            op.body
+        );
+    }
+    let (_, counters) = p.operator_github_calls().await.unwrap();
+    let mints = counters["generate_jitconfig"]["201"].as_u64().unwrap_or(0) as f64;
+    assert_eq!(v("runner_manager_jit_mints_total", ""), Some(mints));
+    assert_eq!(mints, 1.0, "one runner, one JIT");
+    assert_eq!(
+        v(
+            "runner_manager_attempts_created_total",
+            "reason=\"scale_up\""
+        ),
+        Some(1.0)
+    );
+    assert!(v("runner_manager_jobs_total", "action=\"queued\"").is_some_and(|n| n >= 1.0));
+    assert!(
+        v("runner_manager_jobs_total", "action=\"completed\"").is_some_and(|n| n >= 1.0),
+        "{}",
+        op.body
+    );
+    assert!(v("runner_manager_job_startup_duration_seconds_count", "").is_some_and(|n| n >= 1.0));
+    assert!(v("runner_manager_job_execution_duration_seconds_count", "").is_some_and(|n| n >= 1.0));
+    assert!(v("runner_manager_reconcile_duration_seconds_count", "").is_some_and(|n| n >= 1.0));
+    assert_eq!(v("runner_manager_leader", ""), Some(1.0));
+    assert!(op.body.contains("runner_manager_build_info{version=\""));
+
+    // The agent's exposition and probes.
+    let agent = p.agents[0].process.as_ref().unwrap();
+    let health = agent_health(&agent.lines()).expect("the agent logged its health address");
+    assert_eq!(get(&health, "/healthz").await.unwrap().status, 200);
+    let ready = get(&health, "/readyz").await.unwrap();
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    let ag = get(&health, "/metrics").await.unwrap();
+    assert_eq!(ag.content_type, OPENMETRICS);
+    let a = |name: &str, labels: &str| sample(&ag.body, name, labels);
+    assert_eq!(
+        a("runner_manager_agent_launches_total", "outcome=\"started\""),
+        Some(1.0)
+    );
+    assert_eq!(
+        a(
+            "runner_manager_agent_attempts_concluded_total",
+            "outcome=\"CompletedJob\",reason=\"\""
+        ),
+        Some(1.0)
+    );
+    for step in ["materialize", "prepare", "register", "spawn", "total"] {
+        assert_eq!(
+            a(
+                "runner_manager_agent_launch_step_duration_seconds_count",
+                &format!("step=\"{step}\"")
+            ),
+            Some(1.0),
+            "{step}"
+        );
+    }
+    assert_eq!(
+        a("runner_manager_agent_package_downloads_total", ""),
+        Some(1.0)
+    );
+    assert_eq!(
+        a("runner_manager_agent_slots", "state=\"capacity\""),
+        Some(4.0)
+    );
+    assert_eq!(a("runner_manager_agent_slots", "state=\"used\""), Some(0.0));
+    assert_eq!(a("runner_manager_agent_recovery_complete", ""), Some(1.0));
+    assert_eq!(a("runner_manager_agent_ready", ""), Some(1.0));
+    assert!(
+        a("runner_manager_agent_heartbeat_age_seconds", "")
+            .is_some_and(|s| (0.0..5.0).contains(&s))
+    );
+    assert!(
+        a(
+            "runner_manager_agent_lease_renewals_total",
+            "outcome=\"ok\""
+        )
+        .is_some_and(|n| n >= 1.0)
+    );
+    for family in [
+        "runner_manager_agent_build",
+        "runner_manager_agent_cleanup_deferrals",
+        "runner_manager_agent_slot_quarantines",
+        "runner_manager_agent_events",
+        "runner_manager_agent_cached_packages",
+    ] {
+        assert!(families(&ag.body).iter().any(|f| f == family), "{family}");
+    }
+
+    // The launch's span tree, from both processes.
+    let trace_id = traceparent.split('-').nth(1).unwrap().to_owned();
+    let steps = ["admit", "materialize", "prepare", "register", "spawn"];
+    let spans = wait::until(STEP, "the launch's spans at the receiver", || async {
+        let spans: Vec<ReceivedSpan> = receiver
+            .spans()
+            .into_iter()
+            .filter(|s| s.trace_id == trace_id)
+            .collect();
+        let launch = spans.iter().find(|s| s.name == "launch")?;
+        steps
+            .iter()
+            .all(|step| {
+                spans
+                    .iter()
+                    .any(|s| s.name == *step && s.parent_span_id == launch.span_id)
+            })
+            .then_some(spans)
+    })
+    .await
+    .unwrap_or_else(|e| {
+        let names: Vec<String> = receiver
+            .spans()
+            .iter()
+            .map(|s| format!("{}:{} in {}", s.service, s.name, s.trace_id))
+            .collect();
+        panic!("{e}: {names:?}; logs in {}", p.logs().display())
+    });
+    let create = spans
+        .iter()
+        .find(|s| s.name == "runner.create")
+        .expect("the operator's runner.create span in the trace");
+    assert_eq!(create.service, "runner-manager-operator");
+    assert!(
+        create.parent_span_id.is_empty(),
+        "runner.create is the root"
+    );
+    assert_eq!(
+        create.attributes.get("attempt.name"),
+        Some(&attempt_name),
+        "{create:?}"
+    );
+    let launch = spans.iter().find(|s| s.name == "launch").unwrap();
+    assert_eq!(launch.service, "runner-manager-node-agent");
+    assert_eq!(
+        launch.parent_span_id, create.span_id,
+        "launch joins runner.create"
+    );
+    assert_eq!(launch.attributes.get("attempt.uid"), Some(&attempt_uid));
+    // The reconcile that decided the runner, linked from runner.create.
+    wait::until(
+        STEP,
+        "the reconcile span runner.create links to",
+        || async {
+            let all = receiver.spans();
+            create
+                .links
+                .iter()
+                .any(|l| all.iter().any(|s| s.span_id == *l && s.name == "reconcile"))
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {create:?}"));
+    let tree: Vec<String> = spans
+        .iter()
+        .map(|s| {
+            format!(
+                "{} {} (span {}, parent {})",
+                s.service,
+                s.name,
+                s.span_id,
+                if s.parent_span_id.is_empty() {
+                    "-"
+                } else {
+                    &s.parent_span_id
+                }
+            )
+        })
+        .collect();
+    eprintln!("SPANS of trace {trace_id}:\n{}", tree.join("\n"));
+    eprintln!(
+        "SAMPLE operator metrics:\n{}",
+        op.body
+            .lines()
+            .filter(
+                |l| l.starts_with("runner_manager_policy_") || l.starts_with("runner_manager_jit")
+            )
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    eprintln!(
+        "SAMPLE agent metrics:\n{}",
+        ag.body
+            .lines()
+            .filter(|l| l.starts_with("runner_manager_agent_launch")
+                || l.starts_with("runner_manager_agent_slots"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
