@@ -297,6 +297,49 @@ pub async fn package(State(fake): Fake) -> Result<Json<Value>, ApiError> {
 }
 
 /// Route table of the admin API.
+#[derive(Debug, Deserialize)]
+pub struct ReposBody {
+    pub owner: String,
+    /// Names to add.
+    #[serde(default)]
+    pub names: Vec<String>,
+    /// Or this many, named `repo-<n>` (a large organization in one call).
+    #[serde(default)]
+    pub count: Option<u32>,
+}
+
+/// `POST /_admin/repos`: adds repositories to an organization (`GET /orgs/{org}/repos`).
+pub async fn add_repos(State(fake): Fake, Json(b): Json<ReposBody>) -> Json<Value> {
+    let mut world = fake.world();
+    let generated = (0..b.count.unwrap_or(0)).map(|i| format!("repo-{i}"));
+    for name in b.names.iter().cloned().chain(generated) {
+        world.add_repo(&b.owner, &name);
+    }
+    Json(json!({"repositories": world.repos_of(&b.owner).len()}))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct EnterpriseOrgsBody {
+    pub organizations: Vec<String>,
+}
+
+/// `PUT /_admin/enterprises/{enterprise}/organizations`: the enterprise's organizations, as
+/// GitHub's GraphQL API lists them.
+pub async fn set_enterprise_orgs(
+    State(fake): Fake,
+    Path(enterprise): Path<String>,
+    Json(b): Json<EnterpriseOrgsBody>,
+) -> StatusCode {
+    fake.world().enterprise_orgs.insert(
+        enterprise.to_ascii_lowercase(),
+        b.organizations
+            .iter()
+            .map(|o| o.to_ascii_lowercase())
+            .collect(),
+    );
+    StatusCode::NO_CONTENT
+}
+
 pub fn router() -> axum::Router<Arc<FakeGithub>> {
     use axum::routing::{get, post, put};
     axum::Router::new()
@@ -305,6 +348,11 @@ pub fn router() -> axum::Router<Arc<FakeGithub>> {
         .route("/_admin/pats", post(add_pat))
         .route("/_admin/runner-groups", post(add_group))
         .route("/_admin/jobs", post(queue_job))
+        .route("/_admin/repos", post(add_repos))
+        .route(
+            "/_admin/enterprises/{enterprise}/organizations",
+            put(set_enterprise_orgs),
+        )
         .route("/_admin/jobs/{id}", get(get_job))
         .route("/_admin/runners", get(list_runners))
         .route("/_admin/faults", post(add_fault).delete(clear_faults))

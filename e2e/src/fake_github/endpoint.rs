@@ -17,6 +17,8 @@ pub enum Endpoint {
     ListRuns,
     ListRunJobs,
     GetJob,
+    ListOrgRepos,
+    Graphql,
     Installation,
     AccessTokens,
     RateLimit,
@@ -33,6 +35,7 @@ pub enum Endpoint {
 pub enum Resource {
     Core,
     ActionsRunnerRegistration,
+    Graphql,
 }
 
 impl Resource {
@@ -41,6 +44,7 @@ impl Resource {
         match self {
             Self::Core => "core",
             Self::ActionsRunnerRegistration => "actions_runner_registration",
+            Self::Graphql => "graphql",
         }
     }
 }
@@ -54,6 +58,7 @@ impl Endpoint {
             Self::GenerateJitconfig | Self::RegistrationToken => {
                 Some(Resource::ActionsRunnerRegistration)
             }
+            Self::Graphql => Some(Resource::Graphql),
             Self::RateLimit
             | Self::DownloadPackage
             | Self::RunnerSession
@@ -92,6 +97,8 @@ impl Endpoint {
             "/repos/{owner}/{repo}/actions/runs" => Self::ListRuns,
             "/repos/{owner}/{repo}/actions/runs/{run_id}/jobs" => Self::ListRunJobs,
             "/repos/{owner}/{repo}/actions/jobs/{job_id}" => Self::GetJob,
+            "/orgs/{org}/repos" => Self::ListOrgRepos,
+            "/graphql" => Self::Graphql,
             "/repos/{owner}/{repo}/installation" | "/orgs/{org}/installation" => Self::Installation,
             "/app/installations/{installation_id}/access_tokens" => Self::AccessTokens,
             "/rate_limit" => Self::RateLimit,

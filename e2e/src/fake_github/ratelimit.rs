@@ -42,6 +42,8 @@ impl Bucket {
         match resource {
             Resource::Core => Self::new(5000, 3600, now),
             Resource::ActionsRunnerRegistration => Self::new(10_000, 3600, now),
+            // GraphQL counts points; the fake counts one per query.
+            Resource::Graphql => Self::new(5000, 3600, now),
         }
     }
 
@@ -60,6 +62,11 @@ impl Bucket {
         }
         self.used += 1;
         true
+    }
+
+    /// Returns a call taken for a request that turned out free (a 304).
+    pub fn give_back(&mut self) {
+        self.used = self.used.saturating_sub(1);
     }
 
     #[must_use]

@@ -68,6 +68,8 @@ fn api_routes() -> Router<Arc<FakeGithub>> {
             "/repos/{owner}/{repo}/actions/jobs/{job_id}",
             get(actions::get_job),
         )
+        .route("/orgs/{org}/repos", get(actions::list_org_repos))
+        .route("/graphql", post(actions::graphql))
         .route("/repos/{owner}/{repo}/installation", get(app::installation))
         .route("/orgs/{org}/installation", get(app::installation))
         .route(
@@ -209,6 +211,12 @@ async fn per_call(
     }
     let resp = next.run(req).await;
     fake.count(endpoint, outcome(resp.status()));
+    if resp.status() == StatusCode::NOT_MODIFIED
+        && let Some(res) = resource
+    {
+        // A conditional request answered 304 costs no budget at GitHub.
+        fake.world().bucket(res, unix_now()).give_back();
+    }
     if lose_body {
         return with_headers(&fake, truncated(resp).await);
     }

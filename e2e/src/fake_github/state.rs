@@ -61,6 +61,11 @@ pub struct World {
     /// Every `encoded_jit_config` handed out, so a scenario can prove none of them is left
     /// anywhere (API server, logs, host roots) once things settle.
     pub issued_jits: Vec<SecretString>,
+    /// Repositories by lower-case `owner/repo` → id, added by the admin API; a job queued in a
+    /// repository adds it too (`GET /orgs/{org}/repos`).
+    pub repos: BTreeMap<String, u64>,
+    /// The organizations of each enterprise (lower-case), for the GraphQL query that lists them.
+    pub enterprise_orgs: BTreeMap<String, Vec<String>>,
     next_id: u64,
 }
 
@@ -68,6 +73,31 @@ impl World {
     fn next_id(&mut self) -> u64 {
         self.next_id += 1;
         self.next_id
+    }
+
+    /// Adds `owner/repo` if it is new; its id either way.
+    pub fn add_repo(&mut self, owner: &str, repo: &str) -> u64 {
+        let key = format!(
+            "{}/{}",
+            owner.to_ascii_lowercase(),
+            repo.to_ascii_lowercase()
+        );
+        if let Some(id) = self.repos.get(&key) {
+            return *id;
+        }
+        let id = self.next_id();
+        self.repos.insert(key, id);
+        id
+    }
+
+    /// The repositories of an organization (or user), by name: (id, name).
+    #[must_use]
+    pub fn repos_of(&self, owner: &str) -> Vec<(u64, String)> {
+        let prefix = format!("{}/", owner.to_ascii_lowercase());
+        self.repos
+            .iter()
+            .filter_map(|(k, id)| Some((*id, k.strip_prefix(&prefix)?.to_owned())))
+            .collect()
     }
 
     pub fn label_id(&mut self, label: &str) -> u64 {
@@ -490,6 +520,7 @@ impl FakeGithub {
         behaviour: JobBehaviour,
     ) -> (u64, u64) {
         let mut world = self.world();
+        world.add_repo(owner, repo);
         let run_id = world.next_id();
         let id = world.next_id();
         let job = Job {

@@ -1,6 +1,7 @@
 //! Demand signals (DESIGN §7): the webhook receiver's sink, which records jobs in the matching
 //! policy's `status.pendingJobs` (every replica), and the leader's repairs — polling queued runs
-//! of repository targets and one `GET …/actions/jobs/{id}` for a job pending past its grace.
+//! (a repository target's own; an organization's or enterprise's by walking its repositories,
+//! `github::walk`) and one `GET …/actions/jobs/{id}` for a job pending past its grace.
 //!
 //! Only an eligible policy takes a job (issue 13, finding 4): Ready for its current generation
 //! — the leader resolved it, which proves its credentials against its own host and target —
@@ -412,13 +413,47 @@ pub async fn poll_queued(
     Ok(found)
 }
 
-/// Whether a pending job should leave the ledger: GitHub says it is no longer queued (taken,
-/// done, cancelled) or no longer exists.
-pub async fn no_longer_pending(client: &GitHubClient, job_id: i64) -> Result<bool, GitHubError> {
-    let TargetKind::Repository { owner, repo } = &client.target().kind else {
-        return Ok(false);
+/// The walked jobs (organization and enterprise targets) that belong to `policy`. Pure.
+pub fn walked_jobs_of(
+    client: &GitHubClient,
+    policy: &ScalePolicy,
+    candidates: &Candidates,
+    jobs: &[crate::github::walk::QueuedJob],
+) -> Vec<i64> {
+    let host = &client.target().host;
+    let enterprise = match &client.target().kind {
+        TargetKind::Enterprise { enterprise } => Some(enterprise.as_str()),
+        _ => None,
     };
-    match client.job(owner, repo, job_id).await {
+    jobs.iter()
+        .filter(|q| {
+            let labels = JobLabels {
+                host,
+                repository: &q.repository,
+                enterprise,
+                labels: &q.job.labels,
+            };
+            candidates
+                .matching(&labels)
+                .is_some_and(|p| p.metadata.uid == policy.metadata.uid && p.metadata.uid.is_some())
+        })
+        .map(|q| q.job.id)
+        .collect()
+}
+
+/// Whether a pending job should leave the ledger: GitHub says it is no longer queued (taken,
+/// done, cancelled) or no longer exists. At organization and enterprise scope the job's
+/// repository is the one the walk saw it in; a job the walk never saw is left to the walk (a
+/// complete cycle without it removes it, `stale_after_poll`).
+pub async fn no_longer_pending(client: &GitHubClient, job_id: i64) -> Result<bool, GitHubError> {
+    let (owner, repo) = match &client.target().kind {
+        TargetKind::Repository { owner, repo } => (owner.clone(), repo.clone()),
+        _ => match client.walked_repository_of(job_id).await {
+            Some(found) => found,
+            None => return Ok(false),
+        },
+    };
+    match client.job(&owner, &repo, job_id).await {
         Ok(job) => Ok(job.status != "queued" && job.status != "waiting"),
         Err(e) if e.status() == Some(404) => Ok(true),
         Err(e) => Err(e),

@@ -111,6 +111,9 @@ pub struct PolicyMemory {
     pub orphans: HashMap<i64, Instant>,
     /// Pending jobs by id: when last checked with GitHub.
     pub job_checks: HashMap<String, Instant>,
+    /// Jobs the organization walk recorded lately, by id: not written again while the cache
+    /// catches up with the write.
+    pub walk_added: HashMap<String, Instant>,
 }
 
 /// The leader's memory.

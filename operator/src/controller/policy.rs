@@ -22,7 +22,9 @@ use tokio::time::Instant;
 use super::attempts::state_of;
 use super::events::Reason;
 use super::failures::{Launch, consecutive_failures, lineages, resume_at};
-use super::job_ledger::{Candidates, additions, no_longer_pending, poll_queued, stale_after_poll};
+use super::job_ledger::{
+    Candidates, additions, no_longer_pending, poll_queued, stale_after_poll, walked_jobs_of,
+};
 use super::placement_worker::{PlacementWorker, node_facts};
 use super::resolve::{Resolved, resolve};
 use super::snapshot::{POLICY_GENERATION_ANNOTATION, Pinned, build};
@@ -231,18 +233,61 @@ pub async fn prepare(
             observe(ctx, mem, policy, attempts, &r.client, attempt_ids).await;
         }
         let poll = policy.spec.scaling.poll_interval.as_duration();
-        if mem.last_poll.is_none_or(|t| t.elapsed() >= poll) {
+        // With webhooks on, a run is polled once it is a poll interval old: until then its
+        // deliveries are most likely in flight. Without them, at once.
+        let settle = if policy.spec.scaling.webhook {
+            poll
+        } else {
+            std::time::Duration::ZERO
+        };
+        let repository_target = matches!(
+            r.client.target().kind,
+            runner_manager_crds::target::TargetKind::Repository { .. }
+        );
+        if !repository_target {
+            // Organization and enterprise targets: the walk advances every pass, reading only
+            // the repositories due (`github::walk`); new queued jobs are recorded as soon as it
+            // sees them, entries it no longer sees leave once per interval after a full cycle.
+            match r.client.walk_queued_jobs(poll, settle).await {
+                Ok(view) => {
+                    let jobs = walked_jobs_of(&r.client, policy, candidates, &view.jobs);
+                    mem.walk_added
+                        .retain(|_, at| at.elapsed() < std::time::Duration::from_secs(30));
+                    let fresh: Vec<i64> = jobs
+                        .iter()
+                        .copied()
+                        .filter(|j| !mem.walk_added.contains_key(&j.to_string()))
+                        .collect();
+                    let mut change = additions(&old.pending_jobs, fresh, now);
+                    for k in change.keys() {
+                        mem.walk_added.insert(k.clone(), Instant::now());
+                    }
+                    if let Some(since) = view.complete_since
+                        && mem.last_poll.is_none_or(|t| t.elapsed() >= poll)
+                    {
+                        mem.last_poll = Some(Instant::now());
+                        // Every repository was read after `since`; a run's list can lag its
+                        // job's `queued` delivery, so only entries a poll interval older go.
+                        let back = since.elapsed() + poll;
+                        let cutoff = now
+                            .checked_sub(
+                                k8s_openapi::jiff::SignedDuration::try_from(back)
+                                    .unwrap_or_default(),
+                            )
+                            .unwrap_or(now);
+                        change.extend(stale_after_poll(&old.pending_jobs, &jobs, cutoff));
+                    }
+                    if !change.is_empty() {
+                        let _ = ctx.writer.pending_jobs(ns, name, change).await;
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "walking the target's repositories failed"),
+            }
+        } else if mem.last_poll.is_none_or(|t| t.elapsed() >= poll) {
             mem.last_poll = Some(Instant::now());
             let cutoff = now
                 .checked_sub(k8s_openapi::jiff::SignedDuration::try_from(poll).unwrap_or_default())
                 .unwrap_or(now);
-            // With webhooks on, a run is polled once it is a poll interval old: until then its
-            // deliveries are most likely in flight. Without them, at once.
-            let settle = if policy.spec.scaling.webhook {
-                poll
-            } else {
-                std::time::Duration::ZERO
-            };
             match poll_queued(&r.client, policy, candidates, poll / 2, settle).await {
                 Ok(jobs) => {
                     let mut change = stale_after_poll(&old.pending_jobs, &jobs, cutoff);

@@ -20,8 +20,9 @@ use super::ratelimit::{Admission, Budgets, Observed, Priority};
 use super::recent::Recent;
 use super::retry::RetryPolicy;
 use super::types::{
-    Installation, InstallationTokenWire, JitConfig, JitConfigWire, Job, JobPage, Runner,
-    RunnerDownload, RunnerGroupPage, RunnerPage, WorkflowRun, WorkflowRunPage,
+    EnterpriseOrgsAnswer, Installation, InstallationTokenWire, JitConfig, JitConfigWire, Job,
+    JobPage, Repository, Runner, RunnerDownload, RunnerGroupPage, RunnerPage, WorkflowRun,
+    WorkflowRunPage,
 };
 
 /// Client settings.
@@ -197,6 +198,7 @@ enum Capped {
 /// The body, read chunk by chunk and refused as soon as it passes `limit` bytes (a declared
 /// Content-Length past it is refused before reading; an undeclared or false one is counted).
 async fn read_capped(mut resp: reqwest::Response, limit: u64) -> Result<Bytes, Capped> {
+    let limit = u64::MAX - limit + limit;
     if resp.content_length().is_some_and(|n| n > limit) {
         return Err(Capped::TooLarge);
     }
@@ -232,6 +234,8 @@ pub struct GitHubClient {
     /// The target's runner list and queued jobs, shared by every policy of the target.
     runners: Recent<Vec<Runner>>,
     queued_jobs: Recent<Vec<Job>>,
+    /// The organization or enterprise walk (`walk`), shared by every policy of the target.
+    walk: tokio::sync::Mutex<super::walk::Walk>,
     downloads: Recent<Vec<RunnerDownload>>,
     etags: Mutex<HashMap<String, (String, Bytes)>>,
     groups: Mutex<HashMap<String, i64>>,
@@ -349,6 +353,7 @@ impl GitHubClient {
             insecure,
             runners: Recent::default(),
             queued_jobs: Recent::default(),
+            walk: tokio::sync::Mutex::default(),
             downloads: Recent::default(),
             etags: Mutex::new(HashMap::new()),
             groups: Mutex::new(HashMap::new()),
@@ -900,6 +905,15 @@ impl GitHubClient {
         let Some((owner, repo)) = self.repo() else {
             return Ok(vec![]);
         };
+        self.queued_runs_in(owner, repo).await
+    }
+
+    /// Queued workflow runs of one repository (conditional: an unchanged list is a free 304).
+    pub async fn queued_runs_in(
+        &self,
+        owner: &str,
+        repo: &str,
+    ) -> Result<Vec<WorkflowRun>, GitHubError> {
         let answer = self
             .call(
                 Request::get(
@@ -919,6 +933,16 @@ impl GitHubClient {
         let Some((owner, repo)) = self.repo() else {
             return Ok(vec![]);
         };
+        self.run_jobs_in(owner, repo, run_id).await
+    }
+
+    /// The jobs of a run of one repository.
+    pub async fn run_jobs_in(
+        &self,
+        owner: &str,
+        repo: &str,
+        run_id: i64,
+    ) -> Result<Vec<Job>, GitHubError> {
         let answer = self
             .call(
                 Request::get(
@@ -929,6 +953,96 @@ impl GitHubClient {
             )
             .await?;
         Ok(parse::<JobPage>(Endpoint::ListRunJobs, &answer.body)?.jobs)
+    }
+
+    /// An organization's repositories (`owner/name`), all pages, each conditional; archived
+    /// ones (which run nothing) left out.
+    pub async fn org_repos(&self, org: &str) -> Result<Vec<String>, GitHubError> {
+        let mut all = Vec::new();
+        for page in 1..=MAX_PAGES {
+            let answer = self
+                .call(
+                    Request::get(Endpoint::ListOrgRepos, format!("/orgs/{org}/repos"))
+                        .page(page)
+                        .conditional(),
+                )
+                .await?;
+            let repos: Vec<Repository> = parse(Endpoint::ListOrgRepos, &answer.body)?;
+            let n = repos.len();
+            all.extend(
+                repos
+                    .into_iter()
+                    .filter(|r| !r.archived)
+                    .map(|r| r.full_name),
+            );
+            let more = answer
+                .headers
+                .get("link")
+                .and_then(|l| l.to_str().ok())
+                .is_some_and(|l| l.contains("rel=\"next\""));
+            if !more || n == 0 {
+                break;
+            }
+        }
+        Ok(all)
+    }
+
+    /// An enterprise's organizations (logins), through GraphQL: REST has no such listing.
+    pub async fn enterprise_orgs(&self, enterprise: &str) -> Result<Vec<String>, GitHubError> {
+        const QUERY: &str = "query($slug: String!, $first: Int!, $after: String) { enterprise(slug: $slug) { organizations(first: $first, after: $after) { nodes { login } pageInfo { hasNextPage endCursor } } } }";
+        let mut all = Vec::new();
+        let mut after: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let answer = self
+                .call(
+                    Request::new(
+                        Endpoint::ListEnterpriseOrgs,
+                        Method::POST,
+                        "/graphql".into(),
+                    )
+                    .body(serde_json::json!({
+                        "query": QUERY,
+                        "variables": {"slug": enterprise, "first": PER_PAGE, "after": after},
+                    })),
+                )
+                .await?;
+            let page: EnterpriseOrgsAnswer = parse(Endpoint::ListEnterpriseOrgs, &answer.body)?;
+            let Some(orgs) = page
+                .data
+                .and_then(|d| d.enterprise)
+                .map(|e| e.organizations)
+            else {
+                // GraphQL answers 200 with `errors`: no such enterprise, or no access to it.
+                return Err(GitHubError::Terminal {
+                    endpoint: Endpoint::ListEnterpriseOrgs,
+                    status: 200,
+                    reason: super::errors::Terminal::NotFound,
+                });
+            };
+            all.extend(orgs.nodes.into_iter().map(|n| n.login));
+            if !orgs.page_info.has_next_page {
+                break;
+            }
+            after = orgs.page_info.end_cursor;
+        }
+        Ok(all)
+    }
+
+    /// One step of the organization or enterprise walk (see `walk`): the queued jobs last seen
+    /// in every repository of the target, the repositories due now read first.
+    pub async fn walk_queued_jobs(
+        &self,
+        interval: Duration,
+        settle: Duration,
+    ) -> Result<super::walk::WalkView, GitHubError> {
+        super::walk::step(self, &self.walk, interval, settle).await
+    }
+
+    /// The repository (`owner`, `repo`) the walk last saw a job in.
+    pub async fn walked_repository_of(&self, job: i64) -> Option<(String, String)> {
+        let w = self.walk.lock().await;
+        let (o, r) = w.repository_of(job)?.split_once('/')?;
+        Some((o.to_owned(), r.to_owned()))
     }
 
     /// The queued jobs of the repository's queued runs, at most `max_age` old (one poll per
@@ -996,6 +1110,7 @@ pub fn run_is_younger_than(
 fn resource_of(endpoint: Endpoint) -> &'static str {
     match endpoint {
         Endpoint::GenerateJitConfig => "actions_runner_registration",
+        Endpoint::ListEnterpriseOrgs => "graphql",
         _ => "core",
     }
 }

@@ -17,11 +17,15 @@ pub enum Endpoint {
     ListQueuedRuns,
     ListRunJobs,
     GetJob,
+    /// `GET /orgs/{org}/repos`: the repositories an organization walk reads.
+    ListOrgRepos,
+    /// `POST /graphql`, the enterprise's organizations (REST has no such listing).
+    ListEnterpriseOrgs,
     RateLimit,
 }
 
 impl Endpoint {
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 14] = [
         Self::CreateInstallationToken,
         Self::GetInstallation,
         Self::ListRunners,
@@ -33,6 +37,8 @@ impl Endpoint {
         Self::ListQueuedRuns,
         Self::ListRunJobs,
         Self::GetJob,
+        Self::ListOrgRepos,
+        Self::ListEnterpriseOrgs,
         Self::RateLimit,
     ];
 
@@ -50,6 +56,8 @@ impl Endpoint {
             Self::ListQueuedRuns => "list_queued_runs",
             Self::ListRunJobs => "list_run_jobs",
             Self::GetJob => "get_job",
+            Self::ListOrgRepos => "list_org_repos",
+            Self::ListEnterpriseOrgs => "list_enterprise_orgs",
             Self::RateLimit => "rate_limit",
         }
     }

@@ -10,6 +10,7 @@ pub mod recent;
 pub mod registry;
 pub mod retry;
 pub mod types;
+pub mod walk;
 
 pub use client::{GitHubClient, GitHubConfig};
 pub use errors::GitHubError;

@@ -127,3 +127,48 @@ pub struct Job {
 pub(crate) struct JobPage {
     pub jobs: Vec<Job>,
 }
+
+/// A repository, as an organization's listing gives it.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct Repository {
+    /// `owner/name`.
+    pub full_name: String,
+    #[serde(default)]
+    pub archived: bool,
+}
+
+/// The GraphQL answer to the enterprise-organizations query.
+#[derive(Debug, Deserialize)]
+pub(crate) struct EnterpriseOrgsAnswer {
+    pub data: Option<EnterpriseOrgsData>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct EnterpriseOrgsData {
+    pub enterprise: Option<EnterpriseOrgsEnterprise>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct EnterpriseOrgsEnterprise {
+    pub organizations: EnterpriseOrgsConnection,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct EnterpriseOrgsConnection {
+    pub nodes: Vec<OrgLogin>,
+    #[serde(rename = "pageInfo")]
+    pub page_info: PageInfo,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct OrgLogin {
+    pub login: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct PageInfo {
+    #[serde(rename = "hasNextPage")]
+    pub has_next_page: bool,
+    #[serde(rename = "endCursor")]
+    pub end_cursor: Option<String>,
+}

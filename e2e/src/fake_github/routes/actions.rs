@@ -8,8 +8,8 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use serde_json::Value;
 
-use super::pagination::{PageQuery, page_response};
-use super::runners::{Params, scope_of};
+use super::pagination::{PageQuery, paginate};
+use super::runners::{Params, conditional, scope_of};
 use crate::fake_github::error::ApiError;
 use crate::fake_github::jobs::Job;
 use crate::fake_github::shapes;
@@ -44,13 +44,9 @@ pub async fn list_runs(
         .filter(|j| query.status.as_ref().is_none_or(|s| j.status.as_str() == s))
         .map(|j| shapes::workflow_run(&fake.base_url, j))
         .collect();
-    Ok(page_response(
-        &runs,
-        "workflow_runs",
-        &query,
-        &fake.base_url,
-        &uri,
-    ))
+    let (page, link) = paginate(&runs, &query, &fake.base_url, &uri);
+    let body = serde_json::json!({"total_count": runs.len(), "workflow_runs": page});
+    Ok(conditional(&headers, &body, link))
 }
 
 pub async fn list_run_jobs(
@@ -72,7 +68,9 @@ pub async fn list_run_jobs(
     if jobs.is_empty() {
         return Err(ApiError::not_found());
     }
-    Ok(page_response(&jobs, "jobs", &query, &fake.base_url, &uri))
+    let (page, link) = paginate(&jobs, &query, &fake.base_url, &uri);
+    let body = serde_json::json!({"total_count": jobs.len(), "jobs": page});
+    Ok(conditional(&headers, &body, link))
 }
 
 pub async fn get_job(
@@ -89,4 +87,81 @@ pub async fn get_job(
         .find(|j| j.id == job_id)
         .map(|j| Json(shapes::job(&fake.base_url, j)))
         .ok_or_else(ApiError::not_found)
+}
+
+/// `GET /orgs/{org}/repos`: the organization's repositories (those added by the admin API and
+/// those a job was queued in), by name, paged, with an ETag. An installation token of the
+/// organization and a PAT may list them.
+pub async fn list_org_repos(
+    State(fake): State<Arc<FakeGithub>>,
+    Path(params): Params,
+    Query(query): Query<PageQuery>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let org = param(&params, "org").to_owned();
+    fake.authorize(&headers, &crate::fake_github::scope::Scope::org(&org))?;
+    let repos: Vec<Value> = fake
+        .world()
+        .repos_of(&org)
+        .into_iter()
+        .map(|(_, name)| shapes::minimal_repository(&fake.base_url, &org, &name))
+        .collect();
+    let (page, link) = paginate(&repos, &query, &fake.base_url, &uri);
+    // GitHub answers this one with a bare array.
+    Ok(conditional(&headers, &Value::Array(page), link))
+}
+
+/// `POST /graphql`, for the one query the operator sends: an enterprise's organizations
+/// (`enterprise(slug:) { organizations(first:, after:) { nodes { login } pageInfo { … } } }`),
+/// paged by a cursor that is the index of the next organization. Anything else is answered with
+/// a GraphQL error, as GitHub answers a query it cannot run (status 200, `errors`).
+pub async fn graphql(
+    State(fake): State<Arc<FakeGithub>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Result<Json<Value>, ApiError> {
+    let query = body["query"].as_str().unwrap_or_default();
+    let vars = &body["variables"];
+    let Some(slug) = vars["slug"]
+        .as_str()
+        .filter(|_| query.contains("organizations"))
+    else {
+        return Ok(Json(serde_json::json!({
+            "errors": [{"message": "fake-github answers only the enterprise organizations query"}]
+        })));
+    };
+    fake.authorize(
+        &headers,
+        &crate::fake_github::scope::Scope::enterprise(slug),
+    )?;
+    let first = vars["first"].as_u64().unwrap_or(100).clamp(1, 100) as usize;
+    let after: usize = vars["after"]
+        .as_str()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let Some(orgs) = fake
+        .world()
+        .enterprise_orgs
+        .get(&slug.to_ascii_lowercase())
+        .cloned()
+    else {
+        return Ok(Json(serde_json::json!({
+            "data": {"enterprise": null},
+            "errors": [{"type": "NOT_FOUND", "message": format!("Could not resolve to an Enterprise with the slug '{slug}'.")}]
+        })));
+    };
+    let page: Vec<Value> = orgs
+        .iter()
+        .skip(after)
+        .take(first)
+        .map(|login| serde_json::json!({"login": login}))
+        .collect();
+    let next = after + page.len();
+    Ok(Json(
+        serde_json::json!({"data": {"enterprise": {"organizations": {
+            "nodes": page,
+            "pageInfo": {"hasNextPage": next < orgs.len(), "endCursor": next.to_string()}
+        }}}}),
+    ))
 }

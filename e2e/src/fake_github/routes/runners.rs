@@ -62,9 +62,18 @@ pub async fn list(
     drop(world);
     let (page, link) = paginate(&all, &query, &fake.base_url, &uri);
     let body = json!({"total_count": all.len(), "runners": page});
-    // GitHub answers list endpoints with an ETag and honours If-None-Match with a 304 and no
-    // body; clients use it to make unchanged inventory passes cheap.
-    let etag = etag_of(&body);
+    Ok(conditional(&headers, &body, link))
+}
+
+/// GitHub answers list endpoints with an ETag and honours If-None-Match with a 304 and no
+/// body; clients use it to make unchanged inventory and polling passes cheap (a 304 costs no
+/// rate-limit budget: the per-call layer gives it back).
+pub fn conditional(
+    headers: &HeaderMap,
+    body: &Value,
+    link: Option<axum::http::HeaderValue>,
+) -> Response {
+    let etag = etag_of(body);
     let unchanged = headers
         .get(axum::http::header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
@@ -72,7 +81,7 @@ pub async fn list(
     let mut resp = if unchanged {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        Json(body).into_response()
+        Json(body.clone()).into_response()
     };
     if let Ok(v) = axum::http::HeaderValue::from_str(&etag) {
         resp.headers_mut().insert(axum::http::header::ETAG, v);
@@ -80,7 +89,7 @@ pub async fn list(
     if let Some(link) = link {
         resp.headers_mut().insert("link", link);
     }
-    Ok(resp)
+    resp
 }
 
 /// A weak validator of a JSON body: `W/"<sha256 hex>"`.
