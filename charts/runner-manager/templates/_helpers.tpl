@@ -72,3 +72,16 @@ imagePullSecrets:
 {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/* OpenTelemetry: the standard OTEL_* variables when telemetry.otlpEndpoint is set (traces
+only, OTLP over HTTP/protobuf). Takes (dict "root" . "service" NAME). */}}
+{{- define "rm.otelEnv" -}}
+{{- with .root.Values.telemetry.otlpEndpoint }}
+- {name: OTEL_EXPORTER_OTLP_ENDPOINT, value: {{ . | quote }}}
+- {name: OTEL_EXPORTER_OTLP_PROTOCOL, value: http/protobuf}
+- {name: OTEL_SERVICE_NAME, value: {{ $.service | quote }}}
+{{- with $.root.Values.telemetry.resourceAttributes }}
+- {name: OTEL_RESOURCE_ATTRIBUTES, value: {{ . | quote }}}
+{{- end }}
+{{- end }}
+{{- end -}}
