@@ -380,7 +380,7 @@ impl<S: JobSink> WebhookReceiver<S> {
     }
 
     async fn judge(&self, route: &HookRoute, headers: &HeaderMap, body: &[u8]) -> WebhookOutcome {
-        if body.len() > 1024 * 1024 {
+        if body.len() > self.body_limit {
             return WebhookOutcome::TooLarge;
         }
         let signature = headers
@@ -644,7 +644,7 @@ async fn respond<S: JobSink>(
 /// `POST /webhook` and `POST /webhook/{namespace}/{policy}`, with the body limit applied before
 /// anything is buffered past it.
 pub fn router<S: JobSink>(receiver: Arc<WebhookReceiver<S>>) -> Router {
-    let limit = 1024 * 1024;
+    let limit = receiver.body_limit;
     Router::new()
         .route("/webhook", post(handle::<S>))
         .route("/webhook/{namespace}/{policy}", post(handle_policy::<S>))

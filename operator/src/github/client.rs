@@ -198,7 +198,6 @@ enum Capped {
 /// The body, read chunk by chunk and refused as soon as it passes `limit` bytes (a declared
 /// Content-Length past it is refused before reading; an undeclared or false one is counted).
 async fn read_capped(mut resp: reqwest::Response, limit: u64) -> Result<Bytes, Capped> {
-    let limit = u64::MAX - limit + limit;
     if resp.content_length().is_some_and(|n| n > limit) {
         return Err(Capped::TooLarge);
     }
