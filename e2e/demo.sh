@@ -65,7 +65,8 @@ kubectl -n demo create secret generic github-app --from-literal=appId=4242 --fro
 kubectl -n "$operator_ns" create serviceaccount runner-manager-node-agent >/dev/null
 "$bin/runner-manager-operator" --namespace "$operator_ns" --github-api-url "$github" \
   --broker-addr 127.0.0.1:18443 --webhook-addr 127.0.0.1:18080 --metrics-addr 127.0.0.1:19090 \
-  --leader-election=false >"$demo/logs/operator.log" 2>&1 &
+  --leader-election=false --allow-http-hosts 127.0.0.1 --download-hosts 127.0.0.1 \
+  >"$demo/logs/operator.log" 2>&1 &
 echo $! >"$demo/operator.pid"
 admin POST webhooks "$(jq -n --arg s "$webhook_secret" '{url: "http://127.0.0.1:18080/webhook", secret: $s}')" >/dev/null
 for _ in $(seq 1 300); do
@@ -75,7 +76,7 @@ for node in demo-node-a demo-node-b; do
   kubectl apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: Node
-metadata: {name: $node, labels: {runner-manager.dev/pool: demo}}
+metadata: {name: $node, labels: {node-restriction.kubernetes.io/runner-pool: demo}}
 ---
 apiVersion: v1
 kind: Pod
@@ -97,7 +98,7 @@ YAML
     --slots-root "$hosts/$node/slots" --capacity 3 --launcher direct \
     --broker-url https://127.0.0.1:18443 --system-namespace "$operator_ns" \
     --broker-token-file "$demo/$node/broker-token" --heartbeat-seconds 2 \
-    >"$demo/logs/agent-$node.log" 2>&1 &
+    --allow-http-hosts 127.0.0.1 >"$demo/logs/agent-$node.log" 2>&1 &
   echo $! >"$demo/agent-$node.pid"
 done
 echo "logs: $demo/logs/"
@@ -112,7 +113,7 @@ spec:
   labels: [self-hosted, linux, x64]
   minIdle: 1
   maxRunners: 6
-  nodeSelector: {runner-manager.dev/pool: demo}
+  nodeSelector: {node-restriction.kubernetes.io/runner-pool: demo}
   runner: {version: latest}
 YAML
 started=$(date +%s)
