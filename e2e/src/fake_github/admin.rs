@@ -340,6 +340,28 @@ pub async fn set_enterprise_orgs(
     StatusCode::NO_CONTENT
 }
 
+/// `PUT /_admin/scale-sets/settings`: token lifetimes, the long-poll wait, session idling.
+pub async fn set_scale_set_settings(
+    State(fake): Fake,
+    Json(b): Json<super::scaleset::Settings>,
+) -> StatusCode {
+    fake.world().scale_sets.settings = b;
+    StatusCode::NO_CONTENT
+}
+
+/// `GET /_admin/scale-sets`: sets, live sessions, sessions opened, acquisitions.
+pub async fn scale_sets(State(fake): Fake) -> Json<Value> {
+    let world = fake.world();
+    let w = &world.scale_sets;
+    Json(json!({
+        "sets": w.sets.values().map(|s| json!({"id": s.id, "name": s.name, "labels": s.labels,
+            "runners": s.runners, "acquired": s.acquired})).collect::<Vec<_>>(),
+        "sessions": w.sessions.iter().map(|(id, s)| json!({"id": id, "set": s.set, "owner": s.owner})).collect::<Vec<_>>(),
+        "sessions_opened": w.sessions_opened,
+        "acquired_by": w.acquired_by.iter().map(|(j, s)| json!([j, s])).collect::<Vec<_>>(),
+    }))
+}
+
 pub fn router() -> axum::Router<Arc<FakeGithub>> {
     use axum::routing::{get, post, put};
     axum::Router::new()
@@ -349,6 +371,8 @@ pub fn router() -> axum::Router<Arc<FakeGithub>> {
         .route("/_admin/runner-groups", post(add_group))
         .route("/_admin/jobs", post(queue_job))
         .route("/_admin/repos", post(add_repos))
+        .route("/_admin/scale-sets", get(scale_sets))
+        .route("/_admin/scale-sets/settings", put(set_scale_set_settings))
         .route(
             "/_admin/enterprises/{enterprise}/organizations",
             put(set_enterprise_orgs),

@@ -19,6 +19,12 @@ pub enum Endpoint {
     GetJob,
     ListOrgRepos,
     Graphql,
+    ScaleSetRegistration,
+    ScaleSets,
+    ScaleSetSessions,
+    ScaleSetMessages,
+    ScaleSetAcquire,
+    ScaleSetJit,
     Installation,
     AccessTokens,
     RateLimit,
@@ -59,6 +65,12 @@ impl Endpoint {
                 Some(Resource::ActionsRunnerRegistration)
             }
             Self::Graphql => Some(Resource::Graphql),
+            Self::ScaleSetRegistration
+            | Self::ScaleSets
+            | Self::ScaleSetSessions
+            | Self::ScaleSetMessages
+            | Self::ScaleSetAcquire
+            | Self::ScaleSetJit => None,
             Self::RateLimit
             | Self::DownloadPackage
             | Self::RunnerSession
@@ -98,6 +110,17 @@ impl Endpoint {
             "/repos/{owner}/{repo}/actions/runs/{run_id}/jobs" => Self::ListRunJobs,
             "/repos/{owner}/{repo}/actions/jobs/{job_id}" => Self::GetJob,
             "/orgs/{org}/repos" => Self::ListOrgRepos,
+            "/actions/runner-registration" => Self::ScaleSetRegistration,
+            "/_actions/_apis/runtime/runnerscalesets"
+            | "/_actions/_apis/runtime/runnerscalesets/{id}" => Self::ScaleSets,
+            "/_actions/_apis/runtime/runnerscalesets/{id}/sessions"
+            | "/_actions/_apis/runtime/runnerscalesets/{id}/sessions/{session}" => {
+                Self::ScaleSetSessions
+            }
+            "/_actions/_apis/runtime/runnerscalesets/{id}/acquirejobs" => Self::ScaleSetAcquire,
+            "/_actions/_apis/runtime/runnerscalesets/{id}/generatejitconfig" => Self::ScaleSetJit,
+            "/_actions/message-queues/{session}"
+            | "/_actions/message-queues/{session}/{message}" => Self::ScaleSetMessages,
             "/graphql" => Self::Graphql,
             "/repos/{owner}/{repo}/installation" | "/orgs/{org}/installation" => Self::Installation,
             "/app/installations/{installation_id}/access_tokens" => Self::AccessTokens,

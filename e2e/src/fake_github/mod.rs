@@ -19,6 +19,7 @@ pub mod jobs;
 pub mod ratelimit;
 pub mod routes;
 pub mod runners;
+pub mod scaleset;
 pub mod scope;
 pub mod server;
 pub mod shapes;

@@ -69,6 +69,7 @@ fn api_routes() -> Router<Arc<FakeGithub>> {
             get(actions::get_job),
         )
         .route("/orgs/{org}/repos", get(actions::list_org_repos))
+        .merge(super::scaleset::routes())
         .route("/graphql", post(actions::graphql))
         .route("/repos/{owner}/{repo}/installation", get(app::installation))
         .route("/orgs/{org}/installation", get(app::installation))

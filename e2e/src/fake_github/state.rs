@@ -66,6 +66,8 @@ pub struct World {
     pub repos: BTreeMap<String, u64>,
     /// The organizations of each enterprise (lower-case), for the GraphQL query that lists them.
     pub enterprise_orgs: BTreeMap<String, Vec<String>>,
+    /// The runner scale-set service (`scaleset`).
+    pub scale_sets: super::scaleset::ScaleSetWorld,
     next_id: u64,
 }
 
@@ -187,6 +189,11 @@ impl FakeGithub {
 
     fn bump(&self) {
         self.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Wakes long polls (a scale set acquired jobs).
+    pub fn bump_public(&self) {
+        self.bump();
     }
 
     /// Authorises a REST call at `scope`: a PAT reaches everything, an installation token only its

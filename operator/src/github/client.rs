@@ -1027,6 +1027,45 @@ impl GitHubClient {
         Ok(all)
     }
 
+    /// A runner registration token of the target (the scale-set exchange's first step).
+    pub async fn registration_token(&self) -> Result<SecretString, GitHubError> {
+        let answer = self
+            .call(
+                Request::new(
+                    Endpoint::CreateRegistrationToken,
+                    Method::POST,
+                    format!("{}/registration-token", self.runners_path()),
+                )
+                .priority(Priority::Launch),
+            )
+            .await?;
+        #[derive(serde::Deserialize)]
+        struct Wire {
+            token: SecretString,
+        }
+        Ok(parse::<Wire>(Endpoint::CreateRegistrationToken, &answer.body)?.token)
+    }
+
+    /// The process's HTTP client (the scale-set client shares it).
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// The REST API base this client speaks to.
+    pub fn api_base(&self) -> &str {
+        &self.api_base
+    }
+
+    /// The target's URL as a person writes it (`https://<host>/<owner>[/<repo>]`).
+    pub fn target_url(&self) -> String {
+        let path = match &self.target.kind {
+            TargetKind::Repository { owner, repo } => format!("{owner}/{repo}"),
+            TargetKind::Organization { org } => org.clone(),
+            TargetKind::Enterprise { enterprise } => format!("enterprises/{enterprise}"),
+        };
+        format!("https://{}/{path}", self.target.host)
+    }
+
     /// One step of the organization or enterprise walk (see `walk`): the queued jobs last seen
     /// in every repository of the target, the repositories due now read first.
     pub async fn walk_queued_jobs(
@@ -1108,7 +1147,9 @@ pub fn run_is_younger_than(
 /// Which rate-limit bucket an endpoint draws from (GitHub's `x-ratelimit-resource`).
 fn resource_of(endpoint: Endpoint) -> &'static str {
     match endpoint {
-        Endpoint::GenerateJitConfig => "actions_runner_registration",
+        Endpoint::GenerateJitConfig | Endpoint::CreateRegistrationToken => {
+            "actions_runner_registration"
+        }
         Endpoint::ListEnterpriseOrgs => "graphql",
         _ => "core",
     }

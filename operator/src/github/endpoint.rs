@@ -21,11 +21,13 @@ pub enum Endpoint {
     ListOrgRepos,
     /// `POST /graphql`, the enterprise's organizations (REST has no such listing).
     ListEnterpriseOrgs,
+    /// `POST …/actions/runners/registration-token`: the scale-set exchange's first step.
+    CreateRegistrationToken,
     RateLimit,
 }
 
 impl Endpoint {
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::CreateInstallationToken,
         Self::GetInstallation,
         Self::ListRunners,
@@ -39,6 +41,7 @@ impl Endpoint {
         Self::GetJob,
         Self::ListOrgRepos,
         Self::ListEnterpriseOrgs,
+        Self::CreateRegistrationToken,
         Self::RateLimit,
     ];
 
@@ -58,6 +61,7 @@ impl Endpoint {
             Self::GetJob => "get_job",
             Self::ListOrgRepos => "list_org_repos",
             Self::ListEnterpriseOrgs => "list_enterprise_orgs",
+            Self::CreateRegistrationToken => "create_registration_token",
             Self::RateLimit => "rate_limit",
         }
     }

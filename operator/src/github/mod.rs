@@ -9,6 +9,7 @@ pub mod ratelimit;
 pub mod recent;
 pub mod registry;
 pub mod retry;
+pub mod scaleset;
 pub mod types;
 pub mod walk;
 

@@ -157,6 +157,11 @@ pub async fn registration_token(
     // Registration tokens are for `config.sh`, which the stand-in does not support; the fake
     // hands one out so clients can exercise the call, and remembers nothing about it.
     let token = auth::mint_token("AAAA");
+    // Remembered for the scale-set exchange (`POST /actions/runner-registration`).
+    fake.world().scale_sets.registration_tokens.insert(
+        auth::token_hash(token.expose_secret()),
+        (scope, unix_now() + 3600),
+    );
     Ok((
         StatusCode::CREATED,
         Json(json!({

@@ -1,0 +1,594 @@
+//! GitHub's runner scale-set protocol, as actions-runner-controller's listener speaks it
+//! (`github/actions/client.go` in its repository; the API is not in GitHub's public OpenAPI
+//! description): demand with no inbound connection, only outbound HTTPS.
+//!
+//! 1. A registration token of the target (REST), exchanged at `POST /actions/runner-registration`
+//!    (`RemoteAuth <token>`, `{"url", "runner_event": "register"}`) for the Actions service URL
+//!    and an admin token; exchanged again when the admin token is refused (401) or old.
+//! 2. The policy's scale set, found by runner group and name or created with its labels.
+//! 3. One message session per scale set (`POST …/runnerscalesets/{id}/sessions`): a live
+//!    session elsewhere is a [`ScaleSetError::SessionConflict`] (the standby waits for the old
+//!    leader's session to be deleted or to lapse); an expired message-queue token
+//!    ([`ScaleSetError::Expired`]) is renewed with `PATCH …/sessions/{id}`.
+//! 4. Long polls of the message queue (`GET <messageQueueUrl>?lastMessageId=`; 202 = nothing
+//!    came), each message deleted once its jobs are recorded, so a listener that dies mid-message
+//!    loses nothing: the message is given again to the next session.
+//! 5. Jobs acquired (`POST …/{id}/acquirejobs`, the message-queue token), runners minted with
+//!    `POST …/{id}/generatejitconfig`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::Method;
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::client::GitHubClient;
+use super::errors::GitHubError;
+
+/// Why a scale-set call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ScaleSetError {
+    #[error(transparent)]
+    GitHub(#[from] GitHubError),
+    /// Another session of this scale set is live (another replica, or one that died and whose
+    /// session has not lapsed yet).
+    #[error("the scale set already has a live message session")]
+    SessionConflict,
+    /// The message-queue token (or the session) expired: refresh or recreate the session.
+    #[error("the message session or its token expired")]
+    Expired,
+    /// The Actions service answered with this status (5xx: retry later).
+    #[error("the Actions service answered {status} ({kind})")]
+    Service { status: u16, kind: String },
+    #[error("the Actions service could not be reached")]
+    Transport,
+    #[error("the Actions service's answer could not be read")]
+    Malformed,
+}
+
+impl ScaleSetError {
+    /// Whether trying again later may succeed without a person.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::GitHub(e) => e.is_retryable(),
+            Self::Service { status, .. } => *status >= 500 || *status == 429,
+            Self::SessionConflict | Self::Expired | Self::Transport => true,
+            Self::Malformed => false,
+        }
+    }
+}
+
+/// The statistics GitHub sends with sessions and messages.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Statistics {
+    pub total_available_jobs: i64,
+    pub total_acquired_jobs: i64,
+    pub total_assigned_jobs: i64,
+    pub total_running_jobs: i64,
+    pub total_registered_runners: i64,
+    pub total_busy_runners: i64,
+    pub total_idle_runners: i64,
+}
+
+/// A scale set.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScaleSet {
+    pub id: i64,
+    pub name: String,
+    #[serde(default)]
+    pub runner_group_id: i64,
+}
+
+/// A message session.
+#[derive(Clone, Debug)]
+pub struct Session {
+    pub id: String,
+    pub queue_url: String,
+    pub queue_token: SecretString,
+    pub statistics: Statistics,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SessionWire {
+    session_id: String,
+    message_queue_url: String,
+    message_queue_access_token: SecretString,
+    #[serde(default)]
+    statistics: Option<Statistics>,
+}
+
+/// One job event of a `RunnerScaleSetJobMessages` message.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct JobMessage {
+    /// `JobAvailable`, `JobAssigned`, `JobStarted` or `JobCompleted`.
+    pub message_type: String,
+    pub runner_request_id: i64,
+    #[serde(default)]
+    pub repository_name: String,
+    #[serde(default)]
+    pub owner_name: String,
+    #[serde(default)]
+    pub job_id: String,
+    #[serde(default)]
+    pub request_labels: Vec<String>,
+    #[serde(default)]
+    pub runner_name: Option<String>,
+    #[serde(default)]
+    pub result: Option<String>,
+}
+
+/// A message of the queue.
+#[derive(Clone, Debug)]
+pub struct Message {
+    pub id: i64,
+    pub kind: String,
+    pub jobs: Vec<JobMessage>,
+    pub statistics: Statistics,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MessageWire {
+    message_id: i64,
+    message_type: String,
+    #[serde(default)]
+    body: String,
+    #[serde(default)]
+    statistics: Option<Statistics>,
+}
+
+/// A runner minted for the scale set.
+pub struct ScaleSetJit {
+    pub runner_id: i64,
+    pub runner_name: String,
+    pub encoded_jit_config: SecretString,
+}
+
+impl std::fmt::Debug for ScaleSetJit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScaleSetJit")
+            .field("runner_id", &self.runner_id)
+            .field("runner_name", &self.runner_name)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Admin {
+    url: String,
+    token: SecretString,
+    at: Instant,
+}
+
+/// An admin token is exchanged again after this long even if never refused (GitHub's last an
+/// hour).
+const ADMIN_MAX_AGE: Duration = Duration::from_secs(45 * 60);
+/// What a long poll may take before the client gives up on it (GitHub holds it ~50 s).
+pub const LONG_POLL_TIMEOUT: Duration = Duration::from_secs(70);
+const API_VERSION: &str = "6.0-preview";
+
+/// The scale-set client of one target and credential (it borrows the REST client's HTTP
+/// client and credentials for the registration token).
+pub struct ScaleSetClient {
+    gh: Arc<GitHubClient>,
+    admin: tokio::sync::Mutex<Option<Admin>>,
+    /// Calls sent, by name (for the figures).
+    calls: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+}
+
+impl std::fmt::Debug for ScaleSetClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScaleSetClient").finish_non_exhaustive()
+    }
+}
+
+fn type_key(body: &[u8]) -> String {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("typeKey").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_default()
+}
+
+impl ScaleSetClient {
+    pub fn new(gh: Arc<GitHubClient>) -> Self {
+        Self {
+            gh,
+            admin: tokio::sync::Mutex::new(None),
+            calls: std::sync::Mutex::default(),
+        }
+    }
+
+    /// Calls sent so far, by name.
+    pub fn calls(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        self.calls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn count(&self, name: &'static str) {
+        *self
+            .calls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(name)
+            .or_insert(0) += 1;
+    }
+
+    /// The Actions service URL and admin token, exchanged when missing or old.
+    async fn admin(&self, fresh: bool) -> Result<(String, SecretString), ScaleSetError> {
+        let mut slot = self.admin.lock().await;
+        if !fresh
+            && let Some(a) = slot.as_ref()
+            && a.at.elapsed() < ADMIN_MAX_AGE
+        {
+            return Ok((a.url.clone(), a.token.clone()));
+        }
+        let registration = self.gh.registration_token().await?;
+        self.count("runner_registration");
+        let resp = self
+            .gh
+            .http()
+            .post(format!(
+                "{}/actions/runner-registration",
+                self.gh.api_base()
+            ))
+            .header(
+                "Authorization",
+                format!("RemoteAuth {}", registration.expose_secret()),
+            )
+            .json(&json!({"url": self.gh.target_url(), "runner_event": "register"}))
+            .send()
+            .await
+            .map_err(|_| ScaleSetError::Transport)?;
+        let status = resp.status().as_u16();
+        let body = resp.bytes().await.map_err(|_| ScaleSetError::Transport)?;
+        if !(200..300).contains(&status) {
+            return Err(ScaleSetError::Service {
+                status,
+                kind: "runner-registration".into(),
+            });
+        }
+        #[derive(Deserialize)]
+        struct Wire {
+            url: String,
+            token: SecretString,
+        }
+        let w: Wire = serde_json::from_slice(&body).map_err(|_| ScaleSetError::Malformed)?;
+        let url = w.url.trim_end_matches('/').to_owned();
+        *slot = Some(Admin {
+            url: url.clone(),
+            token: w.token.clone(),
+            at: Instant::now(),
+        });
+        Ok((url, w.token))
+    }
+
+    /// One Actions-service call with the admin token; a 401 exchanges the token once.
+    async fn service(
+        &self,
+        name: &'static str,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Value>,
+    ) -> Result<(u16, bytes::Bytes), ScaleSetError> {
+        let mut fresh = false;
+        loop {
+            let (url, token) = self.admin(fresh).await?;
+            self.count(name);
+            let mut rb = self
+                .gh
+                .http()
+                .request(method.clone(), format!("{url}/{path}"))
+                .query(&[("api-version", API_VERSION)])
+                .query(query)
+                .bearer_auth(token.expose_secret());
+            if let Some(b) = &body {
+                rb = rb.json(b);
+            }
+            let resp = rb.send().await.map_err(|_| ScaleSetError::Transport)?;
+            let status = resp.status().as_u16();
+            let bytes = resp.bytes().await.map_err(|_| ScaleSetError::Transport)?;
+            if status == 401 && !fresh {
+                fresh = true;
+                continue;
+            }
+            return Ok((status, bytes));
+        }
+    }
+
+    fn refused(status: u16, body: &[u8]) -> ScaleSetError {
+        let kind = type_key(body);
+        if status == 409 && kind.contains("SessionConflict") {
+            return ScaleSetError::SessionConflict;
+        }
+        if status == 401 || kind.contains("SessionExpired") {
+            return ScaleSetError::Expired;
+        }
+        ScaleSetError::Service { status, kind }
+    }
+
+    /// The scale set of that name in that runner group, created with `labels` when missing.
+    pub async fn ensure_scale_set(
+        &self,
+        name: &str,
+        runner_group_id: i64,
+        labels: &[String],
+    ) -> Result<ScaleSet, ScaleSetError> {
+        let path = "_apis/runtime/runnerscalesets";
+        let (status, body) = self
+            .service(
+                "get_scale_set",
+                Method::GET,
+                path,
+                &[
+                    ("runnerGroupId", runner_group_id.to_string()),
+                    ("name", name.to_owned()),
+                ],
+                None,
+            )
+            .await?;
+        if status != 200 {
+            return Err(Self::refused(status, &body));
+        }
+        #[derive(Deserialize)]
+        struct List {
+            value: Vec<ScaleSet>,
+        }
+        let list: List = serde_json::from_slice(&body).map_err(|_| ScaleSetError::Malformed)?;
+        if let Some(found) = list.value.into_iter().next() {
+            return Ok(found);
+        }
+        let labels: Vec<Value> = labels
+            .iter()
+            .map(|l| json!({"type": "System", "name": l}))
+            .collect();
+        let (status, body) = self
+            .service(
+                "create_scale_set",
+                Method::POST,
+                path,
+                &[],
+                Some(json!({
+                    "name": name, "runnerGroupId": runner_group_id, "labels": labels,
+                    "RunnerSetting": {"ephemeral": true, "isElastic": true, "disableUpdate": true},
+                })),
+            )
+            .await?;
+        if status != 200 {
+            return Err(Self::refused(status, &body));
+        }
+        serde_json::from_slice(&body).map_err(|_| ScaleSetError::Malformed)
+    }
+
+    fn session_of(body: &[u8]) -> Result<Session, ScaleSetError> {
+        let w: SessionWire = serde_json::from_slice(body).map_err(|_| ScaleSetError::Malformed)?;
+        Ok(Session {
+            id: w.session_id,
+            queue_url: w.message_queue_url,
+            queue_token: w.message_queue_access_token,
+            statistics: w.statistics.unwrap_or_default(),
+        })
+    }
+
+    /// Open the scale set's message session (`owner`: this replica).
+    pub async fn create_session(
+        &self,
+        scale_set: i64,
+        owner: &str,
+    ) -> Result<Session, ScaleSetError> {
+        let (status, body) = self
+            .service(
+                "create_session",
+                Method::POST,
+                &format!("_apis/runtime/runnerscalesets/{scale_set}/sessions"),
+                &[],
+                Some(json!({"ownerName": owner})),
+            )
+            .await?;
+        if status != 200 {
+            return Err(Self::refused(status, &body));
+        }
+        Self::session_of(&body)
+    }
+
+    /// A new message-queue token for the session.
+    pub async fn refresh_session(
+        &self,
+        scale_set: i64,
+        session: &Session,
+    ) -> Result<Session, ScaleSetError> {
+        let (status, body) = self
+            .service(
+                "refresh_session",
+                Method::PATCH,
+                &format!(
+                    "_apis/runtime/runnerscalesets/{scale_set}/sessions/{}",
+                    session.id
+                ),
+                &[],
+                None,
+            )
+            .await?;
+        if status != 200 {
+            return Err(Self::refused(status, &body));
+        }
+        Self::session_of(&body)
+    }
+
+    /// Close the session (leadership handed over, shutdown): the standby need not wait for it
+    /// to lapse.
+    pub async fn delete_session(
+        &self,
+        scale_set: i64,
+        session: &Session,
+    ) -> Result<(), ScaleSetError> {
+        let (status, body) = self
+            .service(
+                "delete_session",
+                Method::DELETE,
+                &format!(
+                    "_apis/runtime/runnerscalesets/{scale_set}/sessions/{}",
+                    session.id
+                ),
+                &[],
+                None,
+            )
+            .await?;
+        if status != 204 && status != 404 {
+            return Err(Self::refused(status, &body));
+        }
+        Ok(())
+    }
+
+    /// One long poll: `None` when nothing came before GitHub ended it (202).
+    pub async fn get_message(
+        &self,
+        session: &Session,
+        last_message_id: i64,
+    ) -> Result<Option<Message>, ScaleSetError> {
+        self.count("get_message");
+        let mut rb = self
+            .gh
+            .http()
+            .get(&session.queue_url)
+            .timeout(LONG_POLL_TIMEOUT)
+            .header(
+                "Accept",
+                format!("application/json; api-version={API_VERSION}"),
+            )
+            .bearer_auth(session.queue_token.expose_secret());
+        if last_message_id > 0 {
+            rb = rb.query(&[("lastMessageId", last_message_id)]);
+        }
+        let resp = rb.send().await.map_err(|_| ScaleSetError::Transport)?;
+        let status = resp.status().as_u16();
+        let body = resp.bytes().await.map_err(|_| ScaleSetError::Transport)?;
+        match status {
+            202 => Ok(None),
+            200 => {
+                let w: MessageWire =
+                    serde_json::from_slice(&body).map_err(|_| ScaleSetError::Malformed)?;
+                let jobs = if w.message_type == "RunnerScaleSetJobMessages" && !w.body.is_empty() {
+                    serde_json::from_str(&w.body).map_err(|_| ScaleSetError::Malformed)?
+                } else {
+                    vec![]
+                };
+                Ok(Some(Message {
+                    id: w.message_id,
+                    kind: w.message_type,
+                    jobs,
+                    statistics: w.statistics.unwrap_or_default(),
+                }))
+            }
+            s => Err(Self::refused(s, &body)),
+        }
+    }
+
+    /// Delete a handled message.
+    pub async fn delete_message(
+        &self,
+        session: &Session,
+        message_id: i64,
+    ) -> Result<(), ScaleSetError> {
+        self.count("delete_message");
+        let resp = self
+            .gh
+            .http()
+            .delete(format!(
+                "{}/{message_id}",
+                session.queue_url.trim_end_matches('/')
+            ))
+            .bearer_auth(session.queue_token.expose_secret())
+            .send()
+            .await
+            .map_err(|_| ScaleSetError::Transport)?;
+        let status = resp.status().as_u16();
+        let body = resp.bytes().await.map_err(|_| ScaleSetError::Transport)?;
+        if status != 204 {
+            return Err(Self::refused(status, &body));
+        }
+        Ok(())
+    }
+
+    /// Acquire jobs (runner request ids) for the scale set: the ones GitHub gives back are ours.
+    pub async fn acquire_jobs(
+        &self,
+        scale_set: i64,
+        session: &Session,
+        ids: &[i64],
+    ) -> Result<Vec<i64>, ScaleSetError> {
+        let (url, _) = self.admin(false).await?;
+        self.count("acquire_jobs");
+        let resp = self
+            .gh
+            .http()
+            .post(format!(
+                "{url}/_apis/runtime/runnerscalesets/{scale_set}/acquirejobs"
+            ))
+            .query(&[("api-version", API_VERSION)])
+            .bearer_auth(session.queue_token.expose_secret())
+            .json(ids)
+            .send()
+            .await
+            .map_err(|_| ScaleSetError::Transport)?;
+        let status = resp.status().as_u16();
+        let body = resp.bytes().await.map_err(|_| ScaleSetError::Transport)?;
+        if status != 200 {
+            return Err(Self::refused(status, &body));
+        }
+        #[derive(Deserialize)]
+        struct List {
+            value: Vec<i64>,
+        }
+        Ok(serde_json::from_slice::<List>(&body)
+            .map_err(|_| ScaleSetError::Malformed)?
+            .value)
+    }
+
+    /// Mint a runner of the scale set.
+    pub async fn generate_jit(
+        &self,
+        scale_set: i64,
+        name: &str,
+        work_folder: &str,
+    ) -> Result<ScaleSetJit, ScaleSetError> {
+        let (status, body) = self
+            .service(
+                "generate_jit",
+                Method::POST,
+                &format!("_apis/runtime/runnerscalesets/{scale_set}/generatejitconfig"),
+                &[],
+                Some(json!({"name": name, "workFolder": work_folder})),
+            )
+            .await?;
+        if status != 200 {
+            return Err(Self::refused(status, &body));
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Runner {
+            id: i64,
+            name: String,
+        }
+        #[derive(Deserialize)]
+        struct Wire {
+            runner: Runner,
+            #[serde(rename = "encodedJITConfig")]
+            encoded: SecretString,
+        }
+        let w: Wire = serde_json::from_slice(&body).map_err(|_| ScaleSetError::Malformed)?;
+        Ok(ScaleSetJit {
+            runner_id: w.runner.id,
+            runner_name: w.runner.name,
+            encoded_jit_config: w.encoded,
+        })
+    }
+}
