@@ -548,11 +548,14 @@ async fn crash_at(test: &str, boundary: &str, expected: Outcome) {
     }
     let status = wait_exit(&mut agent).await;
     assert!(!status.success(), "the agent did not crash at {boundary}");
-    assert!(
-        agent.lines().iter().any(|l| l.contains(boundary)),
-        "{:?}",
-        agent.lines()
-    );
+    // The line is read from the pipe by the harness's reader thread, which may not have
+    // reached it at the moment the exit is seen: wait for it, don't sample.
+    let named = wait::until(STEP, "the agent's fault line", || {
+        let seen = agent.lines().iter().any(|l| l.contains(boundary));
+        async move { seen.then_some(()) }
+    })
+    .await;
+    assert!(named.is_ok(), "{:?}", agent.lines());
     drop(agent);
     if boundary == "after-termination-intent" {
         w.deregister(&a).await.unwrap();
