@@ -44,13 +44,26 @@ pub fn crd_documents() -> Vec<(&'static str, Result<String, serde_norway::Error>
     vec![
         (
             "scalepolicies.yaml",
-            serde_norway::to_string(&policy::ScalePolicy::crd()),
+            serde_norway::to_string(&kept(policy::ScalePolicy::crd())),
         ),
         (
             "runnerattempts.yaml",
-            serde_norway::to_string(&attempt::RunnerAttempt::crd()),
+            serde_norway::to_string(&kept(attempt::RunnerAttempt::crd())),
         ),
     ]
+}
+
+/// `helm.sh/resource-policy: keep` on the files a chart or `kubectl apply` installs: deleting a
+/// CRD deletes every ScalePolicy and RunnerAttempt with it (and with them the journal of runners
+/// still running), so no `helm uninstall` or pruning tool may do it on its own.
+fn kept(
+    mut crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    crd.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("helm.sh/resource-policy".to_owned(), "keep".to_owned());
+    crd
 }
 
 #[cfg(test)]
