@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Stop what start.sh started, by pid, controller manager first; wait for each to exit.
+# Stop what start.sh started, by pid, scheduler and controller manager first; wait for each to exit.
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/env.sh"
-for f in kcm apiserver etcd; do
+for f in scheduler kcm apiserver etcd; do
   pidfile="$RM_RUN/$f.pid"
   [ -f "$pidfile" ] || continue
   pid=$(cat "$pidfile")

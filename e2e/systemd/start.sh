@@ -12,6 +12,15 @@
 # Env: RM_SYSTEMD_STATE (default $RM_CACHE/systemd; not under /run, which is private inside),
 #      RM_SYSTEMD_CGROUP (default runner-manager-e2e-systemd: systemd's root cgroup in every
 #      hierarchy).
+# For a Kubernetes node booted by this systemd (e2e/cluster/node-start.sh), the same way kind
+# boots one:
+#      RM_SYSTEMD_HIERARCHIES  the v1 hierarchies to mount inside on a hybrid host (the kubelet
+#                              needs cpuset too; its share of cpus/mems is copied from the parent)
+#      RM_SYSTEMD_NETNS=1      a network namespace of its own (the caller wires it)
+#      RM_SYSTEMD_PROC_SYS=rw  /proc/sys left writable (the caller saves and restores the host's
+#                              global sysctls: PID 1 raises fs.file-max and fs.nr_open)
+#      RM_SYSTEMD_PREINIT      a script sourced inside, in the new mount namespace, just before
+#                              systemd starts (private mounts, `mount --make-rshared /`)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../control-plane/env.sh"
@@ -27,7 +36,7 @@ fi
 # The hierarchies this host has: hybrid (v1 controllers + named systemd + empty v2 "unified"),
 # or a pure v2 host (one cgroup2 mount).
 if [ -d /sys/fs/cgroup/unified ]; then
-  HIERS="systemd unified memory cpu cpuacct pids blkio devices"
+  HIERS=${RM_SYSTEMD_HIERARCHIES:-"systemd unified memory cpu cpuacct pids blkio devices"}
 else
   HIERS="."
 fi
@@ -48,7 +57,18 @@ unit shutdown.target '[Unit]' 'Description=shutdown.target' 'DefaultDependencies
 for h in $HIERS; do
   [ -d "/sys/fs/cgroup/$h" ] || { echo "systemd/start.sh: /sys/fs/cgroup/$h missing" >&2; exit 1; }
   mkdir -p "/sys/fs/cgroup/$h/$CG"
+  # A v1 cpuset cgroup takes no task before it has cpus and mems.
+  if [ "$h" = cpuset ]; then
+    for f in cpuset.cpus cpuset.mems; do
+      [ -n "$(cat "/sys/fs/cgroup/cpuset/$CG/$f")" ] || cat "/sys/fs/cgroup/cpuset/$f" > "/sys/fs/cgroup/cpuset/$CG/$f"
+    done
+  fi
 done
+PROC_SYS_RO='mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys'
+[ "${RM_SYSTEMD_PROC_SYS:-ro}" = rw ] && PROC_SYS_RO=': /proc/sys left writable: RM_SYSTEMD_PROC_SYS=rw'
+PREINIT=:
+if [ -n "${RM_SYSTEMD_PREINIT:-}" ]; then cp "$RM_SYSTEMD_PREINIT" "$STATE/preinit.sh"; PREINIT=". $STATE/preinit.sh"; fi
+NETNS=; [ "${RM_SYSTEMD_NETNS:-}" = 1 ] && NETNS=--net
 
 cat > "$STATE/inner.sh" <<INNER
 #!/bin/bash
@@ -75,7 +95,7 @@ else
   done
 fi
 # Host-wide knobs read-only (PID 1 would raise fs.file-max and fs.nr_open).
-mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys
+$PROC_SYS_RO
 mount -o remount,bind,ro /sys
 # Logging to a file: "kmsg" on a plain file (the console target needs a tty and is silent).
 mount --bind "$STATE/systemd.log" /dev/kmsg
@@ -97,6 +117,7 @@ DefaultMemoryAccounting=yes
 DefaultTasksAccounting=yes
 DefaultTimeoutStopSec=10s
 CONF
+$PREINIT
 exec env -i container=other \
   SYSTEMD_UNIT_PATH="$STATE/units:/run/systemd/transient" \
   SYSTEMD_GENERATOR_PATH="$STATE/empty" \
@@ -105,7 +126,7 @@ exec env -i container=other \
 INNER
 chmod +x "$STATE/inner.sh"
 
-setsid unshare --pid --fork --mount-proc --mount --uts --propagation private \
+setsid unshare --pid --fork --mount-proc --mount --uts $NETNS --propagation private \
   -- /bin/bash "$STATE/inner.sh" </dev/null >"$STATE/unshare.log" 2>&1 &
 UNSHARE=$!
 echo "$UNSHARE" > "$STATE/unshare.pid"
@@ -121,7 +142,7 @@ echo "$NSPID" > "$STATE/pid"
 
 cat > "$STATE/bin/nsexec" <<NSEXEC
 #!/bin/sh
-exec nsenter --target "\$(cat $STATE/pid)" --mount --uts --pid --cgroup -- "\$@"
+exec nsenter --target "\$(cat $STATE/pid)" --mount --uts --pid --cgroup $NETNS -- "\$@"
 NSEXEC
 printf '#!/bin/sh\nexec %s/bin/nsexec systemd-run "$@"\n' "$STATE" > "$STATE/bin/systemd-run"
 printf '#!/bin/sh\nexec %s/bin/nsexec systemctl "$@"\n' "$STATE" > "$STATE/bin/systemctl"

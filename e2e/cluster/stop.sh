@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Stops the cluster of e2e/cluster/start.sh and undoes what it changed outside $RM_CLUSTER_RUN.
+# The node's systemd is stopped by e2e/systemd/stop.sh (its recorded pid only, after checking it
+# is that systemd): every process of the node's pid namespace goes with it, containers and shims
+# included, and with them its mount namespace (overlays, pod volumes, netns mounts) and its network
+# namespace (bridge, pod veths, iptables rules, per-namespace sysctls). Then: the host end of the
+# veth if it is still there, the node's cgroups, the control plane (by pid), the global sysctls.
+# Safe to run twice, and after a start that failed half-way. Logs stay in $RM_CLUSTER_RUN/logs.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/env.sh"
+[ -d "$RM_CLUSTER_RUN" ] || exit 0
+if [ -s "$NODE_STATE/pid" ] && [ -x "$NODE_STATE/bin/nsexec" ]; then
+  # The kubelet first, so that nothing restarts containers while the rest goes down.
+  timeout 20 "$NODE_STATE/bin/nsexec" systemctl stop kubelet.service kube-proxy.service >/dev/null 2>&1
+fi
+RM_SYSTEMD_STATE=$NODE_STATE RM_SYSTEMD_CGROUP=$RM_CLUSTER_CGROUP "$here/../systemd/stop.sh" >/dev/null
+ip link show "$RM_CLUSTER_VETH" >/dev/null 2>&1 && ip link del "$RM_CLUSTER_VETH"
+[ -d "$CP_RUN" ] && RM_RUN=$CP_RUN "$here/../control-plane/stop.sh"
+if [ -f "$RM_CLUSTER_RUN/sysctl.before" ]; then
+  while IFS='=' read -r k v; do
+    [ "$(sysctl -n "$k" 2>/dev/null)" = "$v" ] || sysctl -qw "$k=$v"
+  done < "$RM_CLUSTER_RUN/sysctl.before"
+  rm -f "$RM_CLUSTER_RUN/sysctl.before"
+fi
+# The node's filesystem (container layers, pod volumes): nothing is mounted on it any more.
+if ! grep -q " $NODE_FS" /proc/mounts; then rm -rf "$NODE_FS"; fi
+echo "cluster stopped; logs in $RM_CLUSTER_RUN/logs"
