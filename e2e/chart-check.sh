@@ -8,6 +8,11 @@ cd "$root"
 . e2e/control-plane/env.sh
 : "${KUBECONFIG:?chart-check needs KUBECONFIG pointing at the control plane}"
 helm lint --strict charts/runner-manager
+# Helm reads YAML numbers as floats: a large one quoted as is renders "8.388608e+06", which the
+# binaries refuse, and every pod crash-loops (seen on the first install on a real node).
+if rendered=$(helm template rm charts/runner-manager) && grep -nE '"[0-9.]+e[+-]?[0-9]+"' <<<"$rendered"; then
+  echo "the chart renders a number in exponent form (pipe it through int64)" >&2; exit 1
+fi
 e2e/render-manifests.sh --check
 kubectl apply -f deploy/namespace.yaml >/dev/null
 # --validate=false: the rendered manifests target current clusters (DaemonSet maxSurge, 1.21+);

@@ -72,6 +72,15 @@ N ip link set eth0 up
 # No default route: the node and its pods reach the host's end of the veth (the API server, the
 # simulated GitHub) and nothing else, so a pull that should never happen fails at once.
 N sysctl -qw net.ipv4.ip_forward=1
+# The host reaches Services and pods through the node, as a cluster's own hosts do: the API server
+# calls admission webhooks at their Service's ClusterIP. Without these routes that traffic would
+# follow the host's default route off the machine: an `unreachable` route of lower priority
+# stands behind each (removed by stop.sh after the control plane), for when the node is gone.
+for cidr in "$RM_CLUSTER_SERVICE_CIDR" "$RM_CLUSTER_POD_CIDR"; do
+  ip route add unreachable "$cidr" metric 4242
+  echo "$cidr" >> "$RM_CLUSTER_RUN/host-routes"
+  ip route add "$cidr" via "$NODE_IP" dev "$RM_CLUSTER_VETH"
+done
 say "node namespace up: systemd pid $NSPID, node IP $NODE_IP"
 
 # --- 2. the control plane, bound to the host end of the veth
