@@ -49,7 +49,8 @@ nodeAgent:
   affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: kubernetes.io/os, operator: In, values: [linux]}]}]}}}
   hostRoot: /var/lib/rm-ci
   slotsRoot: /var/lib/rm-ci/slots
-  livenessProbe: {exec: {command: [/bin/true]}}
+  # null drops the default httpGet: Helm merges maps, and two handlers are refused.
+  livenessProbe: {exec: {command: [/bin/true]}, httpGet: null}
 webhook: {secretName: ci-webhook}
 VALUES
 
