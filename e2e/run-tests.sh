@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # `make test`: everything, in the order that fails fastest, with the control plane it starts
 # stopped by pid on every exit path. Prints the wall time of each stage.
+# RM_K8S_VERSION: the Kubernetes release the suite runs on, 1.37.2 by default (every component
+# built from its Go module, e2e/cluster/build.sh), or 1.20 (Debian's source, no node stage).
+# RM_TEST_NODE=0 skips the real node stage (a cluster with one node booted by systemd, the
+# project's images and `helm install` on it).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+export RM_K8S_VERSION=${RM_K8S_VERSION:-1.37.2}
 . e2e/control-plane/env.sh
 # Its own run directory and ports, so a running `make demo` is left alone.
 export RM_RUN="$RM_CACHE/test-run" RM_API_PORT=${RM_TEST_API_PORT:-16543} \
@@ -11,7 +16,13 @@ export RM_RUN="$RM_CACHE/test-run" RM_API_PORT=${RM_TEST_API_PORT:-16543} \
 
 stage() { printf '\n=== %s\n' "$*"; SECONDS_STAGE=$SECONDS; }
 done_stage() { printf -- '--- %s: %ss\n' "$1" $((SECONDS - SECONDS_STAGE)); }
-cleanup() { e2e/systemd/stop.sh; e2e/control-plane/stop.sh; }
+# The real node's cluster: its own run directory, ports, veth, addresses and cgroup, so that a
+# cluster started by hand (e2e/cluster/start.sh defaults) is left alone.
+export RM_CLUSTER_RUN="$RM_CACHE/test-cluster" RM_CLUSTER_NET=10.213.8 RM_CLUSTER_VETH=rmtest0 \
+  RM_CLUSTER_NODE=rm-test-node RM_CLUSTER_CGROUP=runner-manager-e2e-test-node \
+  RM_CLUSTER_POD_CIDR=10.98.8.0/24 RM_CLUSTER_SERVICE_CIDR=10.97.8.0/24 RM_CLUSTER_API_PORT=16753 \
+  RM_CLUSTER_ETCD_PORT=24000 RM_CLUSTER_KCM_PORT=10467 RM_CLUSTER_SCHED_PORT=10469
+cleanup() { e2e/cluster/stop.sh >/dev/null; e2e/systemd/stop.sh; e2e/control-plane/stop.sh; }
 trap cleanup EXIT
 
 stage "install: Debian packages, kubectl, helm"
@@ -31,7 +42,7 @@ stage "Argo CD health checks (Lua 5.1 against fixture objects)"
 e2e/argocd-health.sh
 done_stage argocd-health
 
-stage "build the v1.20 API server (skipped when cached)"
+stage "build Kubernetes $RM_K8S_VERSION (skipped when cached)"
 e2e/control-plane/build-k8s.sh
 done_stage build-k8s
 
@@ -69,6 +80,17 @@ done_stage chart
 stage "helm chart: two releases side by side, upgrade, uninstall"
 e2e/chart-releases.sh
 done_stage chart-releases
+
+if [ "$RM_K8S_VERSION" != 1.20 ] && [ "${RM_TEST_NODE:-1}" != 0 ]; then
+  stage "a real node: images, cluster, pods, helm install (RM_TEST_NODE=0 skips)"
+  e2e/cluster/install-packages.sh
+  e2e/images/build.sh
+  e2e/cluster/start.sh
+  KUBECONFIG="$RM_CLUSTER_RUN/kubeconfig" e2e/cluster/check.sh
+  KUBECONFIG="$RM_CLUSTER_RUN/kubeconfig" e2e/cluster/helm-check.sh
+  e2e/cluster/stop.sh
+  done_stage node
+fi
 
 echo
 echo "make test: all green in ${SECONDS}s"

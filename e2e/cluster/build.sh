@@ -38,6 +38,8 @@ built() {
 }
 if built; then echo "Kubernetes v$V and etcd v$EV already built in $OUT"; exit 0; fi
 
+# The machine's own Go (Debian's golang-go, 1.19, may stand before it on PATH: too old here).
+[ -x /usr/local/go/bin/go ] && export PATH=/usr/local/go/bin:$PATH
 command -v go >/dev/null || { echo "cluster/build.sh: no go on PATH" >&2; exit 1; }
 [ -n "${RM_GO_TOOLCHAIN:-}" ] && export GOTOOLCHAIN=$RM_GO_TOOLCHAIN
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
