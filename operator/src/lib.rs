@@ -8,6 +8,7 @@ pub mod cli;
 pub mod controller;
 pub mod crd_apply;
 pub mod github;
+pub mod health;
 pub mod listen;
 pub mod metrics;
 pub mod policy;

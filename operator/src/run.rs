@@ -141,9 +141,16 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
     let health_addr = health
         .local_addr()
         .map_err(|e| RunError::Bind(cli.metrics_addr, e))?;
+    let readiness = Arc::new(crate::health::Readiness::default());
     let health_app = axum::Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get({
+                let readiness = readiness.clone();
+                move || async move { readiness.report() }
+            }),
+        )
         .route(
             "/metrics",
             get({
@@ -159,6 +166,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
     let wake = Arc::new(tokio::sync::Notify::new());
     // Every replica matches webhook deliveries against the policies, so every replica caches them.
     let policies = cache::policies(&kube, cli.watch_namespace.as_deref(), wake.clone());
+    let readiness_task = readiness.watch(policies.clone());
     let webhook = TcpListener::bind(cli.webhook_addr)
         .await
         .map_err(|e| RunError::Bind(cli.webhook_addr, e))?;
@@ -250,6 +258,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
     broker_task.abort();
     rotation.abort();
     health_task.abort();
+    readiness_task.abort();
     webhook_task.abort();
     result
 }

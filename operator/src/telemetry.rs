@@ -8,7 +8,8 @@
 //! Fields are chosen at each call site from an allow-list: policy and attempt namespace and
 //! name, node, closed reasons and outcomes, endpoints, durations and counts. Nothing a workflow
 //! controls (labels, runner names, job payloads) and no credential (JIT, token, key) is ever a
-//! field or a message.
+//! field or a message. The log output enforces the list ([`ALLOWED_FIELDS`], [`allow`]): a field
+//! not on it is dropped from every line, text or JSON, event or span.
 //!
 //! Each runner gets one trace: the operator starts it when it creates the attempt (a root span
 //! `runner.create`, linked to the reconcile that decided it) and writes its W3C `traceparent` on
@@ -27,7 +28,104 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::cli::LogFormat;
 
+pub mod allow;
+pub mod origin;
+
 pub use runner_manager_crds::TRACEPARENT_ANNOTATION;
+
+/// The only field names a log line may carry (besides the message). Ids, namespaces and names
+/// of the operator's own objects, closed vocabularies, addresses it serves on, counts and
+/// durations; never a label, a job or runner name, a repository path, a URL or a credential.
+/// Listed in docs/observability.md.
+pub const ALLOWED_FIELDS: &[&str] = &[
+    // objects: the operator's own, named by the admin or by the operator
+    "namespace",
+    "name",
+    "policy",
+    "policies",
+    "attempt",
+    "attempts",
+    "node",
+    "pod",
+    "pod_ip",
+    "daemonset",
+    "agent_daemonset_uid",
+    "owner",
+    "owner_uid",
+    "identity",
+    "user",
+    "caller",
+    "peer",
+    "secret",
+    "configuration",
+    "kind",
+    "ownership_label",
+    "attempt.uid",
+    "attempt.namespace",
+    "attempt.name",
+    "policy.namespace",
+    "policy.name",
+    // closed vocabularies and our own error texts
+    "reason",
+    "outcome",
+    "error",
+    "endpoint",
+    "github.endpoint",
+    "http.request.method",
+    "http.route",
+    "http.response.status_code",
+    "github.ratelimit.remaining",
+    "origin",
+    "action",
+    "otel.name",
+    "otel.kind",
+    "otel.status_code",
+    // where it serves, and switches
+    "broker",
+    "health",
+    "webhook",
+    "controllers",
+    // counts, limits and durations
+    "limit",
+    "lifetime_s",
+    "elapsed_ms",
+    "capacity",
+    "desired",
+    "planned",
+    "pending_jobs",
+    "jobs",
+    "unplaceable",
+    "create",
+];
+
+/// The stderr (or `writer`) log layer: text or JSON, fields on [`ALLOWED_FIELDS`] only.
+pub fn log_layer<S, W>(
+    format: LogFormat,
+    writer: W,
+) -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    use tracing_subscriber::Layer as _;
+    let fmt = tracing_subscriber::fmt::layer();
+    match format {
+        LogFormat::Json => fmt
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_writer(allow::AllowedJson {
+                inner: writer,
+                allowed: ALLOWED_FIELDS,
+            })
+            .boxed(),
+        LogFormat::Text => fmt
+            .with_ansi(false)
+            .fmt_fields(allow::AllowedFields(ALLOWED_FIELDS))
+            .with_writer(writer)
+            .boxed(),
+    }
+}
 
 /// The exporter's provider while traces are exported; flushes on drop.
 #[derive(Debug, Default)]
@@ -101,14 +199,11 @@ pub fn init(format: LogFormat, service: &'static str) -> Telemetry {
         opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
         tracing_opentelemetry::layer().with_tracer(p.tracer(service))
     });
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let registry = tracing_subscriber::registry().with(filter).with(otel);
-    let _ = match format {
-        LogFormat::Json => registry
-            .with(fmt.json().with_current_span(true).with_span_list(false))
-            .try_init(),
-        LogFormat::Text => registry.with(fmt.with_ansi(false)).try_init(),
-    };
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(otel)
+        .with(log_layer(format, std::io::stderr))
+        .try_init();
     Telemetry { provider }
 }
 
@@ -177,6 +272,65 @@ mod tests {
             "OTEL_EXPORTER_OTLP_ENDPOINT",
             " "
         )])));
+    }
+
+    /// A log sink for tests.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+        type Writer = Self;
+        fn make_writer(&'a self) -> Self {
+            self.clone()
+        }
+    }
+
+    #[test]
+    fn workflow_controlled_fields_never_reach_the_log() {
+        for format in [LogFormat::Text, LogFormat::Json] {
+            let out = Captured::default();
+            let subscriber = tracing_subscriber::registry().with(log_layer(format, out.clone()));
+            tracing::subscriber::with_default(subscriber, || {
+                let span = tracing::info_span!(
+                    "runner.create",
+                    attempt.name = "web-1",
+                    job.name = "EVIL-span-job",
+                );
+                let _in = span.enter();
+                tracing::info!(
+                    namespace = "team-a",
+                    job_name = "EVIL-job-name",
+                    labels = ?["EVIL-label"],
+                    runner_name = %"EVIL-runner",
+                    outcome = "issued",
+                    "one line"
+                );
+            });
+            let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+            assert!(!text.contains("EVIL"), "{format:?}: {text}");
+            for kept in ["team-a", "issued", "one line", "web-1", "runner.create"] {
+                assert!(text.contains(kept), "{format:?} lost {kept}: {text}");
+            }
+            if matches!(format, LogFormat::Json) {
+                let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+                assert_eq!(v["fields"]["namespace"], "team-a");
+                assert_eq!(v["fields"]["message"], "one line");
+                assert_eq!(v["span"]["attempt.name"], "web-1");
+                assert!(v["fields"].get("job_name").is_none());
+            } else {
+                assert!(text.contains("namespace=\"team-a\""), "{text}");
+            }
+        }
     }
 
     #[test]

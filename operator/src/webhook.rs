@@ -364,7 +364,19 @@ impl<S: JobSink> WebhookReceiver<S> {
         headers: &HeaderMap,
         body: &[u8],
     ) -> WebhookOutcome {
-        let outcome = self.judge(route, headers, body).await;
+        use tracing::Instrument;
+        // The origin of the trace of the runner this delivery's job gets (see
+        // `telemetry::origin`): the ledger write runs in it and remembers its context.
+        let span = tracing::info_span!(
+            "webhook.delivery",
+            otel.kind = "server",
+            outcome = tracing::field::Empty,
+        );
+        let outcome = self
+            .judge(route, headers, body)
+            .instrument(span.clone())
+            .await;
+        span.record("outcome", outcome.as_str());
         if let Some(m) = &self.metrics {
             m.webhook_delivery(outcome.as_str());
         }

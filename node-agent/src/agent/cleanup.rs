@@ -60,7 +60,7 @@ pub async fn clean(
         && let Err(e) = tokio::task::block_in_place(|| agent.launcher.stop(&identity))
     {
         super::metrics::global().cleanup_deferred();
-        tracing::warn!("{ns}/{name}: cleanup deferred: the runner is not proven stopped: {e}");
+        tracing::warn!(namespace = %ns, attempt = %name, "cleanup deferred: the runner is not proven stopped: {e}");
         return Ok(Step::Wait);
     }
 
@@ -70,7 +70,7 @@ pub async fn clean(
         &format!("{name}.log"),
         diagnostics(a, &journal).as_bytes(),
     ) {
-        tracing::warn!("{ns}/{name}: diagnostics not written ({:?})", e.kind());
+        tracing::warn!(namespace = %ns, attempt = %name, "diagnostics not written ({:?})", e.kind());
     }
 
     // 3. The workspace, dispatched on the journalled kind.
@@ -90,7 +90,7 @@ pub async fn clean(
                             .failed(&uid, std::time::Instant::now());
                         super::metrics::global().cleanup_deferred();
                         tracing::warn!(
-                            "{ns}/{name}: cleanup deferred: {e}; next try in {}s",
+                            namespace = %ns, attempt = %name, "cleanup deferred: {e}; next try in {}s",
                             retry.as_secs()
                         );
                         let reason = match e {
@@ -156,7 +156,7 @@ pub async fn clean(
                             .failed(&uid, std::time::Instant::now());
                         super::metrics::global().quarantined();
                         tracing::warn!(
-                            "{ns}/{name}: slot quarantined ({}); next try in {}s",
+                            namespace = %ns, attempt = %name, "slot quarantined ({}); next try in {}s",
                             q.refusal.event_class(),
                             retry.as_secs()
                         );
@@ -220,7 +220,7 @@ pub async fn clean(
     }
     agent.accounts().release(&uid);
     agent.book().forget(&uid);
-    tracing::info!("{ns}/{name}: cleaned");
+    tracing::info!(namespace = %ns, attempt = %name, "cleaned");
     Ok(if state == AttemptState::Cleaned {
         Step::Done
     } else {

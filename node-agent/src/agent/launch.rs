@@ -129,7 +129,7 @@ async fn launch_steps(
     let decision = agent.book().admit(&uid, agent.capacity, usable);
     agent.advert_changed.notify_one();
     if let Admission::Reject(reason) = decision {
-        tracing::warn!("{ns}/{name}: rejected ({reason:?})");
+        tracing::warn!(namespace = %ns, attempt = %name, "rejected ({reason:?})");
         conclude(api, &name, Outcome::Rejected(reason)).await?;
         events::warn(
             &agent.kube,
@@ -167,7 +167,7 @@ async fn launch_steps(
         .map_err(|e| e.to_string()),
     };
     if let Err(why) = made {
-        tracing::warn!("{ns}/{name}: workspace unavailable: {why}");
+        tracing::warn!(namespace = %ns, attempt = %name, "workspace unavailable: {why}");
         conclude(
             api,
             &name,
@@ -195,7 +195,7 @@ async fn launch_steps(
     let package = match materialized {
         Ok(m) => m,
         Err(e) => {
-            tracing::warn!("{ns}/{name}: package not materialized: {e}");
+            tracing::warn!(namespace = %ns, attempt = %name, "package not materialized: {e}");
             package_refused(agent, api, a, &name, &e).await?;
             conclude(
                 api,
@@ -223,7 +223,7 @@ async fn launch_steps(
         }
     };
     let Ok(account) = account else {
-        tracing::warn!("{ns}/{name}: no free runner account");
+        tracing::warn!(namespace = %ns, attempt = %name, "no free runner account");
         conclude(
             api,
             &name,
@@ -233,7 +233,7 @@ async fn launch_steps(
         return Ok(());
     };
     if let Err(e) = tracing::info_span!("prepare").in_scope(|| own_runtime(&runtime, account)) {
-        tracing::warn!("{ns}/{name}: runtime not prepared: {:?}", e.kind());
+        tracing::warn!(namespace = %ns, attempt = %name, "runtime not prepared: {:?}", e.kind());
         conclude(
             api,
             &name,
@@ -330,7 +330,7 @@ async fn allocate(
             let slot = match chosen {
                 Ok(n) => n,
                 Err(e) => {
-                    tracing::warn!("{ns}/{name}: {e}");
+                    tracing::warn!(namespace = %ns, attempt = %name, "{e}");
                     conclude(
                         api,
                         name,
@@ -458,7 +458,7 @@ async fn request_and_start(
     let env = match environment(&snapshot.env, &runtime) {
         Ok(env) => env,
         Err(e) => {
-            tracing::warn!("{ns}/{name}: runner.env refused: {e}");
+            tracing::warn!(namespace = %ns, attempt = %name, "runner.env refused: {e}");
             conclude(
                 api,
                 name,
@@ -471,7 +471,7 @@ async fn request_and_start(
     let limits = match CgroupLimits::from_resources(snapshot.execution.resources.as_ref()) {
         Ok(l) => l.with_defaults(agent.runner_defaults),
         Err(e) => {
-            tracing::warn!("{ns}/{name}: resources refused: {e}");
+            tracing::warn!(namespace = %ns, attempt = %name, "resources refused: {e}");
             conclude(
                 api,
                 name,
@@ -500,18 +500,18 @@ async fn request_and_start(
         JitAnswer::Issued(r) => r,
         JitAnswer::AlreadyIssued | JitAnswer::Lost => {
             tracing::warn!(
-                "{ns}/{name}: the JIT is lost (the broker's answer was not received whole, or it was issued before)"
+                namespace = %ns, attempt = %name, "the JIT is lost (the broker's answer was not received whole, or it was issued before)"
             );
             conclude(api, name, Outcome::Failed(FailureReason::JitExpired)).await?;
             return Ok(());
         }
         JitAnswer::Refused(code) => {
-            tracing::warn!("{ns}/{name}: the broker refused the JIT request ({code})");
+            tracing::warn!(namespace = %ns, attempt = %name, "the broker refused the JIT request ({code})");
             conclude(api, name, Outcome::Failed(FailureReason::JitRequestFailed)).await?;
             return Ok(());
         }
         JitAnswer::NotSent(why) => {
-            tracing::warn!("{ns}/{name}: the JIT request was not sent: {why}");
+            tracing::warn!(namespace = %ns, attempt = %name, "the JIT request was not sent: {why}");
             conclude(api, name, Outcome::Failed(FailureReason::JitRequestFailed)).await?;
             return Ok(());
         }
@@ -531,7 +531,7 @@ async fn request_and_start(
         let handoff = match RestrictiveHandoff::create(&runtime, account, &jit.encoded_jit_config) {
             Ok(h) => h,
             Err(e) => {
-                tracing::warn!("{ns}/{name}: handoff refused: {e}");
+                tracing::warn!(namespace = %ns, attempt = %name, "handoff refused: {e}");
                 break;
             }
         };
@@ -543,11 +543,11 @@ async fn request_and_start(
                 break;
             }
             Err(e) if e.retryable() => {
-                tracing::warn!("{ns}/{name}: start failed before a child existed ({e}); retrying");
+                tracing::warn!(namespace = %ns, attempt = %name, "start failed before a child existed ({e}); retrying");
             }
             Err(e) => {
                 tracing::warn!(
-                    "{ns}/{name}: start failed after a child existed ({e}); never retried"
+                    namespace = %ns, attempt = %name, "start failed after a child existed ({e}); never retried"
                 );
                 // A child that could not be proven dead is journalled so supervision proves it.
                 identity = e.live;
@@ -582,7 +582,7 @@ async fn request_and_start(
     .await?;
     super::metrics::global().launch_started(&timings);
     tracing::info!(
-        "{ns}/{name}: started (materialize {} ms, prepare {} ms, register {} ms, spawn {} ms, downloaded {})",
+        namespace = %ns, attempt = %name, "started (materialize {} ms, prepare {} ms, register {} ms, spawn {} ms, downloaded {})",
         timings.materialize_ms,
         timings.prepare_ms,
         timings.register_ms,

@@ -220,7 +220,7 @@ pub async fn step(
         .is_some_and(|admitted| admitted != spec_hash(&a.spec));
     if frozen && state.is_live() && agent.warn_spec_changed(&uid) {
         let (_, name, ns) = names(a)?;
-        tracing::warn!("{ns}/{name}: the spec changed after admission; refusing to act on it");
+        tracing::warn!(namespace = %ns, attempt = %name, "the spec changed after admission; refusing to act on it");
         events::warn(
             &agent.kube,
             &agent.node,
@@ -331,7 +331,7 @@ async fn jit_received(
         RecoveryDecision::Observe(AttemptState::Starting) => {
             if let Some(id) = identity {
                 tracing::info!(
-                    "{ns}/{name}: re-adopted runner pid {} (spawned before the crash)",
+                    namespace = %ns, attempt = %name, "re-adopted runner pid {} (spawned before the crash)",
                     id.pid
                 );
                 take(
@@ -455,7 +455,7 @@ async fn live(
     );
     match exit_outcome(state, exit, seen, intent, rec) {
         Some(outcome) => {
-            tracing::info!("{ns}/{name}: runner exited ({exit:?}, {seen:?}): {outcome:?}");
+            tracing::info!(namespace = %ns, attempt = %name, "runner exited ({exit:?}, {seen:?}): {outcome:?}");
             conclude(api, &name, outcome).await?;
             Ok(Step::Again)
         }
@@ -478,7 +478,7 @@ async fn stop(
     let (_, name, ns) = names(a)?;
     if let Err(e) = record_intent(runtime, reason) {
         tracing::warn!(
-            "{ns}/{name}: termination intent not durable ({:?}); nothing signalled",
+            namespace = %ns, attempt = %name, "termination intent not durable ({:?}); nothing signalled",
             e.kind()
         );
         return Ok(Step::Wait);
@@ -488,12 +488,12 @@ async fn stop(
         terminate(agent.launcher.as_ref(), identity, runtime, reason, state)
     }) {
         Ok(outcome) => {
-            tracing::info!("{ns}/{name}: stopped ({}): {outcome:?}", reason.token());
+            tracing::info!(namespace = %ns, attempt = %name, "stopped ({}): {outcome:?}", reason.token());
             conclude(api, &name, outcome).await?;
             Ok(Step::Again)
         }
         Err(e) => {
-            tracing::warn!("{ns}/{name}: termination deferred: {e}");
+            tracing::warn!(namespace = %ns, attempt = %name, "termination deferred: {e}");
             Ok(Step::Wait)
         }
     }

@@ -59,6 +59,17 @@ async fn jit(
     body: Option<Json<JitRequest>>,
 ) -> Response {
     let started = std::time::Instant::now();
+    // One span per exchange. It is entered only once the attempt is read and the span joined to
+    // the attempt's trace (its traceparent annotation), so the mint's GitHub spans sit under it.
+    let span = tracing::info_span!(
+        "broker.exchange",
+        otel.kind = "server",
+        attempt.namespace = %namespace,
+        attempt.name = %name,
+        attempt.uid = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
     let result = handle(
         &broker,
         peer,
@@ -66,12 +77,18 @@ async fn jit(
         &name,
         &headers,
         body.map(|Json(b)| b),
+        &span,
     )
     .await;
     let outcome = match &result {
         Ok(_) => "issued",
         Err(e) => error_label(e.code),
     };
+    span.record("outcome", outcome);
+    if result.is_err() {
+        span.record("otel.status_code", "ERROR");
+    }
+    drop(span);
     let elapsed = started.elapsed();
     if let Some(m) = &broker.metrics {
         m.broker_request(outcome, elapsed.as_secs_f64());
@@ -103,7 +120,9 @@ async fn handle(
     name: &str,
     headers: &HeaderMap,
     body: Option<JitRequest>,
+    span: &tracing::Span,
 ) -> Result<JitResponse, BrokerError> {
+    use tracing::Instrument;
     let token = bearer(headers).ok_or_else(|| {
         refused(
             BrokerErrorCode::Unauthenticated,
@@ -139,6 +158,19 @@ async fn handle(
             )
         })?
         .ok_or_else(|| refused(BrokerErrorCode::UnknownAttempt, "no such attempt"))?;
+    span.record(
+        "attempt.uid",
+        attempt.metadata.uid.as_deref().unwrap_or_default(),
+    );
+    crate::telemetry::join(
+        span,
+        attempt
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::telemetry::TRACEPARENT_ANNOTATION))
+            .map(String::as_str),
+    );
     let client = broker
         .clients
         .for_policy(namespace, &attempt.spec.policy)
@@ -152,6 +184,7 @@ async fn handle(
         &request,
         &caller,
     )
+    .instrument(span.clone())
     .await
 }
 

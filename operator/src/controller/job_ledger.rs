@@ -321,6 +321,14 @@ impl KubeSink {
             JobAction::Queued => {
                 let add = additions(ledger, [id], Timestamp::now());
                 self.batches.write(&self.writer, ns, name, add).await?;
+                // This delivery is the origin of the trace of the runner created for the job.
+                crate::telemetry::origin::origins().record(
+                    ns,
+                    name,
+                    id,
+                    crate::telemetry::origin::Kind::Delivery,
+                    crate::telemetry::origin::span_context(&tracing::Span::current()),
+                );
             }
             JobAction::Waiting => {}
             JobAction::InProgress | JobAction::Completed => {
@@ -329,6 +337,7 @@ impl KubeSink {
                 let mut remove = Map::new();
                 remove.insert(key, Value::Null);
                 self.batches.write(&self.writer, ns, name, remove).await?;
+                crate::telemetry::origin::origins().forget(ns, name, id);
                 // The attempt whose runner took it learns its job at once.
                 if event.action == JobAction::InProgress
                     && let Some(attempt) = event.attempt()
@@ -393,10 +402,24 @@ pub async fn poll_queued(
     let TargetKind::Repository { owner, repo } = &client.target().kind else {
         return Ok(vec![]);
     };
+    use tracing::Instrument;
     let repository = format!("{owner}/{repo}");
     let host = &client.target().host;
+    let ns = policy.metadata.namespace.as_deref().unwrap_or_default();
+    let name = policy.metadata.name.as_deref().unwrap_or_default();
+    // The poll's span: the origin (a link) of the traces of the runners its jobs get.
+    let span = tracing::info_span!(
+        "poll",
+        policy.namespace = ns,
+        policy.name = name,
+        jobs = tracing::field::Empty,
+    );
+    let queued = client
+        .recent_queued_jobs(max_age, settle)
+        .instrument(span.clone())
+        .await?;
     let mut found = Vec::new();
-    for job in client.recent_queued_jobs(max_age, settle).await?.iter() {
+    for job in queued.iter() {
         let labels = JobLabels {
             host,
             repository: &repository,
@@ -408,8 +431,16 @@ pub async fn poll_queued(
             .is_some_and(|p| p.metadata.uid == policy.metadata.uid && p.metadata.uid.is_some());
         if ours {
             found.push(job.id);
+            crate::telemetry::origin::origins().record(
+                ns,
+                name,
+                job.id,
+                crate::telemetry::origin::Kind::Poll,
+                crate::telemetry::origin::span_context(&span),
+            );
         }
     }
+    span.record("jobs", found.len());
     Ok(found)
 }
 

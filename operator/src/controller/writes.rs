@@ -79,9 +79,11 @@ impl Writer {
         Api::namespaced(self.kube.clone(), namespace)
     }
 
-    /// Creates an attempt as the root of its runner's trace: a span `runner.create` (linked to
-    /// the reconcile that decided it) whose `traceparent` the attempt carries, so the agent's
-    /// launch spans join it. Without OpenTelemetry the attempt carries no annotation.
+    /// Creates an attempt in its runner's trace: a span `runner.create` (linked to the reconcile
+    /// that decided it) whose `traceparent` the attempt carries, so the agent's launch spans join
+    /// it. Its parent is the webhook delivery that recorded the policy's oldest unserved job, or
+    /// a link to the poll that found it (`telemetry::origin`); without either it is the root.
+    /// Without OpenTelemetry the attempt carries no annotation.
     pub async fn create_attempt(&self, a: &RunnerAttempt) -> Result<RunnerAttempt, kube::Error> {
         use tracing::Instrument;
         self.count(WriteKind::AttemptCreate);
@@ -93,6 +95,10 @@ impl Writer {
             attempt.name = a.metadata.name.as_deref().unwrap_or_default(),
             node = a.spec.node_name.as_str(),
         );
+        // The demand's origin: the webhook delivery (parent) or the poll (link) that saw it.
+        if let Some(origin) = crate::telemetry::origin::origins().take(ns, &a.spec.policy) {
+            crate::telemetry::origin::attach(&span, &origin);
+        }
         span.follows_from(tracing::Span::current());
         let traced = span
             .in_scope(crate::telemetry::current_traceparent)

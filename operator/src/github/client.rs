@@ -532,9 +532,31 @@ impl GitHubClient {
         }
     }
 
+    /// One HTTP exchange in its span `github.request` (method, route template, endpoint, status,
+    /// rate-limit remaining; never the URL, whose path names repositories and ids).
+    async fn send(&self, req: Request) -> Result<Answer, GitHubError> {
+        use tracing::Instrument;
+        let span = tracing::info_span!(
+            "github.request",
+            otel.kind = "client",
+            http.request.method = req.method.as_str(),
+            http.route = req.endpoint.route(),
+            github.endpoint = req.endpoint.as_str(),
+            http.response.status_code = tracing::field::Empty,
+            github.ratelimit.remaining = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        let result = self.send_unspanned(req).instrument(span.clone()).await;
+        // The status and the budget left are recorded as the answer arrives.
+        if result.is_err() {
+            span.record("otel.status_code", "ERROR");
+        }
+        result
+    }
+
     /// One HTTP exchange: admission, auth, conditional request, rate-limit bookkeeping,
     /// classification. No retry.
-    async fn send(&self, req: Request) -> Result<Answer, GitHubError> {
+    async fn send_unspanned(&self, req: Request) -> Result<Answer, GitHubError> {
         let endpoint = req.endpoint;
         if self.insecure {
             return Err(GitHubError::InsecureUrl { endpoint });
@@ -584,6 +606,11 @@ impl GitHubClient {
         };
         let status = resp.status();
         let headers = resp.headers().clone();
+        let span = tracing::Span::current();
+        span.record("http.response.status_code", status.as_u16());
+        if let Some(remaining) = header_i64(&headers, "x-ratelimit-remaining") {
+            span.record("github.ratelimit.remaining", remaining);
+        }
         self.count(endpoint, status.as_u16());
         self.record_rate_limit(&headers);
         let body = match read_capped(resp, self.max_response_bytes).await {

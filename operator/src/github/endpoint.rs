@@ -66,6 +66,28 @@ impl Endpoint {
         }
     }
 
+    /// The route template (the HTTP span's `http.route`): path parameters stay placeholders,
+    /// so no owner, repository, id or token reaches a span. `{scope}` is
+    /// `repos/{owner}/{repo}`, `orgs/{org}` or `enterprises/{enterprise}`.
+    pub fn route(self) -> &'static str {
+        match self {
+            Self::CreateInstallationToken => "/app/installations/{installation_id}/access_tokens",
+            Self::GetInstallation => "/{scope}/installation",
+            Self::ListRunners => "/{scope}/actions/runners",
+            Self::GetRunner | Self::DeleteRunner => "/{scope}/actions/runners/{runner_id}",
+            Self::GenerateJitConfig => "/{scope}/actions/runners/generate-jitconfig",
+            Self::ListRunnerDownloads => "/{scope}/actions/runners/downloads",
+            Self::ListRunnerGroups => "/{scope}/actions/runner-groups",
+            Self::ListQueuedRuns => "/repos/{owner}/{repo}/actions/runs",
+            Self::ListRunJobs => "/repos/{owner}/{repo}/actions/runs/{run_id}/jobs",
+            Self::GetJob => "/repos/{owner}/{repo}/actions/jobs/{job_id}",
+            Self::ListOrgRepos => "/orgs/{org}/repos",
+            Self::ListEnterpriseOrgs => "/graphql",
+            Self::CreateRegistrationToken => "/{scope}/actions/runners/registration-token",
+            Self::RateLimit => "/rate_limit",
+        }
+    }
+
     /// Whether the call is authenticated with the App's JWT rather than an installation token.
     pub fn uses_app_jwt(self) -> bool {
         matches!(self, Self::CreateInstallationToken | Self::GetInstallation)
