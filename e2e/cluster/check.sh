@@ -34,7 +34,9 @@ phase() {
   done
   echo "$p"
 }
-trap 'K delete ns $ns --wait=false >/dev/null 2>&1; K delete clusterrolebinding $ns-view >/dev/null 2>&1; true' EXIT
+trap 'K delete ns $ns --wait=false >/dev/null 2>&1 || true' EXIT
+# A namespace left by an earlier run may still be terminating.
+K delete ns $ns --ignore-not-found --timeout=60s >/dev/null
 K create ns $ns >/dev/null
 for _ in $(seq 1 40); do K -n $ns get serviceaccount default >/dev/null 2>&1 && break; sleep 0.25; done
 
