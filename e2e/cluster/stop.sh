@@ -11,12 +11,14 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/env.sh"
 [ -d "$RM_CLUSTER_RUN" ] || exit 0
-# The control plane first: while it runs it may call webhooks at Service addresses that only the
-# node routes.
+node_up=
+[ -s "$NODE_STATE/pid" ] && [ -x "$NODE_STATE/bin/nsexec" ] && node_up=1
+# The kubelet first, so that nothing restarts containers while the rest goes down (and the API
+# server does not wait on its watches), then the control plane while the node still routes the
+# Service addresses it may call webhooks at.
+[ -n "$node_up" ] && timeout 20 "$NODE_STATE/bin/nsexec" systemctl stop kubelet.service kube-proxy.service >/dev/null 2>&1
 [ -d "$CP_RUN" ] && RM_RUN=$CP_RUN "$here/../control-plane/stop.sh"
-if [ -s "$NODE_STATE/pid" ] && [ -x "$NODE_STATE/bin/nsexec" ]; then
-  # The kubelet first, so that nothing restarts containers while the rest goes down.
-  timeout 20 "$NODE_STATE/bin/nsexec" systemctl stop kubelet.service kube-proxy.service >/dev/null 2>&1
+if [ -n "$node_up" ]; then
   # Containers whose PID 1 ignores SIGTERM (a shell) would hold systemd's exit for its whole
   # stop timeout: SIGKILL every task first.
   for t in $(timeout 10 "$NODE_STATE/bin/nsexec" ctr -n k8s.io tasks ls -q 2>/dev/null); do
