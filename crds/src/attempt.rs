@@ -99,6 +99,10 @@ pub struct AttemptSnapshot {
     pub env: BTreeMap<String, String>,
     /// Timeouts of this attempt.
     pub timeouts: AttemptTimeouts,
+    /// `ScaleSet` policies: the runner scale set (by name, in `runnerGroupId`) whose JIT
+    /// endpoint the broker mints this runner with; absent for the REST JIT endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_set: Option<String>,
 }
 
 /// The GitHub target of an attempt.

@@ -123,6 +123,42 @@ pub struct GitHubSpec {
     /// The runner group: a name (resolved to its id) or an id. Default `Default`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runner_group: Option<IntOrString>,
+    /// How this policy learns of its jobs: `Webhook` (default: `workflow_job` deliveries and
+    /// polling, as `spec.scaling` says) or `ScaleSet` (the operator registers a runner scale set
+    /// with this policy's labels and runner group and long-polls its message queue: outbound
+    /// HTTPS only, no webhook endpoint; deliveries and polling are not used for it).
+    #[serde(default, skip_serializing_if = "DemandMode::is_webhook")]
+    pub demand: DemandMode,
+}
+
+/// How a policy learns of its jobs (docs/demand-modes.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum DemandMode {
+    /// `workflow_job` webhooks and polling (`spec.scaling`).
+    #[default]
+    Webhook,
+    /// GitHub's runner scale-set message queue, long-polled by the leader.
+    ScaleSet,
+}
+
+impl DemandMode {
+    pub fn is_webhook(&self) -> bool {
+        *self == Self::Webhook
+    }
+}
+
+/// The name of a policy's runner scale set: `<namespace>-<name>`, unique in the cluster (GitHub
+/// allows 1 to 128 characters; a longer one is cut and suffixed with a hash of the whole).
+pub fn scale_set_name(namespace: &str, name: &str) -> String {
+    let whole = format!("{namespace}-{name}");
+    if whole.len() <= 128 {
+        return whole;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in whole.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{}-{h:016x}", &whole[..111])
 }
 
 /// A Secret in the policy's namespace.

@@ -162,6 +162,21 @@ pub fn validate_policy(spec: &ScalePolicySpec) -> Vec<Problem> {
         }
     }
 
+    if spec.github.demand == crate::policy::DemandMode::ScaleSet {
+        if spec.webhook.is_some() {
+            problem(
+                "spec.webhook",
+                "a ScaleSet policy takes no webhook deliveries: remove spec.webhook, or set spec.github.demand to Webhook".into(),
+            );
+        }
+        if spec.workspace.mode == WorkspaceMode::Persistent {
+            problem(
+                "spec.workspace.mode",
+                "a ScaleSet policy's runners are ephemeral scale-set runners: use Ephemeral".into(),
+            );
+        }
+    }
+
     let bounds = [
         (
             "spec.timeouts.registration",
@@ -451,6 +466,39 @@ pub fn parse_runner_env(text: &str) -> Result<BTreeMap<String, String>, Vec<EnvP
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scale_set_policy_takes_no_webhook_and_no_persistent_workspace() {
+        let spec = |extra: serde_json::Value| -> ScalePolicySpec {
+            let mut v = serde_json::json!({
+                "github": {"url": "https://github.com/acme", "credentialsSecretRef": {"name": "gh"},
+                           "demand": "ScaleSet"},
+                "labels": ["linux"], "maxRunners": 3,
+            });
+            if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+                o.extend(e.clone());
+            }
+            serde_json::from_value(v).unwrap()
+        };
+        assert!(validate_policy(&spec(serde_json::json!({}))).is_empty());
+        let fields: Vec<String> = validate_policy(&spec(serde_json::json!({
+            "webhook": {"secretRef": {"name": "hook"}},
+            "workspace": {"mode": "Persistent"},
+        })))
+        .into_iter()
+        .map(|p| p.field)
+        .collect();
+        assert!(fields.contains(&"spec.webhook".to_owned()), "{fields:?}");
+        assert!(
+            fields.contains(&"spec.workspace.mode".to_owned()),
+            "{fields:?}"
+        );
+        assert_eq!(crate::policy::scale_set_name("team", "linux"), "team-linux");
+        assert_eq!(
+            crate::policy::scale_set_name("a", &"x".repeat(200)).len(),
+            128
+        );
+    }
 
     #[test]
     fn loader_and_libc_names_are_refused_by_line_and_class_never_by_value() {

@@ -104,7 +104,8 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
             cli.agent_pod_selector.clone(),
             cli.agent_daemonset.clone(),
         ),
-        clients: Clients::new(kube.clone(), github_config.clone()),
+        clients: Clients::new(kube.clone(), github_config.clone())
+            .with_github_hosts(cli.github_hosts.clone()),
         ownership_label: ownership.clone(),
         metrics: Some(metrics.clone()),
     });
@@ -206,7 +207,10 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
         let ctx = Arc::new(Ctx {
             events: Events::new(writer.clone(), identity.clone()),
             writer,
-            clients: Arc::new(Clients::new(kube.clone(), github_config)),
+            clients: Arc::new(
+                Clients::new(kube.clone(), github_config)
+                    .with_github_hosts(cli.github_hosts.clone()),
+            ),
             caches: cache::Caches::start(
                 &kube,
                 &cli.namespace,

@@ -46,6 +46,7 @@ pub fn native_attempt(id: uuid::Uuid, policy: &str, policy_uid: &str, node: &str
                 idle: ManifestDuration::from_secs(600),
                 jit_handoff: ManifestDuration::from_secs(120),
             },
+            scale_set: None,
         },
         replaces: None,
         termination: None,

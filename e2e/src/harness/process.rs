@@ -69,6 +69,11 @@ impl Running {
                 cmd.env(key, LOOPBACK);
             }
         }
+        // The simulated GitHub's Actions service (the scale-set protocol) is on its loopback
+        // host, as GitHub's is on a host of its own: the admin lists it next to github.com.
+        if name == "runner-manager-operator" && !set(&cmd, "RM_GITHUB_HOSTS") {
+            cmd.env("RM_GITHUB_HOSTS", format!("github.com,{LOOPBACK}"));
+        }
         let mut child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -3,5 +3,6 @@
 
 pub mod authn;
 pub mod protocol;
+pub mod scaleset;
 pub mod server;
 pub mod tls;

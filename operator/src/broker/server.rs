@@ -176,6 +176,36 @@ async fn handle(
         .for_policy(namespace, &attempt.spec.policy)
         .await
         .map_err(|e| refused(BrokerErrorCode::GitHubUnavailable, e.to_string()))?;
+    if let Some(set_name) = attempt.spec.snapshot.scale_set.clone() {
+        // A `ScaleSet` policy's runner: minted with its scale set's JIT endpoint, under the
+        // same journal rules (`super::scaleset`).
+        let mut labels = attempt.spec.snapshot.labels.clone();
+        labels.push(broker.ownership_label.clone());
+        let (set, id) = broker
+            .clients
+            .scale_set(
+                &client,
+                &set_name,
+                attempt.spec.snapshot.runner_group_id,
+                &labels,
+            )
+            .await
+            .map_err(|e| refused(BrokerErrorCode::GitHubUnavailable, e.to_string()))?;
+        let registrar = super::scaleset::ScaleSetRegistrar {
+            rest: client.clone(),
+            set,
+            id,
+        };
+        return issue(
+            &attempts,
+            &registrar,
+            &broker.ownership_label,
+            attempt,
+            &request,
+            &caller,
+        )
+        .await;
+    }
     issue(
         &attempts,
         client.as_ref(),

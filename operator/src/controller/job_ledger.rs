@@ -109,6 +109,8 @@ impl Candidates {
         let policies: Vec<_> = policies
             .into_iter()
             .filter(|p| !webhook_only || p.spec.scaling.webhook)
+            // A scale-set policy's jobs come from its message queue only.
+            .filter(|p| p.spec.github.demand.is_webhook())
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .collect();
         let targets: Vec<Option<GitHubTarget>> = policies

@@ -16,6 +16,7 @@ pub mod ledger_batch;
 pub mod placement_worker;
 pub mod policy;
 pub mod resolve;
+pub mod scaleset_listener;
 pub mod snapshot;
 pub mod supervisor;
 pub mod timeouts;
@@ -114,6 +115,9 @@ pub struct PolicyMemory {
     /// Jobs the organization walk recorded lately, by id: not written again while the cache
     /// catches up with the write.
     pub walk_added: HashMap<String, Instant>,
+    /// `ScaleSet` policies: the message-session listener (dropped, and its session deleted,
+    /// with this memory: leadership lost, policy gone).
+    pub scale_set_listener: Option<scaleset_listener::Listener>,
 }
 
 /// The leader's memory.

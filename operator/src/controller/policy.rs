@@ -232,6 +232,38 @@ pub async fn prepare(
             mem.last_observe = Some(Instant::now());
             observe(ctx, mem, policy, attempts, &r.client, attempt_ids).await;
         }
+        if policy.spec.github.demand == runner_manager_crds::policy::DemandMode::ScaleSet {
+            // Demand comes from the scale set's message queue only: no polling, no per-job
+            // check (the ledger's keys are runner request ids, and JobStarted/JobCompleted
+            // remove them).
+            if mem
+                .scale_set_listener
+                .as_ref()
+                .is_none_or(|l| l.generation != generation)
+            {
+                let mut set_labels = policy.spec.labels.clone();
+                set_labels.push(ctx.settings.ownership_label.clone());
+                mem.scale_set_listener = None;
+                mem.scale_set_listener = Some(super::scaleset_listener::Listener::start(
+                    generation,
+                    super::scaleset_listener::Params {
+                        writer: ctx.writer.clone(),
+                        clients: ctx.clients.clone(),
+                        rest: r.client.clone(),
+                        namespace: ns.to_owned(),
+                        name: name.to_owned(),
+                        set_name: runner_manager_crds::policy::scale_set_name(ns, name),
+                        labels: policy.spec.labels.clone(),
+                        set_labels,
+                        runner_group_id: r.runner_group_id,
+                        owner: std::env::var("HOSTNAME")
+                            .unwrap_or_else(|_| "runner-manager-operator".into()),
+                    },
+                ));
+            }
+            return;
+        }
+        mem.scale_set_listener = None;
         let poll = policy.spec.scaling.poll_interval.as_duration();
         // With webhooks on, a run is polled once it is a poll interval old: until then its
         // deliveries are most likely in flight. Without them, at once.

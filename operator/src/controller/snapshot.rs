@@ -67,6 +67,13 @@ pub fn build(
                 idle: spec.timeouts.idle,
                 jit_handoff: JIT_HANDOFF,
             },
+            scale_set: (spec.github.demand == runner_manager_crds::policy::DemandMode::ScaleSet)
+                .then(|| {
+                    runner_manager_crds::policy::scale_set_name(
+                        policy.metadata.namespace.as_deref().unwrap_or_default(),
+                        name,
+                    )
+                }),
         },
         replaces,
         termination: None,

@@ -17,6 +17,7 @@ use super::auth::{Credentials, CredentialsError};
 use super::client::{GitHubClient, GitHubConfig, SharedCredential, http_client};
 use super::errors::GitHubError;
 use super::recent::Recent;
+use super::scaleset::{ScaleSetClient, ScaleSetError};
 
 /// Why a policy has no usable client. Messages name the object and key, never a value.
 #[derive(Debug, thiserror::Error)]
@@ -64,7 +65,13 @@ pub struct Clients {
     made: Mutex<Made>,
     /// Credentials Secrets by namespace and name, each read at most once per `SECRET_MAX_AGE`.
     secrets: Mutex<HashMap<(String, String), Arc<SecretRead>>>,
+    /// `--github-hosts`: where an Actions service URL GitHub returns may be (None: unchecked).
+    github_hosts: Option<runner_manager_crds::hosts::HostList>,
+    /// Scale-set clients by REST client and scale-set name, with the set's id once known.
+    scale_sets: Mutex<ScaleSets>,
 }
+
+type ScaleSets = HashMap<(usize, String), (Arc<ScaleSetClient>, Option<i64>)>;
 
 /// The last read of one Secret (None: not found).
 type SecretRead = Recent<Option<Secret>>;
@@ -100,6 +107,58 @@ impl Clients {
             http: Mutex::new(None),
             made: Mutex::new(Made::default()),
             secrets: Mutex::new(HashMap::new()),
+            github_hosts: None,
+            scale_sets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Check every Actions service and message-queue URL against `--github-hosts`.
+    pub fn with_github_hosts(mut self, hosts: runner_manager_crds::hosts::HostList) -> Self {
+        self.github_hosts = Some(hosts);
+        self
+    }
+
+    /// The scale-set client of `gh` (sharing its admin token with every user in this process)
+    /// and the id of its scale set `name`, found or created with `labels` in `group` once.
+    pub async fn scale_set(
+        &self,
+        gh: &Arc<GitHubClient>,
+        name: &str,
+        group: i64,
+        labels: &[String],
+    ) -> Result<(Arc<ScaleSetClient>, i64), ScaleSetError> {
+        let key = (Arc::as_ptr(gh) as usize, name.to_owned());
+        let (client, known) = {
+            let mut sets = lock(&self.scale_sets);
+            // A client made for an older REST client (a rotated Secret) goes with it.
+            sets.retain(|(_, n), (c, _)| n != name || Arc::ptr_eq(c.rest(), gh));
+            sets.entry(key.clone())
+                .or_insert_with(|| {
+                    let mut c = ScaleSetClient::new(gh.clone());
+                    if let Some(hosts) = &self.github_hosts {
+                        c = c.with_hosts(hosts.clone(), self.config.http_hosts.clone());
+                    }
+                    (Arc::new(c), None)
+                })
+                .clone()
+        };
+        if let Some(id) = known {
+            return Ok((client, id));
+        }
+        let set = client.ensure_scale_set(name, group, labels).await?;
+        if let Some(e) = lock(&self.scale_sets).get_mut(&key) {
+            e.1 = Some(set.id);
+        }
+        Ok((client, set.id))
+    }
+
+    /// Forget a scale set's id (it was deleted on GitHub's side: the next use finds or creates
+    /// it again).
+    pub fn forget_scale_set(&self, gh: &Arc<GitHubClient>, name: &str) {
+        if let Some(e) =
+            lock(&self.scale_sets).get_mut(&(Arc::as_ptr(gh) as usize, name.to_owned()))
+        {
+            e.1 = None;
         }
     }
 

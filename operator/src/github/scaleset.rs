@@ -25,6 +25,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
+use runner_manager_crds::hosts::{HostList, check_scheme};
+
 use super::client::GitHubClient;
 use super::errors::GitHubError;
 
@@ -47,6 +49,11 @@ pub enum ScaleSetError {
     Transport,
     #[error("the Actions service's answer could not be read")]
     Malformed,
+    /// GitHub named an Actions service (or message queue) on a host the operator's
+    /// `--github-hosts` does not list, or over plain http not allowed by `--allow-http-hosts`:
+    /// no token is sent there.
+    #[error("the Actions service URL GitHub returned is refused: {0}")]
+    HostNotAllowed(String),
 }
 
 impl ScaleSetError {
@@ -56,7 +63,7 @@ impl ScaleSetError {
             Self::GitHub(e) => e.is_retryable(),
             Self::Service { status, .. } => *status >= 500 || *status == 429,
             Self::SessionConflict | Self::Expired | Self::Transport => true,
-            Self::Malformed => false,
+            Self::Malformed | Self::HostNotAllowed(_) => false,
         }
     }
 }
@@ -180,6 +187,9 @@ pub struct ScaleSetClient {
     admin: tokio::sync::Mutex<Option<Admin>>,
     /// Calls sent, by name (for the figures).
     calls: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    /// `--github-hosts` and `--allow-http-hosts`: where the Actions service and message queue
+    /// GitHub names may be (no check when `None`, as in the protocol tests).
+    hosts: Option<(HostList, HostList)>,
 }
 
 impl std::fmt::Debug for ScaleSetClient {
@@ -201,7 +211,36 @@ impl ScaleSetClient {
             gh,
             admin: tokio::sync::Mutex::new(None),
             calls: std::sync::Mutex::default(),
+            hosts: None,
         }
+    }
+
+    /// Refuse an Actions service or message-queue URL whose host is not on `github_hosts`, or
+    /// that is plain http to a host not on `http_hosts`, before any token is sent to it.
+    pub fn with_hosts(mut self, github_hosts: HostList, http_hosts: HostList) -> Self {
+        self.hosts = Some((github_hosts, http_hosts));
+        self
+    }
+
+    fn check_host(&self, url: &str) -> Result<(), ScaleSetError> {
+        let Some((github, http)) = &self.hosts else {
+            return Ok(());
+        };
+        let h =
+            check_scheme(url, http).map_err(|e| ScaleSetError::HostNotAllowed(e.to_string()))?;
+        if github.contains(&h.authority) {
+            Ok(())
+        } else {
+            Err(ScaleSetError::HostNotAllowed(format!(
+                "its host {} is not on --github-hosts",
+                h.authority
+            )))
+        }
+    }
+
+    /// The REST client this one borrows.
+    pub fn rest(&self) -> &Arc<GitHubClient> {
+        &self.gh
     }
 
     /// Calls sent so far, by name.
@@ -262,6 +301,7 @@ impl ScaleSetClient {
         }
         let w: Wire = serde_json::from_slice(&body).map_err(|_| ScaleSetError::Malformed)?;
         let url = w.url.trim_end_matches('/').to_owned();
+        self.check_host(&url)?;
         *slot = Some(Admin {
             url: url.clone(),
             token: w.token.clone(),
@@ -368,8 +408,9 @@ impl ScaleSetClient {
         serde_json::from_slice(&body).map_err(|_| ScaleSetError::Malformed)
     }
 
-    fn session_of(body: &[u8]) -> Result<Session, ScaleSetError> {
+    fn session_of(&self, body: &[u8]) -> Result<Session, ScaleSetError> {
         let w: SessionWire = serde_json::from_slice(body).map_err(|_| ScaleSetError::Malformed)?;
+        self.check_host(&w.message_queue_url)?;
         Ok(Session {
             id: w.session_id,
             queue_url: w.message_queue_url,
@@ -396,7 +437,7 @@ impl ScaleSetClient {
         if status != 200 {
             return Err(Self::refused(status, &body));
         }
-        Self::session_of(&body)
+        self.session_of(&body)
     }
 
     /// A new message-queue token for the session.
@@ -420,7 +461,7 @@ impl ScaleSetClient {
         if status != 200 {
             return Err(Self::refused(status, &body));
         }
-        Self::session_of(&body)
+        self.session_of(&body)
     }
 
     /// Close the session (leadership handed over, shutdown): the standby need not wait for it

@@ -1,0 +1,426 @@
+//! The scale-set demand mode end to end (issue 19): the real operator (and, for failover, two of
+//! them) and agent against the simulated GitHub's Actions service, with every webhook dropped.
+//! A `ScaleSet` policy learns of jobs only from its scale set's message queue, acquires them,
+//! and its runners are minted with the set's JIT endpoint through the broker.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use runner_manager_crds::conditions::{ConditionStatus, find};
+use runner_manager_crds::policy::{PolicyConditionType, ScalePolicy};
+use runner_manager_e2e::harness::product::{Product, ProductOptions, STEP};
+use runner_manager_e2e::harness::wait;
+use serde_json::{Value, json};
+
+async fn wait_ready(p: &Product, policy: &str) {
+    let api = p.policies();
+    wait::until(STEP, "the policy Ready", || {
+        let api = api.clone();
+        async move {
+            let sp: ScalePolicy = api.get(policy).await.ok()?;
+            let ready = find(&sp.status?.conditions, PolicyConditionType::Ready)?.status
+                == ConditionStatus::True;
+            ready.then_some(())
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+}
+
+async fn scale_sets(p: &Product) -> Value {
+    p.fake
+        .admin("GET", "scale-sets", Value::Null)
+        .await
+        .unwrap()
+}
+
+/// Wait until `n` sessions are live (one per ScaleSet policy).
+async fn wait_sessions(p: &Product, n: usize) {
+    wait::until(STEP, "the scale-set sessions open", || async {
+        let v = scale_sets(p).await;
+        (v["sessions"].as_array()?.len() == n).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+}
+
+async fn queue(p: &Product, repo: &str, labels: &[&str], ms: u64) -> u64 {
+    let v = p
+        .fake
+        .admin(
+            "POST",
+            "jobs",
+            json!({"owner": "acme", "repo": repo, "labels": labels,
+                   "behaviour": {"duration_ms": ms}}),
+        )
+        .await
+        .unwrap();
+    v["job_id"].as_u64().unwrap()
+}
+
+async fn drop_every_webhook(p: &Product) {
+    p.fake
+        .admin("PUT", "webhooks/controls", json!({"drop_next": 100_000}))
+        .await
+        .unwrap();
+}
+
+/// Every job completed once, successfully, each on its own runner, that runner minted through
+/// the scale set `set` (by name). Returns the runner names.
+async fn each_once_on_the_set(p: &Product, jobs: &[u64], set: &str) -> BTreeSet<String> {
+    let sets = scale_sets(p).await;
+    let minted: BTreeSet<u64> = sets["sets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["name"] == set)
+        .flat_map(|s| s["runners"].as_array().cloned().unwrap_or_default())
+        .filter_map(|r| r.as_u64())
+        .collect();
+    let mut runners = BTreeSet::new();
+    for id in jobs {
+        let job = p.job(*id).await.unwrap();
+        assert_eq!(job["conclusion"], "success", "{job}");
+        let name = job["runner_name"].as_str().unwrap().to_owned();
+        assert!(runners.insert(name), "two jobs on one runner: {job}");
+        let rid = job["runner_id"].as_u64();
+        if let Some(rid) = rid {
+            assert!(
+                minted.contains(&rid),
+                "job {id}'s runner was not minted through {set}: {sets}"
+            );
+        }
+    }
+    // No job acquired twice, and every job acquired by this set.
+    let acquired: BTreeMap<u64, u64> = sets["acquired_by"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p[0].as_u64().unwrap(), p[1].as_u64().unwrap()))
+        .collect();
+    for id in jobs {
+        assert!(acquired.contains_key(id), "job {id} never acquired: {sets}");
+    }
+    runners
+}
+
+fn scale_set_calls(counters: &Value) -> u64 {
+    counters
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter(|(k, _)| k.starts_with("scale_set") || k.contains("runner_registration"))
+                .flat_map(|(_, v)| v.as_object().cloned().unwrap_or_default())
+                .filter_map(|(_, n)| n.as_u64())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// A scale-set policy runs a burst with no webhook endpoint: every delivery dropped, webhooks
+/// off in the policy, four jobs queued at once in two repositories of the organization.
+#[tokio::test]
+async fn a_scale_set_policy_runs_a_burst_with_no_webhook() {
+    let Some(p) = Product::start("scale_set_burst", ProductOptions::default())
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    drop_every_webhook(&p).await;
+    p.fake
+        .admin(
+            "POST",
+            "repos",
+            json!({"owner": "acme", "names": ["web", "api"]}),
+        )
+        .await
+        .unwrap();
+    p.policy(
+        "sets",
+        json!({"github": {"url": "https://github.com/acme", "demand": "ScaleSet"}, "minIdle": 0,
+               "scaling": {"webhook": false}}),
+    )
+    .await
+    .unwrap();
+    wait_ready(&p, "sets").await;
+    wait_sessions(&p, 1).await;
+    let started = Instant::now();
+    let mut jobs = Vec::new();
+    for repo in ["web", "api", "web", "api"] {
+        jobs.push(queue(&p, repo, &["self-hosted", "linux"], 200).await);
+    }
+    p.wait_jobs_completed(&jobs, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let wall = started.elapsed();
+    let set = format!("{}-sets", p.team);
+    each_once_on_the_set(&p, &jobs, &set).await;
+    let deliveries = p
+        .fake
+        .admin("GET", "deliveries", Value::Null)
+        .await
+        .unwrap();
+    assert!(
+        deliveries
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["dropped"] == true),
+        "a webhook reached the operator: {deliveries}"
+    );
+    let (rest, counters) = p.operator_github_calls().await.unwrap();
+    println!(
+        "scale-set burst: {} jobs in {} ms; {rest} REST calls, {} scale-set calls; {counters}",
+        jobs.len(),
+        wall.as_millis(),
+        scale_set_calls(&counters)
+    );
+}
+
+/// Two policies of one organization with different labels each get only their jobs: one scale
+/// set each, and each job runs on a runner of the policy whose labels it asked for.
+#[tokio::test]
+async fn two_scale_set_policies_of_one_organization_each_get_only_their_jobs() {
+    let Some(p) = Product::start("scale_set_two_policies", ProductOptions::default())
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    drop_every_webhook(&p).await;
+    p.fake
+        .admin("POST", "repos", json!({"owner": "acme", "names": ["web"]}))
+        .await
+        .unwrap();
+    for (name, label) in [("linux", "linux"), ("gpu", "gpu")] {
+        p.policy(
+            name,
+            json!({"github": {"url": "https://github.com/acme", "demand": "ScaleSet"},
+                   "labels": ["self-hosted", label], "maxRunners": 2, "minIdle": 0,
+                   "scaling": {"webhook": false}}),
+        )
+        .await
+        .unwrap();
+    }
+    wait_ready(&p, "linux").await;
+    wait_ready(&p, "gpu").await;
+    wait_sessions(&p, 2).await;
+    let linux = vec![
+        queue(&p, "web", &["self-hosted", "linux"], 200).await,
+        queue(&p, "web", &["self-hosted", "linux"], 200).await,
+    ];
+    let gpu = vec![queue(&p, "web", &["self-hosted", "gpu"], 200).await];
+    let all: Vec<u64> = linux.iter().chain(&gpu).copied().collect();
+    p.wait_jobs_completed(&all, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let ns = p.team.clone();
+    let on_linux = each_once_on_the_set(&p, &linux, &format!("{ns}-linux")).await;
+    let on_gpu = each_once_on_the_set(&p, &gpu, &format!("{ns}-gpu")).await;
+    // Each runner belongs to an attempt of the policy whose labels the job asked for.
+    let by_runner: BTreeMap<String, String> = p
+        .all_attempts()
+        .await
+        .into_iter()
+        .filter_map(|a| {
+            let r = a.status.as_ref()?.journal.runner()?.name.clone();
+            Some((r, a.spec.policy.clone()))
+        })
+        .collect();
+    for r in &on_linux {
+        assert_eq!(by_runner.get(r).map(String::as_str), Some("linux"), "{r}");
+    }
+    for r in &on_gpu {
+        assert_eq!(by_runner.get(r).map(String::as_str), Some("gpu"), "{r}");
+    }
+}
+
+/// The leader is killed mid-session (jobs just queued, some not yet acquired or started): the
+/// standby takes the scale set's session over (deleting the one the dead leader recorded on the
+/// policy rather than waiting for it to lapse) and every job runs exactly once.
+#[tokio::test]
+async fn the_standby_takes_the_scale_set_session_over_without_losing_or_duplicating_a_job() {
+    let options = ProductOptions {
+        operators: 2,
+        ..ProductOptions::default()
+    };
+    let Some(mut p) = Product::start("scale_set_failover", options).await.unwrap() else {
+        return;
+    };
+    drop_every_webhook(&p).await;
+    p.fake
+        .admin("POST", "repos", json!({"owner": "acme", "names": ["web"]}))
+        .await
+        .unwrap();
+    p.policy(
+        "sets",
+        json!({"github": {"url": "https://github.com/acme", "demand": "ScaleSet"}, "minIdle": 0,
+               "scaling": {"webhook": false}}),
+    )
+    .await
+    .unwrap();
+    wait_ready(&p, "sets").await;
+    wait_sessions(&p, 1).await;
+    let first = vec![
+        queue(&p, "web", &["self-hosted", "linux"], 200).await,
+        queue(&p, "web", &["self-hosted", "linux"], 200).await,
+    ];
+    p.wait_jobs_completed(&first, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let leader = p.leader().await.expect("a leader");
+    let i = p
+        .operators
+        .iter()
+        .position(|o| o.identity == leader)
+        .expect("the leader is one of ours");
+    // Mid-session: jobs queued, then the leader killed at once.
+    let mut second = Vec::new();
+    for _ in 0..3 {
+        second.push(queue(&p, "web", &["self-hosted", "linux"], 200).await);
+    }
+    p.kill_operator(i);
+    let opened_before = scale_sets(&p).await["sessions_opened"].as_u64().unwrap();
+    p.wait_jobs_completed(&second, Duration::from_secs(90))
+        .await
+        .unwrap();
+    let sets = scale_sets(&p).await;
+    assert!(
+        sets["sessions_opened"].as_u64().unwrap() > opened_before,
+        "the standby never opened a session: {sets}"
+    );
+    let all: Vec<u64> = first.iter().chain(&second).copied().collect();
+    let set = format!("{}-sets", p.team);
+    each_once_on_the_set(&p, &all, &set).await;
+    // No job duplicated: no more runners minted than jobs (minIdle 0), and the ledger empty.
+    let minted: usize = sets["sets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["runners"].as_array().map_or(0, Vec::len))
+        .sum();
+    assert!(
+        minted <= all.len(),
+        "{minted} runners for {} jobs: {sets}",
+        all.len()
+    );
+    wait::until(STEP, "the ledger empty", || async {
+        let sp: ScalePolicy = p.policies().get("sets").await.ok()?;
+        sp.status?.pending_jobs.is_empty().then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+}
+
+/// Queued → started for each job (the fake's job leaves `queued`), polled every 50 ms.
+async fn started_after(p: &Product, jobs: &[u64], queued_at: Instant) -> Vec<Duration> {
+    let mut started: BTreeMap<u64, Duration> = BTreeMap::new();
+    let deadline = queued_at + Duration::from_secs(90);
+    while started.len() < jobs.len() && Instant::now() < deadline {
+        for id in jobs {
+            if started.contains_key(id) {
+                continue;
+            }
+            if p.job(*id)
+                .await
+                .map(|j| j["status"] != "queued")
+                .unwrap_or(false)
+            {
+                started.insert(*id, queued_at.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(started.len(), jobs.len(), "not every job started");
+    started.into_values().collect()
+}
+
+/// Latency (queued → started) and the operator's GitHub calls per runner for webhook, polling
+/// and scale-set modes, side by side in one run: one world per mode, the same organization
+/// target, four jobs queued at once after the policy is Ready (and, for the scale set, its
+/// session open). Printed for docs/benchmarks.md and docs/demand-modes.md.
+#[tokio::test]
+#[ignore = "a benchmark (three worlds): cargo test --test scale_set_demand -- --ignored --nocapture"]
+async fn demand_modes_side_by_side() {
+    let mut rows = Vec::new();
+    for mode in ["webhook", "polling", "scale-set"] {
+        let Some(p) = Product::start(
+            &format!("side_by_side_{}", mode.replace('-', "_")),
+            ProductOptions::default(),
+        )
+        .await
+        .unwrap() else {
+            return;
+        };
+        p.fake
+            .admin("POST", "repos", json!({"owner": "acme", "names": ["web"]}))
+            .await
+            .unwrap();
+        let spec = match mode {
+            "webhook" => json!({"github": {"url": "https://github.com/acme"}, "minIdle": 0,
+                                "scaling": {"webhook": true, "pollInterval": "60s"}}),
+            "polling" => json!({"github": {"url": "https://github.com/acme"}, "minIdle": 0,
+                                "scaling": {"webhook": false, "pollInterval": "10s"}}),
+            _ => json!({"github": {"url": "https://github.com/acme", "demand": "ScaleSet"},
+                        "minIdle": 0, "scaling": {"webhook": false}}),
+        };
+        if mode != "webhook" {
+            drop_every_webhook(&p).await;
+        }
+        p.policy("bench", spec).await.unwrap();
+        wait_ready(&p, "bench").await;
+        if mode == "scale-set" {
+            wait_sessions(&p, 1).await;
+        }
+        // Settle, then count only what the burst costs.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        p.fake
+            .admin("DELETE", "counters", Value::Null)
+            .await
+            .unwrap();
+        let queued_at = Instant::now();
+        let mut jobs = Vec::new();
+        for _ in 0..4 {
+            jobs.push(queue(&p, "web", &["self-hosted", "linux"], 200).await);
+        }
+        let mut lat = started_after(&p, &jobs, queued_at).await;
+        p.wait_jobs_completed(&jobs, Duration::from_secs(90))
+            .await
+            .unwrap();
+        // Calls until every attempt is cleaned (deregistration included).
+        wait::until(STEP, "every attempt concluded", || async {
+            let list = p.all_attempts().await;
+            list.iter()
+                .all(|a| {
+                    a.status
+                        .as_ref()
+                        .is_some_and(|s| s.journal.outcome().is_some())
+                })
+                .then_some(())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+        let (calls, counters) = p.operator_github_calls().await.unwrap();
+        lat.sort();
+        let ms = |d: Duration| d.as_millis();
+        let row = format!(
+            "| {mode} | {} ms | {} ms | {} ms | {:.1} | {} |",
+            ms(lat[0]),
+            ms(lat[lat.len() / 2]),
+            ms(lat[lat.len() - 1]),
+            calls as f64 / jobs.len() as f64,
+            scale_set_calls(&counters),
+        );
+        println!("{row}\n  counters: {counters}");
+        rows.push(row);
+    }
+    println!(
+        "| mode | queued → started, fastest | median | slowest | operator GitHub calls per runner | of which scale-set service |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for r in rows {
+        println!("{r}");
+    }
+}
