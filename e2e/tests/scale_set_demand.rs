@@ -291,6 +291,15 @@ async fn the_standby_takes_the_scale_set_session_over_without_losing_or_duplicat
         sets["sessions_opened"].as_u64().unwrap() > opened_before,
         "the standby never opened a session: {sets}"
     );
+    // The standby reclaimed the dead leader's session (recorded on the policy) rather than
+    // waiting for it to lapse.
+    assert!(
+        p.all_log_lines()
+            .iter()
+            .any(|l| l.contains("held by a previous leader")),
+        "the standby did not reclaim the session; logs in {}",
+        p.logs().display()
+    );
     let all: Vec<u64> = first.iter().chain(&second).copied().collect();
     let set = format!("{}-sets", p.team);
     each_once_on_the_set(&p, &all, &set).await;
