@@ -62,8 +62,9 @@ done_stage tests
 stage "the systemd launcher against a real systemd (PID 1 of its own namespaces)"
 # A launcher must run where systemd's pids are its pids: inside, through nsexec.
 e2e/systemd/start.sh
+# --workspace: the same feature set nextest built with, so nothing is compiled again.
 "${RM_SYSTEMD_STATE:-$RM_CACHE/systemd}/bin/nsexec" env -C "$root" RM_SYSTEMD_TESTS=1 \
-  cargo test -p runner-manager-node-agent --test launch_systemd
+  cargo test --workspace --test launch_systemd
 e2e/systemd/stop.sh
 done_stage systemd
 
