@@ -1,14 +1,19 @@
 //! Observability a platform team can alert on (issue 17), against the real processes: one job
 //! delivered by webhook runs on a runner the operator created and the agent launched, with both
 //! exporting OTLP traces to a receiver here. Then both binaries are scraped and their families
-//! and values checked against what happened, the agent's probes are asked, and the receiver's
-//! spans must show the launch as one trace: the operator's `runner.create` (linked to the
-//! reconcile that decided it), the agent's `launch` under it and each launch step under that.
+//! and values checked against what happened, both binaries' probes are asked, and the receiver's
+//! spans must show the launch as one trace from the webhook delivery that queued the job: the
+//! operator's `webhook.delivery` (the root), `runner.create` under it (linked to the reconcile
+//! that decided it), the broker's `broker.exchange` and its GitHub call (`github.request`, the
+//! JIT mint) under that, the agent's `launch` and each launch step.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
+use kube::api::Api;
+use runner_manager_crds::conditions::ConditionStatus;
 use runner_manager_crds::outcome::Outcome;
+use runner_manager_crds::policy::{PolicyConditionType, ScalePolicy};
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::product::{Product, ProductOptions, STEP};
 use runner_manager_e2e::harness::telemetry::{
@@ -33,6 +38,20 @@ async fn one_launch_is_one_trace_and_both_binaries_report_what_happened() {
     p.policy("web", json!({"minIdle": 0, "maxRunners": 3}))
         .await
         .unwrap();
+    // Only a Ready policy takes a delivery: queued before, the job would reach the ledger
+    // through the poll (the origin would be the poll's span, a link, not the delivery).
+    let policies: Api<ScalePolicy> = Api::namespaced(p.kube.clone(), &p.team);
+    wait::until(STEP, "the policy to be Ready", || async {
+        let policy = policies.get("web").await.ok()?;
+        policy
+            .status?
+            .conditions
+            .iter()
+            .any(|c| c.type_ == PolicyConditionType::Ready && c.status == ConditionStatus::True)
+            .then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
     let job = p
         .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 300}))
         .await
@@ -111,6 +130,8 @@ async fn one_launch_is_one_trace_and_both_binaries_report_what_happened() {
     assert!(v("runner_manager_job_execution_duration_seconds_count", "").is_some_and(|n| n >= 1.0));
     assert!(v("runner_manager_reconcile_duration_seconds_count", "").is_some_and(|n| n >= 1.0));
     assert_eq!(v("runner_manager_leader", ""), Some(1.0));
+    let op_ready = get(&p.operators[0].health, "/readyz").await.unwrap();
+    assert_eq!(op_ready.status, 200, "{}", op_ready.body);
     assert!(op.body.contains("runner_manager_build_info{version=\""));
 
     // The agent's exposition and probes.
@@ -208,9 +229,28 @@ async fn one_launch_is_one_trace_and_both_binaries_report_what_happened() {
         .find(|s| s.name == "runner.create")
         .expect("the operator's runner.create span in the trace");
     assert_eq!(create.service, "runner-manager-operator");
+    // The origin: the webhook delivery that recorded the job is the trace's root.
+    let delivery = wait::until(STEP, "the webhook delivery that queued the job", || async {
+        receiver
+            .spans()
+            .into_iter()
+            .find(|s| s.trace_id == trace_id && s.name == "webhook.delivery")
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {create:?}"));
+    assert_eq!(delivery.service, "runner-manager-operator");
     assert!(
-        create.parent_span_id.is_empty(),
-        "runner.create is the root"
+        delivery.parent_span_id.is_empty(),
+        "the delivery is the root"
+    );
+    assert_eq!(
+        delivery.attributes.get("outcome").map(String::as_str),
+        Some("accepted"),
+        "{delivery:?}"
+    );
+    assert_eq!(
+        create.parent_span_id, delivery.span_id,
+        "runner.create under the delivery"
     );
     assert_eq!(
         create.attributes.get("attempt.name"),
@@ -224,6 +264,58 @@ async fn one_launch_is_one_trace_and_both_binaries_report_what_happened() {
         "launch joins runner.create"
     );
     assert_eq!(launch.attributes.get("attempt.uid"), Some(&attempt_uid));
+    // The broker's side of the JIT exchange, joined through the attempt's annotation, and the
+    // GitHub call it made: a route template, never a URL.
+    let (exchange, mint) = wait::until(STEP, "the broker's exchange and its mint", || async {
+        let all = receiver.spans();
+        let exchange = all
+            .iter()
+            .find(|s| s.trace_id == trace_id && s.name == "broker.exchange")?
+            .clone();
+        let mint = all
+            .iter()
+            .find(|s| s.name == "github.request" && s.parent_span_id == exchange.span_id)?
+            .clone();
+        Some((exchange, mint))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {:?}", receiver.spans()));
+    assert_eq!(exchange.service, "runner-manager-operator");
+    assert_eq!(exchange.parent_span_id, create.span_id, "{exchange:?}");
+    assert_eq!(exchange.attributes.get("attempt.uid"), Some(&attempt_uid));
+    assert_eq!(
+        exchange.attributes.get("outcome").map(String::as_str),
+        Some("issued")
+    );
+    let attr = |s: &ReceivedSpan, k: &str| s.attributes.get(k).cloned().unwrap_or_default();
+    assert_eq!(
+        attr(&mint, "http.route"),
+        "/{scope}/actions/runners/generate-jitconfig",
+        "{mint:?}"
+    );
+    assert_eq!(attr(&mint, "http.request.method"), "POST");
+    assert_eq!(attr(&mint, "http.response.status_code"), "201");
+    assert_eq!(attr(&mint, "github.endpoint"), "generate_jitconfig");
+    assert!(
+        attr(&mint, "github.ratelimit.remaining")
+            .parse::<i64>()
+            .is_ok(),
+        "{mint:?}"
+    );
+    // No GitHub span anywhere carries a URL or the repository's path.
+    for s in receiver
+        .spans()
+        .iter()
+        .filter(|s| s.name == "github.request")
+    {
+        assert!(attr(s, "http.route").starts_with('/'), "{s:?}");
+        assert!(
+            s.attributes
+                .values()
+                .all(|v| !v.contains("://") && !v.contains("acme/web")),
+            "{s:?}"
+        );
+    }
     // The reconcile that decided the runner, linked from runner.create.
     wait::until(
         STEP,

@@ -8,24 +8,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::http::StatusCode;
-use kube::runtime::reflector::Store;
-use runner_manager_crds::policy::ScalePolicy;
 
 /// What `/readyz` reports.
 #[derive(Debug, Default)]
 pub struct Readiness {
-    policies_synced: AtomicBool,
+    /// Set by the policy cache's reflector on its first full list (`cache::policies`); not
+    /// by awaiting `Store::wait_until_ready`, whose single waker the controller needs.
+    policies_synced: Arc<AtomicBool>,
 }
 
 impl Readiness {
-    /// Marks the policy cache synced once its first list is in.
-    pub fn watch(self: &Arc<Self>, policies: Store<ScalePolicy>) -> tokio::task::JoinHandle<()> {
-        let me = self.clone();
-        tokio::spawn(async move {
-            if policies.wait_until_ready().await.is_ok() {
-                me.set_policies_synced();
-            }
-        })
+    /// The flag the policy cache sets once synced.
+    pub fn policies_synced(&self) -> Arc<AtomicBool> {
+        self.policies_synced.clone()
     }
 
     pub fn set_policies_synced(&self) {
@@ -57,19 +52,13 @@ mod tests {
         assert_eq!(r.report(), (StatusCode::OK, "ok"));
     }
 
-    #[tokio::test]
-    async fn the_cache_watch_marks_it_ready_without_leadership() {
-        use kube::runtime::reflector;
-        use kube::runtime::watcher::Event;
-        let (reader, mut writer) = reflector::store::<ScalePolicy>();
-        let r = Arc::new(Readiness::default());
-        let task = r.watch(reader);
-        tokio::task::yield_now().await;
+    #[test]
+    fn the_cache_flag_is_the_probe_flag() {
+        // What the policy cache's reflector sets on its first full list; no Lease involved.
+        let r = Readiness::default();
+        let flag = r.policies_synced();
         assert_eq!(r.report().0, StatusCode::SERVICE_UNAVAILABLE);
-        // The first (empty) list completes: the store is ready, no Lease involved.
-        writer.apply_watcher_event(&Event::Init);
-        writer.apply_watcher_event(&Event::InitDone);
-        task.await.unwrap();
+        flag.store(true, Ordering::Release);
         assert_eq!(r.report().0, StatusCode::OK);
     }
 }

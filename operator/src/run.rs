@@ -166,8 +166,12 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
     };
     let wake = Arc::new(tokio::sync::Notify::new());
     // Every replica matches webhook deliveries against the policies, so every replica caches them.
-    let policies = cache::policies(&kube, cli.watch_namespace.as_deref(), wake.clone());
-    let readiness_task = readiness.watch(policies.clone());
+    let policies = cache::policies(
+        &kube,
+        cli.watch_namespace.as_deref(),
+        wake.clone(),
+        readiness.policies_synced(),
+    );
     let webhook = TcpListener::bind(cli.webhook_addr)
         .await
         .map_err(|e| RunError::Bind(cli.webhook_addr, e))?;
@@ -262,7 +266,6 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
     broker_task.abort();
     rotation.abort();
     health_task.abort();
-    readiness_task.abort();
     webhook_task.abort();
     result
 }

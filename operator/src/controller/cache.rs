@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -40,6 +41,27 @@ where
         + Sync
         + 'static,
 {
+    reflect_marked((api, only), wake, trim, None)
+}
+
+/// [`reflect`], and `synced` set once the first full list is in. (A second task awaiting
+/// `Store::wait_until_ready` could take the wake-up from the controller's: the store's ready
+/// signal keeps one waker.)
+fn reflect_marked<K>(
+    (api, only): (Api<K>, Option<Arc<BTreeSet<String>>>),
+    wake: Arc<Notify>,
+    trim: fn(&mut K),
+    synced: Option<Arc<AtomicBool>>,
+) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
     let (reader, writer) = reflector::store();
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
@@ -66,6 +88,11 @@ where
             trim(o);
         })
         .reflect(writer)
+        .inspect_ok(move |event| {
+            if let (Some(synced), watcher::Event::InitDone) = (&synced, event) {
+                synced.store(true, Ordering::Release);
+            }
+        })
         .touched_objects();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
@@ -106,8 +133,13 @@ where
 
 /// Only the ScalePolicies (the webhook receivers of every replica match jobs against them), of
 /// `watch` (one or several namespaces, comma-separated) or of every namespace.
-pub fn policies(kube: &kube::Client, watch: Option<&str>, wake: Arc<Notify>) -> Store<ScalePolicy> {
-    reflect(scoped(kube, watch), wake, |_| {})
+pub fn policies(
+    kube: &kube::Client,
+    watch: Option<&str>,
+    wake: Arc<Notify>,
+    synced: Arc<AtomicBool>,
+) -> Store<ScalePolicy> {
+    reflect_marked(scoped(kube, watch), wake, |_| {}, Some(synced))
 }
 
 /// A Node's status (images, conditions, addresses) is large and placement reads none of it.

@@ -79,7 +79,10 @@ impl Origins {
             return;
         }
         self.with(ns, policy, |p| {
-            if p.is_done(job) || p.pending.contains_key(&job) {
+            // A delivery is the more precise origin: it replaces a poll's, never the reverse.
+            let replaces_poll =
+                kind == Kind::Delivery && p.pending.get(&job).is_some_and(|o| o.kind == Kind::Poll);
+            if p.is_done(job) || (p.pending.contains_key(&job) && !replaces_poll) {
                 return;
             }
             p.pending.retain(|_, o| o.at.elapsed() < MAX_AGE);
@@ -159,8 +162,14 @@ mod tests {
         o.record("ns", "web", 7, Kind::Delivery, cx(1));
         o.record("ns", "web", 8, Kind::Poll, cx(2));
         o.record("ns", "web", 9, Kind::Delivery, cx(3));
-        // A poll seeing a job the delivery recorded keeps the delivery.
+        // A poll seeing a job the delivery recorded keeps the delivery; a delivery after a
+        // poll replaces it.
         o.record("ns", "web", 7, Kind::Poll, cx(4));
+        o.record("ns", "swap", 1, Kind::Poll, cx(8));
+        o.record("ns", "swap", 1, Kind::Delivery, cx(9));
+        o.record("ns", "swap", 1, Kind::Poll, cx(10));
+        let swapped = o.take("ns", "swap").unwrap();
+        assert_eq!((swapped.kind, swapped.context), (Kind::Delivery, cx(9)));
         o.record("ns", "other", 1, Kind::Delivery, cx(5));
         o.forget("ns", "web", 8);
         let first = o.take("ns", "web").unwrap();
