@@ -71,7 +71,10 @@ pub struct Clients {
     scale_sets: Mutex<ScaleSets>,
 }
 
-type ScaleSets = HashMap<(usize, String), (Arc<ScaleSetClient>, Option<i64>)>;
+/// A scale set's id once found, behind an async lock so concurrent first users (the broker's
+/// first mints of a burst) look it up once.
+type SetId = Arc<tokio::sync::Mutex<Option<i64>>>;
+type ScaleSets = HashMap<(usize, String), (Arc<ScaleSetClient>, SetId)>;
 
 /// The last read of one Secret (None: not found).
 type SecretRead = Recent<Option<Secret>>;
@@ -128,27 +131,26 @@ impl Clients {
         labels: &[String],
     ) -> Result<(Arc<ScaleSetClient>, i64), ScaleSetError> {
         let key = (Arc::as_ptr(gh) as usize, name.to_owned());
-        let (client, known) = {
+        let (client, cell) = {
             let mut sets = lock(&self.scale_sets);
             // A client made for an older REST client (a rotated Secret) goes with it.
             sets.retain(|(_, n), (c, _)| n != name || Arc::ptr_eq(c.rest(), gh));
-            sets.entry(key.clone())
+            sets.entry(key)
                 .or_insert_with(|| {
                     let mut c = ScaleSetClient::new(gh.clone());
                     if let Some(hosts) = &self.github_hosts {
                         c = c.with_hosts(hosts.clone(), self.config.http_hosts.clone());
                     }
-                    (Arc::new(c), None)
+                    (Arc::new(c), SetId::default())
                 })
                 .clone()
         };
-        if let Some(id) = known {
+        let mut id = cell.lock().await;
+        if let Some(id) = *id {
             return Ok((client, id));
         }
         let set = client.ensure_scale_set(name, group, labels).await?;
-        if let Some(e) = lock(&self.scale_sets).get_mut(&key) {
-            e.1 = Some(set.id);
-        }
+        *id = Some(set.id);
         Ok((client, set.id))
     }
 
@@ -158,7 +160,7 @@ impl Clients {
         if let Some(e) =
             lock(&self.scale_sets).get_mut(&(Arc::as_ptr(gh) as usize, name.to_owned()))
         {
-            e.1 = None;
+            e.1 = SetId::default();
         }
     }
 
