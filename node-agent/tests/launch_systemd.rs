@@ -21,7 +21,7 @@ use launch_support::{ENTRY_HELPER, jit};
 use runner_manager_node_agent::account::RunnerAccount;
 use runner_manager_node_agent::handoff::RestrictiveHandoff;
 use runner_manager_node_agent::providers::cgroup::{CgroupLimits, RunnerDefaults};
-use runner_manager_node_agent::providers::systemd::SystemdLauncher;
+use runner_manager_node_agent::providers::systemd::{SystemdLauncher, install_helper};
 use runner_manager_node_agent::providers::{LaunchSpec, RunnerLauncher};
 
 /// `rm-runner1` of `e2e/setup-runner-accounts.sh`: systemd resolves `User=` through NSS.
@@ -151,6 +151,12 @@ fn spec<'a>(host: &'a Host, attempt: uuid::Uuid, extra: &[(&str, &str)]) -> Laun
     }
 }
 
+/// The launcher as the agent makes it: the entry helper installed on the host root, where the
+/// unit can exec it (a helper left under /tmp — a checkout there — is hidden by PrivateTmp).
+fn launcher(host: &Host) -> SystemdLauncher {
+    SystemdLauncher::new(install_helper(Path::new(ENTRY_HELPER), &host.root).unwrap())
+}
+
 fn handoff(host: &Host) -> RestrictiveHandoff {
     let (secret, _) = jit();
     RestrictiveHandoff::create(&host.runtime, RUNNER, &secret).unwrap()
@@ -165,7 +171,7 @@ fn a_failed_start_does_not_hold_the_units_name() {
         return;
     }
     let host = Host::new();
-    let launcher = SystemdLauncher::new(PathBuf::from(ENTRY_HELPER));
+    let launcher = launcher(&host);
     let attempt = uuid::Uuid::new_v4();
     let handoff_file = handoff(&host);
     std::os::unix::fs::chown(&host.runtime, Some(0), Some(0)).unwrap();
@@ -190,7 +196,7 @@ fn a_runner_ignoring_sigterm_is_stopped_without_waiting_for_the_stop_timeout() {
         return;
     }
     let host = Host::new();
-    let launcher = SystemdLauncher::new(PathBuf::from(ENTRY_HELPER));
+    let launcher = launcher(&host);
     let identity = launcher
         .start(
             &spec(&host, uuid::Uuid::new_v4(), &[("PROBE_IGNORE_TERM", "1")]),
@@ -212,7 +218,7 @@ fn a_runner_unit_is_sandboxed_and_leaves_nothing_for_the_next_tenant() {
         return;
     }
     let host = Host::new();
-    let launcher = SystemdLauncher::new(PathBuf::from(ENTRY_HELPER));
+    let launcher = launcher(&host);
     let mut environment = BTreeMap::new();
     environment.insert("PROBE_ID".to_owned(), host.id.clone());
     environment.insert(
