@@ -1,5 +1,5 @@
-//! The log output's field allow-list (the same code in both binaries; each names its own list
-//! in its `telemetry` module). A field whose name is not on the list is dropped from every line,
+//! The log output's field allow-list (one implementation for both binaries; each names its own
+//! list in its `telemetry` module). A field whose name is not on the list is dropped from every line,
 //! whatever the call site passed: an event's fields and the fields of the span it runs in. The
 //! message is always kept (call sites never format workflow-controlled values into it).
 //!
