@@ -73,130 +73,98 @@ pub async fn clean(
         tracing::warn!(namespace = %ns, attempt = %name, "diagnostics not written ({:?})", e.kind());
     }
 
-    // 3. The workspace, dispatched on the journalled kind.
+    // 3. The workspace, dispatched on the journalled kind. A failure is retried with backoff
+    // (30 s doubling to 15 min), not at the supervision interval: a quarantined slot waits for a
+    // person, a tree that failed to go will most likely fail again at once (and each try walks
+    // what is left), and hammering either would repeat its event.
     if let Some(w) = journal.workspace() {
-        match w.kind() {
-            WorkspaceMode::Ephemeral => {
-                // Like a refused scrub, a failed removal backs off (30 s doubling to 15 min):
-                // a tree that failed once will most likely fail again right away, and each try
-                // costs a walk of what is left.
-                if !agent.cleanup_backoff().due(&uid, std::time::Instant::now()) {
-                    return Ok(Step::Wait);
-                }
-                match remove_ephemeral_runtime(&agent.host_root, uuid_of(a)?, w.runtime_path()) {
-                    Err(e) => {
-                        let retry = agent
-                            .cleanup_backoff()
-                            .failed(&uid, std::time::Instant::now());
-                        super::metrics::global().cleanup_deferred();
-                        tracing::warn!(
-                            namespace = %ns, attempt = %name, "cleanup deferred: {e}; next try in {}s",
-                            retry.as_secs()
-                        );
-                        let reason = match e {
+        if !agent.cleanup_backoff().due(&uid, std::time::Instant::now()) {
+            return Ok(Step::Wait);
+        }
+        let (condition, done) = match w.kind() {
+            WorkspaceMode::Ephemeral => (
+                AttemptConditionType::CleanupDeferred,
+                remove_ephemeral_runtime(&agent.host_root, uuid_of(a)?, w.runtime_path())
+                    .map(|_| "the ephemeral runtime was removed")
+                    .map_err(|e| Unfinished {
+                        reason: match e {
                             EphemeralError::NotTheDerivedPath { .. } => {
                                 AttemptReason::OwnershipUnproven
                             }
                             _ => AttemptReason::DeletionFailed,
-                        };
-                        let newly = conditions::set(
-                            api,
-                            a,
-                            AttemptConditionType::CleanupDeferred,
-                            ConditionStatus::True,
-                            reason,
-                            e.to_string(),
-                        )
-                        .await?;
-                        if newly {
-                            events::warn(
-                                &agent.kube,
-                                &agent.node,
-                                a,
-                                EventReason::CleanupDeferred,
-                                format!("the ephemeral runtime was not removed: {e}"),
-                            )
-                            .await;
-                        }
-                        return Ok(Step::Wait);
-                    }
-                    Ok(_) => {
-                        agent.cleanup_backoff().succeeded(&uid);
-                        if conditions::holds(a, AttemptConditionType::CleanupDeferred) {
-                            conditions::set(
-                                api,
-                                a,
-                                AttemptConditionType::CleanupDeferred,
-                                ConditionStatus::False,
-                                AttemptReason::Resolved,
-                                "the ephemeral runtime was removed".to_owned(),
-                            )
-                            .await?;
-                            // The condition write moved the resourceVersion: decide again.
-                            return Ok(Step::Again);
-                        }
-                    }
-                }
-            }
+                        },
+                        log: format!("cleanup deferred: {e}"),
+                        event: format!("the ephemeral runtime was not removed: {e}"),
+                        message: e.to_string(),
+                    }),
+            ),
             WorkspaceMode::Persistent => {
-                // A refused scrub is retried with backoff (30 s doubling to 15 min), not at the
-                // supervision interval: a quarantined slot waits for a person, and hammering it
-                // would also repeat the event.
-                if !agent.cleanup_backoff().due(&uid, std::time::Instant::now()) {
-                    return Ok(Step::Wait);
-                }
                 let owner = SlotOwner {
                     namespace: &ns,
                     policy_uid: &a.spec.snapshot.policy_uid,
                 };
-                match scrub_slot(w, &agent.slots_root, owner) {
-                    Err(q) => {
-                        let retry = agent
-                            .cleanup_backoff()
-                            .failed(&uid, std::time::Instant::now());
-                        super::metrics::global().quarantined();
-                        tracing::warn!(
-                            namespace = %ns, attempt = %name, "slot quarantined ({}); next try in {}s",
-                            q.refusal.event_class(),
-                            retry.as_secs()
-                        );
-                        let newly = conditions::set(
-                            api,
-                            a,
-                            AttemptConditionType::Quarantined,
-                            ConditionStatus::True,
-                            q.refusal.reason(),
-                            q.to_string(),
-                        )
-                        .await?;
-                        if newly {
-                            events::warn(
-                                &agent.kube,
-                                &agent.node,
-                                a,
-                                EventReason::CleanupDeferred,
-                                format!("the persistent slot was quarantined: {q}"),
-                            )
-                            .await;
-                        }
-                        return Ok(Step::Wait);
-                    }
-                    Ok(_) => {
-                        agent.cleanup_backoff().succeeded(&uid);
-                        if conditions::holds(a, AttemptConditionType::Quarantined) {
-                            conditions::set(
-                                api,
-                                a,
-                                AttemptConditionType::Quarantined,
-                                ConditionStatus::False,
-                                AttemptReason::Resolved,
-                                "the slot passed every cleanup check".to_owned(),
-                            )
-                            .await?;
-                            // The condition write moved the resourceVersion: decide again.
-                            return Ok(Step::Again);
-                        }
-                    }
+                (
+                    AttemptConditionType::Quarantined,
+                    scrub_slot(w, &agent.slots_root, owner)
+                        .map(|_| "the slot passed every cleanup check")
+                        .map_err(|q| Unfinished {
+                            reason: q.refusal.reason(),
+                            log: format!("slot quarantined ({})", q.refusal.event_class()),
+                            event: format!("the persistent slot was quarantined: {q}"),
+                            message: q.to_string(),
+                        }),
+                )
+            }
+        };
+        match done {
+            Err(unfinished) => {
+                let retry = agent
+                    .cleanup_backoff()
+                    .failed(&uid, std::time::Instant::now());
+                match condition {
+                    AttemptConditionType::Quarantined => super::metrics::global().quarantined(),
+                    _ => super::metrics::global().cleanup_deferred(),
+                }
+                tracing::warn!(
+                    namespace = %ns, attempt = %name, "{}; next try in {}s",
+                    unfinished.log,
+                    retry.as_secs()
+                );
+                let newly = conditions::set(
+                    api,
+                    a,
+                    condition,
+                    ConditionStatus::True,
+                    unfinished.reason,
+                    unfinished.message,
+                )
+                .await?;
+                if newly {
+                    events::warn(
+                        &agent.kube,
+                        &agent.node,
+                        a,
+                        EventReason::CleanupDeferred,
+                        unfinished.event,
+                    )
+                    .await;
+                }
+                return Ok(Step::Wait);
+            }
+            Ok(resolved) => {
+                agent.cleanup_backoff().succeeded(&uid);
+                if conditions::holds(a, condition) {
+                    conditions::set(
+                        api,
+                        a,
+                        condition,
+                        ConditionStatus::False,
+                        AttemptReason::Resolved,
+                        resolved.to_owned(),
+                    )
+                    .await?;
+                    // The condition write moved the resourceVersion: decide again.
+                    return Ok(Step::Again);
                 }
             }
         }
@@ -226,6 +194,15 @@ pub async fn clean(
     } else {
         Step::Again
     })
+}
+
+/// A workspace cleanup that did not finish: the condition's reason and message, the log line and
+/// the event (each says what the removal or scrub said, never a workflow's names).
+struct Unfinished {
+    reason: AttemptReason,
+    message: String,
+    log: String,
+    event: String,
 }
 
 fn w_is_slot(journal: &AttemptJournal) -> bool {
