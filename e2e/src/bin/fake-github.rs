@@ -1,12 +1,15 @@
 //! `fake-github`: serves the simulated GitHub on a loopback port and prints
 //! `listening on http://127.0.0.1:<port>` as its first line.
 //!
-//! Options: `--port N` (default 0: any free port), `--package PATH` (serve this runner package),
+//! Options: `--bind ADDR` (the IPv4/IPv6 address to listen on, default 127.0.0.1: pods of the
+//! real node reach the host only at the host end of its veth, e2e/cluster/env.sh's `HOST_IP`;
+//! every URL the fake hands out, its package download included, then names that address),
+//! `--port N` (default 0: any free port), `--package PATH` (serve this runner package),
 //! `--listener-bin PATH` (build the stand-in package from this binary; default: the
 //! `standin-runner-listener` next to this one), `--package-files N`, `--package-bytes N`,
 //! `--package-dir DIR` (where to build it; default a temp directory), `--no-package`.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
 use runner_manager_e2e::fake_github;
@@ -18,6 +21,8 @@ enum CliError {
     Missing(String),
     #[error("{0}: not a number")]
     NotNumber(String),
+    #[error("{0}: not an IP address")]
+    NotAddress(String),
     #[error("unknown option {0}")]
     Unknown(String),
     #[error(transparent)]
@@ -26,8 +31,9 @@ enum CliError {
     Io(#[from] std::io::Error),
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Options {
+    bind: IpAddr,
     port: u16,
     package: Option<PathBuf>,
     listener_bin: Option<PathBuf>,
@@ -35,6 +41,21 @@ struct Options {
     bytes: Option<u64>,
     dir: Option<PathBuf>,
     no_package: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 0,
+            package: None,
+            listener_bin: None,
+            files: None,
+            bytes: None,
+            dir: None,
+            no_package: false,
+        }
+    }
 }
 
 fn parse(args: &[String]) -> Result<Options, CliError> {
@@ -48,6 +69,10 @@ fn parse(args: &[String]) -> Result<Options, CliError> {
         };
         let num = |v: String| v.parse::<u64>().map_err(|_| CliError::NotNumber(v));
         match a.as_str() {
+            "--bind" => {
+                let v = value()?;
+                o.bind = v.parse().map_err(|_| CliError::NotAddress(v))?;
+            }
             "--port" => {
                 let v = value()?;
                 o.port = v.parse().map_err(|_| CliError::NotNumber(v))?;
@@ -109,7 +134,7 @@ fn package_info(o: &Options) -> Result<Option<fake_github::PackageInfo>, CliErro
 async fn run(args: &[String]) -> Result<(), CliError> {
     let o = parse(args)?;
     let pkg = package_info(&o)?;
-    let running = fake_github::start(SocketAddr::from((Ipv4Addr::LOCALHOST, o.port)), pkg).await?;
+    let running = fake_github::start(SocketAddr::from((o.bind, o.port)), pkg).await?;
     println!("listening on {}", running.base_url);
     if let Some(p) = &running.fake.package {
         println!(
@@ -132,5 +157,26 @@ async fn main() {
     if let Err(e) = run(&args).await {
         eprintln!("fake-github: {e}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn binds_loopback_unless_told() {
+        let o = parse(&[]).expect("no options");
+        assert_eq!(o.bind, IpAddr::V4(Ipv4Addr::LOCALHOST));
+        let o = parse(&args(&["--bind", "10.213.7.1", "--port", "0"])).expect("bind");
+        assert_eq!(o.bind, "10.213.7.1".parse::<IpAddr>().expect("ip"));
+        assert!(matches!(
+            parse(&args(&["--bind", "node.local"])),
+            Err(CliError::NotAddress(_))
+        ));
     }
 }
