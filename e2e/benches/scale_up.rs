@@ -6,7 +6,9 @@
 //! - a burst of jobs queued at once on one node with that capacity: time until every runner has
 //!   started, and until every job is done;
 //! - GitHub calls (the operator's REST calls) per launched runner, API writes per attempt, and
-//!   the operator's and the agent's peak RSS.
+//!   the operator's and the agent's peak RSS;
+//! - steady state: the agent's API reads (GET/LIST, from its own request counter) per attempt
+//!   per minute while runners sit idle, then busy, over an idle agent's baseline.
 //!
 //! `cargo bench -p runner-manager-e2e --bench scale_up --profile dev` (full: 20 warm samples, a
 //! 50-job burst); `-- --quick` (3 warm samples, a 10-job burst) is what `make test` runs. Needs
@@ -22,6 +24,7 @@ use kube::api::{Api, WatchEvent, WatchParams};
 use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_e2e::harness::process::rss_kib;
 use runner_manager_e2e::harness::product::{NodeOptions, Product, ProductOptions, WriteCounter};
+use runner_manager_e2e::harness::telemetry::{agent_health, get, sample};
 use runner_manager_e2e::harness::wait;
 use serde_json::json;
 
@@ -334,6 +337,89 @@ async fn burst(jobs: usize) {
     );
 }
 
+/// The agent's requests of `verb` so far, from its `/metrics`.
+async fn agent_requests(health: &str, verb: &str) -> f64 {
+    let m = get(health, "/metrics").await.unwrap();
+    sample(
+        &m.body,
+        "runner_manager_agent_api_requests_total",
+        &format!("verb=\"{verb}\""),
+    )
+    .unwrap_or_else(|| panic!("no api_requests_total{{verb={verb}}} in {}", m.body))
+}
+
+/// The agent's reads (GET/LIST) per minute over `window`: a measurement window, not a wait.
+async fn reads_per_minute(health: &str, window: Duration) -> f64 {
+    let before = agent_requests(health, "read").await;
+    tokio::time::sleep(window).await;
+    let after = agent_requests(health, "read").await;
+    (after - before) * 60.0 / window.as_secs_f64()
+}
+
+/// Attempts of the team namespace in `state`.
+async fn in_state(p: &Product, state: runner_manager_crds::state::AttemptState) -> usize {
+    p.all_attempts()
+        .await
+        .iter()
+        .filter(|a| {
+            a.status
+                .as_ref()
+                .is_some_and(|s| s.journal.state() == state)
+        })
+        .count()
+}
+
+/// Steady state: `n` runners idle, then busy, on one node; the agent's API reads per attempt per
+/// minute over its baseline with no attempt (Lease, watch re-lists, broker token reviews).
+async fn steady(n: usize, window: Duration) {
+    use runner_manager_crds::state::AttemptState;
+    let options = ProductOptions {
+        nodes: vec![NodeOptions::new("steady", n as u32, &[])],
+        ..ProductOptions::default()
+    };
+    let Some(p) = Product::start("bench_steady", options).await.unwrap() else {
+        return;
+    };
+    wait_recovered(&p).await;
+    let health = wait::until(
+        Duration::from_secs(30),
+        "the agent's health address",
+        || async { agent_health(&p.agents[0].process.as_ref()?.lines()) },
+    )
+    .await
+    .unwrap();
+    let baseline = reads_per_minute(&health, window).await;
+    p.policy("web", json!({"minIdle": n, "maxRunners": n}))
+        .await
+        .unwrap();
+    wait::until(Duration::from_secs(300), "every runner idle", || async {
+        (in_state(&p, AttemptState::Idle).await >= n).then_some(())
+    })
+    .await
+    .unwrap();
+    let idle = reads_per_minute(&health, window).await;
+    // Jobs longer than the window keep every runner busy through it.
+    let busy_for = window.as_millis() as u64 * 3;
+    for _ in 0..n {
+        p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": busy_for}))
+            .await
+            .unwrap();
+    }
+    wait::until(Duration::from_secs(300), "every runner busy", || async {
+        (in_state(&p, AttemptState::Busy).await >= n).then_some(())
+    })
+    .await
+    .unwrap();
+    let busy = reads_per_minute(&health, window).await;
+    let per = |total: f64| (total - baseline).max(0.0) / n as f64;
+    println!(
+        "steady state, {n} runners on one node ({}s windows): agent API reads (GET/LIST) per attempt per minute: idle {:.1}, busy {:.1} (agent totals per minute: no attempt {baseline:.0}, {n} idle {idle:.0}, {n} busy {busy:.0})",
+        window.as_secs(),
+        per(idle),
+        per(busy)
+    );
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     if std::env::var_os("KUBECONFIG").is_none() {
@@ -351,18 +437,22 @@ fn main() {
             if quick { "quick" } else { "full" },
             std::thread::available_parallelism().map_or(0, |n| n.get())
         );
-        // `--only burst` or `--only latency` runs one half.
+        // `--only burst`, `--only latency` or `--only steady` runs one part.
         let args: Vec<String> = std::env::args().collect();
         let only = args
             .iter()
             .position(|a| a == "--only")
             .and_then(|i| args.get(i + 1))
             .cloned();
-        if only.as_deref() != Some("burst") {
+        if only.is_none() || only.as_deref() == Some("latency") {
             latency(warm).await;
         }
-        if only.as_deref() != Some("latency") {
+        if only.is_none() || only.as_deref() == Some("burst") {
             burst(jobs).await;
+        }
+        if only.is_none() || only.as_deref() == Some("steady") {
+            let (n, window) = if quick { (4, 20) } else { (10, 60) };
+            steady(n, Duration::from_secs(window)).await;
         }
     });
 }

@@ -50,6 +50,21 @@ struct StateLabels {
     state: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerbLabels {
+    verb: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: String,
+}
+
 /// The launch steps timed (`LaunchTimings`), and `total`.
 pub const STEPS: [&str; 5] = ["materialize", "prepare", "register", "spawn", "total"];
 
@@ -70,6 +85,9 @@ pub struct AgentMetrics {
     heartbeat_age: FloatGauge<f64, AtomicU64>,
     lease_renewals: Family<OutcomeLabels, Counter>,
     cached_packages: Gauge,
+    orphans_removed: Family<KindLabels, Counter>,
+    package_prunes: Family<ResultLabels, Counter>,
+    api_requests: Family<VerbLabels, Counter>,
     started: Instant,
 }
 
@@ -192,8 +210,41 @@ impl AgentMetrics {
             "Runner packages materialized in the node's package cache",
             cached_packages.clone(),
         );
+        let api_requests = Family::<VerbLabels, Counter>::default();
+        registry.register(
+            "api_requests",
+            "Requests the agent sent to the Kubernetes API server, by verb (read = a GET or LIST, watch = a watch request)",
+            api_requests.clone(),
+        );
+        let orphans_removed = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "orphans_removed",
+            "What the orphan sweep removed for attempts no longer on this node (runner, cgroup, runtime, handoff)",
+            orphans_removed.clone(),
+        );
+        let package_prunes = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "package_prunes",
+            "Package prunes after launches, by result (ran, skipped, failed)",
+            package_prunes.clone(),
+        );
+        for kind in super::orphans::OrphanKind::ALL {
+            let _ = orphans_removed.get_or_create(&KindLabels {
+                kind: kind.as_str().into(),
+            });
+        }
+        for result in super::pruning::PruneResult::ALL {
+            let _ = package_prunes.get_or_create(&ResultLabels {
+                result: result.as_str().into(),
+            });
+        }
         // Every series of the closed vocabularies exists from the start, at 0, so a rate or an
         // alert has a series to read before the first occurrence.
+        for verb in super::api_requests::ApiVerb::ALL {
+            let _ = api_requests.get_or_create(&VerbLabels {
+                verb: verb.as_str().into(),
+            });
+        }
         for outcome in ["started", "rejected", "failed"] {
             let _ = launches.get_or_create(&OutcomeLabels {
                 outcome: outcome.into(),
@@ -225,6 +276,9 @@ impl AgentMetrics {
             heartbeat_age,
             lease_renewals,
             cached_packages,
+            orphans_removed,
+            package_prunes,
+            api_requests,
             started: Instant::now(),
         }
     }
@@ -292,6 +346,22 @@ impl AgentMetrics {
         self.cleanup_deferrals.inc();
     }
 
+    pub fn orphan_removed(&self, kind: super::orphans::OrphanKind) {
+        self.orphans_removed
+            .get_or_create(&KindLabels {
+                kind: kind.as_str().into(),
+            })
+            .inc();
+    }
+
+    pub fn package_prune(&self, result: super::pruning::PruneResult) {
+        self.package_prunes
+            .get_or_create(&ResultLabels {
+                result: result.as_str().into(),
+            })
+            .inc();
+    }
+
     pub fn quarantined(&self) {
         self.quarantines.inc();
     }
@@ -300,6 +370,15 @@ impl AgentMetrics {
         self.lease_renewals
             .get_or_create(&OutcomeLabels {
                 outcome: if ok { "ok" } else { "failed" }.into(),
+            })
+            .inc();
+    }
+
+    /// One request sent to the API server.
+    pub fn api_request(&self, verb: super::api_requests::ApiVerb) {
+        self.api_requests
+            .get_or_create(&VerbLabels {
+                verb: verb.as_str().into(),
             })
             .inc();
     }

@@ -7,6 +7,7 @@
 
 pub mod accounts;
 pub mod admission;
+pub mod api_requests;
 pub mod broker_client;
 pub mod cleanup;
 pub mod conditions;
@@ -19,6 +20,8 @@ pub mod health;
 pub mod launch;
 pub mod lease;
 pub mod metrics;
+pub mod orphans;
+pub mod pruning;
 pub mod rebuild;
 pub mod supervise;
 
@@ -111,6 +114,12 @@ pub struct Agent {
     pub advert_changed: Notify,
     /// Attempts whose changed spec was already reported (one event each).
     spec_warned: Mutex<std::collections::BTreeSet<String>>,
+    /// Between orphan sweeps.
+    pub orphan_sweep: Duration,
+    pub orphans: orphans::OrphanState,
+    /// The package versions (sha256) of the node's attempts not yet `Cleaned`, as the watch last
+    /// showed them: a prune keeps them.
+    wanted_packages: Mutex<BTreeSet<String>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -139,6 +148,10 @@ impl Agent {
     }
     pub fn cleanup_backoff(&self) -> MutexGuard<'_, CleanupBackoff> {
         lock(&self.cleanup_backoff)
+    }
+
+    pub fn wanted_packages(&self) -> BTreeSet<String> {
+        lock(&self.wanted_packages).clone()
     }
 
     /// True the first time an attempt's changed spec is seen.
@@ -239,7 +252,7 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
     let config = kube::Config::infer()
         .await
         .map_err(|e| AgentError::KubeConfig(e.to_string()))?;
-    let kube = Client::try_from(config).map_err(|e| AgentError::KubeConfig(e.to_string()))?;
+    let kube = api_requests::client(config).map_err(|e| AgentError::KubeConfig(e.to_string()))?;
     let helper = entry_helper(&cli)?;
     let launcher: Box<dyn RunnerLauncher> = match cli.launcher {
         LauncherKind::Direct => Box::new(DirectLauncher::new(
@@ -289,6 +302,9 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         cleanup_backoff: Mutex::new(CleanupBackoff::default()),
         advert_changed: Notify::new(),
         spec_warned: Mutex::new(std::collections::BTreeSet::new()),
+        orphan_sweep: Duration::from_secs(cli.orphan_sweep_seconds),
+        orphans: orphans::OrphanState::default(),
+        wanted_packages: Mutex::new(BTreeSet::new()),
     });
     let health = match cli.health_addr {
         Some(addr) => Some(
@@ -343,8 +359,21 @@ async fn watch_attempts(agent: Arc<Agent>) {
     let mut first = true;
     let stream = watcher::watcher(api, watcher::Config::default().labels(&selector));
     let mut stream = std::pin::pin!(stream);
+    // Attempt names (12 hex) of the running tasks: claimed until the task ends.
+    let mut task_names: HashMap<String, String> = HashMap::new();
+    let mut sweep_tick = tokio::time::interval(agent.orphan_sweep);
+    sweep_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let event = match stream.try_next().await {
+        let next = tokio::select! {
+            next = stream.try_next() => next,
+            _ = sweep_tick.tick(), if !first => {
+                tasks.retain(|_, t| !t.is_finished());
+                task_names.retain(|uid, _| tasks.contains_key(uid));
+                orphans::sweep(&agent, &claims(&known, &task_names)).await;
+                continue;
+            }
+        };
+        let event = match next {
             Ok(Some(e)) => e,
             Ok(None) => return,
             Err(e) => {
@@ -372,6 +401,9 @@ async fn watch_attempts(agent: Arc<Agent>) {
                     let all: Vec<RunnerAttempt> = known.values().cloned().collect();
                     rebuild::rebuild(&agent, &all);
                     first = false;
+                    // The first sweep follows the first complete list: what a previous run left
+                    // for attempts deleted while it was down.
+                    sweep_tick.reset_immediately();
                 }
             }
             Event::Apply(a) => {
@@ -397,7 +429,13 @@ async fn watch_attempts(agent: Arc<Agent>) {
             *lock(&agent.pending) = pending;
             agent.advert_changed.notify_one();
         }
+        *lock(&agent.wanted_packages) = known
+            .values()
+            .filter(|a| rebuild::state_of(a) != AttemptState::Cleaned)
+            .map(|a| a.spec.snapshot.runner.sha256.clone())
+            .collect();
         tasks.retain(|_, t| !t.is_finished());
+        task_names.retain(|uid, _| tasks.contains_key(uid));
         for (uid, a) in &known {
             let (Some(ns), Some(name)) = (a.metadata.namespace.clone(), a.metadata.name.clone())
             else {
@@ -413,10 +451,28 @@ async fn watch_attempts(agent: Arc<Agent>) {
                 uid.clone(),
             ));
             tasks.insert(uid.clone(), task);
+            if let Some(u) = a.spec.attempt_uuid() {
+                task_names.insert(uid.clone(), runner_manager_crds::names::short_hex(u));
+            }
         }
         // Cleaned attempts wait only for the operator's finalizer removal: forget them here.
         known.retain(|_, a| rebuild::state_of(a) != AttemptState::Cleaned);
     }
+}
+
+/// The attempt names (12 hex) no orphan sweep may touch: every attempt of the node not yet
+/// `Cleaned`, and every attempt whose task still runs (whatever its object's fate).
+fn claims(
+    known: &HashMap<String, RunnerAttempt>,
+    tasks: &HashMap<String, String>,
+) -> BTreeSet<String> {
+    known
+        .values()
+        .filter(|a| rebuild::state_of(a) != AttemptState::Cleaned)
+        .filter_map(|a| a.spec.attempt_uuid())
+        .map(runner_manager_crds::names::short_hex)
+        .chain(tasks.values().cloned())
+        .collect()
 }
 
 #[cfg(test)]
