@@ -20,6 +20,8 @@ here_cluster=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 : "${RM_CLUSTER_KCM_PORT:=10457}"
 : "${RM_CLUSTER_SCHED_PORT:=10459}"
 HOST_IP=$RM_CLUSTER_NET.1
+# The cluster DNS Service's address (e2e/cluster/dns.sh), in every pod's resolv.conf (kubelet clusterDNS).
+DNS_IP=${RM_CLUSTER_SERVICE_CIDR%.*}.10
 NODE_IP=$RM_CLUSTER_NET.2
 CP_RUN=$RM_CLUSTER_RUN/control-plane
 NODE_STATE=$RM_CLUSTER_RUN/node

@@ -1,14 +1,28 @@
 #!/usr/bin/env bash
-# `helm install` for real: the chart into the cluster of e2e/cluster/start.sh, with the project's
-# images (e2e/images/build.sh, imported into the node's containerd) referenced by digest.
-#   - the operator Deployment and the agent DaemonSet become Ready on the real kubelet, the agent
-#     with the systemd launcher against the node's systemd (hostPID, /run/systemd by hostPath);
-#   - the admission webhook and the broker answer through their Services (the API server calls
-#     the webhook at its ClusterIP; the agents' Leases go through it);
-#   - the agent pod deleted with `kubectl delete pod` comes back Ready;
-#   - `helm uninstall` leaves no pod and no unit of ours on the node.
-# Prints `kubectl get pods -A -o wide` while installed. Needs KUBECONFIG of that cluster (default
-# $RM_CLUSTER_RUN/kubeconfig) and the images built.
+# `helm install` for real, and jobs on the real node: the chart into the cluster of
+# e2e/cluster/start.sh with the project's images (e2e/images/build.sh, imported into the node's
+# containerd) referenced by digest, against the simulated GitHub (target/debug/fake-github, bound
+# to the host end of the node's veth, $HOST_IP, where pods reach it; plain http to that one host
+# through the chart's test-host values, nothing else loosened).
+#   1. the operator Deployment and the agent DaemonSet become Ready on the real kubelet, the agent
+#      with the systemd launcher against the node's systemd; its Lease passes the admission webhook
+#      (the API server calls it at a ClusterIP), it reaches the broker by its Service's DNS name;
+#   2. a GitHub App Secret and a ScalePolicy; jobs queued on the simulated GitHub, delivered as
+#      signed webhooks to the webhook Service: each runner starts as a transient unit of the node's
+#      systemd (rm-*.service), from the package the agent pod materialized on the node's host root,
+#      and every job completes;
+#   3. `kubectl delete pod` of the agent while a job runs: the runner's unit is not restarted (same
+#      InvocationID), the new agent re-adopts it, the job completes on it, no JIT is minted twice;
+#   4. `kubectl cordon`: the idle runner is drained (deregistered, its unit stopped) and nothing is
+#      placed on the node; `kubectl drain` evicts the operator; uncordoned, it all comes back;
+#   5. `helm upgrade` to images of another digest rolls both pods; the idle runner is re-adopted;
+#   6. the ScalePolicy deleted, then `helm uninstall`: no pod, unit, runtime directory, registration
+#      or JIT handoff file is left (the node's host root, the node's /run and /tmp searched).
+# After every step, nothing leaks: each rm-* unit and runtime directory belongs to a live attempt,
+# each registration on the simulated GitHub to a live attempt, no jit-* handoff file exists, and the
+# JITs minted equal the attempts that registered a runner.
+# Prints `kubectl get pods -A -o wide` and `kubectl get sp,ra`. Needs KUBECONFIG of that cluster
+# (default $RM_CLUSTER_RUN/kubeconfig), the images built and `cargo build --workspace --bins`.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -17,28 +31,84 @@ export KUBECONFIG=${KUBECONFIG:-$RM_CLUSTER_RUN/kubeconfig}
 K() { "$RM_TOOLS_BIN/kubectl" "$@"; }
 H() { "$RM_TOOLS_BIN/helm" "$@"; }
 N() { "$NODE_STATE/bin/nsexec" "$@"; }
-ns=runner-manager-system rel=rm
+ns=runner-manager-system rel=rm jobs_ns=rm-jobs
+HOST_ROOT=$NODE_FS/var/lib/runner-manager
+work=$RM_CLUSTER_RUN/helm-check
 t0=$(date +%s%N)
 say() { local ms=$(( ($(date +%s%N) - t0) / 1000000 )); printf 'cluster/helm-check.sh [%d.%01ds] %s\n' $((ms / 1000)) $((ms % 1000 / 100)) "$*"; }
 fail() {
   echo "cluster/helm-check.sh: FAIL: $*" >&2
   K get pods -A -o wide >&2 || true
-  K -n $ns logs deploy/$rel-runner-manager-operator --tail=15 >&2 2>&1 || true
-  K -n $ns logs ds/$rel-runner-manager-node-agent --tail=15 >&2 2>&1 || true
+  K get sp,ra -n $jobs_ns -o wide >&2 || true
+  K -n $ns logs deploy/$rel-runner-manager-operator --tail=25 >&2 2>&1 || true
+  K -n $ns logs ds/$rel-runner-manager-node-agent --tail=25 >&2 2>&1 || true
+  N systemctl list-units --all --no-legend 'rm-*' >&2 || true
+  echo "simulated GitHub's log: $work/fake-github.log" >&2
   exit 1
 }
+# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.5 s until it succeeds.
+wait_for() {
+  local n=$(( $1 * 2 )) what=$2; shift 2
+  for _ in $(seq 1 "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
+  fail "waited $(( n / 2 )) s for: $what"
+}
+
 imported=$'\n'$(N ctr -n k8s.io images ls -q)$'\n'
 for i in operator node-agent; do
   [ -s "$RM_IMAGES/$i.ref" ] || { echo "cluster/helm-check.sh: no $i image: run e2e/images/build.sh before e2e/cluster/start.sh" >&2; exit 1; }
   case "$imported" in *$'\n'"$(sed -n 2p "$RM_IMAGES/$i.ref")"$'\n'*) ;;
-    *) echo "cluster/helm-check.sh: $i image not in the node's containerd: restart the cluster after e2e/images/build.sh" >&2; exit 1 ;;
+    *) echo "cluster/helm-check.sh: $i image not in the node's containerd: e2e/cluster/load-images.sh" >&2; exit 1 ;;
   esac
 done
+[ -x "$root/target/debug/fake-github" ] || { echo "cluster/helm-check.sh: no target/debug/fake-github: cargo build --workspace --bins" >&2; exit 1; }
+
+# --- the simulated GitHub where pods reach it
+rm -rf "$work"; mkdir -p "$work"
+"$root/target/debug/fake-github" --bind "$HOST_IP" --package-dir "$work/package" >"$work/fake-github.log" 2>&1 &
+fake_pid=$!
+# The jobs namespace goes before the operator: its policies and attempts carry the operator's
+# finalizers (a namespace deleted after `helm uninstall` stays Terminating). Left by a run that
+# died without its operator, their finalizers are dropped by hand.
+drop_jobs_ns() {
+  K get ns $jobs_ns >/dev/null 2>&1 || return 0
+  K delete ns $jobs_ns --timeout=60s >/dev/null 2>&1 && return 0
+  for o in $(K -n $jobs_ns get scalepolicies,runnerattempts -o name 2>/dev/null); do
+    K -n $jobs_ns patch "$o" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
+  done
+  K wait --for=delete ns/$jobs_ns --timeout=30s >/dev/null 2>&1 || true
+}
+cleanup() {
+  K uncordon "$RM_CLUSTER_NODE" >/dev/null 2>&1 || true
+  drop_jobs_ns
+  H uninstall $rel -n $ns >/dev/null 2>&1 || true
+  kill "$fake_pid" 2>/dev/null || true
+}
+trap cleanup EXIT
+wait_for 10 "the simulated GitHub listening" grep -q '^listening on ' "$work/fake-github.log"
+gh=$(sed -n 's/^listening on //p' "$work/fake-github.log" | head -1)
+admin() { curl -fsS -X "$1" -H 'content-type: application/json' "$gh/_admin/$2" ${3:+-d "$3"}; }
+openssl genrsa -out "$work/app.pem" 2048 2>/dev/null
+admin POST app "$(jq -n --rawfile k <(openssl rsa -in "$work/app.pem" -pubout 2>/dev/null) '{app_id: 4242, public_key_pem: $k}')" >/dev/null
+admin POST installations '{"id": 777, "account": "acme"}' >/dev/null
+N curl -fsS "$gh/_admin/runners" >/dev/null || fail "the node does not reach the simulated GitHub at $gh"
+say "simulated GitHub at $gh (reached from the node)"
+
+# --- 1. helm install
 op=$(sed -n 2p "$RM_IMAGES/operator.ref") ag=$(sed -n 2p "$RM_IMAGES/node-agent.ref")
-trap 'H uninstall $rel -n $ns >/dev/null 2>&1 || true' EXIT
+drop_jobs_ns
 H uninstall $rel -n $ns >/dev/null 2>&1 || true
+webhook_secret=$(openssl rand -hex 20)
+K create ns $ns --dry-run=client -o yaml | K apply -f - >/dev/null
+K -n $ns create secret generic $rel-runner-manager-webhook --from-literal=secret="$webhook_secret" \
+  --dry-run=client -o yaml | K apply -f - >/dev/null
+# The chart's values for a test GitHub: its API URL, plain http to its one host (operator and
+# agent), package downloads from it. Production leaves allowHttpHosts empty.
+values=(--set "operator.githubApiUrl=$gh" --set "operator.allowHttpHosts=$HOST_IP"
+  --set "operator.downloadHosts=$HOST_IP" --set "nodeAgent.allowHttpHosts=$HOST_IP"
+  --set nodeAgent.capacity=3 --set nodeAgent.heartbeatSeconds=2 --set operator.resyncInterval=2s
+  --set operator.observeInterval=5s)
 # --force-conflicts: CRDs kept from an earlier install were re-applied by its operator (its field manager).
-H install $rel "$root/charts/runner-manager" -n $ns --create-namespace --force-conflicts \
+H install $rel "$root/charts/runner-manager" -n $ns --force-conflicts "${values[@]}" \
   --set "image.operator.digest=${op#*@}" --set "image.nodeAgent.digest=${ag#*@}" >/dev/null
 say "helm install: operator ${op#*@}, node agent ${ag#*@}"
 K -n $ns rollout status deploy/$rel-runner-manager-operator --timeout=120s >/dev/null || fail "the operator is not Ready"
@@ -46,27 +116,165 @@ K -n $ns rollout status ds/$rel-runner-manager-node-agent --timeout=120s >/dev/n
 say "operator and node agent Ready on node $RM_CLUSTER_NODE"
 K get pods -A -o wide
 log=$(K -n $ns logs ds/$rel-runner-manager-node-agent)
-case "$log" in *"launcher Systemd"*) ;; *) fail "the agent does not serve with the systemd launcher" ;; esac
-# Its Lease is admitted by the operator's webhook, which the API server reaches at a ClusterIP.
+case "$log" in *"launcher Systemd"*|*'"launcher":"Systemd"'*) ;; *) fail "the agent does not serve with the systemd launcher" ;; esac
 lease=$(K -n $ns get lease -o name 2>/dev/null | grep -c "$RM_CLUSTER_NODE" || true)
 [ "$lease" -ge 1 ] || fail "no Lease of node $RM_CLUSTER_NODE (webhook or broker unreachable)"
 say "the agent serves with the systemd launcher; its node Lease passed the admission webhook"
 
+# --- 2. a policy, jobs
+hook=$(K -n $ns get svc $rel-runner-manager-webhook -o jsonpath='{.spec.clusterIP}')
+admin POST webhooks "$(jq -n --arg u "http://$hook:8080/webhook" --arg s "$webhook_secret" '{url: $u, secret: $s}')" >/dev/null
+K create ns $jobs_ns >/dev/null
+K -n $jobs_ns create secret generic github-app --from-literal=appId=4242 --from-file=privateKey="$work/app.pem" >/dev/null
+K -n $jobs_ns apply -f - >/dev/null <<'YAML'
+apiVersion: runner-manager.dev/v1alpha1
+kind: ScalePolicy
+metadata: {name: web}
+spec:
+  github: {url: "https://github.com/acme/web", credentialsSecretRef: {name: github-app}}
+  labels: [self-hosted, linux, x64]
+  minIdle: 1
+  maxRunners: 3
+  runner: {version: latest}
+YAML
+
+# Attempts in JSON, once per check.
+attempts() { K -n $jobs_ns get ra -o json; }
+live_ids() { attempts | jq -r '.items[] | select(.status.state != "Cleaned") | .spec.id'; }
+# cgroup/unit names are rm-<the attempt's uuid without dashes, first 12>: what unit_name makes.
+unit_of() { echo "rm-$(echo "$1" | tr -d - | cut -c1-12).service"; }
+units() { N systemctl list-units --all --plain --no-legend 'rm-*.service' | awk '{print $1}' | sort; }
+idle_count() { attempts | jq '[.items[] | select(.status.state == "Idle")] | length'; }
+job_done() { [ "$(admin GET "jobs/$1" | jq -r .status)" = completed ]; }
+job_running() { [ "$(admin GET "jobs/$1" | jq -r .status)" = in_progress ]; }
+mints() { admin GET counters | jq '.generate_jitconfig["201"] // 0'; }
+has_idle() { [ "$(idle_count)" -ge 1 ]; }
+handoffs() { { find "$HOST_ROOT" -name 'jit-*' 2>/dev/null; N find /run /tmp -xdev -name 'jit-*' 2>/dev/null; } | sort -u; }
+# No leak: every unit, runtime directory and registration belongs to a live attempt; no handoff
+# file; every JIT minted went to an attempt that registered (none twice).
+no_leaks() {
+  local live want u units_now d regs registered minted
+  live=$(live_ids | sort)
+  want=$(for id in $live; do unit_of "$id"; done | sort)
+  units_now=$(units)
+  for u in $units_now; do
+    case $'\n'"$want"$'\n' in *$'\n'"$u"$'\n'*) ;; *) fail "$1: unit $u belongs to no live attempt" ;; esac
+  done
+  if [ -d "$HOST_ROOT/runners" ]; then
+    for d in $(ls "$HOST_ROOT/runners"); do
+      case $'\n'"$want"$'\n' in *$'\n'"rm-$d.service"$'\n'*) ;; *) fail "$1: runtime directory runners/$d belongs to no live attempt" ;; esac
+    done
+  fi
+  [ -z "$(handoffs)" ] || fail "$1: JIT handoff files left: $(handoffs | tr '\n' ' ')"
+  regs=$(admin GET runners | jq -r '.[].name' | sort)
+  registered=$(attempts | jq -r '.items[] | select(.status.state != "Cleaned") | .status.runner.name // empty' | sort)
+  for r in $regs; do
+    case $'\n'"$registered"$'\n' in *$'\n'"$r"$'\n'*) ;; *) fail "$1: registration $r belongs to no live attempt" ;; esac
+  done
+  minted=$(mints)
+  [ "$minted" -eq "$(attempts | jq '[.items[] | select(.status.runner.name)] | length')" ] \
+    || fail "$1: $minted JITs minted for $(attempts | jq '[.items[] | select(.status.runner.name)] | length') attempts that registered"
+  say "$1: no leak ($(echo "$units_now" | grep -c . || true) unit(s), $(echo "$regs" | grep -c . || true) registration(s), $minted JIT(s) minted, no handoff file)"
+}
+
+wait_for 90 "an idle runner on the node" has_idle
+first=$(attempts | jq -r '[.items[] | select(.status.state == "Idle")][0].spec.id')
+N systemctl is-active --quiet "$(unit_of "$first")" || fail "the idle runner's unit $(unit_of "$first") is not active in the node's systemd"
+[ -n "$(ls "$HOST_ROOT/packages" 2>/dev/null)" ] || fail "no package materialized under the node's host root"
+say "idle runner $(unit_of "$first") active in the node's systemd; package on the node's host root: $(ls "$HOST_ROOT/packages" | head -1)"
+queue() { admin POST jobs "$(jq -n --arg n "$1" --argjson d "$2" '{owner: "acme", repo: "web", labels: ["self-hosted", "linux"], name: $n, behaviour: {duration_ms: $d}}')" | jq -r .job_id; }
+ids=()
+for i in 1 2 3; do ids+=("$(queue "build-$i" 2000)"); done
+for id in "${ids[@]}"; do wait_for 120 "job $id completed" job_done "$id"; done
+for id in "${ids[@]}"; do
+  [ "$(admin GET "jobs/$id" | jq -r .conclusion)" = success ] || fail "job $id: $(admin GET "jobs/$id")"
+done
+say "3 jobs completed on runners of the node's systemd"
+N systemctl list-units --all --no-legend 'rm-*'
+K get sp,ra -n $jobs_ns
+no_leaks "jobs"
+
+# --- 3. the agent pod deleted while a job runs
+wait_for 90 "an idle runner" has_idle
+long=$(queue long 20000)
+wait_for 60 "job $long running" job_running "$long"
+runner=$(admin GET "jobs/$long" | jq -r .runner_name)
+busy=$(attempts | jq -r --arg r "$runner" '.items[] | select(.status.runner.name == $r) | .spec.id')
+[ -n "$busy" ] || fail "no attempt holds runner $runner"
+unit=$(unit_of "$busy")
+inv=$(N systemctl show -P InvocationID "$unit")
 old=$(K -n $ns get pods -l app.kubernetes.io/component=node-agent -o jsonpath='{.items[0].metadata.name}')
 K -n $ns delete pod "$old" --wait=true >/dev/null
 K -n $ns rollout status ds/$rel-runner-manager-node-agent --timeout=120s >/dev/null || fail "the agent did not come back after kubectl delete pod"
 new=$(K -n $ns get pods -l app.kubernetes.io/component=node-agent -o jsonpath='{.items[0].metadata.name}')
 [ "$new" != "$old" ] || fail "the agent pod was not replaced"
-say "kubectl delete pod $old: $new Ready"
+[ "$(N systemctl show -P InvocationID "$unit")" = "$inv" ] || fail "$unit was restarted with the agent"
+say "kubectl delete pod $old while job $long ran on $unit: $new Ready, the unit untouched"
+wait_for 60 "job $long completed" job_done "$long"
+[ "$(admin GET "jobs/$long" | jq -r .conclusion)" = success ] || fail "job $long: $(admin GET "jobs/$long")"
+[ "$(admin GET "jobs/$long" | jq -r .runner_name)" = "$runner" ] || fail "job $long changed runner"
+state() { attempts | jq -r --arg id "$1" '.items[] | select(.spec.id == $id) | "\(.status.state)/\(.status.outcome.kind // "")"'; }
+cleaned() { [ "$(state "$1")" = Cleaned/CompletedJob ]; }
+wait_for 60 "attempt $busy Cleaned/CompletedJob" cleaned "$busy"
+[ "$(attempts | jq -r --arg id "$busy" '.items[] | select(.spec.id == $id) | .status.runner.name')" = "$runner" ] \
+  || fail "attempt $busy lost its runner"
+say "job $long completed on the re-adopted runner $runner; its attempt Cleaned/CompletedJob"
+no_leaks "agent restart"
 
+# --- 4. cordon, drain
+wait_for 90 "an idle runner" has_idle
+idle=$(attempts | jq -r '[.items[] | select(.status.state == "Idle")][0].spec.id')
+K cordon "$RM_CLUSTER_NODE" >/dev/null
+drained() {
+  [ "$(attempts | jq -r --arg id "$idle" '.items[] | select(.spec.id == $id) | .spec.termination.reason // ""')" = Drain ] &&
+  [ "$(state "$idle" | cut -d/ -f1)" = Cleaned ] && ! N systemctl is-active --quiet "$(unit_of "$idle")"
+}
+wait_for 90 "the idle runner of a cordoned node drained" drained
+no_live() { [ -z "$(live_ids)" ]; }
+wait_for 30 "no live attempt on the cordoned node" no_live
+say "kubectl cordon: idle runner $(unit_of "$idle") drained (termination Drain), nothing placed"
+no_leaks "cordon"
+K drain "$RM_CLUSTER_NODE" --ignore-daemonsets --delete-emptydir-data --timeout=90s >/dev/null 2>&1 \
+  || fail "kubectl drain did not complete"
+[ -z "$(live_ids)" ] || fail "an attempt was placed on the drained node"
+say "kubectl drain: operator evicted, agent (DaemonSet) kept, no attempt"
+K uncordon "$RM_CLUSTER_NODE" >/dev/null
+K -n $ns rollout status deploy/$rel-runner-manager-operator --timeout=120s >/dev/null || fail "the operator did not come back after uncordon"
+K -n kube-system rollout status deploy/coredns --timeout=60s >/dev/null || fail "the cluster DNS did not come back after uncordon"
+wait_for 90 "an idle runner after uncordon" has_idle
+say "kubectl uncordon: operator back, a new idle runner"
+no_leaks "uncordon"
+
+# --- 5. helm upgrade to images of another digest
+variant=$work/images-upgrade
+RM_IMAGES=$variant RM_IMAGE_VARIANT=upgrade "$root/e2e/images/build.sh" >/dev/null
+RM_IMAGES=$variant "$here/load-images.sh" >/dev/null
+op2=$(sed -n 2p "$variant/operator.ref") ag2=$(sed -n 2p "$variant/node-agent.ref")
+[ "$ag2" != "$ag" ] && [ "$op2" != "$op" ] || fail "the upgrade images have the same digests"
+idle=$(attempts | jq -r '[.items[] | select(.status.state == "Idle")][0].spec.id')
+inv=$(N systemctl show -P InvocationID "$(unit_of "$idle")")
+H upgrade $rel "$root/charts/runner-manager" -n $ns "${values[@]}" \
+  --set "image.operator.digest=${op2#*@}" --set "image.nodeAgent.digest=${ag2#*@}" >/dev/null
+K -n $ns rollout status deploy/$rel-runner-manager-operator --timeout=120s >/dev/null || fail "the upgraded operator is not Ready"
+K -n $ns rollout status ds/$rel-runner-manager-node-agent --timeout=120s >/dev/null || fail "the upgraded agent is not Ready"
+images=$(K -n $ns get pods -o jsonpath='{range .items[*]}{.spec.containers[0].image}{"\n"}{end}' | sort -u)
+case "$images" in *"${ag2#*@}"*) ;; *) fail "the agent pod does not run ${ag2#*@}: $images" ;; esac
+case "$images" in *"${op2#*@}"*) ;; *) fail "the operator pod does not run ${op2#*@}: $images" ;; esac
+readopted() { [ "$(state "$idle" | cut -d/ -f1)" = Idle ]; }
+wait_for 30 "the idle runner re-adopted after the upgrade" readopted
+[ "$(N systemctl show -P InvocationID "$(unit_of "$idle")")" = "$inv" ] || fail "the idle runner's unit was restarted by the upgrade"
+say "helm upgrade to operator ${op2#*@}, agent ${ag2#*@}: both rolled, idle runner $(unit_of "$idle") kept"
+no_leaks "helm upgrade"
+
+# --- 6. the policy deleted, then helm uninstall
+K -n $jobs_ns delete scalepolicy web --timeout=90s >/dev/null || fail "the ScalePolicy was not deleted (its runners not drained)"
+wait_for 60 "no live attempt after the policy's deletion" no_live
 H uninstall $rel -n $ns >/dev/null
-trap - EXIT
-for _ in $(seq 1 120); do
-  [ -z "$(K -n $ns get pods -o name 2>/dev/null)" ] && break
-  sleep 0.5
-done
-[ -z "$(K -n $ns get pods -o name 2>/dev/null)" ] || fail "pods left after helm uninstall"
-units=$(N systemctl list-units --all --plain --no-legend 'rm-*.service' 2>/dev/null || true)
-[ -z "$units" ] || fail "units left on the node after helm uninstall: $units"
-say "helm uninstall: no pod, no runner unit left"
+no_pods() { [ -z "$(K -n $ns get pods -o name 2>/dev/null)" ]; }
+wait_for 60 "no pod after helm uninstall" no_pods
+[ -z "$(units)" ] || fail "units left on the node after helm uninstall: $(units | tr '\n' ' ')"
+[ -z "$(ls -A "$HOST_ROOT/runners" 2>/dev/null)" ] || fail "runtime directories left: $(ls "$HOST_ROOT/runners")"
+[ "$(admin GET runners | jq length)" = 0 ] || fail "registrations left on the simulated GitHub: $(admin GET runners)"
+[ -z "$(handoffs)" ] || fail "JIT handoff files left: $(handoffs | tr '\n' ' ')"
+say "ScalePolicy deleted, helm uninstall: no pod, unit, runtime directory, registration or handoff file left"
 echo "cluster/helm-check.sh: all checks passed"

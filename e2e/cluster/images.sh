@@ -3,6 +3,7 @@
 #   pause     the sandbox image, built from the kubernetes module's build/pause/linux/pause.c
 #             (gcc -static: the image is one file); containerd's sandbox_image
 #   busybox   Debian's busybox-static, for the node's checks (e2e/cluster/check.sh)
+#   coredns   the cluster DNS (e2e/cluster/build-coredns.sh), deployed by e2e/cluster/dns.sh
 # Named runner-manager.local/<name>:<tag>; skipped when built. e2e/cluster/start.sh imports every
 # $RM_IMAGES/*.tar into the node's containerd.
 set -euo pipefail
@@ -29,4 +30,14 @@ if [ ! -s "$RM_IMAGES/busybox.ref" ]; then
   rm -rf "$r"
   printf 'runner-manager.local/busybox:1\nrunner-manager.local/busybox@%s\n' "$d" > "$RM_IMAGES/busybox.ref"
 fi
-cat "$RM_IMAGES"/pause.ref "$RM_IMAGES"/busybox.ref
+coredns=$("$here/build-coredns.sh")
+cv=$("$coredns" -version | sed -n 's/^CoreDNS-//p')
+if [ "$(sed -n 1p "$RM_IMAGES/coredns.ref" 2>/dev/null)" != "runner-manager.local/coredns:$cv" ]; then
+  r=$(mktemp -d "$RM_IMAGES/.rootfs-coredns.XXXXXX")
+  mkdir -p "$r/usr/bin" "$r/etc/coredns"
+  cp "$coredns" "$r/usr/bin/coredns"
+  d=$("$mk" "runner-manager.local/coredns:$cv" "$r" "$RM_IMAGES/coredns.tar" '["/usr/bin/coredns"]' '["-conf", "/etc/coredns/Corefile"]')
+  rm -rf "$r"
+  printf 'runner-manager.local/coredns:%s\nrunner-manager.local/coredns@%s\n' "$cv" "$d" > "$RM_IMAGES/coredns.ref"
+fi
+cat "$RM_IMAGES"/pause.ref "$RM_IMAGES"/busybox.ref "$RM_IMAGES"/coredns.ref

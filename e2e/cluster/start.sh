@@ -9,7 +9,8 @@
 #      the host end, so the node and its pods reach it there and through the `kubernetes` Service;
 #   3. containerd (Debian's, with runc and the CNI bridge), the kubelet and kube-proxy (iptables
 #      mode) as systemd units of the node; the images of $RM_IMAGES imported into its containerd
-#      (by name and by digest reference), never pulled: the node has no route but to the host.
+#      (by name and by digest reference), never pulled: the node has no route but to the host;
+#   4. the cluster DNS (CoreDNS, e2e/cluster/dns.sh) behind the kube-dns Service at $DNS_IP.
 # A hostPID pod of that node sees the node's systemd as PID 1 and, through a hostPath, its
 # /run/systemd: what the node agent's systemd launcher talks to on a real machine.
 #
@@ -44,6 +45,11 @@ trap '[ -n "$ok" ] || { echo "cluster/start.sh: failed; stopping what was starte
 rm -rf "$RM_CLUSTER_RUN"
 CFG=$RM_CLUSTER_RUN/config LOGS=$RM_CLUSTER_RUN/logs
 mkdir -p "$CFG/cni" "$LOGS" "$NODE_FS/var"
+# The node's /var as a Debian host has it: the runner accounts search /var/lib on their way to
+# their runtimes under the agent's host root (a /var/lib that containerd or the kubelet made
+# first is 0700, and every runner failed 200/CHDIR).
+install -d -m 0755 "$NODE_FS/var/lib" "$NODE_FS/var/log" "$NODE_FS/var/cache"
+install -d -m 1777 "$NODE_FS/var/tmp"
 for k in $CLUSTER_SYSCTLS; do v=$(sysctl -n "$k" 2>/dev/null) && echo "$k=$v"; done > "$RM_CLUSTER_RUN/sysctl.before"
 
 "$here/images.sh" >/dev/null
@@ -169,6 +175,8 @@ authorization: {mode: AlwaysAllow}
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
 clusterDomain: cluster.local
+# The cluster DNS (e2e/cluster/dns.sh): pods resolve <service>.<namespace>.svc through it.
+clusterDNS: [$DNS_IP]
 resolvConf: /etc/resolv.conf
 serializeImagePulls: false
 # No registry: an image that image GC removed could never come back.
@@ -231,10 +239,7 @@ CTR() { N ctr -n k8s.io "$@"; }
 for _ in $(seq 1 80); do CTR version >/dev/null 2>&1 && break; sleep 0.25; done
 CTR version >/dev/null 2>&1 || { tail -20 "$LOGS/containerd.log" >&2; die "containerd did not start"; }
 # Each image by its name and by its digest reference (NAME@sha256:..., what the chart uses).
-for i in "$RM_IMAGES"/*.tar; do
-  CTR images import "$i" >/dev/null
-  CTR images tag --force "$(sed -n 1p "${i%.tar}.ref")" "$(sed -n 2p "${i%.tar}.ref")" >/dev/null
-done
+"$here/load-images.sh" >/dev/null
 say "containerd up; images imported: $(cd "$RM_IMAGES" && ls ./*.tar | sed 's#^\./##; s#\.tar$##' | tr '\n' ' ')"
 N systemctl start kubelet.service
 ready=
@@ -249,5 +254,7 @@ N systemctl start kube-proxy.service
 for _ in $(seq 1 60); do N curl -sf http://127.0.0.1:10256/healthz >/dev/null 2>&1 && break; sleep 0.5; done
 N curl -sf http://127.0.0.1:10256/healthz >/dev/null 2>&1 || { tail -20 "$LOGS/kube-proxy.log" >&2; die "kube-proxy not healthy"; }
 say "kube-proxy up"
+"$here/dns.sh"
+say "cluster DNS (CoreDNS) answers at $DNS_IP"
 ok=1
 echo "cluster ready: KUBECONFIG=$RM_CLUSTER_RUN/kubeconfig (node shell: $NODE_STATE/bin/nsexec bash)"

@@ -14,6 +14,9 @@
 # Out: $RM_IMAGES/<image>.tar and $RM_IMAGES/<image>.ref (NAME:TAG and NAME@sha256:...).
 # Skips an image whose inputs are unchanged. The binaries come from target/$RM_IMAGE_PROFILE
 # (debug: what `cargo build --workspace --bins` makes; debug info stripped in the image).
+# RM_IMAGE_VARIANT=WORD adds /etc/runner-manager/image-variant (WORD) to every image: the same
+# binaries under another digest, for an upgrade test (e2e/cluster/helm-check.sh) — write those
+# into another RM_IMAGES.
 # Containerfiles for users with their own tooling: images/<image>/Containerfile.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -50,6 +53,9 @@ base() { # ROOTFS USER: directories, CA bundle, passwd/group, an empty writable 
   printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' > "$r/etc/passwd"
   printf 'root:x:0:\nnonroot:x:65532:\n' > "$r/etc/group"
   [ "$uid" = 0 ] || { mkdir -p "$r/home/nonroot"; chown "$uid:$uid" "$r/home/nonroot"; }
+  if [ -n "${RM_IMAGE_VARIANT:-}" ]; then
+    mkdir -p "$r/etc/runner-manager"; echo "$RM_IMAGE_VARIANT" > "$r/etc/runner-manager/image-variant"
+  fi
 }
 
 # image NAME REPO USER ENTRYPOINT DEST=SRC...
@@ -60,7 +66,7 @@ image() {
     [ -f "${pair#*=}" ] || { echo "images/build.sh: missing ${pair#*=} (cargo build --workspace --bins)" >&2; exit 1; }
     inputs+="${pair%%=*} $(stat -c '%s %Y' "${pair#*=}") ${pair#*=}"$'\n'
   done
-  stamp=$(printf '%s\n%s %s %s %s\n' "$inputs" "$ref" "$user" "$entry" "$(sha256sum "$0" "$(dirname "$0")/mkimage.sh" | cut -c1-16)" | sha256sum | cut -c1-32)
+  stamp=$(printf '%s\n%s %s %s %s\n' "$inputs" "$ref" "$user" "$entry${RM_IMAGE_VARIANT:+ variant $RM_IMAGE_VARIANT}" "$(sha256sum "$0" "$(dirname "$0")/mkimage.sh" | cut -c1-16)" | sha256sum | cut -c1-32)
   if [ -f "$OUTDIR/$name.tar" ] && [ "$(cat "$OUTDIR/$name.stamp" 2>/dev/null)" = "$stamp" ]; then
     echo "$name: unchanged ($(sed -n 2p "$OUTDIR/$name.ref"))"; return
   fi
