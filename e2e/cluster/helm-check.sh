@@ -27,6 +27,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 . "$here/env.sh"
+. "$here/product.sh"
 export KUBECONFIG=${KUBECONFIG:-$RM_CLUSTER_RUN/kubeconfig}
 K() { "$RM_TOOLS_BIN/kubectl" "$@"; }
 H() { "$RM_TOOLS_BIN/helm" "$@"; }
@@ -60,12 +61,10 @@ for i in operator node-agent; do
     *) echo "cluster/helm-check.sh: $i image not in the node's containerd: e2e/cluster/load-images.sh" >&2; exit 1 ;;
   esac
 done
-[ -x "$root/target/debug/fake-github" ] || { echo "cluster/helm-check.sh: no target/debug/fake-github: cargo build --workspace --bins" >&2; exit 1; }
 
 # --- the simulated GitHub where pods reach it
 rm -rf "$work"; mkdir -p "$work"
-"$root/target/debug/fake-github" --bind "$HOST_IP" --package-dir "$work/package" >"$work/fake-github.log" 2>&1 &
-fake_pid=$!
+fake_pid=
 # The jobs namespace goes before the operator: its policies and attempts carry the operator's
 # finalizers (a namespace deleted after `helm uninstall` stays Terminating). Left by a run that
 # died without its operator, their finalizers are dropped by hand.
@@ -81,15 +80,11 @@ cleanup() {
   K uncordon "$RM_CLUSTER_NODE" >/dev/null 2>&1 || true
   drop_jobs_ns
   H uninstall $rel -n $ns >/dev/null 2>&1 || true
-  kill "$fake_pid" 2>/dev/null || true
+  [ -z "$fake_pid" ] || kill "$fake_pid" 2>/dev/null || true
 }
 trap cleanup EXIT
-wait_for 10 "the simulated GitHub listening" grep -q '^listening on ' "$work/fake-github.log"
-gh=$(sed -n 's/^listening on //p' "$work/fake-github.log" | head -1)
-admin() { curl -fsS -X "$1" -H 'content-type: application/json' "$gh/_admin/$2" ${3:+-d "$3"}; }
-openssl genrsa -out "$work/app.pem" 2048 2>/dev/null
-admin POST app "$(jq -n --rawfile k <(openssl rsa -in "$work/app.pem" -pubout 2>/dev/null) '{app_id: 4242, public_key_pem: $k}')" >/dev/null
-admin POST installations '{"id": 777, "account": "acme"}' >/dev/null
+start_fake_github "$work" || fail "the simulated GitHub did not start"
+github_app "$work"
 N curl -fsS "$gh/_admin/runners" >/dev/null || fail "the node does not reach the simulated GitHub at $gh"
 say "simulated GitHub at $gh (reached from the node)"
 
@@ -97,23 +92,12 @@ say "simulated GitHub at $gh (reached from the node)"
 op=$(sed -n 2p "$RM_IMAGES/operator.ref") ag=$(sed -n 2p "$RM_IMAGES/node-agent.ref")
 drop_jobs_ns
 H uninstall $rel -n $ns >/dev/null 2>&1 || true
-webhook_secret=$(openssl rand -hex 20)
-K create ns $ns --dry-run=client -o yaml | K apply -f - >/dev/null
-K -n $ns create secret generic $rel-runner-manager-webhook --from-literal=secret="$webhook_secret" \
-  --dry-run=client -o yaml | K apply -f - >/dev/null
-# The chart's values for a test GitHub: its API URL, plain http to its one host (operator and
-# agent), package downloads from it. Production leaves allowHttpHosts empty.
-values=(--set "operator.githubApiUrl=$gh" --set "operator.allowHttpHosts=$HOST_IP"
-  --set "operator.downloadHosts=$HOST_IP" --set "nodeAgent.allowHttpHosts=$HOST_IP"
-  --set nodeAgent.capacity=3 --set nodeAgent.heartbeatSeconds=2 --set operator.resyncInterval=2s
+# Quicker heartbeats and passes than the defaults, for a scenario of a few minutes.
+tuning=(--set nodeAgent.capacity=3 --set nodeAgent.heartbeatSeconds=2 --set operator.resyncInterval=2s
   --set operator.observeInterval=5s)
-# --force-conflicts: CRDs kept from an earlier install were re-applied by its operator (its field manager).
-H install $rel "$root/charts/runner-manager" -n $ns --force-conflicts "${values[@]}" \
-  --set "image.operator.digest=${op#*@}" --set "image.nodeAgent.digest=${ag#*@}" >/dev/null
-say "helm install: operator ${op#*@}, node agent ${ag#*@}"
-K -n $ns rollout status deploy/$rel-runner-manager-operator --timeout=120s >/dev/null || fail "the operator is not Ready"
-K -n $ns rollout status ds/$rel-runner-manager-node-agent --timeout=120s >/dev/null || fail "the node agent is not Ready"
-say "operator and node agent Ready on node $RM_CLUSTER_NODE"
+install_product $rel $ns "${tuning[@]}" || fail "the operator or the node agent is not Ready"
+chart_values
+say "helm install: operator ${op#*@}, node agent ${ag#*@}: both Ready on node $RM_CLUSTER_NODE"
 K get pods -A -o wide
 log=$(K -n $ns logs ds/$rel-runner-manager-node-agent)
 case "$log" in *"launcher Systemd"*|*'"launcher":"Systemd"'*) ;; *) fail "the agent does not serve with the systemd launcher" ;; esac
@@ -122,21 +106,7 @@ lease=$(K -n $ns get lease -o name 2>/dev/null | grep -c "$RM_CLUSTER_NODE" || t
 say "the agent serves with the systemd launcher; its node Lease passed the admission webhook"
 
 # --- 2. a policy, jobs
-hook=$(K -n $ns get svc $rel-runner-manager-webhook -o jsonpath='{.spec.clusterIP}')
-admin POST webhooks "$(jq -n --arg u "http://$hook:8080/webhook" --arg s "$webhook_secret" '{url: $u, secret: $s}')" >/dev/null
-K create ns $jobs_ns >/dev/null
-K -n $jobs_ns create secret generic github-app --from-literal=appId=4242 --from-file=privateKey="$work/app.pem" >/dev/null
-K -n $jobs_ns apply -f - >/dev/null <<'YAML'
-apiVersion: runner-manager.dev/v1alpha1
-kind: ScalePolicy
-metadata: {name: web}
-spec:
-  github: {url: "https://github.com/acme/web", credentialsSecretRef: {name: github-app}}
-  labels: [self-hosted, linux, x64]
-  minIdle: 1
-  maxRunners: 3
-  runner: {version: latest}
-YAML
+apply_policy $jobs_ns web 1 3 "$work/app.pem"
 
 # Attempts in JSON, once per check.
 attempts() { K -n $jobs_ns get ra -o json; }
@@ -182,9 +152,8 @@ first=$(attempts | jq -r '[.items[] | select(.status.state == "Idle")][0].spec.i
 N systemctl is-active --quiet "$(unit_of "$first")" || fail "the idle runner's unit $(unit_of "$first") is not active in the node's systemd"
 [ -n "$(ls "$HOST_ROOT/packages" 2>/dev/null)" ] || fail "no package materialized under the node's host root"
 say "idle runner $(unit_of "$first") active in the node's systemd; package on the node's host root: $(ls "$HOST_ROOT/packages" | head -1)"
-queue() { admin POST jobs "$(jq -n --arg n "$1" --argjson d "$2" '{owner: "acme", repo: "web", labels: ["self-hosted", "linux"], name: $n, behaviour: {duration_ms: $d}}')" | jq -r .job_id; }
 ids=()
-for i in 1 2 3; do ids+=("$(queue "build-$i" 2000)"); done
+for i in 1 2 3; do ids+=("$(queue_job "build-$i" 2000)"); done
 for id in "${ids[@]}"; do wait_for 120 "job $id completed" job_done "$id"; done
 for id in "${ids[@]}"; do
   [ "$(admin GET "jobs/$id" | jq -r .conclusion)" = success ] || fail "job $id: $(admin GET "jobs/$id")"
@@ -196,7 +165,7 @@ no_leaks "jobs"
 
 # --- 3. the agent pod deleted while a job runs
 wait_for 90 "an idle runner" has_idle
-long=$(queue long 20000)
+long=$(queue_job long 20000)
 wait_for 60 "job $long running" job_running "$long"
 runner=$(admin GET "jobs/$long" | jq -r .runner_name)
 busy=$(attempts | jq -r --arg r "$runner" '.items[] | select(.status.runner.name == $r) | .spec.id')
@@ -253,7 +222,7 @@ op2=$(sed -n 2p "$variant/operator.ref") ag2=$(sed -n 2p "$variant/node-agent.re
 [ "$ag2" != "$ag" ] && [ "$op2" != "$op" ] || fail "the upgrade images have the same digests"
 idle=$(attempts | jq -r '[.items[] | select(.status.state == "Idle")][0].spec.id')
 inv=$(N systemctl show -P InvocationID "$(unit_of "$idle")")
-H upgrade $rel "$root/charts/runner-manager" -n $ns "${values[@]}" \
+H upgrade $rel "$root/charts/runner-manager" -n $ns "${values[@]}" "${tuning[@]}" \
   --set "image.operator.digest=${op2#*@}" --set "image.nodeAgent.digest=${ag2#*@}" >/dev/null
 K -n $ns rollout status deploy/$rel-runner-manager-operator --timeout=120s >/dev/null || fail "the upgraded operator is not Ready"
 K -n $ns rollout status ds/$rel-runner-manager-node-agent --timeout=120s >/dev/null || fail "the upgraded agent is not Ready"
