@@ -19,6 +19,8 @@ pub mod reference;
 pub mod state;
 pub mod target;
 pub mod validate;
+#[cfg(feature = "client")]
+pub mod writer;
 
 /// The API group of every runner-manager resource.
 pub const GROUP: &str = "runner-manager.dev";

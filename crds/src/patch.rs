@@ -7,8 +7,15 @@
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::attempt::{AttemptFacts, AttemptJournal, RunnerAttempt, Transition, spec_hash};
+use crate::attempt::{
+    AttemptConditionType, AttemptFacts, AttemptJournal, AttemptReason, LaunchTimings,
+    RunnerAttempt, Transition, spec_hash,
+};
+use crate::conditions::{Condition, upsert};
 use crate::state::{Actor, EdgeError};
+
+/// One condition of an attempt's journal.
+pub type AttemptCondition = Condition<AttemptConditionType, AttemptReason>;
 
 /// Why a journal patch could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +65,69 @@ pub fn journal_patch(
         "status": serde_json::to_value(&next)?,
     });
     Ok((next, patch))
+}
+
+/// Like [`journal_patch`], with the launch step timings written in the same CAS as the edge, so
+/// `Starting` and its timings appear together.
+pub fn journal_patch_with_launch(
+    current: &RunnerAttempt,
+    actor: Actor,
+    transition: Transition,
+    launch: &LaunchTimings,
+    now: Timestamp,
+) -> Result<(AttemptJournal, serde_json::Value), PatchError> {
+    let (mut next, _) = journal_patch(current, actor, transition, now)?;
+    next.launch = Some(launch.clone());
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": current.metadata.resource_version},
+        "status": serde_json::to_value(&next)?,
+    });
+    Ok((next, patch))
+}
+
+/// The conditions of `current` with `new` set, or `None` when the journal already says it
+/// (type, status, reason and message): a condition re-asserted on every retry is not a status
+/// write every retry. Pure.
+pub fn with_condition(
+    current: &RunnerAttempt,
+    new: AttemptCondition,
+) -> Option<Vec<AttemptCondition>> {
+    let mut conditions = current
+        .status
+        .as_ref()
+        .map(|s| s.journal.conditions.clone())
+        .unwrap_or_default();
+    let unchanged = conditions.iter().any(|c| {
+        c.type_ == new.type_
+            && c.status == new.status
+            && c.reason == new.reason
+            && c.message == new.message
+    });
+    if unchanged {
+        return None;
+    }
+    upsert(&mut conditions, new);
+    Some(conditions)
+}
+
+/// The CAS merge patch that sets `new` among `current`'s journal conditions, or `None` when
+/// nothing changes. Conditions are part of the journal: the same CAS on `resourceVersion` as an
+/// edge, so a condition decided on a stale read is refused like a stale edge.
+pub fn condition_patch(
+    current: &RunnerAttempt,
+    new: AttemptCondition,
+) -> Result<Option<serde_json::Value>, PatchError> {
+    let resource_version = current
+        .metadata
+        .resource_version
+        .as_deref()
+        .ok_or(PatchError::NoResourceVersion)?;
+    Ok(with_condition(current, new).map(|conditions| {
+        serde_json::json!({
+            "metadata": {"resourceVersion": resource_version},
+            "status": {"conditions": conditions},
+        })
+    }))
 }
 
 /// The merge patch of the operator's facts (no resourceVersion: the facts are the operator's

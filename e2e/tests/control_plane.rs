@@ -15,9 +15,9 @@ use runner_manager_crds::patch::PatchError;
 use runner_manager_crds::policy::{ScalePolicy, WorkspaceMode};
 use runner_manager_crds::state::{Actor, AttemptState};
 use runner_manager_crds::validate::validate_policy;
+use runner_manager_crds::writer::{Decision, JournalError, JournalWriter, OnConflict};
 use runner_manager_e2e::harness::cluster::{client_or_skip, fresh_namespace, install_crds};
 use runner_manager_e2e::harness::fixtures::native_attempt;
-use runner_manager_node_agent::journal::{self, Decision, JournalError};
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -225,14 +225,10 @@ async fn status_writes_are_a_cas_and_the_journal_rereads_on_conflict() {
         .unwrap();
 
     // A write from the stale copy is refused with 409: nothing is overwritten.
-    let stale = journal::write(
-        &api,
-        &created,
-        Actor::Agent,
-        admit(&created).take(),
-        Timestamp::now(),
-    )
-    .await;
+    let agent = JournalWriter::new(api.clone(), Actor::Agent);
+    let stale = agent
+        .write(&created, admit(&created), Timestamp::now())
+        .await;
     match stale {
         Err(e) if e.is_conflict() => {}
         other => panic!("a stale resourceVersion must be refused with 409, got {other:?}"),
@@ -240,10 +236,21 @@ async fn status_writes_are_a_cas_and_the_journal_rereads_on_conflict() {
     let now = api.get_status(&name).await.unwrap();
     assert_eq!(now.status.unwrap().journal.state(), AttemptState::Pending);
 
+    // A writer that leaves conflicts to its next pass (the operator's) gets the 409 back.
+    let returned = agent
+        .clone()
+        .on_conflict(OnConflict::Return)
+        .advance(&name, Some(&created), admit)
+        .await;
+    assert!(
+        matches!(&returned, Err(e) if e.is_conflict()),
+        "{returned:?}"
+    );
+
     // `advance` re-reads and re-decides. Force one conflict: while deciding on the first read,
     // another writer (the operator again) changes the object.
     let mut decisions = 0;
-    let written = journal::advance(&api, &name, Actor::Agent, |a| {
+    let written = agent.advance(&name, None, |a| {
         decisions += 1;
         if decisions == 1 {
             let fact = serde_json::json!({"status": {"github": {"status": "offline", "busy": false, "generation": 2}}});
@@ -272,38 +279,39 @@ async fn status_writes_are_a_cas_and_the_journal_rereads_on_conflict() {
     assert_eq!(status.facts.github.unwrap().generation, 2);
 
     // Re-deciding on the fresh object finds nothing to do: no second write.
-    let again = journal::advance(&api, &name, Actor::Agent, admit)
-        .await
-        .unwrap();
+    let again = agent.advance(&name, None, admit).await.unwrap();
     assert!(again.is_none());
 
     // An illegal edge is refused before anything is sent.
-    let illegal = journal::advance(&api, &name, Actor::Agent, |_| {
-        Decision::Take(Transition::Conclude(
-            runner_manager_crds::outcome::Outcome::CompletedJob,
-        ))
-    })
-    .await;
+    let illegal = agent
+        .advance(&name, None, |_| {
+            Decision::Take(Transition::Conclude(
+                runner_manager_crds::outcome::Outcome::CompletedJob,
+            ))
+        })
+        .await;
     assert!(
         matches!(illegal, Err(JournalError::Patch(PatchError::Edge(_)))),
         "{illegal:?}"
     );
     // And the broker's edge is refused to the agent.
-    let wrong_actor = journal::advance(&api, &name, Actor::Agent, |_| {
-        Decision::Take(Transition::MarkPrepared { environment: None })
-    })
-    .await
-    .unwrap()
-    .unwrap();
-    let by_agent = journal::advance(&api, &name, Actor::Agent, |_| {
-        Decision::Take(Transition::ReceiveJit {
-            runner: runner_manager_crds::attempt::RunnerRegistration {
-                name: "runner-manager-x".into(),
-                id: 1,
-            },
+    let wrong_actor = agent
+        .advance(&name, None, |_| {
+            Decision::Take(Transition::MarkPrepared { environment: None })
         })
-    })
-    .await;
+        .await
+        .unwrap()
+        .unwrap();
+    let by_agent = agent
+        .advance(&name, None, |_| {
+            Decision::Take(Transition::ReceiveJit {
+                runner: runner_manager_crds::attempt::RunnerRegistration {
+                    name: "runner-manager-x".into(),
+                    id: 1,
+                },
+            })
+        })
+        .await;
     assert_eq!(
         wrong_actor.status.unwrap().journal.state(),
         AttemptState::Prepared
@@ -324,7 +332,8 @@ async fn a_changed_spec_is_refused_by_the_journal() {
     api.create(&PostParams::default(), &attempt(1))
         .await
         .unwrap();
-    journal::advance(&api, &name1, Actor::Agent, admit)
+    JournalWriter::new(api.clone(), Actor::Agent)
+        .advance(&name1, None, admit)
         .await
         .unwrap()
         .unwrap();
@@ -333,40 +342,29 @@ async fn a_changed_spec_is_refused_by_the_journal() {
     api.patch(&name1, &PatchParams::default(), &Patch::Merge(&edit))
         .await
         .unwrap();
-    let r = journal::advance(&api, &name1, Actor::Agent, |_| {
-        Decision::Take(Transition::MarkPrepared { environment: None })
-    })
-    .await;
+    let r = JournalWriter::new(api.clone(), Actor::Agent)
+        .advance(&name1, None, |_| {
+            Decision::Take(Transition::MarkPrepared { environment: None })
+        })
+        .await;
     assert!(
         matches!(r, Err(JournalError::Patch(PatchError::SpecChanged))),
         "{r:?}"
     );
     // Concluding stays possible, so the attempt can still end and be cleaned.
-    let concluded = journal::advance(&api, &name1, Actor::Agent, |_| {
-        Decision::Take(Transition::Conclude(
-            runner_manager_crds::outcome::Outcome::Failed(
-                runner_manager_crds::outcome::FailureReason::SpecChanged,
-            ),
-        ))
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    let concluded = JournalWriter::new(api.clone(), Actor::Agent)
+        .advance(&name1, None, |_| {
+            Decision::Take(Transition::Conclude(
+                runner_manager_crds::outcome::Outcome::Failed(
+                    runner_manager_crds::outcome::FailureReason::SpecChanged,
+                ),
+            ))
+        })
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         concluded.status.unwrap().journal.state(),
         AttemptState::Failed
     );
-}
-
-trait Take {
-    fn take(self) -> Transition;
-}
-
-impl Take for Decision {
-    fn take(self) -> Transition {
-        match self {
-            Decision::Take(t) => t,
-            Decision::Nothing => panic!("expected an edge"),
-        }
-    }
 }

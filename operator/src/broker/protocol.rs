@@ -7,13 +7,12 @@
 
 use std::future::Future;
 
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use runner_manager_crds::attempt::{RunnerAttempt, RunnerRegistration, Transition, spec_hash};
 use runner_manager_crds::broker::{BrokerError, BrokerErrorCode, JitRequest, JitResponse};
 use runner_manager_crds::names::runner_name;
-use runner_manager_crds::patch::journal_patch;
 use runner_manager_crds::state::{Actor, AttemptState};
+use runner_manager_crds::writer::{Decision, JournalError, JournalWriter};
 
 use super::authn::Caller;
 use crate::github::GitHubError;
@@ -46,9 +45,6 @@ impl Registrar for crate::github::GitHubClient {
         self.generate_jit(name, group, labels, "_work").await
     }
 }
-
-/// A CAS conflict is re-read and re-decided at most this often.
-const MAX_CONFLICTS: usize = 8;
 
 fn refuse(code: BrokerErrorCode, message: &str) -> BrokerError {
     BrokerError {
@@ -111,59 +107,47 @@ pub async fn issue<R: Registrar>(
         id: minted.runner.id,
     };
 
-    let mut current = attempt;
-    for _ in 0..MAX_CONFLICTS {
-        let transition = Transition::ReceiveJit {
-            runner: registration.clone(),
-        };
-        let patch = match journal_patch(&current, Actor::Broker, transition, Timestamp::now()) {
-            Ok((_, patch)) => patch,
-            Err(_) => {
-                // No longer Prepared without a runner id: the fresh registration must not
-                // outlive this answer.
-                let _ = registrar.discard(&runner).await;
-                return Err(match check_issuable(&current, request) {
-                    Err(e) => e,
-                    Ok(()) => refuse(BrokerErrorCode::NotPrepared, "the attempt changed"),
-                });
+    // The CAS through the one journal writer, re-read and re-decided while the attempt is still
+    // issuable; anything else and the fresh registration must not outlive this answer.
+    let mut refused = None;
+    let written = JournalWriter::new(attempts.clone(), Actor::Broker)
+        .advance(&name, Some(&attempt), |current| {
+            refused = check_issuable(current, request).err();
+            if refused.is_some() {
+                return Decision::Nothing;
             }
-        };
-        match attempts
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {
-                return Ok(JitResponse {
-                    runner: registration,
-                    encoded_jit_config: minted.encoded_jit_config,
-                });
-            }
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                current = match attempts.get_opt(&name).await {
-                    Ok(Some(a)) => a,
-                    _ => {
-                        let _ = registrar.discard(&runner).await;
-                        return Err(refuse(
-                            BrokerErrorCode::UnknownAttempt,
-                            "the attempt is gone",
-                        ));
-                    }
-                };
-            }
-            Err(_) => {
-                let _ = registrar.discard(&runner).await;
-                return Err(refuse(
+            Decision::Take(Transition::ReceiveJit {
+                runner: registration.clone(),
+            })
+        })
+        .await;
+    match written {
+        Ok(Some(_)) => Ok(JitResponse {
+            runner: registration,
+            encoded_jit_config: minted.encoded_jit_config,
+        }),
+        other => {
+            let _ = registrar.discard(&runner).await;
+            Err(match other {
+                Ok(_) => refused
+                    .unwrap_or_else(|| refuse(BrokerErrorCode::NotPrepared, "the attempt changed")),
+                Err(e) if e.is_gone() => {
+                    refuse(BrokerErrorCode::UnknownAttempt, "the attempt is gone")
+                }
+                Err(JournalError::Patch(_)) => {
+                    refuse(BrokerErrorCode::NotPrepared, "the attempt changed")
+                }
+                Err(JournalError::Contended) => refuse(
+                    BrokerErrorCode::Internal,
+                    "the journal write kept conflicting; no JIT was issued",
+                ),
+                Err(_) => refuse(
                     BrokerErrorCode::Internal,
                     "the journal write failed; no JIT was issued",
-                ));
-            }
+                ),
+            })
         }
     }
-    let _ = registrar.discard(&runner).await;
-    Err(refuse(
-        BrokerErrorCode::Internal,
-        "the journal write kept conflicting; no JIT was issued",
-    ))
 }
 
 fn is_name_taken(e: &GitHubError) -> bool {

@@ -7,12 +7,11 @@ use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
-use kube::api::{Patch, PatchParams};
 use runner_manager_crds::attempt::{RunnerAttempt, Transition};
 use runner_manager_crds::names::agent_lease_name;
 use runner_manager_crds::outcome::{OrphanReason, Outcome, RejectReason};
-use runner_manager_crds::patch::journal_patch;
 use runner_manager_crds::state::{Actor, AttemptState};
+use runner_manager_crds::writer::{Decision, JournalError, JournalWriter};
 use runner_manager_crds::{ABANDON_ANNOTATION, CLEANUP_FINALIZER};
 
 use super::Ctx;
@@ -79,30 +78,25 @@ pub fn counted_from(since: Timestamp, leading_since: Option<Timestamp>) -> Times
     leading_since.map_or(since, |l| since.max(l))
 }
 
-/// Take one of the operator's edges with a CAS on the cached resourceVersion; a conflict means
-/// someone wrote since, and the next pass decides again on the fresh object.
+/// Take one of the operator's edges with a CAS on the cached resourceVersion, through the one
+/// journal writer. A conflict is not re-read: someone wrote since (perhaps the agent, which would
+/// mean its node is not lost), and the next pass decides again on the fresh object.
 async fn take_edge(ctx: &Ctx, a: &RunnerAttempt, outcome: Outcome, now: Timestamp) -> bool {
-    let Ok((_, body)) = journal_patch(a, Actor::Operator, Transition::Conclude(outcome), now)
-    else {
-        return false;
-    };
-    ctx.metrics.api_write(WriteKind::AttemptEdge.as_str());
     let ns = a.metadata.namespace.as_deref().unwrap_or_default();
     let name = a.metadata.name.as_deref().unwrap_or_default();
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    };
-    match ctx
-        .writer
-        .attempts(ns)
-        .patch_status(name, &params, &Patch::Merge(body))
-        .await
-    {
-        Ok(_) => true,
-        Err(e) => {
-            tracing::debug!(error = %e, attempt = name, "operator edge not taken");
-            false
+    let writer =
+        JournalWriter::new(ctx.writer.attempts(ns), Actor::Operator).field_manager(FIELD_MANAGER);
+    let edge = Decision::Take(Transition::Conclude(outcome));
+    match writer.write(a, edge, now).await {
+        // Refused by the state machine: nothing was sent.
+        Err(JournalError::Patch(_)) => false,
+        written => {
+            ctx.metrics.api_write(WriteKind::AttemptEdge.as_str());
+            written
+                .inspect_err(
+                    |e| tracing::debug!(error = %e, attempt = name, "operator edge not taken"),
+                )
+                .is_ok_and(|w| w.is_some())
         }
     }
 }
