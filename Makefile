@@ -1,24 +1,32 @@
 # runner-manager: the two commands of the README, and the pieces they are made of.
-# `make test` and `make demo` do all set-up on a fresh machine (Debian packages, the v1.20 API
-# server build, kubectl and helm) through e2e/control-plane/; nothing needs installing by hand.
+# `make test` and `make demo` do all set-up on a fresh machine (Debian packages, the Kubernetes
+# build, kubectl and helm, the images) through e2e/control-plane/ and e2e/cluster/; nothing needs
+# installing by hand.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 CARGO ?= cargo
 
-.PHONY: test demo demo-down lint unit crds crds-check control-plane tools
+.PHONY: test demo demo-processes demo-down lint unit crds crds-check control-plane tools
 
 ## test: formatting, lints, unit tests, then the integration tests against a local control
 ## plane that this target starts and always stops.
 test:
 	e2e/run-tests.sh
 
-## demo: the whole loop on a local control plane with the simulated GitHub (operator, two node
-## agents, a policy, a handful of jobs); leaves it running (DEMO_ARGS=--stop stops at the end).
+## demo: the product as users run it: a local cluster with a real node (Kubernetes 1.37.2, a
+## node booted by systemd), the images, helm install, a policy against the simulated GitHub, a
+## handful of jobs run as units of the node's systemd, `kubectl get sp,ra`; leaves it running
+## (DEMO_ARGS=--stop stops at the end). DEMO_MODE=processes runs demo-processes instead.
 demo:
 	e2e/demo.sh $(DEMO_ARGS)
 
-## demo-down: stop the demo's control plane.
+## demo-processes: the loop with the operator and two node agents as local processes (two
+## simulated nodes, no kubelet): for multi-node scenarios.
+demo-processes:
+	e2e/demo-processes.sh $(DEMO_ARGS)
+
+## demo-down: stop what either demo started (the demo cluster, or the processes and their control plane).
 demo-down:
 	e2e/demo-down.sh
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make demo-down`: stop what `make demo` started — the agents, the operator, the simulated GitHub
+# Stops what `make demo-processes` started — the agents, the operator, the simulated GitHub
 # (each by the pid it recorded), every runner process the demo's agents launched (found by its
 # working directory under the demo's host roots: runners outlive their agent by design), then the
 # control plane. `--quiet` says nothing when there is nothing to stop.

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# `make demo`: the whole loop on this machine, as a person would watch it.
+# `make demo-processes` (or `DEMO_MODE=processes make demo`): the whole loop with the operator and
+# the agents as local processes, for multi-node scenarios (two simulated nodes); `make demo` runs
+# the product as users run it instead (e2e/demo.sh: a real node, images, helm install).
 #
 # A local control plane (v1.20 API server built from Debian's source package), the simulated
 # GitHub (`fake-github`, serving the stand-in runner package), the operator, and two node agents
@@ -8,8 +10,8 @@
 # simulated GitHub (which delivers signed `workflow_job` webhooks to the operator), and the
 # RunnerAttempts are shown as they go Pending → … → Busy → Finished → Cleaned.
 #
-# Everything keeps running afterwards (`make demo-down` stops it); `make demo DEMO_ARGS=--stop`
-# (or `e2e/demo.sh --stop`) stops it at the end.
+# Everything keeps running afterwards (`make demo-down` stops it); `make demo-processes DEMO_ARGS=--stop`
+# (or `e2e/demo-processes.sh --stop`) stops it at the end.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -19,7 +21,7 @@ for a in "$@"; do
   case "$a" in
     --stop) stop_at_end=true ;;
     --jobs=*) jobs=${a#--jobs=} ;;
-    *) echo "demo.sh: unknown option $a (known: --stop, --jobs=N)" >&2; exit 2 ;;
+    *) echo "demo-processes.sh: unknown option $a (known: --stop, --jobs=N)" >&2; exit 2 ;;
   esac
 done
 
@@ -37,7 +39,7 @@ e2e/setup-runner-accounts.sh
 cargo build --workspace --bins
 
 say "2/6 the control plane"
-e2e/demo-down.sh --quiet || true
+e2e/demo-processes-down.sh --quiet || true
 e2e/control-plane/start.sh
 export KUBECONFIG="$RM_RUN/kubeconfig"
 rm -rf "$demo" /var/lib/runner-manager-demo && mkdir -p "$demo/logs"
@@ -151,7 +153,7 @@ echo "jobs completed: $done_count/$jobs in $(( $(date +%s) - started ))s"
 echo "runners still registered on the simulated GitHub: $(curl -fsS "$github/_admin/runners" | jq 'length')"
 
 if $stop_at_end; then
-  e2e/demo-down.sh
+  e2e/demo-processes-down.sh
 else
   cat <<MSG
 

@@ -35,24 +35,30 @@ chart_values() {
     --set "operator.downloadHosts=$HOST_IP" --set "nodeAgent.allowHttpHosts=$HOST_IP")
 }
 
+# fullname RELEASE: the base of the chart's object names (_helpers.tpl's rm.fullname: the release
+# name when it contains the chart's name, else RELEASE-runner-manager).
+fullname() { case "$1" in *runner-manager*) echo "$1" ;; *) echo "$1-runner-manager" ;; esac; }
+
 # install_product RELEASE NAMESPACE [helm args...]: the webhook Secret, then `helm install` of
 # the chart with the project's images by digest (e2e/images/build.sh); waits for both rollouts,
 # then points the simulated GitHub's webhook deliveries at the webhook Service's ClusterIP (the
 # host routes the Service range through the node). Sets $webhook_secret.
 install_product() {
-  local rel=$1 ns=$2 op ag hook; shift 2
+  local rel=$1 ns=$2 op ag hook fn; shift 2
+  fn=$(fullname "$rel")
   op=$(sed -n 2p "$RM_IMAGES/operator.ref") ag=$(sed -n 2p "$RM_IMAGES/node-agent.ref")
   webhook_secret=$(openssl rand -hex 20)
   K create ns "$ns" --dry-run=client -o yaml | K apply -f - >/dev/null
-  K -n "$ns" create secret generic "$rel-runner-manager-webhook" --from-literal=secret="$webhook_secret" \
+  K -n "$ns" create secret generic "$fn-webhook" --from-literal=secret="$webhook_secret" \
     --dry-run=client -o yaml | K apply -f - >/dev/null
   chart_values
   # --force-conflicts: CRDs kept from an earlier install were re-applied by its operator (its field manager).
   H install "$rel" "$here_cluster/../../charts/runner-manager" -n "$ns" --force-conflicts "${values[@]}" \
-    --set "image.operator.digest=${op#*@}" --set "image.nodeAgent.digest=${ag#*@}" "$@" >/dev/null
-  K -n "$ns" rollout status "deploy/$rel-runner-manager-operator" --timeout=120s >/dev/null || return 1
-  K -n "$ns" rollout status "ds/$rel-runner-manager-node-agent" --timeout=120s >/dev/null || return 1
-  hook=$(K -n "$ns" get svc "$rel-runner-manager-webhook" -o jsonpath='{.spec.clusterIP}')
+    --set "image.operator.digest=${op#*@}" --set "image.nodeAgent.digest=${ag#*@}" "$@" \
+    >/dev/null 2> >(grep -v 'unrecognized format' >&2)
+  K -n "$ns" rollout status "deploy/$fn-operator" --timeout=120s >/dev/null || return 1
+  K -n "$ns" rollout status "ds/$fn-node-agent" --timeout=120s >/dev/null || return 1
+  hook=$(K -n "$ns" get svc "$fn-webhook" -o jsonpath='{.spec.clusterIP}')
   admin POST webhooks "$(jq -n --arg u "http://$hook:8080/webhook" --arg s "$webhook_secret" '{url: $u, secret: $s}')" >/dev/null
 }
 

@@ -254,7 +254,7 @@ N systemctl start kube-proxy.service
 for _ in $(seq 1 60); do N curl -sf http://127.0.0.1:10256/healthz >/dev/null 2>&1 && break; sleep 0.5; done
 N curl -sf http://127.0.0.1:10256/healthz >/dev/null 2>&1 || { tail -20 "$LOGS/kube-proxy.log" >&2; die "kube-proxy not healthy"; }
 say "kube-proxy up"
-"$here/dns.sh"
+KUBECONFIG=$RM_CLUSTER_RUN/kubeconfig "$here/dns.sh"
 say "cluster DNS (CoreDNS) answers at $DNS_IP"
 ok=1
 echo "cluster ready: KUBECONFIG=$RM_CLUSTER_RUN/kubeconfig (node shell: $NODE_STATE/bin/nsexec bash)"
