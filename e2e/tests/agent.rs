@@ -992,3 +992,533 @@ async fn a_changed_spec_is_refused_but_the_runner_is_still_stopped_and_cleaned()
     assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
     assert_settled(&w, &a, 1).await;
 }
+
+// ---- Issue 20, part B: orphans, late residue, blocked removals across restarts, pruning, and
+// ---- persistent slots after restarts and policy changes (docs/parity.md groups M, N, O, P).
+
+fn short_of(a: &RunnerAttempt) -> String {
+    runner_manager_crds::names::short_hex(a.spec.attempt_uuid().unwrap())
+}
+
+fn runtime_of(a: &RunnerAttempt) -> std::path::PathBuf {
+    std::path::PathBuf::from(
+        a.status
+            .as_ref()
+            .unwrap()
+            .journal
+            .workspace()
+            .unwrap()
+            .runtime_path(),
+    )
+}
+
+/// Waits until `check` holds of the host (files, processes).
+async fn until_host(what: &str, check: impl Fn() -> bool) {
+    wait::until(STEP, what, || {
+        let ok = check();
+        async move { ok.then_some(()) }
+    })
+    .await
+    .unwrap();
+}
+
+/// Orphan discovery: an attempt deleted without its finalizer while its runner lives (before:
+/// its task ended on the 404 and the runner, cgroup and runtime were forgotten), a late child
+/// recreating a `Cleaned` attempt's runtime (row 24), and an attempt deleted while the agent was
+/// down (found by the sweep after the next start's first list), with a handoff left in a slot
+/// no attempt leases. Each is stopped and removed and said in one line; a live attempt, a
+/// directory of another name under `runners/` and a cgroup of another name are never touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_removed() {
+    use kube::api::DeleteParams;
+    let Some(w) = AgentWorld::start("orphans_are_stopped_and_removed")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let mut agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    // A live attempt every sweep must leave alone.
+    let keep = w.pending_attempt().await.unwrap();
+    let kept = bring_to_idle(&w, &keep).await;
+    let keep_pid = kept.status.as_ref().unwrap().journal.process().unwrap().pid;
+
+    // Deleted while its runner lives.
+    let a = w.pending_attempt().await.unwrap();
+    let idle = bring_to_idle(&w, &a).await;
+    let pid = idle.status.as_ref().unwrap().journal.process().unwrap().pid;
+    let (runtime, cgroup) = (
+        runtime_of(&idle),
+        w.cgroup_dir().join(format!("rm-{}", short_of(&a))),
+    );
+    assert!(cgroup.is_dir() && runtime.is_dir());
+    w.attempts()
+        .delete(&name(&a), &DeleteParams::default())
+        .await
+        .unwrap();
+    until_host("the deleted attempt's runner stopped and removed", || {
+        !pid_alive(pid) && !runtime.exists() && !cgroup.exists()
+    })
+    .await;
+    // What it held is released once nothing of it runs: only `keep` counts.
+    wait::until(STEP, "the deleted attempt's capacity released", || async {
+        w.advert().await.filter(|ad| ad.free == 3)
+    })
+    .await
+    .unwrap();
+
+    // A late child recreating a cleaned attempt's runtime: reaped, the attempt stays Cleaned.
+    let b = w.pending_attempt().await.unwrap();
+    let b_idle = bring_to_idle(&w, &b).await;
+    stop_idle(&w, &b, "ScaleDown").await;
+    let b_done = w
+        .wait_state(&name(&b), AttemptState::Cleaned)
+        .await
+        .unwrap();
+    let residue = runtime_of(&b_idle);
+    std::fs::create_dir_all(residue.join("_work").join("late")).unwrap();
+    std::fs::write(residue.join("_work").join("late").join("out.log"), b"x").unwrap();
+    until_host("the late residue reaped", || !residue.exists()).await;
+    let b_now = w.attempts().get(&name(&b)).await.unwrap();
+    assert_eq!(
+        b_now.status.as_ref().unwrap().journal.state(),
+        AttemptState::Cleaned
+    );
+    assert_eq!(outcome(&b_now), outcome(&b_done));
+
+    // Deleted while the agent is down.
+    let c = w.pending_attempt().await.unwrap();
+    let c_idle = bring_to_idle(&w, &c).await;
+    let c_pid = c_idle
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .process()
+        .unwrap()
+        .pid;
+    let (c_runtime, c_cgroup) = (
+        runtime_of(&c_idle),
+        w.cgroup_dir().join(format!("rm-{}", short_of(&c))),
+    );
+    agent.terminate().unwrap();
+    assert!(wait_exit(&mut agent).await.success());
+    drop(agent);
+    w.attempts()
+        .delete(&name(&c), &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(pid_alive(c_pid), "the runner outlives the agent");
+    let slot = w
+        .host_root()
+        .join("slots")
+        .join(&w.team)
+        .join(&w.policy_uid)
+        .join("s3");
+    std::fs::create_dir_all(&slot).unwrap();
+    let handoff = slot.join(format!("jit-{}.tmp", uuid::Uuid::new_v4()));
+    std::fs::write(&handoff, b"spent").unwrap();
+    std::fs::write(slot.join("_keep"), b"a slot's content is not the sweep's").unwrap();
+    let stranger = w.host_root().join("runners").join("not-an-attempt");
+    std::fs::create_dir_all(&stranger).unwrap();
+    let other_cgroup = w.cgroup_dir().join("other");
+    std::fs::create_dir(&other_cgroup).unwrap();
+
+    let again = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    until_host("what the down agent's deleted attempt left removed", || {
+        !pid_alive(c_pid) && !c_runtime.exists() && !c_cgroup.exists() && !handoff.exists()
+    })
+    .await;
+    assert!(
+        stranger.is_dir(),
+        "a name no attempt uuid derives is never removed"
+    );
+    assert!(other_cgroup.is_dir());
+    assert!(slot.join("_keep").exists(), "slots are never removed");
+    std::fs::remove_dir(&other_cgroup).unwrap();
+    wait::until(STEP, "the sweep's line", || {
+        let seen = again.lines().iter().any(|l| {
+            l.contains("orphans removed")
+                && l.contains(&short_of(&c))
+                && l.contains("1 runner(s) stopped")
+        });
+        async move { seen.then_some(()) }
+    })
+    .await
+    .unwrap();
+
+    // The live attempt was never touched and is supervised as before.
+    assert!(pid_alive(keep_pid));
+    assert!(runtime_of(&kept).is_dir());
+    stop_idle(&w, &keep, "ScaleDown").await;
+    let done = w
+        .wait_state(&name(&keep), AttemptState::Cleaned)
+        .await
+        .unwrap();
+    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    assert!(!pid_alive(keep_pid));
+}
+
+/// A runtime that cannot be removed across agent restarts (rows 25, 26, 93): an uncleaned
+/// attempt's blocked runtime beside the blocked late residue of a `Cleaned` one. Each start's
+/// recovery completes past both; the blocked attempt stays concluded and not `Cleaned` under its
+/// `CleanupDeferred` condition and event, the cleaned one stays `Cleaned`; once unblocked both
+/// are removed and the first is cleaned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_removals_never_block_recovery_and_are_finished_once_unblocked() {
+    use k8s_openapi::api::core::v1::Event;
+    let Some(w) = AgentWorld::start("blocked_removals_never_block_recovery")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let mut agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    let a_runtime = runtime_of(&bring_to_idle(&w, &a).await);
+    let pin_a = Immutable::set(a_runtime.join("pinned"));
+    stop_idle(&w, &a, "ScaleDown").await;
+    w.wait_for(&n, "a CleanupDeferred condition", |s| {
+        s.journal.conditions.iter().any(|c| {
+            format!("{:?}", c.type_) == "CleanupDeferred"
+                && c.status == runner_manager_crds::conditions::ConditionStatus::True
+        })
+    })
+    .await
+    .unwrap();
+
+    let b = w.pending_attempt().await.unwrap();
+    let b_runtime = runtime_of(&bring_to_idle(&w, &b).await);
+    stop_idle(&w, &b, "ScaleDown").await;
+    w.wait_state(&name(&b), AttemptState::Cleaned)
+        .await
+        .unwrap();
+    std::fs::create_dir_all(b_runtime.join("_work")).unwrap();
+    let pin_b = Immutable::set(b_runtime.join("_work").join("pinned"));
+
+    // Two restarts: each start's recovery completes past both blocked removals.
+    for round in 0..2 {
+        agent.terminate().unwrap();
+        assert!(wait_exit(&mut agent).await.success());
+        drop(agent);
+        agent = w.agent(4, &[]).unwrap();
+        w.wait_recovered()
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let short = short_of(&b);
+        wait::until(STEP, "the sweep trying the blocked residue", || {
+            let seen = agent
+                .lines()
+                .iter()
+                .any(|l| l.contains(&format!("orphan {short} not removed")));
+            async move { seen.then_some(()) }
+        })
+        .await
+        .unwrap();
+        let a_now = w.attempts().get(&n).await.unwrap();
+        let state = a_now.status.as_ref().unwrap().journal.state();
+        assert!(
+            state.is_concluded() && state != AttemptState::Cleaned,
+            "round {round}: {state:?}"
+        );
+        let b_now = w.attempts().get(&name(&b)).await.unwrap();
+        assert_eq!(
+            b_now.status.as_ref().unwrap().journal.state(),
+            AttemptState::Cleaned
+        );
+        assert!(a_runtime.exists() && b_runtime.exists());
+    }
+    let events = kube::Api::<Event>::namespaced(w.kube.clone(), &w.team);
+    let list = events.list(&Default::default()).await.unwrap();
+    assert!(
+        list.items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("CleanupDeferred")
+                && e.involved_object.name.as_deref() == Some(n.as_str())),
+        "a clean-failure event on the blocked attempt"
+    );
+
+    drop(pin_a);
+    drop(pin_b);
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    let c = condition(&done, "CleanupDeferred").unwrap();
+    assert_eq!(format!("{:?}", c.reason), "Resolved");
+    until_host("both runtimes removed", || {
+        !a_runtime.exists() && !b_runtime.exists()
+    })
+    .await;
+}
+
+/// Every launch prunes obsolete package versions once, under the allocation lock, keeping the
+/// version it leased; a version that cannot be removed only warns and the launch goes on
+/// (row 68). Before, the agent never pruned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_launch_prunes_obsolete_packages_and_a_failed_prune_only_warns() {
+    let Some(w) = AgentWorld::start("every_launch_prunes_obsolete_packages")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let packages = w.host_root().join("packages");
+    let (old, stuck) = ("a".repeat(64), "b".repeat(64));
+    std::fs::create_dir_all(packages.join(&old).join("bin")).unwrap();
+    std::fs::write(
+        packages.join(&old).join("bin").join("Runner.Listener"),
+        b"old",
+    )
+    .unwrap();
+    std::fs::create_dir_all(packages.join(".archives")).unwrap();
+    let old_archive = packages.join(".archives").join(format!("{old}.tar.gz"));
+    std::fs::write(&old_archive, b"old").unwrap();
+    std::fs::create_dir_all(packages.join(&stuck)).unwrap();
+    let pin = Immutable::set(packages.join(&stuck).join("pinned"));
+
+    let agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let prunes = || {
+        agent
+            .lines()
+            .iter()
+            .filter(|l| l.contains("package prune"))
+            .count()
+    };
+    let a = w.pending_attempt().await.unwrap();
+    w.wait_for(&name(&a), "Starting or later", |s| {
+        s.journal.state() >= AttemptState::Starting
+    })
+    .await
+    .unwrap();
+    assert!(
+        !packages.join(&old).exists() && !old_archive.exists(),
+        "pruned"
+    );
+    assert!(packages.join(&stuck).exists());
+    assert!(
+        packages.join(&w.package.sha256).is_dir(),
+        "the launch's own version is kept"
+    );
+    assert!(
+        agent
+            .lines()
+            .iter()
+            .any(|l| l.contains("package prune failed")),
+        "{:?}",
+        agent.lines()
+    );
+    assert_eq!(prunes(), 1, "one prune per launch");
+
+    drop(pin);
+    let b = w.pending_attempt().await.unwrap();
+    w.wait_for(&name(&b), "Starting or later", |s| {
+        s.journal.state() >= AttemptState::Starting
+    })
+    .await
+    .unwrap();
+    assert!(!packages.join(&stuck).exists());
+    assert!(
+        packages.join(&w.package.sha256).is_dir(),
+        "leased by both: kept"
+    );
+    assert_eq!(prunes(), 2, "one prune per launch");
+    for x in [&a, &b] {
+        bring_to_idle(&w, x).await;
+        stop_idle(&w, x, "ScaleDown").await;
+    }
+    for x in [&a, &b] {
+        w.wait_state(&name(x), AttemptState::Cleaned).await.unwrap();
+    }
+}
+
+/// Persistent slots through racing admissions, a restart and a policy switched back to
+/// ephemeral: two attempts admitted at once get `s1` and `s2` (row 79); a restart leaves the
+/// cleaned slots alone, not scrubbing them again (row 29); an ephemeral attempt holds no slot and
+/// lives under the host root (row 78), and every old slot with its `_work` is untouched by it
+/// and its cleanup (row 95).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slots_alone() {
+    use runner_manager_crds::policy::WorkspaceMode;
+    let Some(w) = AgentWorld::start("racing_slots_and_a_switch_back")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let mut agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let (x, y) = tokio::join!(
+        w.pending_attempt_with(|s| s.workspace = WorkspaceMode::Persistent),
+        w.pending_attempt_with(|s| s.workspace = WorkspaceMode::Persistent),
+    );
+    let (x, y) = (x.unwrap(), y.unwrap());
+    let mut slots = Vec::new();
+    for a in [&x, &y] {
+        let started = w
+            .wait_for(&name(a), "Starting", |s| {
+                s.journal.state() >= AttemptState::Starting
+            })
+            .await
+            .unwrap();
+        slots.push(
+            started
+                .status
+                .as_ref()
+                .unwrap()
+                .journal
+                .workspace()
+                .unwrap()
+                .slot_number()
+                .unwrap(),
+        );
+    }
+    slots.sort_unstable();
+    assert_eq!(
+        slots,
+        vec![1, 2],
+        "two racing admissions never share a slot"
+    );
+    for a in [&x, &y] {
+        bring_to_idle(&w, a).await;
+        stop_idle(&w, a, "ScaleDown").await;
+    }
+    for a in [&x, &y] {
+        w.wait_state(&name(a), AttemptState::Cleaned).await.unwrap();
+    }
+    let policy_root = w
+        .host_root()
+        .join("slots")
+        .join(&w.team)
+        .join(&w.policy_uid);
+    // What a scrub would remove (anything but `_work`) and what it keeps.
+    for s in ["s1", "s2"] {
+        std::fs::create_dir_all(policy_root.join(s).join("_work")).unwrap();
+        std::fs::write(policy_root.join(s).join("_work").join("checkout"), s).unwrap();
+        std::fs::write(policy_root.join(s).join("marker"), s).unwrap();
+    }
+
+    agent.terminate().unwrap();
+    assert!(wait_exit(&mut agent).await.success());
+    drop(agent);
+    let _again = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let free = wait::until(STEP, "both cleaned slots advertised", || async {
+        w.advert()
+            .await
+            .and_then(|a| a.free_slots.get(&w.policy_uid).copied())
+            .filter(|n| *n == 2)
+    })
+    .await
+    .unwrap();
+    assert_eq!(free, 2);
+
+    // The policy switched back to ephemeral.
+    let e = w.pending_attempt().await.unwrap();
+    let started = w
+        .wait_for(&name(&e), "Starting", |s| {
+            s.journal.state() >= AttemptState::Starting
+        })
+        .await
+        .unwrap();
+    let placement = started
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .workspace()
+        .unwrap()
+        .clone();
+    assert_eq!(placement.kind(), WorkspaceMode::Ephemeral);
+    assert_eq!(
+        placement.slot_number(),
+        None,
+        "an ephemeral attempt holds no slot"
+    );
+    assert_eq!(
+        std::path::Path::new(placement.runtime_path()),
+        w.host_root().join("runners").join(short_of(&e))
+    );
+    assert_eq!(
+        w.advert()
+            .await
+            .unwrap()
+            .free_slots
+            .get(&w.policy_uid)
+            .copied(),
+        Some(2)
+    );
+    bring_to_idle(&w, &e).await;
+    stop_idle(&w, &e, "ScaleDown").await;
+    w.wait_state(&name(&e), AttemptState::Cleaned)
+        .await
+        .unwrap();
+    for s in ["s1", "s2"] {
+        assert_eq!(
+            std::fs::read_to_string(policy_root.join(s).join("_work").join("checkout")).unwrap(),
+            s
+        );
+        assert!(
+            policy_root.join(s).join("marker").exists(),
+            "{s}: a cleaned slot is never scrubbed again"
+        );
+    }
+}
+
+/// A launch rolled back after its package was laid out dispatches on the journalled kind, not on
+/// what the directory holds (rows 87, 108): a persistent slot keeps its `_work` and loses the
+/// runner material; an ephemeral runtime holding a `_work` goes whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_launch_keeps_a_slot_s_work_and_removes_an_ephemeral_runtime_whole() {
+    use runner_manager_crds::policy::WorkspaceMode;
+    let Some(w) = AgentWorld::start("a_rolled_back_launch_keeps_a_slot_s_work")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    for mode in [WorkspaceMode::Persistent, WorkspaceMode::Ephemeral] {
+        let mut agent = w
+            .agent(4, &[("RM_AGENT_FAULT", "after-materialize")])
+            .unwrap();
+        w.wait_recovered().await.unwrap();
+        let a = w
+            .pending_attempt_with(|s| s.workspace = mode)
+            .await
+            .unwrap();
+        assert!(!wait_exit(&mut agent).await.success(), "{mode:?}");
+        drop(agent);
+        let allocated = w.attempts().get(&name(&a)).await.unwrap();
+        let runtime = runtime_of(&allocated);
+        assert!(
+            runtime.join("bin").is_dir(),
+            "{mode:?}: the package was laid out"
+        );
+        std::fs::create_dir_all(runtime.join("_work")).unwrap();
+        std::fs::write(runtime.join("_work").join("checkout"), b"kept?").unwrap();
+
+        let _again = w.agent(4, &[]).unwrap();
+        let done = w
+            .wait_state(&name(&a), AttemptState::Cleaned)
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome(&done),
+            Some(Outcome::Failed(FailureReason::PreparationInterrupted))
+        );
+        match mode {
+            WorkspaceMode::Persistent => {
+                let left: Vec<String> = std::fs::read_dir(&runtime)
+                    .unwrap()
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect();
+                assert_eq!(left, vec!["_work".to_owned()], "only _work is kept");
+                assert!(runtime.join("_work").join("checkout").exists());
+            }
+            WorkspaceMode::Ephemeral => assert!(!runtime.exists(), "removed whole"),
+        }
+    }
+}

@@ -92,6 +92,10 @@ pub struct Cli {
     /// Seconds between Lease renewals (the heartbeat the operator places by).
     #[arg(long, env = "RM_HEARTBEAT_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub heartbeat_seconds: u64,
+    /// Seconds between orphan sweeps: cgroups or units, runtimes and handoff files named for an
+    /// attempt no longer on this node are stopped and removed (also once at every start).
+    #[arg(long, env = "RM_ORPHAN_SWEEP_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub orphan_sweep_seconds: u64,
     /// The most bytes one runner package archive may inflate to (all files together).
     #[arg(long, env = "RM_PACKAGE_MAX_BYTES", default_value_t = ExtractLimits::default().max_total_bytes, value_parser = clap::value_parser!(u64).range(1..))]
     pub package_max_bytes: u64,

@@ -176,6 +176,8 @@ impl AgentWorld {
             "2",
             "--supervision-millis",
             "200",
+            "--orphan-sweep-seconds",
+            "2",
             // No operator controllers run here: the agent's backstop deadlines are under test.
             "--deadline-grace-seconds",
             "0",

@@ -207,6 +207,8 @@ async fn launch_steps(
         }
     };
     fault::at(Boundary::AfterMaterialize);
+    // Leased now, so the prune keeps it; a failed prune only warns.
+    super::pruning::after_launch(agent, &snapshot.runner.sha256).await;
     let mut timings = LaunchTimings {
         materialize_ms: package.timings.total_ms(),
         package_downloaded: package.timings.downloaded,

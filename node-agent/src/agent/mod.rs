@@ -271,9 +271,21 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         cli.download_limits(),
     )
     .map_err(|e| AgentError::Packages(e.to_string()))?;
+    // The slots root is where persistent runtimes live: on another volume than the cache, a
+    // seed of each version there lets slots clone instead of copying (DESIGN §6).
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&cli.slots_root)
+            .map_err(|e| AgentError::HostRoot(cli.slots_root.clone(), e.kind()))?;
+    }
     let packages = PackageCache::new(cli.host_root.join("packages"), downloader)
         .map_err(|e| AgentError::Packages(format!("{:?}", e.kind())))?
-        .with_extract_limits(cli.extract_limits());
+        .with_extract_limits(cli.extract_limits())
+        .with_seed_root(&cli.slots_root)
+        .map_err(|e| AgentError::Packages(format!("seed root: {:?}", e.kind())))?;
     let agent = Arc::new(Agent {
         node: cli.node_name.clone(),
         host_root: cli.host_root.clone(),

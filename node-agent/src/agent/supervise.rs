@@ -138,17 +138,20 @@ pub async fn conclude(
 pub async fn attempt_task(agent: Arc<Agent>, namespace: String, name: String, uid: String) {
     let api = Api::<RunnerAttempt>::namespaced(agent.kube.clone(), &namespace);
     let mut reported = false;
+    // What the attempt held when last read, for the orphan sweep if its object goes away.
+    let mut held = None;
     loop {
         let a = match api.get(&name).await {
             Ok(a) if a.metadata.uid.as_deref() == Some(uid.as_str()) => a,
             Ok(_) => {
-                agent.book().forget(&uid);
+                super::orphans::gone(&agent, &uid, held.take());
                 agent.gate.reconciled(&uid);
                 return;
             }
             Err(kube::Error::Api(e)) if e.code == 404 => {
                 // Gone (or replaced by a new object of the same name): nothing left to drive.
-                agent.book().forget(&uid);
+                // What of it still runs or lies on disk is the orphan sweep's.
+                super::orphans::gone(&agent, &uid, held.take());
                 agent.gate.reconciled(&uid);
                 return;
             }
@@ -157,6 +160,7 @@ pub async fn attempt_task(agent: Arc<Agent>, namespace: String, name: String, ui
                 continue;
             }
         };
+        held = super::orphans::held_by(&a);
         match step(&agent, &api, &a).await {
             Ok(Step::Done) => {
                 agent.gate.reconciled(&uid);

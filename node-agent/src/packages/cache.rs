@@ -176,6 +176,9 @@ struct State {
     /// refuses the same way, so later launches fail at once instead of downloading and
     /// inflating it again. Kept until the agent restarts (which is how a raised cap applies).
     refused: HashMap<String, (PackageRefusal, String)>,
+    /// When each version was last leased by this process: the agent keeps recently used
+    /// versions through a prune, so two policies on different versions do not evict each other.
+    used: HashMap<String, Instant>,
 }
 
 /// What a prune did.
@@ -535,7 +538,11 @@ impl PackageCache {
         };
         timings.verify += started.elapsed();
         // Leased while still holding the shared hold, so a prune cannot slip in between.
-        self.state().leases.insert(attempt.to_owned(), sha.clone());
+        {
+            let mut state = self.state();
+            state.leases.insert(attempt.to_owned(), sha.clone());
+            state.used.insert(sha.clone(), Instant::now());
+        }
         drop(shared);
         let started = Instant::now();
         let work = match kind {
@@ -768,9 +775,21 @@ impl PackageCache {
         self.state().trusted.contains_key(sha256)
     }
 
-    /// Removes every installed version that no attempt leases and `keep` does not name. Runs
-    /// under the allocation lock (so no allocation is about to lease), and gives way without
-    /// waiting to a running copy or install.
+    /// The versions this process leased within the last `within`.
+    pub fn used_within(&self, within: std::time::Duration) -> Vec<String> {
+        self.state()
+            .used
+            .iter()
+            .filter(|(_, at)| at.elapsed() <= within)
+            .map(|(sha, _)| sha.clone())
+            .collect()
+    }
+
+    /// Removes every installed version that no attempt leases and `keep` does not name, with
+    /// its seeds and its kept archive. Runs under the allocation lock (so no allocation is about
+    /// to lease), and gives way without waiting to a running copy or install. A version that
+    /// cannot be removed does not stop the others: the first error is returned after all were
+    /// tried.
     pub fn prune(
         &self,
         _allocation: &AllocationGuard<'_>,
@@ -784,6 +803,7 @@ impl PackageCache {
             ..PruneReport::default()
         };
         let leased: Vec<String> = self.state().leases.values().cloned().collect();
+        let mut first_error = None;
         for entry in std::fs::read_dir(&self.root)? {
             let name = entry?.file_name();
             let Some(sha) = name.to_str().filter(|n| valid_digest(n)) else {
@@ -793,20 +813,33 @@ impl PackageCache {
                 continue;
             }
             self.state().trusted.remove(sha);
-            remove_tree(&self.tree(sha))?;
-            for root in &self.seed_roots {
-                match remove_tree(&root.dir.join(sha)).map(drop) {
-                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                    _ => {}
+            let removed = self.remove_version(sha);
+            match removed {
+                Ok(()) => report.removed.push(sha.to_owned()),
+                Err(e) => {
+                    first_error.get_or_insert(e);
                 }
             }
-            match std::fs::remove_file(self.root.join(".archives").join(format!("{sha}.tar.gz"))) {
+        }
+        report.removed.sort();
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
+    }
+
+    /// A version's tree, seeds and kept archive.
+    fn remove_version(&self, sha: &str) -> io::Result<()> {
+        remove_tree(&self.tree(sha))?;
+        for root in &self.seed_roots {
+            match remove_tree(&root.dir.join(sha)).map(drop) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
                 _ => {}
             }
-            report.removed.push(sha.to_owned());
         }
-        report.removed.sort();
-        Ok(report)
+        match std::fs::remove_file(self.root.join(".archives").join(format!("{sha}.tar.gz"))) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
     }
 }

@@ -289,6 +289,24 @@ impl CgroupParent {
         Ok(self.path().join(name))
     }
 
+    /// The attempt names (the 12 hex after `rm-`) of the attempt cgroups under this parent,
+    /// whatever their state: what an orphan sweep compares with the journal. Nothing else under
+    /// the parent is named.
+    pub fn attempt_children(&self) -> io::Result<Vec<String>> {
+        let mut found = Vec::new();
+        for e in std::fs::read_dir(self.path())? {
+            let e = e?;
+            if !e.file_type()?.is_dir() {
+                continue;
+            }
+            if let Some(name) = e.file_name().to_str().filter(|n| is_attempt_name(n)) {
+                found.push(name["rm-".len()..].to_owned());
+            }
+        }
+        found.sort();
+        Ok(found)
+    }
+
     /// Creates the attempt's cgroup and writes its limits. An existing one is refused: the
     /// name is the attempt's, and an attempt is launched once.
     pub fn create_child(&self, name: &str, limits: &CgroupLimits) -> Result<PathBuf, CgroupError> {

@@ -318,6 +318,31 @@ impl RunnerLauncher for DirectLauncher {
         })
     }
 
+    fn leftovers(&self) -> io::Result<Vec<String>> {
+        self.parent.attempt_children()
+    }
+
+    fn stop_leftover(&self, short: &str) -> Result<Stopped, StopError> {
+        if !super::launcher::is_attempt_short(short) {
+            return Err(StopError::NotOurs);
+        }
+        let dir = self
+            .parent
+            .owned_dir(&self.parent.child_relative(&format!("rm-{short}")))?;
+        let was_populated = cgroup::populated(&dir)?;
+        // The whole cgroup: everything in it is the attempt's by construction.
+        cgroup::kill(&dir)?;
+        if !cgroup::wait_empty(&dir, self.stop_deadline, || self.reap())? {
+            return Err(StopError::StillRunning);
+        }
+        cgroup::remove(&dir)?;
+        Ok(if was_populated {
+            Stopped::Stopped
+        } else {
+            Stopped::AlreadyGone
+        })
+    }
+
     fn exit_status(&self, identity: &ProcessIdentity) -> Option<ExitStatus> {
         self.reap();
         self.exits

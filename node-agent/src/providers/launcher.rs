@@ -150,4 +150,26 @@ pub trait RunnerLauncher: Send + Sync {
 
     /// The exit status, when this launcher owns the child and it has exited.
     fn exit_status(&self, identity: &ProcessIdentity) -> Option<ExitStatus>;
+
+    /// The attempt names (the first 12 hex of an attempt uuid) of every cgroup or unit this
+    /// launcher holds, live or left over: what the orphan sweep compares with the journal. Only
+    /// names this launcher derives (`rm-<12hex>` under its own parent or as its units) are
+    /// listed, so nothing else on the host can be taken for an orphan.
+    fn leftovers(&self) -> io::Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
+    /// Stops and removes what runs under the attempt name `short` (12 hex) with no identity to
+    /// check it against: the whole cgroup or unit, never a pid by number, proven empty before it
+    /// is removed. Only for a name no attempt claims.
+    fn stop_leftover(&self, _short: &str) -> Result<Stopped, StopError> {
+        Err(StopError::NotOurs)
+    }
+}
+
+/// Whether `s` is an attempt name: 12 lowercase hex digits.
+pub fn is_attempt_short(s: &str) -> bool {
+    s.len() == 12
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }

@@ -408,6 +408,71 @@ impl RunnerLauncher for SystemdLauncher {
         // systemd keeps it (ExecMainStatus); supervision reads it from the unit.
         None
     }
+
+    fn leftovers(&self) -> io::Result<Vec<String>> {
+        let (status, out) = self.run(
+            &self.systemctl,
+            &[
+                "list-units".into(),
+                "--all".into(),
+                "--plain".into(),
+                "--no-legend".into(),
+                "--type=service".into(),
+                "rm-*.service".into(),
+            ],
+        )?;
+        if !status.success() {
+            return Err(io::Error::other("systemctl list-units failed"));
+        }
+        Ok(attempt_units(&out))
+    }
+
+    fn stop_leftover(&self, short: &str) -> Result<Stopped, StopError> {
+        if !super::launcher::is_attempt_short(short) {
+            return Err(StopError::NotOurs);
+        }
+        let unit = format!("rm-{short}.service");
+        let (_, _, before) = self.show(&unit).map_err(|_| StopError::Unit)?;
+        self.kill_unit(&unit).map_err(|_| StopError::Unit)?;
+        let until = Instant::now() + self.stop_deadline;
+        loop {
+            let (pid, _, state) = self.show(&unit).map_err(|_| StopError::Unit)?;
+            if pid == 0 && matches!(state.as_str(), "inactive" | "failed" | "") {
+                break;
+            }
+            if Instant::now() >= until {
+                return Err(StopError::StillRunning);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // A failed transient unit stays loaded (and listed) until reset.
+        let _ = self.run(&self.systemctl, &["reset-failed".into(), unit.into()]);
+        Ok(
+            if matches!(before.as_str(), "active" | "activating" | "deactivating") {
+                Stopped::Stopped
+            } else {
+                Stopped::AlreadyGone
+            },
+        )
+    }
+}
+
+/// The attempt names of the `rm-<12hex>.service` units in `systemctl list-units --plain
+/// --no-legend` output (the unit is the first column; a leading status mark is skipped).
+pub fn attempt_units(listing: &str) -> Vec<String> {
+    let mut found: Vec<String> = listing
+        .lines()
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find(|w| w.starts_with("rm-"))
+                .and_then(|u| u.strip_prefix("rm-")?.strip_suffix(".service"))
+                .filter(|h| super::launcher::is_attempt_short(h))
+                .map(str::to_owned)
+        })
+        .collect();
+    found.sort();
+    found.dedup();
+    found
 }
 
 #[cfg(test)]
@@ -457,6 +522,19 @@ mod tests {
 
     /// A `runner.env` value with spaces or a newline cannot add a property or a variable: it
     /// stays inside the one encoded word, and decodes back to exactly itself.
+    #[test]
+    fn only_attempt_units_are_listed_as_leftovers() {
+        let listing = "rm-0123456789ab.service loaded active running rm\n\
+            ● rm-abcdefabcdef.service loaded failed failed rm\n\
+            rm-0123.service loaded active running short\n\
+            rm-0123456789AB.service loaded active running upper\n\
+            sshd.service loaded active running OpenSSH\n";
+        assert_eq!(
+            attempt_units(listing),
+            vec!["0123456789ab".to_owned(), "abcdefabcdef".to_owned()]
+        );
+    }
+
     #[test]
     fn a_hostile_environment_value_cannot_smuggle_an_assignment() {
         let runtime = Path::new("/var/lib/runner-manager/runners/0123456789ab");

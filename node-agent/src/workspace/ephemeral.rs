@@ -83,18 +83,53 @@ pub fn remove_ephemeral_runtime(
     if Path::new(journalled) != expected {
         return Err(EphemeralError::NotTheDerivedPath { expected });
     }
+    remove_runtime_named(host_root, &short_hex(attempt))
+}
+
+/// The attempt names (12 hex) of the runtimes under `<hostRoot>/runners`: what the orphan sweep
+/// compares with the journal. Entries of any other name are not listed (nor ever removed).
+pub fn runtime_names(host_root: &Path) -> io::Result<Vec<String>> {
+    let mut found = Vec::new();
+    match std::fs::read_dir(runners_dir(host_root)) {
+        Ok(dir) => {
+            for e in dir {
+                if let Some(name) = e?
+                    .file_name()
+                    .to_str()
+                    .filter(|n| crate::providers::launcher::is_attempt_short(n))
+                {
+                    found.push(name.to_owned());
+                }
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Removes `<hostRoot>/runners/<name>` whole, for an attempt name (12 hex) that no attempt
+/// claims any more: the orphan sweep's removal, the same fd-relative walk as an attempt's.
+pub fn remove_runtime_named(
+    host_root: &Path,
+    name: &str,
+) -> Result<EphemeralRemoval, EphemeralError> {
+    let expected = runners_dir(host_root).join(name);
     let failed = |e: io::Error| EphemeralError::CouldNotBeRemoved {
         path: expected.clone(),
         kind: e.kind(),
     };
+    if !crate::providers::launcher::is_attempt_short(name) {
+        return Err(EphemeralError::NotTheDerivedPath { expected });
+    }
     // The runners directory is the anchor; from here on nothing is resolved by path.
     let runners = match open_dir_nofollow(&runners_dir(host_root)) {
         Ok(fd) => fd,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(EphemeralRemoval::AlreadyGone),
         Err(e) => return Err(failed(e)),
     };
-    let name = short_hex(attempt);
-    let kind = match rustix::fs::statat(runners.as_fd(), name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+    let kind = match rustix::fs::statat(runners.as_fd(), name, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(stat) if FileType::from_raw_mode(stat.st_mode) == FileType::Directory => {
             EntryKind::Directory
         }
@@ -104,7 +139,7 @@ pub fn remove_ephemeral_runtime(
         Err(e) => return Err(failed(e.into())),
     };
     let removed =
-        remove_entry_at_parallel(runners.as_fd(), &cstring(&name), kind, removal_threads())
+        remove_entry_at_parallel(runners.as_fd(), &cstring(name), kind, removal_threads())
             .map_err(failed)?;
     Ok(EphemeralRemoval::Removed {
         entries: removed.entries,

@@ -1,0 +1,366 @@
+//! The orphan sweep: what this agent's launcher and workspace left on the host for an attempt
+//! that no longer exists (deleted without its finalizer while its runner lived, lost while the
+//! agent was down) or that is already `Cleaned` (a late child recreating its runtime). Run after
+//! the first complete list of the node's attempts (so at every start) and then every
+//! `--orphan-sweep-seconds`.
+//!
+//! Only what is provably ours is touched: names derived from an attempt uuid (`rm-<12hex>`
+//! cgroups under the agent's own parent or `rm-<12hex>.service` units, `<hostRoot>/runners/<12hex>`
+//! runtimes) that no attempt of this node claims, and handoff files (`jit-*.tmp`) at the top of a
+//! persistent slot no attempt leases. A claim is any attempt of the node not yet `Cleaned`, and
+//! any attempt whose task is still running, so an attempt being launched is never an orphan.
+//! Slots themselves are never removed: a slot keeps its `_work` for the next attempt of its policy.
+//!
+//! A runner is stopped (its whole cgroup or unit, proven empty) before its runtime is removed.
+//! What fails is retried with the cleanup backoff and never blocks recovery. Everything removed
+//! is counted in `runner_manager_agent_orphans_removed_total{kind}` and said in one log line.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::time::Instant;
+
+use runner_manager_crds::attempt::RunnerAttempt;
+use runner_manager_crds::names::short_hex;
+
+use crate::handoff::is_handoff_name;
+use crate::providers::launcher::Stopped;
+use crate::workspace::ephemeral::{EphemeralRemoval, remove_runtime_named, runtime_names};
+use crate::workspace::slot_table::SlotKey;
+
+use super::Agent;
+
+/// What an orphan sweep removes, as counted and logged. Closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OrphanKind {
+    /// A runner process (its cgroup or unit held one) stopped.
+    Runner,
+    /// An empty attempt cgroup or a dead unit removed.
+    Cgroup,
+    /// An ephemeral runtime removed.
+    Runtime,
+    /// A handoff file removed from an unleased slot.
+    Handoff,
+}
+
+impl OrphanKind {
+    pub const ALL: [Self; 4] = [Self::Runner, Self::Cgroup, Self::Runtime, Self::Handoff];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Runner => "runner",
+            Self::Cgroup => "cgroup",
+            Self::Runtime => "runtime",
+            Self::Handoff => "handoff",
+        }
+    }
+}
+
+/// An attempt whose object went away while its task held things for it: released by the sweep
+/// once nothing of it runs any more (the account must not serve another runner before then).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Abandoned {
+    pub uid: String,
+    pub slot: Option<(SlotKey, String)>,
+}
+
+/// The sweep's memory between passes.
+#[derive(Debug, Default)]
+pub struct OrphanState {
+    /// By attempt name (12 hex).
+    abandoned: std::sync::Mutex<HashMap<String, Abandoned>>,
+}
+
+impl OrphanState {
+    /// Records an attempt whose object is gone, so its account, package lease and slot lease
+    /// are released once the sweep has proven its runner stopped.
+    pub fn abandon(&self, short: String, what: Abandoned) {
+        self.lock().insert(short, what);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Abandoned>> {
+        self.abandoned.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// What `a` holds on this host, to be released by the sweep should its object go away.
+pub fn held_by(a: &RunnerAttempt) -> Option<(String, Abandoned)> {
+    let uuid = a.spec.attempt_uuid()?;
+    let uid = a.metadata.uid.clone()?;
+    let slot = super::rebuild::journal_of(a)
+        .workspace()
+        .filter(|w| w.slot_number().is_some())
+        .and_then(|_| {
+            Some((
+                SlotKey {
+                    namespace: a.metadata.namespace.clone()?,
+                    policy_uid: a.spec.snapshot.policy_uid.clone(),
+                },
+                a.metadata.name.clone()?,
+            ))
+        });
+    Some((short_hex(uuid), Abandoned { uid, slot }))
+}
+
+/// An attempt's object went away under its task. Before, its runner, runtime, account and
+/// leases were simply forgotten; now the sweep stops and removes what is left and then releases
+/// what it held.
+pub fn gone(agent: &Agent, uid: &str, held: Option<(String, Abandoned)>) {
+    match held {
+        Some((short, what)) => agent.orphans.abandon(short, what),
+        None => agent.book().forget(uid),
+    }
+}
+
+/// The names among `found` that no attempt claims. Pure.
+pub fn unclaimed<'a>(found: &'a [String], claimed: &BTreeSet<String>) -> Vec<&'a str> {
+    found
+        .iter()
+        .filter(|n| !claimed.contains(n.as_str()))
+        .map(String::as_str)
+        .collect()
+}
+
+/// What one sweep did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    pub removed: Vec<(OrphanKind, String)>,
+    /// Names whose stop or removal failed this time (retried with backoff).
+    pub failed: Vec<String>,
+}
+
+fn backoff_key(short: &str) -> String {
+    format!("orphan/{short}")
+}
+
+/// One sweep. `claimed`: the attempt names (12 hex) of every attempt of the node not yet
+/// `Cleaned` and of every attempt whose task still runs.
+pub async fn sweep(agent: &Agent, claimed: &BTreeSet<String>) -> SweepReport {
+    let mut report = tokio::task::block_in_place(|| sweep_runners(agent, claimed));
+    {
+        // Under the allocation lock: a slot is recorded in the table under it before any
+        // handoff is made in it, so an unleased slot stays unleased while it is swept.
+        let _held = agent.allocation.lock().await;
+        tokio::task::block_in_place(|| sweep_slot_handoffs(agent, &mut report));
+    }
+    release_abandoned(agent, claimed, &report);
+    if !report.removed.is_empty() {
+        let count = |k: OrphanKind| report.removed.iter().filter(|(x, _)| *x == k).count();
+        let names: BTreeSet<&str> = report.removed.iter().map(|(_, n)| n.as_str()).collect();
+        tracing::warn!(
+            "orphans removed (no attempt of this node claims them): {} runner(s) stopped, {} cgroup(s) or unit(s), {} runtime(s), {} handoff file(s); attempt names {}",
+            count(OrphanKind::Runner),
+            count(OrphanKind::Cgroup),
+            count(OrphanKind::Runtime),
+            count(OrphanKind::Handoff),
+            names.into_iter().collect::<Vec<_>>().join(",")
+        );
+        for (kind, _) in &report.removed {
+            super::metrics::global().orphan_removed(*kind);
+        }
+    }
+    report
+}
+
+fn sweep_runners(agent: &Agent, claimed: &BTreeSet<String>) -> SweepReport {
+    let mut report = SweepReport::default();
+    let now = Instant::now();
+    let due = |short: &str| agent.cleanup_backoff().due(&backoff_key(short), now);
+    let failed = |report: &mut SweepReport, short: &str, what: String| {
+        let retry = agent.cleanup_backoff().failed(&backoff_key(short), now);
+        tracing::warn!(
+            "orphan {short} not removed: {what}; next try in {}s",
+            retry.as_secs()
+        );
+        report.failed.push(short.to_owned());
+    };
+    // Runners first: a runtime is removed only once nothing of its attempt runs.
+    let leftovers = match agent.launcher.leftovers() {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(
+                "orphan sweep: the launcher's cgroups or units could not be listed ({:?})",
+                e.kind()
+            );
+            return report;
+        }
+    };
+    for short in unclaimed(&leftovers, claimed) {
+        if !due(short) {
+            report.failed.push(short.to_owned());
+            continue;
+        }
+        match agent.launcher.stop_leftover(short) {
+            Ok(Stopped::Stopped) => report.removed.push((OrphanKind::Runner, short.to_owned())),
+            Ok(Stopped::AlreadyGone) => report.removed.push((OrphanKind::Cgroup, short.to_owned())),
+            Err(e) => failed(&mut report, short, e.to_string()),
+        }
+    }
+    let runtimes = match runtime_names(&agent.host_root) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(
+                "orphan sweep: the runtimes could not be listed ({:?})",
+                e.kind()
+            );
+            return report;
+        }
+    };
+    for short in unclaimed(&runtimes, claimed) {
+        if report.failed.iter().any(|f| f == short) || !due(short) {
+            continue;
+        }
+        match remove_runtime_named(&agent.host_root, short) {
+            Ok(EphemeralRemoval::Removed { .. }) => {
+                agent.cleanup_backoff().succeeded(&backoff_key(short));
+                report.removed.push((OrphanKind::Runtime, short.to_owned()));
+            }
+            Ok(EphemeralRemoval::AlreadyGone) => {}
+            Err(e) => failed(&mut report, short, e.to_string()),
+        }
+    }
+    report
+}
+
+/// Handoff files at the top of a slot no attempt leases: a launch that died between writing one
+/// and the helper taking it, for an attempt that is gone. A leased slot is its attempt's
+/// cleanup's to scrub.
+fn sweep_slot_handoffs(agent: &Agent, report: &mut SweepReport) {
+    let slots = agent.slots().clone();
+    for (namespace, policy_uid, n, dir) in slot_dirs(&agent.slots_root) {
+        let key = SlotKey {
+            namespace,
+            policy_uid,
+        };
+        if slots.leased(&key).contains(&n) {
+            continue;
+        }
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if !is_handoff_name(&e.file_name()) {
+                continue;
+            }
+            // Unlinked, never followed: a link named like a handoff goes as a link.
+            let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+            if !is_dir && std::fs::remove_file(e.path()).is_ok() {
+                report
+                    .removed
+                    .push((OrphanKind::Handoff, format!("{}/s{n}", key.policy_uid)));
+            }
+        }
+    }
+}
+
+/// `<slotsRoot>/<namespace>/<policy uid>/s<N>` directories (not following links).
+fn slot_dirs(root: &Path) -> Vec<(String, String, u32, std::path::PathBuf)> {
+    let dirs = |p: &Path| -> Vec<(String, std::path::PathBuf)> {
+        std::fs::read_dir(p)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
+            // `.seed` (package seeds) is no namespace.
+            .filter(|(n, _)| !n.starts_with('.'))
+            .collect()
+    };
+    let mut found = Vec::new();
+    for (ns, ns_dir) in dirs(root) {
+        for (policy, policy_dir) in dirs(&ns_dir) {
+            for (slot, path) in dirs(&policy_dir) {
+                if let Some(n) = slot
+                    .strip_prefix('s')
+                    .filter(|d| !d.starts_with('0'))
+                    .and_then(|d| d.parse::<u32>().ok())
+                {
+                    found.push((ns.clone(), policy.clone(), n, path));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Releases what abandoned attempts held once the sweep saw nothing of them running: no
+/// leftover cgroup or unit and no runtime left under their name.
+fn release_abandoned(agent: &Agent, claimed: &BTreeSet<String>, report: &SweepReport) {
+    let still: BTreeSet<String> = agent
+        .launcher
+        .leftovers()
+        .unwrap_or_default()
+        .into_iter()
+        .chain(runtime_names(&agent.host_root).unwrap_or_default())
+        .collect();
+    let mut abandoned = agent.orphans.lock();
+    abandoned.retain(|short, what| {
+        if claimed.contains(short) || still.contains(short) || report.failed.contains(short) {
+            return true;
+        }
+        agent.accounts().release(&what.uid);
+        agent.packages.release(&what.uid);
+        if let Some((key, name)) = &what.slot {
+            agent.slots().release(key, name);
+        }
+        agent.book().forget(&what.uid);
+        false
+    });
+    drop(abandoned);
+    agent.advert_changed.notify_one();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_names_no_attempt_claims_are_orphans() {
+        let found = vec![
+            "0123456789ab".to_owned(),
+            "abcdefabcdef".to_owned(),
+            "ffffffffffff".to_owned(),
+        ];
+        let claimed: BTreeSet<String> = ["abcdefabcdef".to_owned()].into();
+        assert_eq!(
+            unclaimed(&found, &claimed),
+            vec!["0123456789ab", "ffffffffffff"]
+        );
+        assert!(unclaimed(&found, &found.iter().cloned().collect()).is_empty());
+    }
+
+    #[test]
+    fn every_kind_has_a_distinct_lowercase_name() {
+        let names: BTreeSet<&str> = OrphanKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(names.len(), OrphanKind::ALL.len());
+        assert!(
+            names
+                .iter()
+                .all(|n| n.bytes().all(|b| b.is_ascii_lowercase()))
+        );
+    }
+
+    #[test]
+    fn slot_directories_are_found_by_their_derived_form_only() {
+        let root = tempfile::tempdir().unwrap();
+        for p in [
+            "ns/p/s1",
+            "ns/p/s2",
+            "ns/p/s01",
+            "ns/p/x",
+            "ns/q/s3",
+            ".seed/abc/s1",
+        ] {
+            std::fs::create_dir_all(root.path().join(p)).unwrap();
+        }
+        let mut found: Vec<(String, String, u32)> = slot_dirs(root.path())
+            .into_iter()
+            .map(|(a, b, n, _)| (a, b, n))
+            .collect();
+        found.sort();
+        assert_eq!(
+            found,
+            vec![
+                ("ns".into(), "p".into(), 1),
+                ("ns".into(), "p".into(), 2),
+                ("ns".into(), "q".into(), 3)
+            ]
+        );
+    }
+}
