@@ -336,6 +336,76 @@ async fn a_seed_is_made_once_on_the_runtime_volume_reused_and_remade_when_edited
     assert_eq!(m.check, CopyCheck::LayoutOnly);
 }
 
+/// A seed this process never recorded (one made before a restart) is rebuilt, not trusted
+/// (row 113); making it removes an interrupted staging and the seed of a version the cache no
+/// longer holds, and keeps the seed of an installed one (row 114).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_from_before_a_restart_is_rebuilt_and_abandoned_entries_are_dropped() {
+    let Some(xfs) = Xfs::mount() else { return };
+    let host = tempfile::tempdir().unwrap();
+    let archive = archive();
+    let sha = digest(&archive);
+    let packages = host.path().join("packages");
+    let package = PackageRef {
+        sha256: &sha,
+        url: "http://127.0.0.1:9/never",
+    };
+    let before = cache_with(&packages, &archive, &sha)
+        .with_seed_root(&xfs.mount)
+        .unwrap();
+    before
+        .materialize(
+            "a-1",
+            package,
+            &runtime_in(&xfs.mount, "aaaaaaaaaaaa"),
+            RuntimeKind::Ephemeral,
+        )
+        .await
+        .unwrap();
+    let seed = before.seed_path(&xfs.mount, &sha);
+    let inode = fs::metadata(&seed).unwrap().ino();
+    drop(before);
+
+    // What a crash or an old version left under `.seed`.
+    let seeds = xfs.mount.join(".seed");
+    let staging = seeds.join(".staging-0123456789abcdef");
+    fs::create_dir_all(staging.join("bin")).unwrap();
+    let abandoned = seeds.join("c".repeat(64));
+    fs::create_dir_all(abandoned.join("bin")).unwrap();
+    let installed_other = "d".repeat(64);
+    fs::create_dir_all(packages.join(&installed_other)).unwrap();
+    fs::create_dir_all(seeds.join(&installed_other)).unwrap();
+    let unrelated = seeds.join("README");
+    fs::write(&unrelated, b"not a seed").unwrap();
+
+    // The restarted process has recorded nothing: the seed is rebuilt, never reused.
+    let after = cache_with(&packages, &archive, &sha)
+        .with_seed_root(&xfs.mount)
+        .unwrap();
+    let runtime = runtime_in(&xfs.mount, "bbbbbbbbbbbb");
+    let m = after
+        .materialize("a-2", package, &runtime, RuntimeKind::Ephemeral)
+        .await
+        .unwrap();
+    assert_eq!((m.copy.reflinked, m.check), (40, CopyCheck::LayoutOnly));
+    assert_ne!(fs::metadata(&seed).unwrap().ino(), inode, "rebuilt");
+    assert!(!staging.exists(), "an interrupted staging is dropped");
+    assert!(
+        !abandoned.exists(),
+        "a seed of a version not in the cache is dropped"
+    );
+    assert!(
+        seeds.join(&installed_other).exists(),
+        "an installed version's seed stays"
+    );
+    assert!(unrelated.exists(), "only digest and staging names are ours");
+    let (_, contents) = installed(host.path());
+    contents
+        .verify_tree(&runtime, RetainedWork::Include, 2)
+        .unwrap()
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pruning_a_version_removes_its_seeds() {
     let Some(xfs) = Xfs::mount() else { return };

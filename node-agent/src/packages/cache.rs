@@ -591,7 +591,7 @@ impl PackageCache {
     /// the contents (the seed's proof). `None` when any step fails: the launch copies from the
     /// cache instead.
     async fn make_seed(&self, sha256: &str, root: &SeedRoot, ready: &Ready) -> Option<Origin> {
-        let (dir, sha) = (root.dir.clone(), sha256.to_owned());
+        let (dir, sha, cache) = (root.dir.clone(), sha256.to_owned(), self.root.clone());
         let (tree, contents, threads) = (
             ready.tree.path.clone(),
             Arc::clone(&ready.contents),
@@ -599,10 +599,14 @@ impl PackageCache {
         );
         let made = blocking(move || {
             let seed = dir.join(&sha);
-            // Whatever stands there is untrusted (a stale seed, an interrupted staging).
+            // Whatever stands there is untrusted (a stale seed, an interrupted staging), and a
+            // seed of a version the cache no longer holds is abandoned (its prune did not reach
+            // it, or it predates a restart): all go. Seeds of installed versions stay.
             for entry in std::fs::read_dir(&dir).into_iter().flatten() {
                 let name = entry?.file_name();
-                if name == sha.as_str() || name.to_string_lossy().starts_with(".staging-") {
+                let name_str = name.to_string_lossy();
+                let abandoned = valid_digest(&name_str) && !cache.join(&name).exists();
+                if name == sha.as_str() || name_str.starts_with(".staging-") || abandoned {
                     remove_tree(&dir.join(&name))?;
                 }
             }
