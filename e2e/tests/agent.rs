@@ -1522,3 +1522,133 @@ async fn a_rolled_back_launch_keeps_a_slot_s_work_and_removes_an_ephemeral_runti
         }
     }
 }
+
+/// A slot whose scrub cannot finish (an entry the filesystem refuses to delete) is quarantined
+/// across a restart, and recovery completes past it (row 92); a ceiling lowered to the
+/// quarantined slot refuses the next launch naming the slot range and deletes nothing, and raised
+/// again it hands out `s2` with its retained `_work` (row 77); once the entry can go, the slot
+/// is scrubbed and the attempt cleaned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceiling_decides_the_next_slot()
+ {
+    use runner_manager_crds::policy::WorkspaceMode;
+    let Some(w) = AgentWorld::start("a_partly_deleted_slot_stays_quarantined")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let mut agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let x = w
+        .pending_attempt_with(|s| s.workspace = WorkspaceMode::Persistent)
+        .await
+        .unwrap();
+    let s1 = runtime_of(&bring_to_idle(&w, &x).await);
+    let pin = Immutable::set(s1.join("pinned"));
+    stop_idle(&w, &x, "ScaleDown").await;
+    let quarantined = |s: &runner_manager_crds::attempt::RunnerAttemptStatus| {
+        s.journal.conditions.iter().any(|c| {
+            format!("{:?}", c.type_) == "Quarantined"
+                && c.status == runner_manager_crds::conditions::ConditionStatus::True
+        })
+    };
+    w.wait_for(&name(&x), "the slot quarantined", quarantined)
+        .await
+        .unwrap();
+
+    agent.terminate().unwrap();
+    assert!(wait_exit(&mut agent).await.success());
+    drop(agent);
+    let again = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let x_now = w.attempts().get(&name(&x)).await.unwrap();
+    let state = x_now.status.as_ref().unwrap().journal.state();
+    assert!(
+        state.is_concluded() && state != AttemptState::Cleaned,
+        "{state:?}"
+    );
+    assert!(quarantined(x_now.status.as_ref().unwrap()));
+    assert!(s1.join("pinned").exists());
+
+    // The ceiling lowered to the held slot: refused, naming the range; nothing deleted.
+    let s2 = s1.parent().unwrap().join("s2");
+    std::fs::create_dir_all(s2.join("_work")).unwrap();
+    std::fs::write(s2.join("_work").join("checkout"), b"from an earlier job").unwrap();
+    let y = w
+        .pending_attempt_with(|s| {
+            s.workspace = WorkspaceMode::Persistent;
+            s.max_slots = 1;
+        })
+        .await
+        .unwrap();
+    let refused = w
+        .wait_state(&name(&y), AttemptState::Cleaned)
+        .await
+        .unwrap();
+    assert_eq!(
+        outcome(&refused),
+        Some(Outcome::Rejected(RejectReason::NodeFull))
+    );
+    assert!(
+        again
+            .lines()
+            .iter()
+            .any(|l| l.contains(&name(&y)) && l.contains("s1 to s1")),
+        "{:?}",
+        again.lines()
+    );
+    assert!(s1.join("pinned").exists() && s2.join("_work").join("checkout").exists());
+
+    // Raised again: the next launch gets s2, its retained work intact.
+    let z = w
+        .pending_attempt_with(|s| {
+            s.workspace = WorkspaceMode::Persistent;
+            s.max_slots = 2;
+        })
+        .await
+        .unwrap();
+    let started = w
+        .wait_for(&name(&z), "Starting", |s| {
+            s.journal.state() >= AttemptState::Starting
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        started
+            .status
+            .as_ref()
+            .unwrap()
+            .journal
+            .workspace()
+            .unwrap()
+            .slot_number(),
+        Some(2)
+    );
+    assert_eq!(
+        std::fs::read(s2.join("_work").join("checkout")).unwrap(),
+        b"from an earlier job"
+    );
+    bring_to_idle(&w, &z).await;
+    stop_idle(&w, &z, "ScaleDown").await;
+    w.wait_state(&name(&z), AttemptState::Cleaned)
+        .await
+        .unwrap();
+
+    // Released: the scrub finishes and the attempt is cleaned.
+    drop(pin);
+    let done = w
+        .wait_state(&name(&x), AttemptState::Cleaned)
+        .await
+        .unwrap();
+    assert_eq!(
+        format!("{:?}", condition(&done, "Quarantined").unwrap().reason),
+        "Resolved"
+    );
+    let left: Vec<String> = std::fs::read_dir(&s1)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(left.iter().all(|e| e == "_work"), "{left:?}");
+}
