@@ -323,6 +323,261 @@ async fn the_standby_takes_the_scale_set_session_over_without_losing_or_duplicat
     .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
 }
 
+fn set_named<'a>(sets: &'a Value, name: &str) -> Option<&'a Value> {
+    sets["sets"].as_array()?.iter().find(|s| s["name"] == name)
+}
+
+async fn scale_set_policy(p: &Product, name: &str, extra: Value) {
+    let mut spec = json!({"github": {"url": "https://github.com/acme", "demand": "ScaleSet"},
+                          "minIdle": 0, "scaling": {"webhook": false}});
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            s.insert(k.clone(), v.clone());
+        }
+    }
+    p.policy(name, spec).await.unwrap();
+    wait_ready(p, name).await;
+}
+
+async fn scale_set_world(test: &str, options: ProductOptions) -> Option<Product> {
+    let p = Product::start(test, options).await.unwrap()?;
+    drop_every_webhook(&p).await;
+    p.fake
+        .admin("POST", "repos", json!({"owner": "acme", "names": ["web"]}))
+        .await
+        .unwrap();
+    Some(p)
+}
+
+/// Deleting a `ScaleSet` policy deletes its runner scale set on GitHub through the policy's
+/// finalizer: through a GitHub outage (the finalizer holds, the deletion backs off and tries
+/// again) and an operator crash in the middle of it (the restarted operator finds the finalizer
+/// and finishes). Afterwards GitHub lists no scale set of the policy, no session and no runner
+/// registration.
+#[tokio::test]
+async fn deleting_a_scale_set_policy_deletes_its_scale_set_through_an_outage_and_a_crash() {
+    let Some(mut p) = scale_set_world("scale_set_deleted", ProductOptions::default()).await else {
+        return;
+    };
+    scale_set_policy(&p, "sets", json!({})).await;
+    wait_sessions(&p, 1).await;
+    let job = queue(&p, "web", &["self-hosted", "linux"], 200).await;
+    p.wait_jobs_completed(&[job], Duration::from_secs(60))
+        .await
+        .unwrap();
+    let set = format!("{}-sets", p.team);
+    let sets = scale_sets(&p).await;
+    assert!(set_named(&sets, &set).is_some(), "{sets}");
+    let sp: ScalePolicy = p.policies().get("sets").await.unwrap();
+    assert!(
+        sp.metadata
+            .finalizers
+            .unwrap_or_default()
+            .iter()
+            .any(|f| f == "runner-manager.dev/scale-set"),
+        "the set exists without the policy's scale-set finalizer"
+    );
+    // GitHub's scale-set API is down.
+    p.fake
+        .admin(
+            "POST",
+            "faults",
+            json!({"endpoint": "scale_sets", "count": 100_000, "status": 503}),
+        )
+        .await
+        .unwrap();
+    p.policies()
+        .delete("sets", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    wait::until(STEP, "a deletion refused by GitHub", || async {
+        let c = p.fake.counters().await.ok()?;
+        (c["scale_sets"]["503"].as_u64().unwrap_or(0) >= 2).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    let held: ScalePolicy = p
+        .policies()
+        .get("sets")
+        .await
+        .expect("the policy went while its scale set could not be deleted");
+    assert!(held.metadata.deletion_timestamp.is_some());
+    assert!(set_named(&scale_sets(&p).await, &set).is_some());
+    // The operator dies mid-deletion; GitHub comes back; a new operator finishes.
+    p.kill_operator(0);
+    p.fake.admin("DELETE", "faults", Value::Null).await.unwrap();
+    p.restart_operator(0).await.unwrap();
+    wait::until(STEP, "the policy gone", || async {
+        p.policies()
+            .get_opt("sets")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    let sets = scale_sets(&p).await;
+    assert!(
+        set_named(&sets, &set).is_none(),
+        "the scale set leaked: {sets}"
+    );
+    assert!(
+        sets["sessions"].as_array().unwrap().is_empty(),
+        "a session leaked: {sets}"
+    );
+    assert!(
+        p.fake.runners().await.unwrap().is_empty(),
+        "a runner registration leaked"
+    );
+}
+
+/// A changed `spec.labels` reaches the existing scale set (updated in place, as
+/// actions-runner-controller's `UpdateRunnerScaleSet`): jobs with the new labels are acquired
+/// and run, a job with the old labels no longer is.
+#[tokio::test]
+async fn a_label_change_updates_the_scale_set_in_place() {
+    let Some(p) = scale_set_world("scale_set_labels", ProductOptions::default()).await else {
+        return;
+    };
+    scale_set_policy(&p, "sets", json!({})).await;
+    wait_sessions(&p, 1).await;
+    let set = format!("{}-sets", p.team);
+    let before = scale_sets(&p).await;
+    let id = set_named(&before, &set).unwrap()["id"].as_u64().unwrap();
+    p.policies()
+        .patch(
+            "sets",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"labels": ["self-hosted", "arm64"]}})),
+        )
+        .await
+        .unwrap();
+    wait::until(STEP, "the scale set's labels updated", || async {
+        let v = scale_sets(&p).await;
+        let s = set_named(&v, &set)?;
+        let labels: Vec<&str> = s["labels"]
+            .as_array()?
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        (labels.contains(&"arm64") && !labels.contains(&"linux")).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    let after = scale_sets(&p).await;
+    assert_eq!(
+        set_named(&after, &set).unwrap()["id"].as_u64(),
+        Some(id),
+        "the set was replaced, not updated: {after}"
+    );
+    assert_eq!(after["sets"].as_array().unwrap().len(), 1, "{after}");
+    wait_sessions(&p, 1).await;
+    // The old label first, then the new: by the time the new one ran, the listener has seen both.
+    let old = queue(&p, "web", &["self-hosted", "linux"], 200).await;
+    let new = queue(&p, "web", &["self-hosted", "arm64"], 200).await;
+    p.wait_jobs_completed(&[new], Duration::from_secs(60))
+        .await
+        .unwrap();
+    each_once_on_the_set(&p, &[new], &set).await;
+    let sets = scale_sets(&p).await;
+    assert!(
+        !sets["acquired_by"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a[0].as_u64() == Some(old)),
+        "a job with the old label was acquired: {sets}"
+    );
+    assert_eq!(p.job(old).await.unwrap()["status"], "queued");
+}
+
+/// A `JobStarted` lost on GitHub's side leaves no ledger entry for the whole job: the set's
+/// statistics say no job waits, and the entry goes while the job is still running (its
+/// `JobCompleted` would have removed it only at the end).
+#[tokio::test]
+async fn a_lost_job_started_leaves_no_stale_ledger_entry() {
+    let Some(p) = scale_set_world("scale_set_lost_started", ProductOptions::default()).await else {
+        return;
+    };
+    p.fake
+        .admin("PUT", "scale-sets/settings", json!({"drop_job_started": 1}))
+        .await
+        .unwrap();
+    scale_set_policy(&p, "sets", json!({})).await;
+    wait_sessions(&p, 1).await;
+    let job = queue(&p, "web", &["self-hosted", "linux"], 90_000).await;
+    wait::until(STEP, "the job running", || async {
+        (p.job(job).await.ok()?["status"] == "in_progress").then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    let started = Instant::now();
+    wait::until(Duration::from_secs(75), "the ledger empty", || async {
+        let sp: ScalePolicy = p.policies().get("sets").await.ok()?;
+        sp.status?.pending_jobs.is_empty().then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    println!(
+        "stale entry removed {:?} after the job started",
+        started.elapsed()
+    );
+    assert_eq!(
+        p.job(job).await.unwrap()["status"],
+        "in_progress",
+        "the entry went only with JobCompleted"
+    );
+}
+
+/// The listener acquires no more jobs than the policy can serve (`maxRunners` 1, three jobs at
+/// once): the others stay available on GitHub and are acquired one by one as room frees, and
+/// every job runs.
+#[tokio::test]
+async fn a_scale_set_policy_acquires_no_more_than_it_can_serve() {
+    let Some(p) = scale_set_world("scale_set_backpressure", ProductOptions::default()).await else {
+        return;
+    };
+    scale_set_policy(&p, "sets", json!({"maxRunners": 1})).await;
+    wait_sessions(&p, 1).await;
+    let mut jobs = Vec::new();
+    for _ in 0..3 {
+        jobs.push(queue(&p, "web", &["self-hosted", "linux"], 1500).await);
+    }
+    let most = std::sync::atomic::AtomicUsize::new(0);
+    wait::until(Duration::from_secs(120), "every job completed", || {
+        let (p, jobs, most) = (&p, &jobs, &most);
+        async move {
+            let acquired: BTreeSet<u64> = scale_sets(p).await["acquired_by"]
+                .as_array()?
+                .iter()
+                .filter_map(|a| a[0].as_u64())
+                .collect();
+            let mut open = 0;
+            let mut done = 0;
+            for id in jobs {
+                let status = p.job(*id).await.ok()?["status"].clone();
+                if status == "completed" {
+                    done += 1;
+                } else if acquired.contains(id) {
+                    open += 1;
+                }
+            }
+            most.fetch_max(open, std::sync::atomic::Ordering::Relaxed);
+            assert!(
+                open <= 1,
+                "{open} jobs acquired and not completed with maxRunners 1"
+            );
+            (done == jobs.len()).then_some(())
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    assert_eq!(most.into_inner(), 1);
+    let set = format!("{}-sets", p.team);
+    each_once_on_the_set(&p, &jobs, &set).await;
+}
+
 /// Queued → started for each job (the fake's job leaves `queued`), polled every 50 ms.
 async fn started_after(p: &Product, jobs: &[u64], queued_at: Instant) -> Vec<Duration> {
     let mut started: BTreeMap<u64, Duration> = BTreeMap::new();

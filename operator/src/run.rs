@@ -234,12 +234,12 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
                 elector.acquire().await;
                 metrics.set_leader(true);
                 tokio::select! {
-                    () = controller::run(ctx, wake) => Ok(()),
+                    () = leader_loops(ctx, wake) => Ok(()),
                     lost = elector.hold() => Err(lost),
                 }
             } else {
                 metrics.set_leader(true);
-                controller::run(ctx, wake).await;
+                leader_loops(ctx, wake).await;
                 Ok(())
             }
         };
@@ -399,5 +399,14 @@ async fn shutdown_signal() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+/// What only the leader runs: the reconcile passes, and beside them the deletion of scale sets
+/// whose policies are gone or left the mode (`scaleset_listener::lifecycle`). Both stop together.
+async fn leader_loops(ctx: Arc<Ctx>, wake: Arc<tokio::sync::Notify>) {
+    tokio::select! {
+        () = controller::run(ctx.clone(), wake) => {}
+        () = controller::scaleset_listener::lifecycle::run(ctx) => {}
     }
 }

@@ -117,7 +117,10 @@ impl Endpoint {
             | "/_actions/_apis/runtime/runnerscalesets/{id}/sessions/{session}" => {
                 Self::ScaleSetSessions
             }
-            "/_actions/_apis/runtime/runnerscalesets/{id}/acquirejobs" => Self::ScaleSetAcquire,
+            "/_actions/_apis/runtime/runnerscalesets/{id}/acquirejobs"
+            | "/_actions/_apis/runtime/runnerscalesets/{id}/acquirablejobs" => {
+                Self::ScaleSetAcquire
+            }
             "/_actions/_apis/runtime/runnerscalesets/{id}/generatejitconfig" => Self::ScaleSetJit,
             "/_actions/message-queues/{session}"
             | "/_actions/message-queues/{session}/{message}" => Self::ScaleSetMessages,

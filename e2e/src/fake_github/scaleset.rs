@@ -9,7 +9,8 @@
 //!   URL>, "token": <admin token>}`. The fake's Actions service lives under `<base>/_actions/`.
 //! - Under the Actions service URL, with `Authorization: Bearer <admin token>` and
 //!   `api-version=6.0-preview`: `GET|POST _apis/runtime/runnerscalesets` (by `runnerGroupId`
-//!   and `name`), `GET|DELETE …/{id}`, `POST …/{id}/sessions` (`{"ownerName"}` → session with
+//!   and `name`), `GET|PATCH|DELETE …/{id}` (a deleted set takes its sessions and its runners'
+//!   registrations with it), `GET …/{id}/acquirablejobs`, `POST …/{id}/sessions` (`{"ownerName"}` → session with
 //!   `sessionId`, `messageQueueUrl`, `messageQueueAccessToken`, `statistics`), `PATCH|DELETE
 //!   …/{id}/sessions/{sessionId}`, `POST …/{id}/generatejitconfig` (`{"name", "workFolder"}` →
 //!   `{"runner", "encodedJITConfig"}`).
@@ -25,7 +26,8 @@
 //! Failure modes, each settable through the admin API (`/_admin/scale-sets/settings`) or the
 //! fault queue (endpoints `scale_set_*`): a second session while one is live → 409
 //! `TaskAgentSessionConflictException`; an admin or message-queue token past its lifetime → 401;
-//! any 5xx; a long poll that ends with 202 after `long_poll_ms`.
+//! any 5xx; a long poll that ends with 202 after `long_poll_ms`; `drop_job_started` `JobStarted`
+//! events lost (never put in a message, as a message lost on GitHub's side).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -57,6 +59,8 @@ pub struct Settings {
     pub long_poll_ms: u64,
     /// A session with no poll for this long is gone (its scale set takes a new one).
     pub session_idle_secs: i64,
+    /// The next this many `JobStarted` events are lost: marked told, never sent.
+    pub drop_job_started: u32,
 }
 
 impl Default for Settings {
@@ -66,6 +70,7 @@ impl Default for Settings {
             queue_token_secs: 3600,
             long_poll_ms: 50_000,
             session_idle_secs: 120,
+            drop_job_started: 0,
         }
     }
 }
@@ -193,6 +198,7 @@ fn gather(fake: &FakeGithub, set_id: u64, mark: bool) -> (Value, Vec<Value>) {
     };
     let mut events = Vec::new();
     let mut told = set.told.clone();
+    let mut drop_started = world.scale_sets.settings.drop_job_started;
     let (mut available, mut acquired, mut running) = (0, 0, 0);
     for j in world.jobs.values() {
         let ours_by_runner = j
@@ -220,7 +226,12 @@ fn gather(fake: &FakeGithub, set_id: u64, mark: bool) -> (Value, Vec<Value>) {
         }
         let mut say = |kind: u8, v: Value| {
             if told.insert((kind, j.id)) {
-                events.push(v);
+                if kind == 2 && mark && drop_started > 0 {
+                    // A `JobStarted` lost on the way: told, never sent.
+                    drop_started -= 1;
+                } else {
+                    events.push(v);
+                }
             }
         };
         if j.status == JobStatus::Queued
@@ -278,6 +289,7 @@ fn gather(fake: &FakeGithub, set_id: u64, mark: bool) -> (Value, Vec<Value>) {
     });
     if mark && let Some(s) = world.scale_sets.sets.get_mut(&set_id) {
         s.told = told;
+        world.scale_sets.settings.drop_job_started = drop_started;
     }
     (stats, events)
 }
@@ -444,9 +456,135 @@ pub async fn delete_set(
         return unauthorized();
     }
     let mut world = fake.world();
-    world.scale_sets.sets.remove(&id);
+    let Some(set) = world.scale_sets.sets.remove(&id) else {
+        return actions_error(
+            StatusCode::NOT_FOUND,
+            "RunnerScaleSetNotFoundException",
+            "No runner scale set with this id.",
+        );
+    };
     world.scale_sets.sessions.retain(|_, s| s.set != id);
+    // The set's runners are unregistered with it.
+    world.runners.retain(|rid, _| !set.runners.contains(rid));
+    drop(world);
+    fake.bump_public();
     StatusCode::NO_CONTENT.into_response()
+}
+
+/// `GET _apis/runtime/runnerscalesets/{id}`: the set with its statistics.
+pub async fn get_set(
+    State(fake): State<Arc<FakeGithub>>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+) -> Response {
+    let scope = match fake.admin_scope(&headers) {
+        Ok(s) => s,
+        Err(()) => return unauthorized(),
+    };
+    let Some(set) = fake
+        .world()
+        .scale_sets
+        .sets
+        .get(&id)
+        .filter(|s| s.scope == scope)
+        .cloned()
+    else {
+        return actions_error(
+            StatusCode::NOT_FOUND,
+            "RunnerScaleSetNotFoundException",
+            "No runner scale set with this id.",
+        );
+    };
+    Json(set_json(&fake.base_url, &set, gather(&fake, id, false).0)).into_response()
+}
+
+/// `PATCH _apis/runtime/runnerscalesets/{id}` (`UpdateRunnerScaleSet`): new name, runner group
+/// or labels; the set keeps its id, runners and queue.
+pub async fn update_set(
+    State(fake): State<Arc<FakeGithub>>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+    Json(b): Json<Value>,
+) -> Response {
+    let scope = match fake.admin_scope(&headers) {
+        Ok(s) => s,
+        Err(()) => return unauthorized(),
+    };
+    let set = {
+        let mut world = fake.world();
+        let Some(set) = world
+            .scale_sets
+            .sets
+            .get_mut(&id)
+            .filter(|s| s.scope == scope)
+        else {
+            return actions_error(
+                StatusCode::NOT_FOUND,
+                "RunnerScaleSetNotFoundException",
+                "No runner scale set with this id.",
+            );
+        };
+        if let Some(n) = b["name"].as_str().filter(|n| !n.is_empty()) {
+            set.name = n.to_owned();
+        }
+        if let Some(g) = b["runnerGroupId"].as_u64() {
+            set.group_id = g;
+        }
+        if let Some(ls) = b["labels"].as_array() {
+            let labels: Vec<String> = ls
+                .iter()
+                .filter_map(|l| l["name"].as_str().map(str::to_owned))
+                .collect();
+            if !labels.is_empty() {
+                set.labels = labels;
+            }
+        }
+        set.clone()
+    };
+    fake.bump_public();
+    Json(set_json(&fake.base_url, &set, gather(&fake, id, false).0)).into_response()
+}
+
+/// `GET _apis/runtime/runnerscalesets/{id}/acquirablejobs` (admin token): the jobs the set
+/// takes that no set acquired yet; 204 when none.
+pub async fn acquirable_jobs(
+    State(fake): State<Arc<FakeGithub>>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+) -> Response {
+    if fake.admin_scope(&headers).is_err() {
+        return unauthorized();
+    }
+    let world = fake.world();
+    let Some(set) = world.scale_sets.sets.get(&id) else {
+        return actions_error(
+            StatusCode::NOT_FOUND,
+            "RunnerScaleSetNotFoundException",
+            "No runner scale set with this id.",
+        );
+    };
+    let value: Vec<Value> = world
+        .jobs
+        .values()
+        .filter(|j| {
+            j.status == JobStatus::Queued
+                && takes(set, &j.owner, &j.repo, &j.labels)
+                && !world.scale_sets.acquired_by.contains_key(&j.id)
+        })
+        .map(|j| {
+            json!({
+                "acquireJobUrl": format!("{}/_actions/_apis/runtime/runnerscalesets/{id}/acquirejobs", fake.base_url),
+                "messageType": "JobAvailable", "runnerRequestId": j.id,
+                "repositoryName": j.repo, "ownerName": j.owner,
+                "jobWorkflowRef": format!("{}/{}/.github/workflows/fake.yml@refs/heads/main", j.owner, j.repo),
+                "eventName": "push", "requestLabels": j.labels,
+            })
+        })
+        .collect();
+    if value.is_empty() {
+        return StatusCode::NO_CONTENT.into_response();
+    }
+    Json(json!({"count": value.len(), "value": value})).into_response()
 }
 
 fn session_json(fake: &FakeGithub, id: &str, s: &Session, token: &str) -> Value {
@@ -730,7 +868,14 @@ pub fn routes() -> axum::Router<Arc<FakeGithub>> {
     axum::Router::new()
         .route("/actions/runner-registration", post(runner_registration))
         .route(base, get(list_sets).post(create_set))
-        .route(&format!("{base}/{{id}}"), delete(delete_set))
+        .route(
+            &format!("{base}/{{id}}"),
+            get(get_set).patch(update_set).delete(delete_set),
+        )
+        .route(
+            &format!("{base}/{{id}}/acquirablejobs"),
+            get(acquirable_jobs),
+        )
         .route(&format!("{base}/{{id}}/sessions"), post(create_session))
         .route(
             &format!("{base}/{{id}}/sessions/{{session}}"),

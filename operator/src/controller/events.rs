@@ -24,6 +24,8 @@ pub enum Reason {
     OrphanRegistrationDeleted,
     Drained,
     TargetConflict,
+    ScaleSetDeleted,
+    ScaleSetDeleteFailed,
 }
 
 impl Reason {
@@ -43,6 +45,8 @@ impl Reason {
             Self::OrphanRegistrationDeleted => "OrphanRegistrationDeleted",
             Self::Drained => "Drained",
             Self::TargetConflict => "TargetConflict",
+            Self::ScaleSetDeleted => "ScaleSetDeleted",
+            Self::ScaleSetDeleteFailed => "ScaleSetDeleteFailed",
         }
     }
 
@@ -56,6 +60,7 @@ impl Reason {
                 | Self::NodeLost
                 | Self::Abandoned
                 | Self::TargetConflict
+                | Self::ScaleSetDeleteFailed
         )
     }
 }

@@ -130,26 +130,79 @@ impl Clients {
         group: i64,
         labels: &[String],
     ) -> Result<(Arc<ScaleSetClient>, i64), ScaleSetError> {
-        let key = (Arc::as_ptr(gh) as usize, name.to_owned());
-        let (client, cell) = {
-            let mut sets = lock(&self.scale_sets);
-            // A client made for an older REST client (a rotated Secret) goes with it.
-            sets.retain(|(_, n), (c, _)| n != name || Arc::ptr_eq(c.rest(), gh));
-            sets.entry(key)
-                .or_insert_with(|| {
-                    let mut c = ScaleSetClient::new(gh.clone());
-                    if let Some(hosts) = &self.github_hosts {
-                        c = c.with_hosts(hosts.clone(), self.config.http_hosts.clone());
-                    }
-                    (Arc::new(c), SetId::default())
-                })
-                .clone()
-        };
+        let (client, cell) = self.scale_set_entry(gh, name);
         let mut id = cell.lock().await;
-        if let Some(id) = *id {
+        if let Some(id) = *id
+            && !client.is_missing(id)
+        {
             return Ok((client, id));
         }
         let set = client.ensure_scale_set(name, group, labels).await?;
+        client.found(set.id);
+        *id = Some(set.id);
+        Ok((client, set.id))
+    }
+
+    fn scale_set_entry(&self, gh: &Arc<GitHubClient>, name: &str) -> (Arc<ScaleSetClient>, SetId) {
+        let key = (Arc::as_ptr(gh) as usize, name.to_owned());
+        let mut sets = lock(&self.scale_sets);
+        // A client made for an older REST client (a rotated Secret) goes with it.
+        sets.retain(|(_, n), (c, _)| n != name || Arc::ptr_eq(c.rest(), gh));
+        sets.entry(key)
+            .or_insert_with(|| {
+                let mut c = ScaleSetClient::new(gh.clone());
+                if let Some(hosts) = &self.github_hosts {
+                    c = c.with_hosts(hosts.clone(), self.config.http_hosts.clone());
+                }
+                (Arc::new(c), SetId::default())
+            })
+            .clone()
+    }
+
+    /// The scale-set client of `gh` for set `name`, without finding or creating the set (its
+    /// deletion).
+    pub fn scale_set_client(&self, gh: &Arc<GitHubClient>, name: &str) -> Arc<ScaleSetClient> {
+        self.scale_set_entry(gh, name).0
+    }
+
+    /// The listener's start: the policy's scale set made to match the policy. The set recorded
+    /// on the policy (`known`) is read by id, else found by group and name or created; a set
+    /// whose labels or runner group differ from the policy's is updated in place (`PATCH`, as
+    /// actions-runner-controller does), keeping its id, runners and queue. Returns the set's id.
+    pub async fn reconcile_scale_set(
+        &self,
+        gh: &Arc<GitHubClient>,
+        name: &str,
+        group: i64,
+        labels: &[String],
+        known: Option<i64>,
+    ) -> Result<(Arc<ScaleSetClient>, i64), ScaleSetError> {
+        let (client, cell) = self.scale_set_entry(gh, name);
+        let mut id = cell.lock().await;
+        let mut set = match known.or(*id) {
+            Some(k) => client.get_scale_set(k).await?,
+            None => None,
+        };
+        if set.is_none() {
+            set = Some(client.ensure_scale_set(name, group, labels).await?);
+        }
+        let Some(mut set) = set else {
+            return Err(ScaleSetError::Malformed);
+        };
+        // A set found by name carries its labels only when GitHub lists them; read it whole.
+        if set.labels.is_empty()
+            && let Some(full) = client.get_scale_set(set.id).await?
+        {
+            set = full;
+        }
+        if !set.matches(group, labels) {
+            tracing::info!(
+                scale_set = set.id,
+                "the policy's labels or runner group changed: updating its scale set"
+            );
+            set = client.update_scale_set(set.id, name, group, labels).await?;
+        }
+        client.found(set.id);
         *id = Some(set.id);
         Ok((client, set.id))
     }

@@ -89,6 +89,45 @@ pub struct ScaleSet {
     pub name: String,
     #[serde(default)]
     pub runner_group_id: i64,
+    #[serde(default)]
+    pub labels: Vec<SetLabel>,
+    /// Present on reads of the set (`GET …/{id}`).
+    #[serde(default)]
+    pub statistics: Option<Statistics>,
+}
+
+/// A label of a scale set (`{"type": "System", "name": …}`).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct SetLabel {
+    pub name: String,
+}
+
+impl ScaleSet {
+    /// Whether the set already has exactly these labels (case-insensitive, in any order) and
+    /// this runner group: nothing to update. Pure.
+    pub fn matches(&self, runner_group_id: i64, labels: &[String]) -> bool {
+        let have: std::collections::BTreeSet<String> = self
+            .labels
+            .iter()
+            .map(|l| l.name.to_ascii_lowercase())
+            .collect();
+        let want: std::collections::BTreeSet<String> =
+            labels.iter().map(|l| l.to_ascii_lowercase()).collect();
+        self.runner_group_id == runner_group_id && have == want
+    }
+}
+
+/// The body that creates or updates a scale set (`RunnerScaleSet` in actions-runner-controller's
+/// client): its name, runner group and labels, ephemeral elastic runners that do not update.
+fn set_body(name: &str, runner_group_id: i64, labels: &[String]) -> Value {
+    let labels: Vec<Value> = labels
+        .iter()
+        .map(|l| json!({"type": "System", "name": l}))
+        .collect();
+    json!({
+        "name": name, "runnerGroupId": runner_group_id, "labels": labels,
+        "RunnerSetting": {"ephemeral": true, "isElastic": true, "disableUpdate": true},
+    })
 }
 
 /// A message session.
@@ -190,12 +229,63 @@ pub struct ScaleSetClient {
     /// `--github-hosts` and `--allow-http-hosts`: where the Actions service and message queue
     /// GitHub names may be (no check when `None`, as in the protocol tests).
     hosts: Option<(HostList, HostList)>,
+    /// Scale sets GitHub answered 404 for (deleted, e.g. by a policy's deletion or a mode
+    /// switch in another replica): the next lookup finds or creates the set again rather than
+    /// minting against a dead id.
+    missing: std::sync::Mutex<std::collections::HashSet<i64>>,
 }
 
 impl std::fmt::Debug for ScaleSetClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ScaleSetClient").finish_non_exhaustive()
     }
+}
+
+/// The span of one scale-set call: the same name and fields as the REST client's
+/// `github.request` (never the URL: it carries session and scale-set ids).
+fn request_span(name: &'static str, method: &Method) -> tracing::Span {
+    tracing::info_span!(
+        "github.request",
+        otel.kind = "client",
+        http.request.method = method.as_str(),
+        github.endpoint = name,
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    )
+}
+
+fn record(span: &tracing::Span, status: Result<u16, &ScaleSetError>) {
+    match status {
+        Ok(s) => {
+            span.record("http.response.status_code", s);
+            if s >= 400 {
+                span.record("otel.status_code", "ERROR");
+            }
+        }
+        Err(_) => {
+            span.record("otel.status_code", "ERROR");
+        }
+    }
+}
+
+/// Send a message-queue call (its token, not the admin token) in its span.
+async fn spanned(
+    name: &'static str,
+    method: Method,
+    rb: reqwest::RequestBuilder,
+) -> Result<(u16, bytes::Bytes), ScaleSetError> {
+    use tracing::Instrument;
+    let span = request_span(name, &method);
+    let result = async {
+        let resp = rb.send().await.map_err(|_| ScaleSetError::Transport)?;
+        let status = resp.status().as_u16();
+        let body = resp.bytes().await.map_err(|_| ScaleSetError::Transport)?;
+        Ok((status, body))
+    }
+    .instrument(span.clone())
+    .await;
+    record(&span, result.as_ref().map(|(s, _)| *s));
+    result
 }
 
 fn type_key(body: &[u8]) -> String {
@@ -212,6 +302,7 @@ impl ScaleSetClient {
             admin: tokio::sync::Mutex::new(None),
             calls: std::sync::Mutex::default(),
             hosts: None,
+            missing: std::sync::Mutex::default(),
         }
     }
 
@@ -249,6 +340,29 @@ impl ScaleSetClient {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+
+    /// Whether GitHub said scale set `id` does not exist (since [`Self::found`]).
+    pub fn is_missing(&self, id: i64) -> bool {
+        self.missing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(&id)
+    }
+
+    fn gone(&self, id: i64) {
+        self.missing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id);
+    }
+
+    /// Scale set `id` exists (found or created).
+    pub fn found(&self, id: i64) {
+        self.missing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&id);
     }
 
     fn count(&self, name: &'static str) {
@@ -310,8 +424,27 @@ impl ScaleSetClient {
         Ok((url, w.token))
     }
 
-    /// One Actions-service call with the admin token; a 401 exchanges the token once.
+    /// One Actions-service call with the admin token; a 401 exchanges the token once. In its
+    /// span `github.request`, as the REST client's calls are.
     async fn service(
+        &self,
+        name: &'static str,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Value>,
+    ) -> Result<(u16, bytes::Bytes), ScaleSetError> {
+        use tracing::Instrument;
+        let span = request_span(name, &method);
+        let result = self
+            .service_unspanned(name, method, path, query, body)
+            .instrument(span.clone())
+            .await;
+        record(&span, result.as_ref().map(|(s, _)| *s));
+        result
+    }
+
+    async fn service_unspanned(
         &self,
         name: &'static str,
         method: Method,
@@ -386,26 +519,141 @@ impl ScaleSetClient {
         if let Some(found) = list.value.into_iter().next() {
             return Ok(found);
         }
-        let labels: Vec<Value> = labels
-            .iter()
-            .map(|l| json!({"type": "System", "name": l}))
-            .collect();
         let (status, body) = self
             .service(
                 "create_scale_set",
                 Method::POST,
                 path,
                 &[],
-                Some(json!({
-                    "name": name, "runnerGroupId": runner_group_id, "labels": labels,
-                    "RunnerSetting": {"ephemeral": true, "isElastic": true, "disableUpdate": true},
-                })),
+                Some(set_body(name, runner_group_id, labels)),
             )
             .await?;
         if status != 200 {
             return Err(Self::refused(status, &body));
         }
         serde_json::from_slice(&body).map_err(|_| ScaleSetError::Malformed)
+    }
+
+    /// The scale sets of that name (in that runner group when given; the deletion of a policy
+    /// whose set id was never recorded may not know its group).
+    pub async fn find_scale_sets(
+        &self,
+        name: &str,
+        runner_group_id: Option<i64>,
+    ) -> Result<Vec<ScaleSet>, ScaleSetError> {
+        let mut query = vec![("name", name.to_owned())];
+        if let Some(g) = runner_group_id {
+            query.push(("runnerGroupId", g.to_string()));
+        }
+        let (status, body) = self
+            .service(
+                "get_scale_set",
+                Method::GET,
+                "_apis/runtime/runnerscalesets",
+                &query,
+                None,
+            )
+            .await?;
+        if status != 200 {
+            return Err(Self::refused(status, &body));
+        }
+        #[derive(Deserialize)]
+        struct List {
+            value: Vec<ScaleSet>,
+        }
+        let list: List = serde_json::from_slice(&body).map_err(|_| ScaleSetError::Malformed)?;
+        Ok(list.value.into_iter().filter(|s| s.name == name).collect())
+    }
+
+    /// The scale set with this id, with its labels and statistics (`None`: GitHub has no such
+    /// set, it was deleted).
+    pub async fn get_scale_set(&self, id: i64) -> Result<Option<ScaleSet>, ScaleSetError> {
+        let (status, body) = self
+            .service(
+                "get_scale_set",
+                Method::GET,
+                &format!("_apis/runtime/runnerscalesets/{id}"),
+                &[],
+                None,
+            )
+            .await?;
+        match status {
+            200 => serde_json::from_slice(&body)
+                .map(Some)
+                .map_err(|_| ScaleSetError::Malformed),
+            404 => Ok(None),
+            s => Err(Self::refused(s, &body)),
+        }
+    }
+
+    /// Give the set new labels and runner group (`PATCH …/{id}`, as actions-runner-controller's
+    /// `UpdateRunnerScaleSet`): the set keeps its id, its runners and its message queue.
+    pub async fn update_scale_set(
+        &self,
+        id: i64,
+        name: &str,
+        runner_group_id: i64,
+        labels: &[String],
+    ) -> Result<ScaleSet, ScaleSetError> {
+        let (status, body) = self
+            .service(
+                "update_scale_set",
+                Method::PATCH,
+                &format!("_apis/runtime/runnerscalesets/{id}"),
+                &[],
+                Some(set_body(name, runner_group_id, labels)),
+            )
+            .await?;
+        if status != 200 {
+            return Err(Self::refused(status, &body));
+        }
+        serde_json::from_slice(&body).map_err(|_| ScaleSetError::Malformed)
+    }
+
+    /// Delete the scale set (its sessions and runner registrations go with it). A set GitHub
+    /// no longer has is deleted already.
+    pub async fn delete_scale_set(&self, id: i64) -> Result<(), ScaleSetError> {
+        let (status, body) = self
+            .service(
+                "delete_scale_set",
+                Method::DELETE,
+                &format!("_apis/runtime/runnerscalesets/{id}"),
+                &[],
+                None,
+            )
+            .await?;
+        if status != 204 && status != 200 && status != 404 {
+            return Err(Self::refused(status, &body));
+        }
+        Ok(())
+    }
+
+    /// The jobs still available to the set (`GET …/{id}/acquirablejobs`; 204: none): what a
+    /// listener that deferred jobs acquires once it has room.
+    pub async fn acquirable_jobs(&self, id: i64) -> Result<Vec<JobMessage>, ScaleSetError> {
+        let (status, body) = self
+            .service(
+                "acquirable_jobs",
+                Method::GET,
+                &format!("_apis/runtime/runnerscalesets/{id}/acquirablejobs"),
+                &[],
+                None,
+            )
+            .await?;
+        match status {
+            204 => Ok(vec![]),
+            200 => {
+                #[derive(Deserialize)]
+                struct List {
+                    #[serde(default)]
+                    value: Vec<JobMessage>,
+                }
+                Ok(serde_json::from_slice::<List>(&body)
+                    .map_err(|_| ScaleSetError::Malformed)?
+                    .value)
+            }
+            s => Err(Self::refused(s, &body)),
+        }
     }
 
     fn session_of(&self, body: &[u8]) -> Result<Session, ScaleSetError> {
@@ -509,9 +757,7 @@ impl ScaleSetClient {
         if last_message_id > 0 {
             rb = rb.query(&[("lastMessageId", last_message_id)]);
         }
-        let resp = rb.send().await.map_err(|_| ScaleSetError::Transport)?;
-        let status = resp.status().as_u16();
-        let body = resp.bytes().await.map_err(|_| ScaleSetError::Transport)?;
+        let (status, body) = spanned("get_message", Method::GET, rb).await?;
         match status {
             202 => Ok(None),
             200 => {
@@ -540,19 +786,15 @@ impl ScaleSetClient {
         message_id: i64,
     ) -> Result<(), ScaleSetError> {
         self.count("delete_message");
-        let resp = self
+        let rb = self
             .gh
             .http()
             .delete(format!(
                 "{}/{message_id}",
                 session.queue_url.trim_end_matches('/')
             ))
-            .bearer_auth(session.queue_token.expose_secret())
-            .send()
-            .await
-            .map_err(|_| ScaleSetError::Transport)?;
-        let status = resp.status().as_u16();
-        let body = resp.bytes().await.map_err(|_| ScaleSetError::Transport)?;
+            .bearer_auth(session.queue_token.expose_secret());
+        let (status, body) = spanned("delete_message", Method::DELETE, rb).await?;
         if status != 204 {
             return Err(Self::refused(status, &body));
         }
@@ -568,7 +810,7 @@ impl ScaleSetClient {
     ) -> Result<Vec<i64>, ScaleSetError> {
         let (url, _) = self.admin(false).await?;
         self.count("acquire_jobs");
-        let resp = self
+        let rb = self
             .gh
             .http()
             .post(format!(
@@ -576,12 +818,8 @@ impl ScaleSetClient {
             ))
             .query(&[("api-version", API_VERSION)])
             .bearer_auth(session.queue_token.expose_secret())
-            .json(ids)
-            .send()
-            .await
-            .map_err(|_| ScaleSetError::Transport)?;
-        let status = resp.status().as_u16();
-        let body = resp.bytes().await.map_err(|_| ScaleSetError::Transport)?;
+            .json(ids);
+        let (status, body) = spanned("acquire_jobs", Method::POST, rb).await?;
         if status != 200 {
             return Err(Self::refused(status, &body));
         }
@@ -610,6 +848,9 @@ impl ScaleSetClient {
                 Some(json!({"name": name, "workFolder": work_folder})),
             )
             .await?;
+        if status == 404 {
+            self.gone(scale_set);
+        }
         if status != 200 {
             return Err(Self::refused(status, &body));
         }
