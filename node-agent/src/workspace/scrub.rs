@@ -138,12 +138,9 @@ pub(crate) fn remove_listed(
 /// Check 7, two independent passes: a fresh listing counting everything but a real `_work`, and
 /// a direct `lstat` of every sensitive name (which does not trust the listing).
 fn verify(slot: BorrowedFd<'_>, slot_path: &Path) -> Result<(), Quarantine> {
-    let listed = list_entries(slot)
-        .map_err(|e| enumeration(slot_path, e.kind()))?
-        .iter()
-        .filter(|e| !is_kept(e))
-        .count();
-    let named: Vec<&'static str> = SENSITIVE_SLOT_ENTRIES
+    let listing = list_entries(slot).map_err(|e| enumeration(slot_path, e.kind()))?;
+    let listed = listing.iter().filter(|e| !is_kept(e)).count();
+    let mut named: Vec<&'static str> = SENSITIVE_SLOT_ENTRIES
         .iter()
         .copied()
         .filter(|name| {
@@ -154,7 +151,20 @@ fn verify(slot: BorrowedFd<'_>, slot_path: &Path) -> Result<(), Quarantine> {
             )
         })
         .collect();
+    // A handoff's name carries a fresh uuid, so it cannot be asked for by name: the listing's
+    // survivors are matched by its form and named by prefix only.
+    if listing.iter().any(is_handoff) {
+        named.push(HANDOFF_SURVIVOR);
+    }
     residue(slot_path, listed, &named).map_or(Ok(()), Err)
+}
+
+/// How a surviving JIT handoff file is named in a refusal: by its prefix, never its uuid.
+pub const HANDOFF_SURVIVOR: &str = "jit-*.tmp";
+
+fn is_handoff(entry: &ListedEntry) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    crate::handoff::is_handoff_name(std::ffi::OsStr::from_bytes(entry.name.to_bytes()))
 }
 
 fn sensitive_name(entry: &ListedEntry) -> Option<&'static str> {
@@ -162,6 +172,7 @@ fn sensitive_name(entry: &ListedEntry) -> Option<&'static str> {
         .iter()
         .copied()
         .find(|n| n.as_bytes() == entry.name.to_bytes())
+        .or_else(|| is_handoff(entry).then_some(HANDOFF_SURVIVOR))
 }
 
 fn not_a_directory(slot: &Path) -> Quarantine {
@@ -215,5 +226,25 @@ mod tests {
         let q = verify(fd.as_fd(), dir.path()).unwrap_err();
         assert_eq!(q.refusal, SlotRefusal::Residue);
         assert!(q.detail.contains("`.credentials`"), "{}", q.detail);
+    }
+
+    #[test]
+    fn a_surviving_handoff_is_named_by_its_prefix_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let fd = open_dir_nofollow(dir.path()).unwrap();
+        let id = "6f1c2a7e-0d1b-4c55-9f3e-2b8a1c0d9e7f";
+        fs::write(dir.path().join(format!("jit-{id}.tmp")), b"spent").unwrap();
+        fs::write(dir.path().join("workflow-chosen-name"), b"x").unwrap();
+        let q = verify(fd.as_fd(), dir.path()).unwrap_err();
+        assert_eq!(q.refusal, SlotRefusal::Residue);
+        assert!(
+            q.detail
+                .starts_with("2 entries other than `_work` survived"),
+            "{}",
+            q.detail
+        );
+        assert!(q.detail.contains("`jit-*.tmp`"), "{}", q.detail);
+        assert!(!q.detail.contains(id), "{}", q.detail);
+        assert!(!q.detail.contains("workflow-chosen-name"), "{}", q.detail);
     }
 }
