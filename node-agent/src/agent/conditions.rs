@@ -12,9 +12,9 @@ use runner_manager_crds::conditions::{Condition, ConditionStatus};
 use runner_manager_crds::state::Actor;
 use runner_manager_crds::writer::{Decision, JournalError, JournalWriter};
 
-/// Set one condition on `a` (as read: the write is a CAS against its resourceVersion). Returns
-/// whether anything was written; a conflict is not an error — the next pass re-reads and decides
-/// again.
+/// Set one condition on `a` (as read: the write is a CAS against its resourceVersion; a stale
+/// copy is re-read once it conflicts and the condition decided again on the fresh one). Returns
+/// whether anything was written.
 pub async fn set(
     api: &Api<RunnerAttempt>,
     a: &RunnerAttempt,
@@ -31,15 +31,11 @@ pub async fn set(
         last_transition_time: Some(Time(Timestamp::now())),
         observed_generation: a.metadata.generation,
     };
-    let writer = JournalWriter::new(api.clone(), Actor::Agent);
-    match writer
-        .write(a, Decision::Condition(new), Timestamp::now())
-        .await
-    {
-        Ok(written) => Ok(written.is_some()),
-        Err(e) if e.is_conflict() => Ok(false),
-        Err(e) => Err(e),
-    }
+    let name = a.metadata.name.as_deref().unwrap_or_default();
+    let written = JournalWriter::new(api.clone(), Actor::Agent)
+        .advance(name, Some(a), |_| Decision::Condition(new.clone()))
+        .await?;
+    Ok(written.is_some())
 }
 
 /// Whether `a` carries `type_` with status `True`.

@@ -73,6 +73,17 @@ pub async fn take(
     from: AttemptState,
     t: Transition,
 ) -> Result<bool, StepError> {
+    Ok(take_written(api, name, from, t).await?.is_some())
+}
+
+/// [`take`], returning the attempt as written (what the next step of a launch decides on: the
+/// watch may not show the write yet).
+async fn take_written(
+    api: &Api<RunnerAttempt>,
+    name: &str,
+    from: AttemptState,
+    t: Transition,
+) -> Result<Option<RunnerAttempt>, StepError> {
     let taken = journal::advance(api, name, Actor::Agent, |cur| {
         if state_of(cur) == from {
             Decision::Take(t.clone())
@@ -81,7 +92,7 @@ pub async fn take(
         }
     })
     .await?;
-    Ok(taken.is_some())
+    Ok(taken)
 }
 
 /// The span of one attempt's launch on this node: a child of the span the operator's
@@ -196,7 +207,7 @@ async fn launch_steps(
         Ok(m) => m,
         Err(e) => {
             tracing::warn!(namespace = %ns, attempt = %name, "package not materialized: {e}");
-            package_refused(agent, api, a, &name, &e).await?;
+            package_refused(agent, api, a, &e).await?;
             conclude(
                 api,
                 &name,
@@ -245,17 +256,17 @@ async fn launch_steps(
         return Ok(());
     }
     timings.prepare_ms = millis(prepared_at);
-    if !take(
+    let Some(prepared) = take_written(
         api,
         &name,
         AttemptState::Allocated,
         Transition::MarkPrepared { environment: None },
     )
     .await?
-    {
+    else {
         return Ok(());
-    }
-    request_and_start(agent, api, &name, &ns, runtime, account, timings).await
+    };
+    request_and_start(agent, api, &prepared, &name, &ns, runtime, account, timings).await
 }
 
 /// A refused archive (unsafe, or past an extraction cap) is said in the `PackageRefused`
@@ -265,7 +276,6 @@ async fn package_refused(
     agent: &Agent,
     api: &Api<RunnerAttempt>,
     a: &RunnerAttempt,
-    name: &str,
     e: &PackageError,
 ) -> Result<(), StepError> {
     let reason = match e.refusal() {
@@ -273,11 +283,10 @@ async fn package_refused(
         Some(PackageRefusal::Unsafe) => AttemptReason::PackageUnsafe,
         None => return Ok(()),
     };
-    // The condition is a CAS: against the attempt as it is now, not as this launch first read it.
-    let current = api.get_status(name).await?;
+    // The condition is a CAS: decided on the launch's copy, re-read if that is stale by now.
     conditions::set(
         api,
-        &current,
+        a,
         AttemptConditionType::PackageRefused,
         ConditionStatus::True,
         reason,
@@ -431,6 +440,7 @@ pub async fn resume_prepared(
     request_and_start(
         agent,
         api,
+        a,
         &name,
         &ns,
         runtime,
@@ -441,22 +451,24 @@ pub async fn resume_prepared(
     .await
 }
 
-/// `Prepared` → one JIT request → handoff → start → `Starting`.
+/// `Prepared` (`current`: the attempt as written or watched in that state) → one JIT request →
+/// handoff → start → `Starting`.
+#[allow(clippy::too_many_arguments)]
 async fn request_and_start(
     agent: &Agent,
     api: &Api<RunnerAttempt>,
+    current: &RunnerAttempt,
     name: &str,
     ns: &str,
     runtime: PathBuf,
     account: RunnerAccount,
     mut timings: LaunchTimings,
 ) -> Result<(), StepError> {
-    let current = api.get_status(name).await?;
-    if state_of(&current) != AttemptState::Prepared {
+    if state_of(current) != AttemptState::Prepared {
         return Ok(());
     }
     let snapshot = current.spec.snapshot.clone();
-    let uuid = uuid_of(&current)?;
+    let uuid = uuid_of(current)?;
     let env = match environment(&snapshot.env, &runtime) {
         Ok(env) => env,
         Err(e) => {
@@ -485,7 +497,7 @@ async fn request_and_start(
     };
     let request = JitRequest {
         attempt_uid: current.metadata.uid.clone().unwrap_or_default(),
-        spec_hash: journal_of(&current)
+        spec_hash: journal_of(current)
             .spec_hash()
             .unwrap_or_default()
             .to_owned(),

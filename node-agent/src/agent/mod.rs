@@ -24,6 +24,7 @@ pub mod orphans;
 pub mod pruning;
 pub mod rebuild;
 pub mod supervise;
+pub mod watched;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -359,17 +360,25 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
 /// server's watch cache, then incremental events, re-listing only when the watch expires) and
 /// starts a task for each attempt without a live one. Re-listing on every event would cost
 /// every agent a scan of every attempt in the cluster per change. The first complete list feeds
-/// the recovery gate.
+/// the recovery gate. The watch feeds a reflector store: the attempt tasks read their attempt
+/// from it (woken when it changes) and the journal decides its writes on it, so supervision
+/// makes no API read per attempt.
 async fn watch_attempts(agent: Arc<Agent>) {
+    use kube::runtime::WatchStreamExt;
     use kube::runtime::watcher::{self, Event};
     let api = Api::<RunnerAttempt>::all(agent.kube.clone());
     let selector = format!("{NODE_LABEL}={}", agent.node);
+    let (store, writer) = kube::runtime::reflector::store();
+    crate::journal::decide_on_watched(store.clone());
     let mut tasks: HashMap<String, JoinHandle<()>> = HashMap::new();
+    // Each task's wake-up when its attempt changes.
+    let mut changed: HashMap<String, Arc<Notify>> = HashMap::new();
     // The node's attempts by uid, as the watch last showed them.
     let mut known: HashMap<String, RunnerAttempt> = HashMap::new();
     let mut listing: HashMap<String, RunnerAttempt> = HashMap::new();
     let mut first = true;
-    let stream = watcher::watcher(api, watcher::Config::default().labels(&selector));
+    let stream =
+        watcher::watcher(api, watcher::Config::default().labels(&selector)).reflect(writer);
     let mut stream = std::pin::pin!(stream);
     // Attempt names (12 hex) of the running tasks: claimed until the task ends.
     let mut task_names: HashMap<String, String> = HashMap::new();
@@ -409,6 +418,8 @@ async fn watch_attempts(agent: Arc<Agent>) {
             }
             Event::InitDone => {
                 known = std::mem::take(&mut listing);
+                // A re-list may have changed any of them.
+                changed.values().for_each(|n| n.notify_one());
                 if first {
                     let all: Vec<RunnerAttempt> = known.values().cloned().collect();
                     rebuild::rebuild(&agent, &all);
@@ -420,11 +431,17 @@ async fn watch_attempts(agent: Arc<Agent>) {
             }
             Event::Apply(a) => {
                 if let Some(uid) = a.metadata.uid.clone() {
+                    if let Some(n) = changed.get(&uid) {
+                        n.notify_one();
+                    }
                     known.insert(uid, a);
                 }
             }
             Event::Delete(a) => {
                 if let Some(uid) = a.metadata.uid.as_deref() {
+                    if let Some(n) = changed.get(uid) {
+                        n.notify_one();
+                    }
                     known.remove(uid);
                 }
             }
@@ -448,6 +465,7 @@ async fn watch_attempts(agent: Arc<Agent>) {
             .collect();
         tasks.retain(|_, t| !t.is_finished());
         task_names.retain(|uid, _| tasks.contains_key(uid));
+        changed.retain(|uid, _| tasks.contains_key(uid));
         for (uid, a) in &known {
             let (Some(ns), Some(name)) = (a.metadata.namespace.clone(), a.metadata.name.clone())
             else {
@@ -456,11 +474,22 @@ async fn watch_attempts(agent: Arc<Agent>) {
             if rebuild::state_of(a) == AttemptState::Cleaned || tasks.contains_key(uid) {
                 continue;
             }
+            let wake = Arc::new(Notify::new());
+            let watched = watched::Watched::new(
+                store.clone(),
+                &ns,
+                &name,
+                uid,
+                Arc::clone(&wake),
+                agent.poll,
+            );
+            changed.insert(uid.clone(), wake);
             let task = tokio::spawn(supervise::attempt_task(
                 Arc::clone(&agent),
                 ns,
                 name,
                 uid.clone(),
+                watched,
             ));
             tasks.insert(uid.clone(), task);
             if let Some(u) = a.spec.attempt_uuid() {

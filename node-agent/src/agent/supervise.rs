@@ -25,6 +25,7 @@ use super::events::{self, EventReason};
 use super::fault::{self, Boundary};
 use super::launch::{self, take};
 use super::rebuild::{journal_of, state_of};
+use super::watched::Watched;
 use super::{Agent, cleanup};
 use crate::evidence::{ExitReading, JobEvidence, job_evidence};
 use crate::journal::{self, Decision, JournalError};
@@ -134,31 +135,26 @@ pub async fn conclude(
     Ok(())
 }
 
-/// The task of one attempt.
-pub async fn attempt_task(agent: Arc<Agent>, namespace: String, name: String, uid: String) {
+/// The task of one attempt: it steps on the attempt as the watch shows it ([`Watched`]), when
+/// the object changes and once per poll interval, never reading it from the API server.
+pub async fn attempt_task(
+    agent: Arc<Agent>,
+    namespace: String,
+    name: String,
+    uid: String,
+    mut watched: Watched,
+) {
     let api = Api::<RunnerAttempt>::namespaced(agent.kube.clone(), &namespace);
     let mut reported = false;
     // What the attempt held when last read, for the orphan sweep if its object goes away.
     let mut held = None;
     loop {
-        let a = match api.get(&name).await {
-            Ok(a) if a.metadata.uid.as_deref() == Some(uid.as_str()) => a,
-            Ok(_) => {
-                super::orphans::gone(&agent, &uid, held.take());
-                agent.gate.reconciled(&uid);
-                return;
-            }
-            Err(kube::Error::Api(e)) if e.code == 404 => {
-                // Gone (or replaced by a new object of the same name): nothing left to drive.
-                // What of it still runs or lies on disk is the orphan sweep's.
-                super::orphans::gone(&agent, &uid, held.take());
-                agent.gate.reconciled(&uid);
-                return;
-            }
-            Err(_) => {
-                tokio::time::sleep(agent.poll).await;
-                continue;
-            }
+        let Some(a) = watched.next().await else {
+            // Gone (or replaced by a new object of the same name): nothing left to drive.
+            // What of it still runs or lies on disk is the orphan sweep's.
+            super::orphans::gone(&agent, &uid, held.take());
+            agent.gate.reconciled(&uid);
+            return;
         };
         held = super::orphans::held_by(&a);
         match step(&agent, &api, &a).await {
@@ -167,7 +163,10 @@ pub async fn attempt_task(agent: Arc<Agent>, namespace: String, name: String, ui
                 agent.advert_changed.notify_one();
                 return;
             }
-            Ok(Step::Again) => agent.advert_changed.notify_one(),
+            Ok(Step::Again) => {
+                watched.wrote();
+                agent.advert_changed.notify_one();
+            }
             Ok(Step::Wait) => {
                 agent.gate.reconciled(&uid);
                 tokio::time::sleep(agent.poll).await;
