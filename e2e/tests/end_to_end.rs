@@ -543,6 +543,99 @@ async fn an_agent_killed_between_jit_and_spawn_recovers_without_a_second_runner(
     assert_settled_and_clean(&p).await;
 }
 
+async fn registrations_named(p: &Product, name: &str) -> usize {
+    p.fake
+        .runners()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r["name"] == name)
+        .count()
+}
+
+/// The operator dies between GitHub's 201 and the broker's journal write (issue 20, item 3): a
+/// registration exists under the attempt's runner name, no runner id is journalled and no JIT
+/// left. The agent's answer is lost, so it concludes `Failed(JitExpired)` without a runner id.
+/// The restarted operator deregisters that registration by the attempt's derived name on its next
+/// observation pass, long before the orphan sweep could (its grace is an hour here, and it skips
+/// registrations whose attempt still exists); the replacement runs the job.
+#[tokio::test]
+async fn an_operator_killed_between_the_mint_and_the_journal_leaves_no_registration() {
+    const FAULT: &str = "RM_OPERATOR_FAULT";
+    let options = ProductOptions {
+        operator_flags: vec![("--orphan-grace".into(), "1h".into())],
+        ..ProductOptions::default()
+    };
+    let Some(mut p) = Product::start_with_env(
+        "operator_killed_after_the_mint",
+        options,
+        &[(FAULT, "after-mint-before-journal")],
+    )
+    .await
+    .unwrap() else {
+        return;
+    };
+    p.policy("web", json!({"minIdle": 0})).await.unwrap();
+    wait_ready(&p, "web").await;
+    let job = p
+        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
+        .await
+        .unwrap();
+    {
+        let operator = p.operators[0].process.as_mut().unwrap();
+        wait::until(STEP, "the operator to abort after the mint", || {
+            let exited = operator.child.try_wait().ok().flatten();
+            async move { exited }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    }
+    let lost = wait_attempts(&p, "the attempt concluded JitExpired", STEP, |list| {
+        list.iter().any(|a| {
+            outcome(a)
+                == Some(Outcome::Failed(
+                    runner_manager_crds::outcome::FailureReason::JitExpired,
+                ))
+        })
+    })
+    .await
+    .into_iter()
+    .find(|a| outcome(a).is_some())
+    .unwrap();
+    assert!(
+        lost.status.as_ref().unwrap().journal.runner().is_none(),
+        "the broker died before journalling a runner id"
+    );
+    let registration = runner_name(lost.spec.attempt_uuid().unwrap());
+    assert_eq!(
+        registrations_named(&p, &registration).await,
+        1,
+        "GitHub holds the minted registration"
+    );
+
+    p.kill_operator(0);
+    p.set_env(FAULT, None);
+    p.restart_operator(0).await.unwrap();
+    p.hook_to(0).await.unwrap();
+    wait::until(STEP, "the lost attempt's registration deleted", || async {
+        (registrations_named(&p, &registration).await == 0).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    p.wait_jobs_completed(&[job], Duration::from_secs(180))
+        .await
+        .unwrap();
+    let list = p.all_attempts().await;
+    let lost_name = lost.metadata.name.clone().unwrap();
+    assert!(
+        list.iter()
+            .any(|a| a.spec.replaces.as_deref() == Some(lost_name.as_str())),
+        "no replacement names {lost_name}"
+    );
+    assert_each_job_ran_once(&p, &[job]).await;
+    assert_settled_and_clean(&p).await;
+}
+
 /// The operator is SIGKILLed mid-burst and restarted: every job still runs once and everything
 /// settles clean.
 #[tokio::test]

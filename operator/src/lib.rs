@@ -7,6 +7,7 @@ pub mod broker;
 pub mod cli;
 pub mod controller;
 pub mod crd_apply;
+pub mod fault;
 pub mod github;
 pub mod health;
 pub mod listen;

@@ -409,6 +409,15 @@ impl Product {
         Ok(())
     }
 
+    /// Set (`Some`) or remove (`None`) a variable of the environment every process started from
+    /// now on gets (e.g. drop a fault before restarting the process it crashed).
+    pub fn set_env(&mut self, key: &str, value: Option<&str>) {
+        self.env.retain(|(k, _)| k != key);
+        if let Some(v) = value {
+            self.env.push((key.to_owned(), v.to_owned()));
+        }
+    }
+
     /// Restart operator replica `i` (after [`kill_operator`](Self::kill_operator)).
     pub async fn restart_operator(&mut self, i: usize) -> Result<(), String> {
         let identity = self.operators[i].identity.clone();

@@ -102,6 +102,9 @@ pub async fn issue<R: Registrar>(
         other => other,
     }
     .map_err(|e| github_unavailable(&e))?;
+    // A crash here leaves a registration no JIT reached; the agent concludes the attempt
+    // `JitExpired` without a runner id and the supervisor deregisters it by its derived name.
+    crate::fault::at(crate::fault::Boundary::AfterMintBeforeJournal);
     let registration = RunnerRegistration {
         name: minted.runner.name.clone(),
         id: minted.runner.id,
