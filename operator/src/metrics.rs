@@ -51,6 +51,11 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StageLabels {
+    stage: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PolicyLabels {
     namespace: String,
     policy: String,
@@ -125,6 +130,7 @@ pub struct Metrics {
     leader: Gauge,
     pass_ms: Gauge,
     reconcile_duration: Histogram,
+    reconcile_errors: Family<StageLabels, Counter>,
     policy: [Family<PolicyLabels, Gauge>; 7],
     job_startup: Histogram,
     job_execution: Histogram,
@@ -237,6 +243,12 @@ impl Metrics {
             "How long the leader's full reconcile passes take",
             reconcile_duration.clone(),
         );
+        let reconcile_errors = Family::<StageLabels, Counter>::default();
+        registry.register(
+            "reconcile_errors",
+            "Failures inside policy reconciles, by stage (dereference, validate, build, apply, status)",
+            reconcile_errors.clone(),
+        );
         let policy: [Family<PolicyLabels, Gauge>; 7] = std::array::from_fn(|_| Family::default());
         for ((name, help), family) in POLICY_GAUGES.iter().zip(&policy) {
             registry.register(*name, *help, family.clone());
@@ -276,6 +288,7 @@ impl Metrics {
         );
         Arc::new(Self {
             reconcile_duration,
+            reconcile_errors,
             policy,
             job_startup,
             job_execution,
@@ -452,6 +465,15 @@ impl Metrics {
         self.leader.set(i64::from(leading));
     }
 
+    /// One failure inside a policy's reconcile; `stage` from `controller::errors::Stage`.
+    pub fn reconcile_error(&self, stage: &'static str) {
+        self.reconcile_errors
+            .get_or_create(&StageLabels {
+                stage: stage.to_owned(),
+            })
+            .inc();
+    }
+
     pub fn reconcile_pass(&self, elapsed: std::time::Duration) {
         self.pass_ms
             .set(i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX));
@@ -500,6 +522,7 @@ mod tests {
         m.job("completed", None, Some(30.0));
         m.broker_request("issued", 0.2);
         m.reconcile_pass(std::time::Duration::from_millis(40));
+        m.reconcile_error("apply");
         let text = m.encode();
         for line in [
             "runner_manager_policy_desired_runners{namespace=\"team-a\",policy=\"web\"} 3",
@@ -513,6 +536,7 @@ mod tests {
             "runner_manager_jobs_total{action=\"in_progress\"} 1",
             "runner_manager_jit_mints_total 1",
             "runner_manager_reconcile_duration_seconds_count 1",
+            "runner_manager_reconcile_errors_total{stage=\"apply\"} 1",
             "runner_manager_build_info{version=\"",
         ] {
             assert!(text.contains(line), "{line} not in\n{text}");

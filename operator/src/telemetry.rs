@@ -68,6 +68,7 @@ pub const ALLOWED_FIELDS: &[&str] = &[
     "github.ratelimit.remaining",
     "origin",
     "action",
+    "stage",
     "otel.name",
     "otel.kind",
     "otel.status_code",

@@ -22,9 +22,23 @@ pub struct Launch<'a> {
     pub replaced: bool,
 }
 
-/// A launch that failed for a reason a replacement may hit again.
+/// A launch that failed for a reason the policy causes, which a replacement may hit again: its
+/// image, runner version, registration, or the runner's own launch. Never an infrastructure
+/// fault (issue 15 item 7): an agent restarted during preparation (a DaemonSet rollout), an
+/// attempt the operator or a person asked to stop, a spec changed under the agent — nor node
+/// loss or admission rejections, which are not `Failed` at all. Those are replaced without
+/// backoff and never count toward `Degraded`.
 pub fn is_launch_failure(outcome: Option<Outcome>) -> bool {
-    matches!(outcome, Some(Outcome::Failed(r)) if r != FailureReason::TerminationRequested)
+    matches!(outcome, Some(Outcome::Failed(r)) if policy_caused(r))
+}
+
+fn policy_caused(r: FailureReason) -> bool {
+    !matches!(
+        r,
+        FailureReason::TerminationRequested
+            | FailureReason::PreparationInterrupted
+            | FailureReason::SpecChanged
+    )
 }
 
 fn wants_lineage(l: &Launch<'_>) -> bool {

@@ -8,12 +8,14 @@
 
 pub mod attempts;
 pub mod cache;
+pub mod errors;
 pub mod events;
 pub mod failures;
 pub mod job_ledger;
 pub mod leader;
 pub mod ledger_batch;
 pub mod placement_worker;
+pub mod plan;
 pub mod policy;
 pub mod resolve;
 pub mod scaleset_listener;
@@ -118,6 +120,8 @@ pub struct PolicyMemory {
     /// `ScaleSet` policies: the message-session listener (dropped, and its session deleted,
     /// with this memory: leadership lost, policy gone).
     pub scale_set_listener: Option<scaleset_listener::Listener>,
+    /// After a failed reconcile: when the policy may be reconciled again.
+    pub backoff: Option<errors::Backoff>,
 }
 
 /// The leader's memory.
@@ -243,19 +247,48 @@ pub async fn pass(ctx: &Ctx, memory: &mut Memory) {
             (&candidates, &attempt_ids, &placement, &cordoned, &conflicts);
         futures_util::stream::iter(work)
             .for_each_concurrent(POLICY_CONCURRENCY, |(p, mine, mem)| async move {
-                policy::prepare(ctx, mem, p, mine, candidates, attempt_ids, now).await;
+                let generation = p.metadata.generation.unwrap_or(0);
+                let deleting = p.metadata.deletion_timestamp.is_some();
+                if mem
+                    .backoff
+                    .is_some_and(|b| b.holds(generation, deleting, Instant::now()))
+                {
+                    return;
+                }
+                let mut failed =
+                    policy::prepare(ctx, mem, p, mine, candidates, attempt_ids, now).await;
                 let key = key(
                     p.metadata.namespace.as_deref().unwrap_or_default(),
                     p.metadata.name.as_deref().unwrap_or_default(),
                 );
                 let conflict = conflicts.get(&key).map(Vec::as_slice).unwrap_or_default();
-                policy::reconcile(ctx, placement, cordoned, mem, p, mine, conflict, now).await;
+                failed.extend(
+                    policy::reconcile(ctx, placement, cordoned, mem, p, mine, conflict, now).await,
+                );
+                report(ctx, p, &failed);
+                mem.backoff =
+                    errors::Backoff::after(mem.backoff, &failed, generation, Instant::now());
             })
             .await;
     }
     memory.placement = placement.into_inner();
     let live: std::collections::HashSet<&String> = keys.iter().collect();
     memory.policies.retain(|k, _| live.contains(k));
+}
+
+/// Count and log a policy's reconcile errors: one line per error, at warn for what backs off.
+fn report(ctx: &Ctx, p: &ScalePolicy, failed: &[errors::ReconcileError]) {
+    for e in failed {
+        let stage = e.stage().as_str();
+        ctx.metrics.reconcile_error(stage);
+        let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+        let name = p.metadata.name.as_deref().unwrap_or_default();
+        if e.backs_off() {
+            tracing::warn!(policy.namespace = ns, policy.name = name, stage, error = %e, "reconcile failed; the policy backs off");
+        } else {
+            tracing::debug!(policy.namespace = ns, policy.name = name, stage, error = %e, "reconcile: not available yet");
+        }
+    }
 }
 
 pub fn state_name(s: AttemptState) -> &'static str {

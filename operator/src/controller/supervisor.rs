@@ -17,7 +17,9 @@ use runner_manager_crds::state::AttemptState;
 use tokio::time::Instant;
 
 use super::attempts::state_of;
+use super::errors::{GitHubRead, ReconcileError};
 use super::events::Reason;
+use super::writes::WriteKind;
 use super::{Ctx, PolicyMemory};
 use crate::github::client::{Deleted, GitHubClient};
 use crate::github::ratelimit::Priority;
@@ -78,34 +80,19 @@ pub fn listed_runner<'l>(
     listing.get(&registration_name(a)?)
 }
 
-/// The registration to delete for a concluded attempt: the one GitHub lists under the attempt's
-/// own runner name, never a busy one. With or without a runner id in the journal: a broker that
-/// died between GitHub's 201 and its CAS left a registration that no JIT reached (the agent
-/// concludes such an attempt `JitExpired` without a runner id); its name derives from the
-/// attempt's uuid, so it goes on the next pass rather than after history garbage collection and
-/// the orphan grace (issue 20). Pure.
-pub fn concluded_registration<'l>(
-    listing: &'l HashMap<String, Runner>,
-    a: &RunnerAttempt,
-) -> Option<&'l Runner> {
-    if !state_of(a).is_terminal() {
-        return None;
-    }
-    listed_runner(listing, a).filter(|r| !r.busy)
-}
-
 /// What became of a termination request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Terminated {
     Requested,
     /// GitHub answered 422: a job landed on the runner; it is left alone.
     TookJob,
-    /// The live object no longer qualifies (changed since the decision), or a write failed.
+    /// The live object is gone or no longer qualifies (it changed since the decision).
     Skipped,
 }
 
 /// Ordered termination (DESIGN §4 rule 3): re-read the live attempt, deregister its runner
-/// (a 422 means a job just landed: leave it), then request `spec.termination`.
+/// (a 422 means a job just landed: leave it), then request `spec.termination`. A failed read
+/// or write is an error: the next reconcile decides again, after the policy's backoff.
 pub async fn terminate(
     ctx: &Ctx,
     mem: &PolicyMemory,
@@ -113,13 +100,19 @@ pub async fn terminate(
     attempt: &RunnerAttempt,
     reason: TerminationReason,
     now: Timestamp,
-) -> Terminated {
+) -> Result<Terminated, ReconcileError> {
     let ns = attempt.metadata.namespace.as_deref().unwrap_or_default();
     let name = attempt.metadata.name.as_deref().unwrap_or_default();
     let decided_state = state_of(attempt);
     let live = match ctx.writer.attempts(ns).get_opt(name).await {
         Ok(Some(a)) => a,
-        _ => return Terminated::Skipped,
+        Ok(None) => return Ok(Terminated::Skipped),
+        Err(source) => {
+            return Err(ReconcileError::ReadAttempt {
+                attempt: name.to_owned(),
+                source,
+            });
+        }
     };
     let took_job = live.status.as_ref().is_some_and(|s| s.facts.job.is_some());
     if live.spec.termination.is_some()
@@ -127,7 +120,7 @@ pub async fn terminate(
         || decided_state == AttemptState::Busy
         || took_job
     {
-        return Terminated::Skipped;
+        return Ok(Terminated::Skipped);
     }
     let registered = live
         .status
@@ -135,17 +128,23 @@ pub async fn terminate(
         .is_some_and(|s| s.journal.runner().is_some());
     let mut deregistered = !registered;
     if registered && let Some(client) = client {
-        // A DELETE only when GitHub still lists it (or we have not listed yet), and only of the
-        // id GitHub lists for this attempt's own runner name: never an id read from the status,
-        // which an agent writes (issue 13, finding 3).
-        let listed = match (registration_name(&live), mem.listing.as_ref()) {
-            (None, _) => None,
-            (Some(name), Some(listing)) => listing.get(&name).map(|r| r.id),
-            (Some(name), None) => match client.find_runner(&name, Priority::Observe).await {
+        // A DELETE only when GitHub still lists it, and only of the id GitHub lists for this
+        // attempt's own runner name: never an id read from the status, which an agent writes
+        // (issue 13, finding 3). A runner the last listing lacks is looked up: the listing may
+        // predate its registration (it is up to an observe interval old), and a runner taken
+        // for deregistered without a DELETE could take a job while it is being stopped.
+        let cached = registration_name(&live)
+            .map(|name| (mem.listing.as_ref().and_then(|l| l.get(&name)), name));
+        let listed = match cached {
+            None => None,
+            Some((Some(r), _)) => Some(r.id),
+            Some((None, name)) => match client.find_runner(&name, Priority::Observe).await {
                 Ok(found) => found.map(|r| r.id),
-                Err(e) => {
-                    tracing::warn!(error = %e, attempt = name, "looking up the runner before termination failed; retrying next pass");
-                    return Terminated::Skipped;
+                Err(source) => {
+                    return Err(ReconcileError::GitHubRead {
+                        what: GitHubRead::RunnerLookup,
+                        source,
+                    });
                 }
             },
         };
@@ -160,32 +159,30 @@ pub async fn terminate(
                             "not terminated ({reason:?}): GitHub says the runner is running a job"
                         ),
                     );
-                    return Terminated::TookJob;
+                    return Ok(Terminated::TookJob);
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, attempt = name, "deregistering before termination failed; retrying next pass");
-                    return Terminated::Skipped;
+                Err(source) => {
+                    return Err(ReconcileError::Deregister {
+                        runner_id: id,
+                        source,
+                    });
                 }
             }
         } else {
             deregistered = true;
         }
     }
-    if ctx
-        .writer
+    ctx.writer
         .terminate(ns, name, reason, deregistered, now)
         .await
-        .is_err()
-    {
-        return Terminated::Skipped;
-    }
+        .map_err(ReconcileError::write(WriteKind::AttemptTermination))?;
     ctx.metrics.termination(reason_name(reason));
     ctx.events.publish(
         &live.object_ref(&()),
         Reason::TerminationRequested,
         format!("{reason:?}: runner deregistered={deregistered}"),
     );
-    Terminated::Requested
+    Ok(Terminated::Requested)
 }
 
 pub fn reason_name(r: TerminationReason) -> &'static str {
@@ -199,7 +196,7 @@ pub fn reason_name(r: TerminationReason) -> &'static str {
     }
 }
 
-/// One observation pass of a policy's target.
+/// One observation pass of a policy's target; what failed is returned (the rest went on).
 pub async fn observe(
     ctx: &Ctx,
     mem: &mut PolicyMemory,
@@ -207,16 +204,21 @@ pub async fn observe(
     attempts: &[Arc<RunnerAttempt>],
     client: &GitHubClient,
     attempt_ids: &HashSet<String>,
-) {
+) -> Vec<ReconcileError> {
+    let mut errors = Vec::new();
     // Every policy of the target reads one listing per half interval.
     let runners = match client
         .recent_runners(ctx.settings.observe_interval / 2)
         .await
     {
         Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(error = %e, "listing runners failed; facts unchanged");
-            return;
+        Err(source) => {
+            // Facts stay as they were.
+            errors.push(ReconcileError::GitHubRead {
+                what: GitHubRead::Runners,
+                source,
+            });
+            return errors;
         }
     };
     let listing: HashMap<String, Runner> = runners
@@ -224,27 +226,40 @@ pub async fn observe(
         .map(|r| (r.name.clone(), r.clone()))
         .collect();
     for a in attempts {
-        if state_of(a).is_terminal() {
-            if let Some(r) = concluded_registration(&listing, a) {
-                let _ = client.delete_runner(r.id, Priority::Observe).await;
-            }
-            continue;
-        }
         if a.status.as_ref().and_then(|s| s.journal.runner()).is_none() {
             continue;
         }
         let ns = a.metadata.namespace.as_deref().unwrap_or_default();
         let name = a.metadata.name.as_deref().unwrap_or_default();
+        let state = state_of(a);
         // By the name derived from the attempt, never the status's (an agent writes the status).
         let listed = listed_runner(&listing, a);
+        if state.is_terminal() {
+            // Concluded, yet GitHub still lists it: deregister (never a busy one).
+            if let Some(r) = listed
+                && !r.busy
+                && let Err(source) = client.delete_runner(r.id, Priority::Observe).await
+            {
+                errors.push(ReconcileError::Deregister {
+                    runner_id: r.id,
+                    source,
+                });
+            }
+            continue;
+        }
         let (status, busy) = fact_of(listed);
         let current = a
             .status
             .as_ref()
             .map(|s| s.facts.clone())
             .unwrap_or_default();
-        if let Some(next) = next_facts(&current, status, busy) {
-            let _ = ctx.writer.facts(ns, name, &next).await;
+        if let Some(next) = next_facts(&current, status, busy)
+            && let Err(source) = ctx.writer.facts(ns, name, &next).await
+        {
+            errors.push(ReconcileError::Write {
+                kind: WriteKind::AttemptFacts,
+                source,
+            });
         }
     }
     // Orphans: two sightings at least the grace apart before a DELETE.
@@ -255,10 +270,21 @@ pub async fn observe(
             continue;
         }
         let first = mem.orphans.get(&r.id).copied().unwrap_or(now);
-        if now.duration_since(first) >= ctx.settings.orphan_grace
-            && let Ok(Deleted::Deleted | Deleted::AlreadyGone) =
-                client.delete_runner(r.id, Priority::Observe).await
-        {
+        let deleted = if now.duration_since(first) >= ctx.settings.orphan_grace {
+            match client.delete_runner(r.id, Priority::Observe).await {
+                Ok(d) => Some(d),
+                Err(source) => {
+                    errors.push(ReconcileError::Deregister {
+                        runner_id: r.id,
+                        source,
+                    });
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        if let Some(Deleted::Deleted | Deleted::AlreadyGone) = deleted {
             ctx.metrics.orphan_deleted();
             ctx.events
                     .publish(
@@ -276,6 +302,7 @@ pub async fn observe(
     }
     mem.orphans = still;
     mem.listing = Some(listing);
+    errors
 }
 
 #[cfg(test)]
@@ -361,51 +388,6 @@ mod tests {
         let only_victim: HashMap<String, Runner> =
             listing.into_iter().filter(|(n, _)| n == "victim").collect();
         assert!(listed_runner(&only_victim, &a).is_none());
-    }
-
-    fn attempt_in(state: &str, runner: Option<i64>) -> RunnerAttempt {
-        let mut status = serde_json::json!({"state": state});
-        if let Some(id) = runner {
-            status["runner"] = serde_json::json!({"id": id, "name": "n"});
-        }
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
-            "metadata": {"name": "web-1"},
-            "spec": {"id": "01234567-89ab-4def-8123-456789abcdef", "policy": "web", "nodeName": "n",
-              "snapshot": {"policyUid": "u", "target": {"url": "https://github.com/a/b", "scope": "Repository"},
-                "labels": ["x"], "runnerGroupId": 1, "workspace": "Ephemeral", "maxSlots": 1,
-                "execution": {"mode": "Native"},
-                "runner": {"version": "2.330.0", "url": "u", "sha256": "a".repeat(64)},
-                "timeouts": {"registration": "60s", "idle": "120s", "jitHandoff": "120s"}}},
-            "status": status
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn a_concluded_attempt_is_deregistered_by_its_name_even_without_a_runner_id() {
-        let name = "runner-manager-01234567-89ab-4def-8123-456789abcdef";
-        let mut listed = runner(name, "offline", &[]);
-        listed.id = 42;
-        let listing: HashMap<String, Runner> = [(name.to_owned(), listed.clone())].into();
-        // A broker died between GitHub's 201 and its CAS: the agent concluded JitExpired, no id.
-        let lost = attempt_in("Failed", None);
-        assert_eq!(
-            concluded_registration(&listing, &lost).map(|r| r.id),
-            Some(42)
-        );
-        assert_eq!(
-            concluded_registration(&listing, &attempt_in("Finished", Some(42))).map(|r| r.id),
-            Some(42)
-        );
-        // Live attempts are the termination's business, never this path's.
-        assert!(concluded_registration(&listing, &attempt_in("Prepared", None)).is_none());
-        assert!(concluded_registration(&listing, &attempt_in("Idle", Some(42))).is_none());
-        // A busy registration is never deleted.
-        listed.busy = true;
-        let busy: HashMap<String, Runner> = [(name.to_owned(), listed)].into();
-        assert!(concluded_registration(&busy, &lost).is_none());
-        assert!(concluded_registration(&HashMap::new(), &lost).is_none());
     }
 
     #[test]
