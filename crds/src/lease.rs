@@ -32,13 +32,17 @@ pub enum RecoveryBlocked {
     ListFailed,
     /// A status write needed by recovery keeps failing.
     JournalWriteFailed,
+    /// GitHub did not answer (the operator's fact says `unreachable`) for an attempt whose
+    /// decision needs it: deferred until it answers.
+    GitHubUnreachable,
 }
 
 impl RecoveryBlocked {
-    pub const ALL: [Self; 3] = [
+    pub const ALL: [Self; 4] = [
         Self::IdentityUnreadable,
         Self::ListFailed,
         Self::JournalWriteFailed,
+        Self::GitHubUnreachable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -46,6 +50,7 @@ impl RecoveryBlocked {
             Self::IdentityUnreadable => "IdentityUnreadable",
             Self::ListFailed => "ListFailed",
             Self::JournalWriteFailed => "JournalWriteFailed",
+            Self::GitHubUnreachable => "GitHubUnreachable",
         }
     }
 

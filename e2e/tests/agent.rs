@@ -557,6 +557,37 @@ async fn crash_at(test: &str, boundary: &str, expected: Outcome) {
     .await;
     assert!(named.is_ok(), "{:?}", agent.lines());
     drop(agent);
+    if matches!(boundary, "after-allocated" | "after-materialize") {
+        // The reservation is journalled before any effect (parity row 63): at `Allocated`
+        // nothing was minted, and right after the CAS nothing was downloaded or materialized.
+        let crashed = w.attempts().get(&n).await.unwrap();
+        assert_eq!(
+            crashed.status.as_ref().unwrap().journal.state(),
+            AttemptState::Allocated
+        );
+        assert!(
+            crashed
+                .status
+                .as_ref()
+                .unwrap()
+                .journal
+                .workspace()
+                .is_some()
+        );
+        assert_eq!(w.second_sessions_and_mints().await.unwrap().1, 0);
+    }
+    if boundary == "after-allocated" {
+        let counters = w.fake.counters().await.unwrap();
+        let downloads: u64 = counters["download_package"]
+            .as_object()
+            .map(|m| m.values().filter_map(serde_json::Value::as_u64).sum())
+            .unwrap_or(0);
+        assert_eq!(
+            downloads, 0,
+            "a package download before the reservation held"
+        );
+        assert!(w.runtimes().is_empty(), "{:?}", w.runtimes());
+    }
     if boundary == "after-termination-intent" {
         w.deregister(&a).await.unwrap();
     }
@@ -818,8 +849,19 @@ async fn an_unreadable_identity_keeps_recovery_incomplete_and_says_why() {
     })
     .await
     .unwrap();
-    // Nothing is admitted while blocked.
+    // Nothing is admitted while blocked: the new attempt stays `Pending`, nothing is minted.
     let waiting = w.pending_attempt().await.unwrap();
+    heartbeats(&w, 3).await;
+    let still = w.attempts().get(&name(&waiting)).await.unwrap();
+    assert_eq!(
+        still
+            .status
+            .as_ref()
+            .map_or(AttemptState::Pending, |s| s.journal.state()),
+        AttemptState::Pending,
+        "admitted while recovery was blocked"
+    );
+    assert_eq!(w.second_sessions_and_mints().await.unwrap().1, 1);
 
     // A person restores the identity: the runner is re-adopted and recovery completes.
     std::fs::write(&identity_file, &original).unwrap();
@@ -991,6 +1033,519 @@ async fn a_changed_spec_is_refused_but_the_runner_is_still_stopped_and_cleaned()
     let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
     assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
     assert_settled(&w, &a, 1).await;
+}
+
+/// SIGKILL a runner process (as the OOM killer would) and wait until it is gone.
+async fn kill_runner(pid: u32) {
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    wait::until(STEP, "the runner process gone", || {
+        let alive = pid_alive(pid);
+        async move { (!alive).then_some(()) }
+    })
+    .await
+    .unwrap();
+}
+
+fn pid_of(a: &RunnerAttempt) -> u32 {
+    a.status.as_ref().unwrap().journal.process().unwrap().pid
+}
+
+/// Waits until the agent's log has a line with every one of `needles`.
+async fn wait_logged(agent: &Running, what: &str, needles: &[&str]) {
+    wait::until(STEP, what, || {
+        let seen = agent
+            .lines()
+            .iter()
+            .any(|l| needles.iter().all(|n| l.contains(n)));
+        async move { seen.then_some(()) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {:?}", agent.lines()));
+}
+
+/// Warning events on the attempt named `n`.
+async fn warnings_on(w: &AgentWorld, n: &str) -> Vec<String> {
+    let events =
+        kube::Api::<k8s_openapi::api::core::v1::Event>::namespaced(w.kube.clone(), &w.team);
+    events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.involved_object.name.as_deref() == Some(n) && e.type_.as_deref() == Some("Warning")
+        })
+        .map(|e| format!("{:?}: {:?}", e.reason, e.message))
+        .collect()
+}
+
+/// Issue 20, item 2 (the two `Orphaned(ProcessLost)` runners of the 50-job burst): the
+/// operator's ordered termination deregisters an idle runner first, the runner exits as its
+/// registration goes, and `spec.termination` lands only after; meanwhile the last fact still
+/// lists the runner online and idle, which read as a lost process. The test forces that
+/// interleaving: deregistered, the runner seen dead by the agent, only then the request. The
+/// agent waits for a witness newer than the exit and concludes by the request
+/// (`ExitedIdleWithoutWork`, not a failure). A runner whose request never comes is lost once
+/// the grace has passed: the wait is bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_runner_deregistered_before_its_stop_request_is_not_lost() {
+    let Some(w) = AgentWorld::start("an_idle_runner_deregistered_before_its_stop_request")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let mut settled = Vec::new();
+    for requested in [true, false] {
+        let a = w.pending_attempt().await.unwrap();
+        let n = name(&a);
+        w.wait_state(&n, AttemptState::Starting).await.unwrap();
+        let pid = pid_of(&bring_to_idle(&w, &a).await);
+        w.deregister(&a).await.unwrap();
+        wait::until(STEP, "the runner to exit as its registration goes", || {
+            let alive = pid_alive(pid);
+            async move { (!alive).then_some(()) }
+        })
+        .await
+        .unwrap();
+        // The agent has seen the exit and holds the conclusion (before the fix it concluded
+        // `Orphaned(ProcessLost)` here, on the fact the operator had not yet replaced).
+        let held = wait::until(STEP, "the agent to see the exit", || {
+            let logged = agent
+                .lines()
+                .iter()
+                .any(|l| l.contains("waiting up to") && l.contains(&n));
+            let api = w.attempts();
+            let n = n.clone();
+            async move {
+                if logged {
+                    return Some(None);
+                }
+                let now = api.get(&n).await.ok()?;
+                outcome(&now).map(Some)
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(held, None, "concluded on a fact older than the exit");
+        let expected = if requested {
+            w.request_termination(&n, "ScaleDown").await.unwrap();
+            Outcome::ExitedIdleWithoutWork
+        } else {
+            // Nobody asked: GitHub still lists it, no process: lost, after the grace.
+            Outcome::Orphaned(runner_manager_crds::outcome::OrphanReason::ProcessLost)
+        };
+        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+        assert_eq!(outcome(&done), Some(expected), "requested: {requested}");
+        settled.push(a);
+    }
+    for a in &settled {
+        assert_settled(&w, a, 2).await;
+    }
+}
+
+/// A runner found dead is concluded only on a witness that decides (parity rows 54, 43, 30, 55,
+/// 50). An agent restarted while the operator's fact says GitHub is `unreachable` keeps recovery
+/// incomplete (`GitHubUnreachable` on the Lease) and a new attempt waits `Pending`, nothing
+/// minted; an idle runner that dies meanwhile concludes nothing. Once GitHub answers it is not
+/// listed, past the idle timeout, the runner is `ExitedIdleWithoutWork` (not a failure in the
+/// journal or the events) and recovery completes. A busy runner whose process dies and that
+/// GitHub does not list is `Orphaned(ProcessLost)`, never guessed a success, and cleaned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
+    use runner_manager_crds::duration::ManifestDuration;
+    use runner_manager_crds::lease::RecoveryBlocked;
+    let Some(w) = AgentWorld::start("runner_deaths_are_concluded_only_on_a_witness")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let first = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let idle_timeout = 6;
+    let a = w
+        .pending_attempt_with(|s| s.timeouts.idle = ManifestDuration::from_secs(idle_timeout))
+        .await
+        .unwrap();
+    let n = name(&a);
+    w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    let idle = bring_to_idle(&w, &a).await;
+    // GitHub stops answering (the operator writes `unreachable`) and the agent restarts.
+    w.set_github_status(&n, "unreachable", false, 2)
+        .await
+        .unwrap();
+    drop(first);
+    let _agent = w.agent(4, &[]).unwrap();
+    let blocked = wait::until(STEP, "the Lease to say GitHub is unreachable", || async {
+        w.advert()
+            .await
+            .filter(|a| a.recovery_blocked == Some(RecoveryBlocked::GitHubUnreachable))
+    })
+    .await
+    .unwrap();
+    assert!(!blocked.recovery_complete);
+    let b = w.pending_attempt().await.unwrap();
+    let nb = name(&b);
+    // The runner dies while GitHub cannot say whether it is listed.
+    kill_runner(pid_of(&idle)).await;
+    heartbeats(&w, 3).await;
+    let waiting = w.attempts().get(&n).await.unwrap();
+    assert_eq!(
+        waiting.status.as_ref().unwrap().journal.state(),
+        AttemptState::Idle,
+        "concluded while GitHub was unreachable"
+    );
+    let pending = w.attempts().get(&nb).await.unwrap();
+    assert_eq!(
+        pending
+            .status
+            .as_ref()
+            .map_or(AttemptState::Pending, |s| s.journal.state()),
+        AttemptState::Pending,
+        "admitted while recovery was incomplete"
+    );
+    assert_eq!(w.second_sessions_and_mints().await.unwrap().1, 1);
+    // Past the idle timeout (measured from `Idle`), GitHub answers: not listed.
+    let idle_since = idle
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .timestamps()
+        .last_state_change_at
+        .clone()
+        .unwrap()
+        .0;
+    wait::until(STEP, "the idle timeout to pass", || async {
+        let elapsed = k8s_openapi::jiff::Timestamp::now().duration_since(idle_since);
+        (elapsed.as_secs() > i64::try_from(idle_timeout).unwrap()).then_some(())
+    })
+    .await
+    .unwrap();
+    w.set_github_status(&n, "absent", false, 3).await.unwrap();
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    assert!(!outcome(&done).unwrap().is_failure());
+    assert!(!outcome(&done).unwrap().wants_replacement());
+    let warnings = warnings_on(&w, &n).await;
+    assert!(
+        warnings.iter().all(|e| e.contains("RecoveryBlocked")),
+        "{warnings:?}"
+    );
+    w.wait_recovered().await.unwrap();
+
+    // The attempt that waited launches; busy, its runner dies and GitHub does not list it.
+    w.wait_state(&nb, AttemptState::Starting).await.unwrap();
+    bring_to_idle(&w, &b).await;
+    w.set_job(&nb, 4242).await.unwrap();
+    let busy = w.wait_state(&nb, AttemptState::Busy).await.unwrap();
+    kill_runner(pid_of(&busy)).await;
+    w.set_github_status(&nb, "absent", false, 2).await.unwrap();
+    let lost = w.wait_state(&nb, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(
+        outcome(&lost),
+        Some(Outcome::Orphaned(
+            runner_manager_crds::outcome::OrphanReason::ProcessLost
+        ))
+    );
+    for x in [&a, &b] {
+        w.deregister(x).await.unwrap();
+        assert_settled(&w, x, 2).await;
+    }
+}
+
+/// A job too short to be seen busy is a completed job, from `Starting` and from `Idle` (parity
+/// rows 38, 39): no fact says busy and no job fact is written; the runner takes the job, runs it
+/// and exits cleanly, and its `_diag` (a `Worker_*.log`) decides `CompletedJob`, walking the
+/// `AssignJob` edge first. A live busy runner whose assignment GitHub withdraws, with only the
+/// listener's log, goes back to `Idle` and its idle clock restarts; with a worker's log it stays
+/// `Busy` and its exit is a completed job (row 42).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
+    let Some(w) = AgentWorld::start("job_evidence_decides_short_jobs")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let _agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+
+    // Row 38: the job is queued before the runner connects; the agent never sees it busy.
+    let job = w.queue_job(100).await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    assert_eq!(
+        w.wait_assigned(job).await.unwrap(),
+        runner_manager_crds::names::runner_name(a.spec.attempt_uuid().unwrap())
+    );
+    assert!(done.status.as_ref().unwrap().facts.github.is_none());
+
+    // Row 39: from `Idle`, the job taken between two passes, no job fact written.
+    let b = w.pending_attempt().await.unwrap();
+    let nb = name(&b);
+    w.wait_state(&nb, AttemptState::Starting).await.unwrap();
+    bring_to_idle(&w, &b).await;
+    w.queue_job(100).await.unwrap();
+    let done = w.wait_state(&nb, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    assert!(done.status.as_ref().unwrap().facts.job.is_none());
+
+    // Row 42: an assignment withdrawn from a live runner.
+    let c = w.pending_attempt().await.unwrap();
+    let nc = name(&c);
+    w.wait_state(&nc, AttemptState::Starting).await.unwrap();
+    let idle = bring_to_idle(&w, &c).await;
+    let first_idle = idle
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .timestamps()
+        .last_state_change_at
+        .clone()
+        .map(|t| t.0);
+    w.set_github(&nc, true, true, 2).await.unwrap();
+    w.wait_state(&nc, AttemptState::Busy).await.unwrap();
+    w.set_github(&nc, true, false, 3).await.unwrap();
+    let back = w.wait_state(&nc, AttemptState::Idle).await.unwrap();
+    let journal = &back.status.as_ref().unwrap().journal;
+    assert!(
+        journal
+            .timestamps()
+            .last_state_change_at
+            .clone()
+            .map(|t| t.0)
+            > first_idle,
+        "the idle clock restarted"
+    );
+    assert!(pid_alive(journal.process().unwrap().pid));
+    // Busy again, and this time the worker started: its log keeps the runner busy.
+    w.set_github(&nc, true, true, 4).await.unwrap();
+    let busy = w.wait_state(&nc, AttemptState::Busy).await.unwrap();
+    let diag = std::path::Path::new(
+        busy.status
+            .as_ref()
+            .unwrap()
+            .journal
+            .workspace()
+            .unwrap()
+            .runtime_path(),
+    )
+    .join("_diag");
+    std::fs::write(diag.join("Worker_20260101-000000-utc.log"), b"").unwrap();
+    w.set_github(&nc, true, false, 5).await.unwrap();
+    heartbeats(&w, 2).await;
+    let still = w.attempts().get(&nc).await.unwrap();
+    assert_eq!(
+        still.status.as_ref().unwrap().journal.state(),
+        AttemptState::Busy
+    );
+    kill_runner(pid_of(&busy)).await;
+    let done = w.wait_state(&nc, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    for x in [&a, &b, &c] {
+        w.deregister(x).await.unwrap();
+        assert_settled(&w, x, 3).await;
+    }
+}
+
+/// The termination intent (parity rows 58, 57). An intent that cannot be made durable (a
+/// directory stands where its file goes) means no signal and no conclusion: the runner lives on
+/// `Idle`, the agent says why, and the stop goes ahead once the intent can be written. A
+/// registration-timeout intent written just before a crash, whose runner then died, concludes
+/// `TerminatedAfterRegistrationTimeout` for the restarted agent (the operator replaces it once:
+/// `end_to_end.rs::a_runner_that_never_registers_is_stopped_and_its_job_runs_elsewhere`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_crash() {
+    use runner_manager_crds::duration::ManifestDuration;
+    let Some(w) = AgentWorld::start("the_termination_intent_is_durable")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    let idle = bring_to_idle(&w, &a).await;
+    let pid = pid_of(&idle);
+    let intent = std::path::Path::new(
+        idle.status
+            .as_ref()
+            .unwrap()
+            .journal
+            .workspace()
+            .unwrap()
+            .runtime_path(),
+    )
+    .join(".terminate-intent");
+    std::fs::create_dir(&intent).unwrap();
+    // The request alone: a deregistration would end the runner by itself.
+    w.request_termination(&n, "IdleTimeout").await.unwrap();
+    wait_logged(
+        &agent,
+        "the agent to say the intent is not durable",
+        &["termination intent not durable", &n],
+    )
+    .await;
+    heartbeats(&w, 2).await;
+    assert!(pid_alive(pid), "signalled without a durable intent");
+    let still = w.attempts().get(&n).await.unwrap();
+    assert_eq!(
+        still.status.as_ref().unwrap().journal.state(),
+        AttemptState::Idle
+    );
+    std::fs::remove_dir(&intent).unwrap();
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    assert!(!pid_alive(pid));
+    w.deregister(&a).await.unwrap();
+    assert_settled(&w, &a, 1).await;
+    drop(agent);
+
+    // Row 57: the registration deadline's intent, then a crash before any signal.
+    let mut crashing = w
+        .agent(4, &[("RM_AGENT_FAULT", "after-termination-intent")])
+        .unwrap();
+    w.wait_recovered().await.unwrap();
+    let b = w
+        .pending_attempt_with(|s| s.timeouts.registration = ManifestDuration::from_secs(3))
+        .await
+        .unwrap();
+    let nb = name(&b);
+    let started = w.wait_state(&nb, AttemptState::Starting).await.unwrap();
+    assert!(!wait_exit(&mut crashing).await.success());
+    drop(crashing);
+    let pid = pid_of(&started);
+    assert!(pid_alive(pid), "signalled before the crash");
+    kill_runner(pid).await;
+    let _again = w.agent(4, &[]).unwrap();
+    let done = w.wait_state(&nb, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(
+        outcome(&done),
+        Some(Outcome::Failed(
+            FailureReason::TerminatedAfterRegistrationTimeout
+        ))
+    );
+    w.deregister(&done).await.unwrap();
+    assert_settled(&w, &b, 2).await;
+}
+
+/// The runner's environment (parity rows 70, 72): `runner.env` over the platform defaults, the
+/// runtime's `tmp` last for `TMPDIR`/`TEMP`/`TMP`, no `USERPROFILE` and no home directory; and a
+/// `runner.env` the agent refuses (it would move the runner's tmp) is rejected at admission,
+/// before a workspace, a package or a JIT, without its value in the event or the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runner_environment_is_layered_and_a_refused_one_stops_before_any_effect() {
+    let Some(w) = AgentWorld::start("the_runner_environment_is_layered")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w
+        .pending_attempt_with(|s| {
+            s.env
+                .insert("TEAM_SETTING".into(), "from-runner-env".into());
+            s.env.insert(
+                "POWERSHELL_TELEMETRY_OPTOUT".into(),
+                "0-from-runner-env".into(),
+            );
+        })
+        .await
+        .unwrap();
+    let n = name(&a);
+    let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    let runtime = started
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .workspace()
+        .unwrap()
+        .runtime_path()
+        .to_owned();
+    let environ = std::fs::read(format!("/proc/{}/environ", pid_of(&started))).unwrap();
+    let env: std::collections::BTreeMap<String, String> = environ
+        .split(|b| *b == 0)
+        .filter_map(|kv| {
+            let kv = String::from_utf8_lossy(kv);
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        })
+        .collect();
+    assert_eq!(env["TEAM_SETTING"], "from-runner-env");
+    assert_eq!(
+        env["POWERSHELL_TELEMETRY_OPTOUT"], "0-from-runner-env",
+        "runner.env wins over the platform defaults"
+    );
+    assert_eq!(
+        env["ACTIONS_RUNNER_RETURN_VERSION_DEPRECATED_EXIT_CODE"],
+        "1"
+    );
+    for tmp in ["TMPDIR", "TEMP", "TMP"] {
+        assert_eq!(env[tmp], format!("{runtime}/tmp"), "{tmp}");
+    }
+    // Names only in messages: the listener's environment holds its JIT.
+    let names: Vec<&String> = env.keys().collect();
+    assert!(!env.contains_key("USERPROFILE"), "{names:?}");
+    assert!(!env.contains_key("HOME"), "{names:?}");
+    assert!(
+        !std::path::Path::new(&runtime).join("home").exists()
+            && !std::path::Path::new(&runtime).join("profile").exists(),
+        "a home directory in the attempt"
+    );
+    bring_to_idle(&w, &a).await;
+    stop_idle(&w, &a, "ScaleDown").await;
+    assert_settled(&w, &a, 1).await;
+
+    let secret_like = "value-that-must-not-be-echoed-7f3a";
+    let (_, mints_before) = w.second_sessions_and_mints().await.unwrap();
+    let refused = w
+        .pending_attempt_with(|s| {
+            s.env.insert("TMPDIR".into(), secret_like.into());
+        })
+        .await
+        .unwrap();
+    let nr = name(&refused);
+    let done = w.wait_state(&nr, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(
+        outcome(&done),
+        Some(Outcome::Rejected(RejectReason::SnapshotUnusable))
+    );
+    assert!(done.status.as_ref().unwrap().journal.workspace().is_none());
+    let (_, mints_after) = w.second_sessions_and_mints().await.unwrap();
+    assert_eq!(mints_after, mints_before, "a JIT was minted");
+    assert!(w.runtimes().is_empty());
+    let warnings = wait::until(STEP, "the Rejected event", || async {
+        let found = warnings_on(&w, &nr).await;
+        (!found.is_empty()).then_some(found)
+    })
+    .await
+    .unwrap();
+    assert!(
+        warnings.iter().all(|e| !e.contains(secret_like)),
+        "{warnings:?}"
+    );
+    assert!(
+        agent.lines().iter().all(|l| !l.contains(secret_like)),
+        "the refused value in the agent's log"
+    );
 }
 
 // ---- Issue 20, part B: orphans, late residue, blocked removals across restarts, pruning, and

@@ -264,8 +264,21 @@ impl AgentWorld {
         busy: bool,
         generation: i64,
     ) -> Result<(), String> {
+        let status = if online { "online" } else { "offline" };
+        self.set_github_status(name, status, busy, generation).await
+    }
+
+    /// The operator's fact with any status: `online`, `offline`, `absent` (not listed) or
+    /// `unreachable` (GitHub did not answer).
+    pub async fn set_github_status(
+        &self,
+        name: &str,
+        status: &str,
+        busy: bool,
+        generation: i64,
+    ) -> Result<(), String> {
         let body = json!({"status": {"github": {
-            "status": if online { "online" } else { "offline" }, "busy": busy, "generation": generation}}});
+            "status": status, "busy": busy, "generation": generation}}});
         self.attempts()
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
             .await

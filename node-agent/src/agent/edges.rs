@@ -3,7 +3,7 @@
 //! functions are how the operator's facts and the runner's own evidence become edges.
 
 use runner_manager_crds::attempt::{AttemptFacts, GitHubRunnerStatus, Transition};
-use runner_manager_crds::outcome::{FailureReason, Outcome};
+use runner_manager_crds::outcome::{FailureReason, OrphanReason, Outcome};
 use runner_manager_crds::policy::ExecutionMode;
 use runner_manager_crds::recovery::{GitHubObservation, RecoveryDecision};
 use runner_manager_crds::state::{AttemptState, EdgeKind};
@@ -89,6 +89,29 @@ pub fn exit_outcome(
     }
 }
 
+/// How long an exit whose only witness is a fact listing the runner idle waits for a newer
+/// witness (see [`awaits_newer_witness`]): the operator writes `spec.termination` right after its
+/// DELETE, one API write, which a loaded API server can delay by seconds.
+pub const EXIT_WITNESS_GRACE: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Whether the conclusion of a gone runner must wait for a witness newer than its exit. An
+/// `Idle` runner that GitHub's last fact lists online and idle, gone with no termination asked
+/// and no evidence of its own, reads `Orphaned(ProcessLost)`. But that is exactly what the
+/// operator's ordered termination looks like between its DELETE (the runner's session ends and
+/// it exits at once) and its `spec.termination` write: the fact predates the exit. Within
+/// [`EXIT_WITNESS_GRACE`] of the first sighting, the request (or a newer fact) decides instead;
+/// after it, a runner GitHub still lists with no process is lost. This was the cause of the two
+/// `Orphaned(ProcessLost)` runners of the 50-job burst, whose overshoot is scaled down (issue 20).
+pub fn awaits_newer_witness(
+    state: AttemptState,
+    github: GitHubObservation,
+    outcome: Option<Outcome>,
+) -> bool {
+    state == AttemptState::Idle
+        && github == (GitHubObservation::Registered { busy: false })
+        && outcome == Some(Outcome::Orphaned(OrphanReason::ProcessLost))
+}
+
 /// The edges that conclude `outcome` from `state`: a completed job is concluded from `Busy`
 /// (through `AssignJob` when the assignment was never observed); an outcome the table does not
 /// allow from `state` becomes `ProcessExitedUnexpectedly`, which any live state may take.
@@ -115,7 +138,6 @@ pub fn conclusion_path(state: AttemptState, outcome: Outcome) -> Vec<Transition>
 mod tests {
     use super::*;
     use runner_manager_crds::attempt::{GitHubFact, JobFact, TerminationReason};
-    use runner_manager_crds::outcome::OrphanReason;
     use runner_manager_crds::recovery::TerminateReason;
 
     fn facts(status: Option<GitHubRunnerStatus>, busy: bool, job: bool) -> AttemptFacts {
@@ -267,6 +289,37 @@ mod tests {
             ),
             Some(Outcome::Failed(FailureReason::ProcessExitedUnexpectedly))
         );
+    }
+
+    #[test]
+    fn only_a_lost_idle_runner_still_listed_idle_waits_for_a_newer_witness() {
+        use AttemptState as S;
+        let lost = Some(Outcome::Orphaned(OrphanReason::ProcessLost));
+        let listed_idle = GitHubObservation::Registered { busy: false };
+        assert!(awaits_newer_witness(S::Idle, listed_idle, lost));
+        // A requested stop, `_diag` or the exit code decided: nothing to wait for.
+        assert!(!awaits_newer_witness(
+            S::Idle,
+            listed_idle,
+            Some(Outcome::ExitedIdleWithoutWork)
+        ));
+        assert!(!awaits_newer_witness(
+            S::Idle,
+            listed_idle,
+            Some(Outcome::CompletedJob)
+        ));
+        // A busy runner is never deregistered for a stop: its loss is not this race.
+        assert!(!awaits_newer_witness(S::Busy, listed_idle, lost));
+        assert!(!awaits_newer_witness(
+            S::Idle,
+            GitHubObservation::Registered { busy: true },
+            lost
+        ));
+        assert!(!awaits_newer_witness(
+            S::Idle,
+            GitHubObservation::NotRegistered,
+            lost
+        ));
     }
 
     #[test]

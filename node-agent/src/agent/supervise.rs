@@ -20,7 +20,10 @@ use runner_manager_crds::recovery::{
 };
 use runner_manager_crds::state::{Actor, AttemptState};
 
-use super::edges::{conclusion_path, exit_outcome, fact_edge, github_observation, observe_edge};
+use super::edges::{
+    EXIT_WITNESS_GRACE, awaits_newer_witness, conclusion_path, exit_outcome, fact_edge,
+    github_observation, observe_edge,
+};
 use super::events::{self, EventReason};
 use super::fault::{self, Boundary};
 use super::launch::{self, take};
@@ -41,6 +44,15 @@ pub enum Step {
     Wait,
     /// The attempt is `Cleaned` (or not this node's): the task ends.
     Done,
+}
+
+/// What one attempt's task remembers between its steps (lost on a restart, which only restarts
+/// the clocks it holds).
+#[derive(Debug, Default)]
+pub struct TaskMemory {
+    /// When the runner was first seen gone while the last fact still listed it idle
+    /// ([`awaits_newer_witness`]).
+    gone_while_listed: Option<std::time::Instant>,
 }
 
 /// Why a step did not finish.
@@ -146,6 +158,7 @@ pub async fn attempt_task(
 ) {
     let api = Api::<RunnerAttempt>::namespaced(agent.kube.clone(), &namespace);
     let mut reported = false;
+    let mut memory = TaskMemory::default();
     // What the attempt held when last read, for the orphan sweep if its object goes away.
     let mut held = None;
     loop {
@@ -157,7 +170,7 @@ pub async fn attempt_task(
             return;
         };
         held = super::orphans::held_by(&a);
-        match step(&agent, &api, &a).await {
+        match step(&agent, &api, &a, &mut memory).await {
             Ok(Step::Done) => {
                 agent.gate.reconciled(&uid);
                 agent.advert_changed.notify_one();
@@ -177,13 +190,24 @@ pub async fn attempt_task(
                 if !reported {
                     reported = true;
                     tracing::warn!("{namespace}/{name}: recovery blocked: {}", why.as_str());
+                    let what = match why {
+                        RecoveryBlocked::IdentityUnreadable => {
+                            "the runner's identity file cannot be read; a person must check the runtime"
+                        }
+                        RecoveryBlocked::GitHubUnreachable => {
+                            "GitHub did not answer and this attempt's decision needs it; it is decided once GitHub answers"
+                        }
+                        RecoveryBlocked::ListFailed | RecoveryBlocked::JournalWriteFailed => {
+                            "the API server did not serve what recovery needs"
+                        }
+                    };
                     events::warn(
                         &agent.kube,
                         &agent.node,
                         &a,
                         EventReason::RecoveryBlocked,
                         format!(
-                            "recovery of this node is incomplete: {} (the runner's identity file cannot be read; a person must check the runtime)",
+                            "recovery of this node is incomplete: {} ({what})",
                             why.as_str()
                         ),
                     )
@@ -204,6 +228,7 @@ pub async fn step(
     agent: &Agent,
     api: &Api<RunnerAttempt>,
     a: &RunnerAttempt,
+    memory: &mut TaskMemory,
 ) -> Result<Step, StepError> {
     let (uid, _, _) = names(a)?;
     if a.spec.node_name != agent.node {
@@ -267,7 +292,7 @@ pub async fn step(
         s if s.is_terminal() => cleanup::clean(agent, api, a).await,
         AttemptState::JitReceived => jit_received(agent, api, a, &journal).await,
         AttemptState::Starting | AttemptState::Idle | AttemptState::Busy => {
-            live(agent, api, a, &journal, frozen).await
+            live(agent, api, a, &journal, frozen, memory).await
         }
         // Allocated, Preparing, Prepared: a launch a previous agent did not finish.
         _ => {
@@ -383,6 +408,7 @@ async fn live(
     a: &RunnerAttempt,
     journal: &AttemptJournal,
     frozen: bool,
+    memory: &mut TaskMemory,
 ) -> Result<Step, StepError> {
     let (_, name, ns) = names(a)?;
     let state = journal.state();
@@ -442,6 +468,7 @@ async fn live(
                 conclude(api, &name, o).await?;
                 Ok(Step::Again)
             }
+            RecoveryDecision::Defer => deferred(agent),
             _ => Ok(Step::Wait),
         };
     }
@@ -456,13 +483,41 @@ async fn live(
         &timeouts(a, agent.deadline_grace),
         Timestamp::now(),
     );
-    match exit_outcome(state, exit, seen, intent, rec) {
+    let decided = exit_outcome(state, exit, seen, intent, rec);
+    if awaits_newer_witness(state, github, decided) {
+        if memory.gone_while_listed.is_none() {
+            tracing::info!(
+                namespace = %ns, attempt = %name,
+                "runner exited while GitHub's last fact lists it idle; waiting up to {} s for a termination request or a newer fact",
+                EXIT_WITNESS_GRACE.as_secs()
+            );
+        }
+        let since = *memory
+            .gone_while_listed
+            .get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() < EXIT_WITNESS_GRACE {
+            return Ok(Step::Wait);
+        }
+    }
+    match decided {
         Some(outcome) => {
             tracing::info!(namespace = %ns, attempt = %name, "runner exited ({exit:?}, {seen:?}): {outcome:?}");
             conclude(api, &name, outcome).await?;
             Ok(Step::Again)
         }
-        None => Ok(Step::Wait),
+        // Only a deferral leaves an exit undecided.
+        None => deferred(agent),
+    }
+}
+
+/// A decision deferred because GitHub did not answer. While the node recovers this keeps
+/// recovery incomplete (DESIGN §4 rule 8: nothing launches on the node before every attempt is
+/// reconciled, and this one is not); after that the attempt just waits for an answer.
+fn deferred(agent: &Agent) -> Result<Step, StepError> {
+    if agent.gate.is_complete() {
+        Ok(Step::Wait)
+    } else {
+        Err(StepError::Blocked(RecoveryBlocked::GitHubUnreachable))
     }
 }
 
