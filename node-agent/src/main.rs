@@ -30,11 +30,11 @@ fn main() -> ExitCode {
     match runtime.block_on(agent::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e @ AgentError::Fence(_)) => {
-            tracing::error!("runner-manager-node-agent: {e}");
+            tracing::error!(error = e.kind(), "runner-manager-node-agent: {e}");
             ExitCode::from(EXIT_FENCED)
         }
         Err(e) => {
-            tracing::error!("runner-manager-node-agent: {e}");
+            tracing::error!(error = e.kind(), "runner-manager-node-agent: {e}");
             ExitCode::from(EXIT_FAILED)
         }
     }

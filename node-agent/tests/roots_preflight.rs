@@ -7,7 +7,12 @@ use std::path::Path;
 use std::process::Command;
 
 fn agent(host: &Path, slots: &Path) -> std::process::Output {
+    agent_with(host, slots, &[])
+}
+
+fn agent_with(host: &Path, slots: &Path, extra: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_runner-manager-node-agent"))
+        .args(extra)
         .args([
             "--node-name",
             "preflight-node",
@@ -61,4 +66,40 @@ fn the_agent_refuses_unsafe_roots_before_creating_anything() {
     let out = agent(&host, &host.join("slots"));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("Kubernetes"), "{stderr}");
+}
+
+/// The refusal's log line, as shipped (JSON): a closed `error` kind that the field allow-list
+/// keeps, the path and the fix in the message only, no path in any field (row 5).
+#[test]
+fn a_refused_root_is_logged_with_a_closed_kind_and_no_path_in_a_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path().join("host");
+    let slots = host.join("runners");
+    let out = agent_with(&host, &slots, &["--log-format", "json"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line: serde_json::Value = stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["fields"]["error"].is_string())
+        .unwrap_or_else(|| panic!("no line with an error kind: {stderr}"));
+    let fields = line["fields"].as_object().unwrap();
+    assert_eq!(fields["error"], "root_refused");
+    let message = fields["message"].as_str().unwrap();
+    assert!(message.contains(&slots.display().to_string()), "{message}");
+    assert!(
+        message.contains("--slots-root"),
+        "the fix is named: {message}"
+    );
+    for (k, v) in fields {
+        assert!(
+            k == "message" || !v.to_string().contains('/'),
+            "a path in field {k}: {v}"
+        );
+    }
+    assert_eq!(
+        fields.keys().filter(|k| *k != "message").count(),
+        1,
+        "{fields:?}"
+    );
 }
