@@ -80,6 +80,22 @@ pub fn listed_runner<'l>(
     listing.get(&registration_name(a)?)
 }
 
+/// The registration to delete for a concluded attempt: the one GitHub lists under the attempt's
+/// own runner name, never a busy one. With or without a runner id in the journal: a broker that
+/// died between GitHub's 201 and its CAS left a registration that no JIT reached (the agent
+/// concludes such an attempt `JitExpired` without a runner id); its name derives from the
+/// attempt's uuid, so it goes on the next pass rather than after history garbage collection and
+/// the orphan grace (issue 20). Pure.
+pub fn concluded_registration<'l>(
+    listing: &'l HashMap<String, Runner>,
+    a: &RunnerAttempt,
+) -> Option<&'l Runner> {
+    if !state_of(a).is_terminal() {
+        return None;
+    }
+    listed_runner(listing, a).filter(|r| !r.busy)
+}
+
 /// What became of a termination request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Terminated {
@@ -226,18 +242,8 @@ pub async fn observe(
         .map(|r| (r.name.clone(), r.clone()))
         .collect();
     for a in attempts {
-        if a.status.as_ref().and_then(|s| s.journal.runner()).is_none() {
-            continue;
-        }
-        let ns = a.metadata.namespace.as_deref().unwrap_or_default();
-        let name = a.metadata.name.as_deref().unwrap_or_default();
-        let state = state_of(a);
-        // By the name derived from the attempt, never the status's (an agent writes the status).
-        let listed = listed_runner(&listing, a);
-        if state.is_terminal() {
-            // Concluded, yet GitHub still lists it: deregister (never a busy one).
-            if let Some(r) = listed
-                && !r.busy
+        if state_of(a).is_terminal() {
+            if let Some(r) = concluded_registration(&listing, a)
                 && let Err(source) = client.delete_runner(r.id, Priority::Observe).await
             {
                 errors.push(ReconcileError::Deregister {
@@ -247,6 +253,13 @@ pub async fn observe(
             }
             continue;
         }
+        if a.status.as_ref().and_then(|s| s.journal.runner()).is_none() {
+            continue;
+        }
+        let ns = a.metadata.namespace.as_deref().unwrap_or_default();
+        let name = a.metadata.name.as_deref().unwrap_or_default();
+        // By the name derived from the attempt, never the status's (an agent writes the status).
+        let listed = listed_runner(&listing, a);
         let (status, busy) = fact_of(listed);
         let current = a
             .status
@@ -388,6 +401,51 @@ mod tests {
         let only_victim: HashMap<String, Runner> =
             listing.into_iter().filter(|(n, _)| n == "victim").collect();
         assert!(listed_runner(&only_victim, &a).is_none());
+    }
+
+    fn attempt_in(state: &str, runner: Option<i64>) -> RunnerAttempt {
+        let mut status = serde_json::json!({"state": state});
+        if let Some(id) = runner {
+            status["runner"] = serde_json::json!({"id": id, "name": "n"});
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
+            "metadata": {"name": "web-1"},
+            "spec": {"id": "01234567-89ab-4def-8123-456789abcdef", "policy": "web", "nodeName": "n",
+              "snapshot": {"policyUid": "u", "target": {"url": "https://github.com/a/b", "scope": "Repository"},
+                "labels": ["x"], "runnerGroupId": 1, "workspace": "Ephemeral", "maxSlots": 1,
+                "execution": {"mode": "Native"},
+                "runner": {"version": "2.330.0", "url": "u", "sha256": "a".repeat(64)},
+                "timeouts": {"registration": "60s", "idle": "120s", "jitHandoff": "120s"}}},
+            "status": status
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_concluded_attempt_is_deregistered_by_its_name_even_without_a_runner_id() {
+        let name = "runner-manager-01234567-89ab-4def-8123-456789abcdef";
+        let mut listed = runner(name, "offline", &[]);
+        listed.id = 42;
+        let listing: HashMap<String, Runner> = [(name.to_owned(), listed.clone())].into();
+        // A broker died between GitHub's 201 and its CAS: the agent concluded JitExpired, no id.
+        let lost = attempt_in("Failed", None);
+        assert_eq!(
+            concluded_registration(&listing, &lost).map(|r| r.id),
+            Some(42)
+        );
+        assert_eq!(
+            concluded_registration(&listing, &attempt_in("Finished", Some(42))).map(|r| r.id),
+            Some(42)
+        );
+        // Live attempts are the termination's business, never this path's.
+        assert!(concluded_registration(&listing, &attempt_in("Prepared", None)).is_none());
+        assert!(concluded_registration(&listing, &attempt_in("Idle", Some(42))).is_none());
+        // A busy registration is never deleted.
+        listed.busy = true;
+        let busy: HashMap<String, Runner> = [(name.to_owned(), listed)].into();
+        assert!(concluded_registration(&busy, &lost).is_none());
+        assert!(concluded_registration(&HashMap::new(), &lost).is_none());
     }
 
     #[test]
