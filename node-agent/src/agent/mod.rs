@@ -84,25 +84,6 @@ pub enum AgentError {
     Bind(std::net::SocketAddr, std::io::ErrorKind),
 }
 
-impl AgentError {
-    /// A closed name for the log line's `error` field: the message keeps the path and the fix,
-    /// the field says what kind of refusal it was and carries no path.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Fence(_) => "fenced",
-            Self::Roots(_) => "root_refused",
-            Self::HostRoot(..) => "host_root_unusable",
-            Self::NotTraversable(..) => "root_not_traversable",
-            Self::KubeConfig(_) => "kube_config",
-            Self::Launcher(_) => "launcher",
-            Self::Defaults(_) => "runner_defaults",
-            Self::Packages(_) => "package_cache",
-            Self::Signals(_) => "signals",
-            Self::Bind(..) => "bind",
-        }
-    }
-}
-
 /// Everything the attempt tasks share.
 pub struct Agent {
     pub node: String,
@@ -213,14 +194,25 @@ fn entry_helper(cli: &Cli) -> Result<PathBuf, AgentError> {
         .unwrap_or_else(|| PathBuf::from("/usr/bin/runner-manager-runner-entry")))
 }
 
-/// Runner-root preflight: every existing ancestor of `root` (and `root` itself) must be
-/// searchable by the runner accounts, which are neither root nor the owner. A root under a 0700
-/// home directory would otherwise fail every launch at `exec` of the listener, after a JIT was
-/// already spent.
-fn traversable_by_runners(root: &std::path::Path, runner_gid: u32) -> Result<(), AgentError> {
+/// Where the node's systemd resolves paths: PID 1's root. In the agent's hostPID pod that is the
+/// node's file system, which the runner units traverse, while the agent's own `/var/lib` is its
+/// image's: on a real node a 0700 `/var/lib` (made by a container runtime) failed every runner
+/// with 200/CHDIR although the preflight in the container's view passed.
+const SYSTEMD_VIEW: &str = "/proc/1/root";
+
+/// Runner-root preflight: every existing ancestor of `root` (and `root` itself), as seen under
+/// `view` (`/`: the agent's own view; [`SYSTEMD_VIEW`]: the host's), must be searchable by the
+/// runner accounts, which are neither root nor the owner. A root under a 0700 home directory
+/// would otherwise fail every launch at `exec` of the listener, after a JIT was already spent.
+fn traversable_by_runners(
+    view: &std::path::Path,
+    root: &std::path::Path,
+    runner_gid: u32,
+) -> Result<(), AgentError> {
     use std::os::unix::fs::MetadataExt;
     for dir in root.ancestors() {
-        let Ok(meta) = std::fs::metadata(dir) else {
+        let seen = view.join(dir.strip_prefix("/").unwrap_or(dir));
+        let Ok(meta) = std::fs::metadata(&seen) else {
             continue; // Not created yet: it is made 0755 (or by the slot code) later.
         };
         let mode = meta.mode() & 0o7777;
@@ -266,8 +258,16 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         cli.capacity,
     )?;
     prepare_host_root(&cli.host_root)?;
-    traversable_by_runners(&cli.host_root, cli.runner_gid)?;
-    traversable_by_runners(&cli.slots_root, cli.runner_gid)?;
+    let own_view = std::path::Path::new("/");
+    traversable_by_runners(own_view, &cli.host_root, cli.runner_gid)?;
+    traversable_by_runners(own_view, &cli.slots_root, cli.runner_gid)?;
+    // The systemd launcher's runners resolve the roots in the host's mount namespace. Without
+    // access to PID 1's root (no hostPID) there is no other view to check.
+    let host_view = std::path::Path::new(SYSTEMD_VIEW);
+    if cli.launcher == LauncherKind::Systemd && std::fs::metadata(host_view).is_ok() {
+        traversable_by_runners(host_view, &cli.host_root, cli.runner_gid)?;
+        traversable_by_runners(host_view, &cli.slots_root, cli.runner_gid)?;
+    }
     let fence = HostFence::acquire(&cli.host_root)?;
     let config = kube::Config::infer()
         .await
@@ -537,7 +537,30 @@ fn claims(
 
 #[cfg(test)]
 mod preflight_tests {
-    use super::searchable;
+    use super::{AgentError, searchable, traversable_by_runners};
+    use std::os::unix::fs::PermissionsExt;
+
+    /// The check follows the view it is given: a directory the runners cannot search in the
+    /// host's tree refuses the root even when the agent's own tree (`/`) lets them through.
+    #[test]
+    fn ancestors_are_checked_in_the_given_view() {
+        let host = tempfile::tempdir().expect("tempdir");
+        let lib = host.path().join("var/lib");
+        std::fs::create_dir_all(lib.join("runner-manager")).expect("mkdir");
+        for d in [host.path(), &host.path().join("var")] {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+        std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        let root = std::path::Path::new("/var/lib/runner-manager");
+        match traversable_by_runners(host.path(), root, 20000) {
+            Err(AgentError::NotTraversable(dir, 0o700)) => {
+                assert_eq!(dir, std::path::Path::new("/var/lib"))
+            }
+            other => panic!("a 0700 /var/lib in the host's view passed: {other:?}"),
+        }
+        std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        traversable_by_runners(host.path(), root, 20000).expect("searchable once 0755");
+    }
 
     #[test]
     fn runner_accounts_need_other_or_group_search() {
