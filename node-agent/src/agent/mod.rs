@@ -84,6 +84,25 @@ pub enum AgentError {
     Bind(std::net::SocketAddr, std::io::ErrorKind),
 }
 
+impl AgentError {
+    /// A closed name for the log line's `error` field: the message keeps the path and the fix,
+    /// the field says what kind of refusal it was and carries no path.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Fence(_) => "fenced",
+            Self::Roots(_) => "root_refused",
+            Self::HostRoot(..) => "host_root_unusable",
+            Self::NotTraversable(..) => "root_not_traversable",
+            Self::KubeConfig(_) => "kube_config",
+            Self::Launcher(_) => "launcher",
+            Self::Defaults(_) => "runner_defaults",
+            Self::Packages(_) => "package_cache",
+            Self::Signals(_) => "signals",
+            Self::Bind(..) => "bind",
+        }
+    }
+}
+
 /// Everything the attempt tasks share.
 pub struct Agent {
     pub node: String,
