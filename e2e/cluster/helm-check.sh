@@ -105,6 +105,24 @@ lease=$(K -n $ns get lease -o name 2>/dev/null | grep -c "$RM_CLUSTER_NODE" || t
 [ "$lease" -ge 1 ] || fail "no Lease of node $RM_CLUSTER_NODE (webhook or broker unreachable)"
 say "the agent serves with the systemd launcher; its node Lease passed the admission webhook"
 
+# The roots preflight checks the node's view (PID 1's root), not only the container's: a node
+# /var/lib the runner accounts cannot search is refused at start, before any JIT is spent.
+agent_pod() { K -n $ns get pods -l app.kubernetes.io/component=node-agent -o jsonpath='{.items[0].metadata.name}'; }
+agent_refuses() {
+  local log # not a pipeline: under pipefail a missing --previous log would fail it
+  log=$(K -n $ns logs "$(agent_pod)" 2>/dev/null; K -n $ns logs "$(agent_pod)" --previous 2>/dev/null || true)
+  grep -q '/var/lib is not searchable by the runner accounts (mode 700)' <<<"$log"
+}
+chmod 0700 "$NODE_FS/var/lib"
+K -n $ns delete pod "$(agent_pod)" --wait=true >/dev/null
+if ! (wait_for 60 "the agent refusing a node /var/lib of mode 0700" agent_refuses); then
+  chmod 0755 "$NODE_FS/var/lib"; fail "the agent started on a node whose /var/lib runners cannot search"
+fi
+chmod 0755 "$NODE_FS/var/lib"
+K -n $ns delete pod "$(agent_pod)" --wait=true >/dev/null
+K -n $ns rollout status ds/$rel-runner-manager-node-agent --timeout=120s >/dev/null || fail "the agent is not Ready once /var/lib is 0755 again"
+say "the agent refused a node /var/lib of mode 0700 (its roots preflight in the node's view); Ready again at 0755"
+
 # --- 2. a policy, jobs
 apply_policy $jobs_ns web 1 3 "$work/app.pem"
 
@@ -123,7 +141,7 @@ handoffs() { { find "$HOST_ROOT" -name 'jit-*' 2>/dev/null; N find /run /tmp -xd
 # No leak: every unit, runtime directory and registration belongs to a live attempt; no handoff
 # file; every JIT minted went to an attempt that registered (none twice).
 no_leaks() {
-  local live want u units_now d regs registered minted
+  local live want u units_now d regs registered minted mounts
   live=$(live_ids | sort)
   want=$(for id in $live; do unit_of "$id"; done | sort)
   units_now=$(units)
@@ -136,6 +154,10 @@ no_leaks() {
     done
   fi
   [ -z "$(handoffs)" ] || fail "$1: JIT handoff files left: $(handoffs | tr '\n' ' ')"
+  # The agent pod's hostPath mounts stay in its container: none under the host root on the node
+  # (a Bidirectional pair of nested roots once doubled them at every agent start).
+  mounts=$(N awk '$5 ~ "^/var/lib/runner-manager" {n++} END {print n + 0}' /proc/1/mountinfo)
+  [ "$mounts" = 0 ] || fail "$1: $mounts mounts under /var/lib/runner-manager on the node"
   regs=$(admin GET runners | jq -r '.[].name' | sort)
   registered=$(attempts | jq -r '.items[] | select(.status.state != "Cleaned") | .status.runner.name // empty' | sort)
   for r in $regs; do
