@@ -166,7 +166,7 @@ async fn world(test: &str, replicas: usize) -> Option<World> {
                 agent_labels(),
                 AGENT_DAEMONSET.into(),
             ),
-            clients: Clients::new(
+            clients: Arc::new(Clients::new(
                 kube.clone(),
                 GitHubConfig {
                     api_base: Some(fake.base_url().to_owned()),
@@ -178,7 +178,7 @@ async fn world(test: &str, replicas: usize) -> Option<World> {
                     http_hosts: runner_manager_e2e::harness::github::loopback_hosts(),
                     ..GitHubConfig::default()
                 },
-            ),
+            )),
             ownership_label: ownership.clone(),
             metrics: None,
         });

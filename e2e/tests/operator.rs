@@ -20,7 +20,9 @@ use runner_manager_crds::policy::{PolicyConditionType, PolicyReason, ScalePolicy
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::fake_github::PackageInfo;
 use runner_manager_e2e::harness::cluster::{client_or_skip, fresh_namespace, install_crds};
-use runner_manager_e2e::harness::github::{ORG, PAT, SimulatedGitHub, pat_credentials};
+use runner_manager_e2e::harness::github::{
+    ORG, PAT, SimulatedGitHub, app_secret_data, pat_credentials,
+};
 use runner_manager_e2e::harness::node::{SimNode, unique_node_name};
 use runner_manager_e2e::harness::process::{OperatorAddrs, Running, binary, operator_addrs};
 use runner_manager_e2e::harness::scripted_agent::{BrokerAccess, Script, ScriptedAgent};
@@ -1261,6 +1263,57 @@ async fn a_lost_node_orphans_its_attempts_and_they_are_replaced_elsewhere() {
 
 /// DESIGN §10: GitHub calls per launched runner, amortized over a burst of ten jobs (printed as
 /// MEASURE; the broker's look-up-before-mint is one of them by design, DESIGN §5).
+/// The broker and the controllers share one client registry (DESIGN deviation 17): the
+/// controllers' resolution and observation and the broker's JIT mint for one installation go out
+/// under one installation token, so GitHub is asked for it once. With a registry each, the
+/// broker minted its own token and spent its own budget.
+#[tokio::test]
+async fn one_installation_token_serves_the_controllers_and_the_broker() {
+    let Some(mut w) = world("one_installation_token").await else {
+        return;
+    };
+    let app = Secret {
+        metadata: ObjectMeta {
+            name: Some("github-app".into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(app_secret_data(None).unwrap()),
+        ..Secret::default()
+    };
+    Api::<Secret>::namespaced(w.kube.clone(), &w.team)
+        .create(&PostParams::default(), &app)
+        .await
+        .unwrap();
+    let op = w.start_operator(&[]).await;
+    w.add_node(Script::default(), op).await;
+    w.policy(
+        "web",
+        json!({"minIdle": 1, "github": {"credentialsSecretRef": {"name": "github-app"}}}),
+    )
+    .await;
+    w.attempts_until("an idle runner, its JIT minted by the broker", LONG, |l| {
+        l.iter()
+            .any(|a| state(a) == AttemptState::Idle)
+            .then_some(())
+    })
+    .await;
+    let counters = w.fake.counters().await.unwrap();
+    assert_eq!(
+        counters["generate_jitconfig"]["201"].as_u64(),
+        Some(1),
+        "the broker minted: {counters}"
+    );
+    assert!(
+        w.fake.calls("list_runners").await.unwrap() >= 1,
+        "the controllers called GitHub: {counters}"
+    );
+    assert_eq!(
+        w.fake.calls("access_tokens").await.unwrap(),
+        1,
+        "one installation token for the controllers and the broker: {counters}"
+    );
+}
+
 #[tokio::test]
 async fn github_calls_per_launched_runner_in_a_burst() {
     let Some(mut w) = world("github_calls_per_launched_runner").await else {

@@ -96,6 +96,11 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
         http_hosts: cli.allow_http_hosts.clone(),
         ..GitHubConfig::default()
     };
+    // One client registry for the broker and the controllers (DESIGN deviation 17): one
+    // installation token and one rate-limit budget per installation, whichever of them calls.
+    let clients = Arc::new(
+        Clients::new(kube.clone(), github_config).with_github_hosts(cli.github_hosts.clone()),
+    );
     let broker = Arc::new(server::Broker {
         kube: kube.clone(),
         agents: AgentIdentity::new(
@@ -104,8 +109,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
             cli.agent_pod_selector.clone(),
             cli.agent_daemonset.clone(),
         ),
-        clients: Clients::new(kube.clone(), github_config.clone())
-            .with_github_hosts(cli.github_hosts.clone()),
+        clients: clients.clone(),
         ownership_label: ownership.clone(),
         metrics: Some(metrics.clone()),
     });
@@ -211,10 +215,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
         let ctx = Arc::new(Ctx {
             events: Events::new(writer.clone(), identity.clone()),
             writer,
-            clients: Arc::new(
-                Clients::new(kube.clone(), github_config)
-                    .with_github_hosts(cli.github_hosts.clone()),
-            ),
+            clients,
             caches: cache::Caches::start(
                 &kube,
                 &cli.namespace,

@@ -24,7 +24,8 @@ use crate::github::registry::Clients;
 pub struct Broker {
     pub kube: kube::Client,
     pub agents: AgentIdentity,
-    pub clients: Clients,
+    /// Shared with the controllers: one token and budget per installation.
+    pub clients: Arc<Clients>,
     /// `rm-<12 hex>`: this cluster's label on every runner it registers.
     pub ownership_label: String,
     pub metrics: Option<Arc<crate::metrics::Metrics>>,
