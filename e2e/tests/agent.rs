@@ -1326,8 +1326,9 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
             .last_state_change_at
             .clone()
             .map(|t| t.0)
-            > first_idle,
-        "the idle clock restarted"
+            >= first_idle,
+        "the idle clock restarted (the wire has whole seconds; the edge's own rule is \
+         crds/tests/journal.rs::assignment_not_taken_restarts_the_idle_clock)"
     );
     assert!(pid_alive(journal.process().unwrap().pid));
     // Busy again, and this time the worker started: its log keeps the runner busy.
@@ -1354,10 +1355,83 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
     kill_runner(pid_of(&busy)).await;
     let done = w.wait_state(&nc, AttemptState::Cleaned).await.unwrap();
     assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
-    for x in [&a, &b, &c] {
+
+    // Row 45: no `_diag` at all, an exit at `Starting`: still a failure, never a completed job.
+    let d = w.pending_attempt().await.unwrap();
+    let nd = name(&d);
+    let started = w.wait_state(&nd, AttemptState::Starting).await.unwrap();
+    w.wait_online(&d).await.unwrap();
+    let runtime = std::path::PathBuf::from(
+        started
+            .status
+            .as_ref()
+            .unwrap()
+            .journal
+            .workspace()
+            .unwrap()
+            .runtime_path(),
+    );
+    std::fs::remove_dir_all(runtime.join("_diag")).unwrap();
+    w.deregister(&d).await.unwrap();
+    let done = w.wait_state(&nd, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(
+        outcome(&done),
+        Some(Outcome::Failed(FailureReason::ProcessExitedUnexpectedly))
+    );
+    for x in [&a, &b, &c, &d] {
         w.deregister(x).await.unwrap();
-        assert_settled(&w, x, 3).await;
+        assert_settled(&w, x, 4).await;
     }
+}
+
+/// A launch that fails at registration still reports its step timings (parity row 21): GitHub
+/// refuses the mint with a 403, which the broker does not retry (one call, parity row 32 in
+/// part); the attempt concludes `JitRequestFailed` with `status.launch` written in the same CAS:
+/// the package step measured (a cold download), the spawn never reached and read 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_that_fails_at_registration_still_reports_its_timings() {
+    let Some(w) = AgentWorld::start("a_launch_that_fails_at_registration")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    w.fake
+        .admin(
+            "POST",
+            "faults",
+            serde_json::json!({"endpoint": "generate_jitconfig", "count": 1, "status": 403}),
+        )
+        .await
+        .unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(
+        outcome(&done),
+        Some(Outcome::Failed(FailureReason::JitRequestFailed))
+    );
+    let launch = done
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .launch
+        .clone()
+        .expect("no status.launch on a failed launch");
+    print_launch("failed at registration", &done);
+    assert!(launch.package_downloaded, "a cold launch downloads");
+    assert_eq!(launch.spawn_ms, 0, "never spawned");
+    let counters = w.fake.counters().await.unwrap();
+    assert_eq!(
+        counters["generate_jitconfig"],
+        serde_json::json!({"403": 1}),
+        "a 403 is never retried"
+    );
+    wait_logged(&agent, "the failed launch at warn", &["launch failed", &n]).await;
+    assert!(w.runtimes().is_empty());
 }
 
 /// The termination intent (parity rows 58, 57). An intent that cannot be made durable (a

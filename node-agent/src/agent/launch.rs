@@ -451,6 +451,41 @@ pub async fn resume_prepared(
     .await
 }
 
+/// Concludes a launch that failed after its JIT request, with the timings of the steps it ran
+/// in `status.launch` in the same CAS (steps never reached read 0), and says so at warn: a failed
+/// launch reports how long it took as a started one does (parity row 21).
+async fn conclude_launch(
+    api: &Api<RunnerAttempt>,
+    ns: &str,
+    name: &str,
+    outcome: Outcome,
+    timings: &LaunchTimings,
+) -> Result<(), StepError> {
+    let written = journal::advance_with_launch(api, name, Actor::Agent, timings, |cur| {
+        let state = state_of(cur);
+        if state.is_terminal() {
+            return Decision::Nothing;
+        }
+        super::edges::conclusion_path(state, outcome)
+            .into_iter()
+            .next()
+            .map_or(Decision::Nothing, Decision::Take)
+    })
+    .await?;
+    if written.is_some() {
+        super::metrics::global().concluded(outcome, true);
+    }
+    tracing::warn!(
+        namespace = %ns, attempt = %name, "launch failed (materialize {} ms, prepare {} ms, register {} ms, spawn {} ms, downloaded {}): {outcome:?}",
+        timings.materialize_ms,
+        timings.prepare_ms,
+        timings.register_ms,
+        timings.spawn_ms,
+        timings.package_downloaded
+    );
+    Ok(())
+}
+
 /// `Prepared` (`current`: the attempt as written or watched in that state) → one JIT request →
 /// handoff → start → `Starting`.
 #[allow(clippy::too_many_arguments)]
@@ -516,17 +551,38 @@ async fn request_and_start(
             tracing::warn!(
                 namespace = %ns, attempt = %name, "the JIT is lost (the broker's answer was not received whole, or it was issued before)"
             );
-            conclude(api, name, Outcome::Failed(FailureReason::JitExpired)).await?;
+            conclude_launch(
+                api,
+                ns,
+                name,
+                Outcome::Failed(FailureReason::JitExpired),
+                &timings,
+            )
+            .await?;
             return Ok(());
         }
         JitAnswer::Refused(code) => {
             tracing::warn!(namespace = %ns, attempt = %name, "the broker refused the JIT request ({code})");
-            conclude(api, name, Outcome::Failed(FailureReason::JitRequestFailed)).await?;
+            conclude_launch(
+                api,
+                ns,
+                name,
+                Outcome::Failed(FailureReason::JitRequestFailed),
+                &timings,
+            )
+            .await?;
             return Ok(());
         }
         JitAnswer::NotSent(why) => {
             tracing::warn!(namespace = %ns, attempt = %name, "the JIT request was not sent: {why}");
-            conclude(api, name, Outcome::Failed(FailureReason::JitRequestFailed)).await?;
+            conclude_launch(
+                api,
+                ns,
+                name,
+                Outcome::Failed(FailureReason::JitRequestFailed),
+                &timings,
+            )
+            .await?;
             return Ok(());
         }
     };
@@ -572,10 +628,13 @@ async fn request_and_start(
     // The JIT leaves memory here, whatever happened.
     drop(jit);
     let Some(identity) = identity else {
-        conclude(
+        timings.spawn_ms = millis(spawned);
+        conclude_launch(
             api,
+            ns,
             name,
             Outcome::Failed(FailureReason::ProcessStartFailed),
+            &timings,
         )
         .await?;
         return Ok(());
