@@ -424,7 +424,23 @@ impl RunnerLauncher for SystemdLauncher {
         if !status.success() {
             return Err(io::Error::other("systemctl list-units failed"));
         }
-        Ok(attempt_units(&out))
+        // Only units in the runners' own slice: a unit of that name elsewhere is not ours.
+        let mut ours = Vec::new();
+        for short in attempt_units(&out) {
+            let (ok, slice) = self.run(
+                &self.systemctl,
+                &[
+                    "show".into(),
+                    "--property=Slice".into(),
+                    "--value".into(),
+                    format!("rm-{short}.service").into(),
+                ],
+            )?;
+            if ok.success() && slice.trim() == SLICE {
+                ours.push(short);
+            }
+        }
+        Ok(ours)
     }
 
     fn stop_leftover(&self, short: &str) -> Result<Stopped, StopError> {
