@@ -221,7 +221,7 @@ async fn wait_ready(p: &Product, policy: &str) {
 }
 
 /// An organization target with every webhook dropped still runs all its jobs: the walk over the
-/// organization's repositories finds them (three repositories, jobs in two), runners registered
+/// organization's repositories finds them (three repositories, four jobs in all three), runners registered
 /// at organization scope take them, and everything is cleaned.
 #[tokio::test]
 async fn an_organization_target_with_every_webhook_dropped_still_runs_all_its_jobs() {
@@ -252,7 +252,7 @@ async fn an_organization_target_with_every_webhook_dropped_still_runs_all_its_jo
     .unwrap();
     wait_ready(&p, "org").await;
     let mut jobs = Vec::new();
-    for repo in ["web", "api", "api"] {
+    for repo in ["web", "api", "api", "docs"] {
         let v = p
             .fake
             .admin(
@@ -308,4 +308,25 @@ async fn an_organization_target_with_every_webhook_dropped_still_runs_all_its_jo
     })
     .await
     .unwrap();
+    // No runner minted twice for one job (minIdle 0): with no delivery to say a job started,
+    // a runner that took one must not leave its job's entry asking for another runner until
+    // the walk proves the job gone. Counted once the ledger is empty (nothing asks any more).
+    wait::until(STEP, "the ledger empty", || async {
+        let sp: ScalePolicy = p.policies().get("org").await.ok()?;
+        sp.status?.pending_jobs.is_empty().then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    let (_, counters) = p.operator_github_calls().await.unwrap();
+    let minted = sum(&counters, "generate_jitconfig", Some("201"));
+    println!(
+        "org polling: {minted} runners minted for {} jobs",
+        jobs.len()
+    );
+    assert_eq!(
+        minted,
+        jobs.len() as u64,
+        "runners minted for {} jobs: {counters}",
+        jobs.len()
+    );
 }

@@ -53,6 +53,10 @@ pub struct WalkView {
     pub complete_since: Option<Instant>,
     /// Repositories walked.
     pub repositories: usize,
+    /// Jobs seen queued by an earlier read of their repository and absent from a later one
+    /// (in the last interval): they left the queue, so their ledger entries can go at once,
+    /// without the cycle's margin that entries recorded from deliveries need.
+    pub left: Arc<Vec<i64>>,
 }
 
 /// The walk's state (inside the client).
@@ -71,6 +75,10 @@ pub struct Walk {
     /// Repository of every job seen, for the per-job check.
     job_repo: HashMap<i64, String>,
     jobs: Arc<Vec<QueuedJob>>,
+    /// Per queued job: its repository and the last read that listed it.
+    seen_at: HashMap<i64, (String, Instant)>,
+    /// Jobs that left the queue, and when that was seen.
+    left: HashMap<i64, Instant>,
 }
 
 /// How many repositories of `n` should have been read `elapsed` into a cycle of `span`: the
@@ -108,7 +116,29 @@ impl Walk {
             jobs: self.jobs.clone(),
             complete_since: self.complete_since,
             repositories: self.repos.len(),
+            left: Arc::new(self.left.keys().copied().collect()),
         }
+    }
+
+    /// A read of `repository` at `at` listed `found` queued: the jobs an earlier read listed
+    /// there and this one does not have left the queue; `left` keeps them for `keep`.
+    fn read(&mut self, repository: &str, found: &[QueuedJob], at: Instant, keep: Duration) {
+        let listed: HashSet<i64> = found.iter().map(|q| q.job.id).collect();
+        let gone: Vec<i64> = self
+            .seen_at
+            .iter()
+            .filter(|(id, (repo, seen))| repo == repository && *seen < at && !listed.contains(*id))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.seen_at.remove(&id);
+            self.left.insert(id, at);
+        }
+        for id in listed {
+            self.seen_at.insert(id, (repository.to_owned(), at));
+            self.left.remove(&id);
+        }
+        self.left.retain(|_, t| t.elapsed() < keep);
     }
 }
 
@@ -180,6 +210,7 @@ pub async fn step(
         let repos = repositories(client).await?;
         let keep: HashSet<&String> = repos.iter().collect();
         w.by_repo.retain(|r, _| keep.contains(r));
+        w.seen_at.retain(|_, (r, _)| keep.contains(r));
         if repos != w.repos {
             // A new list starts a new cycle.
             w.cursor = 0;
@@ -223,9 +254,11 @@ pub async fn step(
                 }
             }
         }
+        let at = Instant::now();
         for (repo, (found, fresh)) in updates {
             w.run_jobs.extend(fresh);
             w.remember(&found);
+            w.read(&repo, &found, at, interval.max(Duration::from_secs(10)));
             w.by_repo.insert(repo, found);
         }
         w.cursor += read;
@@ -260,5 +293,42 @@ mod tests {
         assert_eq!(due(10, Duration::from_secs(3), span), 2);
         assert_eq!(due(10, Duration::from_secs(100), span), 10);
         assert_eq!(due(5, Duration::ZERO, Duration::ZERO), 5);
+    }
+
+    fn queued(id: i64, repository: &str) -> QueuedJob {
+        QueuedJob {
+            repository: repository.to_owned(),
+            job: serde_json::from_value(serde_json::json!({
+                "id": id, "run_id": 1, "status": "queued", "labels": ["self-hosted"]
+            }))
+            .unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_job_missing_from_a_later_read_of_its_repository_left_the_queue() {
+        let mut w = Walk::default();
+        let keep = Duration::from_secs(60);
+        let t0 = Instant::now();
+        w.read(
+            "acme/web",
+            &[queued(1, "acme/web"), queued(2, "acme/web")],
+            t0,
+            keep,
+        );
+        w.read("acme/api", &[queued(3, "acme/api")], t0, keep);
+        assert!(w.left.is_empty());
+        // A later read of web without job 1: it left; api's job is not touched by web's read.
+        let t1 = t0 + Duration::from_millis(1);
+        w.read("acme/web", &[queued(2, "acme/web")], t1, keep);
+        assert_eq!(w.view().left.as_slice(), &[1]);
+        // Listed queued again (a list that lagged): no longer counted as left.
+        w.read(
+            "acme/web",
+            &[queued(1, "acme/web"), queued(2, "acme/web")],
+            t1 + Duration::from_millis(1),
+            keep,
+        );
+        assert!(w.view().left.is_empty());
     }
 }

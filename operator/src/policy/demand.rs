@@ -137,6 +137,34 @@ pub fn decide<'a>(input: DemandInput, attempts: &'a [AttemptView<'a>]) -> Scale<
     }
 }
 
+/// [`decide`], with a scale-up held back by `presumed_taken` pending jobs the policy's own
+/// runners have evidently taken (`job_ledger::presumed_taken`): the ledger less those is what
+/// still needs a runner. Scale-down and the published desired count use the whole ledger, so
+/// no runner is removed on a presumption.
+pub fn decide_holding<'a>(
+    input: DemandInput,
+    attempts: &'a [AttemptView<'a>],
+    presumed_taken: u32,
+) -> Scale<'a> {
+    let scale = decide(input, attempts);
+    if presumed_taken == 0 || !matches!(scale.decision, ScaleDecision::Up { .. }) {
+        return scale;
+    }
+    let held = decide(
+        DemandInput {
+            pending_jobs: input.pending_jobs.saturating_sub(presumed_taken),
+            ..input
+        },
+        attempts,
+    );
+    let decision = match held.decision {
+        up @ ScaleDecision::Up { .. } => up,
+        ScaleDecision::AtMaxRunners => ScaleDecision::AtMaxRunners,
+        ScaleDecision::Down { .. } | ScaleDecision::Steady => ScaleDecision::Steady,
+    };
+    Scale { decision, ..scale }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -342,5 +370,23 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_presumption_holds_back_scale_up_but_never_scales_down() {
+        let attempts = [a("b", Busy)];
+        // Two pending, one presumed taken by the busy runner: one more runner, not two.
+        let s = decide_holding(input(0, 10, 2), &attempts, 1);
+        assert_eq!(s.decision, ScaleDecision::Up { create: 1 });
+        assert_eq!(s.desired, 3, "the published desired count is the ledger's");
+        // Everything presumed taken: steady, not down.
+        let with_idle = [a("b", Busy), idle("i", 5)];
+        let s = decide_holding(input(0, 10, 2), &with_idle, 2);
+        assert_eq!(s.decision, ScaleDecision::Steady);
+        // No presumption: as decide.
+        assert_eq!(
+            decide_holding(input(0, 10, 2), &attempts, 0),
+            decide(input(0, 10, 2), &attempts)
+        );
     }
 }
