@@ -4,7 +4,8 @@
 # RM_K8S_VERSION: the Kubernetes release the suite runs on, 1.37.2 by default (every component
 # built from its Go module, e2e/cluster/build.sh), or 1.20 (Debian's source, no node stage).
 # RM_TEST_NODE=0 skips the real node stage (a cluster with one node booted by systemd, the
-# project's images and `helm install` on it).
+# project's images, `helm install` on it and jobs on runners that are units of the node's
+# systemd); `e2e/run-tests.sh --node-only` runs that stage alone.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -24,6 +25,29 @@ export RM_CLUSTER_RUN="$RM_CACHE/test-cluster" RM_CLUSTER_NET=10.213.8 RM_CLUSTE
   RM_CLUSTER_ETCD_PORT=24000 RM_CLUSTER_KCM_PORT=10467 RM_CLUSTER_SCHED_PORT=10469
 cleanup() { e2e/cluster/stop.sh >/dev/null; e2e/systemd/stop.sh; e2e/control-plane/stop.sh; }
 trap cleanup EXIT
+
+node_stage() {
+  stage "a real node: images, cluster, pods, helm install, jobs on the node's systemd (RM_TEST_NODE=0 skips)"
+  e2e/cluster/install-packages.sh
+  e2e/cluster/build.sh
+  cargo build --workspace --bins
+  e2e/images/build.sh
+  e2e/cluster/start.sh
+  KUBECONFIG="$RM_CLUSTER_RUN/kubeconfig" e2e/cluster/check.sh
+  KUBECONFIG="$RM_CLUSTER_RUN/kubeconfig" e2e/cluster/helm-check.sh
+  e2e/cluster/stop.sh
+  done_stage node
+}
+if [ "${1:-}" = --node-only ]; then
+  [ "$RM_K8S_VERSION" != 1.20 ] || { echo "run-tests.sh: the node stage needs RM_K8S_VERSION >= 1.37" >&2; exit 2; }
+  # Only the node's cluster is started here: leave the suite's control plane and systemd alone.
+  trap 'e2e/cluster/stop.sh >/dev/null' EXIT
+  e2e/control-plane/install-tools.sh
+  node_stage
+  echo
+  echo "make test (node stage only): green in ${SECONDS}s"
+  exit 0
+fi
 
 stage "install: Debian packages, kubectl, helm"
 e2e/control-plane/install-tools.sh
@@ -83,14 +107,7 @@ e2e/chart-releases.sh
 done_stage chart-releases
 
 if [ "$RM_K8S_VERSION" != 1.20 ] && [ "${RM_TEST_NODE:-1}" != 0 ]; then
-  stage "a real node: images, cluster, pods, helm install (RM_TEST_NODE=0 skips)"
-  e2e/cluster/install-packages.sh
-  e2e/images/build.sh
-  e2e/cluster/start.sh
-  KUBECONFIG="$RM_CLUSTER_RUN/kubeconfig" e2e/cluster/check.sh
-  KUBECONFIG="$RM_CLUSTER_RUN/kubeconfig" e2e/cluster/helm-check.sh
-  e2e/cluster/stop.sh
-  done_stage node
+  node_stage
 fi
 
 echo

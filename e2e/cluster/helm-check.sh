@@ -94,7 +94,7 @@ drop_jobs_ns
 H uninstall $rel -n $ns >/dev/null 2>&1 || true
 # Quicker heartbeats and passes than the defaults, for a scenario of a few minutes.
 tuning=(--set nodeAgent.capacity=3 --set nodeAgent.heartbeatSeconds=2 --set operator.resyncInterval=2s
-  --set operator.observeInterval=5s)
+  --set operator.observeInterval=5s --set admissionPolicy.enabled=true)
 install_product $rel $ns "${tuning[@]}" || fail "the operator or the node agent is not Ready"
 chart_values
 say "helm install: operator ${op#*@}, node agent ${ag#*@}: both Ready on node $RM_CLUSTER_NODE"
@@ -104,6 +104,18 @@ case "$log" in *"launcher Systemd"*|*'"launcher":"Systemd"'*) ;; *) fail "the ag
 lease=$(K -n $ns get lease -o name 2>/dev/null | grep -c "$RM_CLUSTER_NODE" || true)
 [ "$lease" -ge 1 ] || fail "no Lease of node $RM_CLUSTER_NODE (webhook or broker unreachable)"
 say "the agent serves with the systemd launcher; its node Lease passed the admission webhook"
+
+# The Lease rule in CEL (admissionPolicy.enabled, Kubernetes 1.30+): the API server itself
+# refuses another node's Lease to a token bound to the agent's pod.
+T() { "$RM_TOOLS_BIN/kubectl" --kubeconfig /dev/null --server "https://$HOST_IP:$RM_CLUSTER_API_PORT" \
+  --certificate-authority "$CP_RUN/pki/ca.crt" --token "$1" "${@:2}"; }
+token=$(K -n $ns create token $rel-runner-manager-node-agent --bound-object-kind Pod \
+  --bound-object-name "$(K -n $ns get pods -l app.kubernetes.io/component=node-agent -o jsonpath='{.items[0].metadata.name}')")
+forged=$(printf 'apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {name: runner-manager-agent-not-mine, namespace: %s}\n' $ns \
+  | T "$token" create --dry-run=server -f - 2>&1 || true)
+case "$forged" in *"ValidatingAdmissionPolicy '"*"denied request: Lease runner-manager-agent-not-mine: an agent writes only its own node's Lease (runner-manager-agent-$RM_CLUSTER_NODE)"*) ;;
+  *) fail "another node's Lease, written with the agent's pod-bound token, was not refused by the ValidatingAdmissionPolicy: $forged" ;; esac
+say "the ValidatingAdmissionPolicy refused another node's Lease to the agent's pod-bound token"
 
 # The roots preflight checks the node's view (PID 1's root), not only the container's: a node
 # /var/lib the runner accounts cannot search is refused at start, before any JIT is spent.
