@@ -695,6 +695,16 @@ async fn an_invalid_policy_is_not_ready_names_the_field_and_creates_nothing() {
         w.list().await.is_empty(),
         "an invalid policy creates nothing"
     );
+    // Each failed resolution is counted by its stage (a missing Secret and an invalid spec are
+    // `validate`), and none backs the policy off: the resolution retries at its own interval.
+    assert!(
+        w.operators[op]
+            .metric("runner_manager_reconcile_errors_total{stage=\"validate\"}")
+            .await
+            >= 2.0,
+        "{}",
+        w.operators[op].metrics().await
+    );
 
     // Fixing the Secret makes it Ready and minIdle is honoured.
     w.patch_policy(
