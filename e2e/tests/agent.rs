@@ -2281,3 +2281,57 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
         .collect();
     assert!(left.iter().all(|e| e == "_work"), "{left:?}");
 }
+
+/// A start that never had a child is tried three times, 10 ms then 20 ms apart, with a fresh
+/// handoff each time and none left after any failed try, and the one JIT is never asked again
+/// (parity row 31): the entry helper cannot be spawned (it does not exist), so every try fails
+/// before a child; the attempt concludes `ProcessStartFailed` with the spawn step's time
+/// including both waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_without_a_child_is_tried_three_times_and_leaves_no_handoff() {
+    let Some(w) = AgentWorld::start("a_start_without_a_child_is_tried_three_times")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let missing = w.host_root().join("no-such-entry-helper");
+    let agent = w
+        .agent(4, &[("RM_ENTRY_HELPER", &missing.display().to_string())])
+        .unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(
+        outcome(&done),
+        Some(Outcome::Failed(FailureReason::ProcessStartFailed))
+    );
+    wait_logged(&agent, "the failed launch at warn", &["launch failed", &n]).await;
+    let retries = agent
+        .lines()
+        .iter()
+        .filter(|l| l.contains("start failed before a child existed") && l.contains(&n))
+        .count();
+    assert_eq!(retries, 3, "three tries, each failing before a child");
+    let launch = done
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .launch
+        .clone()
+        .unwrap();
+    print_launch("three failed starts", &done);
+    assert!(
+        launch.spawn_ms >= 30,
+        "the tries were not 10 ms then 20 ms apart: {} ms",
+        launch.spawn_ms
+    );
+    assert!(w.handoff_files().is_empty(), "{:?}", w.handoff_files());
+    let (second_sessions, mints) = w.second_sessions_and_mints().await.unwrap();
+    assert_eq!((second_sessions, mints), (0, 1), "one JIT, asked once");
+    // The operator deletes the registration the lost JIT left.
+    w.deregister(&done).await.unwrap();
+    assert_settled(&w, &a, 1).await;
+}

@@ -45,6 +45,10 @@ use crate::workspace::slot_table::{JournalledLease, SlotKey};
 
 /// How many times a start that never had a child is tried.
 const START_TRIES: u32 = 3;
+/// The wait before the second try; it doubles before each next one (10 ms, then 20 ms): a
+/// spawn refused for want of a resource (a process or descriptor limit, a busy cgroup) gets a
+/// moment, and three tries stay well inside the JIT's life.
+const START_RETRY_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The runner's environment from the snapshot (the agent passes only `PATH` through).
 pub fn environment(
@@ -597,7 +601,10 @@ async fn request_and_start(
     };
     let spawned = Instant::now();
     let mut identity = None;
-    for _ in 0..START_TRIES {
+    for tried in 0..START_TRIES {
+        if tried > 0 {
+            tokio::time::sleep(START_RETRY_WAIT * 2u32.pow(tried - 1)).await;
+        }
         let handoff = match RestrictiveHandoff::create(&runtime, account, &jit.encoded_jit_config) {
             Ok(h) => h,
             Err(e) => {
