@@ -282,14 +282,14 @@ fn slot_dirs(root: &Path) -> Vec<(String, String, u32, std::path::PathBuf)> {
 /// Releases what abandoned attempts held once the sweep saw nothing of them running: no
 /// leftover cgroup or unit and no runtime left under their name.
 fn release_abandoned(agent: &Agent, claimed: &BTreeSet<String>, report: &SweepReport) {
-    let still: BTreeSet<String> = agent
-        .launcher
-        .leftovers()
-        .unwrap_or_default()
-        .into_iter()
-        .chain(runtime_names(&agent.host_root).unwrap_or_default())
-        .collect();
+    // Fail closed: what cannot be listed may still run.
+    let (Ok(running), Ok(runtimes)) = (agent.launcher.leftovers(), runtime_names(&agent.host_root))
+    else {
+        return;
+    };
+    let still: BTreeSet<String> = running.into_iter().chain(runtimes).collect();
     let mut abandoned = agent.orphans.lock();
+    let before = abandoned.len();
     abandoned.retain(|short, what| {
         if claimed.contains(short) || still.contains(short) || report.failed.contains(short) {
             return true;
@@ -302,8 +302,11 @@ fn release_abandoned(agent: &Agent, claimed: &BTreeSet<String>, report: &SweepRe
         agent.book().forget(&what.uid);
         false
     });
+    let released = abandoned.len() < before;
     drop(abandoned);
-    agent.advert_changed.notify_one();
+    if released {
+        agent.advert_changed.notify_one();
+    }
 }
 
 #[cfg(test)]
