@@ -2335,3 +2335,72 @@ async fn a_start_without_a_child_is_tried_three_times_and_leaves_no_handoff() {
     w.deregister(&done).await.unwrap();
     assert_settled(&w, &a, 1).await;
 }
+
+/// A persistent slot is scrubbed only once its runner is signalled and gone, keeping `_work`
+/// (parity row 96): the agent is killed right after the durable intent of a requested stop, so
+/// nothing is signalled yet; at that instant the runner lives and the slot holds all it held.
+/// The restarted agent finishes the stop (signal, proven death, conclusion by the intent) and
+/// only then scrubs: the slot keeps `_work` and its contents, nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_slot_is_scrubbed_only_once_its_runner_is_gone() {
+    use runner_manager_crds::policy::WorkspaceMode;
+    let Some(w) = AgentWorld::start("a_persistent_slot_is_scrubbed_only_once")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let mut crashing = w
+        .agent(4, &[("RM_AGENT_FAULT", "after-termination-intent")])
+        .unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w
+        .pending_attempt_with(|s| s.workspace = WorkspaceMode::Persistent)
+        .await
+        .unwrap();
+    let n = name(&a);
+    w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    let idle = bring_to_idle(&w, &a).await;
+    let pid = pid_of(&idle);
+    let slot = std::path::PathBuf::from(
+        idle.status
+            .as_ref()
+            .unwrap()
+            .journal
+            .workspace()
+            .unwrap()
+            .runtime_path(),
+    );
+    std::fs::create_dir_all(slot.join("_work")).unwrap();
+    std::fs::write(slot.join("_work").join("kept.txt"), b"kept").unwrap();
+    std::fs::write(slot.join("left-by-the-job.txt"), b"scrubbed").unwrap();
+    w.request_termination(&n, "IdleTimeout").await.unwrap();
+    assert!(!wait_exit(&mut crashing).await.success());
+    drop(crashing);
+    // The intent is durable, nothing was signalled, nothing was scrubbed.
+    assert!(slot.join(".terminate-intent").exists());
+    assert!(pid_alive(pid), "signalled before the crash");
+    assert!(
+        slot.join("left-by-the-job.txt").exists(),
+        "scrubbed before the stop"
+    );
+    assert!(slot.join("_diag").exists());
+
+    let _again = w.agent(4, &[]).unwrap();
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    assert!(!pid_alive(pid));
+    let left: Vec<String> = std::fs::read_dir(&slot)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, vec!["_work".to_owned()], "the scrub keeps only _work");
+    assert_eq!(
+        std::fs::read(slot.join("_work").join("kept.txt")).unwrap(),
+        b"kept"
+    );
+    w.deregister(&done).await.unwrap();
+    assert!(w.handoff_files().is_empty());
+    assert!(w.registrations(&done).await.unwrap().is_empty());
+}
