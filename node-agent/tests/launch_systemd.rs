@@ -289,3 +289,50 @@ fn a_runner_unit_is_sandboxed_and_leaves_nothing_for_the_next_tenant() {
     // account (another tenant's, for an ephemeral runner) finds nothing of this one.
     assert!(!shm.exists(), "RemoveIPC left {shm:?}");
 }
+
+/// The orphan sweep's view of systemd (issue 20): a runner unit is listed by its attempt name
+/// and stopped by that name alone, the whole unit, with no identity; a unit of the same form
+/// outside the runners' slice is not listed, so it is never taken for an orphan.
+#[test]
+fn a_leftover_runner_unit_is_listed_and_stopped_by_its_attempt_name_only() {
+    if !inside_systemd("a_leftover_runner_unit_is_listed_and_stopped_by_its_attempt_name_only") {
+        return;
+    }
+    let host = Host::new();
+    let launcher = launcher(&host);
+    let attempt = uuid::Uuid::new_v4();
+    let short = attempt.simple().to_string()[..12].to_owned();
+    let identity = launcher
+        .start(
+            &spec(&host, attempt, &[("PROBE_IGNORE_TERM", "1")]),
+            handoff(&host),
+        )
+        .unwrap();
+    wait_for(&host.runtime.join("probe"), Duration::from_secs(60));
+    // Same form, another slice: not ours.
+    let stranger = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+    let ok = std::process::Command::new("systemd-run")
+        .arg(format!("--unit=rm-{stranger}.service"))
+        .args(["--quiet", "--", "sleep", "1000"])
+        .env("SYSTEMD_IGNORE_CHROOT", "1")
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let listed = launcher.leftovers().unwrap();
+    assert!(listed.contains(&short), "{listed:?}");
+    assert!(!listed.contains(&stranger), "{listed:?}");
+
+    let stopped = launcher.stop_leftover(&short).unwrap();
+    assert_eq!(
+        stopped,
+        runner_manager_node_agent::providers::Stopped::Stopped
+    );
+    assert!(!launcher.inspect(&identity).unwrap().is_alive());
+    assert!(!launcher.leftovers().unwrap().contains(&short));
+    assert!(launcher.stop_leftover("not-12-hex").is_err());
+    let _ = std::process::Command::new("systemctl")
+        .args(["stop", &format!("rm-{stranger}.service")])
+        .env("SYSTEMD_IGNORE_CHROOT", "1")
+        .status();
+}
