@@ -27,6 +27,9 @@ done
 
 . e2e/control-plane/env.sh
 export RM_RUN="$RM_CACHE/demo-run"
+# Its own ports, so the development control plane (16443) and make test's are left alone.
+export RM_API_PORT=${RM_DEMO_API_PORT:-16643} RM_ETCD_PORT=${RM_DEMO_ETCD_PORT:-23690} \
+  RM_KCM_PORT=${RM_DEMO_KCM_PORT:-10657}
 demo="$RM_RUN/demo"
 say() { printf '\n\033[1m%s\033[0m\n' "$*"; }
 run() { printf '\033[2m$ %s\033[0m\n' "$*"; "$@"; }
@@ -74,6 +77,23 @@ admin POST webhooks "$(jq -n --arg s "$webhook_secret" '{url: "http://127.0.0.1:
 for _ in $(seq 1 300); do
   kubectl -n "$operator_ns" get configmap runner-manager-broker-ca >/dev/null 2>&1 && break; sleep 0.2
 done
+# The broker mints only for a pod controlled (by uid) by the agent DaemonSet, calling from the
+# pod's IP: the DaemonSet is an owner here (its nodeSelector matches no node; this control plane
+# runs no DaemonSet controller), each agent Pod names it and reports 127.0.0.1 as its IP, as the
+# e2e harness does (e2e/src/harness/node.rs).
+kubectl apply -f - >/dev/null <<YAML
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: runner-manager-node-agent, namespace: $operator_ns}
+spec:
+  selector: {matchLabels: {app.kubernetes.io/component: node-agent}}
+  template:
+    metadata: {labels: {app.kubernetes.io/component: node-agent}}
+    spec:
+      nodeSelector: {runner-manager.dev/demo-no-such-node: "true"}
+      containers: [{name: agent, image: runner-manager/node-agent:demo}]
+YAML
+ds_uid=$(kubectl -n "$operator_ns" get daemonset runner-manager-node-agent -o jsonpath='{.metadata.uid}')
 for node in demo-node-a demo-node-b; do
   kubectl apply -f - >/dev/null <<YAML
 apiVersion: v1
@@ -82,12 +102,19 @@ metadata: {name: $node, labels: {node-restriction.kubernetes.io/runner-pool: dem
 ---
 apiVersion: v1
 kind: Pod
-metadata: {name: agent-$node, namespace: $operator_ns, labels: {app.kubernetes.io/component: node-agent}}
+metadata:
+  name: agent-$node
+  namespace: $operator_ns
+  labels: {app.kubernetes.io/component: node-agent}
+  ownerReferences:
+  - {apiVersion: apps/v1, kind: DaemonSet, name: runner-manager-node-agent, uid: $ds_uid, controller: true}
 spec:
   nodeName: $node
   serviceAccountName: runner-manager-node-agent
   containers: [{name: agent, image: runner-manager/node-agent:demo}]
 YAML
+  kubectl -n "$operator_ns" patch pod "agent-$node" --subresource=status --type=merge \
+    -p '{"status": {"podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}}' >/dev/null
   # Host roots live outside $HOME: the runner accounts must be able to reach their runtimes
   # (the agent refuses a root under a directory they cannot search).
   hosts=/var/lib/runner-manager-demo
