@@ -2,7 +2,7 @@
 # A local Kubernetes cluster with one real node, the way kind builds one, without a registry:
 #   1. the node: a pid+mount+uts+cgroup+network namespace booted by Debian's systemd 252 as its
 #      PID 1 (e2e/systemd/start.sh), with its own /var (bound from $RM_CLUSTER_RUN/node-fs/var),
-#      its own /run, `/` shared for mount propagation (Bidirectional hostPath mounts), the v1
+#      its own /run, `/` shared for mount propagation (hostPath mountPropagation), the v1
 #      hierarchies the kubelet needs (cpuset included) and a veth pair to the host:
 #      host end $RM_CLUSTER_NET.1, node end $RM_CLUSTER_NET.2 (the node IP, off loopback);
 #   2. the control plane on the host (e2e/control-plane/start.sh, profile `cluster`), bound to
