@@ -432,6 +432,56 @@ async fn deleting_a_scale_set_policy_deletes_its_scale_set_through_an_outage_and
     );
 }
 
+/// A policy switched away from the scale-set mode deletes its scale set (once no runner minted
+/// through it is left) and drops the set's finalizer and annotations; the policy lives on.
+#[tokio::test]
+async fn a_policy_leaving_the_scale_set_mode_deletes_its_scale_set() {
+    let Some(p) = scale_set_world("scale_set_mode_switch", ProductOptions::default()).await else {
+        return;
+    };
+    scale_set_policy(&p, "sets", json!({})).await;
+    wait_sessions(&p, 1).await;
+    let job = queue(&p, "web", &["self-hosted", "linux"], 200).await;
+    p.wait_jobs_completed(&[job], Duration::from_secs(60))
+        .await
+        .unwrap();
+    let set = format!("{}-sets", p.team);
+    assert!(set_named(&scale_sets(&p).await, &set).is_some());
+    p.policies()
+        .patch(
+            "sets",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"github": {"demand": "Webhook"}}})),
+        )
+        .await
+        .unwrap();
+    wait::until(
+        STEP,
+        "the scale set deleted and its finalizer released",
+        || async {
+            let sp: ScalePolicy = p.policies().get("sets").await.ok()?;
+            let released = !sp
+                .metadata
+                .finalizers
+                .unwrap_or_default()
+                .iter()
+                .any(|f| f == "runner-manager.dev/scale-set");
+            let annotated = sp
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .keys()
+                .any(|k| k.starts_with("runner-manager.dev/scale-set"));
+            let v = scale_sets(&p).await;
+            (released && !annotated && set_named(&v, &set).is_none()).then_some(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    let sets = scale_sets(&p).await;
+    assert!(sets["sessions"].as_array().unwrap().is_empty(), "{sets}");
+}
+
 /// A changed `spec.labels` reaches the existing scale set (updated in place, as
 /// actions-runner-controller's `UpdateRunnerScaleSet`): jobs with the new labels are acquired
 /// and run, a job with the old labels no longer is.
