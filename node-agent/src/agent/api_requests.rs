@@ -63,7 +63,7 @@ impl ApiVerb {
 /// The kube client of `config` with the counting layer.
 pub fn client(config: kube::Config) -> Result<Client, kube::Error> {
     let counting = tower::util::MapRequestLayer::new(|r: axum::http::Request<Body>| {
-        super::metrics::global().api_request(ApiVerb::of(r.method(), r.uri().query()));
+        super::metrics::global().api_request(ApiVerb::of(r.method(), r.uri().query()).as_str());
         r
     });
     Ok(ClientBuilder::try_from(config)?
@@ -95,5 +95,11 @@ mod tests {
         assert_eq!(ApiVerb::of(&Method::POST, None), ApiVerb::Create);
         assert_eq!(ApiVerb::of(&Method::DELETE, None), ApiVerb::Delete);
         assert_eq!(ApiVerb::of(&Method::HEAD, None), ApiVerb::Other);
+    }
+
+    #[test]
+    fn every_verb_is_a_series_of_the_metric() {
+        let exposed: Vec<&str> = ApiVerb::ALL.iter().map(|v| v.as_str()).collect();
+        assert_eq!(exposed, super::super::metrics::API_VERBS);
     }
 }

@@ -13,12 +13,11 @@ use runner_manager_crds::policy::WorkspaceMode;
 use runner_manager_crds::state::AttemptState;
 
 use super::Agent;
+use super::attempt_ctx::{Step, StepError, names, runtime_of, take, uuid_of};
 use super::conditions;
 use super::events::{self, EventReason};
 use super::fault::{self, Boundary};
-use super::launch::take;
 use super::rebuild::journal_of;
-use super::supervise::{Step, StepError, names, runtime_of, uuid_of};
 use crate::process::identity_file;
 use crate::workspace::ephemeral::{EphemeralError, remove_ephemeral_runtime};
 use crate::workspace::scrub::scrub_slot;

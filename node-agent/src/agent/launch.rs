@@ -24,12 +24,12 @@ use runner_manager_crds::state::{Actor, AttemptState};
 
 use super::Agent;
 use super::admission::{self, Admission};
+use super::attempt_ctx::{StepError, conclude, names, take, take_written, uuid_of};
 use super::broker_client::JitAnswer;
 use super::conditions;
 use super::events::{self, EventReason};
 use super::fault::{self, Boundary};
 use super::rebuild::{journal_of, owner_of, state_of};
-use super::supervise::{StepError, conclude, uuid_of};
 use crate::account::RunnerAccount;
 use crate::handoff::RestrictiveHandoff;
 use crate::journal::{self, Decision};
@@ -67,36 +67,6 @@ pub fn environment(
         },
         runtime,
     )
-}
-
-/// Takes the one edge `t` if the attempt is still in `from` (a CAS; a conflict is re-read and
-/// re-decided). Returns whether it was taken.
-pub async fn take(
-    api: &Api<RunnerAttempt>,
-    name: &str,
-    from: AttemptState,
-    t: Transition,
-) -> Result<bool, StepError> {
-    Ok(take_written(api, name, from, t).await?.is_some())
-}
-
-/// [`take`], returning the attempt as written (what the next step of a launch decides on: the
-/// watch may not show the write yet).
-async fn take_written(
-    api: &Api<RunnerAttempt>,
-    name: &str,
-    from: AttemptState,
-    t: Transition,
-) -> Result<Option<RunnerAttempt>, StepError> {
-    let taken = journal::advance(api, name, Actor::Agent, |cur| {
-        if state_of(cur) == from {
-            Decision::Take(t.clone())
-        } else {
-            Decision::Nothing
-        }
-    })
-    .await?;
-    Ok(taken)
 }
 
 /// The span of one attempt's launch on this node: a child of the span the operator's
@@ -137,7 +107,7 @@ async fn launch_steps(
     api: &Api<RunnerAttempt>,
     a: &RunnerAttempt,
 ) -> Result<(), StepError> {
-    let (uid, name, ns) = super::supervise::names(a)?;
+    let (uid, name, ns) = names(a)?;
     let snapshot = &a.spec.snapshot;
     let usable = admission::usable(snapshot)
         && environment(&snapshot.env, Path::new("/nonexistent-runtime")).is_ok();
@@ -418,7 +388,7 @@ pub async fn resume_prepared(
     a: &RunnerAttempt,
 ) -> Result<(), StepError> {
     let span = launch_span(agent, a, "launch.resume");
-    let (uid, name, ns) = super::supervise::names(a)?;
+    let (uid, name, ns) = names(a)?;
     let journal = journal_of(a);
     let runtime = journal
         .workspace()

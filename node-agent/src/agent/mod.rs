@@ -8,6 +8,7 @@
 pub mod accounts;
 pub mod admission;
 pub mod api_requests;
+pub mod attempt_ctx;
 pub mod broker_client;
 pub mod cleanup;
 pub mod conditions;

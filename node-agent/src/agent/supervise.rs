@@ -4,7 +4,7 @@
 //! `crds::recovery::recovery_decision`, with the facts the operator wrote and what the agent
 //! sees of the process.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
@@ -15,36 +15,24 @@ use runner_manager_crds::attempt::{
 };
 use runner_manager_crds::lease::RecoveryBlocked;
 use runner_manager_crds::outcome::{FailureReason, Outcome};
-use runner_manager_crds::recovery::{
-    ProcessObservation, RecoveryDecision, RecoveryTimeouts, recovery_decision,
-};
-use runner_manager_crds::state::{Actor, AttemptState};
+use runner_manager_crds::recovery::{ProcessObservation, RecoveryDecision, recovery_decision};
+use runner_manager_crds::state::AttemptState;
 
+use super::attempt_ctx::take;
+pub use super::attempt_ctx::{Step, StepError, conclude, names, runtime_of, timeouts, uuid_of};
 use super::edges::{
-    EXIT_WITNESS_GRACE, awaits_newer_witness, conclusion_path, exit_outcome, fact_edge,
-    github_observation, observe_edge,
+    EXIT_WITNESS_GRACE, awaits_newer_witness, exit_outcome, fact_edge, github_observation,
+    observe_edge,
 };
 use super::events::{self, EventReason};
 use super::fault::{self, Boundary};
-use super::launch::{self, take};
-use super::rebuild::{journal_of, state_of};
+use super::launch;
+use super::rebuild::journal_of;
 use super::watched::Watched;
 use super::{Agent, cleanup};
 use crate::evidence::{ExitReading, JobEvidence, job_evidence};
-use crate::journal::{self, Decision, JournalError};
 use crate::process::identity_file;
 use crate::termination::{IntentReason, read_intent, record_intent, terminate};
-
-/// What a step came to.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Step {
-    /// Something was journalled: read again at once.
-    Again,
-    /// Nothing to do until facts change.
-    Wait,
-    /// The attempt is `Cleaned` (or not this node's): the task ends.
-    Done,
-}
 
 /// What one attempt's task remembers between its steps (lost on a restart, which only restarts
 /// the clocks it holds).
@@ -53,98 +41,6 @@ pub struct TaskMemory {
     /// When the runner was first seen gone while the last fact still listed it idle
     /// ([`awaits_newer_witness`]).
     gone_while_listed: Option<std::time::Instant>,
-}
-
-/// Why a step did not finish.
-#[derive(Debug, thiserror::Error)]
-pub enum StepError {
-    #[error(transparent)]
-    Journal(#[from] JournalError),
-    #[error("API server: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("recovery blocked: {0:?}")]
-    Blocked(RecoveryBlocked),
-    #[error("{0}")]
-    Local(String),
-}
-
-pub fn names(a: &RunnerAttempt) -> Result<(String, String, String), StepError> {
-    match (
-        a.metadata.uid.clone(),
-        a.metadata.name.clone(),
-        a.metadata.namespace.clone(),
-    ) {
-        (Some(u), Some(n), Some(ns)) => Ok((u, n, ns)),
-        _ => Err(StepError::Local(
-            "an attempt without uid, name or namespace".into(),
-        )),
-    }
-}
-
-pub fn uuid_of(a: &RunnerAttempt) -> Result<uuid::Uuid, StepError> {
-    a.spec
-        .attempt_uuid()
-        .ok_or_else(|| StepError::Local("the attempt's id is not a uuid".into()))
-}
-
-/// The deadlines the agent enforces: the snapshot's, with the registration and idle deadlines
-/// pushed back by the agent's backstop grace (the operator stops those in order first; see
-/// `--deadline-grace-seconds`). The JIT handoff deadline is the agent's own.
-pub fn timeouts(a: &RunnerAttempt, grace: std::time::Duration) -> RecoveryTimeouts {
-    let t = &a.spec.snapshot.timeouts;
-    RecoveryTimeouts {
-        jit_handoff: t.jit_handoff.as_duration(),
-        registration: t.registration.as_duration().saturating_add(grace),
-        idle: t.idle.as_duration().saturating_add(grace),
-    }
-}
-
-pub fn runtime_of(journal: &AttemptJournal) -> Option<PathBuf> {
-    journal.workspace().map(|w| PathBuf::from(w.runtime_path()))
-}
-
-/// Concludes with `outcome` along the edges the table allows (one CAS each), unless the attempt
-/// is already concluded.
-pub async fn conclude(
-    api: &Api<RunnerAttempt>,
-    name: &str,
-    outcome: Outcome,
-) -> Result<(), StepError> {
-    // The state the conclusion started from: before `Starting`, it is a launch that failed.
-    let mut from = None;
-    for _ in 0..3 {
-        let written = journal::advance(api, name, Actor::Agent, |cur| {
-            let state = state_of(cur);
-            if state.is_terminal() {
-                return Decision::Nothing;
-            }
-            from.get_or_insert(state);
-            conclusion_path(state, outcome)
-                .into_iter()
-                .next()
-                .map_or(Decision::Nothing, Decision::Take)
-        })
-        .await?;
-        match written {
-            Some(a) if !state_of(&a).is_terminal() => continue,
-            Some(_) => {
-                let launching = from.is_some_and(|s| {
-                    matches!(
-                        s,
-                        AttemptState::Pending
-                            | AttemptState::Allocated
-                            | AttemptState::Preparing
-                            | AttemptState::Prepared
-                            | AttemptState::JitReceived
-                    )
-                });
-                super::metrics::global().concluded(outcome, launching);
-                return Ok(());
-            }
-            None => return Ok(()),
-        }
-    }
-    Ok(())
 }
 
 /// The task of one attempt: it steps on the attempt as the watch shows it ([`Watched`]), when

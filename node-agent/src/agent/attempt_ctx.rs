@@ -1,0 +1,150 @@
+//! What launch, cleanup and supervision share about one attempt, below all three so none of
+//! them imports another in a circle: the vocabulary of a step (`Step`, `StepError`), the
+//! attempt's names and derived paths, and the two journal operations every stage uses — take one
+//! edge from a known state (`take`) and conclude along the edges the table allows (`conclude`).
+
+use std::path::PathBuf;
+
+use kube::api::Api;
+use runner_manager_crds::attempt::{AttemptJournal, RunnerAttempt, Transition};
+use runner_manager_crds::lease::RecoveryBlocked;
+use runner_manager_crds::outcome::Outcome;
+use runner_manager_crds::recovery::RecoveryTimeouts;
+use runner_manager_crds::state::{Actor, AttemptState};
+
+use super::edges::conclusion_path;
+use super::rebuild::state_of;
+use crate::journal::{self, Decision, JournalError};
+
+/// What a step came to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Something was journalled: read again at once.
+    Again,
+    /// Nothing to do until facts change.
+    Wait,
+    /// The attempt is `Cleaned` (or not this node's): the task ends.
+    Done,
+}
+
+/// Why a step did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error("API server: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("recovery blocked: {0:?}")]
+    Blocked(RecoveryBlocked),
+    #[error("{0}")]
+    Local(String),
+}
+
+pub fn names(a: &RunnerAttempt) -> Result<(String, String, String), StepError> {
+    match (
+        a.metadata.uid.clone(),
+        a.metadata.name.clone(),
+        a.metadata.namespace.clone(),
+    ) {
+        (Some(u), Some(n), Some(ns)) => Ok((u, n, ns)),
+        _ => Err(StepError::Local(
+            "an attempt without uid, name or namespace".into(),
+        )),
+    }
+}
+
+pub fn uuid_of(a: &RunnerAttempt) -> Result<uuid::Uuid, StepError> {
+    a.spec
+        .attempt_uuid()
+        .ok_or_else(|| StepError::Local("the attempt's id is not a uuid".into()))
+}
+
+/// The deadlines the agent enforces: the snapshot's, with the registration and idle deadlines
+/// pushed back by the agent's backstop grace (the operator stops those in order first; see
+/// `--deadline-grace-seconds`). The JIT handoff deadline is the agent's own.
+pub fn timeouts(a: &RunnerAttempt, grace: std::time::Duration) -> RecoveryTimeouts {
+    let t = &a.spec.snapshot.timeouts;
+    RecoveryTimeouts {
+        jit_handoff: t.jit_handoff.as_duration(),
+        registration: t.registration.as_duration().saturating_add(grace),
+        idle: t.idle.as_duration().saturating_add(grace),
+    }
+}
+
+pub fn runtime_of(journal: &AttemptJournal) -> Option<PathBuf> {
+    journal.workspace().map(|w| PathBuf::from(w.runtime_path()))
+}
+
+/// Concludes with `outcome` along the edges the table allows (one CAS each), unless the attempt
+/// is already concluded.
+pub async fn conclude(
+    api: &Api<RunnerAttempt>,
+    name: &str,
+    outcome: Outcome,
+) -> Result<(), StepError> {
+    // The state the conclusion started from: before `Starting`, it is a launch that failed.
+    let mut from = None;
+    for _ in 0..3 {
+        let written = journal::advance(api, name, Actor::Agent, |cur| {
+            let state = state_of(cur);
+            if state.is_terminal() {
+                return Decision::Nothing;
+            }
+            from.get_or_insert(state);
+            conclusion_path(state, outcome)
+                .into_iter()
+                .next()
+                .map_or(Decision::Nothing, Decision::Take)
+        })
+        .await?;
+        match written {
+            Some(a) if !state_of(&a).is_terminal() => continue,
+            Some(_) => {
+                let launching = from.is_some_and(|s| {
+                    matches!(
+                        s,
+                        AttemptState::Pending
+                            | AttemptState::Allocated
+                            | AttemptState::Preparing
+                            | AttemptState::Prepared
+                            | AttemptState::JitReceived
+                    )
+                });
+                super::metrics::global().concluded(outcome, launching);
+                return Ok(());
+            }
+            None => return Ok(()),
+        }
+    }
+    Ok(())
+}
+
+/// Takes the one edge `t` if the attempt is still in `from` (a CAS; a conflict is re-read and
+/// re-decided). Returns whether it was taken.
+pub async fn take(
+    api: &Api<RunnerAttempt>,
+    name: &str,
+    from: AttemptState,
+    t: Transition,
+) -> Result<bool, StepError> {
+    Ok(take_written(api, name, from, t).await?.is_some())
+}
+
+/// [`take`], returning the attempt as written (what the next step of a launch decides on: the
+/// watch may not show the write yet).
+pub async fn take_written(
+    api: &Api<RunnerAttempt>,
+    name: &str,
+    from: AttemptState,
+    t: Transition,
+) -> Result<Option<RunnerAttempt>, StepError> {
+    let taken = journal::advance(api, name, Actor::Agent, |cur| {
+        if state_of(cur) == from {
+            Decision::Take(t.clone())
+        } else {
+            Decision::Nothing
+        }
+    })
+    .await?;
+    Ok(taken)
+}
