@@ -183,10 +183,24 @@ async fn retire(ctx: &Ctx, policy: &ScalePolicy, why: Retire) -> Result<(), Reti
                 client.delete_session(set, &stale).await?;
             }
             let mut ids: Vec<i64> = recorded.into_iter().collect();
-            for found in client.find_scale_sets(&set_name, None).await? {
-                if !ids.contains(&found.id) {
-                    ids.push(found.id);
+            // A set created but never recorded is found by name (without its runner group,
+            // which a deleted policy may no longer resolve); a lookup GitHub refuses outright
+            // (a 4xx) cannot find it and must not hold the policy forever.
+            match client.find_scale_sets(&set_name, None).await {
+                Ok(found) => {
+                    for s in found {
+                        if !ids.contains(&s.id) {
+                            ids.push(s.id);
+                        }
+                    }
                 }
+                Err(e) if e.is_retryable() => return Err(e.into()),
+                Err(e) => tracing::warn!(
+                    policy.namespace = ns,
+                    policy.name = name,
+                    error = %e,
+                    "looking the scale set up by name was refused; deleting the recorded one only"
+                ),
             }
             for id in &ids {
                 client.delete_scale_set(*id).await?;
