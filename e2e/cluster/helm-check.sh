@@ -7,6 +7,9 @@
 #   1. the operator Deployment and the agent DaemonSet become Ready on the real kubelet, the agent
 #      with the systemd launcher against the node's systemd; its Lease passes the admission webhook
 #      (the API server calls it at a ClusterIP), it reaches the broker by its Service's DNS name;
+#      the Lease rule's ValidatingAdmissionPolicy (admissionPolicy.enabled) refuses another node's
+#      Lease to a token bound to the agent's pod; with the node's /var/lib made 0700 the agent
+#      refuses to start (its roots preflight in the node's view), at 0755 it is Ready again;
 #   2. a GitHub App Secret and a ScalePolicy; jobs queued on the simulated GitHub, delivered as
 #      signed webhooks to the webhook Service: each runner starts as a transient unit of the node's
 #      systemd (rm-*.service), from the package the agent pod materialized on the node's host root,
@@ -19,8 +22,9 @@
 #   6. the ScalePolicy deleted, then `helm uninstall`: no pod, unit, runtime directory, registration
 #      or JIT handoff file is left (the node's host root, the node's /run and /tmp searched).
 # After every step, nothing leaks: each rm-* unit and runtime directory belongs to a live attempt,
-# each registration on the simulated GitHub to a live attempt, no jit-* handoff file exists, and the
-# JITs minted equal the attempts that registered a runner.
+# each registration on the simulated GitHub to a live attempt, no jit-* handoff file exists, the
+# JITs minted equal the attempts that registered a runner, and no mount is left under the host
+# root on the node.
 # Prints `kubectl get pods -A -o wide` and `kubectl get sp,ra`. Needs KUBECONFIG of that cluster
 # (default $RM_CLUSTER_RUN/kubeconfig), the images built and `cargo build --workspace --bins`.
 set -euo pipefail
