@@ -119,8 +119,14 @@ pub struct Drain {
 pub enum Scaling {
     /// The policy is not Ready: nothing is created and nothing scaled down.
     NotReady,
-    /// More runners are wanted, but launches keep failing: replacements stop.
+    /// More runners are wanted, but launches keep failing: replacements stop (until the
+    /// cool-down's probe, or while a launch is still in flight).
     Degraded,
+    /// Degraded past its cool-down with nothing in flight: one probe launch; a probe that
+    /// registers ends the failure streak and clears `Degraded` (issue 15 item 7).
+    Probe {
+        replaces: Vec<String>,
+    },
     /// More runners are wanted, after the replacement backoff.
     BackingOff {
         failures: u32,
@@ -350,7 +356,15 @@ fn run(i: &Inputs<'_>) -> Run {
     let not_ready = !matches!(i.readiness, Readiness::Valid { .. });
     let scaling = match &scale.decision {
         _ if not_ready => Scaling::NotReady,
-        ScaleDecision::Up { .. } if degraded => Scaling::Degraded,
+        ScaleDecision::Up { .. } if degraded => {
+            if probe_due(&history, generation, i.limits.replacement_backoff_max, now) {
+                Scaling::Probe {
+                    replaces: lineages(&history).into_iter().map(str::to_owned).collect(),
+                }
+            } else {
+                Scaling::Degraded
+            }
+        }
         ScaleDecision::Up { create } => {
             let gate = resume_at(
                 &history,
@@ -486,8 +500,10 @@ fn run(i: &Inputs<'_>) -> Run {
             true,
             PolicyReason::LaunchesFailing,
             format!(
-                "{failures} consecutive launches failed (last: {}); no replacements until spec changes",
-                last_failure.map_or_else(|| "unknown".to_owned(), failure_reason)
+                "{failures} consecutive launches failed (last: {}); replacements stopped: one probe \
+                 launch every {}s clears this if it works, and so does a spec change",
+                last_failure.map_or_else(|| "unknown".to_owned(), failure_reason),
+                i.limits.replacement_backoff_max.as_secs()
             ),
             generation,
             now,
@@ -538,6 +554,30 @@ fn run(i: &Inputs<'_>) -> Run {
     }
 }
 
+/// Whether a Degraded policy may send its probe: nothing of this generation is in flight (a
+/// launch neither concluded nor registered) and the newest failure concluded at least
+/// `cooldown` ago. Pure.
+pub fn probe_due(
+    history: &[Launch<'_>],
+    generation: i64,
+    cooldown: Duration,
+    now: Timestamp,
+) -> bool {
+    let mine = || history.iter().filter(|l| l.generation == generation);
+    if mine().any(|l| l.outcome.is_none() && !l.registered) {
+        return false;
+    }
+    let Some(last) = mine()
+        .filter(|l| is_launch_failure(l.outcome))
+        .filter_map(|l| l.concluded_at)
+        .max()
+    else {
+        return false;
+    };
+    let age = now.as_millisecond().saturating_sub(last.as_millisecond());
+    age >= i64::try_from(cooldown.as_millis()).unwrap_or(i64::MAX)
+}
+
 /// The reason of a failed outcome as its wire form names it (`JitExpired`).
 fn failure_reason(o: Outcome) -> String {
     serde_json::to_value(o)
@@ -561,7 +601,21 @@ pub fn scaling_condition(
         (Scaling::Degraded, _) => (
             false,
             PolicyReason::LaunchesFailing,
-            "replacements stopped: the policy is Degraded until its spec changes".into(),
+            "replacements stopped: the policy is Degraded until a probe launch works or its spec \
+             changes"
+                .into(),
+        ),
+        (
+            Scaling::Probe { .. },
+            Scaled::Created {
+                created,
+                refused: None,
+                ..
+            },
+        ) => (
+            false,
+            PolicyReason::LaunchesFailing,
+            format!("Degraded: {created} probe launch(es) after the cool-down"),
         ),
         (Scaling::BackingOff { failures, until }, _) => (
             true,
@@ -570,13 +624,13 @@ pub fn scaling_condition(
                 "{failures} launch(es) failed in a row; next replacement after {until} (backoff)"
             ),
         ),
-        (Scaling::Create { .. }, Scaled::Unbuildable) => (
+        (Scaling::Create { .. } | Scaling::Probe { .. }, Scaled::Unbuildable) => (
             false,
             PolicyReason::InvalidSpec,
             "spec.github.url cannot be parsed".into(),
         ),
         (
-            Scaling::Create { .. },
+            Scaling::Create { .. } | Scaling::Probe { .. },
             Scaled::Created {
                 created,
                 refused: Some(why),

@@ -568,6 +568,75 @@ fn enough_failed_launches_degrade_the_policy_once_and_a_new_generation_starts_af
 }
 
 #[test]
+fn a_degraded_policy_sends_one_probe_after_the_cool_down_and_none_while_one_is_in_flight() {
+    // The cool-down is the backoff cap (300 s here); the newest failure concluded 790 s ago.
+    let failed = vec![
+        concluded("f1", NOW - 1000, JIT, false),
+        concluded("f2", NOW - 900, JIT, false),
+        concluded("f3", NOW - 800, JIT, false),
+    ];
+    let run = Case::new(policy(json!({"minIdle": 2})), failed.clone()).run();
+    assert_eq!(
+        run.scaling,
+        Scaling::Probe {
+            replaces: names(&["f3", "f2", "f1"])
+        },
+        "one probe, whatever the demand"
+    );
+    let s = settled(
+        &run,
+        Scaled::Created {
+            created: 1,
+            wanted: 1,
+            refused: None,
+        },
+    );
+    assert_eq!(
+        condition(&s, PolicyConditionType::Degraded).status,
+        ConditionStatus::True,
+        "still Degraded until the probe works"
+    );
+    let scaling = condition(&s, PolicyConditionType::Scaling);
+    assert_eq!(
+        (scaling.status, scaling.reason),
+        (ConditionStatus::False, PolicyReason::LaunchesFailing)
+    );
+    assert!(scaling.message.contains("probe"), "{}", scaling.message);
+    // The probe is in flight: nothing more.
+    let mut with_probe = failed.clone();
+    with_probe.push(starting("probe", NOW - 5));
+    assert_eq!(
+        Case::new(policy(json!({"minIdle": 2})), with_probe)
+            .run()
+            .scaling,
+        Scaling::Degraded
+    );
+    // The probe failed too: a new cool-down from its conclusion.
+    let mut probe_failed = failed.clone();
+    probe_failed.push(concluded("probe", NOW - 100, JIT, false));
+    assert_eq!(
+        Case::new(policy(json!({"minIdle": 2})), probe_failed)
+            .run()
+            .scaling,
+        Scaling::Degraded
+    );
+    // The probe registered: the streak is over and Degraded clears.
+    let mut probe_worked = failed;
+    probe_worked.push(idle("probe", NOW - 5));
+    let run = Case::new(policy(json!({"minIdle": 2})), probe_worked).run();
+    assert!(
+        matches!(run.scaling, Scaling::Create { count: 1, .. }),
+        "{:?}",
+        run.scaling
+    );
+    let s = settled(&run, Scaled::Nothing);
+    assert_eq!(
+        condition(&s, PolicyConditionType::Degraded).status,
+        ConditionStatus::False
+    );
+}
+
+#[test]
 fn a_registered_launch_ends_the_failure_streak() {
     let attempts = vec![
         concluded("f1", NOW - 300, JIT, false),

@@ -473,6 +473,10 @@ async fn apply_run(
             )
             .await
         }
+        (Scaling::Probe { replaces }, Some(r)) if finalized => {
+            tracing::debug!("Degraded past its cool-down: one probe launch");
+            create_attempts(ctx, placement, policy, r, 1, replaces, &mut errors, now).await
+        }
         (Scaling::ScaleDown { idle }, _) => {
             let victims = idle.iter().map(|a| Termination {
                 attempt: a.clone(),
