@@ -16,6 +16,7 @@ use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use runner_manager_crds::attempt::{RunnerAttempt, TerminationReason};
 use runner_manager_crds::conditions::ConditionStatus;
 use runner_manager_crds::names::{ownership_label, runner_name};
+use runner_manager_crds::outcome::{FailureReason, Outcome};
 use runner_manager_crds::policy::{PolicyConditionType, PolicyReason, ScalePolicy};
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::fake_github::PackageInfo;
@@ -1321,6 +1322,67 @@ async fn one_installation_token_serves_the_controllers_and_the_broker() {
         w.fake.calls("access_tokens").await.unwrap(),
         1,
         "one installation token for the controllers and the broker: {counters}"
+    );
+}
+
+/// Infrastructure faults never degrade a policy (issue 15 item 7): agents restarted during
+/// preparation (as a DaemonSet rollout does) conclude `Failed(PreparationInterrupted)` again and
+/// again. With `--max-consecutive-failures 3` and a 30 s replacement backoff the policy neither
+/// degrades nor waits: each is replaced at once, and it serves as soon as the agents are back.
+#[tokio::test]
+async fn agent_restarts_during_preparation_never_degrade_the_policy() {
+    let Some(mut w) = world("interrupted_preparation").await else {
+        return;
+    };
+    let op = w
+        .start_operator(&[
+            "--max-consecutive-failures",
+            "3",
+            "--replacement-backoff",
+            "30s",
+        ])
+        .await;
+    w.add_node(
+        Script {
+            interrupt_preparation: true,
+            ..Script::default()
+        },
+        op,
+    )
+    .await;
+    w.policy("web", json!({"minIdle": 1})).await;
+    let interrupted = |l: &[RunnerAttempt]| {
+        l.iter()
+            .filter(|a| {
+                a.status.as_ref().and_then(|s| s.journal.outcome())
+                    == Some(Outcome::Failed(FailureReason::PreparationInterrupted))
+            })
+            .count()
+    };
+    w.attempts_until("five interrupted preparations", LONG, |l| {
+        (interrupted(l) >= 5).then_some(())
+    })
+    .await;
+    let degraded = w.condition("web", PolicyConditionType::Degraded).await;
+    assert!(
+        degraded
+            .as_ref()
+            .is_none_or(|c| c.0 != ConditionStatus::True),
+        "{degraded:?}"
+    );
+    w.agents[0].set(|s| s.interrupt_preparation = false);
+    w.attempts_until("an idle runner once the agents are back", LONG, |l| {
+        l.iter()
+            .any(|a| state(a) == AttemptState::Idle)
+            .then_some(())
+    })
+    .await;
+    let degraded = w.condition("web", PolicyConditionType::Degraded).await;
+    assert!(
+        degraded
+            .as_ref()
+            .is_none_or(|c| c.0 != ConditionStatus::True),
+        "{degraded:?}"
     );
 }
 

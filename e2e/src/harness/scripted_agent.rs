@@ -44,6 +44,9 @@ pub struct Script {
     pub fail_after_jit: bool,
     /// Conclude a busy runner's job at once (`CompleteJob`), as if its job finished.
     pub finish_busy: bool,
+    /// Conclude `Failed(PreparationInterrupted)` from `Allocated`, as an agent restarted during
+    /// preparation (a DaemonSet rollout) does.
+    pub interrupt_preparation: bool,
     /// Package digests advertised as cached (placement prefers such a node).
     pub packages: Vec<String>,
 }
@@ -58,6 +61,7 @@ impl Default for Script {
             recovery_complete: true,
             fail_after_jit: false,
             finish_busy: false,
+            interrupt_preparation: false,
             packages: vec![],
         }
     }
@@ -271,6 +275,9 @@ impl Agent {
                     spec_hash: spec_hash(&a.spec),
                 })
             }
+            AttemptState::Allocated if script.interrupt_preparation => Some(Transition::Conclude(
+                Outcome::Failed(FailureReason::PreparationInterrupted),
+            )),
             AttemptState::Allocated => Some(Transition::MarkPrepared { environment: None }),
             AttemptState::JitReceived if script.fail_after_jit => Some(Transition::Conclude(
                 Outcome::Failed(FailureReason::JitExpired),
