@@ -142,32 +142,11 @@ mod tests {
     /// one that is not would be dropped from every line in production, unseen (row 111).
     #[test]
     fn every_field_name_the_agent_emits_is_allowed() {
+        // This module's own tests feed the layer fields that must be dropped; the scan stops
+        // at each file's `#[cfg(test)]`.
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let mut stack = vec![src];
-        let mut refused = Vec::new();
-        let mut seen = 0;
-        while let Some(dir) = stack.pop() {
-            for e in std::fs::read_dir(&dir).unwrap().flatten() {
-                let path = e.path();
-                if path.is_dir() {
-                    stack.push(path);
-                } else if path.extension().is_some_and(|x| x == "rs") {
-                    let text = std::fs::read_to_string(&path).unwrap();
-                    // Tests (at the end of each file) log what they like; this module's own
-                    // feeds the layer fields that must be dropped.
-                    let text = match text.find("#[cfg(test)]") {
-                        Some(i) => text[..i].to_owned(),
-                        None => text,
-                    };
-                    for f in runner_manager_telemetry::fields::emitted_field_names(&text) {
-                        seen += 1;
-                        if !ALLOWED_FIELDS.contains(&f.name.as_str()) {
-                            refused.push(format!("{}:{} {}", path.display(), f.line, f.name));
-                        }
-                    }
-                }
-            }
-        }
+        let (seen, refused) =
+            runner_manager_telemetry::fields::unlisted_in_tree(&src, ALLOWED_FIELDS).unwrap();
         assert!(seen > 20, "the scan found only {seen} fields");
         assert!(
             refused.is_empty(),

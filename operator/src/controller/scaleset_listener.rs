@@ -470,7 +470,7 @@ async fn session(p: &Params, live: &Live) -> Result<Stop, ScaleSetError> {
         }
         tracing::debug!(
             policy = %p.name,
-            message = message.id,
+            message_id = message.id,
             jobs = message.jobs.len(),
             available = message.statistics.total_available_jobs,
             assigned = message.statistics.total_assigned_jobs,
