@@ -3,9 +3,13 @@
 //! the attempt as the agent's watch last showed it (the reflector store the watcher keeps, see
 //! [`decide_on_watched`]): no read before a write; the API server's compare-and-swap on that
 //! object's resourceVersion catches a stale copy, and only then is the attempt read (one GET per
-//! conflict) and the decision taken again.
+//! conflict) and the decision taken again. A decision to write nothing cannot be caught that way
+//! (a step that just wrote may decide its next edge on a copy from before its own write, find
+//! the attempt not yet in the state it expects, and skip the edge), so it is confirmed on a fresh
+//! read; no write and no read happen in steady state, where nothing is decided.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -24,6 +28,36 @@ pub fn decide_on_watched(store: Store<RunnerAttempt>) {
     let _ = WATCHED.set(store);
 }
 
+/// The resourceVersion of each attempt's last write by this agent, by uid: the watched copy a
+/// task steps on must have caught up with it (`agent::watched`), or a step could act on a state
+/// from before the agent's own write (an `Allocated` the launch already took to `Starting`).
+static WRITTEN: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+
+fn written_map() -> std::sync::MutexGuard<'static, HashMap<String, String>> {
+    WRITTEN
+        .get_or_init(Mutex::default)
+        .lock()
+        // One insert or remove per use: a panic elsewhere leaves it consistent.
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Remember `a` as this agent's last write of its attempt.
+pub fn record_written(a: &RunnerAttempt) {
+    if let (Some(uid), Some(version)) = (&a.metadata.uid, &a.metadata.resource_version) {
+        written_map().insert(uid.clone(), version.clone());
+    }
+}
+
+/// The resourceVersion of this agent's last write of the attempt `uid`.
+pub fn last_written(uid: &str) -> Option<String> {
+    written_map().get(uid).cloned()
+}
+
+/// Forget the attempt `uid` (its task ended).
+pub fn forget_written(uid: &str) {
+    written_map().remove(uid);
+}
+
 /// The attempt `name` of `api`'s namespace as the watch last showed it.
 pub fn watched(api: &Api<RunnerAttempt>, name: &str) -> Option<Arc<RunnerAttempt>> {
     let store = WATCHED.get()?;
@@ -39,10 +73,26 @@ pub async fn advance(
     actor: Actor,
     decide: impl FnMut(&RunnerAttempt) -> Decision,
 ) -> Result<Option<RunnerAttempt>, JournalError> {
+    on_watched_then_fresh(api, name, actor, decide).await
+}
+
+/// `decide` on the watched attempt; when it writes nothing there, again on a fresh read.
+async fn on_watched_then_fresh(
+    api: &Api<RunnerAttempt>,
+    name: &str,
+    actor: Actor,
+    mut decide: impl FnMut(&RunnerAttempt) -> Decision,
+) -> Result<Option<RunnerAttempt>, JournalError> {
+    let writer = JournalWriter::new(api.clone(), actor);
     let known = watched(api, name);
-    JournalWriter::new(api.clone(), actor)
-        .advance(name, known.as_deref(), decide)
-        .await
+    let written = match writer.advance(name, known.as_deref(), &mut decide).await {
+        Ok(None) if known.is_some() => writer.advance(name, None, decide).await,
+        other => other,
+    }?;
+    if let Some(a) = &written {
+        record_written(a);
+    }
+    Ok(written)
 }
 
 /// Like [`advance`], with `launch` (the launch step timings) written in the same CAS as the edge,
@@ -54,11 +104,9 @@ pub async fn advance_with_launch(
     launch: &LaunchTimings,
     mut decide: impl FnMut(&RunnerAttempt) -> Decision,
 ) -> Result<Option<RunnerAttempt>, JournalError> {
-    let known = watched(api, name);
-    JournalWriter::new(api.clone(), actor)
-        .advance(name, known.as_deref(), |cur| match decide(cur) {
-            Decision::Take(t) => Decision::TakeWithLaunch(t, Box::new(launch.clone())),
-            other => other,
-        })
-        .await
+    on_watched_then_fresh(api, name, actor, |cur| match decide(cur) {
+        Decision::Take(t) => Decision::TakeWithLaunch(t, Box::new(launch.clone())),
+        other => other,
+    })
+    .await
 }

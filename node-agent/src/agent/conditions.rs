@@ -35,6 +35,9 @@ pub async fn set(
     let written = JournalWriter::new(api.clone(), Actor::Agent)
         .advance(name, Some(a), |_| Decision::Condition(new.clone()))
         .await?;
+    if let Some(w) = &written {
+        crate::journal::record_written(w);
+    }
     Ok(written.is_some())
 }
 

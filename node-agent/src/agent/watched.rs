@@ -29,6 +29,8 @@ pub struct Watched {
     last: Option<(Option<String>, Instant)>,
     /// The last step wrote: wait for a newer object than the one it stepped on.
     wrote: bool,
+    /// The agent's last write of this attempt (`journal::last_written`) once the store showed it.
+    caught_up: Option<String>,
 }
 
 impl Watched {
@@ -50,6 +52,7 @@ impl Watched {
             poll,
             last: None,
             wrote: false,
+            caught_up: None,
         }
     }
 
@@ -70,9 +73,27 @@ impl Watched {
     /// once the watch shows a change (at most [`WRITE_SEEN_WITHIN`]); otherwise when it changes
     /// or a poll interval after the last read. `None` once it is gone.
     pub async fn next(&mut self) -> Option<Arc<RunnerAttempt>> {
+        let asked = Instant::now();
         loop {
             let current = self.current()?;
             let version = current.metadata.resource_version.clone();
+            // Never a copy from before the agent's own last write of it: the watch shows every
+            // version in order, so once it showed that one, whatever it shows next is newer.
+            if let Some(written) = crate::journal::last_written(&self.uid)
+                && self.caught_up.as_ref() != Some(&written)
+            {
+                if version.as_ref() != Some(&written)
+                    && asked.elapsed() < WRITE_SEEN_WITHIN
+                    && tokio::time::timeout_at(asked + WRITE_SEEN_WITHIN, self.changed.notified())
+                        .await
+                        .is_ok()
+                {
+                    continue;
+                }
+                // Shown, or skipped by a re-list of the watch (then the CAS still refuses a
+                // write decided on a stale copy).
+                self.caught_up = Some(written);
+            }
             if let Some((last, at)) = &self.last
                 && *last == version
             {
@@ -94,6 +115,12 @@ impl Watched {
             self.last = Some((version, Instant::now()));
             return Some(current);
         }
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        crate::journal::forget_written(&self.uid);
     }
 }
 
@@ -174,6 +201,49 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(a.metadata.resource_version.as_deref(), Some("2"));
+    }
+
+    #[tokio::test]
+    async fn a_copy_from_before_the_agents_own_last_write_is_not_handed_out() {
+        let (store, mut writer) = kube::runtime::reflector::store();
+        let changed = Arc::new(Notify::new());
+        let uid = "u-own-write";
+        let mut watched = Watched::new(
+            store,
+            "team",
+            "web-1",
+            uid,
+            Arc::clone(&changed),
+            Duration::from_millis(10),
+        );
+        writer.apply_watcher_event(&Event::Apply(attempt("1", uid)));
+        watched.next().await.unwrap();
+        // The launch wrote three versions; the watch has shown only the first of them.
+        crate::journal::record_written(&attempt("4", uid));
+        writer.apply_watcher_event(&Event::Apply(attempt("2", uid)));
+        let seen = tokio::spawn(async move {
+            let a = watched.next().await.unwrap();
+            (a.metadata.resource_version.clone(), watched)
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!seen.is_finished(), "version 2 predates the agent's write");
+        writer.apply_watcher_event(&Event::Apply(attempt("3", uid)));
+        changed.notify_one();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!seen.is_finished(), "so does version 3");
+        writer.apply_watcher_event(&Event::Apply(attempt("4", uid)));
+        changed.notify_one();
+        let (version, watched) = tokio::time::timeout(Duration::from_secs(30), seen)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(version.as_deref(), Some("4"));
+        drop(watched);
+        assert_eq!(
+            crate::journal::last_written(uid),
+            None,
+            "forgotten with the task"
+        );
     }
 
     #[tokio::test]
