@@ -631,13 +631,65 @@ async fn request_and_start(
     .instrument(tracing::info_span!("journal_started"))
     .await?;
     super::metrics::global().launch_started(&timings);
-    tracing::info!(
-        namespace = %ns, attempt = %name, "started (materialize {} ms, prepare {} ms, register {} ms, spawn {} ms, downloaded {})",
-        timings.materialize_ms,
-        timings.prepare_ms,
-        timings.register_ms,
-        timings.spawn_ms,
-        timings.package_downloaded
-    );
+    if is_slow(&timings) {
+        tracing::warn!(
+            namespace = %ns, attempt = %name, "started slowly (materialize {} ms, prepare {} ms, register {} ms, spawn {} ms, downloaded {})",
+            timings.materialize_ms,
+            timings.prepare_ms,
+            timings.register_ms,
+            timings.spawn_ms,
+            timings.package_downloaded
+        );
+    } else {
+        tracing::info!(
+            namespace = %ns, attempt = %name, "started (materialize {} ms, prepare {} ms, register {} ms, spawn {} ms, downloaded {})",
+            timings.materialize_ms,
+            timings.prepare_ms,
+            timings.register_ms,
+            timings.spawn_ms,
+            timings.package_downloaded
+        );
+    }
     Ok(())
+}
+
+/// A launch whose steps took this long in total is reported at warn, not info: the
+/// predecessor's `SLOW_LAUNCH`, so a person sees a node that brings runners up slowly without
+/// reading every launch line (parity row 20).
+pub const SLOW_LAUNCH_MS: u64 = 60_000;
+
+/// Whether a started launch is slow: its steps' total reaches [`SLOW_LAUNCH_MS`].
+fn is_slow(t: &LaunchTimings) -> bool {
+    t.materialize_ms
+        .saturating_add(t.prepare_ms)
+        .saturating_add(t.register_ms)
+        .saturating_add(t.spawn_ms)
+        >= SLOW_LAUNCH_MS
+}
+
+#[cfg(test)]
+mod slow_launch_tests {
+    use super::*;
+
+    #[test]
+    fn a_launch_of_sixty_seconds_or_more_is_slow() {
+        let quick = LaunchTimings {
+            materialize_ms: 20_000,
+            prepare_ms: 19_999,
+            register_ms: 10_000,
+            spawn_ms: 10_000,
+            package_downloaded: true,
+        };
+        assert!(!is_slow(&quick), "59.999 s is not slow");
+        let slow = LaunchTimings {
+            prepare_ms: 20_000,
+            ..quick.clone()
+        };
+        assert!(is_slow(&slow), "60 s is slow");
+        let huge = LaunchTimings {
+            materialize_ms: u64::MAX,
+            ..quick
+        };
+        assert!(is_slow(&huge), "a total past u64 saturates and is slow");
+    }
 }
