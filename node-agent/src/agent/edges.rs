@@ -89,6 +89,26 @@ pub fn exit_outcome(
     }
 }
 
+/// Whether a gone runner never took up the job it was assigned: journalled `Busy`, a clean
+/// exit, `_diag` showing the listener only, no termination asked and GitHub no longer listing
+/// it (the assignment was withdrawn or went elsewhere and the runner's session ended). It
+/// concludes `ExitedIdleWithoutWork` through `Busy → Idle` (`AssignmentNotTaken`): not
+/// `CompletedJob`, which needs worker evidence, and not a lost process, whose exit is not clean
+/// (parity row 40).
+pub fn assignment_never_taken(
+    state: AttemptState,
+    exit: ExitReading,
+    evidence: JobEvidence,
+    intent: Option<IntentReason>,
+    github: GitHubObservation,
+) -> bool {
+    state == AttemptState::Busy
+        && exit == ExitReading::Clean
+        && evidence == JobEvidence::NoJob
+        && intent.is_none()
+        && github == GitHubObservation::NotRegistered
+}
+
 /// How long an exit whose only witness is a fact listing the runner idle waits for a newer
 /// witness (see [`awaits_newer_witness`]): the operator writes `spec.termination` right after its
 /// DELETE, one API write, which a loaded API server can delay by seconds.
@@ -288,6 +308,92 @@ mod tests {
                 RecoveryDecision::Adopt
             ),
             Some(Outcome::Failed(FailureReason::ProcessExitedUnexpectedly))
+        );
+    }
+
+    #[test]
+    fn an_assignment_the_runner_never_took_up_is_not_a_completed_job() {
+        use AttemptState as S;
+        let gone = GitHubObservation::NotRegistered;
+        let clean = ExitReading::Clean;
+        let listener_only = JobEvidence::NoJob;
+        assert!(assignment_never_taken(
+            S::Busy,
+            clean,
+            listener_only,
+            None,
+            gone
+        ));
+        // Worker evidence: the job ran, whatever GitHub says.
+        assert!(!assignment_never_taken(
+            S::Busy,
+            clean,
+            JobEvidence::RanAJob,
+            None,
+            gone
+        ));
+        assert_eq!(
+            exit_outcome(
+                S::Busy,
+                clean,
+                JobEvidence::RanAJob,
+                None,
+                RecoveryDecision::Conclude(Outcome::Orphaned(OrphanReason::ProcessLost))
+            ),
+            Some(Outcome::CompletedJob)
+        );
+        // Unreadable `_diag`, an unclean exit, a requested stop, a runner still listed, or a
+        // state other than `Busy`: the other rules decide.
+        assert!(!assignment_never_taken(
+            S::Busy,
+            clean,
+            JobEvidence::Unknown,
+            None,
+            gone
+        ));
+        assert!(!assignment_never_taken(
+            S::Busy,
+            ExitReading::Other,
+            listener_only,
+            None,
+            gone
+        ));
+        assert!(!assignment_never_taken(
+            S::Busy,
+            clean,
+            listener_only,
+            Some(IntentReason::Requested(TerminationReason::Deleted)),
+            gone
+        ));
+        assert!(!assignment_never_taken(
+            S::Busy,
+            clean,
+            listener_only,
+            None,
+            GitHubObservation::Registered { busy: true }
+        ));
+        assert!(!assignment_never_taken(
+            S::Busy,
+            clean,
+            listener_only,
+            None,
+            GitHubObservation::Unreachable
+        ));
+        assert!(!assignment_never_taken(
+            S::Idle,
+            clean,
+            listener_only,
+            None,
+            gone
+        ));
+        // The walk: back to `Idle`, from where `ExitedIdleWithoutWork` is legal.
+        assert_eq!(
+            observe_edge(S::Busy, S::Idle),
+            Some(Transition::AssignmentNotTaken)
+        );
+        assert_eq!(
+            conclusion_path(S::Idle, Outcome::ExitedIdleWithoutWork),
+            vec![Transition::Conclude(Outcome::ExitedIdleWithoutWork)]
         );
     }
 

@@ -21,8 +21,8 @@ use runner_manager_crds::state::AttemptState;
 use super::attempt_ctx::take;
 pub use super::attempt_ctx::{Step, StepError, conclude, names, runtime_of, timeouts, uuid_of};
 use super::edges::{
-    EXIT_WITNESS_GRACE, awaits_newer_witness, exit_outcome, fact_edge, github_observation,
-    observe_edge,
+    EXIT_WITNESS_GRACE, assignment_never_taken, awaits_newer_witness, exit_outcome, fact_edge,
+    github_observation, observe_edge,
 };
 use super::events::{self, EventReason};
 use super::fault::{self, Boundary};
@@ -379,7 +379,12 @@ async fn live(
         &timeouts(a, agent.deadline_grace),
         Timestamp::now(),
     );
-    let decided = exit_outcome(state, exit, seen, intent, rec);
+    let not_taken = assignment_never_taken(state, exit, seen, intent, github);
+    let decided = if not_taken {
+        Some(Outcome::ExitedIdleWithoutWork)
+    } else {
+        exit_outcome(state, exit, seen, intent, rec)
+    };
     if awaits_newer_witness(state, github, decided) {
         if memory.gone_while_listed.is_none() {
             tracing::info!(
@@ -398,6 +403,10 @@ async fn live(
     match decided {
         Some(outcome) => {
             tracing::info!(namespace = %ns, attempt = %name, "runner exited ({exit:?}, {seen:?}): {outcome:?}");
+            if not_taken {
+                // `ExitedIdleWithoutWork` is concluded from `Idle`: walk the assignment back first.
+                take(api, &name, state, Transition::AssignmentNotTaken).await?;
+            }
             conclude(api, &name, outcome).await?;
             Ok(Step::Again)
         }
