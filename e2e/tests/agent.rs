@@ -2336,6 +2336,44 @@ async fn a_start_without_a_child_is_tried_three_times_and_leaves_no_handoff() {
     assert_settled(&w, &a, 1).await;
 }
 
+/// A start that fails once its child existed is never tried again (parity row 52 in part): the
+/// entry helper (`/bin/false`) is spawned and exits at once without taking the handoff, so the
+/// JIT may have been consumed; the agent tries once, journals no second JIT request and
+/// concludes `ProcessStartFailed`, leaving no handoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_failed_after_its_child_existed_is_never_retried() {
+    let Some(w) = AgentWorld::start("a_start_that_failed_after_its_child_existed")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let agent = w.agent(4, &[("RM_ENTRY_HELPER", "/bin/false")]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(
+        outcome(&done),
+        Some(Outcome::Failed(FailureReason::ProcessStartFailed))
+    );
+    wait_logged(&agent, "the failed launch at warn", &["launch failed", &n]).await;
+    let tries = |what: &str| {
+        agent
+            .lines()
+            .iter()
+            .filter(|l| l.contains(what) && l.contains(&n))
+            .count()
+    };
+    assert_eq!(tries("start failed after a child existed"), 1, "one try");
+    assert_eq!(tries("start failed before a child existed"), 0);
+    assert!(w.handoff_files().is_empty(), "{:?}", w.handoff_files());
+    let (second_sessions, mints) = w.second_sessions_and_mints().await.unwrap();
+    assert_eq!((second_sessions, mints), (0, 1), "one JIT, asked once");
+    w.deregister(&done).await.unwrap();
+    assert_settled(&w, &a, 1).await;
+}
+
 /// A persistent slot is scrubbed only once its runner is signalled and gone, keeping `_work`
 /// (parity row 96): the agent is killed right after the durable intent of a requested stop, so
 /// nothing is signalled yet; at that instant the runner lives and the slot holds all it held.
