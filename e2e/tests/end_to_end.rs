@@ -543,6 +543,61 @@ async fn an_agent_killed_between_jit_and_spawn_recovers_without_a_second_runner(
     assert_settled_and_clean(&p).await;
 }
 
+/// A leader that meets a policy already being deleted (the old one died, or `helm upgrade` rolled
+/// it, between the delete and the drain) deregisters each idle runner before stopping it, as the
+/// leader that saw the policy live would. Before, the new process had never resolved the policy,
+/// drained with no GitHub client, and the stopped runner's registration stayed on GitHub (found
+/// by the real node's Helm scenario: `helm upgrade`, then the policy deleted).
+#[tokio::test]
+async fn a_new_leader_draining_a_deleted_policy_deregisters_its_runners() {
+    let options = ProductOptions {
+        operator_flags: vec![("--orphan-grace".into(), "1h".into())],
+        ..ProductOptions::default()
+    };
+    let Some(mut p) = Product::start("new_leader_drains_deleted_policy", options)
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    p.policy("web", json!({"minIdle": 1})).await.unwrap();
+    wait_ready(&p, "web").await;
+    let idle = wait_attempts(&p, "an idle runner", Duration::from_secs(120), |list| {
+        list.iter().any(|a| state(a) == AttemptState::Idle)
+    })
+    .await
+    .into_iter()
+    .find(|a| state(a) == AttemptState::Idle)
+    .unwrap();
+    let registration = runner_name(idle.spec.attempt_uuid().unwrap());
+    assert_eq!(registrations_named(&p, &registration).await, 1);
+
+    p.kill_operator(0);
+    p.policies()
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    p.restart_operator(0).await.unwrap();
+    wait::until(STEP, "the policy gone", || async {
+        p.policies()
+            .get_opt("web")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    // The finalizer goes only after every attempt is gone, each deregistered before its stop
+    // was asked: no wait here, and the orphan sweep (an hour's grace) cannot have done it.
+    assert_eq!(
+        registrations_named(&p, &registration).await,
+        0,
+        "the drained runner's registration stayed on GitHub; logs in {}",
+        p.logs().display()
+    );
+}
+
 async fn registrations_named(p: &Product, name: &str) -> usize {
     p.fake
         .runners()

@@ -77,12 +77,35 @@ pub async fn prepare(
     now: Timestamp,
 ) -> Vec<ReconcileError> {
     let mut errors = Vec::new();
+    let generation = policy.metadata.generation.unwrap_or(0);
     if policy.metadata.deletion_timestamp.is_some() {
+        // The drain deregisters each runner before asking it to stop, with the policy's
+        // client. A process that never resolved the policy (a new leader meeting a policy
+        // already being deleted, as after `helm upgrade` on the real node) must resolve it
+        // now: without a client the runner is stopped and its registration stays on GitHub.
+        if resolved(mem).is_none() {
+            let result = resolve(
+                ctx.kube(),
+                &ctx.clients,
+                policy,
+                &ctx.settings.hosts,
+                &ctx.settings.owner_bindings,
+            )
+            .await;
+            if let Err(i) = &result {
+                let (reason, message) = (i.reason, i.message.clone());
+                errors.push(ReconcileError::Unresolved { reason, message });
+            }
+            mem.resolved = Some(ResolvedEntry {
+                generation,
+                at: Instant::now(),
+                result,
+            });
+        }
         return errors;
     }
     let ns = policy.metadata.namespace.as_deref().unwrap_or_default();
     let name = policy.metadata.name.as_deref().unwrap_or_default();
-    let generation = policy.metadata.generation.unwrap_or(0);
 
     // Resolution (once per generation, not per pass).
     if !mem
