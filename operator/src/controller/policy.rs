@@ -28,7 +28,7 @@ use super::plan::{
     Drain, Inputs, Limits, Placed, Plan, PolicyEvent, Readiness, Run, Scaled, Scaling, Termination,
     creation_note, creation_reason, place, scaling_condition, settle,
 };
-use super::resolve::{Resolved, resolve};
+use super::resolve::{Invalid, Resolved, resolve};
 use super::snapshot::Pinned;
 use super::supervisor::{Terminated, observe, terminate};
 use super::writes::WriteKind;
@@ -84,14 +84,7 @@ pub async fn prepare(
         // already being deleted, as after `helm upgrade` on the real node) must resolve it
         // now: without a client the runner is stopped and its registration stays on GitHub.
         if resolved(mem).is_none() {
-            let result = resolve(
-                ctx.kube(),
-                &ctx.clients,
-                policy,
-                &ctx.settings.hosts,
-                &ctx.settings.owner_bindings,
-            )
-            .await;
+            let result = resolve_now(ctx, policy).await;
             if let Err(i) = &result {
                 let (reason, message) = (i.reason, i.message.clone());
                 errors.push(ReconcileError::Unresolved { reason, message });
@@ -120,14 +113,7 @@ pub async fn prepare(
             .as_ref()
             .map(|e| e.result.is_ok())
             .or_else(|| stored_ready(policy, generation));
-        let result = resolve(
-            ctx.kube(),
-            &ctx.clients,
-            policy,
-            &ctx.settings.hosts,
-            &ctx.settings.owner_bindings,
-        )
-        .await;
+        let result = resolve_now(ctx, policy).await;
         match (&result, was_ok) {
             (Err(i), Some(true) | None) => {
                 ctx.events.publish(
@@ -390,6 +376,18 @@ pub async fn apply(
         Plan::Drain(d) => apply_drain(ctx, mem, policy, attempts, d, now).await,
         Plan::Run(run) => apply_run(ctx, placement, mem, policy, attempts, *run, now).await,
     }
+}
+
+/// Dereference and validate the policy against this process's clients, hosts and bindings.
+async fn resolve_now(ctx: &Ctx, policy: &ScalePolicy) -> Result<Resolved, Invalid> {
+    resolve(
+        ctx.kube(),
+        &ctx.clients,
+        policy,
+        &ctx.settings.hosts,
+        &ctx.settings.owner_bindings,
+    )
+    .await
 }
 
 fn resolved(mem: &PolicyMemory) -> Option<&Resolved> {
