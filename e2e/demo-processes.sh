@@ -171,11 +171,7 @@ while :; do
 done
 
 say "summary"
-kubectl get ra -n demo -o json | jq -r '
-  [.items[] | .status // {}] as $s
-  | "attempts: \($s | length); by state: \($s | group_by(.state) | map("\(.[0].state)=\(length)") | join(" "))",
-    "launch (ms, per attempt that started): materialize/prepare/register/spawn",
-    ($s[] | select(.launch) | "  \(.launch.materializeMs // "-")/\(.launch.prepareMs // "-")/\(.launch.registerMs // "-")/\(.launch.spawnMs // "-") package downloaded: \(.launch.packageDownloaded // false)")'
+kubectl get ra -n demo -o json | jq -r -f "$root/e2e/demo-summary.jq"
 echo "jobs completed: $done_count/$jobs in $(( $(date +%s) - started ))s"
 echo "runners still registered on the simulated GitHub: $(curl -fsS "$github/_admin/runners" | jq 'length')"
 

@@ -99,11 +99,7 @@ while :; do
 done
 
 say "summary"
-K get ra -n demo -o json | jq -r '
-  [.items[] | .status // {}] as $s
-  | "attempts: \($s | length); by state: \($s | group_by(.state) | map("\(.[0].state)=\(length)") | join(" "))",
-    "launch (ms, per attempt that started): materialize/prepare/register/spawn",
-    ($s[] | select(.launch) | "  \(.launch.materializeMs // "-")/\(.launch.prepareMs // "-")/\(.launch.registerMs // "-")/\(.launch.spawnMs // "-") package downloaded: \(.launch.packageDownloaded // false)")'
+K get ra -n demo -o json | jq -r -f "$root/e2e/demo-summary.jq"
 echo "jobs completed: $done_count/$jobs in $(( $(date +%s) - started ))s; make demo took $(( $(date +%s) - t_start ))s"
 echo "runners registered on the simulated GitHub: $(admin GET runners | jq 'length') (the idle one minIdle keeps)"
 
