@@ -23,6 +23,7 @@ use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::policy::{
     PolicyConditionType, PolicyReason, ScalePolicy, ScalePolicyStatus,
 };
+use runner_manager_crds::recovery::TerminateReason;
 use runner_manager_crds::state::AttemptState;
 use serde_json::Value;
 
@@ -211,6 +212,22 @@ pub fn cond(
     }
 }
 
+/// The outcome an attempt the operator terminated for a registration timeout will conclude
+/// with, and when it was decided. The request already settles it (the runner never
+/// registered, so it ends `Failed(TerminatedAfterRegistrationTimeout)` whatever the agent
+/// finds), and demand stops counting the attempt as supply the moment the request is written:
+/// without this, the creation that request causes could run before the agent concludes and be
+/// made as a plain scale-up, with no lineage and no backoff (a CI run met that interleaving).
+fn foreseen(a: &RunnerAttempt) -> Option<(Outcome, Timestamp)> {
+    let t = a.spec.termination.as_ref()?;
+    (t.reason == TerminationReason::RegistrationTimeout).then(|| {
+        (
+            TerminateReason::RegistrationTimeout.outcome(),
+            t.requested_at.0,
+        )
+    })
+}
+
 /// The attempts as the failure count sees them.
 pub fn launches(attempts: &[Arc<RunnerAttempt>]) -> Vec<Launch<'_>> {
     let replaced: HashSet<&str> = attempts
@@ -233,9 +250,14 @@ pub fn launches(attempts: &[Arc<RunnerAttempt>]) -> Vec<Launch<'_>> {
                     .and_then(|m| m.get(POLICY_GENERATION_ANNOTATION))
                     .and_then(|g| g.parse().ok())
                     .unwrap_or(-1),
-                outcome: journal.and_then(|j| j.outcome()),
+                outcome: journal
+                    .and_then(|j| j.outcome())
+                    .or_else(|| foreseen(a).map(|(o, _)| o)),
                 registered: ts.is_some_and(|t| t.registered_at.is_some() || t.busy_at.is_some()),
-                concluded_at: ts.and_then(|t| t.concluded_at.as_ref()).map(|t| t.0),
+                concluded_at: ts
+                    .and_then(|t| t.concluded_at.as_ref())
+                    .map(|t| t.0)
+                    .or_else(|| foreseen(a).map(|(_, at)| at)),
                 replaced: replaced.contains(name),
             })
         })

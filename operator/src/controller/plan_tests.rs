@@ -531,6 +531,38 @@ fn a_failed_launch_is_replaced_with_lineage_after_its_backoff() {
 }
 
 #[test]
+fn a_registration_timeout_is_a_failure_from_its_request_not_from_the_agents_conclusion() {
+    // The operator asked a runner that never registered to stop; the agent has not concluded
+    // it yet. The request settles the outcome, so the creation it causes is a replacement
+    // (lineage) and waits the backoff from the request, never a plain scale-up.
+    let p = policy(json!({"minIdle": 1}));
+    let timed_out = with(starting("s1", NOW - 400), |a| {
+        a.spec.termination = Some(runner_manager_crds::attempt::TerminationRequest {
+            reason: TerminationReason::RegistrationTimeout,
+            requested_at: Time(t(NOW - 2)),
+            deregistered: true,
+        });
+    });
+    let run = Case::new(p.clone(), vec![timed_out.clone()]).run();
+    assert_eq!(
+        run.scaling,
+        Scaling::BackingOff {
+            failures: 1,
+            until: t(NOW + 8)
+        }
+    );
+    let mut later = Case::new(p, vec![timed_out]);
+    later.now = NOW + 8;
+    assert_eq!(
+        later.run().scaling,
+        Scaling::Create {
+            count: 1,
+            replaces: names(&["s1"])
+        }
+    );
+}
+
+#[test]
 fn enough_failed_launches_degrade_the_policy_once_and_a_new_generation_starts_afresh() {
     let attempts = vec![
         concluded("f1", NOW - 300, JIT, false),
