@@ -37,15 +37,17 @@ strategy=$(kubectl -n "$ns" get daemonset/runner-manager-node-agent -o jsonpath=
 if [ -n "$strategy" ] && [ "$strategy" != "0" ]; then
   echo "the agent DaemonSet must never surge: maxSurge is $strategy" >&2; exit 1
 fi
-# Least privilege, as the API server evaluates it. No pods rights at all (issue 13): one node's
-# agent token must not create a pod running as another ServiceAccount, a privileged pod on any
-# node, or a pod posing as another node's agent.
+# Least privilege, as the API server evaluates it. Pods (issue 16): the agent may create and
+# delete pods, which the agent-pods ValidatingAdmissionPolicy confines to the convention's pods on
+# its own node (e2e/tests/attacks_pods.rs attacks it); never update or patch one.
 as="--as=system:serviceaccount:$ns:runner-manager-node-agent"
 kubectl auth can-i patch runnerattempts.runner-manager.dev --subresource=status -n team-a $as >/dev/null
+kubectl auth can-i create pods -n team-a $as >/dev/null
+kubectl get validatingadmissionpolicy "runner-manager-$ns-agent-pods" >/dev/null
 for denied in "get secrets -n team-a" "get configmaps -n team-a" "update runnerattempts.runner-manager.dev -n team-a" \
               "update runnerattempts.runner-manager.dev --subresource=finalizers -n team-a" "delete runnerattempts.runner-manager.dev -n team-a" \
-              "create pods --all-namespaces" "create pods -n $ns" "create pods -n team-a" \
-              "delete pods --all-namespaces" "delete pods -n $ns" "get pods -n $ns" "list pods --all-namespaces"; do
+              "update pods -n team-a" "patch pods -n team-a" "create pods/exec -n team-a" \
+              "create pods/eviction -n team-a" "update pods/status -n team-a"; do
   if kubectl auth can-i $denied $as >/dev/null 2>&1; then
     echo "the node agent may $denied: it must not" >&2; exit 1
   fi

@@ -85,3 +85,6 @@ only, OTLP over HTTP/protobuf). Takes (dict "root" . "service" NAME). */}}
 {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/* The PriorityClass of placeholder pods (cluster-scoped, so named with the namespace). */}}
+{{- define "rm.placeholderPriorityClass" -}}{{ include "rm.clusterName" . }}-placeholder{{- end -}}
