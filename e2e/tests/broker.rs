@@ -748,6 +748,103 @@ async fn a_concurrent_status_write_is_retried_and_a_concluded_attempt_gets_nothi
     );
 }
 
+/// Parity row 32 (`jit_retry_stops_with_demand_and_a_terminal_403_never_retries`): the mint's
+/// tries against the simulated GitHub (the broker's client: 3 tries, 20 ms doubling). Two
+/// transient failures, then the JIT: three mints. A 403 is terminal: one mint. A transient
+/// failure while the attempt was terminated, or deleted, meanwhile: one mint and no second
+/// (the attempt is read again between tries), 409 `NotPrepared`, and nothing left registered.
+#[tokio::test]
+async fn the_mint_retries_only_while_its_attempt_wants_it_and_never_after_a_403() {
+    let Some(w) = world("the_mint_retries_only_while_wanted", 1).await else {
+        return;
+    };
+    let token = w.agent_token("node-a").await;
+    let fake = &w.fake;
+    let fault = |f: Value| async move { fake.admin("POST", "faults", f).await.unwrap() };
+
+    // 1. Two 502s, then a 201: three mints, the JIT issued.
+    fault(json!({"endpoint": "generate_jitconfig", "count": 2, "status": 502})).await;
+    let attempt = w.prepared_attempt("node-a").await;
+    let before = w.fake.calls("generate_jitconfig").await.unwrap();
+    let (status, body) = w.ask(&attempt, Some(&token)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        w.fake.calls("generate_jitconfig").await.unwrap() - before,
+        3
+    );
+
+    // 2. A 403 (a permission, not a rate limit): one mint, refused.
+    fault(json!({"endpoint": "generate_jitconfig", "count": 1, "status": 403})).await;
+    let attempt = w.prepared_attempt("node-a").await;
+    let before = w.fake.calls("generate_jitconfig").await.unwrap();
+    let (_, body) = w.ask(&attempt, Some(&token)).await;
+    assert_eq!(code(&body), "GitHubUnavailable", "{body}");
+    assert_eq!(
+        w.fake.calls("generate_jitconfig").await.unwrap() - before,
+        1
+    );
+
+    // 3. Demand goes while the first try is held by GitHub (and fails): terminated, then
+    //    deleted. Without the re-read the broker would spend all three tries.
+    for gone in ["terminated", "deleted"] {
+        let attempt = w.prepared_attempt("node-a").await;
+        let name = attempt.metadata.name.clone().unwrap();
+        let runner = runner_name(attempt.spec.attempt_uuid().unwrap());
+        fault(json!({"endpoint": "generate_jitconfig", "count": 1, "status": 502, "latency_ms": 1500})).await;
+        fault(json!({"endpoint": "generate_jitconfig", "count": 2, "status": 502})).await;
+        let before = w.fake.calls("generate_jitconfig").await.unwrap();
+        let interfere = async {
+            wait_for_faults_left(&w, 2).await;
+            if gone == "terminated" {
+                let body = json!({"spec": {"termination": {
+                    "reason": "ScaleDown",
+                    "requestedAt": k8s_openapi::jiff::Timestamp::now().to_string()}}});
+                w.attempts()
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&body))
+                    .await
+                    .unwrap();
+            } else {
+                w.attempts()
+                    .delete(&name, &DeleteParams::default())
+                    .await
+                    .unwrap();
+            }
+        };
+        let ((status, body), ()) = tokio::join!(w.ask(&attempt, Some(&token)), interfere);
+        assert_eq!(
+            (status, code(&body)),
+            (409, "NotPrepared"),
+            "{gone}: {body}"
+        );
+        assert_eq!(
+            w.fake.calls("generate_jitconfig").await.unwrap() - before,
+            1,
+            "{gone}: a mint after demand went"
+        );
+        assert!(w.registrations_named(&runner).await.is_empty(), "{gone}");
+        w.fake.admin("DELETE", "faults", Value::Null).await.unwrap();
+    }
+}
+
+/// The first of the queued mint faults was taken (the mint reached the fake); `left` remain.
+async fn wait_for_faults_left(w: &World, left: usize) {
+    use runner_manager_e2e::fake_github::endpoint::Endpoint;
+    let fake = w.fake.running.fake.clone();
+    wait::until(Duration::from_secs(10), "the mint to reach GitHub", || {
+        let fake = fake.clone();
+        async move {
+            let pending = fake
+                .world()
+                .faults
+                .get(&Endpoint::GenerateJitconfig)
+                .map_or(0, |q| q.len());
+            (pending == left).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+}
+
 /// The mint has reached the fake and is held by its latency fault (the fault is taken from the
 /// queue when the request arrives): the broker has read the attempt, so a write now makes its
 /// CAS stale.

@@ -16,18 +16,20 @@ use runner_manager_crds::writer::{Decision, JournalError, JournalWriter};
 
 use super::authn::Caller;
 use crate::github::GitHubError;
+use crate::github::client::MintDemand;
 use crate::github::types::JitConfig;
 
 /// The GitHub operations the broker needs (the GitHub client; a test double in unit tests).
 pub trait Registrar: Send + Sync {
     /// Delete any registration of that name; its id if there was one.
     fn discard(&self, name: &str) -> impl Future<Output = Result<Option<i64>, GitHubError>> + Send;
-    /// Mint a JIT.
+    /// Mint a JIT; a mint that retries asks `demand` between its tries.
     fn mint(
         &self,
         name: &str,
         runner_group_id: i64,
         labels: &[String],
+        demand: &impl MintDemand,
     ) -> impl Future<Output = Result<JitConfig, GitHubError>> + Send;
 }
 
@@ -41,8 +43,35 @@ impl Registrar for crate::github::GitHubClient {
         name: &str,
         group: i64,
         labels: &[String],
+        demand: &impl MintDemand,
     ) -> Result<JitConfig, GitHubError> {
-        self.generate_jit(name, group, labels, "_work").await
+        self.generate_jit_while(name, group, labels, "_work", demand)
+            .await
+    }
+}
+
+/// The demand behind a mint (parity row 32): the attempt, read again between the mint's tries,
+/// is still the one asked for, still issuable, not terminated and not being deleted. A read
+/// that fails says nothing: the mint goes on, and the CAS refuses the JIT of an attempt that
+/// changed.
+struct AttemptDemand<'a> {
+    attempts: &'a Api<RunnerAttempt>,
+    name: &'a str,
+    request: &'a JitRequest,
+}
+
+impl MintDemand for AttemptDemand<'_> {
+    async fn still_wanted(&self) -> bool {
+        match self.attempts.get_opt(self.name).await {
+            Ok(Some(a)) => {
+                a.metadata.uid.as_deref() == Some(self.request.attempt_uid.as_str())
+                    && a.metadata.deletion_timestamp.is_none()
+                    && a.spec.termination.is_none()
+                    && check_issuable(&a, self.request).is_ok()
+            }
+            Ok(None) => false,
+            Err(_) => true,
+        }
     }
 }
 
@@ -87,7 +116,12 @@ pub async fn issue<R: Registrar>(
     let mut labels = attempt.spec.snapshot.labels.clone();
     labels.push(ownership_label.to_owned());
     let group = attempt.spec.snapshot.runner_group_id;
-    let minted = match registrar.mint(&runner, group, &labels).await {
+    let demand = AttemptDemand {
+        attempts,
+        name: &name,
+        request,
+    };
+    let minted = match registrar.mint(&runner, group, &labels, &demand).await {
         // A registration under this name was left by a broker that crashed between GitHub's
         // 201 and its CAS, or by a request that lost its CAS: its JIT never reached a runner.
         // GitHub refuses the name (409); delete the leftover and mint once more. Minting first
@@ -97,11 +131,18 @@ pub async fn issue<R: Registrar>(
                 .discard(&runner)
                 .await
                 .map_err(|e| github_unavailable(&e))?;
-            registrar.mint(&runner, group, &labels).await
+            registrar.mint(&runner, group, &labels, &demand).await
         }
         other => other,
     }
-    .map_err(|e| github_unavailable(&e))?;
+    .map_err(|e| match e {
+        // The mint already deleted what its failed tries may have registered.
+        GitHubError::NoLongerWanted { .. } => refuse(
+            BrokerErrorCode::NotPrepared,
+            "the attempt was concluded, terminated or deleted during the mint; no JIT was issued",
+        ),
+        e => github_unavailable(&e),
+    })?;
     // A crash here leaves a registration no JIT reached; the agent concludes the attempt
     // `JitExpired` without a runner id and the supervisor deregisters it by its derived name.
     crate::fault::at(crate::fault::Boundary::AfterMintBeforeJournal);

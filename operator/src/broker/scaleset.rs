@@ -10,6 +10,7 @@ use std::sync::Arc;
 use super::protocol::Registrar;
 use crate::github::GitHubError;
 use crate::github::client::GitHubClient;
+use crate::github::client::MintDemand;
 use crate::github::endpoint::Endpoint;
 use crate::github::errors::Terminal;
 use crate::github::scaleset::{ScaleSetClient, ScaleSetError};
@@ -75,6 +76,8 @@ impl Registrar for ScaleSetRegistrar {
         name: &str,
         _runner_group_id: i64,
         _labels: &[String],
+        // The scale set's mint is one call, never retried here: nothing to ask between tries.
+        _demand: &impl MintDemand,
     ) -> Result<JitConfig, GitHubError> {
         // The set's labels and group were fixed when it was created from the policy.
         let jit = self

@@ -277,6 +277,22 @@ fn header_i64(headers: &HeaderMap, name: &str) -> Option<i64> {
     headers.get(name)?.to_str().ok()?.trim().parse().ok()
 }
 
+/// Whether what a mint is for still stands, asked between its tries (the broker: the attempt
+/// is still issuable, not terminated, not deleted).
+pub trait MintDemand: Sync {
+    fn still_wanted(&self) -> impl std::future::Future<Output = bool> + Send;
+}
+
+/// A mint wanted until it is done (a caller with no attempt behind it).
+#[derive(Clone, Copy, Debug)]
+pub struct AlwaysWanted;
+
+impl MintDemand for AlwaysWanted {
+    async fn still_wanted(&self) -> bool {
+        true
+    }
+}
+
 /// What GitHub asks the client to wait: `retry-after`, or the reset of an empty bucket.
 fn asked_wait(headers: &HeaderMap) -> Option<Duration> {
     if let Some(secs) = header_i64(headers, "retry-after") {
@@ -774,16 +790,35 @@ impl GitHubClient {
         }
     }
 
-    /// Mint a JIT config. Never resent blindly: after an ambiguous failure (5xx, a broken
-    /// connection, a 201 whose body cannot be read) the name is looked up, and a registration
-    /// found is deleted — its JIT is lost — before another mint is tried. A 201 whose body was
-    /// lost is not minted again at all: the caller gets a retryable error.
+    /// Mint a JIT config, wanted until it is done (see [`Self::generate_jit_while`]).
     pub async fn generate_jit(
         &self,
         name: &str,
         runner_group_id: i64,
         labels: &[String],
         work_folder: &str,
+    ) -> Result<JitConfig, GitHubError> {
+        self.generate_jit_while(name, runner_group_id, labels, work_folder, &AlwaysWanted)
+            .await
+    }
+
+    /// Mint a JIT config. Never resent blindly: after an ambiguous failure (5xx, a broken
+    /// connection, a 201 whose body cannot be read) the name is looked up, and a registration
+    /// found is deleted — its JIT is lost — before another mint is tried. A 201 whose body was
+    /// lost is not minted again at all: the caller gets a retryable error. A terminal failure
+    /// (a 403 that is not a rate limit, …) is never tried again.
+    ///
+    /// Demand-adjacent (parity row 32): between tries `demand` is asked whether the mint is
+    /// still wanted, before the backoff and again after it; once it is not, the mint is given up
+    /// (`NoLongerWanted`) and no further call is spent on an attempt that was concluded,
+    /// terminated or deleted meanwhile.
+    pub async fn generate_jit_while(
+        &self,
+        name: &str,
+        runner_group_id: i64,
+        labels: &[String],
+        work_folder: &str,
+        demand: &impl MintDemand,
     ) -> Result<JitConfig, GitHubError> {
         let body = serde_json::json!({
             "name": name,
@@ -833,7 +868,17 @@ impl GitHubClient {
             }
             // Did the mint register before failing? Its JIT never reached us: delete it.
             self.discard_registration(name).await?;
+            let gone = GitHubError::NoLongerWanted {
+                endpoint: Endpoint::GenerateJitConfig,
+            };
+            if !demand.still_wanted().await {
+                return Err(gone);
+            }
             self.back_off(attempt, err).await?;
+            // The wait may have been long (a Retry-After): ask again before the next mint.
+            if !demand.still_wanted().await {
+                return Err(gone);
+            }
             attempt += 1;
         }
     }

@@ -87,6 +87,10 @@ pub enum GitHubError {
         status: u16,
         limit: u64,
     },
+    /// The request was given up between tries: what it was for is gone (a mint for an attempt
+    /// concluded, terminated or deleted meanwhile).
+    #[error("{endpoint}: given up between tries: what it was for is gone")]
+    NoLongerWanted { endpoint: Endpoint },
     /// The API base is plain http and its host is not on `--allow-http-hosts`.
     #[error(
         "{endpoint}: the GitHub API URL is http, which is refused unless the admin allows http for its host (--allow-http-hosts)"
