@@ -96,6 +96,10 @@ pub struct Cli {
     /// attempt no longer on this node are stopped and removed (also once at every start).
     #[arg(long, env = "RM_ORPHAN_SWEEP_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub orphan_sweep_seconds: u64,
+    /// How many launches may materialize their package and prepare their runtime at once
+    /// (the rest wait their turn, first come first served).
+    #[arg(long, env = "RM_PREPARATION_PERMITS", default_value_t = crate::agent::preparation::DEFAULT_PREPARATION_PERMITS, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub preparation_permits: u32,
     /// The most bytes one runner package archive may inflate to (all files together).
     #[arg(long, env = "RM_PACKAGE_MAX_BYTES", default_value_t = ExtractLimits::default().max_total_bytes, value_parser = clap::value_parser!(u64).range(1..))]
     pub package_max_bytes: u64,

@@ -58,6 +58,11 @@ pub fn forget_written(uid: &str) {
     written_map().remove(uid);
 }
 
+/// Whether the watcher's store is in use (else every read is an API read).
+pub fn is_watching() -> bool {
+    WATCHED.get().is_some()
+}
+
 /// The attempt `name` of `api`'s namespace as the watch last showed it.
 pub fn watched(api: &Api<RunnerAttempt>, name: &str) -> Option<Arc<RunnerAttempt>> {
     let store = WATCHED.get()?;

@@ -196,10 +196,13 @@ struct Host {
 
 impl Host {
     fn new() -> Self {
+        Self::with_retry(TEST_RETRY)
+    }
+    fn with_retry(retry: RetryPolicy) -> Self {
         let dir = tempfile::tempdir().unwrap();
         // The test servers are plain http on loopback.
         let downloader = Downloader::with_limits(
-            TEST_RETRY,
+            retry,
             Timeouts::PRODUCTION,
             DownloadLimits {
                 http_hosts: runner_manager_crds::hosts::HostList::parse("127.0.0.1").unwrap(),
@@ -840,4 +843,141 @@ async fn pruning_removes_only_unleased_versions_and_only_under_the_allocation_lo
         host.cache.prune(&guard, &[&db]).unwrap().removed.is_empty(),
         "kept when named"
     );
+}
+
+/// Retries far enough apart for a launch to stop in between (the production policy waits 2 s).
+const SLOW_RETRY: RetryPolicy = RetryPolicy {
+    max_attempts: 3,
+    initial: Duration::from_millis(1000),
+    maximum: Duration::from_millis(1000),
+};
+
+/// A launch's demand, switched off by the test.
+fn demand() -> Arc<std::sync::atomic::AtomicBool> {
+    Arc::new(std::sync::atomic::AtomicBool::new(true))
+}
+
+/// Parity row 48 (`package_materialization_retries_are_bounded_and_demand_adjacent`), the shared
+/// download: two launches need one version; the first starts its download, which fails once
+/// (503) and waits to try again; that launch stops wanting the package (its attempt was
+/// terminated) and gets `NoLongerWanted` at once, during the wait; the download goes on for the
+/// second launch, which gets the package from that same download's second try (two requests in
+/// all, not a third for a new download).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_that_stops_leaves_the_shared_download_to_the_launch_that_still_waits() {
+    let archive = runner_package();
+    let digest = sha(&archive);
+    let server = Server::start(vec![Reply::Status(503), Reply::Body(archive)]).await;
+    let host = Arc::new(Host::with_retry(SLOW_RETRY));
+    let package_of = |url: &str| (digest.clone(), url.to_owned());
+    let (first_wants, second_wants) = (demand(), demand());
+    let start = |id: &'static str, wants: Arc<std::sync::atomic::AtomicBool>| {
+        let host = Arc::clone(&host);
+        let (sha, url) = package_of(&server.url);
+        tokio::spawn(async move {
+            let runtime = host.runtime(id);
+            let wanted = move || wants.load(Ordering::SeqCst);
+            let r = host
+                .cache
+                .materialize_while(
+                    id,
+                    PackageRef {
+                        sha256: &sha,
+                        url: &url,
+                    },
+                    &runtime,
+                    RuntimeKind::Ephemeral,
+                    &wanted,
+                )
+                .await;
+            (r, std::time::Instant::now())
+        })
+    };
+    let first = start("first", Arc::clone(&first_wants));
+    wait_until("the first try to fail", || server.requests() == 1).await;
+    let second = start("second", Arc::clone(&second_wants));
+    wait_until("the second launch to wait for the version", || {
+        host.cache.launches_waiting(&digest) == 2
+    })
+    .await;
+    first_wants.store(false, Ordering::SeqCst);
+    let (first, first_done) = first.await.unwrap();
+    assert!(
+        matches!(first, Err(PackageError::NoLongerWanted)),
+        "{first:?}"
+    );
+    assert_eq!(
+        server.requests(),
+        1,
+        "the stopped launch returned during the wait, before the next try"
+    );
+    let (second, second_done) = second.await.unwrap();
+    let second = second.unwrap();
+    assert!(
+        second.timings.downloaded,
+        "the second launch's install used the download"
+    );
+    assert!(first_done < second_done);
+    assert_eq!(server.requests(), 2, "one download, tried twice, shared");
+    assert_eq!(host.cache.downloads_in_flight(), 0);
+    assert!(host.staging_is_empty());
+}
+
+/// Parity row 48, the other half: a download's retries stop once no launch waits for its
+/// version. The only launch stops during the wait after the first failure; the download then
+/// gives up without another try (three otherwise), and nothing is left in staging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_stops_retrying_once_no_launch_waits_for_it() {
+    let archive = runner_package();
+    let digest = sha(&archive);
+    let server = Server::start(vec![Reply::Status(503)]).await;
+    let host = Arc::new(Host::with_retry(SLOW_RETRY));
+    let wants = demand();
+    let launch = {
+        let (host, wants, url, sha) = (
+            Arc::clone(&host),
+            Arc::clone(&wants),
+            server.url.clone(),
+            digest.clone(),
+        );
+        tokio::spawn(async move {
+            let runtime = host.runtime("only");
+            let wanted = move || wants.load(Ordering::SeqCst);
+            host.cache
+                .materialize_while(
+                    "only",
+                    PackageRef {
+                        sha256: &sha,
+                        url: &url,
+                    },
+                    &runtime,
+                    RuntimeKind::Ephemeral,
+                    &wanted,
+                )
+                .await
+        })
+    };
+    wait_until("the first try to fail", || server.requests() == 1).await;
+    wants.store(false, Ordering::SeqCst);
+    let r = launch.await.unwrap();
+    assert!(matches!(r, Err(PackageError::NoLongerWanted)), "{r:?}");
+    wait_until("the download to give up", || {
+        host.cache.downloads_in_flight() == 0
+    })
+    .await;
+    assert_eq!(server.requests(), 1, "a retry for nobody");
+    assert!(host.staging_is_empty());
+    assert!(!host.cache.tree(&digest).exists());
+}
+
+/// Waits (at most 30 s) until `cond` holds.
+async fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < until,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }

@@ -1,5 +1,7 @@
 //! Fault injection for the crash-recovery tests: `RM_AGENT_FAULT=<boundary>` makes the agent
-//! `abort()` the moment it reaches that boundary, as a power cut or OOM kill would.
+//! `abort()` the moment it reaches that boundary, as a power cut or OOM kill would; and
+//! `RM_AGENT_FAIL=<step>` makes a step inside the launcher after the spawn fail (the agent goes
+//! on: what it does with a failure once a child existed is under test).
 //!
 //! Compiled only under `debug_assertions`: a release build has no hook at all (the function is
 //! an empty inline), so no environment variable can crash a production agent.
@@ -60,6 +62,62 @@ pub fn at(boundary: Boundary) {
 #[inline(always)]
 pub fn at(_boundary: Boundary) {}
 
+/// A step inside the launcher, after the child exists, that can be made to fail — not crash
+/// — for the post-spawn tests (parity rows 52 and 61): `RM_AGENT_FAIL=<step>[,<step>…]`. A
+/// failure at any of the first three is final for the JIT (the child may have consumed it);
+/// `stop-after-start-failure` makes the launcher's stop of that child fail too, so it cannot be
+/// proven dead and stays supervised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LaunchFault {
+    /// The handoff file reads as surviving the start.
+    HandoffDelete,
+    /// The identity file cannot be written.
+    IdentityWrite,
+    /// The child cannot be recorded among the launcher's children.
+    ChildMapInsert,
+    /// The stop of a child whose start failed does not take.
+    StopAfterStartFailure,
+}
+
+impl LaunchFault {
+    pub const ALL: [Self; 4] = [
+        Self::HandoffDelete,
+        Self::IdentityWrite,
+        Self::ChildMapInsert,
+        Self::StopAfterStartFailure,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::HandoffDelete => "handoff-delete",
+            Self::IdentityWrite => "identity-write",
+            Self::ChildMapInsert => "child-map-insert",
+            Self::StopAfterStartFailure => "stop-after-start-failure",
+        }
+    }
+}
+
+/// The environment variable naming the launcher steps to fail.
+pub const FAIL_ENV: &str = "RM_AGENT_FAIL";
+
+/// Whether `RM_AGENT_FAIL` names `step` (debug builds only).
+#[cfg(debug_assertions)]
+pub fn fails(step: LaunchFault) -> bool {
+    let named =
+        std::env::var(FAIL_ENV).is_ok_and(|v| v.split(',').any(|s| s.trim() == step.as_str()));
+    if named {
+        eprintln!("agent: failure injected at {}", step.as_str());
+    }
+    named
+}
+
+/// Release builds: no hook.
+#[cfg(not(debug_assertions))]
+#[inline(always)]
+pub fn fails(_step: LaunchFault) -> bool {
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +127,12 @@ mod tests {
         let names: std::collections::BTreeSet<_> =
             Boundary::ALL.iter().map(|b| b.as_str()).collect();
         assert_eq!(names.len(), Boundary::ALL.len());
+    }
+
+    #[test]
+    fn launch_fault_names_are_distinct() {
+        let names: std::collections::BTreeSet<_> =
+            LaunchFault::ALL.iter().map(|f| f.as_str()).collect();
+        assert_eq!(names.len(), LaunchFault::ALL.len());
     }
 }

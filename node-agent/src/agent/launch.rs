@@ -137,6 +137,9 @@ async fn launch_steps(
     let runtime = PathBuf::from(placement.runtime_path());
     let uuid = uuid_of(a)?;
 
+    // A preparation turn (`--preparation-permits`) until the runtime is prepared; given back
+    // on every way out.
+    let turn = agent.preparation.turn(&ns, &name).await;
     // The runtime, then the package in it.
     let made = match placement.kind() {
         WorkspaceMode::Ephemeral => create_ephemeral_runtime(&agent.host_root, uuid)
@@ -161,9 +164,12 @@ async fn launch_steps(
         .await?;
         return Ok(());
     }
+    // Waited for only while the attempt wants it (terminated or deleted: the wait stops, a
+    // download another launch needs goes on).
+    let wanted = || super::preparation::still_wanted(api, &name, &uid);
     let materialized = agent
         .packages
-        .materialize(
+        .materialize_while(
             &uid,
             PackageRef {
                 sha256: &snapshot.runner.sha256,
@@ -174,11 +180,22 @@ async fn launch_steps(
                 WorkspaceMode::Ephemeral => RuntimeKind::Ephemeral,
                 WorkspaceMode::Persistent => RuntimeKind::PersistentSlot,
             },
+            &wanted,
         )
         .instrument(tracing::info_span!("materialize"))
         .await;
     let package = match materialized {
         Ok(m) => m,
+        Err(PackageError::NoLongerWanted) => {
+            tracing::info!(namespace = %ns, attempt = %name, "launch stopped waiting for its package: the attempt was terminated or deleted");
+            conclude(
+                api,
+                &name,
+                Outcome::Failed(FailureReason::TerminationRequested),
+            )
+            .await?;
+            return Ok(());
+        }
         Err(e) => {
             tracing::warn!(namespace = %ns, attempt = %name, "package not materialized: {e}");
             package_refused(agent, api, a, &e).await?;
@@ -230,6 +247,7 @@ async fn launch_steps(
         return Ok(());
     }
     timings.prepare_ms = millis(prepared_at);
+    drop(turn);
     let Some(prepared) = take_written(
         api,
         &name,

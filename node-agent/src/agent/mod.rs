@@ -22,6 +22,7 @@ pub mod launch;
 pub mod lease;
 pub mod metrics;
 pub mod orphans;
+pub mod preparation;
 pub mod pruning;
 pub mod rebuild;
 pub mod supervise;
@@ -141,6 +142,8 @@ pub struct Agent {
     /// The package versions (sha256) of the node's attempts not yet `Cleaned`, as the watch last
     /// showed them: a prune keeps them.
     wanted_packages: Mutex<BTreeSet<String>>,
+    /// Launches preparing at once (`--preparation-permits`).
+    pub preparation: preparation::PreparationBound,
 }
 
 impl std::fmt::Debug for Agent {
@@ -357,6 +360,7 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         orphan_sweep: Duration::from_secs(cli.orphan_sweep_seconds),
         orphans: orphans::OrphanState::default(),
         wanted_packages: Mutex::new(BTreeSet::new()),
+        preparation: preparation::PreparationBound::new(cli.preparation_permits),
     });
     let health = match cli.health_addr {
         Some(addr) => Some(

@@ -12,6 +12,12 @@
 //! one, so there is one install at a time. A launch that queued behind an install that failed
 //! gets that failure instead of starting another download; its own retry policy decides when to
 //! try again.
+//!
+//! Shared downloads (parity row 48): a version's download runs as its own task, apart from the
+//! launch that started it, and every launch that needs the version while it runs waits for that
+//! one. A launch whose attempt stops wanting the package (terminated, deleted) stops waiting —
+//! for the hold or for the download — without cancelling the download another launch still
+//! waits for; the download's retries go on only while some launch still wants the version.
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -21,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use tokio::sync::RwLock;
+use tokio::sync::{RwLock, watch};
 
 use super::contents::{CopyCheck, PackageContents, RetainedWork, TreeMismatch, sha256_file};
 use super::copy::{CopyError, CopyReport, copy_tree_checked};
@@ -69,6 +75,10 @@ pub enum PackageError {
     CopyDiffers(TreeMismatch),
     #[error("the package cache failed ({0:?})")]
     Io(io::ErrorKind),
+    /// The launch stopped wanting the package (its attempt was terminated or deleted) while it
+    /// waited for it; a download other launches wait for goes on.
+    #[error("the launch no longer wants the package")]
+    NoLongerWanted,
 }
 
 impl From<io::Error> for PackageError {
@@ -202,6 +212,61 @@ pub struct PackageCache {
     trees: RwLock<()>,
     state: Mutex<State>,
     failures: AtomicU64,
+    /// Launches inside `materialize` for each version, by sha256: a shared download retries
+    /// only while one remains.
+    interest: Arc<Mutex<HashMap<String, usize>>>,
+    /// Downloads in flight, by sha256, with their result once done.
+    downloads: Arc<Mutex<HashMap<String, DownloadWatch>>>,
+}
+
+/// A shared download's result, `None` while it runs.
+type DownloadWatch = watch::Receiver<Option<Result<(), DownloadError>>>;
+
+/// What a launch asks to know whether it still wants its package.
+pub type Demand<'a> = &'a (dyn Fn() -> bool + Send + Sync);
+
+/// How often a waiting launch asks whether it is still wanted.
+const DEMAND_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Resolves once `demand` says the package is no longer wanted.
+async fn until_unwanted(demand: Demand<'_>) {
+    while demand() {
+        tokio::time::sleep(DEMAND_POLL).await;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Every update under these locks is one insert or remove: a panic elsewhere leaves them
+    // consistent.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// One launch's interest in a version, for as long as it is inside `materialize`.
+struct Interest {
+    map: Arc<Mutex<HashMap<String, usize>>>,
+    sha: String,
+}
+
+impl Interest {
+    fn new(map: &Arc<Mutex<HashMap<String, usize>>>, sha: &str) -> Self {
+        *lock(map).entry(sha.to_owned()).or_default() += 1;
+        Self {
+            map: Arc::clone(map),
+            sha: sha.to_owned(),
+        }
+    }
+}
+
+impl Drop for Interest {
+    fn drop(&mut self) {
+        let mut map = lock(&self.map);
+        if let Some(n) = map.get_mut(&self.sha) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&self.sha);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for PackageCache {
@@ -247,6 +312,8 @@ impl PackageCache {
             trees: RwLock::new(()),
             state: Mutex::new(State::default()),
             failures: AtomicU64::new(0),
+            interest: Arc::default(),
+            downloads: Arc::default(),
         })
     }
 
@@ -371,9 +438,26 @@ impl PackageCache {
         runtime: &Path,
         kind: RuntimeKind,
     ) -> Result<Materialized, PackageError> {
+        self.materialize_while(attempt, package, runtime, kind, &|| true)
+            .await
+    }
+
+    /// [`Self::materialize`] for a launch that may stop wanting the package: while it waits for
+    /// the cache's hold or for the version's download, `demand` is asked every
+    /// [`DEMAND_POLL`], and once it says no the launch gets `NoLongerWanted` at once — the
+    /// download itself goes on for any other launch that waits for it.
+    pub async fn materialize_while(
+        &self,
+        attempt: &str,
+        package: PackageRef<'_>,
+        runtime: &Path,
+        kind: RuntimeKind,
+        demand: Demand<'_>,
+    ) -> Result<Materialized, PackageError> {
         if !valid_digest(package.sha256) {
             return Err(PackageError::BadDigest);
         }
+        let _interest = Interest::new(&self.interest, package.sha256);
         let sha = package.sha256.to_owned();
         let queued_after = self.failures.load(Ordering::SeqCst);
         let mut timings = PackageTimings::default();
@@ -393,7 +477,10 @@ impl PackageCache {
             .await?
         };
         let waited = Instant::now();
-        let mut shared = self.trees.read().await;
+        let mut shared = tokio::select! {
+            held = self.trees.read() => held,
+            () = until_unwanted(demand) => return Err(PackageError::NoLongerWanted),
+        };
         timings.wait += waited.elapsed();
         let ready = match self.ready(&sha, seed_root.as_ref(), &mut timings).await {
             Some(ready)
@@ -407,7 +494,10 @@ impl PackageCache {
             early => {
                 drop(shared);
                 let waited = Instant::now();
-                let exclusive = self.trees.write().await;
+                let exclusive = tokio::select! {
+                    held = self.trees.write() => held,
+                    () = until_unwanted(demand) => return Err(PackageError::NoLongerWanted),
+                };
                 timings.wait += waited.elapsed();
                 if early.is_none()
                     && let Some((serial, cause)) = &self.state().failed
@@ -421,7 +511,7 @@ impl PackageCache {
                 let mut ready = match self.ready(&sha, seed_root.as_ref(), &mut timings).await {
                     // Someone installed it while this launch waited.
                     Some(ready) => ready,
-                    None => match self.install(package, &mut timings).await {
+                    None => match self.install(package, &mut timings, demand).await {
                         Ok(ready) => ready,
                         Err(e) => {
                             if let (Some(refusal), PackageError::Unsafe(why)) = (e.refusal(), &e) {
@@ -429,7 +519,9 @@ impl PackageCache {
                                     .refused
                                     .insert(sha.clone(), (refusal, why.to_string()));
                             }
-                            if !e.is_terminal() {
+                            // A launch that stopped wanting the package failed nothing for
+                            // those queued behind it.
+                            if !e.is_terminal() && !matches!(e, PackageError::NoLongerWanted) {
                                 let serial = self.failures.fetch_add(1, Ordering::SeqCst) + 1;
                                 self.state().failed = Some((serial, e.to_string()));
                             }
@@ -656,6 +748,7 @@ impl PackageCache {
         &self,
         package: PackageRef<'_>,
         timings: &mut PackageTimings,
+        demand: Demand<'_>,
     ) -> Result<Ready, PackageError> {
         let started = Instant::now();
         let sha = package.sha256.to_owned();
@@ -690,12 +783,7 @@ impl PackageCache {
             .await?
         };
         if !kept {
-            let part = self
-                .root
-                .join(".staging")
-                .join(format!("download-{}", uuid::Uuid::new_v4().simple()));
-            self.downloader.fetch(package.url, &sha, &part).await?;
-            tokio::fs::rename(&part, &archive).await?;
+            self.shared_download(package, &archive, demand).await?;
             timings.downloaded = true;
         }
         let (archive2, staging2, tree2) = (archive.clone(), staging.clone(), tree.clone());
@@ -747,6 +835,84 @@ impl PackageCache {
             },
             seed: None,
         })
+    }
+
+    /// Waits for the version's download into `archive`: the one in flight, or a new one. Gives
+    /// up waiting (not the download) once `demand` says no.
+    async fn shared_download(
+        &self,
+        package: PackageRef<'_>,
+        archive: &Path,
+        demand: Demand<'_>,
+    ) -> Result<(), PackageError> {
+        loop {
+            let mut done = {
+                let mut downloads = lock(&self.downloads);
+                match downloads.get(package.sha256) {
+                    Some(running) => running.clone(),
+                    None => {
+                        let started = self.start_download(package, archive);
+                        downloads.insert(package.sha256.to_owned(), started.clone());
+                        started
+                    }
+                }
+            };
+            let result = tokio::select! {
+                r = done.wait_for(Option::is_some) => r.ok().and_then(|r| (*r).clone()),
+                () = until_unwanted(demand) => return Err(PackageError::NoLongerWanted),
+            };
+            match result {
+                Some(Ok(())) => return Ok(()),
+                // Given up for want of a waiter just before this launch joined: start again.
+                Some(Err(DownloadError::NoLongerWanted { .. })) if demand() => continue,
+                Some(Err(DownloadError::NoLongerWanted { .. })) => {
+                    return Err(PackageError::NoLongerWanted);
+                }
+                Some(Err(e)) => return Err(e.into()),
+                // The download's task ended without a word (it panicked).
+                None => return Err(PackageError::Io(io::ErrorKind::Other)),
+            }
+        }
+    }
+
+    /// Starts the version's download as its own task: it retries while any launch is inside
+    /// `materialize` for the version, moves the verified archive into place, and says how it
+    /// ended.
+    fn start_download(&self, package: PackageRef<'_>, archive: &Path) -> DownloadWatch {
+        let (tx, rx) = watch::channel(None);
+        let downloader = self.downloader.clone();
+        let (url, sha) = (package.url.to_owned(), package.sha256.to_owned());
+        let part = self
+            .root
+            .join(".staging")
+            .join(format!("download-{}", uuid::Uuid::new_v4().simple()));
+        let archive = archive.to_path_buf();
+        let (interest, downloads) = (Arc::clone(&self.interest), Arc::clone(&self.downloads));
+        tokio::spawn(async move {
+            let wanted = {
+                let sha = sha.clone();
+                move || lock(&interest).get(&sha).is_some_and(|n| *n > 0)
+            };
+            let result = match downloader.fetch_while(&url, &sha, &part, &wanted).await {
+                Ok(_) => tokio::fs::rename(&part, &archive)
+                    .await
+                    .map_err(DownloadError::from),
+                Err(e) => Err(e),
+            };
+            lock(&downloads).remove(&sha);
+            let _ = tx.send(Some(result));
+        });
+        rx
+    }
+
+    /// Launches inside `materialize` for `sha256` now.
+    pub fn launches_waiting(&self, sha256: &str) -> usize {
+        lock(&self.interest).get(sha256).copied().unwrap_or(0)
+    }
+
+    /// Versions being downloaded now.
+    pub fn downloads_in_flight(&self) -> usize {
+        lock(&self.downloads).len()
     }
 
     /// Pins `sha256` for an attempt found in the journal at agent start.

@@ -79,7 +79,7 @@ impl Timeouts {
 
 /// Why a download failed. Messages hold status codes and kinds, never the URL (a mirror URL may
 /// carry credentials).
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum DownloadError {
     #[error("the HTTP client could not be built")]
     Client,
@@ -99,6 +99,9 @@ pub enum DownloadError {
         "the package URL (or a redirect) is plain http, which the agent refuses unless --allow-http-hosts names its host"
     )]
     InsecureUrl,
+    /// Retries stopped: no launch waits for the package any more (parity row 48).
+    #[error("no launch waits for the package any more; stopped after {attempts} tries")]
+    NoLongerWanted { attempts: u32 },
     #[error("gave up after {attempts} tries: {last}")]
     Exhausted {
         attempts: u32,
@@ -111,9 +114,11 @@ impl DownloadError {
         match self {
             Self::Status { status } => *status == 429 || *status >= 500,
             Self::Transport { .. } | Self::ChecksumMismatch | Self::Io(_) => true,
-            Self::Client | Self::Exhausted { .. } | Self::TooLarge { .. } | Self::InsecureUrl => {
-                false
-            }
+            Self::Client
+            | Self::Exhausted { .. }
+            | Self::TooLarge { .. }
+            | Self::InsecureUrl
+            | Self::NoLongerWanted { .. } => false,
         }
     }
 }
@@ -182,6 +187,19 @@ impl Downloader {
     /// Downloads `url` to `dest` (replacing it) and checks its sha256 against `sha256` (lower-
     /// case hex). Returns the size.
     pub async fn fetch(&self, url: &str, sha256: &str, dest: &Path) -> Result<u64, DownloadError> {
+        self.fetch_while(url, sha256, dest, &|| true).await
+    }
+
+    /// [`Self::fetch`], demand-adjacent: `wanted` is asked before each wait between tries and
+    /// again after it, and once it says no the download stops (`NoLongerWanted`) instead of
+    /// trying again for nobody.
+    pub async fn fetch_while(
+        &self,
+        url: &str,
+        sha256: &str,
+        dest: &Path,
+        wanted: &(dyn Fn() -> bool + Send + Sync),
+    ) -> Result<u64, DownloadError> {
         let mut failures = 0;
         loop {
             match self.fetch_once(url, sha256, dest).await {
@@ -194,7 +212,14 @@ impl Downloader {
                             last: Box::new(e),
                         });
                     }
+                    let gone = DownloadError::NoLongerWanted { attempts: failures };
+                    if !wanted() {
+                        return Err(gone);
+                    }
                     tokio::time::sleep(self.retry.delay(failures)).await;
+                    if !wanted() {
+                        return Err(gone);
+                    }
                 }
                 Err(e) => return Err(e),
             }

@@ -15,6 +15,7 @@ use runner_manager_crds::attempt::{Launcher, ProcessIdentity};
 
 use super::cgroup::{self, CgroupParent, attempt_cgroup_name};
 use super::launcher::{LaunchSpec, RunnerLauncher, StartError, StartFailure, StopError, Stopped};
+use crate::agent::fault::{self, LaunchFault};
 use crate::entry::{EntryArgs, EntryFailure, FAILED, LISTENER, READY, helper_environment};
 use crate::handoff::RestrictiveHandoff;
 use crate::process::stat::{read_cgroup_v2, read_stat};
@@ -93,11 +94,17 @@ impl DirectLauncher {
         runtime: &Path,
         failure: StartFailure,
     ) -> StartError {
-        let _ = cgroup::kill(cgroup_dir);
-        // Safe by pid: the child is ours and unreaped, so its pid cannot have been recycled.
-        let _ = child.kill();
-        let reaped = wait_child(&mut child, self.stop_deadline);
-        let empty = cgroup::wait_empty(cgroup_dir, self.stop_deadline, || {}).unwrap_or(false);
+        // A stop that does not take (the post-spawn tests' fault) leaves the child running.
+        let (reaped, empty) = if fault::fails(LaunchFault::StopAfterStartFailure) {
+            (false, false)
+        } else {
+            let _ = cgroup::kill(cgroup_dir);
+            // Safe by pid: the child is ours and unreaped, so its pid cannot have been recycled.
+            let _ = child.kill();
+            let reaped = wait_child(&mut child, self.stop_deadline);
+            let empty = cgroup::wait_empty(cgroup_dir, self.stop_deadline, || {}).unwrap_or(false);
+            (reaped, empty)
+        };
         if reaped && empty {
             let _ = cgroup::remove(cgroup_dir);
             if identity.is_some() {
@@ -109,7 +116,20 @@ impl DirectLauncher {
                 live: None,
             };
         }
-        // Could not prove it dead: keep it supervised and durable.
+        // Could not prove it dead: keep it supervised and durable. A failure before the identity
+        // was made still has the unreaped child, whose pid is its own: read its start time now.
+        let identity = identity.or_else(|| {
+            let stat = read_stat(child.id()).ok().flatten()?;
+            Some(ProcessIdentity {
+                launcher: Launcher::Direct,
+                unit: None,
+                pid: child.id(),
+                start_time: stat.start_time,
+                cgroup: self
+                    .parent
+                    .child_relative(&cgroup_dir.file_name()?.to_string_lossy()),
+            })
+        });
         let live = identity.filter(|id| identity_file::write(runtime, id).is_ok());
         if let Ok(mut children) = self.children.lock() {
             children.insert(child.id(), child);
@@ -233,7 +253,7 @@ impl RunnerLauncher for DirectLauncher {
             return Err(self.abort(child, &cgroup_dir, None, spec.runtime, f));
         }
         match handoff.exists() {
-            Ok(false) => {}
+            Ok(false) if !fault::fails(LaunchFault::HandoffDelete) => {}
             _ => {
                 return Err(self.abort(
                     child,
@@ -273,8 +293,22 @@ impl RunnerLauncher for DirectLauncher {
                 StartFailure::NotInCgroup,
             ));
         }
-        if let Err(e) = identity_file::write(spec.runtime, &identity) {
+        let written = if fault::fails(LaunchFault::IdentityWrite) {
+            Err(identity_file::IdentityFileError::Io(io::ErrorKind::Other))
+        } else {
+            identity_file::write(spec.runtime, &identity)
+        };
+        if let Err(e) = written {
             return Err(self.abort(child, &cgroup_dir, Some(identity), spec.runtime, e.into()));
+        }
+        if fault::fails(LaunchFault::ChildMapInsert) {
+            return Err(self.abort(
+                child,
+                &cgroup_dir,
+                Some(identity),
+                spec.runtime,
+                StartFailure::NotTracked,
+            ));
         }
         if let Ok(mut children) = self.children.lock() {
             children.insert(pid, child);

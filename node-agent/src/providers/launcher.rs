@@ -62,6 +62,8 @@ pub enum StartFailure {
     IdentityFile(#[from] IdentityFileError),
     #[error("the transient unit could not be started")]
     Unit,
+    #[error("the runner could not be recorded among the launcher's children")]
+    NotTracked,
 }
 
 /// A failed start.

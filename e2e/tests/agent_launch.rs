@@ -1,0 +1,259 @@
+//! The node agent's launch under its bounds and at its faults, as a process on the real control
+//! plane with the simulated GitHub, the operator binary serving the broker and real processes in
+//! real cgroups (the world of `e2e/tests/agent.rs`): the preparation bound (parity row 67), and
+//! failures inside the launcher once its child exists (rows 52 and 61, `RM_AGENT_FAIL`).
+//! The test plays the operator's facts and requests. Runs as root with the runner accounts of
+//! `e2e/setup-runner-accounts.sh`. Skipped without KUBECONFIG.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use runner_manager_crds::attempt::RunnerAttempt;
+use runner_manager_crds::outcome::{FailureReason, Outcome, RejectReason};
+use runner_manager_crds::state::AttemptState;
+use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
+use runner_manager_e2e::harness::process::Running;
+use runner_manager_e2e::harness::wait;
+
+fn name(a: &RunnerAttempt) -> String {
+    a.metadata.name.clone().unwrap()
+}
+
+fn outcome(a: &RunnerAttempt) -> Option<Outcome> {
+    a.status.as_ref().and_then(|s| s.journal.outcome())
+}
+
+/// Online → `Idle` → stopped in order → `Cleaned` (the test plays the operator).
+async fn stop_in_order(w: &AgentWorld, a: &RunnerAttempt) -> RunnerAttempt {
+    let n = name(a);
+    w.wait_online(a).await.unwrap();
+    w.set_github(&n, true, false, 1).await.unwrap();
+    w.wait_state(&n, AttemptState::Idle).await.unwrap();
+    w.request_termination(&n, "ScaleDown").await.unwrap();
+    w.deregister(a).await.unwrap();
+    w.wait_state(&n, AttemptState::Cleaned).await.unwrap()
+}
+
+/// The most preparation turns held at once, read from the agent's log in order: a turn says
+/// `preparation turn taken` once it holds its permit and `preparation turn given back` before it
+/// lets it go, so the count read from the lines never exceeds the permits really held.
+fn most_turns_at_once(lines: &[String]) -> (usize, usize, usize) {
+    let (mut now, mut most, mut taken, mut given) = (0usize, 0usize, 0usize, 0usize);
+    for l in lines {
+        if l.contains("preparation turn taken") {
+            now += 1;
+            taken += 1;
+            most = most.max(now);
+        } else if l.contains("preparation turn given back") {
+            now = now.saturating_sub(1);
+            given += 1;
+        }
+    }
+    (most, taken, given)
+}
+
+/// Parity row 67 (`runners_prepare_at_once_within_the_bound`): four bring-ups with two
+/// preparation permits all succeed, and at most two materialize and prepare at once. The
+/// package download is slowed so the first launches are still preparing when the others are
+/// admitted: without the bound all four would prepare together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn launches_prepare_at_once_within_the_bound() {
+    let Some(w) = AgentWorld::start("launches_prepare_at_once_within_the_bound")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    w.fake
+        .admin(
+            "POST",
+            "faults",
+            serde_json::json!({"endpoint": "download_package", "count": 1, "latency_ms": 3000}),
+        )
+        .await
+        .unwrap();
+    let agent = w.agent(4, &[("RM_PREPARATION_PERMITS", "2")]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let mut attempts = Vec::new();
+    for _ in 0..4 {
+        attempts.push(w.pending_attempt().await.unwrap());
+    }
+    for a in &attempts {
+        let started = w
+            .wait_state(&name(a), AttemptState::Starting)
+            .await
+            .unwrap();
+        assert_eq!(outcome(&started), None, "{}", name(a));
+    }
+    let lines = agent.lines();
+    let (most, taken, given) = most_turns_at_once(&lines);
+    println!("preparation turns: {taken} taken, {given} given back, at most {most} at once");
+    assert_eq!(taken, 4, "one turn per launch: {lines:?}");
+    assert_eq!(given, 4, "every turn given back: {lines:?}");
+    assert_eq!(most, 2, "two permits, four launches: {lines:?}");
+    for a in &attempts {
+        let done = stop_in_order(&w, a).await;
+        assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    }
+    assert!(w.runtimes().is_empty(), "runtimes left: {:?}", w.runtimes());
+}
+
+fn pid_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+/// Lines of the agent's log naming `attempt` and holding `what`.
+fn logged(agent: &Running, attempt: &str, what: &str) -> usize {
+    agent
+        .lines()
+        .iter()
+        .filter(|l| l.contains(what) && l.contains(attempt))
+        .count()
+}
+
+/// Parity row 61 (`post_spawn_boundaries_are_bounded_durable_and_never_retry_jit`): a failure
+/// inside the launcher once the child exists — the handoff reads as surviving, the identity
+/// file cannot be written, the child cannot be recorded — is final for the JIT: one try, one
+/// mint, the child killed and proven dead (no runner cgroup left), no identity and no handoff
+/// left, the attempt `Failed(ProcessStartFailed)`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_after_the_spawn_is_never_retried_and_leaves_no_child_identity_or_handoff() {
+    let Some(w) = AgentWorld::start("a_failure_after_the_spawn_is_never_retried")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let steps = ["handoff-delete", "identity-write", "child-map-insert"];
+    for (i, step) in steps.into_iter().enumerate() {
+        let agent = w.agent(4, &[("RM_AGENT_FAIL", step)]).unwrap();
+        w.wait_recovered().await.unwrap();
+        let a = w.pending_attempt().await.unwrap();
+        let n = name(&a);
+        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+        assert_eq!(
+            outcome(&done),
+            Some(Outcome::Failed(FailureReason::ProcessStartFailed)),
+            "{step}"
+        );
+        assert!(
+            agent
+                .lines()
+                .iter()
+                .any(|l| l.contains("failure injected at") && l.contains(step)),
+            "{step}: the fault was not reached: {:?}",
+            agent.lines()
+        );
+        assert_eq!(
+            logged(&agent, &n, "start failed after a child existed"),
+            1,
+            "{step}"
+        );
+        assert_eq!(
+            logged(&agent, &n, "start failed before a child existed"),
+            0,
+            "{step}"
+        );
+        assert!(
+            w.handoff_files().is_empty(),
+            "{step}: {:?}",
+            w.handoff_files()
+        );
+        assert!(w.runtimes().is_empty(), "{step}: {:?}", w.runtimes());
+        let (second_sessions, mints) = w.second_sessions_and_mints().await.unwrap();
+        assert_eq!(
+            (second_sessions, mints),
+            (0, i as u64 + 1),
+            "{step}: one JIT per attempt"
+        );
+        let left = std::fs::read_dir(w.cgroup_dir())
+            .map(|d| d.flatten().filter(|e| e.path().is_dir()).count())
+            .unwrap_or(0);
+        assert_eq!(left, 0, "{step}: a runner cgroup is left");
+        // The operator deletes what the consumed JIT may have registered.
+        w.deregister(&done).await.unwrap();
+        drop(agent);
+    }
+}
+
+/// Parity row 52 (`failed_post_spawn_stop_keeps_capacity_until_supervision_proves_death`): a
+/// start fails once its child exists and the launcher cannot stop that child either. The
+/// attempt is journalled `Starting` with the child's pid and no outcome, and holds its place
+/// (capacity 1: the node advertises none free and a second attempt is rejected `NodeFull`).
+/// Only once the child is dead does supervision conclude it — a failure that asks for one
+/// replacement — and clean it; one JIT in all, no handoff and no identity left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_the_launcher_cannot_stop_keeps_its_place_until_supervision_proves_it_dead() {
+    let Some(w) = AgentWorld::start("a_child_the_launcher_cannot_stop")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let agent = w
+        .agent(
+            1,
+            &[("RM_AGENT_FAIL", "child-map-insert,stop-after-start-failure")],
+        )
+        .unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    assert_eq!(outcome(&started), None);
+    let pid = started
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .process()
+        .unwrap()
+        .pid;
+    assert!(pid_alive(pid), "the child the stop did not take lives");
+    assert_eq!(logged(&agent, &n, "start failed after a child existed"), 1);
+    wait::until(STEP, "the Lease to show the node full", || async {
+        w.advert()
+            .await
+            .filter(|ad| ad.capacity == 1 && ad.free == 0)
+    })
+    .await
+    .unwrap();
+    let second = w.pending_attempt().await.unwrap();
+    let rejected = w
+        .wait_state(&name(&second), AttemptState::Cleaned)
+        .await
+        .unwrap();
+    assert_eq!(
+        outcome(&rejected),
+        Some(Outcome::Rejected(RejectReason::NodeFull))
+    );
+    // Still `Starting`, still its pid: nothing concluded it while it lives.
+    let still = w.attempts().get(&n).await.unwrap();
+    assert_eq!(
+        still.status.as_ref().unwrap().journal.state(),
+        AttemptState::Starting
+    );
+    assert_eq!(outcome(&still), None);
+
+    // The child dies; supervision proves it and concludes once.
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    let o = outcome(&done).unwrap();
+    println!("concluded once the child was dead: {o:?}");
+    assert!(o.wants_replacement(), "{o:?} asks for no replacement");
+    assert!(!pid_alive(pid));
+    assert!(w.handoff_files().is_empty(), "{:?}", w.handoff_files());
+    assert!(
+        w.runtimes().is_empty(),
+        "identity and runtime left: {:?}",
+        w.runtimes()
+    );
+    let (second_sessions, mints) = w.second_sessions_and_mints().await.unwrap();
+    assert_eq!((second_sessions, mints), (0, 1), "one JIT in all");
+    w.deregister(&done).await.unwrap();
+}
