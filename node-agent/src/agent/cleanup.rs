@@ -170,6 +170,9 @@ pub async fn clean(
     }
     fault::at(Boundary::MidCleanup);
 
+    // 3b. The runner's placeholder pod: the runner is stopped and its workspace gone.
+    super::placeholder::after_cleanup(agent, a).await?;
+
     // 4. Leases, then `Cleaned`.
     agent.packages.release(&uid);
     let state = journal.state();

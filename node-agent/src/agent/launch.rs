@@ -246,8 +246,23 @@ async fn launch_steps(
         .await?;
         return Ok(());
     }
-    timings.prepare_ms = millis(prepared_at);
     drop(turn);
+    // The placeholder stands (and the kubelet admitted it) before the JIT is asked for; its
+    // wait is part of `prepare` and holds no preparation turn.
+    let placed = super::placeholder::before_start(agent, a)
+        .instrument(tracing::info_span!("placeholder"))
+        .await;
+    if let Err(r) = placed {
+        tracing::warn!(namespace = %ns, attempt = %name, "runner not started: {r}");
+        conclude(
+            api,
+            &name,
+            Outcome::Failed(FailureReason::ProcessStartFailed),
+        )
+        .await?;
+        return Ok(());
+    }
+    timings.prepare_ms = millis(prepared_at);
     let Some(prepared) = take_written(
         api,
         &name,

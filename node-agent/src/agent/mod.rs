@@ -22,6 +22,7 @@ pub mod launch;
 pub mod lease;
 pub mod metrics;
 pub mod orphans;
+pub mod placeholder;
 pub mod preparation;
 pub mod pruning;
 pub mod rebuild;
@@ -139,6 +140,8 @@ pub struct Agent {
     /// Between orphan sweeps.
     pub orphan_sweep: Duration,
     pub orphans: orphans::OrphanState,
+    /// Placeholder pods beside native runners (`--placeholder-image`); `None`: none.
+    pub placeholders: Option<placeholder::Settings>,
     /// The package versions (sha256) of the node's attempts not yet `Cleaned`, as the watch last
     /// showed them: a prune keeps them.
     wanted_packages: Mutex<BTreeSet<String>>,
@@ -358,6 +361,11 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         advert_changed: Notify::new(),
         spec_warned: Mutex::new(std::collections::BTreeSet::new()),
         orphan_sweep: Duration::from_secs(cli.orphan_sweep_seconds),
+        placeholders: placeholder::Settings::from_flags(
+            &cli.placeholder_image,
+            &cli.placeholder_priority_class,
+            cli.placeholder_wait_seconds,
+        ),
         orphans: orphans::OrphanState::default(),
         wanted_packages: Mutex::new(BTreeSet::new()),
         preparation: preparation::PreparationBound::new(cli.preparation_permits),

@@ -143,6 +143,7 @@ pub async fn sweep(agent: &Agent, claimed: &BTreeSet<String>) -> SweepReport {
         tokio::task::block_in_place(|| sweep_slot_handoffs(agent, &mut report));
     }
     release_abandoned(agent, claimed, &report);
+    super::placeholder::sweep_orphans(agent, claimed).await;
     if !report.removed.is_empty() {
         let count = |k: OrphanKind| report.removed.iter().filter(|(x, _)| *x == k).count();
         let names: BTreeSet<&str> = report.removed.iter().map(|(_, n)| n.as_str()).collect();
