@@ -1,7 +1,8 @@
 //! The node agent's launch under its bounds and at its faults, as a process on the real control
 //! plane with the simulated GitHub, the operator binary serving the broker and real processes in
-//! real cgroups (the world of `e2e/tests/agent.rs`): the preparation bound (parity row 67), and
-//! failures inside the launcher once its child exists (rows 52 and 61, `RM_AGENT_FAIL`).
+//! real cgroups (the world of `e2e/tests/agent.rs`): the preparation bound (parity row 67), a
+//! launch that stops waiting for its package (row 48), and failures inside the launcher once its
+//! child exists (rows 52 and 61, `RM_AGENT_FAIL`).
 //! The test plays the operator's facts and requests. Runs as root with the runner accounts of
 //! `e2e/setup-runner-accounts.sh`. Skipped without KUBECONFIG.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -256,4 +257,57 @@ async fn a_child_the_launcher_cannot_stop_keeps_its_place_until_supervision_prov
     let (second_sessions, mints) = w.second_sessions_and_mints().await.unwrap();
     assert_eq!((second_sessions, mints), (0, 1), "one JIT in all");
     w.deregister(&done).await.unwrap();
+}
+
+/// Parity row 48 through the agent: a launch waiting for its package download stops waiting
+/// once its attempt's termination is requested, and concludes `Failed(TerminationRequested)`
+/// (no replacement) without a JIT ever being asked; the download it started is not what it waits
+/// for any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_waiting_for_its_package_stops_when_its_attempt_is_terminated() {
+    let Some(w) = AgentWorld::start("a_launch_waiting_for_its_package_stops")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    // GitHub holds the package download long enough for the request to land during it.
+    w.fake
+        .admin(
+            "POST",
+            "faults",
+            serde_json::json!({"endpoint": "download_package", "count": 1, "latency_ms": 20000}),
+        )
+        .await
+        .unwrap();
+    let agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    wait::until(STEP, "the launch to wait for its package", || {
+        let taken = logged(&agent, &n, "preparation turn taken") == 1;
+        async move { taken.then_some(()) }
+    })
+    .await
+    .unwrap();
+    let asked = std::time::Instant::now();
+    w.request_termination(&n, "ScaleDown").await.unwrap();
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    let waited = asked.elapsed();
+    println!("concluded {waited:?} after the request (the download was held 20 s)");
+    assert_eq!(
+        outcome(&done),
+        Some(Outcome::Failed(FailureReason::TerminationRequested))
+    );
+    assert!(
+        waited < std::time::Duration::from_secs(15),
+        "the launch waited for the download: {waited:?}"
+    );
+    assert_eq!(
+        logged(&agent, &n, "launch stopped waiting for its package"),
+        1
+    );
+    let (_, mints) = w.second_sessions_and_mints().await.unwrap();
+    assert_eq!(mints, 0, "a JIT for a terminated attempt");
+    assert!(w.runtimes().is_empty(), "{:?}", w.runtimes());
 }
