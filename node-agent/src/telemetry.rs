@@ -42,6 +42,7 @@ pub const ALLOWED_FIELDS: &[&str] = &[
     "state",
     "error",
     "step",
+    "stage",
     "launcher",
     "health",
     "capacity",

@@ -2,6 +2,9 @@
 //! them imports another in a circle: the vocabulary of a step (`Step`, `StepError`), the
 //! attempt's names and derived paths, and the two journal operations every stage uses — take one
 //! edge from a known state (`take`) and conclude along the edges the table allows (`conclude`).
+//! [`AttemptCtx`] holds the attempt's names and its namespace's API, so a stage says
+//! `ctx.conclude(outcome)` instead of carrying the three; the free functions are what it calls
+//! (and what stages that still pass `api` and `name` call).
 
 use std::path::PathBuf;
 
@@ -38,6 +41,53 @@ pub enum StepError {
     Blocked(RecoveryBlocked),
     #[error("{0}")]
     Local(String),
+}
+
+/// One attempt as a stage acts on it: its names and the API of its namespace. Built once per
+/// reconcile from the object the step reads.
+#[derive(Clone)]
+pub struct AttemptCtx {
+    api: Api<RunnerAttempt>,
+    pub uid: String,
+    pub name: String,
+    pub namespace: String,
+}
+
+impl std::fmt::Debug for AttemptCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttemptCtx")
+            .field("namespace", &self.namespace)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AttemptCtx {
+    /// The context of `a`; an object without uid, name or namespace cannot be acted on.
+    pub fn of(kube: &kube::Client, a: &RunnerAttempt) -> Result<Self, StepError> {
+        let (uid, name, namespace) = names(a)?;
+        Ok(Self {
+            api: Api::namespaced(kube.clone(), &namespace),
+            uid,
+            name,
+            namespace,
+        })
+    }
+
+    /// The attempts of this attempt's namespace (for the stages that take `api`).
+    pub fn api(&self) -> &Api<RunnerAttempt> {
+        &self.api
+    }
+
+    /// [`take`] on this attempt.
+    pub async fn take(&self, from: AttemptState, t: Transition) -> Result<bool, StepError> {
+        take(&self.api, &self.name, from, t).await
+    }
+
+    /// [`conclude`] this attempt.
+    pub async fn conclude(&self, outcome: Outcome) -> Result<(), StepError> {
+        conclude(&self.api, &self.name, outcome).await
+    }
 }
 
 pub fn names(a: &RunnerAttempt) -> Result<(String, String, String), StepError> {

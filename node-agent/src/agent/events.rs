@@ -7,35 +7,7 @@ use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use runner_manager_crds::attempt::RunnerAttempt;
 
-/// Why an event is emitted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EventReason {
-    RecoveryBlocked,
-    CleanupDeferred,
-    Rejected,
-    SpecChanged,
-    PackageRefused,
-}
-
-impl EventReason {
-    pub const ALL: [Self; 5] = [
-        Self::RecoveryBlocked,
-        Self::CleanupDeferred,
-        Self::Rejected,
-        Self::SpecChanged,
-        Self::PackageRefused,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::RecoveryBlocked => "RecoveryBlocked",
-            Self::CleanupDeferred => "CleanupDeferred",
-            Self::Rejected => "Rejected",
-            Self::SpecChanged => "SpecChanged",
-            Self::PackageRefused => "PackageRefused",
-        }
-    }
-}
+pub use super::labels::EventReason;
 
 /// The agent's Event recorder (events.k8s.io/v1 through kube's `Recorder`: repeats of one
 /// Event on one object become a series instead of new objects). The reporting controller is

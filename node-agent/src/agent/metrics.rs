@@ -19,6 +19,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 use runner_manager_crds::outcome::{Outcome, OutcomeWire};
+
+use super::labels::{EventReason, OrphanKind, PruneResult, ReconcileStage};
 use std::sync::atomic::AtomicU64;
 
 /// The content type of the OpenMetrics text exposition.
@@ -61,6 +63,11 @@ struct KindLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StageLabels {
+    stage: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: String,
 }
@@ -93,6 +100,7 @@ pub struct AgentMetrics {
     orphans_removed: Family<KindLabels, Counter>,
     package_prunes: Family<ResultLabels, Counter>,
     api_requests: Family<VerbLabels, Counter>,
+    reconcile_errors: Family<StageLabels, Counter>,
     started: Instant,
 }
 
@@ -233,12 +241,23 @@ impl AgentMetrics {
             "Package prunes after launches, by result (ran, skipped, failed)",
             package_prunes.clone(),
         );
-        for kind in super::orphans::OrphanKind::ALL {
+        let reconcile_errors = Family::<StageLabels, Counter>::default();
+        registry.register(
+            "reconcile_errors",
+            "Reconciles of an attempt that failed, by the stage of its life the attempt was in (launch, resume, supervise, cleanup, read); each is retried with backoff",
+            reconcile_errors.clone(),
+        );
+        for stage in ReconcileStage::ALL {
+            let _ = reconcile_errors.get_or_create(&StageLabels {
+                stage: stage.as_str().into(),
+            });
+        }
+        for kind in OrphanKind::ALL {
             let _ = orphans_removed.get_or_create(&KindLabels {
                 kind: kind.as_str().into(),
             });
         }
-        for result in super::pruning::PruneResult::ALL {
+        for result in PruneResult::ALL {
             let _ = package_prunes.get_or_create(&ResultLabels {
                 result: result.as_str().into(),
             });
@@ -253,7 +272,7 @@ impl AgentMetrics {
                 outcome: outcome.into(),
             });
         }
-        for reason in super::events::EventReason::ALL {
+        for reason in EventReason::ALL {
             let _ = events.get_or_create(&ReasonLabels {
                 reason: reason.as_str().into(),
             });
@@ -282,6 +301,7 @@ impl AgentMetrics {
             orphans_removed,
             package_prunes,
             api_requests,
+            reconcile_errors,
             started: Instant::now(),
         }
     }
@@ -349,7 +369,7 @@ impl AgentMetrics {
         self.cleanup_deferrals.inc();
     }
 
-    pub fn orphan_removed(&self, kind: super::orphans::OrphanKind) {
+    pub fn orphan_removed(&self, kind: OrphanKind) {
         self.orphans_removed
             .get_or_create(&KindLabels {
                 kind: kind.as_str().into(),
@@ -357,10 +377,19 @@ impl AgentMetrics {
             .inc();
     }
 
-    pub fn package_prune(&self, result: super::pruning::PruneResult) {
+    pub fn package_prune(&self, result: PruneResult) {
         self.package_prunes
             .get_or_create(&ResultLabels {
                 result: result.as_str().into(),
+            })
+            .inc();
+    }
+
+    /// A reconcile of an attempt failed in `stage`.
+    pub fn reconcile_failed(&self, stage: ReconcileStage) {
+        self.reconcile_errors
+            .get_or_create(&StageLabels {
+                stage: stage.as_str().into(),
             })
             .inc();
     }
@@ -435,6 +464,7 @@ mod tests {
         m.concluded(Outcome::Failed(FailureReason::JitExpired), true);
         m.concluded(Outcome::CompletedJob, false);
         m.event("CleanupDeferred");
+        m.reconcile_failed(ReconcileStage::Cleanup);
         let text = m.encode(&Now {
             capacity: 4,
             held: 1,
@@ -453,6 +483,8 @@ mod tests {
             "runner_manager_agent_launch_step_duration_seconds_sum{step=\"materialize\"} 1.5",
             "runner_manager_agent_package_downloads_total 1",
             "runner_manager_agent_events_total{reason=\"CleanupDeferred\"} 1",
+            "runner_manager_agent_reconcile_errors_total{stage=\"cleanup\"} 1",
+            "runner_manager_agent_reconcile_errors_total{stage=\"launch\"} 0",
             "runner_manager_agent_slots{state=\"capacity\"} 4",
             "runner_manager_agent_slots{state=\"used\"} 1",
             "runner_manager_agent_recovery_complete 1",

@@ -1,9 +1,10 @@
-//! The agent process: the host fence, the node Lease, the watch of the node's attempts, the
-//! startup recovery gate, and one supervising task per attempt (DESIGN §3–§6).
+//! The agent process: the host fence, the node Lease, the startup recovery gate, and the
+//! controller over the node's attempts (DESIGN §3–§6).
 //!
-//! One task per attempt drives it from `Pending` to `Cleaned` with journal-before-effect steps;
-//! the same task's `step` is recovery after a restart ("recovery is supervision"). The agent
-//! writes status only, through the journal's CAS; never spec, never finalizers.
+//! The controller (`controller`) reconciles each attempt from `Pending` to `Cleaned` with
+//! journal-before-effect steps; the same `step` is recovery after a restart ("recovery is
+//! supervision"). The agent writes status only, through the journal's CAS; never spec, never
+//! finalizers.
 
 pub mod accounts;
 pub mod admission;
@@ -12,12 +13,14 @@ pub mod attempt_ctx;
 pub mod broker_client;
 pub mod cleanup;
 pub mod conditions;
+pub mod controller;
 pub mod edges;
 pub mod events;
 pub mod fault;
 pub mod fence;
 pub mod gate;
 pub mod health;
+pub mod labels;
 pub mod launch;
 pub mod lease;
 pub mod metrics;
@@ -29,20 +32,14 @@ pub mod rebuild;
 pub mod supervise;
 pub mod watched;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use futures_util::TryStreamExt;
 use kube::Client;
-use kube::api::Api;
-use runner_manager_crds::NODE_LABEL;
-use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::lease::AgentAdvert;
-use runner_manager_crds::state::AttemptState;
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 
 use crate::cli::{Cli, LauncherKind};
 use crate::packages::PackageCache;
@@ -391,7 +388,7 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
     let heartbeat = tokio::spawn(lease::heartbeat(Arc::clone(&agent)));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| AgentError::Signals(e.kind()))?;
-    let watching = watch_attempts(Arc::clone(&agent));
+    let watching = controller::run(Arc::clone(&agent));
     tokio::select! {
         _ = sigterm.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
@@ -405,166 +402,6 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
     drop(fence);
     tracing::info!("stopped on signal; runners keep running");
     Ok(())
-}
-
-/// Watches the node's attempts (a kube-runtime watcher: one initial list, served from the API
-/// server's watch cache, then incremental events, re-listing only when the watch expires) and
-/// starts a task for each attempt without a live one. Re-listing on every event would cost
-/// every agent a scan of every attempt in the cluster per change. The first complete list feeds
-/// the recovery gate. The watch feeds a reflector store: the attempt tasks read their attempt
-/// from it (woken when it changes) and the journal decides its writes on it, so supervision
-/// makes no API read per attempt.
-async fn watch_attempts(agent: Arc<Agent>) {
-    use kube::runtime::WatchStreamExt;
-    use kube::runtime::watcher::{self, Event};
-    let api = Api::<RunnerAttempt>::all(agent.kube.clone());
-    let selector = format!("{NODE_LABEL}={}", agent.node);
-    let (store, writer) = kube::runtime::reflector::store();
-    crate::journal::decide_on_watched(store.clone());
-    let mut tasks: HashMap<String, JoinHandle<()>> = HashMap::new();
-    // Each task's wake-up when its attempt changes.
-    let mut changed: HashMap<String, Arc<Notify>> = HashMap::new();
-    // The node's attempts by uid, as the watch last showed them.
-    let mut known: HashMap<String, RunnerAttempt> = HashMap::new();
-    let mut listing: HashMap<String, RunnerAttempt> = HashMap::new();
-    let mut first = true;
-    let stream =
-        watcher::watcher(api, watcher::Config::default().labels(&selector)).reflect(writer);
-    let mut stream = std::pin::pin!(stream);
-    // Attempt names (12 hex) of the running tasks: claimed until the task ends.
-    let mut task_names: HashMap<String, String> = HashMap::new();
-    let mut sweep_tick = tokio::time::interval(agent.orphan_sweep);
-    sweep_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let next = tokio::select! {
-            next = stream.try_next() => next,
-            _ = sweep_tick.tick(), if !first => {
-                tasks.retain(|_, t| !t.is_finished());
-                task_names.retain(|uid, _| tasks.contains_key(uid));
-                orphans::sweep(&agent, &claims(&known, &task_names)).await;
-                continue;
-            }
-        };
-        let event = match next {
-            Ok(Some(e)) => e,
-            Ok(None) => return,
-            Err(e) => {
-                tracing::warn!("watching attempts failed: {e}");
-                if first {
-                    agent.gate.list_failed();
-                    agent.advert_changed.notify_one();
-                }
-                // The watcher backs off and re-lists on its own; pace the loop anyway.
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        match event {
-            Event::Init => listing.clear(),
-            Event::InitApply(a) => {
-                if let Some(uid) = a.metadata.uid.clone() {
-                    listing.insert(uid, a);
-                }
-                continue;
-            }
-            Event::InitDone => {
-                known = std::mem::take(&mut listing);
-                // A re-list may have changed any of them.
-                changed.values().for_each(|n| n.notify_one());
-                if first {
-                    let all: Vec<RunnerAttempt> = known.values().cloned().collect();
-                    rebuild::rebuild(&agent, &all);
-                    first = false;
-                    // The first sweep follows the first complete list: what a previous run left
-                    // for attempts deleted while it was down.
-                    sweep_tick.reset_immediately();
-                }
-            }
-            Event::Apply(a) => {
-                if let Some(uid) = a.metadata.uid.clone() {
-                    if let Some(n) = changed.get(&uid) {
-                        n.notify_one();
-                    }
-                    known.insert(uid, a);
-                }
-            }
-            Event::Delete(a) => {
-                if let Some(uid) = a.metadata.uid.as_deref() {
-                    if let Some(n) = changed.get(uid) {
-                        n.notify_one();
-                    }
-                    known.remove(uid);
-                }
-            }
-        }
-        if first {
-            continue;
-        }
-        let pending: BTreeSet<String> = known
-            .iter()
-            .filter(|(_, a)| rebuild::state_of(a) == AttemptState::Pending)
-            .map(|(uid, _)| uid.clone())
-            .collect();
-        if *lock(&agent.pending) != pending {
-            *lock(&agent.pending) = pending;
-            agent.advert_changed.notify_one();
-        }
-        *lock(&agent.wanted_packages) = known
-            .values()
-            .filter(|a| rebuild::state_of(a) != AttemptState::Cleaned)
-            .map(|a| a.spec.snapshot.runner.sha256.clone())
-            .collect();
-        tasks.retain(|_, t| !t.is_finished());
-        task_names.retain(|uid, _| tasks.contains_key(uid));
-        changed.retain(|uid, _| tasks.contains_key(uid));
-        for (uid, a) in &known {
-            let (Some(ns), Some(name)) = (a.metadata.namespace.clone(), a.metadata.name.clone())
-            else {
-                continue;
-            };
-            if rebuild::state_of(a) == AttemptState::Cleaned || tasks.contains_key(uid) {
-                continue;
-            }
-            let wake = Arc::new(Notify::new());
-            let watched = watched::Watched::new(
-                store.clone(),
-                &ns,
-                &name,
-                uid,
-                Arc::clone(&wake),
-                agent.poll,
-            );
-            changed.insert(uid.clone(), wake);
-            let task = tokio::spawn(supervise::attempt_task(
-                Arc::clone(&agent),
-                ns,
-                name,
-                uid.clone(),
-                watched,
-            ));
-            tasks.insert(uid.clone(), task);
-            if let Some(u) = a.spec.attempt_uuid() {
-                task_names.insert(uid.clone(), runner_manager_crds::names::short_hex(u));
-            }
-        }
-        // Cleaned attempts wait only for the operator's finalizer removal: forget them here.
-        known.retain(|_, a| rebuild::state_of(a) != AttemptState::Cleaned);
-    }
-}
-
-/// The attempt names (12 hex) no orphan sweep may touch: every attempt of the node not yet
-/// `Cleaned`, and every attempt whose task still runs (whatever its object's fate).
-fn claims(
-    known: &HashMap<String, RunnerAttempt>,
-    tasks: &HashMap<String, String>,
-) -> BTreeSet<String> {
-    known
-        .values()
-        .filter(|a| rebuild::state_of(a) != AttemptState::Cleaned)
-        .filter_map(|a| a.spec.attempt_uuid())
-        .map(runner_manager_crds::names::short_hex)
-        .chain(tasks.values().cloned())
-        .collect()
 }
 
 #[cfg(test)]

@@ -29,31 +29,7 @@ use crate::workspace::slot_table::SlotKey;
 
 use super::Agent;
 
-/// What an orphan sweep removes, as counted and logged. Closed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum OrphanKind {
-    /// A runner process (its cgroup or unit held one) stopped.
-    Runner,
-    /// An empty attempt cgroup or a dead unit removed.
-    Cgroup,
-    /// An ephemeral runtime removed.
-    Runtime,
-    /// A handoff file removed from an unleased slot.
-    Handoff,
-}
-
-impl OrphanKind {
-    pub const ALL: [Self; 4] = [Self::Runner, Self::Cgroup, Self::Runtime, Self::Handoff];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Runner => "runner",
-            Self::Cgroup => "cgroup",
-            Self::Runtime => "runtime",
-            Self::Handoff => "handoff",
-        }
-    }
-}
+pub use super::labels::OrphanKind;
 
 /// An attempt whose object went away while its task held things for it: released by the sweep
 /// once nothing of it runs any more (the account must not serve another runner before then).
@@ -327,17 +303,6 @@ mod tests {
             vec!["0123456789ab", "ffffffffffff"]
         );
         assert!(unclaimed(&found, &found.iter().cloned().collect()).is_empty());
-    }
-
-    #[test]
-    fn every_kind_has_a_distinct_lowercase_name() {
-        let names: BTreeSet<&str> = OrphanKind::ALL.iter().map(|k| k.as_str()).collect();
-        assert_eq!(names.len(), OrphanKind::ALL.len());
-        assert!(
-            names
-                .iter()
-                .all(|n| n.bytes().all(|b| b.is_ascii_lowercase()))
-        );
     }
 
     #[test]

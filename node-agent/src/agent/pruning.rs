@@ -15,28 +15,7 @@ use super::Agent;
 /// other's version (and download it again) at every launch.
 pub const RECENT: Duration = Duration::from_secs(3600);
 
-/// What a prune came to, as counted in `runner_manager_agent_package_prunes_total{result}`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PruneResult {
-    /// It ran (it may have found nothing to remove).
-    Ran,
-    /// It gave way to a running install or copy.
-    Skipped,
-    /// A version could not be removed.
-    Failed,
-}
-
-impl PruneResult {
-    pub const ALL: [Self; 3] = [Self::Ran, Self::Skipped, Self::Failed];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Ran => "ran",
-            Self::Skipped => "skipped",
-            Self::Failed => "failed",
-        }
-    }
-}
+pub use super::labels::PruneResult;
 
 /// The versions a prune keeps: `current` (the launch's), every version an attempt of the node
 /// wants, and those this agent used since `recent`. Pure.
@@ -95,11 +74,5 @@ mod tests {
             ["a", "b", "c"].iter().map(|s| (*s).to_owned()).collect()
         );
         assert_eq!(keep("a", &BTreeSet::new(), &[]).len(), 1);
-    }
-
-    #[test]
-    fn results_have_distinct_lowercase_names() {
-        let names: BTreeSet<&str> = PruneResult::ALL.iter().map(|r| r.as_str()).collect();
-        assert_eq!(names.len(), 3);
     }
 }

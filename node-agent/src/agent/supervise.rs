@@ -1,14 +1,13 @@
-//! One attempt's task: read the attempt, take one step, again, until it is `Cleaned`. The same
+//! One attempt's step: read where the attempt is, take one decision and its effect. The agent's
+//! controller (`agent::controller`) calls it on every reconcile of the attempt, so the same
 //! `step` is recovery after a restart and ordinary supervision ("recovery is supervision",
 //! DESIGN §4 rule 8): every decision on an attempt the agent is not bringing up goes through
 //! `crds::recovery::recovery_decision`, with the facts the operator wrote and what the agent
 //! sees of the process.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Api;
 use runner_manager_crds::attempt::spec_hash;
 use runner_manager_crds::attempt::{
     AttemptJournal, RunnerAttempt, StartedIdentity, TerminationReason, Transition,
@@ -18,8 +17,9 @@ use runner_manager_crds::outcome::{FailureReason, Outcome};
 use runner_manager_crds::recovery::{ProcessObservation, RecoveryDecision, recovery_decision};
 use runner_manager_crds::state::AttemptState;
 
-use super::attempt_ctx::take;
-pub use super::attempt_ctx::{Step, StepError, conclude, names, runtime_of, timeouts, uuid_of};
+use super::Agent;
+use super::attempt_ctx::{AttemptCtx, Step, StepError, runtime_of, timeouts};
+use super::cleanup;
 use super::edges::{
     EXIT_WITNESS_GRACE, assignment_never_taken, awaits_newer_witness, exit_outcome, fact_edge,
     github_observation, observe_edge,
@@ -28,105 +28,27 @@ use super::events::{self, EventReason};
 use super::fault::{self, Boundary};
 use super::launch;
 use super::rebuild::journal_of;
-use super::watched::Watched;
-use super::{Agent, cleanup};
 use crate::evidence::{ExitReading, JobEvidence, job_evidence};
 use crate::process::identity_file;
-use crate::termination::{IntentReason, read_intent, record_intent, terminate};
+use crate::termination::{IntentReason, read_intent, record_intent};
 
-/// What one attempt's task remembers between its steps (lost on a restart, which only restarts
-/// the clocks it holds).
+/// What the agent remembers of one attempt between its steps (lost on a restart, which only
+/// restarts the clocks it holds).
 #[derive(Debug, Default)]
-pub struct TaskMemory {
+pub struct AttemptMemory {
     /// When the runner was first seen gone while the last fact still listed it idle
     /// ([`awaits_newer_witness`]).
     gone_while_listed: Option<std::time::Instant>,
 }
 
-/// The task of one attempt: it steps on the attempt as the watch shows it ([`Watched`]), when
-/// the object changes and once per poll interval, never reading it from the API server.
-pub async fn attempt_task(
-    agent: Arc<Agent>,
-    namespace: String,
-    name: String,
-    uid: String,
-    mut watched: Watched,
-) {
-    let api = Api::<RunnerAttempt>::namespaced(agent.kube.clone(), &namespace);
-    let mut reported = false;
-    let mut memory = TaskMemory::default();
-    // What the attempt held when last read, for the orphan sweep if its object goes away.
-    let mut held = None;
-    loop {
-        let Some(a) = watched.next().await else {
-            // Gone (or replaced by a new object of the same name): nothing left to drive.
-            // What of it still runs or lies on disk is the orphan sweep's.
-            super::orphans::gone(&agent, &uid, held.take());
-            agent.gate.reconciled(&uid);
-            return;
-        };
-        held = super::orphans::held_by(&a);
-        match step(&agent, &api, &a, &mut memory).await {
-            Ok(Step::Done) => {
-                agent.gate.reconciled(&uid);
-                agent.advert_changed.notify_one();
-                return;
-            }
-            Ok(Step::Again) => {
-                watched.wrote();
-                agent.advert_changed.notify_one();
-            }
-            Ok(Step::Wait) => {
-                agent.gate.reconciled(&uid);
-                tokio::time::sleep(agent.poll).await;
-            }
-            Err(StepError::Blocked(why)) => {
-                agent.gate.block(&uid, why);
-                agent.advert_changed.notify_one();
-                if !reported {
-                    reported = true;
-                    tracing::warn!("{namespace}/{name}: recovery blocked: {}", why.as_str());
-                    let what = match why {
-                        RecoveryBlocked::IdentityUnreadable => {
-                            "the runner's identity file cannot be read; a person must check the runtime"
-                        }
-                        RecoveryBlocked::GitHubUnreachable => {
-                            "GitHub did not answer and this attempt's decision needs it; it is decided once GitHub answers"
-                        }
-                        RecoveryBlocked::ListFailed | RecoveryBlocked::JournalWriteFailed => {
-                            "the API server did not serve what recovery needs"
-                        }
-                    };
-                    events::warn(
-                        &agent.kube,
-                        &agent.node,
-                        &a,
-                        EventReason::RecoveryBlocked,
-                        format!(
-                            "recovery of this node is incomplete: {} ({what})",
-                            why.as_str()
-                        ),
-                    )
-                    .await;
-                }
-                tokio::time::sleep(agent.poll).await;
-            }
-            Err(e) => {
-                tracing::warn!("{namespace}/{name}: {e}");
-                tokio::time::sleep(agent.poll).await;
-            }
-        }
-    }
-}
-
 /// One decision and its effect.
 pub async fn step(
     agent: &Agent,
-    api: &Api<RunnerAttempt>,
+    ctx: &AttemptCtx,
     a: &RunnerAttempt,
-    memory: &mut TaskMemory,
+    memory: &mut AttemptMemory,
 ) -> Result<Step, StepError> {
-    let (uid, _, _) = names(a)?;
+    let uid = ctx.uid.clone();
     if a.spec.node_name != agent.node {
         // Labelled for this node but bound elsewhere: not ours to touch.
         return Ok(Step::Done);
@@ -143,7 +65,7 @@ pub async fn step(
         .spec_hash()
         .is_some_and(|admitted| admitted != spec_hash(&a.spec));
     if frozen && state.is_live() && agent.warn_spec_changed(&uid) {
-        let (_, name, ns) = names(a)?;
+        let (name, ns) = (&ctx.name, &ctx.namespace);
         tracing::warn!(namespace = %ns, attempt = %name, "the spec changed after admission; refusing to act on it");
         events::warn(
             &agent.kube,
@@ -164,12 +86,8 @@ pub async fn step(
         )
         && jit_received_is_dead(agent, &journal)
     {
-        conclude(
-            api,
-            &names(a)?.1,
-            Outcome::Failed(FailureReason::SpecChanged),
-        )
-        .await?;
+        ctx.conclude(Outcome::Failed(FailureReason::SpecChanged))
+            .await?;
         return Ok(Step::Again);
     }
     match state {
@@ -182,13 +100,13 @@ pub async fn step(
             if !agent.gate.is_complete() {
                 return Ok(Step::Wait);
             }
-            launch::admit_and_launch(agent, api, a).await?;
+            launch::admit_and_launch(agent, ctx.api(), a).await?;
             Ok(Step::Again)
         }
-        s if s.is_terminal() => cleanup::clean(agent, api, a).await,
-        AttemptState::JitReceived => jit_received(agent, api, a, &journal).await,
+        s if s.is_terminal() => cleanup::clean(agent, ctx.api(), a).await,
+        AttemptState::JitReceived => jit_received(agent, ctx, a, &journal).await,
         AttemptState::Starting | AttemptState::Idle | AttemptState::Busy => {
-            live(agent, api, a, &journal, frozen, memory).await
+            live(agent, ctx, a, &journal, frozen, memory).await
         }
         // Allocated, Preparing, Prepared: a launch a previous agent did not finish.
         _ => {
@@ -206,11 +124,11 @@ pub async fn step(
                 Timestamp::now(),
             ) {
                 RecoveryDecision::Conclude(o) => {
-                    conclude(api, &names(a)?.1, o).await?;
+                    ctx.conclude(o).await?;
                     Ok(Step::Again)
                 }
                 RecoveryDecision::RequestJit => {
-                    launch::resume_prepared(agent, api, a).await?;
+                    launch::resume_prepared(agent, ctx.api(), a).await?;
                     Ok(Step::Again)
                 }
                 _ => Ok(Step::Wait),
@@ -224,11 +142,14 @@ pub async fn step(
 /// lost (`JitExpired`).
 async fn jit_received(
     agent: &Agent,
-    api: &Api<RunnerAttempt>,
+    ctx: &AttemptCtx,
     a: &RunnerAttempt,
     journal: &AttemptJournal,
 ) -> Result<Step, StepError> {
-    let (_, name, ns) = names(a)?;
+    let (name, ns) = (&ctx.name, &ctx.namespace);
+    if a.spec.snapshot.execution.mode == runner_manager_crds::policy::ExecutionMode::Oci {
+        return super::runner::pod_jit_received(agent, ctx.api(), a, journal).await;
+    }
     let identity = match runtime_of(journal).map(|r| identity_file::read(&r)) {
         None | Some(Ok(None)) => None,
         Some(Ok(Some(id))) => Some(id),
@@ -258,9 +179,7 @@ async fn jit_received(
                     namespace = %ns, attempt = %name, "re-adopted runner pid {} (spawned before the crash)",
                     id.pid
                 );
-                take(
-                    api,
-                    &name,
+                ctx.take(
                     AttemptState::JitReceived,
                     Transition::Start {
                         identity: StartedIdentity::Process(id),
@@ -271,7 +190,7 @@ async fn jit_received(
             Ok(Step::Again)
         }
         RecoveryDecision::Conclude(o) => {
-            conclude(api, &name, o).await?;
+            ctx.conclude(o).await?;
             Ok(Step::Again)
         }
         _ => Ok(Step::Wait),
@@ -300,19 +219,19 @@ fn evidence(runtime: &Path) -> JobEvidence {
 /// an exit becomes a conclusion.
 async fn live(
     agent: &Agent,
-    api: &Api<RunnerAttempt>,
+    ctx: &AttemptCtx,
     a: &RunnerAttempt,
     journal: &AttemptJournal,
     frozen: bool,
-    memory: &mut TaskMemory,
+    memory: &mut AttemptMemory,
 ) -> Result<Step, StepError> {
-    let (_, name, ns) = names(a)?;
+    let (name, ns) = (&ctx.name, &ctx.namespace);
     let state = journal.state();
     let runtime = runtime_of(journal)
         .ok_or_else(|| StepError::Local("a started attempt without a workspace".into()))?;
-    let Some(identity) = journal.process().cloned() else {
+    let Some(runner) = super::runner::Runner::of(a, journal) else {
         return Err(StepError::Local(
-            "a started attempt without a process identity".into(),
+            "a started attempt without a process or pod identity".into(),
         ));
     };
     let facts = a
@@ -321,18 +240,17 @@ async fn live(
         .map(|s| s.facts.clone())
         .unwrap_or_default();
     let github = github_observation(&facts);
-    let inspection = tokio::task::block_in_place(|| agent.launcher.inspect(&identity))
-        .map_err(|e| StepError::Local(format!("inspection failed: {:?}", e.kind())))?;
+    let seen = runner.look(agent).await?;
     let request = requested(a);
-    if inspection.is_alive() {
+    if seen.alive {
         if let Some(reason) = request {
-            return stop(agent, api, a, &identity, &runtime, reason, state).await;
+            return stop(agent, ctx, &runner, &runtime, reason, state).await;
         }
         if frozen {
             return Ok(Step::Wait);
         }
         if let Some(t) = fact_edge(state, &facts, || evidence(&runtime)) {
-            take(api, &name, state, t).await?;
+            ctx.take(state, t).await?;
             return Ok(Step::Again);
         }
         return match recovery_decision(
@@ -344,16 +262,15 @@ async fn live(
         ) {
             RecoveryDecision::Observe(to) => {
                 if let Some(t) = observe_edge(state, to) {
-                    take(api, &name, state, t).await?;
+                    ctx.take(state, t).await?;
                 }
                 Ok(Step::Again)
             }
             RecoveryDecision::Terminate(r) => {
                 stop(
                     agent,
-                    api,
-                    a,
-                    &identity,
+                    ctx,
+                    &runner,
                     &runtime,
                     IntentReason::Deadline(r),
                     state,
@@ -361,7 +278,7 @@ async fn live(
                 .await
             }
             RecoveryDecision::Conclude(o) => {
-                conclude(api, &name, o).await?;
+                ctx.conclude(o).await?;
                 Ok(Step::Again)
             }
             RecoveryDecision::Defer => deferred(agent),
@@ -369,7 +286,7 @@ async fn live(
         };
     }
     // Gone: the exit, `_diag`, an intent or a request, then GitHub's witness.
-    let exit = ExitReading::of(agent.launcher.exit_status(&identity));
+    let exit = ExitReading::of(seen.exit);
     let seen = evidence(&runtime);
     let intent = request.or_else(|| read_intent(&runtime).ok().flatten());
     let rec = recovery_decision(
@@ -405,9 +322,9 @@ async fn live(
             tracing::info!(namespace = %ns, attempt = %name, "runner exited ({exit:?}, {seen:?}): {outcome:?}");
             if not_taken {
                 // `ExitedIdleWithoutWork` is concluded from `Idle`: walk the assignment back first.
-                take(api, &name, state, Transition::AssignmentNotTaken).await?;
+                ctx.take(state, Transition::AssignmentNotTaken).await?;
             }
-            conclude(api, &name, outcome).await?;
+            ctx.conclude(outcome).await?;
             Ok(Step::Again)
         }
         // Only a deferral leaves an exit undecided.
@@ -428,17 +345,15 @@ fn deferred(agent: &Agent) -> Result<Step, StepError> {
 
 /// Ordered termination: durable intent with its reason, stop through the launcher, death proven,
 /// then the conclusion from the reason and the state it was stopped in.
-#[allow(clippy::too_many_arguments)]
 async fn stop(
     agent: &Agent,
-    api: &Api<RunnerAttempt>,
-    a: &RunnerAttempt,
-    identity: &runner_manager_crds::attempt::ProcessIdentity,
+    ctx: &AttemptCtx,
+    runner: &super::runner::Runner,
     runtime: &Path,
     reason: IntentReason,
     state: AttemptState,
 ) -> Result<Step, StepError> {
-    let (_, name, ns) = names(a)?;
+    let (name, ns) = (&ctx.name, &ctx.namespace);
     if let Err(e) = record_intent(runtime, reason) {
         tracing::warn!(
             namespace = %ns, attempt = %name, "termination intent not durable ({:?}); nothing signalled",
@@ -447,12 +362,10 @@ async fn stop(
         return Ok(Step::Wait);
     }
     fault::at(Boundary::AfterTerminationIntent);
-    match tokio::task::block_in_place(|| {
-        terminate(agent.launcher.as_ref(), identity, runtime, reason, state)
-    }) {
+    match runner.terminate(agent, runtime, reason, state).await {
         Ok(outcome) => {
             tracing::info!(namespace = %ns, attempt = %name, "stopped ({}): {outcome:?}", reason.token());
-            conclude(api, &name, outcome).await?;
+            ctx.conclude(outcome).await?;
             Ok(Step::Again)
         }
         Err(e) => {

@@ -1,0 +1,147 @@
+//! The closed vocabularies the agent's metrics, Events and logs are labelled with, below
+//! `metrics` and everything that counts: `metrics` registers every value of each at 0 from the
+//! start, the module that names the thing (`events`, `orphans`, `pruning`, `controller`) counts
+//! it, and none of them imports another to do so.
+
+/// Why an Event is emitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventReason {
+    RecoveryBlocked,
+    CleanupDeferred,
+    Rejected,
+    SpecChanged,
+    PackageRefused,
+}
+
+impl EventReason {
+    pub const ALL: [Self; 5] = [
+        Self::RecoveryBlocked,
+        Self::CleanupDeferred,
+        Self::Rejected,
+        Self::SpecChanged,
+        Self::PackageRefused,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RecoveryBlocked => "RecoveryBlocked",
+            Self::CleanupDeferred => "CleanupDeferred",
+            Self::Rejected => "Rejected",
+            Self::SpecChanged => "SpecChanged",
+            Self::PackageRefused => "PackageRefused",
+        }
+    }
+}
+
+/// What an orphan sweep removes, as counted and logged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OrphanKind {
+    /// A runner process (its cgroup or unit held one) stopped.
+    Runner,
+    /// An empty attempt cgroup or a dead unit removed.
+    Cgroup,
+    /// An ephemeral runtime removed.
+    Runtime,
+    /// A handoff file removed from an unleased slot.
+    Handoff,
+}
+
+impl OrphanKind {
+    pub const ALL: [Self; 4] = [Self::Runner, Self::Cgroup, Self::Runtime, Self::Handoff];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Runner => "runner",
+            Self::Cgroup => "cgroup",
+            Self::Runtime => "runtime",
+            Self::Handoff => "handoff",
+        }
+    }
+}
+
+/// What a package prune came to, as counted in `runner_manager_agent_package_prunes_total{result}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PruneResult {
+    /// It ran (it may have found nothing to remove).
+    Ran,
+    /// It gave way to a running install or copy.
+    Skipped,
+    /// A version could not be removed.
+    Failed,
+}
+
+impl PruneResult {
+    pub const ALL: [Self; 3] = [Self::Ran, Self::Skipped, Self::Failed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ran => "ran",
+            Self::Skipped => "skipped",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// The part of an attempt's life a reconcile was in, from the state it found: what
+/// `runner_manager_agent_reconcile_errors_total{stage}` counts a failed reconcile under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReconcileStage {
+    /// `Pending`: admission and the launch.
+    Launch,
+    /// `Allocated`, `Preparing`, `Prepared`, `JitReceived`: a launch found unfinished (after a
+    /// restart, or a launch whose reconcile failed part-way).
+    Resume,
+    /// `Starting`, `Idle`, `Busy`: a live runner.
+    Supervise,
+    /// Concluded: stop, diagnostics, workspace, leases, `Cleaned`.
+    Cleanup,
+    /// An object the agent cannot act on (no uid, name or namespace).
+    Read,
+}
+
+impl ReconcileStage {
+    pub const ALL: [Self; 5] = [
+        Self::Launch,
+        Self::Resume,
+        Self::Supervise,
+        Self::Cleanup,
+        Self::Read,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Launch => "launch",
+            Self::Resume => "resume",
+            Self::Supervise => "supervise",
+            Self::Cleanup => "cleanup",
+            Self::Read => "read",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    fn distinct(names: &[&str]) {
+        let set: BTreeSet<&str> = names.iter().copied().collect();
+        assert_eq!(set.len(), names.len(), "{names:?}");
+    }
+
+    #[test]
+    fn every_vocabulary_has_distinct_names() {
+        distinct(&EventReason::ALL.map(EventReason::as_str));
+        distinct(&OrphanKind::ALL.map(OrphanKind::as_str));
+        distinct(&PruneResult::ALL.map(PruneResult::as_str));
+        distinct(&ReconcileStage::ALL.map(ReconcileStage::as_str));
+        for n in OrphanKind::ALL
+            .map(OrphanKind::as_str)
+            .iter()
+            .chain(&PruneResult::ALL.map(PruneResult::as_str))
+            .chain(&ReconcileStage::ALL.map(ReconcileStage::as_str))
+        {
+            assert!(n.bytes().all(|b| b.is_ascii_lowercase()), "{n}");
+        }
+    }
+}
