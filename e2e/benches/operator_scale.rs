@@ -27,6 +27,7 @@ use runner_manager_e2e::harness::fixtures::native_attempt;
 use runner_manager_e2e::harness::process::{cpu_seconds, rss_kib};
 use runner_manager_e2e::harness::product::{Product, ProductOptions};
 use runner_manager_e2e::harness::wait;
+use runner_manager_e2e::harness::world::World;
 use serde_json::{Value, json};
 
 /// A gauge's value from the operator's `/metrics`.
@@ -70,7 +71,8 @@ async fn scale(policies: usize, per_policy: usize) {
         .collect(),
         ..ProductOptions::default()
     };
-    let Some(mut p) = Product::start("bench_operator_scale", options)
+    let Some(mut p) = World::builder("bench_operator_scale")
+        .product(options)
         .await
         .unwrap()
     else {

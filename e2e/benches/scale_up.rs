@@ -26,6 +26,7 @@ use runner_manager_e2e::harness::process::rss_kib;
 use runner_manager_e2e::harness::product::{NodeOptions, Product, ProductOptions, WriteCounter};
 use runner_manager_e2e::harness::telemetry::{agent_health, get, sample};
 use runner_manager_e2e::harness::wait;
+use runner_manager_e2e::harness::world::World;
 use serde_json::json;
 
 /// When each attempt was first seen with a runner process in its journal (and, in `created`,
@@ -153,7 +154,8 @@ async fn wait_recovered(p: &Product) {
 
 /// Cold then warm scale-from-zero latencies.
 async fn latency(warm_samples: usize) {
-    let Some(p) = Product::start("bench_latency", ProductOptions::default())
+    let Some(p) = World::builder("bench_latency")
+        .product(ProductOptions::default())
         .await
         .unwrap()
     else {
@@ -222,7 +224,11 @@ async fn burst(jobs: usize) {
         nodes: vec![NodeOptions::new("burst", jobs as u32, &[])],
         ..ProductOptions::default()
     };
-    let Some(p) = Product::start("bench_burst", options).await.unwrap() else {
+    let Some(p) = World::builder("bench_burst")
+        .product(options)
+        .await
+        .unwrap()
+    else {
         return;
     };
     p.policy("web", json!({"minIdle": 0, "maxRunners": jobs}))
@@ -377,7 +383,11 @@ async fn steady(n: usize, window: Duration) {
         nodes: vec![NodeOptions::new("steady", n as u32, &[])],
         ..ProductOptions::default()
     };
-    let Some(p) = Product::start("bench_steady", options).await.unwrap() else {
+    let Some(p) = World::builder("bench_steady")
+        .product(options)
+        .await
+        .unwrap()
+    else {
         return;
     };
     wait_recovered(&p).await;

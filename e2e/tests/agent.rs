@@ -12,6 +12,7 @@ use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
 use runner_manager_e2e::harness::process::Running;
 use runner_manager_e2e::harness::wait;
+use runner_manager_e2e::harness::world::World;
 
 fn name(a: &RunnerAttempt) -> String {
     a.metadata.name.clone().unwrap()
@@ -84,7 +85,8 @@ fn print_launch(label: &str, a: &RunnerAttempt) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
-    let Some(w) = AgentWorld::start("a_runner_goes_from_pending_to_a_completed_job")
+    let Some(w) = World::builder("a_runner_goes_from_pending_to_a_completed_job")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -180,7 +182,8 @@ async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
 /// a tokio worker's stack.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_leaving_pathological_trees_is_cleaned_while_the_agent_serves_others() {
-    let Some(w) = AgentWorld::start("a_job_leaving_pathological_trees")
+    let Some(w) = World::builder("a_job_leaving_pathological_trees")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -255,7 +258,7 @@ impl Drop for Immutable {
 async fn heartbeats(w: &AgentWorld, times: usize) {
     use k8s_openapi::api::coordination::v1::Lease;
     let leases = kube::Api::<Lease>::namespaced(w.kube.clone(), &w.system);
-    let lease = runner_manager_crds::names::agent_lease_name(&w.node.name);
+    let lease = runner_manager_crds::names::agent_lease_name(&w.node().name);
     let renewed = || async {
         leases
             .get(&lease)
@@ -299,7 +302,8 @@ fn condition<'a>(
 /// condition and cleans the attempt. Before: retried (and logged) every pass, no condition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unremovable_ephemeral_runtime_backs_off_under_a_cleanup_deferred_condition() {
-    let Some(w) = AgentWorld::start("an_unremovable_ephemeral_runtime_backs_off")
+    let Some(w) = World::builder("an_unremovable_ephemeral_runtime_backs_off")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -357,7 +361,8 @@ async fn an_unremovable_ephemeral_runtime_backs_off_under_a_cleanup_deferred_con
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_runner_is_terminated_in_order_and_exits_idle() {
-    let Some(w) = AgentWorld::start("an_idle_runner_is_terminated_in_order")
+    let Some(w) = World::builder("an_idle_runner_is_terminated_in_order")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -380,7 +385,8 @@ async fn an_idle_runner_is_terminated_in_order_and_exits_idle() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_rejects_the_surplus_over_capacity() {
-    let Some(w) = AgentWorld::start("admission_rejects_the_surplus")
+    let Some(w) = World::builder("admission_rejects_the_surplus")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -423,7 +429,9 @@ async fn admission_rejects_the_surplus_over_capacity() {
         w.kube.clone(),
         &w.system,
     )
-    .get(&runner_manager_crds::names::agent_lease_name(&w.node.name))
+    .get(&runner_manager_crds::names::agent_lease_name(
+        &w.node().name,
+    ))
     .await
     .unwrap();
     let spec = lease.spec.unwrap();
@@ -446,7 +454,8 @@ async fn admission_rejects_the_surplus_over_capacity() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_agent_on_the_same_host_refuses_to_act() {
-    let Some(w) = AgentWorld::start("a_second_agent_on_the_same_host_refuses")
+    let Some(w) = World::builder("a_second_agent_on_the_same_host_refuses")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -474,7 +483,8 @@ async fn a_second_agent_on_the_same_host_refuses_to_act() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_agent_readopts_its_live_runner() {
-    let Some(w) = AgentWorld::start("a_restarted_agent_readopts")
+    let Some(w) = World::builder("a_restarted_agent_readopts")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -524,7 +534,7 @@ async fn a_restarted_agent_readopts_its_live_runner() {
 /// Kill the agent at `boundary`, restart it without the fault, let things settle (the test
 /// playing the operator), and check the invariants. Returns the final attempt.
 async fn crash_at(test: &str, boundary: &str, expected: Outcome) {
-    let Some(w) = AgentWorld::start(test).await.unwrap() else {
+    let Some(w) = World::builder(test).agent_under_test().await.unwrap() else {
         return;
     };
     let mut agent = w.agent(4, &[("RM_AGENT_FAULT", boundary)]).unwrap();
@@ -683,7 +693,8 @@ async fn a_crash_mid_cleanup_finishes_the_cleanup() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_version_github_refuses_exits_7_and_is_concluded_distinctly() {
-    let Some(w) = AgentWorld::start("a_runner_version_github_refuses")
+    let Some(w) = World::builder("a_runner_version_github_refuses")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -715,7 +726,8 @@ async fn a_runner_version_github_refuses_exits_7_and_is_concluded_distinctly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_that_dies_before_registering_is_a_failure() {
-    let Some(w) = AgentWorld::start("a_runner_that_dies_before_registering")
+    let Some(w) = World::builder("a_runner_that_dies_before_registering")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -749,7 +761,8 @@ async fn a_runner_that_dies_before_registering_is_a_failure() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_an_attempt_stops_its_runner_in_order_before_the_finalizer_goes() {
     use kube::api::{DeleteParams, Patch, PatchParams};
-    let Some(w) = AgentWorld::start("deleting_an_attempt_stops_its_runner")
+    let Some(w) = World::builder("deleting_an_attempt_stops_its_runner")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -803,7 +816,8 @@ async fn deleting_an_attempt_stops_its_runner_in_order_before_the_finalizer_goes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_identity_keeps_recovery_incomplete_and_says_why() {
     use k8s_openapi::api::core::v1::Event;
-    let Some(w) = AgentWorld::start("an_unreadable_identity_keeps_recovery_incomplete")
+    let Some(w) = World::builder("an_unreadable_identity_keeps_recovery_incomplete")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -886,7 +900,8 @@ async fn an_unreadable_identity_keeps_recovery_incomplete_and_says_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_persistent_slot_keeps_its_work_and_its_account_across_attempts() {
     use runner_manager_crds::policy::WorkspaceMode;
-    let Some(w) = AgentWorld::start("a_persistent_slot_keeps_its_work")
+    let Some(w) = World::builder("a_persistent_slot_keeps_its_work")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -956,7 +971,8 @@ async fn a_persistent_slot_keeps_its_work_and_its_account_across_attempts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_never_listed_online_is_stopped_at_its_registration_deadline() {
     use runner_manager_crds::duration::ManifestDuration;
-    let Some(w) = AgentWorld::start("a_runner_never_listed_online")
+    let Some(w) = World::builder("a_runner_never_listed_online")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -996,7 +1012,8 @@ async fn a_runner_never_listed_online_is_stopped_at_its_registration_deadline() 
 async fn a_changed_spec_is_refused_but_the_runner_is_still_stopped_and_cleaned() {
     use k8s_openapi::api::core::v1::Event;
     use kube::api::{Patch, PatchParams};
-    let Some(w) = AgentWorld::start("a_changed_spec_is_refused")
+    let Some(w) = World::builder("a_changed_spec_is_refused")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -1094,7 +1111,8 @@ async fn warnings_on(w: &AgentWorld, n: &str) -> Vec<String> {
 /// the grace has passed: the wait is bounded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_runner_deregistered_before_its_stop_request_is_not_lost() {
-    let Some(w) = AgentWorld::start("an_idle_runner_deregistered_before_its_stop_request")
+    let Some(w) = World::builder("an_idle_runner_deregistered_before_its_stop_request")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -1162,7 +1180,8 @@ async fn an_idle_runner_deregistered_before_its_stop_request_is_not_lost() {
 async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
     use runner_manager_crds::duration::ManifestDuration;
     use runner_manager_crds::lease::RecoveryBlocked;
-    let Some(w) = AgentWorld::start("runner_deaths_are_concluded_only_on_a_witness")
+    let Some(w) = World::builder("runner_deaths_are_concluded_only_on_a_witness")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -1270,7 +1289,8 @@ async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
 /// `Busy` and its exit is a completed job (row 42).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
-    let Some(w) = AgentWorld::start("job_evidence_decides_short_jobs")
+    let Some(w) = World::builder("job_evidence_decides_short_jobs")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -1390,7 +1410,8 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
 /// the package step measured (a cold download), the spawn never reached and read 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_launch_that_fails_at_registration_still_reports_its_timings() {
-    let Some(w) = AgentWorld::start("a_launch_that_fails_at_registration")
+    let Some(w) = World::builder("a_launch_that_fails_at_registration")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -1443,7 +1464,8 @@ async fn a_launch_that_fails_at_registration_still_reports_its_timings() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_crash() {
     use runner_manager_crds::duration::ManifestDuration;
-    let Some(w) = AgentWorld::start("the_termination_intent_is_durable")
+    let Some(w) = World::builder("the_termination_intent_is_durable")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -1524,7 +1546,8 @@ async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_cras
 /// before a workspace, a package or a JIT, without its value in the event or the log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runner_environment_is_layered_and_a_refused_one_stops_before_any_effect() {
-    let Some(w) = AgentWorld::start("the_runner_environment_is_layered")
+    let Some(w) = World::builder("the_runner_environment_is_layered")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -1660,7 +1683,8 @@ async fn until_host(what: &str, check: impl Fn() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_removed() {
     use kube::api::DeleteParams;
-    let Some(w) = AgentWorld::start("orphans_are_stopped_and_removed")
+    let Some(w) = World::builder("orphans_are_stopped_and_removed")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -1798,7 +1822,8 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocked_removals_never_block_recovery_and_are_finished_once_unblocked() {
     use k8s_openapi::api::core::v1::Event;
-    let Some(w) = AgentWorld::start("blocked_removals_never_block_recovery")
+    let Some(w) = World::builder("blocked_removals_never_block_recovery")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -1887,7 +1912,8 @@ async fn blocked_removals_never_block_recovery_and_are_finished_once_unblocked()
 /// (row 68). Before, the agent never pruned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_launch_prunes_obsolete_packages_and_a_failed_prune_only_warns() {
-    let Some(w) = AgentWorld::start("every_launch_prunes_obsolete_packages")
+    let Some(w) = World::builder("every_launch_prunes_obsolete_packages")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -1971,7 +1997,8 @@ async fn every_launch_prunes_obsolete_packages_and_a_failed_prune_only_warns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slots_alone() {
     use runner_manager_crds::policy::WorkspaceMode;
-    let Some(w) = AgentWorld::start("racing_slots_and_a_switch_back")
+    let Some(w) = World::builder("racing_slots_and_a_switch_back")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -2102,7 +2129,8 @@ async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolled_back_launch_keeps_a_slot_s_work_and_removes_an_ephemeral_runtime_whole() {
     use runner_manager_crds::policy::WorkspaceMode;
-    let Some(w) = AgentWorld::start("a_rolled_back_launch_keeps_a_slot_s_work")
+    let Some(w) = World::builder("a_rolled_back_launch_keeps_a_slot_s_work")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -2161,7 +2189,8 @@ async fn a_rolled_back_launch_keeps_a_slot_s_work_and_removes_an_ephemeral_runti
 async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceiling_decides_the_next_slot()
  {
     use runner_manager_crds::policy::WorkspaceMode;
-    let Some(w) = AgentWorld::start("a_partly_deleted_slot_stays_quarantined")
+    let Some(w) = World::builder("a_partly_deleted_slot_stays_quarantined")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -2289,7 +2318,8 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
 /// including both waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_without_a_child_is_tried_three_times_and_leaves_no_handoff() {
-    let Some(w) = AgentWorld::start("a_start_without_a_child_is_tried_three_times")
+    let Some(w) = World::builder("a_start_without_a_child_is_tried_three_times")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -2342,7 +2372,8 @@ async fn a_start_without_a_child_is_tried_three_times_and_leaves_no_handoff() {
 /// concludes `ProcessStartFailed`, leaving no handoff.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_that_failed_after_its_child_existed_is_never_retried() {
-    let Some(w) = AgentWorld::start("a_start_that_failed_after_its_child_existed")
+    let Some(w) = World::builder("a_start_that_failed_after_its_child_existed")
+        .agent_under_test()
         .await
         .unwrap()
     else {
@@ -2382,7 +2413,8 @@ async fn a_start_that_failed_after_its_child_existed_is_never_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_persistent_slot_is_scrubbed_only_once_its_runner_is_gone() {
     use runner_manager_crds::policy::WorkspaceMode;
-    let Some(w) = AgentWorld::start("a_persistent_slot_is_scrubbed_only_once")
+    let Some(w) = World::builder("a_persistent_slot_is_scrubbed_only_once")
+        .agent_under_test()
         .await
         .unwrap()
     else {

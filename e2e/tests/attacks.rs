@@ -19,6 +19,7 @@ use runner_manager_crds::conditions::{ConditionStatus, find};
 use runner_manager_crds::policy::{PolicyConditionType, PolicyReason, ScalePolicy};
 use runner_manager_e2e::harness::product::{Product, ProductOptions, STEP, WEBHOOK_SECRET};
 use runner_manager_e2e::harness::wait;
+use runner_manager_e2e::harness::world::World;
 use runner_manager_operator::webhook::sign;
 use secrecy::SecretString;
 use serde_json::{Value, json};
@@ -166,7 +167,8 @@ async fn a_foreign_policy_with_a_junk_secret_never_takes_the_victims_jobs() {
         extra_namespaces: vec!["rm-aaa".into()],
         ..ProductOptions::default()
     };
-    let Some(p) = Product::start("attack_junk_secret_steals_jobs", options)
+    let Some(p) = World::builder("attack_junk_secret_steals_jobs")
+        .product(options)
         .await
         .unwrap()
     else {
@@ -288,7 +290,11 @@ async fn an_owner_bound_to_a_namespace_is_refused_elsewhere_even_with_valid_cred
         operator_flags: vec![("--owner-namespaces".into(), "acme={team}".into())],
         ..ProductOptions::default()
     };
-    let Some(p) = Product::start("attack_bound_owner", options).await.unwrap() else {
+    let Some(p) = World::builder("attack_bound_owner")
+        .product(options)
+        .await
+        .unwrap()
+    else {
         return;
     };
     let attacker = p.extra[0].clone();
@@ -354,7 +360,8 @@ async fn a_delivery_signed_with_one_teams_secret_for_another_teams_repository_is
         extra_namespaces: vec!["rm-aaa".into()],
         ..ProductOptions::default()
     };
-    let Some(p) = Product::start("attack_foreign_hook_secret", options)
+    let Some(p) = World::builder("attack_foreign_hook_secret")
+        .product(options)
         .await
         .unwrap()
     else {
@@ -455,7 +462,8 @@ async fn a_delivery_signed_with_one_teams_secret_for_another_teams_repository_is
 /// for a job that is done.
 #[tokio::test]
 async fn a_replayed_delivery_with_a_fresh_guid_changes_nothing() {
-    let Some(p) = Product::start("attack_replay_fresh_guid", ProductOptions::default())
+    let Some(p) = World::builder("attack_replay_fresh_guid")
+        .product(ProductOptions::default())
         .await
         .unwrap()
     else {
@@ -561,8 +569,9 @@ mod node_confinement {
     use runner_manager_e2e::harness::cluster::fresh_namespace;
     use runner_manager_e2e::harness::fixtures::native_attempt;
     use runner_manager_e2e::harness::node::{SimNode, unique_node_name};
-    use runner_manager_e2e::harness::product::{Product, ProductOptions};
+    use runner_manager_e2e::harness::product::ProductOptions;
     use runner_manager_e2e::harness::wait;
+    use runner_manager_e2e::harness::world::World;
     use serde_json::{Value, json};
 
     /// The API server's answer to a refused write: (code, message).
@@ -694,7 +703,11 @@ mod node_confinement {
             nodes: vec![],
             ..ProductOptions::default()
         };
-        let Some(p) = Product::start("agent_confinement", options).await.unwrap() else {
+        let Some(p) = World::builder("agent_confinement")
+            .product(options)
+            .await
+            .unwrap()
+        else {
             return;
         };
         let kube = p.kube.clone();

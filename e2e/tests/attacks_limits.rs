@@ -13,23 +13,21 @@
 //! refused; the admin's per-node cap bounds what an agent advertises.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
 use runner_manager_crds::attempt::{AttemptConditionType, AttemptReason, RunnerAttempt};
 use runner_manager_crds::conditions::{ConditionStatus, find};
 use runner_manager_crds::policy::{PolicyConditionType, PolicyReason, ScalePolicy};
 use runner_manager_crds::state::AttemptState;
-use runner_manager_e2e::harness::cluster::{client_or_skip, fresh_namespace, install_crds};
-use runner_manager_e2e::harness::process::{Running, binary, operator_addrs};
+use runner_manager_e2e::harness::process::{Running, operator_addrs};
 use runner_manager_e2e::harness::product::{
     NodeOptions, Product, ProductOptions, STEP, WEBHOOK_SECRET,
 };
 use runner_manager_e2e::harness::wait;
+use runner_manager_e2e::harness::world::World;
 use runner_manager_operator::webhook::sign;
 use secrecy::SecretString;
 use serde_json::json;
@@ -181,7 +179,11 @@ async fn slow_loris_connections_are_closed_while_legitimate_requests_succeed() {
         operator_flags: vec![("--listener-header-timeout".into(), "3s".into())],
         ..ProductOptions::default()
     };
-    let Some(p) = Product::start("attack_slow_loris", options).await.unwrap() else {
+    let Some(p) = World::builder("attack_slow_loris")
+        .product(options)
+        .await
+        .unwrap()
+    else {
         return;
     };
     let webhook = p.operators[0].webhook.clone();
@@ -256,7 +258,8 @@ async fn the_broker_certificate_rotates_while_an_agent_keeps_getting_jits() {
         operator_flags: vec![("--broker-cert-lifetime".into(), "15s".into())],
         ..ProductOptions::default()
     };
-    let Some(p) = Product::start("attack_cert_rotation", options)
+    let Some(p) = World::builder("attack_cert_rotation")
+        .product(options)
         .await
         .unwrap()
     else {
@@ -316,7 +319,8 @@ async fn a_policy_naming_a_foreign_host_is_refused() {
         operator_flags: vec![("--download-hosts".into(), "".into())],
         ..ProductOptions::default()
     };
-    let Some(p) = Product::start("attack_foreign_host", options)
+    let Some(p) = World::builder("attack_foreign_host")
+        .product(options)
         .await
         .unwrap()
     else {
@@ -359,7 +363,11 @@ async fn pool_labels_must_be_restricted_and_the_node_cap_holds() {
         operator_flags: vec![("--max-runners-per-node".into(), "1".into())],
         ..ProductOptions::default()
     };
-    let Some(p) = Product::start("attack_pool_labels", options).await.unwrap() else {
+    let Some(p) = World::builder("attack_pool_labels")
+        .product(options)
+        .await
+        .unwrap()
+    else {
         return;
     };
     p.policy(
@@ -418,7 +426,8 @@ async fn the_agent_refuses_an_oversized_download_and_plain_http() {
         nodes: vec![NodeOptions::new("dl", 2, &[])],
         ..ProductOptions::default()
     };
-    let Some(mut p) = Product::start("attack_download_limits", options)
+    let Some(mut p) = World::builder("attack_download_limits")
+        .product(options)
         .await
         .unwrap()
     else {
@@ -465,53 +474,24 @@ async fn flood_server() -> String {
 /// use a plain-http API without `--allow-http-hosts` does not start, naming the flag.
 #[tokio::test]
 async fn an_oversized_github_answer_and_plain_http_are_refused() {
-    let Some(kube) = client_or_skip("attack_github_limits").await.unwrap() else {
+    let github = flood_server().await;
+    let Some(w) = World::builder("attack_github_limits")
+        .team_secret("github-app", &[("token", "ghp_not_a_real_token")])
+        .policy_defaults(json!({}))
+        .build()
+        .await
+        .unwrap()
+    else {
         return;
     };
-    install_crds(&kube).await.unwrap();
-    let system = fresh_namespace(&kube, "rm-sys").await.unwrap();
-    let team = fresh_namespace(&kube, "rm-team").await.unwrap();
-    let github = flood_server().await;
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some("github-app".into()),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([(
-            "token".to_owned(),
-            ByteString(b"ghp_not_a_real_token".to_vec()),
-        )])),
-        ..Secret::default()
-    };
-    Api::<Secret>::namespaced(kube.clone(), &team)
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
     let command = |api: &str| {
-        let mut cmd = std::process::Command::new(binary("runner-manager-operator").unwrap());
-        cmd.args([
-            "--namespace",
-            &system,
-            "--watch-namespace",
-            &team,
-            "--broker-addr",
-            "127.0.0.1:0",
-            "--webhook-addr",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--github-api-url",
-            api,
-            "--leader-election",
-            "false",
-            "--github-max-response-bytes",
-            "1048576",
-            "--resync-interval",
-            "1s",
-            "--log-format",
-            "json",
-        ]);
-        cmd
+        w.operator_command(&[
+            ("--github-api-url", api),
+            ("--leader-election", "false"),
+            ("--github-max-response-bytes", "1048576"),
+            ("--resync-interval", "1s"),
+        ])
+        .unwrap()
     };
     // No --allow-http-hosts: the operator refuses the plain-http API URL at start.
     let mut cmd = command(&github);
@@ -531,18 +511,14 @@ async fn an_oversized_github_answer_and_plain_http_are_refused() {
     // With it: the endless answer is refused at 1 MiB.
     let operator = Running::spawn("runner-manager-operator", command(&github)).unwrap();
     operator_addrs(&operator, STEP).await.unwrap();
-    let policy: ScalePolicy = serde_json::from_value(json!({
-        "apiVersion": "runner-manager.dev/v1alpha1", "kind": "ScalePolicy",
-        "metadata": {"name": "web"},
-        "spec": {"github": {"url": "https://github.com/acme/web", "credentialsSecretRef": {"name": "github-app"}},
-                 "labels": ["self-hosted"], "maxRunners": 1}
-    }))
+    w.policy(
+        "web",
+        json!({"github": {"url": "https://github.com/acme/web", "credentialsSecretRef": {"name": "github-app"}},
+               "labels": ["self-hosted"], "maxRunners": 1}),
+    )
+    .await
     .unwrap();
-    let policies = Api::<ScalePolicy>::namespaced(kube.clone(), &team);
-    policies
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap();
+    let policies = w.policies();
     let message = wait::until(STEP, "web Ready=False", || async {
         let sp = policies.get("web").await.ok()?;
         let c = find(&sp.status.as_ref()?.conditions, PolicyConditionType::Ready)?;

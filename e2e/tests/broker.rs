@@ -13,9 +13,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ServiceAccount};
 use kube::Client;
 use kube::api::{
     Api, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams,
@@ -23,18 +22,16 @@ use kube::api::{
 use kube::discovery::{Discovery, verbs};
 use runner_manager_crds::attempt::{RunnerAttempt, Transition, WorkspacePlacement, spec_hash};
 use runner_manager_crds::broker::{BROKER_AUDIENCE, JitRequest, jit_path};
-use runner_manager_crds::names::{ownership_label, runner_name};
+use runner_manager_crds::names::runner_name;
 use runner_manager_crds::outcome::{FailureReason, Outcome};
 use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_crds::state::{Actor, AttemptState};
-use runner_manager_e2e::harness::cluster::{client_or_skip, fresh_namespace, install_crds};
+use runner_manager_e2e::harness;
 use runner_manager_e2e::harness::fixtures::native_attempt;
-use runner_manager_e2e::harness::github::{
-    APP_ID, ORG, SimulatedGitHub, app_keys, pat_credentials,
-};
+use runner_manager_e2e::harness::github::pat_credentials;
 use runner_manager_e2e::harness::node::{
-    AGENT_DAEMONSET, AGENT_POD_IP, bound_token, controller_ref, ensure_agent_daemonset,
-    ensure_daemonset, set_pod_ip,
+    AGENT_DAEMONSET, AGENT_POD_IP, AGENT_SA, agent_pod_labels, bound_token, controller_ref,
+    ensure_agent_daemonset, ensure_agent_service_account, ensure_daemonset, set_pod_ip,
 };
 use runner_manager_e2e::harness::wait;
 use runner_manager_node_agent::journal::{self, Decision};
@@ -45,85 +42,33 @@ use runner_manager_operator::github::registry::Clients;
 use runner_manager_operator::github::{GitHubConfig, retry::RetryPolicy};
 use serde_json::{Value, json};
 
-const AGENT_SA: &str = "runner-manager-node-agent";
-
-fn agent_labels() -> BTreeMap<String, String> {
-    [(
-        "app.kubernetes.io/component".to_owned(),
-        "node-agent".to_owned(),
-    )]
-    .into()
-}
-
 /// Everything a broker test needs.
 struct World {
-    kube: Client,
-    system: String,
-    team: String,
-    fake: SimulatedGitHub,
+    world: harness::world::World,
     brokers: Vec<String>,
     http: reqwest::Client,
     ownership: String,
 }
 
-async fn world(test: &str, replicas: usize) -> Option<World> {
-    let kube = client_or_skip(test).await.unwrap()?;
-    install_crds(&kube).await.unwrap();
-    let system = fresh_namespace(&kube, "rm-sys").await.unwrap();
-    let team = fresh_namespace(&kube, "rm-team").await.unwrap();
-    let fake = SimulatedGitHub::start().await.unwrap();
+impl std::ops::Deref for World {
+    type Target = harness::world::World;
+    fn deref(&self) -> &harness::world::World {
+        &self.world
+    }
+}
 
+async fn world(test: &str, replicas: usize) -> Option<World> {
     // The team's policy and its GitHub App Secret (no installationId: looked up).
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some("github-app".into()),
-            ..ObjectMeta::default()
-        },
-        data: Some(
-            [
-                (
-                    "appId".to_owned(),
-                    ByteString(APP_ID.to_string().into_bytes()),
-                ),
-                (
-                    "privateKey".to_owned(),
-                    ByteString(app_keys().unwrap().0.clone().into_bytes()),
-                ),
-            ]
-            .into(),
-        ),
-        ..Secret::default()
-    };
-    Api::<Secret>::namespaced(kube.clone(), &team)
-        .create(&PostParams::default(), &secret)
+    let world = harness::world::World::builder(test)
+        .app_secret()
+        .web_policy()
+        .build()
         .await
-        .unwrap();
-    let policy: ScalePolicy = serde_json::from_value(json!({
-        "apiVersion": "runner-manager.dev/v1alpha1", "kind": "ScalePolicy",
-        "metadata": {"name": "web"},
-        "spec": {"github": {"url": format!("https://github.com/{ORG}/web"), "credentialsSecretRef": {"name": "github-app"}},
-                 "labels": ["self-hosted", "linux"], "maxRunners": 4}
-    }))
-    .unwrap();
-    Api::<ScalePolicy>::namespaced(kube.clone(), &team)
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap();
+        .unwrap()?;
+    let (kube, system) = (world.kube.clone(), world.system.clone());
 
     // The agents' service account and one agent pod per simulated node (Pending forever: no kubelet).
-    Api::<ServiceAccount>::namespaced(kube.clone(), &system)
-        .create(
-            &PostParams::default(),
-            &ServiceAccount {
-                metadata: ObjectMeta {
-                    name: Some(AGENT_SA.into()),
-                    ..ObjectMeta::default()
-                },
-                ..ServiceAccount::default()
-            },
-        )
-        .await
-        .unwrap();
+    ensure_agent_service_account(&kube, &system).await.unwrap();
     let agents = ensure_agent_daemonset(&kube, &system).await.unwrap();
     for node in ["node-a", "node-b"] {
         agent_pod(
@@ -132,17 +77,13 @@ async fn world(test: &str, replicas: usize) -> Option<World> {
             &format!("agent-{node}"),
             node,
             AGENT_SA,
-            agent_labels(),
+            agent_pod_labels(),
             Some(&agents),
         )
         .await;
     }
 
-    let kube_system = Api::<Namespace>::all(kube.clone())
-        .get("kube-system")
-        .await
-        .unwrap();
-    let ownership = ownership_label(kube_system.metadata.uid.as_deref().unwrap(), &system);
+    let ownership = world.ownership_label().await.unwrap();
     let mut brokers = Vec::new();
     let mut first_cert = None;
     for _ in 0..replicas {
@@ -163,13 +104,13 @@ async fn world(test: &str, replicas: usize) -> Option<World> {
             agents: AgentIdentity::new(
                 system.clone(),
                 AGENT_SA.into(),
-                agent_labels(),
+                agent_pod_labels(),
                 AGENT_DAEMONSET.into(),
             ),
             clients: Arc::new(Clients::new(
                 kube.clone(),
                 GitHubConfig {
-                    api_base: Some(fake.base_url().to_owned()),
+                    api_base: Some(world.fake.base_url().to_owned()),
                     retry: RetryPolicy {
                         attempts: 3,
                         base: Duration::from_millis(20),
@@ -192,10 +133,7 @@ async fn world(test: &str, replicas: usize) -> Option<World> {
         brokers.push(format!("https://127.0.0.1:{}", addr.port()));
     }
     let mut world = World {
-        kube,
-        system,
-        team,
-        fake,
+        world,
         brokers,
         http: reqwest::Client::new(),
         ownership,
@@ -246,16 +184,7 @@ async fn agent_pod(
 impl World {
     /// Trust the CA the operator published in its ConfigMap, as agents do.
     async fn trust_published_ca(&mut self) {
-        let ca = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
-            self.kube.clone(),
-            &self.system,
-        )
-        .get(tls::CA_CONFIGMAP)
-        .await
-        .unwrap()
-        .data
-        .unwrap()["ca.crt"]
-            .clone();
+        let ca = self.broker_ca(Duration::from_secs(30)).await.unwrap();
         self.http = reqwest::Client::builder()
             .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).unwrap())
             .build()
@@ -518,7 +447,7 @@ async fn callers_that_are_not_the_attempts_agent_are_refused() {
         "intruder-node-a",
         "node-a",
         "intruder",
-        agent_labels(),
+        agent_pod_labels(),
         Some(&agent_daemonset(&w).await),
     )
     .await;
@@ -603,7 +532,7 @@ async fn a_pod_posing_as_an_agent_or_a_token_used_from_elsewhere_gets_no_jit() {
         "forged-no-owner",
         "node-a",
         AGENT_SA,
-        agent_labels(),
+        agent_pod_labels(),
         None,
     )
     .await;
@@ -617,7 +546,7 @@ async fn a_pod_posing_as_an_agent_or_a_token_used_from_elsewhere_gets_no_jit() {
 
     // (a) Controlled by a DaemonSet with the same selector in the same namespace, which is not
     // the agent DaemonSet.
-    let decoy = ensure_daemonset(&w.kube, &w.system, "decoy-node-agent", agent_labels())
+    let decoy = ensure_daemonset(&w.kube, &w.system, "decoy-node-agent", agent_pod_labels())
         .await
         .unwrap();
     agent_pod(
@@ -626,7 +555,7 @@ async fn a_pod_posing_as_an_agent_or_a_token_used_from_elsewhere_gets_no_jit() {
         "forged-decoy-owner",
         "node-a",
         AGENT_SA,
-        agent_labels(),
+        agent_pod_labels(),
         Some(&decoy),
     )
     .await;

@@ -16,8 +16,9 @@ use runner_manager_crds::policy::{ScalePolicy, WorkspaceMode};
 use runner_manager_crds::state::{Actor, AttemptState};
 use runner_manager_crds::validate::validate_policy;
 use runner_manager_crds::writer::{Decision, JournalError, JournalWriter, OnConflict};
-use runner_manager_e2e::harness::cluster::{client_or_skip, fresh_namespace, install_crds};
+use runner_manager_e2e::harness::cluster::install_crds;
 use runner_manager_e2e::harness::fixtures::native_attempt;
+use runner_manager_e2e::harness::world::World;
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -59,11 +60,14 @@ fn policies(client: &Client, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), ns, &ApiResource::erase::<ScalePolicy>(&()))
 }
 
+/// The client and the test's own (team) namespace, the CRDs installed.
 async fn setup(test: &str) -> Option<(Client, String)> {
-    let client = client_or_skip(test).await.unwrap()?;
-    install_crds(&client).await.unwrap();
-    let ns = fresh_namespace(&client, "rm-e2e").await.unwrap();
-    Some((client, ns))
+    let world = World::builder(test)
+        .namespaces("rm-sys", "rm-e2e")
+        .build()
+        .await
+        .unwrap()?;
+    Some((world.kube.clone(), world.team.clone()))
 }
 
 #[tokio::test]

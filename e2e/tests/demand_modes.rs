@@ -12,6 +12,7 @@ use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::github::{ORG, SimulatedGitHub, pat_credentials};
 use runner_manager_e2e::harness::product::{Product, ProductOptions, STEP};
 use runner_manager_e2e::harness::wait;
+use runner_manager_e2e::harness::world::World;
 use runner_manager_operator::github::GitHubClient;
 use runner_manager_operator::github::walk::WalkView;
 use serde_json::{Value, json};
@@ -225,7 +226,8 @@ async fn wait_ready(p: &Product, policy: &str) {
 /// at organization scope take them, and everything is cleaned.
 #[tokio::test]
 async fn an_organization_target_with_every_webhook_dropped_still_runs_all_its_jobs() {
-    let Some(p) = Product::start("org_polling_dropped_webhooks", ProductOptions::default())
+    let Some(p) = World::builder("org_polling_dropped_webhooks")
+        .product(ProductOptions::default())
         .await
         .unwrap()
     else {

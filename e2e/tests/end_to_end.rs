@@ -19,6 +19,7 @@ use runner_manager_e2e::harness::product::{
     NodeOptions, Product, ProductOptions, STEP, WriteCounter,
 };
 use runner_manager_e2e::harness::wait;
+use runner_manager_e2e::harness::world::World;
 use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 
@@ -196,7 +197,8 @@ fn cgroup_procs(dir: &Path) -> Vec<String> {
 /// per launched runner and the API writes per attempt.
 #[tokio::test]
 async fn webhook_jobs_scale_from_zero_and_everything_is_cleaned() {
-    let Some(p) = Product::start("webhook_jobs_scale_from_zero", ProductOptions::default())
+    let Some(p) = World::builder("webhook_jobs_scale_from_zero")
+        .product(ProductOptions::default())
         .await
         .unwrap()
     else {
@@ -264,7 +266,8 @@ async fn webhook_jobs_scale_from_zero_and_everything_is_cleaned() {
 /// `minIdle: 2` holds two idle runners and no more, across several observation passes.
 #[tokio::test]
 async fn min_idle_holds_two_idle_runners_and_no_more() {
-    let Some(p) = Product::start("min_idle_holds_two", ProductOptions::default())
+    let Some(p) = World::builder("min_idle_holds_two")
+        .product(ProductOptions::default())
         .await
         .unwrap()
     else {
@@ -348,7 +351,8 @@ async fn attempts_land_only_where_the_node_selector_allows() {
         ],
         ..ProductOptions::default()
     };
-    let Some(p) = Product::start("node_selector_pools", options)
+    let Some(p) = World::builder("node_selector_pools")
+        .product(options)
         .await
         .unwrap()
     else {
@@ -382,12 +386,11 @@ async fn attempts_land_only_where_the_node_selector_allows() {
 /// finds the work.
 #[tokio::test]
 async fn jobs_are_found_by_polling_when_every_webhook_is_dropped() {
-    let Some(p) = Product::start(
-        "polling_repairs_dropped_webhooks",
-        ProductOptions::default(),
-    )
-    .await
-    .unwrap() else {
+    let Some(p) = World::builder("polling_repairs_dropped_webhooks")
+        .product(ProductOptions::default())
+        .await
+        .unwrap()
+    else {
         return;
     };
     p.fake
@@ -425,7 +428,8 @@ async fn jobs_are_found_by_polling_when_every_webhook_is_dropped() {
 /// with success, then everything drains and the policy's finalizer goes.
 #[tokio::test]
 async fn a_policy_deleted_while_its_runner_is_busy_drains_after_the_job() {
-    let Some(p) = Product::start("policy_deleted_while_busy", ProductOptions::default())
+    let Some(p) = World::builder("policy_deleted_while_busy")
+        .product(ProductOptions::default())
         .await
         .unwrap()
     else {
@@ -489,7 +493,8 @@ async fn a_policy_deleted_while_its_runner_is_busy_drains_after_the_job() {
 /// one runner session ever ran per attempt.
 #[tokio::test]
 async fn an_agent_killed_between_jit_and_spawn_recovers_without_a_second_runner() {
-    let Some(mut p) = Product::start("agent_killed_mid_launch", ProductOptions::default())
+    let Some(mut p) = World::builder("agent_killed_mid_launch")
+        .product(ProductOptions::default())
         .await
         .unwrap()
     else {
@@ -554,7 +559,8 @@ async fn a_new_leader_draining_a_deleted_policy_deregisters_its_runners() {
         operator_flags: vec![("--orphan-grace".into(), "1h".into())],
         ..ProductOptions::default()
     };
-    let Some(mut p) = Product::start("new_leader_drains_deleted_policy", options)
+    let Some(mut p) = World::builder("new_leader_drains_deleted_policy")
+        .product(options)
         .await
         .unwrap()
     else {
@@ -619,15 +625,14 @@ async fn an_operator_killed_between_the_mint_and_the_journal_leaves_no_registrat
     const FAULT: &str = "RM_OPERATOR_FAULT";
     let options = ProductOptions {
         operator_flags: vec![("--orphan-grace".into(), "1h".into())],
+        env: vec![(FAULT.into(), "after-mint-before-journal".into())],
         ..ProductOptions::default()
     };
-    let Some(mut p) = Product::start_with_env(
-        "operator_killed_after_the_mint",
-        options,
-        &[(FAULT, "after-mint-before-journal")],
-    )
-    .await
-    .unwrap() else {
+    let Some(mut p) = World::builder("operator_killed_after_the_mint")
+        .product(options)
+        .await
+        .unwrap()
+    else {
         return;
     };
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
@@ -695,7 +700,8 @@ async fn an_operator_killed_between_the_mint_and_the_journal_leaves_no_registrat
 /// settles clean.
 #[tokio::test]
 async fn the_operator_killed_mid_burst_converges_after_restart() {
-    let Some(mut p) = Product::start("operator_killed_mid_burst", ProductOptions::default())
+    let Some(mut p) = World::builder("operator_killed_mid_burst")
+        .product(ProductOptions::default())
         .await
         .unwrap()
     else {
@@ -732,7 +738,11 @@ async fn the_standby_takes_over_and_webhooks_it_received_count() {
         webhooks_to: 1,
         ..ProductOptions::default()
     };
-    let Some(mut p) = Product::start("leader_failover", options).await.unwrap() else {
+    let Some(mut p) = World::builder("leader_failover")
+        .product(options)
+        .await
+        .unwrap()
+    else {
         return;
     };
     let leader = wait::until(STEP, "a leader", || p.leader()).await.unwrap();
@@ -779,7 +789,11 @@ async fn a_burst_converges_through_github_5xx_and_429_storms() {
         operator_flags: vec![("--attempt-history".into(), "2".into())],
         ..ProductOptions::default()
     };
-    let Some(p) = Product::start("github_storms", options).await.unwrap() else {
+    let Some(p) = World::builder("github_storms")
+        .product(options)
+        .await
+        .unwrap()
+    else {
         return;
     };
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
@@ -828,7 +842,8 @@ async fn a_burst_converges_through_github_5xx_and_429_storms() {
 /// deadline; the job runs on another runner and the timed-out one is a registration failure.
 #[tokio::test]
 async fn a_runner_that_never_registers_is_stopped_and_its_job_runs_elsewhere() {
-    let Some(p) = Product::start("registration_timeout", ProductOptions::default())
+    let Some(p) = World::builder("registration_timeout")
+        .product(ProductOptions::default())
         .await
         .unwrap()
     else {
@@ -904,7 +919,8 @@ async fn a_runner_that_never_registers_is_stopped_and_its_job_runs_elsewhere() {
 /// carries no lineage).
 #[tokio::test]
 async fn an_idle_timeout_exits_idle_without_work_and_is_not_replaced() {
-    let Some(p) = Product::start("idle_timeout", ProductOptions::default())
+    let Some(p) = World::builder("idle_timeout")
+        .product(ProductOptions::default())
         .await
         .unwrap()
     else {
@@ -961,7 +977,8 @@ async fn an_idle_timeout_exits_idle_without_work_and_is_not_replaced() {
 /// removed) and later jobs use another slot.
 #[tokio::test]
 async fn persistent_slots_keep_work_and_a_symlinked_work_quarantines_the_slot() {
-    let Some(p) = Product::start("persistent_slots", ProductOptions::default())
+    let Some(p) = World::builder("persistent_slots")
+        .product(ProductOptions::default())
         .await
         .unwrap()
     else {
@@ -1089,7 +1106,7 @@ async fn a_lost_node_is_orphaned_replaced_elsewhere_and_released_by_abandon() {
         operator_flags: vec![("--node-lost-grace".into(), "5s".into())],
         ..ProductOptions::default()
     };
-    let Some(mut p) = Product::start("node_lost", options).await.unwrap() else {
+    let Some(mut p) = World::builder("node_lost").product(options).await.unwrap() else {
         return;
     };
     p.policy(

@@ -15,11 +15,12 @@ use runner_manager_crds::conditions::ConditionStatus;
 use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::policy::{PolicyConditionType, ScalePolicy};
 use runner_manager_crds::state::AttemptState;
-use runner_manager_e2e::harness::product::{Product, ProductOptions, STEP};
+use runner_manager_e2e::harness::product::{ProductOptions, STEP};
 use runner_manager_e2e::harness::telemetry::{
     OtlpReceiver, ReceivedSpan, agent_health, families, get, sample,
 };
 use runner_manager_e2e::harness::wait;
+use runner_manager_e2e::harness::world::World;
 use serde_json::json;
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -27,9 +28,16 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 #[tokio::test]
 async fn one_launch_is_one_trace_and_both_binaries_report_what_happened() {
     let receiver = OtlpReceiver::start().await.unwrap();
-    let env = receiver.env();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let Some(p) = Product::start_with_env("observability", ProductOptions::default(), &env)
+    let options = ProductOptions {
+        env: receiver
+            .env()
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect(),
+        ..ProductOptions::default()
+    };
+    let Some(p) = World::builder("observability")
+        .product(options)
         .await
         .unwrap()
     else {

@@ -6,29 +6,24 @@
 //! failover between two operator processes. Skipped without `KUBECONFIG`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::Client;
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use runner_manager_crds::attempt::{RunnerAttempt, TerminationReason};
 use runner_manager_crds::conditions::ConditionStatus;
-use runner_manager_crds::names::{ownership_label, runner_name};
+use runner_manager_crds::names::runner_name;
 use runner_manager_crds::outcome::{FailureReason, Outcome};
 use runner_manager_crds::policy::{PolicyConditionType, PolicyReason, ScalePolicy};
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::fake_github::PackageInfo;
-use runner_manager_e2e::harness::cluster::{client_or_skip, fresh_namespace, install_crds};
-use runner_manager_e2e::harness::github::{
-    ORG, PAT, SimulatedGitHub, app_secret_data, pat_credentials,
-};
-use runner_manager_e2e::harness::node::{SimNode, unique_node_name};
-use runner_manager_e2e::harness::process::{OperatorAddrs, Running, binary, operator_addrs};
+use runner_manager_e2e::harness;
+use runner_manager_e2e::harness::github::{ORG, app_secret_data, pat_credentials};
+use runner_manager_e2e::harness::node::SimNode;
+use runner_manager_e2e::harness::process::{OperatorAddrs, Running, operator_addrs};
 use runner_manager_e2e::harness::scripted_agent::{BrokerAccess, Script, ScriptedAgent};
 use runner_manager_e2e::harness::wait;
-use runner_manager_operator::broker::tls;
+use runner_manager_e2e::harness::world::Package;
 use runner_manager_operator::webhook::sign;
 use secrecy::SecretString;
 use serde_json::{Value, json};
@@ -75,128 +70,67 @@ impl Operator {
 const POOL_LABEL: &str = "node-restriction.kubernetes.io/runner-pool";
 
 struct World {
-    kube: Client,
-    system: String,
-    team: String,
-    fake: SimulatedGitHub,
+    world: harness::world::World,
     pool: String,
     nodes: Vec<SimNode>,
     agents: Vec<ScriptedAgent>,
     operators: Vec<Operator>,
-    dir: tempfile::TempDir,
     ownership: String,
 }
 
+impl std::ops::Deref for World {
+    type Target = harness::world::World;
+    fn deref(&self) -> &harness::world::World {
+        &self.world
+    }
+}
+
 async fn world(test: &str) -> Option<World> {
-    let kube = client_or_skip(test).await.unwrap()?;
-    install_crds(&kube).await.unwrap();
-    let system = fresh_namespace(&kube, "rm-op-sys").await.unwrap();
-    let team = fresh_namespace(&kube, "rm-op-team").await.unwrap();
-    let fake = SimulatedGitHub::start_with_package(Some(PackageInfo {
-        version: VERSION.into(),
-        file_name: format!("actions-runner-linux-x64-{VERSION}.tar.gz"),
-        sha256: sha(),
-        size: 1,
-        path: "/nonexistent/runner.tar.gz".into(),
-    }))
-    .await
-    .unwrap();
-    let secret = |name: &str, data: BTreeMap<String, ByteString>| Secret {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        data: Some(data),
-        ..Secret::default()
-    };
-    Api::<Secret>::namespaced(kube.clone(), &team)
-        .create(
-            &PostParams::default(),
-            &secret(
-                "github",
-                [("token".to_owned(), ByteString(PAT.as_bytes().to_vec()))].into(),
-            ),
-        )
+    let pool = format!("ci-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let world = harness::world::World::builder(test)
+        .namespaces("rm-op-sys", "rm-op-team")
+        .package(Package::Published(PackageInfo {
+            version: VERSION.into(),
+            file_name: format!("actions-runner-linux-x64-{VERSION}.tar.gz"),
+            sha256: sha(),
+            size: 1,
+            path: "/nonexistent/runner.tar.gz".into(),
+        }))
+        .pat_secret("github")
+        .webhook_secret(WEBHOOK_SECRET)
+        // A policy for `acme/web` on this test's pool.
+        .policy_defaults(json!({
+            "github": {"url": format!("https://github.com/{ORG}/web"), "credentialsSecretRef": {"name": "github"}},
+            "labels": ["self-hosted", "linux"],
+            "maxRunners": 4,
+            "nodeSelector": {POOL_LABEL: pool},
+        }))
+        .build()
         .await
-        .unwrap();
-    Api::<Secret>::namespaced(kube.clone(), &system)
-        .create(
-            &PostParams::default(),
-            &secret(
-                "runner-manager-webhook",
-                [(
-                    "secret".to_owned(),
-                    ByteString(WEBHOOK_SECRET.as_bytes().to_vec()),
-                )]
-                .into(),
-            ),
-        )
-        .await
-        .unwrap();
-    let kube_system_uid = Api::<Namespace>::all(kube.clone())
-        .get("kube-system")
-        .await
-        .unwrap()
-        .metadata
-        .uid
-        .unwrap();
-    let ownership = ownership_label(&kube_system_uid, &system);
+        .unwrap()?;
+    let ownership = world.ownership_label().await.unwrap();
     Some(World {
-        kube,
-        pool: format!("ci-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
-        system,
-        team,
-        fake,
+        world,
+        pool,
         nodes: vec![],
         agents: vec![],
         operators: vec![],
-        dir: tempfile::tempdir().unwrap(),
         ownership,
     })
 }
 
 impl World {
-    fn base_args(&self) -> Vec<String> {
-        [
-            "--namespace",
-            &self.system,
-            "--watch-namespace",
-            &self.team,
-            "--broker-addr",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--webhook-addr",
-            "127.0.0.1:0",
-            "--github-api-url",
-            self.fake.base_url(),
-            "--log-format",
-            "json",
-            "--observe-interval",
-            "1s",
-            "--resync-interval",
-            "1s",
-            "--lease-duration",
-            "15s",
-            "--replacement-backoff",
-            "1s",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect()
-    }
-
-    /// Start an operator process with the base flags plus `extra`.
+    /// Start an operator process with the world's flags, the scenario pace and `extra` (a flag
+    /// in `extra` replaces the one before).
     async fn start_operator(&mut self, extra: &[&str]) -> usize {
-        let mut cmd = std::process::Command::new(binary("runner-manager-operator").unwrap());
-        // A flag in `extra` replaces the base one (clap refuses a flag given twice).
-        let base = self.base_args();
-        for pair in base.chunks(2) {
-            if !extra.contains(&pair[0].as_str()) {
-                cmd.args(pair);
-            }
-        }
-        cmd.args(extra);
+        let mut flags = vec![
+            ("--observe-interval", "1s"),
+            ("--resync-interval", "1s"),
+            ("--lease-duration", "15s"),
+            ("--replacement-backoff", "1s"),
+        ];
+        flags.extend(extra.chunks(2).map(|pair| (pair[0], pair[1])));
+        let cmd = self.world.operator_command(&flags).unwrap();
         let process = Running::spawn("runner-manager-operator", cmd).unwrap();
         let OperatorAddrs {
             broker,
@@ -214,31 +148,14 @@ impl World {
 
     /// A simulated node in this test's pool with a scripted agent talking to operator `via`.
     async fn add_node(&mut self, script: Script, via: usize) -> String {
-        let name = unique_node_name("rm-op");
-        let node = SimNode::create(
-            &self.kube,
-            &self.system,
-            &name,
-            [(POOL_LABEL.to_owned(), self.pool.clone())].into(),
-            &self.dir.path().join(&name),
-        )
-        .await
-        .unwrap();
-        let ca = wait::until(LONG, "the broker CA to be published", || {
-            let api = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
-                self.kube.clone(),
-                &self.system,
-            );
-            async move {
-                api.get_opt(tls::CA_CONFIGMAP)
-                    .await
-                    .ok()
-                    .flatten()
-                    .and_then(|cm| cm.data?.get("ca.crt").cloned())
-            }
-        })
-        .await
-        .unwrap();
+        let node = self
+            .world
+            .add_node("rm-op", [(POOL_LABEL.to_owned(), self.pool.clone())].into())
+            .await
+            .unwrap()
+            .node;
+        let name = node.name.clone();
+        let ca = self.broker_ca(LONG).await.unwrap();
         let agent = ScriptedAgent::start(
             self.kube.clone(),
             &self.system,
@@ -257,32 +174,9 @@ impl World {
         name
     }
 
-    fn policies(&self) -> Api<ScalePolicy> {
-        Api::namespaced(self.kube.clone(), &self.team)
-    }
-
-    fn attempts(&self) -> Api<RunnerAttempt> {
-        Api::namespaced(self.kube.clone(), &self.team)
-    }
-
     /// A policy for `acme/web` on this test's pool; `spec` is merged over the defaults.
     async fn policy(&self, name: &str, spec: Value) -> ScalePolicy {
-        let mut base = json!({
-            "github": {"url": format!("https://github.com/{ORG}/web"), "credentialsSecretRef": {"name": "github"}},
-            "labels": ["self-hosted", "linux"],
-            "maxRunners": 4,
-            "nodeSelector": {POOL_LABEL: self.pool},
-        });
-        merge(&mut base, spec);
-        let p: ScalePolicy = serde_json::from_value(json!({
-            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "ScalePolicy",
-            "metadata": {"name": name}, "spec": base,
-        }))
-        .unwrap();
-        self.policies()
-            .create(&PostParams::default(), &p)
-            .await
-            .unwrap()
+        self.world.policy(name, spec).await.unwrap()
     }
 
     async fn patch_policy(&self, name: &str, spec: Value) {
@@ -412,17 +306,6 @@ impl World {
 
     async fn registrations(&self) -> Vec<Value> {
         self.fake.runners().await.unwrap()
-    }
-}
-
-fn merge(base: &mut Value, over: Value) {
-    match (base, over) {
-        (Value::Object(b), Value::Object(o)) => {
-            for (k, v) in o {
-                merge(b.entry(k).or_insert(Value::Null), v);
-            }
-        }
-        (b, o) => *b = o,
     }
 }
 

@@ -11,6 +11,7 @@ use runner_manager_crds::conditions::{ConditionStatus, find};
 use runner_manager_crds::policy::{PolicyConditionType, ScalePolicy};
 use runner_manager_e2e::harness::product::{Product, ProductOptions, STEP};
 use runner_manager_e2e::harness::wait;
+use runner_manager_e2e::harness::world::World;
 use serde_json::{Value, json};
 
 async fn wait_ready(p: &Product, policy: &str) {
@@ -122,7 +123,8 @@ fn scale_set_calls(counters: &Value) -> u64 {
 /// off in the policy, four jobs queued at once in two repositories of the organization.
 #[tokio::test]
 async fn a_scale_set_policy_runs_a_burst_with_no_webhook() {
-    let Some(p) = Product::start("scale_set_burst", ProductOptions::default())
+    let Some(p) = World::builder("scale_set_burst")
+        .product(ProductOptions::default())
         .await
         .unwrap()
     else {
@@ -183,7 +185,8 @@ async fn a_scale_set_policy_runs_a_burst_with_no_webhook() {
 /// set each, and each job runs on a runner of the policy whose labels it asked for.
 #[tokio::test]
 async fn two_scale_set_policies_of_one_organization_each_get_only_their_jobs() {
-    let Some(p) = Product::start("scale_set_two_policies", ProductOptions::default())
+    let Some(p) = World::builder("scale_set_two_policies")
+        .product(ProductOptions::default())
         .await
         .unwrap()
     else {
@@ -246,7 +249,11 @@ async fn the_standby_takes_the_scale_set_session_over_without_losing_or_duplicat
         operators: 2,
         ..ProductOptions::default()
     };
-    let Some(mut p) = Product::start("scale_set_failover", options).await.unwrap() else {
+    let Some(mut p) = World::builder("scale_set_failover")
+        .product(options)
+        .await
+        .unwrap()
+    else {
         return;
     };
     drop_every_webhook(&p).await;
@@ -340,7 +347,7 @@ async fn scale_set_policy(p: &Product, name: &str, extra: Value) {
 }
 
 async fn scale_set_world(test: &str, options: ProductOptions) -> Option<Product> {
-    let p = Product::start(test, options).await.unwrap()?;
+    let p = World::builder(test).product(options).await.unwrap()?;
     drop_every_webhook(&p).await;
     p.fake
         .admin("POST", "repos", json!({"owner": "acme", "names": ["web"]}))
@@ -660,12 +667,11 @@ async fn started_after(p: &Product, jobs: &[u64], queued_at: Instant) -> Vec<Dur
 async fn demand_modes_side_by_side() {
     let mut rows = Vec::new();
     for mode in ["webhook", "polling", "scale-set"] {
-        let Some(p) = Product::start(
-            &format!("side_by_side_{}", mode.replace('-', "_")),
-            ProductOptions::default(),
-        )
-        .await
-        .unwrap() else {
+        let Some(p) = World::builder(&format!("side_by_side_{}", mode.replace('-', "_")))
+            .product(ProductOptions::default())
+            .await
+            .unwrap()
+        else {
             return;
         };
         p.fake

@@ -4,127 +4,110 @@
 //! agent binary as a process. The test plays the operator's facts and requests.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Secret;
-use kube::Client;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use runner_manager_crds::attempt::{RunnerAttempt, RunnerAttemptStatus};
 use runner_manager_crds::lease::AgentAdvert;
 use runner_manager_crds::names::{agent_lease_name, runner_name};
-use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_crds::state::AttemptState;
 use serde_json::{Value, json};
 
-use super::cluster::{client_or_skip, fresh_namespace, install_crds};
 use super::fixtures::native_attempt;
-use super::github::{APP_ID, ORG, SimulatedGitHub, app_keys};
+use super::github::ORG;
 use super::node::SimNode;
 use super::process::{Running, binary, operator_addrs};
 use super::wait;
+use super::world::{NodeHost, Package, World, WorldBuilder, fail, kill_cgroup_tree};
 use crate::fake_github::PackageInfo;
 use crate::fake_github::scope::Scope;
-use crate::standin_runner::package::{PackageSpec, build};
 
 /// How long a scenario step may take on this shared 2-core machine.
 pub const STEP: Duration = Duration::from_secs(120);
 
-/// One agent scenario's world.
+/// One agent scenario's world (its [`World`] through `Deref`).
 pub struct AgentWorld {
-    pub kube: Client,
-    pub system: String,
-    pub team: String,
-    pub fake: SimulatedGitHub,
+    pub world: World,
+    /// The stand-in runner package the simulated GitHub publishes.
     pub package: PackageInfo,
     pub operator: Running,
     pub broker_url: String,
-    pub node: SimNode,
-    pub host: tempfile::TempDir,
-    pub cgroup_parent: String,
-    pub policy_uid: String,
-    _scratch: tempfile::TempDir,
+    /// The node under test, its host root and cgroup parent.
+    pub on: NodeHost,
+}
+
+impl std::ops::Deref for AgentWorld {
+    type Target = World;
+    fn deref(&self) -> &World {
+        &self.world
+    }
 }
 
 impl std::fmt::Debug for AgentWorld {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AgentWorld")
-            .field("team", &self.team)
+            .field("world", &self.world)
             .finish_non_exhaustive()
     }
 }
 
-fn fail(what: &str, e: impl std::fmt::Display) -> String {
-    format!("{what}: {e}")
+impl WorldBuilder {
+    /// A world for one node agent under test: the stand-in runner package published, the
+    /// team's policy `web` and its App Secret, one simulated node, and the operator binary
+    /// serving only the broker (controllers and leader election off: the test plays the
+    /// operator). The test starts the agent ([`AgentWorld::agent`]). `None` (with the reason
+    /// printed) without `KUBECONFIG`.
+    pub async fn agent_under_test(self) -> Result<Option<AgentWorld>, String> {
+        let Some(world) = self
+            .package(Package::StandIn)
+            .app_secret()
+            .web_policy()
+            .build()
+            .await?
+        else {
+            return Ok(None);
+        };
+        let package = world
+            .package
+            .clone()
+            .ok_or_else(|| "the world publishes no package".to_owned())?;
+        let on = world.add_node("agent-node", BTreeMap::new()).await?;
+        let mut cmd = world.operator_command(&[])?;
+        cmd.env("RM_CONTROLLERS", "false")
+            .env("RM_LEADER_ELECTION", "false");
+        let operator =
+            Running::spawn("runner-manager-operator", cmd).map_err(|e| fail("operator", e))?;
+        let broker = operator_addrs(&operator, STEP).await?.broker;
+        Ok(Some(AgentWorld {
+            world,
+            package,
+            operator,
+            broker_url: format!("https://{broker}"),
+            on,
+        }))
+    }
 }
 
 impl AgentWorld {
-    /// `None` (with the reason printed) without `KUBECONFIG`.
+    /// Shorthand for `World::builder(test).agent_under_test()`.
     pub async fn start(test: &str) -> Result<Option<Self>, String> {
-        let Some(kube) = client_or_skip(test).await.map_err(|e| fail("client", e))? else {
-            return Ok(None);
-        };
-        install_crds(&kube).await.map_err(|e| fail("crds", e))?;
-        let system = fresh_namespace(&kube, "rm-sys")
-            .await
-            .map_err(|e| fail("ns", e))?;
-        let team = fresh_namespace(&kube, "rm-team")
-            .await
-            .map_err(|e| fail("ns", e))?;
-        let scratch = tempfile::tempdir().map_err(|e| fail("tempdir", e))?;
-        let listener = binary("standin-runner-listener").map_err(|e| fail("binary", e))?;
-        let package =
-            build(&PackageSpec::small(listener), scratch.path()).map_err(|e| fail("package", e))?;
-        let fake = SimulatedGitHub::start_with_package(Some(package.clone()))
-            .await
-            .map_err(|e| fail("fake github", e))?;
-        let policy_uid = team_policy(&kube, &team).await?;
-        let node_name = super::node::unique_node_name("agent-node");
-        let node = SimNode::create(
-            &kube,
-            &system,
-            &node_name,
-            BTreeMap::new(),
-            &scratch.path().join("node"),
-        )
-        .await
-        .map_err(|e| fail("node", e))?;
-        let (operator, broker_url) = start_operator(&system, fake.base_url()).await?;
-        let host = tempfile::tempdir().map_err(|e| fail("tempdir", e))?;
-        std::fs::set_permissions(host.path(), std::fs::Permissions::from_mode(0o755))
-            .map_err(|e| fail("chmod", e))?;
-        Ok(Some(Self {
-            kube,
-            system,
-            team,
-            fake,
-            package,
-            operator,
-            broker_url,
-            node,
-            host,
-            cgroup_parent: format!(
-                "runner-manager-e2e-{}.slice",
-                &uuid::Uuid::new_v4().simple().to_string()[..12]
-            ),
-            policy_uid,
-            _scratch: scratch,
-        }))
+        World::builder(test).agent_under_test().await
+    }
+
+    /// The simulated node under test.
+    pub fn node(&self) -> &SimNode {
+        &self.on.node
     }
 
     pub fn host_root(&self) -> &Path {
-        self.host.path()
+        &self.on.host
     }
 
     /// The agent binary with this world's flags; `extra` env (e.g. `RM_AGENT_FAULT`).
     pub fn agent(&self, capacity: u32, extra: &[(&str, &str)]) -> Result<Running, String> {
-        let cmd = std::process::Command::new(
-            binary("runner-manager-node-agent").map_err(|e| fail("binary", e))?,
-        );
-        self.agent_command(cmd, capacity, extra)
+        self.agent_command(World::agent_binary()?, capacity, extra)
     }
 
     /// Like [`Self::agent`], with at most `nofile` open descriptors (soft and hard
@@ -144,54 +127,30 @@ impl AgentWorld {
 
     fn agent_command(
         &self,
-        mut cmd: std::process::Command,
+        program: std::process::Command,
         capacity: u32,
         extra: &[(&str, &str)],
     ) -> Result<Running, String> {
-        let capacity = capacity.to_string();
-        cmd.args([
-            "--node-name",
-            &self.node.name,
-            "--host-root",
-            &self.host.path().display().to_string(),
-            "--slots-root",
-            &self.host.path().join("slots").display().to_string(),
-            "--capacity",
-            &capacity,
-            "--launcher",
-            "direct",
-            "--cgroup-parent",
-            &self.cgroup_parent,
-            "--runner-uid-range",
-            "20001-20064",
-            "--runner-gid",
-            "20000",
-            "--broker-url",
+        let mut cmd = self.world.agent_command(
+            program,
+            &self.on,
+            capacity,
             &self.broker_url,
-            "--system-namespace",
-            &self.system,
-            "--broker-token-file",
-            &self.node.token_file.display().to_string(),
-            "--heartbeat-seconds",
-            "2",
-            "--supervision-millis",
-            "200",
-            "--orphan-sweep-seconds",
-            "2",
-            // No operator controllers run here: the agent's backstop deadlines are under test.
-            "--deadline-grace-seconds",
-            "0",
-            "--log-format",
-            "json",
-        ]);
+            &[
+                ("--runner-uid-range", "20001-20064"),
+                ("--runner-gid", "20000"),
+                ("--heartbeat-seconds", "2"),
+                ("--supervision-millis", "200"),
+                ("--orphan-sweep-seconds", "2"),
+                // No operator controllers run here: the agent's backstop deadlines are under test.
+                ("--deadline-grace-seconds", "0"),
+                ("--log-format", "json"),
+            ],
+        );
         for (k, v) in extra {
             cmd.env(k, v);
         }
         Running::spawn("runner-manager-node-agent", cmd).map_err(|e| fail("agent", e))
-    }
-
-    pub fn attempts(&self) -> Api<RunnerAttempt> {
-        Api::namespaced(self.kube.clone(), &self.team)
     }
 
     /// A new `Pending` native, ephemeral attempt bound to this node, pinning the published
@@ -209,7 +168,7 @@ impl AgentWorld {
             uuid::Uuid::new_v4(),
             "web",
             &self.policy_uid,
-            &self.node.name,
+            &self.on.node.name,
         );
         edit(&mut a.spec.snapshot);
         a.spec.snapshot.runner.url = format!(
@@ -387,7 +346,7 @@ impl AgentWorld {
     /// The agent's Lease advert, once the Lease exists.
     pub async fn advert(&self) -> Option<AgentAdvert> {
         let lease = Api::<Lease>::namespaced(self.kube.clone(), &self.system)
-            .get(&agent_lease_name(&self.node.name))
+            .get(&agent_lease_name(&self.on.node.name))
             .await
             .ok()?;
         AgentAdvert::from_annotations(&lease.metadata.annotations.unwrap_or_default()).ok()
@@ -417,7 +376,7 @@ impl AgentWorld {
     /// Every handoff file (`jit-*.tmp`) under the host root.
     pub fn handoff_files(&self) -> Vec<PathBuf> {
         let mut found = Vec::new();
-        let mut stack = vec![self.host.path().to_path_buf()];
+        let mut stack = vec![self.on.host.clone()];
         while let Some(dir) = stack.pop() {
             for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
                 let Ok(t) = e.file_type() else { continue };
@@ -433,7 +392,7 @@ impl AgentWorld {
 
     /// What is left under `<hostRoot>/runners`.
     pub fn runtimes(&self) -> Vec<PathBuf> {
-        std::fs::read_dir(self.host.path().join("runners"))
+        std::fs::read_dir(self.on.host.join("runners"))
             .into_iter()
             .flatten()
             .flatten()
@@ -443,101 +402,13 @@ impl AgentWorld {
 
     /// The cgroup v2 directory of this world's runners.
     pub fn cgroup_dir(&self) -> PathBuf {
-        PathBuf::from("/sys/fs/cgroup/unified").join(&self.cgroup_parent)
+        self.on.cgroup_dir()
     }
 }
 
 impl Drop for AgentWorld {
     fn drop(&mut self) {
         // Whatever a failed test left running in this world's cgroups is killed and removed.
-        let parent = self.cgroup_dir();
-        for e in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                let _ = std::fs::write(e.path().join("cgroup.kill"), "1");
-                for _ in 0..100 {
-                    if std::fs::remove_dir(e.path()).is_ok() {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            }
-        }
-        let _ = std::fs::remove_dir(parent);
+        kill_cgroup_tree(&self.cgroup_dir());
     }
-}
-
-/// The team's policy `web` (the broker reads its credentials) and its App Secret.
-async fn team_policy(kube: &Client, team: &str) -> Result<String, String> {
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some("github-app".into()),
-            ..ObjectMeta::default()
-        },
-        data: Some(
-            [
-                (
-                    "appId".to_owned(),
-                    ByteString(APP_ID.to_string().into_bytes()),
-                ),
-                (
-                    "privateKey".to_owned(),
-                    ByteString(
-                        app_keys()
-                            .map_err(|e| fail("keys", e))?
-                            .0
-                            .clone()
-                            .into_bytes(),
-                    ),
-                ),
-            ]
-            .into(),
-        ),
-        ..Secret::default()
-    };
-    Api::<Secret>::namespaced(kube.clone(), team)
-        .create(&PostParams::default(), &secret)
-        .await
-        .map_err(|e| fail("secret", e))?;
-    let policy: ScalePolicy = serde_json::from_value(json!({
-        "apiVersion": "runner-manager.dev/v1alpha1", "kind": "ScalePolicy",
-        "metadata": {"name": "web"},
-        "spec": {"github": {"url": format!("https://github.com/{ORG}/web"), "credentialsSecretRef": {"name": "github-app"}},
-                 "labels": ["self-hosted", "linux"], "maxRunners": 4}
-    }))
-    .map_err(|e| fail("policy", e))?;
-    let created = Api::<ScalePolicy>::namespaced(kube.clone(), team)
-        .create(&PostParams::default(), &policy)
-        .await
-        .map_err(|e| fail("policy", e))?;
-    created
-        .metadata
-        .uid
-        .ok_or_else(|| "the policy has no uid".to_owned())
-}
-
-/// The operator binary serving only the broker (controllers and leader election off).
-async fn start_operator(system: &str, github: &str) -> Result<(Running, String), String> {
-    let mut cmd = std::process::Command::new(
-        binary("runner-manager-operator").map_err(|e| fail("binary", e))?,
-    );
-    cmd.args([
-        "--namespace",
-        system,
-        "--broker-addr",
-        "127.0.0.1:0",
-        "--webhook-addr",
-        "127.0.0.1:0",
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--github-api-url",
-        github,
-        "--log-format",
-        "json",
-    ])
-    .env("RM_CONTROLLERS", "false")
-    .env("RM_LEADER_ELECTION", "false");
-    let operator =
-        Running::spawn("runner-manager-operator", cmd).map_err(|e| fail("operator", e))?;
-    let broker = operator_addrs(&operator, STEP).await?.broker;
-    Ok((operator, format!("https://{broker}")))
 }

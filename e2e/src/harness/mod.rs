@@ -12,3 +12,4 @@ pub mod product;
 pub mod scripted_agent;
 pub mod telemetry;
 pub mod wait;
+pub mod world;

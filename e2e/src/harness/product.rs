@@ -8,25 +8,16 @@
 //! the output of every process is written to `target/e2e-logs/<test>/` for a failed run.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
-use kube::Client;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::Api;
 use runner_manager_crds::attempt::RunnerAttempt;
-use runner_manager_crds::policy::ScalePolicy;
 use serde_json::{Value, json};
 
-use super::cluster::{client_or_skip, fresh_namespace, install_crds};
-use super::github::{APP_ID, SimulatedGitHub, app_keys};
-use super::node::{SimNode, unique_node_name};
-use super::process::{OperatorAddrs, Running, binary, operator_addrs};
+use super::process::{OperatorAddrs, Running, operator_addrs};
 use super::wait;
+use super::world::{NodeHost, Package, World, WorldBuilder, fail, kill_cgroup_tree};
 use crate::fake_github::PackageInfo;
-use crate::standin_runner::package::{PackageSpec, build};
 
 /// How long one scenario step may take on this shared 2-core machine.
 pub const STEP: Duration = Duration::from_secs(90);
@@ -70,6 +61,8 @@ pub struct ProductOptions {
     /// the App Secret `github-app`. Operator flag values may name them: `{team}` and `{extraN}`
     /// are replaced with the team's and the N-th extra namespace's names.
     pub extra_namespaces: Vec<String>,
+    /// Environment every operator and agent process gets (e.g. `OTEL_*`, a fault hook).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for ProductOptions {
@@ -80,6 +73,7 @@ impl Default for ProductOptions {
             operator_flags: Vec::new(),
             webhooks_to: 0,
             extra_namespaces: Vec::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -94,32 +88,25 @@ pub struct OperatorProcess {
     pub health: String,
 }
 
-/// One node agent and its simulated node.
+/// One node agent on its simulated node (`node`, `host`, `cgroup_parent` through `Deref`).
 #[derive(Debug)]
 pub struct AgentProcess {
-    pub node: SimNode,
+    pub on: NodeHost,
     pub capacity: u32,
-    pub host: PathBuf,
-    pub cgroup_parent: String,
     pub process: Option<Running>,
 }
 
-impl AgentProcess {
-    /// The cgroup v2 directory of this agent's runners.
-    pub fn cgroup_dir(&self) -> PathBuf {
-        PathBuf::from("/sys/fs/cgroup/unified").join(&self.cgroup_parent)
+impl std::ops::Deref for AgentProcess {
+    type Target = NodeHost;
+    fn deref(&self) -> &NodeHost {
+        &self.on
     }
 }
 
-/// Everything a scenario needs.
+/// The whole product over a [`World`] (whose fields and helpers it offers through `Deref`).
 pub struct Product {
-    pub test: String,
-    pub kube: Client,
-    pub system: String,
-    pub team: String,
-    /// The namespaces of `ProductOptions::extra_namespaces`, in order.
-    pub extra: Vec<String>,
-    pub fake: SimulatedGitHub,
+    pub world: World,
+    /// The stand-in runner package the simulated GitHub publishes.
     pub package: PackageInfo,
     pub operators: Vec<OperatorProcess>,
     pub agents: Vec<AgentProcess>,
@@ -129,107 +116,53 @@ pub struct Product {
     options: ProductOptions,
     /// Environment every operator and agent process gets (e.g. `OTEL_*`).
     env: Vec<(String, String)>,
-    logs: PathBuf,
-    scratch: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Product {
+    type Target = World;
+    fn deref(&self) -> &World {
+        &self.world
+    }
 }
 
 impl std::fmt::Debug for Product {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Product")
-            .field("test", &self.test)
-            .field("team", &self.team)
+            .field("world", &self.world)
             .finish_non_exhaustive()
     }
 }
 
-fn fail(what: &str, e: impl std::fmt::Display) -> String {
-    format!("{what}: {e}")
-}
-
-impl Product {
-    /// Start a world; `None` (with the reason printed) without `KUBECONFIG`.
-    pub async fn start(test: &str, options: ProductOptions) -> Result<Option<Self>, String> {
-        Self::start_with_env(test, options, &[]).await
-    }
-
-    /// Like [`start`](Self::start), with `env` in every operator's and agent's environment.
-    pub async fn start_with_env(
-        test: &str,
-        options: ProductOptions,
-        env: &[(&str, &str)],
-    ) -> Result<Option<Self>, String> {
-        let Some(kube) = client_or_skip(test).await.map_err(|e| fail("client", e))? else {
+impl WorldBuilder {
+    /// The whole product over this world: the stand-in runner package published, the App
+    /// Secret in every tenant namespace, the webhook Secret, `options.operators` operator
+    /// replicas (controllers, broker, webhook receiver) and one agent process per
+    /// `options.nodes`. `None` (with the reason printed) without `KUBECONFIG`.
+    pub async fn product(self, options: ProductOptions) -> Result<Option<Product>, String> {
+        let Some(world) = self
+            .package(Package::StandIn)
+            .app_secret()
+            .webhook_secret(WEBHOOK_SECRET)
+            .extra_namespaces(&options.extra_namespaces)
+            .build()
+            .await?
+        else {
             return Ok(None);
         };
-        install_crds(&kube).await.map_err(|e| fail("crds", e))?;
-        let system = fresh_namespace(&kube, "rm-sys")
-            .await
-            .map_err(|e| fail("ns", e))?;
-        let team = fresh_namespace(&kube, "rm-team")
-            .await
-            .map_err(|e| fail("ns", e))?;
-        let scratch = tempfile::tempdir().map_err(|e| fail("tempdir", e))?;
-        std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755))
-            .map_err(|e| fail("chmod", e))?;
-        let listener = binary("standin-runner-listener").map_err(|e| fail("binary", e))?;
-        let package_dir = scratch.path().join("package");
-        std::fs::create_dir_all(&package_dir).map_err(|e| fail("package dir", e))?;
-        let package =
-            build(&PackageSpec::small(listener), &package_dir).map_err(|e| fail("package", e))?;
-        let fake = SimulatedGitHub::start_with_package(Some(package.clone()))
-            .await
-            .map_err(|e| fail("fake github", e))?;
-        create_secret(
-            &kube,
-            &system,
-            "runner-manager-webhook",
-            &[("secret", WEBHOOK_SECRET)],
-        )
-        .await?;
-        let (private, _) = app_keys().map_err(|e| fail("keys", e))?;
-        let mut extra = Vec::new();
-        for prefix in &options.extra_namespaces {
-            extra.push(
-                fresh_namespace(&kube, prefix)
-                    .await
-                    .map_err(|e| fail("ns", e))?,
-            );
-        }
-        for ns in std::iter::once(&team).chain(&extra) {
-            create_secret(
-                &kube,
-                ns,
-                "github-app",
-                &[("appId", &APP_ID.to_string()), ("privateKey", private)],
-            )
-            .await?;
-        }
-        let logs = logs_dir(test);
-        let _ = std::fs::remove_dir_all(&logs);
-        eprintln!(
-            "{test}: team namespace {team}, system namespace {system}, logs in {}",
-            logs.display()
-        );
-        let mut this = Self {
-            test: test.to_owned(),
-            kube,
-            system,
-            team,
-            extra,
-            fake,
+        let package = world
+            .package
+            .clone()
+            .ok_or_else(|| "the world publishes no package".to_owned())?;
+        let mut this = Product {
+            world,
             package,
             operators: Vec::new(),
             agents: Vec::new(),
             broker_service: ServiceProxy::start()
                 .await
                 .map_err(|e| fail("broker service", e))?,
+            env: options.env.clone(),
             options: options.clone(),
-            env: env
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            logs,
-            scratch,
         };
         for i in 0..options.operators {
             let op = this.start_operator(&format!("operator-{i}")).await?;
@@ -239,78 +172,45 @@ impl Product {
         // Webhooks go to one replica (a failover test points them at the standby); with none,
         // the caller starts its operator later (a bench that fills the API server first).
         if let Some(last) = options.operators.checked_sub(1) {
-            let url = format!(
-                "http://{}/webhook",
-                this.operators[options.webhooks_to.min(last)].webhook
-            );
-            this.fake
-                .admin(
-                    "POST",
-                    "webhooks",
-                    json!({"url": url, "secret": WEBHOOK_SECRET}),
-                )
-                .await
-                .map_err(|e| fail("webhook", e))?;
+            this.hook_to(options.webhooks_to.min(last)).await?;
         }
         for node in &options.nodes {
-            let agent = this.create_agent(node).await?;
-            this.agents.push(agent);
+            let on = this
+                .world
+                .add_node(&node.prefix, node.labels.clone())
+                .await?;
+            this.agents.push(AgentProcess {
+                on,
+                capacity: node.capacity,
+                process: None,
+            });
         }
         for i in 0..this.agents.len() {
             this.start_agent(i)?;
         }
         Ok(Some(this))
     }
+}
 
+impl Product {
     fn operator_command(&self, identity: &str) -> Result<std::process::Command, String> {
-        let mut cmd = std::process::Command::new(
-            binary("runner-manager-operator").map_err(|e| fail("binary", e))?,
-        );
-        let watched = std::iter::once(&self.team)
-            .chain(&self.extra)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join(",");
-        cmd.args([
-            "--namespace",
-            &self.system,
-            "--broker-addr",
-            "127.0.0.1:0",
-            "--webhook-addr",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--github-api-url",
-            self.fake.base_url(),
-            "--identity",
-            identity,
-            // The test cluster is shared by every test: this world's operators reconcile only its
-            // team namespace.
-            "--watch-namespace",
-            &watched,
-            "--log-format",
-            "json",
-        ]);
         // Scenario pace unless the world says otherwise: observe GitHub and resync every second.
         // The leader Lease keeps its default duration: a loaded 2-core machine can delay a
         // renewal by seconds, and a leader that misses one stops at once (there is no
         // Deployment here to restart it).
-        for (k, v) in [
+        let mut flags = vec![
+            ("--identity", identity),
             ("--observe-interval", "1s"),
             ("--resync-interval", "1s"),
             ("--replacement-backoff", "1s"),
-        ] {
-            if !self.options.operator_flags.iter().any(|(f, _)| f == k) {
-                cmd.args([k, v]);
-            }
-        }
-        for (k, v) in &self.options.operator_flags {
-            let mut v = v.replace("{team}", &self.team);
-            for (i, ns) in self.extra.iter().enumerate() {
-                v = v.replace(&format!("{{extra{i}}}"), ns);
-            }
-            cmd.args([k, &v]);
-        }
+        ];
+        flags.extend(
+            self.options
+                .operator_flags
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        );
+        let mut cmd = self.world.operator_command(&flags)?;
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
@@ -336,65 +236,24 @@ impl Product {
         })
     }
 
-    async fn create_agent(&self, node: &NodeOptions) -> Result<AgentProcess, String> {
-        let name = unique_node_name(&node.prefix);
-        let dir = self.scratch.path().join(&name);
-        let sim = SimNode::create(&self.kube, &self.system, &name, node.labels.clone(), &dir)
-            .await
-            .map_err(|e| fail("node", e))?;
-        let host = dir.join("host");
-        std::fs::create_dir_all(&host).map_err(|e| fail("host root", e))?;
-        std::fs::set_permissions(&host, std::fs::Permissions::from_mode(0o755))
-            .map_err(|e| fail("chmod", e))?;
-        Ok(AgentProcess {
-            node: sim,
-            capacity: node.capacity,
-            host,
-            cgroup_parent: format!(
-                "runner-manager-e2e-{}.slice",
-                &uuid::Uuid::new_v4().simple().to_string()[..12]
-            ),
-            process: None,
-        })
-    }
-
     /// (Re)start agent `i` with `env` (e.g. `RM_AGENT_FAULT`). The broker is the first live
     /// operator replica's.
     pub fn start_agent_with(&mut self, i: usize, env: &[(&str, &str)]) -> Result<(), String> {
         let broker = format!("https://{}", self.broker_service.addr);
         let a = &self.agents[i];
-        let mut cmd = std::process::Command::new(
-            binary("runner-manager-node-agent").map_err(|e| fail("binary", e))?,
-        );
-        let capacity = a.capacity.to_string();
-        cmd.args([
-            "--node-name",
-            &a.node.name,
-            "--host-root",
-            &a.host.display().to_string(),
-            "--slots-root",
-            &a.host.join("slots").display().to_string(),
-            "--capacity",
-            &capacity,
-            "--launcher",
-            "direct",
-            "--cgroup-parent",
-            &a.cgroup_parent,
-            "--broker-url",
+        let mut cmd = self.world.agent_command(
+            World::agent_binary()?,
+            &a.on,
+            a.capacity,
             &broker,
-            "--system-namespace",
-            &self.system,
-            "--broker-token-file",
-            &a.node.token_file.display().to_string(),
-            "--heartbeat-seconds",
-            "1",
-            "--supervision-millis",
-            "200",
-            // /metrics, /healthz and /readyz on a port of the system's choosing (logged as
-            // `health`, see `telemetry::agent_health`).
-            "--health-addr",
-            "127.0.0.1:0",
-        ]);
+            &[
+                ("--heartbeat-seconds", "1"),
+                ("--supervision-millis", "200"),
+                // /metrics, /healthz and /readyz on a port of the system's choosing (logged as
+                // `health`, see `telemetry::agent_health`).
+                ("--health-addr", "127.0.0.1:0"),
+            ],
+        );
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
@@ -484,47 +343,6 @@ impl Product {
         self.update_broker_service();
     }
 
-    /// Create a ScalePolicy `name` in the team namespace with `spec` merged over the world's
-    /// defaults (repository `acme/web`, the App Secret, labels `self-hosted, linux`).
-    pub async fn policy(&self, name: &str, spec: Value) -> Result<ScalePolicy, String> {
-        self.policy_in(&self.team, name, spec).await
-    }
-
-    /// Like [`policy`](Self::policy), in namespace `namespace` (the team's or an extra one).
-    pub async fn policy_in(
-        &self,
-        namespace: &str,
-        name: &str,
-        spec: Value,
-    ) -> Result<ScalePolicy, String> {
-        let mut base = json!({
-            "github": {"url": "https://github.com/acme/web", "credentialsSecretRef": {"name": "github-app"}},
-            "labels": ["self-hosted", "linux"],
-            "maxRunners": 4,
-            "runner": {"version": "latest"},
-            "timeouts": {"registration": "60s", "idle": "10m"},
-            "scaling": {"webhook": true, "pollInterval": "10s"}
-        });
-        merge(&mut base, spec);
-        let policy: ScalePolicy = serde_json::from_value(json!({
-            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "ScalePolicy",
-            "metadata": {"name": name}, "spec": base
-        }))
-        .map_err(|e| fail("policy", e))?;
-        Api::<ScalePolicy>::namespaced(self.kube.clone(), namespace)
-            .create(&PostParams::default(), &policy)
-            .await
-            .map_err(|e| fail("create policy", e))
-    }
-
-    pub fn attempts(&self) -> Api<RunnerAttempt> {
-        Api::namespaced(self.kube.clone(), &self.team)
-    }
-
-    pub fn policies(&self) -> Api<ScalePolicy> {
-        Api::namespaced(self.kube.clone(), &self.team)
-    }
-
     /// Queue a job on `acme/web` with `labels` and a stand-in `behaviour`; returns its id.
     pub async fn queue_job(&self, labels: &[&str], behaviour: Value) -> Result<u64, String> {
         let v = self
@@ -560,7 +378,7 @@ impl Product {
             Some(())
         })
         .await
-        .map_err(|e| format!("{e}; logs in {}", self.logs.display()))
+        .map_err(|e| format!("{e}; logs in {}", self.logs().display()))
     }
 
     /// The GitHub REST calls the operator made so far (every endpoint but the runner protocol and
@@ -598,14 +416,12 @@ impl Product {
             .unwrap_or_default()
     }
 
-    /// The directory this world's process logs go to.
-    pub fn logs(&self) -> &Path {
-        &self.logs
-    }
-
     fn keep_log(&self, name: &str, p: &Running) {
-        let _ = std::fs::create_dir_all(&self.logs);
-        let _ = std::fs::write(self.logs.join(format!("{name}.log")), p.lines().join("\n"));
+        let _ = std::fs::create_dir_all(self.logs());
+        let _ = std::fs::write(
+            self.logs().join(format!("{name}.log")),
+            p.lines().join("\n"),
+        );
     }
 
     /// Every line every running process has written so far (for "no JIT in any log").
@@ -648,72 +464,6 @@ impl Drop for Product {
         for a in &self.agents {
             kill_cgroup_tree(&a.cgroup_dir());
         }
-    }
-}
-
-/// Kill every process in every cgroup under `dir` and remove the cgroups.
-fn kill_cgroup_tree(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-            let _ = std::fs::write(e.path().join("cgroup.kill"), "1");
-            // The kill is asynchronous: give the kernel a bounded moment to empty the group.
-            for _ in 0..50 {
-                if std::fs::remove_dir(e.path()).is_ok() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    }
-    let _ = std::fs::remove_dir(dir);
-}
-
-/// `target/e2e-logs/<test>`.
-fn logs_dir(test: &str) -> PathBuf {
-    let target = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.to_path_buf()))
-        .unwrap_or_else(std::env::temp_dir);
-    target.join("e2e-logs").join(test)
-}
-
-async fn create_secret(
-    kube: &Client,
-    ns: &str,
-    name: &str,
-    data: &[(&str, &str)],
-) -> Result<(), String> {
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        data: Some(
-            data.iter()
-                .map(|(k, v)| ((*k).to_owned(), ByteString(v.as_bytes().to_vec())))
-                .collect(),
-        ),
-        ..Secret::default()
-    };
-    Api::<Secret>::namespaced(kube.clone(), ns)
-        .create(&PostParams::default(), &secret)
-        .await
-        .map(|_| ())
-        .map_err(|e| fail("secret", e))
-}
-
-/// JSON merge of `over` into `base` (objects merged key by key, everything else replaced).
-fn merge(base: &mut Value, over: Value) {
-    match (base, over) {
-        (Value::Object(b), Value::Object(o)) => {
-            for (k, v) in o {
-                merge(b.entry(k).or_insert(Value::Null), v);
-            }
-        }
-        (b, o) => *b = o,
     }
 }
 
