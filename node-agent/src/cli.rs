@@ -112,6 +112,17 @@ pub struct Cli {
     /// (the rest wait their turn, first come first served).
     #[arg(long, env = "RM_PREPARATION_PERMITS", default_value_t = crate::agent::preparation::DEFAULT_PREPARATION_PERMITS, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub preparation_permits: u32,
+    /// Run OCI attempts as runner pods on this node (DESIGN §6 "OCI provider"). Without it the
+    /// agent rejects them (`SnapshotUnusable`).
+    #[arg(long, env = "RM_OCI", default_value_t = false)]
+    pub oci: bool,
+    /// How long a runner pod may take to run its container (image pull included) before the
+    /// launch concludes `ImageUnavailable` (stuck pulling) or `ProcessStartFailed`.
+    #[arg(long, env = "RM_OCI_START_DEADLINE_SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub oci_start_deadline_seconds: u64,
+    /// How long the entry helper in a running runner pod may take to take its handoff.
+    #[arg(long, env = "RM_OCI_HANDOFF_DEADLINE_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub oci_handoff_deadline_seconds: u64,
     /// The most bytes one runner package archive may inflate to (all files together).
     #[arg(long, env = "RM_PACKAGE_MAX_BYTES", default_value_t = ExtractLimits::default().max_total_bytes, value_parser = clap::value_parser!(u64).range(1..))]
     pub package_max_bytes: u64,

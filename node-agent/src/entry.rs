@@ -153,7 +153,13 @@ pub fn helper_environment(listener: &BTreeMap<String, String>) -> Vec<(String, S
 /// What the helper is told. Paths and ids only.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EntryArgs {
+    /// The handoff file. In a runner pod ([`Self::await_handoff`]) the agent writes it after the
+    /// helper started, so the helper learns its name from the pointer the agent writes next to
+    /// it ([`crate::providers::oci::HANDOFF_POINTER`]).
     pub handoff: PathBuf,
+    /// Runner pod: wait this many seconds at most for the pointer to the handoff, and leave
+    /// [`crate::providers::oci::TAKEN_MARKER`] once it is taken.
+    pub await_handoff: Option<u64>,
     pub runtime: PathBuf,
     /// Direct launcher: the cgroup directory to join before anything else.
     pub cgroup: Option<PathBuf>,
@@ -183,13 +189,17 @@ impl EntryArgs {
             a.push("--gid".into());
             a.push(g.to_string().into());
         }
+        if let Some(s) = self.await_handoff {
+            a.push("--await-handoff".into());
+            a.push(s.to_string().into());
+        }
         a
     }
 
     /// Parses what [`to_args`](Self::to_args) wrote.
     pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Self, EntryFailure> {
-        let (mut handoff, mut runtime, mut cgroup, mut uid, mut gid) =
-            (None, None, None, None, None);
+        let (mut handoff, mut runtime, mut cgroup, mut uid, mut gid, mut await_handoff) =
+            (None, None, None, None, None, None);
         let mut it = args.into_iter();
         while let Some(flag) = it.next() {
             let value = it.next().ok_or(EntryFailure::Usage)?;
@@ -205,12 +215,21 @@ impl EntryArgs {
                 Some("--cgroup") => cgroup = Some(PathBuf::from(&value)),
                 Some("--uid") => uid = Some(id()?),
                 Some("--gid") => gid = Some(id()?),
+                Some("--await-handoff") => await_handoff = Some(u64::from(id()?)),
                 _ => return Err(EntryFailure::Usage),
             }
         }
+        let runtime: PathBuf = runtime.ok_or(EntryFailure::Usage)?;
+        let handoff = match (handoff, await_handoff) {
+            (Some(h), None) => h,
+            // Named by the pointer once the agent offers it.
+            (None, Some(_)) => runtime.join(crate::providers::oci::HANDOFF_POINTER),
+            _ => return Err(EntryFailure::Usage),
+        };
         Ok(Self {
-            handoff: handoff.ok_or(EntryFailure::Usage)?,
-            runtime: runtime.ok_or(EntryFailure::Usage)?,
+            handoff,
+            await_handoff,
+            runtime,
             cgroup,
             uid,
             gid,
@@ -278,6 +297,33 @@ fn join_cgroup(dir: &std::path::Path) -> Result<(), EntryFailure> {
     procs.write_all(b"0").map_err(|_| EntryFailure::JoinCgroup)
 }
 
+/// Runner pod: waits (at most `seconds`) for the agent's pointer to the handoff, removes the
+/// pointer and returns the handoff's path. Only a handoff name in the runtime itself is accepted:
+/// the pointer cannot send the helper anywhere else.
+fn await_offer(runtime: &std::path::Path, seconds: u64) -> Option<PathBuf> {
+    use crate::providers::oci::HANDOFF_POINTER;
+    let pointer = runtime.join(HANDOFF_POINTER);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    loop {
+        // Not there yet, or still the agent's (root's) until it hands it over: wait.
+        if let Ok(name) = std::fs::read_to_string(&pointer) {
+            let name = name.trim();
+            let _ = std::fs::remove_file(&pointer);
+            let plain = !name.contains('/') && handoff::is_handoff_name(name.as_ref());
+            return plain.then(|| runtime.join(name));
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Runner pod: tells the agent the handoff was taken (a file it reads on the host).
+fn mark_taken(runtime: &std::path::Path) -> std::io::Result<()> {
+    crate::durable::write_file(runtime, crate::providers::oci::TAKEN_MARKER, b"taken\n")
+}
+
 /// Runs the helper. Returns only on failure (success is an exec).
 pub fn run(args: &EntryArgs, status: &mut impl Write) -> EntryFailure {
     // Out of the agent's session and process group: a signal to the agent's group, or its
@@ -301,10 +347,20 @@ pub fn run(args: &EntryArgs, status: &mut impl Write) -> EntryFailure {
     let owner = args
         .uid
         .unwrap_or_else(|| rustix::process::geteuid().as_raw());
-    let jit = match handoff::take(&args.handoff, owner) {
+    let handoff_path = match args.await_handoff {
+        None => args.handoff.clone(),
+        Some(seconds) => match await_offer(&args.runtime, seconds) {
+            Some(path) => path,
+            None => return EntryFailure::Handoff,
+        },
+    };
+    let jit = match handoff::take(&handoff_path, owner) {
         Ok(jit) => jit,
         Err(_) => return EntryFailure::Handoff,
     };
+    if args.await_handoff.is_some() && mark_taken(&args.runtime).is_err() {
+        return EntryFailure::Handoff;
+    }
     let mut listener = Command::new(args.runtime.join(LISTENER));
     listener.arg("run").current_dir(&args.runtime);
     // The helper's own environment (the launcher's fixed one, or systemd's for the unit's user)
@@ -365,8 +421,19 @@ mod tests {
             cgroup: Some("/sys/fs/cgroup/runner-manager.slice/rm-0123456789ab".into()),
             uid: Some(1001),
             gid: Some(1001),
+            await_handoff: None,
         };
         assert_eq!(EntryArgs::parse(a.to_args()).unwrap(), a);
+        let pod =
+            EntryArgs::parse(["--await-handoff", "300", "--runtime", "/rt"].map(OsString::from))
+                .unwrap();
+        assert_eq!(pod.await_handoff, Some(300));
+        assert_eq!(pod.handoff, PathBuf::from("/rt/.jit-handoff"));
+        assert_eq!(
+            EntryArgs::parse(["--runtime", "/rt"].map(OsString::from)),
+            Err(EntryFailure::Usage),
+            "neither a handoff nor a wait for one"
+        );
         assert_eq!(
             EntryArgs::parse(vec!["--handoff".into()]),
             Err(EntryFailure::Usage)

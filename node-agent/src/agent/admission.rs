@@ -16,9 +16,11 @@ pub enum Admission {
     Reject(RejectReason),
 }
 
-/// Whether this agent can run a snapshot at all: native execution only (the OCI provider is not
-/// built yet), and a pinned package digest it can verify.
-pub fn usable(snapshot: &AttemptSnapshot) -> bool {
+/// Whether this agent can run a snapshot at all: a pinned package digest it can verify, a
+/// workspace mode it knows, and an execution mode it has a provider for: native always, OCI only
+/// with the OCI provider enabled (`--oci`) and an image pinned by digest. A native-only agent
+/// rejects an OCI attempt (`SnapshotUnusable`): it never runs it natively instead.
+pub fn usable(snapshot: &AttemptSnapshot, oci_enabled: bool) -> bool {
     let digest_ok = snapshot.runner.sha256.len() == 64
         && snapshot
             .runner
@@ -29,7 +31,18 @@ pub fn usable(snapshot: &AttemptSnapshot) -> bool {
         snapshot.workspace,
         WorkspaceMode::Ephemeral | WorkspaceMode::Persistent
     );
-    snapshot.execution.mode == ExecutionMode::Native && digest_ok && workspace_ok
+    let provider_ok = match snapshot.execution.mode {
+        ExecutionMode::Native => true,
+        ExecutionMode::Oci => {
+            oci_enabled
+                && snapshot
+                    .execution
+                    .image
+                    .as_deref()
+                    .is_some_and(crate::providers::oci::pod::pinned_by_digest)
+        }
+    };
+    provider_ok && digest_ok && workspace_ok
 }
 
 /// The pure decision: `held` attempts already count against `capacity`.
@@ -143,5 +156,33 @@ mod tests {
             decide(4, 4, true),
             Admission::Reject(RejectReason::NodeFull)
         );
+    }
+
+    fn snapshot(mode: &str, image: Option<&str>) -> AttemptSnapshot {
+        serde_json::from_value(serde_json::json!({
+            "policyUid": "p", "target": {"url": "https://github.com/o/r", "scope": "Repository"},
+            "labels": [], "runnerGroupId": 1, "workspace": "Ephemeral", "maxSlots": 1,
+            "execution": {"mode": mode, "image": image},
+            "runner": {"version": "2.330.0", "url": "https://example.invalid/r.tgz", "sha256": "0".repeat(64)},
+            "timeouts": {"registration": "5m", "idle": "5m", "jitHandoff": "2m"}
+        }))
+        .expect("a valid snapshot")
+    }
+
+    #[test]
+    fn an_oci_snapshot_is_usable_only_with_the_oci_provider_and_a_pinned_image() {
+        let pinned = format!("registry.local/runner@sha256:{}", "a".repeat(64));
+        assert!(usable(&snapshot("Native", None), false));
+        assert!(usable(&snapshot("Native", None), true));
+        assert!(
+            !usable(&snapshot("Oci", Some(&pinned)), false),
+            "a native-only agent never runs an OCI attempt natively"
+        );
+        assert!(usable(&snapshot("Oci", Some(&pinned)), true));
+        assert!(!usable(
+            &snapshot("Oci", Some("registry.local/runner:latest")),
+            true
+        ));
+        assert!(!usable(&snapshot("Oci", None), true));
     }
 }

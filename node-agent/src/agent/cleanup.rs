@@ -3,13 +3,19 @@
 //! launcher stops by cgroup or unit); the redacted diagnostics; the workspace (ephemeral
 //! removed whole, persistent scrubbed by the seven checks); the package lease and the account;
 //! then `Cleaned`. Each step is idempotent, so a crash anywhere is finished by the next pass.
+//!
+//! An OCI attempt is torn down first (DESIGN §3): `Destroying` is journalled, then every runner
+//! pod of the attempt's generation is deleted and proven gone (the journalled one, and one an
+//! interrupted preparation created before its identity was journalled); a pod that will not go
+//! journals `CleanupDeferred` and is tried again with backoff. Only then the workspace, and
+//! `Cleaned` from `Destroying`. Pods of another generation are not ours and are left alone.
 
 use kube::api::Api;
 use runner_manager_crds::attempt::{
     AttemptConditionType, AttemptJournal, AttemptReason, RunnerAttempt, Transition,
 };
 use runner_manager_crds::conditions::ConditionStatus;
-use runner_manager_crds::policy::WorkspaceMode;
+use runner_manager_crds::policy::{ExecutionMode, WorkspaceMode};
 use runner_manager_crds::state::AttemptState;
 
 use super::Agent;
@@ -48,6 +54,13 @@ pub async fn clean(
     let (uid, name, ns) = names(a)?;
     let journal = journal_of(a);
     let runtime = runtime_of(&journal);
+
+    // 0. (OCI) The pod goes first, under `Destroying`.
+    if a.spec.snapshot.execution.mode == ExecutionMode::Oci
+        && let Some(step) = destroy_pods(agent, api, a, &journal, &uid, &name, &ns).await?
+    {
+        return Ok(step);
+    }
 
     // 1. Nothing of the runner may outlive its cleanup.
     let recorded = journal.process().cloned().or_else(|| {
@@ -176,7 +189,12 @@ pub async fn clean(
     // 4. Leases, then `Cleaned`.
     agent.packages.release(&uid);
     let state = journal.state();
-    if state.is_concluded() {
+    let cleanable = match a.spec.snapshot.execution.mode {
+        ExecutionMode::Native => state.is_concluded(),
+        // An OCI attempt is cleaned only from `Destroying`: its pods are proven gone.
+        ExecutionMode::Oci => state == AttemptState::Destroying,
+    };
+    if cleanable {
         take(api, &name, state, Transition::Clean).await?;
     }
     if w_is_slot(&journal) {
@@ -211,4 +229,89 @@ fn w_is_slot(journal: &AttemptJournal) -> bool {
     journal
         .workspace()
         .is_some_and(|w| w.kind() == WorkspaceMode::Persistent)
+}
+
+/// (OCI) Concluded or deferred → `Destroying`; in `Destroying`, every pod of the attempt's
+/// generation deleted and proven gone, or `CleanupDeferred` (with its condition and event) and
+/// a retry with backoff. `None`: the pods are gone and cleanup goes on in `Destroying`.
+async fn destroy_pods(
+    agent: &Agent,
+    api: &Api<RunnerAttempt>,
+    a: &RunnerAttempt,
+    journal: &AttemptJournal,
+    uid: &str,
+    name: &str,
+    ns: &str,
+) -> Result<Option<Step>, StepError> {
+    let state = journal.state();
+    if state.is_concluded() || state == AttemptState::CleanupDeferred {
+        if state == AttemptState::CleanupDeferred
+            && !agent.cleanup_backoff().due(uid, std::time::Instant::now())
+        {
+            return Ok(Some(Step::Wait));
+        }
+        take(api, name, state, Transition::BeginDestroy).await?;
+        return Ok(Some(Step::Again));
+    }
+    if state != AttemptState::Destroying {
+        return Ok(None);
+    }
+    match super::runner::pods(agent).destroy(ns, name, uid).await {
+        Ok(found) => {
+            if found > 0 {
+                tracing::info!(namespace = %ns, attempt = %name, "runner pods destroyed: {found}");
+            }
+            agent.cleanup_backoff().succeeded(uid);
+            if conditions::holds(a, AttemptConditionType::CleanupDeferred) {
+                conditions::set(
+                    api,
+                    a,
+                    AttemptConditionType::CleanupDeferred,
+                    ConditionStatus::False,
+                    AttemptReason::Resolved,
+                    "the runner pod is gone".to_owned(),
+                )
+                .await?;
+                return Ok(Some(Step::Again));
+            }
+            Ok(None)
+        }
+        Err(e) => {
+            let retry = agent
+                .cleanup_backoff()
+                .failed(uid, std::time::Instant::now());
+            super::metrics::global().cleanup_deferred();
+            tracing::warn!(
+                namespace = %ns, attempt = %name, "cleanup deferred: the runner pod is not proven gone ({e}); next try in {}s",
+                retry.as_secs()
+            );
+            let newly = conditions::set(
+                api,
+                a,
+                AttemptConditionType::CleanupDeferred,
+                ConditionStatus::True,
+                AttemptReason::ProviderResourceRemains,
+                format!("the runner pod is not proven gone: {e}"),
+            )
+            .await?;
+            if newly {
+                events::warn(
+                    &agent.kube,
+                    &agent.node,
+                    a,
+                    EventReason::CleanupDeferred,
+                    format!("the runner pod is not proven gone: {e}"),
+                )
+                .await;
+            }
+            take(
+                api,
+                name,
+                AttemptState::Destroying,
+                Transition::DeferCleanup,
+            )
+            .await?;
+            Ok(Some(Step::Wait))
+        }
+    }
 }

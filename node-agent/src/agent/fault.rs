@@ -21,16 +21,19 @@ pub enum Boundary {
     AfterTerminationIntent,
     /// The workspace is removed; `Cleaned` is not journalled.
     MidCleanup,
+    /// (OCI) `Preparing` is journalled and the runner pod exists; `Prepared` is not journalled.
+    AfterPodCreated,
 }
 
 impl Boundary {
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::AfterAllocated,
         Self::AfterMaterialize,
         Self::AfterJitBeforeSpawn,
         Self::AfterSpawnBeforeStarting,
         Self::AfterTerminationIntent,
         Self::MidCleanup,
+        Self::AfterPodCreated,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -41,6 +44,7 @@ impl Boundary {
             Self::AfterSpawnBeforeStarting => "after-spawn-before-starting",
             Self::AfterTerminationIntent => "after-termination-intent",
             Self::MidCleanup => "mid-cleanup",
+            Self::AfterPodCreated => "after-pod-created",
         }
     }
 }

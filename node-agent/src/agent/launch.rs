@@ -3,6 +3,15 @@
 //! (`Allocated`, with the spec hash) → package materialized → runner.env and account prepared
 //! (`Prepared`) → one JIT request → handoff file → launcher start → `Starting` with the
 //! identity and the step timings. Only a start that never had a child is retried.
+//!
+//! OCI attempts (DESIGN §6 "OCI provider") take the same steps with the provider's pod between
+//! the account and the JIT: `Preparing` is journalled (CAS) before the pod is created, the pod's
+//! identity with `Prepared` once its container runs; the JIT then goes through the same handoff
+//! file to the entry helper in the pod. An attempt never falls back from one provider to the
+//! other.
+//!
+//! Every stage returns a [`LaunchFailure`] when the launch cannot go on; [`settle`] is the one
+//! place that turns it into the attempt's closed outcome, logs it and concludes.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -19,7 +28,7 @@ use runner_manager_crds::attempt::{
 use runner_manager_crds::broker::JitRequest;
 use runner_manager_crds::conditions::ConditionStatus;
 use runner_manager_crds::outcome::{FailureReason, Outcome};
-use runner_manager_crds::policy::WorkspaceMode;
+use runner_manager_crds::policy::{ExecutionMode, WorkspaceMode};
 use runner_manager_crds::state::{Actor, AttemptState};
 
 use super::Agent;
@@ -38,6 +47,10 @@ use crate::packages::{PackageRef, RuntimeKind};
 use crate::process::environment::{EnvironmentLayers, layered_environment};
 use crate::providers::LaunchSpec;
 use crate::providers::cgroup::CgroupLimits;
+use crate::providers::oci::pod::PodInputs;
+use crate::providers::oci::{PodFailure, PodRef, PrepareRequest, PreparedPod};
+use crate::providers::provider::NativeFailure;
+use crate::providers::{NativeProvider, RunnerProvider};
 use crate::workspace::ephemeral::{create_ephemeral_runtime, ephemeral_runtime_path};
 use crate::workspace::prepare::prepare_slot;
 use crate::workspace::slot_path::derive_slot_path;
@@ -49,6 +62,117 @@ const START_TRIES: u32 = 3;
 /// spawn refused for want of a resource (a process or descriptor limit, a busy cgroup) gets a
 /// moment, and three tries stay well inside the JIT's life.
 const START_RETRY_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// How long the entry helper in a runner pod waits for its handoff before it gives up (the pod
+/// then ends and the attempt concludes): the JIT request's own bound and then some.
+const POD_AWAIT_HANDOFF_SECONDS: u64 = 600;
+/// The `PATH` of a runner pod's listener: the image's, never the agent's.
+const POD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Why a launch stage ended the launch. Closed in kind; the text (never a secret, never a
+/// workflow's name) reaches the warn line. [`LaunchFailure::outcome`] is the one mapping to the
+/// attempt's outcome.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchFailure {
+    #[error("workspace unavailable: {0}")]
+    Workspace(String),
+    #[error("package not materialized: {0}")]
+    Package(String),
+    #[error("no free runner account")]
+    NoAccount,
+    #[error("runtime not prepared: {0:?}")]
+    Runtime(std::io::ErrorKind),
+    #[error("runner.env refused: {0}")]
+    Environment(String),
+    #[error("resources refused: {0}")]
+    Resources(String),
+    #[error(
+        "the JIT is lost (the broker's answer was not received whole, or it was issued before)"
+    )]
+    JitLost,
+    #[error("the broker refused the JIT request ({0})")]
+    JitRefused(u16),
+    #[error("the JIT request was not sent: {0}")]
+    JitNotSent(&'static str),
+    #[error("the runner did not start")]
+    NotStarted,
+    #[error("the runner pod: {0}")]
+    Pod(PodFailure),
+    #[error("the placeholder pod: {0}")]
+    Placeholder(super::placeholder::Refusal),
+}
+
+impl LaunchFailure {
+    /// The attempt's outcome for this failure.
+    pub fn outcome(&self) -> Outcome {
+        use FailureReason as F;
+        Outcome::Failed(match self {
+            Self::Workspace(_) | Self::NoAccount | Self::Runtime(_) | Self::Environment(_) => {
+                F::WorkspaceUnavailable
+            }
+            Self::Package(_) => F::RunnerPackageUnverified,
+            Self::Resources(_) | Self::NotStarted | Self::Placeholder(_) => F::ProcessStartFailed,
+            Self::JitLost => F::JitExpired,
+            Self::JitRefused(_) | Self::JitNotSent(_) => F::JitRequestFailed,
+            Self::Pod(p) => match p {
+                PodFailure::ImageUnavailable => F::ImageUnavailable,
+                PodFailure::NotOurs => F::OwnershipMismatch,
+                PodFailure::HandoffNotTaken => F::JitHandoffRejected,
+                PodFailure::Spec(_)
+                | PodFailure::Api(_)
+                | PodFailure::NotStarted(_)
+                | PodFailure::Ended(_)
+                | PodFailure::Pointer(_)
+                | PodFailure::StillThere => F::ProcessStartFailed,
+            },
+        })
+    }
+}
+
+/// How a launch stage stopped short of `Starting`.
+enum Halt {
+    /// The launch failed: conclude with the failure's outcome (with the timings of the steps it
+    /// ran once a JIT was asked for: a failed launch reports them as a started one does).
+    Failed(LaunchFailure, Option<LaunchTimings>),
+    /// The journal or the API server: the task retries the step.
+    Step(StepError),
+    /// Nothing to do: a CAS found the attempt moved on (another writer, a conclusion).
+    Quiet,
+}
+
+impl From<StepError> for Halt {
+    fn from(e: StepError) -> Self {
+        Self::Step(e)
+    }
+}
+
+impl From<LaunchFailure> for Halt {
+    fn from(f: LaunchFailure) -> Self {
+        Self::Failed(f, None)
+    }
+}
+
+/// The one place a launch failure becomes the attempt's outcome: said at warn, then concluded
+/// (with the step timings, once a JIT was asked for).
+async fn settle(
+    api: &Api<RunnerAttempt>,
+    ns: &str,
+    name: &str,
+    staged: Result<(), Halt>,
+) -> Result<(), StepError> {
+    match staged {
+        Ok(()) | Err(Halt::Quiet) => Ok(()),
+        Err(Halt::Step(e)) => Err(e),
+        Err(Halt::Failed(failure, timings)) => {
+            let outcome = failure.outcome();
+            tracing::warn!(namespace = %ns, attempt = %name, "{failure}");
+            match timings {
+                None => conclude(api, name, outcome).await.map(|_| ()),
+                Some(t) => conclude_launch(api, ns, name, outcome, &t).await,
+            }
+        }
+    }
+}
 
 /// The runner's environment from the snapshot (the agent passes only `PATH` through).
 pub fn environment(
@@ -109,7 +233,7 @@ async fn launch_steps(
 ) -> Result<(), StepError> {
     let (uid, name, ns) = names(a)?;
     let snapshot = &a.spec.snapshot;
-    let usable = admission::usable(snapshot)
+    let usable = admission::usable(snapshot, agent.oci.is_some())
         && environment(&snapshot.env, Path::new("/nonexistent-runtime")).is_ok();
     let decision = agent.book().admit(&uid, agent.capacity, usable);
     agent.advert_changed.notify_one();
@@ -134,12 +258,28 @@ async fn launch_steps(
         return Ok(());
     };
     fault::at(Boundary::AfterAllocated);
+    let staged = prepare_and_start(agent, api, a, &uid, &name, &ns, placement).await;
+    settle(api, &ns, &name, staged).await
+}
+
+/// `Allocated` → runtime, package, account → (`Preparing` → pod, OCI) → `Prepared` → JIT →
+/// start → `Starting`.
+async fn prepare_and_start(
+    agent: &Agent,
+    api: &Api<RunnerAttempt>,
+    a: &RunnerAttempt,
+    uid: &str,
+    name: &str,
+    ns: &str,
+    placement: WorkspacePlacement,
+) -> Result<(), Halt> {
+    let snapshot = &a.spec.snapshot;
     let runtime = PathBuf::from(placement.runtime_path());
     let uuid = uuid_of(a)?;
 
     // A preparation turn (`--preparation-permits`) until the runtime is prepared; given back
     // on every way out.
-    let turn = agent.preparation.turn(&ns, &name).await;
+    let turn = agent.preparation.turn(ns, name).await;
     // The runtime, then the package in it.
     let made = match placement.kind() {
         WorkspaceMode::Ephemeral => create_ephemeral_runtime(&agent.host_root, uuid)
@@ -147,30 +287,21 @@ async fn launch_steps(
             .map_err(|e| e.to_string()),
         WorkspaceMode::Persistent => prepare_slot(
             &agent.slots_root,
-            &ns,
+            ns,
             &snapshot.policy_uid,
             placement.slot_number().unwrap_or_default(),
         )
         .map(|_| ())
         .map_err(|e| e.to_string()),
     };
-    if let Err(why) = made {
-        tracing::warn!(namespace = %ns, attempt = %name, "workspace unavailable: {why}");
-        conclude(
-            api,
-            &name,
-            Outcome::Failed(FailureReason::WorkspaceUnavailable),
-        )
-        .await?;
-        return Ok(());
-    }
+    made.map_err(LaunchFailure::Workspace)?;
     // Waited for only while the attempt wants it (terminated or deleted: the wait stops, a
     // download another launch needs goes on).
-    let wanted = || super::preparation::still_wanted(api, &name, &uid);
+    let wanted = || super::preparation::still_wanted(api, name, uid);
     let materialized = agent
         .packages
         .materialize_while(
-            &uid,
+            uid,
             PackageRef {
                 sha256: &snapshot.runner.sha256,
                 url: &snapshot.runner.url,
@@ -190,22 +321,15 @@ async fn launch_steps(
             tracing::info!(namespace = %ns, attempt = %name, "launch stopped waiting for its package: the attempt was terminated or deleted");
             conclude(
                 api,
-                &name,
+                name,
                 Outcome::Failed(FailureReason::TerminationRequested),
             )
             .await?;
-            return Ok(());
+            return Err(Halt::Quiet);
         }
         Err(e) => {
-            tracing::warn!(namespace = %ns, attempt = %name, "package not materialized: {e}");
             package_refused(agent, api, a, &e).await?;
-            conclude(
-                api,
-                &name,
-                Outcome::Failed(FailureReason::RunnerPackageUnverified),
-            )
-            .await?;
-            return Ok(());
+            return Err(LaunchFailure::Package(e.to_string()).into());
         }
     };
     fault::at(Boundary::AfterMaterialize);
@@ -222,58 +346,110 @@ async fn launch_steps(
     let account = {
         let mut pool = agent.accounts();
         match placement.slot_number() {
-            Some(n) => pool.assign_for_slot(&uid, &format!("{}/s{n}", snapshot.policy_uid)),
-            None => pool.assign(&uid),
+            Some(n) => pool.assign_for_slot(uid, &format!("{}/s{n}", snapshot.policy_uid)),
+            None => pool.assign(uid),
         }
     };
-    let Ok(account) = account else {
-        tracing::warn!(namespace = %ns, attempt = %name, "no free runner account");
-        conclude(
-            api,
-            &name,
-            Outcome::Failed(FailureReason::WorkspaceUnavailable),
-        )
-        .await?;
-        return Ok(());
+    let account = account.map_err(|_| LaunchFailure::NoAccount)?;
+    tracing::info_span!("prepare")
+        .in_scope(|| own_runtime(&runtime, account))
+        .map_err(|e| LaunchFailure::Runtime(e.kind()))?;
+    let (prepared, pod) = match snapshot.execution.mode {
+        ExecutionMode::Native => {
+            drop(turn);
+            // The placeholder stands (and the kubelet admitted it) before the JIT is asked for;
+            // its wait is part of `prepare` and holds no preparation turn.
+            super::placeholder::before_start(agent, a)
+                .instrument(tracing::info_span!("placeholder"))
+                .await
+                .map_err(LaunchFailure::Placeholder)?;
+            timings.prepare_ms = millis(prepared_at);
+            let prepared = take_written(
+                api,
+                name,
+                AttemptState::Allocated,
+                Transition::MarkPrepared { environment: None },
+            )
+            .await?
+            .ok_or(Halt::Quiet)?;
+            (prepared, None)
+        }
+        ExecutionMode::Oci => {
+            drop(turn);
+            let (prepared, pod) = prepare_pod(agent, api, a, name, &runtime, account).await?;
+            timings.prepare_ms = millis(prepared_at);
+            (prepared, Some(pod))
+        }
     };
-    if let Err(e) = tracing::info_span!("prepare").in_scope(|| own_runtime(&runtime, account)) {
-        tracing::warn!(namespace = %ns, attempt = %name, "runtime not prepared: {:?}", e.kind());
-        conclude(
-            api,
-            &name,
-            Outcome::Failed(FailureReason::WorkspaceUnavailable),
-        )
-        .await?;
-        return Ok(());
-    }
-    drop(turn);
-    // The placeholder stands (and the kubelet admitted it) before the JIT is asked for; its
-    // wait is part of `prepare` and holds no preparation turn.
-    let placed = super::placeholder::before_start(agent, a)
-        .instrument(tracing::info_span!("placeholder"))
-        .await;
-    if let Err(r) = placed {
-        tracing::warn!(namespace = %ns, attempt = %name, "runner not started: {r}");
-        conclude(
-            api,
-            &name,
-            Outcome::Failed(FailureReason::ProcessStartFailed),
-        )
-        .await?;
-        return Ok(());
-    }
-    timings.prepare_ms = millis(prepared_at);
-    let Some(prepared) = take_written(
+    request_and_start(
+        agent, api, &prepared, name, ns, runtime, account, timings, pod,
+    )
+    .await
+}
+
+/// (OCI) `Allocated → Preparing` (CAS, before the pod exists), the pod created and running its
+/// entry helper, then `Preparing → Prepared` with the pod's identity.
+async fn prepare_pod(
+    agent: &Agent,
+    api: &Api<RunnerAttempt>,
+    a: &RunnerAttempt,
+    name: &str,
+    runtime: &Path,
+    account: RunnerAccount,
+) -> Result<(RunnerAttempt, PodRef), Halt> {
+    let oci = agent
+        .oci
+        .as_ref()
+        .ok_or(Halt::Failed(LaunchFailure::NotStarted, None))?;
+    take_written(api, name, AttemptState::Allocated, Transition::BeginPrepare)
+        .await?
+        .ok_or(Halt::Quiet)?;
+    let env = pod_environment(&a.spec.snapshot.env, runtime)
+        .map_err(|e| LaunchFailure::Environment(e.to_string()))?;
+    let host_runtime = runtime.display().to_string();
+    let request = PrepareRequest {
+        attempt: a,
+        inputs: PodInputs {
+            node: &agent.node,
+            host_runtime: &host_runtime,
+            account,
+            environment: &env,
+            await_handoff_seconds: POD_AWAIT_HANDOFF_SECONDS,
+        },
+        runtime,
+    };
+    let prepared = oci
+        .prepare(request)
+        .instrument(tracing::info_span!("pod"))
+        .await
+        .map_err(LaunchFailure::Pod)?;
+    fault::at(Boundary::AfterPodCreated);
+    let written = take_written(
         api,
-        &name,
-        AttemptState::Allocated,
-        Transition::MarkPrepared { environment: None },
+        name,
+        AttemptState::Preparing,
+        Transition::MarkPrepared {
+            environment: Some(prepared.pod.identity.clone()),
+        },
     )
     .await?
-    else {
-        return Ok(());
-    };
-    request_and_start(agent, api, &prepared, &name, &ns, runtime, account, timings).await
+    .ok_or(Halt::Quiet)?;
+    Ok((written, prepared.pod))
+}
+
+/// A runner pod's listener environment: as native, with the image's `PATH`.
+fn pod_environment(
+    snapshot_env: &BTreeMap<String, String>,
+    runtime: &Path,
+) -> Result<BTreeMap<String, String>, crate::process::environment::EnvironmentRefusal> {
+    layered_environment(
+        &EnvironmentLayers {
+            inherited: BTreeMap::from([("PATH".to_owned(), POD_PATH.to_owned())]),
+            caches: BTreeMap::new(),
+            runner_env: snapshot_env.clone(),
+        },
+        runtime,
+    )
 }
 
 /// A refused archive (unsafe, or past an extraction cap) is said in the `PackageRefused`
@@ -414,7 +590,7 @@ fn millis(since: Instant) -> u64 {
 }
 
 /// A `Prepared` attempt found at start (recovery's `RequestJit`): its runtime and account are
-/// on disk, so it goes on from the one JIT request.
+/// on disk (and, OCI, its pod is journalled), so it goes on from the one JIT request.
 pub async fn resume_prepared(
     agent: &Agent,
     api: &Api<RunnerAttempt>,
@@ -444,7 +620,11 @@ pub async fn resume_prepared(
             .map(|m| std::os::unix::fs::MetadataExt::gid(&m))
             .unwrap_or_default(),
     };
-    request_and_start(
+    let pod = journal.environment().map(|identity| PodRef {
+        namespace: ns.clone(),
+        identity: identity.clone(),
+    });
+    let staged = request_and_start(
         agent,
         api,
         a,
@@ -453,9 +633,11 @@ pub async fn resume_prepared(
         runtime,
         account,
         LaunchTimings::default(),
+        pod,
     )
     .instrument(span)
-    .await
+    .await;
+    settle(api, &ns, &name, staged).await
 }
 
 /// Concludes a launch that failed after its JIT request, with the timings of the steps it ran
@@ -494,7 +676,8 @@ async fn conclude_launch(
 }
 
 /// `Prepared` (`current`: the attempt as written or watched in that state) → one JIT request →
-/// handoff → start → `Starting`.
+/// handoff → start (the launcher's process, or the handoff taken by the pod's helper) →
+/// `Starting`.
 #[allow(clippy::too_many_arguments)]
 async fn request_and_start(
     agent: &Agent,
@@ -505,38 +688,18 @@ async fn request_and_start(
     runtime: PathBuf,
     account: RunnerAccount,
     mut timings: LaunchTimings,
-) -> Result<(), StepError> {
+    pod: Option<PodRef>,
+) -> Result<(), Halt> {
     if state_of(current) != AttemptState::Prepared {
         return Ok(());
     }
     let snapshot = current.spec.snapshot.clone();
     let uuid = uuid_of(current)?;
-    let env = match environment(&snapshot.env, &runtime) {
-        Ok(env) => env,
-        Err(e) => {
-            tracing::warn!(namespace = %ns, attempt = %name, "runner.env refused: {e}");
-            conclude(
-                api,
-                name,
-                Outcome::Failed(FailureReason::WorkspaceUnavailable),
-            )
-            .await?;
-            return Ok(());
-        }
-    };
-    let limits = match CgroupLimits::from_resources(snapshot.execution.resources.as_ref()) {
-        Ok(l) => l.with_defaults(agent.runner_defaults),
-        Err(e) => {
-            tracing::warn!(namespace = %ns, attempt = %name, "resources refused: {e}");
-            conclude(
-                api,
-                name,
-                Outcome::Failed(FailureReason::ProcessStartFailed),
-            )
-            .await?;
-            return Ok(());
-        }
-    };
+    let env = environment(&snapshot.env, &runtime)
+        .map_err(|e| LaunchFailure::Environment(e.to_string()))?;
+    let limits = CgroupLimits::from_resources(snapshot.execution.resources.as_ref())
+        .map(|l| l.with_defaults(agent.runner_defaults))
+        .map_err(|e| LaunchFailure::Resources(e.to_string()))?;
     let request = JitRequest {
         attempt_uid: current.metadata.uid.clone().unwrap_or_default(),
         spec_hash: journal_of(current)
@@ -552,108 +715,114 @@ async fn request_and_start(
         .instrument(tracing::info_span!("register"))
         .await;
     timings.register_ms = millis(asked);
+    let failed = |f: LaunchFailure, t: &LaunchTimings| Halt::Failed(f, Some(t.clone()));
     let jit = match answer {
         JitAnswer::Issued(r) => r,
         JitAnswer::AlreadyIssued | JitAnswer::Lost => {
-            tracing::warn!(
-                namespace = %ns, attempt = %name, "the JIT is lost (the broker's answer was not received whole, or it was issued before)"
-            );
-            conclude_launch(
-                api,
-                ns,
-                name,
-                Outcome::Failed(FailureReason::JitExpired),
-                &timings,
-            )
-            .await?;
-            return Ok(());
+            return Err(failed(LaunchFailure::JitLost, &timings));
         }
-        JitAnswer::Refused(code) => {
-            tracing::warn!(namespace = %ns, attempt = %name, "the broker refused the JIT request ({code})");
-            conclude_launch(
-                api,
-                ns,
-                name,
-                Outcome::Failed(FailureReason::JitRequestFailed),
-                &timings,
-            )
-            .await?;
-            return Ok(());
-        }
-        JitAnswer::NotSent(why) => {
-            tracing::warn!(namespace = %ns, attempt = %name, "the JIT request was not sent: {why}");
-            conclude_launch(
-                api,
-                ns,
-                name,
-                Outcome::Failed(FailureReason::JitRequestFailed),
-                &timings,
-            )
-            .await?;
-            return Ok(());
-        }
+        JitAnswer::Refused(code) => return Err(failed(LaunchFailure::JitRefused(code), &timings)),
+        JitAnswer::NotSent(why) => return Err(failed(LaunchFailure::JitNotSent(why), &timings)),
     };
     fault::at(Boundary::AfterJitBeforeSpawn);
 
-    let spec = LaunchSpec {
-        attempt: uuid,
-        runtime: &runtime,
-        account,
-        environment: env,
-        limits,
-    };
     let spawned = Instant::now();
-    let mut identity = None;
-    for tried in 0..START_TRIES {
-        if tried > 0 {
-            tokio::time::sleep(START_RETRY_WAIT * 2u32.pow(tried - 1)).await;
+    let identity = match pod {
+        Some(pod) => {
+            // One try: once offered, the helper may have taken the JIT.
+            let handoff = RestrictiveHandoff::create(&runtime, account, &jit.encoded_jit_config);
+            drop(jit);
+            let started = match handoff {
+                Ok(handoff) => {
+                    let prepared = PreparedPod {
+                        pod,
+                        runtime: &runtime,
+                        account,
+                    };
+                    match agent.oci.as_ref() {
+                        Some(oci) => oci
+                            .start(&prepared, handoff)
+                            .instrument(tracing::info_span!("spawn"))
+                            .await
+                            .map_err(LaunchFailure::Pod),
+                        None => Err(LaunchFailure::NotStarted),
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(namespace = %ns, attempt = %name, "handoff refused: {e}");
+                    Err(LaunchFailure::NotStarted)
+                }
+            };
+            timings.spawn_ms = millis(spawned);
+            let pod = started.map_err(|f| failed(f, &timings))?;
+            StartedIdentity::Environment(pod.identity)
         }
-        let handoff = match RestrictiveHandoff::create(&runtime, account, &jit.encoded_jit_config) {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::warn!(namespace = %ns, attempt = %name, "handoff refused: {e}");
-                break;
+        None => {
+            let spec = LaunchSpec {
+                attempt: uuid,
+                runtime: &runtime,
+                account,
+                environment: env,
+                limits,
+            };
+            let native = NativeProvider(agent.launcher.as_ref());
+            let prepared = native
+                .prepare(spec)
+                .await
+                .map_err(|_| LaunchFailure::NotStarted)?;
+            let mut identity = None;
+            for tried in 0..START_TRIES {
+                if tried > 0 {
+                    tokio::time::sleep(START_RETRY_WAIT * 2u32.pow(tried - 1)).await;
+                }
+                let handoff = match RestrictiveHandoff::create(
+                    &runtime,
+                    account,
+                    &jit.encoded_jit_config,
+                ) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        tracing::warn!(namespace = %ns, attempt = %name, "handoff refused: {e}");
+                        break;
+                    }
+                };
+                let started = native
+                    .start(&prepared, handoff)
+                    .instrument(tracing::info_span!("spawn"))
+                    .await;
+                match started {
+                    Ok(id) => {
+                        identity = Some(id);
+                        break;
+                    }
+                    Err(NativeFailure::Start(e)) if e.retryable() => {
+                        tracing::warn!(namespace = %ns, attempt = %name, "start failed before a child existed ({e}); retrying");
+                    }
+                    Err(NativeFailure::Start(e)) => {
+                        tracing::warn!(
+                            namespace = %ns, attempt = %name, "start failed after a child existed ({e}); never retried"
+                        );
+                        // A child that could not be proven dead is journalled so supervision
+                        // proves it.
+                        identity = e.live;
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(namespace = %ns, attempt = %name, "start failed ({e}); never retried");
+                        break;
+                    }
+                }
             }
-        };
-        let started = tracing::info_span!("spawn")
-            .in_scope(|| tokio::task::block_in_place(|| agent.launcher.start(&spec, handoff)));
-        match started {
-            Ok(id) => {
-                identity = Some(id);
-                break;
-            }
-            Err(e) if e.retryable() => {
-                tracing::warn!(namespace = %ns, attempt = %name, "start failed before a child existed ({e}); retrying");
-            }
-            Err(e) => {
-                tracing::warn!(
-                    namespace = %ns, attempt = %name, "start failed after a child existed ({e}); never retried"
-                );
-                // A child that could not be proven dead is journalled so supervision proves it.
-                identity = e.live;
-                break;
-            }
+            // The JIT leaves memory here, whatever happened.
+            drop(jit);
+            timings.spawn_ms = millis(spawned);
+            StartedIdentity::Process(
+                identity.ok_or_else(|| failed(LaunchFailure::NotStarted, &timings))?,
+            )
         }
-    }
-    // The JIT leaves memory here, whatever happened.
-    drop(jit);
-    let Some(identity) = identity else {
-        timings.spawn_ms = millis(spawned);
-        conclude_launch(
-            api,
-            ns,
-            name,
-            Outcome::Failed(FailureReason::ProcessStartFailed),
-            &timings,
-        )
-        .await?;
-        return Ok(());
     };
-    timings.spawn_ms = millis(spawned);
     fault::at(Boundary::AfterSpawnBeforeStarting);
-    let start = Transition::Start {
-        identity: StartedIdentity::Process(identity),
-    };
+    let start = Transition::Start { identity };
     journal::advance_with_launch(api, name, Actor::Agent, &timings, |cur| {
         if state_of(cur) == AttemptState::JitReceived {
             Decision::Take(start.clone())
@@ -662,7 +831,8 @@ async fn request_and_start(
         }
     })
     .instrument(tracing::info_span!("journal_started"))
-    .await?;
+    .await
+    .map_err(|e| Halt::Step(e.into()))?;
     super::metrics::global().launch_started(&timings);
     if is_slow(&timings) {
         tracing::warn!(

@@ -20,6 +20,8 @@ pub mod fault;
 pub mod fence;
 pub mod gate;
 pub mod health;
+#[cfg(test)]
+mod imports;
 pub mod labels;
 pub mod launch;
 pub mod lease;

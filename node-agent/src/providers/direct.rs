@@ -219,6 +219,7 @@ impl RunnerLauncher for DirectLauncher {
             cgroup: Some(cgroup_dir.clone()),
             uid: Some(spec.account.uid),
             gid: Some(spec.account.gid),
+            await_handoff: None,
         };
         // The helper runs as root until its final exec: its own environment is fixed, and the
         // listener's (the policy's `runner.env` among it) travels encoded, applied only at that

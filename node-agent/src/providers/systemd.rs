@@ -163,6 +163,7 @@ pub fn unit_properties(
         cgroup: None,
         uid: None,
         gid: None,
+        await_handoff: None,
     };
     let mut command = vec![entry_helper.as_os_str().to_owned()];
     command.extend(args.to_args());

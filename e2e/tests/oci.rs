@@ -1,0 +1,422 @@
+//! The OCI provider (DESIGN §6 "OCI provider") on the real control plane: the node agent as a
+//! process with `--oci`, the simulated GitHub, the operator's broker and the stand-in runner
+//! package. The development control plane has no kubelet, so runner pods stay `Pending` unless
+//! a test plays the kubelet's part: [`KubeletDouble`] writes the pod statuses a kubelet would
+//! (image pull back-off, running, terminated) and runs the pod's command, the real entry helper,
+//! as the pod's user with the pod's environment and its runtime directory, as the container
+//! would see them (the pod mounts the host's runtime at the same path). Runs as root with the
+//! runner accounts of `e2e/setup-runner-accounts.sh`. Skipped without KUBECONFIG.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::process::CommandExt;
+
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use runner_manager_crds::attempt::{ExecutionSnapshot, RunnerAttempt};
+use runner_manager_crds::outcome::{FailureReason, Outcome, RejectReason};
+use runner_manager_crds::policy::ExecutionMode;
+use runner_manager_crds::state::AttemptState;
+use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
+use runner_manager_e2e::harness::process::binary;
+use runner_manager_e2e::harness::wait;
+use secrecy::ExposeSecret;
+use serde_json::json;
+
+/// An image pinned by digest. Nothing pulls it here: the kubelet double decides what happens.
+const IMAGE: &str = "runner-manager.local/runner@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+fn name(a: &RunnerAttempt) -> String {
+    a.metadata.name.clone().unwrap()
+}
+
+fn outcome(a: &RunnerAttempt) -> Option<Outcome> {
+    a.status.as_ref().and_then(|s| s.journal.outcome())
+}
+
+fn oci(s: &mut runner_manager_crds::attempt::AttemptSnapshot) {
+    s.execution = ExecutionSnapshot {
+        mode: ExecutionMode::Oci,
+        image: Some(IMAGE.to_owned()),
+        resources: Some(runner_manager_crds::policy::RunnerResources {
+            cpu: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                "500m".into(),
+            )),
+            memory: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                "512Mi".into(),
+            )),
+        }),
+    };
+}
+
+/// The agent with the OCI provider and short deadlines.
+fn oci_agent(
+    w: &AgentWorld,
+    start_deadline: &str,
+) -> runner_manager_e2e::harness::process::Running {
+    w.agent(
+        4,
+        &[
+            ("RM_OCI", "true"),
+            ("RM_OCI_START_DEADLINE_SECONDS", start_deadline),
+            ("RM_OCI_HANDOFF_DEADLINE_SECONDS", "30"),
+        ],
+    )
+    .unwrap()
+}
+
+fn pods(w: &AgentWorld) -> Api<Pod> {
+    Api::namespaced(w.kube.clone(), &w.team)
+}
+
+/// The runner pods of an attempt (by the convention's labels).
+async fn runner_pods(w: &AgentWorld, attempt: &str) -> Vec<Pod> {
+    pods(w)
+        .list(&ListParams::default().labels(&format!(
+            "runner-manager.dev/attempt={attempt},runner-manager.dev/pod-role=runner"
+        )))
+        .await
+        .unwrap()
+        .items
+}
+
+async fn wait_pod(w: &AgentWorld, attempt: &str) -> Pod {
+    wait::until(STEP, "the runner pod", || async {
+        runner_pods(w, attempt).await.into_iter().next()
+    })
+    .await
+    .unwrap()
+}
+
+async fn wait_no_pod(w: &AgentWorld, attempt: &str) {
+    wait::until(STEP, "no runner pod left", || async {
+        runner_pods(w, attempt).await.is_empty().then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+/// Plays the kubelet's part for the runner pods of the development control plane.
+struct KubeletDouble<'a> {
+    w: &'a AgentWorld,
+}
+
+impl KubeletDouble<'_> {
+    async fn set_status(&self, pod: &Pod, status: serde_json::Value) {
+        pods(self.w)
+            .patch_status(
+                pod.metadata.name.as_deref().unwrap(),
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "status": status })),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn image_pull_back_off(&self, pod: &Pod) {
+        self.set_status(
+            pod,
+            json!({"phase": "Pending", "containerStatuses": [{
+                "name": "runner", "image": IMAGE, "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]}),
+        )
+        .await;
+    }
+
+    async fn running(&self, pod: &Pod) {
+        self.set_status(
+            pod,
+            json!({"phase": "Running", "containerStatuses": [{
+                "name": "runner", "image": IMAGE, "imageID": "", "ready": true, "restartCount": 0,
+                "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}),
+        )
+        .await;
+    }
+
+    async fn terminated(&self, pod: &Pod, phase: &str, reason: &str, code: i32) {
+        self.set_status(
+            pod,
+            json!({"phase": phase, "containerStatuses": [{
+                "name": "runner", "image": IMAGE, "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": code, "reason": reason,
+                  "startedAt": "2026-01-01T00:00:00Z", "finishedAt": "2026-01-01T00:00:01Z"}}}]}),
+        )
+        .await;
+    }
+
+    /// The container's process: the pod's command (the entry helper in the image), as the
+    /// pod's user and group, with exactly the pod's environment.
+    fn run_container(&self, pod: &Pod) -> std::process::Child {
+        let spec = pod.spec.as_ref().unwrap();
+        let sc = spec.security_context.as_ref().unwrap();
+        let c = &spec.containers[0];
+        let mut cmd = std::process::Command::new(binary("runner-manager-runner-entry").unwrap());
+        cmd.args(c.args.clone().unwrap())
+            .env_clear()
+            .envs(
+                c.env
+                    .clone()
+                    .unwrap()
+                    .into_iter()
+                    .map(|e| (e.name, e.value.unwrap_or_default())),
+            )
+            .current_dir("/")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .uid(u32::try_from(sc.run_as_user.unwrap()).unwrap())
+            .gid(u32::try_from(sc.run_as_group.unwrap()).unwrap());
+        cmd.spawn().unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_native_only_agent_rejects_an_oci_attempt_and_creates_no_pod() {
+    let Some(w) = AgentWorld::start("a_native_only_agent_rejects_an_oci_attempt")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let _agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt_with(oci).await.unwrap();
+    let n = name(&a);
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(
+        outcome(&done),
+        Some(Outcome::Rejected(RejectReason::SnapshotUnusable))
+    );
+    assert!(runner_pods(&w, &n).await.is_empty(), "a pod was created");
+    assert!(w.runtimes().is_empty(), "a runtime was made");
+    assert!(
+        w.registrations(&a).await.unwrap().is_empty(),
+        "a JIT was minted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_pod_stuck_pulling_its_image_concludes_image_unavailable_and_is_destroyed() {
+    let Some(w) = AgentWorld::start("a_runner_pod_stuck_pulling_its_image")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let _agent = oci_agent(&w, "4");
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt_with(oci).await.unwrap();
+    let n = name(&a);
+    let pod = wait_pod(&w, &n).await;
+    // `Preparing` was journalled before the pod was created.
+    let seen = w.attempts().get(&n).await.unwrap();
+    assert_eq!(
+        seen.status.as_ref().unwrap().journal.state(),
+        AttemptState::Preparing
+    );
+    // The pod follows the convention and DESIGN §6.
+    let spec = pod.spec.as_ref().unwrap();
+    assert_eq!(spec.node_name.as_deref(), Some(a.spec.node_name.as_str()));
+    assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+    assert_eq!(spec.automount_service_account_token, Some(false));
+    assert_eq!(spec.containers[0].image.as_deref(), Some(IMAGE));
+    let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(owner.uid, a.metadata.uid.clone().unwrap());
+    assert_eq!(
+        pod.metadata.labels.as_ref().unwrap()["runner-manager.dev/generation"],
+        a.metadata.uid.clone().unwrap()
+    );
+    let requests = spec.containers[0]
+        .resources
+        .as_ref()
+        .unwrap()
+        .requests
+        .clone()
+        .unwrap();
+    assert_eq!(requests["cpu"].0, "500m");
+    assert_eq!(requests["memory"].0, "512Mi");
+
+    KubeletDouble { w: &w }.image_pull_back_off(&pod).await;
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(
+        outcome(&done),
+        Some(Outcome::Failed(FailureReason::ImageUnavailable))
+    );
+    wait_no_pod(&w, &n).await;
+    assert!(
+        w.registrations(&a).await.unwrap().is_empty(),
+        "a JIT was minted for a pod that never ran"
+    );
+    assert!(w.runtimes().is_empty(), "the runtime was left");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_pod_deleted_by_someone_else_while_preparing_concludes_and_nothing_is_left() {
+    let Some(w) = AgentWorld::start("a_runner_pod_deleted_by_someone_else")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let _agent = oci_agent(&w, "120");
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt_with(oci).await.unwrap();
+    let n = name(&a);
+    let pod = wait_pod(&w, &n).await;
+    pods(&w)
+        .delete(
+            pod.metadata.name.as_deref().unwrap(),
+            &DeleteParams::default(),
+        )
+        .await
+        .unwrap();
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(
+        outcome(&done),
+        Some(Outcome::Failed(FailureReason::ProcessStartFailed))
+    );
+    wait_no_pod(&w, &n).await;
+    assert!(w.registrations(&a).await.unwrap().is_empty());
+    assert!(w.runtimes().is_empty(), "the runtime was left");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_the_pod_is_created_destroys_it_once_and_concludes_preparation_interrupted() {
+    let Some(w) = AgentWorld::start("a_crash_after_the_pod_is_created")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let mut agent = w
+        .agent(
+            4,
+            &[("RM_OCI", "true"), ("RM_AGENT_FAULT", "after-pod-created")],
+        )
+        .unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt_with(oci).await.unwrap();
+    let n = name(&a);
+    let pod = wait_pod(&w, &n).await;
+    // The agent waits for the pod to run before it journals `Prepared`: the double runs it.
+    KubeletDouble { w: &w }.running(&pod).await;
+    let exited = wait::until(STEP, "the agent's crash", || {
+        let code = agent.child.try_wait().ok().flatten();
+        async move { code }
+    })
+    .await
+    .unwrap();
+    assert!(!exited.success(), "the agent did not crash");
+    drop(agent);
+    let seen = w.attempts().get(&n).await.unwrap();
+    assert_eq!(
+        seen.status.as_ref().unwrap().journal.state(),
+        AttemptState::Preparing,
+        "the crash left the attempt in Preparing with its pod"
+    );
+    let _agent = oci_agent(&w, "120");
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(
+        outcome(&done),
+        Some(Outcome::Failed(FailureReason::PreparationInterrupted))
+    );
+    wait_no_pod(&w, &n).await;
+    assert!(w.registrations(&a).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oci_runner_takes_its_jit_through_the_handoff_runs_a_job_and_its_pod_is_destroyed() {
+    let Some(w) = AgentWorld::start("an_oci_runner_takes_its_jit")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let agent = oci_agent(&w, "120");
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt_with(oci).await.unwrap();
+    let n = name(&a);
+    let pod = wait_pod(&w, &n).await;
+    let kubelet = KubeletDouble { w: &w };
+    let mut container = kubelet.run_container(&pod);
+    kubelet.running(&pod).await;
+    let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    let journal = &started.status.as_ref().unwrap().journal;
+    let env = journal.environment().expect("the pod's identity").clone();
+    assert_eq!(env.pod_name, pod.metadata.name.clone().unwrap());
+    assert_eq!(env.uid, pod.metadata.uid.clone().unwrap());
+    let launch = journal.launch.clone().unwrap();
+    println!(
+        "OCI launch (kubelet double): materialize {} ms, prepare {} ms (pod until running), register {} ms, spawn {} ms (handoff taken)",
+        launch.materialize_ms, launch.prepare_ms, launch.register_ms, launch.spawn_ms
+    );
+    assert!(
+        w.handoff_files().is_empty(),
+        "the handoff survived the start"
+    );
+
+    // The listener (execed by the helper) registers and takes a job.
+    w.wait_online(&a).await.unwrap();
+    w.set_github(&n, true, false, 1).await.unwrap();
+    w.wait_state(&n, AttemptState::Idle).await.unwrap();
+    let job = w.queue_job(1000).await.unwrap();
+    w.wait_assigned(job).await.unwrap();
+    w.set_job(&n, job).await.unwrap();
+    w.set_github(&n, true, true, 2).await.unwrap();
+    w.wait_state(&n, AttemptState::Busy).await.unwrap();
+    // The listener exits after its one job; the double reports the container's exit.
+    let status = tokio::task::spawn_blocking(move || container.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    let live = pods(&w)
+        .get(pod.metadata.name.as_deref().unwrap())
+        .await
+        .unwrap();
+    kubelet
+        .terminated(
+            &live,
+            if status.success() {
+                "Succeeded"
+            } else {
+                "Failed"
+            },
+            "Completed",
+            status.code().unwrap_or(1),
+        )
+        .await;
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(outcome(&done), Some(Outcome::CompletedJob), "{status:?}");
+    wait_no_pod(&w, &n).await;
+    assert!(w.runtimes().is_empty(), "the runtime was left");
+
+    // The JIT never reached the pod spec, an event, the attempt or a log.
+    let jits: Vec<String> = w
+        .fake
+        .running
+        .fake
+        .world()
+        .issued_jits
+        .iter()
+        .map(|j| j.expose_secret().to_owned())
+        .collect();
+    assert_eq!(jits.len(), 1, "one JIT for the attempt");
+    let pod_text = serde_json::to_string(&pod).unwrap();
+    let events = serde_json::to_string(
+        &Api::<Event>::namespaced(w.kube.clone(), &w.team)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items,
+    )
+    .unwrap();
+    let attempt_text = serde_json::to_string(&done).unwrap();
+    let logs = agent.lines().join("\n");
+    for jit in &jits {
+        assert!(!pod_text.contains(jit.as_str()), "the JIT in the pod");
+        assert!(!events.contains(jit.as_str()), "the JIT in an event");
+        assert!(
+            !attempt_text.contains(jit.as_str()),
+            "the JIT in the attempt"
+        );
+        assert!(!logs.contains(jit.as_str()), "the JIT in the agent's log");
+    }
+}

@@ -1,0 +1,386 @@
+//! The OCI provider (DESIGN §6 "OCI provider", §12 "Provider seam"): the attempt's runner is a
+//! Pod the agent creates on its own node, from the attempt's image pinned by digest, with the
+//! attempt's runtime directory (the materialized, verified runner package, as native) mounted
+//! from the host. The pod's container runs the entry helper, which waits for the same
+//! restrictive handoff file native runners use, reads and deletes it, and execs the listener
+//! with the JIT in the listener's environment only.
+//!
+//! - `prepare` creates the pod (the caller journalled `Preparing` first) and waits until its
+//!   container runs, bounded: an image that cannot be pulled or a pod the kubelet never starts
+//!   ends the launch before any JIT exists.
+//! - `start` writes the handoff (the caller's [`RestrictiveHandoff`]) and a pointer naming it,
+//!   then waits until the helper left the "taken" marker and the handoff is gone.
+//! - `inspect` reads the pod into a closed [`PodObservation`].
+//! - `stop` and `destroy` delete the pod (uid precondition: never a pod of another generation)
+//!   and prove it gone by reading again.
+//!
+//! I/O goes through [`PodApi`] ([`KubePods`] in the agent); the pod itself is built by the pure
+//! [`pod::runner_pod`]. The provider never falls back to native.
+
+pub mod observe;
+pub mod pod;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use runner_manager_crds::attempt::EnvironmentIdentity;
+
+use super::launcher::Stopped;
+use crate::account::RunnerAccount;
+use crate::handoff::RestrictiveHandoff;
+pub use observe::{Ended, PodObservation, Waiting};
+
+/// In the runtime: the pointer naming the handoff file, written (after the handoff is whole and
+/// fsynced) by the agent, removed by the helper.
+pub const HANDOFF_POINTER: &str = ".jit-handoff";
+/// In the runtime: left by the helper once it has read and deleted the handoff, before exec.
+pub const TAKEN_MARKER: &str = ".jit-taken";
+/// How often the provider reads a pod or the runtime while it waits.
+const POLL: Duration = Duration::from_millis(200);
+
+/// The pods the provider manages, by namespace. Small on purpose: the unit tests of the
+/// provider's decisions use a double, the agent uses [`KubePods`].
+pub trait PodApi: Send + Sync {
+    fn create(&self, pod: &Pod) -> impl Future<Output = Result<Pod, PodApiError>> + Send;
+    fn get(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Pod>, PodApiError>> + Send;
+    fn list(
+        &self,
+        ns: &str,
+        selector: &str,
+    ) -> impl Future<Output = Result<Vec<Pod>, PodApiError>> + Send;
+    /// Deletes the pod with this uid (a precondition: never another generation's pod that
+    /// took the name). Gone already is fine.
+    fn delete(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: &str,
+    ) -> impl Future<Output = Result<(), PodApiError>> + Send;
+}
+
+/// A pod API call that failed. Closed: reaches logs as a kind and an HTTP code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PodApiError {
+    #[error("a pod of that name exists")]
+    AlreadyExists,
+    #[error("the API server refused the pod ({0})")]
+    Refused(u16),
+    #[error("the API server could not be reached")]
+    Unreachable,
+}
+
+impl From<kube::Error> for PodApiError {
+    fn from(e: kube::Error) -> Self {
+        match e {
+            kube::Error::Api(s) if s.code == 409 => Self::AlreadyExists,
+            kube::Error::Api(s) => Self::Refused(s.code),
+            _ => Self::Unreachable,
+        }
+    }
+}
+
+/// [`PodApi`] over the agent's client.
+#[derive(Clone)]
+pub struct KubePods(pub kube::Client);
+
+impl std::fmt::Debug for KubePods {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KubePods")
+    }
+}
+
+impl PodApi for KubePods {
+    async fn create(&self, pod: &Pod) -> Result<Pod, PodApiError> {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        Ok(Api::<Pod>::namespaced(self.0.clone(), ns)
+            .create(&PostParams::default(), pod)
+            .await?)
+    }
+
+    async fn get(&self, ns: &str, name: &str) -> Result<Option<Pod>, PodApiError> {
+        Ok(Api::<Pod>::namespaced(self.0.clone(), ns)
+            .get_opt(name)
+            .await?)
+    }
+
+    async fn list(&self, ns: &str, selector: &str) -> Result<Vec<Pod>, PodApiError> {
+        Ok(Api::<Pod>::namespaced(self.0.clone(), ns)
+            .list(&ListParams::default().labels(selector))
+            .await?
+            .items)
+    }
+
+    async fn delete(&self, ns: &str, name: &str, uid: &str) -> Result<(), PodApiError> {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match Api::<Pod>::namespaced(self.0.clone(), ns)
+            .delete(name, &params)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            // 409 on a uid precondition: the name is another pod's now, and ours is gone.
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Why a pod step did not succeed. Closed; each maps to one outcome in the launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PodFailure {
+    #[error("the pod cannot be built: {0}")]
+    Spec(#[from] pod::PodRefusal),
+    #[error("the pod API: {0}")]
+    Api(#[from] PodApiError),
+    #[error("a pod with the runner's name is not this attempt's")]
+    NotOurs,
+    #[error("the pod's image could not be pulled in time")]
+    ImageUnavailable,
+    #[error("the pod did not start in time ({0:?})")]
+    NotStarted(Waiting),
+    #[error("the pod ended before the runner started ({0:?})")]
+    Ended(Ended),
+    #[error("the entry helper did not take the handoff in time")]
+    HandoffNotTaken,
+    #[error("the handoff could not be offered ({0:?})")]
+    Pointer(std::io::ErrorKind),
+    #[error("the pod is still there after its deletion")]
+    StillThere,
+}
+
+/// The OCI provider of one agent.
+#[derive(Clone, Debug)]
+pub struct OciProvider<P: PodApi> {
+    pub pods: P,
+    pub node: String,
+    /// How long a created pod may take to run its container (image pull included).
+    pub start_deadline: Duration,
+    /// How long the helper in a running pod may take to take the handoff.
+    pub handoff_deadline: Duration,
+}
+
+/// What `prepare` needs.
+#[derive(Debug)]
+pub struct PrepareRequest<'a> {
+    pub attempt: &'a runner_manager_crds::attempt::RunnerAttempt,
+    pub inputs: pod::PodInputs<'a>,
+    /// The runtime as the agent sees it (the pod mounts `inputs.host_runtime`, the same
+    /// directory as the host names it).
+    pub runtime: &'a Path,
+}
+
+/// A prepared pod: running its entry helper, waiting for the handoff.
+#[derive(Debug)]
+pub struct PreparedPod<'a> {
+    pub pod: PodRef,
+    pub runtime: &'a Path,
+    pub account: RunnerAccount,
+}
+
+/// A runner pod: its namespace and journalled identity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRef {
+    pub namespace: String,
+    pub identity: EnvironmentIdentity,
+}
+
+impl<P: PodApi> OciProvider<P> {
+    /// Creates the attempt's pod (or meets the one a previous try created, if it is provably
+    /// this generation's) and waits until its container runs. Returns the identity to journal
+    /// with `Prepared`. On failure the pod may exist: the caller's cleanup destroys it.
+    pub async fn prepare_pod<'a>(
+        &self,
+        req: PrepareRequest<'a>,
+    ) -> Result<PreparedPod<'a>, PodFailure> {
+        let wanted = pod::runner_pod(req.attempt, &req.inputs)?;
+        let (name, ns, generation) = ids(&wanted)?;
+        let created = match self.pods.create(&wanted).await {
+            Ok(p) => p,
+            Err(PodApiError::AlreadyExists) => {
+                let found = self.pods.get(&ns, &name).await?;
+                match found {
+                    Some(p) if pod::is_ours(&p, attempt_name(req.attempt), &generation) => p,
+                    _ => return Err(PodFailure::NotOurs),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let uid = created.metadata.uid.clone().unwrap_or_default();
+        let identity = EnvironmentIdentity {
+            pod_name: name,
+            uid,
+            generation,
+        };
+        let prepared = PreparedPod {
+            pod: PodRef {
+                namespace: ns,
+                identity,
+            },
+            runtime: req.runtime,
+            account: req.inputs.account,
+        };
+        let deadline = Instant::now() + self.start_deadline;
+        let mut last = PodObservation::Waiting(Waiting::NotStarted);
+        while Instant::now() < deadline {
+            last = self.inspect_pod(&prepared.pod).await?;
+            match last {
+                PodObservation::Running => return Ok(prepared),
+                PodObservation::Ended(e) => return Err(PodFailure::Ended(e)),
+                PodObservation::Waiting(_) => tokio::time::sleep(POLL).await,
+            }
+        }
+        Err(match last {
+            PodObservation::Waiting(Waiting::ImagePull) => PodFailure::ImageUnavailable,
+            PodObservation::Waiting(w) => PodFailure::NotStarted(w),
+            _ => PodFailure::NotStarted(Waiting::NotStarted),
+        })
+    }
+
+    /// Offers `handoff` to the helper in the running pod and waits until it was taken: the
+    /// marker is there and the handoff file gone. `handoff` is dropped (deleted) on every path.
+    pub async fn start_pod(
+        &self,
+        prepared: &PreparedPod<'_>,
+        handoff: RestrictiveHandoff,
+    ) -> Result<PodRef, PodFailure> {
+        let runtime = prepared.runtime;
+        offer(runtime, prepared.account, handoff.name())
+            .map_err(|e| PodFailure::Pointer(e.kind()))?;
+        let deadline = Instant::now() + self.handoff_deadline;
+        loop {
+            let taken = std::fs::symlink_metadata(runtime.join(TAKEN_MARKER)).is_ok();
+            if taken && !handoff.exists().unwrap_or(true) {
+                return Ok(prepared.pod.clone());
+            }
+            if let PodObservation::Ended(e) = self.inspect_pod(&prepared.pod).await? {
+                return Err(PodFailure::Ended(e));
+            }
+            if Instant::now() >= deadline {
+                return Err(PodFailure::HandoffNotTaken);
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// The pod as it is now. A pod with the name but another uid is not ours: ours is gone.
+    pub async fn inspect_pod(&self, pod: &PodRef) -> Result<PodObservation, PodFailure> {
+        let identity = &pod.identity;
+        let found = self.pods.get(&pod.namespace, &identity.pod_name).await?;
+        let ours = found
+            .as_ref()
+            .filter(|p| p.metadata.uid.as_deref() == Some(identity.uid.as_str()));
+        Ok(observe::observe(ours))
+    }
+
+    /// Stops the runner: deletes its pod and proves it gone.
+    pub async fn stop_pod(&self, pod: &PodRef) -> Result<Stopped, PodFailure> {
+        let identity = &pod.identity;
+        let ns = pod.namespace.as_str();
+        if self.inspect_pod(pod).await? == PodObservation::Ended(Ended::Deleted) {
+            return Ok(Stopped::AlreadyGone);
+        }
+        self.pods
+            .delete(ns, &identity.pod_name, &identity.uid)
+            .await?;
+        self.gone_within(ns, identity, Duration::from_secs(30))
+            .await?;
+        Ok(Stopped::Stopped)
+    }
+
+    /// Destroys every runner pod of the attempt's generation (the journalled one, and any an
+    /// interrupted preparation created before its identity was journalled) and proves each
+    /// gone. Pods of another generation are left alone (their own owner's garbage collection
+    /// removes them). Returns how many were found.
+    pub async fn destroy(
+        &self,
+        ns: &str,
+        attempt: &str,
+        generation: &str,
+    ) -> Result<usize, PodFailure> {
+        let pods = self.pods.list(ns, &pod::selector(attempt)).await?;
+        let ours: Vec<EnvironmentIdentity> = pods
+            .iter()
+            .filter(|p| pod::is_ours(p, attempt, generation))
+            .filter_map(|p| {
+                Some(EnvironmentIdentity {
+                    pod_name: p.metadata.name.clone()?,
+                    uid: p.metadata.uid.clone()?,
+                    generation: generation.to_owned(),
+                })
+            })
+            .collect();
+        for identity in &ours {
+            self.pods
+                .delete(ns, &identity.pod_name, &identity.uid)
+                .await?;
+        }
+        for identity in &ours {
+            self.gone_within(ns, identity, Duration::from_secs(5))
+                .await?;
+        }
+        Ok(ours.len())
+    }
+
+    async fn gone_within(
+        &self,
+        ns: &str,
+        identity: &EnvironmentIdentity,
+        within: Duration,
+    ) -> Result<(), PodFailure> {
+        let deadline = Instant::now() + within;
+        loop {
+            let found = self.pods.get(ns, &identity.pod_name).await?;
+            if found.is_none_or(|p| p.metadata.uid.as_deref() != Some(identity.uid.as_str())) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(PodFailure::StillThere);
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+fn attempt_name(a: &runner_manager_crds::attempt::RunnerAttempt) -> &str {
+    a.metadata.name.as_deref().unwrap_or_default()
+}
+
+fn ids(p: &Pod) -> Result<(String, String, String), PodFailure> {
+    let generation = p
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(crate::pods::GENERATION_LABEL))
+        .cloned();
+    match (
+        p.metadata.name.clone(),
+        p.metadata.namespace.clone(),
+        generation,
+    ) {
+        (Some(n), Some(ns), Some(g)) => Ok((n, ns, g)),
+        _ => Err(PodFailure::Spec(pod::PodRefusal::AttemptUnnamed)),
+    }
+}
+
+/// Writes the pointer naming the handoff (durably, then the runner account's, 0600), after the
+/// handoff itself is whole: the helper never sees a half-written handoff.
+fn offer(runtime: &Path, account: RunnerAccount, handoff_name: &str) -> std::io::Result<()> {
+    crate::durable::write_file(runtime, HANDOFF_POINTER, handoff_name.as_bytes())?;
+    std::os::unix::fs::lchown(
+        runtime.join(HANDOFF_POINTER),
+        Some(account.uid),
+        Some(account.gid),
+    )
+}

@@ -1,0 +1,170 @@
+//! The provider seam (DESIGN §12 "Provider seam"): how one attempt's runner is prepared,
+//! started, inspected, stopped and destroyed, whatever it is. Native runners (a host process,
+//! through the direct or systemd [`RunnerLauncher`]) and OCI runners (a pod,
+//! [`super::oci::OciProvider`]) are both behind it; the launch pipeline, supervision and cleanup
+//! pick the attempt's provider from its snapshot's execution mode and never fall back from one to
+//! the other.
+
+use std::io;
+
+use runner_manager_crds::attempt::ProcessIdentity;
+
+use super::launcher::{LaunchSpec, RunnerLauncher, StartError, StopError, Stopped};
+use super::oci::{
+    OciProvider, PodApi, PodFailure, PodObservation, PodRef, PrepareRequest, PreparedPod,
+};
+use crate::handoff::RestrictiveHandoff;
+use crate::process::Inspection;
+
+/// One kind of runner. Each step's failure is the provider's own closed error; the launch turns
+/// it into the attempt's outcome in one place.
+pub trait RunnerProvider: Send + Sync {
+    /// What `prepare` needs.
+    type Request<'a>
+    where
+        Self: 'a;
+    /// What `prepare` made and `start` uses.
+    type Prepared<'a>: Send + Sync;
+    /// What was started: journalled with `Starting`.
+    type Identity;
+    /// What `inspect` reads.
+    type Observation;
+    /// Why a step failed.
+    type Failure: std::error::Error;
+
+    /// Everything of the provider's before the JIT exists (for OCI: the pod, running its entry
+    /// helper). The workspace (runtime, package, account) is prepared before, for both.
+    fn prepare<'a>(
+        &'a self,
+        request: Self::Request<'a>,
+    ) -> impl Future<Output = Result<Self::Prepared<'a>, Self::Failure>> + Send;
+
+    /// Hands the JIT over (through `handoff` only) and starts the listener. Returns once the
+    /// handoff is gone.
+    fn start<'p>(
+        &self,
+        prepared: &Self::Prepared<'p>,
+        handoff: RestrictiveHandoff,
+    ) -> impl Future<Output = Result<Self::Identity, Self::Failure>> + Send;
+
+    fn inspect(
+        &self,
+        identity: &Self::Identity,
+    ) -> impl Future<Output = Result<Self::Observation, Self::Failure>> + Send;
+
+    /// Stops the runner and proves it gone.
+    fn stop(
+        &self,
+        identity: &Self::Identity,
+    ) -> impl Future<Output = Result<Stopped, Self::Failure>> + Send;
+
+    /// Removes what the provider made for the runner and proves it gone (native: nothing beyond
+    /// the stop, the launcher's cgroup or unit goes with it; OCI: the pod).
+    fn destroy(
+        &self,
+        identity: &Self::Identity,
+    ) -> impl Future<Output = Result<(), Self::Failure>> + Send;
+}
+
+/// Native runners: the launcher, unchanged, behind the seam.
+pub struct NativeProvider<'l>(pub &'l dyn RunnerLauncher);
+
+impl std::fmt::Debug for NativeProvider<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("NativeProvider")
+            .field(&self.0.kind())
+            .finish()
+    }
+}
+
+/// Why a native step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NativeFailure {
+    #[error("{0}")]
+    Start(#[from] StartError),
+    #[error("{0}")]
+    Stop(#[from] StopError),
+    #[error("inspection failed: {0}")]
+    Inspect(io::ErrorKind),
+}
+
+impl RunnerProvider for NativeProvider<'_> {
+    type Request<'a>
+        = LaunchSpec<'a>
+    where
+        Self: 'a;
+    type Prepared<'a> = LaunchSpec<'a>;
+    type Identity = ProcessIdentity;
+    type Observation = Inspection;
+    type Failure = NativeFailure;
+
+    async fn prepare<'a>(
+        &'a self,
+        request: LaunchSpec<'a>,
+    ) -> Result<LaunchSpec<'a>, NativeFailure> {
+        // Nothing of the launcher's exists before the start: the workspace, package and account
+        // are the launch's, and the spec goes through as it is.
+        Ok(request)
+    }
+
+    async fn start<'p>(
+        &self,
+        prepared: &Self::Prepared<'p>,
+        handoff: RestrictiveHandoff,
+    ) -> Result<ProcessIdentity, NativeFailure> {
+        Ok(tokio::task::block_in_place(|| {
+            self.0.start(prepared, handoff)
+        })?)
+    }
+
+    async fn inspect(&self, identity: &ProcessIdentity) -> Result<Inspection, NativeFailure> {
+        tokio::task::block_in_place(|| self.0.inspect(identity))
+            .map_err(|e| NativeFailure::Inspect(e.kind()))
+    }
+
+    async fn stop(&self, identity: &ProcessIdentity) -> Result<Stopped, NativeFailure> {
+        Ok(tokio::task::block_in_place(|| self.0.stop(identity))?)
+    }
+
+    async fn destroy(&self, identity: &ProcessIdentity) -> Result<(), NativeFailure> {
+        self.stop(identity).await.map(|_| ())
+    }
+}
+
+impl<P: PodApi> RunnerProvider for OciProvider<P> {
+    type Request<'a>
+        = PrepareRequest<'a>
+    where
+        Self: 'a;
+    type Prepared<'a> = PreparedPod<'a>;
+    type Identity = PodRef;
+    type Observation = PodObservation;
+    type Failure = PodFailure;
+
+    async fn prepare<'a>(
+        &'a self,
+        request: PrepareRequest<'a>,
+    ) -> Result<PreparedPod<'a>, PodFailure> {
+        OciProvider::prepare_pod(self, request).await
+    }
+
+    async fn start<'p>(
+        &self,
+        prepared: &Self::Prepared<'p>,
+        handoff: RestrictiveHandoff,
+    ) -> Result<PodRef, PodFailure> {
+        OciProvider::start_pod(self, prepared, handoff).await
+    }
+
+    async fn inspect(&self, id: &PodRef) -> Result<PodObservation, PodFailure> {
+        OciProvider::inspect_pod(self, id).await
+    }
+
+    async fn stop(&self, id: &PodRef) -> Result<Stopped, PodFailure> {
+        OciProvider::stop_pod(self, id).await
+    }
+
+    async fn destroy(&self, id: &PodRef) -> Result<(), PodFailure> {
+        OciProvider::stop_pod(self, id).await.map(|_| ())
+    }
+}
