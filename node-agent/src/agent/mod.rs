@@ -31,6 +31,7 @@ pub mod placeholder;
 pub mod preparation;
 pub mod pruning;
 pub mod rebuild;
+pub mod runner;
 pub mod supervise;
 pub mod watched;
 
@@ -120,6 +121,9 @@ pub struct Agent {
     pub runner_defaults: RunnerDefaults,
     pub kube: Client,
     pub launcher: Box<dyn RunnerLauncher>,
+    /// The OCI provider (`--oci`): runner pods on this node. Without it OCI attempts are
+    /// rejected (`SnapshotUnusable`), never run natively.
+    pub oci: Option<crate::providers::oci::OciProvider<crate::providers::oci::KubePods>>,
     pub packages: PackageCache,
     pub allocation: AllocationLock,
     pub broker: BrokerClient,
@@ -347,6 +351,12 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
             kube.clone(),
             cli.system_namespace.clone(),
         ),
+        oci: cli.oci.then(|| crate::providers::oci::OciProvider {
+            pods: crate::providers::oci::KubePods(kube.clone()),
+            node: cli.node_name.clone(),
+            start_deadline: Duration::from_secs(cli.oci_start_deadline_seconds),
+            handoff_deadline: Duration::from_secs(cli.oci_handoff_deadline_seconds),
+        }),
         kube,
         launcher,
         packages,
