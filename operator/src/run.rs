@@ -168,12 +168,12 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
         kube: kube.clone(),
         metrics: metrics.clone(),
     };
-    let wake = Arc::new(tokio::sync::Notify::new());
     // Every replica matches webhook deliveries against the policies, so every replica caches them.
+    let touched_policies = cache::Touched::default();
     let policies = cache::policies(
         &kube,
         cli.watch_namespace.as_deref(),
-        wake.clone(),
+        touched_policies.clone(),
         readiness.policies_synced(),
     );
     let webhook = TcpListener::bind(cli.webhook_addr)
@@ -220,8 +220,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
                 &kube,
                 &cli.namespace,
                 cli.watch_namespace.as_deref(),
-                policies,
-                wake.clone(),
+                (policies, touched_policies),
             ),
             settings: settings(&cli, ownership.clone()),
             metrics: metrics.clone(),
@@ -235,12 +234,12 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
                 elector.acquire().await;
                 metrics.set_leader(true);
                 tokio::select! {
-                    () = leader_loops(ctx, wake) => Ok(()),
+                    () = leader_loops(ctx) => Ok(()),
                     lost = elector.hold() => Err(lost),
                 }
             } else {
                 metrics.set_leader(true);
-                leader_loops(ctx, wake).await;
+                leader_loops(ctx).await;
                 Ok(())
             }
         };
@@ -403,11 +402,11 @@ async fn shutdown_signal() {
     }
 }
 
-/// What only the leader runs: the reconcile passes, and beside them the deletion of scale sets
+/// What only the leader runs: the policy Controller, and beside it the deletion of scale sets
 /// whose policies are gone or left the mode (`scaleset_listener::lifecycle`). Both stop together.
-async fn leader_loops(ctx: Arc<Ctx>, wake: Arc<tokio::sync::Notify>) {
+async fn leader_loops(ctx: Arc<Ctx>) {
     tokio::select! {
-        () = controller::run(ctx.clone(), wake) => {}
+        () = controller::run(ctx.clone()) => {}
         () = controller::scaleset_listener::lifecycle::run(ctx) => {}
     }
 }

@@ -15,6 +15,7 @@ use runner_manager_crds::writer::{Decision, JournalError, JournalWriter};
 use runner_manager_crds::{ABANDON_ANNOTATION, CLEANUP_FINALIZER};
 
 use super::Ctx;
+use super::errors::ReconcileError;
 use super::events::Reason;
 use super::placement_worker::agent_of;
 use super::timeouts::{Due, due};
@@ -101,7 +102,14 @@ async fn take_edge(ctx: &Ctx, a: &RunnerAttempt, outcome: Outcome, now: Timestam
     }
 }
 
-pub async fn housekeeping(ctx: &Ctx, attempts: &[Arc<RunnerAttempt>], now: Timestamp) {
+/// Housekeeping of `attempts` (one policy's, or those whose policy is gone). Each failed write
+/// is returned, and the rest goes on; the next reconcile decides again on the fresh objects.
+pub async fn housekeeping(
+    ctx: &Ctx,
+    attempts: &[Arc<RunnerAttempt>],
+    now: Timestamp,
+) -> Vec<ReconcileError> {
+    let mut failed = Vec::new();
     let mut cleaned: BTreeMap<(String, String), Vec<&Arc<RunnerAttempt>>> = BTreeMap::new();
     for a in attempts {
         let state = state_of(a);
@@ -120,14 +128,20 @@ pub async fn housekeeping(ctx: &Ctx, attempts: &[Arc<RunnerAttempt>], now: Times
                     Reason::Abandoned,
                     format!("released by the {ABANDON_ANNOTATION} annotation in state {state:?}; the agent's cleanup is not waited for"),
                 );
-            let _ = ctx.writer.attempt_finalizers(a, without_finalizer(a)).await;
-            let _ = ctx.writer.delete_attempt(ns, name).await;
+            if let Err(source) = ctx.writer.attempt_finalizers(a, without_finalizer(a)).await {
+                failed.push(ReconcileError::write(WriteKind::AttemptFinalizer)(source));
+            }
+            if let Err(source) = ctx.writer.delete_attempt(ns, name).await {
+                failed.push(ReconcileError::write(WriteKind::AttemptDelete)(source));
+            }
             continue;
         }
         if state == AttemptState::Cleaned {
             if has_finalizer(a) {
                 // Agents write status only: the operator releases what the agent cleaned.
-                let _ = ctx.writer.attempt_finalizers(a, without_finalizer(a)).await;
+                if let Err(source) = ctx.writer.attempt_finalizers(a, without_finalizer(a)).await {
+                    failed.push(ReconcileError::write(WriteKind::AttemptFinalizer)(source));
+                }
             }
             cleaned
                 .entry((ns.to_owned(), a.spec.policy.clone()))
@@ -192,11 +206,14 @@ pub async fn housekeeping(ctx: &Ctx, attempts: &[Arc<RunnerAttempt>], now: Times
         });
         for a in list.into_iter().skip(keep) {
             let name = a.metadata.name.as_deref().unwrap_or_default();
-            if a.metadata.deletion_timestamp.is_none() {
-                let _ = ctx.writer.delete_attempt(&ns, name).await;
+            if a.metadata.deletion_timestamp.is_none()
+                && let Err(source) = ctx.writer.delete_attempt(&ns, name).await
+            {
+                failed.push(ReconcileError::write(WriteKind::AttemptDelete)(source));
             }
         }
     }
+    failed
 }
 
 #[cfg(test)]

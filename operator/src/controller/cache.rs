@@ -1,5 +1,8 @@
 //! The controllers' view of the cluster: one reflector (watch + local store) per kind, so a
-//! reconcile pass reads memory, not the API server. Every event wakes the pass loop.
+//! reconcile reads memory, not the API server. Each reflector hands the objects its events
+//! touched to whoever subscribed ([`Touched`]): the leader's `Controller<ScalePolicy>` while it
+//! runs, which maps them to the policies they affect. The reflectors run on every replica (the
+//! webhook receivers match against the policies), so a new leader starts on warm stores.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -14,7 +17,54 @@ use kube::runtime::{WatchStreamExt, watcher};
 use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::policy::ScalePolicy;
 use serde::de::DeserializeOwned;
-use tokio::sync::Notify;
+use tokio::sync::mpsc;
+
+/// The subscribers to one reflector's touched objects. A subscriber that went away (the
+/// Controller stopped with leadership) is dropped at the next event. Unbounded: the
+/// Controller's scheduler takes every item at once (it deduplicates by object), so nothing
+/// accumulates while it runs, and with no subscriber nothing is kept.
+pub struct Touched<K>(Arc<std::sync::Mutex<Vec<mpsc::UnboundedSender<K>>>>);
+
+impl<K> Clone for Touched<K> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<K> Default for Touched<K> {
+    fn default() -> Self {
+        Self(Arc::default())
+    }
+}
+
+impl<K: Clone> Touched<K> {
+    fn send(&self, object: &K) {
+        let Ok(mut subscribers) = self.0.lock() else {
+            return;
+        };
+        subscribers.retain(|s| s.send(object.clone()).is_ok());
+    }
+
+    /// Every object touched from now on, as the `Controller`'s trigger streams take them.
+    pub fn subscribe(
+        &self,
+    ) -> impl futures_util::Stream<Item = Result<K, kube::runtime::watcher::Error>> + Send + 'static
+    where
+        K: Send + 'static,
+    {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        if let Ok(mut subscribers) = self.0.lock() {
+            subscribers.push(tx);
+        }
+        futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok)))
+    }
+}
+
+impl<K> std::fmt::Debug for Touched<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Touched").finish_non_exhaustive()
+    }
+}
 
 /// The stores the controllers read.
 #[derive(Clone)]
@@ -23,13 +73,23 @@ pub struct Caches {
     pub attempts: Store<RunnerAttempt>,
     pub leases: Store<Lease>,
     pub nodes: Store<Node>,
+    pub touched: Triggers,
+}
+
+/// What each reflector's events touched, for the Controller's trigger streams.
+#[derive(Clone, Debug, Default)]
+pub struct Triggers {
+    pub policies: Touched<ScalePolicy>,
+    pub attempts: Touched<RunnerAttempt>,
+    pub leases: Touched<Lease>,
+    pub nodes: Touched<Node>,
 }
 
 /// Keep only what the controllers read: managed fields are dropped from every cached object
 /// (they are often the largest part of it), and `trim` drops more per kind.
 fn reflect<K>(
     (api, only): (Api<K>, Option<Arc<BTreeSet<String>>>),
-    wake: Arc<Notify>,
+    touched: Touched<K>,
     trim: fn(&mut K),
 ) -> Store<K>
 where
@@ -41,7 +101,7 @@ where
         + Sync
         + 'static,
 {
-    reflect_marked((api, only), wake, trim, None)
+    reflect_marked((api, only), touched, trim, None)
 }
 
 /// [`reflect`], and `synced` set once the first full list is in. (A second task awaiting
@@ -49,7 +109,7 @@ where
 /// signal keeps one waker.)
 fn reflect_marked<K>(
     (api, only): (Api<K>, Option<Arc<BTreeSet<String>>>),
-    wake: Arc<Notify>,
+    touched: Touched<K>,
     trim: fn(&mut K),
     synced: Option<Arc<AtomicBool>>,
 ) -> Store<K>
@@ -97,10 +157,10 @@ where
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(item) = stream.next().await {
-            if let Err(e) = item {
-                tracing::warn!(error = %e, "watch interrupted; resuming");
+            match item {
+                Ok(object) => touched.send(&object),
+                Err(e) => tracing::warn!(error = %e, "watch interrupted; resuming"),
             }
-            wake.notify_one();
         }
     });
     reader
@@ -136,10 +196,10 @@ where
 pub fn policies(
     kube: &kube::Client,
     watch: Option<&str>,
-    wake: Arc<Notify>,
+    touched: Touched<ScalePolicy>,
     synced: Arc<AtomicBool>,
 ) -> Store<ScalePolicy> {
-    reflect_marked(scoped(kube, watch), wake, |_| {}, Some(synced))
+    reflect_marked(scoped(kube, watch), touched, |_| {}, Some(synced))
 }
 
 /// A Node's status (images, conditions, addresses) is large and placement reads none of it.
@@ -154,18 +214,26 @@ impl Caches {
         kube: &kube::Client,
         namespace: &str,
         watch: Option<&str>,
-        policies: Store<ScalePolicy>,
-        wake: Arc<Notify>,
+        policies: (Store<ScalePolicy>, Touched<ScalePolicy>),
     ) -> Self {
+        let touched = Triggers {
+            policies: policies.1,
+            ..Triggers::default()
+        };
         Self {
-            policies,
-            attempts: reflect(scoped(kube, watch), wake.clone(), |_| {}),
+            policies: policies.0,
+            attempts: reflect(scoped(kube, watch), touched.attempts.clone(), |_| {}),
             leases: reflect(
                 (Api::namespaced(kube.clone(), namespace), None),
-                wake.clone(),
+                touched.leases.clone(),
                 |_| {},
             ),
-            nodes: reflect((Api::all(kube.clone()), None), wake, trim_node),
+            nodes: reflect(
+                (Api::all(kube.clone()), None),
+                touched.nodes.clone(),
+                trim_node,
+            ),
+            touched,
         }
     }
 

@@ -76,6 +76,10 @@ pub struct Inputs<'a> {
     pub cordoned: &'a HashSet<String>,
     /// Policies of other namespaces naming the same target.
     pub conflicts: &'a [String],
+    /// Attempts this leader created for the policy that the cache does not show yet. They are
+    /// supply: without them a reconcile that runs between a create and its watch event (the
+    /// policy's own status write triggers one) would create the same runners again.
+    pub in_flight: &'a [String],
     pub limits: Limits,
     pub now: Timestamp,
 }
@@ -356,7 +360,13 @@ fn run(i: &Inputs<'_>) -> Run {
         with
     });
 
-    let attempt_views = views(i.attempts);
+    let mut attempt_views = views(i.attempts);
+    attempt_views.extend(i.in_flight.iter().map(|name| AttemptView {
+        name,
+        state: AttemptState::Pending,
+        termination_requested: false,
+        idle_since: None,
+    }));
     let scale = decide_holding(
         DemandInput {
             min_idle: policy.spec.min_idle,

@@ -185,6 +185,7 @@ struct Case {
     readiness: Readiness<'static>,
     cordoned: HashSet<String>,
     conflicts: Vec<String>,
+    in_flight: Vec<String>,
     now: i64,
 }
 
@@ -196,6 +197,7 @@ impl Case {
             readiness: VALID,
             cordoned: HashSet::new(),
             conflicts: vec![],
+            in_flight: vec![],
             now: NOW,
         }
     }
@@ -207,6 +209,7 @@ impl Case {
             readiness: self.readiness,
             cordoned: &self.cordoned,
             conflicts: &self.conflicts,
+            in_flight: &self.in_flight,
             limits: limits(),
             now: t(self.now),
         })
@@ -361,6 +364,35 @@ fn a_ready_policy_pins_its_version_and_group() {
 }
 
 // --- demand ---------------------------------------------------------------------------------
+
+#[test]
+fn attempts_created_but_not_yet_cached_are_supply_and_are_not_created_again() {
+    // Three jobs, three attempts created by the previous reconcile that the cache does not show
+    // yet (the policy's own status write triggered this one before their watch events came).
+    let p = with_pending(policy(json!({"minIdle": 0})), 3);
+    let mut case = Case::new(p, vec![]);
+    assert_eq!(
+        case.run().scaling,
+        Scaling::Create {
+            count: 3,
+            replaces: vec![]
+        },
+        "nothing in flight: all three"
+    );
+    case.in_flight = names(&["web-a", "web-b"]);
+    let run = case.run();
+    assert_eq!(
+        run.scaling,
+        Scaling::Create {
+            count: 1,
+            replaces: vec![]
+        },
+        "two in flight: one more"
+    );
+    assert_eq!(run.status.base.starting, 2, "in flight counts as starting");
+    case.in_flight = names(&["web-a", "web-b", "web-c"]);
+    assert_eq!(case.run().scaling, Scaling::Steady);
+}
 
 #[test]
 fn min_idle_and_pending_jobs_create_the_difference_and_set_the_scale_time() {

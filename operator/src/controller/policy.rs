@@ -72,8 +72,7 @@ pub async fn prepare(
     mem: &mut PolicyMemory,
     policy: &Arc<ScalePolicy>,
     attempts: &[Arc<RunnerAttempt>],
-    candidates: &Candidates,
-    attempt_ids: &HashSet<String>,
+    candidates: &(dyn Fn() -> Arc<Candidates> + Send + Sync),
     now: Timestamp,
 ) -> Vec<ReconcileError> {
     let mut errors = Vec::new();
@@ -160,7 +159,7 @@ pub async fn prepare(
             .is_none_or(|t| t.elapsed() >= ctx.settings.observe_interval)
         {
             mem.last_observe = Some(Instant::now());
-            errors.extend(observe(ctx, mem, policy, attempts, &r.client, attempt_ids).await);
+            errors.extend(observe(ctx, mem, policy, attempts, &r.client).await);
         }
         if policy.spec.github.demand == runner_manager_crds::policy::DemandMode::ScaleSet {
             // Demand comes from the scale set's message queue only: no polling, no per-job
@@ -212,7 +211,7 @@ pub async fn prepare(
             // sees them, entries it no longer sees leave once per interval after a full cycle.
             match r.client.walk_queued_jobs(poll, settle).await {
                 Ok(view) => {
-                    let jobs = walked_jobs_of(&r.client, policy, candidates, &view.jobs);
+                    let jobs = walked_jobs_of(&r.client, policy, &candidates(), &view.jobs);
                     mem.walk_added
                         .retain(|_, at| at.elapsed() < std::time::Duration::from_secs(30));
                     let fresh: Vec<i64> = jobs
@@ -254,7 +253,7 @@ pub async fn prepare(
             let cutoff = now
                 .checked_sub(k8s_openapi::jiff::SignedDuration::try_from(poll).unwrap_or_default())
                 .unwrap_or(now);
-            match poll_queued(&r.client, policy, candidates, poll / 2, settle).await {
+            match poll_queued(&r.client, policy, &candidates(), poll / 2, settle).await {
                 Ok(jobs) => {
                     let mut change = stale_after_poll(&old.pending_jobs, &jobs, cutoff);
                     change.extend(additions(&old.pending_jobs, jobs, now));
@@ -336,7 +335,16 @@ pub async fn reconcile(
     attempts: &[Arc<RunnerAttempt>],
     conflicts: &[String],
     now: Timestamp,
-) -> Vec<ReconcileError> {
+) -> Applied {
+    // Created before and still not cached: supply the plan counts (expectations, as a
+    // ReplicaSet's). One the cache never shows within the placement TTL is given up.
+    mem.created.retain(|name, at| {
+        at.elapsed() < IN_FLIGHT_TTL
+            && !attempts
+                .iter()
+                .any(|a| a.metadata.name.as_deref() == Some(name.as_str()))
+    });
+    let in_flight: Vec<String> = mem.created.keys().cloned().collect();
     let readiness = match mem.resolved.as_ref().map(|e| &e.result) {
         Some(Ok(r)) => Readiness::Valid {
             version: &r.package.version,
@@ -354,10 +362,33 @@ pub async fn reconcile(
         readiness,
         cordoned,
         conflicts,
+        in_flight: &in_flight,
         limits: Limits::of(&ctx.settings),
         now,
     });
-    apply(ctx, placement, mem, policy, attempts, plan, now).await
+    let applied = apply(ctx, placement, mem, policy, attempts, plan, now).await;
+    for name in &applied.created {
+        mem.created.insert(name.clone(), Instant::now());
+    }
+    applied
+}
+
+/// How long a created attempt the cache does not show is still counted as supply (the
+/// placement worker's expectations last as long).
+const IN_FLIGHT_TTL: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// What a reconcile did, as its Controller needs it.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// What failed; the rest was carried out.
+    pub errors: Vec<ReconcileError>,
+    /// More runners were wanted than placement found room for: a change of capacity anywhere
+    /// (an attempt ending, an agent's advert, a node) should reconcile this policy again.
+    pub wants_capacity: bool,
+    /// When a time-based gate the plan waits on opens (the replacement backoff).
+    pub wake_at: Option<Timestamp>,
+    /// The attempts created.
+    pub created: Vec<String>,
 }
 
 /// Carry out a plan. Every step is tried whatever an earlier one did (as a level-triggered pass
@@ -371,9 +402,12 @@ pub async fn apply(
     attempts: &[Arc<RunnerAttempt>],
     plan: Plan,
     now: Timestamp,
-) -> Vec<ReconcileError> {
+) -> Applied {
     match plan {
-        Plan::Drain(d) => apply_drain(ctx, mem, policy, attempts, d, now).await,
+        Plan::Drain(d) => Applied {
+            errors: apply_drain(ctx, mem, policy, attempts, d, now).await,
+            ..Applied::default()
+        },
         Plan::Run(run) => apply_run(ctx, placement, mem, policy, attempts, *run, now).await,
     }
 }
@@ -463,11 +497,16 @@ async fn apply_run(
     attempts: &[Arc<RunnerAttempt>],
     run: Run,
     now: Timestamp,
-) -> Vec<ReconcileError> {
+) -> Applied {
     let ns = policy.metadata.namespace.as_deref().unwrap_or_default();
     let name = policy.metadata.name.as_deref().unwrap_or_default();
     let mut errors = Vec::new();
+    let mut created = Vec::new();
     let mut finalized = true;
+    let wake_at = match &run.scaling {
+        Scaling::BackingOff { until, .. } => Some(*until),
+        _ => None,
+    };
     if let Some(with) = run.finalizer
         && let Err(source) = ctx.writer.policy_finalizers(policy, with).await
     {
@@ -490,24 +529,46 @@ async fn apply_run(
                 *count,
                 replaces,
                 &mut errors,
+                &mut created,
                 now,
             )
             .await
         }
         (Scaling::Probe { replaces }, Some(r)) if finalized => {
             tracing::debug!("Degraded past its cool-down: one probe launch");
-            create_attempts(ctx, placement, policy, r, 1, replaces, &mut errors, now).await
+            create_attempts(
+                ctx,
+                placement,
+                policy,
+                r,
+                1,
+                replaces,
+                &mut errors,
+                &mut created,
+                now,
+            )
+            .await
         }
         (Scaling::ScaleDown { idle }, _) => {
-            let victims = idle.iter().map(|a| Termination {
-                attempt: a.clone(),
-                reason: runner_manager_crds::attempt::TerminationReason::ScaleDown,
-            });
+            let victims: Vec<Termination> = idle
+                .iter()
+                .map(|a| Termination {
+                    attempt: a.clone(),
+                    reason: runner_manager_crds::attempt::TerminationReason::ScaleDown,
+                })
+                .collect();
             Scaled::Asked(terminate_all(ctx, mem, attempts, victims, &mut errors, now).await)
         }
         _ => Scaled::Nothing,
     };
     terminate_all(ctx, mem, attempts, run.terminations, &mut errors, now).await;
+    let wants_capacity = matches!(
+        scaled,
+        Scaled::Created {
+            refused: Some(_),
+            ..
+        }
+    );
 
     ctx.metrics.policy(ns, name, run.gauges);
     let (scaling, unplaceable) = scaling_condition(&run.scaling, scaled);
@@ -524,7 +585,12 @@ async fn apply_run(
     {
         errors.push(ReconcileError::Status(source));
     }
-    errors
+    Applied {
+        errors,
+        wants_capacity,
+        wake_at,
+        created,
+    }
 }
 
 /// The status fields the leader owns (never `pendingJobs`).
@@ -549,6 +615,7 @@ async fn create_attempts(
     count: u32,
     replaces: &[String],
     errors: &mut Vec<ReconcileError>,
+    names: &mut Vec<String>,
     now: Timestamp,
 ) -> Scaled {
     let pinned = Pinned {
@@ -561,6 +628,14 @@ async fn create_attempts(
         let nodes = ctx.caches.nodes.state();
         let leases = ctx.caches.leases.state();
         let all_attempts = ctx.caches.attempts.state();
+        // Expectations the cache now shows are dropped here, under the lock, right before the
+        // capacity they hold is read.
+        worker.observe(
+            all_attempts
+                .iter()
+                .filter_map(|a| a.metadata.name.as_deref()),
+            now,
+        );
         let mut facts = node_facts(
             &nodes.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
             &leases.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
@@ -608,6 +683,7 @@ async fn create_attempts(
         match result {
             Ok(done) => {
                 created += 1;
+                names.extend(new.attempt.metadata.name.clone());
                 ctx.metrics.attempt_created(creation_reason(&new));
                 ctx.events.publish(
                     &done.object_ref(&()),

@@ -219,7 +219,6 @@ pub async fn observe(
     policy: &ScalePolicy,
     attempts: &[Arc<RunnerAttempt>],
     client: &GitHubClient,
-    attempt_ids: &HashSet<String>,
 ) -> Vec<ReconcileError> {
     let mut errors = Vec::new();
     // Every policy of the target reads one listing per half interval.
@@ -275,11 +274,27 @@ pub async fn observe(
             });
         }
     }
-    // Orphans: two sightings at least the grace apart before a DELETE.
+    // Orphans: two sightings at least the grace apart before a DELETE. Every attempt id in the
+    // cluster is gathered only when the listing holds a registration that could be one (ours,
+    // offline, idle): the common listing has none, and the scan is the size of the cache.
     let now = Instant::now();
     let mut still = HashMap::new();
+    let label = &ctx.settings.ownership_label;
+    let attempt_ids: HashSet<String> = if listing
+        .values()
+        .any(|r| is_orphan(r, label, &HashSet::new()))
+    {
+        ctx.caches
+            .attempts
+            .state()
+            .iter()
+            .map(|a| a.spec.id.clone())
+            .collect()
+    } else {
+        HashSet::new()
+    };
     for r in listing.values() {
-        if !is_orphan(r, &ctx.settings.ownership_label, attempt_ids) {
+        if !is_orphan(r, label, &attempt_ids) {
             continue;
         }
         let first = mem.orphans.get(&r.id).copied().unwrap_or(now);

@@ -234,8 +234,14 @@ pub async fn step(
     if w.cursor < until {
         let batch: Vec<String> = w.repos[w.cursor..until].to_vec();
         let known = &w.run_jobs;
-        let results: Vec<_> = futures_util::stream::iter(batch.iter())
+        // The reads are built before they are streamed: a closure over `&String` inside the
+        // stream would make the reconcile's future not provably `Send` (a higher-ranked
+        // lifetime the compiler cannot see through), and the Controller spawns it.
+        let reads: Vec<_> = batch
+            .iter()
             .map(|r| read_repo(client, r, known, settle))
+            .collect();
+        let results: Vec<_> = futures_util::stream::iter(reads)
             .buffered(WALK_CONCURRENCY)
             .collect()
             .await;

@@ -1,0 +1,590 @@
+//! The leader's `kube::runtime::Controller<ScalePolicy>` (DESIGN §12, "control loops").
+//!
+//! Its triggers are the reflectors the process already runs (`cache`), never a second watch:
+//! a policy's own changes; its RunnerAttempts (by `spec.policy`); agent Leases and Nodes, mapped
+//! to the policies they can affect — those with attempts on the node, and those waiting for
+//! capacity (a reconcile whose creations placement refused). A Lease renewal or a Node status
+//! heartbeat that changes nothing placement reads triggers nothing. Every policy is also
+//! reconciled once per `--resync-interval` (`reconcile_all_on`): time-based rules (timeouts,
+//! node loss, observation and poll intervals) are checked at least that often, as the old
+//! single pass did.
+//!
+//! A reconcile is housekeeping of the policy's attempts → `policy::prepare` (I/O) →
+//! `plan::plan` (pure) → `policy::apply`. Errors come back typed by stage; `error_policy`
+//! counts each in `runner_manager_reconcile_errors_total{stage}` and requeues the policy after
+//! its backoff. Only the leader runs this: `run` is dropped when leadership is lost.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::reflector::ObjectRef;
+use runner_manager_crds::attempt::RunnerAttempt;
+use runner_manager_crds::policy::ScalePolicy;
+use runner_manager_crds::state::AttemptState;
+use tokio::time::Instant;
+
+use super::errors::{self, ReconcileError};
+use super::job_ledger::{Candidates, target_conflicts};
+use super::placement_worker::PlacementWorker;
+use super::{Ctx, PolicyMemory, attempts, key, policy, state_name};
+
+/// Policies reconciled at once (bounded: GitHub budgets and the API server).
+const POLICY_CONCURRENCY: u16 = 32;
+
+/// The agent Lease name prefix (`names::agent_lease_name`).
+const AGENT_LEASE_PREFIX: &str = "runner-manager-agent-";
+
+/// A reconcile that failed somewhere: every error, and when to try again.
+#[derive(Debug, thiserror::Error)]
+#[error("{} reconcile error(s); first: {}", errors.len(), errors.first().map(ToString::to_string).unwrap_or_default())]
+pub struct Failed {
+    pub errors: Vec<ReconcileError>,
+    pub retry: Duration,
+}
+
+/// What the leader's Controller holds while it runs (its context); dropped with leadership.
+pub struct Leading {
+    pub ctx: Arc<Ctx>,
+    /// The one placement worker: its lock is held from reading capacity to recording what was
+    /// created, so no two policies place against the same free slot.
+    pub placement: tokio::sync::Mutex<PlacementWorker>,
+    /// What the leader remembers per policy (`namespace/name`). The Controller never runs two
+    /// reconciles of one policy at once, so each lock is uncontended.
+    memory: Mutex<HashMap<String, Arc<tokio::sync::Mutex<PolicyMemory>>>>,
+    /// Policies whose last reconcile wanted capacity placement could not give.
+    waiting: Mutex<HashSet<ObjectRef<ScalePolicy>>>,
+    index: Mutex<Index>,
+    rounds: Mutex<Rounds>,
+    /// What Lease and Node events last showed that placement reads, to drop no-op renewals.
+    seen: Mutex<Seen>,
+}
+
+/// The per-pass views of every policy, rebuilt only when a policy's spec, deletion or proof
+/// changed: building them parses every policy's URL.
+#[derive(Default)]
+struct Index {
+    /// What each cached policy looked like when the views were built.
+    marks: HashMap<String, (i64, bool, bool)>,
+    conflicts: Option<Arc<HashMap<String, Vec<String>>>>,
+    candidates: Option<Arc<Candidates>>,
+}
+
+fn mark(p: &ScalePolicy) -> (i64, bool, bool) {
+    (
+        p.metadata.generation.unwrap_or(0),
+        p.metadata.deletion_timestamp.is_some(),
+        super::job_ledger::proven(p),
+    )
+}
+
+/// A full round of reconciles: every policy cached when it started, reconciled once.
+#[derive(Default)]
+struct Rounds {
+    current: Option<(Instant, HashSet<String>)>,
+    done: u64,
+}
+
+#[derive(Default)]
+struct Seen {
+    leases: HashMap<String, Option<BTreeMap<String, String>>>,
+    nodes: HashMap<String, (Option<BTreeMap<String, String>>, bool)>,
+}
+
+impl Leading {
+    pub fn new(ctx: Arc<Ctx>) -> Self {
+        Self {
+            ctx,
+            placement: tokio::sync::Mutex::new(PlacementWorker::default()),
+            memory: Mutex::default(),
+            waiting: Mutex::default(),
+            index: Mutex::default(),
+            rounds: Mutex::default(),
+            seen: Mutex::default(),
+        }
+    }
+
+    fn memory_of(&self, key: &str) -> Arc<tokio::sync::Mutex<PolicyMemory>> {
+        let mut all = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        all.entry(key.to_owned()).or_default().clone()
+    }
+
+    /// A policy event: the views go stale when what they read of it changed (or it is gone).
+    fn policy_touched(&self, p: &ScalePolicy) {
+        let k = key(
+            p.metadata.namespace.as_deref().unwrap_or_default(),
+            p.metadata.name.as_deref().unwrap_or_default(),
+        );
+        let gone = self
+            .ctx
+            .caches
+            .policies
+            .get(&ObjectRef::from_obj(p))
+            .is_none();
+        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        let now = (!gone).then(|| mark(p));
+        let before = index.marks.get(&k).copied();
+        if before == now {
+            return;
+        }
+        let spec_changed = before.map(|(g, d, _)| (g, d)) != now.map(|(g, d, _)| (g, d));
+        match now {
+            Some(m) => index.marks.insert(k, m),
+            None => index.marks.remove(&k),
+        };
+        index.candidates = None;
+        if spec_changed {
+            index.conflicts = None;
+        }
+    }
+
+    fn conflicts(&self) -> Arc<HashMap<String, Vec<String>>> {
+        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = &index.conflicts {
+            return c.clone();
+        }
+        let all = self.ctx.caches.policies.state();
+        self.remark(&mut index, &all);
+        let c = Arc::new(target_conflicts(&all));
+        index.conflicts = Some(c.clone());
+        c
+    }
+
+    fn candidates(&self) -> Arc<Candidates> {
+        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = &index.candidates {
+            return c.clone();
+        }
+        let all = self.ctx.caches.policies.state();
+        self.remark(&mut index, &all);
+        let c = Arc::new(Candidates::of(
+            all,
+            false,
+            &self.ctx.settings.owner_bindings,
+        ));
+        index.candidates = Some(c.clone());
+        c
+    }
+
+    fn remark(&self, index: &mut Index, all: &[Arc<ScalePolicy>]) {
+        index.marks = all
+            .iter()
+            .map(|p| {
+                (
+                    key(
+                        p.metadata.namespace.as_deref().unwrap_or_default(),
+                        p.metadata.name.as_deref().unwrap_or_default(),
+                    ),
+                    mark(p),
+                )
+            })
+            .collect();
+    }
+
+    fn waiting(&self) -> Vec<ObjectRef<ScalePolicy>> {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// The policies with live attempts on `node`, and those waiting for capacity.
+    fn affected_by_node(&self, node: &str) -> Vec<ObjectRef<ScalePolicy>> {
+        let mut refs: HashSet<ObjectRef<ScalePolicy>> = self
+            .ctx
+            .caches
+            .attempts
+            .state()
+            .iter()
+            .filter(|a| a.spec.node_name == node)
+            .filter(|a| attempts::state_of(a) != AttemptState::Cleaned)
+            .map(|a| policy_of(a))
+            .collect();
+        refs.extend(self.waiting());
+        refs.into_iter().collect()
+    }
+
+    /// A Lease event: the policies it affects when its advert changed (or it came or went).
+    fn lease_touched(&self, lease: &Lease) -> Vec<ObjectRef<ScalePolicy>> {
+        let Some(node) = lease
+            .metadata
+            .name
+            .as_deref()
+            .and_then(|n| n.strip_prefix(AGENT_LEASE_PREFIX))
+        else {
+            return Vec::new();
+        };
+        let name = lease.metadata.name.clone().unwrap_or_default();
+        let advert = lease.metadata.annotations.clone();
+        let gone = self
+            .ctx
+            .caches
+            .leases
+            .get(&ObjectRef::from_obj(lease))
+            .is_none();
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            if gone {
+                seen.leases.remove(&name);
+            } else if seen.leases.get(&name) == Some(&advert) {
+                return Vec::new();
+            } else {
+                seen.leases.insert(name, advert);
+            }
+        }
+        self.affected_by_node(node)
+    }
+
+    /// A Node event: the policies it affects when its labels or cordon changed.
+    fn node_touched(&self, n: &Node) -> Vec<ObjectRef<ScalePolicy>> {
+        let Some(name) = n.metadata.name.clone() else {
+            return Vec::new();
+        };
+        let now = (
+            n.metadata.labels.clone(),
+            n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true),
+        );
+        let gone = self.ctx.caches.nodes.get(&ObjectRef::from_obj(n)).is_none();
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            if gone {
+                seen.nodes.remove(&name);
+            } else if seen.nodes.get(&name) == Some(&now) {
+                return Vec::new();
+            } else {
+                seen.nodes.insert(name.clone(), now);
+            }
+        }
+        self.affected_by_node(&name)
+    }
+
+    /// Start a round when none is running: every cached policy is about to be reconciled.
+    fn start_round(&self) {
+        let mut rounds = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
+        if rounds.current.is_some() {
+            return;
+        }
+        let keys = self
+            .ctx
+            .caches
+            .policies
+            .state()
+            .iter()
+            .map(|p| {
+                key(
+                    p.metadata.namespace.as_deref().unwrap_or_default(),
+                    p.metadata.name.as_deref().unwrap_or_default(),
+                )
+            })
+            .collect();
+        rounds.current = Some((Instant::now(), keys));
+    }
+
+    /// A policy was reconciled: close the round when it was the last one the round waited for
+    /// (policies deleted meanwhile are not waited for).
+    fn reconciled(&self, k: &str) {
+        let mut rounds = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((started, pending)) = rounds.current.as_mut() else {
+            return;
+        };
+        pending.remove(k);
+        if !pending.is_empty() {
+            let store = &self.ctx.caches.policies;
+            pending.retain(|k| {
+                k.split_once('/')
+                    .is_some_and(|(ns, name)| store.get(&ObjectRef::new(name).within(ns)).is_some())
+            });
+            if !pending.is_empty() {
+                return;
+            }
+        }
+        let elapsed = started.elapsed();
+        rounds.current = None;
+        rounds.done += 1;
+        self.ctx.metrics.reconcile_pass(elapsed);
+        let elapsed_ms = elapsed.as_millis() as u64;
+        if rounds.done == 1 {
+            // The round that resolves every policy and writes every status: the one a failover
+            // or an upgrade waits for.
+            tracing::info!(
+                elapsed_ms,
+                policies = self.ctx.caches.policies.state().len(),
+                attempts = self.ctx.caches.attempts.state().len(),
+                "first reconcile pass done"
+            );
+        } else {
+            tracing::debug!(elapsed_ms, "pass done");
+        }
+    }
+}
+
+/// The policy an attempt belongs to. Pure.
+pub fn policy_of(a: &RunnerAttempt) -> ObjectRef<ScalePolicy> {
+    let r = ObjectRef::new(&a.spec.policy);
+    match a.metadata.namespace.as_deref() {
+        Some(ns) => r.within(ns),
+        None => r,
+    }
+}
+
+/// Run the Controller until the future is dropped (leadership lost or shutdown).
+pub async fn run(ctx: Arc<Ctx>) {
+    if !ctx.caches.ready().await {
+        tracing::error!("the controller caches stopped before their first list");
+        return;
+    }
+    let _ = ctx.leading_since.set(Timestamp::now());
+    tracing::info!("controllers reconciling");
+    let lead = Arc::new(Leading::new(ctx.clone()));
+    let touched = ctx.caches.touched.clone();
+    let resync = ctx.settings.resync_interval;
+    let rounds = {
+        let lead = lead.clone();
+        // The first round at once (the first pass), then one per resync interval.
+        futures_util::stream::once(std::future::ready(()))
+            .chain(futures_util::stream::unfold((), move |()| async move {
+                tokio::time::sleep(resync).await;
+                Some(((), ()))
+            }))
+            .map(move |()| lead.start_round())
+    };
+    let policies = {
+        let lead = lead.clone();
+        touched.policies.subscribe().inspect(move |p| {
+            if let Ok(p) = p {
+                lead.policy_touched(p);
+            }
+        })
+    };
+    let attempt_mapper = {
+        let lead = lead.clone();
+        move |a: RunnerAttempt| {
+            let mut refs = lead.waiting();
+            refs.push(policy_of(&a));
+            refs
+        }
+    };
+    let lease_mapper = {
+        let lead = lead.clone();
+        move |l: Lease| lead.lease_touched(&l)
+    };
+    let node_mapper = {
+        let lead = lead.clone();
+        move |n: Node| lead.node_touched(&n)
+    };
+    let controller = Controller::for_stream(policies, ctx.caches.policies.clone())
+        .watches_stream(touched.attempts.subscribe(), attempt_mapper)
+        .watches_stream(touched.leases.subscribe(), lease_mapper)
+        .watches_stream(touched.nodes.subscribe(), node_mapper)
+        .reconcile_all_on(rounds)
+        .with_config(Config::default().concurrency(POLICY_CONCURRENCY))
+        .run(reconcile, error_policy, lead.clone())
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                // The reconcile's own failures were counted by `error_policy`; these are the
+                // Controller's (a request for an object no longer cached, a trigger stream
+                // error).
+                tracing::debug!(error = %e, "controller");
+            }
+        });
+    tokio::select! {
+        () = controller => tracing::warn!("the controller stopped"),
+        () = sweep(lead) => {}
+    }
+}
+
+/// What belongs to no one policy, once per resync interval: the attempts-by-state gauge, the
+/// housekeeping of attempts whose policy is gone from the cache, and the memory of policies
+/// that are gone (dropping a scale-set listener deletes its session).
+async fn sweep(lead: Arc<Leading>) {
+    let ctx = &lead.ctx;
+    loop {
+        let all = ctx.caches.attempts.state();
+        let mut states: BTreeMap<AttemptState, i64> =
+            AttemptState::ALL.iter().map(|s| (*s, 0)).collect();
+        for a in &all {
+            *states.entry(attempts::state_of(a)).or_default() += 1;
+        }
+        let counts: Vec<(&'static str, i64)> =
+            states.iter().map(|(s, n)| (state_name(*s), *n)).collect();
+        ctx.metrics.attempts_by_state(&counts);
+        let policies = &ctx.caches.policies;
+        let orphaned: Vec<Arc<RunnerAttempt>> = all
+            .into_iter()
+            .filter(|a| policies.get(&policy_of(a)).is_none())
+            .collect();
+        if !orphaned.is_empty() {
+            let failed = attempts::housekeeping(ctx, &orphaned, Timestamp::now()).await;
+            for e in &failed {
+                ctx.metrics.reconcile_error(e.stage().as_str());
+                tracing::debug!(stage = e.stage().as_str(), error = %e, "housekeeping of an attempt without a policy");
+            }
+        }
+        {
+            let live: HashSet<String> = policies
+                .state()
+                .iter()
+                .map(|p| {
+                    key(
+                        p.metadata.namespace.as_deref().unwrap_or_default(),
+                        p.metadata.name.as_deref().unwrap_or_default(),
+                    )
+                })
+                .collect();
+            lead.memory
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|k, _| live.contains(k));
+            lead.waiting
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|r| policies.get(r).is_some());
+        }
+        tokio::time::sleep(ctx.settings.resync_interval).await;
+    }
+}
+
+/// One policy: housekeeping of its attempts → prepare → plan → apply.
+async fn reconcile(p: Arc<ScalePolicy>, lead: Arc<Leading>) -> Result<Action, Failed> {
+    let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+    let name = p.metadata.name.as_deref().unwrap_or_default();
+    let k = key(ns, name);
+    let memory = lead.memory_of(&k);
+    let mut mem = memory.lock().await;
+    let result = reconcile_locked(&lead, &p, &k, &mut mem).await;
+    drop(mem);
+    lead.reconciled(&k);
+    result
+}
+
+async fn reconcile_locked(
+    lead: &Leading,
+    p: &Arc<ScalePolicy>,
+    k: &str,
+    mem: &mut PolicyMemory,
+) -> Result<Action, Failed> {
+    let ctx = &lead.ctx;
+    let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+    let generation = p.metadata.generation.unwrap_or(0);
+    let deleting = p.metadata.deletion_timestamp.is_some();
+    if let Some(b) = mem.backoff
+        && b.holds(generation, deleting, Instant::now())
+    {
+        // A failed write backs the policy off: the events its own writes cause do not retry it
+        // sooner.
+        return Ok(Action::requeue(
+            b.retry_at.saturating_duration_since(Instant::now()),
+        ));
+    }
+    let now = Timestamp::now();
+    let mine: Vec<Arc<RunnerAttempt>> = ctx.caches.attempts.state_filter(|a| {
+        a.spec.policy == p.metadata.name.as_deref().unwrap_or_default()
+            && a.metadata.namespace.as_deref().unwrap_or_default() == ns
+    });
+    let mut failed = attempts::housekeeping(ctx, &mine, now).await;
+    let candidates = || lead.candidates();
+    failed.extend(policy::prepare(ctx, mem, p, &mine, &candidates, now).await);
+    let conflicts = lead.conflicts();
+    let conflict = conflicts.get(k).map(Vec::as_slice).unwrap_or_default();
+    let cordoned = policy::cordoned_nodes(ctx);
+    let applied = policy::reconcile(
+        ctx,
+        &lead.placement,
+        &cordoned,
+        mem,
+        p,
+        &mine,
+        conflict,
+        now,
+    )
+    .await;
+    failed.extend(applied.errors);
+    {
+        let me = ObjectRef::from_obj(p.as_ref());
+        let mut waiting = lead.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        if applied.wants_capacity {
+            waiting.insert(me);
+        } else {
+            waiting.remove(&me);
+        }
+    }
+    mem.backoff = errors::Backoff::after(mem.backoff, &failed, generation, Instant::now());
+    let resync = ctx.settings.resync_interval;
+    // The replacement backoff opens between resync rounds: wake for it.
+    let next = applied
+        .wake_at
+        .map(|at| {
+            let ms = at.as_millisecond().saturating_sub(now.as_millisecond());
+            Duration::from_millis(u64::try_from(ms).unwrap_or(0)).min(resync)
+        })
+        .unwrap_or(resync);
+    if failed.is_empty() {
+        return Ok(Action::requeue(next));
+    }
+    let retry = mem.backoff.map_or(next, |b| {
+        b.retry_at.saturating_duration_since(Instant::now())
+    });
+    Err(Failed {
+        errors: failed,
+        retry,
+    })
+}
+
+/// Count and log a policy's reconcile errors (one line per error, at warn for what backs off),
+/// and requeue it after its backoff.
+fn error_policy(p: Arc<ScalePolicy>, failed: &Failed, lead: Arc<Leading>) -> Action {
+    let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+    let name = p.metadata.name.as_deref().unwrap_or_default();
+    for e in &failed.errors {
+        let stage = e.stage().as_str();
+        lead.ctx.metrics.reconcile_error(stage);
+        if e.backs_off() {
+            tracing::warn!(policy.namespace = ns, policy.name = name, stage, error = %e, "reconcile failed; the policy backs off");
+        } else {
+            tracing::debug!(policy.namespace = ns, policy.name = name, stage, error = %e, "reconcile: not available yet");
+        }
+    }
+    Action::requeue(failed.retry)
+}
+
+impl std::fmt::Debug for Leading {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leading").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_attempt_maps_to_its_policy_in_its_namespace() {
+        let a: RunnerAttempt = serde_json::from_value(serde_json::json!({
+            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
+            "metadata": {"name": "web-1", "namespace": "team-a"},
+            "spec": {"id": "01234567-89ab-4def-8123-456789abcdef", "policy": "web", "nodeName": "n",
+              "snapshot": {"policyUid": "u", "target": {"url": "https://github.com/a/b", "scope": "Repository"},
+                "labels": ["x"], "runnerGroupId": 1, "workspace": "Ephemeral", "maxSlots": 1,
+                "execution": {"mode": "Native"},
+                "runner": {"version": "2.330.0", "url": "u", "sha256": "a".repeat(64)},
+                "timeouts": {"registration": "60s", "idle": "120s", "jitHandoff": "120s"}}}
+        }))
+        .unwrap();
+        assert_eq!(
+            policy_of(&a),
+            ObjectRef::<ScalePolicy>::new("web").within("team-a")
+        );
+        assert_eq!(
+            runner_manager_crds::names::agent_lease_name("n1").strip_prefix(AGENT_LEASE_PREFIX),
+            Some("n1"),
+            "the Lease prefix is the one agents use"
+        );
+    }
+}
