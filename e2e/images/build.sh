@@ -10,6 +10,11 @@
 #   node-agent      runner-manager-node-agent, runner-manager-runner-entry (/usr/bin, where the
 #                   systemd launcher looks), systemd-run and systemctl (Debian's)  user 0
 #   standin-runner  the e2e stand-in runner listener (e2e/src/bin/standin-runner-listener.rs)
+#   runner          the OCI runner image (docs/oci.md): the entry helper at
+#                   /usr/local/bin/runner-manager-runner-entry, where the agent's runner pods run
+#                   it, and the shared libraries the stand-in listener loads (the listener itself
+#                   comes in the runner package the agent mounts from the host); users build
+#                   theirs with GitHub's runner from deploy/runner-image/Containerfile
 #
 # Out: $RM_IMAGES/<image>.tar and $RM_IMAGES/<image>.ref (NAME:TAG and NAME@sha256:...).
 # Skips an image whose inputs are unchanged. The binaries come from target/$RM_IMAGE_PROFILE
@@ -35,6 +40,7 @@ OPERATOR_REPO=$(repo operator); AGENT_REPO=$(repo nodeAgent)
 [ -n "$app" ] && [ -n "$OPERATOR_REPO" ] && [ -n "$AGENT_REPO" ] \
   || { echo "images/build.sh: cannot read the chart's image names" >&2; exit 1; }
 STANDIN_REPO=${OPERATOR_REPO%/*}/standin-runner
+RUNNER_REPO=${OPERATOR_REPO%/*}/runner
 
 # copy_bin ROOTFS DEST SRC: SRC at DEST, without debug info, plus every shared library it loads.
 copy_bin() {
@@ -87,4 +93,7 @@ image node-agent "$AGENT_REPO" 0 '["/usr/bin/runner-manager-node-agent"]' \
   "/usr/bin/runner-manager-runner-entry=$T/runner-manager-runner-entry" \
   "/usr/bin/systemd-run=$(command -v systemd-run)" "/usr/bin/systemctl=$(command -v systemctl)"
 image standin-runner "$STANDIN_REPO" 65532 '["/usr/bin/standin-runner-listener"]' \
+  "/usr/bin/standin-runner-listener=$T/standin-runner-listener"
+image runner "$RUNNER_REPO" 65532 '["/usr/local/bin/runner-manager-runner-entry"]' \
+  "/usr/local/bin/runner-manager-runner-entry=$T/runner-manager-runner-entry" \
   "/usr/bin/standin-runner-listener=$T/standin-runner-listener"
