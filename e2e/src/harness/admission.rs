@@ -299,3 +299,150 @@ pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect()
 }
+
+/// The chart's agent-pods ValidatingAdmissionPolicy, its binding and the placeholder
+/// PriorityClass, installed for the agent ServiceAccount of one test's system namespace, removed
+/// when dropped. The policy only ever matches that account (its `matchConditions` name it), so
+/// it reaches no other test.
+#[derive(Debug)]
+pub struct PodPolicy {
+    /// The placeholder PriorityClass's name for this system namespace.
+    pub priority_class: String,
+    names: Vec<(&'static str, String)>,
+}
+
+impl Drop for PodPolicy {
+    fn drop(&mut self) {
+        let names = std::mem::take(&mut self.names);
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async {
+                if let Ok(config) = kube::Config::infer().await
+                    && let Ok(kube) = Client::try_from(config)
+                {
+                    for (kind, name) in &names {
+                        let _ = delete_cluster_object(&kube, kind, name).await;
+                    }
+                }
+            });
+        })
+        .join();
+    }
+}
+
+async fn delete_cluster_object(kube: &Client, kind: &str, name: &str) -> Result<(), kube::Error> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    use k8s_openapi::api::scheduling::v1::PriorityClass;
+    let dp = DeleteParams::default();
+    let r = match kind {
+        "ValidatingAdmissionPolicy" => Api::<ValidatingAdmissionPolicy>::all(kube.clone())
+            .delete(name, &dp)
+            .await
+            .map(|_| ()),
+        "ValidatingAdmissionPolicyBinding" => {
+            Api::<ValidatingAdmissionPolicyBinding>::all(kube.clone())
+                .delete(name, &dp)
+                .await
+                .map(|_| ())
+        }
+        _ => Api::<PriorityClass>::all(kube.clone())
+            .delete(name, &dp)
+            .await
+            .map(|_| ()),
+    };
+    match r {
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        other => other,
+    }
+}
+
+/// The rendered chart's name for the release namespace, which [`install_agent_pod_policy`]
+/// rewrites to the test's system namespace.
+const RENDERED_NAMESPACE: &str = "runner-manager-system";
+
+/// Install the chart's agent-pods policy (as rendered in `deploy/manifests`) for `system`'s agent
+/// account, and the placeholder PriorityClass it allows; waits until the policy refuses a pod.
+pub async fn install_agent_pod_policy(
+    kube: &Client,
+    system: &str,
+) -> Result<PodPolicy, ClusterError> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    use k8s_openapi::api::scheduling::v1::PriorityClass;
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/manifests/runner-manager.yaml"
+    );
+    let text = std::fs::read_to_string(path).map_err(err)?;
+    let mut docs = BTreeMap::new();
+    for doc in serde_norway::Deserializer::from_str(&text) {
+        let v: serde_json::Value = match serde::Deserialize::deserialize(doc) {
+            Ok(v) => v,
+            Err(_) => continue,
+        };
+        let kind = v["kind"].as_str().unwrap_or_default().to_owned();
+        let name = v["metadata"]["name"].as_str().unwrap_or_default();
+        let wanted = matches!(
+            (
+                kind.as_str(),
+                name.ends_with("-agent-pods"),
+                name.ends_with("-placeholder")
+            ),
+            (
+                "ValidatingAdmissionPolicy" | "ValidatingAdmissionPolicyBinding",
+                true,
+                _
+            ) | ("PriorityClass", _, true)
+        );
+        if wanted {
+            // The release namespace, in names and in the agent's username.
+            let rewritten = v.to_string().replace(RENDERED_NAMESPACE, system);
+            let mut v: serde_json::Value = serde_json::from_str(&rewritten).map_err(err)?;
+            if let Some(m) = v["metadata"].as_object_mut() {
+                m.remove("labels");
+            }
+            docs.insert(kind, v);
+        }
+    }
+    let take = |kind: &str| {
+        docs.get(kind)
+            .cloned()
+            .ok_or_else(|| err(format!("no {kind} of the agent's pods in {path}")))
+    };
+    let policy: ValidatingAdmissionPolicy =
+        serde_json::from_value(take("ValidatingAdmissionPolicy")?).map_err(err)?;
+    let binding: ValidatingAdmissionPolicyBinding =
+        serde_json::from_value(take("ValidatingAdmissionPolicyBinding")?).map_err(err)?;
+    let class: PriorityClass = serde_json::from_value(take("PriorityClass")?).map_err(err)?;
+    let name_of = |m: &ObjectMeta| m.name.clone().unwrap_or_default();
+    let installed = PodPolicy {
+        priority_class: name_of(&class.metadata),
+        names: vec![
+            (
+                "ValidatingAdmissionPolicyBinding",
+                name_of(&binding.metadata),
+            ),
+            ("ValidatingAdmissionPolicy", name_of(&policy.metadata)),
+            ("PriorityClass", name_of(&class.metadata)),
+        ],
+    };
+    let pp = PostParams::default();
+    Api::<PriorityClass>::all(kube.clone())
+        .create(&pp, &class)
+        .await?;
+    Api::<ValidatingAdmissionPolicy>::all(kube.clone())
+        .create(&pp, &policy)
+        .await?;
+    Api::<ValidatingAdmissionPolicyBinding>::all(kube.clone())
+        .create(&pp, &binding)
+        .await?;
+    Ok(installed)
+}

@@ -188,6 +188,9 @@ impl PlacementWorker {
                     .advert
                     .as_ref()
                     .is_some_and(|a| a.packages.contains(sha256)),
+                // Not yet observed by the operator (docs/placeholder-pods.md, "Placement"):
+                // unknown rooms are not filtered.
+                room: None,
             })
             .collect();
         placement::choose(&views, selector, &self.expectations, now).map(str::to_owned)

@@ -11,6 +11,14 @@
 //! expectations, so two passes in quick succession cannot both take the last unit); and the free
 //! capacity the agent itself published. The agent is the final authority: it rejects what would
 //! overfill its node.
+//!
+//! Resources (issue 16): a node whose unrequested resources — its allocatable minus the requests
+//! of the pods on it, placeholders of native runners included — cannot hold the policy's
+//! `execution.resources` is not chosen, since the scheduler would refuse that runner's pod (and
+//! the kubelet its placeholder). Attempts bound to the node that have no pod counted yet (created
+//! but not yet launched, or expected but not yet seen) take their share from the room first, so
+//! a burst cannot overfill a node between two observations. A node whose room is unknown is not
+//! filtered on resources.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -61,6 +69,62 @@ pub struct NodeView<'a> {
     pub free_cleaned_slots: u32,
     /// The policy's runner package (by sha256) is in the agent's cache.
     pub package_cached: bool,
+    /// What the node can still give: allocatable minus the requests of its pods, minus what its
+    /// attempts without a pod yet will request. `None`: unknown (not filtered).
+    pub room: Option<Resources>,
+}
+
+/// CPU (millicores) and memory (bytes): a request or a room.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resources {
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+}
+
+impl Resources {
+    /// From optional Kubernetes quantities; an unparseable or absent one counts 0 (validation
+    /// refuses unparseable ones before a policy is served).
+    pub fn of(
+        cpu: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+        memory: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    ) -> Self {
+        use runner_manager_crds::validate::{parse_cpu_millis, parse_memory_bytes};
+        Self {
+            cpu_millis: cpu.and_then(parse_cpu_millis).unwrap_or(0),
+            memory_bytes: memory.and_then(parse_memory_bytes).unwrap_or(0),
+        }
+    }
+
+    /// `self` less `other`, never below zero.
+    pub fn less(self, other: Self) -> Self {
+        Self {
+            cpu_millis: self.cpu_millis.saturating_sub(other.cpu_millis),
+            memory_bytes: self.memory_bytes.saturating_sub(other.memory_bytes),
+        }
+    }
+
+    /// `n` times `self`.
+    pub fn times(self, n: u64) -> Self {
+        Self {
+            cpu_millis: self.cpu_millis.saturating_mul(n),
+            memory_bytes: self.memory_bytes.saturating_mul(n),
+        }
+    }
+
+    /// Whether `need` fits in `self`.
+    pub fn holds(self, need: Self) -> bool {
+        need.cpu_millis <= self.cpu_millis && need.memory_bytes <= self.memory_bytes
+    }
+}
+
+/// The room of a node: `allocatable` minus the requests of the pods bound to it that have not
+/// ended (`pod_requests`), minus `pending` (attempts bound to the node whose pod is not among
+/// them yet). Pure.
+pub fn room(allocatable: Resources, pod_requests: &[Resources], pending: Resources) -> Resources {
+    pod_requests
+        .iter()
+        .fold(allocatable, |left, r| left.less(*r))
+        .less(pending)
 }
 
 /// Why no node fits: closed, for the `Scaling` condition and the placement-failure metric.
@@ -76,6 +140,8 @@ pub enum Unplaceable {
     RecoveryIncomplete,
     /// Every eligible node is full.
     AllFull,
+    /// Every node with capacity lacks the CPU or memory the policy's runner requests.
+    InsufficientResources,
 }
 
 impl Unplaceable {
@@ -86,6 +152,7 @@ impl Unplaceable {
             Self::NoAgent => "no_agent",
             Self::RecoveryIncomplete => "recovery_incomplete",
             Self::AllFull => "all_full",
+            Self::InsufficientResources => "insufficient_resources",
         }
     }
 
@@ -108,6 +175,9 @@ impl Unplaceable {
                 "the agents of the matching nodes are still recovering after a restart; placement resumes when they finish"
             }
             Self::AllFull => "every eligible node is at capacity; runners start as others finish",
+            Self::InsufficientResources => {
+                "no eligible node has the CPU or memory spec.execution.resources requests beside its pods; runners start as others finish"
+            }
         }
     }
 }
@@ -177,6 +247,7 @@ enum Verdict {
 fn judge(
     node: &NodeView<'_>,
     selector: &BTreeMap<String, String>,
+    need: Resources,
     expected: &Expectations,
     now: Timestamp,
 ) -> Verdict {
@@ -205,20 +276,40 @@ fn judge(
     if free == 0 {
         return Verdict::Unfit(Unplaceable::AllFull);
     }
+    // Expected attempts not yet in the cache will request as much as this one (they are of a
+    // policy placed in this pass or the last).
+    if let Some(room) = node.room
+        && !room
+            .less(need.times(u64::try_from(unseen).unwrap_or(u64::MAX)))
+            .holds(need)
+    {
+        return Verdict::Unfit(Unplaceable::InsufficientResources);
+    }
     Verdict::Fits { used }
 }
 
 /// The node for one new attempt of a policy with `selector`, or why there is none.
-pub fn choose<'n, 'a>(
+pub fn choose<'a>(
+    nodes: &[NodeView<'a>],
+    selector: &BTreeMap<String, String>,
+    expected: &Expectations,
+    now: Timestamp,
+) -> Result<&'a str, Unplaceable> {
+    choose_fitting(nodes, selector, Resources::default(), expected, now)
+}
+
+/// [`choose`] for a runner that requests `need`: a node whose room cannot hold it is not chosen.
+pub fn choose_fitting<'n, 'a>(
     nodes: &'n [NodeView<'a>],
     selector: &BTreeMap<String, String>,
+    need: Resources,
     expected: &Expectations,
     now: Timestamp,
 ) -> Result<&'a str, Unplaceable> {
     let mut worst = Unplaceable::NoneMatchingSelector;
     let mut best: Option<(&NodeView<'a>, u32)> = None;
     for node in nodes {
-        match judge(node, selector, expected, now) {
+        match judge(node, selector, need, expected, now) {
             Verdict::Unfit(why) => worst = worst.max(why),
             Verdict::Fits { used, .. } => {
                 let better = match best {
@@ -281,6 +372,7 @@ mod tests {
             counted: BTreeSet::new(),
             free_cleaned_slots: 0,
             package_cached: false,
+            room: None,
         }
     }
 
@@ -419,6 +511,7 @@ mod tests {
             Unplaceable::NoAgent,
             Unplaceable::RecoveryIncomplete,
             Unplaceable::AllFull,
+            Unplaceable::InsufficientResources,
         ] {
             assert_eq!(why.reason(), PolicyReason::NoEligibleNode);
             assert!(!why.message().is_empty() && !why.as_str().is_empty());
@@ -458,5 +551,105 @@ mod tests {
         // Expectations expire so a lost watch event cannot block a node for ever.
         exp.expire(Timestamp::from_second(NOW + 301).unwrap());
         assert!(exp.is_empty());
+    }
+
+    fn res(cpu_millis: u64, memory_gib: u64) -> Resources {
+        Resources {
+            cpu_millis,
+            memory_bytes: memory_gib << 30,
+        }
+    }
+
+    #[test]
+    fn the_room_is_allocatable_less_the_pods_requests_and_the_attempts_without_a_pod() {
+        let allocatable = res(4000, 8);
+        // A placeholder of 1.5 CPU / 2 GiB and an ordinary pod of 0.5 / 1; one attempt not yet
+        // launched (no placeholder) that will request 1 / 1.
+        let r = room(allocatable, &[res(1500, 2), res(500, 1)], res(1000, 1));
+        assert_eq!(r, res(1000, 4));
+        // Never below zero.
+        assert_eq!(room(res(1000, 1), &[res(4000, 8)], res(0, 0)), res(0, 0));
+        let parsed = Resources::of(
+            Some(&k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                "1500m".into(),
+            )),
+            Some(&k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                "2Gi".into(),
+            )),
+        );
+        assert_eq!(parsed, res(1500, 2));
+        assert_eq!(Resources::of(None, None), Resources::default());
+    }
+
+    #[test]
+    fn a_node_whose_room_cannot_hold_the_runner_is_not_chosen() {
+        let ci = pool();
+        let sel = pool();
+        let need = res(2000, 4);
+        let mut tight = node("a-tight", &ci, 4);
+        tight.room = Some(res(1500, 16));
+        let mut low_memory = node("b-low-memory", &ci, 4);
+        low_memory.room = Some(res(8000, 3));
+        let mut roomy = node("c-roomy", &ci, 4);
+        roomy.room = Some(res(2000, 4));
+        let unknown = node("d-unknown", &ci, 4);
+        // By name a-tight would win; it and b cannot hold the runner.
+        let nodes = [tight.clone(), low_memory.clone(), roomy.clone()];
+        assert_eq!(
+            choose_fitting(&nodes, &sel, need, &none(), now()),
+            Ok("c-roomy")
+        );
+        assert_eq!(
+            choose_fitting(&nodes[..2], &sel, need, &none(), now()),
+            Err(Unplaceable::InsufficientResources)
+        );
+        // A node whose room is unknown is not filtered; a runner that requests nothing fits.
+        assert_eq!(
+            choose_fitting(&[tight.clone(), unknown], &sel, need, &none(), now()),
+            Ok("d-unknown")
+        );
+        assert_eq!(
+            choose_fitting(&[tight.clone()], &sel, Resources::default(), &none(), now()),
+            Ok("a-tight")
+        );
+        // Full by count is reported before resources (the furthest filter reached wins).
+        let mut full = node("e-full", &ci, 0);
+        full.room = Some(res(0, 0));
+        assert_eq!(
+            choose_fitting(&[full, tight], &sel, need, &none(), now()),
+            Err(Unplaceable::InsufficientResources)
+        );
+    }
+
+    #[test]
+    fn expected_attempts_take_their_share_of_the_room() {
+        let ci = pool();
+        let sel = pool();
+        let need = res(1000, 1);
+        let mut exp = none();
+        let mut a = node("a", &ci, 8);
+        a.room = Some(res(2000, 8));
+        assert_eq!(
+            choose_fitting(&[a.clone()], &sel, need, &exp, now()),
+            Ok("a")
+        );
+        exp.created("web-1", "a", now());
+        assert_eq!(
+            choose_fitting(&[a.clone()], &sel, need, &exp, now()),
+            Ok("a")
+        );
+        exp.created("web-2", "a", now());
+        // Two created, neither seen yet: their 2 CPUs fill the room.
+        assert_eq!(
+            choose_fitting(&[a.clone()], &sel, need, &exp, now()),
+            Err(Unplaceable::InsufficientResources)
+        );
+        // Seen in the cache, the room (computed with them pending) is what counts.
+        a.counted = ["web-1", "web-2"].into();
+        a.room = Some(res(0, 6));
+        assert_eq!(
+            choose_fitting(&[a], &sel, need, &exp, now()),
+            Err(Unplaceable::InsufficientResources)
+        );
     }
 }
