@@ -18,11 +18,11 @@ use runner_manager_crds::conditions::ConditionStatus;
 use runner_manager_crds::policy::{ExecutionMode, WorkspaceMode};
 use runner_manager_crds::state::AttemptState;
 
-use super::Agent;
 use super::attempt_ctx::{Step, StepError, names, runtime_of, take, uuid_of};
 use super::conditions;
 use super::events::{self, EventReason};
 use super::fault::{self, Boundary};
+use super::node::Agent;
 use super::rebuild::journal_of;
 use crate::process::identity_file;
 use crate::workspace::ephemeral::{EphemeralError, remove_ephemeral_runtime};
@@ -184,7 +184,7 @@ pub async fn clean(
     fault::at(Boundary::MidCleanup);
 
     // 3b. The runner's placeholder pod: the runner is stopped and its workspace gone.
-    super::placeholder::after_cleanup(agent, a).await?;
+    agent.placeholder_after_cleanup(a).await?;
 
     // 4. Leases, then `Cleaned`.
     agent.packages.release(&uid);

@@ -36,10 +36,10 @@ use runner_manager_crds::names::short_hex;
 use runner_manager_crds::state::AttemptState;
 use tokio::sync::Notify;
 
-use super::Agent;
 use super::attempt_ctx::{AttemptCtx, Step, StepError};
 use super::events::{self, EventReason};
 use super::labels::ReconcileStage;
+use super::node::Agent;
 use super::orphans::{self, Abandoned};
 use super::rebuild::{self, state_of};
 use super::supervise::{self, AttemptMemory};
@@ -310,16 +310,16 @@ impl NodeView {
             .filter(|(_, a)| state_of(a) == AttemptState::Pending)
             .map(|(uid, _)| uid.clone())
             .collect();
-        if *super::lock(&agent.pending) != pending {
-            *super::lock(&agent.pending) = pending;
+        if agent.set_pending(pending) {
             agent.advert_changed.notify_one();
         }
-        *super::lock(&agent.wanted_packages) = self
-            .known
-            .values()
-            .filter(|a| state_of(a) != AttemptState::Cleaned)
-            .map(|a| a.spec.snapshot.runner.sha256.clone())
-            .collect();
+        agent.set_wanted_packages(
+            self.known
+                .values()
+                .filter(|a| state_of(a) != AttemptState::Cleaned)
+                .map(|a| a.spec.snapshot.runner.sha256.clone())
+                .collect(),
+        );
     }
 }
 

@@ -14,8 +14,8 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio::net::TcpListener;
 
-use super::Agent;
 use super::metrics::{self, Now};
+use super::node::Agent;
 
 /// What readiness needs, as of now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,10 +3,8 @@
 //! the file's test module, builds the graph and fails on a cycle, naming it. A path to an item of
 //! `mod.rs` (`super::Agent`) is an edge to `mod`.
 //!
-//! The graph checked is the children's: `mod.rs` is the root that declares and wires them and
-//! holds the `Agent` every stage is handed (controller-rs's `Context`), so its edges both ways
-//! are left out. Moving `Agent` to a module of its own (with the orphan sweep's state and the
-//! placeholder glue below it) would let the root be checked too; see `docs/architecture.md`.
+//! `mod.rs` is the process root (it wires the children in `run`); the context every stage is
+//! handed (`Agent`) lives below the stages in `node`, so the root is checked like any module.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -203,12 +201,7 @@ mod tests {
         let names: BTreeSet<String> = sources.keys().cloned().collect();
         let graph: BTreeMap<String, BTreeSet<String>> = sources
             .iter()
-            .filter(|(m, _)| m.as_str() != "mod")
-            .map(|(m, text)| {
-                let mut to = references(m, text, &names);
-                to.remove("mod");
-                (m.clone(), to)
-            })
+            .map(|(m, text)| (m.clone(), references(m, text, &names)))
             .collect();
         if let Some(c) = cycle(&graph) {
             panic!(

@@ -31,13 +31,13 @@ use runner_manager_crds::outcome::{FailureReason, Outcome};
 use runner_manager_crds::policy::{ExecutionMode, WorkspaceMode};
 use runner_manager_crds::state::{Actor, AttemptState};
 
-use super::Agent;
 use super::admission::{self, Admission};
 use super::attempt_ctx::{StepError, conclude, names, take, take_written, uuid_of};
 use super::broker_client::JitAnswer;
 use super::conditions;
 use super::events::{self, EventReason};
 use super::fault::{self, Boundary};
+use super::node::Agent;
 use super::rebuild::{journal_of, owner_of, state_of};
 use crate::account::RunnerAccount;
 use crate::handoff::RestrictiveHandoff;
@@ -359,7 +359,8 @@ async fn prepare_and_start(
             drop(turn);
             // The placeholder stands (and the kubelet admitted it) before the JIT is asked for;
             // its wait is part of `prepare` and holds no preparation turn.
-            super::placeholder::before_start(agent, a)
+            agent
+                .placeholder_before_start(a)
                 .instrument(tracing::info_span!("placeholder"))
                 .await
                 .map_err(LaunchFailure::Placeholder)?;

@@ -14,7 +14,8 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use runner_manager_crds::lease::{AgentAdvert, Provider};
 use runner_manager_crds::names::agent_lease_name;
 
-use super::Agent;
+use super::node::Agent;
+use crate::workspace::slot_table::SlotKey;
 
 const FIELD_MANAGER: &str = "runner-manager-node-agent";
 
@@ -154,6 +155,30 @@ pub fn advert(
         providers: [Provider::Native].into(),
         packages,
         free_slots,
+    }
+}
+
+impl Agent {
+    /// What the Lease says now.
+    pub fn advert(&self) -> AgentAdvert {
+        let pending = self.pending();
+        let counted = self.book().counted_with(&pending);
+        let slots = self.slots().clone();
+        advert(
+            self.capacity,
+            counted,
+            self.gate.is_complete(),
+            self.gate.blocked(),
+            cached_packages(&self.host_root.join("packages")),
+            free_cleaned_slots(&self.slots_root, |ns, uid, n| {
+                slots
+                    .leased(&SlotKey {
+                        namespace: ns.to_owned(),
+                        policy_uid: uid.to_owned(),
+                    })
+                    .contains(&n)
+            }),
+        )
     }
 }
 

@@ -6,6 +6,7 @@
 //! supervision"). The agent writes status only, through the journal's CAS; never spec, never
 //! finalizers.
 
+pub mod abandoned;
 pub mod accounts;
 pub mod admission;
 pub mod api_requests;
@@ -26,6 +27,7 @@ pub mod labels;
 pub mod launch;
 pub mod lease;
 pub mod metrics;
+pub mod node;
 pub mod orphans;
 pub mod placeholder;
 pub mod preparation;
@@ -35,13 +37,13 @@ pub mod runner;
 pub mod supervise;
 pub mod watched;
 
+pub use node::Agent;
+
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube::Client;
-use runner_manager_crds::lease::AgentAdvert;
 use tokio::sync::Notify;
 
 use crate::cli::{Cli, LauncherKind};
@@ -53,7 +55,7 @@ use crate::providers::direct::DirectLauncher;
 use crate::providers::systemd::SystemdLauncher;
 use crate::workspace::allocation::AllocationLock;
 use crate::workspace::backoff::CleanupBackoff;
-use crate::workspace::slot_table::{SlotKey, SlotTable};
+use crate::workspace::slot_table::SlotTable;
 use accounts::AccountPool;
 use admission::CapacityBook;
 use broker_client::BrokerClient;
@@ -103,112 +105,6 @@ impl AgentError {
             Self::Signals(_) => "signals",
             Self::Bind(..) => "bind",
         }
-    }
-}
-
-/// Everything the attempt tasks share.
-pub struct Agent {
-    pub node: String,
-    pub host_root: PathBuf,
-    pub slots_root: PathBuf,
-    pub capacity: u32,
-    pub system_namespace: String,
-    pub heartbeat: Duration,
-    pub poll: Duration,
-    /// Backstop grace after the operator-owned registration and idle deadlines.
-    pub deadline_grace: Duration,
-    /// Limits for runners whose policy sets none.
-    pub runner_defaults: RunnerDefaults,
-    pub kube: Client,
-    pub launcher: Box<dyn RunnerLauncher>,
-    /// The OCI provider (`--oci`): runner pods on this node. Without it OCI attempts are
-    /// rejected (`SnapshotUnusable`), never run natively.
-    pub oci: Option<crate::providers::oci::OciProvider<crate::providers::oci::KubePods>>,
-    pub packages: PackageCache,
-    pub allocation: AllocationLock,
-    pub broker: BrokerClient,
-    pub gate: RecoveryGate,
-    book: Mutex<CapacityBook>,
-    accounts: Mutex<AccountPool>,
-    slots: Mutex<SlotTable>,
-    /// Uids of the node's `Pending` attempts at the last watch event (they count against free
-    /// capacity until admitted, and once: see `CapacityBook::counted_with`).
-    pending: Mutex<BTreeSet<String>>,
-    /// Per-attempt backoff of refused slot scrubs.
-    cleanup_backoff: Mutex<CleanupBackoff>,
-    /// Renew the Lease now: the advert changed.
-    pub advert_changed: Notify,
-    /// Attempts whose changed spec was already reported (one event each).
-    spec_warned: Mutex<std::collections::BTreeSet<String>>,
-    /// Between orphan sweeps.
-    pub orphan_sweep: Duration,
-    pub orphans: orphans::OrphanState,
-    /// Placeholder pods beside native runners (`--placeholder-image`); `None`: none.
-    pub placeholders: Option<placeholder::Settings>,
-    /// The package versions (sha256) of the node's attempts not yet `Cleaned`, as the watch last
-    /// showed them: a prune keeps them.
-    wanted_packages: Mutex<BTreeSet<String>>,
-    /// Launches preparing at once (`--preparation-permits`).
-    pub preparation: preparation::PreparationBound,
-}
-
-impl std::fmt::Debug for Agent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Agent")
-            .field("node", &self.node)
-            .finish_non_exhaustive()
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every update under these locks is one insert or remove: a panic elsewhere leaves them
-    // consistent.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Agent {
-    pub fn book(&self) -> MutexGuard<'_, CapacityBook> {
-        lock(&self.book)
-    }
-    pub fn accounts(&self) -> MutexGuard<'_, AccountPool> {
-        lock(&self.accounts)
-    }
-    pub fn slots(&self) -> MutexGuard<'_, SlotTable> {
-        lock(&self.slots)
-    }
-    pub fn cleanup_backoff(&self) -> MutexGuard<'_, CleanupBackoff> {
-        lock(&self.cleanup_backoff)
-    }
-
-    pub fn wanted_packages(&self) -> BTreeSet<String> {
-        lock(&self.wanted_packages).clone()
-    }
-
-    /// True the first time an attempt's changed spec is seen.
-    pub fn warn_spec_changed(&self, attempt: &str) -> bool {
-        lock(&self.spec_warned).insert(attempt.to_owned())
-    }
-
-    /// What the Lease says now.
-    pub fn advert(&self) -> AgentAdvert {
-        let pending = lock(&self.pending).clone();
-        let counted = self.book().counted_with(&pending);
-        let slots = self.slots().clone();
-        lease::advert(
-            self.capacity,
-            counted,
-            self.gate.is_complete(),
-            self.gate.blocked(),
-            lease::cached_packages(&self.host_root.join("packages")),
-            lease::free_cleaned_slots(&self.slots_root, |ns, uid, n| {
-                slots
-                    .leased(&SlotKey {
-                        namespace: ns.to_owned(),
-                        policy_uid: uid.to_owned(),
-                    })
-                    .contains(&n)
-            }),
-        )
     }
 }
 

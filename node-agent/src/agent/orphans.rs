@@ -15,7 +15,7 @@
 //! What fails is retried with the cleanup backoff and never blocks recovery. Everything removed
 //! is counted in `runner_manager_agent_orphans_removed_total{kind}` and said in one log line.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Instant;
 
@@ -27,36 +27,11 @@ use crate::providers::launcher::Stopped;
 use crate::workspace::ephemeral::{EphemeralRemoval, remove_runtime_named, runtime_names};
 use crate::workspace::slot_table::SlotKey;
 
-use super::Agent;
+use super::node::Agent;
 
 pub use super::labels::OrphanKind;
 
-/// An attempt whose object went away while its task held things for it: released by the sweep
-/// once nothing of it runs any more (the account must not serve another runner before then).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Abandoned {
-    pub uid: String,
-    pub slot: Option<(SlotKey, String)>,
-}
-
-/// The sweep's memory between passes.
-#[derive(Debug, Default)]
-pub struct OrphanState {
-    /// By attempt name (12 hex).
-    abandoned: std::sync::Mutex<HashMap<String, Abandoned>>,
-}
-
-impl OrphanState {
-    /// Records an attempt whose object is gone, so its account, package lease and slot lease
-    /// are released once the sweep has proven its runner stopped.
-    pub fn abandon(&self, short: String, what: Abandoned) {
-        self.lock().insert(short, what);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Abandoned>> {
-        self.abandoned.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
+pub use super::abandoned::{Abandoned, OrphanState};
 
 /// What `a` holds on this host, to be released by the sweep should its object go away.
 pub fn held_by(a: &RunnerAttempt) -> Option<(String, Abandoned)> {
@@ -119,7 +94,7 @@ pub async fn sweep(agent: &Agent, claimed: &BTreeSet<String>) -> SweepReport {
         tokio::task::block_in_place(|| sweep_slot_handoffs(agent, &mut report));
     }
     release_abandoned(agent, claimed, &report);
-    super::placeholder::sweep_orphans(agent, claimed).await;
+    agent.sweep_placeholder_orphans(claimed).await;
     if !report.removed.is_empty() {
         let count = |k: OrphanKind| report.removed.iter().filter(|(x, _)| *x == k).count();
         let names: BTreeSet<&str> = report.removed.iter().map(|(_, n)| n.as_str()).collect();

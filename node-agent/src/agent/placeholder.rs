@@ -330,37 +330,6 @@ impl Settings {
     }
 }
 
-/// The launch's step (native attempts, before `Prepared` and the JIT request): the placeholder
-/// stands and the kubelet admitted it, or the launch concludes. Nothing without placeholders.
-pub async fn before_start(agent: &super::Agent, a: &RunnerAttempt) -> Result<(), Refusal> {
-    match agent.placeholders.as_ref() {
-        Some(settings) => ensure(&agent.kube, a, &agent.node, settings).await,
-        None => Ok(()),
-    }
-}
-
-/// Cleanup's step (once the runner is stopped and its workspace cleaned, before `Cleaned`).
-pub async fn after_cleanup(agent: &super::Agent, a: &RunnerAttempt) -> Result<(), kube::Error> {
-    if agent.placeholders.is_none() {
-        return Ok(());
-    }
-    remove_of(&agent.kube, a).await
-}
-
-/// The orphan sweep's step: a failure only warns (the next sweep tries again).
-pub async fn sweep_orphans(agent: &super::Agent, claimed: &BTreeSet<String>) {
-    if agent.placeholders.is_none() {
-        return;
-    }
-    match sweep(&agent.kube, &agent.node, claimed).await {
-        Ok(0) => {}
-        Ok(n) => tracing::warn!(
-            "orphans removed (no attempt of this node claims them): {n} placeholder pod(s)"
-        ),
-        Err(e) => tracing::warn!("placeholder orphans not swept: {e}"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::Agent;
+use super::node::Agent;
 
 /// How long a version this agent used stays through a prune with no attempt wanting it: two
 /// policies pinned to different versions, launching in turns, would otherwise evict each

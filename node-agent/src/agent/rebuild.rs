@@ -8,7 +8,7 @@ use std::path::Path;
 use runner_manager_crds::attempt::{AttemptJournal, RunnerAttempt};
 use runner_manager_crds::state::AttemptState;
 
-use super::Agent;
+use super::node::Agent;
 use crate::workspace::slot_table::JournalledLease;
 
 pub fn journal_of(a: &RunnerAttempt) -> AttemptJournal {

@@ -14,8 +14,8 @@ use runner_manager_crds::outcome::{FailureReason, Outcome};
 use runner_manager_crds::policy::ExecutionMode;
 use runner_manager_crds::state::AttemptState;
 
-use super::Agent;
 use super::attempt_ctx::{Step, StepError, conclude, names, runtime_of, take};
+use super::node::Agent;
 use crate::providers::launcher::StopError;
 use crate::providers::oci::{self, KubePods, OciProvider, PodObservation, PodRef};
 use crate::providers::{NativeProvider, RunnerProvider};

@@ -17,7 +17,6 @@ use runner_manager_crds::outcome::{FailureReason, Outcome};
 use runner_manager_crds::recovery::{ProcessObservation, RecoveryDecision, recovery_decision};
 use runner_manager_crds::state::AttemptState;
 
-use super::Agent;
 use super::attempt_ctx::{AttemptCtx, Step, StepError, runtime_of, timeouts};
 use super::cleanup;
 use super::edges::{
@@ -27,6 +26,7 @@ use super::edges::{
 use super::events::{self, EventReason};
 use super::fault::{self, Boundary};
 use super::launch;
+use super::node::Agent;
 use super::rebuild::journal_of;
 use crate::evidence::{ExitReading, JobEvidence, job_evidence};
 use crate::process::identity_file;
