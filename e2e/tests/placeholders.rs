@@ -1,0 +1,208 @@
+//! Placeholder pods beside native runners (issue 16 item 4, docs/placeholder-pods.md), with the
+//! agent as a process on the real control plane. The development control plane has no kubelet:
+//! a pod bound by `nodeName` stays `Pending`, which is what the second scenario uses — a
+//! placeholder the kubelet never runs must keep the runner from starting. Runs as root with the
+//! runner accounts of `e2e/setup-runner-accounts.sh`. Skipped without KUBECONFIG.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{Api, PostParams};
+use runner_manager_crds::attempt::RunnerAttempt;
+use runner_manager_crds::outcome::{FailureReason, Outcome};
+use runner_manager_crds::policy::RunnerResources;
+use runner_manager_crds::state::AttemptState;
+use runner_manager_e2e::harness::agent::AgentWorld;
+use runner_manager_e2e::harness::wait;
+use runner_manager_node_agent::agent::placeholder::{SAFE_TO_EVICT, Settings, placeholder_pod};
+use runner_manager_node_agent::pods::{self, PodRole};
+
+/// The pause image the real node imports (e2e/cluster/images.sh); never pulled here.
+const PAUSE: &str = "runner-manager.local/pause:1";
+
+fn name(a: &RunnerAttempt) -> String {
+    a.metadata.name.clone().unwrap()
+}
+
+fn placeholder_name(a: &RunnerAttempt) -> String {
+    pods::pod_name(&name(a), PodRole::Placeholder)
+}
+
+fn with_resources(s: &mut runner_manager_crds::attempt::AttemptSnapshot) {
+    s.execution.resources = Some(RunnerResources {
+        cpu: Some(Quantity("1".into())),
+        memory: Some(Quantity("1Gi".into())),
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placeholder_stands_beside_a_native_runner_and_goes_after_its_cleanup() {
+    let Some(w) = AgentWorld::start("placeholder_lifecycle").await.unwrap() else {
+        return;
+    };
+    let agent = w
+        .agent(
+            4,
+            &[
+                ("RM_PLACEHOLDER_IMAGE", PAUSE),
+                ("RM_PLACEHOLDER_WAIT_SECONDS", "0"),
+                ("RM_ORPHAN_SWEEP_SECONDS", "1"),
+            ],
+        )
+        .unwrap();
+    w.wait_recovered().await.unwrap();
+    let pods_api = Api::<Pod>::namespaced(w.kube.clone(), &w.team);
+
+    let a = w.pending_attempt_with(with_resources).await.unwrap();
+    let n = name(&a);
+    // Seen while it stands (a runner that fails fast would take it with its cleanup).
+    let pod = wait::until(Duration::from_secs(60), "the placeholder", || async {
+        pods_api.get_opt(&placeholder_name(&a)).await.ok().flatten()
+    })
+    .await
+    .unwrap();
+    let started = w
+        .wait_for(&n, "Starting or later", |s| {
+            s.journal.state() >= AttemptState::Starting
+        })
+        .await
+        .unwrap();
+    // The placeholder exists once the runner started, owned by the attempt, on its node, with
+    // the policy's resources as requests and the autoscalers' annotation.
+    assert_eq!(
+        pods::owner_attempt(&pod.metadata),
+        Some((n.as_str(), a.metadata.uid.as_deref().unwrap()))
+    );
+    assert_eq!(pods::role_of(&pod.metadata), Some(PodRole::Placeholder));
+    assert_eq!(
+        pod.metadata.annotations.as_ref().unwrap()[SAFE_TO_EVICT],
+        "false"
+    );
+    let spec = pod.spec.as_ref().unwrap();
+    assert_eq!(spec.node_name.as_deref(), Some(w.node().name.as_str()));
+    assert_eq!(spec.automount_service_account_token, Some(false));
+    let requests = spec.containers[0]
+        .resources
+        .as_ref()
+        .unwrap()
+        .requests
+        .clone()
+        .unwrap();
+    assert_eq!(requests["cpu"], Quantity("1".into()));
+    assert_eq!(requests["memory"], Quantity("1Gi".into()));
+    // Created before the JIT was received (second granularity on both sides).
+    let created = pod.metadata.creation_timestamp.clone().unwrap().0;
+    let jit_at = started
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .timestamps()
+        .jit_received_at
+        .clone()
+        .unwrap()
+        .0;
+    assert!(
+        created <= jit_at,
+        "placeholder {created} after the JIT {jit_at}"
+    );
+    if let Some(l) = started.status.as_ref().unwrap().journal.launch.as_ref() {
+        println!(
+            "status.launch (with placeholder): materializeMs={} prepareMs={} registerMs={} spawnMs={}",
+            l.materialize_ms, l.prepare_ms, l.register_ms, l.spawn_ms
+        );
+    }
+
+    // Stopped (terminated while it starts): once Cleaned, the placeholder is gone.
+    w.request_termination(&n, "ScaleDown").await.unwrap();
+    w.deregister(&a).await.unwrap();
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    println!(
+        "concluded {:?}",
+        done.status.as_ref().unwrap().journal.outcome()
+    );
+    assert!(
+        pods_api
+            .get_opt(&placeholder_name(&a))
+            .await
+            .unwrap()
+            .is_none(),
+        "the placeholder outlived its attempt's cleanup"
+    );
+
+    // A placeholder no attempt of the node claims (its attempt is gone) is swept.
+    let mut gone = a.clone();
+    gone.metadata.name = Some("web-00000000dead".into());
+    gone.metadata.uid = Some("00000000-0000-0000-0000-00000000dead".into());
+    let settings = Settings {
+        image: PAUSE.into(),
+        priority_class: None,
+        wait: Duration::ZERO,
+    };
+    let orphan = placeholder_pod(&gone, &w.node().name, &settings).unwrap();
+    pods_api
+        .create(&PostParams::default(), &orphan)
+        .await
+        .unwrap();
+    let orphan_name = orphan.metadata.name.clone().unwrap();
+    wait::until(
+        Duration::from_secs(60),
+        "the orphan sweep removes the unclaimed placeholder",
+        || async {
+            pods_api
+                .get_opt(&orphan_name)
+                .await
+                .ok()
+                .and_then(|p| p.is_none().then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    drop(agent);
+}
+
+/// The order's proof: with a wait for the kubelet and no kubelet (the placeholder stays
+/// `Pending`), the launch concludes before any JIT is asked for and no runner ever starts. Were
+/// the runner started before its placeholder was admitted, the attempt would reach `Starting`
+/// and the broker would have minted a JIT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placeholder_the_kubelet_never_runs_keeps_the_runner_from_starting() {
+    let Some(w) = AgentWorld::start("placeholder_refused").await.unwrap() else {
+        return;
+    };
+    let agent = w
+        .agent(
+            4,
+            &[
+                ("RM_PLACEHOLDER_IMAGE", PAUSE),
+                ("RM_PLACEHOLDER_WAIT_SECONDS", "2"),
+            ],
+        )
+        .unwrap();
+    w.wait_recovered().await.unwrap();
+    let pods_api = Api::<Pod>::namespaced(w.kube.clone(), &w.team);
+    let a = w.pending_attempt_with(with_resources).await.unwrap();
+    let n = name(&a);
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    let journal = &done.status.as_ref().unwrap().journal;
+    assert_eq!(
+        journal.outcome(),
+        Some(Outcome::Failed(FailureReason::ProcessStartFailed))
+    );
+    assert!(journal.process().is_none(), "a runner was started");
+    assert!(journal.runner().is_none(), "a runner was registered");
+    let (_, mints) = w.second_sessions_and_mints().await.unwrap();
+    assert_eq!(mints, 0, "a JIT was minted before the placeholder stood");
+    assert!(
+        pods_api
+            .get_opt(&placeholder_name(&a))
+            .await
+            .unwrap()
+            .is_none(),
+        "the refused placeholder was left"
+    );
+    assert!(w.runtimes().is_empty(), "runtimes left: {:?}", w.runtimes());
+    drop(agent);
+}
