@@ -8,12 +8,10 @@
 //! repository, and a captured delivery replayed under a fresh GUID.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Event, Secret};
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ListParams};
 use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::conditions::{ConditionStatus, find};
 use runner_manager_crds::policy::{PolicyConditionType, PolicyReason, ScalePolicy};
@@ -27,25 +25,6 @@ use serde_json::{Value, json};
 /// How long "nothing changed" is watched: many reconcile passes (the worlds resync every
 /// second) and more than a webhook batch.
 const QUIET: Duration = Duration::from_secs(12);
-
-async fn create_secret(p: &Product, ns: &str, name: &str, data: &[(&str, &str)]) {
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        data: Some(
-            data.iter()
-                .map(|(k, v)| ((*k).to_owned(), ByteString(v.as_bytes().to_vec())))
-                .collect::<BTreeMap<_, _>>(),
-        ),
-        ..Secret::default()
-    };
-    Api::<Secret>::namespaced(p.kube.clone(), ns)
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
-}
 
 async fn get_policy(p: &Product, ns: &str, name: &str) -> Option<ScalePolicy> {
     Api::<ScalePolicy>::namespaced(p.kube.clone(), ns)
@@ -175,7 +154,9 @@ async fn a_foreign_policy_with_a_junk_secret_never_takes_the_victims_jobs() {
         return;
     };
     let attacker = p.extra[0].clone();
-    create_secret(&p, &attacker, "junk", &[("token", "ghp_junkjunkjunkjunk")]).await;
+    p.secret(&attacker, "junk", &[("token", "ghp_junkjunkjunkjunk")])
+        .await
+        .unwrap();
     p.policy_in(
         &attacker,
         "steal",
@@ -369,7 +350,9 @@ async fn a_delivery_signed_with_one_teams_secret_for_another_teams_repository_is
     };
     let team_a = p.extra[0].clone();
     let a_secret = SecretString::from("team-a-hook-secret");
-    create_secret(&p, &team_a, "hook", &[("secret", "team-a-hook-secret")]).await;
+    p.secret(&team_a, "hook", &[("secret", "team-a-hook-secret")])
+        .await
+        .unwrap();
     p.policy_in(
         &team_a,
         "api",
@@ -568,7 +551,6 @@ mod node_confinement {
     };
     use runner_manager_e2e::harness::cluster::fresh_namespace;
     use runner_manager_e2e::harness::fixtures::native_attempt;
-    use runner_manager_e2e::harness::node::{SimNode, unique_node_name};
     use runner_manager_e2e::harness::product::ProductOptions;
     use runner_manager_e2e::harness::wait;
     use runner_manager_e2e::harness::world::World;
@@ -717,14 +699,9 @@ mod node_confinement {
         let ns = fresh_namespace(&kube, "rm-conf").await.unwrap();
         let scope = uuid::Uuid::new_v4().simple().to_string();
         label_namespaces(&kube, &[&sys, &ns], &scope).await.unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let (node_a, node_b) = (unique_node_name("conf-a"), unique_node_name("conf-b"));
-        let a = SimNode::create(&kube, &sys, &node_a, BTreeMap::new(), &dir.path().join("a"))
-            .await
-            .unwrap();
-        let b = SimNode::create(&kube, &sys, &node_b, BTreeMap::new(), &dir.path().join("b"))
-            .await
-            .unwrap();
+        let a = p.add_node("conf-a", BTreeMap::new()).await.unwrap().node;
+        let b = p.add_node("conf-b", BTreeMap::new()).await.unwrap().node;
+        let (node_a, node_b) = (a.name.clone(), b.name.clone());
         grant_agent_rbac(&kube, &sys).await.unwrap();
         let ra_a = attempt_on(&kube, &ns, &a.name).await;
         let ra_b = attempt_on(&kube, &ns, &b.name).await;

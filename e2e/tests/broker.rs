@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::Client;
 use kube::api::{
     Api, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams,
@@ -30,8 +30,8 @@ use runner_manager_e2e::harness;
 use runner_manager_e2e::harness::fixtures::native_attempt;
 use runner_manager_e2e::harness::github::pat_credentials;
 use runner_manager_e2e::harness::node::{
-    AGENT_DAEMONSET, AGENT_POD_IP, AGENT_SA, agent_pod_labels, bound_token, controller_ref,
-    ensure_agent_daemonset, ensure_agent_service_account, ensure_daemonset, set_pod_ip,
+    AGENT_DAEMONSET, AGENT_POD_IP, AGENT_SA, agent_pod_labels, bound_token, ensure_agent_daemonset,
+    ensure_agent_service_account, ensure_daemonset, set_pod_ip,
 };
 use runner_manager_e2e::harness::wait;
 use runner_manager_node_agent::journal::{self, Decision};
@@ -144,8 +144,7 @@ async fn world(test: &str, replicas: usize) -> Option<World> {
     Some(world)
 }
 
-/// A pod as the harness makes agents' pods: controlled by `owner` (when given) and reporting
-/// the loopback address the tests' agents call from.
+/// A pod as the harness makes agents' pods (`harness::node::agent_pod`).
 async fn agent_pod(
     kube: &Client,
     ns: &str,
@@ -155,30 +154,9 @@ async fn agent_pod(
     labels: BTreeMap<String, String>,
     owner: Option<&DaemonSet>,
 ) -> Pod {
-    let pod = Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some(labels),
-            owner_references: owner.map(|ds| vec![controller_ref(ds).unwrap()]),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            node_name: Some(node.into()),
-            service_account_name: Some(sa.into()),
-            containers: vec![Container {
-                name: "agent".into(),
-                image: Some("runner-manager/node-agent:test".into()),
-                ..Container::default()
-            }],
-            ..PodSpec::default()
-        }),
-        ..Pod::default()
-    };
-    let created = Api::<Pod>::namespaced(kube.clone(), ns)
-        .create(&PostParams::default(), &pod)
+    harness::node::agent_pod(kube, ns, name, node, sa, labels, owner)
         .await
-        .unwrap();
-    set_pod_ip(kube, &created, AGENT_POD_IP).await.unwrap()
+        .unwrap()
 }
 
 impl World {

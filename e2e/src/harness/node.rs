@@ -185,16 +185,44 @@ pub async fn create_agent_pod(
     node: &str,
 ) -> Result<Pod, ClusterError> {
     let ds = ensure_agent_daemonset(kube, system).await?;
+    agent_pod(
+        kube,
+        system,
+        &agent_pod_name(node),
+        node,
+        AGENT_SA,
+        agent_pod_labels(),
+        Some(&ds),
+    )
+    .await
+}
+
+/// A pod `name` in `ns` as the harness makes agents' pods — bound to `node`, running as `sa`,
+/// with `labels`, controlled by `owner` (when given) — reporting [`AGENT_POD_IP`], the address
+/// the tests' agents call from. The broker suite makes impostors with it.
+pub async fn agent_pod(
+    kube: &Client,
+    ns: &str,
+    name: &str,
+    node: &str,
+    sa: &str,
+    labels: BTreeMap<String, String>,
+    owner: Option<&DaemonSet>,
+) -> Result<Pod, ClusterError> {
+    let owner_references = match owner {
+        Some(ds) => Some(vec![controller_ref(ds)?]),
+        None => None,
+    };
     let pod = Pod {
         metadata: ObjectMeta {
-            name: Some(agent_pod_name(node)),
-            labels: Some(agent_pod_labels()),
-            owner_references: Some(vec![controller_ref(&ds)?]),
+            name: Some(name.into()),
+            labels: Some(labels),
+            owner_references,
             ..ObjectMeta::default()
         },
         spec: Some(PodSpec {
             node_name: Some(node.into()),
-            service_account_name: Some(AGENT_SA.into()),
+            service_account_name: Some(sa.into()),
             containers: vec![Container {
                 name: "agent".into(),
                 image: Some("runner-manager/node-agent:test".into()),
@@ -204,7 +232,7 @@ pub async fn create_agent_pod(
         }),
         ..Pod::default()
     };
-    let created = Api::<Pod>::namespaced(kube.clone(), system)
+    let created = Api::<Pod>::namespaced(kube.clone(), ns)
         .create(&PostParams::default(), &pod)
         .await?;
     set_pod_ip(kube, &created, AGENT_POD_IP).await

@@ -506,6 +506,11 @@ impl World {
             .ok_or_else(|| "the policy has no uid".to_owned())
     }
 
+    /// A Secret `name` with `data` in namespace `ns`.
+    pub async fn secret(&self, ns: &str, name: &str, data: &[(&str, &str)]) -> Result<(), String> {
+        create_secret(&self.kube, ns, name, data).await
+    }
+
     pub fn attempts(&self) -> Api<runner_manager_crds::attempt::RunnerAttempt> {
         Api::namespaced(self.kube.clone(), &self.team)
     }
