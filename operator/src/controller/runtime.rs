@@ -63,6 +63,10 @@ pub struct Leading {
     rounds: Mutex<Rounds>,
     /// What Lease and Node events last showed that placement reads, to drop no-op renewals.
     seen: Mutex<Seen>,
+    /// Each policy's attempts, kept from the attempt events: a reconcile reads its own attempts
+    /// from the cache by reference instead of scanning every attempt (10,000 at scale, once per
+    /// policy per round).
+    members: Mutex<HashMap<ObjectRef<ScalePolicy>, HashSet<ObjectRef<RunnerAttempt>>>>,
 }
 
 /// The per-pass views of every policy, rebuilt only when a policy's spec, deletion or proof
@@ -97,8 +101,19 @@ struct Seen {
 }
 
 impl Leading {
+    /// Subscribe to the attempt events before this is built: an attempt created in between is
+    /// then both in the store read here and in the events read later.
     pub fn new(ctx: Arc<Ctx>) -> Self {
+        let mut members: HashMap<ObjectRef<ScalePolicy>, HashSet<ObjectRef<RunnerAttempt>>> =
+            HashMap::new();
+        for a in ctx.caches.attempts.state() {
+            members
+                .entry(policy_of(&a))
+                .or_default()
+                .insert(ObjectRef::from_obj(a.as_ref()));
+        }
         Self {
+            members: Mutex::new(members),
             ctx,
             placement: tokio::sync::Mutex::new(PlacementWorker::default()),
             memory: Mutex::default(),
@@ -107,6 +122,35 @@ impl Leading {
             rounds: Mutex::default(),
             seen: Mutex::default(),
         }
+    }
+
+    /// An attempt event: keep the policy's membership current.
+    fn attempt_touched(&self, a: &RunnerAttempt) -> ObjectRef<ScalePolicy> {
+        let policy = policy_of(a);
+        let me = ObjectRef::from_obj(a);
+        let gone = self.ctx.caches.attempts.get(&me).is_none();
+        let mut members = self.members.lock().unwrap_or_else(|e| e.into_inner());
+        if gone {
+            if let Some(set) = members.get_mut(&policy) {
+                set.remove(&me);
+            }
+        } else {
+            members.entry(policy.clone()).or_default().insert(me);
+        }
+        policy
+    }
+
+    /// The policy's attempts as the cache holds them now.
+    fn attempts_of(&self, p: &ScalePolicy) -> Vec<Arc<RunnerAttempt>> {
+        let refs: Vec<ObjectRef<RunnerAttempt>> = self
+            .members
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&ObjectRef::from_obj(p))
+            .map(|set| set.iter().cloned().collect())
+            .unwrap_or_default();
+        let store = &self.ctx.caches.attempts;
+        refs.iter().filter_map(|r| store.get(r)).collect()
     }
 
     fn memory_of(&self, key: &str) -> Arc<tokio::sync::Mutex<PolicyMemory>> {
@@ -342,8 +386,10 @@ pub async fn run(ctx: Arc<Ctx>) {
     }
     let _ = ctx.leading_since.set(Timestamp::now());
     tracing::info!("controllers reconciling");
-    let lead = Arc::new(Leading::new(ctx.clone()));
     let touched = ctx.caches.touched.clone();
+    // Subscribed before `Leading::new` reads the attempt cache (see there).
+    let attempt_events = touched.attempts.subscribe();
+    let lead = Arc::new(Leading::new(ctx.clone()));
     let resync = ctx.settings.resync_interval;
     let rounds = {
         let lead = lead.clone();
@@ -367,7 +413,7 @@ pub async fn run(ctx: Arc<Ctx>) {
         let lead = lead.clone();
         move |a: RunnerAttempt| {
             let mut refs = lead.waiting();
-            refs.push(policy_of(&a));
+            refs.push(lead.attempt_touched(&a));
             refs
         }
     };
@@ -380,7 +426,7 @@ pub async fn run(ctx: Arc<Ctx>) {
         move |n: Node| lead.node_touched(&n)
     };
     let controller = Controller::for_stream(policies, ctx.caches.policies.clone())
-        .watches_stream(touched.attempts.subscribe(), attempt_mapper)
+        .watches_stream(attempt_events, attempt_mapper)
         .watches_stream(touched.leases.subscribe(), lease_mapper)
         .watches_stream(touched.nodes.subscribe(), node_mapper)
         .reconcile_all_on(rounds)
@@ -471,7 +517,6 @@ async fn reconcile_locked(
     mem: &mut PolicyMemory,
 ) -> Result<Action, Failed> {
     let ctx = &lead.ctx;
-    let ns = p.metadata.namespace.as_deref().unwrap_or_default();
     let generation = p.metadata.generation.unwrap_or(0);
     let deleting = p.metadata.deletion_timestamp.is_some();
     if let Some(b) = mem.backoff
@@ -484,10 +529,7 @@ async fn reconcile_locked(
         ));
     }
     let now = Timestamp::now();
-    let mine: Vec<Arc<RunnerAttempt>> = ctx.caches.attempts.state_filter(|a| {
-        a.spec.policy == p.metadata.name.as_deref().unwrap_or_default()
-            && a.metadata.namespace.as_deref().unwrap_or_default() == ns
-    });
+    let mine = lead.attempts_of(p);
     let mut failed = attempts::housekeeping(ctx, &mine, now).await;
     let candidates = || lead.candidates();
     failed.extend(policy::prepare(ctx, mem, p, &mine, &candidates, now).await);
