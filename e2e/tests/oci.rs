@@ -100,6 +100,45 @@ struct KubeletDouble<'a> {
     w: &'a AgentWorld,
 }
 
+/// The kubelet's half of a graceful deletion: a pod bound to a node stays, marked for deletion,
+/// until its kubelet has stopped its containers and removes it. This one removes every runner
+/// pod of the namespace marked for deletion (what the real kubelet does once the container is
+/// gone). Stops when dropped.
+struct FinishesDeletions(tokio::task::JoinHandle<()>);
+
+impl Drop for FinishesDeletions {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn finish_deletions(w: &AgentWorld) -> FinishesDeletions {
+    let api = pods(w);
+    FinishesDeletions(tokio::spawn(async move {
+        let runners = ListParams::default().labels("runner-manager.dev/pod-role=runner");
+        let mut ticks = tokio::time::interval(std::time::Duration::from_millis(200));
+        loop {
+            ticks.tick().await;
+            let Ok(list) = api.list(&runners).await else {
+                continue;
+            };
+            for p in list.items {
+                if p.metadata.deletion_timestamp.is_some() {
+                    let _ = api
+                        .delete(
+                            p.metadata.name.as_deref().unwrap_or_default(),
+                            &DeleteParams {
+                                grace_period_seconds: Some(0),
+                                ..DeleteParams::default()
+                            },
+                        )
+                        .await;
+                }
+            }
+        }
+    }))
+}
+
 impl KubeletDouble<'_> {
     async fn set_status(&self, pod: &Pod, status: serde_json::Value) {
         pods(self.w)
@@ -202,6 +241,7 @@ async fn a_runner_pod_stuck_pulling_its_image_concludes_image_unavailable_and_is
         return;
     };
     let _agent = oci_agent(&w, "4");
+    let _kubelet = finish_deletions(&w);
     w.wait_recovered().await.unwrap();
     let a = w.pending_attempt_with(oci).await.unwrap();
     let n = name(&a);
@@ -257,6 +297,7 @@ async fn a_runner_pod_deleted_by_someone_else_while_preparing_concludes_and_noth
         return;
     };
     let _agent = oci_agent(&w, "120");
+    let _kubelet = finish_deletions(&w);
     w.wait_recovered().await.unwrap();
     let a = w.pending_attempt_with(oci).await.unwrap();
     let n = name(&a);
@@ -292,6 +333,7 @@ async fn a_crash_after_the_pod_is_created_destroys_it_once_and_concludes_prepara
             &[("RM_OCI", "true"), ("RM_AGENT_FAULT", "after-pod-created")],
         )
         .unwrap();
+    let _kubelet = finish_deletions(&w);
     w.wait_recovered().await.unwrap();
     let a = w.pending_attempt_with(oci).await.unwrap();
     let n = name(&a);
@@ -331,6 +373,7 @@ async fn an_oci_runner_takes_its_jit_through_the_handoff_runs_a_job_and_its_pod_
         return;
     };
     let agent = oci_agent(&w, "120");
+    let _kubelet = finish_deletions(&w);
     w.wait_recovered().await.unwrap();
     let a = w.pending_attempt_with(oci).await.unwrap();
     let n = name(&a);

@@ -327,7 +327,7 @@ impl<P: PodApi> OciProvider<P> {
                 .await?;
         }
         for identity in &ours {
-            self.gone_within(ns, identity, Duration::from_secs(5))
+            self.gone_within(ns, identity, Duration::from_secs(30))
                 .await?;
         }
         Ok(ours.len())
