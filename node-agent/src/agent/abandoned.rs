@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use crate::workspace::slot_table::SlotKey;
 
-/// An attempt whose object went away while its task held things for it: released by the sweep
+/// An attempt whose object went away while the agent held things for it: released by the sweep
 /// once nothing of it runs any more (the account must not serve another runner before then).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Abandoned {

@@ -8,7 +8,7 @@
 //! cgroups under the agent's own parent or `rm-<12hex>.service` units, `<hostRoot>/runners/<12hex>`
 //! runtimes) that no attempt of this node claims, and handoff files (`jit-*.tmp`) at the top of a
 //! persistent slot no attempt leases. A claim is any attempt of the node not yet `Cleaned`, and
-//! any attempt whose task is still running, so an attempt being launched is never an orphan.
+//! any attempt a reconcile is running for, so an attempt being launched is never an orphan.
 //! Slots themselves are never removed: a slot keeps its `_work` for the next attempt of its policy.
 //!
 //! A runner is stopped (its whole cgroup or unit, proven empty) before its runtime is removed.
@@ -52,9 +52,9 @@ pub fn held_by(a: &RunnerAttempt) -> Option<(String, Abandoned)> {
     Some((short_hex(uuid), Abandoned { uid, slot }))
 }
 
-/// An attempt's object went away under its task. Before, its runner, runtime, account and
-/// leases were simply forgotten; now the sweep stops and removes what is left and then releases
-/// what it held.
+/// An attempt's object went away (handed over after its running reconcile, if any). Before,
+/// its runner, runtime, account and leases were simply forgotten; now the sweep stops and
+/// removes what is left and then releases what it held.
 pub fn gone(agent: &Agent, uid: &str, held: Option<(String, Abandoned)>) {
     match held {
         Some((short, what)) => agent.orphans.abandon(short, what),
@@ -84,7 +84,7 @@ fn backoff_key(short: &str) -> String {
 }
 
 /// One sweep. `claimed`: the attempt names (12 hex) of every attempt of the node not yet
-/// `Cleaned` and of every attempt whose task still runs.
+/// `Cleaned` and of every attempt a reconcile runs for.
 pub async fn sweep(agent: &Agent, claimed: &BTreeSet<String>) -> SweepReport {
     let mut report = tokio::task::block_in_place(|| sweep_runners(agent, claimed));
     {
