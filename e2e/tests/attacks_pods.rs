@@ -5,6 +5,7 @@
 //! system namespace) confines them. The requests are made with a token bound to simulated agent
 //! pod A, as a compromised node A would make them: every pod but the convention's on node A is
 //! refused, and A cannot delete pods that are not its own.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::time::Duration;
