@@ -8,7 +8,8 @@
 #      with the systemd launcher against the node's systemd; its Lease passes the admission webhook
 #      (the API server calls it at a ClusterIP), it reaches the broker by its Service's DNS name;
 #      the Lease rule's ValidatingAdmissionPolicy (admissionPolicy.enabled) refuses another node's
-#      Lease to a token bound to the agent's pod; with the node's /var/lib made 0700 the agent
+#      Lease to a token bound to the agent's pod, and the agent-pods policy a privileged, unowned
+#      pod (the placeholder PriorityClass exists); with the node's /var/lib made 0700 the agent
 #      refuses to start (its roots preflight in the node's view), at 0755 it is Ready again;
 #   2. a GitHub App Secret and a ScalePolicy; jobs queued on the simulated GitHub, delivered as
 #      signed webhooks to the webhook Service: each runner starts as a transient unit of the node's
