@@ -463,3 +463,92 @@ async fn an_oci_runner_takes_its_jit_through_the_handoff_runs_a_job_and_its_pod_
         assert!(!logs.contains(jit.as_str()), "the JIT in the agent's log");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_adopts_its_running_pod_without_a_second_jit() {
+    let Some(w) = AgentWorld::start("a_restarted_agent_adopts_its_running_pod")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let mut agent = oci_agent(&w, "120");
+    let _kubelet = finish_deletions(&w);
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt_with(oci).await.unwrap();
+    let n = name(&a);
+    let pod = wait_pod(&w, &n).await;
+    let kubelet = KubeletDouble { w: &w };
+    let mut container = kubelet.run_container(&pod);
+    kubelet.running(&pod).await;
+    w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    w.wait_online(&a).await.unwrap();
+    w.set_github(&n, true, false, 1).await.unwrap();
+    let idle = w.wait_state(&n, AttemptState::Idle).await.unwrap();
+    let identity = idle
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .environment()
+        .unwrap()
+        .clone();
+
+    agent.terminate().unwrap();
+    wait::until(STEP, "the agent to exit", || {
+        let status = agent.child.try_wait().ok().flatten();
+        async move { status }
+    })
+    .await
+    .unwrap();
+    assert!(
+        container.try_wait().unwrap().is_none(),
+        "the runner died with the agent"
+    );
+
+    let _again = oci_agent(&w, "120");
+    w.wait_recovered().await.unwrap();
+    let now = w.attempts().get(&n).await.unwrap();
+    let journal = &now.status.as_ref().unwrap().journal;
+    assert_eq!(journal.state(), AttemptState::Idle);
+    assert_eq!(
+        journal.environment(),
+        Some(&identity),
+        "the same pod, adopted"
+    );
+
+    // Supervised again: a job runs on it, it is concluded, destroyed and cleaned.
+    let job = w.queue_job(500).await.unwrap();
+    w.wait_assigned(job).await.unwrap();
+    w.set_job(&n, job).await.unwrap();
+    w.set_github(&n, true, true, 2).await.unwrap();
+    w.wait_state(&n, AttemptState::Busy).await.unwrap();
+    let status = tokio::task::spawn_blocking(move || container.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    let live = pods(&w)
+        .get(pod.metadata.name.as_deref().unwrap())
+        .await
+        .unwrap();
+    kubelet
+        .terminated(
+            &live,
+            if status.success() {
+                "Succeeded"
+            } else {
+                "Failed"
+            },
+            "Completed",
+            status.code().unwrap_or(1),
+        )
+        .await;
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(outcome(&done), Some(Outcome::CompletedJob), "{status:?}");
+    wait_no_pod(&w, &n).await;
+    assert_eq!(
+        w.fake.running.fake.world().issued_jits.len(),
+        1,
+        "no second JIT after the restart"
+    );
+}
