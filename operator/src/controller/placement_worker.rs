@@ -14,7 +14,7 @@ use runner_manager_crds::lease::AgentAdvert;
 use runner_manager_crds::names::agent_lease_name;
 use runner_manager_crds::outcome::{Outcome, RejectReason};
 
-use crate::policy::placement::{self, AgentLease, Expectations, NodeView, Unplaceable};
+use crate::policy::placement::{self, AgentLease, Expectations, NodeView, Resources, Unplaceable};
 
 /// What placement knows of one node, owned (the views borrow from it).
 #[derive(Clone, Debug)]
@@ -25,6 +25,9 @@ pub struct NodeFacts {
     pub agent: Option<AgentLease>,
     pub advert: Option<AgentAdvert>,
     pub counted: BTreeSet<String>,
+    /// The node's allocatable CPU and memory less what its counted attempts request (their
+    /// placeholder or runner pod's requests); `None` when the Node publishes no allocatable.
+    pub room: Option<Resources>,
 }
 
 /// The agent Lease of a node, read as placement needs it. A Lease whose advert cannot be parsed
@@ -89,6 +92,7 @@ pub fn node_facts(
         .filter_map(|l| Some((l.metadata.name.as_deref()?, *l)))
         .collect();
     let mut counted: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    let mut requested: BTreeMap<&str, Resources> = BTreeMap::new();
     let mut refused: BTreeSet<&str> = BTreeSet::new();
     for a in attempts {
         if rejected_recently(a, now) {
@@ -106,6 +110,14 @@ pub fn node_facts(
                 .entry(a.spec.node_name.as_str())
                 .or_default()
                 .insert(name.to_owned());
+            let r = a.spec.snapshot.execution.resources.as_ref();
+            let need = Resources::of(
+                r.and_then(|r| r.cpu.as_ref()),
+                r.and_then(|r| r.memory.as_ref()),
+            );
+            let sum = requested.entry(a.spec.node_name.as_str()).or_default();
+            sum.cpu_millis = sum.cpu_millis.saturating_add(need.cpu_millis);
+            sum.memory_bytes = sum.memory_bytes.saturating_add(need.memory_bytes);
         }
     }
     nodes
@@ -136,6 +148,18 @@ pub fn node_facts(
                 agent: agent.as_ref().map(|(a, _)| a.clone()),
                 advert: agent.map(|(_, ad)| ad),
                 counted: counted.remove(name).unwrap_or_default(),
+                room: n
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.allocatable.as_ref())
+                    .map(|a| Resources::of(a.get("cpu"), a.get("memory")))
+                    .map(|allocatable| {
+                        placement::room(
+                            allocatable,
+                            &[],
+                            requested.get(name).copied().unwrap_or_default(),
+                        )
+                    }),
             })
         })
         .collect()
@@ -163,10 +187,12 @@ impl PlacementWorker {
     }
 
     /// Choose a node for one attempt of a policy (`policy_uid`, `sha256` of its package).
+    #[allow(clippy::too_many_arguments)]
     pub fn choose(
         &self,
         facts: &[NodeFacts],
         selector: &BTreeMap<String, String>,
+        need: Resources,
         policy_uid: &str,
         sha256: &str,
         now: Timestamp,
@@ -188,12 +214,11 @@ impl PlacementWorker {
                     .advert
                     .as_ref()
                     .is_some_and(|a| a.packages.contains(sha256)),
-                // Not yet observed by the operator (docs/placeholder-pods.md, "Placement"):
-                // unknown rooms are not filtered.
-                room: None,
+                room: f.room,
             })
             .collect();
-        placement::choose(&views, selector, &self.expectations, now).map(str::to_owned)
+        placement::choose_fitting(&views, selector, need, &self.expectations, now)
+            .map(str::to_owned)
     }
 
     pub fn created(&mut self, name: &str, node: &str, now: Timestamp) {
@@ -260,6 +285,59 @@ mod tests {
     }
 
     #[test]
+    fn a_nodes_room_is_its_allocatable_less_its_counted_attempts_requests_and_placement_honours_it()
+    {
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let now = Timestamp::from_second(10_000).unwrap();
+        let mut a = node("a");
+        a.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            allocatable: Some(BTreeMap::from([
+                ("cpu".to_owned(), Quantity("4".into())),
+                ("memory".to_owned(), Quantity("8Gi".into())),
+            ])),
+            ..Default::default()
+        });
+        let b = node("b");
+        let leases = [lease("a", 8, 9_990), lease("b", 8, 9_990)];
+        let mut big = attempt("p1", "a");
+        big.spec.snapshot.execution.resources =
+            Some(runner_manager_crds::policy::RunnerResources {
+                cpu: Some(Quantity("3".into())),
+                memory: Some(Quantity("2Gi".into())),
+            });
+        let facts = node_facts(
+            &[&a, &b],
+            &leases.iter().collect::<Vec<_>>(),
+            &[&big],
+            now,
+            None,
+        );
+        assert_eq!(
+            facts[0].room,
+            Some(Resources {
+                cpu_millis: 1000,
+                memory_bytes: 6 << 30
+            })
+        );
+        assert_eq!(facts[1].room, None, "no allocatable published: unknown");
+        let w = PlacementWorker::new();
+        let sel = BTreeMap::from([("pool".to_owned(), "ci".to_owned())]);
+        let two_cpus = Resources {
+            cpu_millis: 2000,
+            memory_bytes: 1 << 30,
+        };
+        // By name `a` would win; its room cannot hold two CPUs, `b`'s is unknown.
+        assert_eq!(
+            w.choose(&facts, &sel, two_cpus, "u", &"ab".repeat(32), now),
+            Ok("b".to_owned())
+        );
+        assert_eq!(
+            w.choose(&facts[..1], &sel, two_cpus, "u", &"ab".repeat(32), now),
+            Err(Unplaceable::InsufficientResources)
+        );
+    }
+
+    #[test]
     fn facts_count_the_journal_and_a_recent_rejection_fills_the_node() {
         let now = Timestamp::from_second(10_000).unwrap();
         let (a, b) = (node("a"), node("b"));
@@ -299,7 +377,14 @@ mod tests {
         let w = PlacementWorker::new();
         let sel = BTreeMap::from([("pool".to_owned(), "ci".to_owned())]);
         assert_eq!(
-            w.choose(&facts, &sel, "u", &"ab".repeat(32), now),
+            w.choose(
+                &facts,
+                &sel,
+                Resources::default(),
+                "u",
+                &"ab".repeat(32),
+                now
+            ),
             Ok("a".into())
         );
         let later = Timestamp::from_second(10_040).unwrap();
@@ -317,7 +402,14 @@ mod tests {
             "cooled down"
         );
         assert_eq!(
-            w.choose(&facts, &sel, "u", &"ab".repeat(32), later),
+            w.choose(
+                &facts,
+                &sel,
+                Resources::default(),
+                "u",
+                &"ab".repeat(32),
+                later
+            ),
             Ok("b".into()),
             "spread: b holds nothing"
         );
@@ -341,12 +433,27 @@ mod tests {
         let mut w = PlacementWorker::new();
         let sel = BTreeMap::from([("pool".to_owned(), "ci".to_owned())]);
         assert_eq!(
-            w.choose(&facts, &sel, "u", &"ab".repeat(32), now),
+            w.choose(
+                &facts,
+                &sel,
+                Resources::default(),
+                "u",
+                &"ab".repeat(32),
+                now
+            ),
             Ok("a".into())
         );
         w.created("p2", "a", now);
         assert!(
-            w.choose(&facts, &sel, "u", &"ab".repeat(32), now).is_err(),
+            w.choose(
+                &facts,
+                &sel,
+                Resources::default(),
+                "u",
+                &"ab".repeat(32),
+                now
+            )
+            .is_err(),
             "2 of 2 used: full, whatever the advert says"
         );
         // A cap above the advert changes nothing.

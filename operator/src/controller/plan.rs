@@ -800,6 +800,12 @@ pub fn place(
     mut new_id: impl FnMut() -> uuid::Uuid,
 ) -> Result<Placed, ReconcileError> {
     let uid = policy.metadata.uid.clone().unwrap_or_default();
+    // The scheduler's view of the runner: its placeholder (native) or pod (OCI) requests this.
+    let resources = policy.spec.execution.resources.as_ref();
+    let need = crate::policy::placement::Resources::of(
+        resources.and_then(|r| r.cpu.as_ref()),
+        resources.and_then(|r| r.memory.as_ref()),
+    );
     let mut lineage = replaces.iter();
     let mut attempts: Vec<NewAttempt> = Vec::new();
     let mut refused = None;
@@ -807,6 +813,7 @@ pub fn place(
         let node = match worker.choose(
             facts,
             &policy.spec.node_selector,
+            need,
             &uid,
             &pinned.package.sha256,
             now,

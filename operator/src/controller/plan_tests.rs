@@ -977,6 +977,7 @@ fn node(name: &str, capacity: u32) -> NodeFacts {
         }),
         advert: None,
         counted: BTreeSet::new(),
+        room: None,
     }
 }
 
