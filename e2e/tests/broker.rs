@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
-use kube::Client;
 use kube::api::{
     Api, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams,
 };
@@ -71,7 +70,7 @@ async fn world(test: &str, replicas: usize) -> Option<World> {
     ensure_agent_service_account(&kube, &system).await.unwrap();
     let agents = ensure_agent_daemonset(&kube, &system).await.unwrap();
     for node in ["node-a", "node-b"] {
-        agent_pod(
+        harness::node::agent_pod(
             &kube,
             &system,
             &format!("agent-{node}"),
@@ -80,7 +79,8 @@ async fn world(test: &str, replicas: usize) -> Option<World> {
             agent_pod_labels(),
             Some(&agents),
         )
-        .await;
+        .await
+        .unwrap();
     }
 
     let ownership = world.ownership_label().await.unwrap();
@@ -142,21 +142,6 @@ async fn world(test: &str, replicas: usize) -> Option<World> {
         world.trust_published_ca().await;
     }
     Some(world)
-}
-
-/// A pod as the harness makes agents' pods (`harness::node::agent_pod`).
-async fn agent_pod(
-    kube: &Client,
-    ns: &str,
-    name: &str,
-    node: &str,
-    sa: &str,
-    labels: BTreeMap<String, String>,
-    owner: Option<&DaemonSet>,
-) -> Pod {
-    harness::node::agent_pod(kube, ns, name, node, sa, labels, owner)
-        .await
-        .unwrap()
 }
 
 impl World {
@@ -419,7 +404,7 @@ async fn callers_that_are_not_the_attempts_agent_are_refused() {
         )
         .await
         .unwrap();
-    agent_pod(
+    harness::node::agent_pod(
         &w.kube,
         &w.system,
         "intruder-node-a",
@@ -428,14 +413,15 @@ async fn callers_that_are_not_the_attempts_agent_are_refused() {
         agent_pod_labels(),
         Some(&agent_daemonset(&w).await),
     )
-    .await;
+    .await
+    .unwrap();
     let intruder = w
         .token("intruder-node-a", "intruder", BROKER_AUDIENCE)
         .await;
     let (status, body) = w.ask(&attempt, Some(&intruder)).await;
     assert_eq!((status, code(&body)), (403, "WrongNode"), "{body}");
     // A pod of the agent's account but not an agent (no agent labels).
-    agent_pod(
+    harness::node::agent_pod(
         &w.kube,
         &w.system,
         "stray-node-a",
@@ -444,7 +430,8 @@ async fn callers_that_are_not_the_attempts_agent_are_refused() {
         BTreeMap::new(),
         Some(&agent_daemonset(&w).await),
     )
-    .await;
+    .await
+    .unwrap();
     let stray = w.token("stray-node-a", AGENT_SA, BROKER_AUDIENCE).await;
     let (status, body) = w.ask(&attempt, Some(&stray)).await;
     assert_eq!((status, code(&body)), (403, "WrongNode"), "{body}");
@@ -504,7 +491,7 @@ async fn a_pod_posing_as_an_agent_or_a_token_used_from_elsewhere_gets_no_jit() {
 
     // (a) Everything the old broker checked is right — service account, agent labels, node,
     // pod IP — but no controller at all.
-    agent_pod(
+    harness::node::agent_pod(
         &w.kube,
         &w.system,
         "forged-no-owner",
@@ -513,7 +500,8 @@ async fn a_pod_posing_as_an_agent_or_a_token_used_from_elsewhere_gets_no_jit() {
         agent_pod_labels(),
         None,
     )
-    .await;
+    .await
+    .unwrap();
     let token = w.token("forged-no-owner", AGENT_SA, BROKER_AUDIENCE).await;
     let (status, body) = w.ask(&attempt, Some(&token)).await;
     assert_eq!((status, code(&body)), (403, "WrongNode"), "{body}");
@@ -527,7 +515,7 @@ async fn a_pod_posing_as_an_agent_or_a_token_used_from_elsewhere_gets_no_jit() {
     let decoy = ensure_daemonset(&w.kube, &w.system, "decoy-node-agent", agent_pod_labels())
         .await
         .unwrap();
-    agent_pod(
+    harness::node::agent_pod(
         &w.kube,
         &w.system,
         "forged-decoy-owner",
@@ -536,7 +524,8 @@ async fn a_pod_posing_as_an_agent_or_a_token_used_from_elsewhere_gets_no_jit() {
         agent_pod_labels(),
         Some(&decoy),
     )
-    .await;
+    .await
+    .unwrap();
     let token = w
         .token("forged-decoy-owner", AGENT_SA, BROKER_AUDIENCE)
         .await;
@@ -756,21 +745,7 @@ async fn wait_for_faults_left(w: &World, left: usize) {
 /// queue when the request arrives): the broker has read the attempt, so a write now makes its
 /// CAS stale.
 async fn wait_for_mint_in_flight(w: &World) {
-    use runner_manager_e2e::fake_github::endpoint::Endpoint;
-    let fake = w.fake.running.fake.clone();
-    wait::until(Duration::from_secs(10), "the mint to reach GitHub", || {
-        let fake = fake.clone();
-        async move {
-            let pending = fake
-                .world()
-                .faults
-                .get(&Endpoint::GenerateJitconfig)
-                .map_or(0, |q| q.len());
-            (pending == 0).then_some(())
-        }
-    })
-    .await
-    .unwrap();
+    wait_for_faults_left(w, 0).await;
 }
 
 #[tokio::test]
