@@ -20,7 +20,7 @@ use super::github::ORG;
 use super::node::SimNode;
 use super::process::{Running, binary, operator_addrs};
 use super::wait;
-use super::world::{NodeHost, Package, World, WorldBuilder, fail, kill_cgroup_tree};
+use super::world::{NodeHost, Package, World, WorldBuilder, fail, kill_cgroup_tree, over_world};
 use crate::fake_github::PackageInfo;
 use crate::fake_github::scope::Scope;
 
@@ -38,20 +38,7 @@ pub struct AgentWorld {
     pub on: NodeHost,
 }
 
-impl std::ops::Deref for AgentWorld {
-    type Target = World;
-    fn deref(&self) -> &World {
-        &self.world
-    }
-}
-
-impl std::fmt::Debug for AgentWorld {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AgentWorld")
-            .field("world", &self.world)
-            .finish_non_exhaustive()
-    }
-}
+over_world!(AgentWorld);
 
 impl WorldBuilder {
     /// A world for one node agent under test: the stand-in runner package published, the

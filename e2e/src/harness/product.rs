@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use super::process::{OperatorAddrs, Running, operator_addrs};
 use super::wait;
-use super::world::{NodeHost, Package, World, WorldBuilder, fail, kill_cgroup_tree};
+use super::world::{NodeHost, Package, World, WorldBuilder, fail, kill_cgroup_tree, over_world};
 use crate::fake_github::PackageInfo;
 
 /// How long one scenario step may take on this shared 2-core machine.
@@ -118,20 +118,7 @@ pub struct Product {
     env: Vec<(String, String)>,
 }
 
-impl std::ops::Deref for Product {
-    type Target = World;
-    fn deref(&self) -> &World {
-        &self.world
-    }
-}
-
-impl std::fmt::Debug for Product {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Product")
-            .field("world", &self.world)
-            .finish_non_exhaustive()
-    }
-}
+over_world!(Product);
 
 impl WorldBuilder {
     /// The whole product over this world: the stand-in runner package published, the App

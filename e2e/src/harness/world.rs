@@ -537,6 +537,28 @@ async fn create_policy(
         .map_err(|e| fail("create policy", e))
 }
 
+/// What a layer over a [`World`] (a struct with a `world: World` field) offers: the world's
+/// fields and helpers through `Deref`, and a `Debug` that names the world.
+macro_rules! over_world {
+    ($layer:ident) => {
+        impl std::ops::Deref for $layer {
+            type Target = $crate::harness::world::World;
+            fn deref(&self) -> &$crate::harness::world::World {
+                &self.world
+            }
+        }
+
+        impl std::fmt::Debug for $layer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($layer))
+                    .field("world", &self.world)
+                    .finish_non_exhaustive()
+            }
+        }
+    };
+}
+pub(crate) use over_world;
+
 pub(crate) fn fail(what: &str, e: impl std::fmt::Display) -> String {
     format!("{what}: {e}")
 }
