@@ -1320,6 +1320,64 @@ async fn github_calls_per_launched_runner_in_a_burst() {
     assert!(calls > 0);
 }
 
+/// Runners per job in a burst (issue 15 item 6): ten jobs queued at once make exactly ten
+/// attempts, however the reconciles triggered by the ledger writes, the creates and the policy's
+/// own status writes interleave with the watch events. The policy settles `Steady` at ten idle
+/// runners for ten pending jobs (the scripted runners take no job), and no attempt beyond ten
+/// was ever created, scale-down included.
+#[tokio::test]
+async fn a_burst_of_jobs_creates_one_runner_per_job() {
+    let Some(mut w) = world("a_burst_creates_one_runner_per_job").await else {
+        return;
+    };
+    let op = w.start_operator(&[]).await;
+    w.add_node(
+        Script {
+            capacity: 20,
+            ..Script::default()
+        },
+        op,
+    )
+    .await;
+    w.policy("web", json!({"maxRunners": 20, "minIdle": 0}))
+        .await;
+    wait::until(LONG, "the policy Ready", || async {
+        matches!(
+            w.condition("web", PolicyConditionType::Ready).await,
+            Some((ConditionStatus::True, ..))
+        )
+        .then_some(())
+    })
+    .await
+    .unwrap();
+    w.hook_to(op).await;
+    futures_util::future::join_all((0..10).map(|_| w.queue_job())).await;
+    w.attempts_until("ten idle runners", LONG, |l| {
+        (l.iter().filter(|a| state(a) == AttemptState::Idle).count() == 10).then_some(())
+    })
+    .await;
+    wait::until(LONG, "the policy Steady at ten", || async {
+        let p = w.policies().get("web").await.ok()?;
+        let s = p.status?;
+        let steady = s
+            .conditions
+            .iter()
+            .any(|c| c.type_ == PolicyConditionType::Scaling && c.reason == PolicyReason::Steady);
+        (steady && s.desired == 10 && s.idle == 10).then_some(())
+    })
+    .await
+    .unwrap();
+    let all = w.list().await;
+    assert_eq!(
+        all.len(),
+        10,
+        "one attempt per job: {:?}",
+        all.iter()
+            .map(|a| (a.metadata.name.clone(), state(a)))
+            .collect::<Vec<_>>()
+    );
+}
+
 #[tokio::test]
 async fn deleting_a_policy_drains_it_and_abandon_releases_a_stuck_attempt() {
     let Some(mut w) = world("deleting_a_policy_drains").await else {

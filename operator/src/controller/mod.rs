@@ -114,6 +114,8 @@ pub struct PolicyMemory {
     pub walk_added: HashMap<String, Instant>,
     /// Attempts created for the policy and not yet in the cache, by name: when created.
     pub created: HashMap<String, Instant>,
+    /// The status fields last written, and when.
+    pub status_written: Option<(serde_json::Value, Instant)>,
     /// `ScaleSet` policies: the message-session listener (dropped, and its session deleted,
     /// with this memory: leadership lost, policy gone).
     pub scale_set_listener: Option<scaleset_listener::Listener>,

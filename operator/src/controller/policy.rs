@@ -370,8 +370,14 @@ pub async fn reconcile(
     for name in &applied.created {
         mem.created.insert(name.clone(), Instant::now());
     }
+    if let Some(v) = &applied.status_written {
+        mem.status_written = Some((v.clone(), Instant::now()));
+    }
     applied
 }
+
+/// How long a status this leader wrote is taken as current when the cache does not show it yet.
+const STATUS_ECHO: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How long a created attempt the cache does not show is still counted as supply (the
 /// placement worker's expectations last as long).
@@ -389,6 +395,8 @@ pub struct Applied {
     pub wake_at: Option<Timestamp>,
     /// The attempts created.
     pub created: Vec<String>,
+    /// The status fields written.
+    pub status_written: Option<Value>,
 }
 
 /// Carry out a plan. Every step is tried whatever an earlier one did (as a level-triggered pass
@@ -577,19 +585,27 @@ async fn apply_run(
     events.extend(unplaceable);
     publish(ctx, policy, events);
     let old = policy.status.clone().unwrap_or_default();
-    if next != old
-        && let Err(source) = ctx
-            .writer
-            .policy_status(ns, name, status_fields(&next))
-            .await
-    {
-        errors.push(ReconcileError::Status(source));
+    let fields = status_fields(&next);
+    // A reconcile triggered by an event older than this leader's last status write (its own
+    // finalizer write, say) sees the status before that write: the same fields are not sent
+    // again while the cache catches up.
+    let just_written = mem
+        .status_written
+        .as_ref()
+        .is_some_and(|(v, at)| *v == fields && at.elapsed() < STATUS_ECHO);
+    let mut status_written = None;
+    if next != old && !just_written {
+        match ctx.writer.policy_status(ns, name, fields.clone()).await {
+            Ok(()) => status_written = Some(fields),
+            Err(source) => errors.push(ReconcileError::Status(source)),
+        }
     }
     Applied {
         errors,
         wants_capacity,
         wake_at,
         created,
+        status_written,
     }
 }
 

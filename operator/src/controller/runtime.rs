@@ -76,8 +76,15 @@ struct Index {
     /// What each cached policy looked like when the views were built.
     marks: HashMap<String, (i64, bool, bool)>,
     conflicts: Option<Arc<HashMap<String, Vec<String>>>>,
-    candidates: Option<Arc<Candidates>>,
+    /// The job matcher, when it was built, and whether a proof (`Ready`) changed since. A stale
+    /// one is rebuilt at most once per [`CANDIDATES_MAX_AGE`]: in a fresh install's first round
+    /// every policy's first status write proves it, and rebuilding per write would parse every
+    /// URL a thousand times. Polling, its only reader, repairs missed deliveries on intervals of
+    /// seconds, so a matcher a second old loses nothing.
+    candidates: Option<(Arc<Candidates>, Instant, bool)>,
 }
+
+const CANDIDATES_MAX_AGE: Duration = Duration::from_secs(1);
 
 fn mark(p: &ScalePolicy) -> (i64, bool, bool) {
     (
@@ -171,6 +178,10 @@ impl Leading {
             .get(&ObjectRef::from_obj(p))
             .is_none();
         let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        if index.conflicts.is_none() && index.candidates.is_none() {
+            // Nothing built yet: the next build reads every policy anyway.
+            return;
+        }
         let now = (!gone).then(|| mark(p));
         let before = index.marks.get(&k).copied();
         if before == now {
@@ -181,7 +192,9 @@ impl Leading {
             Some(m) => index.marks.insert(k, m),
             None => index.marks.remove(&k),
         };
-        index.candidates = None;
+        if let Some((_, _, stale)) = index.candidates.as_mut() {
+            *stale = true;
+        }
         if spec_changed {
             index.conflicts = None;
         }
@@ -201,7 +214,9 @@ impl Leading {
 
     fn candidates(&self) -> Arc<Candidates> {
         let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = &index.candidates {
+        if let Some((c, at, stale)) = &index.candidates
+            && (!*stale || at.elapsed() < CANDIDATES_MAX_AGE)
+        {
             return c.clone();
         }
         let all = self.ctx.caches.policies.state();
@@ -211,7 +226,7 @@ impl Leading {
             false,
             &self.ctx.settings.owner_bindings,
         ));
-        index.candidates = Some(c.clone());
+        index.candidates = Some((c.clone(), Instant::now(), false));
         c
     }
 
@@ -331,24 +346,36 @@ impl Leading {
         rounds.current = Some((Instant::now(), keys));
     }
 
-    /// A policy was reconciled: close the round when it was the last one the round waited for
-    /// (policies deleted meanwhile are not waited for).
+    /// A policy was reconciled: close the round when it was the last one the round waited for.
+    /// Policies deleted meanwhile are dropped from the round by the sweep (`forget_gone`), not
+    /// here: checking every pending key on every reconcile is quadratic in a round.
     fn reconciled(&self, k: &str) {
         let mut rounds = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((started, pending)) = rounds.current.as_mut() else {
+        let Some((_, pending)) = rounds.current.as_mut() else {
             return;
         };
         pending.remove(k);
-        if !pending.is_empty() {
-            let store = &self.ctx.caches.policies;
-            pending.retain(|k| {
-                k.split_once('/')
-                    .is_some_and(|(ns, name)| store.get(&ObjectRef::new(name).within(ns)).is_some())
-            });
-            if !pending.is_empty() {
-                return;
-            }
+        if pending.is_empty() {
+            self.close_round(&mut rounds);
         }
+    }
+
+    /// Drop from the current round the policies no longer cached.
+    fn forget_gone(&self, live: &HashSet<String>) {
+        let mut rounds = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((_, pending)) = rounds.current.as_mut() else {
+            return;
+        };
+        pending.retain(|k| live.contains(k));
+        if pending.is_empty() {
+            self.close_round(&mut rounds);
+        }
+    }
+
+    fn close_round(&self, rounds: &mut Rounds) {
+        let Some((started, _)) = rounds.current.as_ref() else {
+            return;
+        };
         let elapsed = started.elapsed();
         rounds.current = None;
         rounds.done += 1;
@@ -492,6 +519,7 @@ async fn sweep(lead: Arc<Leading>) {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .retain(|r| policies.get(r).is_some());
+            lead.forget_gone(&live);
         }
         tokio::time::sleep(ctx.settings.resync_interval).await;
     }
