@@ -99,7 +99,8 @@ drop_jobs_ns
 H uninstall $rel -n $ns >/dev/null 2>&1 || true
 # Quicker heartbeats and passes than the defaults, for a scenario of a few minutes.
 tuning=(--set nodeAgent.capacity=3 --set nodeAgent.heartbeatSeconds=2 --set operator.resyncInterval=2s
-  --set operator.observeInterval=5s --set admissionPolicy.enabled=true)
+  --set operator.observeInterval=5s --set admissionPolicy.enabled=true
+  --set "placeholders.image=$(sed -n 1p "$RM_IMAGES/pause.ref")")
 install_product $rel $ns "${tuning[@]}" || fail "the operator or the node agent is not Ready"
 chart_values
 say "helm install: operator ${op#*@}, node agent ${ag#*@}: both Ready on node $RM_CLUSTER_NODE"
