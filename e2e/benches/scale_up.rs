@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use kube::api::{Api, WatchEvent, WatchParams};
 use runner_manager_crds::attempt::RunnerAttempt;
+use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::process::rss_kib;
 use runner_manager_e2e::harness::product::{NodeOptions, Product, ProductOptions, WriteCounter};
 use runner_manager_e2e::harness::telemetry::{agent_health, get, sample};
@@ -30,11 +31,12 @@ use runner_manager_e2e::harness::world::World;
 use serde_json::json;
 
 /// When each attempt was first seen with a runner process in its journal (and, in `created`,
-/// when it was first seen at all).
+/// when it was first seen at all; in the third map, when it was first seen in each state).
 #[derive(Clone, Default)]
 struct Started(
     Arc<Mutex<BTreeMap<String, Instant>>>,
     Arc<Mutex<BTreeMap<String, Instant>>>,
+    Arc<Mutex<BTreeMap<String, BTreeMap<AttemptState, Instant>>>>,
 );
 
 impl Started {
@@ -53,11 +55,24 @@ impl Started {
                         continue;
                     };
                     version = a.metadata.resource_version.clone().unwrap_or(version);
+                    let seen = Instant::now();
                     sink.1
                         .lock()
                         .unwrap()
                         .entry(a.metadata.name.clone().unwrap_or_default())
-                        .or_insert_with(Instant::now);
+                        .or_insert(seen);
+                    let state = a
+                        .status
+                        .as_ref()
+                        .map(|s| s.journal.state())
+                        .unwrap_or_default();
+                    sink.2
+                        .lock()
+                        .unwrap()
+                        .entry(a.metadata.name.clone().unwrap_or_default())
+                        .or_default()
+                        .entry(state)
+                        .or_insert(seen);
                     let started = a
                         .status
                         .as_ref()
@@ -82,6 +97,18 @@ impl Started {
 
     fn all(&self) -> Vec<Instant> {
         self.0.lock().unwrap().values().copied().collect()
+    }
+
+    /// Per attempt first seen at or after `since`: when it was first seen in each state.
+    fn timelines(&self, since: Instant) -> Vec<BTreeMap<AttemptState, Instant>> {
+        let created = self.1.lock().unwrap().clone();
+        self.2
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(name, _)| created.get(*name).is_some_and(|c| *c >= since))
+            .map(|(_, t)| t.clone())
+            .collect()
     }
 
     /// When the attempts were first seen, in order.
@@ -219,7 +246,57 @@ async fn latency(warm_samples: usize) {
 }
 
 /// `jobs` queued at once on one node of that capacity.
-async fn burst(jobs: usize) {
+/// What one burst measured: all runners started after queueing, and attempts created for it.
+struct BurstFigures {
+    all_started: Duration,
+    created: usize,
+}
+
+/// The timeline of a burst's attempts: for each step, when (after queueing) the median and the
+/// last attempt first showed it. A state the watch never caught (passed between two events) is
+/// left out of its step.
+fn timeline(
+    queued: Instant,
+    lines: &[BTreeMap<AttemptState, Instant>],
+    created: &[Instant],
+) -> String {
+    let mut out = Vec::new();
+    let mut step = |label: &str, mut at: Vec<Duration>| {
+        at.sort();
+        if !at.is_empty() {
+            out.push(format!(
+                "{label} p50 {} / last {}",
+                ms(percentile(&at, 0.5)),
+                ms(*at.last().unwrap())
+            ));
+        }
+    };
+    step(
+        "created",
+        created
+            .iter()
+            .map(|t| t.saturating_duration_since(queued))
+            .collect(),
+    );
+    for (label, state) in [
+        ("admitted", AttemptState::Allocated),
+        ("materialized", AttemptState::Prepared),
+        ("JIT", AttemptState::JitReceived),
+        ("spawned", AttemptState::Starting),
+    ] {
+        step(
+            label,
+            lines
+                .iter()
+                .filter_map(|l| l.get(&state))
+                .map(|t| t.saturating_duration_since(queued))
+                .collect(),
+        );
+    }
+    out.join("; ")
+}
+
+async fn burst(jobs: usize) -> Option<BurstFigures> {
     let options = ProductOptions {
         nodes: vec![NodeOptions::new("burst", jobs as u32, &[])],
         ..ProductOptions::default()
@@ -229,7 +306,7 @@ async fn burst(jobs: usize) {
         .await
         .unwrap()
     else {
-        return;
+        return None;
     };
     p.policy("web", json!({"minIdle": 0, "maxRunners": jobs}))
         .await
@@ -290,6 +367,7 @@ async fn burst(jobs: usize) {
     let all_started = started.all().into_iter().max().unwrap() - queued;
     let created = started.created();
     let burst_created = &created[created_before.min(created.len())..];
+    let lines = started.timelines(queued);
     let first_created = burst_created.first().map(|t| *t - queued);
     let last_created = burst_created.last().map(|t| *t - queued);
     p.wait_jobs_completed(&ids, Duration::from_secs(600))
@@ -327,6 +405,14 @@ async fn burst(jobs: usize) {
         ms(all_started)
     );
     println!(
+        "  per attempt, after queueing: {}",
+        timeline(queued, &lines, burst_created)
+    );
+    // Every attempt created from the burst on, the ones that never started included: one per
+    // job is the target (minIdle is 0 here).
+    let burst_attempts = started.created().len() - created_before.min(created.len());
+    println!("  attempts created for the burst: {burst_attempts} for {jobs} jobs (target: = jobs)");
+    println!(
         "GitHub REST calls by the operator during the burst: {calls} for {} runners = {:.2} per runner (observation every 1 s included; target <= 1.2 amortized)",
         counts.len(),
         calls as f64 / counts.len().max(1) as f64
@@ -341,6 +427,10 @@ async fn burst(jobs: usize) {
         op_rss / 1024,
         agent_rss / 1024
     );
+    Some(BurstFigures {
+        all_started,
+        created: burst_attempts,
+    })
 }
 
 /// The agent's requests of `verb` so far, from its `/metrics`.
@@ -457,8 +547,33 @@ fn main() {
         if only.is_none() || only.as_deref() == Some("latency") {
             latency(warm).await;
         }
+        // `--runs N` repeats the burst N times, each in a fresh world, and prints the best and
+        // the median.
+        let runs: usize = args
+            .iter()
+            .position(|a| a == "--runs")
+            .and_then(|i| args.get(i + 1)?.parse().ok())
+            .unwrap_or(1);
         if only.is_none() || only.as_deref() == Some("burst") {
-            burst(jobs).await;
+            let mut all = Vec::new();
+            for run in 0..runs {
+                if runs > 1 {
+                    println!("burst run {} of {runs}", run + 1);
+                }
+                all.extend(burst(jobs).await);
+            }
+            if all.len() > 1 {
+                let mut times: Vec<Duration> = all.iter().map(|f| f.all_started).collect();
+                times.sort();
+                println!(
+                    "burst of {jobs} over {} runs: all started best {}, median {}, worst {}; attempts created per run {:?} (target: {jobs})",
+                    all.len(),
+                    ms(times[0]),
+                    ms(percentile(&times, 0.5)),
+                    ms(*times.last().unwrap()),
+                    all.iter().map(|f| f.created).collect::<Vec<_>>()
+                );
+            }
         }
         if only.is_none() || only.as_deref() == Some("steady") {
             let (n, window) = if quick { (4, 20) } else { (10, 60) };
