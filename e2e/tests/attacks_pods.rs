@@ -18,10 +18,9 @@ use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_e2e::harness::admission::{
     agent_client, grant_agent_rbac, install_agent_pod_policy,
 };
-use runner_manager_e2e::harness::cluster::{client_or_skip, fresh_namespace, install_crds};
 use runner_manager_e2e::harness::fixtures::native_attempt;
-use runner_manager_e2e::harness::node::{SimNode, unique_node_name};
 use runner_manager_e2e::harness::wait;
+use runner_manager_e2e::harness::world::World;
 use runner_manager_node_agent::agent::placeholder::{Settings, placeholder_pod};
 use runner_manager_node_agent::pods::{self, PodRole};
 
@@ -49,20 +48,18 @@ fn container(pod: &mut Pod) -> &mut Container {
 
 #[tokio::test]
 async fn an_agent_token_creates_and_deletes_only_its_own_nodes_convention_pods() {
-    let Some(kube) = client_or_skip("attacks_pods").await.unwrap() else {
+    let Some(w) = World::builder("attacks_pods")
+        .namespaces("rm-podsys", "rm-pods")
+        .build()
+        .await
+        .unwrap()
+    else {
         return;
     };
-    install_crds(&kube).await.unwrap();
-    let sys = fresh_namespace(&kube, "rm-podsys").await.unwrap();
-    let ns = fresh_namespace(&kube, "rm-pods").await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (node_a, node_b) = (unique_node_name("pods-a"), unique_node_name("pods-b"));
-    let a = SimNode::create(&kube, &sys, &node_a, BTreeMap::new(), &dir.path().join("a"))
-        .await
-        .unwrap();
-    let _b = SimNode::create(&kube, &sys, &node_b, BTreeMap::new(), &dir.path().join("b"))
-        .await
-        .unwrap();
+    let (kube, sys, ns) = (w.kube.clone(), w.system.clone(), w.team.clone());
+    let a = w.add_node("pods-a", BTreeMap::new()).await.unwrap().node;
+    let b = w.add_node("pods-b", BTreeMap::new()).await.unwrap().node;
+    let (node_a, node_b) = (a.name.clone(), b.name.clone());
     grant_agent_rbac(&kube, &sys).await.unwrap();
     let policy = install_agent_pod_policy(&kube, &sys).await.unwrap();
     let settings = Settings {
