@@ -244,7 +244,7 @@ pub async fn ensure(
         },
     };
     if let Err(r) = outcome {
-        tracing::warn!(namespace = %ns, attempt = %a.name_any(), refusal = r.as_str(), "placeholder refused: the runner is not started");
+        tracing::warn!(namespace = %ns, attempt = %a.name_any(), reason = r.as_str(), "placeholder refused: the runner is not started");
         // A refused placeholder holds nothing, but its object must not outlive the launch.
         let _ = remove(kube, &ns, a.name_any().as_str()).await;
     }
