@@ -301,13 +301,10 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
         nodes: vec![NodeOptions::new("burst", jobs as u32, &[])],
         ..ProductOptions::default()
     };
-    let Some(p) = World::builder("bench_burst")
+    let p = World::builder("bench_burst")
         .product(options)
         .await
-        .unwrap()
-    else {
-        return None;
-    };
+        .unwrap()?;
     p.policy("web", json!({"minIdle": 0, "maxRunners": jobs}))
         .await
         .unwrap();
