@@ -431,14 +431,13 @@ impl KubeSink {
             }
             JobAction::Waiting => {}
             JobAction::InProgress | JobAction::Completed => {
-                // Removed whether or not our cache shows it yet: a `queued` recorded a moment
-                // ago may not have reached the cache, and a null on an absent key is harmless.
-                let mut remove = Map::new();
-                remove.insert(key, Value::Null);
-                self.batches.write(&self.writer, ns, name, remove).await?;
-                crate::telemetry::origin::origins().forget(ns, name, id);
-                // The attempt whose runner took it learns its job at once.
-                if event.action == JobAction::InProgress
+                // The attempt whose runner took it learns its job first, and only then does the
+                // entry leave the ledger. In the other order a reconcile between the two writes
+                // saw neither the entry nor the job: an idle-looking runner over a demand of
+                // zero, scaled down with its job (the Controller reacts at once, and a scenario
+                // met it). In this order the job is counted once: `presumed_taken` explains
+                // the entry by the attempt's job, so it asks for no second runner.
+                let fact_written = if event.action == JobAction::InProgress
                     && let Some(attempt) = event.attempt()
                 {
                     let fact = json!({
@@ -448,8 +447,17 @@ impl KubeSink {
                     });
                     self.writer
                         .job_fact(ns, &attempt_name(name, attempt), &fact)
-                        .await?;
-                }
+                        .await
+                } else {
+                    Ok(())
+                };
+                // Removed whether or not our cache shows it yet: a `queued` recorded a moment
+                // ago may not have reached the cache, and a null on an absent key is harmless.
+                let mut remove = Map::new();
+                remove.insert(key, Value::Null);
+                self.batches.write(&self.writer, ns, name, remove).await?;
+                crate::telemetry::origin::origins().forget(ns, name, id);
+                fact_written?;
             }
         }
         Ok(())

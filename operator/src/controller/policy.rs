@@ -376,6 +376,20 @@ pub async fn reconcile(
     applied
 }
 
+/// Status fields without their timestamps (`lastTransitionTime`, `lastScaleTime`). Pure.
+fn without_times(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "lastTransitionTime" | "lastScaleTime"))
+                .map(|(k, v)| (k.clone(), without_times(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(without_times).collect()),
+        other => other.clone(),
+    }
+}
+
 /// How long a status this leader wrote is taken as current when the cache does not show it yet.
 const STATUS_ECHO: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -589,10 +603,11 @@ async fn apply_run(
     // A reconcile triggered by an event older than this leader's last status write (its own
     // finalizer write, say) sees the status before that write: the same fields are not sent
     // again while the cache catches up.
-    let just_written = mem
-        .status_written
-        .as_ref()
-        .is_some_and(|(v, at)| *v == fields && at.elapsed() < STATUS_ECHO);
+    // Timestamps aside: such a reconcile sets a fresh transition time on conditions the stale
+    // copy lacks.
+    let just_written = mem.status_written.as_ref().is_some_and(|(v, at)| {
+        at.elapsed() < STATUS_ECHO && without_times(v) == without_times(&fields)
+    });
     let mut status_written = None;
     if next != old && !just_written {
         match ctx.writer.policy_status(ns, name, fields.clone()).await {
