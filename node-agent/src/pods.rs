@@ -18,7 +18,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{PodSecurityContext, PodSpec, SeccompProfile};
+use k8s_openapi::api::core::v1::{
+    Capabilities, PodSecurityContext, PodSpec, SeccompProfile, SecurityContext,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 use runner_manager_crds::NODE_LABEL;
@@ -164,6 +166,23 @@ pub fn confined_spec(node: &str) -> PodSpec {
             ..PodSecurityContext::default()
         }),
         ..PodSpec::default()
+    }
+}
+
+/// The security context of every container of an owned pod: no privilege or escalation, no
+/// capability, a read-only root, non-root. The agent-pods admission rule refuses anything
+/// looser, so both pod kinds take it from here rather than each spelling it out.
+pub fn confined_container() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_owned()]),
+            add: None,
+        }),
+        ..SecurityContext::default()
     }
 }
 

@@ -19,9 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{
-    Capabilities, Container, Pod, ResourceRequirements, SecurityContext, Toleration,
-};
+use k8s_openapi::api::core::v1::{Container, Pod, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -169,17 +167,7 @@ pub fn placeholder_pod(a: &RunnerAttempt, node: &str, settings: &Settings) -> Re
             requests: (!requests.is_empty()).then_some(requests),
             ..ResourceRequirements::default()
         }),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            privileged: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".to_owned()]),
-                add: None,
-            }),
-            ..SecurityContext::default()
-        }),
+        security_context: Some(pods::confined_container()),
         ..Container::default()
     }];
     Ok(Pod {

@@ -12,8 +12,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EnvVar, HostPathVolumeSource, Pod, PodSpec, ResourceRequirements,
-    SecurityContext, Volume, VolumeMount,
+    Container, EnvVar, HostPathVolumeSource, Pod, PodSpec, ResourceRequirements, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use runner_manager_crds::attempt::RunnerAttempt;
@@ -146,17 +146,7 @@ pub fn runner_pod(a: &RunnerAttempt, inputs: &PodInputs<'_>) -> Result<Pod, PodR
                 env: Some(env),
                 working_dir: Some(inputs.host_runtime.to_owned()),
                 resources: Some(resources),
-                security_context: Some(SecurityContext {
-                    allow_privilege_escalation: Some(false),
-                    privileged: Some(false),
-                    read_only_root_filesystem: Some(true),
-                    run_as_non_root: Some(true),
-                    capabilities: Some(Capabilities {
-                        drop: Some(vec!["ALL".to_owned()]),
-                        add: None,
-                    }),
-                    ..SecurityContext::default()
-                }),
+                security_context: Some(pods::confined_container()),
                 volume_mounts: Some(vec![VolumeMount {
                     name: RUNTIME_VOLUME.to_owned(),
                     mount_path: inputs.host_runtime.to_owned(),
