@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, NodeStatus};
 use kube::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -202,9 +202,14 @@ pub fn policies(
     reflect_marked(scoped(kube, watch), touched, |_| {}, Some(synced))
 }
 
-/// A Node's status (images, conditions, addresses) is large and placement reads none of it.
+/// A Node's status (images, conditions, addresses) is large and placement reads only its
+/// allocatable resources (a node that cannot hold a policy's requests beside its attempts is
+/// not chosen), so that is all that is kept.
 fn trim_node(n: &mut Node) {
-    n.status = None;
+    n.status = n.status.take().map(|s| NodeStatus {
+        allocatable: s.allocatable,
+        ..NodeStatus::default()
+    });
     n.metadata.annotations = None;
 }
 
@@ -250,5 +255,34 @@ impl Caches {
 impl std::fmt::Debug for Caches {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Caches").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trimmed_node_keeps_the_allocatable_placement_reads_and_nothing_else() {
+        let mut n: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "annotations": {"a": "b"}, "labels": {"l": "v"}},
+            "spec": {"unschedulable": true},
+            "status": {
+                "allocatable": {"cpu": "2", "memory": "4Gi"},
+                "capacity": {"cpu": "2", "memory": "4Gi"},
+                "images": [{"names": ["pause"], "sizeBytes": 1}],
+                "conditions": [{"type": "Ready", "status": "True"}]
+            }
+        }))
+        .unwrap();
+        trim_node(&mut n);
+        let status = n.status.expect("the status is kept");
+        let allocatable = status.allocatable.expect("allocatable is kept");
+        assert_eq!(allocatable["cpu"].0, "2");
+        assert_eq!(allocatable["memory"].0, "4Gi");
+        assert!(status.capacity.is_none() && status.images.is_none());
+        assert!(status.conditions.is_none());
+        assert!(n.metadata.annotations.is_none());
+        assert!(n.metadata.labels.is_some() && n.spec.is_some());
     }
 }

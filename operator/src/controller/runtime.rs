@@ -21,6 +21,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::ObjectRef;
@@ -101,10 +102,17 @@ struct Rounds {
     done: u64,
 }
 
+type NodeSeen = (
+    Option<BTreeMap<String, String>>,
+    bool,
+    Option<BTreeMap<String, Quantity>>,
+);
+
 #[derive(Default)]
 struct Seen {
     leases: HashMap<String, Option<BTreeMap<String, String>>>,
-    nodes: HashMap<String, (Option<BTreeMap<String, String>>, bool)>,
+    /// Labels, cordon and allocatable: what placement reads of a Node.
+    nodes: HashMap<String, NodeSeen>,
 }
 
 impl Leading {
@@ -301,7 +309,7 @@ impl Leading {
         self.affected_by_node(node)
     }
 
-    /// A Node event: the policies it affects when its labels or cordon changed.
+    /// A Node event: the policies it affects when its labels, cordon or allocatable changed.
     fn node_touched(&self, n: &Node) -> Vec<ObjectRef<ScalePolicy>> {
         let Some(name) = n.metadata.name.clone() else {
             return Vec::new();
@@ -309,6 +317,7 @@ impl Leading {
         let now = (
             n.metadata.labels.clone(),
             n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true),
+            n.status.as_ref().and_then(|s| s.allocatable.clone()),
         );
         let gone = self.ctx.caches.nodes.get(&ObjectRef::from_obj(n)).is_none();
         {
