@@ -512,7 +512,7 @@ async fn sweep_orphans(ctx: Arc<Supervision>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        orphans::sweep(&ctx.agent, &ctx.claims()).await;
+        orphans::sweep(&ctx.agent, &|| ctx.claims()).await;
     }
 }
 

@@ -150,11 +150,11 @@ impl Agent {
     }
 
     /// The orphan sweep's placeholder step: a failure only warns (the next sweep tries again).
-    pub async fn sweep_placeholder_orphans(&self, claimed: &BTreeSet<String>) {
+    pub async fn sweep_placeholder_orphans(&self, claims: &(dyn Fn() -> BTreeSet<String> + Sync)) {
         if self.placeholders.is_none() {
             return;
         }
-        match placeholder::sweep(&self.kube, &self.node, claimed).await {
+        match placeholder::sweep(&self.kube, &self.node, claims).await {
             Ok(0) => {}
             Ok(n) => tracing::warn!(
                 "orphans removed (no attempt of this node claims them): {n} placeholder pod(s)"

@@ -83,18 +83,22 @@ fn backoff_key(short: &str) -> String {
     format!("orphan/{short}")
 }
 
-/// One sweep. `claimed`: the attempt names (12 hex) of every attempt of the node not yet
-/// `Cleaned` and of every attempt a reconcile runs for.
-pub async fn sweep(agent: &Agent, claimed: &BTreeSet<String>) -> SweepReport {
-    let mut report = tokio::task::block_in_place(|| sweep_runners(agent, claimed));
+/// One sweep. `claims` gives the attempt names (12 hex) of every attempt of the node not yet
+/// `Cleaned` and of every attempt a reconcile runs for. It is asked again after each listing,
+/// never before: whatever a listing finds was made by a reconcile of an attempt already in the
+/// store, so a later answer claims it, while an answer taken before the listing could miss an
+/// attempt that arrived, and launched, in between (and its runtime or placeholder would be
+/// swept from under its launch).
+pub async fn sweep(agent: &Agent, claims: &(dyn Fn() -> BTreeSet<String> + Sync)) -> SweepReport {
+    let mut report = tokio::task::block_in_place(|| sweep_runners(agent, claims));
     {
         // Under the allocation lock: a slot is recorded in the table under it before any
         // handoff is made in it, so an unleased slot stays unleased while it is swept.
         let _held = agent.allocation.lock().await;
         tokio::task::block_in_place(|| sweep_slot_handoffs(agent, &mut report));
     }
-    release_abandoned(agent, claimed, &report);
-    agent.sweep_placeholder_orphans(claimed).await;
+    release_abandoned(agent, claims, &report);
+    agent.sweep_placeholder_orphans(claims).await;
     if !report.removed.is_empty() {
         let count = |k: OrphanKind| report.removed.iter().filter(|(x, _)| *x == k).count();
         let names: BTreeSet<&str> = report.removed.iter().map(|(_, n)| n.as_str()).collect();
@@ -113,7 +117,7 @@ pub async fn sweep(agent: &Agent, claimed: &BTreeSet<String>) -> SweepReport {
     report
 }
 
-fn sweep_runners(agent: &Agent, claimed: &BTreeSet<String>) -> SweepReport {
+fn sweep_runners(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>) -> SweepReport {
     let mut report = SweepReport::default();
     let now = Instant::now();
     let due = |short: &str| agent.cleanup_backoff().due(&backoff_key(short), now);
@@ -136,7 +140,8 @@ fn sweep_runners(agent: &Agent, claimed: &BTreeSet<String>) -> SweepReport {
             return report;
         }
     };
-    for short in unclaimed(&leftovers, claimed) {
+    let claimed = claims();
+    for short in unclaimed(&leftovers, &claimed) {
         if !due(short) {
             report.failed.push(short.to_owned());
             continue;
@@ -157,7 +162,8 @@ fn sweep_runners(agent: &Agent, claimed: &BTreeSet<String>) -> SweepReport {
             return report;
         }
     };
-    for short in unclaimed(&runtimes, claimed) {
+    let claimed = claims();
+    for short in unclaimed(&runtimes, &claimed) {
         if report.failed.iter().any(|f| f == short) || !due(short) {
             continue;
         }
@@ -233,12 +239,13 @@ fn slot_dirs(root: &Path) -> Vec<(String, String, u32, std::path::PathBuf)> {
 
 /// Releases what abandoned attempts held once the sweep saw nothing of them running: no
 /// leftover cgroup or unit and no runtime left under their name.
-fn release_abandoned(agent: &Agent, claimed: &BTreeSet<String>, report: &SweepReport) {
+fn release_abandoned(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>, report: &SweepReport) {
     // Fail closed: what cannot be listed may still run.
     let (Ok(running), Ok(runtimes)) = (agent.launcher.leftovers(), runtime_names(&agent.host_root))
     else {
         return;
     };
+    let claimed = claims();
     let still: BTreeSet<String> = running.into_iter().chain(runtimes).collect();
     let mut abandoned = agent.orphans.lock();
     let before = abandoned.len();

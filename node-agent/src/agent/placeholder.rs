@@ -284,17 +284,19 @@ pub fn orphans<'a>(listed: &'a [Pod], claimed: &BTreeSet<String>) -> Vec<&'a Pod
 }
 
 /// The orphan sweep's part: lists `node`'s placeholders in every namespace and removes those
-/// no attempt claims. Returns how many were removed.
+/// no attempt claims, the claims read after the listing (see `orphans::sweep`). Returns how
+/// many were removed.
 pub async fn sweep(
     kube: &Client,
     node: &str,
-    claimed: &BTreeSet<String>,
+    claims: &(dyn Fn() -> BTreeSet<String> + Sync),
 ) -> Result<usize, kube::Error> {
     let all = Api::<Pod>::all(kube.clone());
     let lp = ListParams::default().labels(&pods::node_selector(node, Some(PodRole::Placeholder)));
     let listed = all.list(&lp).await?.items;
+    let claimed = claims();
     let mut removed = 0;
-    for pod in orphans(&listed, claimed) {
+    for pod in orphans(&listed, &claimed) {
         let (Some(ns), Some(attempt)) = (
             pod.metadata.namespace.as_deref(),
             pod.labels().get(pods::ATTEMPT_LABEL),
