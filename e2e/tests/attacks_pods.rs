@@ -162,6 +162,20 @@ async fn an_agent_token_creates_and_deletes_only_its_own_nodes_convention_pods()
         ..SecurityContext::default()
     });
     refused(&as_a, &caps, "adds no capability").await;
+    // A container that may escalate, keeps its capabilities or writes its root: each refused.
+    for loosen in [
+        |c: &mut SecurityContext| c.allow_privilege_escalation = Some(true),
+        |c: &mut SecurityContext| c.read_only_root_filesystem = Some(false),
+        |c: &mut SecurityContext| c.capabilities = None,
+    ] {
+        let mut loose = good.clone();
+        loosen(
+            container(&mut loose)
+                .security_context
+                .get_or_insert_with(SecurityContext::default),
+        );
+        refused(&as_a, &loose, "forbids privilege escalation, drops ALL").await;
+    }
     // 5. Host namespaces.
     for set in [
         |s: &mut k8s_openapi::api::core::v1::PodSpec| s.host_pid = Some(true),
