@@ -567,9 +567,12 @@ async fn reconcile_locked(
     }
     let now = Timestamp::now();
     let mine = lead.attempts_of(p);
-    let mut failed = attempts::housekeeping(ctx, &mine, now).await;
+    // Housekeeping's failed writes (finalizers, deletions of cleaned attempts) are counted and
+    // retried with the next reconcile, but never back the policy off: one attempt whose write
+    // keeps failing must not hold the policy's scale-up and its other attempts to once a minute.
+    let housekeeping = attempts::housekeeping(ctx, &mine, now).await;
     let candidates = || lead.candidates();
-    failed.extend(policy::prepare(ctx, mem, p, &mine, &candidates, now).await);
+    let mut failed = policy::prepare(ctx, mem, p, &mine, &candidates, now).await;
     let conflicts = lead.conflicts();
     let conflict = conflicts.get(k).map(Vec::as_slice).unwrap_or_default();
     let cordoned = policy::cordoned_nodes(ctx);
@@ -595,6 +598,7 @@ async fn reconcile_locked(
         }
     }
     mem.backoff = errors::Backoff::after(mem.backoff, &failed, generation, Instant::now());
+    failed.extend(housekeeping);
     let resync = ctx.settings.resync_interval;
     // The replacement backoff opens between resync rounds: wake for it.
     let next = applied
