@@ -349,6 +349,27 @@ pub async fn reconcile(
     }
     let short = a.spec.attempt_uuid().map(short_hex);
     let mut memory = ctx.book().begin(&attempt.uid, short);
+    // The controller may start this reconcile from a copy whose object the watch has since shown
+    // deleted, after that deletion was handed to the sweep (nothing ran then). The store is
+    // updated before the event is seen, and `begin` is now marked, so: if the store no longer
+    // holds this object, no step runs, and what it held goes to the sweep exactly once (here if
+    // the deletion came after `begin`, else it already went or goes with the event).
+    let present = ctx
+        .store
+        .get(&reflector::ObjectRef::from_obj(a.as_ref()))
+        .is_some_and(|now| now.metadata.uid.as_deref() == Some(attempt.uid.as_str()));
+    if !present {
+        let mut book = ctx.book();
+        let gone = book.end(&attempt.uid, memory);
+        if gone.is_none() {
+            book.by_uid.remove(&attempt.uid);
+        }
+        drop(book);
+        if let Some(held) = gone {
+            ctx.release_gone(&attempt.uid, held);
+        }
+        return Ok(Action::await_change());
+    }
     // A panic in one attempt's step fails that reconcile, not the controller.
     let stepped =
         std::panic::AssertUnwindSafe(supervise::step(&ctx.agent, &attempt, &a, &mut memory))
