@@ -625,6 +625,31 @@ pub async fn resume_prepared(
         namespace: ns.clone(),
         identity: identity.clone(),
     });
+    if a.spec.snapshot.execution.mode == ExecutionMode::Oci {
+        // Never native for an OCI attempt: one journalled without its pod concludes. And the
+        // one JIT is asked only for a pod still there to take it: one whose entry helper gave
+        // up waiting while the agent was down (or that was deleted) concludes first.
+        let alive = match (&pod, agent.oci.as_ref()) {
+            (Some(p), Some(oci)) => match oci.inspect_pod(p).await {
+                Ok(seen) => seen.is_alive(),
+                Err(e) => {
+                    return Err(StepError::Local(format!(
+                        "the prepared runner pod could not be inspected: {e}"
+                    )));
+                }
+            },
+            _ => false,
+        };
+        if !alive {
+            conclude(
+                api,
+                &name,
+                Outcome::Failed(FailureReason::PreparationInterrupted),
+            )
+            .await?;
+            return Ok(());
+        }
+    }
     let staged = request_and_start(
         agent,
         api,
