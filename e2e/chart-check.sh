@@ -46,8 +46,9 @@ kubectl auth can-i create pods -n team-a $as >/dev/null
 kubectl get validatingadmissionpolicy "runner-manager-$ns-agent-pods" >/dev/null
 for denied in "get secrets -n team-a" "get configmaps -n team-a" "update runnerattempts.runner-manager.dev -n team-a" \
               "update runnerattempts.runner-manager.dev --subresource=finalizers -n team-a" "delete runnerattempts.runner-manager.dev -n team-a" \
-              "update pods -n team-a" "patch pods -n team-a" "create pods/exec -n team-a" \
-              "create pods/eviction -n team-a" "update pods/status -n team-a"; do
+              "update pods -n team-a" "patch pods -n team-a" "create pods --subresource=exec -n team-a" \
+              "create pods --subresource=eviction -n team-a" "update pods --subresource=status -n team-a" \
+              "get pods --subresource=exec -n team-a"; do
   if kubectl auth can-i $denied $as >/dev/null 2>&1; then
     echo "the node agent may $denied: it must not" >&2; exit 1
   fi
