@@ -207,6 +207,49 @@ impl KubeletDouble<'_> {
     }
 }
 
+/// The Idle runner pod of attempt `n` takes one job of `duration_ms`; its listener exits after
+/// it, the double reports the container's exit, and the attempt ends `Cleaned` with
+/// `CompletedJob` and no pod left. Returns the cleaned attempt.
+async fn runs_one_job_to_cleaned(
+    kubelet: &KubeletDouble<'_>,
+    n: &str,
+    pod: &Pod,
+    mut container: std::process::Child,
+    duration_ms: u64,
+) -> RunnerAttempt {
+    let w = kubelet.w;
+    let job = w.queue_job(duration_ms).await.unwrap();
+    w.wait_assigned(job).await.unwrap();
+    w.set_job(n, job).await.unwrap();
+    w.set_github(n, true, true, 2).await.unwrap();
+    w.wait_state(n, AttemptState::Busy).await.unwrap();
+    // The listener exits after its one job; the double reports the container's exit.
+    let status = tokio::task::spawn_blocking(move || container.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    let live = pods(w)
+        .get(pod.metadata.name.as_deref().unwrap())
+        .await
+        .unwrap();
+    kubelet
+        .terminated(
+            &live,
+            if status.success() {
+                "Succeeded"
+            } else {
+                "Failed"
+            },
+            "Completed",
+            status.code().unwrap_or(1),
+        )
+        .await;
+    let done = w.wait_state(n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(outcome(&done), Some(Outcome::CompletedJob), "{status:?}");
+    wait_no_pod(w, n).await;
+    done
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_native_only_agent_rejects_an_oci_attempt_and_creates_no_pod() {
     let Some(w) = AgentWorld::start("a_native_only_agent_rejects_an_oci_attempt")
@@ -379,7 +422,7 @@ async fn an_oci_runner_takes_its_jit_through_the_handoff_runs_a_job_and_its_pod_
     let n = name(&a);
     let pod = wait_pod(&w, &n).await;
     let kubelet = KubeletDouble { w: &w };
-    let mut container = kubelet.run_container(&pod);
+    let container = kubelet.run_container(&pod);
     kubelet.running(&pod).await;
     let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
     let journal = &started.status.as_ref().unwrap().journal;
@@ -400,35 +443,7 @@ async fn an_oci_runner_takes_its_jit_through_the_handoff_runs_a_job_and_its_pod_
     w.wait_online(&a).await.unwrap();
     w.set_github(&n, true, false, 1).await.unwrap();
     w.wait_state(&n, AttemptState::Idle).await.unwrap();
-    let job = w.queue_job(1000).await.unwrap();
-    w.wait_assigned(job).await.unwrap();
-    w.set_job(&n, job).await.unwrap();
-    w.set_github(&n, true, true, 2).await.unwrap();
-    w.wait_state(&n, AttemptState::Busy).await.unwrap();
-    // The listener exits after its one job; the double reports the container's exit.
-    let status = tokio::task::spawn_blocking(move || container.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    let live = pods(&w)
-        .get(pod.metadata.name.as_deref().unwrap())
-        .await
-        .unwrap();
-    kubelet
-        .terminated(
-            &live,
-            if status.success() {
-                "Succeeded"
-            } else {
-                "Failed"
-            },
-            "Completed",
-            status.code().unwrap_or(1),
-        )
-        .await;
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::CompletedJob), "{status:?}");
-    wait_no_pod(&w, &n).await;
+    let done = runs_one_job_to_cleaned(&kubelet, &n, &pod, container, 1000).await;
     assert!(w.runtimes().is_empty(), "the runtime was left");
 
     // The JIT never reached the pod spec, an event, the attempt or a log.
@@ -518,34 +533,7 @@ async fn a_restarted_agent_adopts_its_running_pod_without_a_second_jit() {
     );
 
     // Supervised again: a job runs on it, it is concluded, destroyed and cleaned.
-    let job = w.queue_job(500).await.unwrap();
-    w.wait_assigned(job).await.unwrap();
-    w.set_job(&n, job).await.unwrap();
-    w.set_github(&n, true, true, 2).await.unwrap();
-    w.wait_state(&n, AttemptState::Busy).await.unwrap();
-    let status = tokio::task::spawn_blocking(move || container.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    let live = pods(&w)
-        .get(pod.metadata.name.as_deref().unwrap())
-        .await
-        .unwrap();
-    kubelet
-        .terminated(
-            &live,
-            if status.success() {
-                "Succeeded"
-            } else {
-                "Failed"
-            },
-            "Completed",
-            status.code().unwrap_or(1),
-        )
-        .await;
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::CompletedJob), "{status:?}");
-    wait_no_pod(&w, &n).await;
+    runs_one_job_to_cleaned(&kubelet, &n, &pod, container, 500).await;
     assert_eq!(
         w.fake.running.fake.world().issued_jits.len(),
         1,
