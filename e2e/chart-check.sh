@@ -13,6 +13,14 @@ helm lint --strict charts/runner-manager
 if rendered=$(helm template rm charts/runner-manager) && grep -nE '"[0-9.]+e[+-]?[0-9]+"' <<<"$rendered"; then
   echo "the chart renders a number in exponent form (pipe it through int64)" >&2; exit 1
 fi
+# The OCI switch (docs/oci.md) reaches the agent's flags: off by default (the agents reject OCI
+# attempts), on with its deadlines when nodeAgent.oci.enabled.
+oci_env() { helm template rm charts/runner-manager "$@" | grep -oE 'name: RM_OCI[A-Z_]*, value: "[^"]*"' | tr '\n' ' '; }
+want='name: RM_OCI, value: "false" name: RM_OCI_START_DEADLINE_SECONDS, value: "300" name: RM_OCI_HANDOFF_DEADLINE_SECONDS, value: "60" '
+[ "$(oci_env)" = "$want" ] || { echo "the chart's default OCI flags are not off with 300/60 s: $(oci_env)" >&2; exit 1; }
+want='name: RM_OCI, value: "true" name: RM_OCI_START_DEADLINE_SECONDS, value: "45" name: RM_OCI_HANDOFF_DEADLINE_SECONDS, value: "7" '
+got=$(oci_env --set nodeAgent.oci.enabled=true --set nodeAgent.oci.startDeadlineSeconds=45 --set nodeAgent.oci.handoffDeadlineSeconds=7)
+[ "$got" = "$want" ] || { echo "nodeAgent.oci does not reach the agent's flags: $got" >&2; exit 1; }
 e2e/render-manifests.sh --check
 kubectl apply -f deploy/namespace.yaml >/dev/null
 # --validate=false: the rendered manifests target current clusters (DaemonSet maxSurge, 1.21+);
