@@ -27,7 +27,7 @@ use runner_manager_e2e::harness::process::rss_kib;
 use runner_manager_e2e::harness::product::{NodeOptions, Product, ProductOptions, WriteCounter};
 use runner_manager_e2e::harness::telemetry::{agent_health, get, sample};
 use runner_manager_e2e::harness::wait;
-use runner_manager_e2e::harness::world::World;
+use runner_manager_e2e::harness::world::{Package, World};
 use serde_json::json;
 
 /// When each attempt was first seen with a runner process in its journal (and, in `created`,
@@ -182,6 +182,7 @@ async fn wait_recovered(p: &Product) {
 /// Cold then warm scale-from-zero latencies.
 async fn latency(warm_samples: usize) {
     let Some(p) = World::builder("bench_latency")
+        .package(Package::RunnerSized)
         .product(ProductOptions::default())
         .await
         .unwrap()
@@ -302,6 +303,7 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
         ..ProductOptions::default()
     };
     let p = World::builder("bench_burst")
+        .package(Package::RunnerSized)
         .product(options)
         .await
         .unwrap()?;

@@ -13,16 +13,16 @@ use runner_manager_crds::attempt::{RunnerAttempt, RunnerAttemptStatus};
 use runner_manager_crds::lease::AgentAdvert;
 use runner_manager_crds::names::{agent_lease_name, runner_name};
 use runner_manager_crds::state::AttemptState;
-use serde_json::{Value, json};
+use serde_json::{json, Value};
 
 use super::fixtures::native_attempt;
 use super::github::ORG;
 use super::node::SimNode;
-use super::process::{Running, binary, operator_addrs};
+use super::process::{binary, operator_addrs, Running};
 use super::wait;
-use super::world::{NodeHost, Package, World, WorldBuilder, fail, kill_cgroup_tree, over_world};
-use crate::fake_github::PackageInfo;
+use super::world::{fail, kill_cgroup_tree, over_world, NodeHost, World, WorldBuilder};
 use crate::fake_github::scope::Scope;
+use crate::fake_github::PackageInfo;
 
 /// How long a scenario step may take on this shared 2-core machine.
 pub const STEP: Duration = Duration::from_secs(120);
@@ -48,7 +48,7 @@ impl WorldBuilder {
     /// printed) without `KUBECONFIG`.
     pub async fn agent_under_test(self) -> Result<Option<AgentWorld>, String> {
         let Some(world) = self
-            .package(Package::StandIn)
+            .package_or_stand_in()
             .app_secret()
             .web_policy()
             .build()

@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use kube::api::Api;
 use runner_manager_crds::attempt::RunnerAttempt;
-use serde_json::{Value, json};
+use serde_json::{json, Value};
 
-use super::process::{OperatorAddrs, Running, operator_addrs};
+use super::process::{operator_addrs, OperatorAddrs, Running};
 use super::wait;
-use super::world::{NodeHost, Package, World, WorldBuilder, fail, kill_cgroup_tree, over_world};
+use super::world::{fail, kill_cgroup_tree, over_world, NodeHost, World, WorldBuilder};
 use crate::fake_github::PackageInfo;
 
 /// How long one scenario step may take on this shared 2-core machine.
@@ -127,7 +127,7 @@ impl WorldBuilder {
     /// `options.nodes`. `None` (with the reason printed) without `KUBECONFIG`.
     pub async fn product(self, options: ProductOptions) -> Result<Option<Product>, String> {
         let Some(world) = self
-            .package(Package::StandIn)
+            .package_or_stand_in()
             .app_secret()
             .webhook_secret(WEBHOOK_SECRET)
             .extra_namespaces(&options.extra_namespaces)

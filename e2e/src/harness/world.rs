@@ -13,22 +13,22 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
-use kube::Client;
+use k8s_openapi::ByteString;
 use kube::api::{Api, ObjectMeta, PostParams};
+use kube::Client;
 use runner_manager_crds::names::ownership_label;
 use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_operator::broker::tls;
-use serde_json::{Value, json};
+use serde_json::{json, Value};
 
 use super::cluster::{client_or_skip, fresh_namespace, install_crds};
-use super::github::{APP_ID, ORG, PAT, SimulatedGitHub, app_keys};
-use super::node::{SimNode, unique_node_name};
+use super::github::{app_keys, SimulatedGitHub, APP_ID, ORG, PAT};
+use super::node::{unique_node_name, SimNode};
 use super::process::binary;
 use super::wait;
 use crate::fake_github::PackageInfo;
-use crate::standin_runner::package::{PackageSpec, build};
+use crate::standin_runner::package::{build, cached, PackageSpec};
 
 /// The name of the team's GitHub App Secret ([`WorldBuilder::app_secret`]).
 pub const APP_SECRET: &str = "github-app";
@@ -44,6 +44,10 @@ pub enum Package {
     None,
     /// The stand-in runner package, built in the world's scratch directory and served.
     StandIn,
+    /// The runner-sized stand-in package (≥ 9,000 files, ≥ 150 MB, incompressible; issue 15
+    /// item 8), what the benchmarks launch: built once per content under
+    /// `target/e2e-cache/packages/` and served from there.
+    RunnerSized,
     /// A release described by hand (a version and digest the operator resolves; nothing is
     /// downloaded).
     Published(PackageInfo),
@@ -126,6 +130,16 @@ impl WorldBuilder {
     pub fn package(mut self, package: Package) -> Self {
         self.package = package;
         self
+    }
+
+    /// The stand-in package unless the builder already chose one (the product and agent worlds
+    /// need a package; a bench asks for [`Package::RunnerSized`]).
+    pub(crate) fn package_or_stand_in(self) -> Self {
+        if matches!(self.package, Package::None) {
+            self.package(Package::StandIn)
+        } else {
+            self
+        }
     }
 
     /// The GitHub App Secret [`APP_SECRET`] (`appId`, `privateKey`; no installation id, so it is
@@ -223,6 +237,23 @@ impl WorldBuilder {
                 let dir = scratch.path().join("package");
                 std::fs::create_dir_all(&dir).map_err(|e| fail("package dir", e))?;
                 Some(build(&PackageSpec::small(listener), &dir).map_err(|e| fail("package", e))?)
+            }
+            Package::RunnerSized => {
+                let listener = binary("standin-runner-listener").map_err(|e| fail("binary", e))?;
+                let root = target_dir().join("e2e-cache").join("packages");
+                let spec = PackageSpec::runner_sized(listener);
+                let started = std::time::Instant::now();
+                let info = tokio::task::spawn_blocking(move || cached(&spec, &root))
+                    .await
+                    .map_err(|e| fail("package", e))?
+                    .map_err(|e| fail("package", e))?;
+                eprintln!(
+                    "runner-sized package {} ({} MB) ready in {:.1} s",
+                    info.path.display(),
+                    info.size / (1024 * 1024),
+                    started.elapsed().as_secs_f64()
+                );
+                Some(info)
             }
         };
         let fake = SimulatedGitHub::start_with_package(package.clone())
@@ -585,12 +616,16 @@ pub fn kill_cgroup_tree(dir: &Path) {
 }
 
 /// `target/e2e-logs/<test>`.
-fn logs_dir(test: &str) -> PathBuf {
-    let target = std::env::current_exe()
+/// The cargo target directory the test runs from (`target/<profile>/deps/<test>`).
+fn target_dir() -> PathBuf {
+    std::env::current_exe()
         .ok()
         .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.to_path_buf()))
-        .unwrap_or_else(std::env::temp_dir);
-    target.join("e2e-logs").join(test)
+        .unwrap_or_else(std::env::temp_dir)
+}
+
+fn logs_dir(test: &str) -> PathBuf {
+    target_dir().join("e2e-logs").join(test)
 }
 
 async fn create_secret(
