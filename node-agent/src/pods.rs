@@ -79,6 +79,14 @@ pub fn pod_name(attempt_name: &str, role: PodRole) -> String {
     format!("{attempt_name}-{}", role.as_str())
 }
 
+/// The attempt a pod named by [`pod_name`] for `role` belongs to.
+pub fn attempt_of_pod(pod_name: &str, role: PodRole) -> Option<&str> {
+    pod_name
+        .strip_suffix(role.as_str())
+        .and_then(|n| n.strip_suffix('-'))
+        .filter(|n| !n.is_empty())
+}
+
 /// The label selector of the pods of one node (optionally of one role): what the agent lists
 /// and what its orphan sweep considers.
 pub fn node_selector(node: &str, role: Option<PodRole>) -> String {
@@ -286,7 +294,13 @@ mod tests {
         );
         for role in PodRole::ALL {
             assert_eq!(PodRole::from_label(role.as_str()), Some(role));
+            assert_eq!(
+                attempt_of_pod(&pod_name("web-3f2a9c0177aa", role), role),
+                Some("web-3f2a9c0177aa")
+            );
         }
+        assert_eq!(attempt_of_pod("-runner", PodRole::Runner), None);
+        assert_eq!(attempt_of_pod("web-x-placeholder", PodRole::Runner), None);
         assert_eq!(PodRole::from_label("debug"), None);
         assert_eq!(
             node_selector("n1", Some(PodRole::Runner)),

@@ -8,12 +8,12 @@
 use std::io;
 use std::path::Path;
 
-use runner_manager_crds::attempt::{ProcessIdentity, TerminationReason};
+use runner_manager_crds::attempt::TerminationReason;
 use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::recovery::{TerminateReason, requested_termination_outcome};
 use runner_manager_crds::state::AttemptState;
 
-use crate::providers::{RunnerLauncher, StopError};
+use crate::providers::{NativeProvider, RunnerLauncher, RunnerProvider, StopError};
 
 /// The intent file's name in the attempt's runtime.
 pub const INTENT_FILE: &str = ".terminate-intent";
@@ -160,29 +160,44 @@ pub fn clear_intent(runtime: &Path) -> io::Result<()> {
 
 /// Terminates the runner of `identity`: intent, stop, proof of death, outcome. The caller then
 /// deregisters (if GitHub still lists it), journals the outcome and cleans.
-pub fn terminate(
-    launcher: &dyn RunnerLauncher,
-    identity: &ProcessIdentity,
+pub async fn terminate_with<P: RunnerProvider>(
+    provider: &P,
+    identity: &P::Identity,
     runtime: &Path,
     reason: IntentReason,
     state: AttemptState,
 ) -> Result<Outcome, TerminationError> {
     // 1. Durable intent, or no signal at all.
     record_intent(runtime, reason).map_err(|e| TerminationError::IntentNotDurable(e.kind()))?;
-    // 2. Stop the whole cgroup or unit (the launcher never signals a pid by number, so a
-    //    recycled pid is never touched).
-    launcher
-        .stop(identity)
-        .map_err(TerminationError::Deferred)?;
+    // 2. Stop through the provider (a native launcher stops the whole cgroup or unit and never
+    //    signals a pid by number, so a recycled pid is never touched; OCI deletes the pod of the
+    //    journalled uid).
+    provider.stop(identity).await.map_err(Into::into)?;
     // 3. Death proven by looking again, whatever the stop said.
-    if launcher
-        .inspect(identity)
-        .map_err(|e| TerminationError::Inspect(e.kind()))?
-        .is_alive()
+    if crate::providers::look(provider, identity)
+        .await
+        .map_err(Into::into)?
+        .alive
     {
         return Err(TerminationError::Deferred(StopError::StillRunning));
     }
     Ok(reason.outcome(state))
+}
+
+/// [`terminate_with`] a native launcher, for callers without an async runtime (the launchers'
+/// own tests): the native provider's steps never wait, so the future completes when first
+/// polled.
+pub fn terminate(
+    launcher: &dyn RunnerLauncher,
+    identity: &runner_manager_crds::attempt::ProcessIdentity,
+    runtime: &Path,
+    reason: IntentReason,
+    state: AttemptState,
+) -> Result<Outcome, TerminationError> {
+    use futures_util::FutureExt;
+    terminate_with(&NativeProvider(launcher), identity, runtime, reason, state)
+        .now_or_never()
+        .unwrap_or(Err(TerminationError::Deferred(StopError::StillRunning)))
 }
 
 #[cfg(test)]

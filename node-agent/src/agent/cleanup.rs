@@ -25,6 +25,9 @@ use super::fault::{self, Boundary};
 use super::node::Agent;
 use super::rebuild::journal_of;
 use crate::process::identity_file;
+use crate::providers::oci::PodFailure;
+use crate::providers::oci::pod::PodRefusal;
+use crate::providers::{NativeProvider, RunnerProvider};
 use crate::workspace::ephemeral::{EphemeralError, remove_ephemeral_runtime};
 use crate::workspace::scrub::scrub_slot;
 use crate::workspace::scrub_plan::SlotOwner;
@@ -69,7 +72,9 @@ pub async fn clean(
             .and_then(|r| identity_file::read(r).ok().flatten())
     });
     if let Some(identity) = recorded
-        && let Err(e) = tokio::task::block_in_place(|| agent.launcher.stop(&identity))
+        && let Err(e) = NativeProvider(agent.launcher.as_ref())
+            .destroy(&identity)
+            .await
     {
         super::metrics::global().cleanup_deferred();
         tracing::warn!(namespace = %ns, attempt = %name, "cleanup deferred: the runner is not proven stopped: {e}");
@@ -256,11 +261,12 @@ async fn destroy_pods(
     if state != AttemptState::Destroying {
         return Ok(None);
     }
-    match super::runner::pods(agent).destroy(ns, name, uid).await {
-        Ok(found) => {
-            if found > 0 {
-                tracing::info!(namespace = %ns, attempt = %name, "runner pods destroyed: {found}");
-            }
+    let destroyed = match super::runner::pods_of(a, journal) {
+        Some(pod) => super::runner::pods(agent).destroy(&pod).await,
+        None => Err(PodFailure::Spec(PodRefusal::AttemptUnnamed)),
+    };
+    match destroyed {
+        Ok(()) => {
             agent.cleanup_backoff().succeeded(uid);
             if conditions::holds(a, AttemptConditionType::CleanupDeferred) {
                 conditions::set(

@@ -630,7 +630,7 @@ pub async fn resume_prepared(
         // one JIT is asked only for a pod still there to take it: one whose entry helper gave
         // up waiting while the agent was down (or that was deleted) concludes first.
         let alive = match (&pod, agent.oci.as_ref()) {
-            (Some(p), Some(oci)) => match oci.inspect_pod(p).await {
+            (Some(p), Some(oci)) => match oci.inspect(p).await {
                 Ok(seen) => seen.is_alive(),
                 Err(e) => {
                     return Err(StepError::Local(format!(
@@ -753,8 +753,14 @@ async fn request_and_start(
     fault::at(Boundary::AfterJitBeforeSpawn);
 
     let spawned = Instant::now();
-    let identity = match pod {
-        Some(pod) => {
+    // The provider of the attempt's mode, chosen here once; never the other one.
+    let identity = match (snapshot.execution.mode, pod) {
+        (ExecutionMode::Oci, None) => {
+            drop(jit);
+            timings.spawn_ms = millis(spawned);
+            return Err(failed(LaunchFailure::NotStarted, &timings));
+        }
+        (ExecutionMode::Oci, Some(pod)) => {
             // One try: once offered, the helper may have taken the JIT.
             let handoff = RestrictiveHandoff::create(&runtime, account, &jit.encoded_jit_config);
             drop(jit);
@@ -783,7 +789,7 @@ async fn request_and_start(
             let pod = started.map_err(|f| failed(f, &timings))?;
             StartedIdentity::Environment(pod.identity)
         }
-        None => {
+        (ExecutionMode::Native, _) => {
             let spec = LaunchSpec {
                 attempt: uuid,
                 runtime: &runtime,

@@ -1,14 +1,16 @@
 //! The attempt's started runner, whichever provider runs it (DESIGN §12 "Provider seam"):
 //! supervision asks it whether it is alive, how it exited and to stop, and never needs to know
-//! whether it is a host process (the launcher's identity) or a pod (the OCI provider's).
+//! whether it is a host process (the launcher's identity) or a pod (the OCI provider's). The
+//! provider is chosen once, by the attempt's execution mode ([`Runner::of`]); every look, stop
+//! and destruction then goes through [`RunnerProvider`] and the generic steps of
+//! `providers::look` and `termination::terminate`, so native and OCI share one code path.
 
-use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::ExitStatus;
 
 use kube::api::Api;
 use runner_manager_crds::attempt::{
-    AttemptJournal, ProcessIdentity, RunnerAttempt, StartedIdentity, Transition,
+    AttemptJournal, EnvironmentIdentity, ProcessIdentity, RunnerAttempt, StartedIdentity,
+    Transition,
 };
 use runner_manager_crds::outcome::{FailureReason, Outcome};
 use runner_manager_crds::policy::ExecutionMode;
@@ -16,31 +18,20 @@ use runner_manager_crds::state::AttemptState;
 
 use super::attempt_ctx::{Step, StepError, conclude, names, runtime_of, take};
 use super::node::Agent;
-use crate::providers::launcher::StopError;
-use crate::providers::oci::{self, KubePods, OciProvider, PodObservation, PodRef};
-use crate::providers::{NativeProvider, RunnerProvider};
-use crate::termination::{IntentReason, TerminationError, record_intent, terminate};
+use crate::pods::{self, PodRole};
+use crate::providers::oci::{self, KubePods, OciProvider, PodRef};
+use crate::providers::{NativeProvider, Seen, look};
+use crate::termination::{IntentReason, TerminationError, terminate_with as terminate};
 
-/// A started runner.
+/// A started runner: the identity its provider journalled.
 #[derive(Clone, Debug)]
 pub enum Runner {
     Process(ProcessIdentity),
     Pod(PodRef),
 }
 
-/// What one look at a runner saw.
-#[derive(Clone, Copy, Debug)]
-pub struct Seen {
-    pub alive: bool,
-    /// The exit status, when the provider knows it (the direct launcher's own child; a pod's
-    /// terminated container).
-    pub exit: Option<ExitStatus>,
-    /// A pod's closed observation (logged with the conclusion).
-    pub pod: Option<PodObservation>,
-}
-
 impl Runner {
-    /// The journalled runner of a started attempt.
+    /// The journalled runner of a started attempt, for the provider of its execution mode.
     pub fn of(a: &RunnerAttempt, journal: &AttemptJournal) -> Option<Self> {
         match a.spec.snapshot.execution.mode {
             ExecutionMode::Native => journal.process().cloned().map(Self::Process),
@@ -54,38 +45,15 @@ impl Runner {
     }
 
     pub async fn look(&self, agent: &Agent) -> Result<Seen, StepError> {
-        match self {
-            Self::Process(id) => {
-                let native = NativeProvider(agent.launcher.as_ref());
-                let inspection = native
-                    .inspect(id)
-                    .await
-                    .map_err(|e| StepError::Local(e.to_string()))?;
-                let alive = inspection.is_alive();
-                Ok(Seen {
-                    alive,
-                    exit: if alive {
-                        None
-                    } else {
-                        agent.launcher.exit_status(id)
-                    },
-                    pod: None,
-                })
-            }
-            Self::Pod(pod) => {
-                let seen = pods(agent)
-                    .inspect_pod(pod)
-                    .await
-                    .map_err(|e| StepError::Local(format!("pod inspection failed: {e}")))?;
-                Ok(Seen {
-                    alive: seen.is_alive(),
-                    exit: seen
-                        .exit_code()
-                        .map(|c| ExitStatus::from_raw((c & 0xff) << 8)),
-                    pod: Some(seen),
-                })
-            }
-        }
+        let seen = match self {
+            Self::Process(id) => look(&NativeProvider(agent.launcher.as_ref()), id)
+                .await
+                .map_err(|e| e.to_string()),
+            Self::Pod(pod) => look(pods(agent).as_ref(), pod)
+                .await
+                .map_err(|e| format!("pod inspection failed: {e}")),
+        };
+        seen.map_err(StepError::Local)
     }
 
     /// Ordered termination: durable intent, stop through the provider, death proven by looking
@@ -98,24 +66,38 @@ impl Runner {
         state: AttemptState,
     ) -> Result<Outcome, TerminationError> {
         match self {
-            Self::Process(id) => tokio::task::block_in_place(|| {
-                terminate(agent.launcher.as_ref(), id, runtime, reason, state)
-            }),
-            Self::Pod(pod) => {
-                record_intent(runtime, reason)
-                    .map_err(|e| TerminationError::IntentNotDurable(e.kind()))?;
-                let oci = pods(agent);
-                oci.stop_pod(pod)
-                    .await
-                    .map_err(|_| TerminationError::Deferred(StopError::StillRunning))?;
-                match oci.inspect_pod(pod).await {
-                    Ok(seen) if !seen.is_alive() => Ok(reason.outcome(state)),
-                    Ok(_) => Err(TerminationError::Deferred(StopError::StillRunning)),
-                    Err(_) => Err(TerminationError::Inspect(std::io::ErrorKind::Other)),
-                }
+            Self::Process(id) => {
+                terminate(
+                    &NativeProvider(agent.launcher.as_ref()),
+                    id,
+                    runtime,
+                    reason,
+                    state,
+                )
+                .await
             }
+            Self::Pod(pod) => terminate(pods(agent).as_ref(), pod, runtime, reason, state).await,
         }
     }
+}
+
+/// The runner pods of an OCI attempt to destroy: the journalled one, or (an interrupted
+/// preparation journalled none) the attempt's name and generation, which is all the provider's
+/// `destroy` uses to find every runner pod of that generation.
+pub fn pods_of(a: &RunnerAttempt, journal: &AttemptJournal) -> Option<PodRef> {
+    let namespace = a.metadata.namespace.clone()?;
+    let identity = match journal.environment() {
+        Some(e) => e.clone(),
+        None => EnvironmentIdentity {
+            pod_name: pods::pod_name(a.metadata.name.as_deref()?, PodRole::Runner),
+            uid: String::new(),
+            generation: oci::pod::generation_of(a)?.to_owned(),
+        },
+    };
+    Some(PodRef {
+        namespace,
+        identity,
+    })
 }
 
 /// The agent's OCI provider, or (an agent restarted without `--oci` that still has OCI

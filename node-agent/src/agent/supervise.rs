@@ -30,6 +30,7 @@ use super::node::Agent;
 use super::rebuild::journal_of;
 use crate::evidence::{ExitReading, JobEvidence, job_evidence};
 use crate::process::identity_file;
+use crate::providers::{NativeProvider, RunnerProvider};
 use crate::termination::{IntentReason, read_intent, record_intent};
 
 /// What the agent remembers of one attempt between its steps (lost on a restart, which only
@@ -84,7 +85,7 @@ pub async fn step(
                 | AttemptState::Prepared
                 | AttemptState::JitReceived
         )
-        && jit_received_is_dead(agent, &journal)
+        && jit_received_is_dead(agent, &journal).await
     {
         ctx.conclude(Outcome::Failed(FailureReason::SpecChanged))
             .await?;
@@ -156,7 +157,9 @@ async fn jit_received(
         Some(Err(_)) => return Err(StepError::Blocked(RecoveryBlocked::IdentityUnreadable)),
     };
     let alive = match &identity {
-        Some(id) => tokio::task::block_in_place(|| agent.launcher.inspect(id))
+        Some(id) => NativeProvider(agent.launcher.as_ref())
+            .inspect(id)
+            .await
             .map_err(|_| StepError::Blocked(RecoveryBlocked::IdentityUnreadable))?
             .observation(),
         None => ProcessObservation::Gone,
@@ -377,15 +380,16 @@ async fn stop(
 
 /// Whether a `JitReceived` attempt's runner (if the state is that) is proven not running, so it
 /// may be concluded; other pre-start states have no runner.
-fn jit_received_is_dead(agent: &Agent, journal: &AttemptJournal) -> bool {
+async fn jit_received_is_dead(agent: &Agent, journal: &AttemptJournal) -> bool {
     if journal.state() != AttemptState::JitReceived {
         return true;
     }
     match runtime_of(journal).map(|r| identity_file::read(&r)) {
         None | Some(Ok(None)) => true,
-        Some(Ok(Some(id))) => {
-            tokio::task::block_in_place(|| agent.launcher.inspect(&id)).is_ok_and(|i| !i.is_alive())
-        }
+        Some(Ok(Some(id))) => NativeProvider(agent.launcher.as_ref())
+            .inspect(&id)
+            .await
+            .is_ok_and(|i| !i.is_alive()),
         Some(Err(_)) => false,
     }
 }

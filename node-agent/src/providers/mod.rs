@@ -13,4 +13,4 @@ pub mod provider;
 pub mod systemd;
 
 pub use launcher::{LaunchSpec, RunnerLauncher, StartError, StartFailure, StopError, Stopped};
-pub use provider::{NativeProvider, RunnerProvider};
+pub use provider::{NativeProvider, RunnerProvider, Seen, look};

@@ -6,6 +6,8 @@
 //! the other.
 
 use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
 
 use runner_manager_crds::attempt::ProcessIdentity;
 
@@ -15,6 +17,16 @@ use super::oci::{
 };
 use crate::handoff::RestrictiveHandoff;
 use crate::process::Inspection;
+use crate::termination::TerminationError;
+
+/// What supervision reads of one look at a started runner, whichever provider runs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seen {
+    pub alive: bool,
+    /// The exit status, when the provider knows it (the direct launcher's own child; a pod's
+    /// terminated container).
+    pub exit: Option<ExitStatus>,
+}
 
 /// One kind of runner. Each step's failure is the provider's own closed error; the launch turns
 /// it into the attempt's outcome in one place.
@@ -29,8 +41,9 @@ pub trait RunnerProvider: Send + Sync {
     type Identity;
     /// What `inspect` reads.
     type Observation;
-    /// Why a step failed.
-    type Failure: std::error::Error;
+    /// Why a step failed. A failed stop or look during a termination defers it
+    /// ([`TerminationError`]), never concludes it.
+    type Failure: std::error::Error + Into<TerminationError>;
 
     /// Everything of the provider's before the JIT exists (for OCI: the pod, running its entry
     /// helper). The workspace (runtime, package, account) is prepared before, for both.
@@ -52,6 +65,10 @@ pub trait RunnerProvider: Send + Sync {
         identity: &Self::Identity,
     ) -> impl Future<Output = Result<Self::Observation, Self::Failure>> + Send;
 
+    /// What supervision reads of `observation`: alive, and how it exited when the provider
+    /// knows.
+    fn seen(&self, identity: &Self::Identity, observation: &Self::Observation) -> Seen;
+
     /// Stops the runner and proves it gone.
     fn stop(
         &self,
@@ -59,7 +76,8 @@ pub trait RunnerProvider: Send + Sync {
     ) -> impl Future<Output = Result<Stopped, Self::Failure>> + Send;
 
     /// Removes what the provider made for the runner and proves it gone (native: nothing beyond
-    /// the stop, the launcher's cgroup or unit goes with it; OCI: the pod).
+    /// the stop, the launcher's cgroup or unit goes with it; OCI: every runner pod of the
+    /// identity's generation, also one an interrupted preparation made before it was journalled).
     fn destroy(
         &self,
         identity: &Self::Identity,
@@ -122,6 +140,18 @@ impl RunnerProvider for NativeProvider<'_> {
             .map_err(|e| NativeFailure::Inspect(e.kind()))
     }
 
+    fn seen(&self, identity: &ProcessIdentity, inspection: &Inspection) -> Seen {
+        let alive = inspection.is_alive();
+        Seen {
+            alive,
+            exit: if alive {
+                None
+            } else {
+                self.0.exit_status(identity)
+            },
+        }
+    }
+
     async fn stop(&self, identity: &ProcessIdentity) -> Result<Stopped, NativeFailure> {
         Ok(tokio::task::block_in_place(|| self.0.stop(identity))?)
     }
@@ -160,11 +190,52 @@ impl<P: PodApi> RunnerProvider for OciProvider<P> {
         OciProvider::inspect_pod(self, id).await
     }
 
+    fn seen(&self, _: &PodRef, observation: &PodObservation) -> Seen {
+        Seen {
+            alive: observation.is_alive(),
+            exit: observation
+                .exit_code()
+                .map(|c| ExitStatus::from_raw((c & 0xff) << 8)),
+        }
+    }
+
     async fn stop(&self, id: &PodRef) -> Result<Stopped, PodFailure> {
         OciProvider::stop_pod(self, id).await
     }
 
     async fn destroy(&self, id: &PodRef) -> Result<(), PodFailure> {
-        OciProvider::stop_pod(self, id).await.map(|_| ())
+        let attempt =
+            crate::pods::attempt_of_pod(&id.identity.pod_name, crate::pods::PodRole::Runner)
+                .ok_or(PodFailure::NotOurs)?;
+        OciProvider::destroy_generation(self, &id.namespace, attempt, &id.identity.generation)
+            .await
+            .map(|_| ())
     }
+}
+
+impl From<NativeFailure> for TerminationError {
+    fn from(f: NativeFailure) -> Self {
+        match f {
+            NativeFailure::Stop(e) => Self::Deferred(e),
+            NativeFailure::Inspect(kind) => Self::Inspect(kind),
+            // Never returned by a stop or a look.
+            NativeFailure::Start(_) => Self::Deferred(StopError::StillRunning),
+        }
+    }
+}
+
+impl From<PodFailure> for TerminationError {
+    fn from(_: PodFailure) -> Self {
+        // The pod is not proven gone (its deletion or the read failed): tried again.
+        Self::Deferred(StopError::StillRunning)
+    }
+}
+
+/// One look at a started runner through its provider.
+pub async fn look<P: RunnerProvider>(
+    provider: &P,
+    identity: &P::Identity,
+) -> Result<Seen, P::Failure> {
+    let observation = provider.inspect(identity).await?;
+    Ok(provider.seen(identity, &observation))
 }

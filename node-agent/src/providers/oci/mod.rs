@@ -303,7 +303,7 @@ impl<P: PodApi> OciProvider<P> {
     /// interrupted preparation created before its identity was journalled) and proves each
     /// gone. Pods of another generation are left alone (their own owner's garbage collection
     /// removes them). Returns how many were found.
-    pub async fn destroy(
+    pub async fn destroy_generation(
         &self,
         ns: &str,
         attempt: &str,
