@@ -8,7 +8,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use jsonwebtoken::DecodingKey;
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -86,7 +86,6 @@ pub struct PatBody {
 
 /// `POST /_admin/pats`: a personal access token good for every scope.
 pub async fn add_pat(State(fake): Fake, Json(b): Json<PatBody>) -> StatusCode {
-    use secrecy::ExposeSecret;
     fake.world()
         .pats
         .insert(auth::token_hash(b.token.expose_secret()));
@@ -174,6 +173,19 @@ pub async fn list_runners(State(fake): Fake) -> Json<Value> {
                 "status": r.status().as_str(), "busy": r.busy(), "jit_used": r.jit_used,
             })
         })
+        .collect();
+    Json(json!(list))
+}
+
+/// `GET /_admin/jits`: every encoded JIT config this simulated GitHub minted, in order. Only the
+/// simulated GitHub's admin API says them: the real node's leak scan (e2e/cluster/oci-check.sh)
+/// searches pod specs, events and logs for each.
+pub async fn issued_jits(State(fake): Fake) -> Json<Value> {
+    let world = fake.world();
+    let list: Vec<&str> = world
+        .issued_jits
+        .iter()
+        .map(|j| j.expose_secret())
         .collect();
     Json(json!(list))
 }
@@ -379,6 +391,7 @@ pub fn router() -> axum::Router<Arc<FakeGithub>> {
         )
         .route("/_admin/jobs/{id}", get(get_job))
         .route("/_admin/runners", get(list_runners))
+        .route("/_admin/jits", get(issued_jits))
         .route("/_admin/faults", post(add_fault).delete(clear_faults))
         .route("/_admin/counters", get(counters).delete(reset_counters))
         .route("/_admin/rate-limits", post(set_rate_limit))

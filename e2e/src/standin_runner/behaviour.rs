@@ -38,6 +38,10 @@ pub struct JobBehaviour {
     /// Spawn a child that sleeps this long and outlives the listener.
     #[serde(default)]
     pub orphan_child_secs: Option<u64>,
+    /// Hold this many MiB (every page written) for the job's duration: a job that outgrows its
+    /// runner's memory limit, so a real kernel OOM-kills it (e2e/cluster/oci-check.sh).
+    #[serde(default)]
+    pub allocate_mib: Option<u64>,
     /// The worker's exit code; non-zero makes the job's conclusion `failure`.
     #[serde(default)]
     pub worker_exit_code: i32,

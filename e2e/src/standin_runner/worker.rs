@@ -107,9 +107,18 @@ fn act(root: &Path, b: &JobBehaviour, log: &mut DiagLog) -> std::io::Result<()> 
         )?;
         log.line("INFO", &format!("spawned orphan pid {}", child.id()));
     }
+    // Written, not only reserved: untouched pages would never count against the cgroup.
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    if let Some(mib) = b.allocate_mib {
+        for _ in 0..mib {
+            held.push(vec![0x5a; 1 << 20]);
+        }
+        log.line("INFO", &format!("holding {mib} MiB"));
+    }
     if b.duration_ms > 0 {
         std::thread::sleep(Duration::from_millis(b.duration_ms));
     }
+    drop(held);
     if let Some(target) = &b.symlink_work_to {
         std::fs::remove_dir_all(&work)?;
         std::os::unix::fs::symlink(target, &work)?;
