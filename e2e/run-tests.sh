@@ -27,7 +27,7 @@ cleanup() { e2e/cluster/stop.sh >/dev/null; e2e/systemd/stop.sh; e2e/control-pla
 trap cleanup EXIT
 
 node_stage() {
-  stage "a real node: images, cluster, pods, helm install, jobs on the node's systemd (RM_TEST_NODE=0 skips)"
+  stage "a real node: images, cluster, pods, helm install, jobs on the node's systemd, runner and placeholder pods (RM_TEST_NODE=0 skips)"
   e2e/cluster/install-packages.sh
   e2e/cluster/build.sh
   cargo build --workspace --bins
@@ -35,6 +35,8 @@ node_stage() {
   e2e/cluster/start.sh
   KUBECONFIG="$RM_CLUSTER_RUN/kubeconfig" e2e/cluster/check.sh
   KUBECONFIG="$RM_CLUSTER_RUN/kubeconfig" e2e/cluster/helm-check.sh
+  # Runner pods (execution.mode: Oci) and placeholder pods on the real node (issue 16).
+  KUBECONFIG="$RM_CLUSTER_RUN/kubeconfig" e2e/cluster/pods-check.sh
   e2e/cluster/stop.sh
   done_stage node
 }
