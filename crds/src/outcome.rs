@@ -57,6 +57,10 @@ pub enum FailureReason {
     JitHandoffRejected,
     /// The attempt was asked to terminate (deleted, drained, policy deleted) before it ran a job.
     TerminationRequested,
+    /// The kubelet refused the attempt's placeholder or runner pod for want of CPU or memory
+    /// (`OutOfcpu`, `OutOfmemory`): the node was fuller than placement knew. The node's fault,
+    /// not the policy's: replaced, never counted toward `Degraded`.
+    NodeOutOfResources,
 }
 
 /// Why an attempt was orphaned.
@@ -106,6 +110,7 @@ pub enum OutcomeReason {
     OwnershipMismatch,
     JitHandoffRejected,
     TerminationRequested,
+    NodeOutOfResources,
     NodeLost,
     ProcessLost,
     NodeFull,
@@ -212,6 +217,7 @@ impl From<Outcome> for OutcomeWire {
                 FailureReason::OwnershipMismatch => R::OwnershipMismatch,
                 FailureReason::JitHandoffRejected => R::JitHandoffRejected,
                 FailureReason::TerminationRequested => R::TerminationRequested,
+                FailureReason::NodeOutOfResources => R::NodeOutOfResources,
             }),
             Outcome::Orphaned(OrphanReason::NodeLost) => Some(R::NodeLost),
             Outcome::Orphaned(OrphanReason::ProcessLost) => Some(R::ProcessLost),
@@ -256,6 +262,7 @@ impl TryFrom<OutcomeWire> for Outcome {
                 R::OwnershipMismatch => failed(FailureReason::OwnershipMismatch),
                 R::JitHandoffRejected => failed(FailureReason::JitHandoffRejected),
                 R::TerminationRequested => failed(FailureReason::TerminationRequested),
+                R::NodeOutOfResources => failed(FailureReason::NodeOutOfResources),
                 _ => Err(mismatch),
             },
             (OutcomeKind::Orphaned, Some(R::NodeLost)) => {
@@ -325,6 +332,7 @@ mod tests {
             F::OwnershipMismatch,
             F::JitHandoffRejected,
             F::TerminationRequested,
+            F::NodeOutOfResources,
         ] {
             v.push(Outcome::Failed(f));
         }
@@ -343,8 +351,8 @@ mod tests {
     #[test]
     fn every_outcome_round_trips_through_the_wire() {
         let all = all_outcomes();
-        // 2 + 14 failures + 2 orphans + 3 rejections: one wire reason per Rust reason.
-        assert_eq!(all.len(), 21);
+        // 2 + 15 failures + 2 orphans + 3 rejections: one wire reason per Rust reason.
+        assert_eq!(all.len(), 22);
         for o in all {
             let json = serde_json::to_value(o).unwrap();
             let back: Outcome = serde_json::from_value(json.clone()).unwrap();

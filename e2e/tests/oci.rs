@@ -540,3 +540,237 @@ async fn a_restarted_agent_adopts_its_running_pod_without_a_second_jit() {
         "no second JIT after the restart"
     );
 }
+
+/// Issue 16 (P6): kubelet refusals that are the node's fault, a runner pod of another
+/// generation (parity row 15), and agent restarts at every OCI state (parity row 16).
+mod recovery {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Container, PodSpec};
+    use kube::api::{ObjectMeta, PostParams};
+    use runner_manager_node_agent::pods::{self as agent_pods, PodRole};
+
+    /// The attempt's own runner pod (by its derived name), once it exists.
+    async fn wait_own_pod(w: &AgentWorld, attempt: &str) -> Pod {
+        let own = agent_pods::pod_name(attempt, PodRole::Runner);
+        wait::until(STEP, "the attempt's runner pod", || {
+            let own = own.clone();
+            async move { pods(w).get_opt(&own).await.ok().flatten() }
+        })
+        .await
+        .unwrap()
+    }
+
+    fn mints(w: &AgentWorld) -> usize {
+        w.fake.running.fake.world().issued_jits.len()
+    }
+
+    /// The kubelet refuses a pod as it does when the node cannot fit its requests.
+    async fn refuse_out_of_cpu(w: &AgentWorld, pod_name: &str) {
+        pods(w)
+            .patch_status(
+                pod_name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"status": {
+                    "phase": "Failed", "reason": "OutOfcpu",
+                    "message": "Pod was rejected: Node didn't have enough resource: cpu"}})),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Issue 15 item 7: a runner pod the kubelet refuses for want of CPU concludes
+    /// `Failed(NodeOutOfResources)` — the node's fault, which never counts toward `Degraded`
+    /// (`failures::tests::a_kubelet_refusal_for_resources_never_counts_toward_degraded`) — not
+    /// `ProcessStartFailed`; no JIT is spent and nothing is left.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_runner_pod_the_kubelet_refuses_for_cpu_concludes_node_out_of_resources() {
+        let Some(w) = AgentWorld::start("a_runner_pod_the_kubelet_refuses_for_cpu")
+            .await
+            .unwrap()
+        else {
+            return;
+        };
+        let _agent = oci_agent(&w, "120");
+        let _kubelet = finish_deletions(&w);
+        w.wait_recovered().await.unwrap();
+        let a = w.pending_attempt_with(oci).await.unwrap();
+        let n = name(&a);
+        let pod = wait_own_pod(&w, &n).await;
+        refuse_out_of_cpu(&w, pod.metadata.name.as_deref().unwrap()).await;
+        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+        assert_eq!(
+            outcome(&done),
+            Some(Outcome::Failed(FailureReason::NodeOutOfResources))
+        );
+        assert_eq!(mints(&w), 0, "a JIT was minted for a refused pod");
+        wait_no_pod(&w, &n).await;
+        assert!(w.runtimes().is_empty(), "the runtime was left");
+    }
+
+    /// The same for a native runner's placeholder: refused `OutOfcpu` by the kubelet, the
+    /// runner never starts and the attempt concludes `Failed(NodeOutOfResources)`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_placeholder_the_kubelet_refuses_for_cpu_concludes_node_out_of_resources() {
+        let Some(w) = AgentWorld::start("a_placeholder_the_kubelet_refuses_for_cpu")
+            .await
+            .unwrap()
+        else {
+            return;
+        };
+        let _agent = w
+            .agent(
+                4,
+                &[
+                    ("RM_PLACEHOLDER_IMAGE", "runner-manager.local/pause:1"),
+                    ("RM_PLACEHOLDER_WAIT_SECONDS", "120"),
+                ],
+            )
+            .unwrap();
+        w.wait_recovered().await.unwrap();
+        let a = w
+            .pending_attempt_with(|s| {
+                s.execution.resources = Some(runner_manager_crds::policy::RunnerResources {
+                    cpu: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                        "1".into(),
+                    )),
+                    memory: None,
+                })
+            })
+            .await
+            .unwrap();
+        let n = name(&a);
+        let placeholder = agent_pods::pod_name(&n, PodRole::Placeholder);
+        wait::until(STEP, "the placeholder", || async {
+            pods(&w).get_opt(&placeholder).await.ok().flatten()
+        })
+        .await
+        .unwrap();
+        refuse_out_of_cpu(&w, &placeholder).await;
+        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+        let journal = &done.status.as_ref().unwrap().journal;
+        assert_eq!(
+            journal.outcome(),
+            Some(Outcome::Failed(FailureReason::NodeOutOfResources))
+        );
+        assert!(journal.process().is_none(), "a runner was started");
+        assert_eq!(
+            mints(&w),
+            0,
+            "a JIT was minted beside a refused placeholder"
+        );
+        assert!(w.runtimes().is_empty(), "the runtime was left");
+    }
+
+    /// Parity row 15: a runner pod carrying the attempt's labels but of another generation (an
+    /// earlier attempt of the same name; here owned by nobody) is never stopped or deleted; the
+    /// attempt's own pod is destroyed, but cleanup stays `CleanupDeferred` (condition
+    /// `OwnershipUnproven`, a `CleanupDeferred` event) while the foreign pod is there, and
+    /// finishes on a later try once it is gone. Before: cleanup finished beside it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_runner_pod_of_another_generation_is_never_touched_and_holds_cleanup_deferred() {
+        let Some(w) = AgentWorld::start("a_runner_pod_of_another_generation")
+            .await
+            .unwrap()
+        else {
+            return;
+        };
+        let _agent = oci_agent(&w, "120");
+        let _kubelet = finish_deletions(&w);
+        w.wait_recovered().await.unwrap();
+        let a = w.pending_attempt_with(oci).await.unwrap();
+        let n = name(&a);
+        // Not bound to a node: nothing runs it, and a deletion would take at once.
+        let foreign = Pod {
+            metadata: ObjectMeta {
+                name: Some(format!("{n}-earlier")),
+                labels: Some(
+                    [
+                        (agent_pods::ATTEMPT_LABEL, n.as_str()),
+                        (agent_pods::ROLE_LABEL, PodRole::Runner.as_str()),
+                        (agent_pods::GENERATION_LABEL, "an-earlier-generation"),
+                    ]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "runner".into(),
+                    image: Some(IMAGE.into()),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        };
+        let foreign = pods(&w)
+            .create(&PostParams::default(), &foreign)
+            .await
+            .unwrap();
+        let foreign_name = foreign.metadata.name.clone().unwrap();
+        let own = wait_own_pod(&w, &n).await;
+        refuse_out_of_cpu(&w, own.metadata.name.as_deref().unwrap()).await;
+
+        let deferred = w
+            .wait_state(&n, AttemptState::CleanupDeferred)
+            .await
+            .unwrap();
+        let status = deferred.status.as_ref().unwrap();
+        let c = status
+            .journal
+            .conditions
+            .iter()
+            .find(|c| format!("{:?}", c.type_) == "CleanupDeferred")
+            .expect("a CleanupDeferred condition");
+        assert_eq!(
+            c.status,
+            runner_manager_crds::conditions::ConditionStatus::True
+        );
+        assert_eq!(format!("{:?}", c.reason), "OwnershipUnproven");
+        // The attempt's own pod went; the foreign one is untouched.
+        let own_name = own.metadata.name.clone().unwrap();
+        wait::until(STEP, "the attempt's own pod to go", || async {
+            pods(&w)
+                .get_opt(&own_name)
+                .await
+                .ok()
+                .flatten()
+                .is_none()
+                .then_some(())
+        })
+        .await
+        .unwrap();
+        let still = pods(&w).get(&foreign_name).await.unwrap();
+        assert_eq!(still.metadata.uid, foreign.metadata.uid, "replaced");
+        assert!(
+            still.metadata.deletion_timestamp.is_none(),
+            "the foreign pod was deleted"
+        );
+        let events = Api::<Event>::namespaced(w.kube.clone(), &w.team)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items;
+        assert!(
+            events
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("CleanupDeferred")
+                    && e.involved_object.name.as_deref() == Some(n.as_str())),
+            "no CleanupDeferred event"
+        );
+
+        // Its owner's garbage collection (or a person) removes it: the next try finishes.
+        pods(&w)
+            .delete(&foreign_name, &DeleteParams::default())
+            .await
+            .unwrap();
+        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+        assert_eq!(
+            outcome(&done),
+            Some(Outcome::Failed(FailureReason::NodeOutOfResources))
+        );
+        assert!(w.runtimes().is_empty(), "the runtime was left");
+    }
+}

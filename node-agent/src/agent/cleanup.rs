@@ -296,7 +296,13 @@ async fn destroy_pods(
                 a,
                 AttemptConditionType::CleanupDeferred,
                 ConditionStatus::True,
-                AttemptReason::ProviderResourceRemains,
+                // A pod of another generation is not ours to remove: it waits for its owner's
+                // garbage collection or a person (parity row 15).
+                if e == crate::providers::oci::PodFailure::NotOurs {
+                    AttemptReason::OwnershipUnproven
+                } else {
+                    AttemptReason::ProviderResourceRemains
+                },
                 format!("the runner pod is not proven gone: {e}"),
             )
             .await?;

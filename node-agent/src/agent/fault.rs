@@ -23,10 +23,12 @@ pub enum Boundary {
     MidCleanup,
     /// (OCI) `Preparing` is journalled and the runner pod exists; `Prepared` is not journalled.
     AfterPodCreated,
+    /// (OCI) `Prepared` is journalled with the pod's identity; no JIT was asked for.
+    AfterPrepared,
 }
 
 impl Boundary {
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::AfterAllocated,
         Self::AfterMaterialize,
         Self::AfterJitBeforeSpawn,
@@ -34,6 +36,7 @@ impl Boundary {
         Self::AfterTerminationIntent,
         Self::MidCleanup,
         Self::AfterPodCreated,
+        Self::AfterPrepared,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -45,6 +48,7 @@ impl Boundary {
             Self::AfterTerminationIntent => "after-termination-intent",
             Self::MidCleanup => "mid-cleanup",
             Self::AfterPodCreated => "after-pod-created",
+            Self::AfterPrepared => "after-prepared",
         }
     }
 }

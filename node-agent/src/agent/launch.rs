@@ -38,6 +38,7 @@ use super::conditions;
 use super::events::{self, EventReason};
 use super::fault::{self, Boundary};
 use super::node::Agent;
+use super::placeholder::Refusal;
 use super::rebuild::{journal_of, owner_of, state_of};
 use crate::account::RunnerAccount;
 use crate::handoff::RestrictiveHandoff;
@@ -47,6 +48,7 @@ use crate::packages::{PackageRef, RuntimeKind};
 use crate::process::environment::{EnvironmentLayers, layered_environment};
 use crate::providers::LaunchSpec;
 use crate::providers::cgroup::CgroupLimits;
+use crate::providers::oci::observe::Ended;
 use crate::providers::oci::pod::PodInputs;
 use crate::providers::oci::{PodFailure, PodRef, PrepareRequest, PreparedPod};
 use crate::providers::provider::NativeFailure;
@@ -111,6 +113,10 @@ impl LaunchFailure {
                 F::WorkspaceUnavailable
             }
             Self::Package(_) => F::RunnerPackageUnverified,
+            // The kubelet found the node too full: the node's fault, not the policy's (issue 15
+            // item 7), so it does not count toward `Degraded`.
+            Self::Placeholder(Refusal::OutOfCpu | Refusal::OutOfMemory)
+            | Self::Pod(PodFailure::Ended(Ended::OutOfResources)) => F::NodeOutOfResources,
             Self::Resources(_) | Self::NotStarted | Self::Placeholder(_) => F::ProcessStartFailed,
             Self::JitLost => F::JitExpired,
             Self::JitRefused(_) | Self::JitNotSent(_) => F::JitRequestFailed,
@@ -435,6 +441,7 @@ async fn prepare_pod(
     )
     .await?
     .ok_or(Halt::Quiet)?;
+    fault::at(Boundary::AfterPrepared);
     Ok((written, prepared.pod))
 }
 

@@ -25,9 +25,11 @@ pub struct Launch<'a> {
 /// A launch that failed for a reason the policy causes, which a replacement may hit again: its
 /// image, runner version, registration, or the runner's own launch. Never an infrastructure
 /// fault (issue 15 item 7): an agent restarted during preparation (a DaemonSet rollout), an
-/// attempt the operator or a person asked to stop, a spec changed under the agent — nor node
-/// loss or admission rejections, which are not `Failed` at all. Those are replaced without
-/// backoff and never count toward `Degraded`.
+/// attempt the operator or a person asked to stop, a spec changed under the agent, a kubelet
+/// that refused the placeholder or runner pod for want of CPU or memory (the node was fuller
+/// than placement saw: another workload, not the policy) — nor node loss or the agent's
+/// admission rejections, which are not `Failed` at all. Those are replaced without backoff and
+/// never count toward `Degraded`.
 pub fn is_launch_failure(outcome: Option<Outcome>) -> bool {
     matches!(outcome, Some(Outcome::Failed(r)) if policy_caused(r))
 }
@@ -38,6 +40,7 @@ fn policy_caused(r: FailureReason) -> bool {
         FailureReason::TerminationRequested
             | FailureReason::PreparationInterrupted
             | FailureReason::SpecChanged
+            | FailureReason::NodeOutOfResources
     )
 }
 
@@ -159,6 +162,36 @@ mod tests {
             false,
         )];
         assert_eq!(consecutive_failures(&asked, 1), 0);
+    }
+
+    /// Issue 15 item 7: a kubelet refusing a pod for resources is the node's state, not the
+    /// policy's; five such refusals in a row leave the policy with no failure to back off from,
+    /// while five launch failures of its own count.
+    #[test]
+    fn a_kubelet_refusal_for_resources_never_counts_toward_degraded() {
+        const REFUSED: Option<Outcome> = Some(Outcome::Failed(FailureReason::NodeOutOfResources));
+        assert!(!is_launch_failure(REFUSED));
+        assert!(is_launch_failure(Some(Outcome::Failed(
+            FailureReason::ProcessStartFailed
+        ))));
+        let refused: Vec<Launch<'_>> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .zip(1..)
+            .map(|(n, at)| launch(n, at, REFUSED, false))
+            .collect();
+        assert_eq!(consecutive_failures(&refused, 1), 0);
+        let b = Duration::from_secs(5);
+        assert_eq!(resume_at(&refused, 0, b, b), None);
+        // Still replaced: demand places another attempt, with no backoff.
+        assert!(REFUSED.unwrap().wants_replacement());
+        assert_eq!(lineage(&refused), Some("e"));
+        // Between two failures of the policy's own, a refusal neither counts nor resets.
+        let mixed = [
+            launch("x", 1, JIT, false),
+            launch("y", 2, REFUSED, false),
+            launch("z", 3, JIT, false),
+        ];
+        assert_eq!(consecutive_failures(&mixed, 1), 2);
     }
 
     #[test]

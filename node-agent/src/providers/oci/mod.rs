@@ -301,8 +301,11 @@ impl<P: PodApi> OciProvider<P> {
 
     /// Destroys every runner pod of the attempt's generation (the journalled one, and any an
     /// interrupted preparation created before its identity was journalled) and proves each
-    /// gone. Pods of another generation are left alone (their own owner's garbage collection
-    /// removes them). Returns how many were found.
+    /// gone. A runner pod of the attempt that is not of its generation (an earlier attempt of
+    /// the same name, or one whose owner is not this attempt) is never touched, and while it is
+    /// there the destruction is not done: `NotOurs`, so cleanup stays `CleanupDeferred` and
+    /// tries again with backoff (parity row 15; it goes with its own owner's garbage
+    /// collection, or a person removes it). Returns how many were found.
     pub async fn destroy_generation(
         &self,
         ns: &str,
@@ -329,6 +332,9 @@ impl<P: PodApi> OciProvider<P> {
         for identity in &ours {
             self.gone_within(ns, identity, Duration::from_secs(30))
                 .await?;
+        }
+        if pods.iter().any(|p| !pod::is_ours(p, attempt, generation)) {
+            return Err(PodFailure::NotOurs);
         }
         Ok(ours.len())
     }

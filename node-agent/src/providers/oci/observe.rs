@@ -26,8 +26,11 @@ pub enum Ended {
     OomKilled,
     /// The kubelet evicted the pod (node pressure) or an eviction API call did.
     Evicted,
-    /// The pod failed without a container exit (the kubelet refused it: `OutOfcpu`, a node
-    /// affinity mismatch, a deadline).
+    /// The kubelet refused the pod for want of CPU or memory on the node (`OutOfcpu`,
+    /// `OutOfmemory`): the node's state, not the runner's.
+    OutOfResources,
+    /// The pod failed without a container exit for another reason (the kubelet refused it: a
+    /// node affinity mismatch, a deadline).
     Refused,
     /// The pod is gone from the API server (deleted by someone, or by its owner's deletion).
     Deleted,
@@ -81,8 +84,12 @@ pub fn observe(pod: Option<&Pod>) -> PodObservation {
         .and_then(|s| s.terminated.as_ref());
     match status.phase.as_deref() {
         Some("Succeeded") | Some("Failed") => {
-            if status.reason.as_deref() == Some("Evicted") {
-                return PodObservation::Ended(Ended::Evicted);
+            match status.reason.as_deref() {
+                Some("Evicted") => return PodObservation::Ended(Ended::Evicted),
+                Some("OutOfcpu" | "OutOfmemory") if terminated.is_none() => {
+                    return PodObservation::Ended(Ended::OutOfResources);
+                }
+                _ => {}
             }
             return PodObservation::Ended(match terminated {
                 Some(t) if t.reason.as_deref() == Some("OOMKilled") => Ended::OomKilled,
@@ -226,6 +233,14 @@ mod tests {
         );
         assert_eq!(
             observe(Some(&with("Failed", Some("OutOfcpu"), None))),
+            O::Ended(Ended::OutOfResources)
+        );
+        assert_eq!(
+            observe(Some(&with("Failed", Some("OutOfmemory"), None))),
+            O::Ended(Ended::OutOfResources)
+        );
+        assert_eq!(
+            observe(Some(&with("Failed", Some("NodeAffinity"), None))),
             O::Ended(Ended::Refused)
         );
     }
