@@ -101,7 +101,9 @@ say "simulated GitHub at $gh"
 
 drop_jobs_ns
 H uninstall $rel -n $ns >/dev/null 2>&1 || true
-tuning=(--set nodeAgent.capacity=3 --set nodeAgent.heartbeatSeconds=2 --set operator.resyncInterval=2s
+# Capacity 6, not 3: the operator keeps the last attempts a deleted policy created "expected" on
+# the node for up to 2 minutes (docs/oci.md, "Requirements and limits"), holding capacity units.
+tuning=(--set nodeAgent.capacity=6 --set nodeAgent.heartbeatSeconds=2 --set operator.resyncInterval=2s
   --set operator.observeInterval=5s --set admissionPolicy.enabled=true
   --set nodeAgent.oci.enabled=true --set nodeAgent.oci.startDeadlineSeconds=30)
 install_product $rel $ns "${tuning[@]}" || fail "the operator or the node agent is not Ready"
