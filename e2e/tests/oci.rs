@@ -549,6 +549,33 @@ mod recovery {
     use kube::api::{ObjectMeta, PostParams};
     use runner_manager_node_agent::pods::{self as agent_pods, PodRole};
 
+    /// The OCI agent of `oci_agent`, crashing at `fault` (`RM_AGENT_FAULT`).
+    fn oci_agent_crashing_at(
+        w: &AgentWorld,
+        fault: &str,
+    ) -> runner_manager_e2e::harness::process::Running {
+        w.agent(
+            4,
+            &[
+                ("RM_OCI", "true"),
+                ("RM_OCI_START_DEADLINE_SECONDS", "120"),
+                ("RM_OCI_HANDOFF_DEADLINE_SECONDS", "30"),
+                ("RM_AGENT_FAULT", fault),
+            ],
+        )
+        .unwrap()
+    }
+
+    async fn crashed(agent: &mut runner_manager_e2e::harness::process::Running) {
+        let exited = wait::until(STEP, "the agent's crash", || {
+            let code = agent.child.try_wait().ok().flatten();
+            async move { code }
+        })
+        .await
+        .unwrap();
+        assert!(!exited.success(), "the agent did not crash");
+    }
+
     /// The attempt's own runner pod (by its derived name), once it exists.
     async fn wait_own_pod(w: &AgentWorld, attempt: &str) -> Pod {
         let own = agent_pods::pod_name(attempt, PodRole::Runner);
@@ -773,4 +800,332 @@ mod recovery {
         );
         assert!(w.runtimes().is_empty(), "the runtime was left");
     }
+
+    /// The crashed agent's successor, then the pod journalled at `Starting` is the one the
+    /// kubelet double runs: the pod of `pod`, never a native process.
+    async fn started_on(w: &AgentWorld, n: &str, pod: &Pod) {
+        let started = w.wait_state(n, AttemptState::Starting).await.unwrap();
+        let journal = &started.status.as_ref().unwrap().journal;
+        assert!(journal.process().is_none(), "a native runner was started");
+        let env = journal.environment().expect("the pod's identity");
+        assert_eq!(env.uid, pod.metadata.uid.clone().unwrap(), "another pod");
+    }
+
+    /// From `Starting` with the container running: online, idle, one job, `CompletedJob`,
+    /// destroyed and cleaned, and one JIT in all.
+    async fn finishes_with_one_jit(
+        kubelet: &KubeletDouble<'_>,
+        a: &RunnerAttempt,
+        pod: &Pod,
+        container: std::process::Child,
+    ) {
+        let w = kubelet.w;
+        let n = name(a);
+        w.wait_online(a).await.unwrap();
+        w.set_github(&n, true, false, 1).await.unwrap();
+        w.wait_state(&n, AttemptState::Idle).await.unwrap();
+        runs_one_job_to_cleaned(kubelet, &n, pod, container, 300).await;
+        assert_eq!(mints(w), 1, "a second JIT");
+        assert!(w.runtimes().is_empty(), "the runtime was left");
+    }
+
+    /// Parity row 16, `Prepared`: the agent dies with the pod running and `Prepared` journalled,
+    /// before any JIT. Its successor asks for the one JIT (the pod is alive), offers it through
+    /// the handoff, and the same pod starts: no second pod, nothing native.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restart_in_prepared_asks_its_one_jit_for_the_live_pod() {
+        let Some(w) = AgentWorld::start("a_restart_in_prepared").await.unwrap() else {
+            return;
+        };
+        let mut agent = oci_agent_crashing_at(&w, "after-prepared");
+        let _deletions = finish_deletions(&w);
+        w.wait_recovered().await.unwrap();
+        let a = w.pending_attempt_with(oci).await.unwrap();
+        let n = name(&a);
+        let pod = wait_own_pod(&w, &n).await;
+        let kubelet = KubeletDouble { w: &w };
+        let container = kubelet.run_container(&pod);
+        kubelet.running(&pod).await;
+        crashed(&mut agent).await;
+        drop(agent);
+        let seen = w.attempts().get(&n).await.unwrap();
+        assert_eq!(
+            seen.status.as_ref().unwrap().journal.state(),
+            AttemptState::Prepared
+        );
+        assert_eq!(mints(&w), 0, "a JIT before the crash");
+
+        let _again = oci_agent(&w, "120");
+        started_on(&w, &n, &pod).await;
+        assert_eq!(runner_pods(&w, &n).await.len(), 1, "a second pod");
+        finishes_with_one_jit(&kubelet, &a, &pod, container).await;
+    }
+
+    /// Parity row 16, `JitReceived` with the JIT still in the dead agent's memory (the crash
+    /// came before the handoff was offered): the JIT is lost and never asked again; the attempt
+    /// concludes `Failed(JitExpired)` and its pod is destroyed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restart_in_jit_received_before_the_handoff_concludes_jit_expired() {
+        let Some(w) = AgentWorld::start("a_restart_in_jit_received_before_the_handoff")
+            .await
+            .unwrap()
+        else {
+            return;
+        };
+        let mut agent = oci_agent_crashing_at(&w, "after-jit-before-spawn");
+        let _deletions = finish_deletions(&w);
+        w.wait_recovered().await.unwrap();
+        let a = w.pending_attempt_with(oci).await.unwrap();
+        let n = name(&a);
+        let pod = wait_own_pod(&w, &n).await;
+        let kubelet = KubeletDouble { w: &w };
+        let mut container = kubelet.run_container(&pod);
+        kubelet.running(&pod).await;
+        crashed(&mut agent).await;
+        drop(agent);
+        let seen = w.attempts().get(&n).await.unwrap();
+        assert_eq!(
+            seen.status.as_ref().unwrap().journal.state(),
+            AttemptState::JitReceived
+        );
+
+        let _again = oci_agent(&w, "120");
+        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+        assert_eq!(
+            outcome(&done),
+            Some(Outcome::Failed(FailureReason::JitExpired))
+        );
+        wait_no_pod(&w, &n).await;
+        assert_eq!(mints(&w), 1, "the lost JIT was asked again");
+        assert!(
+            done.status.as_ref().unwrap().journal.process().is_none(),
+            "a native runner was started"
+        );
+        assert!(w.handoff_files().is_empty(), "a handoff was left");
+        assert!(w.runtimes().is_empty(), "the runtime was left");
+        // The double's container (still awaiting a handoff) goes with its pod.
+        let _ = container.kill();
+        let _ = container.wait();
+    }
+
+    /// Parity row 16, `JitReceived` after the helper took the handoff (its marker is in the
+    /// runtime; the crash came before `Starting` was journalled): the successor adopts the
+    /// running pod as `Starting`, and it runs its job: no second JIT.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restart_in_jit_received_after_the_handoff_adopts_the_pod() {
+        let Some(w) = AgentWorld::start("a_restart_in_jit_received_after_the_handoff")
+            .await
+            .unwrap()
+        else {
+            return;
+        };
+        let mut agent = oci_agent_crashing_at(&w, "after-spawn-before-starting");
+        let _deletions = finish_deletions(&w);
+        w.wait_recovered().await.unwrap();
+        let a = w.pending_attempt_with(oci).await.unwrap();
+        let n = name(&a);
+        let pod = wait_own_pod(&w, &n).await;
+        let kubelet = KubeletDouble { w: &w };
+        let container = kubelet.run_container(&pod);
+        kubelet.running(&pod).await;
+        crashed(&mut agent).await;
+        drop(agent);
+        let seen = w.attempts().get(&n).await.unwrap();
+        assert_eq!(
+            seen.status.as_ref().unwrap().journal.state(),
+            AttemptState::JitReceived
+        );
+
+        let _again = oci_agent(&w, "120");
+        started_on(&w, &n, &pod).await;
+        finishes_with_one_jit(&kubelet, &a, &pod, container).await;
+    }
+
+    /// Parity row 16, `Starting`: the agent stops with the runner started but not yet online;
+    /// the successor adopts the same pod and it comes online, takes its job and is cleaned.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restart_in_starting_adopts_the_pod() {
+        let Some(w) = AgentWorld::start("a_restart_in_starting").await.unwrap() else {
+            return;
+        };
+        let mut agent = oci_agent(&w, "120");
+        let _deletions = finish_deletions(&w);
+        w.wait_recovered().await.unwrap();
+        let a = w.pending_attempt_with(oci).await.unwrap();
+        let n = name(&a);
+        let pod = wait_own_pod(&w, &n).await;
+        let kubelet = KubeletDouble { w: &w };
+        let mut container = kubelet.run_container(&pod);
+        kubelet.running(&pod).await;
+        started_on(&w, &n, &pod).await;
+        agent.terminate().unwrap();
+        wait::until(STEP, "the agent to exit", || {
+            let status = agent.child.try_wait().ok().flatten();
+            async move { status }
+        })
+        .await
+        .unwrap();
+        drop(agent);
+        assert!(
+            container.try_wait().unwrap().is_none(),
+            "the runner died with the agent"
+        );
+
+        let _again = oci_agent(&w, "120");
+        w.wait_recovered().await.unwrap();
+        started_on(&w, &n, &pod).await;
+        finishes_with_one_jit(&kubelet, &a, &pod, container).await;
+    }
+
+    /// Parity row 16, `Busy`: the agent stops while the pod runs a job; the successor adopts
+    /// the busy pod, and its exit after the job concludes `CompletedJob` (destroyed, cleaned),
+    /// with no second JIT.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restart_in_busy_adopts_the_pod_and_concludes_its_job() {
+        let Some(w) = AgentWorld::start("a_restart_in_busy").await.unwrap() else {
+            return;
+        };
+        let mut agent = oci_agent(&w, "120");
+        let _deletions = finish_deletions(&w);
+        w.wait_recovered().await.unwrap();
+        let a = w.pending_attempt_with(oci).await.unwrap();
+        let n = name(&a);
+        let pod = wait_own_pod(&w, &n).await;
+        let kubelet = KubeletDouble { w: &w };
+        let container = kubelet.run_container(&pod);
+        kubelet.running(&pod).await;
+        started_on(&w, &n, &pod).await;
+        w.wait_online(&a).await.unwrap();
+        w.set_github(&n, true, false, 1).await.unwrap();
+        w.wait_state(&n, AttemptState::Idle).await.unwrap();
+        // A job long enough to outlive the restart.
+        let job = w.queue_job(8000).await.unwrap();
+        w.wait_assigned(job).await.unwrap();
+        w.set_job(&n, job).await.unwrap();
+        w.set_github(&n, true, true, 2).await.unwrap();
+        w.wait_state(&n, AttemptState::Busy).await.unwrap();
+        agent.terminate().unwrap();
+        wait::until(STEP, "the agent to exit", || {
+            let status = agent.child.try_wait().ok().flatten();
+            async move { status }
+        })
+        .await
+        .unwrap();
+        drop(agent);
+
+        let _again = oci_agent(&w, "120");
+        w.wait_recovered().await.unwrap();
+        let now = w.attempts().get(&n).await.unwrap();
+        let journal = &now.status.as_ref().unwrap().journal;
+        assert_eq!(journal.state(), AttemptState::Busy, "not adopted busy");
+        assert_eq!(
+            journal.environment().map(|e| e.uid.clone()),
+            pod.metadata.uid.clone(),
+            "another pod"
+        );
+        // The listener exits after its job; the double reports the exit.
+        let mut container = container;
+        let status = tokio::task::spawn_blocking(move || container.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        let live = pods(&w)
+            .get(pod.metadata.name.as_deref().unwrap())
+            .await
+            .unwrap();
+        kubelet
+            .terminated(
+                &live,
+                if status.success() {
+                    "Succeeded"
+                } else {
+                    "Failed"
+                },
+                "Completed",
+                status.code().unwrap_or(1),
+            )
+            .await;
+        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+        assert_eq!(outcome(&done), Some(Outcome::CompletedJob), "{status:?}");
+        wait_no_pod(&w, &n).await;
+        assert_eq!(mints(&w), 1, "a second JIT");
+        assert!(w.runtimes().is_empty(), "the runtime was left");
+    }
+}
+
+/// Issue 16, pods watched not polled: with one Idle OCI runner, the agent's API reads over a
+/// window of steady state (its `runner_manager_agent_api_requests_total{verb="read"}`), and the
+/// launch's spawn step (handoff offered until the helper took it), which polling made two
+/// 200 ms intervals. The pod's state comes from the agent's watch of its node's pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_oci_runner_costs_no_api_read_in_steady_state() {
+    let Some(w) = AgentWorld::start("an_idle_oci_runner_costs_no_api_read")
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let health = format!("127.0.0.1:{port}");
+    let agent = w
+        .agent(
+            4,
+            &[
+                ("RM_OCI", "true"),
+                ("RM_OCI_START_DEADLINE_SECONDS", "120"),
+                ("RM_OCI_HANDOFF_DEADLINE_SECONDS", "30"),
+                ("RM_HEALTH_ADDR", health.as_str()),
+            ],
+        )
+        .unwrap();
+    let _kubelet = finish_deletions(&w);
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt_with(oci).await.unwrap();
+    let n = name(&a);
+    let pod = wait_pod(&w, &n).await;
+    let kubelet = KubeletDouble { w: &w };
+    let container = kubelet.run_container(&pod);
+    kubelet.running(&pod).await;
+    let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    let launch = started.status.as_ref().unwrap().journal.launch.clone().unwrap();
+    w.wait_online(&a).await.unwrap();
+    w.set_github(&n, true, false, 1).await.unwrap();
+    w.wait_state(&n, AttemptState::Idle).await.unwrap();
+
+    let reads = || async {
+        let body = reqwest::get(format!("http://{health}/metrics"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        body.lines()
+            .find(|l| l.starts_with("runner_manager_agent_api_requests_total{verb=\"read\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    let before = wait::until(std::time::Duration::from_secs(30), "the agent's metrics", reads)
+        .await
+        .unwrap();
+    // A measurement window, not a wait for anything: the supervision interval is 200 ms, so
+    // this is 50 looks at the runner pod.
+    let window = std::time::Duration::from_secs(10);
+    tokio::time::sleep(window).await;
+    let after = reads().await.unwrap();
+    let per_minute = (after - before) * 60.0 / window.as_secs_f64();
+    println!(
+        "OCI (pod watch): spawn {} ms (prepare {} ms); API reads with one Idle OCI runner: {per_minute:.1} per minute",
+        launch.spawn_ms, launch.prepare_ms
+    );
+    assert_eq!(
+        after - before,
+        0.0,
+        "an Idle OCI runner's supervision read the API server"
+    );
+    runs_one_job_to_cleaned(&kubelet, &n, &pod, container, 500).await;
+    drop(agent);
 }
