@@ -342,13 +342,24 @@ njit=$(grep -c . "$work/jits" || true)
 } > "$work/scan.txt" 2>&1
 # The node's /var/log: the containers' logs (/var/log/pods, /var/log/containers), its journal.
 scanned=("$work/scan.txt" "$NODE_FS/var/log" "$RM_CLUSTER_RUN/logs" "$CP_RUN")
+# jit_hits NEEDLE: where NEEDLE appears (files, and "the pod specs, events, attempts or logs").
+jit_hits() {
+  grep -rlF -- "$1" "${scanned[@]}" 2>/dev/null | grep -v "/pods-check/" || true
+  if grep -qF -- "$1" "$work/scan.txt"; then echo "the pod specs, events, attempts or the agent's or operator's log"; fi
+}
+# The scan finds what it looks for: a JIT slice planted in the node's /var/log is found.
+canary=$NODE_FS/var/log/rm-pods-check-canary.log
+first_jit=$(head -1 "$work/jits")
+printf 'a line with %s in it\n' "${first_jit:40:32}" > "$canary"
+found=$(jit_hits "${first_jit:40:32}")
+rm -f "$canary"
+[ "$found" = "$canary" ] || fail "the JIT-leak scan did not find a JIT slice planted in $canary (found: $found)"
 while read -r jit; do
   # The whole JIT and a slice of it (a JIT cut by a log line's length; its start is the base64
   # of a JSON prefix every JIT shares).
   for needle in "$jit" "${jit:40:32}"; do
-    hit=$(grep -rlF -- "$needle" "${scanned[@]}" 2>/dev/null | grep -v "/pods-check/" || true)
+    hit=$(jit_hits "$needle")
     [ -z "$hit" ] || fail "a JIT minted by the simulated GitHub appears in: $hit"
-    grep -qF -- "$needle" "$work/scan.txt" && fail "a JIT appears in the pod specs, events, attempts or the agent's or operator's log"
   done
 done < "$work/jits"
 say "JIT-leak scan: $njit JITs in none of: pod specs, events, attempts, agent/operator logs, /var/log/pods, kubelet/containerd/control plane logs ($(du -sh "$NODE_FS/var/log/pods" | cut -f1) of container logs)"
