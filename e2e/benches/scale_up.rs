@@ -111,9 +111,17 @@ impl Started {
             .collect()
     }
 
-    /// When the attempts were first seen, in order.
-    fn created(&self) -> Vec<Instant> {
-        let mut all: Vec<Instant> = self.1.lock().unwrap().values().copied().collect();
+    /// When the attempts not named in `before` were first seen, in order: the burst's, whatever
+    /// order the watch's initial listing of earlier attempts (the warm-up's) arrives in.
+    fn created_except(&self, before: &std::collections::HashSet<String>) -> Vec<Instant> {
+        let mut all: Vec<Instant> = self
+            .1
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(name, _)| !before.contains(*name))
+            .map(|(_, t)| *t)
+            .collect();
         all.sort();
         all
     }
@@ -346,7 +354,15 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
     };
     // "Queued at once": every job is queued concurrently, so the figure is the product's, not
     // this loop's round trips.
-    let created_before = started.created().len();
+    // The attempts that exist before queueing (the warm-up's, Cleaned by now), by a LIST: the
+    // watch above lists them too, but maybe only after queueing, so a count by the watch alone
+    // took the warm-up's attempt for the burst's.
+    let before_burst: std::collections::HashSet<String> = p
+        .all_attempts()
+        .await
+        .into_iter()
+        .filter_map(|a| a.metadata.name)
+        .collect();
     let queued = Instant::now();
     let ids: Vec<u64> = futures_util::future::join_all(
         (0..jobs).map(|_| p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 1000}))),
@@ -364,8 +380,7 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
     .await
     .unwrap();
     let all_started = started.all().into_iter().max().unwrap() - queued;
-    let created = started.created();
-    let burst_created = &created[created_before.min(created.len())..];
+    let burst_created = &started.created_except(&before_burst);
     let lines = started.timelines(queued);
     let first_created = burst_created.first().map(|t| *t - queued);
     let last_created = burst_created.last().map(|t| *t - queued);
@@ -388,7 +403,12 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
     })
     .await
     .unwrap();
-    let counts: Vec<u64> = writes.counts().into_values().collect();
+    let counts: Vec<u64> = writes
+        .counts()
+        .into_iter()
+        .filter(|(name, _)| !before_burst.contains(name))
+        .map(|(_, n)| n)
+        .collect();
     let mean = counts.iter().sum::<u64>() as f64 / counts.len().max(1) as f64;
     let (op_rss, agent_rss) = *peak.lock().unwrap();
     println!(
@@ -409,12 +429,12 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
     );
     // Every attempt created from the burst on, the ones that never started included: one per
     // job is the target (minIdle is 0 here).
-    let burst_attempts = started.created().len() - created_before.min(created.len());
+    let burst_attempts = started.created_except(&before_burst).len();
     println!("  attempts created for the burst: {burst_attempts} for {jobs} jobs (target: = jobs)");
     println!(
         "GitHub REST calls by the operator during the burst: {calls} for {} runners = {:.2} per runner (observation every 1 s included; target <= 1.2 amortized)",
-        counts.len(),
-        calls as f64 / counts.len().max(1) as f64
+        burst_attempts,
+        calls as f64 / burst_attempts.max(1) as f64
     );
     println!("  by endpoint: {breakdown}");
     println!(
