@@ -21,8 +21,9 @@ use runner_manager_node_agent::packages::copy::{copy_tree, copy_tree_checked};
 use runner_manager_node_agent::packages::extract::{ExtractLimits, extract_tar_gz};
 use runner_manager_node_agent::packages::fingerprint::fingerprint;
 use runner_manager_node_agent::packages::origin::{prove_origin, still_intact};
+use runner_manager_node_agent::packages::overlay;
 use runner_manager_node_agent::workspace::ephemeral::{
-    create_ephemeral_runtime, remove_ephemeral_runtime,
+    create_ephemeral_runtime, remove_ephemeral_runtime, remove_runtime_named,
 };
 use runner_manager_node_agent::workspace::prepare::prepare_slot;
 use runner_manager_node_agent::workspace::scrub::{Scrubbed, scrub_slot};
@@ -373,7 +374,158 @@ fn main() {
         ms(prove_time)
     );
     println!("(median of {} runs each, warm page cache)", shape.runs);
+    overlay_section(root, &shape, &tree, &contents, print, threads);
     pathological(root, &shape, threads);
+}
+
+/// This process's CPU time so far (user + system, every thread): `/proc/self/stat` fields 14
+/// and 15, in clock ticks (100 per second on Linux).
+fn cpu() -> Duration {
+    let stat = fs::read_to_string("/proc/self/stat").unwrap();
+    // The command name (field 2) may hold spaces; fields are counted after its `)`.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<u64> = rest
+        .split(' ')
+        .skip(11)
+        .take(2)
+        .map(|v| v.parse().unwrap())
+        .collect();
+    Duration::from_millis((f[0] + f[1]) * 10)
+}
+
+/// Issue 15 item 9: the overlay materialize (the tree's fingerprint checked, the mount, the
+/// fingerprint again: what `PackageCache` does per launch once the tree is proven) beside `cp -a`
+/// and the checked copy in the same run, the agent's CPU per launch for each, and ephemeral
+/// removal after a job wrote a `_work` of `work_files` files: unmount + drop the upper vs
+/// `rm -rf` (and our removal) of a copied runtime holding the package and the same `_work`.
+fn overlay_section(
+    root: &Path,
+    shape: &Shape,
+    tree: &Path,
+    contents: &PackageContents,
+    print: [u8; 32],
+    threads: usize,
+) {
+    if let Err(e) = overlay::probe(root) {
+        println!();
+        println!("overlay: not measured, the probe mount failed here ({e})");
+        return;
+    }
+    let (mut ovl, mut ovl_cpu, mut cp, mut checked, mut checked_cpu) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut ovl_rm, mut copy_rm, mut rm_rf) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..shape.runs {
+        // Overlay materialize.
+        let id = Uuid::from_u128(0x2000 + i as u128);
+        let runtime = create_ephemeral_runtime(root, id).unwrap();
+        settle();
+        let c0 = cpu();
+        let (t, ()) = time(|| {
+            assert!(still_intact(tree, print));
+            overlay::mount_package(tree, &runtime).unwrap();
+            assert!(still_intact(tree, print));
+        });
+        ovl_cpu.push(cpu() - c0);
+        ovl.push(t);
+        // The checked copy, as the cache does it on a volume that cannot clone.
+        let copied_id = Uuid::from_u128(0x3000 + i as u128);
+        let copied = create_ephemeral_runtime(root, copied_id).unwrap();
+        settle();
+        let c0 = cpu();
+        let (t, ()) = time(|| {
+            let report = copy_tree_checked(tree, &copied, contents, threads).unwrap();
+            assert_eq!(report.differing, 0);
+            let check =
+                CopyCheck::for_copy(&report, report.reflinked > 0 && still_intact(tree, print));
+            contents
+                .verify_copy(&copied, RetainedWork::Include, check, threads)
+                .unwrap()
+                .unwrap();
+        });
+        checked_cpu.push(cpu() - c0);
+        checked.push(t);
+        // `cp -a`.
+        let plain = root.join(format!("ovl-cp-{i}"));
+        settle();
+        let (t, ()) = time(|| {
+            run(Command::new("cp")
+                .arg("-a")
+                .arg(format!("{}/.", tree.display()))
+                .arg(&plain))
+        });
+        cp.push(t);
+        // A job writes the same `_work` into each runtime.
+        for dest in [&runtime, &copied, &plain] {
+            build_tree(&dest.join("_work/repo"), shape.work_files, 0, 0, 11);
+            fs::write(dest.join(".runner"), b"x").unwrap();
+        }
+        let ovl_name = runner_manager_crds::names::short_hex(id);
+        let copied_journal = copied.to_str().unwrap().to_owned();
+        let mut steps: [Box<dyn FnMut()>; 3] = [
+            Box::new(|| {
+                settle();
+                let (t, _) = time(|| remove_runtime_named(root, &ovl_name).unwrap());
+                ovl_rm.push(t);
+            }),
+            Box::new(|| {
+                settle();
+                let (t, _) =
+                    time(|| remove_ephemeral_runtime(root, copied_id, &copied_journal).unwrap());
+                copy_rm.push(t);
+            }),
+            Box::new(|| {
+                settle();
+                let (t, ()) = time(|| run(Command::new("rm").arg("-rf").arg(&plain)));
+                rm_rf.push(t);
+            }),
+        ];
+        // Rotating which removal goes first.
+        for k in 0..3 {
+            (steps[(i + k) % 3])();
+        }
+        assert!(!runtime.exists() && !copied.exists() && !plain.exists());
+    }
+    let per = |v: Vec<Duration>| median(v);
+    let (ovl, cp, checked) = (per(ovl), per(cp), per(checked));
+    let (ovl_cpu, checked_cpu) = (per(ovl_cpu), per(checked_cpu));
+    let (ovl_rm, copy_rm, rm_rf) = (per(ovl_rm), per(copy_rm), per(rm_rf));
+    println!();
+    println!(
+        "issue 15 item 9: overlay materialize (median of {} runs)",
+        shape.runs
+    );
+    println!("| what | wall | agent CPU (user+sys) |");
+    println!("|---|---|---|");
+    println!(
+        "| overlay materialize (fingerprint, mount, fingerprint) | {} | {} |",
+        ms(ovl),
+        ms(ovl_cpu)
+    );
+    println!(
+        "| checked copy + verify (today's materialize) | {} | {} |",
+        ms(checked),
+        ms(checked_cpu)
+    );
+    println!("| `cp -a` | {} | (another process) |", ms(cp));
+    println!(
+        "| remove ephemeral runtime, overlay (unmount + drop the upper: {} `_work` files) | {} | |",
+        shape.work_files,
+        ms(ovl_rm)
+    );
+    println!(
+        "| remove ephemeral runtime, copied (package + the same `_work`) | {} | |",
+        ms(copy_rm)
+    );
+    println!(
+        "| `rm -rf` of a copied runtime (package + the same `_work`) | {} | |",
+        ms(rm_rf)
+    );
+    println!(
+        "overlay vs checked copy: {} wall, removal {} of ours on a copy, {} of `rm -rf`",
+        ratio(ovl, checked),
+        ratio(ovl_rm, copy_rm),
+        ratio(ovl_rm, rm_rf)
+    );
 }
 
 /// Trees no legitimate job makes (issue 14): a chain far deeper than the descriptor limit, and

@@ -112,6 +112,12 @@ pub struct Cli {
     /// (the rest wait their turn, first come first served).
     #[arg(long, env = "RM_PREPARATION_PERMITS", default_value_t = crate::agent::preparation::DEFAULT_PREPARATION_PERMITS, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub preparation_permits: u32,
+    /// How the runner package is laid into a runtime: `overlay` mounts the cache's verified
+    /// tree read-only under the runtime (O(1) per launch; the agent refuses to start if a probe
+    /// mount fails), `copy` is the checked copy (reflink where the volume clones), `auto` is
+    /// overlay when the probe succeeds on every runtime volume, else the copy.
+    #[arg(long, env = "RM_MATERIALIZE", value_enum, default_value_t = crate::packages::overlay::MaterializeChoice::Copy)]
+    pub materialize: crate::packages::overlay::MaterializeChoice,
     /// Run OCI attempts as runner pods on this node (DESIGN §6 "OCI provider"). Without it the
     /// agent rejects them (`SnapshotUnusable`).
     #[arg(long, env = "RM_OCI", default_value_t = false)]

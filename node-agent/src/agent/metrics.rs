@@ -68,6 +68,11 @@ struct StageLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModeLabels {
+    mode: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: String,
 }
@@ -101,6 +106,7 @@ pub struct AgentMetrics {
     package_prunes: Family<ResultLabels, Counter>,
     api_requests: Family<VerbLabels, Counter>,
     reconcile_errors: Family<StageLabels, Counter>,
+    materializer: Family<ModeLabels, Gauge>,
     started: Instant,
 }
 
@@ -241,6 +247,17 @@ impl AgentMetrics {
             "Package prunes after launches, by result (ran, skipped, failed)",
             package_prunes.clone(),
         );
+        let materializer = Family::<ModeLabels, Gauge>::default();
+        registry.register(
+            "materializer",
+            "How packages are laid into runtimes (1 for the one in use: overlay or copy; `--materialize`)",
+            materializer.clone(),
+        );
+        for mode in crate::packages::overlay::Materializer::ALL {
+            let _ = materializer.get_or_create(&ModeLabels {
+                mode: mode.as_str().into(),
+            });
+        }
         let reconcile_errors = Family::<StageLabels, Counter>::default();
         registry.register(
             "reconcile_errors",
@@ -302,6 +319,7 @@ impl AgentMetrics {
             package_prunes,
             api_requests,
             reconcile_errors,
+            materializer,
             started: Instant::now(),
         }
     }
@@ -383,6 +401,17 @@ impl AgentMetrics {
                 result: result.as_str().into(),
             })
             .inc();
+    }
+
+    /// Which materializer the agent uses (set once at start).
+    pub fn materializer(&self, used: crate::packages::overlay::Materializer) {
+        for mode in crate::packages::overlay::Materializer::ALL {
+            self.materializer
+                .get_or_create(&ModeLabels {
+                    mode: mode.as_str().into(),
+                })
+                .set(i64::from(mode == used));
+        }
     }
 
     /// A reconcile of an attempt failed in `stage`.

@@ -226,8 +226,23 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
             .create(&cli.slots_root)
             .map_err(|e| AgentError::HostRoot(cli.slots_root.clone(), e.kind()))?;
     }
+    let materializer = crate::packages::overlay::choose(
+        cli.materialize,
+        &[
+            crate::workspace::ephemeral::runners_dir(&cli.host_root),
+            cli.slots_root.clone(),
+        ],
+    )
+    .map_err(|e| AgentError::Packages(format!("--materialize overlay: {e}")))?;
+    tracing::info!(
+        "packages are laid into runtimes by {} (--materialize {:?})",
+        materializer.as_str(),
+        cli.materialize
+    );
+    metrics::global().materializer(materializer);
     let packages = PackageCache::new(cli.host_root.join("packages"), downloader)
         .map_err(|e| AgentError::Packages(format!("{:?}", e.kind())))?
+        .with_materializer(materializer)
         .with_extract_limits(cli.extract_limits())
         .with_seed_root(&cli.slots_root)
         .map_err(|e| AgentError::Packages(format!("seed root: {:?}", e.kind())))?;

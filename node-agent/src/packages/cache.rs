@@ -35,6 +35,7 @@ use super::download::{DownloadError, Downloader};
 use super::extract::{ExtractError, ExtractLimits, extract_tar_gz};
 use super::fingerprint::{Fingerprint, fingerprint};
 use super::origin::{prove_origin, still_intact};
+use super::overlay::{Materializer, OverlayError};
 use super::timings::PackageTimings;
 use crate::workspace::allocation::AllocationGuard;
 use crate::workspace::remove::remove_tree;
@@ -71,6 +72,8 @@ pub enum PackageError {
     QueuedBehindFailedInstall(String),
     #[error("copying the package into the runtime failed: {0}")]
     Copy(#[from] CopyError),
+    #[error("mounting the package into the runtime failed: {0}")]
+    Overlay(#[from] OverlayError),
     #[error("the runtime copy does not match the verified package: {0}")]
     CopyDiffers(TreeMismatch),
     #[error("the package cache failed ({0:?})")]
@@ -129,6 +132,8 @@ pub struct Materialized {
     pub copy: CopyReport,
     /// How the copy's bytes were checked after it was laid out.
     pub check: CopyCheck,
+    /// How the package was laid in: an overlay mount (no copy: `copy` is all zeros) or a copy.
+    pub by: Materializer,
 }
 
 struct Trusted {
@@ -209,6 +214,8 @@ pub struct PackageCache {
     downloader: Downloader,
     limits: ExtractLimits,
     threads: usize,
+    /// Overlay or copy, decided once at start (`--materialize`).
+    materializer: Materializer,
     trees: RwLock<()>,
     state: Mutex<State>,
     failures: AtomicU64,
@@ -309,6 +316,7 @@ impl PackageCache {
             downloader,
             limits: ExtractLimits::default(),
             threads,
+            materializer: Materializer::Copy,
             trees: RwLock::new(()),
             state: Mutex::new(State::default()),
             failures: AtomicU64::new(0),
@@ -321,6 +329,17 @@ impl PackageCache {
     pub fn with_extract_limits(mut self, limits: ExtractLimits) -> Self {
         self.limits = limits;
         self
+    }
+
+    /// Lays packages in by `materializer` (the copy unless told otherwise).
+    pub fn with_materializer(mut self, materializer: Materializer) -> Self {
+        self.materializer = materializer;
+        self
+    }
+
+    /// How this cache lays packages into runtimes.
+    pub fn materializer(&self) -> Materializer {
+        self.materializer
     }
 
     /// Registers `root`, a directory on a volume where runtimes live, for seeds
@@ -461,8 +480,10 @@ impl PackageCache {
         let sha = package.sha256.to_owned();
         let queued_after = self.failures.load(Ordering::SeqCst);
         let mut timings = PackageTimings::default();
-        // Only asked when seeds are configured (most hosts keep runtimes on the cache's volume).
-        let seed_root = if self.seed_roots.is_empty() {
+        // Only asked when seeds are configured (most hosts keep runtimes on the cache's volume),
+        // and never for an overlay: its lower may be on any volume.
+        let seed_root = if self.seed_roots.is_empty() || self.materializer == Materializer::Overlay
+        {
             None
         } else {
             let runtime = runtime.to_path_buf();
@@ -541,6 +562,11 @@ impl PackageCache {
                 ready
             }
         };
+        if self.materializer == Materializer::Overlay {
+            return self
+                .mount_overlay(attempt, &sha, ready, runtime, shared, timings)
+                .await;
+        }
         let origin = ready.seed.clone().unwrap_or_else(|| ready.tree.clone());
         let started = Instant::now();
         let copied = {
@@ -651,6 +677,7 @@ impl PackageCache {
                 timings,
                 copy,
                 check,
+                by: Materializer::Copy,
             }),
             Ok(Err(mismatch)) => {
                 self.release(attempt);
@@ -661,6 +688,84 @@ impl PackageCache {
                 Err(e)
             }
         }
+    }
+
+    /// The overlay materialize, under the shared hold `ready` was read under (so the tree is
+    /// neither pruned nor reinstalled meanwhile): the tree's fingerprint was checked by `ready`
+    /// just now (as before each clone); its bytes are read against the contents once per
+    /// install (the first mount pays, as the first clone does); then the mount, and the
+    /// fingerprint once more, so the proof brackets the mount. No byte is copied or read per
+    /// launch after the first.
+    async fn mount_overlay(
+        &self,
+        attempt: &str,
+        sha: &str,
+        ready: Ready,
+        runtime: &Path,
+        shared: tokio::sync::RwLockReadGuard<'_, ()>,
+        mut timings: PackageTimings,
+    ) -> Result<Materialized, PackageError> {
+        let tree = ready.tree;
+        let started = Instant::now();
+        let proven = {
+            let (tree, contents, threads) =
+                (tree.clone(), Arc::clone(&ready.contents), self.threads);
+            blocking(move || {
+                Ok(tree.proven || prove_origin(&tree.path, &contents, tree.fingerprint, threads)?)
+            })
+            .await?
+        };
+        timings.verify += started.elapsed();
+        if !proven {
+            // The tree does not hold what its archive held: forget it; the next launch
+            // reinstalls it from the kept archive.
+            drop(shared);
+            self.state().trusted.remove(sha);
+            return Err(PackageError::CopyDiffers(TreeMismatch {
+                missing: 0,
+                extra: 0,
+                changed: 1,
+            }));
+        }
+        if !tree.proven {
+            self.mark_proven(sha, tree.fingerprint);
+        }
+        let started = Instant::now();
+        let (lower, rt) = (tree.path.clone(), runtime.to_path_buf());
+        let mounted = blocking(move || {
+            super::overlay::mount_package(&lower, &rt)?;
+            Ok(())
+        })
+        .await;
+        timings.copy += started.elapsed();
+        mounted?;
+        {
+            let mut state = self.state();
+            state.leases.insert(attempt.to_owned(), sha.to_owned());
+            state.used.insert(sha.to_owned(), Instant::now());
+        }
+        let started = Instant::now();
+        let path = tree.path.clone();
+        let intact = blocking(move || Ok(still_intact(&path, tree.fingerprint))).await?;
+        timings.verify += started.elapsed();
+        drop(shared);
+        if !intact {
+            // Changed while it was mounted: the runtime shows what it holds now, unproven.
+            // The attempt's cleanup unmounts it; the tree is reinstalled by the next launch.
+            self.state().trusted.remove(sha);
+            self.release(attempt);
+            return Err(PackageError::CopyDiffers(TreeMismatch {
+                missing: 0,
+                extra: 0,
+                changed: 1,
+            }));
+        }
+        Ok(Materialized {
+            timings,
+            copy: CopyReport::default(),
+            check: CopyCheck::LayoutOnly,
+            by: Materializer::Overlay,
+        })
     }
 
     fn unseedable(&self, sha256: &str, dev: u64) -> bool {

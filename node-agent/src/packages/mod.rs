@@ -16,6 +16,7 @@ pub mod download;
 pub mod extract;
 pub mod fingerprint;
 pub mod origin;
+pub mod overlay;
 pub mod timings;
 
 pub use cache::{Materialized, PackageCache, PackageError, PackageRef, RuntimeKind};

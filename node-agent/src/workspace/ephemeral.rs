@@ -105,7 +105,20 @@ pub fn runtime_names(host_root: &Path) -> io::Result<Vec<String>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
+    // An overlay workdir whose runtime is gone (a crash between the two removals) is listed by
+    // its attempt name too, so the sweep removes it with `remove_runtime_named`.
+    let work_root = runners_dir(host_root).join(crate::packages::overlay::WORK_ROOT);
+    for e in std::fs::read_dir(work_root).into_iter().flatten() {
+        if let Some(name) = e?
+            .file_name()
+            .to_str()
+            .filter(|n| crate::providers::launcher::is_attempt_short(n))
+        {
+            found.push(name.to_owned());
+        }
+    }
     found.sort();
+    found.dedup();
     Ok(found)
 }
 
@@ -123,6 +136,20 @@ pub fn remove_runtime_named(
     if !crate::providers::launcher::is_attempt_short(name) {
         return Err(EphemeralError::NotTheDerivedPath { expected });
     }
+    // An overlay-materialized runtime is unmounted first (never followed: `UMOUNT_NOFOLLOW`),
+    // so what is removed below is the upper alone — only what the job wrote — and never the
+    // package under it. A busy mount is detached (see `Unmounted::Detached`).
+    if let Err(e) = crate::packages::overlay::unmount(&expected) {
+        tracing::warn!(
+            "the overlay at {} could not be unmounted: {e}",
+            expected.display()
+        );
+        return Err(EphemeralError::CouldNotBeRemoved {
+            path: expected.clone(),
+            kind: io::ErrorKind::ResourceBusy,
+        });
+    }
+    crate::packages::overlay::remove_work_dir(&expected).map_err(failed)?;
     // The runners directory is the anchor; from here on nothing is resolved by path.
     let runners = match open_dir_nofollow(&runners_dir(host_root)) {
         Ok(fd) => fd,

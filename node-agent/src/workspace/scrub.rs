@@ -41,6 +41,16 @@ pub fn scrub_slot(
     if !check_containment(&target, owner)? {
         return Ok(Scrubbed::Absent);
     }
+    // An overlay-materialized slot is unmounted before anything is opened in it: the checks
+    // below then see the slot itself (the upper: `_work` and what the job wrote), never the
+    // package, which is not theirs to remove. The path was just proven contained, and the
+    // unmount does not follow a link standing at the slot.
+    if let Err(e) = crate::packages::overlay::unmount(&target.slot) {
+        return Err(Quarantine::new(
+            SlotRefusal::Deletion,
+            format!("{} could not be unmounted: {e}", target.slot.display()),
+        ));
+    }
     // Check 4.
     let slot = match std::fs::symlink_metadata(&target.slot) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Scrubbed::Absent),

@@ -1,0 +1,362 @@
+//! The overlay materialize (issue 15 item 9): instead of copying the package into a runtime, the
+//! runtime directory becomes the *upper* layer of an overlay mounted on itself, over the cache's
+//! verified, read-only tree as the *lower* layer. Materialize is one `mount(2)` whatever the
+//! package's size, and dropping an ephemeral runtime is one unmount plus removing only what the
+//! job wrote.
+//!
+//! Layout, for a runtime `R` (`<hostRoot>/runners/<12 hex>` or a slot `<…>/<policy uid>/sN`):
+//! the overlay is mounted at `R` with `upperdir=R`, `workdir=<parent of R>/.overlay-work/<name
+//! of R>`, `lowerdir=<hostRoot>/packages/<sha256>`. So:
+//! - a persistent slot's `_work` is a real directory of the slot (a pure-upper directory, written
+//!   straight through) and stays one across an unmount, where the scrub finds it as before;
+//! - once unmounted, `R` holds exactly what the job wrote (copied-up files, whiteouts, `.runner`,
+//!   `_diag`, …), which the existing fd-relative removal and the seven-check scrub remove;
+//! - the lower is never written: overlay copies a file up before any write, chmod, chown or
+//!   rename, and a deletion is a whiteout in the upper.
+//!
+//! Mount options, and why:
+//! - trusted xattrs (no `userxattr`): the agent mounts as root, and `trusted.overlay.*` cannot be
+//!   set by the runner account; with `userxattr` a job could plant `user.overlay.redirect` or
+//!   `user.overlay.opaque` on its own files in a persistent slot's `_work` and have the next
+//!   mount interpret them.
+//! - `redirect_dir=nofollow`: a rename of a lower directory fails with `EXDEV` (tools fall back
+//!   to copying) instead of writing a redirect, and no redirect is ever followed.
+//! - `index=off`: the index ties the upper to one lower's file handles; a reinstalled version
+//!   (a new tree, new inodes) must still mount over a slot's retained upper.
+//! - `metacopy=off`: a metadata-only copy-up would leave the data of a chmod-ed file in the
+//!   lower, and the kernel documents metacopy as unsafe with an upper it does not fully trust.
+//! - `xino=off`: inode numbers are the layers' own; nothing here relies on `st_ino` uniqueness
+//!   across layers, and `xino=auto` would make the number space depend on the filesystem.
+//! - `nosuid,nodev` on the mount: nothing in a runtime needs privilege, and a file the job
+//!   marks set-id stays inert.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// `--materialize`: how a package is laid into a runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MaterializeChoice {
+    /// Overlay when a probe mount succeeds at start on every runtime volume, else the copy.
+    Auto,
+    /// The overlay mount; the agent does not start if the probe fails.
+    Overlay,
+    /// The checked copy (reflink where the volume clones).
+    Copy,
+}
+
+/// What the agent uses (closed: a metric label and a log field).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Materializer {
+    Overlay,
+    #[default]
+    Copy,
+}
+
+impl Materializer {
+    pub const ALL: [Self; 2] = [Self::Overlay, Self::Copy];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Overlay => "overlay",
+            Self::Copy => "copy",
+        }
+    }
+}
+
+/// Why an overlay could not be mounted or unmounted.
+#[derive(Debug, thiserror::Error)]
+pub enum OverlayError {
+    #[error("a path holds a character overlay options cannot carry (`,`, `:`, `\\` or a newline)")]
+    UnsafePath,
+    #[error("the runtime has no parent directory for the overlay's workdir")]
+    NoParent,
+    #[error("mounting the overlay failed ({0:?})")]
+    Mount(io::ErrorKind),
+    #[error("preparing the overlay's workdir failed ({0:?})")]
+    WorkDir(io::ErrorKind),
+    #[error("unmounting the overlay failed ({0:?})")]
+    Unmount(io::ErrorKind),
+}
+
+/// How an unmount went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unmounted {
+    /// Nothing was mounted there.
+    NotMounted,
+    /// Unmounted normally (`layers` mounts, normally one).
+    Unmounted { layers: u32 },
+    /// A process still held something inside (a late child of the runner): detached
+    /// (`MNT_DETACH`), so the path is free now and the kernel drops the mount when the last
+    /// holder lets go. The caller still removes the upper; the holder sees an overlay whose upper
+    /// changed underneath, which the kernel tolerates (no crash), and the lower stays read-only.
+    Detached,
+}
+
+/// `<parent of runtime>/.overlay-work/<name of runtime>`: the overlay's workdir, on the same
+/// volume as the upper (overlay requires it) and outside it.
+pub fn work_dir(runtime: &Path) -> Option<PathBuf> {
+    let parent = runtime.parent()?;
+    let name = runtime.file_name()?;
+    Some(parent.join(WORK_ROOT).join(name))
+}
+
+/// The directory beside runtimes holding their workdirs.
+pub const WORK_ROOT: &str = ".overlay-work";
+
+fn option_safe(p: &Path) -> bool {
+    p.to_str()
+        .is_some_and(|s| !s.contains([',', ':', '\\', '\n']) && !s.is_empty())
+}
+
+/// The option string for a package at `lower` over the runtime `upper` (also the mount point).
+pub fn options(lower: &Path, upper: &Path, work: &Path) -> Result<String, OverlayError> {
+    if ![lower, upper, work].iter().all(|p| option_safe(p)) {
+        return Err(OverlayError::UnsafePath);
+    }
+    Ok(format!(
+        "lowerdir={},upperdir={},workdir={},redirect_dir=nofollow,index=off,metacopy=off,xino=off",
+        lower.display(),
+        upper.display(),
+        work.display()
+    ))
+}
+
+/// Mounts `lower` (a verified, read-only package tree) under `runtime`, at `runtime`. The runtime
+/// must be empty or hold only a slot's `_work`: the caller's preparation proved that. The workdir
+/// is emptied first (a stale one from a crash is untrusted).
+pub fn mount_package(lower: &Path, runtime: &Path) -> Result<(), OverlayError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let work = work_dir(runtime).ok_or(OverlayError::NoParent)?;
+    let data = options(lower, runtime, &work)?;
+    let root = work.parent().ok_or(OverlayError::NoParent)?;
+    let wd = |e: io::Error| OverlayError::WorkDir(e.kind());
+    match std::fs::DirBuilder::new().mode(0o700).create(root) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(wd(e)),
+        _ => {}
+    }
+    remove_work_dir(runtime).map_err(wd)?;
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&work)
+        .map_err(wd)?;
+    use rustix::mount::MountFlags;
+    // `options` refused every path that could hold a NUL byte's neighbours; a NUL itself cannot
+    // be in a path.
+    let data = std::ffi::CString::new(data).map_err(|_| OverlayError::UnsafePath)?;
+    rustix::mount::mount(
+        "runner-package",
+        runtime,
+        "overlay",
+        MountFlags::NOSUID | MountFlags::NODEV,
+        Some(data.as_c_str()),
+    )
+    .map_err(|e| OverlayError::Mount(io::Error::from(e).kind()))
+}
+
+/// Removes a runtime's workdir (what overlay keeps there is root's, mode 000 inside).
+pub fn remove_work_dir(runtime: &Path) -> io::Result<()> {
+    let Some(work) = work_dir(runtime) else {
+        return Ok(());
+    };
+    match crate::workspace::remove::remove_tree(&work) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Unmounts whatever is mounted at `path` (never following a link there), every layer of it.
+/// A busy mount is detached (see [`Unmounted::Detached`]).
+pub fn unmount(path: &Path) -> Result<Unmounted, OverlayError> {
+    use rustix::mount::UnmountFlags;
+    let mut layers = 0;
+    // Bounded: a runner account cannot mount, so more than a few layers means a loop gone wrong.
+    for _ in 0..8 {
+        match rustix::mount::unmount(path, UnmountFlags::NOFOLLOW) {
+            Ok(()) => layers += 1,
+            // Not a mount point (or the path is gone): done.
+            Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => {
+                return Ok(if layers == 0 {
+                    Unmounted::NotMounted
+                } else {
+                    Unmounted::Unmounted { layers }
+                });
+            }
+            Err(rustix::io::Errno::BUSY) => {
+                return match rustix::mount::unmount(
+                    path,
+                    UnmountFlags::NOFOLLOW | UnmountFlags::DETACH,
+                ) {
+                    Ok(()) => Ok(Unmounted::Detached),
+                    Err(e) => Err(OverlayError::Unmount(io::Error::from(e).kind())),
+                };
+            }
+            Err(e) => return Err(OverlayError::Unmount(io::Error::from(e).kind())),
+        }
+    }
+    Err(OverlayError::Unmount(io::ErrorKind::Other))
+}
+
+/// Whether `path` is a mount point in this process's mount namespace.
+pub fn is_mounted(path: &Path) -> io::Result<bool> {
+    Ok(mount_points()?.iter().any(|m| m.path == path))
+}
+
+/// One line of `/proc/self/mountinfo`, what the agent needs of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountPoint {
+    pub path: PathBuf,
+    pub fs_type: String,
+}
+
+/// The mount points of this process's mount namespace.
+pub fn mount_points() -> io::Result<Vec<MountPoint>> {
+    Ok(parse_mountinfo(&std::fs::read_to_string(
+        "/proc/self/mountinfo",
+    )?))
+}
+
+/// The overlay mounts strictly under `root`: what a restarted agent finds of its own mounts.
+pub fn overlays_under(root: &Path) -> io::Result<Vec<PathBuf>> {
+    Ok(mount_points()?
+        .into_iter()
+        .filter(|m| m.fs_type == "overlay" && m.path.starts_with(root) && m.path != root)
+        .map(|m| m.path)
+        .collect())
+}
+
+/// Parses mountinfo (proc(5)): field 5 is the mount point (octal-escaped), the field after the
+/// ` - ` separator the filesystem type.
+pub fn parse_mountinfo(text: &str) -> Vec<MountPoint> {
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let point = left.split(' ').nth(4)?;
+            let fs_type = right.split(' ').next()?;
+            Some(MountPoint {
+                path: PathBuf::from(unescape(point)),
+                fs_type: fs_type.to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// Undoes mountinfo's `\ooo` escapes (space, tab, newline, backslash).
+fn unescape(s: &str) -> std::ffi::OsString {
+    use std::os::unix::ffi::OsStringExt;
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    std::ffi::OsString::from_vec(out)
+}
+
+/// Resolves `--materialize` at start: probes overlay on each runtime volume (`dirs`, created
+/// when missing) unless told to copy. `Err` only for an explicit `overlay` whose probe failed.
+pub fn choose(choice: MaterializeChoice, dirs: &[PathBuf]) -> Result<Materializer, OverlayError> {
+    if choice == MaterializeChoice::Copy {
+        return Ok(Materializer::Copy);
+    }
+    let probed = dirs.iter().try_for_each(|dir| {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(dir)
+            .map_err(|e| OverlayError::WorkDir(e.kind()))?;
+        probe(dir)
+    });
+    match (probed, choice) {
+        (Ok(()), _) => Ok(Materializer::Overlay),
+        (Err(e), MaterializeChoice::Overlay) => Err(e),
+        (Err(e), _) => {
+            tracing::warn!("overlay probe failed ({e}); packages are copied into runtimes");
+            Ok(Materializer::Copy)
+        }
+    }
+}
+
+/// The start-up probe: a throwaway overlay in `dir` (a directory on a runtime volume), mounted,
+/// written through, unmounted and removed. `Ok` means overlay works there with these options.
+pub fn probe(dir: &Path) -> Result<(), OverlayError> {
+    let base = dir.join(format!(".overlay-probe-{}", uuid::Uuid::new_v4().simple()));
+    let io = |e: io::Error| OverlayError::WorkDir(e.kind());
+    let lower = base.join("lower");
+    let runtime = base.join("rt");
+    let result = (|| {
+        std::fs::create_dir_all(&lower).map_err(io)?;
+        std::fs::write(lower.join("probe"), b"lower").map_err(io)?;
+        std::fs::create_dir(&runtime).map_err(io)?;
+        mount_package(&lower, &runtime)?;
+        let wrote = std::fs::write(runtime.join("probe"), b"upper");
+        let read = std::fs::read(lower.join("probe"));
+        unmount(&runtime)?;
+        wrote.map_err(io)?;
+        if read.map_err(io)? != b"lower" {
+            return Err(OverlayError::Mount(io::ErrorKind::InvalidData));
+        }
+        Ok(())
+    })();
+    let _ = unmount(&runtime);
+    let _ = crate::workspace::remove::remove_tree(&base);
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn mountinfo_is_parsed_with_escapes() {
+        let text = "47 27 0:40 / /tmp/a\\040b/rt rw,relatime - overlay runner-package rw,lowerdir=/x\n\
+                    22 1 8:1 / / rw - ext4 /dev/sda1 rw\n";
+        let points = parse_mountinfo(text);
+        assert_eq!(
+            points,
+            vec![
+                MountPoint {
+                    path: PathBuf::from("/tmp/a b/rt"),
+                    fs_type: "overlay".into()
+                },
+                MountPoint {
+                    path: PathBuf::from("/"),
+                    fs_type: "ext4".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn options_refuse_paths_that_would_inject_layers() {
+        let ok = options(Path::new("/p/l"), Path::new("/r/u"), Path::new("/r/w")).unwrap();
+        assert!(ok.contains("redirect_dir=nofollow"));
+        assert!(ok.contains("index=off"));
+        assert!(!ok.contains("userxattr"));
+        for bad in ["/p/l,upperdir=/etc", "/p/a:/etc", "/p/a\\b"] {
+            assert!(matches!(
+                options(Path::new(bad), Path::new("/r/u"), Path::new("/r/w")),
+                Err(OverlayError::UnsafePath)
+            ));
+        }
+    }
+
+    #[test]
+    fn the_workdir_is_beside_the_runtime_not_inside_it() {
+        assert_eq!(
+            work_dir(Path::new("/h/runners/0123456789ab")),
+            Some(PathBuf::from("/h/runners/.overlay-work/0123456789ab"))
+        );
+    }
+}
