@@ -167,6 +167,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
     let writer = Writer {
         kube: kube.clone(),
         metrics: metrics.clone(),
+        echoes: Default::default(),
     };
     // Every replica matches webhook deliveries against the policies, so every replica caches them.
     let touched_policies = cache::Touched::default();

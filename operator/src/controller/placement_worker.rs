@@ -165,22 +165,41 @@ pub fn node_facts(
         .collect()
 }
 
+/// Attempt names the watch has shown (created, changed or deleted) since the last
+/// [`PlacementWorker::observe`], written from the Controller's synchronous event mapper.
+pub type Sightings = std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>;
+
 /// The placement worker: expectations survive from pass to pass.
 #[derive(Debug)]
 pub struct PlacementWorker {
     pub expectations: Expectations,
+    /// An attempt created and deleted between two create passes is never in the cache when
+    /// the next pass looks; its expectation would hold its node's room (and an agent capacity
+    /// unit) for the whole TTL. Its watch events end the expectation instead.
+    sightings: Sightings,
 }
 
 impl PlacementWorker {
     pub fn new() -> Self {
         Self {
             expectations: Expectations::new(Duration::from_secs(120)),
+            sightings: Sightings::default(),
         }
     }
 
-    /// Forget expectations the cache now shows (or that are too old to still be in flight).
+    /// Where the attempt events record what they showed (drained by [`Self::observe`]).
+    pub fn sightings(&self) -> Sightings {
+        self.sightings.clone()
+    }
+
+    /// Forget expectations the cache now shows or the watch showed since the last call (or
+    /// that are too old to still be in flight).
     pub fn observe<'a>(&mut self, cached: impl Iterator<Item = &'a str>, now: Timestamp) {
         for name in cached {
+            self.expectations.observed(name);
+        }
+        let seen = std::mem::take(&mut *self.sightings.lock().unwrap_or_else(|e| e.into_inner()));
+        for name in &seen {
             self.expectations.observed(name);
         }
         self.expectations.expire(now);
@@ -240,6 +259,31 @@ impl Default for PlacementWorker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_attempt_the_watch_showed_and_the_cache_lost_holds_no_room() {
+        let now = Timestamp::from_second(1_000).unwrap_or_else(|e| panic!("{e}"));
+        let mut worker = PlacementWorker::new();
+        worker.created("web-1", "n1", now);
+        worker.created("web-2", "n1", now);
+        // web-1 was created and deleted before the next create pass: the cache no longer has
+        // it, but its events were seen.
+        worker
+            .sightings()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert("web-1".to_owned());
+        worker.observe(std::iter::empty(), now);
+        assert_eq!(worker.expectations.on("n1").collect::<Vec<_>>(), ["web-2"]);
+        assert!(
+            worker
+                .sightings()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty(),
+            "drained"
+        );
+    }
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
     use runner_manager_crds::attempt::{RunnerAttemptStatus, Transition};
     use runner_manager_crds::state::Actor;

@@ -529,6 +529,8 @@ async fn apply_run(
         Scaling::BackingOff { until, .. } => Some(*until),
         _ => None,
     };
+    // Not sent beside the status write: this write's compare-and-swap on the resourceVersion
+    // (which keeps other writers' finalizers) would then fail against the status write's.
     if let Some(with) = run.finalizer
         && let Err(source) = ctx.writer.policy_finalizers(policy, with).await
     {

@@ -15,6 +15,7 @@
 //! its backoff. Only the leader runs this: `run` is dropped when leadership is lost.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -68,6 +69,39 @@ pub struct Leading {
     /// from the cache by reference instead of scanning every attempt (10,000 at scale, once per
     /// policy per round).
     members: Mutex<HashMap<ObjectRef<ScalePolicy>, HashSet<ObjectRef<RunnerAttempt>>>>,
+    /// Attempt names the events showed, for the placement worker's expectations.
+    sightings: super::placement_worker::Sightings,
+    /// Where a round's time went, logged with the first pass (the one a fresh install and a
+    /// failover wait for) so a slow one can be explained from its log line alone.
+    profile: Profile,
+}
+
+/// Reconciles and time per stage since the round began; summed over concurrent reconciles.
+#[derive(Default)]
+struct Profile {
+    reconciles: AtomicU64,
+    status_writes: AtomicU64,
+    housekeeping_us: AtomicU64,
+    prepare_us: AtomicU64,
+    apply_us: AtomicU64,
+}
+
+impl Profile {
+    fn add(at: &AtomicU64, since: Instant) {
+        let us = u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX);
+        at.fetch_add(us, Ordering::Relaxed);
+    }
+
+    fn take(&self) -> [u64; 5] {
+        [
+            &self.reconciles,
+            &self.status_writes,
+            &self.housekeeping_us,
+            &self.prepare_us,
+            &self.apply_us,
+        ]
+        .map(|a| a.swap(0, Ordering::Relaxed))
+    }
 }
 
 /// The per-pass views of every policy, rebuilt only when a policy's spec, deletion or proof
@@ -127,21 +161,30 @@ impl Leading {
                 .or_default()
                 .insert(ObjectRef::from_obj(a.as_ref()));
         }
+        let placement = PlacementWorker::default();
         Self {
             members: Mutex::new(members),
             ctx,
-            placement: tokio::sync::Mutex::new(PlacementWorker::default()),
+            sightings: placement.sightings(),
+            placement: tokio::sync::Mutex::new(placement),
             memory: Mutex::default(),
             waiting: Mutex::default(),
             index: Mutex::default(),
             rounds: Mutex::default(),
             seen: Mutex::default(),
+            profile: Profile::default(),
         }
     }
 
     /// An attempt event: keep the policy's membership current.
     fn attempt_touched(&self, a: &RunnerAttempt) -> ObjectRef<ScalePolicy> {
         let policy = policy_of(a);
+        if let Some(name) = &a.metadata.name {
+            self.sightings
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(name.clone());
+        }
         let me = ObjectRef::from_obj(a);
         let gone = self.ctx.caches.attempts.get(&me).is_none();
         let mut members = self.members.lock().unwrap_or_else(|e| e.into_inner());
@@ -390,6 +433,13 @@ impl Leading {
         rounds.done += 1;
         self.ctx.metrics.reconcile_pass(elapsed);
         let elapsed_ms = elapsed.as_millis() as u64;
+        let [
+            reconciles,
+            status_writes,
+            housekeeping_us,
+            prepare_us,
+            apply_us,
+        ] = self.profile.take();
         if rounds.done == 1 {
             // The round that resolves every policy and writes every status: the one a failover
             // or an upgrade waits for.
@@ -397,10 +447,15 @@ impl Leading {
                 elapsed_ms,
                 policies = self.ctx.caches.policies.state().len(),
                 attempts = self.ctx.caches.attempts.state().len(),
+                reconciles,
+                status_writes,
+                housekeeping_ms = housekeeping_us / 1000,
+                prepare_ms = prepare_us / 1000,
+                apply_ms = apply_us / 1000,
                 "first reconcile pass done"
             );
         } else {
-            tracing::debug!(elapsed_ms, "pass done");
+            tracing::debug!(elapsed_ms, reconciles, status_writes, "pass done");
         }
     }
 }
@@ -439,11 +494,23 @@ pub async fn run(ctx: Arc<Ctx>) {
     };
     let policies = {
         let lead = lead.clone();
-        touched.policies.subscribe().inspect(move |p| {
-            if let Ok(p) = p {
-                lead.policy_touched(p);
-            }
-        })
+        touched
+            .policies
+            .subscribe()
+            .inspect({
+                let lead = lead.clone();
+                move |p| {
+                    if let Ok(p) = p {
+                        lead.policy_touched(p);
+                    }
+                }
+            })
+            // The policy as this leader's own finalizer or status write left it triggers
+            // nothing: the reconcile that wrote it knew that object (`writes::Echoes`).
+            .filter(move |p| {
+                let echo = p.as_ref().is_ok_and(|p| lead.ctx.writer.echoes.is_echo(p));
+                std::future::ready(!echo)
+            })
     };
     let attempt_mapper = {
         let lead = lead.clone();
@@ -528,6 +595,12 @@ async fn sweep(lead: Arc<Leading>) {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .retain(|r| policies.get(r).is_some());
+            ctx.writer.echoes.retain(&live);
+            // Drains the sightings when no policy creates for a while (they would only grow).
+            lead.placement
+                .lock()
+                .await
+                .observe(std::iter::empty(), Timestamp::now());
             lead.forget_gone(&live);
         }
         tokio::time::sleep(ctx.settings.resync_interval).await;
@@ -570,9 +643,16 @@ async fn reconcile_locked(
     // Housekeeping's failed writes (finalizers, deletions of cleaned attempts) are counted and
     // retried with the next reconcile, but never back the policy off: one attempt whose write
     // keeps failing must not hold the policy's scale-up and its other attempts to once a minute.
+    let profile = &lead.profile;
+    profile.reconciles.fetch_add(1, Ordering::Relaxed);
+    let t = Instant::now();
     let housekeeping = attempts::housekeeping(ctx, &mine, now).await;
+    Profile::add(&profile.housekeeping_us, t);
+    let t = Instant::now();
     let candidates = || lead.candidates();
     let mut failed = policy::prepare(ctx, mem, p, &mine, &candidates, now).await;
+    Profile::add(&profile.prepare_us, t);
+    let t = Instant::now();
     let conflicts = lead.conflicts();
     let conflict = conflicts.get(k).map(Vec::as_slice).unwrap_or_default();
     let cordoned = policy::cordoned_nodes(ctx);
@@ -587,6 +667,10 @@ async fn reconcile_locked(
         now,
     )
     .await;
+    Profile::add(&profile.apply_us, t);
+    if applied.status_written.is_some() {
+        profile.status_writes.fetch_add(1, Ordering::Relaxed);
+    }
     failed.extend(applied.errors);
     {
         let me = ObjectRef::from_obj(p.as_ref());

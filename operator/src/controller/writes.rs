@@ -49,12 +49,81 @@ impl WriteKind {
 pub struct Writer {
     pub kube: kube::Client,
     pub metrics: std::sync::Arc<Metrics>,
+    /// The policy versions this process's own finalizer and status writes produced.
+    pub echoes: std::sync::Arc<Echoes>,
+}
+
+/// The resourceVersions of the policy objects the leader's own writes produced, until the watch
+/// shows each one. The writer knew that object when it wrote it: reconciling the policy again
+/// for it is work for nothing (a fresh install's first round reconciled each policy three times,
+/// once for its own finalizer write and once for its own status write). Any other change to the
+/// policy (a spec edit, a webhook's `pendingJobs` entry, another writer) has a version of its
+/// own and still triggers. A version the watch never shows (a relist skipped it) is dropped
+/// once newer ones pushed it out.
+#[derive(Debug, Default)]
+pub struct Echoes(std::sync::Mutex<std::collections::HashMap<String, Vec<String>>>);
+
+/// Versions kept per policy: a reconcile writes at most a finalizer and a status.
+const ECHOES_PER_POLICY: usize = 4;
+
+impl Echoes {
+    fn record(&self, namespace: &str, name: &str, version: Option<String>) {
+        let Some(version) = version else { return };
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mine = all.entry(format!("{namespace}/{name}")).or_default();
+        if mine.len() >= ECHOES_PER_POLICY {
+            mine.remove(0);
+        }
+        mine.push(version);
+    }
+
+    /// Whether `p` as observed is exactly an object this process wrote (forgotten once asked).
+    pub fn is_echo(&self, p: &ScalePolicy) -> bool {
+        let (Some(ns), Some(name), Some(version)) = (
+            p.metadata.namespace.as_deref(),
+            p.metadata.name.as_deref(),
+            p.metadata.resource_version.as_deref(),
+        ) else {
+            return false;
+        };
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let k = format!("{ns}/{name}");
+        let Some(mine) = all.get_mut(&k) else {
+            return false;
+        };
+        let Some(at) = mine.iter().position(|v| v == version) else {
+            return false;
+        };
+        // Older versions than this one will not be shown any more.
+        mine.drain(..=at);
+        if mine.is_empty() {
+            all.remove(&k);
+        }
+        true
+    }
+
+    /// Forget the policies that are gone (`live`: `namespace/name` of those cached).
+    pub fn retain(&self, live: &std::collections::HashSet<String>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k, _| live.contains(k));
+    }
 }
 
 fn params() -> PatchParams {
     PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..PatchParams::default()
+    }
+}
+
+/// The written policy's resourceVersion; a policy already gone is no error.
+fn written_version(r: Result<ScalePolicy, kube::Error>) -> Result<Option<String>, kube::Error> {
+    match r {
+        Ok(p) => Ok(p.metadata.resource_version),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
@@ -210,11 +279,13 @@ impl Writer {
         let body = json!({"metadata": {
             "finalizers": finalizers, "resourceVersion": p.metadata.resource_version,
         }});
-        ignore_gone(
+        let version = written_version(
             self.policies(ns)
                 .patch(name, &params(), &Patch::Merge(body))
                 .await,
-        )
+        )?;
+        self.echoes.record(ns, name, version);
+        Ok(())
     }
 
     /// A merge patch of the leader's own status fields (never `pendingJobs`, which every
@@ -226,11 +297,13 @@ impl Writer {
         status: serde_json::Value,
     ) -> Result<(), kube::Error> {
         self.count(WriteKind::PolicyStatus);
-        ignore_gone(
+        let version = written_version(
             self.policies(namespace)
                 .patch_status(name, &params(), &Patch::Merge(json!({"status": status})))
                 .await,
-        )
+        )?;
+        self.echoes.record(namespace, name, version);
+        Ok(())
     }
 
     /// Add or remove (`None`) entries of `status.pendingJobs`.
@@ -264,5 +337,50 @@ impl Writer {
 impl std::fmt::Debug for Writer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Writer").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(name: &str, version: &str) -> ScalePolicy {
+        let mut p: ScalePolicy = serde_json::from_value(json!({
+            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "ScalePolicy",
+            "metadata": {"name": name, "namespace": "team"},
+            "spec": {"github": {"url": "https://github.com/a/b", "credentialsSecretRef": {"name": "s"}},
+                "labels": ["x"], "maxRunners": 1}
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        p.metadata.resource_version = Some(version.to_owned());
+        p
+    }
+
+    #[test]
+    fn only_the_versions_this_process_wrote_are_echoes_and_each_once() {
+        let echoes = Echoes::default();
+        echoes.record("team", "web", Some("10".into()));
+        echoes.record("team", "web", Some("12".into()));
+        // Someone else's write in between (a webhook's pendingJobs entry): it triggers.
+        assert!(!echoes.is_echo(&seen("web", "11")));
+        assert!(
+            !echoes.is_echo(&seen("api", "10")),
+            "another policy's version"
+        );
+        assert!(echoes.is_echo(&seen("web", "12")));
+        // 12 was shown, so 10 never will be; nor is 12 an echo twice (a relist shows it again).
+        assert!(!echoes.is_echo(&seen("web", "10")));
+        assert!(!echoes.is_echo(&seen("web", "12")));
+        for v in 0..10 {
+            echoes.record("team", "web", Some(v.to_string()));
+        }
+        assert!(!echoes.is_echo(&seen("web", "0")), "bounded per policy");
+        assert!(echoes.is_echo(&seen("web", "9")));
+        echoes.record("team", "web", Some("20".into()));
+        echoes.retain(&std::collections::HashSet::new());
+        assert!(
+            !echoes.is_echo(&seen("web", "20")),
+            "forgotten with the policy"
+        );
     }
 }
