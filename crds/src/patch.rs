@@ -67,6 +67,39 @@ pub fn journal_patch(
     Ok((next, patch))
 }
 
+/// The next journal of `current` after every edge of `path` in order, and the one CAS merge
+/// patch that writes them: edges with no effect between them (a runner that took its job and
+/// exited before the agent journalled the job: `AssignJob` then `CompleteJob`) cost one write,
+/// not one each. Each edge is checked as if written alone (the state machine from the state the
+/// previous one led to, the actor, the spec-hash rule), so a path is allowed exactly when its
+/// edges are, one after another. An empty path is refused as an illegal no-op by the caller.
+pub fn journal_path_patch(
+    current: &RunnerAttempt,
+    actor: Actor,
+    path: &[Transition],
+    now: Timestamp,
+) -> Result<(AttemptJournal, serde_json::Value), PatchError> {
+    let mut stepped = current.clone();
+    let mut next = None;
+    for t in path {
+        let (journal, _) = journal_patch(&stepped, actor, t.clone(), now)?;
+        stepped.status.get_or_insert_with(Default::default).journal = journal.clone();
+        next = Some(journal);
+    }
+    let next = next.unwrap_or_else(|| {
+        current
+            .status
+            .as_ref()
+            .map(|s| s.journal.clone())
+            .unwrap_or_default()
+    });
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": current.metadata.resource_version},
+        "status": serde_json::to_value(&next)?,
+    });
+    Ok((next, patch))
+}
+
 /// Like [`journal_patch`], with the launch step timings written in the same CAS as the edge, so
 /// `Starting` and its timings appear together.
 pub fn journal_patch_with_launch(

@@ -13,6 +13,7 @@ use kube::api::{Api, Patch, PatchParams};
 use crate::attempt::{LaunchTimings, RunnerAttempt, Transition};
 use crate::patch::{
     AttemptCondition, PatchError, condition_patch, journal_patch, journal_patch_with_launch,
+    journal_path_patch,
 };
 use crate::state::Actor;
 
@@ -52,6 +53,8 @@ pub enum Decision {
     Take(Transition),
     /// Take this edge and record the launch step timings in the same write.
     TakeWithLaunch(Transition, Box<LaunchTimings>),
+    /// Take these edges in order in one write (no effect lies between them); empty = nothing.
+    TakePath(Vec<Transition>),
     /// Set this condition (nothing is written when the journal already says it).
     Condition(AttemptCondition),
 }
@@ -79,6 +82,8 @@ pub fn decision_patch(
         Decision::TakeWithLaunch(t, launch) => {
             Some(journal_patch_with_launch(current, actor, t, &launch, now)?.1)
         }
+        Decision::TakePath(path) if path.is_empty() => None,
+        Decision::TakePath(path) => Some(journal_path_patch(current, actor, &path, now)?.1),
         Decision::Condition(c) => condition_patch(current, c)?,
     })
 }
@@ -276,5 +281,64 @@ mod tests {
         let conditions = resolved["status"]["conditions"].as_array().unwrap();
         assert_eq!(conditions.len(), 1, "one condition per type");
         assert_eq!(conditions[0]["status"], "False");
+    }
+
+    #[test]
+    fn a_path_is_one_write_allowed_exactly_when_each_edge_is_in_turn() {
+        let a = attempt();
+        let now = Timestamp::now();
+        let admit = Transition::Admit {
+            placement: WorkspacePlacement::ephemeral("/r/x"),
+            spec_hash: spec_hash(&a.spec),
+        };
+        let prepared = Transition::MarkPrepared { environment: None };
+        let path =
+            |p: Vec<Transition>| decision_patch(&a, Actor::Agent, Decision::TakePath(p), now);
+        let both = path(vec![admit.clone(), prepared.clone()])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            both["metadata"]["resourceVersion"], "7",
+            "one CAS on the read"
+        );
+        assert_eq!(both["status"]["state"], "Prepared");
+        // A conclusion and its cleanup from the admission, as one write.
+        let concluded = path(vec![
+            admit.clone(),
+            Transition::Conclude(Outcome::Failed(
+                crate::outcome::FailureReason::WorkspaceUnavailable,
+            )),
+            Transition::Clean,
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(concluded["status"]["state"], "Cleaned");
+        assert_eq!(
+            concluded["status"]["outcome"]["reason"],
+            "WorkspaceUnavailable"
+        );
+        // Any edge the machine refuses in turn refuses the whole path: out of order, twice, or
+        // another actor's.
+        for bad in [
+            vec![prepared.clone(), admit.clone()],
+            vec![admit.clone(), admit.clone()],
+            vec![
+                admit.clone(),
+                prepared.clone(),
+                Transition::ReceiveJit {
+                    runner: crate::attempt::RunnerRegistration {
+                        name: "r".into(),
+                        id: 1,
+                    },
+                },
+            ],
+        ] {
+            let r = path(bad);
+            assert!(matches!(r, Err(PatchError::Edge(_))), "{r:?}");
+        }
+        assert!(
+            path(vec![]).unwrap().is_none(),
+            "an empty path writes nothing"
+        );
     }
 }

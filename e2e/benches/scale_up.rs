@@ -10,6 +10,10 @@
 //! - steady state: the agent's API reads (GET/LIST, from its own request counter) per attempt
 //!   per minute while runners sit idle, then busy, over an idle agent's baseline.
 //!
+//! Latency and burst launch the runner-sized stand-in package (`Package::RunnerSized`: 9,112
+//! files, a 170 MB archive, cached under `target/e2e-cache/packages`), so materialize costs what
+//! GitHub's runner costs; each prints its timeline per attempt and writes per attempt by writer.
+//!
 //! `cargo bench -p runner-manager-e2e --bench scale_up --profile dev` (full: 20 warm samples, a
 //! 50-job burst); `-- --quick` (3 warm samples, a 10-job burst) is what `make test` runs. Needs
 //! `KUBECONFIG` (skips with a reason without it) and the workspace binaries built.
@@ -23,8 +27,10 @@ use futures_util::StreamExt;
 use kube::api::{Api, WatchEvent, WatchParams};
 use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::state::AttemptState;
-use runner_manager_e2e::harness::process::rss_kib;
-use runner_manager_e2e::harness::product::{NodeOptions, Product, ProductOptions, WriteCounter};
+use runner_manager_e2e::harness::process::{cpu_seconds, rss_kib};
+use runner_manager_e2e::harness::product::{
+    NodeOptions, Product, ProductOptions, Write, WriteCounter, Writer,
+};
 use runner_manager_e2e::harness::telemetry::{agent_health, get, sample};
 use runner_manager_e2e::harness::wait;
 use runner_manager_e2e::harness::world::{Package, World};
@@ -125,6 +131,45 @@ impl Started {
         all.sort();
         all
     }
+
+    /// When the attempts were first seen, in order.
+    fn created(&self) -> Vec<Instant> {
+        let mut all: Vec<Instant> = self.1.lock().unwrap().values().copied().collect();
+        all.sort();
+        all
+    }
+}
+
+/// Writes per attempt by writer (mean, max) and the commonest sequence of writes.
+fn by_writer(writes: &BTreeMap<String, Vec<Write>>) -> String {
+    let n = writes.len().max(1) as f64;
+    let mut out = Vec::new();
+    for writer in [Writer::Operator, Writer::Broker, Writer::Agent] {
+        let per: Vec<usize> = writes
+            .values()
+            .map(|w| w.iter().filter(|w| w.writer == writer).count())
+            .collect();
+        out.push(format!(
+            "{} mean {:.1} max {}",
+            writer.as_str(),
+            per.iter().sum::<usize>() as f64 / n,
+            per.iter().max().copied().unwrap_or(0)
+        ));
+    }
+    let mut sequences: BTreeMap<String, usize> = BTreeMap::new();
+    for w in writes.values() {
+        let seq: Vec<String> = w
+            .iter()
+            .map(|w| format!("{}:{}", w.writer.as_str(), w.what))
+            .collect();
+        *sequences.entry(seq.join(" ")).or_default() += 1;
+    }
+    let common = sequences
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .map(|(s, k)| format!("commonest ({k} of {}): {s}", writes.len()))
+        .unwrap_or_default();
+    format!("by writer: {}\n  {common}", out.join(", "))
 }
 
 /// The calls per endpoint between two readings of the simulated GitHub's counters.
@@ -207,10 +252,15 @@ async fn latency(warm_samples: usize) {
     // Cold means "package not cached", not "agent still starting": wait for its recovery gate.
     wait_recovered(&p).await;
     let (started, _watch) = Started::spawn(p.attempts());
+    let agent_pid = p.agents[0].process.as_ref().unwrap().child.id();
     let mut cold = None;
+    let mut cold_steps = Vec::new();
     let mut warm = Vec::new();
+    let mut warm_steps: Vec<Vec<(&'static str, Duration)>> = Vec::new();
+    let mut warm_cpu = 0.0;
     for i in 0..=warm_samples {
         let before = started.count();
+        let cpu_before = cpu_seconds(agent_pid);
         let queued = Instant::now();
         let job = p
             .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 0}))
@@ -223,10 +273,24 @@ async fn latency(warm_samples: usize) {
         .unwrap();
         let at = started.all().into_iter().max().unwrap();
         let latency = at.saturating_duration_since(queued);
+        let created: Vec<Instant> = started
+            .created()
+            .into_iter()
+            .filter(|c| *c >= queued)
+            .collect();
+        let line = started
+            .timelines(queued)
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        let steps = steps(queued, &line, created.first().copied());
         if i == 0 {
             cold = Some(latency);
+            cold_steps = steps;
         } else {
             warm.push(latency);
+            warm_steps.push(steps);
+            warm_cpu += cpu_seconds(agent_pid) - cpu_before;
         }
         p.wait_jobs_completed(&[job], Duration::from_secs(120))
             .await
@@ -245,13 +309,70 @@ async fn latency(warm_samples: usize) {
     }
     warm.sort();
     println!(
-        "webhook queued -> runner process started: cold {} (package downloaded); warm p50 {} p95 {} max {} over {} samples (target: warm p50 <= 1 s, p95 <= 2 s)",
+        "webhook queued -> runner process started ({} package): cold {} (package downloaded); warm p50 {} p95 {} max {} over {} samples (target: warm p50 <= 250 ms, p95 <= 500 ms; cold <= 1.5 s)",
+        package_label(&p),
         ms(cold.unwrap_or_default()),
         ms(percentile(&warm, 0.5)),
         ms(percentile(&warm, 0.95)),
         ms(warm.last().copied().unwrap_or_default()),
         warm.len()
     );
+    let cold_line: Vec<String> = cold_steps
+        .iter()
+        .map(|(label, d)| format!("{label} {}", ms(*d)))
+        .collect();
+    println!("  cold timeline after queueing: {}", cold_line.join("; "));
+    let mut warm_line = Vec::new();
+    for label in STEPS {
+        let mut at: Vec<Duration> = warm_steps
+            .iter()
+            .filter_map(|s| s.iter().find(|(l, _)| *l == label).map(|(_, d)| *d))
+            .collect();
+        at.sort();
+        if !at.is_empty() {
+            warm_line.push(format!(
+                "{label} p50 {} / max {}",
+                ms(percentile(&at, 0.5)),
+                ms(*at.last().unwrap())
+            ));
+        }
+    }
+    println!("  warm timeline after queueing: {}", warm_line.join("; "));
+    println!(
+        "  agent CPU per warm launch (its whole lifecycle: admit, materialize, spawn, supervise, scrub): {:.2} s",
+        warm_cpu / warm_steps.len().max(1) as f64
+    );
+}
+
+/// The timeline steps, in order: when the attempt was first seen, then first seen in each state.
+const STEPS: [&str; 5] = ["created", "admitted", "materialized", "JIT", "spawned"];
+
+/// One attempt's timeline after `queued`: each step of [`STEPS`] the watch caught.
+fn steps(
+    queued: Instant,
+    line: &BTreeMap<AttemptState, Instant>,
+    created: Option<Instant>,
+) -> Vec<(&'static str, Duration)> {
+    let mut out: Vec<(&'static str, Duration)> = created
+        .map(|c| ("created", c.saturating_duration_since(queued)))
+        .into_iter()
+        .collect();
+    for (label, state) in [
+        ("admitted", AttemptState::Allocated),
+        ("materialized", AttemptState::Prepared),
+        ("JIT", AttemptState::JitReceived),
+        ("spawned", AttemptState::Starting),
+    ] {
+        if let Some(t) = line.get(&state) {
+            out.push((label, t.saturating_duration_since(queued)));
+        }
+    }
+    out
+}
+
+/// What the world publishes: "runner-sized, N files, M MB" or the stand-in's size.
+fn package_label(p: &Product) -> String {
+    format!("{} MB archive", p.package.size / (1024 * 1024))
 }
 
 /// `jobs` queued at once on one node of that capacity.
@@ -363,6 +484,7 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
         .into_iter()
         .filter_map(|a| a.metadata.name)
         .collect();
+    let agent_cpu_before = cpu_seconds(agent_pid);
     let queued = Instant::now();
     let ids: Vec<u64> = futures_util::future::join_all(
         (0..jobs).map(|_| p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 1000}))),
@@ -388,6 +510,7 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
         .await
         .unwrap();
     let all_done = queued.elapsed();
+    let agent_cpu = cpu_seconds(agent_pid) - agent_cpu_before;
     sampler.abort();
     let (calls_after, by_endpoint_after) = p.operator_github_calls().await.unwrap();
     let calls = calls_after - calls_before;
@@ -438,8 +561,19 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
     );
     println!("  by endpoint: {breakdown}");
     println!(
-        "API writes per attempt: mean {mean:.1}, max {} (target <= 12)",
-        counts.iter().max().copied().unwrap_or(0)
+        "API writes per attempt: mean {mean:.1}, max {} (target <= 8); {}",
+        counts.iter().max().copied().unwrap_or(0),
+        by_writer(
+            &writes
+                .writes()
+                .into_iter()
+                .filter(|(name, _)| !before_burst.contains(name))
+                .collect()
+        )
+    );
+    println!(
+        "agent CPU during the burst: {agent_cpu:.1} s = {:.2} s per launch",
+        agent_cpu / jobs.max(1) as f64
     );
     println!(
         "peak RSS during the burst: operator {} MiB, agent {} MiB",

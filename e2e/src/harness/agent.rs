@@ -13,16 +13,16 @@ use runner_manager_crds::attempt::{RunnerAttempt, RunnerAttemptStatus};
 use runner_manager_crds::lease::AgentAdvert;
 use runner_manager_crds::names::{agent_lease_name, runner_name};
 use runner_manager_crds::state::AttemptState;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use super::fixtures::native_attempt;
 use super::github::ORG;
 use super::node::SimNode;
-use super::process::{binary, operator_addrs, Running};
+use super::process::{Running, binary, operator_addrs};
 use super::wait;
-use super::world::{fail, kill_cgroup_tree, over_world, NodeHost, World, WorldBuilder};
-use crate::fake_github::scope::Scope;
+use super::world::{NodeHost, World, WorldBuilder, fail, kill_cgroup_tree, over_world};
 use crate::fake_github::PackageInfo;
+use crate::fake_github::scope::Scope;
 
 /// How long a scenario step may take on this shared 2-core machine.
 pub const STEP: Duration = Duration::from_secs(120);

@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use kube::api::Api;
 use runner_manager_crds::attempt::RunnerAttempt;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
-use super::process::{operator_addrs, OperatorAddrs, Running};
+use super::process::{OperatorAddrs, Running, operator_addrs};
 use super::wait;
-use super::world::{fail, kill_cgroup_tree, over_world, NodeHost, World, WorldBuilder};
+use super::world::{NodeHost, World, WorldBuilder, fail, kill_cgroup_tree, over_world};
 use crate::fake_github::PackageInfo;
 
 /// How long one scenario step may take on this shared 2-core machine.
@@ -456,11 +456,89 @@ impl Drop for Product {
 
 /// Counts the writes to every attempt of a namespace from a watch (one `ADDED` or `MODIFIED` event
 /// per write that changed the object; the API server drops no-op patches), for the "API writes per
-/// attempt" figure.
+/// attempt" figure, each attributed to its writer ([`writer_of`]) and kept in order per attempt.
 #[derive(Debug)]
 pub struct WriteCounter {
-    counts: std::sync::Arc<std::sync::Mutex<BTreeMap<String, u64>>>,
+    writes: std::sync::Arc<std::sync::Mutex<BTreeMap<String, Vec<Write>>>>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Who wrote an attempt, as far as a watcher can tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Writer {
+    Operator,
+    Broker,
+    Agent,
+}
+
+impl Writer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Operator => "operator",
+            Self::Broker => "broker",
+            Self::Agent => "agent",
+        }
+    }
+}
+
+/// One write seen: its writer and what it did (the state it led to, or what it changed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Write {
+    pub writer: Writer,
+    pub what: String,
+}
+
+/// The writer of the change `prev → cur`. The journal (`status` less the facts) is the agent's
+/// but for one edge each of the broker (`Prepared → JitReceived`) and the operator (a lost node,
+/// an expired admission); the creation, metadata (finalizers) and the facts are the operator's.
+pub fn writer_of(prev: Option<&RunnerAttempt>, cur: &RunnerAttempt) -> Write {
+    use runner_manager_crds::outcome::{OrphanReason, Outcome, RejectReason};
+    use runner_manager_crds::state::AttemptState as S;
+    let Some(prev) = prev else {
+        return Write {
+            writer: Writer::Operator,
+            what: "create".into(),
+        };
+    };
+    let state = |a: &RunnerAttempt| a.status.as_ref().map(|s| s.journal.state());
+    let (from, to) = (state(prev), state(cur));
+    if from != to {
+        let to = to.unwrap_or_default();
+        let outcome = cur.status.as_ref().and_then(|s| s.journal.outcome());
+        let writer = match (from.unwrap_or_default(), to) {
+            (S::Prepared, S::JitReceived) => Writer::Broker,
+            (_, S::Orphaned) if outcome == Some(Outcome::Orphaned(OrphanReason::NodeLost)) => {
+                Writer::Operator
+            }
+            (S::Pending, S::Cleaned)
+                if outcome == Some(Outcome::Rejected(RejectReason::AdmissionTimeout)) =>
+            {
+                Writer::Operator
+            }
+            _ => Writer::Agent,
+        };
+        return Write {
+            writer,
+            what: format!("{to:?}"),
+        };
+    }
+    let journal = |a: &RunnerAttempt| a.status.as_ref().map(|s| s.journal.clone());
+    if journal(prev) != journal(cur) {
+        return Write {
+            writer: Writer::Agent,
+            what: "journal".into(),
+        };
+    }
+    let facts = |a: &RunnerAttempt| a.status.as_ref().map(|s| s.facts.clone());
+    let what = if facts(prev) == facts(cur) {
+        "metadata"
+    } else {
+        "facts"
+    };
+    Write {
+        writer: Writer::Operator,
+        what: what.into(),
+    }
 }
 
 impl WriteCounter {
@@ -468,13 +546,18 @@ impl WriteCounter {
     pub async fn start(api: Api<RunnerAttempt>) -> Result<Self, String> {
         use futures_util::StreamExt;
         use kube::api::{WatchEvent, WatchParams};
-        let counts = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+        let writes = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::new()));
         let list = api
             .list(&Default::default())
             .await
             .map_err(|e| fail("list", e))?;
         let mut version = list.metadata.resource_version.unwrap_or_default();
-        let sink = counts.clone();
+        let mut last: BTreeMap<String, RunnerAttempt> = list
+            .items
+            .into_iter()
+            .map(|a| (a.metadata.name.clone().unwrap_or_default(), a))
+            .collect();
+        let sink = writes.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok(stream) = api.watch(&WatchParams::default(), &version).await else {
@@ -496,20 +579,30 @@ impl WriteCounter {
                     };
                     version = object.metadata.resource_version.clone().unwrap_or(version);
                     let name = object.metadata.name.clone().unwrap_or_default();
-                    *sink
-                        .lock()
+                    let write = writer_of(last.get(&name), &object);
+                    last.insert(name.clone(), object);
+                    sink.lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .entry(name)
-                        .or_insert(0) += 1;
+                        .or_insert_with(Vec::new)
+                        .push(write);
                 }
             }
         });
-        Ok(Self { counts, task })
+        Ok(Self { writes, task })
     }
 
     /// Writes seen per attempt name.
     pub fn counts(&self) -> BTreeMap<String, u64> {
-        self.counts
+        self.writes()
+            .into_iter()
+            .map(|(name, w)| (name, w.len() as u64))
+            .collect()
+    }
+
+    /// Every write seen per attempt name, in order.
+    pub fn writes(&self) -> BTreeMap<String, Vec<Write>> {
+        self.writes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()

@@ -13,22 +13,22 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::ByteString;
-use kube::api::{Api, ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
 use runner_manager_crds::names::ownership_label;
 use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_operator::broker::tls;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use super::cluster::{client_or_skip, fresh_namespace, install_crds};
-use super::github::{app_keys, SimulatedGitHub, APP_ID, ORG, PAT};
-use super::node::{unique_node_name, SimNode};
+use super::github::{APP_ID, ORG, PAT, SimulatedGitHub, app_keys};
+use super::node::{SimNode, unique_node_name};
 use super::process::binary;
 use super::wait;
 use crate::fake_github::PackageInfo;
-use crate::standin_runner::package::{build, cached, PackageSpec};
+use crate::standin_runner::package::{PackageSpec, build, cached};
 
 /// The name of the team's GitHub App Secret ([`WorldBuilder::app_secret`]).
 pub const APP_SECRET: &str = "github-app";

@@ -11,8 +11,8 @@ use std::fs::File;
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
-use flate2::write::GzEncoder;
 use flate2::Compression;
+use flate2::write::GzEncoder;
 use sha2::{Digest, Sha256};
 
 use crate::fake_github::state::PackageInfo;
@@ -418,9 +418,11 @@ mod tests {
         assert!(files.len() >= 9_000, "{} files", files.len());
         assert!(bytes >= 150 * 1024 * 1024, "{bytes} bytes");
         assert!(files.iter().filter(|f| f.0.starts_with("bin/")).count() > 500);
-        assert!(files
-            .iter()
-            .any(|f| f.0.starts_with("externals/") && f.2 > 30 << 20));
+        assert!(
+            files
+                .iter()
+                .any(|f| f.0.starts_with("externals/") && f.2 > 30 << 20)
+        );
         let names: std::collections::BTreeSet<&String> = files.iter().map(|f| &f.0).collect();
         assert_eq!(names.len(), files.len(), "no path twice");
     }

@@ -15,7 +15,7 @@ use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::recovery::RecoveryTimeouts;
 use runner_manager_crds::state::{Actor, AttemptState};
 
-use super::edges::conclusion_path;
+use super::edges::conclusion_edges;
 use super::rebuild::state_of;
 use crate::journal::{self, Decision, JournalError};
 
@@ -88,6 +88,15 @@ impl AttemptCtx {
     pub async fn conclude(&self, outcome: Outcome) -> Result<(), StepError> {
         conclude(&self.api, &self.name, outcome).await
     }
+
+    /// [`conclude_via`] this attempt.
+    pub async fn conclude_via(
+        &self,
+        via: (AttemptState, Transition),
+        outcome: Outcome,
+    ) -> Result<(), StepError> {
+        conclude_via(&self.api, &self.name, Some(via), outcome).await
+    }
 }
 
 pub fn names(a: &RunnerAttempt) -> Result<(String, String, String), StepError> {
@@ -125,46 +134,57 @@ pub fn runtime_of(journal: &AttemptJournal) -> Option<PathBuf> {
     journal.workspace().map(|w| PathBuf::from(w.runtime_path()))
 }
 
-/// Concludes with `outcome` along the edges the table allows (one CAS each), unless the attempt
-/// is already concluded.
+/// Concludes with `outcome` along the edges the table allows, in one CAS (no effect lies between
+/// them: `AssignJob` then `CompleteJob` for a runner that took its job and exited before its job
+/// was journalled is one write, not two), unless the attempt is already concluded.
 pub async fn conclude(
     api: &Api<RunnerAttempt>,
     name: &str,
     outcome: Outcome,
 ) -> Result<(), StepError> {
+    conclude_via(api, name, None, outcome).await
+}
+
+/// [`conclude`], first taking `via` = (`from`, edge) in the same write when the attempt is in
+/// `from` (a runner GitHub never gave its job: `AssignmentNotTaken` back to `Idle`, then
+/// `ExitedIdleWithoutWork`). Each edge is checked by the state machine in turn, as if written
+/// alone; a crash leaves the attempt before all of them or after all of them, and no effect of
+/// the agent's lies between them, so no recovery boundary is hidden.
+pub async fn conclude_via(
+    api: &Api<RunnerAttempt>,
+    name: &str,
+    via: Option<(AttemptState, Transition)>,
+    outcome: Outcome,
+) -> Result<(), StepError> {
     // The state the conclusion started from: before `Starting`, it is a launch that failed.
     let mut from = None;
-    for _ in 0..3 {
-        let written = journal::advance(api, name, Actor::Agent, |cur| {
-            let state = state_of(cur);
-            if state.is_terminal() {
-                return Decision::Nothing;
-            }
-            from.get_or_insert(state);
-            conclusion_path(state, outcome)
-                .into_iter()
-                .next()
-                .map_or(Decision::Nothing, Decision::Take)
-        })
-        .await?;
-        match written {
-            Some(a) if !state_of(&a).is_terminal() => continue,
-            Some(_) => {
-                let launching = from.is_some_and(|s| {
-                    matches!(
-                        s,
-                        AttemptState::Pending
-                            | AttemptState::Allocated
-                            | AttemptState::Preparing
-                            | AttemptState::Prepared
-                            | AttemptState::JitReceived
-                    )
-                });
-                super::metrics::global().concluded(outcome, launching);
-                return Ok(());
-            }
-            None => return Ok(()),
+    let written = journal::advance(api, name, Actor::Agent, |cur| {
+        let state = state_of(cur);
+        if state.is_terminal() {
+            return Decision::Nothing;
         }
+        from.get_or_insert(state);
+        let path = conclusion_edges(
+            state,
+            cur.spec.snapshot.execution.mode,
+            via.as_ref(),
+            outcome,
+        );
+        Decision::TakePath(path)
+    })
+    .await?;
+    if written.is_some_and(|a| state_of(&a).is_terminal()) {
+        let launching = from.is_some_and(|s| {
+            matches!(
+                s,
+                AttemptState::Pending
+                    | AttemptState::Allocated
+                    | AttemptState::Preparing
+                    | AttemptState::Prepared
+                    | AttemptState::JitReceived
+            )
+        });
+        super::metrics::global().concluded(outcome, launching);
     }
     Ok(())
 }

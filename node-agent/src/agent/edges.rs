@@ -154,6 +154,29 @@ pub fn conclusion_path(state: AttemptState, outcome: Outcome) -> Vec<Transition>
     }
 }
 
+/// Every edge of a conclusion from `state`, written in one CAS: first `via` = (`from`, edge) when
+/// the attempt is in `from` and the table allows it, then [`conclusion_path`] from where that
+/// led. No effect of the agent lies between these edges (the exit was seen before any of them),
+/// so a crash leaves the attempt before all of them or after all of them.
+pub fn conclusion_edges(
+    state: AttemptState,
+    execution: ExecutionMode,
+    via: Option<&(AttemptState, Transition)>,
+    outcome: Outcome,
+) -> Vec<Transition> {
+    let mut state = state;
+    let mut path = Vec::new();
+    if let Some((from, t)) = via
+        && *from == state
+        && let Ok(next) = t.kind().target(state, execution)
+    {
+        path.push(t.clone());
+        state = next;
+    }
+    path.extend(conclusion_path(state, outcome));
+    path
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -455,6 +478,33 @@ mod tests {
         assert_eq!(
             observe_edge(S::Starting, S::Idle),
             Some(Transition::RegisterIdle)
+        );
+    }
+
+    #[test]
+    fn a_conclusion_is_one_path_of_every_edge_it_needs() {
+        use ExecutionMode::Native;
+        let done = Outcome::CompletedJob;
+        // The runner took its job and exited before the job was journalled: both edges at once.
+        assert_eq!(
+            conclusion_edges(AttemptState::Starting, Native, None, done),
+            vec![Transition::AssignJob, Transition::Conclude(done)]
+        );
+        assert_eq!(
+            conclusion_edges(AttemptState::Busy, Native, None, done),
+            vec![Transition::Conclude(done)]
+        );
+        // GitHub never gave the job: back to Idle, then exited idle, in the same write.
+        let idle = Outcome::ExitedIdleWithoutWork;
+        let back = (AttemptState::Busy, Transition::AssignmentNotTaken);
+        assert_eq!(
+            conclusion_edges(AttemptState::Busy, Native, Some(&back), idle),
+            vec![Transition::AssignmentNotTaken, Transition::Conclude(idle)]
+        );
+        // Already walked back (a re-decision on a fresher copy): the conclusion alone.
+        assert_eq!(
+            conclusion_edges(AttemptState::Idle, Native, Some(&back), idle),
+            vec![Transition::Conclude(idle)]
         );
     }
 }

@@ -324,10 +324,13 @@ async fn live(
         Some(outcome) => {
             tracing::info!(namespace = %ns, attempt = %name, "runner exited ({exit:?}, {seen:?}): {outcome:?}");
             if not_taken {
-                // `ExitedIdleWithoutWork` is concluded from `Idle`: walk the assignment back first.
-                ctx.take(state, Transition::AssignmentNotTaken).await?;
+                // `ExitedIdleWithoutWork` is concluded from `Idle`: walk the assignment back
+                // first, in the same write (no effect lies between the two edges).
+                ctx.conclude_via((state, Transition::AssignmentNotTaken), outcome)
+                    .await?;
+            } else {
+                ctx.conclude(outcome).await?;
             }
-            ctx.conclude(outcome).await?;
             Ok(Step::Again)
         }
         // Only a deferral leaves an exit undecided.
