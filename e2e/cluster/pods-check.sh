@@ -117,7 +117,8 @@ K -n $jobs_ns get ra --watch -o jsonpath='{.metadata.name} {.status.state} {.sta
 watch_pid=$!
 # Every runner and placeholder pod's phase as the watch sees it, with the local time (ms): the
 # kubelet's admission and start of each, from its creation to Running.
-K -n $jobs_ns get pods -l runner-manager.dev/pod-role --watch -o jsonpath='{.metadata.name} {.status.phase}{"\n"}' 2>/dev/null \
+K -n $jobs_ns get pods -l runner-manager.dev/pod-role --watch \
+  -o jsonpath='{.metadata.name} {.status.phase} {.status.containerStatuses[0].state.terminated.reason}/{.status.containerStatuses[0].state.terminated.exitCode}{"\n"}' 2>/dev/null \
   > >(while read -r l; do echo "$(date +%s%3N) $l"; done > "$work/pods.log") &
 pods_watch_pid=$!
 # pod_start_ms SUFFIX: for each pod named *SUFFIX, milliseconds from its first event to Running.
@@ -263,8 +264,12 @@ wait_for 30 "job $job concluded" job_done "$job"
 [ "$(admin GET "jobs/$job" | jq -r .conclusion)" = failure ] || fail "job $job was not failed by the OOM kill: $(admin GET "jobs/$job")"
 wait_for 30 "pod $ra-runner gone" pod_gone "$ra"
 oom_evidence=$(( $(grep -c "TaskOOM" "$RM_CLUSTER_RUN/logs/containerd.log" || true) - ooms_before ))
+ended=$(awk -v p="$ra-runner" '$2 == p && $4 != "/" {print $4}' "$work/pods.log" | sort -u | tr '\n' ' ')
+# The kubelet reports the container OOMKilled (containerd saw the cgroup's OOM event; the
+# listener itself exited 0 after reporting the failed job).
+case "$ended" in *OOMKilled/*) ;; *) fail "the 96Mi runner pod's container did not end OOMKilled: ${ended:-unseen}" ;; esac
 [ "$oom_evidence" -ge 1 ] || fail "containerd saw no OOM kill (TaskOOM) in the 96Mi runner pod"
-say "job $job holding 512 MiB under a 96Mi limit: the kernel OOM-killed its worker (containerd: $oom_evidence TaskOOM), job failed, attempt $(closed "$ra"), pod gone"
+say "job $job holding 512 MiB under a 96Mi limit: the kernel OOM-killed its worker (containerd: $oom_evidence TaskOOM; the pod's container ended ${ended:-unseen}), job failed, attempt $(closed "$ra"), pod gone"
 oldest_nopull() { sel nopull | jq -r 'sort_by(.metadata.creationTimestamp) | .[0].metadata.name // empty'; }
 has_nopull() { [ -n "$(oldest_nopull)" ]; }
 wait_for 30 "an attempt of the unpullable policy" has_nopull
@@ -375,7 +380,10 @@ drop_jobs_ns
 H uninstall $rel -n $ns >/dev/null
 no_pods() { [ -z "$(K -n $ns get pods -o name 2>/dev/null)" ] && [ "$(runner_pods | jq '.items | length')" = 0 ]; }
 wait_for 60 "no pod after helm uninstall" no_pods
-[ -z "$(ls -A "$HOST_ROOT/runners" 2>/dev/null)" ] || fail "runtime directories left: $(ls "$HOST_ROOT/runners")"
+# The agent removes a runtime after its attempt's finalizer is gone: it may still be at it.
+# Runtimes are named by their attempt; a dot entry is the agent's own (not an attempt's).
+no_runtimes() { [ -z "$(ls "$HOST_ROOT/runners" 2>/dev/null)" ]; }
+wait_for 30 "no runtime directory left after helm uninstall" no_runtimes
 left=$(admin GET runners | jq -r --arg a "$abandoned" '.[] | select(.name as $n | ($a | split(" ") | index($n)) | not) | .name')
 [ -z "$left" ] || fail "registrations left on the simulated GitHub: $left"
 [ -z "$(handoffs)" ] || fail "JIT handoff files left: $(handoffs | tr '\n' ' ')"
