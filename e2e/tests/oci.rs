@@ -1051,6 +1051,95 @@ mod recovery {
         assert_eq!(mints(&w), 1, "a second JIT");
         assert!(w.runtimes().is_empty(), "the runtime was left");
     }
+
+    /// Parity row 17: a second runner pod claiming the attempt (its labels, its generation and
+    /// the attempt as controller, under another name) is a duplicate: never adopted, never
+    /// deleted; the attempt's own pod is destroyed, and cleanup stays `CleanupDeferred`
+    /// (`OwnershipUnproven`, the message names the duplicate) until a person removes it, then
+    /// finishes. Before: cleanup deleted every pod of the generation, the duplicate with it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_duplicate_runner_pod_is_quarantined_and_holds_cleanup_deferred() {
+        let Some(w) = AgentWorld::start("a_duplicate_runner_pod_is_quarantined")
+            .await
+            .unwrap()
+        else {
+            return;
+        };
+        let _agent = oci_agent(&w, "120");
+        let _deletions = finish_deletions(&w);
+        w.wait_recovered().await.unwrap();
+        let a = w.pending_attempt_with(oci).await.unwrap();
+        let n = name(&a);
+        let own = wait_own_pod(&w, &n).await;
+        // The same claim as the agent's own pod, under another name; not bound to a node.
+        let mut duplicate = own.clone();
+        duplicate.metadata = ObjectMeta {
+            name: Some(format!("{n}-second")),
+            labels: own.metadata.labels.clone(),
+            owner_references: own.metadata.owner_references.clone(),
+            ..ObjectMeta::default()
+        };
+        let spec = duplicate.spec.as_mut().unwrap();
+        spec.node_name = None;
+        spec.volumes = None;
+        for c in &mut spec.containers {
+            c.volume_mounts = None;
+        }
+        duplicate.status = None;
+        let duplicate = pods(&w)
+            .create(&PostParams::default(), &duplicate)
+            .await
+            .unwrap();
+        let duplicate_name = duplicate.metadata.name.clone().unwrap();
+        refuse_out_of_cpu(&w, own.metadata.name.as_deref().unwrap()).await;
+
+        let deferred = w
+            .wait_state(&n, AttemptState::CleanupDeferred)
+            .await
+            .unwrap();
+        let journal = &deferred.status.as_ref().unwrap().journal;
+        assert_ne!(
+            journal.environment().map(|e| e.uid.clone()),
+            duplicate.metadata.uid.clone(),
+            "the duplicate was adopted"
+        );
+        let c = journal
+            .conditions
+            .iter()
+            .find(|c| format!("{:?}", c.type_) == "CleanupDeferred")
+            .expect("a CleanupDeferred condition");
+        assert_eq!(format!("{:?}", c.reason), "OwnershipUnproven");
+        assert!(c.message.contains("second runner pod"), "{}", c.message);
+        let own_name = own.metadata.name.clone().unwrap();
+        wait::until(STEP, "the attempt's own pod to go", || async {
+            pods(&w)
+                .get_opt(&own_name)
+                .await
+                .ok()
+                .flatten()
+                .is_none()
+                .then_some(())
+        })
+        .await
+        .unwrap();
+        let still = pods(&w).get(&duplicate_name).await.unwrap();
+        assert_eq!(still.metadata.uid, duplicate.metadata.uid, "replaced");
+        assert!(
+            still.metadata.deletion_timestamp.is_none(),
+            "the duplicate was deleted"
+        );
+
+        pods(&w)
+            .delete(&duplicate_name, &DeleteParams::default())
+            .await
+            .unwrap();
+        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+        assert_eq!(
+            outcome(&done),
+            Some(Outcome::Failed(FailureReason::NodeOutOfResources))
+        );
+        assert!(w.runtimes().is_empty(), "the runtime was left");
+    }
 }
 
 /// Issue 16, pods watched not polled: with one Idle OCI runner, the agent's API reads over a

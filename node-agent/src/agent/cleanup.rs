@@ -298,7 +298,11 @@ async fn destroy_pods(
                 ConditionStatus::True,
                 // A pod of another generation is not ours to remove: it waits for its owner's
                 // garbage collection or a person (parity row 15).
-                if e == crate::providers::oci::PodFailure::NotOurs {
+                if matches!(
+                    e,
+                    crate::providers::oci::PodFailure::NotOurs
+                        | crate::providers::oci::PodFailure::Duplicate
+                ) {
                     AttemptReason::OwnershipUnproven
                 } else {
                     AttemptReason::ProviderResourceRemains

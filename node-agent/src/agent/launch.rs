@@ -122,7 +122,7 @@ impl LaunchFailure {
             Self::JitRefused(_) | Self::JitNotSent(_) => F::JitRequestFailed,
             Self::Pod(p) => match p {
                 PodFailure::ImageUnavailable => F::ImageUnavailable,
-                PodFailure::NotOurs => F::OwnershipMismatch,
+                PodFailure::NotOurs | PodFailure::Duplicate => F::OwnershipMismatch,
                 PodFailure::HandoffNotTaken => F::JitHandoffRejected,
                 PodFailure::Spec(_)
                 | PodFailure::Api(_)

@@ -207,7 +207,7 @@ impl<P: PodApi> RunnerProvider for OciProvider<P> {
         let attempt =
             crate::pods::attempt_of_pod(&id.identity.pod_name, crate::pods::PodRole::Runner)
                 .ok_or(PodFailure::NotOurs)?;
-        OciProvider::destroy_generation(self, &id.namespace, attempt, &id.identity.generation)
+        OciProvider::destroy_generation(self, &id.namespace, attempt, &id.identity)
             .await
             .map(|_| ())
     }

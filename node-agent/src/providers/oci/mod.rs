@@ -158,6 +158,8 @@ pub enum PodFailure {
     Pointer(std::io::ErrorKind),
     #[error("the pod is still there after its deletion")]
     StillThere,
+    #[error("a second runner pod claims the attempt; left for a person")]
+    Duplicate,
 }
 
 /// The OCI provider of one agent.
@@ -305,17 +307,24 @@ impl<P: PodApi> OciProvider<P> {
     /// the same name, or one whose owner is not this attempt) is never touched, and while it is
     /// there the destruction is not done: `NotOurs`, so cleanup stays `CleanupDeferred` and
     /// tries again with backoff (parity row 15; it goes with its own owner's garbage
-    /// collection, or a person removes it). Returns how many were found.
+    /// collection, or a person removes it). A pod of the generation that is not the journalled
+    /// one (another name than the derived one, or another uid than `journalled`'s when one was
+    /// journalled) is a duplicate: quarantined, that is neither adopted nor deleted, and the
+    /// destruction is not done (`Duplicate`) until a person removes it (parity row 17; the
+    /// predecessor quarantined two resources claiming one allocation). Returns how many were
+    /// destroyed.
     pub async fn destroy_generation(
         &self,
         ns: &str,
         attempt: &str,
-        generation: &str,
+        journalled: &EnvironmentIdentity,
     ) -> Result<usize, PodFailure> {
+        let generation = journalled.generation.as_str();
         let pods = self.pods.list(ns, &pod::selector(attempt)).await?;
         let ours: Vec<EnvironmentIdentity> = pods
             .iter()
             .filter(|p| pod::is_ours(p, attempt, generation))
+            .filter(|p| !is_duplicate(p, attempt, journalled))
             .filter_map(|p| {
                 Some(EnvironmentIdentity {
                     pod_name: p.metadata.name.clone()?,
@@ -335,6 +344,9 @@ impl<P: PodApi> OciProvider<P> {
         }
         if pods.iter().any(|p| !pod::is_ours(p, attempt, generation)) {
             return Err(PodFailure::NotOurs);
+        }
+        if pods.iter().any(|p| is_duplicate(p, attempt, journalled)) {
+            return Err(PodFailure::Duplicate);
         }
         Ok(ours.len())
     }
@@ -357,6 +369,18 @@ impl<P: PodApi> OciProvider<P> {
             tokio::time::sleep(POLL).await;
         }
     }
+}
+
+/// Whether `p` claims the attempt but is not the runner pod it journalled: its name is not the
+/// one derived from the attempt (the agent creates no other), or a pod was journalled and `p`
+/// has another uid. Pure.
+pub fn is_duplicate(p: &Pod, attempt: &str, journalled: &EnvironmentIdentity) -> bool {
+    let derived = crate::pods::pod_name(attempt, crate::pods::PodRole::Runner);
+    let name = p.metadata.name.as_deref();
+    let uid = p.metadata.uid.as_deref();
+    pod::is_ours(p, attempt, &journalled.generation)
+        && (name != Some(derived.as_str())
+            || (!journalled.uid.is_empty() && uid != Some(journalled.uid.as_str())))
 }
 
 fn attempt_name(a: &runner_manager_crds::attempt::RunnerAttempt) -> &str {
@@ -389,4 +413,60 @@ fn offer(runtime: &Path, account: RunnerAccount, handoff_name: &str) -> std::io:
         Some(account.uid),
         Some(account.gid),
     )
+}
+
+#[cfg(test)]
+mod duplicate_tests {
+    use super::*;
+
+    /// A runner pod claiming attempt `a` of generation `g`, as the agent's own would.
+    fn claiming(name: &str, uid: &str, a: &str, g: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": name, "namespace": "team", "uid": uid,
+                "labels": {
+                    (crate::pods::ATTEMPT_LABEL): a, (crate::pods::GENERATION_LABEL): g,
+                    (crate::pods::ROLE_LABEL): "runner"
+                },
+                "ownerReferences": [{
+                    "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
+                    "name": a, "uid": g, "controller": true
+                }]
+            }
+        }))
+        .expect("a pod")
+    }
+
+    fn journalled(uid: &str) -> EnvironmentIdentity {
+        EnvironmentIdentity {
+            pod_name: "a1-runner".to_owned(),
+            uid: uid.to_owned(),
+            generation: "g1".to_owned(),
+        }
+    }
+
+    /// Parity row 17: only the journalled pod (or, with none journalled, the one of the derived
+    /// name) is the attempt's; another pod claiming the same attempt and generation is a
+    /// duplicate, and a pod of another generation is neither.
+    #[test]
+    fn a_second_pod_claiming_the_attempt_is_a_duplicate_and_the_journalled_one_is_not() {
+        let own = claiming("a1-runner", "p1", "a1", "g1");
+        assert!(!is_duplicate(&own, "a1", &journalled("p1")));
+        assert!(
+            !is_duplicate(&own, "a1", &journalled("")),
+            "an interrupted preparation's pod, before its uid was journalled"
+        );
+        assert!(
+            is_duplicate(&own, "a1", &journalled("p0")),
+            "the derived name with another uid than the journalled one"
+        );
+        let other_name = claiming("a1-runner-2", "p2", "a1", "g1");
+        assert!(is_duplicate(&other_name, "a1", &journalled("p1")));
+        assert!(is_duplicate(&other_name, "a1", &journalled("")));
+        let other_generation = claiming("a1-runner-2", "p3", "a1", "g0");
+        assert!(
+            !is_duplicate(&other_generation, "a1", &journalled("p1")),
+            "another generation is not ours at all (row 15)"
+        );
+    }
 }
