@@ -15,9 +15,7 @@
 #   4. placeholders: a native policy (2 idle runners, 400m CPU and 1Gi each) puts a placeholder
 #      pod beside each runner; `kubectl describe node` counts their requests in its allocated
 #      resources; an ordinary pod that does not fit beside them stays Pending (FailedScheduling,
-#      Insufficient cpu) and is scheduled once the policy's runners are gone. Last: a policy
-#      deleted leaves its last attempts expected by the operator's placement for 2 minutes
-#      (docs/oci.md, "Limits"), which a 1500m policy after it would wait out;
+#      Insufficient cpu) and is scheduled once the policy's runners are gone;
 #   5. the JIT-leak scan: every JIT the simulated GitHub minted (its /_admin/jits) is searched
 #      in every pod spec and event of the cluster, the containers' logs on the node
 #      (/var/log/pods), the kubelet's, containerd's and the control plane's logs, the agent's and
@@ -101,8 +99,8 @@ say "simulated GitHub at $gh"
 
 drop_jobs_ns
 H uninstall $rel -n $ns >/dev/null 2>&1 || true
-# Capacity 6, not 3: the operator keeps the last attempts a deleted policy created "expected" on
-# the node for up to 2 minutes (docs/oci.md, "Requirements and limits"), holding capacity units.
+# Capacity 6, not 3: room for the next policy's runners while a deleted policy's attempts are
+# still being cleaned (before 92752c6 the operator also kept them "expected" for 2 minutes).
 tuning=(--set nodeAgent.capacity=6 --set nodeAgent.heartbeatSeconds=2 --set operator.resyncInterval=2s
   --set operator.observeInterval=5s --set admissionPolicy.enabled=true
   --set nodeAgent.oci.enabled=true --set nodeAgent.oci.startDeadlineSeconds=30)
