@@ -206,3 +206,175 @@ async fn a_placeholder_the_kubelet_never_runs_keeps_the_runner_from_starting() {
     assert!(w.runtimes().is_empty(), "runtimes left: {:?}", w.runtimes());
     drop(agent);
 }
+
+/// The placeholder's uid, once one of `a`'s exists that is not `not`.
+async fn placeholder_other_than(pods_api: &Api<Pod>, a: &RunnerAttempt, not: &str) -> Pod {
+    wait::until(
+        Duration::from_secs(60),
+        "a placeholder of the attempt other than the one deleted",
+        || async {
+            pods_api
+                .get_opt(&placeholder_name(a))
+                .await
+                .ok()
+                .flatten()
+                .filter(|p| p.metadata.uid.as_deref() != Some(not))
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Issue 16, placeholders while runners run: a placeholder deleted under a running native
+/// runner is recreated (the scheduler keeps counting the runner), with a `PlaceholderLost`
+/// event, and the runner runs on. Then the deletes' uid precondition: a same-named pod someone
+/// else made in the placeholder's place is never deleted, neither while the runner runs nor by
+/// its cleanup, and the attempt is cleaned as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placeholder_deleted_under_a_running_runner_is_recreated_and_an_impostor_survives() {
+    use k8s_openapi::api::core::v1::{Container, PodSpec};
+    use k8s_openapi::api::events::v1::Event;
+    use kube::api::{DeleteParams, ListParams};
+    let Some(w) = AgentWorld::start("placeholder_kept").await.unwrap() else {
+        return;
+    };
+    let agent = w
+        .agent(
+            4,
+            &[
+                ("RM_PLACEHOLDER_IMAGE", PAUSE),
+                ("RM_PLACEHOLDER_WAIT_SECONDS", "0"),
+            ],
+        )
+        .unwrap();
+    w.wait_recovered().await.unwrap();
+    let pods_api = Api::<Pod>::namespaced(w.kube.clone(), &w.team);
+    // No resources: a memory limit needs the memory controller delegated to the runner cgroups,
+    // which the development machine does not, and this runner must run.
+    let a = w.pending_attempt_with(|_| {}).await.unwrap();
+    let n = name(&a);
+    let Some(first) = wait::until(Duration::from_secs(60), "the placeholder", || async {
+        pods_api.get_opt(&placeholder_name(&a)).await.ok().flatten()
+    })
+    .await
+    .ok() else {
+        for l in agent.lines() {
+            println!("{l}");
+        }
+        panic!("no placeholder");
+    };
+    w.wait_for(&n, "the runner running", |s| {
+        let state = s.journal.state();
+        state.is_live() && state >= AttemptState::Starting
+    })
+    .await
+    .unwrap();
+
+    // Deleted by someone while the runner runs: recreated, owned by the attempt.
+    let first_uid = first.metadata.uid.clone().unwrap();
+    if let Err(e) = pods_api
+        .delete(
+            &placeholder_name(&a),
+            &DeleteParams::default().grace_period(0),
+        )
+        .await
+    {
+        for l in agent.lines() {
+            println!("{l}");
+        }
+        panic!("{e}");
+    }
+    let second = tokio::select! {
+        p = placeholder_other_than(&pods_api, &a, &first_uid) => p,
+        () = tokio::time::sleep(Duration::from_secs(30)) => {
+            for l in agent.lines() {
+                println!("{l}");
+            }
+            panic!("not recreated");
+        }
+    };
+    assert_eq!(
+        pods::owner_attempt(&second.metadata),
+        Some((n.as_str(), a.metadata.uid.as_deref().unwrap()))
+    );
+    let events = Api::<Event>::namespaced(w.kube.clone(), &w.team);
+    wait::until(
+        Duration::from_secs(30),
+        "a PlaceholderLost event on the attempt",
+        || async {
+            events
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("PlaceholderLost")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(n.as_str())
+                })
+        },
+    )
+    .await
+    .unwrap();
+    let now = w.attempts().get(&n).await.unwrap();
+    let state = now.status.as_ref().unwrap().journal.state();
+    assert!(
+        state.is_live() && state >= AttemptState::Starting,
+        "the runner was stopped for its placeholder: {state:?}"
+    );
+
+    // An impostor in its place: a pod of the placeholder's name that is not the attempt's.
+    // (The agent waits before recreating again, so ours is soon the one standing; should the
+    // agent win a round, its placeholder is deleted and ours made again.)
+    let impostor = Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some(placeholder_name(&a)),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "impostor".into(),
+                image: Some(PAUSE.into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let made = wait::until(Duration::from_secs(60), "the impostor made", || async {
+        if let Ok(Some(p)) = pods_api.get_opt(&placeholder_name(&a)).await {
+            if pods::owner_attempt(&p.metadata).is_none() {
+                return Some(p);
+            }
+            let _ = pods_api
+                .delete(
+                    &placeholder_name(&a),
+                    &DeleteParams::default().grace_period(0),
+                )
+                .await;
+        }
+        pods_api
+            .create(&PostParams::default(), &impostor)
+            .await
+            .ok()
+    })
+    .await
+    .unwrap();
+    let impostor_uid = made.metadata.uid.clone().unwrap();
+
+    // The runner is stopped and cleaned; the impostor is left as it was.
+    w.request_termination(&n, "ScaleDown").await.unwrap();
+    w.deregister(&a).await.unwrap();
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    println!(
+        "concluded {:?} beside an impostor placeholder",
+        done.status.as_ref().unwrap().journal.outcome()
+    );
+    let left = pods_api.get_opt(&placeholder_name(&a)).await.unwrap();
+    assert_eq!(
+        left.and_then(|p| p.metadata.uid),
+        Some(impostor_uid),
+        "the impostor was deleted (or replaced)"
+    );
+    drop(agent);
+}

@@ -11,6 +11,7 @@ pub mod evidence;
 pub mod handoff;
 pub mod journal;
 pub mod packages;
+pub mod pod_watch;
 pub mod pods;
 pub mod process;
 pub mod providers;

@@ -510,7 +510,26 @@ pub async fn run(agent: Arc<Agent>) {
             }
         })
         .applied_objects();
-    let controller = Controller::for_stream(trigger, store)
+    // The pods the agent made on this node trigger their attempt's reconcile (by the controller
+    // owner reference): a runner pod that ended, a placeholder deleted or evicted. Watched only
+    // when the agent makes pods.
+    let pod_watch = Arc::clone(&ctx.agent.pod_watch);
+    let makes_pods = ctx.agent.oci.is_some() || ctx.agent.placeholders.is_some();
+    let controller = Controller::for_stream(trigger, store);
+    let controller = match makes_pods
+        .then(|| pod_watch.stream(&ctx.agent.kube, &ctx.agent.node))
+        .flatten()
+    {
+        Some(pods) => controller.owns_stream(pods),
+        None => controller,
+    };
+    let pods_ready = async move {
+        if makes_pods {
+            pod_watch.mark_running_when_ready().await;
+        }
+        std::future::pending::<()>().await
+    };
+    let controller = controller
         .run(reconcile, error_policy, Arc::clone(&ctx))
         .for_each(|result| async move {
             if let Err(controller::Error::QueueError(e)) = result {
@@ -520,6 +539,7 @@ pub async fn run(agent: Arc<Agent>) {
     tokio::select! {
         () = controller => {}
         () = sweep_orphans(ctx) => {}
+        () = pods_ready => {}
     }
 }
 

@@ -11,15 +11,19 @@ pub enum EventReason {
     Rejected,
     SpecChanged,
     PackageRefused,
+    /// A running native runner's placeholder was deleted, evicted or ended (recreated, or
+    /// not).
+    PlaceholderLost,
 }
 
 impl EventReason {
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::RecoveryBlocked,
         Self::CleanupDeferred,
         Self::Rejected,
         Self::SpecChanged,
         Self::PackageRefused,
+        Self::PlaceholderLost,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -29,6 +33,7 @@ impl EventReason {
             Self::Rejected => "Rejected",
             Self::SpecChanged => "SpecChanged",
             Self::PackageRefused => "PackageRefused",
+            Self::PlaceholderLost => "PlaceholderLost",
         }
     }
 }

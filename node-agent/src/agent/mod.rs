@@ -246,6 +246,7 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         .with_extract_limits(cli.extract_limits())
         .with_seed_root(&cli.slots_root)
         .map_err(|e| AgentError::Packages(format!("seed root: {:?}", e.kind())))?;
+    let pod_watch = Arc::new(crate::pod_watch::PodWatch::default());
     let agent = Arc::new(Agent {
         node: cli.node_name.clone(),
         host_root: cli.host_root.clone(),
@@ -263,13 +264,17 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
             cli.system_namespace.clone(),
         ),
         oci: cli.oci.then(|| crate::providers::oci::OciProvider {
-            pods: crate::providers::oci::KubePods(kube.clone()),
+            pods: crate::providers::oci::KubePods {
+                client: kube.clone(),
+                watch: Arc::clone(&pod_watch),
+            },
             node: cli.node_name.clone(),
             start_deadline: Duration::from_secs(cli.oci_start_deadline_seconds),
             handoff_deadline: Duration::from_secs(cli.oci_handoff_deadline_seconds),
         }),
         kube,
         launcher,
+        pod_watch,
         packages,
         allocation: AllocationLock::default(),
         gate: RecoveryGate::default(),

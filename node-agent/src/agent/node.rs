@@ -43,6 +43,9 @@ pub struct Agent {
     /// The OCI provider (`--oci`): runner pods on this node. Without it OCI attempts are
     /// rejected (`SnapshotUnusable`), never run natively.
     pub oci: Option<crate::providers::oci::OciProvider<crate::providers::oci::KubePods>>,
+    /// The agent's pods on its node (runner pods, placeholders), watched; run by the
+    /// controller when the agent makes pods (`--oci` or placeholders).
+    pub pod_watch: std::sync::Arc<crate::pod_watch::PodWatch>,
     pub packages: PackageCache,
     pub allocation: AllocationLock,
     pub broker: BrokerClient,

@@ -13,6 +13,15 @@
 //! runner is stopped and its workspace cleaned, and on every failed launch; the orphan sweep
 //! removes any whose attempt is gone ([`sweep`]).
 //!
+//! While the runner runs, supervision keeps its placeholder standing ([`keep`], from the pod
+//! watch's store, on the watch's events): one deleted, evicted or otherwise ended is recreated
+//! with a Warning event, because without it the scheduler no longer counts the runner. The
+//! runner is never stopped for it; a recreation the API server or the kubelet refuses is said
+//! in an event and tried again after [`KEEP_RETRY`].
+//!
+//! Every delete carries a uid precondition: only a pod whose controller is this attempt (by
+//! uid) is removed, never a same-named pod someone else made.
+//!
 //! The pod follows the one convention of agent-made pods (`crate::pods`), which the chart's
 //! agent-pods ValidatingAdmissionPolicy enforces.
 
@@ -21,7 +30,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Pod, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
 use runner_manager_crds::attempt::RunnerAttempt;
 
@@ -32,6 +41,10 @@ use crate::pods::{self, PodRole};
 pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
 /// The one container of a placeholder.
 pub const CONTAINER: &str = "placeholder";
+/// After a placeholder was recreated (or its recreation refused), the next recreation of the
+/// same attempt's waits this long: a kubelet that refuses it for resources would otherwise be
+/// asked again on every event its refusal makes.
+pub const KEEP_RETRY: Duration = Duration::from_secs(30);
 /// The uid the pause process runs as: `nobody`, as the upstream image's own user.
 const PAUSE_UID: i64 = 65_535;
 
@@ -234,35 +247,156 @@ pub async fn ensure(
     if let Err(r) = outcome {
         tracing::warn!(namespace = %ns, attempt = %a.name_any(), reason = r.as_str(), "placeholder refused: the runner is not started");
         // A refused placeholder holds nothing, but its object must not outlive the launch.
-        let _ = remove(kube, &ns, a.name_any().as_str()).await;
+        let _ = remove_of(kube, a).await;
     }
     outcome
 }
 
-/// Removes the placeholder of the attempt `attempt` in `namespace`; one already gone is fine.
-/// Grace 0: the pause process holds nothing, and a node without a kubelet would otherwise keep
-/// the object terminating forever.
-pub async fn remove(kube: &Client, namespace: &str, attempt: &str) -> Result<(), kube::Error> {
-    let api = Api::<Pod>::namespaced(kube.clone(), namespace);
+/// Deletes the pod `name` in `namespace` only if it is still the one of uid `uid` (a
+/// precondition: a same-named pod made since is not touched). Gone already, or replaced, is
+/// fine. Grace 0: the pause process holds nothing, and a node without a kubelet would otherwise
+/// keep the object terminating forever.
+async fn delete_exact(
+    kube: &Client,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Result<(), kube::Error> {
     let dp = DeleteParams {
         grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_owned()),
+            resource_version: None,
+        }),
         ..DeleteParams::default()
     };
-    match api
-        .delete(&pods::pod_name(attempt, PodRole::Placeholder), &dp)
+    match Api::<Pod>::namespaced(kube.clone(), namespace)
+        .delete(name, &dp)
         .await
     {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        // 404: gone; 409: the uid precondition failed, the name is another pod's now.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
         Err(e) => Err(e),
     }
 }
 
-/// Removes the placeholder of `a` (after cleanup, or on a failed launch).
+/// Whether `pod`'s controller is the attempt of uid `attempt_uid`.
+fn owned_by(pod: &Pod, attempt_uid: &str) -> bool {
+    pods::owner_attempt(&pod.metadata).map(|(_, uid)| uid) == Some(attempt_uid)
+}
+
+/// Removes the placeholder of `a` (after cleanup, or on a failed launch): the pod of its name
+/// only if its controller is `a` (by uid), and only that pod (uid precondition). A same-named
+/// pod of anyone else stays.
 pub async fn remove_of(kube: &Client, a: &RunnerAttempt) -> Result<(), kube::Error> {
-    match a.metadata.namespace.as_deref() {
-        Some(ns) => remove(kube, ns, &a.name_any()).await,
-        None => Ok(()),
+    let (Some(ns), Some(attempt_uid)) =
+        (a.metadata.namespace.as_deref(), a.metadata.uid.as_deref())
+    else {
+        return Ok(());
+    };
+    let name = pods::pod_name(&a.name_any(), PodRole::Placeholder);
+    let Some(pod) = Api::<Pod>::namespaced(kube.clone(), ns)
+        .get_opt(&name)
+        .await?
+    else {
+        return Ok(());
+    };
+    let Some(uid) = pod
+        .metadata
+        .uid
+        .as_deref()
+        .filter(|_| owned_by(&pod, attempt_uid))
+    else {
+        tracing::warn!(namespace = %ns, attempt = %a.name_any(), "a pod with the placeholder's name is not this attempt's: left alone");
+        return Ok(());
+    };
+    delete_exact(kube, ns, &name, uid).await
+}
+
+/// What [`keep`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kept {
+    /// It stands (running, or not yet decided by the kubelet).
+    Standing,
+    /// It was lost for this reason and has been recreated.
+    Recreated(Refusal),
+    /// It was lost for the first reason and could not be recreated for the second.
+    Lost(Refusal, Refusal),
+}
+
+/// What the store's copy of a running runner's placeholder says. Pure.
+#[derive(Debug, PartialEq)]
+pub enum Loss<'p> {
+    /// It stands: running, not yet decided by the kubelet, or being deleted (its deletion's
+    /// event comes, and then it is gone).
+    Standing,
+    /// It is not there, or the pod of its name is not this attempt's (never touched): create.
+    Gone(Refusal),
+    /// It is this attempt's and ended (evicted, refused, failed): delete exactly it, create.
+    Ended(Refusal, &'p Pod),
+}
+
+/// Whether the placeholder of the attempt of uid `attempt_uid`, as `found`, was lost. Pure.
+pub fn loss<'p>(found: Option<&'p Pod>, attempt_uid: &str) -> Loss<'p> {
+    match found {
+        None => Loss::Gone(Refusal::Deleted),
+        Some(p) if !owned_by(p, attempt_uid) => Loss::Gone(Refusal::Deleted),
+        Some(p) if p.metadata.deletion_timestamp.is_some() => Loss::Standing,
+        Some(p) => match verdict(p) {
+            Verdict::Running | Verdict::Pending => Loss::Standing,
+            Verdict::Refused(r) => Loss::Ended(r, p),
+        },
+    }
+}
+
+/// Keeps the placeholder of a running runner standing, as the pod watch's store shows it
+/// (`found`: the pod of the placeholder's name there, `None`: not there). One this attempt
+/// does not own, or one that ended (evicted, refused, failed), or none at all is lost: an ended
+/// one of ours is deleted (uid precondition) and a new one created. The runner is never stopped
+/// here.
+pub async fn keep(
+    kube: &Client,
+    a: &RunnerAttempt,
+    node: &str,
+    settings: &Settings,
+    found: Option<&Pod>,
+) -> Kept {
+    let attempt_uid = a.metadata.uid.as_deref().unwrap_or_default();
+    let lost = match loss(found, attempt_uid) {
+        Loss::Standing => return Kept::Standing,
+        Loss::Gone(r) => r,
+        Loss::Ended(r, ended) => {
+            let (Some(ns), Some(name), Some(uid)) = (
+                ended.metadata.namespace.as_deref(),
+                ended.metadata.name.as_deref(),
+                ended.metadata.uid.as_deref(),
+            ) else {
+                return Kept::Lost(r, Refusal::Unnamed);
+            };
+            if delete_exact(kube, ns, name, uid).await.is_err() {
+                return Kept::Lost(r, Refusal::Api);
+            }
+            r
+        }
+    };
+    let Ok(pod) = placeholder_pod(a, node, settings) else {
+        return Kept::Lost(lost, Refusal::Unnamed);
+    };
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    match Api::<Pod>::namespaced(kube.clone(), &ns)
+        .create(&PostParams::default(), &pod)
+        .await
+    {
+        Ok(_) => Kept::Recreated(lost),
+        // Ours, made meanwhile (the store had not shown it yet): it stands.
+        Err(kube::Error::Api(s))
+            if s.code == 409 && found.is_none_or(|p| owned_by(p, attempt_uid)) =>
+        {
+            Kept::Standing
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => Kept::Lost(lost, Refusal::Forbidden),
+        Err(e) => Kept::Lost(lost, refusal_of(&e)),
     }
 }
 
@@ -297,13 +431,15 @@ pub async fn sweep(
     let claimed = claims();
     let mut removed = 0;
     for pod in orphans(&listed, &claimed) {
-        let (Some(ns), Some(attempt)) = (
+        let (Some(ns), Some(name), Some(uid)) = (
             pod.metadata.namespace.as_deref(),
-            pod.labels().get(pods::ATTEMPT_LABEL),
+            pod.metadata.name.as_deref(),
+            pod.metadata.uid.as_deref(),
         ) else {
             continue;
         };
-        remove(kube, ns, attempt).await?;
+        // The pod listed, and only it: one made since under the name is not touched.
+        delete_exact(kube, ns, name, uid).await?;
         removed += 1;
     }
     Ok(removed)
@@ -438,6 +574,41 @@ mod tests {
             verdict(&with_status("Failed", Some("NodeAffinity"))),
             Verdict::Refused(Refusal::Failed)
         );
+    }
+
+    #[test]
+    fn a_running_runners_placeholder_is_lost_when_gone_ended_or_not_its_own() {
+        let mine = placeholder_pod(&attempt(None, None), "n1", &settings()).expect("pod");
+        let with = |phase: &str, reason: Option<&str>| {
+            let mut p = mine.clone();
+            p.status = with_status(phase, reason).status;
+            p
+        };
+        assert_eq!(loss(None, "u-1"), Loss::Gone(Refusal::Deleted));
+        assert_eq!(loss(Some(&mine), "u-1"), Loss::Standing, "not decided yet");
+        let running = with("Running", None);
+        assert_eq!(loss(Some(&running), "u-1"), Loss::Standing);
+        let evicted = with("Failed", Some("Evicted"));
+        assert_eq!(
+            loss(Some(&evicted), "u-1"),
+            Loss::Ended(Refusal::Evicted, &evicted)
+        );
+        let refused = with("Failed", Some("OutOfcpu"));
+        assert_eq!(
+            loss(Some(&refused), "u-1"),
+            Loss::Ended(Refusal::OutOfCpu, &refused)
+        );
+        assert_eq!(
+            loss(Some(&running), "u-2"),
+            Loss::Gone(Refusal::Deleted),
+            "a same-named pod of another owner is never ours to delete"
+        );
+        let mut deleting = evicted.clone();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert_eq!(loss(Some(&deleting), "u-1"), Loss::Standing);
     }
 
     #[test]

@@ -107,7 +107,10 @@ pub fn pods(agent: &Agent) -> std::borrow::Cow<'_, OciProvider<KubePods>> {
     match agent.oci.as_ref() {
         Some(p) => std::borrow::Cow::Borrowed(p),
         None => std::borrow::Cow::Owned(OciProvider {
-            pods: KubePods(agent.kube.clone()),
+            pods: KubePods {
+                client: agent.kube.clone(),
+                watch: std::sync::Arc::clone(&agent.pod_watch),
+            },
             node: agent.node.clone(),
             start_deadline: std::time::Duration::from_secs(1),
             handoff_deadline: std::time::Duration::from_secs(1),

@@ -27,11 +27,14 @@ use super::events::{self, EventReason};
 use super::fault::{self, Boundary};
 use super::launch;
 use super::node::Agent;
+use super::placeholder::{self, Kept};
 use super::rebuild::journal_of;
 use crate::evidence::{ExitReading, JobEvidence, job_evidence};
+use crate::pods::{self, PodRole};
 use crate::process::identity_file;
 use crate::providers::{NativeProvider, RunnerProvider};
 use crate::termination::{IntentReason, read_intent, record_intent};
+use runner_manager_crds::policy::ExecutionMode;
 
 /// What the agent remembers of one attempt between its steps (lost on a restart, which only
 /// restarts the clocks it holds).
@@ -40,6 +43,9 @@ pub struct AttemptMemory {
     /// When the runner was first seen gone while the last fact still listed it idle
     /// ([`awaits_newer_witness`]).
     gone_while_listed: Option<std::time::Instant>,
+    /// A native runner's placeholder was recreated (or its recreation refused): not again
+    /// before this ([`placeholder::KEEP_RETRY`]).
+    placeholder_retry: Option<std::time::Instant>,
 }
 
 /// One decision and its effect.
@@ -249,6 +255,7 @@ async fn live(
         if let Some(reason) = request {
             return stop(agent, ctx, &runner, &runtime, reason, state).await;
         }
+        keep_placeholder(agent, ctx, a, memory).await;
         if frozen {
             return Ok(Step::Wait);
         }
@@ -336,6 +343,61 @@ async fn live(
         // Only a deferral leaves an exit undecided.
         None => deferred(agent),
     }
+}
+
+/// A running native runner's placeholder, kept standing (docs/placeholder-pods.md): read from
+/// the pod watch's store (no request), recreated with a Warning event when it was deleted,
+/// evicted or ended; never a reason to stop the runner.
+async fn keep_placeholder(
+    agent: &Agent,
+    ctx: &AttemptCtx,
+    a: &RunnerAttempt,
+    memory: &mut AttemptMemory,
+) {
+    let Some(settings) = agent.placeholders.as_ref() else {
+        return;
+    };
+    if a.spec.snapshot.execution.mode != ExecutionMode::Native || !agent.pod_watch.is_running() {
+        return;
+    }
+    let now = std::time::Instant::now();
+    if memory.placeholder_retry.is_some_and(|at| now < at) {
+        return;
+    }
+    let (name, ns) = (&ctx.name, &ctx.namespace);
+    let found = agent
+        .pod_watch
+        .get(ns, &pods::pod_name(name, PodRole::Placeholder));
+    let message = match placeholder::keep(&agent.kube, a, &agent.node, settings, found.as_deref())
+        .await
+    {
+        Kept::Standing => return,
+        Kept::Recreated(lost) => {
+            tracing::warn!(namespace = %ns, attempt = %name, reason = lost.as_str(), "the placeholder of a running runner was lost; recreated");
+            format!(
+                "the placeholder pod was lost while its runner ran ({}); recreated so the scheduler counts the runner",
+                lost.as_str()
+            )
+        }
+        Kept::Lost(lost, refused) => {
+            tracing::warn!(namespace = %ns, attempt = %name, reason = refused.as_str(), "the placeholder of a running runner was lost and not recreated; the runner runs on");
+            format!(
+                "the placeholder pod was lost while its runner ran ({}) and could not be recreated ({}); the scheduler does not count this runner until it is; tried again in {} s",
+                lost.as_str(),
+                refused.as_str(),
+                placeholder::KEEP_RETRY.as_secs()
+            )
+        }
+    };
+    memory.placeholder_retry = Some(now + placeholder::KEEP_RETRY);
+    events::warn(
+        &agent.kube,
+        &agent.node,
+        a,
+        EventReason::PlaceholderLost,
+        message,
+    )
+    .await;
 }
 
 /// A decision deferred because GitHub did not answer. While the node recovers this keeps

@@ -11,6 +11,11 @@
 //! - `start` writes the handoff (the caller's [`RestrictiveHandoff`]) and a pointer naming it,
 //!   then waits until the helper left the "taken" marker and the handoff is gone.
 //! - `inspect` reads the pod into a closed [`PodObservation`].
+//!
+//! Pods are read from the agent's watch of its node's pods ([`crate::pod_watch`]) and waited
+//! for on its events, not polled: a pod the watch does not hold is read once from the API
+//! server before its absence means anything. Only the helper's marker in the runtime (a file,
+//! no event) is looked for at a short interval while the handoff is offered.
 //! - `stop` and `destroy` delete the pod (uid precondition: never a pod of another generation)
 //!   and prove it gone by reading again.
 //!
@@ -21,6 +26,7 @@ pub mod observe;
 pub mod pod;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -37,8 +43,38 @@ pub use observe::{Ended, PodObservation, Waiting};
 pub const HANDOFF_POINTER: &str = ".jit-handoff";
 /// In the runtime: left by the helper once it has read and deleted the handoff, before exec.
 pub const TAKEN_MARKER: &str = ".jit-taken";
-/// How often the provider reads a pod or the runtime while it waits.
+/// Without a running pod watch (an agent that makes no pods supervising what an earlier run
+/// left): how often a pod is read while the provider waits.
 const POLL: Duration = Duration::from_millis(200);
+/// With the watch: the longest a wait goes without looking again (the watch's events wake it
+/// sooner; this only bounds a watch that reconnects).
+const BACKSTOP: Duration = Duration::from_secs(2);
+/// How often the runtime is looked at for the helper's marker while the handoff is offered: a
+/// `stat` of a local file, no API request.
+const MARKER_POLL: Duration = Duration::from_millis(5);
+
+/// Wakes a wait of the provider: on the pod watch's next event, or after [`POLL`] without one.
+#[derive(Debug)]
+pub struct Changes(Option<tokio::sync::watch::Receiver<u64>>);
+
+impl Changes {
+    /// No watch: wake after [`POLL`].
+    pub fn polling() -> Self {
+        Self(None)
+    }
+
+    /// Whether the pod watch wakes it (its reads are the store's, not requests).
+    pub fn is_watched(&self) -> bool {
+        self.0.is_some()
+    }
+
+    pub async fn next(&mut self) {
+        match self.0.as_mut() {
+            Some(rx) => crate::pod_watch::PodWatch::next_change(rx, BACKSTOP).await,
+            None => tokio::time::sleep(POLL).await,
+        }
+    }
+}
 
 /// The pods the provider manages, by namespace. Small on purpose: the unit tests of the
 /// provider's decisions use a double, the agent uses [`KubePods`].
@@ -54,6 +90,8 @@ pub trait PodApi: Send + Sync {
         ns: &str,
         selector: &str,
     ) -> impl Future<Output = Result<Vec<Pod>, PodApiError>> + Send;
+    /// Subscribed before a look, woken after it by the next change (see [`Changes`]).
+    fn changes(&self) -> Changes;
     /// Deletes the pod with this uid (a precondition: never another generation's pod that
     /// took the name). Gone already is fine.
     fn delete(
@@ -85,9 +123,13 @@ impl From<kube::Error> for PodApiError {
     }
 }
 
-/// [`PodApi`] over the agent's client.
+/// [`PodApi`] over the agent's client and its pod watch: reads come from the watch's store,
+/// and only a pod the store does not hold is read from the API server.
 #[derive(Clone)]
-pub struct KubePods(pub kube::Client);
+pub struct KubePods {
+    pub client: kube::Client,
+    pub watch: Arc<crate::pod_watch::PodWatch>,
+}
 
 impl std::fmt::Debug for KubePods {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -98,22 +140,34 @@ impl std::fmt::Debug for KubePods {
 impl PodApi for KubePods {
     async fn create(&self, pod: &Pod) -> Result<Pod, PodApiError> {
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        Ok(Api::<Pod>::namespaced(self.0.clone(), ns)
+        Ok(Api::<Pod>::namespaced(self.client.clone(), ns)
             .create(&PostParams::default(), pod)
             .await?)
     }
 
     async fn get(&self, ns: &str, name: &str) -> Result<Option<Pod>, PodApiError> {
-        Ok(Api::<Pod>::namespaced(self.0.clone(), ns)
+        if let Some(p) = self.watch.get(ns, name) {
+            return Ok(Some((*p).clone()));
+        }
+        // Not held: created a moment ago and not shown yet, or gone. Asked once.
+        Ok(Api::<Pod>::namespaced(self.client.clone(), ns)
             .get_opt(name)
             .await?)
     }
 
     async fn list(&self, ns: &str, selector: &str) -> Result<Vec<Pod>, PodApiError> {
-        Ok(Api::<Pod>::namespaced(self.0.clone(), ns)
+        Ok(Api::<Pod>::namespaced(self.client.clone(), ns)
             .list(&ListParams::default().labels(selector))
             .await?
             .items)
+    }
+
+    fn changes(&self) -> Changes {
+        if self.watch.is_running() {
+            Changes(Some(self.watch.changed()))
+        } else {
+            Changes::polling()
+        }
     }
 
     async fn delete(&self, ns: &str, name: &str, uid: &str) -> Result<(), PodApiError> {
@@ -124,7 +178,7 @@ impl PodApi for KubePods {
             }),
             ..DeleteParams::default()
         };
-        match Api::<Pod>::namespaced(self.0.clone(), ns)
+        match Api::<Pod>::namespaced(self.client.clone(), ns)
             .delete(name, &params)
             .await
         {
@@ -233,14 +287,17 @@ impl<P: PodApi> OciProvider<P> {
             runtime: req.runtime,
             account: req.inputs.account,
         };
-        let deadline = Instant::now() + self.start_deadline;
+        let deadline = tokio::time::Instant::now() + self.start_deadline;
         let mut last = PodObservation::Waiting(Waiting::NotStarted);
-        while Instant::now() < deadline {
+        let mut changes = self.pods.changes();
+        while tokio::time::Instant::now() < deadline {
             last = self.inspect_pod(&prepared.pod).await?;
             match last {
                 PodObservation::Running => return Ok(prepared),
                 PodObservation::Ended(e) => return Err(PodFailure::Ended(e)),
-                PodObservation::Waiting(_) => tokio::time::sleep(POLL).await,
+                PodObservation::Waiting(_) => {
+                    let _ = tokio::time::timeout_at(deadline, changes.next()).await;
+                }
             }
         }
         Err(match last {
@@ -261,18 +318,30 @@ impl<P: PodApi> OciProvider<P> {
         offer(runtime, prepared.account, handoff.name())
             .map_err(|e| PodFailure::Pointer(e.kind()))?;
         let deadline = Instant::now() + self.handoff_deadline;
+        // Watched, the pod's state is a read of the store: looked at with every marker look.
+        // Without the watch, every read is a request: at most every [`POLL`].
+        let look_every = if self.pods.changes().is_watched() {
+            Duration::ZERO
+        } else {
+            POLL
+        };
+        let mut next_look = Instant::now();
         loop {
             let taken = std::fs::symlink_metadata(runtime.join(TAKEN_MARKER)).is_ok();
             if taken && !handoff.exists().unwrap_or(true) {
                 return Ok(prepared.pod.clone());
             }
-            if let PodObservation::Ended(e) = self.inspect_pod(&prepared.pod).await? {
-                return Err(PodFailure::Ended(e));
+            if Instant::now() >= next_look {
+                if let PodObservation::Ended(e) = self.inspect_pod(&prepared.pod).await? {
+                    return Err(PodFailure::Ended(e));
+                }
+                next_look = Instant::now() + look_every;
             }
             if Instant::now() >= deadline {
                 return Err(PodFailure::HandoffNotTaken);
             }
-            tokio::time::sleep(POLL).await;
+            // The pod's state comes from the watch's store (no request); the marker is a file.
+            tokio::time::sleep(MARKER_POLL).await;
         }
     }
 
@@ -357,16 +426,17 @@ impl<P: PodApi> OciProvider<P> {
         identity: &EnvironmentIdentity,
         within: Duration,
     ) -> Result<(), PodFailure> {
-        let deadline = Instant::now() + within;
+        let deadline = tokio::time::Instant::now() + within;
+        let mut changes = self.pods.changes();
         loop {
             let found = self.pods.get(ns, &identity.pod_name).await?;
             if found.is_none_or(|p| p.metadata.uid.as_deref() != Some(identity.uid.as_str())) {
                 return Ok(());
             }
-            if Instant::now() >= deadline {
+            if tokio::time::Instant::now() >= deadline {
                 return Err(PodFailure::StillThere);
             }
-            tokio::time::sleep(POLL).await;
+            let _ = tokio::time::timeout_at(deadline, changes.next()).await;
         }
     }
 }
