@@ -236,7 +236,10 @@ async fn wait_recovered(p: &Product) {
 async fn latency(warm_samples: usize) {
     let Some(p) = World::builder("bench_latency")
         .package(Package::RunnerSized)
-        .product(ProductOptions::default())
+        .product(ProductOptions {
+            env: materialize_env(),
+            ..ProductOptions::default()
+        })
         .await
         .unwrap()
     else {
@@ -344,6 +347,17 @@ async fn latency(warm_samples: usize) {
     );
 }
 
+/// `--materialize overlay|copy|auto`: how the agent lays the package into a runtime
+/// (`RM_MATERIALIZE`); without it, the agent's default.
+fn materialize_env() -> Vec<(String, String)> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == "--materialize")
+        .and_then(|i| args.get(i + 1))
+        .map(|m| vec![("RM_MATERIALIZE".to_owned(), m.clone())])
+        .unwrap_or_default()
+}
+
 /// The timeline steps, in order: when the attempt was first seen, then first seen in each state.
 const STEPS: [&str; 5] = ["created", "admitted", "materialized", "JIT", "spawned"];
 
@@ -372,7 +386,13 @@ fn steps(
 
 /// What the world publishes: "runner-sized, N files, M MB" or the stand-in's size.
 fn package_label(p: &Product) -> String {
-    format!("{} MB archive", p.package.size / (1024 * 1024))
+    let how = materialize_env()
+        .first()
+        .map_or_else(|| "the agent's default".to_owned(), |(_, m)| m.clone());
+    format!(
+        "{} MB archive, materialize: {how}",
+        p.package.size / (1024 * 1024)
+    )
 }
 
 /// `jobs` queued at once on one node of that capacity.
@@ -429,6 +449,7 @@ fn timeline(
 async fn burst(jobs: usize) -> Option<BurstFigures> {
     let options = ProductOptions {
         nodes: vec![NodeOptions::new("burst", jobs as u32, &[])],
+        env: materialize_env(),
         ..ProductOptions::default()
     };
     let p = World::builder("bench_burst")
