@@ -331,7 +331,7 @@ const GENERATOR: &str = "standin-package/2";
 /// Keyed by content: the listener's bytes, the spec and [`GENERATOR`]; so an unchanged package is
 /// never built again, and a rebuilt listener gets a new one. Written under a temporary name and
 /// renamed, so concurrent builders (two benches) never serve a half-written archive. Other
-/// entries unused for a day are removed.
+/// entries unused for two hours are removed.
 pub fn cached(spec: &PackageSpec, root: &Path) -> Result<PackageInfo, PackageError> {
     let cerr = |e| PackageError::Cache(root.to_path_buf(), e);
     let listener = std::fs::read(&spec.listener_binary)
@@ -387,20 +387,21 @@ fn filetime_touch(dir: &Path) -> std::io::Result<()> {
     f.set_modified(std::time::SystemTime::now())
 }
 
-/// Removes the cache entries other than `keep` not used for a day (a runner-sized entry is
-/// ~160 MB; every rebuilt listener makes one).
+/// Removes the cache entries other than `keep` not used for two hours: a runner-sized entry is
+/// ~170 MB and every rebuilt listener makes one (40 minutes of parallel edits to the e2e crate made 1.2 GB);
+/// a bench touches its entry each time it asks for it, so a running one keeps it.
 fn prune(root: &Path, keep: &str) {
     let Ok(entries) = std::fs::read_dir(root) else {
         return;
     };
-    let day = std::time::Duration::from_secs(24 * 3600);
+    let stale_after = std::time::Duration::from_secs(2 * 3600);
     for entry in entries.flatten() {
         let stale = entry
             .metadata()
             .and_then(|m| m.modified())
             .ok()
             .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age > day);
+            .is_some_and(|age| age > stale_after);
         if stale && entry.file_name() != keep {
             let _ = std::fs::remove_dir_all(entry.path());
         }
