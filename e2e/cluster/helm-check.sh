@@ -24,8 +24,8 @@
 #      or JIT handoff file is left (the node's host root, the node's /run and /tmp searched).
 # After every step, nothing leaks: each rm-* unit and runtime directory belongs to a live attempt,
 # each registration on the simulated GitHub to a live attempt, no jit-* handoff file exists, the
-# JITs minted equal the attempts that registered a runner, and no mount is left under the host
-# root on the node.
+# JITs minted equal the attempts that registered a runner, and the only mounts under the host
+# root on the node are live runtimes' overlays (--materialize overlay); none after uninstall.
 # Prints `kubectl get pods -A -o wide` and `kubectl get sp,ra`. Needs KUBECONFIG of that cluster
 # (default $RM_CLUSTER_RUN/kubeconfig), the images built and `cargo build --workspace --bins`.
 set -euo pipefail
@@ -183,10 +183,17 @@ no_leaks() {
     done
   fi
   [ -z "$(handoffs)" ] || fail "$1: JIT handoff files left: $(handoffs | tr '\n' ' ')"
-  # The agent pod's hostPath mounts stay in its container: none under the host root on the node
-  # (a Bidirectional pair of nested roots once doubled them at every agent start).
+  # The agent pod's hostPath mounts stay in its container: under the host root on the node only
+  # the overlay a runtime is materialized as (--materialize overlay: lower the cached package,
+  # upper the runtime, at runners/<id>), one per live attempt's runtime (a Bidirectional pair of
+  # nested roots once doubled the agent's own mounts at every agent start).
+  while read -r point fstype source; do
+    [ -n "$point" ] || continue
+    d=${point#/var/lib/runner-manager/runners/}
+    case $'\n'"$want"$'\n' in *$'\n'"rm-$d.service"$'\n'*) ;; *) fail "$1: mount $point ($fstype) on the node is no live attempt's runtime" ;; esac
+    [ "$fstype $source" = "overlay runner-package" ] || fail "$1: mount $point on the node is $fstype from $source, not a runtime's overlay"
+  done <<<"$(N awk '$5 ~ "^/var/lib/runner-manager" { for (i = 7; i <= NF; i++) if ($i == "-") { print $5, $(i + 1), $(i + 2); break } }' /proc/1/mountinfo)"
   mounts=$(N awk '$5 ~ "^/var/lib/runner-manager" {n++} END {print n + 0}' /proc/1/mountinfo)
-  [ "$mounts" = 0 ] || fail "$1: $mounts mounts under /var/lib/runner-manager on the node"
   regs=$(admin GET runners | jq -r '.[].name' | sort)
   registered=$(attempts | jq -r '.items[] | select(.status.state != "Cleaned") | .status.runner.name // empty' | sort)
   for r in $regs; do
@@ -195,7 +202,7 @@ no_leaks() {
   minted=$(mints)
   [ "$minted" -eq "$(attempts | jq '[.items[] | select(.status.runner.name)] | length')" ] \
     || fail "$1: $minted JITs minted for $(attempts | jq '[.items[] | select(.status.runner.name)] | length') attempts that registered"
-  say "$1: no leak ($(echo "$units_now" | grep -c . || true) unit(s), $(echo "$regs" | grep -c . || true) registration(s), $minted JIT(s) minted, no handoff file)"
+  say "$1: no leak ($(echo "$units_now" | grep -c . || true) unit(s), $mounts runtime overlay(s), $(echo "$regs" | grep -c . || true) registration(s), $minted JIT(s) minted, no handoff file)"
 }
 
 wait_for 90 "an idle runner on the node" has_idle
@@ -293,7 +300,10 @@ H uninstall $rel -n $ns >/dev/null
 no_pods() { [ -z "$(K -n $ns get pods -o name 2>/dev/null)" ]; }
 wait_for 60 "no pod after helm uninstall" no_pods
 [ -z "$(units)" ] || fail "units left on the node after helm uninstall: $(units | tr '\n' ' ')"
-[ -z "$(ls -A "$HOST_ROOT/runners" 2>/dev/null)" ] || fail "runtime directories left: $(ls "$HOST_ROOT/runners")"
+# Runtimes are named by their attempt; a dot entry (.overlay-work) is the agent's own.
+[ -z "$(ls "$HOST_ROOT/runners" 2>/dev/null)" ] || fail "runtime directories left: $(ls "$HOST_ROOT/runners")"
+[ "$(N awk '$5 ~ "^/var/lib/runner-manager" {n++} END {print n + 0}' /proc/1/mountinfo)" = 0 ] \
+  || fail "mounts left under /var/lib/runner-manager on the node after helm uninstall"
 [ "$(admin GET runners | jq length)" = 0 ] || fail "registrations left on the simulated GitHub: $(admin GET runners)"
 [ -z "$(handoffs)" ] || fail "JIT handoff files left: $(handoffs | tr '\n' ' ')"
 say "ScalePolicy deleted, helm uninstall: no pod, unit, runtime directory, registration or handoff file left"
