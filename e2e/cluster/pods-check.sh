@@ -136,7 +136,8 @@ job_status() { admin GET "jobs/$1" | jq -r .status; }
 job_done() { [ "$(job_status "$1")" = completed ]; }
 job_running() { [ "$(job_status "$1")" = in_progress ]; }
 mints() { admin GET counters | jq '.generate_jitconfig["201"] // 0'; }
-handoffs() { { find "$HOST_ROOT" -name 'jit-*' -o -name '.jit-handoff' 2>/dev/null; N find /run /tmp -xdev -name 'jit-*' 2>/dev/null; } | sort -u; }
+# A runtime removed while find walks it makes find fail: what it listed still counts.
+handoffs() { { find "$HOST_ROOT" -name 'jit-*' -o -name '.jit-handoff' 2>/dev/null || true; N find /run /tmp -xdev -name 'jit-*' 2>/dev/null || true; } | sort -u; }
 runner_pods() { K get pods -A -l runner-manager.dev/pod-role=runner -o json; }
 pod_gone() { [ "$(K -n $jobs_ns get pods -l "runner-manager.dev/attempt=$1" -o name | wc -l)" = 0 ]; }
 queue() { # REPO NAME BEHAVIOUR_JSON: a job on acme/REPO; prints its id
