@@ -21,6 +21,10 @@ pub const PROVIDERS: &str = "runner-manager.dev/providers";
 pub const PACKAGES: &str = "runner-manager.dev/packages";
 /// Cleaned persistent slots nothing leases, per policy uid: `<uid>=<n>,…`.
 pub const FREE_SLOTS: &str = "runner-manager.dev/free-slots";
+/// What the node's pods of other workloads request (`cpu=<millicores>,memory=<bytes>`): pods
+/// bound to the node without the `runner-manager.dev/pod-role` label that have not ended. Empty
+/// (or absent, from an older agent) when the agent does not know.
+pub const FOREIGN_REQUESTS: &str = "runner-manager.dev/foreign-requests";
 
 /// Why an agent's recovery cannot complete: closed, because it reaches the Lease, events and
 /// the operator's `Scaling` condition.
@@ -87,6 +91,17 @@ pub struct AgentAdvert {
     pub packages: BTreeSet<String>,
     /// Free cleaned slots per policy uid (only non-zero counts are published).
     pub free_slots: BTreeMap<String, u32>,
+    /// What other workloads' pods on the node request (`None`: unknown — an older agent, or
+    /// its watch has not listed yet). Placement takes it from the node's room, as the
+    /// scheduler and kubelet do, without the operator watching every pod of the cluster.
+    pub foreign_requests: Option<ForeignRequests>,
+}
+
+/// CPU and memory requested by the node's pods of other workloads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ForeignRequests {
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
 }
 
 /// An annotation that is present but unreadable: the operator treats the node as unplaceable
@@ -134,6 +149,12 @@ impl AgentAdvert {
                         .filter(|(_, n)| **n > 0)
                         .map(|(uid, n)| format!("{uid}={n}")),
                 ),
+            ),
+            (
+                FOREIGN_REQUESTS.to_owned(),
+                self.foreign_requests
+                    .map(|f| format!("cpu={},memory={}", f.cpu_millis, f.memory_bytes))
+                    .unwrap_or_default(),
             ),
         ])
     }
@@ -205,6 +226,14 @@ impl AgentAdvert {
             })?;
             free_slots.insert(uid, n);
         }
+        let foreign_requests = match get(FOREIGN_REQUESTS) {
+            "" => None,
+            v => Some(parse_foreign(v).ok_or_else(|| AdvertError {
+                key: FOREIGN_REQUESTS,
+                value: v.to_owned(),
+                expected: "cpu=<millicores>,memory=<bytes>",
+            })?),
+        };
         Ok(Self {
             capacity: number(CAPACITY)?,
             free: number(FREE)?,
@@ -213,8 +242,22 @@ impl AgentAdvert {
             providers,
             packages: list(PACKAGES).into_iter().map(str::to_owned).collect(),
             free_slots,
+            foreign_requests,
         })
     }
+}
+
+fn parse_foreign(v: &str) -> Option<ForeignRequests> {
+    let mut f = ForeignRequests::default();
+    let (mut cpu, mut memory) = (false, false);
+    for pair in v.split(',').map(str::trim) {
+        match pair.split_once('=')? {
+            ("cpu", n) if !cpu => (f.cpu_millis, cpu) = (n.parse().ok()?, true),
+            ("memory", n) if !memory => (f.memory_bytes, memory) = (n.parse().ok()?, true),
+            _ => return None,
+        }
+    }
+    (cpu && memory).then_some(f)
 }
 
 #[cfg(test)]
@@ -231,6 +274,10 @@ mod tests {
             providers: [Provider::Native].into(),
             packages: ["ab".repeat(32), "cd".repeat(32)].into(),
             free_slots: [("uid-1".to_owned(), 2)].into(),
+            foreign_requests: Some(ForeignRequests {
+                cpu_millis: 1500,
+                memory_bytes: 2 << 30,
+            }),
         };
         let back = AgentAdvert::from_annotations(&advert.to_annotations()).unwrap();
         assert_eq!(back, advert);
@@ -249,6 +296,7 @@ mod tests {
         let a = AgentAdvert::from_annotations(&BTreeMap::new()).unwrap();
         assert_eq!(a.capacity, 0);
         assert!(!a.recovery_complete);
+        assert_eq!(a.foreign_requests, None, "an older agent: unknown");
     }
 
     #[test]
@@ -259,6 +307,9 @@ mod tests {
             (PROVIDERS, "docker"),
             (FREE_SLOTS, "uid-1"),
             (RECOVERY_BLOCKED, "Because"),
+            (FOREIGN_REQUESTS, "cpu=1"),
+            (FOREIGN_REQUESTS, "cpu=1,memory=2Gi"),
+            (FOREIGN_REQUESTS, "cpu=1,cpu=2"),
         ] {
             let err = AgentAdvert::from_annotations(&[(key.to_owned(), value.to_owned())].into())
                 .unwrap_err();

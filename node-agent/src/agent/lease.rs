@@ -155,6 +155,7 @@ pub fn advert(
         providers: [Provider::Native].into(),
         packages,
         free_slots,
+        foreign_requests: None,
     }
 }
 

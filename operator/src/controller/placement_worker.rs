@@ -25,7 +25,8 @@ pub struct NodeFacts {
     pub agent: Option<AgentLease>,
     pub advert: Option<AgentAdvert>,
     pub counted: BTreeSet<String>,
-    /// The node's allocatable CPU and memory less what its counted attempts request (their
+    /// The node's allocatable CPU and memory less what its agent says other workloads' pods
+    /// request (`AgentAdvert::foreign_requests`) and what its counted attempts request (their
     /// placeholder or runner pod's requests); `None` when the Node publishes no allocatable.
     pub room: Option<Resources>,
 }
@@ -137,6 +138,30 @@ pub fn node_facts(
             if let (Some(cap), Some((lease, _))) = (max_per_node, agent.as_mut()) {
                 lease.capacity = lease.capacity.min(cap);
             }
+            let advert = agent.as_ref().map(|(_, ad)| ad);
+            let room = n
+                .status
+                .as_ref()
+                .and_then(|s| s.allocatable.as_ref())
+                .map(|a| Resources::of(a.get("cpu"), a.get("memory")))
+                .map(|allocatable| {
+                    // Other workloads' pods, as the node's agent counts them (it watches its
+                    // node's pods; the operator watches none): an older agent that does not
+                    // publish them leaves the room as before.
+                    let foreign: Vec<Resources> = advert
+                        .and_then(|a| a.foreign_requests)
+                        .map(|f| Resources {
+                            cpu_millis: f.cpu_millis,
+                            memory_bytes: f.memory_bytes,
+                        })
+                        .into_iter()
+                        .collect();
+                    placement::room(
+                        allocatable,
+                        &foreign,
+                        requested.get(name).copied().unwrap_or_default(),
+                    )
+                });
             Some(NodeFacts {
                 name: name.to_owned(),
                 labels: n.metadata.labels.clone().unwrap_or_default(),
@@ -148,18 +173,7 @@ pub fn node_facts(
                 agent: agent.as_ref().map(|(a, _)| a.clone()),
                 advert: agent.map(|(_, ad)| ad),
                 counted: counted.remove(name).unwrap_or_default(),
-                room: n
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.allocatable.as_ref())
-                    .map(|a| Resources::of(a.get("cpu"), a.get("memory")))
-                    .map(|allocatable| {
-                        placement::room(
-                            allocatable,
-                            &[],
-                            requested.get(name).copied().unwrap_or_default(),
-                        )
-                    }),
+                room,
             })
         })
         .collect()
@@ -378,6 +392,89 @@ mod tests {
         assert_eq!(
             w.choose(&facts[..1], &sel, two_cpus, "u", &"ab".repeat(32), now),
             Err(Unplaceable::InsufficientResources)
+        );
+    }
+
+    #[test]
+    fn other_workloads_pods_the_agent_advertises_take_their_share_of_the_room() {
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        use runner_manager_crds::lease::ForeignRequests;
+        let now = Timestamp::from_second(10_000).unwrap();
+        let with_allocatable = |name: &str| {
+            let mut n = node(name);
+            n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+                allocatable: Some(BTreeMap::from([
+                    ("cpu".to_owned(), Quantity("4".into())),
+                    ("memory".to_owned(), Quantity("8Gi".into())),
+                ])),
+                ..Default::default()
+            });
+            n
+        };
+        let (a, b) = (with_allocatable("a"), with_allocatable("b"));
+        let mut ours = attempt("p1", "a");
+        ours.spec.snapshot.execution.resources =
+            Some(runner_manager_crds::policy::RunnerResources {
+                cpu: Some(Quantity("1500m".into())),
+                memory: Some(Quantity("1Gi".into())),
+            });
+        let advertising = |node: &str, foreign: Option<ForeignRequests>| {
+            let mut l = lease(node, 8, 9_990);
+            let mut advert =
+                AgentAdvert::from_annotations(l.metadata.annotations.as_ref().unwrap()).unwrap();
+            advert.foreign_requests = foreign;
+            l.metadata.annotations = Some(advert.to_annotations());
+            l
+        };
+        let busy = Some(ForeignRequests {
+            cpu_millis: 1500,
+            memory_bytes: 1 << 30,
+        });
+        let w = PlacementWorker::new();
+        let sel = BTreeMap::from([("pool".to_owned(), "ci".to_owned())]);
+        let two_cpus = Resources {
+            cpu_millis: 2000,
+            memory_bytes: 1 << 30,
+        };
+        let sha = "ab".repeat(32);
+        // a: 4 CPUs less 1.5 of another workload less our 1.5 = 1: cannot hold 2; b can.
+        let leases = [advertising("a", busy), advertising("b", None)];
+        let facts = node_facts(
+            &[&a, &b],
+            &leases.iter().collect::<Vec<_>>(),
+            &[&ours],
+            now,
+            None,
+        );
+        assert_eq!(
+            facts[0].room,
+            Some(Resources {
+                cpu_millis: 1000,
+                memory_bytes: 6 << 30
+            })
+        );
+        assert_eq!(
+            w.choose(&facts, &sel, two_cpus, "u", &sha, now),
+            Ok("b".to_owned())
+        );
+        assert_eq!(
+            w.choose(&facts[..1], &sel, two_cpus, "u", &sha, now),
+            Err(Unplaceable::InsufficientResources)
+        );
+        // An older agent publishes no foreign requests: the room is as before (2.5 CPUs) and
+        // `a` holds two CPUs again.
+        let leases = [advertising("a", None), advertising("b", None)];
+        let facts = node_facts(
+            &[&a, &b],
+            &leases.iter().collect::<Vec<_>>(),
+            &[&ours],
+            now,
+            None,
+        );
+        assert_eq!(facts[0].room.map(|r| r.cpu_millis), Some(2500));
+        assert_eq!(
+            w.choose(&facts[..1], &sel, two_cpus, "u", &sha, now),
+            Ok("a".to_owned())
         );
     }
 
