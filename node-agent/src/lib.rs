@@ -8,6 +8,7 @@ pub mod cli;
 pub mod durable;
 pub mod entry;
 pub mod evidence;
+pub mod foreign_pods;
 pub mod handoff;
 pub mod journal;
 pub mod packages;

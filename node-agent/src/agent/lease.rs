@@ -165,7 +165,7 @@ impl Agent {
         let pending = self.pending();
         let counted = self.book().counted_with(&pending);
         let slots = self.slots().clone();
-        advert(
+        let advert = advert(
             self.capacity,
             counted,
             self.gate.is_complete(),
@@ -179,7 +179,11 @@ impl Agent {
                     })
                     .contains(&n)
             }),
-        )
+        );
+        AgentAdvert {
+            foreign_requests: self.foreign_pods.requests(),
+            ..advert
+        }
     }
 }
 

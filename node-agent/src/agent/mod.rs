@@ -275,6 +275,7 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         kube,
         launcher,
         pod_watch,
+        foreign_pods: Arc::default(),
         packages,
         allocation: AllocationLock::default(),
         gate: RecoveryGate::default(),
@@ -314,6 +315,15 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         agent.host_root.display()
     );
     let heartbeat = tokio::spawn(lease::heartbeat(Arc::clone(&agent)));
+    let foreign = {
+        let agent = Arc::clone(&agent);
+        tokio::spawn(async move {
+            agent
+                .foreign_pods
+                .run(agent.kube.clone(), agent.node.clone())
+                .await;
+        })
+    };
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| AgentError::Signals(e.kind()))?;
     let watching = controller::run(Arc::clone(&agent));
@@ -324,6 +334,7 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
     }
     // Stop watching and supervising; the runners run on and the next agent adopts them.
     heartbeat.abort();
+    foreign.abort();
     if let Some((_, task)) = health {
         task.abort();
     }

@@ -46,6 +46,9 @@ pub struct Agent {
     /// The agent's pods on its node (runner pods, placeholders), watched; run by the
     /// controller when the agent makes pods (`--oci` or placeholders).
     pub pod_watch: std::sync::Arc<crate::pod_watch::PodWatch>,
+    /// Other workloads' pods on the node, watched for what they request (the Lease advert's
+    /// `foreign_requests`).
+    pub foreign_pods: std::sync::Arc<crate::foreign_pods::ForeignPods>,
     pub packages: PackageCache,
     pub allocation: AllocationLock,
     pub broker: BrokerClient,
