@@ -416,7 +416,7 @@ fn overlay_section(
     let (mut ovl_rm, mut copy_rm, mut rm_rf) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..shape.runs {
         // Overlay materialize.
-        let id = Uuid::from_u128(0x2000 + i as u128);
+        let id = Uuid::from_u128((0x2000 + i as u128) << 80);
         let runtime = create_ephemeral_runtime(root, id).unwrap();
         settle();
         let c0 = cpu();
@@ -428,7 +428,7 @@ fn overlay_section(
         ovl_cpu.push(cpu() - c0);
         ovl.push(t);
         // The checked copy, as the cache does it on a volume that cannot clone.
-        let copied_id = Uuid::from_u128(0x3000 + i as u128);
+        let copied_id = Uuid::from_u128((0x3000 + i as u128) << 80);
         let copied = create_ephemeral_runtime(root, copied_id).unwrap();
         settle();
         let c0 = cpu();

@@ -130,15 +130,28 @@ pub fn mount_package(lower: &Path, runtime: &Path) -> Result<(), OverlayError> {
     let data = options(lower, runtime, &work)?;
     let root = work.parent().ok_or(OverlayError::NoParent)?;
     let wd = |e: io::Error| OverlayError::WorkDir(e.kind());
-    match std::fs::DirBuilder::new().mode(0o700).create(root) {
-        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(wd(e)),
-        _ => {}
-    }
     remove_work_dir(runtime).map_err(wd)?;
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&work)
-        .map_err(wd)?;
+    // The workdirs' root is removed by the last removal that empties it, so it may vanish
+    // between its creation and the workdir's: try again then.
+    let mut made = Ok(());
+    for _ in 0..3 {
+        made = std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(root)
+            .or_else(|e| {
+                if e.kind() == io::ErrorKind::AlreadyExists {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })
+            .and_then(|()| std::fs::DirBuilder::new().mode(0o700).create(&work));
+        match &made {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            _ => break,
+        }
+    }
+    made.map_err(wd)?;
     use rustix::mount::MountFlags;
     // `options` refused every path that could hold a NUL byte's neighbours; a NUL itself cannot
     // be in a path.
@@ -159,10 +172,16 @@ pub fn remove_work_dir(runtime: &Path) -> io::Result<()> {
         return Ok(());
     };
     match crate::workspace::remove::remove_tree(&work) {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
     }
+    // The root goes with its last workdir (`rmdir` refuses while another remains), so a node
+    // that stops mounting keeps nothing of it.
+    if let Some(root) = work.parent() {
+        let _ = std::fs::remove_dir(root);
+    }
+    Ok(())
 }
 
 /// Unmounts whatever is mounted at `path` (never following a link there), every layer of it.

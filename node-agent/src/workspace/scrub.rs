@@ -51,6 +51,17 @@ pub fn scrub_slot(
             format!("{} could not be unmounted: {e}", target.slot.display()),
         ));
     }
+    // Its workdir (overlay's scratch, beside the slot) goes too; the next mount makes a new one.
+    if let Err(e) = crate::packages::overlay::remove_work_dir(&target.slot) {
+        return Err(Quarantine::new(
+            SlotRefusal::Deletion,
+            format!(
+                "the overlay workdir of {} could not be removed ({:?})",
+                target.slot.display(),
+                e.kind()
+            ),
+        ));
+    }
     // Check 4.
     let slot = match std::fs::symlink_metadata(&target.slot) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Scrubbed::Absent),
