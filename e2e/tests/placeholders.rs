@@ -378,3 +378,67 @@ async fn a_placeholder_deleted_under_a_running_runner_is_recreated_and_an_impost
     );
     drop(agent);
 }
+
+/// What the agent's Lease advertises for a node's pods of other workloads (the operator's
+/// placement takes it from the node's room): a pod bound to the node without the role label
+/// counts, ours (role-labelled) do not, and a deleted one stops counting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_workloads_pods_on_the_node_are_advertised_and_cleared() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use runner_manager_crds::lease::FOREIGN_REQUESTS;
+    let Some(w) = AgentWorld::start("foreign_requests").await.unwrap() else {
+        return;
+    };
+    let agent = w.agent(2, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let pods_api = Api::<Pod>::namespaced(w.kube.clone(), &w.team);
+    let leases = Api::<Lease>::namespaced(w.kube.clone(), &w.system);
+    let lease_name = runner_manager_crds::names::agent_lease_name(&w.node().name);
+    let advertised = |want: &'static str| {
+        let (leases, lease_name) = (leases.clone(), lease_name.clone());
+        async move {
+            wait::until(Duration::from_secs(60), want, || async {
+                let l = leases.get_opt(&lease_name).await.ok().flatten()?;
+                let v = l.metadata.annotations?.get(FOREIGN_REQUESTS)?.clone();
+                (v == want).then_some(())
+            })
+            .await
+            .unwrap();
+        }
+    };
+    advertised("cpu=0,memory=0").await;
+    let bound = |name: &str, cpu: &str, role: bool| -> Pod {
+        let labels = if role {
+            serde_json::json!({ pods::ROLE_LABEL: "placeholder" })
+        } else {
+            serde_json::json!({})
+        };
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"nodeName": w.node().name, "containers": [{"name": "c", "image": PAUSE,
+                "resources": {"requests": {"cpu": cpu, "memory": "1Gi"}}}]}
+        }))
+        .unwrap()
+    };
+    // Ours first: were it counted, the advert would never read 1500 alone.
+    pods_api
+        .create(&PostParams::default(), &bound("ours", "1", true))
+        .await
+        .unwrap();
+    pods_api
+        .create(&PostParams::default(), &bound("database", "1500m", false))
+        .await
+        .unwrap();
+    advertised("cpu=1500,memory=1073741824").await;
+    // Gone at once: without a kubelet a graceful deletion never ends, and a terminating pod
+    // still counts (as it does for the scheduler).
+    pods_api
+        .delete(
+            "database",
+            &kube::api::DeleteParams::default().grace_period(0),
+        )
+        .await
+        .unwrap();
+    advertised("cpu=0,memory=0").await;
+    drop(agent);
+}
