@@ -39,6 +39,25 @@ pub fn journal_patch(
     transition: Transition,
     now: Timestamp,
 ) -> Result<(AttemptJournal, serde_json::Value), PatchError> {
+    journal_patch_checked(current, actor, transition, now, SpecRule::Enforce)
+}
+
+/// Whether an edge is held to the spec-hash rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SpecRule {
+    /// Only a conclusion or a cleanup may be written under a changed spec.
+    Enforce,
+    /// The edge records what already happened on the way to a conclusion in the same write.
+    Recording,
+}
+
+fn journal_patch_checked(
+    current: &RunnerAttempt,
+    actor: Actor,
+    transition: Transition,
+    now: Timestamp,
+    rule: SpecRule,
+) -> Result<(AttemptJournal, serde_json::Value), PatchError> {
     let resource_version = current
         .metadata
         .resource_version
@@ -56,6 +75,7 @@ pub fn journal_patch(
     if let Some(admitted) = journal.spec_hash()
         && admitted != spec_hash(&current.spec)
         && !is_conclusion
+        && rule == SpecRule::Enforce
     {
         return Err(PatchError::SpecChanged);
     }
@@ -73,16 +93,28 @@ pub fn journal_patch(
 /// not one each. Each edge is checked as if written alone (the state machine from the state the
 /// previous one led to, the actor, the spec-hash rule), so a path is allowed exactly when its
 /// edges are, one after another. An empty path is refused as an illegal no-op by the caller.
+///
+/// One exception to the spec-hash rule: the edges before a conclusion in the same path. They
+/// record what the runner already did (it took a job, or it never took the one GitHub showed)
+/// before it exited; the rule exists so nobody *acts* on a changed spec, and recording is not
+/// acting. Refusing them would refuse the conclusion with them, and an attempt whose runner is
+/// gone would hold its capacity and workspace forever.
 pub fn journal_path_patch(
     current: &RunnerAttempt,
     actor: Actor,
     path: &[Transition],
     now: Timestamp,
 ) -> Result<(AttemptJournal, serde_json::Value), PatchError> {
+    let concludes = path.iter().any(|t| matches!(t, Transition::Conclude(_)));
+    let rule = if concludes {
+        SpecRule::Recording
+    } else {
+        SpecRule::Enforce
+    };
     let mut stepped = current.clone();
     let mut next = None;
     for t in path {
-        let (journal, _) = journal_patch(&stepped, actor, t.clone(), now)?;
+        let (journal, _) = journal_patch_checked(&stepped, actor, t.clone(), now, rule)?;
         stepped.status.get_or_insert_with(Default::default).journal = journal.clone();
         next = Some(journal);
     }

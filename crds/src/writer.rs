@@ -183,7 +183,9 @@ impl JournalWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attempt::{AttemptConditionType, AttemptReason, WorkspacePlacement, spec_hash};
+    use crate::attempt::{
+        AttemptConditionType, AttemptJournal, AttemptReason, WorkspacePlacement, spec_hash,
+    };
     use crate::conditions::ConditionStatus;
     use crate::outcome::Outcome;
 
@@ -340,5 +342,102 @@ mod tests {
             path(vec![]).unwrap().is_none(),
             "an empty path writes nothing"
         );
+    }
+
+    /// The attempt of [`attempt`] walked to `Starting` by the actors that own each edge.
+    fn started() -> RunnerAttempt {
+        use crate::attempt::{Launcher, ProcessIdentity, RunnerRegistration, StartedIdentity};
+        let mut a = attempt();
+        let now = Timestamp::now();
+        let mut journal = AttemptJournal::default();
+        for (actor, t) in [
+            (
+                Actor::Agent,
+                Transition::Admit {
+                    placement: WorkspacePlacement::ephemeral("/r/x"),
+                    spec_hash: spec_hash(&a.spec),
+                },
+            ),
+            (Actor::Agent, Transition::MarkPrepared { environment: None }),
+            (
+                Actor::Broker,
+                Transition::ReceiveJit {
+                    runner: RunnerRegistration {
+                        name: "r".into(),
+                        id: 1,
+                    },
+                },
+            ),
+            (
+                Actor::Agent,
+                Transition::Start {
+                    identity: StartedIdentity::Process(ProcessIdentity {
+                        launcher: Launcher::Direct,
+                        unit: None,
+                        pid: 42,
+                        start_time: 1,
+                        cgroup: "/rm/x".into(),
+                    }),
+                },
+            ),
+        ] {
+            journal = journal
+                .apply(actor, a.spec.snapshot.kind(), t, now)
+                .unwrap();
+        }
+        a.status.get_or_insert_with(Default::default).journal = journal;
+        a
+    }
+
+    #[test]
+    fn a_runner_that_exited_under_a_changed_spec_still_concludes_along_its_path() {
+        let now = Timestamp::now();
+        let mut a = started();
+        // Edited after admission: the admitted hash no longer matches.
+        a.spec.snapshot.labels.push("edited".into());
+        let path = |a: &RunnerAttempt, p: Vec<Transition>| {
+            decision_patch(a, Actor::Agent, Decision::TakePath(p), now)
+        };
+        // Acting on the changed spec stays refused: a job edge alone is not a conclusion.
+        let alone = path(&a, vec![Transition::AssignJob]);
+        assert!(matches!(alone, Err(PatchError::SpecChanged)), "{alone:?}");
+        // The runner took a job and exited: recording that on the way to the conclusion is not
+        // acting on the spec.
+        let done = path(
+            &a,
+            vec![
+                Transition::AssignJob,
+                Transition::Conclude(Outcome::CompletedJob),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(done["status"]["outcome"]["kind"], "CompletedJob", "{done}");
+        // GitHub showed an assignment the runner never took, then it exited idle.
+        let mut busy = a.clone();
+        let journal = busy.status.as_ref().unwrap().journal.clone();
+        busy.status.as_mut().unwrap().journal = journal
+            .apply(
+                Actor::Agent,
+                busy.spec.snapshot.kind(),
+                Transition::AssignJob,
+                now,
+            )
+            .unwrap();
+        let idle = path(
+            &busy,
+            vec![
+                Transition::AssignmentNotTaken,
+                Transition::Conclude(Outcome::ExitedIdleWithoutWork),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            idle["status"]["outcome"]["kind"], "ExitedIdleWithoutWork",
+            "{idle}"
+        );
+        let alone = path(&busy, vec![Transition::AssignmentNotTaken]);
+        assert!(matches!(alone, Err(PatchError::SpecChanged)), "{alone:?}");
     }
 }
