@@ -442,3 +442,96 @@ async fn other_workloads_pods_on_the_node_are_advertised_and_cleared() {
     advertised("cpu=0,memory=0").await;
     drop(agent);
 }
+
+/// Placement counts what the scheduler counts: with another workload's pod taking 3 of a node's
+/// 4 CPUs, a runner requesting 2 goes to the other node (by name the busy one would win).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_workloads_pod_sends_the_runner_to_the_node_with_room() {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Patch, PatchParams};
+    use runner_manager_crds::lease::FOREIGN_REQUESTS;
+    use runner_manager_e2e::harness::product::{NodeOptions, ProductOptions};
+    use runner_manager_e2e::harness::world::World;
+    // Only a label the node cannot set on itself may select a pool.
+    const POOL: &str = "node-restriction.kubernetes.io/runner-pool";
+    let options = ProductOptions {
+        nodes: vec![
+            NodeOptions::new("busy", 4, &[(POOL, "fit")]),
+            NodeOptions::new("idle", 4, &[(POOL, "fit")]),
+        ],
+        ..ProductOptions::default()
+    };
+    let Some(p) = World::builder("foreign_placement")
+        .product(options)
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let (busy, idle) = (p.agents[0].node.name.clone(), p.agents[1].node.name.clone());
+    let nodes = Api::<Node>::all(p.kube.clone());
+    for n in [&busy, &idle] {
+        nodes
+            .patch_status(
+                n,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    serde_json::json!({"status": {"allocatable": {"cpu": "4", "memory": "8Gi"}}}),
+                ),
+            )
+            .await
+            .unwrap();
+    }
+    let pods_api = Api::<Pod>::namespaced(p.kube.clone(), &p.team);
+    let foreign: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "database"},
+        "spec": {"nodeName": busy, "containers": [{"name": "c", "image": PAUSE,
+            "resources": {"requests": {"cpu": "3", "memory": "1Gi"}}}]}
+    }))
+    .unwrap();
+    pods_api
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    let leases =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(p.kube.clone(), &p.system);
+    let lease_name = runner_manager_crds::names::agent_lease_name(&busy);
+    wait::until(
+        Duration::from_secs(60),
+        "the busy node's advert",
+        || async {
+            let l = leases.get_opt(&lease_name).await.ok().flatten()?;
+            (l.metadata.annotations?.get(FOREIGN_REQUESTS)? == "cpu=3000,memory=1073741824")
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    p.policy(
+        "web",
+        serde_json::json!({"minIdle": 1, "nodeSelector": {POOL: "fit"},
+            "execution": {"mode": "Native", "resources": {"cpu": "2", "memory": "1Gi"}}}),
+    )
+    .await
+    .unwrap();
+    let placed = wait::until(Duration::from_secs(60), "an attempt", || async {
+        let list = p.attempts().list(&Default::default()).await.ok()?;
+        list.items.into_iter().next()
+    })
+    .await;
+    let placed = match placed {
+        Ok(a) => a,
+        Err(e) => panic!(
+            "{e}: {:?}",
+            p.policies().get("web").await.map(|sp| sp.status)
+        ),
+    };
+    assert_eq!(placed.spec.node_name, idle, "the busy node has 1 CPU left");
+    pods_api
+        .delete(
+            "database",
+            &kube::api::DeleteParams::default().grace_period(0),
+        )
+        .await
+        .unwrap();
+}
