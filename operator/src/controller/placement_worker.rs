@@ -206,17 +206,31 @@ impl PlacementWorker {
         self.sightings.clone()
     }
 
-    /// Forget expectations the cache now shows or the watch showed since the last call (or
-    /// that are too old to still be in flight).
-    pub fn observe<'a>(&mut self, cached: impl Iterator<Item = &'a str>, now: Timestamp) {
-        for name in cached {
-            self.expectations.observed(name);
-        }
+    /// Forget expectations the cache shows or the watch showed since the last call (or that
+    /// are too old to still be in flight), and return the cache's attempts as `snapshot` read
+    /// them.
+    ///
+    /// The sightings are drained BEFORE `snapshot` is called: reconciles run as concurrent
+    /// tasks, so the event mapper can record an attempt another pass just created between the
+    /// two. The reflector stores an attempt before the mapper sees it, so every name drained
+    /// first is in the snapshot taken after; drained after, a name could be in neither the
+    /// snapshot nor the expectations and its node would be over-placed.
+    pub fn observe<T: AsRef<RunnerAttempt>>(
+        &mut self,
+        snapshot: impl FnOnce() -> Vec<T>,
+        now: Timestamp,
+    ) -> Vec<T> {
         let seen = std::mem::take(&mut *self.sightings.lock().unwrap_or_else(|e| e.into_inner()));
-        for name in &seen {
+        let cached = snapshot();
+        for name in cached
+            .iter()
+            .filter_map(|a| a.as_ref().metadata.name.as_deref())
+            .chain(seen.iter().map(String::as_str))
+        {
             self.expectations.observed(name);
         }
         self.expectations.expire(now);
+        cached
     }
 
     /// Choose a node for one attempt of a policy (`policy_uid`, `sha256` of its package).
@@ -287,7 +301,7 @@ mod tests {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert("web-1".to_owned());
-        worker.observe(std::iter::empty(), now);
+        worker.observe(Vec::<std::sync::Arc<RunnerAttempt>>::new, now);
         assert_eq!(worker.expectations.on("n1").collect::<Vec<_>>(), ["web-2"]);
         assert!(
             worker
@@ -297,6 +311,32 @@ mod tests {
                 .is_empty(),
             "drained"
         );
+    }
+
+    #[test]
+    fn a_sighting_recorded_after_the_snapshot_still_holds_its_room() {
+        let now = Timestamp::from_second(1_000).unwrap_or_else(|e| panic!("{e}"));
+        let mut worker = PlacementWorker::new();
+        worker.created("web-1", "n1", now);
+        let sightings = worker.sightings();
+        // The snapshot is read before the reflector stores web-1; the mapper then records it.
+        // Ending the expectation on that sighting would leave web-1 in neither the snapshot
+        // nor the expectations.
+        let cached = worker.observe(
+            || {
+                sightings
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert("web-1".to_owned());
+                Vec::<std::sync::Arc<RunnerAttempt>>::new()
+            },
+            now,
+        );
+        assert!(cached.is_empty());
+        assert_eq!(worker.expectations.on("n1").collect::<Vec<_>>(), ["web-1"]);
+        // The next pass drains it (its snapshot, taken after, shows web-1).
+        worker.observe(Vec::<std::sync::Arc<RunnerAttempt>>::new, now);
+        assert_eq!(worker.expectations.on("n1").count(), 0);
     }
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
     use runner_manager_crds::attempt::{RunnerAttemptStatus, Transition};

@@ -660,15 +660,9 @@ async fn create_attempts(
         let mut worker = placement.lock().await;
         let nodes = ctx.caches.nodes.state();
         let leases = ctx.caches.leases.state();
-        let all_attempts = ctx.caches.attempts.state();
         // Expectations the cache now shows are dropped here, under the lock, right before the
-        // capacity they hold is read.
-        worker.observe(
-            all_attempts
-                .iter()
-                .filter_map(|a| a.metadata.name.as_deref()),
-            now,
-        );
+        // capacity they hold is read (the sightings are drained before the snapshot is read).
+        let all_attempts = worker.observe(|| ctx.caches.attempts.state(), now);
         let mut facts = node_facts(
             &nodes.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
             &leases.iter().map(AsRef::as_ref).collect::<Vec<_>>(),

@@ -600,7 +600,7 @@ async fn sweep(lead: Arc<Leading>) {
             lead.placement
                 .lock()
                 .await
-                .observe(std::iter::empty(), Timestamp::now());
+                .observe(Vec::<Arc<RunnerAttempt>>::new, Timestamp::now());
             lead.forget_gone(&live);
         }
         tokio::time::sleep(ctx.settings.resync_interval).await;
