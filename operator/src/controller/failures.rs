@@ -28,10 +28,23 @@ pub struct Launch<'a> {
 /// attempt the operator or a person asked to stop, a spec changed under the agent, a kubelet
 /// that refused the placeholder or runner pod for want of CPU or memory (the node was fuller
 /// than placement saw: another workload, not the policy) — nor node loss or the agent's
-/// admission rejections, which are not `Failed` at all. Those are replaced without backoff and
-/// never count toward `Degraded`.
+/// admission rejections, which are not `Failed` at all. Those never count toward `Degraded`; all
+/// but the kubelet's refusal are also replaced without backoff (see [`backs_off`]).
 pub fn is_launch_failure(outcome: Option<Outcome>) -> bool {
     matches!(outcome, Some(Outcome::Failed(r)) if policy_caused(r))
+}
+
+/// A launch whose replacement waits the backoff: every launch failure, and a kubelet's refusal
+/// for CPU or memory too. That refusal is not the policy's fault, but placement chose the node
+/// from a view the kubelet contradicted (a Lease behind, a DaemonSet pod landing between), so
+/// an immediate replacement is likely placed on the same node and refused again: a tight loop
+/// of create/admit/pod/refusal/clean. Counting toward `Degraded` and backing off are separate.
+pub fn backs_off(outcome: Option<Outcome>) -> bool {
+    is_launch_failure(outcome)
+        || matches!(
+            outcome,
+            Some(Outcome::Failed(FailureReason::NodeOutOfResources))
+        )
 }
 
 fn policy_caused(r: FailureReason) -> bool {
@@ -52,8 +65,19 @@ fn wants_lineage(l: &Launch<'_>) -> bool {
         )
 }
 
-/// Failed launches of `generation` since its last working one, newest first until a success.
+/// Failed launches of `generation` since its last working one, newest first until a success:
+/// the count toward `Degraded`.
 pub fn consecutive_failures(launches: &[Launch<'_>], generation: i64) -> u32 {
+    trailing(launches, generation, is_launch_failure)
+}
+
+/// Launches of `generation` since its last working one that [`back off`](backs_off): the count
+/// the replacement backoff grows with.
+pub fn consecutive_backoffs(launches: &[Launch<'_>], generation: i64) -> u32 {
+    trailing(launches, generation, backs_off)
+}
+
+fn trailing(launches: &[Launch<'_>], generation: i64, counts: fn(Option<Outcome>) -> bool) -> u32 {
     let mut mine: Vec<&Launch<'_>> = launches
         .iter()
         .filter(|l| l.generation == generation)
@@ -64,7 +88,7 @@ pub fn consecutive_failures(launches: &[Launch<'_>], generation: i64) -> u32 {
         if l.registered {
             break;
         }
-        if is_launch_failure(l.outcome) && !l.registered {
+        if counts(l.outcome) {
             n += 1;
         }
     }
@@ -80,7 +104,8 @@ pub fn backoff(failures: u32, base: Duration, max: Duration) -> Duration {
     base.saturating_mul(factor).min(max)
 }
 
-/// When creation may resume: the newest failure's conclusion plus the backoff.
+/// When creation may resume: the newest conclusion that [`backs_off`] plus the backoff of
+/// `failures` (from [`consecutive_backoffs`]).
 pub fn resume_at(
     launches: &[Launch<'_>],
     failures: u32,
@@ -92,7 +117,7 @@ pub fn resume_at(
     }
     let last = launches
         .iter()
-        .filter(|l| is_launch_failure(l.outcome))
+        .filter(|l| backs_off(l.outcome))
         .filter_map(|l| l.concluded_at)
         .max()?;
     let wait = backoff(failures, base, max);
@@ -180,9 +205,17 @@ mod tests {
             .map(|(n, at)| launch(n, at, REFUSED, false))
             .collect();
         assert_eq!(consecutive_failures(&refused, 1), 0);
+        // Still replaced, after the backoff: placement would likely choose the same node again.
+        assert!(backs_off(REFUSED));
+        assert_eq!(consecutive_backoffs(&refused, 1), 5);
         let b = Duration::from_secs(5);
-        assert_eq!(resume_at(&refused, 0, b, b), None);
-        // Still replaced: demand places another attempt, with no backoff.
+        let m = Duration::from_secs(300);
+        let one = [launch("a", 100, REFUSED, false)];
+        assert_eq!(
+            resume_at(&one, consecutive_backoffs(&one, 1), b, m),
+            Some(t(115)),
+            "one refusal: the next create waits the base backoff after its conclusion"
+        );
         assert!(REFUSED.unwrap().wants_replacement());
         assert_eq!(lineage(&refused), Some("e"));
         // Between two failures of the policy's own, a refusal neither counts nor resets.
@@ -192,6 +225,15 @@ mod tests {
             launch("z", 3, JIT, false),
         ];
         assert_eq!(consecutive_failures(&mixed, 1), 2);
+        assert_eq!(consecutive_backoffs(&mixed, 1), 3);
+        // Infrastructure faults that are not the node's room are replaced at once.
+        for r in [
+            FailureReason::TerminationRequested,
+            FailureReason::PreparationInterrupted,
+            FailureReason::SpecChanged,
+        ] {
+            assert!(!backs_off(Some(Outcome::Failed(r))), "{r:?}");
+        }
     }
 
     #[test]

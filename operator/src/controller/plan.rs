@@ -31,7 +31,9 @@ use super::POLICY_FINALIZER;
 use super::attempts::state_of;
 use super::errors::ReconcileError;
 use super::events::Reason;
-use super::failures::{Launch, consecutive_failures, is_launch_failure, lineages, resume_at};
+use super::failures::{
+    Launch, consecutive_backoffs, consecutive_failures, is_launch_failure, lineages, resume_at,
+};
 use super::placement_worker::{NodeFacts, PlacementWorker};
 use super::snapshot::{POLICY_GENERATION_ANNOTATION, Pinned, build};
 use super::timeouts::{Due, due};
@@ -398,6 +400,8 @@ fn run(i: &Inputs<'_>) -> Run {
             }
         }
         ScaleDecision::Up { create } => {
+            // Backing off counts more than `Degraded` does: a kubelet's refusal for resources.
+            let failures = consecutive_backoffs(&history, generation);
             let gate = resume_at(
                 &history,
                 failures,

@@ -795,6 +795,57 @@ fn infrastructure_faults_never_degrade_a_policy() {
     );
 }
 
+/// A kubelet that refuses the pod for CPU or memory contradicts the placement that chose its
+/// node; replaced at once, the next attempt is likely placed there again. Its replacement waits
+/// the backoff, yet it is the node's state, not the policy's, so it never degrades the policy.
+#[test]
+fn a_refusal_for_resources_backs_off_its_replacement_and_never_degrades() {
+    const REFUSED: Outcome = Outcome::Failed(FailureReason::NodeOutOfResources);
+    let p = policy(json!({"minIdle": 1}));
+    // One refusal concluded at NOW-5: the next create waits the 10 s base, until NOW+5.
+    let run = Case::new(p.clone(), vec![concluded("o1", NOW - 15, REFUSED, false)]).run();
+    assert_eq!(
+        run.scaling,
+        Scaling::BackingOff {
+            failures: 1,
+            until: t(NOW + 5)
+        }
+    );
+    // Five in a row (past the limit of 3): backing off (10 s x 2^4 from NOW-90), not Degraded.
+    let five = |base: i64| -> Vec<Arc<RunnerAttempt>> {
+        (0..5)
+            .map(|k| concluded(&format!("o{k}"), base + 100 * k, REFUSED, false))
+            .collect()
+    };
+    let run = Case::new(p.clone(), five(NOW - 500)).run();
+    assert_eq!(
+        run.scaling,
+        Scaling::BackingOff {
+            failures: 5,
+            until: t(NOW + 70)
+        }
+    );
+    let s = settled(&run, Scaled::Nothing);
+    assert_eq!(
+        condition(&s, PolicyConditionType::Degraded).status,
+        ConditionStatus::False
+    );
+    // Once the backoff has passed, the next one is created, replacing the newest refusal.
+    let run = Case::new(p, five(NOW - 1000)).run();
+    assert_eq!(
+        run.scaling,
+        Scaling::Create {
+            count: 1,
+            replaces: names(&["o4", "o3", "o2", "o1", "o0"])
+        }
+    );
+    let s = settled(&run, Scaled::Nothing);
+    assert_eq!(
+        condition(&s, PolicyConditionType::Degraded).status,
+        ConditionStatus::False
+    );
+}
+
 // --- terminations besides scale-down ---------------------------------------------------------
 
 #[test]
