@@ -504,7 +504,7 @@ async fn apply_drain(
     terminate_all(ctx, mem, attempts, d.terminate, &mut errors, now).await;
     publish(ctx, policy, d.events);
     if let Some(rest) = d.release
-        && let Err(source) = ctx.writer.policy_finalizers(policy, rest).await
+        && let Err(source) = ctx.writer.policy_finalizers_echoed(policy, rest).await
     {
         errors.push(ReconcileError::write(WriteKind::PolicyFinalizer)(source));
     }
@@ -531,11 +531,20 @@ async fn apply_run(
     };
     // Not sent beside the status write: this write's compare-and-swap on the resourceVersion
     // (which keeps other writers' finalizers) would then fail against the status write's.
-    if let Some(with) = run.finalizer
-        && let Err(source) = ctx.writer.policy_finalizers(policy, with).await
-    {
-        finalized = false;
-        errors.push(ReconcileError::write(WriteKind::PolicyFinalizer)(source));
+    // The finalizers the status write's response should hold (ours, once written).
+    let mut finalizers = None;
+    if let Some(with) = run.finalizer {
+        match ctx
+            .writer
+            .policy_finalizers_echoed(policy, with.clone())
+            .await
+        {
+            Ok(()) => finalizers = Some(with),
+            Err(source) => {
+                finalized = false;
+                errors.push(ReconcileError::write(WriteKind::PolicyFinalizer)(source));
+            }
+        }
     }
     let scaled = match (&run.scaling, resolved(mem)) {
         (Scaling::Create { count, replaces }, Some(r)) if finalized => {
@@ -612,7 +621,11 @@ async fn apply_run(
     });
     let mut status_written = None;
     if next != old && !just_written {
-        match ctx.writer.policy_status(ns, name, fields.clone()).await {
+        match ctx
+            .writer
+            .policy_status(policy, finalizers.as_deref(), fields.clone())
+            .await
+        {
             Ok(()) => status_written = Some(fields),
             Err(source) => errors.push(ReconcileError::Status(source)),
         }

@@ -60,13 +60,53 @@ pub struct Writer {
 /// policy (a spec edit, a webhook's `pendingJobs` entry, another writer) has a version of its
 /// own and still triggers. A version the watch never shows (a relist skipped it) is dropped
 /// once newer ones pushed it out.
+///
+/// The writes are merge patches: the version one returns can hold another writer's change the
+/// cache has not shown (a webhook's `pendingJobs` entry written just before; a no-op write
+/// returns the current version). So a version is recorded only when the returned object holds
+/// nothing the reconcile did not read ([`only_ours`]); otherwise its event triggers as usual.
 #[derive(Debug, Default)]
 pub struct Echoes(std::sync::Mutex<std::collections::HashMap<String, Vec<String>>>);
 
 /// Versions kept per policy: a reconcile writes at most a finalizer and a status.
 const ECHOES_PER_POLICY: usize = 4;
 
+/// Whether `written` (a write's response) holds what the reconcile read in `read` and nothing
+/// else that a reconcile acts on, `finalizers` being the list the write left (the read one for
+/// a status write). Status fields other than `pendingJobs` are the leader's own.
+fn only_ours(read: &ScalePolicy, finalizers: Option<&[String]>, written: &ScalePolicy) -> bool {
+    let (r, w) = (&read.metadata, &written.metadata);
+    let pending = |p: &ScalePolicy| p.status.as_ref().map(|s| s.pending_jobs.clone());
+    r.generation == w.generation
+        && r.deletion_timestamp == w.deletion_timestamp
+        && r.annotations == w.annotations
+        && finalizers.unwrap_or(r.finalizers.as_deref().unwrap_or_default())
+            == w.finalizers.as_deref().unwrap_or_default()
+        && pending(read).unwrap_or_default() == pending(written).unwrap_or_default()
+}
+
 impl Echoes {
+    /// Record the version of `written`, the response to a write decided on `read`, if it is
+    /// only that write (see [`only_ours`]).
+    fn record_written(
+        &self,
+        read: &ScalePolicy,
+        finalizers: Option<&[String]>,
+        written: Option<ScalePolicy>,
+    ) {
+        let Some(written) = written else { return };
+        if !only_ours(read, finalizers, &written) {
+            return;
+        }
+        let (Some(ns), Some(name)) = (
+            read.metadata.namespace.as_deref(),
+            read.metadata.name.as_deref(),
+        ) else {
+            return;
+        };
+        self.record(ns, name, written.metadata.resource_version);
+    }
+
     fn record(&self, namespace: &str, name: &str, version: Option<String>) {
         let Some(version) = version else { return };
         let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -119,9 +159,9 @@ fn params() -> PatchParams {
 }
 
 /// The written policy's resourceVersion; a policy already gone is no error.
-fn written_version(r: Result<ScalePolicy, kube::Error>) -> Result<Option<String>, kube::Error> {
+fn written(r: Result<ScalePolicy, kube::Error>) -> Result<Option<ScalePolicy>, kube::Error> {
     match r {
-        Ok(p) => Ok(p.metadata.resource_version),
+        Ok(p) => Ok(Some(p)),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
         Err(e) => Err(e),
     }
@@ -268,41 +308,65 @@ impl Writer {
         )
     }
 
+    /// Set a policy's finalizers (CAS on the resourceVersion `p` was read at). Its event
+    /// triggers a reconcile: the scale-set listener writes through this, and the policy's
+    /// reconcile must see the listener's finalizer come and go.
     pub async fn policy_finalizers(
         &self,
         p: &ScalePolicy,
         finalizers: Vec<String>,
     ) -> Result<(), kube::Error> {
+        self.write_policy_finalizers(p, finalizers).await.map(drop)
+    }
+
+    /// [`Self::policy_finalizers`] from the policy's own reconcile, which knew the object it
+    /// wrote: the returned version is an echo (when it holds nothing else).
+    pub async fn policy_finalizers_echoed(
+        &self,
+        p: &ScalePolicy,
+        finalizers: Vec<String>,
+    ) -> Result<(), kube::Error> {
+        let written = self.write_policy_finalizers(p, finalizers.clone()).await?;
+        self.echoes.record_written(p, Some(&finalizers), written);
+        Ok(())
+    }
+
+    async fn write_policy_finalizers(
+        &self,
+        p: &ScalePolicy,
+        finalizers: Vec<String>,
+    ) -> Result<Option<ScalePolicy>, kube::Error> {
         self.count(WriteKind::PolicyFinalizer);
         let ns = p.metadata.namespace.as_deref().unwrap_or_default();
         let name = p.metadata.name.as_deref().unwrap_or_default();
         let body = json!({"metadata": {
             "finalizers": finalizers, "resourceVersion": p.metadata.resource_version,
         }});
-        let version = written_version(
+        written(
             self.policies(ns)
                 .patch(name, &params(), &Patch::Merge(body))
                 .await,
-        )?;
-        self.echoes.record(ns, name, version);
-        Ok(())
+        )
     }
 
     /// A merge patch of the leader's own status fields (never `pendingJobs`, which every
-    /// replica's webhook receiver writes).
+    /// replica's webhook receiver writes), decided on `read`; `finalizers` when the same
+    /// reconcile set them just before (else those read).
     pub async fn policy_status(
         &self,
-        namespace: &str,
-        name: &str,
+        read: &ScalePolicy,
+        finalizers: Option<&[String]>,
         status: serde_json::Value,
     ) -> Result<(), kube::Error> {
         self.count(WriteKind::PolicyStatus);
-        let version = written_version(
+        let namespace = read.metadata.namespace.as_deref().unwrap_or_default();
+        let name = read.metadata.name.as_deref().unwrap_or_default();
+        let written = written(
             self.policies(namespace)
                 .patch_status(name, &params(), &Patch::Merge(json!({"status": status})))
                 .await,
         )?;
-        self.echoes.record(namespace, name, version);
+        self.echoes.record_written(read, finalizers, written);
         Ok(())
     }
 
@@ -382,5 +446,48 @@ mod tests {
             !echoes.is_echo(&seen("web", "20")),
             "forgotten with the policy"
         );
+    }
+
+    #[test]
+    fn a_returned_object_holding_another_writers_change_is_not_an_echo() {
+        let echoes = Echoes::default();
+        let read = seen("web", "10");
+        let mut written = seen("web", "12");
+        // A status write of ours: the response is what was read plus our fields.
+        echoes.record_written(&read, None, Some(written.clone()));
+        assert!(echoes.is_echo(&written));
+        // A webhook's pendingJobs entry landed before our merge patch (version 11, which a
+        // relist may never show): the response carries it, so it must trigger.
+        written.metadata.resource_version = Some("14".into());
+        written.status.get_or_insert_default().pending_jobs.insert(
+            "42".into(),
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+        );
+        echoes.record_written(&read, None, Some(written.clone()));
+        assert!(!echoes.is_echo(&written), "pendingJobs differ");
+        // Likewise a spec edit, a deletion or someone else's finalizer.
+        for change in [
+            |p: &mut ScalePolicy| p.metadata.generation = Some(2),
+            |p: &mut ScalePolicy| {
+                p.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                    ))
+            },
+            |p: &mut ScalePolicy| p.metadata.finalizers = Some(vec!["someone/else".into()]),
+        ] {
+            let mut w = seen("web", "16");
+            change(&mut w);
+            echoes.record_written(&read, None, Some(w.clone()));
+            assert!(!echoes.is_echo(&w));
+        }
+        // Our own finalizer write: the finalizers it set are ours.
+        let ours = vec!["runner-manager.dev/cleanup".to_owned()];
+        let mut w = seen("web", "18");
+        w.metadata.finalizers = Some(ours.clone());
+        echoes.record_written(&read, Some(&ours), Some(w.clone()));
+        assert!(echoes.is_echo(&w));
     }
 }
