@@ -201,6 +201,7 @@ async fn a_lower_edited_behind_the_cache_is_caught_before_the_next_mount() {
     let host = Host::new();
     let (_, first) = host.ephemeral("a-1").await;
     overlay::unmount(&first).unwrap();
+    host.cache.release("a-1");
     // Someone with root on the node edits the cache's tree.
     fs::write(host.lower().join("bin/Runner.Listener"), b"tampered").unwrap();
     let (_, second) = host.ephemeral("a-2").await;
@@ -209,6 +210,73 @@ async fn a_lower_edited_behind_the_cache_is_caught_before_the_next_mount() {
         fs::read(second.join("bin/Runner.Listener")).unwrap(),
         b"#!/bin/sh\necho listener\n"
     );
+    overlay::unmount(&second).unwrap();
+}
+
+impl Host {
+    /// A second cache on the same root, as a restarted agent builds it: no trust in memory.
+    fn restarted_cache(&self) -> PackageCache {
+        let downloader = Downloader::new(RetryPolicy::PRODUCTION, Timeouts::PRODUCTION).unwrap();
+        PackageCache::new(self.dir.path().join("packages"), downloader)
+            .unwrap()
+            .with_materializer(Materializer::Overlay)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_cache_proves_the_live_lower_in_place_instead_of_removing_it() {
+    let host = Host::new();
+    let (_, first) = host.ephemeral("a-1").await;
+    let lower_inode = fs::metadata(host.lower()).unwrap().ino();
+    // The agent restarts: a new cache on the same root, the adopted runner still mounted.
+    let cache = host.restarted_cache();
+    cache.restore_lease("a-1", &host.sha);
+    let second = create_ephemeral_runtime(host.dir.path(), Uuid::new_v4()).unwrap();
+    cache
+        .materialize("a-2", host.package(), &second, RuntimeKind::Ephemeral)
+        .await
+        .unwrap();
+    // The running job's next exec of a package file still finds it through the FIRST mount.
+    assert_eq!(
+        fs::read(first.join("bin/Runner.Listener")).unwrap(),
+        b"#!/bin/sh\necho listener\n"
+    );
+    assert_eq!(fs::metadata(host.lower()).unwrap().ino(), lower_inode);
+    assert_eq!(
+        fs::read(second.join("externals/node20/bin/node")).unwrap(),
+        b"node"
+    );
+    overlay::unmount(&second).unwrap();
+    overlay::unmount(&first).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_cache_keeps_a_tampered_lower_that_a_mount_still_uses() {
+    let host = Host::new();
+    let (_, first) = host.ephemeral("a-1").await;
+    fs::write(host.lower().join("config.sh"), b"tampered").unwrap();
+    // No lease restored (a crash before the journal named it): the mount alone protects it.
+    let cache = host.restarted_cache();
+    let second = create_ephemeral_runtime(host.dir.path(), Uuid::new_v4()).unwrap();
+    let refused = cache
+        .materialize("a-2", host.package(), &second, RuntimeKind::Ephemeral)
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(runner_manager_node_agent::packages::PackageError::TreeInUse)
+        ),
+        "{refused:?}"
+    );
+    assert!(!mounted(&second));
+    assert_eq!(fs::read(first.join("run.sh")).unwrap(), b"#!/bin/sh\n");
+    // Once nothing runs on it, the next launch replaces it with the verified package.
+    overlay::unmount(&first).unwrap();
+    cache
+        .materialize("a-3", host.package(), &second, RuntimeKind::Ephemeral)
+        .await
+        .unwrap();
+    assert_eq!(fs::read(second.join("config.sh")).unwrap(), b"#!/bin/sh\n");
     overlay::unmount(&second).unwrap();
 }
 

@@ -1,6 +1,7 @@
 //! The package cache (DESIGN §6): `packages/<sha256>/` extracted trees, their verified archives
 //! in `packages/.archives/`, and trust held only in this process's memory (after a restart every
-//! tree is reinstalled before use, from the kept archive once its digest checks again).
+//! tree is proven again before use against the kept archive's contents, once its digest checks
+//! again: in place when a tree stands there, which running overlays may have as their lower).
 //!
 //! Seeds (`<seed root>/.seed/<sha256>/`): a runtime on another volume than the cache cannot
 //! clone from it, so each registered seed root (a directory on such a volume: a slots root, a
@@ -76,6 +77,11 @@ pub enum PackageError {
     Overlay(#[from] OverlayError),
     #[error("the runtime copy does not match the verified package: {0}")]
     CopyDiffers(TreeMismatch),
+    /// The installed tree does not hold what its archive holds, and a runner still runs on it
+    /// (leased, or the lower of a mount): it is not removed from under them; a launch after
+    /// they ended replaces it.
+    #[error("the installed tree differs from its archive and runners still run on it")]
+    TreeInUse,
     #[error("the package cache failed ({0:?})")]
     Io(io::ErrorKind),
     /// The launch stopped wanting the package (its attempt was terminated or deleted) while it
@@ -848,7 +854,9 @@ impl PackageCache {
     }
 
     /// Install under the exclusive hold: reuse the kept archive when its digest still checks,
-    /// else download it; extract into staging; commit by rename; record trust.
+    /// else download it; extract into staging; then adopt a tree standing there if it proves
+    /// against the contents (it may be the lower of running overlays), else replace it by the
+    /// staging's rename unless something runs on it ([`PackageError::TreeInUse`]); record trust.
     async fn install(
         &self,
         package: PackageRef<'_>,
@@ -863,19 +871,6 @@ impl PackageCache {
             .root
             .join(".staging")
             .join(uuid::Uuid::new_v4().simple().to_string());
-        // An untrusted tree (edited, or from before a restart) is set aside whole.
-        {
-            let (tree, staging) = (tree.clone(), staging.clone());
-            blocking(move || {
-                match std::fs::rename(&tree, &staging) {
-                    Ok(()) => drop(remove_tree(&staging)?),
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(e.into()),
-                }
-                Ok(())
-            })
-            .await?;
-        }
         let kept = {
             let (archive, sha) = (archive.clone(), sha.clone());
             blocking(move || {
@@ -891,15 +886,44 @@ impl PackageCache {
             self.shared_download(package, &archive, demand).await?;
             timings.downloaded = true;
         }
+        // A tree already standing there (from before a restart, or one that moved) may be the
+        // live lower of running overlays, whose next read would fail if it went: it is proven in
+        // place against the archive's contents and adopted if it holds them, and replaced only
+        // when nothing runs on it.
+        // A copy leaves nothing running on the tree: a lease there only keeps it from a prune.
+        let in_use_by_lease = self.materializer == Materializer::Overlay
+            && self.state().leases.values().any(|l| *l == sha);
         let (archive2, staging2, tree2) = (archive.clone(), staging.clone(), tree.clone());
-        let limits = self.limits;
+        let (limits, threads) = (self.limits, self.threads);
+        let aside = self
+            .root
+            .join(".staging")
+            .join(uuid::Uuid::new_v4().simple().to_string());
         let extracted = blocking(move || {
             std::fs::create_dir(&staging2)?;
             match extract_tar_gz(&archive2, &staging2, limits) {
                 Ok(contents) => {
+                    if std::fs::symlink_metadata(&tree2).is_ok() {
+                        let proven = fingerprint(&tree2).ok().and_then(|print| {
+                            prove_origin(&tree2, &contents, print, threads)
+                                .ok()
+                                .filter(|proven| *proven)
+                                .map(|_| print)
+                        });
+                        if let Some(print) = proven {
+                            remove_tree(&staging2)?;
+                            return Ok((contents, print, true));
+                        }
+                        if in_use_by_lease || super::overlay::is_lower_of_a_mount(&tree2)? {
+                            let _ = remove_tree(&staging2);
+                            return Err(PackageError::TreeInUse);
+                        }
+                        std::fs::rename(&tree2, &aside)?;
+                        remove_tree(&aside)?;
+                    }
                     std::fs::rename(&staging2, &tree2)?;
                     let print = fingerprint(&tree2)?;
-                    Ok((contents, print))
+                    Ok((contents, print, false))
                 }
                 Err(e) => {
                     let _ = remove_tree(&staging2);
@@ -918,14 +942,14 @@ impl PackageCache {
         })
         .await;
         timings.install += started.elapsed();
-        let (contents, print) = extracted?;
+        let (contents, print, proven) = extracted?;
         let contents = Arc::new(contents);
         self.state().trusted.insert(
             sha,
             Trusted {
                 fingerprint: print,
                 contents: Arc::clone(&contents),
-                proven: false,
+                proven,
                 seeds: HashMap::new(),
                 unseedable: HashSet::new(),
             },
@@ -935,7 +959,7 @@ impl PackageCache {
             tree: Origin {
                 path: tree,
                 fingerprint: print,
-                proven: false,
+                proven,
                 seed: None,
             },
             seed: None,

@@ -226,6 +226,10 @@ pub fn is_mounted(path: &Path) -> io::Result<bool> {
 pub struct MountPoint {
     pub path: PathBuf,
     pub fs_type: String,
+    /// The mount source (`runner-package` for the agent's own overlays).
+    pub source: String,
+    /// An overlay's lower layers (`lowerdir=` of its super options), empty for anything else.
+    pub lowers: Vec<PathBuf>,
 }
 
 /// The mount points of this process's mount namespace.
@@ -244,17 +248,40 @@ pub fn overlays_under(root: &Path) -> io::Result<Vec<PathBuf>> {
         .collect())
 }
 
-/// Parses mountinfo (proc(5)): field 5 is the mount point (octal-escaped), the field after the
-/// ` - ` separator the filesystem type.
+/// Whether `tree` is a lower layer of any overlay mounted in this process's mount namespace
+/// (a restarted agent's runners still run on it, journalled or not).
+pub fn is_lower_of_a_mount(tree: &Path) -> io::Result<bool> {
+    Ok(mount_points()?
+        .iter()
+        .any(|m| m.fs_type == "overlay" && m.lowers.iter().any(|l| l == tree)))
+}
+
+/// Parses mountinfo (proc(5)): field 5 is the mount point (octal-escaped); after the ` - `
+/// separator come the filesystem type, the source and the super options.
 pub fn parse_mountinfo(text: &str) -> Vec<MountPoint> {
     text.lines()
         .filter_map(|line| {
             let (left, right) = line.split_once(" - ")?;
             let point = left.split(' ').nth(4)?;
-            let fs_type = right.split(' ').next()?;
+            let mut right = right.split(' ');
+            let fs_type = right.next()?;
+            let source = right.next().unwrap_or_default();
+            let lowers = if fs_type == "overlay" {
+                right
+                    .next()
+                    .unwrap_or_default()
+                    .split(',')
+                    .find_map(|o| o.strip_prefix("lowerdir="))
+                    .map(|l| l.split(':').map(|p| PathBuf::from(unescape(p))).collect())
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
             Some(MountPoint {
                 path: PathBuf::from(unescape(point)),
                 fs_type: fs_type.to_owned(),
+                source: unescape(source).to_string_lossy().into_owned(),
+                lowers,
             })
         })
         .collect()
@@ -339,7 +366,7 @@ mod tests {
 
     #[test]
     fn mountinfo_is_parsed_with_escapes() {
-        let text = "47 27 0:40 / /tmp/a\\040b/rt rw,relatime - overlay runner-package rw,lowerdir=/x\n\
+        let text = "47 27 0:40 / /tmp/a\\040b/rt rw,relatime - overlay runner-package rw,lowerdir=/x,upperdir=/tmp/a\\040b/rt\n\
                     22 1 8:1 / / rw - ext4 /dev/sda1 rw\n";
         let points = parse_mountinfo(text);
         assert_eq!(
@@ -347,11 +374,15 @@ mod tests {
             vec![
                 MountPoint {
                     path: PathBuf::from("/tmp/a b/rt"),
-                    fs_type: "overlay".into()
+                    fs_type: "overlay".into(),
+                    source: "runner-package".into(),
+                    lowers: vec![PathBuf::from("/x")],
                 },
                 MountPoint {
                     path: PathBuf::from("/"),
-                    fs_type: "ext4".into()
+                    fs_type: "ext4".into(),
+                    source: "/dev/sda1".into(),
+                    lowers: Vec::new(),
                 },
             ]
         );
