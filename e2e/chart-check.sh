@@ -21,6 +21,19 @@ want='name: RM_OCI, value: "false" name: RM_OCI_START_DEADLINE_SECONDS, value: "
 want='name: RM_OCI, value: "true" name: RM_OCI_START_DEADLINE_SECONDS, value: "45" name: RM_OCI_HANDOFF_DEADLINE_SECONDS, value: "7" '
 got=$(oci_env --set nodeAgent.oci.enabled=true --set nodeAgent.oci.startDeadlineSeconds=45 --set nodeAgent.oci.handoffDeadlineSeconds=7)
 [ "$got" = "$want" ] || { echo "nodeAgent.oci does not reach the agent's flags: $got" >&2; exit 1; }
+# The chart sets RM_OCI* and RM_MATERIALIZE itself: the same names in nodeAgent.extraEnv (the
+# older docs' way to turn OCI on) would render a duplicate env name, so the render fails and
+# names the value to set instead.
+for name in RM_OCI RM_OCI_START_DEADLINE_SECONDS RM_MATERIALIZE; do
+  if err=$(helm template rm charts/runner-manager --set "nodeAgent.extraEnv[0].name=$name" \
+      --set "nodeAgent.extraEnv[0].value=true" 2>&1 >/dev/null); then
+    echo "nodeAgent.extraEnv setting $name rendered (a duplicate env name)" >&2; exit 1
+  fi
+  case $name in RM_OCI*) value=nodeAgent.oci.enabled ;; *) value=nodeAgent.materialize ;; esac
+  grep -q "$value" <<<"$err" || { echo "the render's failure for extraEnv $name does not name $value: $err" >&2; exit 1; }
+done
+helm template rm charts/runner-manager --set nodeAgent.extraEnv[0].name=RM_PACKAGE_MAX_BYTES \
+  --set-string nodeAgent.extraEnv[0].value=1 >/dev/null
 e2e/render-manifests.sh --check
 kubectl apply -f deploy/namespace.yaml >/dev/null
 # --validate=false: the rendered manifests target current clusters (DaemonSet maxSurge, 1.21+);
