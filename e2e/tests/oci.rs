@@ -688,11 +688,14 @@ mod recovery {
         assert!(w.runtimes().is_empty(), "the runtime was left");
     }
 
-    /// Parity row 15: a runner pod carrying the attempt's labels but of another generation (an
-    /// earlier attempt of the same name; here owned by nobody) is never stopped or deleted; the
-    /// attempt's own pod is destroyed, but cleanup stays `CleanupDeferred` (condition
-    /// `OwnershipUnproven`, a `CleanupDeferred` event) while the foreign pod is there, and
-    /// finishes on a later try once it is gone. Before: cleanup finished beside it.
+    /// Parity row 15: a runner pod of another generation (controlled by a RunnerAttempt of the
+    /// same name with another uid: an earlier attempt of that name, deleted and recreated, whose
+    /// pod the kubelet is still stopping) is never removed by the agent; the attempt's own pod is
+    /// destroyed, but cleanup stays `CleanupDeferred` (condition `OwnershipUnproven`, a
+    /// `CleanupDeferred` event) while that pod is there, and finishes on a later try once it is
+    /// gone. A pod that only carries the attempt's labels (no RunnerAttempt owns it: a
+    /// namespace user's) is left alone and holds nothing. Before: an unowned labelled pod held
+    /// the cleanup forever.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_runner_pod_of_another_generation_is_never_touched_and_holds_cleanup_deferred() {
         let Some(w) = AgentWorld::start("a_runner_pod_of_another_generation")
@@ -706,15 +709,17 @@ mod recovery {
         w.wait_recovered().await.unwrap();
         let a = w.pending_attempt_with(oci).await.unwrap();
         let n = name(&a);
-        // Not bound to a node: nothing runs it, and a deletion would take at once.
-        let foreign = Pod {
+        let own = wait_own_pod(&w, &n).await;
+        let node = own.spec.as_ref().and_then(|s| s.node_name.clone());
+        // Both on the agent's node, where its cleanup looks; nothing runs them.
+        let labelled = |pod_name: String, generation: &str| Pod {
             metadata: ObjectMeta {
-                name: Some(format!("{n}-earlier")),
+                name: Some(pod_name),
                 labels: Some(
                     [
                         (agent_pods::ATTEMPT_LABEL, n.as_str()),
                         (agent_pods::ROLE_LABEL, PodRole::Runner.as_str()),
-                        (agent_pods::GENERATION_LABEL, "an-earlier-generation"),
+                        (agent_pods::GENERATION_LABEL, generation),
                     ]
                     .into_iter()
                     .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -723,6 +728,7 @@ mod recovery {
                 ..ObjectMeta::default()
             },
             spec: Some(PodSpec {
+                node_name: node.clone(),
                 containers: vec![Container {
                     name: "runner".into(),
                     image: Some(IMAGE.into()),
@@ -732,12 +738,35 @@ mod recovery {
             }),
             ..Pod::default()
         };
-        let foreign = pods(&w)
-            .create(&PostParams::default(), &foreign)
+        // The earlier generation's owner is gone (the name is the recreated attempt's now), so
+        // garbage collection deletes the pod; the finalizer stands for its kubelet still
+        // stopping it, until the test lets it go.
+        const HOLD: &str = "e2e.runner-manager.dev/still-stopping";
+        let mut earlier = labelled(format!("{n}-earlier"), "an-earlier-generation");
+        earlier.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "runner-manager.dev/v1alpha1".into(),
+                kind: "RunnerAttempt".into(),
+                name: n.clone(),
+                uid: "an-earlier-generation".into(),
+                controller: Some(true),
+                ..Default::default()
+            },
+        ]);
+        earlier.metadata.finalizers = Some(vec![HOLD.to_owned()]);
+        let earlier = pods(&w)
+            .create(&PostParams::default(), &earlier)
             .await
             .unwrap();
-        let foreign_name = foreign.metadata.name.clone().unwrap();
-        let own = wait_own_pod(&w, &n).await;
+        let earlier_name = earlier.metadata.name.clone().unwrap();
+        let unowned = pods(&w)
+            .create(
+                &PostParams::default(),
+                &labelled(format!("{n}-labelled"), a.metadata.uid.as_deref().unwrap()),
+            )
+            .await
+            .unwrap();
+        let unowned_name = unowned.metadata.name.clone().unwrap();
         refuse_out_of_cpu(&w, own.metadata.name.as_deref().unwrap()).await;
 
         let deferred = w
@@ -756,7 +785,7 @@ mod recovery {
             runner_manager_crds::conditions::ConditionStatus::True
         );
         assert_eq!(format!("{:?}", c.reason), "OwnershipUnproven");
-        // The attempt's own pod went; the foreign one is untouched.
+        // The attempt's own pod went; the earlier generation's is still there.
         let own_name = own.metadata.name.clone().unwrap();
         wait::until(STEP, "the attempt's own pod to go", || async {
             pods(&w)
@@ -769,12 +798,8 @@ mod recovery {
         })
         .await
         .unwrap();
-        let still = pods(&w).get(&foreign_name).await.unwrap();
-        assert_eq!(still.metadata.uid, foreign.metadata.uid, "replaced");
-        assert!(
-            still.metadata.deletion_timestamp.is_none(),
-            "the foreign pod was deleted"
-        );
+        let still = pods(&w).get(&earlier_name).await.unwrap();
+        assert_eq!(still.metadata.uid, earlier.metadata.uid, "replaced");
         let events = Api::<Event>::namespaced(w.kube.clone(), &w.team)
             .list(&ListParams::default())
             .await
@@ -788,17 +813,42 @@ mod recovery {
             "no CleanupDeferred event"
         );
 
-        // Its owner's garbage collection (or a person) removes it: the next try finishes.
+        // Its kubelet finishes: the next try finishes, the unowned labelled pod still there.
         pods(&w)
-            .delete(&foreign_name, &DeleteParams::default())
+            .patch(
+                &earlier_name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
+            )
             .await
             .unwrap();
+        pods(&w)
+            .delete(&earlier_name, &DeleteParams::default())
+            .await
+            .ok();
         let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
         assert_eq!(
             outcome(&done),
             Some(Outcome::Failed(FailureReason::NodeOutOfResources))
         );
         assert!(w.runtimes().is_empty(), "the runtime was left");
+        let left = pods(&w).get(&unowned_name).await.unwrap();
+        assert_eq!(left.metadata.uid, unowned.metadata.uid, "replaced");
+        assert!(
+            left.metadata.deletion_timestamp.is_none(),
+            "the unowned labelled pod was deleted"
+        );
+        // No kubelet would finish its graceful deletion with the namespace.
+        pods(&w)
+            .delete(
+                &unowned_name,
+                &DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..DeleteParams::default()
+                },
+            )
+            .await
+            .ok();
     }
 
     /// The crashed agent's successor, then the pod journalled at `Starting` is the one the
@@ -1071,7 +1121,8 @@ mod recovery {
         let a = w.pending_attempt_with(oci).await.unwrap();
         let n = name(&a);
         let own = wait_own_pod(&w, &n).await;
-        // The same claim as the agent's own pod, under another name; not bound to a node.
+        // The same claim as the agent's own pod, under another name, on the same node (where
+        // the agent's cleanup looks); nothing runs it.
         let mut duplicate = own.clone();
         duplicate.metadata = ObjectMeta {
             name: Some(format!("{n}-second")),
@@ -1080,7 +1131,6 @@ mod recovery {
             ..ObjectMeta::default()
         };
         let spec = duplicate.spec.as_mut().unwrap();
-        spec.node_name = None;
         spec.volumes = None;
         for c in &mut spec.containers {
             c.volume_mounts = None;
@@ -1180,7 +1230,14 @@ async fn an_idle_oci_runner_costs_no_api_read_in_steady_state() {
     let container = kubelet.run_container(&pod);
     kubelet.running(&pod).await;
     let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let launch = started.status.as_ref().unwrap().journal.launch.clone().unwrap();
+    let launch = started
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .launch
+        .clone()
+        .unwrap();
     w.wait_online(&a).await.unwrap();
     w.set_github(&n, true, false, 1).await.unwrap();
     w.wait_state(&n, AttemptState::Idle).await.unwrap();
@@ -1197,9 +1254,13 @@ async fn an_idle_oci_runner_costs_no_api_read_in_steady_state() {
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|v| v.parse::<f64>().ok())
     };
-    let before = wait::until(std::time::Duration::from_secs(30), "the agent's metrics", reads)
-        .await
-        .unwrap();
+    let before = wait::until(
+        std::time::Duration::from_secs(30),
+        "the agent's metrics",
+        reads,
+    )
+    .await
+    .unwrap();
     // A measurement window, not a wait for anything: the supervision interval is 200 ms, so
     // this is 50 looks at the runner pod.
     let window = std::time::Duration::from_secs(10);

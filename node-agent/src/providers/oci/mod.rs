@@ -85,10 +85,12 @@ pub trait PodApi: Send + Sync {
         ns: &str,
         name: &str,
     ) -> impl Future<Output = Result<Option<Pod>, PodApiError>> + Send;
+    /// The pods of `ns` matching the label `selector` that are bound to `node`.
     fn list(
         &self,
         ns: &str,
         selector: &str,
+        node: &str,
     ) -> impl Future<Output = Result<Vec<Pod>, PodApiError>> + Send;
     /// Subscribed before a look, woken after it by the next change (see [`Changes`]).
     fn changes(&self) -> Changes;
@@ -155,9 +157,12 @@ impl PodApi for KubePods {
             .await?)
     }
 
-    async fn list(&self, ns: &str, selector: &str) -> Result<Vec<Pod>, PodApiError> {
+    async fn list(&self, ns: &str, selector: &str, node: &str) -> Result<Vec<Pod>, PodApiError> {
+        let params = ListParams::default()
+            .labels(selector)
+            .fields(&format!("spec.nodeName={node}"));
         Ok(Api::<Pod>::namespaced(self.client.clone(), ns)
-            .list(&ListParams::default().labels(selector))
+            .list(&params)
             .await?
             .items)
     }
@@ -370,38 +375,54 @@ impl<P: PodApi> OciProvider<P> {
         Ok(Stopped::Stopped)
     }
 
-    /// Destroys every runner pod of the attempt's generation (the journalled one, and any an
-    /// interrupted preparation created before its identity was journalled) and proves each
-    /// gone. A runner pod of the attempt that is not of its generation (an earlier attempt of
-    /// the same name, or one whose owner is not this attempt) is never touched, and while it is
-    /// there the destruction is not done: `NotOurs`, so cleanup stays `CleanupDeferred` and
-    /// tries again with backoff (parity row 15; it goes with its own owner's garbage
-    /// collection, or a person removes it). A pod of the generation that is not the journalled
-    /// one (another name than the derived one, or another uid than `journalled`'s when one was
-    /// journalled) is a duplicate: quarantined, that is neither adopted nor deleted, and the
-    /// destruction is not done (`Duplicate`) until a person removes it (parity row 17; the
-    /// predecessor quarantined two resources claiming one allocation). Returns how many were
-    /// destroyed.
+    /// Destroys every runner pod of the attempt's generation on this node (the journalled one,
+    /// and any an interrupted preparation created before its identity was journalled) and
+    /// proves each gone. Only pods whose controller owner is a RunnerAttempt count (what the
+    /// agent creates; [`claim_of`]): one owned by an attempt of this name but another uid is
+    /// another generation's (an earlier attempt of the same name), never touched, and while it
+    /// is there the destruction is not done: `NotOurs`, so cleanup stays `CleanupDeferred` and
+    /// tries again with backoff (parity row 15; its owner's garbage collection removes it). A
+    /// pod owned by this attempt's uid that is not the journalled one (another name than the
+    /// derived one, another uid than `journalled`'s when one was journalled, or another owner
+    /// name or generation label) is a duplicate: quarantined, neither adopted nor deleted, and
+    /// the destruction is not done (`Duplicate`) until a person removes it (parity row 17).
+    /// A pod that only carries the attempt's labels (no RunnerAttempt controls it, or another
+    /// attempt does) is logged and ignored: anyone who may create pods in the namespace can
+    /// label one, and it must not hold the attempt's capacity and runtime forever. Returns how
+    /// many were destroyed.
     pub async fn destroy_generation(
         &self,
         ns: &str,
         attempt: &str,
         journalled: &EnvironmentIdentity,
     ) -> Result<usize, PodFailure> {
-        let generation = journalled.generation.as_str();
-        let pods = self.pods.list(ns, &pod::selector(attempt)).await?;
-        let ours: Vec<EnvironmentIdentity> = pods
-            .iter()
-            .filter(|p| pod::is_ours(p, attempt, generation))
-            .filter(|p| !is_duplicate(p, attempt, journalled))
-            .filter_map(|p| {
-                Some(EnvironmentIdentity {
-                    pod_name: p.metadata.name.clone()?,
-                    uid: p.metadata.uid.clone()?,
-                    generation: generation.to_owned(),
-                })
-            })
-            .collect();
+        let pods = self
+            .pods
+            .list(ns, &pod::selector(attempt), &self.node)
+            .await?;
+        let mut ours = Vec::new();
+        let (mut other_generation, mut duplicate) = (false, false);
+        for p in &pods {
+            match claim_of(p, attempt, journalled) {
+                Claim::Ours => {
+                    ours.extend(p.metadata.name.clone().zip(p.metadata.uid.clone()).map(
+                        |(pod_name, uid)| EnvironmentIdentity {
+                            pod_name,
+                            uid,
+                            generation: journalled.generation.clone(),
+                        },
+                    ))
+                }
+                Claim::OtherGeneration => other_generation = true,
+                Claim::Duplicate => duplicate = true,
+                Claim::LabelsOnly => tracing::warn!(
+                    attempt,
+                    pod = p.metadata.name.as_deref().unwrap_or_default(),
+                    "a pod carries the attempt's runner labels but no RunnerAttempt of this \
+                     name controls it; ignored"
+                ),
+            }
+        }
         for identity in &ours {
             self.pods
                 .delete(ns, &identity.pod_name, &identity.uid)
@@ -411,10 +432,10 @@ impl<P: PodApi> OciProvider<P> {
             self.gone_within(ns, identity, Duration::from_secs(30))
                 .await?;
         }
-        if pods.iter().any(|p| !pod::is_ours(p, attempt, generation)) {
+        if other_generation {
             return Err(PodFailure::NotOurs);
         }
-        if pods.iter().any(|p| is_duplicate(p, attempt, journalled)) {
+        if duplicate {
             return Err(PodFailure::Duplicate);
         }
         Ok(ours.len())
@@ -451,6 +472,37 @@ pub fn is_duplicate(p: &Pod, attempt: &str, journalled: &EnvironmentIdentity) ->
     pod::is_ours(p, attempt, &journalled.generation)
         && (name != Some(derived.as_str())
             || (!journalled.uid.is_empty() && uid != Some(journalled.uid.as_str())))
+}
+
+/// What a pod carrying an attempt's runner labels is to that attempt's cleanup. Closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// The attempt's runner pod of its generation: destroyed.
+    Ours,
+    /// Controlled by a RunnerAttempt of this name with another uid: an earlier attempt's,
+    /// left to its garbage collection, holding the cleanup while it is there.
+    OtherGeneration,
+    /// Controlled by this attempt's uid but not the journalled pod: quarantined.
+    Duplicate,
+    /// No RunnerAttempt of this name or uid controls it: only labelled; ignored.
+    LabelsOnly,
+}
+
+/// How `p` (listed by `attempt`'s runner labels) stands to `attempt` of `journalled`'s
+/// generation, by its controller owner first: labels alone prove nothing. Pure.
+pub fn claim_of(p: &Pod, attempt: &str, journalled: &EnvironmentIdentity) -> Claim {
+    let generation = journalled.generation.as_str();
+    match crate::pods::owner_attempt(&p.metadata) {
+        Some((_, uid)) if uid == generation => {
+            if pod::is_ours(p, attempt, generation) && !is_duplicate(p, attempt, journalled) {
+                Claim::Ours
+            } else {
+                Claim::Duplicate
+            }
+        }
+        Some((name, _)) if name == attempt => Claim::OtherGeneration,
+        _ => Claim::LabelsOnly,
+    }
 }
 
 fn attempt_name(a: &runner_manager_crds::attempt::RunnerAttempt) -> &str {
@@ -538,5 +590,42 @@ mod duplicate_tests {
             !is_duplicate(&other_generation, "a1", &journalled("p1")),
             "another generation is not ours at all (row 15)"
         );
+    }
+
+    /// Parity row 15 and the review's finding: only the controller owner makes a labelled pod
+    /// hold the cleanup. Another uid under this attempt's name is another generation; this
+    /// attempt's uid on a pod that is not the journalled one is a duplicate; a pod with the
+    /// labels and no such owner (a namespace user's) is ignored. Before: every labelled pod not
+    /// of the generation was `NotOurs`, forever for an unowned one.
+    #[test]
+    fn only_a_runner_attempt_controller_makes_a_labelled_pod_hold_cleanup() {
+        let j = journalled("p1");
+        assert_eq!(
+            claim_of(&claiming("a1-runner", "p1", "a1", "g1"), "a1", &j),
+            Claim::Ours
+        );
+        assert_eq!(
+            claim_of(&claiming("a1-runner-2", "p2", "a1", "g1"), "a1", &j),
+            Claim::Duplicate
+        );
+        assert_eq!(
+            claim_of(&claiming("a1-earlier", "p0", "a1", "g0"), "a1", &j),
+            Claim::OtherGeneration
+        );
+        let mut unowned = claiming("a1-labelled", "p4", "a1", "g0");
+        unowned.metadata.owner_references = None;
+        assert_eq!(claim_of(&unowned, "a1", &j), Claim::LabelsOnly);
+        let mut labelled_generation = claiming("a1-labelled", "p5", "a1", "g1");
+        labelled_generation.metadata.owner_references = None;
+        assert_eq!(
+            claim_of(&labelled_generation, "a1", &j),
+            Claim::LabelsOnly,
+            "the generation label alone proves nothing"
+        );
+        let mut not_controller = claiming("a1-labelled", "p6", "a1", "g0");
+        not_controller.metadata.owner_references.as_mut().unwrap()[0].controller = None;
+        assert_eq!(claim_of(&not_controller, "a1", &j), Claim::LabelsOnly);
+        let another_attempt = claiming("a1-labelled", "p7", "a2", "g2");
+        assert_eq!(claim_of(&another_attempt, "a1", &j), Claim::LabelsOnly);
     }
 }
