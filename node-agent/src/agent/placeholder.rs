@@ -408,11 +408,14 @@ fn short_of(pod: &Pod) -> Option<&str> {
 }
 
 /// The placeholders among `listed` whose attempt no attempt of the node claims (`claimed`: the
-/// 12-hex short names, as the orphan sweep counts claims): what the sweep removes. Pure.
+/// 12-hex short names, as the orphan sweep counts claims): what the sweep removes. Only a pod a
+/// RunnerAttempt controls is one the agent made; one that only carries the labels is someone
+/// else's, never removed. Pure.
 pub fn orphans<'a>(listed: &'a [Pod], claimed: &BTreeSet<String>) -> Vec<&'a Pod> {
     listed
         .iter()
         .filter(|p| pods::role_of(&p.metadata) == Some(PodRole::Placeholder))
+        .filter(|p| pods::owner_attempt(&p.metadata).is_some())
         .filter(|p| short_of(p).is_some_and(|s| !claimed.contains(s)))
         .collect()
 }
@@ -532,14 +535,12 @@ mod tests {
     fn a_policy_without_resources_gets_a_placeholder_without_requests() {
         let pod = placeholder_pod(&attempt(None, None), "n1", &settings()).expect("pod");
         let spec = pod.spec.expect("spec");
-        assert!(
-            spec.containers[0]
-                .resources
-                .as_ref()
-                .expect("resources")
-                .requests
-                .is_none()
-        );
+        assert!(spec.containers[0]
+            .resources
+            .as_ref()
+            .expect("resources")
+            .requests
+            .is_none());
     }
 
     fn with_status(phase: &str, reason: Option<&str>) -> Pod {
@@ -625,7 +626,10 @@ mod tests {
         let mine = placeholder_pod(&attempt(None, None), "n1", &settings()).expect("pod");
         let other = relabel(&mine, pods::ATTEMPT_LABEL, "web-00000000dead");
         let runner = relabel(&other, pods::ROLE_LABEL, "runner");
-        let listed = [mine, other, runner];
+        // Someone else's pod with a placeholder's labels and no RunnerAttempt controller.
+        let mut unowned = relabel(&mine, pods::ATTEMPT_LABEL, "web-0000000000ff");
+        unowned.metadata.owner_references = None;
+        let listed = [mine, other, runner, unowned];
         let claimed = BTreeSet::from(["3f2a9c0177aa".to_owned()]);
         let swept = orphans(&listed, &claimed);
         assert_eq!(swept.len(), 1);
