@@ -10,6 +10,7 @@
 //! persistent slot no attempt leases. A claim is any attempt of the node not yet `Cleaned`, and
 //! any attempt a reconcile is running for, so an attempt being launched is never an orphan.
 //! Slots themselves are never removed: a slot keeps its `_work` for the next attempt of its policy.
+//! An abandoned attempt's slot is unmounted (overlay materialize) before its leases are released.
 //!
 //! A runner is stopped (its whole cgroup or unit, proven empty) before its runtime is removed.
 //! What fails is retried with the cleanup backoff and never blocks recovery. Everything removed
@@ -23,8 +24,10 @@ use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::names::short_hex;
 
 use crate::handoff::is_handoff_name;
+use crate::packages::overlay;
 use crate::providers::launcher::Stopped;
 use crate::workspace::ephemeral::{EphemeralRemoval, remove_runtime_named, runtime_names};
+use crate::workspace::slot_path::derive_slot_path;
 use crate::workspace::slot_table::SlotKey;
 
 use super::node::Agent;
@@ -253,6 +256,17 @@ fn release_abandoned(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>, repor
         if claimed.contains(short) || still.contains(short) || report.failed.contains(short) {
             return true;
         }
+        if let Some((key, name)) = &what.slot {
+            let slot = agent.slots().slot_of(key, name);
+            if let Some(n) = slot
+                && let Err(e) = free_slot_overlay(&agent.slots_root, key, n)
+            {
+                // Kept, and tried again next sweep: released now, the slot would go to an
+                // attempt that finds it mounted, and the lower to a prune.
+                tracing::warn!("unmounting an abandoned attempt's slot s{n} failed: {e}");
+                return true;
+            }
+        }
         agent.accounts().release(&what.uid);
         agent.packages.release(&what.uid);
         if let Some((key, name)) = &what.slot {
@@ -268,9 +282,47 @@ fn release_abandoned(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>, repor
     }
 }
 
+/// An abandoned attempt's slot may still carry its overlay (the sweep stopped the runner, and
+/// slots are never removed, so nothing else unmounts it): unmounted and its workdir removed
+/// before the slot and the package lease are released. Otherwise the next attempt on the slot
+/// finds it not reusable for good, and a prune may remove the lower from under the mount.
+fn free_slot_overlay(slots_root: &Path, key: &SlotKey, slot: u32) -> Result<(), String> {
+    let Ok(path) = derive_slot_path(slots_root, &key.namespace, &key.policy_uid, slot) else {
+        // Never a path the agent made, so never a mount of its own.
+        return Ok(());
+    };
+    overlay::unmount(&path).map_err(|e| e.to_string())?;
+    overlay::remove_work_dir(&path).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_abandoned_slot_is_unmounted_and_its_overlay_workdir_removed() {
+        let root = tempfile::tempdir().unwrap();
+        let key = SlotKey {
+            namespace: "team".into(),
+            policy_uid: "uid-1".into(),
+        };
+        let slots = root.path().join("slots");
+        let slot = crate::workspace::prepare::prepare_slot(&slots, "team", "uid-1", 2)
+            .unwrap()
+            .path;
+        let lower = root.path().join("lower");
+        std::fs::create_dir(&lower).unwrap();
+        std::fs::write(lower.join("run.sh"), b"x").unwrap();
+        overlay::mount_package(&lower, &slot).unwrap();
+        assert!(overlay::is_mounted(&slot).unwrap());
+        free_slot_overlay(&slots, &key, 2).unwrap();
+        assert!(!overlay::is_mounted(&slot).unwrap());
+        assert!(!overlay::work_dir(&slot).unwrap().exists());
+        assert!(!slot.join("run.sh").exists(), "the lower shows no more");
+        // Idempotent: a slot never mounted (copy mode) is left as it is.
+        free_slot_overlay(&slots, &key, 2).unwrap();
+        assert!(slot.exists());
+    }
 
     #[test]
     fn only_names_no_attempt_claims_are_orphans() {

@@ -104,6 +104,14 @@ impl SlotTable {
         }
     }
 
+    /// The slot `attempt` holds of a policy's.
+    pub fn slot_of(&self, key: &SlotKey, attempt: &str) -> Option<u32> {
+        self.leases
+            .get(key)?
+            .iter()
+            .find_map(|(n, holder)| (holder == attempt).then_some(*n))
+    }
+
     /// The slots a policy holds, lowest first.
     pub fn leased(&self, key: &SlotKey) -> Vec<u32> {
         self.leases
