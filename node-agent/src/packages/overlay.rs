@@ -239,7 +239,8 @@ pub fn mount_points() -> io::Result<Vec<MountPoint>> {
     )?))
 }
 
-/// The overlay mounts strictly under `root`: what a restarted agent finds of its own mounts.
+/// The overlay mounts strictly under `root` (tests and diagnostics: the agent finds its mounts by
+/// the runtimes' names, every mount point being a runtime).
 pub fn overlays_under(root: &Path) -> io::Result<Vec<PathBuf>> {
     Ok(mount_points()?
         .into_iter()
