@@ -24,8 +24,9 @@
 #      or JIT handoff file is left (the node's host root, the node's /run and /tmp searched).
 # After every step, nothing leaks: each rm-* unit and runtime directory belongs to a live attempt,
 # each registration on the simulated GitHub to a live attempt, no jit-* handoff file exists, the
-# JITs minted equal the attempts that registered a runner, and the only mounts under the host
-# root on the node are live runtimes' overlays (--materialize overlay); none after uninstall.
+# JITs minted equal the attempts that registered a runner, and no mount is under the host root on
+# the node (the chart's default materialize: copy), or, when the install sets overlay or auto,
+# only live runtimes' overlays; none after uninstall.
 # Prints `kubectl get pods -A -o wide` and `kubectl get sp,ra`. Needs KUBECONFIG of that cluster
 # (default $RM_CLUSTER_RUN/kubeconfig), the images built and `cargo build --workspace --bins`.
 set -euo pipefail
@@ -103,6 +104,10 @@ tuning=(--set nodeAgent.capacity=3 --set nodeAgent.heartbeatSeconds=2 --set oper
   --set "placeholders.image=$(sed -n 1p "$RM_IMAGES/pause.ref")")
 install_product $rel $ns "${tuning[@]}" || fail "the operator or the node agent is not Ready"
 chart_values
+# How the install materializes runtimes (the chart's nodeAgent.materialize): what may be mounted.
+materialize=$(K -n $ns get ds/$rel-runner-manager-node-agent \
+  -o jsonpath='{.spec.template.spec.containers[*].env[?(@.name=="RM_MATERIALIZE")].value}')
+case "$materialize" in copy|overlay|auto) ;; *) fail "the agent's RM_MATERIALIZE is '$materialize'" ;; esac
 say "helm install: operator ${op#*@}, node agent ${ag#*@}: both Ready on node $RM_CLUSTER_NODE"
 K get pods -A -o wide
 log=$(K -n $ns logs ds/$rel-runner-manager-node-agent)
@@ -170,30 +175,34 @@ handoffs() { { find "$HOST_ROOT" -name 'jit-*' 2>/dev/null; N find /run /tmp -xd
 # No leak: every unit, runtime directory and registration belongs to a live attempt; no handoff
 # file; every JIT minted went to an attempt that registered (none twice).
 no_leaks() {
-  local live want u units_now d regs registered minted mounts
+  local live want u units_now d dirs mounted point fstype source regs registered minted mounts
+  # What is on the node first, the live attempts after: an attempt created in between (a minIdle
+  # replacement) is then among those it is checked against, never read as a leak.
+  units_now=$(units)
+  dirs=$(ls "$HOST_ROOT/runners" 2>/dev/null || true)
+  mounted=$(N awk '$5 ~ "^/var/lib/runner-manager" { for (i = 7; i <= NF; i++) if ($i == "-") { print $5, $(i + 1), $(i + 2); break } }' /proc/1/mountinfo)
   live=$(live_ids | sort)
   want=$(for id in $live; do unit_of "$id"; done | sort)
-  units_now=$(units)
   for u in $units_now; do
     case $'\n'"$want"$'\n' in *$'\n'"$u"$'\n'*) ;; *) fail "$1: unit $u belongs to no live attempt" ;; esac
   done
-  if [ -d "$HOST_ROOT/runners" ]; then
-    for d in $(ls "$HOST_ROOT/runners"); do
-      case $'\n'"$want"$'\n' in *$'\n'"rm-$d.service"$'\n'*) ;; *) fail "$1: runtime directory runners/$d belongs to no live attempt" ;; esac
-    done
-  fi
+  for d in $dirs; do
+    case $'\n'"$want"$'\n' in *$'\n'"rm-$d.service"$'\n'*) ;; *) fail "$1: runtime directory runners/$d belongs to no live attempt" ;; esac
+  done
   [ -z "$(handoffs)" ] || fail "$1: JIT handoff files left: $(handoffs | tr '\n' ' ')"
-  # The agent pod's hostPath mounts stay in its container: under the host root on the node only
-  # the overlay a runtime is materialized as (--materialize overlay: lower the cached package,
-  # upper the runtime, at runners/<id>), one per live attempt's runtime (a Bidirectional pair of
-  # nested roots once doubled the agent's own mounts at every agent start).
+  # The agent pod's hostPath mounts stay in its container (a Bidirectional pair of nested roots
+  # once doubled the agent's own mounts at every agent start): with the copy nothing at all is
+  # mounted under the host root on the node; with overlay (or auto) only the overlay a runtime
+  # is materialized as (lower the cached package, upper the runtime, at runners/<id>), one per
+  # live attempt's runtime.
   while read -r point fstype source; do
     [ -n "$point" ] || continue
+    [ "$materialize" != copy ] || fail "$1: mount $point ($fstype) on the node, where materialize copy mounts nothing"
     d=${point#/var/lib/runner-manager/runners/}
     case $'\n'"$want"$'\n' in *$'\n'"rm-$d.service"$'\n'*) ;; *) fail "$1: mount $point ($fstype) on the node is no live attempt's runtime" ;; esac
     [ "$fstype $source" = "overlay runner-package" ] || fail "$1: mount $point on the node is $fstype from $source, not a runtime's overlay"
-  done <<<"$(N awk '$5 ~ "^/var/lib/runner-manager" { for (i = 7; i <= NF; i++) if ($i == "-") { print $5, $(i + 1), $(i + 2); break } }' /proc/1/mountinfo)"
-  mounts=$(N awk '$5 ~ "^/var/lib/runner-manager" {n++} END {print n + 0}' /proc/1/mountinfo)
+  done <<<"$mounted"
+  mounts=$(echo "$mounted" | grep -c . || true)
   regs=$(admin GET runners | jq -r '.[].name' | sort)
   registered=$(attempts | jq -r '.items[] | select(.status.state != "Cleaned") | .status.runner.name // empty' | sort)
   for r in $regs; do
@@ -300,8 +309,9 @@ H uninstall $rel -n $ns >/dev/null
 no_pods() { [ -z "$(K -n $ns get pods -o name 2>/dev/null)" ]; }
 wait_for 60 "no pod after helm uninstall" no_pods
 [ -z "$(units)" ] || fail "units left on the node after helm uninstall: $(units | tr '\n' ' ')"
-# Runtimes are named by their attempt; a dot entry (.overlay-work) is the agent's own.
-[ -z "$(ls "$HOST_ROOT/runners" 2>/dev/null)" ] || fail "runtime directories left: $(ls "$HOST_ROOT/runners")"
+# Dot entries too: an overlay's workdir (.overlay-work/<id>) goes with its runtime and the probe's
+# (.overlay-probe-*) at once, so nothing of the agent's may stay after uninstall.
+[ -z "$(ls -A "$HOST_ROOT/runners" 2>/dev/null)" ] || fail "runtime directories left: $(ls -A "$HOST_ROOT/runners")"
 [ "$(N awk '$5 ~ "^/var/lib/runner-manager" {n++} END {print n + 0}' /proc/1/mountinfo)" = 0 ] \
   || fail "mounts left under /var/lib/runner-manager on the node after helm uninstall"
 [ "$(admin GET runners | jq length)" = 0 ] || fail "registrations left on the simulated GitHub: $(admin GET runners)"

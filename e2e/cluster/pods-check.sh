@@ -152,15 +152,18 @@ policy() { # NAME REPO MIN_IDLE EXECUTION_JSON
 # No leak: runtime directories, runner pods and registrations belong to live attempts; no
 # handoff file; every JIT minted went to an attempt that registered.
 no_leaks() {
-  local live d p regs registered minted
-  live=$'\n'$(attempts | jq -r '.items[] | select(.status.state != "Cleaned") | .spec.id, .metadata.name')$'\n'
-  if [ -d "$HOST_ROOT/runners" ]; then
-    for d in $(ls "$HOST_ROOT/runners"); do
-      attempts | jq -e --arg d "$d" '.items[] | select(.status.state != "Cleaned") | select((.spec.id | gsub("-"; "") | .[0:12]) == $d)' >/dev/null \
-        || fail "$1: runtime directory runners/$d belongs to no live attempt"
-    done
-  fi
-  for p in $(runner_pods | jq -r '.items[].metadata.labels["runner-manager.dev/attempt"]'); do
+  local live d p dirs pods regs registered minted
+  # What is on the node first, the live attempts after: an attempt created in between (a minIdle
+  # replacement) is then among those it is checked against, never read as a leak.
+  dirs=$(ls "$HOST_ROOT/runners" 2>/dev/null || true)
+  pods=$(runner_pods | jq -r '.items[].metadata.labels["runner-manager.dev/attempt"]')
+  live=$(attempts | jq -c '[.items[] | select(.status.state != "Cleaned")]')
+  for d in $dirs; do
+    jq -e --arg d "$d" '.[] | select((.spec.id | gsub("-"; "") | .[0:12]) == $d)' <<<"$live" >/dev/null \
+      || fail "$1: runtime directory runners/$d belongs to no live attempt"
+  done
+  live=$'\n'$(jq -r '.[] | .spec.id, .metadata.name' <<<"$live")$'\n'
+  for p in $pods; do
     case "$live" in *$'\n'"$p"$'\n'*) ;; *) fail "$1: a runner pod of attempt $p, which is not live" ;; esac
   done
   # A starting runner's handoff is in flight until the helper in its pod takes it (polling every
@@ -380,8 +383,9 @@ H uninstall $rel -n $ns >/dev/null
 no_pods() { [ -z "$(K -n $ns get pods -o name 2>/dev/null)" ] && [ "$(runner_pods | jq '.items | length')" = 0 ]; }
 wait_for 60 "no pod after helm uninstall" no_pods
 # The agent removes a runtime after its attempt's finalizer is gone: it may still be at it.
-# Runtimes are named by their attempt; a dot entry is the agent's own (not an attempt's).
-no_runtimes() { [ -z "$(ls "$HOST_ROOT/runners" 2>/dev/null)" ]; }
+# Dot entries too: an overlay's workdir (.overlay-work/<id>) goes with its runtime and the probe's
+# (.overlay-probe-*) at once, so nothing of the agent's may stay after uninstall.
+no_runtimes() { [ -z "$(ls -A "$HOST_ROOT/runners" 2>/dev/null)" ]; }
 wait_for 30 "no runtime directory left after helm uninstall" no_runtimes
 left=$(admin GET runners | jq -r --arg a "$abandoned" '.[] | select(.name as $n | ($a | split(" ") | index($n)) | not) | .name')
 [ -z "$left" ] || fail "registrations left on the simulated GitHub: $left"
