@@ -105,6 +105,18 @@ impl Started {
         self.0.lock().unwrap().values().copied().collect()
     }
 
+    /// When the attempts not named in `before` were first seen started: the burst's, however
+    /// late the watch's initial listing delivers the earlier attempts (the warm-up's).
+    fn started_except(&self, before: &std::collections::HashSet<String>) -> Vec<Instant> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(name, _)| !before.contains(*name))
+            .map(|(_, t)| *t)
+            .collect()
+    }
+
     /// Per attempt first seen at or after `since`: when it was first seen in each state.
     fn timelines(&self, since: Instant) -> Vec<BTreeMap<AttemptState, Instant>> {
         let created = self.1.lock().unwrap().clone();
@@ -477,7 +489,6 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
     let (calls_before, by_endpoint_before) = p.operator_github_calls().await.unwrap();
     let writes = WriteCounter::start(p.attempts()).await.unwrap();
     let (started, _watch) = Started::spawn(p.attempts());
-    let before = started.count();
     let operator_pid = p.operators[0].process.as_ref().unwrap().child.id();
     let agent_pid = p.agents[0].process.as_ref().unwrap().child.id();
     let peak = Arc::new(Mutex::new((0u64, 0u64)));
@@ -518,11 +529,18 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
     wait::until(
         Duration::from_secs(600),
         "every burst runner started",
-        || async { (started.count() >= before + jobs).then_some(()) },
+        || async { (started.started_except(&before_burst).len() >= jobs).then_some(()) },
     )
     .await
     .unwrap();
-    let all_started = started.all().into_iter().max().unwrap() - queued;
+    // The burst's slowest runner: the warm-up's attempt, which the watch may list only now,
+    // neither stands in for one of the burst's nor hides the last of them.
+    let all_started = started
+        .started_except(&before_burst)
+        .into_iter()
+        .max()
+        .unwrap()
+        - queued;
     let burst_created = &started.created_except(&before_burst);
     let lines = started.timelines(queued);
     let first_created = burst_created.first().map(|t| *t - queued);
