@@ -740,6 +740,15 @@ async fn request_and_start(
             .unwrap_or_default()
             .to_owned(),
     };
+    let failed = |f: LaunchFailure, t: &LaunchTimings| Halt::Failed(f, Some(t.clone()));
+    // The provider of the attempt's mode, chosen here once and before the JIT request: an OCI
+    // attempt without its prepared pod or an OCI provider fails without a JIT minted and
+    // dropped. Never the other provider.
+    let oci = match (snapshot.execution.mode, pod, agent.oci.as_ref()) {
+        (ExecutionMode::Oci, Some(pod), Some(oci)) => Some((oci, pod)),
+        (ExecutionMode::Oci, _, _) => return Err(failed(LaunchFailure::NotStarted, &timings)),
+        (ExecutionMode::Native, _, _) => None,
+    };
     // The one request of this attempt (DESIGN §5): whatever happens, never a second.
     let asked = Instant::now();
     let answer = agent
@@ -748,7 +757,6 @@ async fn request_and_start(
         .instrument(tracing::info_span!("register"))
         .await;
     timings.register_ms = millis(asked);
-    let failed = |f: LaunchFailure, t: &LaunchTimings| Halt::Failed(f, Some(t.clone()));
     let jit = match answer {
         JitAnswer::Issued(r) => r,
         JitAnswer::AlreadyIssued | JitAnswer::Lost => {
@@ -760,14 +768,8 @@ async fn request_and_start(
     fault::at(Boundary::AfterJitBeforeSpawn);
 
     let spawned = Instant::now();
-    // The provider of the attempt's mode, chosen here once; never the other one.
-    let identity = match (snapshot.execution.mode, pod) {
-        (ExecutionMode::Oci, None) => {
-            drop(jit);
-            timings.spawn_ms = millis(spawned);
-            return Err(failed(LaunchFailure::NotStarted, &timings));
-        }
-        (ExecutionMode::Oci, Some(pod)) => {
+    let identity = match oci {
+        Some((oci, pod)) => {
             // One try: once offered, the helper may have taken the JIT.
             let handoff = RestrictiveHandoff::create(&runtime, account, &jit.encoded_jit_config);
             drop(jit);
@@ -778,14 +780,10 @@ async fn request_and_start(
                         runtime: &runtime,
                         account,
                     };
-                    match agent.oci.as_ref() {
-                        Some(oci) => oci
-                            .start(&prepared, handoff)
-                            .instrument(tracing::info_span!("spawn"))
-                            .await
-                            .map_err(LaunchFailure::Pod),
-                        None => Err(LaunchFailure::NotStarted),
-                    }
+                    oci.start(&prepared, handoff)
+                        .instrument(tracing::info_span!("spawn"))
+                        .await
+                        .map_err(LaunchFailure::Pod)
                 }
                 Err(e) => {
                     tracing::warn!(namespace = %ns, attempt = %name, "handoff refused: {e}");
@@ -796,7 +794,7 @@ async fn request_and_start(
             let pod = started.map_err(|f| failed(f, &timings))?;
             StartedIdentity::Environment(pod.identity)
         }
-        (ExecutionMode::Native, _) => {
+        None => {
             let spec = LaunchSpec {
                 attempt: uuid,
                 runtime: &runtime,

@@ -535,12 +535,14 @@ mod tests {
     fn a_policy_without_resources_gets_a_placeholder_without_requests() {
         let pod = placeholder_pod(&attempt(None, None), "n1", &settings()).expect("pod");
         let spec = pod.spec.expect("spec");
-        assert!(spec.containers[0]
-            .resources
-            .as_ref()
-            .expect("resources")
-            .requests
-            .is_none());
+        assert!(
+            spec.containers[0]
+                .resources
+                .as_ref()
+                .expect("resources")
+                .requests
+                .is_none()
+        );
     }
 
     fn with_status(phase: &str, reason: Option<&str>) -> Pod {
