@@ -1052,6 +1052,50 @@ async fn a_changed_spec_is_refused_but_the_runner_is_still_stopped_and_cleaned()
     assert_settled(&w, &a, 1).await;
 }
 
+/// An idle runner whose spec is edited, then takes a job and exits: its path is `AssignJob`
+/// then `Conclude(CompletedJob)` in one write. The `AssignJob` records what the runner already
+/// did, so the changed spec does not refuse it (before, the whole write was refused, the
+/// reconcile retried forever and the attempt held its capacity and workspace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_that_takes_a_job_under_a_changed_spec_still_concludes_and_cleans() {
+    use kube::api::{Patch, PatchParams};
+    let Some(w) = World::builder("a_job_under_a_changed_spec")
+        .agent_under_test()
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let _agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt().await.unwrap();
+    let n = name(&a);
+    w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    bring_to_idle(&w, &a).await;
+    w.attempts()
+        .patch(
+            &n,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"snapshot": {"labels": ["self-hosted", "linux", "gpu"]}}})),
+        )
+        .await
+        .unwrap();
+    wait::until(STEP, "a SpecChanged warning on the attempt", || async {
+        warnings_on(&w, &n)
+            .await
+            .iter()
+            .any(|r| r.starts_with("Some(\"SpecChanged\")"))
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    // Taken between two passes, no job fact written: the exit walks `AssignJob` first.
+    w.queue_job(100).await.unwrap();
+    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    assert_settled(&w, &a, 1).await;
+}
+
 /// SIGKILL a runner process (as the OOM killer would) and wait until it is gone.
 async fn kill_runner(pid: u32) {
     let killed = std::process::Command::new("kill")
