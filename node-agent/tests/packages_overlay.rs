@@ -381,6 +381,51 @@ fn a_busy_mount_is_detached_so_its_runtime_can_still_go() {
     assert_eq!(overlay::unmount(&runtime).unwrap(), Unmounted::NotMounted);
 }
 
+#[test]
+fn unmount_leaves_alone_what_is_not_the_agents_package_overlay() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("rt");
+    let lower = dir.path().join("lower");
+    let (upper, work) = (dir.path().join("upper"), dir.path().join("work"));
+    for d in [&target, &lower, &upper, &work] {
+        fs::create_dir(d).unwrap();
+    }
+    let run = |cmd: &str, args: &[&str]| {
+        let status = std::process::Command::new(cmd)
+            .args(args)
+            .arg(&target)
+            .status()
+            .unwrap();
+        assert!(status.success(), "{cmd} {args:?}");
+    };
+    // Another filesystem.
+    run("mount", &["-t", "tmpfs", "not-ours"]);
+    assert_eq!(overlay::unmount(&target).unwrap(), Unmounted::NotMounted);
+    assert!(mounted(&target));
+    run("umount", &[]);
+    // Someone else's overlay (another source).
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lower.display(),
+        upper.display(),
+        work.display()
+    );
+    run("mount", &["-t", "overlay", "someone-else", "-o", &opts]);
+    assert_eq!(overlay::unmount(&target).unwrap(), Unmounted::NotMounted);
+    assert!(mounted(&target));
+    run("umount", &[]);
+    // The agent's own overlay under another mount: only the topmost counts.
+    overlay::mount_package(&lower, &target).unwrap();
+    run("mount", &["-t", "tmpfs", "not-ours"]);
+    assert_eq!(overlay::unmount(&target).unwrap(), Unmounted::NotMounted);
+    run("umount", &[]);
+    assert_eq!(
+        overlay::unmount(&target).unwrap(),
+        Unmounted::Unmounted { layers: 1 }
+    );
+    assert!(!mounted(&target));
+}
+
 fn walk(root: &Path) -> Vec<PathBuf> {
     let mut out = vec![root.to_path_buf()];
     let mut i = 0;

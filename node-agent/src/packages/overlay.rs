@@ -157,7 +157,7 @@ pub fn mount_package(lower: &Path, runtime: &Path) -> Result<(), OverlayError> {
     // be in a path.
     let data = std::ffi::CString::new(data).map_err(|_| OverlayError::UnsafePath)?;
     rustix::mount::mount(
-        "runner-package",
+        SOURCE,
         runtime,
         "overlay",
         MountFlags::NOSUID | MountFlags::NODEV,
@@ -184,13 +184,45 @@ pub fn remove_work_dir(runtime: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Unmounts whatever is mounted at `path` (never following a link there), every layer of it.
-/// A busy mount is detached (see [`Unmounted::Detached`]).
+/// The mount source the agent's overlays carry, so an unmount can tell them from anything else.
+const SOURCE: &str = "runner-package";
+
+/// Whether the topmost mount at `path` (its parent resolved, the last component not followed, as
+/// mountinfo shows it) is one of the agent's package overlays.
+fn own_overlay_at(path: &Path) -> Result<bool, OverlayError> {
+    let io = |e: io::Error| OverlayError::Unmount(e.kind());
+    let resolved = match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => match std::fs::canonicalize(parent) {
+            Ok(parent) => parent.join(name),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(io(e)),
+        },
+        _ => return Ok(false),
+    };
+    // mountinfo lists mounts in the order they were made: the last at a path is the topmost.
+    Ok(mount_points()
+        .map_err(io)?
+        .iter()
+        .rev()
+        .find(|m| m.path == resolved)
+        .is_some_and(|m| m.fs_type == "overlay" && m.source == SOURCE))
+}
+
+/// Unmounts the agent's package overlay at `path` (never following a link there), every layer of
+/// it; anything else mounted there (another filesystem, someone else's overlay) is left alone,
+/// and so is what lies under it. A busy mount is detached (see [`Unmounted::Detached`]).
 pub fn unmount(path: &Path) -> Result<Unmounted, OverlayError> {
     use rustix::mount::UnmountFlags;
     let mut layers = 0;
     // Bounded: a runner account cannot mount, so more than a few layers means a loop gone wrong.
     for _ in 0..8 {
+        if !own_overlay_at(path)? {
+            return Ok(if layers == 0 {
+                Unmounted::NotMounted
+            } else {
+                Unmounted::Unmounted { layers }
+            });
+        }
         match rustix::mount::unmount(path, UnmountFlags::NOFOLLOW) {
             Ok(()) => layers += 1,
             // Not a mount point (or the path is gone): done.
