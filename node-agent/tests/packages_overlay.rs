@@ -100,17 +100,18 @@ impl Host {
     }
 }
 
-/// Runs `script` with `sh` as the runner account, in `dir`; returns its exit status.
-fn as_runner(dir: &Path, script: &str) -> std::process::ExitStatus {
-    // `setpriv` drops root's supplementary groups too (std's `groups` is unstable).
-    std::process::Command::new("setpriv")
+/// Runs `script` with `sh` as the runner account, in `dir`; returns its standard output.
+/// `setpriv` drops root's supplementary groups too (std's `groups` is unstable).
+fn as_runner_output(dir: &Path, script: &str) -> String {
+    let out = std::process::Command::new("setpriv")
         .arg(format!("--reuid={RUNNER_UID}"))
         .arg(format!("--regid={RUNNER_GID}"))
         .arg("--clear-groups")
         .args(["/bin/sh", "-c", script])
         .current_dir(dir)
-        .status()
-        .unwrap()
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap()
 }
 
 fn mounted(path: &Path) -> bool {
@@ -137,26 +138,47 @@ async fn a_job_writing_through_the_mount_leaves_the_lower_and_the_next_view_pris
     // The launch gives the runtime's root to the account (`own_runtime`), as it does today.
     std::os::unix::fs::lchown(&runtime, Some(RUNNER_UID), Some(RUNNER_GID)).unwrap();
     // The attack, as the runner: rewrite, chmod, delete, rename, create set-id files, and try
-    // the lower itself directly.
-    let status = as_runner(
+    // the lower itself directly. Each step says how it ended (`name=<status> <stderr>`).
+    let out = as_runner_output(
         &runtime,
         &format!(
-            "set -u; ok=0; \
-             printf evil > bin/Runner.Listener 2>/dev/null && ok=$((ok+1)); \
-             chmod 777 bin/Runner.Worker.dll 2>/dev/null && ok=$((ok+1)); \
-             rm -f run.sh 2>/dev/null && ok=$((ok+1)); \
-             mv externals ext2 2>/dev/null && ok=$((ok+1)); \
-             printf x > setid && chmod 6755 setid && ok=$((ok+1)); \
-             printf x > {lower}/bin/Runner.Listener 2>/dev/null && exit 9; \
-             touch {lower}/planted 2>/dev/null && exit 9; \
-             exit 0",
+            "step() {{ name=$1; shift; err=$(\"$@\" 2>&1 >/dev/null); echo \"$name=$? $err\"; }}; \
+             step write sh -c 'printf evil > bin/Runner.Listener'; \
+             step chmod chmod 777 bin/Runner.Worker.dll; \
+             step rm rm -f run.sh; \
+             step mv mv externals ext2; \
+             step setid sh -c 'printf x > setid && chmod 6755 setid'; \
+             step own sh -c 'printf a > mine && printf b >> mine && chmod 600 mine'; \
+             step lower-write sh -c 'printf x > {lower}/bin/Runner.Listener'; \
+             step lower-create touch {lower}/planted",
             lower = lower.display()
         ),
     );
-    assert!(
-        status.success(),
-        "the runner reached the lower directly: {status}"
+    let step = |name: &str| -> String {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name} in {out}"))
+            .to_owned()
+    };
+    // A package file is root's in the lower and overlay checks the runner against it: the
+    // runner can neither write nor chmod it, so no runner write ever copies a package file up.
+    assert!(step("write").contains("Permission denied"), "{out}");
+    assert!(step("chmod").contains("Operation not permitted"), "{out}");
+    // The runtime's root is the runner's (the upper's root): a deletion there is a whiteout
+    // in the upper, a file of its own is written, appended and chmod-ed in the upper, and so
+    // is a set-id file (inert, below).
+    assert!(step("rm").starts_with("0"), "{out}");
+    assert!(step("setid").starts_with("0"), "{out}");
+    assert!(step("own").starts_with("0"), "{out}");
+    assert_eq!(fs::read(runtime.join("mine")).unwrap(), b"ab");
+    assert_eq!(
+        fs::metadata(runtime.join("mine")).unwrap().uid(),
+        RUNNER_UID
     );
+    assert!(!runtime.join("run.sh").exists());
+    // The lower itself is out of reach (the cache's root is root's, 0700 above it).
+    assert!(!step("lower-write").starts_with("0"), "{out}");
+    assert!(!step("lower-create").starts_with("0"), "{out}");
     // Root's own writes through the mount (a runner that escalated) are copied up too.
     fs::write(runtime.join("bin/Runner.Worker.dll"), b"root-evil").unwrap();
     assert_eq!(fingerprint(&lower).unwrap(), before, "the lower changed");
