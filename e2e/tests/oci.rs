@@ -991,6 +991,74 @@ mod recovery {
         finishes_with_one_jit(&kubelet, &a, &pod, container).await;
     }
 
+    /// `JitReceived` after the helper took the handoff, and the spec edited while the agent was
+    /// down: the runner is the live pod holding the JIT, so the successor does not conclude
+    /// `SpecChanged` and destroy it (the native identity file, which an OCI runner has none of,
+    /// said "dead"). The pod runs until it ends; the attempt then concludes from it. Before:
+    /// `Failed(SpecChanged)` at once, its live pod deleted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "fails: the successor still concludes SpecChanged at once (06:06 session 7, under investigation)"]
+    async fn a_changed_spec_in_jit_received_after_the_handoff_does_not_destroy_the_live_pod() {
+        let Some(w) = AgentWorld::start("a_changed_spec_in_jit_received")
+            .await
+            .unwrap()
+        else {
+            return;
+        };
+        let mut agent = oci_agent_crashing_at(&w, "after-spawn-before-starting");
+        let _deletions = finish_deletions(&w);
+        w.wait_recovered().await.unwrap();
+        let a = w.pending_attempt_with(oci).await.unwrap();
+        let n = name(&a);
+        let pod = wait_own_pod(&w, &n).await;
+        let kubelet = KubeletDouble { w: &w };
+        let mut container = kubelet.run_container(&pod);
+        kubelet.running(&pod).await;
+        crashed(&mut agent).await;
+        drop(agent);
+        w.attempts()
+            .patch(
+                &n,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"spec": {"snapshot": {"labels": ["self-hosted", "linux", "gpu"]}}}),
+                ),
+            )
+            .await
+            .unwrap();
+
+        let _again = oci_agent(&w, "120");
+        let events = Api::<Event>::namespaced(w.kube.clone(), &w.team);
+        wait::until(STEP, "a SpecChanged event on the attempt", || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("SpecChanged")
+                        && e.involved_object.name.as_deref() == Some(n.as_str())
+                })
+                .then_some(())
+        })
+        .await
+        .unwrap();
+        // The pod's container ends on its own; only then does the attempt conclude.
+        let _ = container.kill();
+        let _ = container.wait();
+        let live = pods(&w)
+            .get(pod.metadata.name.as_deref().unwrap())
+            .await
+            .unwrap();
+        kubelet.terminated(&live, "Failed", "Error", 137).await;
+        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+        assert_ne!(
+            outcome(&done),
+            Some(Outcome::Failed(FailureReason::SpecChanged)),
+            "the live pod holding the JIT was concluded SpecChanged"
+        );
+        assert_eq!(mints(&w), 1, "a second JIT");
+        assert!(w.runtimes().is_empty(), "the runtime was left");
+    }
+
     /// Parity row 16, `Starting`: the agent stops with the runner started but not yet online;
     /// the successor adopts the same pod and it comes online, takes its job and is cleaned.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -118,6 +118,19 @@ pub fn pods(agent: &Agent) -> std::borrow::Cow<'_, OciProvider<KubePods>> {
     }
 }
 
+/// (OCI, `JitReceived`) Whether the helper in the journalled pod took the JIT (its marker is in
+/// the runtime) and the pod runs: then the runner lives with the JIT, and the attempt is
+/// `Starting`, not expired or dead.
+pub async fn pod_took_jit(
+    agent: &Agent,
+    journal: &AttemptJournal,
+    pod: &PodRef,
+) -> Result<bool, StepError> {
+    let taken = runtime_of(journal)
+        .is_some_and(|r| std::fs::symlink_metadata(r.join(oci::TAKEN_MARKER)).is_ok());
+    Ok(taken && Runner::Pod(pod.clone()).look(agent).await?.alive)
+}
+
 /// (OCI) `JitReceived` found at start: the helper in the pod took the handoff (its marker is in
 /// the runtime and the pod runs) → `Starting` with the journalled pod; otherwise the JIT lived
 /// only in the dead agent's memory or in a handoff nobody took: `JitExpired`, never re-requested.
@@ -132,10 +145,7 @@ pub async fn pod_jit_received(
         conclude(api, &name, Outcome::Failed(FailureReason::JitExpired)).await?;
         return Ok(Step::Again);
     };
-    let taken = runtime_of(journal)
-        .is_some_and(|r| std::fs::symlink_metadata(r.join(oci::TAKEN_MARKER)).is_ok());
-    let seen = Runner::Pod(pod.clone()).look(agent).await?;
-    if taken && seen.alive {
+    if pod_took_jit(agent, journal, &pod).await? {
         tracing::info!(namespace = %ns, attempt = %name, "re-adopted runner pod (started before the crash)");
         take(
             api,

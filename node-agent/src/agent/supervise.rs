@@ -91,7 +91,7 @@ pub async fn step(
                 | AttemptState::Prepared
                 | AttemptState::JitReceived
         )
-        && jit_received_is_dead(agent, &journal).await
+        && jit_received_is_dead(agent, a, &journal).await
     {
         ctx.conclude(Outcome::Failed(FailureReason::SpecChanged))
             .await?;
@@ -444,10 +444,22 @@ async fn stop(
 }
 
 /// Whether a `JitReceived` attempt's runner (if the state is that) is proven not running, so it
-/// may be concluded; other pre-start states have no runner.
-async fn jit_received_is_dead(agent: &Agent, journal: &AttemptJournal) -> bool {
+/// may be concluded; other pre-start states have no runner. An OCI runner is its pod: alive
+/// once its helper took the JIT and the pod runs (a look that fails proves nothing); the native
+/// identity file says nothing of it.
+async fn jit_received_is_dead(agent: &Agent, a: &RunnerAttempt, journal: &AttemptJournal) -> bool {
     if journal.state() != AttemptState::JitReceived {
         return true;
+    }
+    if a.spec.snapshot.execution.mode == ExecutionMode::Oci {
+        return match super::runner::Runner::of(a, journal) {
+            Some(super::runner::Runner::Pod(pod)) => {
+                super::runner::pod_took_jit(agent, journal, &pod)
+                    .await
+                    .is_ok_and(|took| !took)
+            }
+            _ => true,
+        };
     }
     match runtime_of(journal).map(|r| identity_file::read(&r)) {
         None | Some(Ok(None)) => true,
