@@ -1718,6 +1718,51 @@ async fn until_host(what: &str, check: impl Fn() -> bool) {
     .unwrap();
 }
 
+/// An attempt on a persistent slot deleted without its finalizer while its runner lives, with the
+/// overlay materialize: slots are never removed, so before its slot and package leases are
+/// released the sweep unmounts the slot and removes its overlay workdir (before: the slot stayed
+/// mounted for good, and its next attempt found it not reusable).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_slot_attempt_s_overlay_is_unmounted_before_its_slot_is_released() {
+    use kube::api::DeleteParams;
+    use runner_manager_crds::policy::WorkspaceMode;
+    use runner_manager_node_agent::packages::overlay;
+    let Some(w) = World::builder("abandoned_slot_overlay")
+        .agent_under_test()
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let _agent = w.agent(4, &[("RM_MATERIALIZE", "overlay")]).unwrap();
+    w.wait_recovered().await.unwrap();
+    let a = w
+        .pending_attempt_with(|s| s.workspace = WorkspaceMode::Persistent)
+        .await
+        .unwrap();
+    let idle = bring_to_idle(&w, &a).await;
+    let pid = idle.status.as_ref().unwrap().journal.process().unwrap().pid;
+    let slot = runtime_of(&idle);
+    assert!(
+        overlay::is_mounted(&slot).unwrap(),
+        "materialized by overlay"
+    );
+    w.attempts()
+        .delete(&name(&a), &DeleteParams::default())
+        .await
+        .unwrap();
+    until_host(
+        "the abandoned slot's runner stopped and its overlay unmounted",
+        || !pid_alive(pid) && !overlay::is_mounted(&slot).unwrap(),
+    )
+    .await;
+    until_host("the slot's overlay workdir removed", || {
+        !overlay::work_dir(&slot).unwrap().exists()
+    })
+    .await;
+    assert!(slot.is_dir(), "slots are never removed");
+}
+
 /// Orphan discovery: an attempt deleted without its finalizer while its runner lives (before:
 /// its task ended on the 404 and the runner, cgroup and runtime were forgotten), a late child
 /// recreating a `Cleaned` attempt's runtime (row 24), and an attempt deleted while the agent was
