@@ -63,6 +63,40 @@ pub struct ProductOptions {
     pub extra_namespaces: Vec<String>,
     /// Environment every operator and agent process gets (e.g. `OTEL_*`, a fault hook).
     pub env: Vec<(String, String)>,
+    /// How often the operators observe GitHub and resync ([`Cadence::Scenario`] unless said).
+    pub cadence: Cadence,
+}
+
+/// The operators' observation and resync cadence.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Cadence {
+    /// Every second: a scenario's waits must see an observation (a runner's GitHub fact, an
+    /// orphan, a missed delivery) happen within them.
+    #[default]
+    Scenario,
+    /// The operator's own defaults (`--observe-interval`, `--resync-interval` not passed): what
+    /// a bench measures, so that its call and write counts are the product's, not the pace's.
+    Product,
+}
+
+impl Cadence {
+    /// The operator flags that set this cadence (none for the product's defaults).
+    pub fn operator_flags(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Self::Scenario => &[("--observe-interval", "1s"), ("--resync-interval", "1s")],
+            Self::Product => &[],
+        }
+    }
+
+    /// For a printout.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Scenario => "scenario cadence (observe and resync every 1 s)",
+            Self::Product => {
+                "product cadence (the operator's default observe and resync intervals)"
+            }
+        }
+    }
 }
 
 impl Default for ProductOptions {
@@ -74,6 +108,7 @@ impl Default for ProductOptions {
             webhooks_to: 0,
             extra_namespaces: Vec::new(),
             env: Vec::new(),
+            cadence: Cadence::default(),
         }
     }
 }
@@ -181,16 +216,13 @@ impl WorldBuilder {
 
 impl Product {
     fn operator_command(&self, identity: &str) -> Result<std::process::Command, String> {
-        // Scenario pace unless the world says otherwise: observe GitHub and resync every second.
+        // The world's cadence (scenario pace: observe GitHub and resync every second), then the
+        // world's flags, each replacing one of the same name (`World::operator_command`).
         // The leader Lease keeps its default duration: a loaded 2-core machine can delay a
         // renewal by seconds, and a leader that misses one stops at once (there is no
         // Deployment here to restart it).
-        let mut flags = vec![
-            ("--identity", identity),
-            ("--observe-interval", "1s"),
-            ("--resync-interval", "1s"),
-            ("--replacement-backoff", "1s"),
-        ];
+        let mut flags = vec![("--identity", identity), ("--replacement-backoff", "1s")];
+        flags.extend(self.options.cadence.operator_flags().iter().copied());
         flags.extend(
             self.options
                 .operator_flags
