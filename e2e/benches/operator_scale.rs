@@ -6,8 +6,11 @@
 //! nothing), then the operator starts. Printed:
 //! - the baseline, in the same run: one plain LIST of every policy and attempt by this process
 //!   (what any controller's first sync costs at least);
-//! - operator start → every policy reconciled, and the first pass alone (the operator's own log
+//! - operator start → the first pass done, and the first pass alone (the operator's own log
 //!   line), which resolves every policy, observes every target and writes every status;
+//! - the API server's requests during it by verb, resource and code (`apiserver_request_total`,
+//!   so a write that lost its compare-and-swap shows as a 409), and the operator's own write and
+//!   error counters;
 //! - the steady pass afterwards (`runner_manager_reconcile_pass_milliseconds`);
 //! - the operator's peak RSS over the sampling window;
 //! - the GitHub calls the first pass made.
@@ -17,6 +20,7 @@
 //! (skips with a reason without it) and the workspace binaries built.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -65,6 +69,83 @@ fn first_pass(p: &Product) -> Option<(u64, u64, u64, String)> {
             (n("elapsed_ms"), n("policies"), n("attempts"), profile)
         })
     })
+}
+
+/// The operator's counters whose names start with `prefix` (`name{labels} value` lines).
+async fn counters(health: &str, prefix: &str) -> Vec<String> {
+    let Ok(r) = reqwest::get(format!("http://{health}/metrics")).await else {
+        return Vec::new();
+    };
+    let text = r.text().await.unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// What the API server counts by request (`apiserver_request_total`), for the kinds the
+/// operator reads and writes: (verb, resource[/subresource], code) → requests so far. The
+/// control plane is shared with whatever else runs on it, so a delta is an upper bound.
+async fn apiserver_requests(kube: &kube::Client) -> BTreeMap<(String, String, String), u64> {
+    const KINDS: [&str; 6] = [
+        "scalepolicies",
+        "runnerattempts",
+        "events",
+        "leases",
+        "secrets",
+        "nodes",
+    ];
+    let Ok(req) = kube::core::Request::new("").get("metrics", &Default::default()) else {
+        return BTreeMap::new();
+    };
+    let text = kube.request_text(req).await.unwrap_or_default();
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let label = |k: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{k}=\"")))
+                .map(|v| v.trim_end_matches('"').to_owned())
+                .unwrap_or_default()
+        };
+        let (verb, resource, sub, code) = (
+            label("verb"),
+            label("resource"),
+            label("subresource"),
+            label("code"),
+        );
+        if verb == "WATCH" || !KINDS.contains(&resource.as_str()) {
+            continue;
+        }
+        let what = if sub.is_empty() {
+            resource
+        } else {
+            format!("{resource}/{sub}")
+        };
+        let n = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
+        *out.entry((verb, what, code)).or_default() += n;
+    }
+    out
+}
+
+/// `after - before`, the non-zero lines, one per (verb, resource, code).
+fn delta(
+    before: &BTreeMap<(String, String, String), u64>,
+    after: &BTreeMap<(String, String, String), u64>,
+) -> Vec<String> {
+    after
+        .iter()
+        .filter_map(|(k, n)| {
+            let d = n.saturating_sub(before.get(k).copied().unwrap_or(0));
+            (d > 0).then(|| format!("{} {} {}: {d}", k.0, k.1, k.2))
+        })
+        .collect()
 }
 
 async fn scale(policies: usize, per_policy: usize) {
@@ -134,6 +215,7 @@ async fn scale(policies: usize, per_policy: usize) {
     drop((n_policies, n_attempts));
 
     let (calls_before, _) = p.operator_github_calls().await.unwrap();
+    let requests_before = apiserver_requests(&p.kube).await;
     let started = Instant::now();
     let op = p.start_operator("operator-0").await.unwrap();
     let pid = op.process.as_ref().unwrap().child.id();
@@ -149,9 +231,25 @@ async fn scale(policies: usize, per_policy: usize) {
             }
         })
     };
-    wait::until(
+    // The operator's log line, not a LIST: polling every policy at 10 Hz is load on the API
+    // server the pass is bound by (one LIST of 1,000 policies costs it more than a status write).
+    let first = wait::until(
         Duration::from_secs(900),
-        "every policy reconciled",
+        "the first-pass log line",
+        || async { first_pass(&p) },
+    )
+    .await
+    .unwrap();
+    let all_reconciled = started.elapsed();
+    let requests = delta(&requests_before, &apiserver_requests(&p.kube).await);
+    let (calls_after, _) = p.operator_github_calls().await.unwrap();
+    let errors = counters(&health, "runner_manager_reconcile_errors_total").await;
+    let writes = counters(&health, "runner_manager_api_writes_total").await;
+    // The pass reconciled every policy once; each has its status (a failed status write would
+    // show here as a wait).
+    wait::until(
+        Duration::from_secs(300),
+        "every policy has a status",
         || async {
             let all = p.policies().list(&ListParams::default()).await.ok()?;
             let done = all
@@ -161,15 +259,6 @@ async fn scale(policies: usize, per_policy: usize) {
                 .count();
             (done == policies).then_some(())
         },
-    )
-    .await
-    .unwrap();
-    let all_reconciled = started.elapsed();
-    let (calls_after, _) = p.operator_github_calls().await.unwrap();
-    let first = wait::until(
-        Duration::from_secs(60),
-        "the first-pass log line",
-        || async { first_pass(&p) },
     )
     .await
     .unwrap();
@@ -220,6 +309,19 @@ async fn scale(policies: usize, per_policy: usize) {
     println!(
         "  first pass profile (stage times summed over concurrent reconciles): {}; after the restart: {}",
         first.3, again.3
+    );
+    println!(
+        "  API server requests from operator start to the first-pass line (verb, resource, code; shared control plane, so an upper bound): {}",
+        requests.join("; ")
+    );
+    println!(
+        "  operator counters after the first pass: {}",
+        writes
+            .iter()
+            .chain(&errors)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("; ")
     );
     println!(
         "operator CPU from start to the end of sampling {cpu:.1} s; after a kill and restart: start -> first pass done {:.1} s (waits out the dead leader's Lease), the pass itself {:.1} s",

@@ -609,6 +609,9 @@ async fn sweep(lead: Arc<Leading>) {
 
 /// One policy: housekeeping of its attempts → prepare → plan → apply.
 async fn reconcile(p: Arc<ScalePolicy>, lead: Arc<Leading>) -> Result<Action, Failed> {
+    // The store may not show this leader's last writes of the policy yet: work from what they
+    // returned then (`writes::Echoes`), not from the copy they replaced.
+    let p = lead.ctx.writer.echoes.fresher(p);
     let ns = p.metadata.namespace.as_deref().unwrap_or_default();
     let name = p.metadata.name.as_deref().unwrap_or_default();
     let k = key(ns, name);
