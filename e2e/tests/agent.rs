@@ -10,6 +10,7 @@ use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::outcome::{FailureReason, Outcome, RejectReason};
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
+use runner_manager_e2e::harness::pin::Pinned;
 use runner_manager_e2e::harness::process::Running;
 use runner_manager_e2e::harness::wait;
 use runner_manager_e2e::harness::world::World;
@@ -224,35 +225,6 @@ async fn a_job_leaving_pathological_trees_is_cleaned_while_the_agent_serves_othe
     assert!(std::path::Path::new("/etc/passwd").exists());
 }
 
-/// `chattr -i` on drop, so a failed test still leaves a removable tempdir.
-struct Immutable(std::path::PathBuf);
-
-impl Immutable {
-    fn set(path: std::path::PathBuf) -> Self {
-        std::fs::write(&path, b"pinned").unwrap();
-        let ok = std::process::Command::new("chattr")
-            .arg("+i")
-            .arg(&path)
-            .status()
-            .unwrap()
-            .success();
-        assert!(
-            ok,
-            "chattr +i {path:?}: the host root must be on ext4/xfs/btrfs"
-        );
-        Self(path)
-    }
-}
-
-impl Drop for Immutable {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("chattr")
-            .arg("-i")
-            .arg(&self.0)
-            .status();
-    }
-}
-
 /// Waits for the agent's Lease to be renewed `times` more times (one heartbeat is 2 s here, ten
 /// supervision passes): the clock the backoff is judged against, observed rather than slept.
 async fn heartbeats(w: &AgentWorld, times: usize) {
@@ -323,7 +295,7 @@ async fn an_unremovable_ephemeral_runtime_backs_off_under_a_cleanup_deferred_con
             .unwrap()
             .runtime_path(),
     );
-    let pinned = Immutable::set(runtime.join("pinned"));
+    let pinned = Pinned::set(runtime.join("pinned")).unwrap();
     stop_idle(&w, &a, "ScaleDown").await;
     let deferred = w
         .wait_for(&n, "a CleanupDeferred condition", |s| {
@@ -1923,7 +1895,7 @@ async fn blocked_removals_never_block_recovery_and_are_finished_once_unblocked()
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     let a_runtime = runtime_of(&bring_to_idle(&w, &a).await);
-    let pin_a = Immutable::set(a_runtime.join("pinned"));
+    let pin_a = Pinned::set(a_runtime.join("pinned")).unwrap();
     stop_idle(&w, &a, "ScaleDown").await;
     w.wait_for(&n, "a CleanupDeferred condition", |s| {
         s.journal.conditions.iter().any(|c| {
@@ -1941,7 +1913,7 @@ async fn blocked_removals_never_block_recovery_and_are_finished_once_unblocked()
         .await
         .unwrap();
     std::fs::create_dir_all(b_runtime.join("_work")).unwrap();
-    let pin_b = Immutable::set(b_runtime.join("_work").join("pinned"));
+    let pin_b = Pinned::set(b_runtime.join("_work").join("pinned")).unwrap();
 
     // Two restarts: each start's recovery completes past both blocked removals.
     for round in 0..2 {
@@ -2020,7 +1992,7 @@ async fn every_launch_prunes_obsolete_packages_and_a_failed_prune_only_warns() {
     let old_archive = packages.join(".archives").join(format!("{old}.tar.gz"));
     std::fs::write(&old_archive, b"old").unwrap();
     std::fs::create_dir_all(packages.join(&stuck)).unwrap();
-    let pin = Immutable::set(packages.join(&stuck).join("pinned"));
+    let pin = Pinned::set(packages.join(&stuck).join("pinned")).unwrap();
 
     let agent = w.agent(4, &[]).unwrap();
     w.wait_recovered().await.unwrap();
@@ -2292,7 +2264,7 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
         .await
         .unwrap();
     let s1 = runtime_of(&bring_to_idle(&w, &x).await);
-    let pin = Immutable::set(s1.join("pinned"));
+    let pin = Pinned::set(s1.join("pinned")).unwrap();
     stop_idle(&w, &x, "ScaleDown").await;
     let quarantined = |s: &runner_manager_crds::attempt::RunnerAttemptStatus| {
         s.journal.conditions.iter().any(|c| {

@@ -114,9 +114,11 @@ pub struct Cli {
     pub preparation_permits: u32,
     /// How the runner package is laid into a runtime: `overlay` mounts the cache's verified
     /// tree read-only under the runtime (O(1) per launch; the agent refuses to start if a probe
-    /// mount fails), `copy` is the checked copy (reflink where the volume clones), `auto` is
-    /// overlay when the probe succeeds on every runtime volume, else the copy.
-    #[arg(long, env = "RM_MATERIALIZE", value_enum, default_value_t = crate::packages::overlay::MaterializeChoice::Copy)]
+    /// mount fails), `copy` is the checked copy (reflink where the volume clones), `auto` (the
+    /// default) is overlay when the probe succeeds on every runtime volume, else the copy: the
+    /// 50-job burst of a runner-sized package starts in 6 s by overlay against 78–110 s by the
+    /// copy on the same 2-core node, and a volume without overlay still works.
+    #[arg(long, env = "RM_MATERIALIZE", value_enum, default_value_t = crate::packages::overlay::MaterializeChoice::Auto)]
     pub materialize: crate::packages::overlay::MaterializeChoice,
     /// Run OCI attempts as runner pods on this node (DESIGN §6 "OCI provider"). Without it the
     /// agent rejects them (`SnapshotUnusable`).

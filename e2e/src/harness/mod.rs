@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod fixtures;
 pub mod github;
 pub mod node;
+pub mod pin;
 pub mod process;
 pub mod product;
 pub mod scripted_agent;
