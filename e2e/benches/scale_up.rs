@@ -325,7 +325,7 @@ async fn latency(warm_samples: usize) {
     warm.sort();
     println!(
         "webhook queued -> runner process started ({} package): cold {} (package downloaded); warm p50 {} p95 {} max {} over {} samples (target: warm p50 <= 250 ms, p95 <= 500 ms; cold <= 1.5 s)",
-        package_label(&p),
+        package_label(&p).await,
         ms(cold.unwrap_or_default()),
         ms(percentile(&warm, 0.5)),
         ms(percentile(&warm, 0.95)),
@@ -396,15 +396,42 @@ fn steps(
     out
 }
 
-/// What the world publishes: "runner-sized, N files, M MB" or the stand-in's size.
-fn package_label(p: &Product) -> String {
+/// What the world publishes (the archive's size) and how the agent lays it into runtimes: what
+/// `--materialize` asked for and what the agent chose (`auto` chooses at start).
+async fn package_label(p: &Product) -> String {
     let how = materialize_env()
         .first()
         .map_or_else(|| "the agent's default".to_owned(), |(_, m)| m.clone());
     format!(
-        "{} MB archive, materialize: {how}",
-        p.package.size / (1024 * 1024)
+        "{} MB archive, materialize: {how}, the agent uses {}",
+        p.package.size / (1024 * 1024),
+        agent_materializer(p).await
     )
+}
+
+/// Which materializer the agent chose at start: the mode its
+/// `runner_manager_agent_materializer{mode}` gauge sets to 1.
+async fn agent_materializer(p: &Product) -> &'static str {
+    use runner_manager_node_agent::packages::overlay::Materializer;
+    let health = wait::until(
+        Duration::from_secs(30),
+        "the agent's health address",
+        || async { agent_health(&p.agents[0].process.as_ref()?.lines()) },
+    )
+    .await
+    .unwrap();
+    let m = get(&health, "/metrics").await.unwrap();
+    Materializer::ALL
+        .into_iter()
+        .map(Materializer::as_str)
+        .find(|mode| {
+            sample(
+                &m.body,
+                "runner_manager_agent_materializer",
+                &format!("mode=\"{mode}\""),
+            ) == Some(1.0)
+        })
+        .unwrap_or_else(|| panic!("no runner_manager_agent_materializer of 1 in {}", m.body))
 }
 
 /// `jobs` queued at once on one node of that capacity.
@@ -594,6 +621,7 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
         "  per attempt, after queueing: {}",
         timeline(queued, &lines, burst_created)
     );
+    println!("  package: {}", package_label(&p).await);
     // Every attempt created from the burst on, the ones that never started included: one per
     // job is the target (minIdle is 0 here).
     let burst_attempts = started.created_except(&before_burst).len();
