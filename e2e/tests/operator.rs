@@ -503,6 +503,95 @@ async fn scale_from_zero_on_a_signed_webhook() {
     );
 }
 
+/// A runner that took its job and concluded before GitHub's `in_progress` delivery arrived gets
+/// no job fact: nobody decides on a concluded attempt's facts (the agent turns facts into edges
+/// only while the runner lives). The delivery still empties the ledger, and demand never asks for
+/// a second runner for the job: until then the `CompletedJob` runner explains the entry
+/// (`presumed_taken`), after it the entry is gone. Without the cut the fact was written on the
+/// `Cleaned` attempt, one more write per attempt in the 50-job burst.
+#[tokio::test]
+async fn an_in_progress_delivery_after_the_runner_concluded_writes_no_job_fact() {
+    let Some(mut w) = world("an_in_progress_delivery_after_the_runner_concluded").await else {
+        return;
+    };
+    let op = w.start_operator(&[]).await;
+    w.add_node(Script::default(), op).await;
+    w.policy("web", json!({"scaling": {"pollInterval": "1h"}}))
+        .await;
+    wait::until(LONG, "the policy to be Ready", || async {
+        matches!(
+            w.condition("web", PolicyConditionType::Ready).await,
+            Some((ConditionStatus::True, ..))
+        )
+        .then_some(())
+    })
+    .await
+    .unwrap();
+    w.hook_to(op).await;
+    let job = w.queue_job().await;
+    let idle = w
+        .attempts_until("the runner idle", LONG, |l| {
+            l.iter().find(|a| state(a) == AttemptState::Idle).cloned()
+        })
+        .await;
+    let runner = idle
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .runner()
+        .unwrap()
+        .clone();
+    // The runner takes the job and exits; the agent concludes and cleans before any delivery.
+    w.agents[0].set(|s| s.finish_idle = true);
+    w.attempts_until("the runner concluded and cleaned", LONG, |l| {
+        l.iter()
+            .all(|a| {
+                state(a) == AttemptState::Cleaned
+                    && a.metadata.finalizers.as_ref().is_none_or(Vec::is_empty)
+            })
+            .then_some(())
+    })
+    .await;
+    let before = w.policies().get("web").await.unwrap();
+    assert!(
+        before
+            .status
+            .unwrap()
+            .pending_jobs
+            .contains_key(&job.to_string()),
+        "the job is still in the ledger, explained by the concluded runner"
+    );
+    let delivery = json!({
+        "action": "in_progress",
+        "workflow_job": {"id": job, "run_id": 1, "labels": ["self-hosted", "linux"], "runner_name": runner.name,
+                          "status": "in_progress"},
+        "repository": {"full_name": format!("{ORG}/web"), "html_url": format!("https://github.com/{ORG}/web")},
+    });
+    let code = post_webhook(&w.operators[op].webhook, &delivery, WEBHOOK_SECRET).await;
+    assert_eq!(code, 202, "in_progress accepted");
+    // The delivery is applied once its ledger entry is gone (the fact, when written, goes first).
+    wait::until(LONG, "the job to leave the ledger", || async {
+        let p = w.policies().get("web").await.ok()?;
+        (!p.status?.pending_jobs.contains_key(&job.to_string())).then_some(())
+    })
+    .await
+    .unwrap();
+    let attempts = w.list().await;
+    assert_eq!(
+        attempts.len(),
+        1,
+        "no second runner for the job: {attempts:?}"
+    );
+    let status = attempts[0].status.as_ref().unwrap();
+    assert_eq!(status.journal.state(), AttemptState::Cleaned);
+    assert!(
+        status.facts.job.is_none(),
+        "no job fact on a concluded attempt: {:?}",
+        status.facts
+    );
+}
+
 async fn post_webhook(addr: &str, body: &Value, secret: &str) -> u16 {
     let bytes = serde_json::to_vec(body).unwrap();
     let signature = sign(&SecretString::from(secret), &bytes);

@@ -104,6 +104,11 @@ pub const ALLOWED_FIELDS: &[&str] = &[
     "entries",
     "still_pending",
     "retry_in_ms",
+    // a job GitHub assigned to an attempt's runner: GitHub's numeric ids (never its repository
+    // or name), and whether the attempt got the fact
+    "job.id",
+    "job.run_id",
+    "fact_written",
 ];
 
 /// The stderr (or `writer`) log layer: text or JSON, fields on [`ALLOWED_FIELDS`] only.

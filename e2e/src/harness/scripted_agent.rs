@@ -44,6 +44,10 @@ pub struct Script {
     pub fail_after_jit: bool,
     /// Conclude a busy runner's job at once (`CompleteJob`), as if its job finished.
     pub finish_busy: bool,
+    /// An idle runner takes a job and exits before the operator hears of it: `AssignJob` and
+    /// `CompleteJob` in one write, as the real agent journals a runner whose exit it saw before
+    /// the job fact.
+    pub finish_idle: bool,
     /// Conclude `Failed(PreparationInterrupted)` from `Allocated`, as an agent restarted during
     /// preparation (a DaemonSet rollout) does.
     pub interrupt_preparation: bool,
@@ -61,6 +65,7 @@ impl Default for Script {
             recovery_complete: true,
             fail_after_jit: false,
             finish_busy: false,
+            finish_idle: false,
             interrupt_preparation: false,
             packages: vec![],
         }
@@ -322,6 +327,15 @@ impl Agent {
         let api = Api::<RunnerAttempt>::namespaced(self.kube.clone(), &ns);
         let script = script.clone();
         let written = journal::advance(&api, &name, Actor::Agent, |current| {
+            if script.finish_idle
+                && state(current) == AttemptState::Idle
+                && current.spec.termination.is_none()
+            {
+                return Decision::TakePath(vec![
+                    Transition::AssignJob,
+                    Transition::Conclude(Outcome::CompletedJob),
+                ]);
+            }
             match self.decide(&script, current) {
                 Some(t) => Decision::Take(t),
                 None => Decision::Nothing,

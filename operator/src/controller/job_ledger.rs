@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
+use runner_manager_crds::attempt::JobFact;
 use runner_manager_crds::conditions::{ConditionStatus, find};
 use runner_manager_crds::names::attempt_name;
 use runner_manager_crds::policy::{PENDING_JOBS_BOUND, PolicyConditionType, ScalePolicy};
@@ -380,6 +381,32 @@ enum ApplyError {
 }
 
 impl KubeSink {
+    /// The job fact of attempt `namespace/attempt`, read fresh (every replica receives
+    /// deliveries; only the leader caches attempts), written only while it is live.
+    async fn job_fact(
+        &self,
+        namespace: &str,
+        attempt: &str,
+        job: &JobFact,
+    ) -> Result<(), kube::Error> {
+        let Some(a) = self.writer.attempts(namespace).get_opt(attempt).await? else {
+            return Ok(());
+        };
+        let written = super::supervisor::write_facts(&self.writer, &a, |a| {
+            super::supervisor::job_facts(a, job)
+        })
+        .await?;
+        tracing::info!(
+            attempt.namespace = namespace,
+            attempt.name = attempt,
+            job.id = job.id,
+            job.run_id = job.run_id,
+            fact_written = written,
+            "GitHub assigned the job to the attempt's runner"
+        );
+        Ok(())
+    }
+
     /// The Secret named by the `spec.webhook` of policy `namespace/name`, if it has one.
     fn hook_secret_name(&self, namespace: &str, name: &str) -> Option<String> {
         let policy = self
@@ -437,17 +464,18 @@ impl KubeSink {
                 // zero, scaled down with its job (the Controller reacts at once, and a scenario
                 // met it). In this order the job is counted once: `presumed_taken` explains
                 // the entry by the attempt's job, so it asks for no second runner.
+                // A concluded attempt gets no fact (`supervisor::job_facts` says why): the
+                // delivery costs it no write, and the log line below records the job.
                 let fact_written = if event.action == JobAction::InProgress
                     && let Some(attempt) = event.attempt()
                 {
-                    let fact = json!({
-                        "id": id,
-                        "runId": i64::try_from(event.run_id).unwrap_or(i64::MAX),
-                        "repository": event.repository,
-                    });
-                    self.writer
-                        .job_fact(ns, &attempt_name(name, attempt), &fact)
-                        .await
+                    let job = JobFact {
+                        id,
+                        run_id: Some(i64::try_from(event.run_id).unwrap_or(i64::MAX)),
+                        repository: Some(event.repository.clone()),
+                        workflow_ref: None,
+                    };
+                    self.job_fact(ns, &attempt_name(name, attempt), &job).await
                 } else {
                     Ok(())
                 };

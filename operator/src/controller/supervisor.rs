@@ -9,7 +9,7 @@ use std::sync::Arc;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use runner_manager_crds::attempt::{
-    AttemptFacts, GitHubFact, GitHubRunnerStatus, RunnerAttempt, TerminationReason,
+    AttemptFacts, GitHubFact, GitHubRunnerStatus, JobFact, RunnerAttempt, TerminationReason,
 };
 use runner_manager_crds::names::{RUNNER_NAME_PREFIX, attempt_of_runner_name, runner_name};
 use runner_manager_crds::policy::ScalePolicy;
@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::attempts::state_of;
 use super::errors::{GitHubRead, ReconcileError};
 use super::events::Reason;
-use super::writes::WriteKind;
+use super::writes::{Cas, WriteKind, Writer};
 use super::{Ctx, PolicyMemory};
 use crate::github::client::{Deleted, GitHubClient};
 use crate::github::ratelimit::Priority;
@@ -32,6 +32,80 @@ pub fn fact_of(listed: Option<&Runner>) -> (GitHubRunnerStatus, bool) {
         Some(r) if r.status == "online" => (GitHubRunnerStatus::Online, r.busy),
         Some(r) => (GitHubRunnerStatus::Offline, r.busy),
     }
+}
+
+/// The GitHub fact to write on `a`, or None: not on a concluded attempt (nobody reads its facts:
+/// the agent turns facts into edges only while the runner lives, and cleanup, demand and the
+/// ledger never read `status.github`), nor when it did not change. Pure.
+pub fn github_facts(
+    a: &RunnerAttempt,
+    status: GitHubRunnerStatus,
+    busy: bool,
+) -> Option<AttemptFacts> {
+    if state_of(a).is_terminal() {
+        return None;
+    }
+    next_facts(&current_facts(a), status, busy)
+}
+
+/// The job fact to write on `a`, with the GitHub fact it holds (one write), or None: not on a
+/// concluded attempt, nor when it already holds this job. On a live attempt the agent takes
+/// `Busy` from it and demand counts the runner busy; on a concluded one nobody decides on it:
+/// the job leaves the ledger with the same delivery, and until then a runner that concluded
+/// `CompletedJob` explains its entry (`job_ledger::presumed_taken`). The job stays recorded in
+/// the operator's log (`job_ledger::KubeSink::apply`). Pure.
+pub fn job_facts(a: &RunnerAttempt, job: &JobFact) -> Option<AttemptFacts> {
+    let current = current_facts(a);
+    if state_of(a).is_terminal() || current.job.as_ref() == Some(job) {
+        return None;
+    }
+    Some(AttemptFacts {
+        github: current.github,
+        job: Some(job.clone()),
+    })
+}
+
+fn current_facts(a: &RunnerAttempt) -> AttemptFacts {
+    a.status
+        .as_ref()
+        .map(|s| s.facts.clone())
+        .unwrap_or_default()
+}
+
+/// How often a facts write is decided again on a fresh read after a conflict (the agent writes
+/// the same object; each conflict means it moved on).
+const FACTS_ATTEMPTS: usize = 4;
+
+/// Write the facts `decide` asks for on `seen` (None: nothing to write), a compare-and-swap on
+/// the version decided on; a conflict re-reads the attempt and decides again on the fresh object,
+/// so a fact is never written on an attempt that concluded after the decision's view. `Ok(true)`
+/// when written.
+pub async fn write_facts(
+    writer: &Writer,
+    seen: &RunnerAttempt,
+    decide: impl Fn(&RunnerAttempt) -> Option<AttemptFacts>,
+) -> Result<bool, kube::Error> {
+    let ns = seen.metadata.namespace.as_deref().unwrap_or_default();
+    let name = seen.metadata.name.as_deref().unwrap_or_default();
+    let mut fresh: Option<RunnerAttempt> = None;
+    for _ in 0..FACTS_ATTEMPTS {
+        let a = fresh.as_ref().unwrap_or(seen);
+        let Some(facts) = decide(a) else {
+            return Ok(false);
+        };
+        let version = a.metadata.resource_version.as_deref().unwrap_or_default();
+        match writer.facts(ns, name, &facts, version).await? {
+            Cas::Written => return Ok(true),
+            Cas::Gone => return Ok(false),
+            Cas::Conflict => match writer.attempts(ns).get_opt(name).await? {
+                Some(a) => fresh = Some(a),
+                None => return Ok(false),
+            },
+        }
+    }
+    Err(kube::Error::Service(
+        "the attempt kept changing under the facts write".into(),
+    ))
 }
 
 /// The facts to write, or None when they did not change. Pure.
@@ -255,18 +329,11 @@ pub async fn observe(
         if a.status.as_ref().and_then(|s| s.journal.runner()).is_none() {
             continue;
         }
-        let ns = a.metadata.namespace.as_deref().unwrap_or_default();
-        let name = a.metadata.name.as_deref().unwrap_or_default();
         // By the name derived from the attempt, never the status's (an agent writes the status).
         let listed = listed_runner(&listing, a);
         let (status, busy) = fact_of(listed);
-        let current = a
-            .status
-            .as_ref()
-            .map(|s| s.facts.clone())
-            .unwrap_or_default();
-        if let Some(next) = next_facts(&current, status, busy)
-            && let Err(source) = ctx.writer.facts(ns, name, &next).await
+        if let Err(source) =
+            write_facts(&ctx.writer, a, |fresh| github_facts(fresh, status, busy)).await
         {
             errors.push(ReconcileError::Write {
                 kind: WriteKind::AttemptFacts,
@@ -472,5 +539,47 @@ mod tests {
         let g = next_facts(&f, GitHubRunnerStatus::Online, true).unwrap();
         assert_eq!(g.github.as_ref().unwrap().generation, 2);
         assert_eq!(fact_of(None), (GitHubRunnerStatus::Absent, false));
+    }
+
+    fn job(id: i64) -> JobFact {
+        JobFact {
+            id,
+            run_id: Some(1),
+            repository: Some("a/b".into()),
+            workflow_ref: None,
+        }
+    }
+
+    #[test]
+    fn no_fact_is_written_on_a_concluded_attempt() {
+        for state in ["Finished", "Failed", "Cleaned"] {
+            let a = attempt_in(state, Some(42));
+            assert!(
+                github_facts(&a, GitHubRunnerStatus::Online, true).is_none(),
+                "{state}: a GitHub fact"
+            );
+            assert!(job_facts(&a, &job(7)).is_none(), "{state}: a job fact");
+        }
+        // A live runner gets both: the agent decides on them.
+        for state in ["Starting", "Idle", "Busy"] {
+            let a = attempt_in(state, Some(42));
+            assert!(github_facts(&a, GitHubRunnerStatus::Online, true).is_some());
+            assert_eq!(job_facts(&a, &job(7)).unwrap().job, Some(job(7)));
+        }
+    }
+
+    #[test]
+    fn a_job_fact_carries_the_github_fact_and_is_not_written_twice() {
+        let mut a = attempt_in("Starting", Some(42));
+        let github = github_facts(&a, GitHubRunnerStatus::Online, false).unwrap();
+        a.status.as_mut().unwrap().facts = github.clone();
+        let both = job_facts(&a, &job(7)).unwrap();
+        assert_eq!(both.github, github.github, "one write holds both facts");
+        a.status.as_mut().unwrap().facts = both;
+        assert!(job_facts(&a, &job(7)).is_none(), "already recorded");
+        assert!(
+            github_facts(&a, GitHubRunnerStatus::Online, false).is_none(),
+            "unchanged"
+        );
     }
 }
