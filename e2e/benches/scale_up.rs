@@ -176,12 +176,19 @@ fn by_writer(writes: &BTreeMap<String, Vec<Write>>) -> String {
             .collect();
         *sequences.entry(seq.join(" ")).or_default() += 1;
     }
-    let common = sequences
+    // The three commonest sequences: the commonest alone hid which writes the others add.
+    let mut ranked: Vec<(&String, &usize)> = sequences.iter().collect();
+    ranked.sort_by(|a, b| b.1.cmp(a.1));
+    let common = ranked
         .iter()
-        .max_by_key(|(_, n)| **n)
-        .map(|(s, k)| format!("commonest ({k} of {}): {s}", writes.len()))
-        .unwrap_or_default();
-    format!("by writer: {}\n  {common}", out.join(", "))
+        .take(3)
+        .map(|(s, k)| format!("{k} of {}: {s}", writes.len()))
+        .collect::<Vec<_>>()
+        .join("\n  ");
+    format!(
+        "by writer: {}\n  commonest sequences:\n  {common}",
+        out.join(", ")
+    )
 }
 
 /// The calls per endpoint between two readings of the simulated GitHub's counters.
