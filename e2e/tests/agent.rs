@@ -1690,6 +1690,44 @@ async fn until_host(what: &str, check: impl Fn() -> bool) {
     .unwrap();
 }
 
+/// The agent's default (`--materialize auto`) lays packages by overlay where the probe mount
+/// succeeds (this host's ext4 `/tmp`), and a world that goes while its agent's runtimes are mounted
+/// (the agent killed, its runner live) leaves no mount behind: the world unmounts its agents'
+/// overlays before its scratch directory goes. Before, only an agent world did, and the product
+/// worlds of the other suites left one mount per live runtime in the machine's mount table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_materializer_is_the_overlay_and_a_world_leaves_no_mount_behind() {
+    use runner_manager_node_agent::packages::overlay;
+    let Some(w) = World::builder("the_default_materializer_is_the_overlay")
+        .agent_under_test()
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let scratch = w.scratch().to_path_buf();
+    let agent = w.agent(4, &[]).unwrap();
+    w.wait_recovered().await.unwrap();
+    assert!(
+        agent
+            .lines()
+            .iter()
+            .any(|l| l.contains("packages are laid into runtimes by overlay")),
+        "{:?}",
+        agent.lines()
+    );
+    let a = w.pending_attempt().await.unwrap();
+    let runtime = runtime_of(&bring_to_idle(&w, &a).await);
+    assert_eq!(overlay::overlays_under(&scratch).unwrap(), vec![runtime]);
+    drop(agent);
+    drop(w);
+    assert_eq!(
+        overlay::overlays_under(&scratch).unwrap(),
+        Vec::<std::path::PathBuf>::new(),
+        "mounts left behind"
+    );
+}
+
 /// An attempt on a persistent slot deleted without its finalizer while its runner lives, with the
 /// overlay materialize: slots are never removed, so before its slot and package leases are
 /// released the sweep unmounts the slot and removes its overlay workdir (before: the slot stayed

@@ -397,15 +397,6 @@ impl Drop for AgentWorld {
     fn drop(&mut self) {
         // Whatever a failed test left running in this world's cgroups is killed and removed.
         kill_cgroup_tree(&self.cgroup_dir());
-        // An agent run with `--materialize overlay` is killed with its runtimes still mounted;
-        // its temporary host root goes, but the mounts would stay in the machine's mount table
-        // (CI runs on a developer's host). Only the agent's own overlays are taken.
-        let mounts = runner_manager_node_agent::packages::overlay::overlays_under(&self.on.host)
-            .unwrap_or_default();
-        for m in mounts.iter().rev() {
-            if let Err(e) = runner_manager_node_agent::packages::overlay::unmount(m) {
-                eprintln!("could not unmount {}: {e}", m.display());
-            }
-        }
+        // The agent's overlays are unmounted by the world's own `Drop`, next.
     }
 }

@@ -316,6 +316,25 @@ pub struct World {
     scratch: tempfile::TempDir,
 }
 
+impl Drop for World {
+    fn drop(&mut self) {
+        // Before the scratch directory goes: an agent materializing by overlay (the default,
+        // `--materialize auto`) is killed with its runtimes still mounted, and removing the
+        // scratch directory would leave those mounts in the machine's mount table (CI runs on a
+        // developer's host). Every agent of any world has its host root under the scratch
+        // directory, so this one place covers them all; only the agent's own overlays are taken.
+        // The worlds holding this one have stopped their agents and runners by now (their
+        // `Drop` runs before their fields'); a mount a straggler still holds is detached.
+        use runner_manager_node_agent::packages::overlay;
+        let mounts = overlay::overlays_under(self.scratch.path()).unwrap_or_default();
+        for m in mounts.iter().rev() {
+            if let Err(e) = overlay::unmount(m) {
+                eprintln!("could not unmount {}: {e}", m.display());
+            }
+        }
+    }
+}
+
 impl std::fmt::Debug for World {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("World")
