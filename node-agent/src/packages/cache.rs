@@ -32,10 +32,10 @@ use tokio::sync::{RwLock, watch};
 
 use super::contents::{CopyCheck, PackageContents, RetainedWork, TreeMismatch, sha256_file};
 use super::copy::{CopyError, CopyReport, copy_tree_checked};
-use super::download::{DownloadError, Downloader};
-use super::extract::{ExtractError, ExtractLimits, extract_tar_gz};
+use super::download::{DownloadError, Downloader, Tap, tap};
+use super::extract::{ExtractError, ExtractLimits, extract_tar_gz_from};
 use super::fingerprint::{Fingerprint, fingerprint};
-use super::origin::{prove_origin, still_intact};
+use super::origin::{prove_origin, proven_by_construction, still_intact};
 use super::overlay::{Materializer, OverlayError};
 use super::timings::PackageTimings;
 use crate::workspace::allocation::AllocationGuard;
@@ -312,6 +312,12 @@ impl PackageCache {
         let root = root.into();
         for dir in [root.clone(), root.join(".archives"), root.join(".staging")] {
             std::fs::create_dir_all(dir)?;
+        }
+        // Whatever staging holds is an install or a download this process never finished (one
+        // cache per agent, made at its start): nothing there was ever trusted, and a crash
+        // mid-install must not leave it for good.
+        for entry in std::fs::read_dir(root.join(".staging"))? {
+            remove_tree(&entry?.path())?;
         }
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
         let dev = std::fs::metadata(&root)?.dev();
@@ -854,9 +860,14 @@ impl PackageCache {
     }
 
     /// Install under the exclusive hold: reuse the kept archive when its digest still checks,
-    /// else download it; extract into staging; then adopt a tree standing there if it proves
-    /// against the contents (it may be the lower of running overlays), else replace it by the
-    /// staging's rename unless something runs on it ([`PackageError::TreeInUse`]); record trust.
+    /// else download it — extracting it into a staging directory of its own as it streams in,
+    /// which is used only once the download's digest matched (otherwise it is removed, and the
+    /// kept archive is extracted after the download's retries, as before); extract into staging;
+    /// then adopt a tree standing there if it proves against the contents (it may be the lower
+    /// of running overlays), else replace it by the staging's rename unless something runs on it
+    /// ([`PackageError::TreeInUse`]); record trust. A tree renamed in from this process's own
+    /// extraction is proven by construction ([`proven_by_construction`]), so its first mount or
+    /// clone reads nothing again.
     async fn install(
         &self,
         package: PackageRef<'_>,
@@ -867,10 +878,11 @@ impl PackageCache {
         let sha = package.sha256.to_owned();
         let tree = self.tree(&sha);
         let archive = self.root.join(".archives").join(format!("{sha}.tar.gz"));
-        let staging = self
-            .root
-            .join(".staging")
-            .join(uuid::Uuid::new_v4().simple().to_string());
+        let new_staging = || {
+            self.root
+                .join(".staging")
+                .join(uuid::Uuid::new_v4().simple().to_string())
+        };
         let kept = {
             let (archive, sha) = (archive.clone(), sha.clone());
             blocking(move || {
@@ -882,9 +894,48 @@ impl PackageCache {
             })
             .await?
         };
+        let (limits, threads) = (self.limits, self.threads);
+        let mut streamed = None;
         if !kept {
-            self.shared_download(package, &archive, demand).await?;
+            let downloading = Instant::now();
+            let (tap, reader) = tap();
+            let stream_staging = new_staging();
+            let extraction = {
+                let staging = stream_staging.clone();
+                tokio::task::spawn_blocking(move || {
+                    let extracted = std::fs::create_dir(&staging)
+                        .map_err(ExtractError::from)
+                        .and_then(|()| extract_tar_gz_from(reader, &staging, limits));
+                    if extracted.is_err() {
+                        let _ = remove_tree(&staging);
+                    }
+                    extracted
+                })
+            };
+            if let Err(e) = self
+                .shared_download(package, &archive, demand, Some(tap))
+                .await
+            {
+                // The download may go on for other launches and still feed this extraction:
+                // whatever it leaves goes when it ends.
+                tokio::spawn(async move {
+                    if let Ok(Ok(_)) = extraction.await {
+                        let _ =
+                            tokio::task::spawn_blocking(move || remove_tree(&stream_staging)).await;
+                    }
+                });
+                return Err(e);
+            }
             timings.downloaded = true;
+            timings.download = downloading.elapsed();
+            let waited = Instant::now();
+            // Any failure here (the try that fed it failed, an unverified stream it refused, a
+            // disk error) leaves nothing and falls back to the verified kept archive, whose
+            // extraction decides what the archive is.
+            if let Ok(Ok(extracted)) = extraction.await {
+                streamed = Some((stream_staging, extracted));
+            }
+            timings.extract = waited.elapsed();
         }
         // A tree already standing there (from before a restart, or one that moved) may be the
         // live lower of running overlays, whose next read would fail if it went: it is proven in
@@ -893,56 +944,84 @@ impl PackageCache {
         // A copy leaves nothing running on the tree: a lease there only keeps it from a prune.
         let in_use_by_lease = self.materializer == Materializer::Overlay
             && self.state().leases.values().any(|l| *l == sha);
-        let (archive2, staging2, tree2) = (archive.clone(), staging.clone(), tree.clone());
-        let (limits, threads) = (self.limits, self.threads);
-        let aside = self
-            .root
-            .join(".staging")
-            .join(uuid::Uuid::new_v4().simple().to_string());
+        let (archive2, tree2) = (archive.clone(), tree.clone());
+        let (file_staging, aside) = (new_staging(), new_staging());
+        let streamed_in = streamed.is_some();
+        let extracting = Instant::now();
         let extracted = blocking(move || {
-            std::fs::create_dir(&staging2)?;
-            match extract_tar_gz(&archive2, &staging2, limits) {
-                Ok(contents) => {
-                    if std::fs::symlink_metadata(&tree2).is_ok() {
-                        let proven = fingerprint(&tree2).ok().and_then(|print| {
-                            prove_origin(&tree2, &contents, print, threads)
-                                .ok()
-                                .filter(|proven| *proven)
-                                .map(|_| print)
-                        });
-                        if let Some(print) = proven {
-                            remove_tree(&staging2)?;
-                            return Ok((contents, print, true));
+            let (staging2, extracted) = match streamed {
+                Some(done) => done,
+                None => {
+                    std::fs::create_dir(&file_staging)?;
+                    let from_file = std::fs::File::open(&archive2)
+                        .map_err(ExtractError::from)
+                        .and_then(|file| extract_tar_gz_from(file, &file_staging, limits));
+                    match from_file {
+                        Ok(extracted) => (file_staging, extracted),
+                        Err(e) => {
+                            let _ = remove_tree(&file_staging);
+                            return Err(if e.is_unsafe_archive() {
+                                // The verified archive itself is unsafe: keeping it helps nobody.
+                                let _ = std::fs::remove_file(&archive2);
+                                PackageError::Unsafe(e)
+                            } else {
+                                PackageError::Io(match e {
+                                    ExtractError::Io(e) => e.kind(),
+                                    _ => io::ErrorKind::Other,
+                                })
+                            });
                         }
-                        if in_use_by_lease || super::overlay::is_lower_of_a_mount(&tree2)? {
-                            let _ = remove_tree(&staging2);
-                            return Err(PackageError::TreeInUse);
-                        }
-                        std::fs::rename(&tree2, &aside)?;
-                        remove_tree(&aside)?;
                     }
-                    std::fs::rename(&staging2, &tree2)?;
-                    let print = fingerprint(&tree2)?;
-                    Ok((contents, print, false))
                 }
-                Err(e) => {
+            };
+            let extract_done = Instant::now();
+            if std::fs::symlink_metadata(&tree2).is_ok() {
+                let proven = fingerprint(&tree2).ok().and_then(|print| {
+                    prove_origin(&tree2, &extracted.contents, print, threads)
+                        .ok()
+                        .filter(|proven| *proven)
+                        .map(|_| print)
+                });
+                if let Some(print) = proven {
+                    remove_tree(&staging2)?;
+                    return Ok((extracted.contents, print, true, extract_done));
+                }
+                if in_use_by_lease || super::overlay::is_lower_of_a_mount(&tree2)? {
                     let _ = remove_tree(&staging2);
-                    if e.is_unsafe_archive() {
-                        // The verified archive itself is unsafe: keeping it helps nobody.
-                        let _ = std::fs::remove_file(&archive2);
-                        Err(PackageError::Unsafe(e))
-                    } else {
-                        Err(PackageError::Io(match e {
-                            ExtractError::Io(e) => e.kind(),
-                            _ => io::ErrorKind::Other,
-                        }))
-                    }
+                    return Err(PackageError::TreeInUse);
                 }
+                std::fs::rename(&tree2, &aside)?;
+                remove_tree(&aside)?;
             }
+            std::fs::rename(&staging2, &tree2)?;
+            let (print, proven) = match proven_by_construction(&tree2, &extracted)? {
+                Some(print) => (print, true),
+                None => (fingerprint(&tree2)?, false),
+            };
+            Ok((extracted.contents, print, proven, extract_done))
         })
         .await;
         timings.install += started.elapsed();
-        let (contents, print, proven) = extracted?;
+        let (contents, print, proven, extract_done) = extracted?;
+        let fingerprinted = extract_done.elapsed();
+        if !streamed_in {
+            timings.extract += extracting.elapsed().saturating_sub(fingerprinted);
+        }
+        // One line per step, on the log's closed field names (the split of a cold launch).
+        let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let outcome = match (streamed_in, proven) {
+            (true, true) => "streamed_proven_by_construction",
+            (false, true) => "proven_by_construction",
+            (_, false) => "proof_pending",
+        };
+        for (step, took) in [
+            ("package_download", timings.download),
+            ("package_extract", timings.extract),
+            ("package_fingerprint", fingerprinted),
+            ("package_install", timings.install),
+        ] {
+            tracing::info!(step, elapsed_ms = ms(took), outcome, "package install step");
+        }
         let contents = Arc::new(contents);
         self.state().trusted.insert(
             sha,
@@ -973,6 +1052,7 @@ impl PackageCache {
         package: PackageRef<'_>,
         archive: &Path,
         demand: Demand<'_>,
+        mut tap: Option<Tap>,
     ) -> Result<(), PackageError> {
         loop {
             let mut done = {
@@ -980,7 +1060,7 @@ impl PackageCache {
                 match downloads.get(package.sha256) {
                     Some(running) => running.clone(),
                     None => {
-                        let started = self.start_download(package, archive);
+                        let started = self.start_download(package, archive, tap.take());
                         downloads.insert(package.sha256.to_owned(), started.clone());
                         started
                     }
@@ -1007,7 +1087,12 @@ impl PackageCache {
     /// Starts the version's download as its own task: it retries while any launch is inside
     /// `materialize` for the version, moves the verified archive into place, and says how it
     /// ended.
-    fn start_download(&self, package: PackageRef<'_>, archive: &Path) -> DownloadWatch {
+    fn start_download(
+        &self,
+        package: PackageRef<'_>,
+        archive: &Path,
+        tap: Option<Tap>,
+    ) -> DownloadWatch {
         let (tx, rx) = watch::channel(None);
         let downloader = self.downloader.clone();
         let (url, sha) = (package.url.to_owned(), package.sha256.to_owned());
@@ -1022,7 +1107,10 @@ impl PackageCache {
                 let sha = sha.clone();
                 move || lock(&interest).get(&sha).is_some_and(|n| *n > 0)
             };
-            let result = match downloader.fetch_while(&url, &sha, &part, &wanted).await {
+            let result = match downloader
+                .fetch_tapped(&url, &sha, &part, &wanted, tap)
+                .await
+            {
                 Ok(_) => tokio::fs::rename(&part, &archive)
                     .await
                     .map_err(DownloadError::from),

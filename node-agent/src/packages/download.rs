@@ -3,6 +3,12 @@
 //! mismatch), none for what will not (other 4xx). The body streams to a file and is hashed on
 //! the way; a file whose sha256 differs from the pinned one is deleted and never extracted.
 //!
+//! A tap ([`Tap`], read by a [`TapReader`]) hands the first try's body, chunk by chunk, to a
+//! reader on another thread (the cache extracts it into staging while it downloads), followed by
+//! a verdict: the reader's stream ends cleanly only once the whole body's sha256 matched the
+//! pinned digest; a try that fails in any way (transport, cap, digest) ends it with an error.
+//! A retry does not feed the tap: its reader has already seen the failed try's bytes.
+//!
 //! Size and scheme limits (issue 13, finding 8): a body is counted as it streams and refused
 //! past `--package-max-download-bytes` (a Content-Length past it is refused before reading, a
 //! false or missing one does not help); only https is fetched — the URL and every redirect —
@@ -15,6 +21,7 @@ use std::time::Duration;
 use runner_manager_crds::hosts::{HostList, check_scheme};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
 
 /// The default of `--package-max-download-bytes`: the runner's Linux package is ~200 MB.
 pub const DEFAULT_MAX_DOWNLOAD_BYTES: u64 = 1024 * 1024 * 1024;
@@ -137,6 +144,67 @@ impl From<io::Error> for DownloadError {
     }
 }
 
+/// What a tap carries.
+#[derive(Debug)]
+enum TapMsg {
+    Data(bytes::Bytes),
+    /// The body ended and its sha256 is the pinned digest.
+    Verified,
+}
+
+/// The sending end of a download's tap: give it to [`Downloader::fetch_tapped`].
+#[derive(Debug)]
+pub struct Tap(mpsc::Sender<TapMsg>);
+
+/// The reading end: the first try's body as a blocking [`io::Read`] (for a blocking thread, never
+/// the async runtime), which ends (`Ok(0)`) only after the body's digest matched; any other end
+/// (the try failed, the download went on without the tap, the tap was dropped) is an error.
+#[derive(Debug)]
+pub struct TapReader {
+    rx: mpsc::Receiver<TapMsg>,
+    chunk: bytes::Bytes,
+    verified: bool,
+}
+
+/// Chunks a tap holds before the download waits for its reader: the download goes no faster
+/// than the extraction behind it, and memory stays bounded.
+const TAP_DEPTH: usize = 256;
+
+/// A tap and its reader.
+pub fn tap() -> (Tap, TapReader) {
+    let (tx, rx) = mpsc::channel(TAP_DEPTH);
+    (
+        Tap(tx),
+        TapReader {
+            rx,
+            chunk: bytes::Bytes::new(),
+            verified: false,
+        },
+    )
+}
+
+impl io::Read for TapReader {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        while self.chunk.is_empty() {
+            if self.verified {
+                return Ok(0);
+            }
+            match self.rx.blocking_recv() {
+                Some(TapMsg::Data(chunk)) => self.chunk = chunk,
+                Some(TapMsg::Verified) => self.verified = true,
+                None => {
+                    return Err(io::Error::other(
+                        "the download ended without a verified digest",
+                    ));
+                }
+            }
+        }
+        let n = out.len().min(self.chunk.len());
+        out[..n].copy_from_slice(&self.chunk.split_to(n));
+        Ok(n)
+    }
+}
+
 /// The package downloader.
 #[derive(Clone, Debug)]
 pub struct Downloader {
@@ -200,9 +268,23 @@ impl Downloader {
         dest: &Path,
         wanted: &(dyn Fn() -> bool + Send + Sync),
     ) -> Result<u64, DownloadError> {
+        self.fetch_tapped(url, sha256, dest, wanted, None).await
+    }
+
+    /// [`Self::fetch_while`], handing the first try's body to `tap` as it streams (see
+    /// [`TapReader`]).
+    pub async fn fetch_tapped(
+        &self,
+        url: &str,
+        sha256: &str,
+        dest: &Path,
+        wanted: &(dyn Fn() -> bool + Send + Sync),
+        mut tap: Option<Tap>,
+    ) -> Result<u64, DownloadError> {
         let mut failures = 0;
         loop {
-            match self.fetch_once(url, sha256, dest).await {
+            // Only the first try: `take` drops the tap after it, ending its reader.
+            match self.fetch_once(url, sha256, dest, tap.take()).await {
                 Ok(size) => return Ok(size),
                 Err(e) if e.retryable() => {
                     failures += 1;
@@ -226,7 +308,13 @@ impl Downloader {
         }
     }
 
-    async fn fetch_once(&self, url: &str, sha256: &str, dest: &Path) -> Result<u64, DownloadError> {
+    async fn fetch_once(
+        &self,
+        url: &str,
+        sha256: &str,
+        dest: &Path,
+        mut tap: Option<Tap>,
+    ) -> Result<u64, DownloadError> {
         check_scheme(url, &self.limits.http_hosts).map_err(|_| DownloadError::InsecureUrl)?;
         let mut response = match self.client.get(url).send().await {
             Ok(r) => r,
@@ -255,8 +343,17 @@ impl Downloader {
                 hasher.update(&chunk);
                 file.write_all(&chunk).await?;
                 size += chunk.len() as u64;
+                // A reader that went away (it refused the archive, or gave up) stops the tap,
+                // not the download.
+                if let Some(Tap(tx)) = &tap
+                    && tx.send(TapMsg::Data(chunk)).await.is_err()
+                {
+                    tap = None;
+                }
             }
-            file.sync_all().await?;
+            // No fsync: a kept archive is used only after its digest checks again (a torn one
+            // after a crash is downloaded again), so durability buys nothing but a wait.
+            file.flush().await?;
             Ok::<_, DownloadError>(())
         }
         .await;
@@ -267,6 +364,9 @@ impl Downloader {
         if hex::encode(hasher.finalize()) != sha256 {
             let _ = tokio::fs::remove_file(dest).await;
             return Err(DownloadError::ChecksumMismatch);
+        }
+        if let Some(Tap(tx)) = tap {
+            let _ = tx.send(TapMsg::Verified).await;
         }
         Ok(size)
     }

@@ -5,11 +5,18 @@
 //! setuid, setgid and sticky bits are never applied. Every file is hashed as it is written,
 //! which gives the [`PackageContents`] the trees are later verified against.
 //!
+//! Pipelined: the gzip stream is inflated on a thread of its own while the tar entries are
+//! written and hashed on the caller's, and the source is read to its end before the extraction
+//! counts as done (a download streamed in says there whether its digest matched; see
+//! [`super::download::TapReader`]). Each file's and link's [`Stamp`] is taken from the
+//! descriptor that wrote it, after its last write, so the cache can tell that the tree it
+//! fingerprints later is still what was hashed here ([`super::origin::proven_by_construction`]).
+//!
 //! Capped ([`ExtractLimits`]): an archive is a tenant's choice (its policy names the URL and the
 //! digest), and a small one can inflate without bound. Bytes are counted as they are written,
 //! not taken from headers, so a lying header or a sparse entry cannot slip past.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::{DirBuilder, File};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -18,6 +25,7 @@ use std::path::{Component, Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use super::contents::{EntryRecord, PackageContents};
+use super::fingerprint::Stamp;
 use crate::workspace::WORK_DIR;
 
 /// What one package archive may inflate to. The defaults sit well above GitHub's runner
@@ -180,20 +188,138 @@ impl Budget {
     }
 }
 
+/// What an extraction wrote.
+#[derive(Debug)]
+pub struct Extracted {
+    pub contents: PackageContents,
+    /// Every file's and link's stamp right after it was written, by relative path.
+    pub stamps: HashMap<PathBuf, Stamp>,
+}
+
 /// Extracts `archive` (gzip-compressed tar) into the empty directory `dest`, within `limits`.
 pub fn extract_tar_gz(
     archive: &Path,
     dest: &Path,
     limits: ExtractLimits,
 ) -> Result<PackageContents, ExtractError> {
+    extract_tar_gz_from(File::open(archive)?, dest, limits).map(|e| e.contents)
+}
+
+/// How much inflated data one hand-over between the two threads carries.
+const INFLATE_CHUNK: usize = 256 * 1024;
+
+/// Extracts the gzip-compressed tar read from `source` into the empty directory `dest`, within
+/// `limits`: inflated on a second thread, and `source` read to its end (an error there fails the
+/// extraction) even when the tar's end-of-archive marker came first.
+pub fn extract_tar_gz_from(
+    source: impl Read + Send,
+    dest: &Path,
+    limits: ExtractLimits,
+) -> Result<Extracted, ExtractError> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<Vec<u8>>>(8);
+    std::thread::scope(|scope| {
+        let inflater = scope.spawn(move || -> io::Result<()> {
+            let mut gz = flate2::read::GzDecoder::new(source);
+            loop {
+                let mut buf = vec![0u8; INFLATE_CHUNK];
+                let n = match fill(&mut gz, &mut buf) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        let _ = tx.send(Err(io::Error::new(e.kind(), e.to_string())));
+                        return Err(e);
+                    }
+                };
+                if n == 0 {
+                    break;
+                }
+                buf.truncate(n);
+                if tx.send(Ok(buf)).is_err() {
+                    // The tar side is done (its end marker, or a refusal): no need to inflate
+                    // the rest, only to read it.
+                    break;
+                }
+            }
+            drop(tx);
+            // Read to the source's end: a streamed download gives its digest's verdict there.
+            io::copy(&mut gz.into_inner(), &mut io::sink()).map(drop)
+        });
+        let written = extract_entries(ChannelReader::new(rx), dest, limits);
+        // The receiver went with `written`'s reader: the inflater stops sending and drains.
+        let drained = inflater
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the inflating thread panicked")));
+        let extracted = written?;
+        drained?;
+        Ok(extracted)
+    })
+}
+
+/// Reads until `buf` is full or the reader ends; the count read.
+fn fill(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match reader.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// The inflated stream, as handed over by the inflating thread. Ends when the sender goes (after
+/// the last chunk, or after an error it passed on).
+struct ChannelReader {
+    rx: std::sync::mpsc::Receiver<io::Result<Vec<u8>>>,
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl ChannelReader {
+    fn new(rx: std::sync::mpsc::Receiver<io::Result<Vec<u8>>>) -> Self {
+        Self {
+            rx,
+            buf: Vec::new(),
+            pos: 0,
+        }
+    }
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        while self.pos == self.buf.len() {
+            match self.rx.recv() {
+                Ok(Ok(chunk)) => {
+                    self.buf = chunk;
+                    self.pos = 0;
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = out.len().min(self.buf.len() - self.pos);
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+fn extract_entries(
+    tar_stream: impl Read,
+    dest: &Path,
+    limits: ExtractLimits,
+) -> Result<Extracted, ExtractError> {
     let mut budget = Budget {
         limits,
         entries: 0,
         bytes: 0,
     };
-    let file = File::open(archive)?;
-    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(io::BufReader::new(file)));
+    let mut tar = tar::Archive::new(tar_stream);
     let mut contents = PackageContents::default();
+    let mut stamps = HashMap::new();
+    // One buffer for every file (a fresh one per file cost an allocation and its zeroing each).
+    let mut buf = vec![0u8; 256 * 1024];
     // Links are created last, so nothing is ever written through one; an entry below a link
     // path is refused.
     let mut links: Vec<(PathBuf, PathBuf)> = Vec::new();
@@ -232,7 +358,9 @@ pub fn extract_tar_gz(
         } else if kind.is_file() {
             let executable = entry.header().mode()? & 0o111 != 0;
             make_parents(dest, &rel, &mut contents)?;
-            let (size, sha256) = write_new(&target, executable, &mut entry, &mut budget)?;
+            let (size, sha256, stamp) =
+                write_new(&target, executable, &mut entry, &mut budget, &mut buf)?;
+            stamps.insert(rel.clone(), stamp);
             contents.entries.insert(
                 rel,
                 EntryRecord::File {
@@ -269,7 +397,8 @@ pub fn extract_tar_gz(
             };
             make_parents(dest, &rel, &mut contents)?;
             let mut from = File::open(dest.join(&source))?;
-            write_new(&target, executable, &mut from, &mut budget)?;
+            let (_, _, stamp) = write_new(&target, executable, &mut from, &mut budget, &mut buf)?;
+            stamps.insert(rel.clone(), stamp);
             contents.entries.insert(rel, record);
         } else {
             return Err(ExtractError::SpecialEntry);
@@ -280,12 +409,14 @@ pub fn extract_tar_gz(
             return Err(ExtractError::ThroughLink);
         }
         make_parents(dest, &rel, &mut contents)?;
-        std::os::unix::fs::symlink(&link, dest.join(&rel))?;
+        let at = dest.join(&rel);
+        std::os::unix::fs::symlink(&link, &at)?;
+        stamps.insert(rel.clone(), Stamp::of(&std::fs::symlink_metadata(&at)?));
         contents
             .entries
             .insert(rel, EntryRecord::Symlink { target: link });
     }
-    Ok(contents)
+    Ok(Extracted { contents, stamps })
 }
 
 /// Creates missing parents of `rel` (archives need not list directories first).
@@ -307,13 +438,15 @@ fn make_parents(dest: &Path, rel: &Path, contents: &mut PackageContents) -> io::
 }
 
 /// Writes a new file (never an existing one, never through a link), hashing what it writes and
-/// stopping at the first byte past the budget.
+/// stopping at the first byte past the budget. Returns its size, digest and stamp (taken from the
+/// descriptor after the last write and chmod).
 fn write_new(
     path: &Path,
     executable: bool,
     from: &mut impl Read,
     budget: &mut Budget,
-) -> Result<(u64, [u8; 32]), ExtractError> {
+    buf: &mut [u8],
+) -> Result<(u64, [u8; 32], Stamp), ExtractError> {
     let (allowance, cap, limit) = budget.file_allowance();
     let mode = if executable { 0o755 } else { 0o644 };
     let mut file = File::options()
@@ -323,10 +456,9 @@ fn write_new(
         .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(path)?;
     let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 256 * 1024];
     let mut size = 0u64;
     loop {
-        let n = from.read(&mut buf)?;
+        let n = from.read(buf)?;
         if n == 0 {
             break;
         }
@@ -340,7 +472,8 @@ fn write_new(
     budget.bytes += size;
     // The umask may have narrowed the mode.
     file.set_permissions(std::fs::Permissions::from_mode(mode))?;
-    Ok((size, hasher.finalize().into()))
+    let stamp = Stamp::of(&file.metadata()?);
+    Ok((size, hasher.finalize().into(), stamp))
 }
 
 #[cfg(test)]

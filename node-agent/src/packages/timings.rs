@@ -9,6 +9,10 @@ pub struct PackageTimings {
     pub wait: Duration,
     /// Download (when needed), archive check and extraction.
     pub install: Duration,
+    /// Of `install`: the download (with the extraction streaming beside it).
+    pub download: Duration,
+    /// Of `install`: the extraction after the download ended (all of it from a kept archive).
+    pub extract: Duration,
     /// Fingerprints and the full contents check of the copy.
     pub verify: Duration,
     /// Laying the package out in the runtime.
@@ -18,6 +22,7 @@ pub struct PackageTimings {
 }
 
 impl PackageTimings {
+    /// `download` and `extract` are parts of `install`, not added again.
     pub fn total(&self) -> Duration {
         self.wait + self.install + self.verify + self.copy
     }
