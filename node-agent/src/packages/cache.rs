@@ -916,14 +916,21 @@ impl PackageCache {
                 .shared_download(package, &archive, demand, Some(tap))
                 .await
             {
-                // The download may go on for other launches and still feed this extraction:
-                // whatever it leaves goes when it ends.
-                tokio::spawn(async move {
+                // A failed extraction removed its own staging; a finished one is removed here.
+                let cleanup = async move {
                     if let Ok(Ok(_)) = extraction.await {
                         let _ =
                             tokio::task::spawn_blocking(move || remove_tree(&stream_staging)).await;
                     }
-                });
+                };
+                if matches!(e, PackageError::NoLongerWanted) {
+                    // The download may go on for other launches and still feed this extraction:
+                    // whatever it leaves goes when it ends.
+                    tokio::spawn(cleanup);
+                } else {
+                    // The download ended, and with it the tap: the extraction ends at once.
+                    cleanup.await;
+                }
                 return Err(e);
             }
             timings.downloaded = true;

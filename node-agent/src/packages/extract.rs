@@ -222,7 +222,7 @@ pub fn extract_tar_gz_from(
             let mut gz = flate2::read::GzDecoder::new(source);
             loop {
                 let mut buf = vec![0u8; INFLATE_CHUNK];
-                let n = match fill(&mut gz, &mut buf) {
+                let n = match read_some(&mut gz, &mut buf) {
                     Ok(n) => n,
                     Err(e) => {
                         let _ = tx.send(Err(io::Error::new(e.kind(), e.to_string())));
@@ -254,18 +254,15 @@ pub fn extract_tar_gz_from(
     })
 }
 
-/// Reads until `buf` is full or the reader ends; the count read.
-fn fill(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match reader.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
+/// One read (what the stream has now, so the tar side never waits for a full buffer while the
+/// download still streams); 0 at the end.
+fn read_some(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match reader.read(buf) {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+            other => return other,
         }
     }
-    Ok(n)
 }
 
 /// The inflated stream, as handed over by the inflating thread. Ends when the sender goes (after
