@@ -25,8 +25,12 @@
 # After every step, nothing leaks: each rm-* unit and runtime directory belongs to a live attempt,
 # each registration on the simulated GitHub to a live attempt, no jit-* handoff file exists, the
 # JITs minted equal the attempts that registered a runner, and no mount is under the host root on
-# the node (the chart's default materialize: copy), or, when the install sets overlay or auto,
-# only live runtimes' overlays; none after uninstall.
+# the node when the install sets materialize copy, or, with overlay or auto (the chart's default),
+# only live runtimes' overlays; none after uninstall. With overlay or auto the agent must have
+# chosen overlay (its log line and its runner_manager_agent_materializer{mode} gauge), and each
+# live runner must run from its runtime's overlay: an `overlay runner-package` mount at the
+# runtime in the node's mount table (PID 1's: the agent's mount reached the host through the
+# Bidirectional volume) and in the runner unit's own mount namespace.
 # Prints `kubectl get pods -A -o wide` and `kubectl get sp,ra`. Needs KUBECONFIG of that cluster
 # (default $RM_CLUSTER_RUN/kubeconfig), the images built and `cargo build --workspace --bins`.
 set -euo pipefail
@@ -108,13 +112,24 @@ chart_values
 materialize=$(K -n $ns get ds/$rel-runner-manager-node-agent \
   -o jsonpath='{.spec.template.spec.containers[*].env[?(@.name=="RM_MATERIALIZE")].value}')
 case "$materialize" in copy|overlay|auto) ;; *) fail "the agent's RM_MATERIALIZE is '$materialize'" ;; esac
-say "helm install: operator ${op#*@}, node agent ${ag#*@}: both Ready on node $RM_CLUSTER_NODE"
+say "helm install: operator ${op#*@}, node agent ${ag#*@}: both Ready on node $RM_CLUSTER_NODE (materialize $materialize)"
 K get pods -A -o wide
 log=$(K -n $ns logs ds/$rel-runner-manager-node-agent)
 case "$log" in *"launcher Systemd"*|*'"launcher":"Systemd"'*) ;; *) fail "the agent does not serve with the systemd launcher" ;; esac
 lease=$(K -n $ns get lease -o name 2>/dev/null | grep -c "$RM_CLUSTER_NODE" || true)
 [ "$lease" -ge 1 ] || fail "no Lease of node $RM_CLUSTER_NODE (webhook or broker unreachable)"
 say "the agent serves with the systemd launcher; its node Lease passed the admission webhook"
+# What the agent chose: with overlay or auto on this node's ext4/xfs host root the start-up probe
+# mount must succeed, so the runtimes are overlays (a silent fallback to the copy would pass every
+# other check here).
+if [ "$materialize" != copy ]; then
+  case "$log" in *"packages are laid into runtimes by overlay"*) ;;
+    *) fail "materialize $materialize: the agent did not log that it lays packages by overlay: $(grep -o 'packages are laid into runtimes by [a-z]*' <<<"$log" || true)" ;; esac
+  pod_ip=$(K -n $ns get pods -l app.kubernetes.io/component=node-agent -o jsonpath='{.items[0].status.podIP}')
+  gauge=$(N curl -fsS "http://$pod_ip:9090/metrics" | grep '^runner_manager_agent_materializer{mode="overlay"} ' || true)
+  [ "${gauge##* }" = 1 ] || fail "materialize $materialize: runner_manager_agent_materializer{mode=\"overlay\"} is '$gauge', not 1"
+  say "materialize $materialize: the agent lays packages by overlay (log line; runner_manager_agent_materializer{mode=\"overlay\"} 1)"
+fi
 
 # The Lease rule in CEL (admissionPolicy.enabled, Kubernetes 1.30+): the API server itself
 # refuses another node's Lease to a token bound to the agent's pod.
@@ -175,13 +190,16 @@ handoffs() { { find "$HOST_ROOT" -name 'jit-*' 2>/dev/null; N find /run /tmp -xd
 # No leak: every unit, runtime directory and registration belongs to a live attempt; no handoff
 # file; every JIT minted went to an attempt that registered (none twice).
 no_leaks() {
-  local live want u units_now d dirs mounted point fstype source regs registered minted mounts
-  # What is on the node first, the live attempts after: an attempt created in between (a minIdle
-  # replacement) is then among those it is checked against, never read as a leak.
+  local before live want u units_now d dirs mounted point fstype source regs registered minted mounts
+  # The live attempts before and after what is on the node: an attempt created in between (a
+  # minIdle replacement) is in the second list, one cleaned in between (a job that just ended,
+  # its runtime listed a moment before its removal) in the first; neither is read as a leak. A
+  # runtime really left behind by such an attempt is caught by the next check.
+  before=$(live_ids)
   units_now=$(units)
   dirs=$(ls "$HOST_ROOT/runners" 2>/dev/null || true)
   mounted=$(N awk '$5 ~ "^/var/lib/runner-manager" { for (i = 7; i <= NF; i++) if ($i == "-") { print $5, $(i + 1), $(i + 2); break } }' /proc/1/mountinfo)
-  live=$(live_ids | sort)
+  live=$(printf '%s\n%s\n' "$before" "$(live_ids)" | sed '/^$/d' | sort -u)
   want=$(for id in $live; do unit_of "$id"; done | sort)
   for u in $units_now; do
     case $'\n'"$want"$'\n' in *$'\n'"$u"$'\n'*) ;; *) fail "$1: unit $u belongs to no live attempt" ;; esac
@@ -219,6 +237,25 @@ first=$(attempts | jq -r '[.items[] | select(.status.state == "Idle")][0].spec.i
 N systemctl is-active --quiet "$(unit_of "$first")" || fail "the idle runner's unit $(unit_of "$first") is not active in the node's systemd"
 [ -n "$(ls "$HOST_ROOT/packages" 2>/dev/null)" ] || fail "no package materialized under the node's host root"
 say "idle runner $(unit_of "$first") active in the node's systemd; package on the node's host root: $(ls "$HOST_ROOT/packages" | head -1)"
+# The runner runs from an overlay visible on the host: its runtime is the agent's overlay in the
+# node's mount table (the agent's mount propagated out of its container) and in the unit's mount
+# namespace (systemd set up the unit's sandbox from the host's table), its lower the cached package.
+runs_from_overlay() {
+  local id=$1 rt pid line
+  rt=/var/lib/runner-manager/runners/$(unit_of "$id" | sed 's/^rm-//; s/\.service$//')
+  pid=$(N systemctl show -P MainPID "$(unit_of "$id")")
+  [ -n "$pid" ] && [ "$pid" != 0 ] || fail "the runner unit $(unit_of "$id") has no main process"
+  for table in /proc/1/mountinfo "/proc/$pid/mountinfo"; do
+    line=$(N awk -v rt="$rt" '$5 == rt { for (i = 7; i <= NF; i++) if ($i == "-") { print $(i + 1), $(i + 2), $(i + 3); break } }' "$table" | tail -1)
+    case "$line" in "overlay runner-package "*lowerdir=/var/lib/runner-manager/packages/*) ;;
+      *) fail "runner $(unit_of "$id"): its runtime $rt in $table is '$line', not the agent's overlay over a cached package" ;; esac
+  done
+  N test -x "$rt/bin/Runner.Listener" || fail "runner $(unit_of "$id"): no bin/Runner.Listener through its overlay"
+}
+if [ "$materialize" != copy ]; then
+  runs_from_overlay "$first"
+  say "runner $(unit_of "$first") runs from an overlay (upper runners/<id>, lower packages/<sha256>) seen in the node's mount table and its unit's namespace"
+fi
 ids=()
 for i in 1 2 3; do ids+=("$(queue_job "build-$i" 2000)"); done
 for id in "${ids[@]}"; do wait_for 120 "job $id completed" job_done "$id"; done
@@ -314,7 +351,10 @@ wait_for 60 "no pod after helm uninstall" no_pods
 [ -z "$(ls -A "$HOST_ROOT/runners" 2>/dev/null)" ] || fail "runtime directories left: $(ls -A "$HOST_ROOT/runners")"
 [ "$(N awk '$5 ~ "^/var/lib/runner-manager" {n++} END {print n + 0}' /proc/1/mountinfo)" = 0 ] \
   || fail "mounts left under /var/lib/runner-manager on the node after helm uninstall"
+# Nor anywhere else on the node (an agent's overlay is recognised by its source).
+[ "$(N awk '/ - overlay runner-package / {n++} END {print n + 0}' /proc/1/mountinfo)" = 0 ] \
+  || fail "runtime overlays left on the node after helm uninstall: $(N grep ' - overlay runner-package ' /proc/1/mountinfo)"
 [ "$(admin GET runners | jq length)" = 0 ] || fail "registrations left on the simulated GitHub: $(admin GET runners)"
 [ -z "$(handoffs)" ] || fail "JIT handoff files left: $(handoffs | tr '\n' ' ')"
-say "ScalePolicy deleted, helm uninstall: no pod, unit, runtime directory, registration or handoff file left"
+say "ScalePolicy deleted, helm uninstall: no pod, unit, runtime directory, mount (overlay or other) on the node, registration or handoff file left"
 echo "cluster/helm-check.sh: all checks passed"
