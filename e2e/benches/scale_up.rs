@@ -592,12 +592,18 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
     let (calls_after, by_endpoint_after) = p.operator_github_calls().await.unwrap();
     let calls = calls_after - calls_before;
     let breakdown = by_endpoint(&by_endpoint_after, &by_endpoint_before);
-    // Writes per attempt, once the burst's attempts are cleaned.
+    // Writes per attempt, once the burst's attempts are cleaned and released: the operator's
+    // finalizer release is the last write of an attempt's life, and a count taken at `Cleaned`
+    // missed it for the attempts released after the last was cleaned.
     wait::until(Duration::from_secs(300), "the burst cleaned", || async {
         let live = p.all_attempts().await.into_iter().any(|a| {
-            a.status.as_ref().is_none_or(|s| {
-                s.journal.state() != runner_manager_crds::state::AttemptState::Cleaned
-            })
+            a.metadata
+                .finalizers
+                .as_ref()
+                .is_some_and(|f| !f.is_empty())
+                || a.status.as_ref().is_none_or(|s| {
+                    s.journal.state() != runner_manager_crds::state::AttemptState::Cleaned
+                })
         });
         (!live).then_some(())
     })
