@@ -47,14 +47,18 @@ pub enum Retire {
     LeftMode,
 }
 
-/// Whether the policy's scale set should be deleted now, given the policy's attempts. Pure.
-pub fn retirement(policy: &ScalePolicy, attempts: &[&RunnerAttempt]) -> Option<Retire> {
-    let held = policy
+/// Whether the policy holds [`SCALE_SET_FINALIZER`] (only then can it have a set to delete).
+fn holds_set_finalizer(policy: &ScalePolicy) -> bool {
+    policy
         .metadata
         .finalizers
         .as_ref()
-        .is_some_and(|f| f.iter().any(|f| f == SCALE_SET_FINALIZER));
-    if !held {
+        .is_some_and(|f| f.iter().any(|f| f == SCALE_SET_FINALIZER))
+}
+
+/// Whether the policy's scale set should be deleted now, given the policy's attempts. Pure.
+pub fn retirement(policy: &ScalePolicy, attempts: &[&RunnerAttempt]) -> Option<Retire> {
+    if !holds_set_finalizer(policy) {
         return None;
     }
     if policy.metadata.deletion_timestamp.is_some() {
@@ -92,7 +96,12 @@ pub async fn run(ctx: Arc<Ctx>) {
     loop {
         let attempts = ctx.caches.attempts.state();
         let policies = ctx.caches.policies.state();
-        for policy in &policies {
+        // Only a policy holding the set's finalizer has a set to delete: the attempts are
+        // scanned for those alone. Scanning them for every policy was quadratic (10,000,000
+        // string comparisons per resync at 1,000 policies and 10,000 attempts, ~20 % of the
+        // leader's CPU in a fresh install's first pass), and this loop shares its task with
+        // the policy Controller, whose reconciles wait while it runs.
+        for policy in policies.iter().filter(|p| holds_set_finalizer(p)) {
             let ns = policy.metadata.namespace.as_deref().unwrap_or_default();
             let name = policy.metadata.name.as_deref().unwrap_or_default();
             let mine: Vec<&RunnerAttempt> = attempts
