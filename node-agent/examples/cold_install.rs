@@ -103,7 +103,7 @@ async fn main() {
         .unwrap();
     println!(
         "cache materialize ({}): {} (install {}, verify {}, lay in {}; split in the \
-         'package installed' event above)",
+         'package install step' lines above)",
         m.by.as_str(),
         ms(started.elapsed()),
         ms(m.timings.install),
