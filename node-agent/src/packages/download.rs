@@ -460,6 +460,35 @@ mod tests {
         assert!(matches!(e, Some(DownloadError::Exhausted { .. })), "{e:?}");
     }
 
+    /// A tap's reader ends cleanly only after the verdict; a tap dropped without one (a failed
+    /// try, a digest mismatch) is an error even after every byte arrived.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_taps_stream_ends_cleanly_only_after_its_digest_matched() {
+        use std::io::Read;
+        for verified in [true, false] {
+            let (Tap(tx), mut reader) = tap();
+            let read = tokio::task::spawn_blocking(move || {
+                let mut out = Vec::new();
+                reader.read_to_end(&mut out).map(|_| out)
+            });
+            tx.send(TapMsg::Data(bytes::Bytes::from_static(b"all the bytes")))
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            if verified {
+                tx.send(TapMsg::Verified)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
+            drop(tx);
+            let read = read.await.unwrap_or_else(|e| panic!("{e}"));
+            if verified {
+                assert_eq!(read.ok().as_deref(), Some(&b"all the bytes"[..]));
+            } else {
+                assert!(read.is_err(), "an unverified end is not an end");
+            }
+        }
+    }
+
     #[tokio::test]
     async fn plain_http_only_for_listed_hosts() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));

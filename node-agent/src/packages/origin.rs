@@ -74,3 +74,73 @@ pub fn still_intact(path: &Path, recorded: Fingerprint) -> bool {
     // An origin that cannot be fingerprinted any more is not intact.
     fingerprint(path).is_ok_and(|now| now == recorded)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::packages::extract::{ExtractLimits, extract_tar_gz_from};
+
+    fn archive() -> Vec<u8> {
+        let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let mut b = tar::Builder::new(gz);
+        for (path, data) in [
+            ("bin/Runner.Listener", &b"listener"[..]),
+            ("run.sh", b"run"),
+        ] {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_mode(0o755);
+            h.set_size(data.len() as u64);
+            b.append_data(&mut h, path, data).unwrap();
+        }
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        b.append_link(&mut h, "listener", "bin/Runner.Listener")
+            .unwrap();
+        b.into_inner().unwrap().finish().unwrap()
+    }
+
+    fn extracted(dir: &Path) -> Extracted {
+        std::fs::create_dir(dir).unwrap();
+        extract_tar_gz_from(&archive()[..], dir, ExtractLimits::default()).unwrap()
+    }
+
+    /// Proven by construction only while every written entry keeps its stamp and nothing is
+    /// added: an edit, a replacement, a removal or an extra entry after
+    /// the extraction leaves the tree to be proven by reading it.
+    #[test]
+    fn a_tree_is_proven_by_construction_only_as_it_was_written() {
+        let root = tempfile::tempdir().unwrap();
+        let tree = root.path().join("t");
+        let x = extracted(&tree);
+        assert_eq!(
+            proven_by_construction(&tree, &x).unwrap(),
+            Some(fingerprint(&tree).unwrap())
+        );
+
+        std::fs::write(tree.join("run.sh"), b"run").unwrap();
+        assert_eq!(
+            proven_by_construction(&tree, &x).unwrap(),
+            None,
+            "rewritten"
+        );
+
+        let tree = root.path().join("u");
+        let x = extracted(&tree);
+        std::fs::remove_file(tree.join("listener")).unwrap();
+        std::os::unix::fs::symlink("bin/Runner.Listener", tree.join("listener")).unwrap();
+        assert_eq!(proven_by_construction(&tree, &x).unwrap(), None, "replaced");
+
+        let tree = root.path().join("v");
+        let x = extracted(&tree);
+        std::fs::write(tree.join("bin/extra"), b"x").unwrap();
+        assert_eq!(proven_by_construction(&tree, &x).unwrap(), None, "extra");
+
+        let tree = root.path().join("w");
+        let x = extracted(&tree);
+        std::fs::remove_file(tree.join("run.sh")).unwrap();
+        assert_eq!(proven_by_construction(&tree, &x).unwrap(), None, "missing");
+    }
+}
