@@ -1,6 +1,7 @@
 //! The runner package cache (DESIGN §6, lifecycle-spec §5): download the operator-pinned archive
-//! with timeouts and retries, verify its sha256, extract it safely, fingerprint and trust the
-//! tree (in memory only), and materialize it into attempt runtimes by reflink or parallel copy,
+//! with timeouts and retries, verify its sha256, extract it safely (while it downloads, into a
+//! staging used only once the digest matched), fingerprint and trust the tree (in memory only;
+//! proven by construction in the process that extracted it, by a full read after a restart), and materialize it into attempt runtimes by reflink or parallel copy,
 //! proving every byte of every copy: hashed as it is copied, or cloned from an origin (the tree,
 //! or a seed on the runtime's volume) that was read in full and kept its fingerprint across the
 //! clone.
