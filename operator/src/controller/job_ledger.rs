@@ -382,7 +382,7 @@ enum ApplyError {
 
 impl KubeSink {
     /// The job fact of attempt `namespace/attempt`, read fresh (every replica receives
-    /// deliveries; only the leader caches attempts), written only while it is live.
+    /// deliveries; only the leader caches attempts), one compare-and-swap with its GitHub fact.
     async fn job_fact(
         &self,
         namespace: &str,
@@ -464,8 +464,7 @@ impl KubeSink {
                 // zero, scaled down with its job (the Controller reacts at once, and a scenario
                 // met it). In this order the job is counted once: `presumed_taken` explains
                 // the entry by the attempt's job, so it asks for no second runner.
-                // A concluded attempt gets no fact (`supervisor::job_facts` says why): the
-                // delivery costs it no write, and the log line below records the job.
+                // A concluded attempt gets its job too (`supervisor::job_facts` says why).
                 let fact_written = if event.action == JobAction::InProgress
                     && let Some(attempt) = event.attempt()
                 {
@@ -795,7 +794,8 @@ mod tests {
                             "timestamps": {"concludedAt": t(c)}});
         }
         if let Some(j) = job {
-            status["facts"] = json!({"job": {"id": j, "runId": 1, "repository": "acme/web"}});
+            // The facts are flattened into the status on the wire.
+            status["job"] = json!({"id": j, "runId": 1, "repository": "acme/web"});
         }
         std::sync::Arc::new(serde_json::from_value(json!({
             "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
@@ -808,6 +808,27 @@ mod tests {
                 "timeouts": {"registration": "60s", "idle": "120s", "jitHandoff": "120s"}}},
             "status": status
         })).unwrap())
+    }
+
+    /// Why a concluded runner's job fact is written (`supervisor::job_facts`): its delivery
+    /// removed its own job's entry, and without the fact it explained another job's.
+    #[test]
+    fn a_concluded_runner_whose_job_is_known_explains_no_other_entry() {
+        let t = |s: i64| Time(Timestamp::from_second(s).unwrap());
+        // Jobs 1 and 2 queued together; the runner took 1, concluded, and 1's entry is gone.
+        let ledger: BTreeMap<String, Time> = [("2".into(), t(100))].into();
+        let now = Timestamp::from_second(170).unwrap();
+        let h = std::time::Duration::from_secs(120);
+        assert_eq!(
+            presumed_taken(&ledger, &[taker(None, Some(160), None)], now, h),
+            1,
+            "without its fact the runner hides job 2's demand"
+        );
+        assert_eq!(
+            presumed_taken(&ledger, &[taker(None, Some(160), Some(1))], now, h),
+            0,
+            "with it job 2 is demand"
+        );
     }
 
     #[test]

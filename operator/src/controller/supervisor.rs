@@ -48,15 +48,15 @@ pub fn github_facts(
     next_facts(&current_facts(a), status, busy)
 }
 
-/// The job fact to write on `a`, with the GitHub fact it holds (one write), or None: not on a
-/// concluded attempt, nor when it already holds this job. On a live attempt the agent takes
-/// `Busy` from it and demand counts the runner busy; on a concluded one nobody decides on it:
-/// the job leaves the ledger with the same delivery, and until then a runner that concluded
-/// `CompletedJob` explains its entry (`job_ledger::presumed_taken`). The job stays recorded in
-/// the operator's log (`job_ledger::KubeSink::apply`). Pure.
+/// The job fact to write on `a`, with the GitHub fact it holds (one write), or None when it
+/// already holds this job. Written on a concluded attempt too: `job_ledger::presumed_taken`
+/// reads it there. A `CompletedJob` runner without a known job is taken to explain one pending
+/// entry for two poll intervals; once the delivery has removed its own job's entry it would
+/// explain another job's, and that job would wait for a runner until the horizon passed (the
+/// 50-job burst's last runners were created 27–137 s late while the fact was skipped). Pure.
 pub fn job_facts(a: &RunnerAttempt, job: &JobFact) -> Option<AttemptFacts> {
     let current = current_facts(a);
-    if state_of(a).is_terminal() || current.job.as_ref() == Some(job) {
+    if current.job.as_ref() == Some(job) {
         return None;
     }
     Some(AttemptFacts {
@@ -551,14 +551,15 @@ mod tests {
     }
 
     #[test]
-    fn no_fact_is_written_on_a_concluded_attempt() {
+    fn no_github_fact_is_written_on_a_concluded_attempt_but_its_job_is() {
         for state in ["Finished", "Failed", "Cleaned"] {
             let a = attempt_in(state, Some(42));
             assert!(
                 github_facts(&a, GitHubRunnerStatus::Online, true).is_none(),
                 "{state}: a GitHub fact"
             );
-            assert!(job_facts(&a, &job(7)).is_none(), "{state}: a job fact");
+            // The job fact is: the ledger's presumption reads it on a concluded runner.
+            assert_eq!(job_facts(&a, &job(7)).unwrap().job, Some(job(7)), "{state}");
         }
         // A live runner gets both: the agent decides on them.
         for state in ["Starting", "Idle", "Busy"] {
