@@ -435,6 +435,16 @@ impl Product {
             .unwrap_or_default()
     }
 
+    /// Stop every operator replica, keeping its log as `Drop` would.
+    pub fn stop_operators(&mut self) {
+        for (i, o) in self.operators.iter().enumerate() {
+            if let Some(p) = &o.process {
+                self.keep_log(&format!("operator-{i}"), p);
+            }
+        }
+        self.operators.clear();
+    }
+
     fn keep_log(&self, name: &str, p: &Running) {
         let _ = std::fs::create_dir_all(self.logs());
         let _ = std::fs::write(
