@@ -9,9 +9,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use runner_manager_node_agent::packages::cache::PackageRefusal;
 use runner_manager_node_agent::packages::download::{
     DownloadLimits, Downloader, RetryPolicy, Timeouts,
 };
+use runner_manager_node_agent::packages::extract::ExtractError;
 use runner_manager_node_agent::packages::{PackageCache, PackageError, PackageRef, RuntimeKind};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -351,4 +353,41 @@ async fn what_a_crash_mid_install_left_in_staging_is_swept_and_never_used() {
         fs::read(host.runtime().join("bin/Runner.Listener")).unwrap(),
         b"#!/bin/sh\necho listener\n"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_name_declaring_gigabytes_fails_fast_and_leaves_nothing() {
+    // A GNU long-name header declaring 8 GiB, followed by 64 MiB of its body (a 64 KiB gzip):
+    // the tar reader would read all of it into one buffer before the first entry. The stream is
+    // its own digest, so the refusal is the archive's.
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::GNULongName);
+    h.set_mode(0o644);
+    h.set_size(8 << 30);
+    let name = b"././@LongLink";
+    h.as_old_mut().name[..name.len()].copy_from_slice(name);
+    h.set_cksum();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, h.as_bytes()).unwrap();
+    std::io::Write::write_all(&mut gz, &vec![b'a'; 64 << 20]).unwrap();
+    let body = gz.finish().unwrap();
+    let digest = sha(&body);
+    let (url, release) = serve(Held {
+        declared: body.len(),
+        head: body,
+        tail: Vec::new(),
+    })
+    .await;
+    release.notify_one();
+    let host = Arc::new(Host::new());
+    let err = materialize(&host, &digest, &url).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PackageError::Unsafe(ExtractError::OversizedHeader { .. })
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.refusal(), Some(PackageRefusal::Unsafe));
+    host.holds_nothing_of(&digest);
 }

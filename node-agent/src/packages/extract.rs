@@ -99,6 +99,10 @@ pub enum ExtractError {
         cap.flag()
     )]
     TooLarge { cap: ExtractCap, limit: u64 },
+    #[error(
+        "the archive holds more than {limit} bytes between two entries (long names, link names, PAX records, or data on an entry that holds none)"
+    )]
+    OversizedHeader { limit: u64 },
     #[error("the archive could not be read or written ({0})")]
     Io(#[from] io::Error),
 }
@@ -208,6 +212,28 @@ pub fn extract_tar_gz(
 /// How much inflated data one hand-over between the two threads carries.
 const INFLATE_CHUNK: usize = 256 * 1024;
 
+/// What the tar reader may read between two entries it yields: headers, GNU long names and long
+/// link names, PAX records, and the skipped data of an entry that holds none. The tar crate reads
+/// a long name or PAX body into memory whole, as large as its header declares (a path is at most
+/// 4 KiB), so this is what bounds the memory an unverified stream can make the agent allocate.
+pub const MAX_HEADER_BYTES: u64 = 256 * 1024;
+
+/// Inflated bytes allowed per entry beyond the files' own bytes (its header, padding and a long
+/// name), for the inflater's cap on the whole stream.
+const ENTRY_ALLOWANCE: u64 = 8 * 1024;
+
+/// Slack for the end-of-archive blocks and a tar record's zero padding.
+const TRAILER_ALLOWANCE: u64 = 1 << 20;
+
+/// How many inflated bytes an archive within `limits` can hold at most: anything past it is
+/// refused while inflating, whatever the tar side reads or skips.
+fn inflate_cap(limits: ExtractLimits) -> u64 {
+    limits
+        .max_total_bytes
+        .saturating_add(limits.max_entries.saturating_mul(ENTRY_ALLOWANCE))
+        .saturating_add(TRAILER_ALLOWANCE)
+}
+
 /// Extracts the gzip-compressed tar read from `source` into the empty directory `dest`, within
 /// `limits`: inflated on a second thread, and `source` read to its end (an error there fails the
 /// extraction) even when the tar's end-of-archive marker came first.
@@ -217,9 +243,13 @@ pub fn extract_tar_gz_from(
     limits: ExtractLimits,
 ) -> Result<Extracted, ExtractError> {
     let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<Vec<u8>>>(8);
+    let cap = inflate_cap(limits);
+    let over_cap = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
+        let over_cap = &over_cap;
         let inflater = scope.spawn(move || -> io::Result<()> {
             let mut gz = flate2::read::GzDecoder::new(source);
+            let mut inflated = 0u64;
             loop {
                 let mut buf = vec![0u8; INFLATE_CHUNK];
                 let n = match read_some(&mut gz, &mut buf) {
@@ -230,6 +260,14 @@ pub fn extract_tar_gz_from(
                     }
                 };
                 if n == 0 {
+                    break;
+                }
+                // Counted here, not only where files are written: the tar side skips what it
+                // does not extract by inflating it too.
+                inflated += n as u64;
+                if inflated > cap {
+                    over_cap.store(true, std::sync::atomic::Ordering::Relaxed);
+                    let _ = tx.send(Err(io::Error::other("the archive inflates past its cap")));
                     break;
                 }
                 buf.truncate(n);
@@ -248,6 +286,12 @@ pub fn extract_tar_gz_from(
         let drained = inflater
             .join()
             .unwrap_or_else(|_| Err(io::Error::other("the inflating thread panicked")));
+        if over_cap.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(ExtractError::TooLarge {
+                cap: ExtractCap::TotalBytes,
+                limit: limits.max_total_bytes,
+            });
+        }
         let extracted = written?;
         drained?;
         Ok(extracted)
@@ -302,6 +346,40 @@ impl Read for ChannelReader {
     }
 }
 
+/// How much the tar reader read since the last entry it yielded, while it looks for the next.
+#[derive(Default)]
+struct Gap {
+    /// Whether reads count (between entries) or not (an entry's data, read by the extraction).
+    armed: std::cell::Cell<bool>,
+    bytes: std::cell::Cell<u64>,
+    tripped: std::cell::Cell<bool>,
+}
+
+/// The tar stream, failing any read that takes a gap between two entries past
+/// [`MAX_HEADER_BYTES`] (the tar crate would read on: into a long name's buffer, or through an
+/// entry's skipped data).
+struct GapReader<R> {
+    inner: R,
+    gap: std::rc::Rc<Gap>,
+}
+
+impl<R: Read> Read for GapReader<R> {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        if !self.gap.armed.get() {
+            return self.inner.read(out);
+        }
+        let left = MAX_HEADER_BYTES.saturating_sub(self.gap.bytes.get());
+        if left == 0 && !out.is_empty() {
+            self.gap.tripped.set(true);
+            return Err(io::Error::other("the archive's headers exceed their cap"));
+        }
+        let want = out.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut out[..want])?;
+        self.gap.bytes.set(self.gap.bytes.get() + n as u64);
+        Ok(n)
+    }
+}
+
 fn extract_entries(
     tar_stream: impl Read,
     dest: &Path,
@@ -312,7 +390,20 @@ fn extract_entries(
         entries: 0,
         bytes: 0,
     };
-    let mut tar = tar::Archive::new(tar_stream);
+    let gap = std::rc::Rc::new(Gap::default());
+    let mut tar = tar::Archive::new(GapReader {
+        inner: tar_stream,
+        gap: std::rc::Rc::clone(&gap),
+    });
+    let oversized = |e: io::Error| -> ExtractError {
+        if gap.tripped.get() {
+            ExtractError::OversizedHeader {
+                limit: MAX_HEADER_BYTES,
+            }
+        } else {
+            ExtractError::Io(e)
+        }
+    };
     let mut contents = PackageContents::default();
     let mut stamps = HashMap::new();
     // One buffer for every file (a fresh one per file cost an allocation and its zeroing each).
@@ -321,8 +412,15 @@ fn extract_entries(
     // path is refused.
     let mut links: Vec<(PathBuf, PathBuf)> = Vec::new();
     let mut link_paths = BTreeSet::new();
-    for entry in tar.entries()? {
-        let mut entry = entry?;
+    let mut entries = tar.entries()?;
+    loop {
+        gap.bytes.set(0);
+        gap.armed.set(true);
+        let Some(entry) = entries.next() else {
+            break;
+        };
+        gap.armed.set(false);
+        let mut entry = entry.map_err(oversized)?;
         budget.entry()?;
         let Some(rel) = normalise(&entry.path()?)? else {
             continue;
@@ -480,6 +578,121 @@ fn write_new(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A gzip'd tar of raw `(header, data)` pairs (headers as the test builds them, no
+    /// end-of-archive blocks unless given).
+    fn raw_tar_gz(entries: &[(tar::Header, Vec<u8>)], end: bool) -> Vec<u8> {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        for (header, data) in entries {
+            gz.write_all(header.as_bytes()).unwrap();
+            gz.write_all(data).unwrap();
+            let pad = (512 - data.len() % 512) % 512;
+            gz.write_all(&vec![0u8; pad]).unwrap();
+        }
+        if end {
+            gz.write_all(&[0u8; 1024]).unwrap();
+        }
+        gz.finish().unwrap()
+    }
+
+    fn header(kind: tar::EntryType, name: &str, size: u64) -> tar::Header {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_mode(0o755);
+        h.set_mtime(0);
+        h.set_size(size);
+        h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+        h.set_cksum();
+        h
+    }
+
+    #[test]
+    fn a_long_name_declaring_gigabytes_is_refused_before_it_is_read_into_memory() {
+        // A GNU 'L' header declaring 8 GiB, followed by 64 MiB of it: the tar crate would read
+        // all of it into one buffer (and the rest, had it been sent) before the next entry.
+        let body = vec![b'a'; 64 << 20];
+        let archive = raw_tar_gz(
+            &[(
+                header(tar::EntryType::GNULongName, "././@LongLink", 8 << 30),
+                body,
+            )],
+            false,
+        );
+        let dest = tempfile::tempdir().unwrap();
+        let err =
+            extract_tar_gz_from(&archive[..], dest.path(), ExtractLimits::default()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ExtractError::OversizedHeader {
+                    limit: MAX_HEADER_BYTES
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.is_unsafe_archive());
+    }
+
+    #[test]
+    fn data_on_an_entry_that_holds_none_is_not_skipped_by_inflating_it() {
+        let archive = raw_tar_gz(
+            &[(
+                header(tar::EntryType::Directory, "d/", 16 << 20),
+                vec![0u8; 16 << 20],
+            )],
+            true,
+        );
+        let dest = tempfile::tempdir().unwrap();
+        let err =
+            extract_tar_gz_from(&archive[..], dest.path(), ExtractLimits::default()).unwrap_err();
+        assert!(
+            matches!(err, ExtractError::OversizedHeader { .. }),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn the_whole_stream_inflates_within_the_limits() {
+        // Forty directories each carrying 200 KiB (under the gap's cap, so only the inflater's
+        // count of the whole stream sees them): 8 MiB inflated against a 1 MiB archive.
+        let limits = ExtractLimits {
+            max_total_bytes: 1 << 20,
+            max_entries: 64,
+            max_file_bytes: 1 << 20,
+        };
+        let entries: Vec<_> = (0..40)
+            .map(|i| {
+                (
+                    header(tar::EntryType::Directory, &format!("d{i}/"), 200 << 10),
+                    vec![0u8; 200 << 10],
+                )
+            })
+            .collect();
+        let archive = raw_tar_gz(&entries, true);
+        let dest = tempfile::tempdir().unwrap();
+        let err = extract_tar_gz_from(&archive[..], dest.path(), limits).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ExtractError::TooLarge {
+                    cap: ExtractCap::TotalBytes,
+                    limit: 1_048_576
+                }
+            ),
+            "{err:?}"
+        );
+        // The same directories without their data extract.
+        let entries: Vec<_> = (0..40)
+            .map(|i| {
+                (
+                    header(tar::EntryType::Directory, &format!("d{i}/"), 0),
+                    Vec::new(),
+                )
+            })
+            .collect();
+        let dest = tempfile::tempdir().unwrap();
+        extract_tar_gz_from(&raw_tar_gz(&entries, true)[..], dest.path(), limits).unwrap();
+    }
 
     #[test]
     fn links_are_judged_by_where_they_land() {
