@@ -16,12 +16,13 @@
 
 use std::io;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use runner_manager_crds::hosts::{HostList, check_scheme};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 
 /// The default of `--package-max-download-bytes`: the runner's Linux package is ~200 MB.
 pub const DEFAULT_MAX_DOWNLOAD_BYTES: u64 = 1024 * 1024 * 1024;
@@ -147,14 +148,40 @@ impl From<io::Error> for DownloadError {
 /// What a tap carries.
 #[derive(Debug)]
 enum TapMsg {
-    Data(bytes::Bytes),
+    /// A chunk, with the share of the tap's byte budget it holds until it is read.
+    Data(bytes::Bytes, tokio::sync::OwnedSemaphorePermit),
     /// The body ended and its sha256 is the pinned digest.
     Verified,
 }
 
 /// The sending end of a download's tap: give it to [`Downloader::fetch_tapped`].
 #[derive(Debug)]
-pub struct Tap(mpsc::Sender<TapMsg>);
+pub struct Tap {
+    tx: mpsc::Sender<TapMsg>,
+    budget: Arc<Semaphore>,
+}
+
+impl Tap {
+    /// Hands `chunk` to the reader once the bytes in flight leave room for it (a chunk larger
+    /// than the whole budget waits for all of it); an error when the reader went away.
+    async fn send(&self, chunk: bytes::Bytes) -> Result<(), ()> {
+        let want = u32::try_from(chunk.len())
+            .unwrap_or(u32::MAX)
+            .clamp(1, TAP_BYTES);
+        let permit = Arc::clone(&self.budget)
+            .acquire_many_owned(want)
+            .await
+            .map_err(drop)?;
+        self.tx
+            .send(TapMsg::Data(chunk, permit))
+            .await
+            .map_err(drop)
+    }
+
+    async fn verified(self) {
+        let _ = self.tx.send(TapMsg::Verified).await;
+    }
+}
 
 /// The reading end: the first try's body as a blocking [`io::Read`] (for a blocking thread, never
 /// the async runtime), which ends (`Ok(0)`) only after the body's digest matched; any other end
@@ -163,21 +190,31 @@ pub struct Tap(mpsc::Sender<TapMsg>);
 pub struct TapReader {
     rx: mpsc::Receiver<TapMsg>,
     chunk: bytes::Bytes,
+    /// The current chunk's share of the budget, given back when the next one is taken.
+    held: Option<tokio::sync::OwnedSemaphorePermit>,
     verified: bool,
 }
 
-/// Chunks a tap holds before the download waits for its reader: the download goes no faster
-/// than the extraction behind it, and memory stays bounded.
-const TAP_DEPTH: usize = 256;
+/// Bytes a tap holds before the download waits for its reader: the download goes no faster
+/// than the extraction behind it, and memory stays bounded whatever size the HTTP stack's chunks
+/// have (they reach hundreds of KiB: a bound by chunk count held ~100 MiB).
+pub const TAP_BYTES: u32 = 8 << 20;
+
+/// Chunks a tap's channel holds (the bytes bound them first unless chunks are tiny).
+const TAP_DEPTH: usize = 1024;
 
 /// A tap and its reader.
 pub fn tap() -> (Tap, TapReader) {
     let (tx, rx) = mpsc::channel(TAP_DEPTH);
     (
-        Tap(tx),
+        Tap {
+            tx,
+            budget: Arc::new(Semaphore::new(TAP_BYTES as usize)),
+        },
         TapReader {
             rx,
             chunk: bytes::Bytes::new(),
+            held: None,
             verified: false,
         },
     )
@@ -190,7 +227,10 @@ impl io::Read for TapReader {
                 return Ok(0);
             }
             match self.rx.blocking_recv() {
-                Some(TapMsg::Data(chunk)) => self.chunk = chunk,
+                Some(TapMsg::Data(chunk, permit)) => {
+                    self.chunk = chunk;
+                    self.held = Some(permit);
+                }
                 Some(TapMsg::Verified) => self.verified = true,
                 None => {
                     return Err(io::Error::other(
@@ -345,8 +385,8 @@ impl Downloader {
                 size += chunk.len() as u64;
                 // A reader that went away (it refused the archive, or gave up) stops the tap,
                 // not the download.
-                if let Some(Tap(tx)) = &tap
-                    && tx.send(TapMsg::Data(chunk)).await.is_err()
+                if let Some(t) = &tap
+                    && t.send(chunk).await.is_err()
                 {
                     tap = None;
                 }
@@ -365,8 +405,8 @@ impl Downloader {
             let _ = tokio::fs::remove_file(dest).await;
             return Err(DownloadError::ChecksumMismatch);
         }
-        if let Some(Tap(tx)) = tap {
-            let _ = tx.send(TapMsg::Verified).await;
+        if let Some(t) = tap {
+            t.verified().await;
         }
         Ok(size)
     }
@@ -466,20 +506,19 @@ mod tests {
     async fn a_taps_stream_ends_cleanly_only_after_its_digest_matched() {
         use std::io::Read;
         for verified in [true, false] {
-            let (Tap(tx), mut reader) = tap();
+            let (tx, mut reader) = tap();
             let read = tokio::task::spawn_blocking(move || {
                 let mut out = Vec::new();
                 reader.read_to_end(&mut out).map(|_| out)
             });
-            tx.send(TapMsg::Data(bytes::Bytes::from_static(b"all the bytes")))
+            tx.send(bytes::Bytes::from_static(b"all the bytes"))
                 .await
-                .unwrap_or_else(|e| panic!("{e}"));
+                .unwrap_or_else(|()| panic!("reader gone"));
             if verified {
-                tx.send(TapMsg::Verified)
-                    .await
-                    .unwrap_or_else(|e| panic!("{e}"));
+                tx.verified().await;
+            } else {
+                drop(tx);
             }
-            drop(tx);
             let read = read.await.unwrap_or_else(|e| panic!("{e}"));
             if verified {
                 assert_eq!(read.ok().as_deref(), Some(&b"all the bytes"[..]));
@@ -487,6 +526,33 @@ mod tests {
                 assert!(read.is_err(), "an unverified end is not an end");
             }
         }
+    }
+
+    /// A tap holds at most [`TAP_BYTES`] its reader has not taken: the next chunk waits, and
+    /// goes once the reader took one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tap_holds_a_bounded_number_of_bytes() {
+        use std::io::Read;
+        let (tx, mut reader) = tap();
+        let mib = bytes::Bytes::from(vec![0u8; 1 << 20]);
+        for _ in 0..(TAP_BYTES >> 20) {
+            tx.send(mib.clone())
+                .await
+                .unwrap_or_else(|()| panic!("reader gone"));
+        }
+        let mut next = std::pin::pin!(tx.send(mib.clone()));
+        // One poll: a chunk that fits is sent at once, so pending means it waits for room.
+        assert!(
+            futures_util::poll!(next.as_mut()).is_pending(),
+            "a chunk past the budget waits"
+        );
+        // The reader takes the first chunk and the second's first byte (giving the first back).
+        let reader = tokio::task::spawn_blocking(move || {
+            let mut out = vec![0u8; (1 << 20) + 1];
+            reader.read_exact(&mut out).map(|()| reader)
+        });
+        next.await.unwrap_or_else(|()| panic!("reader gone"));
+        drop(reader.await);
     }
 
     #[tokio::test]
