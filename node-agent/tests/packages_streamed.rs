@@ -14,7 +14,9 @@ use runner_manager_node_agent::packages::download::{
     DownloadLimits, Downloader, RetryPolicy, Timeouts,
 };
 use runner_manager_node_agent::packages::extract::ExtractError;
-use runner_manager_node_agent::packages::{PackageCache, PackageError, PackageRef, RuntimeKind};
+use runner_manager_node_agent::packages::{
+    InstallProof, Materialized, PackageCache, PackageError, PackageRef, RuntimeKind,
+};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
@@ -171,6 +173,14 @@ fn split(body: &[u8]) -> (Vec<u8>, Vec<u8>) {
 }
 
 async fn materialize(host: &Arc<Host>, digest: &str, url: &str) -> Result<(), PackageError> {
+    materialized(host, digest, url).await.map(drop)
+}
+
+async fn materialized(
+    host: &Arc<Host>,
+    digest: &str,
+    url: &str,
+) -> Result<Materialized, PackageError> {
     host.cache
         .materialize(
             "a1",
@@ -182,7 +192,6 @@ async fn materialize(host: &Arc<Host>, digest: &str, url: &str) -> Result<(), Pa
             RuntimeKind::Ephemeral,
         )
         .await
-        .map(drop)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -199,7 +208,7 @@ async fn an_archive_extracted_while_it_downloads_reaches_the_cache_only_after_it
     let host = Arc::new(Host::new());
     let launch = {
         let (host, digest, url) = (Arc::clone(&host), digest.clone(), url.clone());
-        tokio::spawn(async move { materialize(&host, &digest, &url).await })
+        tokio::spawn(async move { materialized(&host, &digest, &url).await })
     };
     // The extraction ran ahead of the digest: its files stand in staging...
     until("the extraction to write run.sh into staging", || {
@@ -211,7 +220,13 @@ async fn an_archive_extracted_while_it_downloads_reaches_the_cache_only_after_it
     assert!(!host.cache.is_trusted(&digest));
     assert!(!launch.is_finished());
     release.notify_one();
-    launch.await.unwrap().unwrap();
+    let done = launch.await.unwrap().unwrap();
+    // The tree in the cache is the streamed one, proven as it was written (not extracted again
+    // from the kept archive, nor left to a proof by reading).
+    assert_eq!(
+        done.timings.installed,
+        Some(InstallProof::StreamedByConstruction)
+    );
     assert!(host.cache.is_trusted(&digest));
     assert_eq!(
         fs::read(host.cache.tree(&digest).join("bin/Runner.Listener")).unwrap(),

@@ -37,6 +37,7 @@ use super::extract::{ExtractError, ExtractLimits, extract_tar_gz_from};
 use super::fingerprint::{Fingerprint, fingerprint};
 use super::origin::{prove_origin, proven_by_construction, still_intact};
 use super::overlay::{Materializer, OverlayError};
+use super::timings::InstallProof;
 use super::timings::PackageTimings;
 use crate::workspace::allocation::AllocationGuard;
 use crate::workspace::remove::remove_tree;
@@ -1016,11 +1017,13 @@ impl PackageCache {
         }
         // One line per step, on the log's closed field names (the split of a cold launch).
         let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        let outcome = match (streamed_in, proven) {
-            (true, true) => "streamed_proven_by_construction",
-            (false, true) => "proven_by_construction",
-            (_, false) => "proof_pending",
+        let proof = match (streamed_in, proven) {
+            (true, true) => InstallProof::StreamedByConstruction,
+            (false, true) => InstallProof::ByConstruction,
+            (_, false) => InstallProof::Pending,
         };
+        timings.installed = Some(proof);
+        let outcome = proof.as_str();
         for (step, took) in [
             ("package_download", timings.download),
             ("package_extract", timings.extract),

@@ -21,4 +21,4 @@ pub mod overlay;
 pub mod timings;
 
 pub use cache::{Materialized, PackageCache, PackageError, PackageRef, RuntimeKind};
-pub use timings::PackageTimings;
+pub use timings::{InstallProof, PackageTimings};

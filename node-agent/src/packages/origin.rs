@@ -138,6 +138,15 @@ mod tests {
         std::fs::write(tree.join("bin/extra"), b"x").unwrap();
         assert_eq!(proven_by_construction(&tree, &x).unwrap(), None, "extra");
 
+        let tree = root.path().join("c");
+        let x = extracted(&tree);
+        std::fs::set_permissions(
+            tree.join("run.sh"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o744),
+        )
+        .unwrap();
+        assert_eq!(proven_by_construction(&tree, &x).unwrap(), None, "chmodded");
+
         let tree = root.path().join("w");
         let x = extracted(&tree);
         std::fs::remove_file(tree.join("run.sh")).unwrap();

@@ -19,6 +19,29 @@ pub struct PackageTimings {
     pub copy: Duration,
     /// Whether this launch downloaded the archive.
     pub downloaded: bool,
+    /// How this launch's install proved its tree (`None`: it installed nothing).
+    pub installed: Option<InstallProof>,
+}
+
+/// How an install proved the tree it put in the cache (closed: it reaches the log's `outcome`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstallProof {
+    /// Extracted while it downloaded, and proven by construction in this process.
+    StreamedByConstruction,
+    /// Extracted from the kept archive and proven by construction.
+    ByConstruction,
+    /// To be proven by reading it before its first use.
+    Pending,
+}
+
+impl InstallProof {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::StreamedByConstruction => "streamed_proven_by_construction",
+            Self::ByConstruction => "proven_by_construction",
+            Self::Pending => "proof_pending",
+        }
+    }
 }
 
 impl PackageTimings {
