@@ -589,6 +589,99 @@ async fn a_runner_concluded_before_its_in_progress_delivery_still_records_its_jo
     .await;
 }
 
+/// The burst's creation tail (issue 15, session 8) in two jobs: both queued before the first
+/// runner took one, so a `CompletedJob` runner without a known job explains one of their entries
+/// (`presumed_taken`). That runner concludes before its `in_progress` arrives; the delivery
+/// removes its own job's entry. Without the job fact on the concluded attempt the runner then
+/// explains the *other* job's entry, and that job, which has no runner, waits two poll intervals
+/// (here 2 h) for one. The node refuses new attempts while this is set up, so the second job has
+/// no runner when the delivery arrives; once it accepts again, the second job must get one.
+#[tokio::test]
+async fn a_concluded_runner_explains_no_other_jobs_entry_after_its_delivery() {
+    let Some(mut w) = world("a_concluded_runner_explains_no_other").await else {
+        return;
+    };
+    let op = w.start_operator(&[]).await;
+    w.add_node(Script::default(), op).await;
+    w.policy(
+        "web",
+        json!({"maxRunners": 1, "scaling": {"pollInterval": "1h"}}),
+    )
+    .await;
+    wait::until(LONG, "the policy to be Ready", || async {
+        matches!(
+            w.condition("web", PolicyConditionType::Ready).await,
+            Some((ConditionStatus::True, ..))
+        )
+        .then_some(())
+    })
+    .await
+    .unwrap();
+    w.hook_to(op).await;
+    let first = w.queue_job().await;
+    let second = w.queue_job().await;
+    wait::until(LONG, "both jobs in the ledger", || async {
+        let p = w.policies().get("web").await.ok()?;
+        (p.status?.pending_jobs.len() == 2).then_some(())
+    })
+    .await
+    .unwrap();
+    let idle = w
+        .attempts_until("one runner idle", LONG, |l| {
+            l.iter().find(|a| state(a) == AttemptState::Idle).cloned()
+        })
+        .await;
+    let runner = idle
+        .status
+        .as_ref()
+        .unwrap()
+        .journal
+        .runner()
+        .unwrap()
+        .clone();
+    // The node refuses new attempts; the runner takes a job and exits before any delivery.
+    w.agents[0].set(|s| {
+        s.reject = true;
+        s.finish_idle = true;
+    });
+    let name = idle.metadata.name.clone();
+    w.attempts_until("the runner concluded and cleaned", LONG, |l| {
+        l.iter()
+            .any(|a| a.metadata.name == name && state(a) == AttemptState::Cleaned)
+            .then_some(())
+    })
+    .await;
+    w.agents[0].set(|s| s.finish_idle = false);
+    let delivery = json!({
+        "action": "in_progress",
+        "workflow_job": {"id": first, "run_id": 1, "labels": ["self-hosted", "linux"], "runner_name": runner.name,
+                          "status": "in_progress"},
+        "repository": {"full_name": format!("{ORG}/web"), "html_url": format!("https://github.com/{ORG}/web")},
+    });
+    let code = post_webhook(&w.operators[op].webhook, &delivery, WEBHOOK_SECRET).await;
+    assert_eq!(code, 202, "in_progress accepted");
+    wait::until(LONG, "the first job to leave the ledger", || async {
+        let p = w.policies().get("web").await.ok()?;
+        let ledger = p.status?.pending_jobs;
+        (!ledger.contains_key(&first.to_string()) && ledger.contains_key(&second.to_string()))
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    // No attempt created before the delivery may still be waiting for the node's answer.
+    w.attempts_until("every attempt so far concluded", LONG, |l| {
+        l.iter().all(|a| state(a).is_terminal()).then_some(())
+    })
+    .await;
+    w.agents[0].set(|s| s.reject = false);
+    w.attempts_until("a runner for the second job", LONG, |l| {
+        l.iter()
+            .any(|a| a.metadata.name != name && state(a) == AttemptState::Idle)
+            .then_some(())
+    })
+    .await;
+}
+
 async fn post_webhook(addr: &str, body: &Value, secret: &str) -> u16 {
     let bytes = serde_json::to_vec(body).unwrap();
     let signature = sign(&SecretString::from(secret), &bytes);
