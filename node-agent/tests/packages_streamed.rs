@@ -406,3 +406,61 @@ async fn a_long_name_declaring_gigabytes_fails_fast_and_leaves_nothing() {
     assert_eq!(err.refusal(), Some(PackageRefusal::Unsafe));
     host.holds_nothing_of(&digest);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_dropped_mid_install_leaves_no_staging() {
+    // The launch goes away while the extraction runs; the download goes on (it is shared) and
+    // the extraction finishes into staging that no one will rename in.
+    let body = package(b"#!/bin/sh\necho listener\n");
+    let digest = sha(&body);
+    let (head, tail) = split(&body);
+    let (url, release) = serve(Held {
+        declared: body.len(),
+        head,
+        tail,
+    })
+    .await;
+    let host = Arc::new(Host::new());
+    let launch = {
+        let (host, digest, url) = (Arc::clone(&host), digest.clone(), url.clone());
+        tokio::spawn(async move { materialize(&host, &digest, &url).await })
+    };
+    until("the extraction to write run.sh into staging", || {
+        host.staged("run.sh")
+    })
+    .await;
+    launch.abort();
+    let _ = launch.await;
+    release.notify_one();
+    until("the abandoned staging to be removed", || {
+        host.staging_is_empty()
+    })
+    .await;
+    assert!(!host.cache.tree(&digest).exists());
+}
+
+#[test]
+fn a_staging_entry_that_cannot_be_swept_does_not_stop_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let staging = dir.path().join("packages/.staging");
+    let stuck = staging.join("stuck");
+    fs::create_dir_all(&stuck).unwrap();
+    fs::write(staging.join("download-0123"), b"partial").unwrap();
+    // A mount on it: its directory cannot be removed (EBUSY), even by root.
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(&stuck)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mount a tmpfs on the staging entry");
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(stuck.clone());
+    let made = PackageCache::new(dir.path().join("packages"), downloader());
+    assert!(made.is_ok(), "{:?}", made.err());
+    assert!(!staging.join("download-0123").exists(), "the rest swept");
+}

@@ -307,6 +307,21 @@ async fn blocking<T: Send + 'static>(
         .map_err(|_| PackageError::Io(io::ErrorKind::Other))?
 }
 
+/// A staging directory removed when this goes, on every path (an error's `?`, a panic, a task
+/// output nobody awaited), unless it was renamed into the cache (`.0` taken).
+struct Staging(Option<PathBuf>);
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take()
+            && let Err(error) = remove_tree(&path)
+            && error.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(%error, "a staging directory could not be removed");
+        }
+    }
+}
+
 impl PackageCache {
     /// `root` is `<hostRoot>/packages`.
     pub fn new(root: impl Into<PathBuf>, downloader: Downloader) -> io::Result<Self> {
@@ -317,8 +332,13 @@ impl PackageCache {
         // Whatever staging holds is an install or a download this process never finished (one
         // cache per agent, made at its start): nothing there was ever trusted, and a crash
         // mid-install must not leave it for good.
+        // One that cannot go (a mount on it, a disk error) is left and logged: the agent must
+        // still start, and nothing reads staging but the install that made it.
         for entry in std::fs::read_dir(root.join(".staging"))? {
-            remove_tree(&entry?.path())?;
+            let swept = entry.and_then(|e| remove_tree(&e.path()).map(drop));
+            if let Err(error) = swept {
+                tracing::warn!(%error, "a staging entry left by an earlier agent could not be swept");
+            }
         }
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
         let dev = std::fs::metadata(&root)?.dev();
@@ -904,25 +924,22 @@ impl PackageCache {
             let extraction = {
                 let staging = stream_staging.clone();
                 tokio::task::spawn_blocking(move || {
-                    let extracted = std::fs::create_dir(&staging)
+                    // Held by the task's output: a launch that stops waiting for it (dropped, or
+                    // failed elsewhere) drops the output and with it the staging.
+                    let guard = Staging(Some(staging.clone()));
+                    std::fs::create_dir(&staging)
                         .map_err(ExtractError::from)
-                        .and_then(|()| extract_tar_gz_from(reader, &staging, limits));
-                    if extracted.is_err() {
-                        let _ = remove_tree(&staging);
-                    }
-                    extracted
+                        .and_then(|()| extract_tar_gz_from(reader, &staging, limits))
+                        .map(|extracted| (guard, extracted))
                 })
             };
             if let Err(e) = self
                 .shared_download(package, &archive, demand, Some(tap))
                 .await
             {
-                // A failed extraction removed its own staging; a finished one is removed here.
+                // The extraction's staging goes with its output (see `Staging`).
                 let cleanup = async move {
-                    if let Ok(Ok(_)) = extraction.await {
-                        let _ =
-                            tokio::task::spawn_blocking(move || remove_tree(&stream_staging)).await;
-                    }
+                    drop(extraction.await);
                 };
                 if matches!(e, PackageError::NoLongerWanted) {
                     // The download may go on for other launches and still feed this extraction:
@@ -940,8 +957,8 @@ impl PackageCache {
             // Any failure here (the try that fed it failed, an unverified stream it refused, a
             // disk error) leaves nothing and falls back to the verified kept archive, whose
             // extraction decides what the archive is.
-            if let Ok(Ok(extracted)) = extraction.await {
-                streamed = Some((stream_staging, extracted));
+            if let Ok(Ok((guard, extracted))) = extraction.await {
+                streamed = Some((stream_staging, guard, extracted));
             }
             timings.extract = waited.elapsed();
         }
@@ -957,15 +974,16 @@ impl PackageCache {
         let streamed_in = streamed.is_some();
         let extracting = Instant::now();
         let extracted = blocking(move || {
-            let (staging2, extracted) = match streamed {
+            let (staging2, mut guard, extracted) = match streamed {
                 Some(done) => done,
                 None => {
+                    let guard = Staging(Some(file_staging.clone()));
                     std::fs::create_dir(&file_staging)?;
                     let from_file = std::fs::File::open(&archive2)
                         .map_err(ExtractError::from)
                         .and_then(|file| extract_tar_gz_from(file, &file_staging, limits));
                     match from_file {
-                        Ok(extracted) => (file_staging, extracted),
+                        Ok(extracted) => (file_staging, guard, extracted),
                         Err(e) => {
                             let _ = remove_tree(&file_staging);
                             return Err(if e.is_unsafe_archive() {
@@ -999,9 +1017,12 @@ impl PackageCache {
                     return Err(PackageError::TreeInUse);
                 }
                 std::fs::rename(&tree2, &aside)?;
+                let _aside = Staging(Some(aside.clone()));
                 remove_tree(&aside)?;
             }
             std::fs::rename(&staging2, &tree2)?;
+            // Renamed in: the tree is the cache's now, not staging to remove.
+            guard.0 = None;
             let (print, proven) = match proven_by_construction(&tree2, &extracted)? {
                 Some(print) => (print, true),
                 None => (fingerprint(&tree2)?, false),
