@@ -389,13 +389,18 @@ impl KubeSink {
         attempt: &str,
         job: &JobFact,
     ) -> Result<(), kube::Error> {
-        let Some(a) = self.writer.attempts(namespace).get_opt(attempt).await? else {
-            return Ok(());
+        // Logged on every path that knows the outcome: with the attempt gone (the history keeps
+        // only the newest cleaned attempts, and a short job's `in_progress` can come after its
+        // attempt was deleted) this line is the only record of which job the runner ran.
+        let written = match self.writer.attempts(namespace).get_opt(attempt).await? {
+            Some(a) => {
+                super::supervisor::write_facts(&self.writer, &a, |a| {
+                    super::supervisor::job_facts(a, job)
+                })
+                .await?
+            }
+            None => false,
         };
-        let written = super::supervisor::write_facts(&self.writer, &a, |a| {
-            super::supervisor::job_facts(a, job)
-        })
-        .await?;
         tracing::info!(
             attempt.namespace = namespace,
             attempt.name = attempt,
@@ -478,13 +483,16 @@ impl KubeSink {
                 } else {
                     Ok(())
                 };
+                // A job the runner's attempt could not be told of keeps its entry, and the 503
+                // this answers makes GitHub redeliver: removed now, the runner would look idle
+                // over no demand until the redelivery, and be scaled down with its job.
+                fact_written?;
                 // Removed whether or not our cache shows it yet: a `queued` recorded a moment
                 // ago may not have reached the cache, and a null on an absent key is harmless.
                 let mut remove = Map::new();
                 remove.insert(key, Value::Null);
                 self.batches.write(&self.writer, ns, name, remove).await?;
                 crate::telemetry::origin::origins().forget(ns, name, id);
-                fact_written?;
             }
         }
         Ok(())
