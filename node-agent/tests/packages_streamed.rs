@@ -323,6 +323,10 @@ async fn an_unsafe_stream_that_fails_its_digest_is_not_a_refusal_of_the_digest()
     assert!(matches!(err, PackageError::Download(_)), "{err:?}");
     assert_eq!(err.refusal(), None, "{err:?}");
     host.holds_nothing_of(&digest);
+    // `../escape` resolves against the extraction's staging directory: it would land beside
+    // it, in `.staging`, and one level up, in the packages root.
+    assert!(!host.packages().join(".staging/escape").exists());
+    assert!(!host.packages().join("escape").exists());
     assert!(!host.dir.path().join("escape").exists());
     let (head, tail) = split(&genuine);
     let (url, release) = serve(Held {

@@ -492,7 +492,16 @@ fn extract_entries(
             };
             make_parents(dest, &rel, &mut contents)?;
             let mut from = File::open(dest.join(&source))?;
-            let (_, _, stamp) = write_new(&target, executable, &mut from, &mut budget, &mut buf)?;
+            let (size, sha256, stamp) =
+                write_new(&target, executable, &mut from, &mut budget, &mut buf)?;
+            // The copy is recorded as its source's bytes: it must hold them (the source is read
+            // back from staging, which nothing else should write, but the record is a claim).
+            if !matches!(&record, EntryRecord::File { size: s, sha256: h, .. } if *s == size && *h == sha256)
+            {
+                return Err(ExtractError::Io(io::Error::other(
+                    "a hard link's copy differs from the file it names",
+                )));
+            }
             stamps.insert(rel.clone(), stamp);
             contents.entries.insert(rel, record);
         } else {
