@@ -34,6 +34,24 @@ for name in RM_OCI RM_OCI_START_DEADLINE_SECONDS RM_MATERIALIZE; do
 done
 helm template rm charts/runner-manager --set nodeAgent.extraEnv[0].name=RM_PACKAGE_MAX_BYTES \
   --set-string nodeAgent.extraEnv[0].value=1 >/dev/null
+# The default materializer is auto (overlay where the node supports it): the agent is told so,
+# and the host root is mounted Bidirectional so its overlays reach the host, with no second
+# Bidirectional volume for a slots root inside it; copy keeps both HostToContainer.
+default=$(helm template rm charts/runner-manager)
+grep -A1 'name: RM_MATERIALIZE' <<<"$default" | grep -q '"auto"' \
+  || grep -q '{name: RM_MATERIALIZE, value: "auto"}' <<<"$default" \
+  || { echo "the chart's default render does not set RM_MATERIALIZE=auto" >&2; exit 1; }
+[ "$(grep -c 'mountPropagation: Bidirectional' <<<"$default")" = 1 ] \
+  || { echo "the default render must mount exactly one volume Bidirectional (the host root)" >&2; exit 1; }
+grep -q '{name: host-root, mountPath: [^,]*, mountPropagation: Bidirectional}' <<<"$default" \
+  || { echo "the default render does not mount the host root Bidirectional" >&2; exit 1; }
+copy=$(helm template rm charts/runner-manager --set nodeAgent.materialize=copy)
+if grep -q 'mountPropagation: Bidirectional' <<<"$copy"; then echo "materialize=copy renders a Bidirectional volume" >&2; exit 1; fi
+if err=$(helm template rm charts/runner-manager --set nodeAgent.slotsRoot=/srv/rm \
+    --set nodeAgent.hostRoot=/srv/rm/host 2>&1 >/dev/null); then
+  echo "a host root inside the slots root rendered two nested Bidirectional volumes" >&2; exit 1
+fi
+grep -q 'nodeAgent.hostRoot' <<<"$err" || { echo "the nested-roots failure does not name nodeAgent.hostRoot: $err" >&2; exit 1; }
 e2e/render-manifests.sh --check
 kubectl apply -f deploy/namespace.yaml >/dev/null
 # --validate=false: the rendered manifests target current clusters (DaemonSet maxSurge, 1.21+);
