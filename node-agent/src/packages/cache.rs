@@ -937,9 +937,12 @@ impl PackageCache {
                 .shared_download(package, &archive, demand, Some(tap))
                 .await
             {
-                // The extraction's staging goes with its output (see `Staging`).
+                // The extraction's staging goes with its output (see `Staging`), on a blocking
+                // thread: a finished extraction's staging is a whole runner-sized tree.
                 let cleanup = async move {
-                    drop(extraction.await);
+                    if let Ok(out) = extraction.await {
+                        let _ = tokio::task::spawn_blocking(move || drop(out)).await;
+                    }
                 };
                 if matches!(e, PackageError::NoLongerWanted) {
                     // The download may go on for other launches and still feed this extraction:

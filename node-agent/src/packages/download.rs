@@ -226,6 +226,10 @@ impl io::Read for TapReader {
             if self.verified {
                 return Ok(0);
             }
+            // A chunk read to its end gives its share back before the wait: held across it, a
+            // next chunk wanting more than what is left of the budget would wait for this
+            // reader, which waits for it.
+            self.held = None;
             match self.rx.blocking_recv() {
                 Some(TapMsg::Data(chunk, permit)) => {
                     self.chunk = chunk;
@@ -553,6 +557,31 @@ mod tests {
         });
         next.await.unwrap_or_else(|()| panic!("reader gone"));
         drop(reader.await);
+    }
+
+    #[tokio::test]
+    async fn a_chunk_read_to_its_end_gives_its_share_back_before_the_reader_waits() {
+        use std::io::Read;
+        let (tx, mut reader) = tap();
+        let five = bytes::Bytes::from(vec![1u8; 5 << 20]);
+        tx.send(five.clone())
+            .await
+            .unwrap_or_else(|()| panic!("reader gone"));
+        let reader = tokio::task::spawn_blocking(move || {
+            let mut out = vec![0u8; 10 << 20];
+            reader.read_exact(&mut out).map(|()| reader)
+        });
+        // The second chunk wants more than the first's share leaves of the budget: with that
+        // share held while the reader waits for it, neither side would ever move (the bound is
+        // only how long to wait before calling it a deadlock).
+        tokio::time::timeout(std::time::Duration::from_secs(60), tx.send(five))
+            .await
+            .unwrap_or_else(|_| panic!("the tap deadlocked"))
+            .unwrap_or_else(|()| panic!("reader gone"));
+        assert!(
+            matches!(reader.await, Ok(Ok(_))),
+            "the reader read both chunks"
+        );
     }
 
     #[tokio::test]
