@@ -349,11 +349,19 @@ async fn scale(policies: usize, per_policy: usize) {
 /// eleven such namespaces, ~120,000 objects, and the API server spent a quarter of its CPU in
 /// garbage collection). The operator is stopped first so it does not act on the deletions.
 async fn release(p: &mut Product) {
-    use kube::api::{DeleteParams, Patch, PatchParams};
     p.stop_operators();
+    release_all(&p.attempts(), "attempts").await;
+    release_all(&p.policies(), "policies").await;
+}
+
+/// Drop every finalizer of the namespace's `K`s, then delete them all.
+async fn release_all<K>(api: &kube::Api<K>, what: &str)
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    use kube::api::{DeleteParams, Patch, PatchParams};
     let strip = Patch::Merge(json!({"metadata": {"finalizers": null}}));
-    let attempts = p.attempts();
-    let names: Vec<String> = attempts
+    let names: Vec<String> = api
         .list_metadata(&ListParams::default())
         .await
         .map(|l| {
@@ -365,43 +373,17 @@ async fn release(p: &mut Product) {
         .unwrap_or_default();
     futures_util::stream::iter(names)
         .for_each_concurrent(32, |n| {
-            let (api, strip) = (attempts.clone(), &strip);
+            let strip = &strip;
             async move {
                 let _ = api.patch(&n, &PatchParams::default(), strip).await;
             }
         })
         .await;
-    let policies = p.policies();
-    let names: Vec<String> = policies
-        .list_metadata(&ListParams::default())
-        .await
-        .map(|l| {
-            l.items
-                .into_iter()
-                .filter_map(|o| o.metadata.name)
-                .collect()
-        })
-        .unwrap_or_default();
-    futures_util::stream::iter(names)
-        .for_each_concurrent(32, |n| {
-            let (api, strip) = (policies.clone(), &strip);
-            async move {
-                let _ = api.patch(&n, &PatchParams::default(), strip).await;
-            }
-        })
-        .await;
-    let all = ListParams::default();
-    if let Err(e) = attempts
-        .delete_collection(&DeleteParams::default(), &all)
+    if let Err(e) = api
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await
     {
-        eprintln!("could not delete the bench's attempts: {e}");
-    }
-    if let Err(e) = policies
-        .delete_collection(&DeleteParams::default(), &all)
-        .await
-    {
-        eprintln!("could not delete the bench's policies: {e}");
+        eprintln!("could not delete the bench's {what}: {e}");
     }
 }
 
