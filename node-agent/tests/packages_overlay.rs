@@ -4,6 +4,10 @@
 //! Needs root (mounts) and the runner accounts (uid 20001, gid 20000).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod archive_support;
+
+use archive_support::tar_gz;
+
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -24,20 +28,6 @@ use uuid::Uuid;
 
 const RUNNER_UID: u32 = 20001;
 const RUNNER_GID: u32 = 20000;
-
-fn tar_gz(files: &[(&str, &[u8], u32)]) -> Vec<u8> {
-    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    let mut b = tar::Builder::new(gz);
-    for (path, data, mode) in files {
-        let mut h = tar::Header::new_gnu();
-        h.set_mtime(0);
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_mode(*mode);
-        h.set_size(data.len() as u64);
-        b.append_data(&mut h, path, *data).unwrap();
-    }
-    b.into_inner().unwrap().finish().unwrap()
-}
 
 struct Host {
     dir: tempfile::TempDir,

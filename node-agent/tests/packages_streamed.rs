@@ -4,6 +4,10 @@
 //! bytes, so the extraction has run ahead of the digest when the test looks.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod archive_support;
+
+use archive_support::tar_gz;
+
 use std::fs;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,20 +24,6 @@ use runner_manager_node_agent::packages::{
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
-
-fn tar_gz(files: &[(&str, &[u8], u32)]) -> Vec<u8> {
-    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    let mut b = tar::Builder::new(gz);
-    for (path, data, mode) in files {
-        let mut h = tar::Header::new_gnu();
-        h.set_mtime(0);
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_mode(*mode);
-        h.set_size(data.len() as u64);
-        b.append_data(&mut h, path, *data).unwrap();
-    }
-    b.into_inner().unwrap().finish().unwrap()
-}
 
 fn package(listener: &[u8]) -> Vec<u8> {
     tar_gz(&[
