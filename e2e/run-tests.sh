@@ -6,6 +6,13 @@
 # RM_TEST_NODE=0 skips the real node stage (a cluster with one node booted by systemd, the
 # project's images, `helm install` on it and jobs on runners that are units of the node's
 # systemd); `e2e/run-tests.sh --node-only` runs that stage alone.
+# Speed on a fresh 2-core machine (issue 27): the Kubernetes build runs in the background at nice
+# 19 from the start (the control plane's part first; the tests wait for it alone, the node stage
+# for the rest), so it takes the cores the Rust builds leave idle; every Rust target is built in
+# one stage before the control plane is awaited; a clone without target/ builds into
+# $RM_CACHE/cargo-target (RM_TARGET_CACHE=0: no), so a later clone on the same machine compiles
+# only the workspace's own crates. The stage table is printed at the end of every run, green or
+# not, so a regression shows in every CI log.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -15,21 +22,81 @@ export RM_K8S_VERSION=${RM_K8S_VERSION:-1.37.2}
 export RM_RUN="$RM_CACHE/test-run" RM_API_PORT=${RM_TEST_API_PORT:-16543} \
   RM_ETCD_PORT=${RM_TEST_ETCD_PORT:-23890} RM_KCM_PORT=${RM_TEST_KCM_PORT:-10357}
 
-stage() { printf '\n=== %s\n' "$*"; SECONDS_STAGE=$SECONDS; }
-done_stage() { printf -- '--- %s: %ss\n' "$1" $((SECONDS - SECONDS_STAGE)); }
+stage() { printf '\n=== %s\n' "$*"; SECONDS_STAGE=$SECONDS; STAGE_OPEN=1; }
+STAGE_NAMES=() STAGE_SECS=() STAGE_OPEN=
+done_stage() {
+  printf -- '--- %s: %ss\n' "$1" $((SECONDS - SECONDS_STAGE))
+  STAGE_NAMES+=("$1"); STAGE_SECS+=($((SECONDS - SECONDS_STAGE))); STAGE_OPEN=
+}
+# The table of every stage that ended, and the one that was running when the run stopped.
+stage_table() {
+  local i
+  echo
+  echo "stage table ($1 in ${SECONDS}s; cold Kubernetes build: ${K8S_BUILT:-cached})"
+  for i in "${!STAGE_NAMES[@]}"; do printf '  %-16s %6ss\n' "${STAGE_NAMES[$i]}" "${STAGE_SECS[$i]}"; done
+  [ -z "$STAGE_OPEN" ] || printf '  %-16s %6ss  (stopped here)\n' "(running)" $((SECONDS - SECONDS_STAGE))
+  printf '  %-16s %6ss\n' total "$SECONDS"
+}
 # The real node's cluster: its own run directory, ports, veth, addresses and cgroup, so that a
 # cluster started by hand (e2e/cluster/start.sh defaults) is left alone.
 export RM_CLUSTER_RUN="$RM_CACHE/test-cluster" RM_CLUSTER_NET=10.213.8 RM_CLUSTER_VETH=rmtest0 \
   RM_CLUSTER_NODE=rm-test-node RM_CLUSTER_CGROUP=runner-manager-e2e-test-node \
   RM_CLUSTER_POD_CIDR=10.98.8.0/24 RM_CLUSTER_SERVICE_CIDR=10.97.8.0/24 RM_CLUSTER_API_PORT=16753 \
   RM_CLUSTER_ETCD_PORT=24000 RM_CLUSTER_KCM_PORT=10467 RM_CLUSTER_SCHED_PORT=10469
-cleanup() { e2e/cluster/stop.sh >/dev/null; e2e/systemd/stop.sh; e2e/control-plane/stop.sh; }
+# The background Kubernetes build (its own process group, killed with the run).
+K8S_BG_PID= K8S_BG_DIR=$RM_CACHE/k8s-background
+stop_k8s_bg() { [ -z "$K8S_BG_PID" ] || kill -- -"$K8S_BG_PID" 2>/dev/null || true; }
+cleanup() {
+  local rc=$?
+  stop_k8s_bg
+  e2e/cluster/stop.sh >/dev/null; e2e/systemd/stop.sh; e2e/control-plane/stop.sh
+  if [ "$rc" = 0 ]; then stage_table green; else stage_table "FAILED (exit $rc)"; fi
+}
 trap cleanup EXIT
+# start_k8s_bg: both parts of e2e/cluster/build.sh, then the node's CoreDNS, one after the other,
+# in the background at nice 19; each part's exit status lands in $K8S_BG_DIR/<part>.rc.
+start_k8s_bg() {
+  rm -rf "$K8S_BG_DIR"; mkdir -p "$K8S_BG_DIR"
+  setsid bash -c 'export RM_K8S_NICE=19
+    for p in control-plane node coredns; do
+      if [ $p = coredns ]; then e2e/cluster/build-coredns.sh; else e2e/cluster/build.sh $p; fi > "$0/$p.log" 2>&1
+      rc=$?; echo $rc > "$0/$p.rc"
+      [ $rc = 0 ] || exit $rc
+    done' "$K8S_BG_DIR" < /dev/null &
+  K8S_BG_PID=$!
+}
+# wait_k8s PART: waits for that part of the background build (polling its status file: it is
+# another process group's child) and fails with its log when it failed.
+wait_k8s() {
+  local t=$SECONDS
+  until [ -s "$K8S_BG_DIR/$1.rc" ]; do
+    kill -0 "$K8S_BG_PID" 2>/dev/null || { echo "the Kubernetes build stopped before its $1 part" >&2; cat "$K8S_BG_DIR"/*.log >&2; return 1; }
+    sleep 2
+  done
+  cat "$K8S_BG_DIR/$1.log"
+  [ "$(cat "$K8S_BG_DIR/$1.rc")" = 0 ] || return 1
+  [ "$1" = coredns ] || grep -q 'already built' "$K8S_BG_DIR/$1.log" || K8S_BUILT="yes, in the background"
+  echo "waited $((SECONDS - t))s for the Kubernetes build's $1 part"
+}
+# target/: a clone without one builds into the machine's cache (see the header).
+if [ ! -e target ] && [ "${RM_TARGET_CACHE:-1}" != 0 ]; then
+  cached=$RM_CACHE/cargo-target
+  mkdir -p "$cached"
+  # Each clone's own crates add a few GiB beside the shared dependencies: past the cap start over.
+  if [ "$(du -s --block-size=1G "$cached" | cut -f1)" -gt "${RM_TARGET_CACHE_GIB:-40}" ]; then
+    echo "the cached target directory $cached is over ${RM_TARGET_CACHE_GIB:-40} GiB: emptied"
+    rm -rf "${cached:?}"/*
+  fi
+  rm -rf "$cached/e2e-logs"
+  ln -s "$cached" target
+fi
+# A CI clone is built once: incremental compilation only costs there.
+[ "${CI:-}" != true ] || export CARGO_INCREMENTAL=0
 
 node_stage() {
   stage "a real node: images, cluster, pods, helm install, jobs on the node's systemd, runner and placeholder pods (RM_TEST_NODE=0 skips)"
   e2e/cluster/install-packages.sh
-  e2e/cluster/build.sh
+  if [ -n "$K8S_BG_PID" ]; then wait_k8s node; wait_k8s coredns; else e2e/cluster/build.sh; fi
   cargo build --workspace --bins
   e2e/images/build.sh
   e2e/cluster/start.sh
@@ -51,9 +118,13 @@ if [ "${1:-}" = --node-only ]; then
   exit 0
 fi
 
-stage "install: Debian packages, kubectl, helm"
+stage "install: Debian packages, kubectl, helm, cargo-nextest"
 e2e/control-plane/install-tools.sh
+[ "$RM_K8S_VERSION" = 1.20 ] || [ "${RM_TEST_NODE:-1}" = 0 ] || e2e/cluster/install-packages.sh
 done_stage install
+
+# Built from the Go modules (every release but 1.20): from now on, beside the Rust stages.
+[ "$RM_K8S_VERSION" = 1.20 ] || start_k8s_bg
 
 stage "format and lints"
 cargo fmt --all -- --check
@@ -68,20 +139,23 @@ stage "Argo CD health checks (Lua 5.1 against fixture objects)"
 e2e/argocd-health.sh
 done_stage argocd-health
 
-stage "build Kubernetes $RM_K8S_VERSION (skipped when cached)"
-e2e/control-plane/build-k8s.sh
-done_stage build-k8s
+stage "build every Rust target: binaries, tests, benches (one dev profile)"
+# The scenario tests start the project's binaries as processes: built first, with the test and
+# bench binaries, so nothing compiles while the control plane runs.
+cargo build --workspace --bins
+cargo nextest run --workspace --no-run
+cargo bench --workspace --profile dev --no-run
+done_stage build
 
-stage "start the control plane"
+stage "Kubernetes $RM_K8S_VERSION control plane: built (cached, or waited for) and started"
+if [ "$RM_K8S_VERSION" = 1.20 ]; then e2e/control-plane/build-k8s.sh; else wait_k8s control-plane; fi
 e2e/control-plane/start.sh
 export KUBECONFIG="$RM_RUN/kubeconfig"
-done_stage start
+done_stage control-plane
 
 stage "unit and integration tests (nextest)"
 # The node agent's runner accounts (its installer's job on a real node).
 e2e/setup-runner-accounts.sh
-# The scenario tests start the project's binaries as processes: build them first.
-cargo build --workspace --bins
 cargo nextest run --workspace --no-fail-fast
 done_stage tests
 
@@ -90,14 +164,14 @@ stage "the systemd launcher against a real systemd (PID 1 of its own namespaces)
 e2e/systemd/start.sh
 # --workspace: the same feature set nextest built with, so nothing is compiled again.
 "${RM_SYSTEMD_STATE:-$RM_CACHE/systemd}/bin/nsexec" env -C "$root" RM_SYSTEMD_TESTS=1 \
-  cargo test --workspace --test launch_systemd
+  cargo test --workspace --test node_agent launch_systemd::
 e2e/systemd/stop.sh
 done_stage systemd
 
 stage "benchmarks, quick mode (dev profile: the figures prove the benches run, not the targets)"
-cargo bench -p runner-manager-node-agent --bench workspace_packages --profile dev -- --quick
-cargo bench -p runner-manager-e2e --bench scale_up --profile dev -- --quick
-cargo bench -p runner-manager-e2e --bench operator_scale --profile dev -- --quick
+cargo bench --workspace --bench workspace_packages --profile dev -- --quick
+cargo bench --workspace --bench scale_up --profile dev -- --quick
+cargo bench --workspace --bench operator_scale --profile dev -- --quick
 done_stage benches
 
 stage "helm chart: lint, template, install against the control plane"
@@ -114,3 +188,4 @@ fi
 
 echo
 echo "make test: all green in ${SECONDS}s"
+# (the stage table follows, printed by the exit trap)

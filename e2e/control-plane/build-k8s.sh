@@ -7,7 +7,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/env.sh"
 # Any other release is built from the Go modules, with every component and its etcd.
-[ "$RM_K8S_VERSION" = 1.20 ] || exec "$here/../cluster/build.sh"
+[ "$RM_K8S_VERSION" = 1.20 ] || exec "$here/../cluster/build.sh" "$@"
 OUT=$RM_K8S_BIN
 WORK=${K8S_SRC_WORK:-$RM_CACHE/k8s-src}
 

@@ -2,7 +2,7 @@
 //! account (`nobody`), and a shell stand-in for `bin/Runner.Listener`. Runs as root.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod launch_support;
+use crate::launch_support;
 
 use std::time::Duration;
 

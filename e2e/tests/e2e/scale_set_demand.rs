@@ -663,7 +663,7 @@ async fn started_after(p: &Product, jobs: &[u64], queued_at: Instant) -> Vec<Dur
 /// target, four jobs queued at once after the policy is Ready (and, for the scale set, its
 /// session open). Printed for docs/benchmarks.md and docs/demand-modes.md.
 #[tokio::test]
-#[ignore = "a benchmark (three worlds): cargo test --test scale_set_demand -- --ignored --nocapture"]
+#[ignore = "a benchmark (three worlds): cargo test --test e2e scale_set_demand:: -- --ignored --nocapture"]
 async fn demand_modes_side_by_side() {
     let mut rows = Vec::new();
     for mode in ["webhook", "polling", "scale-set"] {

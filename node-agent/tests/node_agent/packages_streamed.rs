@@ -4,7 +4,7 @@
 //! bytes, so the extraction has run ahead of the digest when the test looks.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod archive_support;
+use crate::archive_support;
 
 use archive_support::tar_gz;
 

@@ -4,7 +4,7 @@
 //! Needs root (mounts) and the runner accounts (uid 20001, gid 20000).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod archive_support;
+use crate::archive_support;
 
 use archive_support::tar_gz;
 

@@ -2,7 +2,7 @@
 //! the exit-code reading, and the systemd launcher's exact unit properties. Runs as root.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod launch_support;
+use crate::launch_support;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;

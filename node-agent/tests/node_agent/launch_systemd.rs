@@ -10,7 +10,7 @@
 //! `e2e/setup-runner-accounts.sh`; elsewhere each test prints why it skipped.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod launch_support;
+use crate::launch_support;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
