@@ -156,7 +156,17 @@ done_stage control-plane
 stage "unit and integration tests (nextest)"
 # The node agent's runner accounts (its installer's job on a real node).
 e2e/setup-runner-accounts.sh
-cargo nextest run --workspace --no-fail-fast
+slowest() { # the ten slowest tests of the JUnit report nextest's ci profile wrote
+  python3 - target/nextest/ci/junit.xml <<'PY' || true
+import sys, xml.etree.ElementTree as ET
+cases = [(float(c.get("time", 0)), c.get("classname", ""), c.get("name", "")) for c in ET.parse(sys.argv[1]).iter("testcase")]
+print(f"slowest of {len(cases)} tests (sum {sum(t for t, _, _ in cases):.0f}s):")
+for t, cls, name in sorted(cases, reverse=True)[:10]:
+    print(f"  {t:7.1f}s  {cls} {name}")
+PY
+}
+cargo nextest run --workspace --profile ci || { slowest; exit 1; }
+slowest
 done_stage tests
 
 stage "the systemd launcher against a real systemd (PID 1 of its own namespaces)"
