@@ -23,4 +23,3 @@ mod placeholders;
 mod scale_set;
 mod scale_set_demand;
 mod webhook;
-

@@ -15,4 +15,3 @@ mod roots_preflight;
 mod workspace_hostile;
 mod workspace_parallel_removal;
 mod workspace_pathological;
-
