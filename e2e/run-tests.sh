@@ -32,7 +32,7 @@ done_stage() {
 stage_table() {
   local i
   echo
-  echo "stage table ($1 in ${SECONDS}s; cold Kubernetes build: ${K8S_BUILT:-cached})"
+  echo "stage table ($1 in ${SECONDS}s; Kubernetes build: ${K8S_BUILT:-cached or not awaited})"
   for i in "${!STAGE_NAMES[@]}"; do printf '  %-16s %6ss\n' "${STAGE_NAMES[$i]}" "${STAGE_SECS[$i]}"; done
   [ -z "$STAGE_OPEN" ] || printf '  %-16s %6ss  (stopped here)\n' "(running)" $((SECONDS - SECONDS_STAGE))
   printf '  %-16s %6ss\n' total "$SECONDS"
