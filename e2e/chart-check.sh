@@ -78,7 +78,7 @@ if [ -n "$strategy" ] && [ "$strategy" != "0" ]; then
 fi
 # Least privilege, as the API server evaluates it. Pods (issue 16): the agent may create and
 # delete pods, which the agent-pods ValidatingAdmissionPolicy confines to the convention's pods on
-# its own node (e2e/tests/attacks_pods.rs attacks it); never update or patch one.
+# its own node (e2e/tests/e2e/attacks_pods.rs attacks it); never update or patch one.
 as="--as=system:serviceaccount:$ns:runner-manager-node-agent"
 kubectl auth can-i patch runnerattempts.runner-manager.dev --subresource=status -n team-a $as >/dev/null
 kubectl auth can-i create pods -n team-a $as >/dev/null

@@ -10,8 +10,8 @@
 # 19 from the start (the control plane's part first; the tests wait for it alone, the node stage
 # for the rest), so it takes the cores the Rust builds leave idle; every Rust target is built in
 # one stage before the control plane is awaited; a clone without target/ builds into
-# $RM_CACHE/cargo-target (RM_TARGET_CACHE=0: no), so a later clone on the same machine compiles
-# only the workspace's own crates. The stage table is printed at the end of every run, green or
+# /var/cache/runner-manager/cargo-target (RM_TARGET_CACHE_DIR; RM_TARGET_CACHE=0: no), so a
+# later clone on the same machine compiles only the workspace's own crates. The stage table is printed at the end of every run, green or
 # not, so a regression shows in every CI log.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -79,9 +79,11 @@ wait_k8s() {
   echo "waited $((SECONDS - t))s for the Kubernetes build's $1 part"
 }
 # target/: a clone without one builds into the machine's cache (see the header).
+# Not under $RM_CACHE: root's home is 0700, and the tests run the built binaries (the entry
+# helper, the stand-in listener) as the runner accounts, which must reach them.
 if [ ! -e target ] && [ "${RM_TARGET_CACHE:-1}" != 0 ]; then
-  cached=$RM_CACHE/cargo-target
-  mkdir -p "$cached"
+  cached=${RM_TARGET_CACHE_DIR:-/var/cache/runner-manager/cargo-target}
+  mkdir -p "$cached"; chmod 0755 "$(dirname "$cached")" "$cached"
   # Each clone's own crates add a few GiB beside the shared dependencies: past the cap start over.
   if [ "$(du -s --block-size=1G "$cached" | cut -f1)" -gt "${RM_TARGET_CACHE_GIB:-40}" ]; then
     echo "the cached target directory $cached is over ${RM_TARGET_CACHE_GIB:-40} GiB: emptied"

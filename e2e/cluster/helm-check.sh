@@ -144,7 +144,7 @@ case "$forged" in *"ValidatingAdmissionPolicy '"*"denied request: Lease runner-m
 say "the ValidatingAdmissionPolicy refused another node's Lease to the agent's pod-bound token"
 # The agents' pod rights (issue 16, templates/admission-policy-pods.yaml): with the same token, a
 # privileged hostPID pod on the agent's own node, owned by nothing, is refused by the agent-pods
-# policy (e2e/tests/attacks_pods.rs attacks every rule on the development control plane), and the
+# policy (e2e/tests/e2e/attacks_pods.rs attacks every rule on the development control plane), and the
 # placeholders' PriorityClass exists.
 K get priorityclass "$rel-runner-manager-$ns-placeholder" >/dev/null 2>&1 \
   || K get priorityclass -o name | grep -q -- "-placeholder" || fail "no placeholder PriorityClass"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Debian packages the control plane and the tests need (lua5.1: the Argo CD health checks, e2e/argocd-health.sh; xfsprogs: the loop-mounted XFS of node-agent/tests/packages_reflink.rs, whose seed tests otherwise skip). Idempotent: apt is only asked for what is missing.
+# Debian packages the control plane and the tests need (lua5.1: the Argo CD health checks, e2e/argocd-health.sh; xfsprogs: the loop-mounted XFS of node-agent/tests/node_agent/packages_reflink.rs, whose seed tests otherwise skip). Idempotent: apt is only asked for what is missing.
 set -euo pipefail
 need=()
 for p in systemd golang-go golang-github-modern-go-reflect2-dev dpkg-dev rsync jq openssl etcd-server curl unzip ca-certificates lua5.1 xfsprogs; do

@@ -1,6 +1,6 @@
 //! The node agent's launch under its bounds and at its faults, as a process on the real control
 //! plane with the simulated GitHub, the operator binary serving the broker and real processes in
-//! real cgroups (the world of `e2e/tests/agent.rs`): the preparation bound (parity row 67), a
+//! real cgroups (the world of `e2e/tests/e2e/agent.rs`): the preparation bound (parity row 67), a
 //! launch that stops waiting for its package (row 48), and failures inside the launcher once its
 //! child exists (rows 52 and 61, `RM_AGENT_FAIL`).
 //! The test plays the operator's facts and requests. Runs as root with the runner accounts of

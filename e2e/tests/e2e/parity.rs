@@ -171,23 +171,23 @@ fn every_citation_of_the_parity_page_resolves_and_the_summary_counts_its_rows() 
 #[test]
 fn citations_are_read_as_path_modules_and_name() {
     assert_eq!(
-        citations("covered: `e2e/tests/agent.rs::a_b`, node-agent/src/x.rs::tests::c_d (x)"),
+        citations("covered: `e2e/tests/e2e/agent.rs::a_b`, node-agent/src/x.rs::tests::c_d (x)"),
         vec![
-            ("e2e/tests/agent.rs".to_owned(), vec!["a_b".to_owned()]),
+            ("e2e/tests/e2e/agent.rs".to_owned(), vec!["a_b".to_owned()]),
             (
                 "node-agent/src/x.rs".to_owned(),
                 vec!["tests".to_owned(), "c_d".to_owned()]
             ),
         ]
     );
-    assert!(unresolved("e2e/tests/parity.rs", &["no_such_fn".to_owned()], true).is_some());
+    assert!(unresolved("e2e/tests/e2e/parity.rs", &["no_such_fn".to_owned()], true).is_some());
     assert!(
         unresolved(
-            "e2e/tests/parity.rs",
+            "e2e/tests/e2e/parity.rs",
             &["citations_are_read_as_path_modules_and_name".to_owned()],
             true
         )
         .is_none()
     );
-    assert!(unresolved("e2e/tests/parity.rs", &["repo".to_owned()], true).is_some());
+    assert!(unresolved("e2e/tests/e2e/parity.rs", &["repo".to_owned()], true).is_some());
 }
