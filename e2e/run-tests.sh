@@ -43,6 +43,11 @@ export RM_CLUSTER_RUN="$RM_CACHE/test-cluster" RM_CLUSTER_NET=10.213.8 RM_CLUSTE
   RM_CLUSTER_NODE=rm-test-node RM_CLUSTER_CGROUP=runner-manager-e2e-test-node \
   RM_CLUSTER_POD_CIDR=10.98.8.0/24 RM_CLUSTER_SERVICE_CIDR=10.97.8.0/24 RM_CLUSTER_API_PORT=16753 \
   RM_CLUSTER_ETCD_PORT=24000 RM_CLUSTER_KCM_PORT=10467 RM_CLUSTER_SCHED_PORT=10469
+# Every Rust target at once (binaries, library and integration tests, benches, examples): one
+# feature resolution with the dev-dependencies in, the one nextest, `cargo test` and `cargo bench`
+# use, so no stage compiles a crate again. A `cargo build --bins` resolves without them and
+# compiled the workspace's crates (and the dependencies whose features differ) a second time.
+build_all() { cargo build --workspace --all-targets; }
 # The background Kubernetes build (its own process group, killed with the run).
 K8S_BG_PID= K8S_BG_DIR=$RM_CACHE/k8s-background
 stop_k8s_bg() { [ -z "$K8S_BG_PID" ] || kill -- -"$K8S_BG_PID" 2>/dev/null || true; }
@@ -99,7 +104,7 @@ node_stage() {
   stage "a real node: images, cluster, pods, helm install, jobs on the node's systemd, runner and placeholder pods (RM_TEST_NODE=0 skips)"
   e2e/cluster/install-packages.sh
   if [ -n "$K8S_BG_PID" ]; then wait_k8s node; wait_k8s coredns; else e2e/cluster/build.sh; fi
-  cargo build --workspace --bins
+  build_all
   e2e/images/build.sh
   e2e/cluster/start.sh
   KUBECONFIG="$RM_CLUSTER_RUN/kubeconfig" e2e/cluster/check.sh
@@ -144,9 +149,8 @@ done_stage argocd-health
 stage "build every Rust target: binaries, tests, benches (one dev profile)"
 # The scenario tests start the project's binaries as processes: built first, with the test and
 # bench binaries, so nothing compiles while the control plane runs.
-cargo build --workspace --bins
+build_all
 cargo nextest run --workspace --no-run
-cargo bench --workspace --profile dev --no-run
 done_stage build
 
 stage "Kubernetes $RM_K8S_VERSION control plane: built (cached, or waited for) and started"
