@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use runner_manager_crds::attempt::WorkspacePlacement;
+use runner_manager_node_agent::mounts::MountRefusal;
 use runner_manager_node_agent::packages::PackageCache;
 use runner_manager_node_agent::packages::download::{Downloader, RetryPolicy, Timeouts};
 use runner_manager_node_agent::packages::overlay::{self, MaterializeChoice, Materializer};
@@ -416,6 +417,82 @@ fn a_probe_left_by_a_crash_is_swept_and_a_recorded_success_is_not_probed_again()
     let probed = overlay::choose(MaterializeChoice::Overlay, std::slice::from_ref(&runners));
     drop(frozen);
     assert!(probed.is_err(), "probed again without a record");
+}
+
+/// Set in the re-run of [`a_mount_that_cannot_be_detached_stops_the_removal_naming_it`] in a user
+/// namespace: the host root and the attempt, `<host root>\n<attempt>`.
+const ENV_LOCKED: &str = "RM_TEST_LOCKED_MOUNT";
+
+/// A mount the kernel refuses to detach (here: locked, as every mount a user namespace inherits
+/// from a more privileged one): the removal stops at it, never walks into it, and reports it
+/// with its closed reason and its mount point; once it can go, the next pass finishes.
+#[test]
+fn a_mount_that_cannot_be_detached_stops_the_removal_naming_it() {
+    if !private_mounts!() {
+        return;
+    }
+    if let Ok(locked) = std::env::var(ENV_LOCKED) {
+        // In the user namespace: the mount below is locked.
+        let (host, attempt) = locked.split_once('\n').unwrap();
+        let (host, attempt) = (Path::new(host), Uuid::parse_str(attempt).unwrap());
+        let runtime =
+            runner_manager_node_agent::workspace::ephemeral::ephemeral_runtime_path(host, attempt);
+        let journalled = runtime.to_str().unwrap().to_owned();
+        match remove_ephemeral_runtime(host, attempt, &journalled) {
+            Err(EphemeralError::MountInside { mount, .. }) => {
+                assert_eq!(mount.reason, MountRefusal::DetachRefused, "{mount}");
+                assert_eq!(mount.path, Some(runtime.join("_work/cache")), "{mount}");
+                assert!(
+                    mount.to_string().contains("mount_detach_refused"),
+                    "{mount}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        return;
+    }
+    let base = tempfile::tempdir().unwrap();
+    let outside = Outside::new(base.path());
+    let host = base.path().join("host");
+    let attempt = Uuid::new_v4();
+    let runtime = create_ephemeral_runtime(&host, attempt).unwrap();
+    fs::create_dir_all(runtime.join("_work/cache")).unwrap();
+    fs::write(runtime.join("_work/log"), b"x").unwrap();
+    bind(&outside.dir(), &runtime.join("_work/cache"));
+    let test = "a_mount_that_cannot_be_detached_stops_the_removal_naming_it";
+    let test = std::env::var(ENV_TEST).unwrap_or_else(|_| test.to_owned());
+    let out = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            test.as_str(),
+            "--exact",
+            "--test-threads",
+            "1",
+            "--nocapture",
+        ])
+        .env(ENV_TEST, &test)
+        .env(ENV_PARENT_NS, mount_ns())
+        .env(ENV_LOCKED, format!("{}\n{attempt}", host.display()))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "in a user namespace: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    outside.intact();
+    assert_eq!(mounts_under(&host), [runtime.join("_work/cache")]);
+    // Where the mount can go, it does.
+    let journalled = runtime.to_str().unwrap().to_owned();
+    let removed = remove_ephemeral_runtime(&host, attempt, &journalled);
+    assert!(
+        matches!(removed, Ok(EphemeralRemoval::Removed { .. })),
+        "{removed:?}"
+    );
+    outside.intact();
 }
 
 // ---- one root validation -------------------------------------------------------------------
