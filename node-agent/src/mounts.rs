@@ -315,9 +315,9 @@ pub fn detach_exact(
         .into_io());
     }
     tracing::warn!(
-        mount_id = mount.id,
-        fs_type = %mount.fs_type,
-        "a mount inside a tree being removed was detached, its contents untouched: {}",
+        "a mount inside a tree being removed was detached, its contents untouched: mount {} ({}) at {}",
+        mount.id,
+        mount.fs_type,
         mount.path.display()
     );
     Ok(Detached {

@@ -290,7 +290,10 @@ pub fn choose(choice: MaterializeChoice, dirs: &[PathBuf]) -> Result<Materialize
         // removed before anything else, whatever the probe's outcome below.
         sweep_probes(dir);
         if recorded_probe(dir) {
-            tracing::info!(dir = %dir.display(), "overlay probe skipped: it succeeded on this volume since boot");
+            tracing::info!(
+                "overlay probe of {} skipped: it succeeded on this volume in this boot, recorded in {PROBE_RECORD}",
+                dir.display()
+            );
             return Ok(());
         }
         probe(dir)?;
@@ -332,14 +335,14 @@ pub fn sweep_probes(dir: &Path) {
         }
         match crate::workspace::remove::remove_tree(&dir.join(&name)) {
             Ok(removed) => tracing::info!(
-                dir = %dir.display(),
-                detached = removed.detached,
-                "an overlay probe left by an earlier agent was swept"
+                "an overlay probe left by an earlier agent in {} was swept ({} mount(s) detached)",
+                dir.display(),
+                removed.detached
             ),
             Err(error) => tracing::warn!(
-                dir = %dir.display(),
                 %error,
-                "an overlay probe left by an earlier agent could not be swept"
+                "an overlay probe left by an earlier agent in {} could not be swept",
+                dir.display()
             ),
         }
     }
@@ -391,7 +394,11 @@ fn record_probe(dir: &Path) {
         return;
     };
     if let Err(error) = crate::durable::write_file(dir, PROBE_RECORD, body.as_bytes()) {
-        tracing::warn!(dir = %dir.display(), %error, "the overlay probe's success could not be recorded; the next start probes again");
+        tracing::warn!(
+            %error,
+            "the overlay probe's success in {} could not be recorded; the next start probes again",
+            dir.display()
+        );
     }
 }
 
@@ -425,6 +432,26 @@ pub fn probe(dir: &Path) -> Result<(), OverlayError> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn a_recorded_probe_stands_only_in_its_boot_on_its_volume_and_for_a_day() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = std::time::SystemTime::now();
+        let record = probe_record_body(dir.path(), now).unwrap();
+        assert!(probe_record_stands(dir.path(), &record, now));
+        let later = now + PROBE_RECORD_FOR + std::time::Duration::from_secs(1);
+        assert!(!probe_record_stands(dir.path(), &record, later), "too old");
+        let mut fields: Vec<&str> = record.split_whitespace().collect();
+        fields[1] = "another-boot";
+        assert!(!probe_record_stands(dir.path(), &fields.join(" "), now));
+        let mut fields: Vec<&str> = record.split_whitespace().collect();
+        fields[2] = "1";
+        assert!(
+            !probe_record_stands(dir.path(), &fields.join(" "), now),
+            "another volume"
+        );
+        assert!(!probe_record_stands(dir.path(), "failed", now));
+    }
 
     #[test]
     fn options_refuse_paths_that_would_inject_layers() {
