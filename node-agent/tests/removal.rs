@@ -218,6 +218,40 @@ fn a_bind_mount_inside_a_copied_runtime_is_detached_and_the_host_directory_kept(
     outside.intact();
 }
 
+/// The parallel remover (a runtime with enough subtrees to share out): a mount at the
+/// skeleton's levels is never opened into it, and the sequential remover detaches it.
+#[test]
+fn a_large_runtime_with_mounts_in_its_top_levels_is_removed_on_several_threads() {
+    if !private_mounts!() {
+        return;
+    }
+    let base = tempfile::tempdir().unwrap();
+    let outside = Outside::new(base.path());
+    let host = base.path().join("host");
+    let attempt = Uuid::new_v4();
+    let runtime = create_ephemeral_runtime(&host, attempt).unwrap();
+    for d in 0..40 {
+        let dir = runtime.join(format!("externals/m{d}"));
+        fs::create_dir_all(dir.join("lib")).unwrap();
+        for f in 0..5 {
+            fs::write(dir.join(format!("lib/f{f}")), b"package bytes").unwrap();
+        }
+    }
+    for at in ["cache", "externals/m3/lib/bound", "externals/m7/bound"] {
+        fs::create_dir_all(runtime.join(at)).unwrap();
+        bind(&outside.dir(), &runtime.join(at));
+    }
+    let journalled = runtime.to_str().unwrap().to_owned();
+    let removed = remove_ephemeral_runtime(&host, attempt, &journalled);
+    assert!(
+        matches!(removed, Ok(EphemeralRemoval::Removed { .. })),
+        "{removed:?}"
+    );
+    assert!(!runtime.exists());
+    assert_eq!(mounts_under(&host), Vec::<PathBuf>::new());
+    outside.intact();
+}
+
 /// Issue 29 case 1, a copy-mode persistent slot: the scrub emptied the host directory bound in
 /// `tmp/<dir>`.
 #[test]
