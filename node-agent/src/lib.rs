@@ -11,6 +11,7 @@ pub mod evidence;
 pub mod foreign_pods;
 pub mod handoff;
 pub mod journal;
+pub mod mounts;
 pub mod packages;
 pub mod pod_watch;
 pub mod pods;

@@ -113,12 +113,51 @@ pub fn check_unit_safe(host: &Path, slots: &Path) -> Result<(), RootError> {
     Ok(())
 }
 
-/// Checks both roots, as given and as they resolve. Creates nothing.
+/// Checks both roots, as given and as they resolve: each with [`validate_root`], the pair with
+/// [`check_lexical`] on the paths as given and on the canonical ones. Creates nothing.
 pub fn check_roots(host: &Path, slots: &Path) -> Result<(), RootError> {
     check_lexical(host, slots)?;
-    let resolved_host = resolve(Root::Host, host)?;
-    let resolved_slots = resolve(Root::Slots, slots)?;
+    let resolved_host = validate_root(Root::Host, host)?;
+    let resolved_slots = validate_root(Root::Slots, slots)?;
     check_lexical(&resolved_host, &resolved_slots)
+}
+
+/// The one validation of a root, used by the preflight and by every library function that takes
+/// a root (`prepare_slot`, `scrub_slot`, the ephemeral runtimes' creation and removal), so no
+/// caller can bypass it: the path as given must be absolute and hold no `..`; then it is
+/// resolved once (its deepest existing ancestor canonicalized: links, `.` and a trailing `/.`
+/// included) and the canonical path must not be the filesystem root or inside `/proc`, `/sys`,
+/// `/dev`; and a slots root must not be a host root or inside a host root's own directories,
+/// found on disk without being told the host root: a directory holding `packages/.archives`
+/// is one (the cache makes it at start). Returns the canonical path. Creates nothing.
+pub fn validate_root(root: Root, path: &Path) -> Result<PathBuf, RootError> {
+    check_one(root, path)?;
+    let canonical = resolve(root, path)?;
+    check_one(root, &canonical)?;
+    if root == Root::Slots {
+        for host in canonical.ancestors().filter(|a| is_host_root(a)) {
+            if host == canonical {
+                return Err(RootError::Same(canonical));
+            }
+            if let Ok(below) = canonical.strip_prefix(host)
+                && let Some(Component::Normal(first)) = below.components().next()
+                && let Some(dir) = HOST_ROOT_DIRS.iter().find(|d| first == **d)
+            {
+                return Err(RootError::SlotsInsideHostDir {
+                    slots: canonical.clone(),
+                    host: host.to_path_buf(),
+                    dir,
+                });
+            }
+        }
+    }
+    Ok(canonical)
+}
+
+/// Whether `dir` is a host root: its package cache is there (`packages/.archives`, made by the
+/// cache at start).
+fn is_host_root(dir: &Path) -> bool {
+    std::fs::symlink_metadata(dir.join("packages").join(".archives")).is_ok_and(|m| m.is_dir())
 }
 
 /// The pure part: every rule on two absolute paths.

@@ -105,7 +105,7 @@ pub async fn clean(
                     .map(|_| "the ephemeral runtime was removed")
                     .map_err(|e| Unfinished {
                         reason: match e {
-                            EphemeralError::NotTheDerivedPath { .. } => {
+                            EphemeralError::NotTheDerivedPath { .. } | EphemeralError::Root(_) => {
                                 AttemptReason::OwnershipUnproven
                             }
                             _ => AttemptReason::DeletionFailed,

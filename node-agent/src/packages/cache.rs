@@ -1206,9 +1206,12 @@ impl PackageCache {
             .collect()
     }
 
-    /// Removes every installed version that no attempt leases and `keep` does not name, with
-    /// its seeds and its kept archive. Runs under the allocation lock (so no allocation is about
-    /// to lease), and gives way without waiting to a running copy or install. A version that
+    /// Removes every installed version that no attempt leases, no mounted overlay has as its
+    /// lower ([`Self::lowers_in_use`]) and `keep` does not name, with its seeds and its kept
+    /// archive. Runs under the allocation lock (so no allocation is about to lease), and gives
+    /// way without waiting to a running copy or install: a launch holds `trees` shared from
+    /// reading its version's trust until its lease is recorded (after its mount or copy), and a
+    /// prune needs it exclusively, so the two never interleave. A version that
     /// cannot be removed does not stop the others: the first error is returned after all were
     /// tried.
     pub fn prune(
@@ -1223,7 +1226,13 @@ impl PackageCache {
             ran: true,
             ..PruneReport::default()
         };
-        let leased: Vec<String> = self.state().leases.values().cloned().collect();
+        let mut leased: Vec<String> = self.state().leases.values().cloned().collect();
+        // The durable truth besides the journal (whose attempts arrive as `keep` and as the
+        // leases restored at start): the mount table. A runner still running on an overlay
+        // whose lower is a tree here uses it, with or without a lease this process knows of (a
+        // restart, an attempt gone from the journal). Read under the exclusive hold, so no
+        // launch of this process mounts meanwhile; unreadable, nothing is pruned.
+        leased.extend(self.lowers_in_use()?);
         let mut first_error = None;
         for entry in std::fs::read_dir(&self.root)? {
             let name = entry?.file_name();
@@ -1247,6 +1256,31 @@ impl PackageCache {
             Some(e) => Err(e),
             None => Ok(report),
         }
+    }
+
+    /// The versions whose tree is a lower layer of an overlay mounted in this mount namespace,
+    /// however the cache's root was spelled when it was mounted.
+    pub fn lowers_in_use(&self) -> io::Result<Vec<String>> {
+        let canonical = std::fs::canonicalize(&self.root)?;
+        let mut used = Vec::new();
+        for mount in super::overlay::mount_points()? {
+            if mount.fs_type != "overlay" {
+                continue;
+            }
+            for lower in &mount.lowers {
+                let (Some(parent), Some(sha)) =
+                    (lower.parent(), lower.file_name().and_then(|n| n.to_str()))
+                else {
+                    continue;
+                };
+                let here = parent == self.root
+                    || std::fs::canonicalize(parent).is_ok_and(|p| p == canonical);
+                if here && valid_digest(sha) {
+                    used.push(sha.to_owned());
+                }
+            }
+        }
+        Ok(used)
     }
 
     /// A version's tree, seeds and kept archive.

@@ -253,23 +253,7 @@ pub fn is_mounted(path: &Path) -> io::Result<bool> {
     Ok(mount_points()?.iter().any(|m| m.path == path))
 }
 
-/// One line of `/proc/self/mountinfo`, what the agent needs of it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MountPoint {
-    pub path: PathBuf,
-    pub fs_type: String,
-    /// The mount source (`runner-package` for the agent's own overlays).
-    pub source: String,
-    /// An overlay's lower layers (`lowerdir=` of its super options), empty for anything else.
-    pub lowers: Vec<PathBuf>,
-}
-
-/// The mount points of this process's mount namespace.
-pub fn mount_points() -> io::Result<Vec<MountPoint>> {
-    Ok(parse_mountinfo(&std::fs::read_to_string(
-        "/proc/self/mountinfo",
-    )?))
-}
+pub use crate::mounts::{MountPoint, mount_points, parse_mountinfo};
 
 /// The overlay mounts strictly under `root` (tests and diagnostics: the agent finds its mounts by
 /// the runtimes' names, every mount point being a runtime).
@@ -289,58 +273,6 @@ pub fn is_lower_of_a_mount(tree: &Path) -> io::Result<bool> {
         .any(|m| m.fs_type == "overlay" && m.lowers.iter().any(|l| l == tree)))
 }
 
-/// Parses mountinfo (proc(5)): field 5 is the mount point (octal-escaped); after the ` - `
-/// separator come the filesystem type, the source and the super options.
-pub fn parse_mountinfo(text: &str) -> Vec<MountPoint> {
-    text.lines()
-        .filter_map(|line| {
-            let (left, right) = line.split_once(" - ")?;
-            let point = left.split(' ').nth(4)?;
-            let mut right = right.split(' ');
-            let fs_type = right.next()?;
-            let source = right.next().unwrap_or_default();
-            let lowers = if fs_type == "overlay" {
-                right
-                    .next()
-                    .unwrap_or_default()
-                    .split(',')
-                    .find_map(|o| o.strip_prefix("lowerdir="))
-                    .map(|l| l.split(':').map(|p| PathBuf::from(unescape(p))).collect())
-                    .unwrap_or_default()
-            } else {
-                Vec::new()
-            };
-            Some(MountPoint {
-                path: PathBuf::from(unescape(point)),
-                fs_type: fs_type.to_owned(),
-                source: unescape(source).to_string_lossy().into_owned(),
-                lowers,
-            })
-        })
-        .collect()
-}
-
-/// Undoes mountinfo's `\ooo` escapes (space, tab, newline, backslash).
-fn unescape(s: &str) -> std::ffi::OsString {
-    use std::os::unix::ffi::OsStringExt;
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    std::ffi::OsString::from_vec(out)
-}
-
 /// Resolves `--materialize` at start: probes overlay on each runtime volume (`dirs`, created
 /// when missing) unless told to copy. `Err` only for an explicit `overlay` whose probe failed.
 pub fn choose(choice: MaterializeChoice, dirs: &[PathBuf]) -> Result<Materializer, OverlayError> {
@@ -354,7 +286,19 @@ pub fn choose(choice: MaterializeChoice, dirs: &[PathBuf]) -> Result<Materialize
             .mode(0o711)
             .create(dir)
             .map_err(|e| OverlayError::WorkDir(e.kind()))?;
-        probe(dir)
+        // A probe of an agent that crashed mid-probe: its overlay is detached and its residue
+        // removed before anything else, whatever the probe's outcome below.
+        sweep_probes(dir);
+        if recorded_probe(dir) {
+            tracing::info!(
+                "overlay probe of {} skipped: it succeeded on this volume in this boot, recorded in {PROBE_RECORD}",
+                dir.display()
+            );
+            return Ok(());
+        }
+        probe(dir)?;
+        record_probe(dir);
+        Ok(())
     });
     match (probed, choice) {
         (Ok(()), _) => Ok(Materializer::Overlay),
@@ -366,10 +310,102 @@ pub fn choose(choice: MaterializeChoice, dirs: &[PathBuf]) -> Result<Materialize
     }
 }
 
+/// The prefix of a probe's throwaway directory in a runtime volume's directory.
+pub const PROBE_PREFIX: &str = ".overlay-probe-";
+
+/// Where a successful probe is recorded, in the probed directory: the boot id, the volume's
+/// device and the time. Only a success is recorded: a failure is probed again at the next start
+/// (cheap, and an admin may have fixed the kernel meanwhile).
+pub const PROBE_RECORD: &str = ".overlay-probed";
+
+/// How long a recorded success stands (within the same boot and on the same volume).
+pub const PROBE_RECORD_FOR: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Removes every `.overlay-probe-*` in `dir`, detaching what is mounted inside (the one removal
+/// primitive). One that cannot go is logged: the agent must still start, and no probe reuses a
+/// name.
+pub fn sweep_probes(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().starts_with(PROBE_PREFIX) {
+            continue;
+        }
+        match crate::workspace::remove::remove_tree(&dir.join(&name)) {
+            Ok(removed) => tracing::info!(
+                "an overlay probe left by an earlier agent in {} was swept ({} mount(s) detached)",
+                dir.display(),
+                removed.detached
+            ),
+            Err(error) => tracing::warn!(
+                %error,
+                "an overlay probe left by an earlier agent in {} could not be swept",
+                dir.display()
+            ),
+        }
+    }
+}
+
+fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+fn probe_record_body(dir: &Path, at: std::time::SystemTime) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(dir).ok()?.dev();
+    let secs = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
+    Some(format!("ok {} {dev} {secs}\n", boot_id()?))
+}
+
+/// Whether `record` (a [`PROBE_RECORD`]'s text) stands for `dir` now: a success in this boot,
+/// on this volume, within [`PROBE_RECORD_FOR`]. Pure but for the boot id and the device.
+pub fn probe_record_stands(dir: &Path, record: &str, now: std::time::SystemTime) -> bool {
+    let Some(expected) = probe_record_body(dir, now) else {
+        return false;
+    };
+    let (mut got, mut want) = (record.split_whitespace(), expected.split_whitespace());
+    // `ok`, the boot id and the device must be the same; the time recent.
+    for _ in 0..3 {
+        if got.next() != want.next() {
+            return false;
+        }
+    }
+    let (Some(Ok(then)), Some(Ok(now))) = (
+        got.next().map(str::parse::<u64>),
+        want.next().map(str::parse::<u64>),
+    ) else {
+        return false;
+    };
+    now >= then && now - then <= PROBE_RECORD_FOR.as_secs()
+}
+
+/// Whether a success recorded in `dir` stands.
+pub fn recorded_probe(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join(PROBE_RECORD))
+        .is_ok_and(|r| probe_record_stands(dir, &r, std::time::SystemTime::now()))
+}
+
+fn record_probe(dir: &Path) {
+    let Some(body) = probe_record_body(dir, std::time::SystemTime::now()) else {
+        return;
+    };
+    if let Err(error) = crate::durable::write_file(dir, PROBE_RECORD, body.as_bytes()) {
+        tracing::warn!(
+            %error,
+            "the overlay probe's success in {} could not be recorded; the next start probes again",
+            dir.display()
+        );
+    }
+}
+
 /// The start-up probe: a throwaway overlay in `dir` (a directory on a runtime volume), mounted,
 /// written through, unmounted and removed. `Ok` means overlay works there with these options.
 pub fn probe(dir: &Path) -> Result<(), OverlayError> {
-    let base = dir.join(format!(".overlay-probe-{}", uuid::Uuid::new_v4().simple()));
+    let base = dir.join(format!("{PROBE_PREFIX}{}", uuid::Uuid::new_v4().simple()));
     let io = |e: io::Error| OverlayError::WorkDir(e.kind());
     let lower = base.join("lower");
     let runtime = base.join("rt");
@@ -398,27 +434,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mountinfo_is_parsed_with_escapes() {
-        let text = "47 27 0:40 / /tmp/a\\040b/rt rw,relatime - overlay runner-package rw,lowerdir=/x,upperdir=/tmp/a\\040b/rt\n\
-                    22 1 8:1 / / rw - ext4 /dev/sda1 rw\n";
-        let points = parse_mountinfo(text);
-        assert_eq!(
-            points,
-            vec![
-                MountPoint {
-                    path: PathBuf::from("/tmp/a b/rt"),
-                    fs_type: "overlay".into(),
-                    source: "runner-package".into(),
-                    lowers: vec![PathBuf::from("/x")],
-                },
-                MountPoint {
-                    path: PathBuf::from("/"),
-                    fs_type: "ext4".into(),
-                    source: "/dev/sda1".into(),
-                    lowers: Vec::new(),
-                },
-            ]
+    fn a_recorded_probe_stands_only_in_its_boot_on_its_volume_and_for_a_day() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = std::time::SystemTime::now();
+        let record = probe_record_body(dir.path(), now).unwrap();
+        assert!(probe_record_stands(dir.path(), &record, now));
+        let later = now + PROBE_RECORD_FOR + std::time::Duration::from_secs(1);
+        assert!(!probe_record_stands(dir.path(), &record, later), "too old");
+        let mut fields: Vec<&str> = record.split_whitespace().collect();
+        fields[1] = "another-boot";
+        assert!(!probe_record_stands(dir.path(), &fields.join(" "), now));
+        let mut fields: Vec<&str> = record.split_whitespace().collect();
+        fields[2] = "1";
+        assert!(
+            !probe_record_stands(dir.path(), &fields.join(" "), now),
+            "another volume"
         );
+        assert!(!probe_record_stands(dir.path(), "failed", now));
     }
 
     #[test]

@@ -35,8 +35,17 @@ pub enum EphemeralError {
     NotTheDerivedPath { expected: PathBuf },
     #[error("the ephemeral runtime {} could not be removed ({kind:?}); retried with backoff", path.display())]
     CouldNotBeRemoved { path: PathBuf, kind: io::ErrorKind },
+    /// A mount inside the runtime (or stacked on it) could not be detached: the removal stopped
+    /// there, the mount's contents untouched, and is retried with backoff.
+    #[error("the ephemeral runtime {} could not be removed: {mount}; retried with backoff", path.display())]
+    MountInside {
+        path: PathBuf,
+        mount: crate::mounts::MountLeft,
+    },
     #[error("the ephemeral runtime {} could not be created ({kind:?})", path.display())]
     CouldNotBeCreated { path: PathBuf, kind: io::ErrorKind },
+    #[error(transparent)]
+    Root(#[from] crate::roots::RootError),
 }
 
 /// What a removal found.
@@ -54,6 +63,7 @@ pub fn create_ephemeral_runtime(
     host_root: &Path,
     attempt: Uuid,
 ) -> Result<PathBuf, EphemeralError> {
+    crate::roots::validate_root(crate::roots::Root::Host, host_root)?;
     let path = ephemeral_runtime_path(host_root, attempt);
     let failed = |e: io::Error| EphemeralError::CouldNotBeCreated {
         path: path.clone(),
@@ -129,13 +139,20 @@ pub fn remove_runtime_named(
     name: &str,
 ) -> Result<EphemeralRemoval, EphemeralError> {
     let expected = runners_dir(host_root).join(name);
-    let failed = |e: io::Error| EphemeralError::CouldNotBeRemoved {
-        path: expected.clone(),
-        kind: e.kind(),
+    let failed = |e: io::Error| match crate::mounts::MountLeft::of(&e) {
+        Some(mount) => EphemeralError::MountInside {
+            path: expected.clone(),
+            mount: mount.clone(),
+        },
+        None => EphemeralError::CouldNotBeRemoved {
+            path: expected.clone(),
+            kind: e.kind(),
+        },
     };
     if !crate::providers::launcher::is_attempt_short(name) {
         return Err(EphemeralError::NotTheDerivedPath { expected });
     }
+    crate::roots::validate_root(crate::roots::Root::Host, host_root)?;
     // An overlay-materialized runtime is unmounted first (never followed: `UMOUNT_NOFOLLOW`),
     // so what is removed below is the upper alone — only what the job wrote — and never the
     // package under it. A busy mount is detached (see `Unmounted::Detached`).
@@ -149,8 +166,10 @@ pub fn remove_runtime_named(
             kind: io::ErrorKind::ResourceBusy,
         });
     }
-    crate::packages::overlay::remove_work_dir(&expected).map_err(failed)?;
-    // The runners directory is the anchor; from here on nothing is resolved by path.
+    // The runners directory is the anchor; from here on nothing is resolved by path. Anything
+    // else still mounted on the runtime or inside it (a mount stacked on the overlay, a bind
+    // mount in a copied runtime's `_work`) is detached by the removal, exactly, and never
+    // walked into.
     let runners = match open_dir_nofollow(&runners_dir(host_root)) {
         Ok(fd) => fd,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(EphemeralRemoval::AlreadyGone),
@@ -158,18 +177,28 @@ pub fn remove_runtime_named(
     };
     let kind = match rustix::fs::statat(runners.as_fd(), name, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(stat) if FileType::from_raw_mode(stat.st_mode) == FileType::Directory => {
-            EntryKind::Directory
+            Some(EntryKind::Directory)
         }
         // A link or a file where the runtime was: unlinked, never followed.
-        Ok(_) => EntryKind::File,
-        Err(rustix::io::Errno::NOENT) => return Ok(EphemeralRemoval::AlreadyGone),
+        Ok(_) => Some(EntryKind::File),
+        Err(rustix::io::Errno::NOENT) => None,
         Err(e) => return Err(failed(e.into())),
     };
-    let removed =
-        remove_entry_at_parallel(runners.as_fd(), &cstring(name), kind, removal_threads())
-            .map_err(failed)?;
-    Ok(EphemeralRemoval::Removed {
-        entries: removed.entries,
+    let removed = match kind {
+        Some(kind) => Some(
+            remove_entry_at_parallel(runners.as_fd(), &cstring(name), kind, removal_threads())
+                .map_err(failed)?,
+        ),
+        None => None,
+    };
+    // The workdir after the runtime: while an overlay was still stacked under another mount,
+    // its workdir was in use.
+    crate::packages::overlay::remove_work_dir(&expected).map_err(failed)?;
+    Ok(match removed {
+        Some(removed) => EphemeralRemoval::Removed {
+            entries: removed.entries,
+        },
+        None => EphemeralRemoval::AlreadyGone,
     })
 }
 

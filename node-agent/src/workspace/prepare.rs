@@ -24,6 +24,8 @@ pub struct PreparedSlot {
 pub enum SlotPrepareError {
     #[error(transparent)]
     Path(#[from] SlotPathError),
+    #[error(transparent)]
+    Root(#[from] crate::roots::RootError),
     #[error("{} is a link; slots and their parents are never followed", path.display())]
     Link { path: PathBuf },
     #[error("{} is not a directory; it was left untouched", path.display())]
@@ -56,6 +58,9 @@ pub fn prepare_slot(
     policy_uid: &str,
     slot: u32,
 ) -> Result<PreparedSlot, SlotPrepareError> {
+    // The one root validation, here too: a slots root inside the package cache (whose
+    // reinstall sets a tree aside whole) would lose every retained `_work` with it.
+    crate::roots::validate_root(crate::roots::Root::Slots, slots_root)?;
     let path = derive_slot_path(slots_root, namespace, policy_uid, slot)?;
     let io_error = |path: &Path, e: io::Error| SlotPrepareError::Io {
         path: path.to_path_buf(),

@@ -1,12 +1,24 @@
 //! Removing a directory entry without following it: fd-relative, `O_NOFOLLOW` at every level,
 //! and non-directories (FIFOs, sockets, devices, links) are unlinked, never opened. The .NET
 //! runner leaves diagnostic FIFOs in `tmp`; opening one for reading would block forever.
+//!
+//! One filesystem (issue 29): this is the agent's one removal primitive (runtimes, slot scrubs,
+//! staging sweeps, prunes, set-aside trees all come here), and it never descends into another
+//! mount. Each directory is opened first and its [`MountIdentity`] (device and mount id)
+//! compared with the tree's own (its anchor's) before it is listed; one on another mount (a bind
+//! mount of a host directory, a tmpfs, an overlay stacked on a runtime) is detached exactly
+//! ([`crate::mounts::detach_exact`]) and the directory under it, the tree's own, removed; what
+//! the mount showed is never listed, so never touched. A mount that cannot be detached stops the
+//! removal with a `ResourceBusy` error carrying [`crate::mounts::MountLeft`], its closed reason
+//! and the mount's name, for the caller to report (a deferred cleanup, a quarantined slot).
 
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
+
+use crate::mounts::{MAX_LAYERS, MountIdentity, detach_exact};
 
 /// Opens the directory `name` under `dir` without following a link standing there.
 pub(crate) fn open_dir_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
@@ -107,6 +119,8 @@ pub struct Removed {
     /// The most directory descriptors this removal held open at once (at most
     /// [`MAX_OPEN_DIRS`] + 1, whatever the tree's depth or width).
     pub peak_open_dirs: u64,
+    /// Mounts found inside the tree and detached (their contents untouched).
+    pub detached: u64,
 }
 
 impl Removed {
@@ -114,6 +128,7 @@ impl Removed {
     pub fn merge(&mut self, other: Removed) {
         self.entries += other.entries;
         self.peak_open_dirs = self.peak_open_dirs.max(other.peak_open_dirs);
+        self.detached += other.detached;
     }
 }
 
@@ -148,7 +163,7 @@ pub(crate) fn remove_at(
     removed: &mut Removed,
 ) -> io::Result<()> {
     let mut walk = Walk::default();
-    let result = match remove_one(dir, name, kind, removed)? {
+    let result = match remove_one(dir, name, kind, &mut walk.tree, removed)? {
         Next::Done => Ok(()),
         Next::Descend(frame) => {
             walk.push(frame)?;
@@ -157,6 +172,76 @@ pub(crate) fn remove_at(
     };
     removed.peak_open_dirs = removed.peak_open_dirs.max(walk.peak);
     result
+}
+
+/// The mount of the tree being removed: its anchor's, every directory the walk enters being on
+/// it. Taken when first needed (a file's unlink needs it only when refused busy).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TreeMount(Option<MountIdentity>);
+
+impl TreeMount {
+    /// `dir` is the anchor or any directory the walk entered (all on the same mount).
+    pub(crate) fn get(&mut self, dir: BorrowedFd<'_>) -> io::Result<MountIdentity> {
+        if let Some(m) = self.0 {
+            return Ok(m);
+        }
+        let m = MountIdentity::of(dir)?;
+        self.0 = Some(m);
+        Ok(m)
+    }
+}
+
+/// Opens the directory `name` under `dir` on the tree's own mount: whatever is mounted on it is
+/// detached first, the topmost layer at a time (bounded by [`MAX_LAYERS`]), and never listed.
+/// `Ok(fd)` is the tree's own directory; errors are `open_dir_at`'s, or `ResourceBusy` with
+/// [`crate::mounts::MountLeft`] for a mount left in place.
+pub(crate) fn open_dir_on_tree(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    tree: &mut TreeMount,
+    detached: &mut u64,
+) -> io::Result<OwnedFd> {
+    let reference = tree.get(dir)?;
+    for _ in 0..=MAX_LAYERS {
+        let fd = open_dir_at(dir, name)?;
+        let found = MountIdentity::of(fd.as_fd())?;
+        if reference.same_mount(&found) {
+            return Ok(fd);
+        }
+        // Closed before the detach: an open descriptor inside would only keep the detached
+        // mount alive.
+        drop(fd);
+        detach_exact(dir, name, reference, found)?;
+        *detached += 1;
+    }
+    Err(io::Error::new(
+        io::ErrorKind::ResourceBusy,
+        crate::mounts::MountLeft {
+            reason: crate::mounts::MountRefusal::TooManyLayers,
+            id: None,
+            path: None,
+            fs_type: None,
+            errno: None,
+        },
+    ))
+}
+
+/// A non-directory whose unlink was refused busy: a mount stacked on it (a file bind mount) is
+/// detached, exactly. `Ok(true)`: detached, unlink again; `Ok(false)`: no mount there.
+fn detach_from_file(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    tree: &mut TreeMount,
+    removed: &mut Removed,
+) -> io::Result<bool> {
+    let reference = tree.get(dir)?;
+    let found = MountIdentity::at(dir, name)?;
+    if reference.same_mount(&found) {
+        return Ok(false);
+    }
+    detach_exact(dir, name, reference, found)?;
+    removed.detached += 1;
+    Ok(true)
 }
 
 /// What removing one entry left to do.
@@ -174,11 +259,16 @@ fn remove_one(
     dir: BorrowedFd<'_>,
     name: &CStr,
     mut kind: EntryKind,
+    tree: &mut TreeMount,
     removed: &mut Removed,
 ) -> io::Result<Next> {
     // At most two rounds: a kind can change once between the listing and here and be met as
-    // what it is now; a second change is a failure, not a loop.
-    for _ in 0..2 {
+    // what it is now; a second change is a failure, not a loop. A file's detached mounts get
+    // rounds of their own, bounded like a directory's.
+    let mut rounds = 0;
+    let mut file_layers = 0;
+    while rounds < 2 {
+        rounds += 1;
         if kind != EntryKind::Directory {
             match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
                 Ok(()) => {
@@ -191,10 +281,18 @@ fn remove_one(
                     kind = EntryKind::Directory;
                     continue;
                 }
+                // A mount on the file (a bind mount of a host file): detach it, unlink again.
+                Err(rustix::io::Errno::BUSY)
+                    if file_layers < MAX_LAYERS && detach_from_file(dir, name, tree, removed)? =>
+                {
+                    file_layers += 1;
+                    rounds -= 1;
+                    continue;
+                }
                 Err(e) => return Err(e.into()),
             }
         }
-        match open_dir_at(dir, name) {
+        match open_dir_on_tree(dir, name, tree, &mut removed.detached) {
             Ok(fd) => {
                 let (listing, entries) = list_owned(fd)?;
                 return Ok(Next::Descend(Frame::listed(
@@ -271,6 +369,7 @@ struct Walk {
     path: Vec<Frame>,
     open: usize,
     peak: u64,
+    tree: TreeMount,
 }
 
 impl Walk {
@@ -302,7 +401,7 @@ impl Walk {
             let Some(fd) = fd else {
                 return Err(io::Error::other("the walk lost its directory"));
             };
-            match remove_one(fd, &entry.name, entry.kind, removed) {
+            match remove_one(fd, &entry.name, entry.kind, &mut self.tree, removed) {
                 Ok(Next::Done) => {}
                 Ok(Next::Descend(frame)) => self.push(frame)?,
                 Err(e) if is_denied(&e) && !top.granted => {

@@ -25,6 +25,7 @@ use rustix::fs::AtFlags;
 use super::remove::{
     EntryKind, Removed, grant_owner, list_entries, open_dir_at, remove_at, remove_entry_at,
 };
+use crate::mounts::MountIdentity;
 
 /// How many subtrees per thread the skeleton is opened for, at most.
 const SUBTREES_PER_THREAD: usize = 8;
@@ -56,11 +57,13 @@ pub fn remove_entry_at_parallel(
         // each of those as it always has.
         Err(_) => return remove_entry_at(dir, name, kind),
     };
-    if !parallel_pays(root.as_fd()) {
+    let tree = MountIdentity::of(dir)?;
+    // A mount stacked on the entry itself: the sequential remover detaches it exactly first.
+    if !parallel_pays(root.as_fd()) || !tree.same_mount(&MountIdentity::of(root.as_fd())?) {
         drop(root);
         return remove_entry_at(dir, name, kind);
     }
-    let skeleton = Skeleton::open(root, threads)?;
+    let skeleton = Skeleton::open(root, tree, threads)?;
     let mut removed = skeleton.remove_jobs(threads)?;
     removed.peak_open_dirs += skeleton.dirs.len() as u64;
     skeleton.remove_dirs(&mut removed)?;
@@ -89,7 +92,9 @@ struct Skeleton {
 }
 
 impl Skeleton {
-    fn open(root: OwnedFd, threads: usize) -> io::Result<Self> {
+    /// `tree` is the mount of the tree being removed: a directory on another mount is never
+    /// opened into the skeleton (it becomes a job, and the sequential remover detaches it).
+    fn open(root: OwnedFd, tree: MountIdentity, threads: usize) -> io::Result<Self> {
         let mut skeleton = Self {
             dirs: vec![root],
             links: vec![(0, CString::default())],
@@ -110,6 +115,7 @@ impl Skeleton {
                         && entry.kind == EntryKind::Directory
                         && skeleton.dirs.len() < MAX_SKELETON_DIRS
                         && let Ok(fd) = open_dir_at(skeleton.dirs[parent].as_fd(), &entry.name)
+                        && MountIdentity::of(fd.as_fd()).is_ok_and(|m| tree.same_mount(&m))
                     {
                         skeleton.dirs.push(fd);
                         skeleton.links.push((parent, entry.name));
@@ -150,6 +156,7 @@ impl Skeleton {
         let next = AtomicUsize::new(0);
         let count = AtomicU64::new(0);
         let peak = AtomicU64::new(0);
+        let detached = AtomicU64::new(0);
         let denied: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
         let failure: Mutex<Option<io::Error>> = Mutex::new(None);
         let work = || {
@@ -175,6 +182,7 @@ impl Skeleton {
             }
             count.fetch_add(removed.entries, Ordering::Relaxed);
             peak.fetch_max(removed.peak_open_dirs, Ordering::Relaxed);
+            detached.fetch_add(removed.detached, Ordering::Relaxed);
         };
         std::thread::scope(|scope| {
             for _ in 1..threads {
@@ -189,6 +197,7 @@ impl Skeleton {
             entries: count.into_inner(),
             // Each thread holds its own walk's descriptors at once.
             peak_open_dirs: peak.into_inner() * threads as u64,
+            detached: detached.into_inner(),
         };
         let mut denied = std::mem::take(&mut *lock(&denied));
         denied.sort_unstable();

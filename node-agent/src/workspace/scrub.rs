@@ -11,12 +11,15 @@ use runner_manager_crds::attempt::WorkspacePlacement;
 use rustix::fs::AtFlags;
 
 use super::refusal::{Quarantine, SlotRefusal};
-use super::remove::{ListedEntry, is_link_or_not_dir, list_entries, open_dir_nofollow};
+use super::remove::{
+    ListedEntry, TreeMount, is_link_or_not_dir, list_entries, open_dir_nofollow, open_dir_on_tree,
+};
 use super::remove_parallel::{removal_threads, remove_entry_at_parallel};
 use super::scrub_plan::{
     ScrubTarget, SlotOwner, check_journal, entries_to_remove, is_kept, residue,
 };
 use super::slot_path::SENSITIVE_SLOT_ENTRIES;
+use crate::mounts::MountLeft;
 
 /// A scrub that refused nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +38,10 @@ pub fn scrub_slot(
     slots_root: &Path,
     owner: SlotOwner<'_>,
 ) -> Result<Scrubbed, Quarantine> {
+    // The one root validation (as the preflight's): a slots root that is or lies in a host
+    // root's own directories, the filesystem root or a kernel filesystem is never scrubbed.
+    crate::roots::validate_root(crate::roots::Root::Slots, slots_root)
+        .map_err(|e| Quarantine::new(SlotRefusal::Containment, e.to_string()))?;
     // Checks 1 and 2.
     let target = check_journal(placement, slots_root, owner)?;
     // Check 3.
@@ -67,10 +74,19 @@ pub fn scrub_slot(
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Scrubbed::Absent),
         Err(e) => return Err(enumeration(&target.slot, e.kind())),
         Ok(meta) if !meta.file_type().is_dir() => return Err(not_a_directory(&target.slot)),
-        Ok(_) => match open_dir_nofollow(&target.slot) {
+        Ok(_) => match open_slot(&target) {
             Ok(fd) => fd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Scrubbed::Absent),
             Err(e) if is_link_or_not_dir(&e) => return Err(not_a_directory(&target.slot)),
+            Err(e) if MountLeft::of(&e).is_some() => {
+                return Err(Quarantine::new(
+                    SlotRefusal::Deletion,
+                    format!(
+                        "{} could not be opened on its own volume: {e}",
+                        target.slot.display()
+                    ),
+                ));
+            }
             Err(e) => return Err(enumeration(&target.slot, e.kind())),
         },
     };
@@ -82,6 +98,23 @@ pub fn scrub_slot(
     // Check 7.
     verify(slot.as_fd(), &target.slot)?;
     Ok(Scrubbed::Clean { removed })
+}
+
+/// The slot's own directory, opened from its policy root's descriptor: a mount stacked on the
+/// slot itself (not the agent's overlay, unmounted above) is detached exactly first, so the
+/// scrub never lists, and so never removes, what another mount shows there.
+fn open_slot(target: &ScrubTarget) -> io::Result<std::os::fd::OwnedFd> {
+    let parent = open_dir_nofollow(&target.policy_root)?;
+    let name = target.slot.file_name().unwrap_or_default();
+    let name = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(name))
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a name holds a NUL byte"))?;
+    let mut detached = 0;
+    open_dir_on_tree(
+        parent.as_fd(),
+        &name,
+        &mut TreeMount::default(),
+        &mut detached,
+    )
 }
 
 /// Check 3: the slots root, the policy root and the slot resolve where the agent derives them.
@@ -141,10 +174,11 @@ pub(crate) fn remove_listed(
                 let which = sensitive_name(entry)
                     .map(|n| format!("`{n}`"))
                     .unwrap_or_else(|| "an entry".to_owned());
+                let mount = MountLeft::of(&e).map_or_else(String::new, |m| format!(": {m}"));
                 return Err(Quarantine::new(
                     SlotRefusal::Deletion,
                     format!(
-                        "{which} of {} could not be removed ({:?}); {done} of {} entries were removed before it and nothing after it",
+                        "{which} of {} could not be removed ({:?}{mount}); {done} of {} entries were removed before it and nothing after it",
                         slot_path.display(),
                         e.kind(),
                         doomed.len()

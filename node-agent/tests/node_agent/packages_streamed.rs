@@ -440,21 +440,28 @@ fn a_staging_entry_that_cannot_be_swept_does_not_stop_the_agent() {
     let stuck = staging.join("stuck");
     fs::create_dir_all(&stuck).unwrap();
     fs::write(staging.join("download-0123"), b"partial").unwrap();
-    // A mount on it: its directory cannot be removed (EBUSY), even by root.
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "tmpfs"])
-        .arg(&stuck)
-        .status()
-        .unwrap();
-    assert!(mounted.success(), "mount a tmpfs on the staging entry");
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
+    // An immutable file in it: it cannot be removed (EPERM), even by root. (A mount on it no
+    // longer stops the sweep: the removal detaches it, see removal.rs.)
+    let locked = stuck.join("locked");
+    fs::write(&locked, b"x").unwrap();
+    struct Immutable(PathBuf);
+    impl Immutable {
+        fn set(path: &std::path::Path, flags: rustix::fs::IFlags) {
+            let fd = rustix::fs::open(path, rustix::fs::OFlags::RDONLY, rustix::fs::Mode::empty())
+                .unwrap();
+            rustix::fs::ioctl_setflags(&fd, flags)
+                .expect("setting the immutable flag needs root on a filesystem that has it");
         }
     }
-    let _unmount = Unmount(stuck.clone());
+    impl Drop for Immutable {
+        fn drop(&mut self) {
+            Self::set(&self.0, rustix::fs::IFlags::empty());
+        }
+    }
+    Immutable::set(&locked, rustix::fs::IFlags::IMMUTABLE);
+    let _unlock = Immutable(locked.clone());
     let made = PackageCache::new(dir.path().join("packages"), downloader());
     assert!(made.is_ok(), "{:?}", made.err());
     assert!(!staging.join("download-0123").exists(), "the rest swept");
+    assert!(locked.exists(), "what cannot go is left");
 }
