@@ -285,7 +285,7 @@ start_apiserver() {
   wait_for 120 "the restarted kube-apiserver ready" api_ready
 }
 wait_for 60 "$busy_n idle runners before the API server restart" three_idle
-api_job_ms=$(( (api_down + 40) * 1000 ))
+api_job_ms=$(( (api_down + 60) * 1000 ))
 take_jobs "$api_job_ms" restart
 restart_jobs=("${queued[@]}")
 agent_before=$(agent_pod_json)
@@ -295,12 +295,19 @@ pid=$(api_pid)
 alive "$pid" && [ "$(basename "$(readlink "/proc/$pid/exe")")" = kube-apiserver ] || fail "no kube-apiserver at pid $pid ($CP_RUN/apiserver.pid)"
 mapfile -d '' api_cmd < "/proc/$pid/cmdline"
 api_cwd=$(readlink "/proc/$pid/cwd")
+# As e2e/control-plane/stop.sh stops it: SIGTERM, SIGKILL after 10 s (its graceful drain of
+# open watches can take a minute, during which it still answers some of them).
 kill "$pid"
 api_stopped=1
 gone_pid() { ! alive "$pid"; }
-wait_for 60 "kube-apiserver (pid $pid) exited" gone_pid
+for _ in $(seq 1 100); do gone_pid && break; sleep 0.1; done
+gone_pid || kill -9 "$pid" 2>/dev/null || true
+wait_for 10 "kube-apiserver (pid $pid) exited" gone_pid
 stopped_ms=$(now_ms)
-say "kube-apiserver (pid $pid) stopped; down for ${api_down} s"
+for j in "${restart_jobs[@]}"; do
+  [ "$(admin GET "jobs/$j" | jq -r .status)" = in_progress ] || fail "API server restart: job $j no longer running when the API server went down: the runners were not busy across the restart"
+done
+say "kube-apiserver (pid $pid) stopped with the $busy_n jobs running; down for ${api_down} s"
 while [ $(( $(now_ms) - stopped_ms )) -lt $(( api_down * 1000 )) ]; do units_kept "API server down"; sleep 2; done
 start_apiserver
 back_ms=$(now_ms)
