@@ -934,7 +934,7 @@ async fn jit_registration_rules_and_one_shot_use() {
     assert_eq!(no_labels.status, 422);
 
     // The JIT carries the runner's real settings files, and opens exactly one session.
-    let settings = JitSettings::decode(&SecretString::from(jit)).unwrap();
+    let settings = JitSettings::decode(&SecretString::from(jit.clone())).unwrap();
     assert!(settings.runner.ephemeral);
     assert_eq!(settings.runner.agent_name, "dup");
     let session = json!({
