@@ -111,6 +111,7 @@ node_stage() {
   KUBECONFIG="$RM_CLUSTER_RUN/kubeconfig" e2e/cluster/helm-check.sh
   # Runner pods (execution.mode: Oci) and placeholder pods on the real node (issue 16).
   KUBECONFIG="$RM_CLUSTER_RUN/kubeconfig" e2e/cluster/pods-check.sh
+  KUBECONFIG="$RM_CLUSTER_RUN/kubeconfig" e2e/cluster/outage-check.sh
   e2e/cluster/stop.sh
   done_stage node
 }

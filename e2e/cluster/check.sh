@@ -24,7 +24,7 @@ fail() {
   K -n $ns describe pods 2>&1 | tail -30 >&2 || true
   exit 1
 }
-# phase POD: waits up to 90 s for Succeeded or Failed, prints it.
+# phase POD: waits up to 90 s for Succeeded or Failed, prints it (what it was at 90 s otherwise).
 phase() {
   local p=
   for _ in $(seq 1 180); do
@@ -38,7 +38,11 @@ trap 'K delete ns $ns --wait=false >/dev/null 2>&1 || true' EXIT
 # A namespace left by an earlier run may still be terminating.
 K delete ns $ns --ignore-not-found --timeout=60s >/dev/null
 K create ns $ns >/dev/null
-for _ in $(seq 1 40); do K -n $ns get serviceaccount default >/dev/null 2>&1 && break; sleep 0.25; done
+# The pods need the namespace's default ServiceAccount (the controller manager makes it): waited
+# for, and named if it never comes, rather than a pod refused for want of it.
+sa=
+for _ in $(seq 1 120); do K -n $ns get serviceaccount default >/dev/null 2>&1 && { sa=1; break; }; sleep 0.25; done
+[ -n "$sa" ] || fail "no ServiceAccount default in namespace $ns 30 s after its creation (the controller manager's serviceaccount controller)"
 
 K -n $ns apply -f - >/dev/null <<YAML
 apiVersion: v1

@@ -23,14 +23,18 @@
 #   6. the ScalePolicy deleted, then `helm uninstall`: no pod, unit, runtime directory, registration
 #      or JIT handoff file is left (the node's host root, the node's /run and /tmp searched).
 # After every step, nothing leaks: each rm-* unit and runtime directory belongs to a live attempt,
-# each registration on the simulated GitHub to a live attempt, no jit-* handoff file exists, the
-# JITs minted equal the attempts that registered a runner, and no mount is under the host root on
+# each registration on the simulated GitHub to a live attempt, no jit-* handoff file stays, every
+# JIT minted is the journalled runner of the attempt its name derives from or was deregistered
+# unused, none used twice (product.sh's jits_accounted: the simulated GitHub's /_admin/mints
+# joined with a record of the attempts' journal), and no mount is under the host root on
 # the node when the install sets materialize copy, or, with overlay or auto (the chart's default),
 # only live runtimes' overlays; none after uninstall. With overlay or auto the agent must have
 # chosen overlay (its log line and its runner_manager_agent_materializer{mode} gauge), and each
 # live runner must run from its runtime's overlay: an `overlay runner-package` mount at the
 # runtime in the node's mount table (PID 1's: the agent's mount reached the host through the
-# Bidirectional volume) and in the runner unit's own mount namespace.
+# Bidirectional volume) and in the runner unit's own mount namespace. Each of these waits, bounded,
+# for what it finds to settle (a runtime listed a moment before its attempt's Cleaned, a minIdle
+# replacement's JIT minted a moment before its journal write): a leak is what stays.
 # Prints `kubectl get pods -A -o wide` and `kubectl get sp,ra`. Needs KUBECONFIG of that cluster
 # (default $RM_CLUSTER_RUN/kubeconfig), the images built and `cargo build --workspace --bins`.
 set -euo pipefail
@@ -74,7 +78,7 @@ done
 
 # --- the simulated GitHub where pods reach it
 rm -rf "$work"; mkdir -p "$work"
-fake_pid=
+fake_pid= record_pid=
 # The jobs namespace goes before the operator: its policies and attempts carry the operator's
 # finalizers (a namespace deleted after `helm uninstall` stays Terminating). Left by a run that
 # died without its operator, their finalizers are dropped by hand.
@@ -87,6 +91,7 @@ drop_jobs_ns() {
   K wait --for=delete ns/$jobs_ns --timeout=30s >/dev/null 2>&1 || true
 }
 cleanup() {
+  stop_recording
   K uncordon "$RM_CLUSTER_NODE" >/dev/null 2>&1 || true
   drop_jobs_ns
   H uninstall $rel -n $ns >/dev/null 2>&1 || true
@@ -173,6 +178,9 @@ K -n $ns rollout status ds/$rel-runner-manager-node-agent --timeout=120s >/dev/n
 say "the agent refused a node /var/lib of mode 0700 (its roots preflight in the node's view); Ready again at 0755"
 
 # --- 2. a policy, jobs
+# The attempts' journal for the JIT ledger (product.sh): attempts go with their policy.
+K create ns $jobs_ns --dry-run=client -o yaml | K apply -f - >/dev/null
+record_attempts $jobs_ns "$work/attempts.rec"
 apply_policy $jobs_ns web 1 3 "$work/app.pem"
 
 # Attempts in JSON, once per check.
@@ -184,52 +192,54 @@ units() { N systemctl list-units --all --plain --no-legend 'rm-*.service' | awk 
 idle_count() { attempts | jq '[.items[] | select(.status.state == "Idle")] | length'; }
 job_done() { [ "$(admin GET "jobs/$1" | jq -r .status)" = completed ]; }
 job_running() { [ "$(admin GET "jobs/$1" | jq -r .status)" = in_progress ]; }
-mints() { admin GET counters | jq '.generate_jitconfig["201"] // 0'; }
 has_idle() { [ "$(idle_count)" -ge 1 ]; }
 handoffs() { { find "$HOST_ROOT" -name 'jit-*' 2>/dev/null; N find /run /tmp -xdev -name 'jit-*' 2>/dev/null; } | sort -u; }
-# No leak: every unit, runtime directory and registration belongs to a live attempt; no handoff
-# file; every JIT minted went to an attempt that registered (none twice).
-no_leaks() {
-  local before live want u units_now d dirs mounted point fstype source regs registered minted mounts
-  # The live attempts before and after what is on the node: an attempt created in between (a
-  # minIdle replacement) is in the second list, one cleaned in between (a job that just ended,
-  # its runtime listed a moment before its removal) in the first; neither is read as a leak. A
-  # runtime really left behind by such an attempt is caught by the next check.
-  before=$(live_ids)
-  units_now=$(units)
-  dirs=$(ls "$HOST_ROOT/runners" 2>/dev/null || true)
-  mounted=$(N awk '$5 ~ "^/var/lib/runner-manager" { for (i = 7; i <= NF; i++) if ($i == "-") { print $5, $(i + 1), $(i + 2); break } }' /proc/1/mountinfo)
-  live=$(printf '%s\n%s\n' "$before" "$(live_ids)" | sed '/^$/d' | sort -u)
-  want=$(for id in $live; do unit_of "$id"; done | sort)
-  for u in $units_now; do
-    case $'\n'"$want"$'\n' in *$'\n'"$u"$'\n'*) ;; *) fail "$1: unit $u belongs to no live attempt" ;; esac
-  done
-  for d in $dirs; do
-    case $'\n'"$want"$'\n' in *$'\n'"rm-$d.service"$'\n'*) ;; *) fail "$1: runtime directory runners/$d belongs to no live attempt" ;; esac
-  done
-  [ -z "$(handoffs)" ] || fail "$1: JIT handoff files left: $(handoffs | tr '\n' ' ')"
-  # The agent pod's hostPath mounts stay in its container (a Bidirectional pair of nested roots
-  # once doubled the agent's own mounts at every agent start): with the copy nothing at all is
-  # mounted under the host root on the node; with overlay (or auto) only the overlay a runtime
-  # is materialized as (lower the cached package, upper the runtime, at runners/<id>), one per
-  # live attempt's runtime.
+# What belongs to no live attempt, one item a line (settle waits for none): the rm-* units,
+# runtime directories and mounts under the host root on the node. What is on the node is listed
+# first, the live attempts after: an attempt created in between (a minIdle replacement) is among
+# them; one cleaned in between shows until its runtime goes.
+live_units() { for id in $(live_ids); do unit_of "$id"; done | sort; }
+stray_units() {
+  local now want u
+  now=$(units); want=$(live_units)
+  for u in $now; do grep -qxF -- "$u" <<<"$want" || echo "unit $u"; done
+}
+stray_dirs() {
+  local dirs want d
+  dirs=$(ls "$HOST_ROOT/runners" 2>/dev/null || true); want=$(live_units)
+  for d in $dirs; do grep -qxF -- "rm-$d.service" <<<"$want" || echo "runtime directory runners/$d"; done
+}
+# The agent pod's hostPath mounts stay in its container (a Bidirectional pair of nested roots
+# once doubled the agent's own mounts at every agent start): with the copy nothing at all is
+# mounted under the host root on the node; with overlay (or auto) only the overlay a runtime
+# is materialized as (lower the cached package, upper the runtime, at runners/<id>), one per
+# live attempt's runtime.
+host_mounts() { N awk '$5 ~ "^/var/lib/runner-manager" { for (i = 7; i <= NF; i++) if ($i == "-") { print $5, $(i + 1), $(i + 2); break } }' /proc/1/mountinfo; }
+stray_mounts() {
+  local mounted want point fstype source d
+  mounted=$(host_mounts); want=$(live_units)
   while read -r point fstype source; do
     [ -n "$point" ] || continue
-    [ "$materialize" != copy ] || fail "$1: mount $point ($fstype) on the node, where materialize copy mounts nothing"
+    if [ "$materialize" = copy ]; then echo "mount $point ($fstype), where materialize copy mounts nothing"; continue; fi
     d=${point#/var/lib/runner-manager/runners/}
-    case $'\n'"$want"$'\n' in *$'\n'"rm-$d.service"$'\n'*) ;; *) fail "$1: mount $point ($fstype) on the node is no live attempt's runtime" ;; esac
-    [ "$fstype $source" = "overlay runner-package" ] || fail "$1: mount $point on the node is $fstype from $source, not a runtime's overlay"
+    grep -qxF -- "rm-$d.service" <<<"$want" || echo "mount $point ($fstype) of no live attempt's runtime"
+    [ "$fstype $source" = "overlay runner-package" ] || echo "mount $point is $fstype from $source, not a runtime's overlay"
   done <<<"$mounted"
-  mounts=$(echo "$mounted" | grep -c . || true)
-  regs=$(admin GET runners | jq -r '.[].name' | sort)
-  registered=$(attempts | jq -r '.items[] | select(.status.state != "Cleaned") | .status.runner.name // empty' | sort)
-  for r in $regs; do
-    case $'\n'"$registered"$'\n' in *$'\n'"$r"$'\n'*) ;; *) fail "$1: registration $r belongs to no live attempt" ;; esac
-  done
-  minted=$(mints)
-  [ "$minted" -eq "$(attempts | jq '[.items[] | select(.status.runner.name)] | length')" ] \
-    || fail "$1: $minted JITs minted for $(attempts | jq '[.items[] | select(.status.runner.name)] | length') attempts that registered"
-  say "$1: no leak ($(echo "$units_now" | grep -c . || true) unit(s), $mounts runtime overlay(s), $(echo "$regs" | grep -c . || true) registration(s), $minted JIT(s) minted, no handoff file)"
+}
+# No leak: every unit, runtime directory, mount and registration belongs to a live attempt; no
+# handoff file stays; every JIT minted is journalled by its attempt or was deregistered unused,
+# none used twice.
+no_leaks() {
+  local seen jits
+  settle 30 "$1: units of no live attempt" stray_units
+  settle 30 "$1: runtime directories of no live attempt" stray_dirs
+  settle 30 "$1: mounts under the host root on the node" stray_mounts
+  # A starting runner's handoff is in flight until its unit takes it: a file is a leak when it stays.
+  seen=$(handoffs)
+  gone() { local f; for f in $seen; do [ ! -e "$f" ] && ! N test -e "$f" || return 1; done; }
+  [ -z "$seen" ] || wait_for 15 "$1: JIT handoff files taken or removed: $(echo "$seen" | tr '\n' ' ')" gone
+  jits=$(jits_accounted "$1" $jobs_ns "$work/attempts.rec")
+  say "$1: no leak ($(units | grep -c . || true) unit(s), $(host_mounts | grep -c . || true) runtime overlay(s), $(admin GET runners | jq length) registration(s), $jits, no handoff file)"
 }
 
 wait_for 90 "an idle runner on the node" has_idle
@@ -342,6 +352,10 @@ no_leaks "helm upgrade"
 # --- 6. the policy deleted, then helm uninstall
 K -n $jobs_ns delete scalepolicy web --timeout=90s >/dev/null || fail "the ScalePolicy was not deleted (its runners not drained)"
 wait_for 60 "no live attempt after the policy's deletion" no_live
+# Every JIT ever minted journalled or deregistered, no registration left (while the operator runs).
+jits=$(jits_accounted "policy deleted" $jobs_ns "$work/attempts.rec")
+stop_recording
+say "ScalePolicy deleted: $jits"
 H uninstall $rel -n $ns >/dev/null
 no_pods() { [ -z "$(K -n $ns get pods -o name 2>/dev/null)" ]; }
 wait_for 60 "no pod after helm uninstall" no_pods

@@ -86,3 +86,105 @@ YAML
 queue_job() {
   admin POST jobs "$(jq -n --arg n "$1" --argjson d "$2" '{owner: "acme", repo: "web", labels: ["self-hosted", "linux"], name: $n, behaviour: {duration_ms: $d}}')" | jq -r .job_id
 }
+
+# settle SECONDS WHAT LISTER...: runs LISTER (it prints what is still wrong, one item a line, and
+# nothing once all is well) every 0.5 s until it prints nothing; fails naming WHAT and what it
+# printed last. A leak is what stays: something seen between two states (a runtime listed a
+# moment before its attempt's Cleaned, a registration minted a moment before its journal write)
+# passes once it settles, and fails only if it never does.
+settle() {
+  local n=$(( $1 * 2 )) what=$2 out=; shift 2
+  for _ in $(seq 1 "$n"); do
+    if out=$("$@" 2>&1) && [ -z "$out" ]; then return 0; fi
+    sleep 0.5
+  done
+  fail "$what (still after $(( n / 2 )) s): $(echo "$out" | tr '\n' ' ')"
+}
+
+# record_attempts NAMESPACE FILE: appends every attempt of NAMESPACE the API server shows, at
+# every change, as `uuid|name|runner name|runner id|state` to FILE (attempts are deleted with
+# their policy; the JITs minted for them are not). The watch is opened again when it ends (an
+# API server restart ends it), so nothing is missed for longer than the gap, and jit_ledger
+# records the current list at each look as well. Sets $record_pid; stop_recording ends it.
+record_attempts() {
+  local ns=$1 file=$2
+  (
+    k=
+    trap '[ -z "$k" ] || kill "$k" 2>/dev/null; exit 0' TERM
+    while :; do
+      K -n "$ns" get ra --watch \
+        -o jsonpath='{.spec.id}|{.metadata.name}|{.status.runner.name}|{.status.runner.id}|{.status.state}{"\n"}' >> "$file" 2>/dev/null &
+      k=$!
+      wait "$k" || true
+      k=
+      sleep 1
+    done
+  ) &
+  record_pid=$!
+}
+stop_recording() { [ -z "${record_pid:-}" ] || kill "$record_pid" 2>/dev/null || true; record_pid=; }
+
+# jit_ledger NAMESPACE FILE: every JIT the simulated GitHub minted (its /_admin/mints) joined with
+# the attempts' journal (FILE of record_attempts, with NAMESPACE's attempts as they are now
+# appended), and its registrations with the live attempts; one JSON object. Each mint belongs to
+# the attempt its runner name derives from (runner-manager-<attempt uuid>) and is `journalled`
+# (the attempt's status.runner is that registration), `discarded` (deregistered before its JIT
+# reached a runner: a CAS the broker lost, a mint retried), or still `pending` (minted, neither
+# journalled nor deregistered yet: the broker's write in flight, or a leak once it stays);
+# `unowned` if no attempt has its uuid. Immediate failures: an attempt that journalled `twice`
+# (two runner ids) and a JIT `reused` (more than one session opened with it, or a JIT other than
+# the journalled one that reached a runner). `strays`: registrations of no live attempt, except
+# the names in $abandoned.
+jit_ledger() {
+  local now mints regs
+  now=$(K -n "$1" get ra -o json) || return 1
+  jq -r '.items[] | "\(.spec.id)|\(.metadata.name)|\(.status.runner.name // "")|\(.status.runner.id // "")|\(.status.state // "")"' <<<"$now" >> "$2"
+  mints=$(admin GET mints) || return 1
+  regs=$(admin GET runners) || return 1
+  jq -cn --argjson mints "$mints" --argjson regs "$regs" --argjson now "$now" --rawfile rec "$2" --arg abandoned "${abandoned:-}" '
+    ($rec | split("\n") | map(select(length > 0) | split("|") | {id: .[0], name: .[1], rid: (.[3] // "")})
+      | map(select(.id != "")) | group_by(.id)
+      | map({key: .[0].id, value: {name: .[0].name, rids: ([.[].rid | select(. != "")] | unique)}}) | from_entries) as $att
+    | [$now.items[] | select(.status.state != "Cleaned") | .spec.id] as $live
+    | ($abandoned | split(" ") | map(select(length > 0))) as $ab
+    | [$mints[] | . as $m | ($m.name | ltrimstr("runner-manager-")) as $u | $att[$u] as $a
+       | {name: $m.name, id: $m.id, sessions: $m.sessions, registered: $m.registered, attempt: ($a.name // null),
+          verdict: (if $a == null then "unowned"
+            elif ($a.rids | length) > 1 then "twice"
+            elif $m.sessions > 1 then "reused"
+            elif ($a.rids | length) == 1 and $a.rids[0] == ($m.id | tostring) then "journalled"
+            elif ($a.rids | length) == 1 and $m.sessions > 0 then "reused"
+            elif ($m.registered | not) and $m.sessions == 0 then "discarded"
+            else "pending" end)}] as $v
+    | def named(k): [$v[] | select(.verdict == k) | "\(.name) (id \(.id), attempt \(.attempt // "none"), sessions \(.sessions), registered \(.registered))"];
+    {minted: ($v | length), journalled: named("journalled") | length, discarded: named("discarded") | length,
+     attempts: ([$att[] | select(.rids | length > 0)] | length),
+     pending: named("pending"), unowned: named("unowned"), twice: named("twice"), reused: named("reused"),
+     strays: [$regs[] | select((.name | ltrimstr("runner-manager-")) as $u | any($live[]; . == $u) | not)
+              | select(.name as $n | any($ab[]; . == $n) | not) | .name]}'
+}
+
+# jits_accounted WHAT NAMESPACE FILE [SECONDS]: waits (90 s unless told) until every JIT minted
+# is journalled by its attempt or deregistered unused, and every registration belongs to a live
+# attempt (or is in $abandoned); fails at once on an attempt with two runners or a JIT used
+# twice. Prints the count; sets $ledger to the last ledger.
+jits_accounted() {
+  local what=$1 ns=$2 file=$3 n=$(( ${4:-90} * 2 )) first= start
+  ledger=
+  start=$(date +%s%3N)
+  for _ in $(seq 1 "$n"); do
+    ledger=$(jit_ledger "$ns" "$file") || { sleep 0.5; continue; }
+    [ "$(jq '.twice + .reused | length' <<<"$ledger")" = 0 ] \
+      || fail "$what: a runner started twice: attempts with two runners: $(jq -c .twice <<<"$ledger"); JITs used twice or not the journalled one: $(jq -c .reused <<<"$ledger")"
+    [ "$(jq '.pending + .unowned + .strays | length' <<<"$ledger")" = 0 ] && break
+    # What was unsettled at the first look: the evidence of what an instant comparison misread.
+    [ -n "$first" ] || first=$(jq -c '{pending, unowned, strays}' <<<"$ledger")
+    sleep 0.5
+  done
+  [ -n "$ledger" ] || fail "$what: neither the simulated GitHub nor the API server answered for $(( n / 2 )) s"
+  [ "$(jq '.unowned | length' <<<"$ledger")" = 0 ] || fail "$what: JITs minted for no attempt recorded: $(jq -c .unowned <<<"$ledger")"
+  [ "$(jq '.pending | length' <<<"$ledger")" = 0 ] || fail "$what: JITs minted, neither journalled by their attempt nor deregistered after $(( n / 2 )) s: $(jq -c .pending <<<"$ledger")"
+  [ "$(jq '.strays | length' <<<"$ledger")" = 0 ] || fail "$what: registrations of no live attempt after $(( n / 2 )) s: $(jq -c .strays <<<"$ledger")"
+  printf '%s%s\n' "$(jq -r '"\(.minted) JIT(s) minted: \(.journalled) journalled by \(.attempts) attempt(s), \(.discarded) deregistered unused"' <<<"$ledger")" \
+    "${first:+ (settled after $(( ($(date +%s%3N) - start) / 1000 )) s; unsettled at the first look: $first)}"
+}

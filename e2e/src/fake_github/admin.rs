@@ -190,6 +190,26 @@ pub async fn issued_jits(State(fake): Fake) -> Json<Value> {
     Json(json!(list))
 }
 
+/// `GET /_admin/mints`: every registration a JIT was minted for, in order, with whether GitHub
+/// still lists it and how many session openings its credentials made — never the JIT itself.
+/// The real node's checks join it with the attempts' journal: each mint must belong to one
+/// attempt (`runner-manager-<attempt uuid>`) and be either that attempt's journalled runner or
+/// deregistered.
+pub async fn mints(State(fake): Fake) -> Json<Value> {
+    let world = fake.world();
+    let list: Vec<Value> = world
+        .mints
+        .iter()
+        .map(|m| {
+            json!({
+                "id": m.id, "name": m.name, "scope": m.scope, "at": m.at,
+                "sessions": m.sessions, "registered": world.runners.contains_key(&m.id),
+            })
+        })
+        .collect();
+    Json(json!(list))
+}
+
 /// `POST /_admin/faults`.
 pub async fn add_fault(State(fake): Fake, Json(b): Json<FaultRequest>) -> StatusCode {
     let mut world = fake.world();
@@ -392,6 +412,7 @@ pub fn router() -> axum::Router<Arc<FakeGithub>> {
         .route("/_admin/jobs/{id}", get(get_job))
         .route("/_admin/runners", get(list_runners))
         .route("/_admin/jits", get(issued_jits))
+        .route("/_admin/mints", get(mints))
         .route("/_admin/faults", post(add_fault).delete(clear_faults))
         .route("/_admin/counters", get(counters).delete(reset_counters))
         .route("/_admin/rate-limits", post(set_rate_limit))

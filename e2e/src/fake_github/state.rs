@@ -61,6 +61,10 @@ pub struct World {
     /// Every `encoded_jit_config` handed out, so a scenario can prove none of them is left
     /// anywhere (API server, logs, host roots) once things settle.
     pub issued_jits: Vec<SecretString>,
+    /// Every registration `generate-jitconfig` made, in order, kept after the runner is deleted:
+    /// what a scenario joins with the attempts' journal (each mint belongs to one attempt, by the
+    /// runner name its uuid derives) instead of comparing a counter with a sampled state.
+    pub mints: Vec<Mint>,
     /// Repositories by lower-case `owner/repo` → id, added by the admin API; a job queued in a
     /// repository adds it too (`GET /orgs/{org}/repos`).
     pub repos: BTreeMap<String, u64>,
@@ -69,6 +73,19 @@ pub struct World {
     /// The runner scale-set service (`scaleset`).
     pub scale_sets: super::scaleset::ScaleSetWorld,
     next_id: u64,
+}
+
+/// One JIT minted: the registration it made and what became of its single use.
+#[derive(Debug, Clone)]
+pub struct Mint {
+    pub id: u64,
+    pub name: String,
+    pub scope: String,
+    /// Unix seconds.
+    pub at: i64,
+    /// Session openings presented with its credentials (the first is the JIT's one use; any
+    /// later one, refused, is a runner started twice on one JIT).
+    pub sessions: u32,
 }
 
 impl World {
@@ -334,6 +351,14 @@ impl FakeGithub {
             },
         );
         world.issued_jits.push(encoded.clone());
+        let minted_name = world.runners[&id].name.clone();
+        world.mints.push(Mint {
+            id,
+            name: minted_name,
+            scope: scope.path(),
+            at: unix_now(),
+            sessions: 0,
+        });
         let json = world.runner_json(id).unwrap_or(Value::Null);
         drop(world);
         self.bump();
@@ -390,7 +415,15 @@ impl FakeGithub {
         if runner.client_secret.expose_secret() != client_secret {
             return Err(ApiError::unauthorized());
         }
-        if runner.jit_used {
+        let (id, used) = (runner.id, runner.jit_used);
+        if let Some(m) = world.mints.iter_mut().rev().find(|m| m.id == id) {
+            m.sessions += 1;
+        }
+        let runner = world
+            .runners
+            .get_mut(&id)
+            .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "Runner registration not found"))?;
+        if used {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "This JIT configuration has already been used.",

@@ -934,7 +934,7 @@ async fn jit_registration_rules_and_one_shot_use() {
     assert_eq!(no_labels.status, 422);
 
     // The JIT carries the runner's real settings files, and opens exactly one session.
-    let settings = JitSettings::decode(&SecretString::from(jit)).unwrap();
+    let settings = JitSettings::decode(&SecretString::from(jit.clone())).unwrap();
     assert!(settings.runner.ephemeral);
     assert_eq!(settings.runner.agent_name, "dup");
     let session = json!({
@@ -947,6 +947,33 @@ async fn jit_registration_rules_and_one_shot_use() {
     assert_eq!(first.status(), 201);
     let second = api.http.post(&url).json(&session).send().await.unwrap();
     assert_eq!(second.status(), 409, "a JIT is good for one use");
+
+    // The mint record (what the real node's checks join with the journal) says the one
+    // registration made, both session openings, and that it stays after the runner is deleted.
+    let mints = api.admin_get("mints").await;
+    let mints = mints.as_array().unwrap();
+    assert_eq!(mints.len(), 1, "only the first mint registered: {mints:?}");
+    assert_eq!(mints[0]["name"], "dup");
+    assert_eq!(mints[0]["sessions"], 2, "{mints:?}");
+    assert_eq!(mints[0]["registered"], true);
+    assert!(
+        !mints[0].to_string().contains(&jit[..40]),
+        "the mint record carries no JIT"
+    );
+    let id = mints[0]["id"].as_u64().unwrap();
+    let deleted = api
+        .call(
+            Method::DELETE,
+            "/repos/{owner}/{repo}/actions/runners/{runner_id}",
+            &format!("/repos/{ORG}/{REPO}/actions/runners/{id}"),
+            Some(PAT),
+            None,
+        )
+        .await;
+    assert_eq!(deleted.status, 204);
+    let mints = api.admin_get("mints").await;
+    assert_eq!(mints[0]["id"], id);
+    assert_eq!(mints[0]["registered"], false, "{mints}");
 }
 
 #[tokio::test]
