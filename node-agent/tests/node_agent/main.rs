@@ -1,5 +1,6 @@
 //! The node agent's integration tests, in one test binary: one module per former test file (see
-//! e2e/tests/e2e/main.rs for why). Run one module with
+//! e2e/tests/e2e/main.rs for why; `removal.rs` stays a binary of its own: each of its tests runs
+//! itself again by its exact name under `unshare --mount`). Run one module with
 //! `cargo nextest run -p runner-manager-node-agent -E 'test(/^packages::/)'`.
 mod archive_support;
 mod launch_support;
