@@ -432,23 +432,38 @@ fn a_probe_left_by_a_crash_is_swept_and_a_recorded_success_is_not_probed_again()
     fs::write(left.join("lower/probe"), b"lower").unwrap();
     fs::create_dir(left.join("rt")).unwrap();
     overlay::mount_package(&left.join("lower"), &left.join("rt")).unwrap();
-    let chosen = overlay::choose(MaterializeChoice::Auto, std::slice::from_ref(&runners));
+    let chosen = overlay::choose(
+        MaterializeChoice::Auto,
+        std::slice::from_ref(&runners),
+        base.path(),
+    );
     assert_eq!(chosen.unwrap(), Materializer::Overlay);
     assert!(!left.exists(), "the crashed probe's residue swept");
     assert_eq!(mounts_under(&runners), Vec::<PathBuf>::new());
-    assert!(
-        runners.join(".overlay-probed").is_file(),
-        "the success recorded"
+    let record = overlay::probe_record_path(base.path(), &runners);
+    assert!(record.is_file(), "the success recorded");
+    assert_eq!(
+        fs::read_dir(&runners).unwrap().count(),
+        0,
+        "nothing of the probe's in the runtimes' directory"
     );
     // A probe cannot run in an immutable directory; the recorded success answers instead.
     let frozen = Immutable::set(&runners);
-    let again = overlay::choose(MaterializeChoice::Overlay, std::slice::from_ref(&runners));
+    let again = overlay::choose(
+        MaterializeChoice::Overlay,
+        std::slice::from_ref(&runners),
+        base.path(),
+    );
     assert_eq!(again.unwrap(), Materializer::Overlay);
     drop(frozen);
     // Without the record, the probe runs (and fails in the frozen directory).
-    fs::remove_file(runners.join(".overlay-probed")).unwrap();
+    fs::remove_file(&record).unwrap();
     let frozen = Immutable::set(&runners);
-    let probed = overlay::choose(MaterializeChoice::Overlay, std::slice::from_ref(&runners));
+    let probed = overlay::choose(
+        MaterializeChoice::Overlay,
+        std::slice::from_ref(&runners),
+        base.path(),
+    );
     drop(frozen);
     assert!(probed.is_err(), "probed again without a record");
 }

@@ -232,6 +232,7 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
             crate::workspace::ephemeral::runners_dir(&cli.host_root),
             cli.slots_root.clone(),
         ],
+        &cli.host_root,
     )
     .map_err(|e| AgentError::Packages(format!("--materialize overlay: {e}")))?;
     tracing::info!(

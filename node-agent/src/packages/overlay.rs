@@ -274,8 +274,13 @@ pub fn is_lower_of_a_mount(tree: &Path) -> io::Result<bool> {
 }
 
 /// Resolves `--materialize` at start: probes overlay on each runtime volume (`dirs`, created
-/// when missing) unless told to copy. `Err` only for an explicit `overlay` whose probe failed.
-pub fn choose(choice: MaterializeChoice, dirs: &[PathBuf]) -> Result<Materializer, OverlayError> {
+/// when missing) unless told to copy; a success is recorded in `records` (the host root), where
+/// the next start finds it. `Err` only for an explicit `overlay` whose probe failed.
+pub fn choose(
+    choice: MaterializeChoice,
+    dirs: &[PathBuf],
+    records: &Path,
+) -> Result<Materializer, OverlayError> {
     if choice == MaterializeChoice::Copy {
         return Ok(Materializer::Copy);
     }
@@ -289,15 +294,16 @@ pub fn choose(choice: MaterializeChoice, dirs: &[PathBuf]) -> Result<Materialize
         // A probe of an agent that crashed mid-probe: its overlay is detached and its residue
         // removed before anything else, whatever the probe's outcome below.
         sweep_probes(dir);
-        if recorded_probe(dir) {
+        if recorded_probe(records, dir) {
             tracing::info!(
-                "overlay probe of {} skipped: it succeeded on this volume in this boot, recorded in {PROBE_RECORD}",
-                dir.display()
+                "overlay probe of {} skipped: it succeeded on this volume in this boot, recorded in {}",
+                dir.display(),
+                probe_record_path(records, dir).display()
             );
             return Ok(());
         }
         probe(dir)?;
-        record_probe(dir);
+        record_probe(records, dir);
         Ok(())
     });
     match (probed, choice) {
@@ -313,10 +319,22 @@ pub fn choose(choice: MaterializeChoice, dirs: &[PathBuf]) -> Result<Materialize
 /// The prefix of a probe's throwaway directory in a runtime volume's directory.
 pub const PROBE_PREFIX: &str = ".overlay-probe-";
 
-/// Where a successful probe is recorded, in the probed directory: the boot id, the volume's
-/// device and the time. Only a success is recorded: a failure is probed again at the next start
-/// (cheap, and an admin may have fixed the kernel meanwhile).
-pub const PROBE_RECORD: &str = ".overlay-probed";
+/// The prefix of a successful probe's record: the boot id, the volume's device and the time, in
+/// the records directory (the host root), one file per probed directory
+/// ([`probe_record_path`]). Not in the probed directory itself: that is `runners/` or the slots
+/// root, where every entry is a runtime or a slot and anything else reads as one left behind.
+/// Only a success is recorded: a failure is probed again at the next start (cheap, and an admin
+/// may have fixed the kernel meanwhile).
+pub const PROBE_RECORD: &str = ".overlay-probed-";
+
+/// The record of `dir`'s probe in `records`: [`PROBE_RECORD`] and a digest of the directory's
+/// path (two probed directories on one volume have a record each).
+#[must_use]
+pub fn probe_record_path(records: &Path, dir: &Path) -> PathBuf {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(dir.as_os_str().as_encoded_bytes());
+    records.join(format!("{PROBE_RECORD}{}", &hex::encode(digest)[..16]))
+}
 
 /// How long a recorded success stands (within the same boot and on the same volume).
 pub const PROBE_RECORD_FOR: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
@@ -383,17 +401,22 @@ pub fn probe_record_stands(dir: &Path, record: &str, now: std::time::SystemTime)
     now >= then && now - then <= PROBE_RECORD_FOR.as_secs()
 }
 
-/// Whether a success recorded in `dir` stands.
-pub fn recorded_probe(dir: &Path) -> bool {
-    std::fs::read_to_string(dir.join(PROBE_RECORD))
+/// Whether a success recorded for `dir` in `records` stands.
+pub fn recorded_probe(records: &Path, dir: &Path) -> bool {
+    std::fs::read_to_string(probe_record_path(records, dir))
         .is_ok_and(|r| probe_record_stands(dir, &r, std::time::SystemTime::now()))
 }
 
-fn record_probe(dir: &Path) {
+fn record_probe(records: &Path, dir: &Path) {
     let Some(body) = probe_record_body(dir, std::time::SystemTime::now()) else {
         return;
     };
-    if let Err(error) = crate::durable::write_file(dir, PROBE_RECORD, body.as_bytes()) {
+    let path = probe_record_path(records, dir);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if let Err(error) = crate::durable::write_file(records, &name, body.as_bytes()) {
         tracing::warn!(
             %error,
             "the overlay probe's success in {} could not be recorded; the next start probes again",
