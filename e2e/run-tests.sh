@@ -88,7 +88,8 @@ wait_k8s() {
 # helper, the stand-in listener) as the runner accounts, which must reach them.
 if [ ! -e target ] && [ "${RM_TARGET_CACHE:-1}" != 0 ]; then
   cached=${RM_TARGET_CACHE_DIR:-/var/cache/runner-manager/cargo-target}
-  mkdir -p "$cached"; chmod 0755 "$(dirname "$cached")" "$cached"
+  # Created traversable (root umask 022 for the parents); an existing parent is never re-moded.
+  [ -d "$cached" ] || mkdir -p -m 0755 "$cached"
   # Each clone's own crates add a few GiB beside the shared dependencies: past the cap start over.
   if [ "$(du -s --block-size=1G "$cached" | cut -f1)" -gt "${RM_TARGET_CACHE_GIB:-40}" ]; then
     echo "the cached target directory $cached is over ${RM_TARGET_CACHE_GIB:-40} GiB: emptied"
