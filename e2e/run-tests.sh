@@ -11,8 +11,8 @@
 # for the rest), so it takes the cores the Rust builds leave idle; every Rust target is built in
 # one stage before the control plane is awaited; a clone without target/ builds into
 # /var/cache/runner-manager/cargo-target (RM_TARGET_CACHE_DIR; RM_TARGET_CACHE=0: no), so a
-# later clone on the same machine compiles only the workspace's own crates. The stage table is printed at the end of every run, green or
-# not, so a regression shows in every CI log.
+# later clone on the same machine compiles only the workspace's own crates. The stage table is
+# printed at the end of every run, green or not, so a regression shows in every CI log.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

@@ -61,12 +61,6 @@ fail() {
   echo "simulated GitHub's log: $work/fake-github.log" >&2
   exit 1
 }
-# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.5 s until it succeeds.
-wait_for() {
-  local n=$(( $1 * 2 )) what=$2; shift 2
-  for _ in $(seq 1 "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
-  fail "waited $(( n / 2 )) s for: $what"
-}
 
 imported=$'\n'$(N ctr -n k8s.io images ls -q)$'\n'
 for i in operator node-agent; do
@@ -82,18 +76,10 @@ fake_pid= record_pid=
 # The jobs namespace goes before the operator: its policies and attempts carry the operator's
 # finalizers (a namespace deleted after `helm uninstall` stays Terminating). Left by a run that
 # died without its operator, their finalizers are dropped by hand.
-drop_jobs_ns() {
-  K get ns $jobs_ns >/dev/null 2>&1 || return 0
-  K delete ns $jobs_ns --timeout=60s >/dev/null 2>&1 && return 0
-  for o in $(K -n $jobs_ns get scalepolicies,runnerattempts -o name 2>/dev/null); do
-    K -n $jobs_ns patch "$o" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
-  done
-  K wait --for=delete ns/$jobs_ns --timeout=30s >/dev/null 2>&1 || true
-}
 cleanup() {
   stop_recording
   K uncordon "$RM_CLUSTER_NODE" >/dev/null 2>&1 || true
-  drop_jobs_ns
+  drop_jobs_ns 60
   H uninstall $rel -n $ns >/dev/null 2>&1 || true
   [ -z "$fake_pid" ] || kill "$fake_pid" 2>/dev/null || true
 }
@@ -105,7 +91,7 @@ say "simulated GitHub at $gh (reached from the node)"
 
 # --- 1. helm install
 op=$(sed -n 2p "$RM_IMAGES/operator.ref") ag=$(sed -n 2p "$RM_IMAGES/node-agent.ref")
-drop_jobs_ns
+drop_jobs_ns 60
 H uninstall $rel -n $ns >/dev/null 2>&1 || true
 # Quicker heartbeats and passes than the defaults, for a scenario of a few minutes.
 tuning=(--set nodeAgent.capacity=3 --set nodeAgent.heartbeatSeconds=2 --set operator.resyncInterval=2s

@@ -54,12 +54,6 @@ fail() {
   echo "simulated GitHub's log: $work/fake-github.log; attempts: $work/attempts.rec; logs: $work" >&2
   exit 1
 }
-# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.5 s until it succeeds.
-wait_for() {
-  local n=$(( $1 * 2 )) what=$2; shift 2
-  for _ in $(seq 1 "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
-  fail "waited $(( n / 2 )) s for: $what"
-}
 case "$outage$clean_bound$api_down" in *[!0-9]*) echo "cluster/outage-check.sh: RM_OUTAGE_SECONDS, RM_OUTAGE_CLEAN_BOUND and RM_APISERVER_DOWN_SECONDS are whole seconds" >&2; exit 2 ;; esac
 [ "$outage" -ge 30 ] || { echo "cluster/outage-check.sh: RM_OUTAGE_SECONDS must be at least 30 (three heartbeats: the agent's Lease must expire)" >&2; exit 2; }
 
@@ -73,14 +67,6 @@ done
 
 rm -rf "$work"; mkdir -p "$work"
 fake_pid= record_pid= api_stopped=
-drop_jobs_ns() {
-  K get ns $jobs_ns >/dev/null 2>&1 || return 0
-  K delete ns $jobs_ns --timeout=90s >/dev/null 2>&1 && return 0
-  for o in $(K -n $jobs_ns get scalepolicies,runnerattempts -o name 2>/dev/null); do
-    K -n $jobs_ns patch "$o" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
-  done
-  K wait --for=delete ns/$jobs_ns --timeout=30s >/dev/null 2>&1 || true
-}
 cleanup() {
   # An API server this script stopped is started again before anything else.
   [ -z "$api_stopped" ] || start_apiserver || true

@@ -56,12 +56,6 @@ fail() {
   echo "simulated GitHub's log: $work/fake-github.log; attempt states: $work/states.log" >&2
   exit 1
 }
-# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.5 s until it succeeds.
-wait_for() {
-  local n=$(( $1 * 2 )) what=$2; shift 2
-  for _ in $(seq 1 "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
-  fail "waited $(( n / 2 )) s for: $what"
-}
 
 imported=$'\n'$(N ctr -n k8s.io images ls -q)$'\n'
 for i in operator node-agent runner pause; do
@@ -80,14 +74,6 @@ fake_pid= watch_pid= pods_watch_pid= record_pid=
 # stops answering and then removes the ephemeral registration; the simulated GitHub never gives
 # up on a job, so their registrations stay there, busy, and are not counted as leaks.
 abandoned=
-drop_jobs_ns() {
-  K get ns $jobs_ns >/dev/null 2>&1 || return 0
-  K delete ns $jobs_ns --timeout=90s >/dev/null 2>&1 && return 0
-  for o in $(K -n $jobs_ns get scalepolicies,runnerattempts -o name 2>/dev/null); do
-    K -n $jobs_ns patch "$o" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
-  done
-  K wait --for=delete ns/$jobs_ns --timeout=30s >/dev/null 2>&1 || true
-}
 cleanup() {
   [ -z "$watch_pid" ] || kill "$watch_pid" 2>/dev/null || true
   [ -z "$pods_watch_pid" ] || kill "$pods_watch_pid" 2>/dev/null || true

@@ -188,3 +188,25 @@ jits_accounted() {
   printf '%s%s\n' "$(jq -r '"\(.minted) JIT(s) minted: \(.journalled) journalled by \(.attempts) attempt(s), \(.discarded) deregistered unused"' <<<"$ledger")" \
     "${first:+ (settled after $(( ($(date +%s%3N) - start) / 1000 )) s; unsettled at the first look: $first)}"
 }
+
+# The real-node checks' shared steps (each check defines K, fail, and jobs_ns, its jobs'
+# namespace; fail dumps that check's own logs).
+# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.5 s until it succeeds.
+wait_for() {
+  local n=$(( $1 * 2 )) what=$2; shift 2
+  for _ in $(seq 1 "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
+  fail "waited $(( n / 2 )) s for: $what"
+}
+
+# drop_jobs_ns [TIMEOUT]: deletes the jobs' namespace (waiting TIMEOUT seconds, 90 by default).
+# It goes before the operator: its policies and attempts carry the operator's finalizers (a
+# namespace deleted after `helm uninstall` stays Terminating); left by a run that died without
+# its operator, their finalizers are dropped by hand.
+drop_jobs_ns() {
+  K get ns $jobs_ns >/dev/null 2>&1 || return 0
+  K delete ns $jobs_ns --timeout="${1:-90}s" >/dev/null 2>&1 && return 0
+  for o in $(K -n $jobs_ns get scalepolicies,runnerattempts -o name 2>/dev/null); do
+    K -n $jobs_ns patch "$o" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
+  done
+  K wait --for=delete ns/$jobs_ns --timeout=30s >/dev/null 2>&1 || true
+}
