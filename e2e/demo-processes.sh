@@ -69,7 +69,7 @@ kubectl -n "$operator_ns" create secret generic runner-manager-webhook --from-li
 kubectl -n demo create secret generic github-app --from-literal=appId=4242 --from-file=privateKey="$demo/app.pem" >/dev/null
 kubectl -n "$operator_ns" create serviceaccount runner-manager-node-agent >/dev/null
 "$bin/runner-manager-operator" --namespace "$operator_ns" --github-api-url "$github" \
-  --broker-addr 127.0.0.1:18443 --webhook-addr 127.0.0.1:18080 --metrics-addr 127.0.0.1:19090 \
+  --broker-addr 127.0.0.1:18443 --admission-addr 127.0.0.1:18444 --webhook-addr 127.0.0.1:18080 --metrics-addr 127.0.0.1:19090 \
   --leader-election=false --allow-http-hosts 127.0.0.1 --download-hosts 127.0.0.1 \
   >"$demo/logs/operator.log" 2>&1 &
 echo $! >"$demo/operator.pid"

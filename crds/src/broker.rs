@@ -57,6 +57,9 @@ pub enum BrokerErrorCode {
     Unauthenticated,
     /// 403: the token's pod is not an agent pod on the attempt's node.
     WrongNode,
+    /// 429: the caller's address sent too many tokens the broker could not prove; nothing was
+    /// asked of the API server for this one. Try again later.
+    Throttled,
     /// 404: no such attempt (or its uid differs).
     UnknownAttempt,
     /// 409: the attempt is not `Prepared`, its spec hash differs, or a concurrent CAS won.
@@ -74,6 +77,7 @@ impl BrokerErrorCode {
         match self {
             Self::Unauthenticated => 401,
             Self::WrongNode => 403,
+            Self::Throttled => 429,
             Self::UnknownAttempt => 404,
             Self::NotPrepared => 409,
             Self::AlreadyIssued => 410,

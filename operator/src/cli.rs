@@ -30,6 +30,11 @@ pub struct Cli {
     /// Where the JIT broker listens (HTTPS).
     #[arg(long, env = "RM_BROKER_ADDR", default_value = "0.0.0.0:8443")]
     pub broker_addr: SocketAddr,
+    /// Where the admission webhook listens (HTTPS, the broker's certificate): a listener of its
+    /// own, with its own bounds, so a flood of the broker port cannot starve the API server's
+    /// admission calls, nor a flood of this one the agents' JIT requests.
+    #[arg(long, env = "RM_ADMISSION_ADDR", default_value = "0.0.0.0:8444")]
+    pub admission_addr: SocketAddr,
     /// Where the workflow_job webhook receiver listens.
     #[arg(long, env = "RM_WEBHOOK_ADDR", default_value = "0.0.0.0:8080")]
     pub webhook_addr: SocketAddr,
@@ -92,7 +97,7 @@ pub struct Cli {
     )]
     pub operator_service_account: String,
     /// The ValidatingWebhookConfiguration (the chart's) whose `caBundle` the operator sets to the
-    /// broker CA at start. The webhook is served on the broker listener either way.
+    /// broker CA at start. The webhook is served on --admission-addr either way.
     #[arg(long, env = "RM_ADMISSION_WEBHOOK_CONFIGURATION")]
     pub admission_webhook_configuration: Option<String>,
     /// The broker Service's name (its certificate covers the Service's DNS names).
@@ -187,6 +192,10 @@ pub struct Cli {
     /// Both listeners: open connections each accepts at once; more wait in the kernel's backlog.
     #[arg(long, env = "RM_LISTENER_MAX_CONNECTIONS", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     pub listener_max_connections: u32,
+    /// Every listener: connections one source address may hold at once (the rest of
+    /// --listener-max-connections stays for everyone else).
+    #[arg(long, env = "RM_LISTENER_MAX_CONNECTIONS_PER_PEER", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub listener_max_connections_per_peer: u32,
     /// Log format.
     #[arg(long, env = "RM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

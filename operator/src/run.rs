@@ -61,6 +61,8 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
         header_timeout: cli.listener_header_timeout,
         idle_timeout: cli.listener_idle_timeout,
         max_connections: usize::try_from(cli.listener_max_connections).unwrap_or(512),
+        max_connections_per_peer: usize::try_from(cli.listener_max_connections_per_peer)
+            .unwrap_or(256),
         ..crate::listen::Limits::default()
     });
     let config = kube::Config::infer()
@@ -113,7 +115,8 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
         ownership_label: ownership.clone(),
         metrics: Some(metrics.clone()),
     });
-    // The admission webhook shares the broker's listener and CA (DESIGN §6).
+    // The admission webhook shares the broker's CA and certificate (DESIGN §6), not its
+    // listener (issue 28 item 5): each port has its own connection and in-flight bounds.
     let admission = Arc::new(Admission::new(
         kube.clone(),
         cli.namespace.clone(),
@@ -129,14 +132,13 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
             cli.agent_daemonset.clone(),
         ),
     ));
-    let (broker_addr, broker_task) = server::start_with(
-        cli.broker_addr,
-        tls::server_config(&certificate)?,
-        broker,
-        admission::router(admission),
-    )
-    .await
-    .map_err(|e| RunError::Bind(cli.broker_addr, e))?;
+    let serving = tls::server_config(&certificate)?;
+    let (broker_addr, broker_task) = server::start(cli.broker_addr, serving.clone(), broker)
+        .await
+        .map_err(|e| RunError::Bind(cli.broker_addr, e))?;
+    let (admission_addr, admission_task) = admission::start(cli.admission_addr, serving, admission)
+        .await
+        .map_err(|e| RunError::Bind(cli.admission_addr, e))?;
     if let Some(name) = cli.admission_webhook_configuration.as_deref() {
         admission::inject_ca_bundle(&kube, name, &certificate.ca_pem).await?;
     }
@@ -200,6 +202,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
     ));
     tracing::info!(
         broker = %broker_addr,
+        admission = %admission_addr,
         health = %health_addr,
         webhook = %webhook_addr,
         ownership_label = %ownership,
@@ -265,6 +268,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
         Err(e) => tracing::error!(error = %e, "stopping at once"),
     }
     broker_task.abort();
+    admission_task.abort();
     rotation.abort();
     health_task.abort();
     webhook_task.abort();

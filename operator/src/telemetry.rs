@@ -74,6 +74,7 @@ pub const ALLOWED_FIELDS: &[&str] = &[
     "otel.status_code",
     // where it serves, and switches
     "broker",
+    "admission",
     "health",
     "webhook",
     "controllers",

@@ -29,6 +29,7 @@ The release's base name for namespaced objects. A release named like the chart (
 {{- define "rm.agentName" -}}{{ include "rm.fullname" . }}-node-agent{{- end -}}
 {{- define "rm.brokerService" -}}{{ include "rm.fullname" . }}-broker{{- end -}}
 {{- define "rm.webhookService" -}}{{ include "rm.fullname" . }}-webhook{{- end -}}
+{{- define "rm.metricsService" -}}{{ include "rm.fullname" . }}-metrics{{- end -}}
 {{- define "rm.webhookSecret" -}}{{ default (printf "%s-webhook" (include "rm.fullname" .)) .Values.webhook.secretName }}{{- end -}}
 
 {{- define "rm.chart" -}}

@@ -83,14 +83,14 @@ impl Drop for Registered {
     }
 }
 
-/// Register `name`: the operator's two webhooks at `https://<broker>/admission/…` (the replica's
-/// broker listener), `failurePolicy: Fail`, the broker CA (from `system`'s CA ConfigMap) as
+/// Register `name`: the operator's two webhooks at `https://<admission>/admission/…` (the
+/// replica's admission listener), `failurePolicy: Fail`, the broker CA (from `system`'s CA ConfigMap) as
 /// `caBundle`, for namespaces labelled `SCOPE_LABEL=scope` only. Waits until it answers.
 pub async fn register(
     kube: &Client,
     name: &str,
     system: &str,
-    broker: &str,
+    admission: &str,
     scope: &str,
 ) -> Result<Registered, ClusterError> {
     let ca = Api::<ConfigMap>::namespaced(kube.clone(), system)
@@ -110,7 +110,7 @@ pub async fn register(
         failure_policy: Some("Fail".to_owned()),
         timeout_seconds: Some(5),
         client_config: WebhookClientConfig {
-            url: Some(format!("https://{broker}{path}")),
+            url: Some(format!("https://{admission}{path}")),
             ca_bundle: Some(ByteString(ca.clone().into_bytes())),
             service: None::<ServiceReference>,
         },

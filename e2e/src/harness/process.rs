@@ -122,10 +122,12 @@ impl Drop for Running {
 }
 
 /// Where an operator process serves, from the JSON line it logs once it does
-/// (`--log-format json`: `fields.broker`, `fields.health`, `fields.webhook`).
+/// (`--log-format json`: `fields.broker`, `fields.admission`, `fields.health`,
+/// `fields.webhook`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OperatorAddrs {
     pub broker: String,
+    pub admission: String,
     pub health: String,
     pub webhook: String,
 }
@@ -143,6 +145,7 @@ pub async fn operator_addrs(
                 let f = &v["fields"];
                 Some(OperatorAddrs {
                     broker: f["broker"].as_str()?.to_owned(),
+                    admission: f["admission"].as_str()?.to_owned(),
                     health: f["health"].as_str()?.to_owned(),
                     webhook: f["webhook"].as_str()?.to_owned(),
                 })

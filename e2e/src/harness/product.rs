@@ -119,6 +119,8 @@ pub struct OperatorProcess {
     pub identity: String,
     pub process: Option<Running>,
     pub broker: String,
+    /// The admission webhook's listener (HTTPS, the broker's certificate).
+    pub admission: String,
     pub webhook: String,
     pub health: String,
 }
@@ -243,6 +245,7 @@ impl Product {
             Running::spawn("runner-manager-operator", cmd).map_err(|e| fail("operator", e))?;
         let OperatorAddrs {
             broker,
+            admission,
             health,
             webhook,
         } = operator_addrs(&process, STEP).await?;
@@ -250,6 +253,7 @@ impl Product {
             identity: identity.to_owned(),
             process: Some(process),
             broker,
+            admission,
             webhook,
             health,
         })

@@ -452,6 +452,7 @@ impl World {
         let base = [
             ("--namespace", self.system.as_str()),
             ("--broker-addr", "127.0.0.1:0"),
+            ("--admission-addr", "127.0.0.1:0"),
             ("--webhook-addr", "127.0.0.1:0"),
             ("--metrics-addr", "127.0.0.1:0"),
             ("--github-api-url", self.fake.base_url()),

@@ -718,7 +718,7 @@ mod node_confinement {
         .unwrap();
 
         let config = format!("rm-e2e-{scope}");
-        let registered = register(&kube, &config, &sys, &p.operators[0].broker, &scope)
+        let registered = register(&kube, &config, &sys, &p.operators[0].admission, &scope)
             .await
             .unwrap();
         let as_a = agent_client(&kube, &sys, &a.pod).await.unwrap();

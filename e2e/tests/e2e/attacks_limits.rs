@@ -528,3 +528,198 @@ async fn an_oversized_github_answer_and_plain_http_are_refused() {
     .unwrap_or_else(|e| panic!("{e}: {}", operator.lines().join("\n")));
     assert!(message.contains("--github-max-response-bytes"), "{message}");
 }
+
+/// Counts of the statuses a flood was answered with.
+type Answers = std::collections::BTreeMap<u16, u64>;
+
+/// `total` requests from `workers` at once, every one from `source` (a loopback address of its
+/// own, as a pod of its own would be), each made by `request`; the statuses they got.
+async fn flood(
+    source: std::net::IpAddr,
+    workers: usize,
+    total: usize,
+    request: impl Fn(&reqwest::Client, usize) -> reqwest::RequestBuilder + Send + Sync + 'static,
+) -> Answers {
+    let client = reqwest::Client::builder()
+        .local_address(source)
+        // The attacker does not care whose certificate it is.
+        .danger_accept_invalid_certs(true)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let request = std::sync::Arc::new(request);
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..workers {
+        let (client, request, next) = (client.clone(), request.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut answers = Answers::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= total {
+                    return answers;
+                }
+                let status = match request(&client, i).send().await {
+                    Ok(r) => r.status().as_u16(),
+                    Err(_) => 0,
+                };
+                *answers.entry(status).or_default() += 1;
+            }
+        }));
+    }
+    let mut all = Answers::new();
+    for t in tasks {
+        for (k, v) in t.await.unwrap() {
+            *all.entry(k).or_default() += v;
+        }
+    }
+    all
+}
+
+/// A token shaped exactly like the agent's (its account, the broker's audience, unexpired) but
+/// signed by the attacker: only a TokenReview can tell it from a real one.
+fn forged_agent_token(system: &str, i: usize) -> String {
+    let claims = json!({
+        "sub": format!("system:serviceaccount:{system}:{}", runner_manager_e2e::harness::node::AGENT_SA),
+        "aud": [runner_manager_crds::broker::BROKER_AUDIENCE],
+        "exp": now_unix() + 3600,
+        "jti": i,
+    });
+    jsonwebtoken::EncodingKey::from_secret(b"the attacker's own key")
+        .and_then(|key| jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key))
+        .unwrap()
+}
+
+/// Issue 28 item 5: a flood from one address — forged agent tokens at the broker, forged
+/// AdmissionReviews naming made-up agent pods at the admission webhook — leaves a launch, agent
+/// Lease renewals and attempt writes through the webhook working, and costs the API server a
+/// bounded number of TokenReviews: the broker reviews a token that could be the agent's only
+/// while the flooding address has budget (`REVIEW_BURST`, then `REVIEW_PER_SECOND`), and
+/// answers the rest 429 at once. Without the budget every forged token is a TokenReview (all
+/// answered 401), and the bound below fails.
+#[tokio::test]
+async fn a_flood_from_one_address_leaves_launches_and_lease_writes_working() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Patch, PatchParams};
+    use runner_manager_e2e::harness::admission::{label_namespaces, register};
+    use runner_manager_operator::broker::authn::{REVIEW_BURST, REVIEW_PER_SECOND};
+
+    let Some(p) = World::builder("flood_one_address")
+        .product(ProductOptions::default())
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    // Every agent Lease and attempt write of this world goes through the webhook.
+    let scope = uuid::Uuid::new_v4().simple().to_string();
+    label_namespaces(&p.kube, &[&p.system, &p.team], &scope)
+        .await
+        .unwrap();
+    let config = format!("rm-e2e-flood-{scope}");
+    let _registered = register(
+        &p.kube,
+        &config,
+        &p.system,
+        &p.operators[0].admission,
+        &scope,
+    )
+    .await
+    .unwrap();
+    p.policy("web", json!({"minIdle": 0, "maxRunners": 2}))
+        .await
+        .unwrap();
+    ready(&p, "web", ConditionStatus::True).await;
+
+    let source: std::net::IpAddr = "127.0.0.77".parse().unwrap();
+    let broker = format!(
+        "https://{}/v1/attempts/{}/nothing/jit",
+        p.operators[0].broker, p.team
+    );
+    let system = p.system.clone();
+    let started = Instant::now();
+    let forged = tokio::spawn(flood(source, 16, 1500, move |c, i| {
+        c.post(&broker)
+            .bearer_auth(forged_agent_token(&system, i))
+            .json(&json!({"attemptUid": "x", "specHash": "y"}))
+    }));
+    let admission = format!("https://{}/admission/leases", p.operators[0].admission);
+    let (system, namespace) = (p.system.clone(), p.system.clone());
+    let reviews = tokio::spawn(flood(source, 96, 3000, move |c, i| {
+        c.post(&admission).json(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": format!("forged-{i}"),
+                "kind": {"group": "coordination.k8s.io", "version": "v1", "kind": "Lease"},
+                "resource": {"group": "coordination.k8s.io", "version": "v1", "resource": "leases"},
+                "operation": "UPDATE", "namespace": namespace, "name": format!("forged-{i}"),
+                "userInfo": {
+                    "username": format!("system:serviceaccount:{system}:{}", runner_manager_e2e::harness::node::AGENT_SA),
+                    "extra": {
+                        "authentication.kubernetes.io/pod-name": [format!("agent-{i}")],
+                        "authentication.kubernetes.io/pod-uid": [uuid::Uuid::new_v4().to_string()],
+                    },
+                },
+                "object": {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": format!("forged-{i}")}},
+            }
+        }))
+    }));
+
+    // Meanwhile: a job is launched and runs, and writes through the webhook pass.
+    let job = p
+        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 300}))
+        .await
+        .unwrap();
+    let leases = Api::<Lease>::namespaced(p.kube.clone(), &p.system);
+    let probe = Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some(format!("flood-probe-{scope}")),
+            ..Default::default()
+        },
+        ..Lease::default()
+    };
+    leases
+        .create(&Default::default(), &probe)
+        .await
+        .expect("a Lease write through the webhook during the flood");
+    let mut slowest = Duration::ZERO;
+    for i in 0..20 {
+        let t = Instant::now();
+        leases
+            .patch(
+                probe.metadata.name.as_deref().unwrap(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"holderIdentity": format!("probe-{i}")}})),
+            )
+            .await
+            .expect("a Lease write through the webhook during the flood");
+        slowest = slowest.max(t.elapsed());
+    }
+    p.wait_jobs_completed(&[job], Duration::from_secs(120))
+        .await
+        .expect("the launch during the flood");
+    let forged = forged.await.unwrap();
+    let reviews = reviews.await.unwrap();
+    let elapsed = started.elapsed();
+    eprintln!(
+        "flood from {source} over {:.1}s: broker answers {forged:?}, admission answers {reviews:?}; slowest Lease write through the webhook {slowest:?}",
+        elapsed.as_secs_f64()
+    );
+    // Each 401 is a forged token the API server was asked to review; the rest were refused
+    // before costing anything.
+    let reviewed = forged.get(&401).copied().unwrap_or(0);
+    let bound = u64::from(REVIEW_BURST) + u64::from(REVIEW_PER_SECOND) * (elapsed.as_secs() + 1);
+    assert!(
+        reviewed <= bound,
+        "{reviewed} TokenReviews of forged tokens, bound {bound}: {forged:?}"
+    );
+    assert!(forged.get(&429).copied().unwrap_or(0) > 0, "{forged:?}");
+    assert!(
+        slowest < Duration::from_secs(5),
+        "a Lease write took {slowest:?}"
+    );
+    leases
+        .delete(probe.metadata.name.as_deref().unwrap(), &Default::default())
+        .await
+        .unwrap();
+}

@@ -136,6 +136,7 @@ impl World {
             broker,
             health,
             webhook,
+            ..
         } = operator_addrs(&process, LONG).await.unwrap();
         self.operators.push(Operator {
             process,

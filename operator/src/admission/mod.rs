@@ -1,6 +1,7 @@
 //! The validating admission webhook (DESIGN §6, issue 13 finding 3), served by every operator
-//! replica on the broker's TLS listener (the broker CA is the webhook's `caBundle`):
-//! `POST /admission/runnerattempts` and `POST /admission/leases`. It confines each node agent to
+//! replica on a TLS listener of its own (`--admission-addr`, the broker's certificate; the
+//! broker CA is the webhook's `caBundle`): `POST /admission/runnerattempts` and
+//! `POST /admission/leases`. It confines each node agent to
 //! its own node, which RBAC cannot: an agent's request is placed by its token's pod (the
 //! `authentication.kubernetes.io/pod-name`/`pod-uid` extra fields of a pod-bound token, as the
 //! broker reads them from a TokenReview) and that pod's `spec.nodeName`, looked up once and
@@ -8,17 +9,26 @@
 //!
 //! Registered with `failurePolicy: Fail` (chart `ValidatingWebhookConfiguration`, its
 //! `caBundle` injected by the operator at start, see [`inject_ca_bundle`]).
+//!
+//! Its own listener because with `failurePolicy: Fail` it is on the path of every attempt and
+//! agent Lease write in the cluster (issue 28 item 5): a flood of the broker's port, which every
+//! pod can reach where no NetworkPolicy is enforced, must not queue ahead of the API server's
+//! calls. On this listener one source address holds at most half the requests in flight
+//! ([`LIMITS`]), and what a review makes the operator ask the API server (reading a pod the
+//! webhook has not proven) is spent from that address's [`PeerBudget`]: a stream of forged
+//! reviews naming made-up agent pods costs the API server a few reads a second, not one each.
 
 pub mod attempts;
 pub mod leases;
 pub mod review;
 
 use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use k8s_openapi::ByteString;
@@ -28,6 +38,7 @@ use kube::api::{Api, PostParams};
 use serde_json::Value;
 
 use crate::broker::authn::{AgentIdentity, controlling_daemonset};
+use crate::listen::{Limits, PeerBudget};
 use review::{AdmissionReview, Principals, Requester, Verdict, Who, requester, response};
 
 /// How long a proven pod's node is trusted. A pod's node never changes and its uid pins it; a
@@ -35,6 +46,23 @@ use review::{AdmissionReview, Principals, Requester, Verdict, Who, requester, re
 const POD_TTL: Duration = Duration::from_secs(600);
 /// Entries kept at most (the cache is cleared when full).
 const POD_CACHE_MAX: usize = 4096;
+/// Reads of pods the webhook has not proven one source address may cause: a burst (an agent
+/// DaemonSet rolling out on many nodes at once), then a few a second. The API server is one
+/// address for all its calls, so the burst is sized for a cluster's agents.
+const LOOKUP_BURST: u32 = 256;
+const LOOKUP_PER_SECOND: u32 = 20;
+/// The largest AdmissionReview read: an object and its old version, each at most etcd's 1.5 MiB.
+pub const BODY_LIMIT: usize = 4 * 1024 * 1024;
+
+/// The listener's bounds: twice the broker's in flight (the API server sends one call per
+/// write, a burst of attempts is a burst of calls), one address at most half of them.
+pub fn limits(base: Limits) -> Limits {
+    Limits {
+        max_in_flight: 128,
+        max_in_flight_per_peer: Some(64),
+        ..base
+    }
+}
 
 /// What the webhook needs.
 pub struct Admission {
@@ -46,6 +74,8 @@ pub struct Admission {
     pub agents: AgentIdentity,
     /// pod uid → (node, when proven).
     pods: Mutex<HashMap<String, (String, Instant)>>,
+    /// What each source address may make the webhook read.
+    lookups: PeerBudget,
 }
 
 impl std::fmt::Debug for Admission {
@@ -70,6 +100,7 @@ impl Admission {
             principals,
             agents,
             pods: Mutex::new(HashMap::new()),
+            lookups: PeerBudget::new(LOOKUP_BURST, LOOKUP_PER_SECOND),
         }
     }
 
@@ -90,10 +121,15 @@ impl Admission {
     }
 
     /// The node of the agent pod `name`/`uid`, if it is a live pod of the agent DaemonSet
-    /// running as the agent service account; `None` otherwise (or when it cannot be read).
-    async fn agent_node(&self, name: &str, uid: &str) -> Option<String> {
+    /// running as the agent service account; `None` otherwise (or when it cannot be read, or
+    /// `peer` has spent its budget of reads).
+    async fn agent_node(&self, name: &str, uid: &str, peer: IpAddr) -> Option<String> {
         if let Some(node) = self.cached(uid) {
             return Some(node);
+        }
+        if !self.lookups.try_spend(peer) {
+            tracing::debug!(peer = %peer, pod = name, "admission: the caller's pod was not read: its address spent its budget of reads");
+            return None;
         }
         let pod = Api::<Pod>::namespaced(self.kube.clone(), &self.namespace)
             .get_opt(name)
@@ -119,14 +155,17 @@ impl Admission {
         }
         let node = spec.node_name.clone().filter(|n| !n.is_empty())?;
         self.remember(uid, &node);
+        // A real agent pod: the read was worth it, and a cluster's agents never run the
+        // API server's budget down.
+        self.lookups.refund(peer);
         Some(node)
     }
 
-    /// Who asks, the agent placed on its node.
-    pub async fn who(&self, user: &review::UserInfo) -> Who {
+    /// Who asks, the agent placed on its node; `peer` is who sent the review.
+    pub async fn who(&self, user: &review::UserInfo, peer: IpAddr) -> Who {
         match requester(&self.principals, user) {
             Requester::Agent { pod_name, pod_uid } => Who::Agent {
-                node: self.agent_node(&pod_name, &pod_uid).await,
+                node: self.agent_node(&pod_name, &pod_uid, peer).await,
             },
             Requester::UnboundAgent => Who::Agent { node: None },
             Requester::Operator => Who::Operator,
@@ -143,7 +182,7 @@ enum Kind {
     Leases,
 }
 
-async fn review(admission: &Admission, kind: Kind, body: &Value) -> Value {
+async fn review(admission: &Admission, kind: Kind, body: &Value, peer: IpAddr) -> Value {
     let Ok(review) = serde_json::from_value::<AdmissionReview>(body.clone()) else {
         let uid = body
             .pointer("/request/uid")
@@ -154,7 +193,7 @@ async fn review(admission: &Admission, kind: Kind, body: &Value) -> Value {
     let Some(req) = review.request else {
         return response("", &Verdict::deny("an AdmissionReview without a request"));
     };
-    let who = admission.who(&req.user_info).await;
+    let who = admission.who(&req.user_info, peer).await;
     let verdict = match kind {
         Kind::Attempts => attempts::decide(
             &who,
@@ -188,24 +227,46 @@ async fn review(admission: &Admission, kind: Kind, body: &Value) -> Value {
 
 async fn attempts_handler(
     State(admission): State<Arc<Admission>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Json(body): Json<Value>,
 ) -> impl IntoResponse {
-    Json(review(&admission, Kind::Attempts, &body).await)
+    Json(review(&admission, Kind::Attempts, &body, peer.ip()).await)
 }
 
 async fn leases_handler(
     State(admission): State<Arc<Admission>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Json(body): Json<Value>,
 ) -> impl IntoResponse {
-    Json(review(&admission, Kind::Leases, &body).await)
+    Json(review(&admission, Kind::Leases, &body, peer.ip()).await)
 }
 
-/// The webhook's routes, merged into the broker's router.
+/// The webhook's routes.
 pub fn router(admission: Arc<Admission>) -> axum::Router {
     axum::Router::new()
         .route("/admission/runnerattempts", post(attempts_handler))
         .route("/admission/leases", post(leases_handler))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(admission)
+}
+
+/// Bind `addr` and serve the webhook over `tls` within [`limits`]; returns the bound address
+/// (port 0 picks one) and the server task.
+pub async fn start(
+    addr: SocketAddr,
+    tls: rustls::ServerConfig,
+    admission: Arc<Admission>,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let task = tokio::spawn(crate::listen::serve(
+        listener,
+        Some(acceptor),
+        router(admission),
+        limits(Limits::configured()),
+    ));
+    Ok((bound, task))
 }
 
 /// Put `ca_pem` as the `caBundle` of every webhook of the ValidatingWebhookConfiguration `name`

@@ -8,6 +8,14 @@
 //! The controller reference to the DaemonSet's uid is what ties the pod to the one object an
 //! admin installed; the peer address ties the request to the pod's network identity, so a token
 //! copied off node X and replayed from elsewhere does not pass as node X's agent.
+//!
+//! What an unknown caller may cost (issue 28 item 5): a token the broker has not reviewed is
+//! first read as a JWT without trusting it ([`shape`]): one that is not shaped
+//! like a token of the agent ServiceAccount, is for another audience or has expired is refused
+//! without a TokenReview. One that could be is reviewed only while its source address has budget
+//! left ([`REVIEW_BURST`], [`REVIEW_PER_SECOND`]); a review that passes refunds it, so agents
+//! never run an address's budget down, while a flood of forged tokens from one address costs the
+//! API server a few reviews a second and is answered 429 at once for the rest.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -20,6 +28,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use runner_manager_crds::broker::BROKER_AUDIENCE;
 use secrecy::{ExposeSecret, SecretString};
+
+use crate::listen::PeerBudget;
 
 const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
 const POD_UID_EXTRA: &str = "authentication.kubernetes.io/pod-uid";
@@ -53,6 +63,68 @@ const REVIEW_TTL: Duration = Duration::from_secs(30);
 /// Reviews remembered at once: a few per agent (each agent has one token at a time, renewed
 /// hourly). When full, expired entries go, then everything.
 const REVIEW_CACHE_ENTRIES: usize = 4096;
+/// TokenReviews of tokens not yet reviewed one source address may cause at once, then
+/// [`REVIEW_PER_SECOND`]. An address is one agent pod, or many behind one SNAT address (each
+/// reviewed once per [`REVIEW_TTL`] and refunded): the burst covers a node pool's agents all
+/// starting at once.
+pub const REVIEW_BURST: u32 = 64;
+pub const REVIEW_PER_SECOND: u32 = 4;
+
+/// The claims read from a token before it is trusted: only to decide whether it is worth a
+/// TokenReview. Nothing read here is believed; the review decides.
+#[derive(Debug, serde::Deserialize)]
+struct UntrustedClaims {
+    #[serde(default)]
+    sub: String,
+    #[serde(default)]
+    aud: Audiences,
+    #[serde(default)]
+    exp: Option<u64>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(untagged)]
+enum Audiences {
+    One(String),
+    Many(Vec<String>),
+    #[default]
+    None,
+}
+
+/// What a token's claims, read without checking its signature, say about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// It could be a token of the agent account for the broker: worth a TokenReview.
+    Candidate,
+    /// A token for the broker, unexpired, of another account: it cannot pass, and is answered as
+    /// a reviewed one of that account would be ([`AuthnError::WrongServiceAccount`]).
+    OtherAccount,
+    /// Not a JWT, not for the broker's audience, or expired.
+    Junk,
+}
+
+/// The [`Shape`] of `token` against `username` (`system:serviceaccount:<ns>:<name>`) at
+/// `now_unix`. Anything but [`Shape::Candidate`] spares the API server a TokenReview of something
+/// that cannot pass one.
+pub fn shape(token: &SecretString, username: &str, now_unix: u64) -> Shape {
+    let Ok(claims) =
+        jsonwebtoken::dangerous::insecure_decode_claims::<UntrustedClaims>(token.expose_secret())
+    else {
+        return Shape::Junk;
+    };
+    let audience = match &claims.aud {
+        Audiences::One(a) => a == BROKER_AUDIENCE,
+        Audiences::Many(all) => all.iter().any(|a| a == BROKER_AUDIENCE),
+        Audiences::None => false,
+    };
+    if !audience || claims.exp.is_some_and(|exp| exp <= now_unix) {
+        Shape::Junk
+    } else if claims.sub == username {
+        Shape::Candidate
+    } else {
+        Shape::OtherAccount
+    }
+}
 
 /// What a successful TokenReview said about a token.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,11 +137,26 @@ pub struct Reviewed {
 /// Successful TokenReviews by the token's sha256 (the token itself is never kept), each reused
 /// for [`REVIEW_TTL`]: an agent's JIT requests cost the API server one review per TTL, not one
 /// each. Failed reviews are not remembered (nothing an attacker sends is cached).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ReviewCache {
     entries: Mutex<std::collections::HashMap<[u8; 32], (Reviewed, Instant)>>,
     /// Reviews sent to the API server (tests and metrics).
     pub sent: std::sync::atomic::AtomicU64,
+    /// Tokens refused without a review (not shaped like an agent's, or the address's budget
+    /// spent).
+    pub spared: std::sync::atomic::AtomicU64,
+    budget: PeerBudget,
+}
+
+impl Default for ReviewCache {
+    fn default() -> Self {
+        Self {
+            entries: Mutex::default(),
+            sent: std::sync::atomic::AtomicU64::new(0),
+            spared: std::sync::atomic::AtomicU64::new(0),
+            budget: PeerBudget::new(REVIEW_BURST, REVIEW_PER_SECOND),
+        }
+    }
 }
 
 fn token_hash(token: &SecretString) -> [u8; 32] {
@@ -97,15 +184,37 @@ impl ReviewCache {
         entries.insert(key, (reviewed, Instant::now()));
     }
 
-    /// The token's review for the broker audience: remembered, or asked of the API server.
+    /// The token's review for the broker audience: remembered, or asked of the API server —
+    /// only for a token that could be `username`'s, within `peer`'s budget.
     pub async fn review(
         &self,
         client: &kube::Client,
         token: &SecretString,
+        username: &str,
+        peer: IpAddr,
     ) -> Result<Reviewed, AuthnError> {
+        use std::sync::atomic::Ordering::Relaxed;
         let key = token_hash(token);
         if let Some(r) = self.cached(&key) {
             return Ok(r);
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        match shape(token, username, now) {
+            Shape::Candidate => {}
+            Shape::OtherAccount => {
+                self.spared.fetch_add(1, Relaxed);
+                return Err(AuthnError::WrongServiceAccount);
+            }
+            Shape::Junk => {
+                self.spared.fetch_add(1, Relaxed);
+                return Err(AuthnError::NotAuthenticated);
+            }
+        }
+        if !self.budget.try_spend(peer) {
+            self.spared.fetch_add(1, Relaxed);
+            return Err(AuthnError::Throttled);
         }
         let review = TokenReview {
             spec: TokenReviewSpec {
@@ -136,6 +245,7 @@ impl ReviewCache {
             pod_uid: one(POD_UID_EXTRA),
         };
         self.remember(key, r.clone());
+        self.budget.refund(peer);
         Ok(r)
     }
 }
@@ -223,6 +333,8 @@ pub enum AuthnError {
     WrongPeer,
     #[error("the API server could not be asked")]
     Unavailable,
+    #[error("too many unknown tokens from this address; try again later")]
+    Throttled,
 }
 
 impl AuthnError {
@@ -236,6 +348,7 @@ impl AuthnError {
             | Self::NotOwnedByAgentDaemonSet
             | Self::WrongPeer => 403,
             Self::Unavailable => 503,
+            Self::Throttled => 429,
         }
     }
 
@@ -287,11 +400,11 @@ pub async fn authenticate(
     token: &SecretString,
     peer: IpAddr,
 ) -> Result<Caller, AuthnError> {
-    let reviewed = identity.reviews.review(client, token).await?;
     let want = format!(
         "system:serviceaccount:{}:{}",
         identity.namespace, identity.service_account
     );
+    let reviewed = identity.reviews.review(client, token, &want, peer).await?;
     if reviewed.username != want {
         return Err(AuthnError::WrongServiceAccount);
     }
@@ -357,4 +470,57 @@ pub async fn authenticate(
         pod_uid,
         node_name,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AGENT: &str = "system:serviceaccount:runner-manager-system:runner-manager-node-agent";
+
+    /// A token with `claims`, signed with a key the broker never sees: only its shape counts.
+    fn token(claims: serde_json::Value) -> SecretString {
+        let jwt = jsonwebtoken::EncodingKey::from_secret(b"not the API server's key")
+            .and_then(|key| jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key))
+            .unwrap_or_default();
+        SecretString::from(jwt)
+    }
+
+    #[test]
+    fn only_a_token_shaped_like_the_agents_is_worth_a_review() {
+        let now = 1_800_000_000;
+        let good = serde_json::json!({"sub": AGENT, "aud": [BROKER_AUDIENCE], "exp": now + 600});
+        assert_eq!(shape(&token(good), AGENT, now), Shape::Candidate);
+        let one_audience = serde_json::json!({"sub": AGENT, "aud": BROKER_AUDIENCE});
+        assert_eq!(shape(&token(one_audience), AGENT, now), Shape::Candidate);
+        // Another pod's own token for the broker: what a pod that floods the broker can have.
+        let other = serde_json::json!({"sub": "system:serviceaccount:team:default", "aud": [BROKER_AUDIENCE], "exp": now + 600});
+        assert_eq!(shape(&token(other), AGENT, now), Shape::OtherAccount);
+        let refused = [
+            // The API server's audience, not the broker's.
+            serde_json::json!({"sub": AGENT, "aud": ["https://kubernetes.default.svc"], "exp": now + 600}),
+            serde_json::json!({"sub": AGENT, "exp": now + 600}),
+            // Expired.
+            serde_json::json!({"sub": AGENT, "aud": [BROKER_AUDIENCE], "exp": now - 1}),
+        ];
+        for claims in refused {
+            assert_eq!(
+                shape(&token(claims.clone()), AGENT, now),
+                Shape::Junk,
+                "{claims}"
+            );
+        }
+        for junk in ["", "junk", "a.b.c", "a.b", "....", "eyJ.eyJ.x"] {
+            assert_eq!(
+                shape(&SecretString::from(junk), AGENT, now),
+                Shape::Junk,
+                "{junk:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_throttled_caller_is_told_429() {
+        assert_eq!(AuthnError::Throttled.http_status(), 429);
+    }
 }

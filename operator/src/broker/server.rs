@@ -138,6 +138,7 @@ async fn handle(
             let code = match e.http_status() {
                 401 => BrokerErrorCode::Unauthenticated,
                 403 => BrokerErrorCode::WrongNode,
+                429 => BrokerErrorCode::Throttled,
                 _ => BrokerErrorCode::Internal,
             };
             refused(code, e.public_message())
@@ -222,6 +223,7 @@ async fn handle(
 fn error_label(code: BrokerErrorCode) -> &'static str {
     match code {
         BrokerErrorCode::Unauthenticated => "unauthenticated",
+        BrokerErrorCode::Throttled => "throttled",
         BrokerErrorCode::WrongNode => "wrong_node",
         BrokerErrorCode::UnknownAttempt => "unknown_attempt",
         BrokerErrorCode::NotPrepared => "not_prepared",
@@ -264,19 +266,8 @@ pub async fn start(
     tls: rustls::ServerConfig,
     broker: Arc<Broker>,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    start_with(addr, tls, broker, axum::Router::new()).await
-}
-
-/// [`start`], with `extra` routes sharing the listener (the admission webhook,
-/// `crate::admission::router`).
-pub async fn start_with(
-    addr: SocketAddr,
-    tls: rustls::ServerConfig,
-    broker: Arc<Broker>,
-    extra: axum::Router,
-) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let task = tokio::spawn(serve(listener, tls, router(broker).merge(extra)));
+    let task = tokio::spawn(serve(listener, tls, router(broker)));
     Ok((bound, task))
 }
