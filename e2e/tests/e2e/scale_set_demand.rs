@@ -744,3 +744,74 @@ async fn demand_modes_side_by_side() {
         println!("{r}");
     }
 }
+
+/// Issue 28 item 6: the scale-set id the operator records on a policy is an annotation its
+/// tenant can edit. A tenant who writes another tenant's set id there (then makes the operator
+/// open a new session, and deletes its policy) must neither rename that set to its own (and so
+/// take its jobs) nor delete it: an id is used only when GitHub says the set it names is this
+/// policy's, by name. Without that check the victim's set is renamed `…-thief` and then deleted.
+#[tokio::test]
+async fn a_scale_set_id_written_into_a_policy_never_reaches_another_policys_set() {
+    use kube::api::{Patch, PatchParams};
+    use runner_manager_operator::controller::scaleset_listener::SET_ID_ANNOTATION;
+    let Some(mut p) = scale_set_world("scale_set_id_forged", ProductOptions::default()).await
+    else {
+        return;
+    };
+    scale_set_policy(&p, "victim", json!({"labels": ["self-hosted", "victim"]})).await;
+    scale_set_policy(&p, "thief", json!({"labels": ["self-hosted", "thief"]})).await;
+    wait_sessions(&p, 2).await;
+    let victim_set = format!("{}-victim", p.team);
+    let sets = scale_sets(&p).await;
+    let victim = set_named(&sets, &victim_set)
+        .cloned()
+        .unwrap_or_else(|| panic!("{sets}"));
+    let victim_id = victim["id"].as_i64().unwrap();
+    p.policies()
+        .patch(
+            "thief",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {SET_ID_ANNOTATION: victim_id.to_string()}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    // A new operator opens new sessions, each from the id recorded on its policy.
+    p.kill_operator(0);
+    p.restart_operator(0).await.unwrap();
+    wait_sessions(&p, 2).await;
+    let sets = scale_sets(&p).await;
+    let now = set_named(&sets, &victim_set)
+        .unwrap_or_else(|| panic!("the victim's set was renamed: {sets}"));
+    assert_eq!(now["id"], victim["id"], "{sets}");
+    assert_eq!(now["labels"], victim["labels"], "{sets}");
+    // The thief's policy goes: its own set goes with it, the victim's stays.
+    p.policies()
+        .delete("thief", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    wait::until(STEP, "the thief's policy gone", || async {
+        p.policies()
+            .get_opt("thief")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    let sets = scale_sets(&p).await;
+    assert!(
+        set_named(&sets, &format!("{}-thief", p.team)).is_none(),
+        "the thief's own set leaked: {sets}"
+    );
+    let after = set_named(&sets, &victim_set)
+        .unwrap_or_else(|| panic!("the victim's set was deleted: {sets}"));
+    assert_eq!(after["id"], victim["id"]);
+    // And the victim still gets its jobs.
+    let job = queue(&p, "web", &["self-hosted", "victim"], 200).await;
+    p.wait_jobs_completed(&[job], Duration::from_secs(60))
+        .await
+        .unwrap();
+}

@@ -179,8 +179,9 @@ impl Clients {
     ) -> Result<(Arc<ScaleSetClient>, i64), ScaleSetError> {
         let (client, cell) = self.scale_set_entry(gh, name);
         let mut id = cell.lock().await;
+        // The recorded id is only a hint: a set of another name is never this policy's.
         let mut set = match known.or(*id) {
-            Some(k) => client.get_scale_set(k).await?,
+            Some(k) => client.own_scale_set(k, name).await?,
             None => None,
         };
         if set.is_none() {

@@ -612,6 +612,27 @@ impl ScaleSetClient {
 
     /// Delete the scale set (its sessions and runner registrations go with it). A set GitHub
     /// no longer has is deleted already.
+    /// The set `id` names, only when it is the set called `name` (issue 28 item 6): an id read
+    /// from a policy's annotations is the tenant's to edit, and one naming another tenant's set
+    /// must neither be renamed to this policy's (hijacking its jobs) nor deleted with it.
+    pub async fn own_scale_set(
+        &self,
+        id: i64,
+        name: &str,
+    ) -> Result<Option<ScaleSet>, ScaleSetError> {
+        let set = self.get_scale_set(id).await?;
+        Ok(set.filter(|s| {
+            let own = s.name == name;
+            if !own {
+                tracing::warn!(
+                    scale_set = id,
+                    "a recorded scale-set id names a set of another name; it is ignored"
+                );
+            }
+            own
+        }))
+    }
+
     pub async fn delete_scale_set(&self, id: i64) -> Result<(), ScaleSetError> {
         let (status, body) = self
             .service(

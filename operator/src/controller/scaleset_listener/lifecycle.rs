@@ -179,9 +179,15 @@ async fn retire(ctx: &Ctx, policy: &ScalePolicy, why: Retire) -> Result<(), Reti
                 .clients
                 .for_secret(ns, &policy.spec.github.url, &secret)?;
             let client = ctx.clients.scale_set_client(&gh, &set_name);
-            let recorded = annotations
+            // The annotation is the tenant's to edit: an id is used only when GitHub says it is
+            // this policy's set (by name), never to delete or end another's.
+            let recorded = match annotations
                 .get(SET_ID_ANNOTATION)
-                .and_then(|v| v.parse::<i64>().ok());
+                .and_then(|v| v.parse::<i64>().ok())
+            {
+                Some(id) => client.own_scale_set(id, &set_name).await?.map(|s| s.id),
+                None => None,
+            };
             if let (Some(set), Some(session)) = (recorded, annotations.get(SESSION_ANNOTATION)) {
                 let stale = Session {
                     id: session.clone(),
