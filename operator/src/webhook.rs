@@ -18,7 +18,7 @@
 //! Nothing a workflow controls (labels, repository, runner name) is logged; logs and metrics
 //! carry the closed [`WebhookOutcome`] only.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
@@ -317,11 +317,23 @@ impl RecentDeliveries {
     }
 }
 
+/// Hook routes whose memories are kept at once besides the cluster's: one per policy with a
+/// hook of its own that has signed a delivery. Past it the policies' memories are forgotten
+/// (never the cluster route's), which only a team recreating thousands of policies can cause,
+/// and which then costs that team's and others' replay memory, not the cluster hook's.
+const MAX_ROUTES: usize = 4096;
+
 /// The receiver: its secret, its memory of recent deliveries and where events go.
+///
+/// The memory is kept per hook route (issue 28 item 6): a team that can sign deliveries for its
+/// own policy's hook can push only its own route's memory out with fresh GUIDs, never the
+/// cluster hook's or another team's, so a delivery captured on another route cannot be replayed
+/// after a flush.
 pub struct WebhookReceiver<S> {
     secret: SecretString,
     body_limit: usize,
-    recent: Mutex<RecentDeliveries>,
+    capacity: usize,
+    recent: Mutex<HashMap<HookRoute, RecentDeliveries>>,
     sink: Arc<S>,
     metrics: Option<Arc<Metrics>>,
 }
@@ -346,7 +358,8 @@ impl<S: JobSink> WebhookReceiver<S> {
         Ok(Self {
             secret: config.secret,
             body_limit: config.body_limit,
-            recent: Mutex::new(RecentDeliveries::new(config.dedup_capacity)),
+            capacity: config.dedup_capacity,
+            recent: Mutex::new(HashMap::new()),
             sink,
             metrics,
         })
@@ -431,7 +444,7 @@ impl<S: JobSink> WebhookReceiver<S> {
         };
         event.route = route.clone();
         let job = job_key(&event);
-        if !self.remember(delivery, &job) {
+        if !self.remember(route, delivery, &job) {
             return WebhookOutcome::Duplicate;
         }
         let action = event.action;
@@ -446,8 +459,10 @@ impl<S: JobSink> WebhookReceiver<S> {
             Err(e) => {
                 // Not handed on: the genuine delivery (refused here) or a redelivery (the sink
                 // failed) must still be taken.
-                self.recent().forget(delivery);
-                self.recent().forget(&job);
+                if let Some(recent) = self.recent().get_mut(route) {
+                    recent.forget(delivery);
+                    recent.forget(&job);
+                }
                 match e {
                     SinkError::Unavailable => WebhookOutcome::SinkFailed,
                     SinkError::ForeignPolicy => WebhookOutcome::ForeignPolicy,
@@ -456,7 +471,7 @@ impl<S: JobSink> WebhookReceiver<S> {
         }
     }
 
-    fn recent(&self) -> std::sync::MutexGuard<'_, RecentDeliveries> {
+    fn recent(&self) -> std::sync::MutexGuard<'_, HashMap<HookRoute, RecentDeliveries>> {
         // A poisoned lock only means another request panicked mid-insert; the set is still a
         // valid memory, so keep using it.
         self.recent
@@ -464,10 +479,16 @@ impl<S: JobSink> WebhookReceiver<S> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Remember the delivery's GUID and job key; false (and nothing remembered) when either is
-    /// already known.
-    fn remember(&self, guid: &str, job: &str) -> bool {
-        let mut recent = self.recent();
+    /// Remember the delivery's GUID and job key in `route`'s memory; false (and nothing
+    /// remembered) when either is already known there.
+    fn remember(&self, route: &HookRoute, guid: &str, job: &str) -> bool {
+        let mut routes = self.recent();
+        if !routes.contains_key(route) && routes.len() > MAX_ROUTES {
+            routes.retain(|r, _| *r == HookRoute::Cluster);
+        }
+        let recent = routes
+            .entry(route.clone())
+            .or_insert_with(|| RecentDeliveries::new(self.capacity));
         if recent.contains(guid) || recent.contains(job) {
             return false;
         }
@@ -1006,6 +1027,54 @@ mod tests {
         assert_eq!(r.receive(&h, &body).await, WebhookOutcome::SinkFailed);
         assert_eq!(r.receive(&h, &body).await, WebhookOutcome::Accepted);
         assert_eq!(sink.inner.events().len(), 1);
+    }
+
+    /// A team signing for its own hook floods its route's memory with fresh GUIDs: a delivery
+    /// already taken on the cluster route is still a duplicate there.
+    #[tokio::test]
+    async fn a_team_cannot_flush_the_cluster_hooks_replay_memory() {
+        /// The cluster route's jobs and the team's own, both taken.
+        #[derive(Debug, Default)]
+        struct Both(MemorySink);
+        impl JobSink for Both {
+            async fn record(&self, event: JobEvent) -> Result<(), SinkError> {
+                self.0.record(event).await
+            }
+            async fn policy_secret(
+                &self,
+                namespace: &str,
+                name: &str,
+            ) -> Result<Option<SecretString>, SinkError> {
+                Ok((namespace == "team" && name == "web")
+                    .then(|| SecretString::from("team-secret")))
+            }
+        }
+        let sink = Arc::new(Both::default());
+        let mut config = WebhookConfig::new(secret());
+        config.dedup_capacity = 4;
+        let r = WebhookReceiver::new(config, sink.clone(), None).unwrap();
+        let body = serde_json::to_vec(&examples()[5]).unwrap();
+        assert_eq!(
+            r.receive(&signed("cluster-1", &body), &body).await,
+            WebhookOutcome::Accepted
+        );
+        let team = HookRoute::Policy {
+            namespace: "team".into(),
+            name: "web".into(),
+        };
+        for i in 0..32 {
+            let mut e = examples().remove(5);
+            e["workflow_job"]["id"] = (1_000_000 + i).into();
+            let b = serde_json::to_vec(&e).unwrap();
+            let sig = sign(&SecretString::from("team-secret"), &b);
+            let h = headers("workflow_job", &format!("flood-{i}"), Some(&sig));
+            assert_eq!(r.receive_on(&team, &h, &b).await, WebhookOutcome::Accepted);
+        }
+        assert_eq!(
+            r.receive(&signed("cluster-replay", &body), &body).await,
+            WebhookOutcome::Duplicate,
+            "the team's flood pushed the cluster route's memory out"
+        );
     }
 
     #[test]
