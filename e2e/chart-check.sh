@@ -116,6 +116,19 @@ for denied in "list secrets --all-namespaces" "watch secrets --all-namespaces" "
     echo "the operator may $denied: it must not" >&2; exit 1
   fi
 done
+# The placeholders' PriorityClass is for the operator's and agents' placeholders only (issue 28
+# item 6): a pod of that class from anyone else, the cluster admin included, is refused. The API
+# server takes a new policy up within moments: asked again, bounded, until it answers.
+pc="runner-manager-$ns-placeholder"
+kubectl get validatingadmissionpolicy "runner-manager-$ns-placeholder-priority" >/dev/null
+refused=
+for _ in $(seq 1 30); do
+  out=$(kubectl run pc-thief -n "$ns" --image=registry.k8s.io/pause:3.10 --restart=Never --dry-run=server \
+    --overrides="{\"apiVersion\":\"v1\",\"spec\":{\"priorityClassName\":\"$pc\"}}" 2>&1 || true)
+  case "$out" in *"is for runner-manager's placeholder pods only"*) refused=1; break ;; esac
+  sleep 1
+done
+[ -n "$refused" ] || { echo "a tenant's pod of the placeholder PriorityClass was not refused: $out" >&2; exit 1; }
 failure=$(kubectl get validatingwebhookconfiguration "runner-manager-$ns" -o jsonpath='{.webhooks[*].failurePolicy}')
 [ "$failure" = "Fail Fail" ] || { echo "the admission webhook's failurePolicy is '$failure', not Fail" >&2; exit 1; }
 echo "helm install: objects created, agent and operator RBAC are least-privilege, admission webhook registered"
