@@ -26,6 +26,8 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use runner_manager_crds::lease::NativeRefusal;
+
 use crate::account::RunnerAccount;
 
 /// Link-local, IPv4 and IPv6: every cloud's metadata service (169.254.169.254 and its
@@ -142,6 +144,10 @@ impl fmt::Display for IpPrefix {
         }
     }
 }
+
+/// A flag's list of prefixes (one value to clap, not many).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PrefixList(pub Vec<IpPrefix>);
 
 /// Parses a comma- or space-separated list of prefixes (a flag's value).
 pub fn parse_prefixes(s: &str) -> Result<Vec<IpPrefix>, PrefixError> {
@@ -341,14 +347,19 @@ impl SandboxRefusal {
     ];
 
     /// The Lease annotation's word.
-    pub fn as_str(self) -> &'static str {
+    pub fn lease(self) -> NativeRefusal {
         match self {
-            Self::NotEnforced => "NetworkFilterNotEnforced",
-            Self::NoDeniedAddress => "NoDeniedAddress",
-            Self::ProbeSetup => "ProbeSetupFailed",
-            Self::ProbeNotStarted => "ProbeNotStarted",
-            Self::ProbeDidNotReport => "ProbeDidNotReport",
+            Self::NotEnforced => NativeRefusal::NetworkFilterNotEnforced,
+            Self::NoDeniedAddress => NativeRefusal::NoDeniedAddress,
+            Self::ProbeSetup => NativeRefusal::ProbeSetupFailed,
+            Self::ProbeNotStarted => NativeRefusal::ProbeNotStarted,
+            Self::ProbeDidNotReport => NativeRefusal::ProbeDidNotReport,
         }
+    }
+
+    /// The log line's closed `error` field.
+    pub fn as_str(self) -> &'static str {
+        self.lease().as_str()
     }
 }
 
