@@ -288,8 +288,10 @@ sandboxed "$(unit_of "$first")"
 lease=$(K -n $ns get lease "runner-manager-agent-$RM_CLUSTER_NODE" -o json)
 [ "$(jq -r '.metadata.annotations["runner-manager.dev/native-refused"] // ""' <<<"$lease")" = "" ] || fail "the agent refused native runners: $(jq -c .metadata.annotations <<<"$lease")"
 jq -e '.metadata.annotations["runner-manager.dev/providers"] | split(",") | index("native")' <<<"$lease" >/dev/null || fail "the Lease offers no native runners: $(jq -c .metadata.annotations <<<"$lease")"
-K -n $ns logs ds/$rel-runner-manager-node-agent | grep -q 'runner network filter proven' || fail "the agent did not log its network proof"
-say "runner $(unit_of "$first"): the node's systemd holds its sandbox (syscall filter, no namespaces, private IPC, hidden kubelet/containerd/pod logs, link-local, metadata, pod $RM_CLUSTER_POD_CIDR, Service $RM_CLUSTER_SERVICE_CIDR and node $NODE_IP denied); runner.env reached the listener and is in no unit property or file; the agent proved the filter at start ($(K -n $ns logs ds/$rel-runner-manager-node-agent | grep -o 'could not reach [^ ,"]*' | head -1))"
+# Read whole first: `grep -q` on the pipe would end kubectl early (SIGPIPE, and pipefail).
+agent_log=$(K -n $ns logs ds/$rel-runner-manager-node-agent)
+grep -q 'runner network filter proven' <<<"$agent_log" || fail "the agent did not log its network proof"
+say "runner $(unit_of "$first"): the node's systemd holds its sandbox (syscall filter, no namespaces, private IPC, hidden kubelet/containerd/pod logs, link-local, metadata, pod $RM_CLUSTER_POD_CIDR, Service $RM_CLUSTER_SERVICE_CIDR and node $NODE_IP denied); runner.env reached the listener and is in no unit property or file; the agent proved the filter at start ($(grep -o 'could not reach [^ ,"]*' <<<"$agent_log" | head -1))"
 if [ "$materialize" != copy ]; then
   runs_from_overlay "$first"
   say "runner $(unit_of "$first") runs from an overlay (upper runners/<id>, lower packages/<sha256>) seen in the node's mount table and its unit's namespace"
