@@ -26,6 +26,51 @@ pub const FREE_SLOTS: &str = "runner-manager.dev/free-slots";
 /// (or absent, from an older agent) when the agent does not know.
 pub const FOREIGN_REQUESTS: &str = "runner-manager.dev/foreign-requests";
 
+/// Why the agent refuses to launch native runners, when it does (a closed [`NativeRefusal`]
+/// word; empty when native runners are offered). `native` is then absent from [`PROVIDERS`].
+pub const NATIVE_REFUSED: &str = "runner-manager.dev/native-refused";
+
+/// Why an agent refuses native runners: its start-up proof that the runner units' sandbox
+/// takes effect failed. Closed: it reaches the Lease and the operator's view of the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NativeRefusal {
+    /// A probe unit reached an address the runner network filter denies.
+    NetworkFilterNotEnforced,
+    /// None of the agent's addresses is denied to runners: the filter cannot be proven (the
+    /// pod range is likely misconfigured).
+    NoDeniedAddress,
+    /// The probe's listener or directory could not be made.
+    ProbeSetupFailed,
+    /// The node's systemd did not take the probe unit.
+    ProbeNotStarted,
+    /// The probe unit did not report in time.
+    ProbeDidNotReport,
+}
+
+impl NativeRefusal {
+    pub const ALL: [Self; 5] = [
+        Self::NetworkFilterNotEnforced,
+        Self::NoDeniedAddress,
+        Self::ProbeSetupFailed,
+        Self::ProbeNotStarted,
+        Self::ProbeDidNotReport,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NetworkFilterNotEnforced => "NetworkFilterNotEnforced",
+            Self::NoDeniedAddress => "NoDeniedAddress",
+            Self::ProbeSetupFailed => "ProbeSetupFailed",
+            Self::ProbeNotStarted => "ProbeNotStarted",
+            Self::ProbeDidNotReport => "ProbeDidNotReport",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
 /// Why an agent's recovery cannot complete: closed, because it reaches the Lease, events and
 /// the operator's `Scaling` condition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -95,6 +140,8 @@ pub struct AgentAdvert {
     /// its watch has not listed yet). Placement takes it from the node's room, as the
     /// scheduler and kubelet do, without the operator watching every pod of the cluster.
     pub foreign_requests: Option<ForeignRequests>,
+    /// Why native runners are refused on the node (`None`: they are offered, or an older agent).
+    pub native_refused: Option<NativeRefusal>,
 }
 
 /// CPU and memory requested by the node's pods of other workloads.
@@ -155,6 +202,13 @@ impl AgentAdvert {
                 self.foreign_requests
                     .map(|f| format!("cpu={},memory={}", f.cpu_millis, f.memory_bytes))
                     .unwrap_or_default(),
+            ),
+            (
+                NATIVE_REFUSED.to_owned(),
+                self.native_refused
+                    .map(NativeRefusal::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
             ),
         ])
     }
@@ -234,7 +288,16 @@ impl AgentAdvert {
                 expected: "cpu=<millicores>,memory=<bytes>",
             })?),
         };
+        let native_refused = match get(NATIVE_REFUSED) {
+            "" => None,
+            v => Some(NativeRefusal::parse(v).ok_or_else(|| AdvertError {
+                key: NATIVE_REFUSED,
+                value: v.to_owned(),
+                expected: "a native-refused reason",
+            })?),
+        };
         Ok(Self {
+            native_refused,
             capacity: number(CAPACITY)?,
             free: number(FREE)?,
             recovery_complete,
@@ -278,11 +341,13 @@ mod tests {
                 cpu_millis: 1500,
                 memory_bytes: 2 << 30,
             }),
+            native_refused: None,
         };
         let back = AgentAdvert::from_annotations(&advert.to_annotations()).unwrap();
         assert_eq!(back, advert);
         let blocked = AgentAdvert {
             recovery_blocked: Some(RecoveryBlocked::IdentityUnreadable),
+            native_refused: Some(NativeRefusal::NetworkFilterNotEnforced),
             ..AgentAdvert::default()
         };
         assert_eq!(

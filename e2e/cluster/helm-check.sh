@@ -167,7 +167,9 @@ say "the agent refused a node /var/lib of mode 0700 (its roots preflight in the 
 # The attempts' journal for the JIT ledger (product.sh): attempts go with their policy.
 K create ns $jobs_ns --dry-run=client -o yaml | K apply -f - >/dev/null
 record_attempts $jobs_ns "$work/attempts.rec"
-apply_policy $jobs_ns web 1 3 "$work/app.pem"
+# A tenant value in runner.env: it must reach the runner and nothing any other account can read.
+tenant_marker=tenantvalue$(openssl rand -hex 8)
+apply_policy $jobs_ns web 1 3 "$work/app.pem" "TENANT_MARKER=$tenant_marker"
 
 # Attempts in JSON, once per check.
 attempts() { K -n $jobs_ns get ra -o json; }
@@ -248,6 +250,48 @@ runs_from_overlay() {
   done
   N test -x "$rt/bin/Runner.Listener" || fail "runner $(unit_of "$id"): no bin/Runner.Listener through its overlay"
 }
+# The native sandbox (issue 28 items 3, 4), from the node's own systemd: every property as the
+# node's systemd holds it for the running unit, the network filter with the cluster's ranges and
+# the node's address, and the tenant's runner.env in none of what another account can read (the
+# unit's Environment=, its unit file); the agent proved the filter at start (its Lease).
+in_list() { tr ' ' '\n' <<<"$1" | grep -qxE -- "$2"; }
+sandboxed() {
+  local u=$1 v p
+  for p in SystemCallArchitectures=native RestrictNamespaces=yes PrivateIPC=yes NoNewPrivileges=yes \
+    ProtectSystem=strict ProtectProc=invisible PrivateTmp=yes PrivateDevices=yes; do
+    v=$(N systemctl show -P "${p%%=*}" "$u")
+    [ "$v" = "${p#*=}" ] || fail "runner $u: ${p%%=*}=$v in the node's systemd, not ${p#*=}"
+  done
+  v=$(N systemctl show -P SystemCallFilter "$u")
+  in_list "$v" read && ! in_list "$v" mount || fail "runner $u: SystemCallFilter is not @system-service: ${v:0:200}"
+  in_list "$v" kexec_load && fail "runner $u: SystemCallFilter allows kexec_load"
+  v=$(N systemctl show -P RestrictAddressFamilies "$u")
+  [ "$(tr ' ' '\n' <<<"$v" | sort | xargs)" = "AF_INET AF_INET6 AF_NETLINK AF_UNIX" ] || fail "runner $u: RestrictAddressFamilies=$v"
+  v=$(N systemctl show -P InaccessiblePaths "$u")
+  for p in /var/lib/kubelet /var/lib/containerd /run/containerd /var/log/pods /etc/kubernetes; do
+    in_list "$v" "-?$p" || fail "runner $u: InaccessiblePaths=$v lacks $p"
+  done
+  v=$(N systemctl show -P IPAddressDeny "$u")
+  for p in 169.254.0.0/16 fe80::/10 168.63.129.16 fd20:ce::254 fd00:ec2::23 fd00:ec2::254 100.100.100.200 \
+    "$RM_CLUSTER_POD_CIDR" "$RM_CLUSTER_SERVICE_CIDR" "$NODE_IP"; do
+    in_list "$v" "${p//./\\.}(/32|/128)?" || fail "runner $u: IPAddressDeny=$v lacks $p"
+  done
+  v=$(N systemctl show -P Environment "$u")
+  case "$v" in *"$tenant_marker"*|*TENANT_MARKER*|*RUNNER_MANAGER_RUNNER_ENV*) fail "runner $u: runner.env in the unit's Environment=: $v" ;; esac
+  N grep -q "$tenant_marker" "/run/systemd/transient/$u" && fail "runner $u: runner.env in its unit file"
+  # ... while it did reach the runner (the listener's own environment, read as root).
+  p=$(N systemctl show -P MainPID "$u")
+  N cat "/proc/$p/environ" | tr '\0' '\n' | grep -qx "TENANT_MARKER=$tenant_marker" || fail "runner $u: runner.env did not reach the listener"
+  return 0
+}
+sandboxed "$(unit_of "$first")"
+lease=$(K -n $ns get lease "runner-manager-agent-$RM_CLUSTER_NODE" -o json)
+[ "$(jq -r '.metadata.annotations["runner-manager.dev/native-refused"] // ""' <<<"$lease")" = "" ] || fail "the agent refused native runners: $(jq -c .metadata.annotations <<<"$lease")"
+jq -e '.metadata.annotations["runner-manager.dev/providers"] | split(",") | index("native")' <<<"$lease" >/dev/null || fail "the Lease offers no native runners: $(jq -c .metadata.annotations <<<"$lease")"
+# Read whole first: `grep -q` on the pipe would end kubectl early (SIGPIPE, and pipefail).
+agent_log=$(K -n $ns logs ds/$rel-runner-manager-node-agent)
+grep -q 'runner network filter proven' <<<"$agent_log" || fail "the agent did not log its network proof"
+say "runner $(unit_of "$first"): the node's systemd holds its sandbox (syscall filter, no namespaces, private IPC, hidden kubelet/containerd/pod logs, link-local, metadata, pod $RM_CLUSTER_POD_CIDR, Service $RM_CLUSTER_SERVICE_CIDR and node $NODE_IP denied); runner.env reached the listener and is in no unit property or file; the agent proved the filter at start ($(grep -o 'could not reach [^ ,"]*' <<<"$agent_log" | head -1))"
 if [ "$materialize" != copy ]; then
   runs_from_overlay "$first"
   say "runner $(unit_of "$first") runs from an overlay (upper runners/<id>, lower packages/<sha256>) seen in the node's mount table and its unit's namespace"

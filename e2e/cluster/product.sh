@@ -30,9 +30,13 @@ github_app() {
 
 # The chart's values for a test GitHub: its API URL, plain http to its one host (operator and
 # agent), package downloads from it. Production leaves allowHttpHosts empty. Set by chart_values.
+# The runners' network filter gets the test cluster's own ranges (the chart's defaults cover
+# them too, wider).
 chart_values() {
   values=(--set "operator.githubApiUrl=$gh" --set "operator.allowHttpHosts=$HOST_IP"
-    --set "operator.downloadHosts=$HOST_IP" --set "nodeAgent.allowHttpHosts=$HOST_IP")
+    --set "operator.downloadHosts=$HOST_IP" --set "nodeAgent.allowHttpHosts=$HOST_IP"
+    --set-json "nodeAgent.runnerNetwork.podCIDRs=[\"$RM_CLUSTER_POD_CIDR\"]"
+    --set-json "nodeAgent.runnerNetwork.serviceCIDRs=[\"$RM_CLUSTER_SERVICE_CIDR\"]")
 }
 
 # fullname RELEASE: the base of the chart's object names (_helpers.tpl's rm.fullname: the release
@@ -64,11 +68,19 @@ install_product() {
   admin POST webhooks "$(jq -n --arg u "http://$hook:8080/webhook" --arg s "$webhook_secret" '{url: $u, secret: $s}')" >/dev/null
 }
 
-# apply_policy NAMESPACE NAME MIN_IDLE MAX_RUNNERS KEY_PEM: the App's Secret and a ScalePolicy for acme/web.
+# apply_policy NAMESPACE NAME MIN_IDLE MAX_RUNNERS KEY_PEM [RUNNER_ENV]: the App's Secret and a
+# ScalePolicy for acme/web; with RUNNER_ENV (`NAME=value` lines), a ConfigMap `NAME-env` holding
+# it as `runner.env`, the policy's runner environment.
 apply_policy() {
+  local env_from=
   K create ns "$1" --dry-run=client -o yaml | K apply -f - >/dev/null
   K -n "$1" create secret generic github-app --from-literal=appId=4242 --from-file=privateKey="$5" \
     --dry-run=client -o yaml | K apply -f - >/dev/null
+  if [ -n "${6:-}" ]; then
+    K -n "$1" create configmap "$2-env" --from-literal=runner.env="$6" \
+      --dry-run=client -o yaml | K apply -f - >/dev/null
+    env_from=", envFrom: {configMapRef: {name: $2-env}}"
+  fi
   K -n "$1" apply -f - >/dev/null <<YAML
 apiVersion: runner-manager.dev/v1alpha1
 kind: ScalePolicy
@@ -78,7 +90,7 @@ spec:
   labels: [self-hosted, linux, x64]
   minIdle: $3
   maxRunners: $4
-  runner: {version: latest}
+  runner: {version: latest$env_from}
 YAML
 }
 

@@ -156,6 +156,20 @@ pub struct Cli {
     /// comma-separated); every other URL and redirect must be https. Empty in production.
     #[arg(long, env = "RM_ALLOW_HTTP_HOSTS", default_value = "", value_parser = host_list)]
     pub allow_http_hosts: runner_manager_crds::hosts::HostList,
+    /// The cluster's pod ranges (CIDR, comma-separated): native runners (systemd launcher) may
+    /// reach no pod. The agent's own pod IP must lie in one: the start-up proof of the runner
+    /// network filter connects to it.
+    #[arg(long, env = "RM_RUNNER_POD_CIDRS", default_value = "10.244.0.0/16", value_parser = prefix_list)]
+    pub runner_pod_cidrs: crate::providers::sandbox::PrefixList,
+    /// The cluster's Service ranges (CIDR, comma-separated): native runners reach no Service
+    /// address.
+    #[arg(long, env = "RM_RUNNER_SERVICE_CIDRS", default_value = "10.96.0.0/12", value_parser = prefix_list)]
+    pub runner_service_cidrs: crate::providers::sandbox::PrefixList,
+    /// Addresses native runners may reach although the deny list covers them (`IPAddressAllow=`,
+    /// which wins over it): a node-local DNS cache on link-local, a registry Service. Never one
+    /// that covers a cloud metadata address (refused at start).
+    #[arg(long, env = "RM_RUNNER_IP_ALLOW", default_value = "", value_parser = prefix_list)]
+    pub runner_ip_allow: crate::providers::sandbox::PrefixList,
     /// Log format.
     #[arg(long, env = "RM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -164,6 +178,12 @@ pub struct Cli {
     /// served when unset.
     #[arg(long, env = "RM_HEALTH_ADDR")]
     pub health_addr: Option<std::net::SocketAddr>,
+}
+
+fn prefix_list(s: &str) -> Result<crate::providers::sandbox::PrefixList, String> {
+    crate::providers::sandbox::parse_prefixes(s)
+        .map(crate::providers::sandbox::PrefixList)
+        .map_err(|e| e.to_string())
 }
 
 fn host_list(s: &str) -> Result<runner_manager_crds::hosts::HostList, String> {

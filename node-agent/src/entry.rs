@@ -17,6 +17,13 @@
 //! `PATH`, `LANG`) plus one opaque variable, [`ENVIRONMENT_VARIABLE`], holding the listener's
 //! whole environment percent-encoded; neither the loader nor the C library reads that name. The
 //! helper decodes it and applies it only to the final `exec`, which changes the uid first.
+//!
+//! Under the systemd launcher that variable would be a unit property, and every local account
+//! reads a unit's properties (`systemctl show -p Environment`, `systemctl cat`, the unit file
+//! under `/run/systemd/transient`): another tenant's runner would read this one's `runner.env`.
+//! There the encoded environment comes instead in a file made like the JIT's handoff
+//! (`--environment`, [`crate::handoff::RestrictiveHandoff::create_environment`]), which the
+//! helper reads and deletes before it takes the JIT.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -166,6 +173,9 @@ pub struct EntryArgs {
     /// Direct launcher: the account to become at exec (systemd already started us as it).
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+    /// Systemd launcher: the environment file (`jit-env-<uuid>.tmp`) holding the encoded
+    /// listener's environment, in place of [`ENVIRONMENT_VARIABLE`].
+    pub environment: Option<PathBuf>,
 }
 
 impl EntryArgs {
@@ -193,6 +203,10 @@ impl EntryArgs {
             a.push("--await-handoff".into());
             a.push(s.to_string().into());
         }
+        if let Some(e) = &self.environment {
+            a.push("--environment".into());
+            a.push(e.clone().into());
+        }
         a
     }
 
@@ -200,6 +214,7 @@ impl EntryArgs {
     pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Self, EntryFailure> {
         let (mut handoff, mut runtime, mut cgroup, mut uid, mut gid, mut await_handoff) =
             (None, None, None, None, None, None);
+        let mut environment = None;
         let mut it = args.into_iter();
         while let Some(flag) = it.next() {
             let value = it.next().ok_or(EntryFailure::Usage)?;
@@ -216,6 +231,7 @@ impl EntryArgs {
                 Some("--uid") => uid = Some(id()?),
                 Some("--gid") => gid = Some(id()?),
                 Some("--await-handoff") => await_handoff = Some(u64::from(id()?)),
+                Some("--environment") => environment = Some(PathBuf::from(&value)),
                 _ => return Err(EntryFailure::Usage),
             }
         }
@@ -233,6 +249,7 @@ impl EntryArgs {
             cgroup,
             uid,
             gid,
+            environment,
         })
     }
 }
@@ -324,6 +341,26 @@ fn mark_taken(runtime: &std::path::Path) -> std::io::Result<()> {
     crate::durable::write_file(runtime, crate::providers::oci::TAKEN_MARKER, b"taken\n")
 }
 
+/// The listener's environment: from the environment file when the launcher gave one (read
+/// once and deleted), else from [`ENVIRONMENT_VARIABLE`]. Both at once is refused: a launcher
+/// sets exactly one channel, and a second one could only be someone else's.
+fn listener_environment(
+    args: &EntryArgs,
+    owner: u32,
+) -> Result<Vec<(String, String)>, EntryFailure> {
+    let variable = std::env::var_os(ENVIRONMENT_VARIABLE);
+    match (&args.environment, variable) {
+        (Some(path), None) => {
+            let encoded =
+                handoff::take_environment(path, owner).map_err(|_| EntryFailure::Environment)?;
+            let text = encoded.expose_secret();
+            decode_environment(text.strip_suffix('\n').unwrap_or(text))
+        }
+        (None, Some(v)) => decode_environment(v.to_str().ok_or(EntryFailure::Environment)?),
+        _ => Err(EntryFailure::Environment),
+    }
+}
+
 /// Runs the helper. Returns only on failure (success is an exec).
 pub fn run(args: &EntryArgs, status: &mut impl Write) -> EntryFailure {
     // Out of the agent's session and process group: a signal to the agent's group, or its
@@ -337,16 +374,13 @@ pub fn run(args: &EntryArgs, status: &mut impl Write) -> EntryFailure {
     // Decoded before the handoff is taken, so a malformed channel does not consume the JIT.
     // Missing is malformed: every launcher sets it, and a listener silently started without the
     // policy's environment would be harder to diagnose than a failed start.
-    let env = match std::env::var(ENVIRONMENT_VARIABLE)
-        .map_err(|_| EntryFailure::Environment)
-        .and_then(|v| decode_environment(&v))
-    {
-        Ok(env) => env,
-        Err(e) => return e,
-    };
     let owner = args
         .uid
         .unwrap_or_else(|| rustix::process::geteuid().as_raw());
+    let env = match listener_environment(args, owner) {
+        Ok(env) => env,
+        Err(e) => return e,
+    };
     let handoff_path = match args.await_handoff {
         None => args.handoff.clone(),
         Some(seconds) => match await_offer(&args.runtime, seconds) {
@@ -398,6 +432,11 @@ pub fn run(args: &EntryArgs, status: &mut impl Write) -> EntryFailure {
 
 /// The binary's `main`: argv, status channel, run, report.
 pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> i32 {
+    let args: Vec<OsString> = args.into_iter().collect();
+    // The agent's start-up network proof runs this binary too (in a throw-away unit).
+    if let Some(code) = crate::providers::sandbox::probe_main(&args) {
+        return code;
+    }
     let Ok(mut status) = take_status_channel() else {
         return EXIT_FAILED;
     };
@@ -422,6 +461,7 @@ mod tests {
             uid: Some(1001),
             gid: Some(1001),
             await_handoff: None,
+            environment: Some("/rt/jit-env-x.tmp".into()),
         };
         assert_eq!(EntryArgs::parse(a.to_args()).unwrap(), a);
         let pod =

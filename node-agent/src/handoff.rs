@@ -22,6 +22,11 @@ use crate::account::RunnerAccount;
 
 /// Every handoff file's name starts with this; cleanup verification looks for it.
 pub const NAME_PREFIX: &str = "jit-";
+/// The listener's environment file (the policy's `runner.env`, encoded): a handoff of its own
+/// kind, `jit-env-<uuid>.tmp`. It shares the JIT's prefix on purpose, so every sweep and scrub
+/// that removes or refuses a surviving JIT handoff treats it the same way; a JIT handoff's
+/// uuid never starts with `env-`.
+pub const ENVIRONMENT_PREFIX: &str = "jit-env-";
 /// The handoff's name ends with this.
 const NAME_SUFFIX: &str = ".tmp";
 /// The only mode a runtime directory may have while it holds a handoff.
@@ -163,8 +168,29 @@ impl RestrictiveHandoff {
         account: RunnerAccount,
         jit: &SecretString,
     ) -> Result<Self, HandoffError> {
+        Self::create_named(runtime, account, NAME_PREFIX, jit)
+    }
+
+    /// The listener's environment file, `jit-env-<uuid>.tmp`, made exactly like the JIT's
+    /// handoff: under the systemd launcher `runner.env` reaches the runner this way and never
+    /// as a unit property, which any local account can read (`systemctl show -p Environment`,
+    /// the unit file under `/run/systemd/transient`).
+    pub fn create_environment(
+        runtime: &Path,
+        account: RunnerAccount,
+        encoded: &SecretString,
+    ) -> Result<Self, HandoffError> {
+        Self::create_named(runtime, account, ENVIRONMENT_PREFIX, encoded)
+    }
+
+    fn create_named(
+        runtime: &Path,
+        account: RunnerAccount,
+        prefix: &str,
+        jit: &SecretString,
+    ) -> Result<Self, HandoffError> {
         let dir = open_private_runtime(runtime, account)?;
-        let name = format!("{NAME_PREFIX}{}{NAME_SUFFIX}", uuid::Uuid::new_v4());
+        let name = format!("{prefix}{}{NAME_SUFFIX}", uuid::Uuid::new_v4());
         let fd = rustix::fs::openat(
             &dir,
             name.as_str(),
@@ -252,10 +278,28 @@ pub fn is_handoff_name(name: &OsStr) -> bool {
 /// an owner other than `owner_uid`, and a runtime directory that is not a real 0700 directory of
 /// that same owner.
 pub fn take(path: &Path, owner_uid: u32) -> Result<SecretString, HandoffError> {
+    take_named(path, owner_uid, |n| {
+        is_handoff_name(n) && !n.as_bytes().starts_with(ENVIRONMENT_PREFIX.as_bytes())
+    })
+}
+
+/// [`take`] for the environment file ([`RestrictiveHandoff::create_environment`]): the same
+/// checks, read once and deleted.
+pub fn take_environment(path: &Path, owner_uid: u32) -> Result<SecretString, HandoffError> {
+    take_named(path, owner_uid, |n| {
+        is_handoff_name(n) && n.as_bytes().starts_with(ENVIRONMENT_PREFIX.as_bytes())
+    })
+}
+
+fn take_named(
+    path: &Path,
+    owner_uid: u32,
+    name_ok: impl Fn(&OsStr) -> bool,
+) -> Result<SecretString, HandoffError> {
     let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(HandoffRefusal::NotAHandoffName.into());
     };
-    if !is_handoff_name(name) {
+    if !name_ok(name) {
         return Err(HandoffRefusal::NotAHandoffName.into());
     }
     let dir = open_private_runtime(
@@ -324,5 +368,39 @@ mod tests {
         assert!(is_handoff_name(OsStr::new("jit-0b5c.tmp")));
         assert!(!is_handoff_name(OsStr::new("jit-0b5c")));
         assert!(!is_handoff_name(OsStr::new(".runner-process.json")));
+        // The environment file is swept and scrubbed as a handoff.
+        assert!(is_handoff_name(OsStr::new("jit-env-0b5c.tmp")));
+    }
+
+    /// Each kind is taken only by its own reader: the JIT reader refuses the environment file
+    /// and the environment reader a JIT handoff, so neither can be given the other's content.
+    #[test]
+    fn the_environment_file_is_made_and_taken_like_the_jit() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = dir.path().join("rt");
+        std::fs::create_dir(&runtime).unwrap();
+        std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let me = std::fs::metadata(&runtime).unwrap();
+        let account = RunnerAccount {
+            uid: me.uid(),
+            gid: me.gid(),
+        };
+        let env =
+            RestrictiveHandoff::create_environment(&runtime, account, &SecretString::from("A=1\n"))
+                .unwrap();
+        assert!(env.name().starts_with(ENVIRONMENT_PREFIX));
+        let mode = std::fs::metadata(env.path()).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o600);
+        assert!(matches!(
+            take(env.path(), account.uid),
+            Err(HandoffError::Refused(HandoffRefusal::NotAHandoffName))
+        ));
+        let got = take_environment(env.path(), account.uid).unwrap();
+        assert_eq!(got.expose_secret(), "A=1\n");
+        assert!(!env.exists().unwrap(), "read once, then gone");
+        let jit = RestrictiveHandoff::create(&runtime, account, &SecretString::from("j")).unwrap();
+        assert!(take_environment(jit.path(), account.uid).is_err());
+        assert_eq!(take(jit.path(), account.uid).unwrap().expose_secret(), "j");
     }
 }

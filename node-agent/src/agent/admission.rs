@@ -19,8 +19,10 @@ pub enum Admission {
 /// Whether this agent can run a snapshot at all: a pinned package digest it can verify, a
 /// workspace mode it knows, and an execution mode it has a provider for: native always, OCI only
 /// with the OCI provider enabled (`--oci`) and an image pinned by digest. A native-only agent
-/// rejects an OCI attempt (`SnapshotUnusable`): it never runs it natively instead.
-pub fn usable(snapshot: &AttemptSnapshot, oci_enabled: bool) -> bool {
+/// rejects an OCI attempt (`SnapshotUnusable`): it never runs it natively instead. An agent whose
+/// systemd launcher was refused at start (its runner sandbox not proven, `native_enabled`
+/// false) rejects native attempts the same way.
+pub fn usable(snapshot: &AttemptSnapshot, oci_enabled: bool, native_enabled: bool) -> bool {
     let digest_ok = snapshot.runner.sha256.len() == 64
         && snapshot
             .runner
@@ -32,7 +34,7 @@ pub fn usable(snapshot: &AttemptSnapshot, oci_enabled: bool) -> bool {
         WorkspaceMode::Ephemeral | WorkspaceMode::Persistent
     );
     let provider_ok = match snapshot.execution.mode {
-        ExecutionMode::Native => true,
+        ExecutionMode::Native => native_enabled,
         ExecutionMode::Oci => {
             oci_enabled
                 && snapshot
@@ -172,17 +174,22 @@ mod tests {
     #[test]
     fn an_oci_snapshot_is_usable_only_with_the_oci_provider_and_a_pinned_image() {
         let pinned = format!("registry.local/runner@sha256:{}", "a".repeat(64));
-        assert!(usable(&snapshot("Native", None), false));
-        assert!(usable(&snapshot("Native", None), true));
+        assert!(usable(&snapshot("Native", None), false, true));
+        assert!(usable(&snapshot("Native", None), true, true));
         assert!(
-            !usable(&snapshot("Oci", Some(&pinned)), false),
+            !usable(&snapshot("Native", None), true, false),
+            "native refused: the sandbox is not proven on this node"
+        );
+        assert!(
+            !usable(&snapshot("Oci", Some(&pinned)), false, true),
             "a native-only agent never runs an OCI attempt natively"
         );
-        assert!(usable(&snapshot("Oci", Some(&pinned)), true));
+        assert!(usable(&snapshot("Oci", Some(&pinned)), true, true));
         assert!(!usable(
             &snapshot("Oci", Some("registry.local/runner:latest")),
+            true,
             true
         ));
-        assert!(!usable(&snapshot("Oci", None), true));
+        assert!(!usable(&snapshot("Oci", None), true, true));
     }
 }

@@ -239,8 +239,11 @@ async fn launch_steps(
 ) -> Result<(), StepError> {
     let (uid, name, ns) = names(a)?;
     let snapshot = &a.spec.snapshot;
-    let usable = admission::usable(snapshot, agent.oci.is_some())
-        && environment(&snapshot.env, Path::new("/nonexistent-runtime")).is_ok();
+    let usable = admission::usable(
+        snapshot,
+        agent.oci.is_some(),
+        agent.native_refused.is_none(),
+    ) && environment(&snapshot.env, Path::new("/nonexistent-runtime")).is_ok();
     let decision = agent.book().admit(&uid, agent.capacity, usable);
     agent.advert_changed.notify_one();
     if let Admission::Reject(reason) = decision {

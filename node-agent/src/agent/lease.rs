@@ -156,6 +156,7 @@ pub fn advert(
         packages,
         free_slots,
         foreign_requests: None,
+        native_refused: None,
     }
 }
 
@@ -180,8 +181,14 @@ impl Agent {
                     .contains(&n)
             }),
         );
+        let mut providers = advert.providers.clone();
+        if self.native_refused.is_some() {
+            providers.remove(&runner_manager_crds::lease::Provider::Native);
+        }
         AgentAdvert {
             foreign_requests: self.foreign_pods.requests(),
+            native_refused: self.native_refused.map(|r| r.lease()),
+            providers,
             ..advert
         }
     }

@@ -85,6 +85,8 @@ pub enum AgentError {
     Packages(String),
     #[error("signal handling: {0:?}")]
     Signals(std::io::ErrorKind),
+    #[error(transparent)]
+    RunnerNetwork(#[from] crate::providers::sandbox::NetworkError),
     #[error("binding --health-addr {0}: {1:?}")]
     Bind(std::net::SocketAddr, std::io::ErrorKind),
 }
@@ -100,6 +102,7 @@ impl AgentError {
             Self::NotTraversable(..) => "root_not_traversable",
             Self::KubeConfig(_) => "kube_config",
             Self::Launcher(_) => "launcher",
+            Self::RunnerNetwork(_) => "runner_network",
             Self::Defaults(_) => "runner_defaults",
             Self::Packages(_) => "package_cache",
             Self::Signals(_) => "signals",
@@ -170,6 +173,64 @@ fn prepare_host_root(root: &std::path::Path) -> Result<(), AgentError> {
         .map_err(failed)
 }
 
+/// The runner units' network filter from the flags and the node's own addresses: those of
+/// PID 1's network namespace (the host's, in the agent's hostPID pod) and the agent's own.
+fn runner_network(cli: &Cli) -> Result<crate::providers::sandbox::RunnerNetwork, AgentError> {
+    use crate::providers::sandbox::{RunnerNetwork, namespace_addresses};
+    let mut node = namespace_addresses("1");
+    node.extend(namespace_addresses("self"));
+    node.sort();
+    node.dedup();
+    Ok(RunnerNetwork::new(
+        &cli.runner_pod_cidrs.0,
+        &cli.runner_service_cidrs.0,
+        &node,
+        &cli.runner_ip_allow.0,
+    )?)
+}
+
+/// How long the start-up network proof may take (systemd starting a unit, a 3 s connect).
+const NETWORK_PROOF_DEADLINE: Duration = Duration::from_secs(30);
+
+/// The start-up proof that a runner unit cannot reach a denied address
+/// (`sandbox::prove_denied_unreachable`). `Some(refusal)`: native runners are refused (their
+/// attempts rejected, the Lease's `native-refused` says why); the agent keeps serving the rest.
+async fn prove_runner_network(
+    launcher: &SystemdLauncher,
+    host_root: &std::path::Path,
+) -> Option<crate::providers::sandbox::SandboxRefusal> {
+    use crate::providers::sandbox::{PROBE_ACCOUNT, namespace_addresses, prove_denied_unreachable};
+    let launcher = launcher.clone();
+    let root = host_root.to_path_buf();
+    let proof = tokio::task::spawn_blocking(move || {
+        prove_denied_unreachable(
+            &launcher,
+            &launcher.network,
+            &namespace_addresses("self"),
+            &root,
+            PROBE_ACCOUNT,
+            NETWORK_PROOF_DEADLINE,
+        )
+    })
+    .await
+    .unwrap_or(Err(crate::providers::sandbox::SandboxRefusal::ProbeSetup));
+    match proof {
+        Ok(target) => {
+            tracing::info!(
+                "runner network filter proven: a probe unit could not reach {target}, which the agent listened on"
+            );
+            None
+        }
+        Err(refusal) => {
+            tracing::error!(
+                error = refusal.as_str(),
+                "native runners refused (the systemd launcher's sandbox is not proven): {refusal}"
+            );
+            Some(refusal)
+        }
+    }
+}
+
 /// Runs the agent until SIGTERM (or SIGINT). Runners keep running: they outlive the agent.
 pub async fn run(cli: Cli) -> Result<(), AgentError> {
     // Before anything is created under them.
@@ -199,16 +260,23 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         .map_err(|e| AgentError::KubeConfig(e.to_string()))?;
     let kube = api_requests::client(config).map_err(|e| AgentError::KubeConfig(e.to_string()))?;
     let helper = entry_helper(&cli)?;
+    let mut native_refused = None;
     let launcher: Box<dyn RunnerLauncher> = match cli.launcher {
         LauncherKind::Direct => Box::new(DirectLauncher::new(
             CgroupParent::open(&cli.cgroup_parent)
                 .map_err(|e| AgentError::Launcher(e.to_string()))?,
             helper,
         )),
-        LauncherKind::Systemd => Box::new(SystemdLauncher::new(
-            crate::providers::systemd::install_helper(&helper, &cli.host_root)
-                .map_err(|e| AgentError::Launcher(format!("installing the entry helper: {e}")))?,
-        )),
+        LauncherKind::Systemd => {
+            let launcher = SystemdLauncher::new(
+                crate::providers::systemd::install_helper(&helper, &cli.host_root).map_err(
+                    |e| AgentError::Launcher(format!("installing the entry helper: {e}")),
+                )?,
+            )
+            .with_network(runner_network(&cli)?);
+            native_refused = prove_runner_network(&launcher, &cli.host_root).await;
+            Box::new(launcher)
+        }
     };
     let downloader = Downloader::with_limits(
         RetryPolicy::PRODUCTION,
@@ -275,6 +343,7 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         }),
         kube,
         launcher,
+        native_refused,
         pod_watch,
         foreign_pods: Arc::default(),
         packages,

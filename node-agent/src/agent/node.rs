@@ -40,6 +40,9 @@ pub struct Agent {
     pub runner_defaults: RunnerDefaults,
     pub kube: Client,
     pub launcher: Box<dyn RunnerLauncher>,
+    /// Why native runners are refused (the systemd launcher's sandbox was not proven at
+    /// start): native attempts are rejected and the Lease says why. `None`: offered.
+    pub native_refused: Option<crate::providers::sandbox::SandboxRefusal>,
     /// The OCI provider (`--oci`): runner pods on this node. Without it OCI attempts are
     /// rejected (`SnapshotUnusable`), never run natively.
     pub oci: Option<crate::providers::oci::OciProvider<crate::providers::oci::KubePods>>,

@@ -220,6 +220,7 @@ impl RunnerLauncher for DirectLauncher {
             uid: Some(spec.account.uid),
             gid: Some(spec.account.gid),
             await_handoff: None,
+            environment: None,
         };
         // The helper runs as root until its final exec: its own environment is fixed, and the
         // listener's (the policy's `runner.env` among it) travels encoded, applied only at that

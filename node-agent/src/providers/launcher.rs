@@ -54,6 +54,8 @@ pub enum StartFailure {
     BadReport,
     #[error("the handoff file survived the start")]
     HandoffSurvived,
+    #[error("the listener's environment file could not be written")]
+    EnvironmentFile,
     #[error("the runner is not in its cgroup")]
     NotInCgroup,
     #[error("the runner's start time could not be read")]

@@ -10,6 +10,7 @@ pub mod direct;
 pub mod launcher;
 pub mod oci;
 pub mod provider;
+pub mod sandbox;
 pub mod systemd;
 
 pub use launcher::{LaunchSpec, RunnerLauncher, StartError, StartFailure, StopError, Stopped};

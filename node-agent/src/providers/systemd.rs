@@ -5,12 +5,15 @@
 //! built purely ([`unit_properties`]), and the JIT is never among them: it stays in the handoff
 //! file, which the helper reads and deletes.
 //!
-//! No tenant-chosen text becomes a property: `systemd-run` splits an `Environment=` value on
-//! white space, so `A=x Environment=LD_PRELOAD=/x.so` would have set a second variable. The
-//! listener's environment goes to the helper as one `--setenv` variable whose value is a single
-//! inert word ([`crate::entry::encode_environment`]), and the helper applies it at its final
-//! `exec`; every property is its own `--property=` argument, and the command is argv after `--`,
-//! never a string split on spaces.
+//! No tenant-chosen text becomes a property, nor a `--setenv` variable: every local account
+//! reads a unit's environment (`systemctl show -p Environment`, `systemctl cat`, the unit file
+//! under `/run/systemd/transient` is 0644), so another tenant's runner would read this one's
+//! `runner.env`. The listener's environment goes to the helper in a 0600 file of the runner's
+//! account in its runtime, made and checked like the JIT's handoff
+//! ([`RestrictiveHandoff::create_environment`]), read once and deleted by the helper, which
+//! applies it at its final `exec`. The unit's own environment is the fixed `PATH` and `LANG`.
+//! Every property is its own `--property=` argument, and the command is argv after `--`, never
+//! a string split on spaces.
 //!
 //! Submission goes through `systemd-run`/`systemctl` (the agent's image carries them, the
 //! DaemonSet mounts `/run/systemd`). This machine does not boot systemd, so only the property
@@ -26,7 +29,8 @@ use runner_manager_crds::attempt::{Launcher, ProcessIdentity};
 
 use super::cgroup::attempt_cgroup_name;
 use super::launcher::{LaunchSpec, RunnerLauncher, StartError, StartFailure, StopError, Stopped};
-use crate::entry::{EntryArgs, helper_environment};
+use super::sandbox::{Probe, ProbeUnits, RunnerNetwork};
+use crate::entry::{EntryArgs, HELPER_LANG, HELPER_PATH, encode_environment};
 use crate::handoff::RestrictiveHandoff;
 use crate::process::stat::read_stat;
 use crate::process::{Inspection, identity_file, inspect};
@@ -36,7 +40,7 @@ use crate::process::{Inspection, identity_file, inspect};
 pub const SLICE: &str = "runnermanager.slice";
 
 /// The sandbox every runner unit gets, each line what it takes from a job (systemd.exec(5)).
-pub const SANDBOX: [(&str, &str); 15] = [
+pub const SANDBOX: [(&str, &str); 22] = [
     // Its own /tmp and /var/tmp, removed with the unit.
     ("PrivateTmp", "yes"),
     // A /dev with only the pseudo devices: no disks, no /dev/kvm, no /dev/fuse.
@@ -60,17 +64,46 @@ pub const SANDBOX: [(&str, &str); 15] = [
     ("LockPersonality", "yes"),
     // The account's System V and POSIX IPC objects (and its /dev/shm files) removed at stop.
     ("RemoveIPC", "yes"),
+    // Its own IPC namespace: no System V or POSIX message queue, semaphore or segment of
+    // another runner (or the host) is visible, whatever its mode.
+    ("PrivateIPC", "yes"),
+    // No new namespace of any kind: `unshare -Urn` gives an unprivileged job CAP_NET_ADMIN in
+    // a user namespace of its own, which opens nf_tables and the rest of the kernel's
+    // namespaced-root surface to it (CVE-2024-1086 and its class: node root, then every
+    // Secret on the node).
+    ("RestrictNamespaces", "yes"),
+    // systemd's allow-list for ordinary services: no mount, module, reboot, swap, clock,
+    // raw I/O, kexec, keyring-admin, ptrace/perf (@debug) or obsolete calls. Measured: the
+    // stand-in runner, git, curl over TLS, node, python, perl and tar run under it unchanged,
+    // so no call is added (docs/security.md lists the jobs it costs: strace/gdb, LeakSanitizer).
+    ("SystemCallFilter", SYSTEM_CALL_FILTER),
+    // A refused call fails with EPERM instead of killing the job: tools probe for calls
+    // (io_uring, clone3 flags) and fall back, which SIGSYS would not let them do.
+    ("SystemCallErrorNumber", "EPERM"),
+    // Only the native ABI: the 32-bit x86 entry points (int 0x80) would bypass a filter
+    // written for x86-64 numbers.
+    ("SystemCallArchitectures", "native"),
+    // Sockets a job needs: local, IPv4/IPv6, and netlink, which glibc's getaddrinfo
+    // (AI_ADDRCONFIG) and getifaddrs use (node's os.networkInterfaces() fails with EAFNOSUPPORT
+    // without it, measured). No AF_PACKET (raw frames past the IP filter), no AF_VSOCK, AF_BLUETOOTH,
+    // AF_ALG and the other rarely-audited families. Without a user namespace netlink gives a
+    // job no CAP_NET_ADMIN, so nf_tables stays closed.
+    (
+        "RestrictAddressFamilies",
+        "AF_UNIX AF_INET AF_INET6 AF_NETLINK",
+    ),
+    // The node's credentials and other workloads' data: the kubelet's pods (their Secret and
+    // token volumes), its kubeconfig and PKI, the container runtimes' state and sockets, every
+    // pod's log. `-`: a path the node does not have is skipped, not a failed start. No runner
+    // gets the Docker socket (DESIGN §6: no policy asks for it).
+    ("InaccessiblePaths", INACCESSIBLE_PATHS),
 ];
 
-/// Cloud instance metadata services (instance credentials): AWS, GCP, Azure, Oracle and
-/// OpenStack at 169.254.169.254, AWS ECS task metadata, Alibaba Cloud, AWS's IPv6 endpoint.
-/// Exact addresses, not 169.254.0.0/16: link-local also carries node-local DNS caches.
-pub const METADATA_ADDRESSES: [&str; 4] = [
-    "169.254.169.254",
-    "169.254.170.2",
-    "100.100.100.200",
-    "fd00:ec2::254",
-];
+/// The filter set of [`SANDBOX`].
+pub const SYSTEM_CALL_FILTER: &str = "@system-service";
+
+/// What [`SANDBOX`] hides (systemd's `-` prefix: skipped where missing).
+pub const INACCESSIBLE_PATHS: &str = "-/var/lib/kubelet -/etc/kubernetes -/var/lib/containerd -/run/containerd -/var/lib/docker -/run/docker.sock -/run/docker -/run/crio -/var/lib/crio -/var/log/pods -/var/log/containers -/var/lib/etcd";
 
 /// A runner's unit name.
 pub fn unit_name(attempt: &uuid::Uuid) -> String {
@@ -114,23 +147,49 @@ impl TransientUnit {
     }
 }
 
-/// The unit for `spec`, running `entry_helper` on `handoff`.
-pub fn unit_properties(
-    spec: &LaunchSpec<'_>,
-    entry_helper: &Path,
-    handoff: &Path,
-) -> TransientUnit {
+/// The properties every unit of a runner's account gets, runner or probe: the account, no
+/// privileges, the sandbox and the network filter.
+fn sandboxed(
+    account: crate::account::RunnerAccount,
+    network: &RunnerNetwork,
+) -> Vec<(String, String)> {
     let mut p: Vec<(String, String)> = Vec::new();
     let mut set = |k: &str, v: String| p.push((k.to_owned(), v));
     set("Slice", SLICE.to_owned());
     set("Type", "exec".to_owned());
-    set("User", spec.account.uid.to_string());
-    set("Group", spec.account.gid.to_string());
+    set("User", account.uid.to_string());
+    set("Group", account.gid.to_string());
     set("NoNewPrivileges", "yes".to_owned());
     // Empty: no capabilities at all, bounding or ambient.
     set("CapabilityBoundingSet", String::new());
     set("AmbientCapabilities", String::new());
     set("KillMode", "control-group".to_owned());
+    for (k, v) in SANDBOX {
+        set(k, (*v).to_owned());
+    }
+    p.extend(network.properties());
+    p
+}
+
+/// The helper's own environment in a unit: fixed, nothing of a policy's.
+fn unit_environment() -> Vec<(String, String)> {
+    vec![
+        ("PATH".to_owned(), HELPER_PATH.to_owned()),
+        ("LANG".to_owned(), HELPER_LANG.to_owned()),
+    ]
+}
+
+/// The unit for `spec`, running `entry_helper` on `handoff`, with the listener's environment in
+/// `environment_file` (never in the unit).
+pub fn unit_properties(
+    spec: &LaunchSpec<'_>,
+    entry_helper: &Path,
+    handoff: &Path,
+    environment_file: &Path,
+    network: &RunnerNetwork,
+) -> TransientUnit {
+    let mut p = sandboxed(spec.account, network);
+    let mut set = |k: &str, v: String| p.push((k.to_owned(), v));
     if let Some(m) = spec.limits.memory_max {
         set("MemoryMax", m.to_string());
     }
@@ -147,12 +206,9 @@ pub fn unit_properties(
     // /var/tmp with it, and RemoveIPC takes the account's IPC objects and /dev/shm files, so a
     // later runner under the same account (another tenant's, for ephemeral runners) inherits
     // nothing. The runtime is the only path in a value, and the roots preflight allows only
-    // characters that need no quoting in a unit (`roots::check_unit_safe`).
-    for (k, v) in SANDBOX {
-        set(k, (*v).to_owned());
-    }
+    // characters that need no quoting in a unit (`roots::check_unit_safe`). The network filter
+    // is `sandbox::RunnerNetwork`'s; the agent proved at start that it takes effect.
     set("ReadWritePaths", spec.runtime.display().to_string());
-    set("IPAddressDeny", METADATA_ADDRESSES.join(" "));
     set("WorkingDirectory", spec.runtime.display().to_string());
     set("StandardInput", "null".to_owned());
     set("StandardOutput", "null".to_owned());
@@ -164,14 +220,47 @@ pub fn unit_properties(
         uid: None,
         gid: None,
         await_handoff: None,
+        environment: Some(environment_file.to_path_buf()),
     };
     let mut command = vec![entry_helper.as_os_str().to_owned()];
     command.extend(args.to_args());
     TransientUnit {
         name: unit_name(&spec.attempt),
         properties: p,
-        environment: helper_environment(&spec.environment),
+        environment: unit_environment(),
         command,
+    }
+}
+
+/// The throw-away unit of the start-up network proof: a runner's sandbox and network filter,
+/// writable only in its own directory, running the entry helper's probe mode.
+pub fn probe_unit(probe: &Probe, entry_helper: &Path, network: &RunnerNetwork) -> TransientUnit {
+    // RemoveIPC would remove, at the probe's stop, the IPC objects and /dev/shm files of
+    // everything running as its account.
+    let mut p: Vec<(String, String)> = sandboxed(probe.account, network)
+        .into_iter()
+        .filter(|(k, _)| k != "RemoveIPC")
+        .collect();
+    p.push(("ReadWritePaths".to_owned(), probe.dir.display().to_string()));
+    p.push((
+        "WorkingDirectory".to_owned(),
+        probe.dir.display().to_string(),
+    ));
+    p.push(("RuntimeMaxSec".to_owned(), "30".to_owned()));
+    for k in ["StandardInput", "StandardOutput", "StandardError"] {
+        p.push((k.to_owned(), "null".to_owned()));
+    }
+    TransientUnit {
+        name: probe.unit.clone(),
+        properties: p,
+        environment: unit_environment(),
+        command: vec![
+            entry_helper.as_os_str().to_owned(),
+            "--probe-connect".into(),
+            probe.target.to_string().into(),
+            "--probe-result".into(),
+            probe.result.clone().into_os_string(),
+        ],
     }
 }
 
@@ -231,6 +320,8 @@ pub fn install_helper(from: &Path, host_root: &Path) -> io::Result<PathBuf> {
 #[derive(Clone, Debug)]
 pub struct SystemdLauncher {
     pub entry_helper: PathBuf,
+    /// The runner units' network filter (the agent's flags).
+    pub network: RunnerNetwork,
     pub systemd_run: PathBuf,
     pub systemctl: PathBuf,
     pub ready_deadline: Duration,
@@ -241,11 +332,17 @@ impl SystemdLauncher {
     pub fn new(entry_helper: PathBuf) -> Self {
         Self {
             entry_helper,
+            network: RunnerNetwork::default(),
             systemd_run: "systemd-run".into(),
             systemctl: "systemctl".into(),
             ready_deadline: Duration::from_secs(10),
             stop_deadline: Duration::from_secs(10),
         }
+    }
+
+    pub fn with_network(mut self, network: RunnerNetwork) -> Self {
+        self.network = network;
+        self
     }
 
     fn run(&self, program: &Path, args: &[OsString]) -> io::Result<(ExitStatus, String)> {
@@ -312,6 +409,22 @@ impl SystemdLauncher {
     }
 }
 
+impl ProbeUnits for SystemdLauncher {
+    fn start_probe(&self, probe: &Probe) -> io::Result<()> {
+        let unit = probe_unit(probe, &self.entry_helper, &self.network);
+        let (status, _) = self.run(&self.systemd_run, &unit.systemd_run_args())?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(io::Error::other("systemd-run refused the probe unit"))
+        }
+    }
+
+    fn remove_probe(&self, probe: &Probe) {
+        let _ = self.kill_unit(&probe.unit);
+    }
+}
+
 impl RunnerLauncher for SystemdLauncher {
     fn kind(&self) -> Launcher {
         Launcher::Systemd
@@ -322,7 +435,20 @@ impl RunnerLauncher for SystemdLauncher {
         spec: &LaunchSpec<'_>,
         handoff: RestrictiveHandoff,
     ) -> Result<ProcessIdentity, StartError> {
-        let unit = unit_properties(spec, &self.entry_helper, handoff.path());
+        // The policy's environment, in a file beside the handoff: never a property or variable
+        // of the unit, which every account on the node can read.
+        let encoded =
+            secrecy::SecretString::from(format!("{}\n", encode_environment(&spec.environment)));
+        let environment_file =
+            RestrictiveHandoff::create_environment(spec.runtime, spec.account, &encoded)
+                .map_err(|_| StartError::before_child(StartFailure::EnvironmentFile))?;
+        let unit = unit_properties(
+            spec,
+            &self.entry_helper,
+            handoff.path(),
+            environment_file.path(),
+            &self.network,
+        );
         let submitted = self.run(&self.systemd_run, &unit.systemd_run_args());
         match submitted {
             Ok((status, _)) if status.success() => {}
@@ -348,6 +474,8 @@ impl RunnerLauncher for SystemdLauncher {
             }
         }
         let _ = handoff.delete();
+        // Taken by the helper before the handoff; gone already, or removed now.
+        let _ = environment_file.delete();
         let Ok((pid, cgroup, _)) = self.show(&unit.name) else {
             return Err(fail(StartFailure::Unit));
         };
@@ -536,6 +664,7 @@ mod tests {
     use crate::account::RunnerAccount;
     use crate::entry::{ENVIRONMENT_VARIABLE, decode_environment};
     use crate::providers::cgroup::CgroupLimits;
+    use crate::providers::sandbox::Probe;
 
     /// A `runner.env` value with spaces or a newline cannot add a property or a variable: it
     /// stays inside the one encoded word, and decodes back to exactly itself.
@@ -552,35 +681,43 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_hostile_environment_value_cannot_smuggle_an_assignment() {
-        let runtime = Path::new("/var/lib/runner-manager/runners/0123456789ab");
+    fn hostile_spec(runtime: &Path) -> LaunchSpec<'_> {
         let environment: BTreeMap<String, String> = [
             ("A", "x Environment=LD_PRELOAD=/tmp/x.so"),
             ("B", "y User=root"),
             ("C", "z\nUser=root"),
             ("D", "\"q\" 'r' \\ $HOME %n"),
+            ("TENANT_SECRET", "s3cr3tvalue"),
             ("PATH", "/usr/bin:/bin"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
-        let spec = LaunchSpec {
+        LaunchSpec {
             attempt: uuid::Uuid::from_u128(0x0123456789ab4cde8f0123456789abcd),
             runtime,
             account: RunnerAccount {
                 uid: 1201,
                 gid: 1200,
             },
-            environment: environment.clone(),
+            environment,
             limits: CgroupLimits::default(),
-        };
+        }
+    }
+
+    /// Nothing of a policy's environment is in the unit: no property, no variable, no argument
+    /// (issue 28 item 4). It reaches the helper only through the environment file.
+    #[test]
+    fn no_policy_environment_reaches_the_unit() {
+        let runtime = Path::new("/var/lib/runner-manager/runners/0123456789ab");
+        let spec = hostile_spec(runtime);
         let unit = unit_properties(
             &spec,
             Path::new("/usr/bin/runner-manager-runner-entry"),
             &runtime.join("jit-6f1c2a.tmp"),
+            &runtime.join("jit-env-77aa.tmp"),
+            &RunnerNetwork::default(),
         );
-        // No property carries anything of the policy: not one Environment=, one User=.
         assert!(!unit.properties.iter().any(|(k, _)| k == "Environment"));
         let users: Vec<&str> = unit
             .properties
@@ -589,15 +726,23 @@ mod tests {
             .map(|(_, v)| v.as_str())
             .collect();
         assert_eq!(users, ["1201"]);
-
         let argv: Vec<String> = unit
             .systemd_run_args()
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
+        for a in &argv {
+            for (name, value) in &spec.environment {
+                // One-letter names are in every argument; the values and the long name are not.
+                if name != "PATH" {
+                    assert!(!a.contains(value.as_str()), "{value} in {a}");
+                }
+                assert!(!a.contains("TENANT_SECRET"), "{a}");
+            }
+            assert!(!a.contains(ENVIRONMENT_VARIABLE), "{a}");
+        }
         let end = argv.iter().position(|a| a == "--").unwrap();
         let options = &argv[..end];
-        // Every option is one known kind; the properties are exactly the agent's.
         let properties: Vec<&str> = options
             .iter()
             .filter_map(|a| a.strip_prefix("--property="))
@@ -612,36 +757,12 @@ mod tests {
             .iter()
             .filter_map(|a| a.strip_prefix("--setenv="))
             .collect();
-        assert_eq!(setenv.len(), 3, "{setenv:?}");
-        assert_eq!(setenv[0], "PATH=/usr/sbin:/usr/bin:/sbin:/bin");
-        assert_eq!(setenv[1], "LANG=C.UTF-8");
-        let encoded = setenv[2]
-            .strip_prefix(&format!("{ENVIRONMENT_VARIABLE}="))
-            .unwrap();
-        assert!(
-            !encoded
-                .chars()
-                .any(|c| c.is_whitespace() || c.is_control() || "\"'\\$".contains(c)),
-            "{encoded}"
-        );
-        let back: BTreeMap<String, String> =
-            decode_environment(encoded).unwrap().into_iter().collect();
-        assert_eq!(back, environment);
         assert_eq!(
-            options.len(),
-            4 + properties.len() + setenv.len(),
-            "{options:?}"
+            setenv,
+            ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"],
+            "only the helper's fixed environment"
         );
-        // The hostile text appears in no argument but the encoded one.
-        for a in &argv {
-            if a.contains("User=root") || a.contains("LD_PRELOAD") {
-                assert!(
-                    a.starts_with(&format!("--setenv={ENVIRONMENT_VARIABLE}=")),
-                    "{a}"
-                );
-            }
-        }
-        // The command is argv: the helper and its flags, each its own argument.
+        assert_eq!(options.len(), 4 + properties.len() + setenv.len());
         assert_eq!(
             &argv[end + 1..],
             [
@@ -650,7 +771,111 @@ mod tests {
                 "/var/lib/runner-manager/runners/0123456789ab/jit-6f1c2a.tmp",
                 "--runtime",
                 "/var/lib/runner-manager/runners/0123456789ab",
+                "--environment",
+                "/var/lib/runner-manager/runners/0123456789ab/jit-env-77aa.tmp",
             ]
+        );
+    }
+
+    /// What the environment file holds decodes back to exactly the policy's environment, and is
+    /// one inert word (a hostile value cannot add a record).
+    #[test]
+    fn the_environment_file_content_round_trips() {
+        let spec = hostile_spec(Path::new("/rt"));
+        let encoded = encode_environment(&spec.environment);
+        assert!(!encoded.contains('\n') && !encoded.contains(' '));
+        let back: BTreeMap<String, String> =
+            decode_environment(&encoded).unwrap().into_iter().collect();
+        assert_eq!(back, spec.environment);
+    }
+
+    /// The sandbox of issue 28 item 3 is in every runner unit, and the network filter with it.
+    #[test]
+    fn a_runner_unit_carries_the_whole_sandbox() {
+        let runtime = Path::new("/var/lib/runner-manager/runners/0123456789ab");
+        let network = RunnerNetwork::new(
+            &["10.98.0.0/24".parse().unwrap()],
+            &["10.97.0.0/24".parse().unwrap()],
+            &["10.213.7.2".parse().unwrap()],
+            &["169.254.20.10".parse().unwrap()],
+        )
+        .unwrap();
+        let unit = unit_properties(
+            &hostile_spec(runtime),
+            Path::new("/h"),
+            &runtime.join("jit-1.tmp"),
+            &runtime.join("jit-env-1.tmp"),
+            &network,
+        );
+        let get = |k: &str| -> Vec<&str> {
+            unit.properties
+                .iter()
+                .filter(|(p, _)| p == k)
+                .map(|(_, v)| v.as_str())
+                .collect()
+        };
+        assert_eq!(get("SystemCallFilter"), ["@system-service"]);
+        assert_eq!(get("SystemCallArchitectures"), ["native"]);
+        assert_eq!(get("RestrictNamespaces"), ["yes"]);
+        assert_eq!(get("PrivateIPC"), ["yes"]);
+        assert_eq!(
+            get("RestrictAddressFamilies"),
+            ["AF_UNIX AF_INET AF_INET6 AF_NETLINK"]
+        );
+        let hidden = get("InaccessiblePaths");
+        for p in [
+            "-/var/lib/kubelet",
+            "-/var/lib/containerd",
+            "-/var/log/pods",
+            "-/etc/kubernetes",
+        ] {
+            assert!(hidden[0].split(' ').any(|h| h == p), "{p}: {hidden:?}");
+        }
+        let deny = get("IPAddressDeny");
+        for p in [
+            "169.254.0.0/16",
+            "fe80::/10",
+            "168.63.129.16",
+            "fd20:ce::254",
+            "fd00:ec2::23",
+            "fd00:ec2::254",
+            "100.100.100.200",
+            "10.98.0.0/24",
+            "10.97.0.0/24",
+            "10.213.7.2",
+        ] {
+            assert!(deny[0].split(' ').any(|d| d == p), "{p}: {deny:?}");
+        }
+        assert_eq!(get("IPAddressAllow"), ["169.254.20.10"]);
+        // The probe unit has the same filter, and no RemoveIPC (it would empty nobody's IPC).
+        let probe = Probe {
+            unit: "rm-probe-0123456789ab.service".into(),
+            target: "10.98.0.9:4242".parse().unwrap(),
+            dir: "/var/lib/runner-manager/.network-probe-0123456789ab".into(),
+            result: "/var/lib/runner-manager/.network-probe-0123456789ab/result".into(),
+            account: crate::providers::sandbox::PROBE_ACCOUNT,
+        };
+        let pu = probe_unit(&probe, Path::new("/h"), &network);
+        let same = |k: &str| {
+            pu.properties
+                .iter()
+                .filter(|(p, _)| p == k)
+                .map(|(_, v)| v.as_str())
+                .collect::<Vec<_>>()
+                == get(k)
+        };
+        for k in [
+            "IPAddressDeny",
+            "IPAddressAllow",
+            "RestrictNamespaces",
+            "SystemCallFilter",
+        ] {
+            assert!(same(k), "{k}");
+        }
+        assert!(!pu.properties.iter().any(|(k, _)| k == "RemoveIPC"));
+        assert_eq!(
+            pu.command[1..3],
+            ["--probe-connect".into(), OsString::from("10.98.0.9:4242")]
         );
     }
 }

@@ -321,6 +321,8 @@ fn the_systemd_unit_has_exactly_these_properties_and_never_the_jit() {
         &spec,
         Path::new("/usr/bin/runner-manager-runner-entry"),
         &handoff,
+        &runtime.join("jit-env-5d0e.tmp"),
+        &runner_manager_node_agent::providers::sandbox::RunnerNetwork::default(),
     );
     assert_eq!(unit.name, "rm-0123456789ab.service");
     let props: Vec<(&str, &str)> = unit
@@ -339,10 +341,8 @@ fn the_systemd_unit_has_exactly_these_properties_and_never_the_jit() {
             ("CapabilityBoundingSet", ""),
             ("AmbientCapabilities", ""),
             ("KillMode", "control-group"),
-            ("MemoryMax", "8589934592"),
-            ("CPUQuota", "150%"),
-            // The sandbox (issue 13 finding 6; proven against a real systemd in
-            // tests/launch_systemd.rs).
+            // The sandbox (issue 13 finding 6, issue 28 item 3; proven against a real systemd
+            // in tests/launch_systemd.rs).
             ("PrivateTmp", "yes"),
             ("PrivateDevices", "yes"),
             ("ProtectSystem", "strict"),
@@ -358,13 +358,30 @@ fn the_systemd_unit_has_exactly_these_properties_and_never_the_jit() {
             ("RestrictRealtime", "yes"),
             ("LockPersonality", "yes"),
             ("RemoveIPC", "yes"),
+            ("PrivateIPC", "yes"),
+            ("RestrictNamespaces", "yes"),
+            ("SystemCallFilter", "@system-service"),
+            ("SystemCallErrorNumber", "EPERM"),
+            ("SystemCallArchitectures", "native"),
+            (
+                "RestrictAddressFamilies",
+                "AF_UNIX AF_INET AF_INET6 AF_NETLINK"
+            ),
+            (
+                "InaccessiblePaths",
+                runner_manager_node_agent::providers::systemd::INACCESSIBLE_PATHS
+            ),
+            // The default filter: no cluster ranges or node addresses (the agent's flags add
+            // them).
+            (
+                "IPAddressDeny",
+                "169.254.0.0/16 fe80::/10 fd00:ec2::23 fd00:ec2::254 fd20:ce::254 168.63.129.16 100.100.100.200"
+            ),
+            ("MemoryMax", "8589934592"),
+            ("CPUQuota", "150%"),
             (
                 "ReadWritePaths",
                 "/var/lib/runner-manager/runners/0123456789ab"
-            ),
-            (
-                "IPAddressDeny",
-                "169.254.169.254 169.254.170.2 100.100.100.200 fd00:ec2::254"
             ),
             (
                 "WorkingDirectory",
@@ -375,11 +392,17 @@ fn the_systemd_unit_has_exactly_these_properties_and_never_the_jit() {
             ("StandardError", "null"),
         ]
     );
-    // The listener's environment is no property: it reaches the helper encoded in one
-    // variable, applied at the helper's final exec (see the systemd module's hostile-value test).
+    // The listener's environment is no property and no variable of the unit: it reaches the
+    // helper in the environment file (issue 28 item 4); the unit has the helper's fixed one.
     assert_eq!(
         unit.environment,
-        runner_manager_node_agent::entry::helper_environment(&spec.environment)
+        [
+            (
+                "PATH".to_owned(),
+                "/usr/sbin:/usr/bin:/sbin:/bin".to_owned()
+            ),
+            ("LANG".to_owned(), "C.UTF-8".to_owned()),
+        ]
     );
     assert_eq!(
         unit.command,
@@ -389,6 +412,8 @@ fn the_systemd_unit_has_exactly_these_properties_and_never_the_jit() {
             "/var/lib/runner-manager/runners/0123456789ab/jit-6f1c2a.tmp",
             "--runtime",
             "/var/lib/runner-manager/runners/0123456789ab",
+            "--environment",
+            "/var/lib/runner-manager/runners/0123456789ab/jit-env-5d0e.tmp",
         ]
         .map(std::ffi::OsString::from)
     );

@@ -21,6 +21,10 @@ use launch_support::{ENTRY_HELPER, jit};
 use runner_manager_node_agent::account::RunnerAccount;
 use runner_manager_node_agent::handoff::RestrictiveHandoff;
 use runner_manager_node_agent::providers::cgroup::{CgroupLimits, RunnerDefaults};
+use runner_manager_node_agent::providers::sandbox::{
+    PROBE_ACCOUNT, RunnerNetwork, SandboxRefusal, namespace_addresses, probe_target,
+    prove_denied_unreachable,
+};
 use runner_manager_node_agent::providers::systemd::{SystemdLauncher, install_helper};
 use runner_manager_node_agent::providers::{LaunchSpec, RunnerLauncher};
 
@@ -48,6 +52,26 @@ try write_shm 'echo left > /dev/shm/rm-probe-$PROBE_ID'
 # the control is a listener of the test's on loopback.
 try metadata_reachable 'timeout 3 bash -c "exec 3<>/dev/tcp/169.254.169.254/80"'
 try loopback_reachable 'timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/$PROBE_PORT"'
+# A listener of the test's on one of the node's own addresses (every node port): denied.
+[ -n "$PROBE_NODE_ADDR" ] && try node_address_reachable 'timeout 3 bash -c "exec 3<>/dev/tcp/$PROBE_NODE_ADDR/$PROBE_NODE_PORT"'
+# The nf_tables class (CVE-2024-1086): a user and network namespace of the job's own.
+try unshare_user_net 'unshare -Urn true'
+try unshare_mount 'unshare -m true'
+# The kubelet's directory (pods' Secret volumes) is hidden, not just read-only.
+try read_kubelet_marker 'cat /var/lib/kubelet/rm-probe-$PROBE_ID'
+# What every job needs: git, outbound TLS (a test server on loopback), node's interface list
+# (netlink), python and perl.
+try git 'git init -q "$PWD/g" && git -C "$PWD/g" -c user.email=a@b -c user.name=a commit -q --allow-empty -m x'
+[ -n "$PROBE_TLS_PORT" ] && try https 'curl -fsk --max-time 5 https://127.0.0.1:$PROBE_TLS_PORT/ -o /dev/null'
+command -v node >/dev/null && try node_interfaces 'node -e "require(\"os\").networkInterfaces()"'
+try python '/usr/bin/python3 -c "import socket, subprocess; subprocess.run([\"true\"], check=True); socket.getaddrinfo(\"localhost\", 80)"'
+# The other tenant's environment, by every channel a local account has (issue 28 item 4).
+if [ -n "$PROBE_PEER_UNIT" ]; then
+  { systemctl show "$PROBE_PEER_UNIT" -p Environment; systemctl cat "$PROBE_PEER_UNIT"
+    cat "/run/systemd/transient/$PROBE_PEER_UNIT"; tr '\0' '\n' < "/proc/$PROBE_PEER_PID/environ"
+    ls -la "$PROBE_PEER_RUNTIME"; } > "$PWD/peer-view" 2>&1
+  say peer_view collected
+fi
 # A fork bomb in miniature: perl's fork fails at once where bash's would retry for seconds.
 say tasks_started "$(perl -e 'my @k; for (1..80) { my $p = fork(); last unless defined $p; if (!$p) { sleep 60; exit 0 } push @k, $p } print scalar(@k); kill 9, @k; waitpid($_, 0) for @k')"
 echo done >> "$r.tmp"; mv "$r.tmp" "$r"
@@ -155,6 +179,83 @@ fn spec<'a>(host: &'a Host, attempt: uuid::Uuid, extra: &[(&str, &str)]) -> Laun
 /// unit can exec it (a helper left under /tmp — a checkout there — is hidden by PrivateTmp).
 fn launcher(host: &Host) -> SystemdLauncher {
     SystemdLauncher::new(install_helper(Path::new(ENTRY_HELPER), &host.root).unwrap())
+        .with_network(node_network())
+}
+
+/// The agent's default filter with this host's own addresses as the node's.
+fn node_network() -> RunnerNetwork {
+    RunnerNetwork::new(&[], &[], &namespace_addresses("self"), &[]).unwrap()
+}
+
+/// A listener on one of this host's own (denied) addresses, if it has one.
+fn node_listener() -> Option<std::net::TcpListener> {
+    let ip = probe_target(&namespace_addresses("self"), &node_network())?;
+    std::net::TcpListener::bind((ip, 0)).ok()
+}
+
+/// `openssl s_server` on loopback: a TLS endpoint a job's outbound HTTPS can be tried on.
+struct TlsServer {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl TlsServer {
+    fn start() -> Option<Self> {
+        let dir = tempfile::tempdir().ok()?;
+        let (key, cert) = (dir.path().join("k.pem"), dir.path().join("c.pem"));
+        let made = std::process::Command::new("openssl")
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            ])
+            .args(["-subj", "/CN=localhost", "-keyout"])
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .ok()?
+            .success();
+        if !made {
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let child = std::process::Command::new("openssl")
+            .args(["s_server", "-quiet", "-www", "-accept"])
+            .arg(port.to_string())
+            .arg("-cert")
+            .arg(&cert)
+            .arg("-key")
+            .arg(&key)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .ok()?;
+        // Ready once it accepts (bounded).
+        let until = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > until {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(Self {
+            child,
+            port,
+            _dir: dir,
+        })
+    }
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 fn handoff(host: &Host) -> RestrictiveHandoff {
@@ -242,6 +343,27 @@ fn a_runner_unit_is_sandboxed_and_leaves_nothing_for_the_next_tenant() {
         "PATH".to_owned(),
         "/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
     );
+    let node = node_listener();
+    if let Some(l) = &node {
+        let a = l.local_addr().unwrap();
+        environment.insert("PROBE_NODE_ADDR".to_owned(), a.ip().to_string());
+        environment.insert("PROBE_NODE_PORT".to_owned(), a.port().to_string());
+    }
+    println!(
+        "a listener on a node address: {:?}",
+        node.as_ref().map(|l| l.local_addr())
+    );
+    let tls = TlsServer::start();
+    if let Some(t) = &tls {
+        environment.insert("PROBE_TLS_PORT".to_owned(), t.port.to_string());
+    }
+    // The kubelet's directory with a readable marker, made for the test where the host has none.
+    let kubelet = Path::new("/var/lib/kubelet");
+    let made_kubelet = !kubelet.exists();
+    std::fs::create_dir_all(kubelet).unwrap();
+    let marker = kubelet.join(format!("rm-probe-{}", host.id));
+    std::fs::write(&marker, b"pod secret").unwrap();
+    std::fs::set_permissions(&marker, std::fs::Permissions::from_mode(0o644)).unwrap();
     let defaults = RunnerDefaults {
         memory_max: Some(512 << 20),
         tasks_max: Some(32),
@@ -271,9 +393,35 @@ fn a_runner_unit_is_sandboxed_and_leaves_nothing_for_the_next_tenant() {
         ("write_shm", "yes"),
         ("metadata_reachable", "no"),
         ("loopback_reachable", "yes"),
+        ("unshare_user_net", "no"),
+        ("unshare_mount", "no"),
+        ("read_kubelet_marker", "no"),
+        ("git", "yes"),
+        ("python", "yes"),
     ];
+    let _ = std::fs::remove_file(&marker);
+    if made_kubelet {
+        let _ = std::fs::remove_dir(kubelet);
+    }
     for (what, want) in expect {
         assert_eq!(said.get(what).copied(), Some(want), "{what}: {report}");
+    }
+    if node.is_some() {
+        assert_eq!(
+            said.get("node_address_reachable").copied(),
+            Some("no"),
+            "{report}"
+        );
+    }
+    if tls.is_some() {
+        assert_eq!(said.get("https").copied(), Some("yes"), "{report}");
+    }
+    if said.contains_key("node_interfaces") {
+        assert_eq!(
+            said.get("node_interfaces").copied(),
+            Some("yes"),
+            "{report}"
+        );
     }
     let tasks: u32 = said["tasks_started"].trim().parse().unwrap();
     assert!(tasks < 32, "TasksMax=32 let {tasks} sleeps start");
@@ -341,4 +489,133 @@ fn a_leftover_runner_unit_is_listed_and_stopped_by_its_attempt_name_only() {
         .args(["stop", &format!("rm-{stranger}.service")])
         .env("SYSTEMD_IGNORE_CHROOT", "1")
         .status();
+}
+
+/// Issue 28 item 4, the attack: a second tenant's runner (another runner account, running at
+/// the same time) reads the first one's unit by every channel a local account has —
+/// `systemctl show -p Environment`, `systemctl cat`, the unit file under
+/// `/run/systemd/transient` (0644), `/proc/<pid>/environ`, its runtime — and finds none of the
+/// first tenant's `runner.env`. The unit file is readable (the control: the peer does see
+/// `User=`), the environment is not in it.
+#[test]
+fn another_tenants_runner_cannot_read_this_ones_runner_env() {
+    if !inside_systemd("another_tenants_runner_cannot_read_this_ones_runner_env") {
+        return;
+    }
+    let host = Host::new();
+    let launcher = launcher(&host);
+    let secret = format!("tenantAsecret{}", uuid::Uuid::new_v4().simple());
+    let victim = launcher
+        .start(
+            &spec(&host, uuid::Uuid::new_v4(), &[("TENANT_A_TOKEN", &secret)]),
+            handoff(&host),
+        )
+        .unwrap();
+    wait_for(&host.runtime.join("probe"), Duration::from_secs(60));
+    let unit = victim.unit.clone().unwrap();
+
+    // The other tenant: rm-runner2, its own runtime.
+    const PEER: RunnerAccount = RunnerAccount {
+        uid: 20002,
+        gid: 20000,
+    };
+    let peer_runtime = host.root.join("runners").join("peer");
+    std::fs::create_dir_all(peer_runtime.join("bin")).unwrap();
+    let listener = peer_runtime.join("bin/Runner.Listener");
+    std::fs::write(&listener, PROBE).unwrap();
+    std::fs::set_permissions(&listener, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&peer_runtime, Some(PEER.uid), Some(PEER.gid)).unwrap();
+    std::fs::set_permissions(&peer_runtime, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let mut peer_spec = spec(
+        &host,
+        uuid::Uuid::new_v4(),
+        &[
+            ("PROBE_PEER_UNIT", unit.as_str()),
+            ("PROBE_PEER_PID", &victim.pid.to_string()),
+            ("PROBE_PEER_RUNTIME", &host.runtime.display().to_string()),
+        ],
+    );
+    peer_spec.runtime = &peer_runtime;
+    peer_spec.account = PEER;
+    let (jit_secret, _) = jit();
+    let peer = launcher
+        .start(
+            &peer_spec,
+            RestrictiveHandoff::create(&peer_runtime, PEER, &jit_secret).unwrap(),
+        )
+        .unwrap();
+    let report = wait_for(&peer_runtime.join("probe"), Duration::from_secs(60));
+    assert!(report.contains("peer_view=collected"), "{report}");
+    let view = std::fs::read_to_string(peer_runtime.join("peer-view")).unwrap();
+    println!("what the other tenant saw:\n{view}");
+    launcher.stop(&peer).unwrap();
+    launcher.stop(&victim).unwrap();
+    assert!(
+        view.contains(&format!("User={}", RUNNER.uid)),
+        "the control: the unit file is readable to another account"
+    );
+    assert!(
+        !view.contains(&secret),
+        "the other tenant read runner.env:\n{view}"
+    );
+    assert!(!view.contains("TENANT_A_TOKEN"), "{view}");
+}
+
+/// The start-up proof against the real systemd (issue 28 item 3): with the runners' filter a
+/// probe unit cannot reach the agent's listener on a denied address, so the launcher is
+/// accepted; with a unit whose filter does not hold (here: the same probe, its unit given no
+/// deny list, as a kernel without cgroup BPF would run it) it is refused as not enforced.
+#[test]
+fn the_network_probe_accepts_an_enforcing_systemd_and_refuses_one_that_is_not() {
+    if !inside_systemd("the_network_probe_accepts_an_enforcing_systemd") {
+        return;
+    }
+    let host = Host::new();
+    let own = namespace_addresses("self");
+    let network = node_network();
+    if probe_target(&own, &network).is_none() {
+        println!("skipped: this host has no own address the filter denies");
+        return;
+    }
+    let enforcing = launcher(&host);
+    let started = Instant::now();
+    let target = prove_denied_unreachable(
+        &enforcing,
+        &network,
+        &own,
+        &host.root,
+        PROBE_ACCOUNT,
+        Duration::from_secs(30),
+    )
+    .expect("the real systemd enforces IPAddressDeny");
+    println!(
+        "network proof: {target} unreachable from a probe unit, in {} ms",
+        started.elapsed().as_millis()
+    );
+    let unfiltered = launcher(&host).with_network(RunnerNetwork {
+        deny: Vec::new(),
+        allow: Vec::new(),
+    });
+    assert_eq!(
+        prove_denied_unreachable(
+            &unfiltered,
+            &network,
+            &own,
+            &host.root,
+            PROBE_ACCOUNT,
+            Duration::from_secs(30),
+        ),
+        Err(SandboxRefusal::NotEnforced)
+    );
+    // Nothing of the probes is left: no directory, no unit.
+    let left: Vec<_> = std::fs::read_dir(&host.root)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(".network-probe-")
+        })
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
