@@ -102,9 +102,11 @@ strategy=$(kubectl -n "$ns" get daemonset/runner-manager-node-agent -o jsonpath=
 if [ -n "$strategy" ] && [ "$strategy" != "0" ]; then
   echo "the agent DaemonSet must never surge: maxSurge is $strategy" >&2; exit 1
 fi
-# Least privilege, as the API server evaluates it. Pods (issue 16): the agent may create and
-# delete pods, which the agent-pods ValidatingAdmissionPolicy confines to the convention's pods on
-# its own node (e2e/tests/e2e/attacks_pods.rs attacks it); never update or patch one.
+# Least privilege, as the API server evaluates it. Pods (issue 16, issue 28): on this current
+# server with placeholders on, the agent may create and delete pods, which the agent-pods
+# ValidatingAdmissionPolicy confines to the convention's pods on its own node, referencing no
+# Secret (e2e/tests/e2e/attacks_pods.rs attacks it); never update, patch, evict or add an
+# ephemeral container to one.
 as="--as=system:serviceaccount:$ns:runner-manager-node-agent"
 kubectl auth can-i patch runnerattempts.runner-manager.dev --subresource=status -n team-a $as >/dev/null
 kubectl auth can-i create pods -n team-a $as >/dev/null
