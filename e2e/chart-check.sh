@@ -59,6 +59,32 @@ kubectl apply -f deploy/namespace.yaml >/dev/null
 kubectl kustomize deploy/ | kubectl apply --dry-run=server --validate=false -f - >/dev/null
 echo "deploy/ kustomization: accepted by the API server (dry run)"
 ns=runner-manager-system
+# Issue 28 item 2: the plain manifests never grant what the chart grants only with a guard. The
+# agent's ServiceAccount and RBAC objects of `kubectl kustomize deploy/` are applied for real (the
+# rest would start a second operator and webhook in the shared cluster), then the API server is
+# asked what that account may do to pods: nothing but read.
+plain_agent() {
+  kubectl kustomize deploy/ | python3 -c '
+import sys, yaml
+kinds = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+docs = [d for d in yaml.safe_load_all(sys.stdin) if d and d["kind"] in kinds and "node-agent" in d["metadata"]["name"]]
+assert len(docs) == 5, [d["kind"] for d in docs]
+yaml.safe_dump_all(docs, sys.stdout)'
+}
+plain_agent | kubectl apply -f - >/dev/null
+as="--as=system:serviceaccount:$ns:runner-manager-node-agent"
+kubectl auth can-i patch runnerattempts.runner-manager.dev --subresource=status -n team-a $as >/dev/null
+for denied in "create pods -n team-a" "update pods -n team-a" "patch pods -n team-a" "delete pods -n team-a" \
+              "update pods --subresource=ephemeralcontainers -n team-a" "patch pods --subresource=ephemeralcontainers -n team-a" \
+              "create pods --subresource=eviction -n team-a" "create pods --subresource=exec -n team-a" \
+              "create pods --all-namespaces" "delete pods --all-namespaces"; do
+  if kubectl auth can-i $denied $as >/dev/null 2>&1; then
+    plain_agent | kubectl delete -f - >/dev/null
+    echo "the plain manifests let the node agent $denied: they must not" >&2; exit 1
+  fi
+done
+plain_agent | kubectl delete -f - >/dev/null
+echo "deploy/ plain manifests: the node agent has no pod write right"
 # Idempotent: a release left by an interrupted run is removed first.
 helm uninstall runner-manager -n "$ns" >/dev/null 2>&1 || true
 # --force-conflicts: the CRDs may already be applied server-side by another field manager (the
@@ -76,9 +102,11 @@ strategy=$(kubectl -n "$ns" get daemonset/runner-manager-node-agent -o jsonpath=
 if [ -n "$strategy" ] && [ "$strategy" != "0" ]; then
   echo "the agent DaemonSet must never surge: maxSurge is $strategy" >&2; exit 1
 fi
-# Least privilege, as the API server evaluates it. Pods (issue 16): the agent may create and
-# delete pods, which the agent-pods ValidatingAdmissionPolicy confines to the convention's pods on
-# its own node (e2e/tests/e2e/attacks_pods.rs attacks it); never update or patch one.
+# Least privilege, as the API server evaluates it. Pods (issue 16, issue 28): on this current
+# server with placeholders on, the agent may create and delete pods, which the agent-pods
+# ValidatingAdmissionPolicy confines to the convention's pods on its own node, referencing no
+# Secret (e2e/tests/e2e/attacks_pods.rs attacks it); never update, patch, evict or add an
+# ephemeral container to one.
 as="--as=system:serviceaccount:$ns:runner-manager-node-agent"
 kubectl auth can-i patch runnerattempts.runner-manager.dev --subresource=status -n team-a $as >/dev/null
 kubectl auth can-i create pods -n team-a $as >/dev/null
@@ -87,6 +115,7 @@ for denied in "get secrets -n team-a" "get configmaps -n team-a" "update runnera
               "update runnerattempts.runner-manager.dev --subresource=finalizers -n team-a" "delete runnerattempts.runner-manager.dev -n team-a" \
               "update pods -n team-a" "patch pods -n team-a" "create pods --subresource=exec -n team-a" \
               "create pods --subresource=eviction -n team-a" "update pods --subresource=status -n team-a" \
+              "update pods --subresource=ephemeralcontainers -n team-a" "patch pods --subresource=ephemeralcontainers -n team-a" \
               "get pods --subresource=exec -n team-a"; do
   if kubectl auth can-i $denied $as >/dev/null 2>&1; then
     echo "the node agent may $denied: it must not" >&2; exit 1

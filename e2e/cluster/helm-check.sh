@@ -181,7 +181,9 @@ idle_count() { attempts | jq '[.items[] | select(.status.state == "Idle")] | len
 job_done() { [ "$(admin GET "jobs/$1" | jq -r .status)" = completed ]; }
 job_running() { [ "$(admin GET "jobs/$1" | jq -r .status)" = in_progress ]; }
 has_idle() { [ "$(idle_count)" -ge 1 ]; }
-handoffs() { { find "$HOST_ROOT" -name 'jit-*' 2>/dev/null; N find /run /tmp -xdev -name 'jit-*' 2>/dev/null; } | sort -u; }
+# `|| true`: a runtime removed while find walks it makes find fail (as in pods-check.sh); under
+# pipefail that ended the check silently after the agent restart (seen once, issue 28's run).
+handoffs() { { find "$HOST_ROOT" -name 'jit-*' 2>/dev/null || true; N find /run /tmp -xdev -name 'jit-*' 2>/dev/null || true; } | sort -u; }
 # What belongs to no live attempt, one item a line (settle waits for none): the rm-* units,
 # runtime directories and mounts under the host root on the node. What is on the node is listed
 # first, the live attempts after: an attempt created in between (a minIdle replacement) is among

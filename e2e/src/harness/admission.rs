@@ -10,7 +10,8 @@
 //!
 //! [`agent_client`] makes requests as the agent ServiceAccount with a token bound to a
 //! simulated agent pod, after [`grant_agent_rbac`] gave that account exactly the chart's rights
-//! (read from `deploy/manifests/runner-manager.yaml`): the tests' agent processes use the
+//! on a current server (read from `e2e/testdata/chart-agent.yaml`, rendered from the chart), or
+//! [`grant_plain_manifests_agent_rbac`] those of `deploy/manifests`: the tests' agent processes use the
 //! admin kubeconfig, so this is how an attack is made with a real agent token.
 
 use std::collections::BTreeMap;
@@ -164,11 +165,16 @@ pub async fn unregister(kube: &Client, name: &str) -> Result<(), ClusterError> {
     }
 }
 
-fn chart_rules(kind: &str, name_suffix: &str) -> Result<Vec<PolicyRule>, ClusterError> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/manifests/runner-manager.yaml"
-    );
+/// The chart's agent rights and agent-pods policy as a current (1.30+) server renders them
+/// (`e2e/render-manifests.sh` writes it from the chart).
+const CHART_AGENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/chart-agent.yaml");
+/// The plain manifests (`deploy/manifests`), rendered for the oldest supported server.
+const PLAIN_MANIFESTS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../deploy/manifests/runner-manager.yaml"
+);
+
+fn chart_rules(path: &str, kind: &str, name_suffix: &str) -> Result<Vec<PolicyRule>, ClusterError> {
     let text = std::fs::read_to_string(path).map_err(err)?;
     for doc in serde_norway::Deserializer::from_str(&text) {
         let v: serde_json::Value = match serde::Deserialize::deserialize(doc) {
@@ -183,10 +189,26 @@ fn chart_rules(kind: &str, name_suffix: &str) -> Result<Vec<PolicyRule>, Cluster
     Err(err(format!("no {kind} *{name_suffix} in {path}")))
 }
 
-/// Give the agent ServiceAccount of `system` exactly the chart's node-agent rights (its
-/// ClusterRole and its Role in the system namespace, as rendered in `deploy/manifests`), under
-/// names unique to `system`.
+/// Give the agent ServiceAccount of `system` exactly the chart's node-agent rights on a current
+/// server (its ClusterRole and its Role in the system namespace, as `e2e/testdata/chart-agent.yaml`
+/// renders them), under names unique to `system`.
 pub async fn grant_agent_rbac(kube: &Client, system: &str) -> Result<(), ClusterError> {
+    grant_agent_rbac_from(kube, system, CHART_AGENT).await
+}
+
+/// The same with the rights of the plain manifests (`deploy/manifests`).
+pub async fn grant_plain_manifests_agent_rbac(
+    kube: &Client,
+    system: &str,
+) -> Result<(), ClusterError> {
+    grant_agent_rbac_from(kube, system, PLAIN_MANIFESTS).await
+}
+
+async fn grant_agent_rbac_from(
+    kube: &Client,
+    system: &str,
+    path: &str,
+) -> Result<(), ClusterError> {
     let subject = Subject {
         kind: "ServiceAccount".into(),
         name: AGENT_SA.into(),
@@ -210,7 +232,7 @@ pub async fn grant_agent_rbac(kube: &Client, system: &str) -> Result<(), Cluster
             &pp,
             &ClusterRole {
                 metadata: meta(None),
-                rules: Some(chart_rules("ClusterRole", "-system-node-agent")?),
+                rules: Some(chart_rules(path, "ClusterRole", "-system-node-agent")?),
                 ..ClusterRole::default()
             },
         )
@@ -230,7 +252,7 @@ pub async fn grant_agent_rbac(kube: &Client, system: &str) -> Result<(), Cluster
             &pp,
             &Role {
                 metadata: meta(Some(system)),
-                rules: Some(chart_rules("Role", "runner-manager-node-agent")?),
+                rules: Some(chart_rules(path, "Role", "runner-manager-node-agent")?),
             },
         )
         .await?;
@@ -367,7 +389,7 @@ async fn delete_cluster_object(kube: &Client, kind: &str, name: &str) -> Result<
 /// rewrites to the test's system namespace.
 const RENDERED_NAMESPACE: &str = "runner-manager-system";
 
-/// Install the chart's agent-pods policy (as rendered in `deploy/manifests`) for `system`'s agent
+/// Install the chart's agent-pods policy (as `e2e/testdata/chart-agent.yaml` renders it) for `system`'s agent
 /// account, and the placeholder PriorityClass it allows; waits until the policy refuses a pod.
 pub async fn install_agent_pod_policy(
     kube: &Client,
@@ -377,10 +399,7 @@ pub async fn install_agent_pod_policy(
         ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
     };
     use k8s_openapi::api::scheduling::v1::PriorityClass;
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/manifests/runner-manager.yaml"
-    );
+    let path = CHART_AGENT;
     let text = std::fs::read_to_string(path).map_err(err)?;
     let mut docs = BTreeMap::new();
     for doc in serde_norway::Deserializer::from_str(&text) {
