@@ -18,9 +18,11 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
 use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_e2e::harness::admission::{
-    agent_client, grant_agent_rbac, grant_plain_manifests_agent_rbac, install_agent_pod_policy,
+    PodPolicy, agent_client, grant_agent_rbac, grant_plain_manifests_agent_rbac,
+    install_agent_pod_policy,
 };
 use runner_manager_e2e::harness::fixtures::native_attempt;
+use runner_manager_e2e::harness::node::SimNode;
 use runner_manager_e2e::harness::wait;
 use runner_manager_e2e::harness::world::World;
 use runner_manager_node_agent::agent::placeholder::{Settings, placeholder_pod};
@@ -44,46 +46,87 @@ async fn refused(api: &Api<Pod>, pod: &Pod, why: &str) {
     );
 }
 
+/// What both attacks start from: a world of two simulated nodes (`<prefix>-a`, `<prefix>-b`), the
+/// agent ServiceAccount with the chart's rights, the agent-pods policy, the placeholder settings
+/// it admits, and one native attempt on each node.
+struct TwoNodes {
+    w: World,
+    a: SimNode,
+    b: SimNode,
+    policy: PodPolicy,
+    settings: Settings,
+    on_a: RunnerAttempt,
+    on_b: RunnerAttempt,
+}
+
+async fn two_nodes(test: &str, system: &str, team: &str, prefix: &str) -> Option<TwoNodes> {
+    let w = World::builder(test)
+        .namespaces(system, team)
+        .build()
+        .await
+        .unwrap()?;
+    let a = w
+        .add_node(&format!("{prefix}-a"), BTreeMap::new())
+        .await
+        .unwrap()
+        .node;
+    let b = w
+        .add_node(&format!("{prefix}-b"), BTreeMap::new())
+        .await
+        .unwrap()
+        .node;
+    grant_agent_rbac(&w.kube, &w.system).await.unwrap();
+    let policy = install_agent_pod_policy(&w.kube, &w.system).await.unwrap();
+    let settings = Settings {
+        image: "runner-manager.local/pause:1".into(),
+        priority_class: Some(policy.priority_class.clone()),
+        wait: Duration::ZERO,
+    };
+    let attempts = Api::<RunnerAttempt>::namespaced(w.kube.clone(), &w.team);
+    let mut on = Vec::new();
+    for node in [&a.name, &b.name] {
+        on.push(
+            attempts
+                .create(
+                    &PostParams::default(),
+                    &native_attempt(uuid::Uuid::new_v4(), "web", "uid-web", node),
+                )
+                .await
+                .unwrap(),
+        );
+    }
+    let (on_a, on_b) = (on.remove(0), on.remove(0));
+    Some(TwoNodes {
+        w,
+        a,
+        b,
+        policy,
+        settings,
+        on_a,
+        on_b,
+    })
+}
+
 fn container(pod: &mut Pod) -> &mut Container {
     &mut pod.spec.as_mut().expect("spec").containers[0]
 }
 
 #[tokio::test]
 async fn an_agent_token_creates_and_deletes_only_its_own_nodes_convention_pods() {
-    let Some(w) = World::builder("attacks_pods")
-        .namespaces("rm-podsys", "rm-pods")
-        .build()
-        .await
-        .unwrap()
+    let Some(TwoNodes {
+        w,
+        a,
+        b,
+        policy,
+        settings,
+        on_a,
+        on_b,
+    }) = two_nodes("attacks_pods", "rm-podsys", "rm-pods", "pods").await
     else {
         return;
     };
     let (kube, sys, ns) = (w.kube.clone(), w.system.clone(), w.team.clone());
-    let a = w.add_node("pods-a", BTreeMap::new()).await.unwrap().node;
-    let b = w.add_node("pods-b", BTreeMap::new()).await.unwrap().node;
     let (node_a, node_b) = (a.name.clone(), b.name.clone());
-    grant_agent_rbac(&kube, &sys).await.unwrap();
-    let policy = install_agent_pod_policy(&kube, &sys).await.unwrap();
-    let settings = Settings {
-        image: "runner-manager.local/pause:1".into(),
-        priority_class: Some(policy.priority_class.clone()),
-        wait: Duration::ZERO,
-    };
-    let attempts = Api::<RunnerAttempt>::namespaced(kube.clone(), &ns);
-    let create_attempt = |node: String| {
-        let attempts = attempts.clone();
-        async move {
-            attempts
-                .create(
-                    &PostParams::default(),
-                    &native_attempt(uuid::Uuid::new_v4(), "web", "uid-web", &node),
-                )
-                .await
-                .unwrap()
-        }
-    };
-    let on_a = create_attempt(node_a.clone()).await;
-    let on_b = create_attempt(node_b.clone()).await;
 
     let as_a = Api::<Pod>::namespaced(agent_client(&kube, &sys, &a.pod).await.unwrap(), &ns);
     let admin = Api::<Pod>::namespaced(kube.clone(), &ns);
@@ -315,40 +358,26 @@ fn edited(pod: &Pod, edit: impl FnOnce(&mut serde_json::Value)) -> Pod {
 /// envFrom pod was created (`expected a refusal, got Ok(Pod ..)`).
 #[tokio::test]
 async fn an_agent_token_cannot_make_a_pod_that_reaches_secrets_labels_or_the_host() {
-    let Some(w) = World::builder("attacks_pods_reach")
-        .namespaces("rm-podreachsys", "rm-podreach")
-        .build()
-        .await
-        .unwrap()
+    let Some(TwoNodes {
+        w,
+        a,
+        b,
+        policy,
+        settings,
+        on_a,
+        on_b,
+    }) = two_nodes(
+        "attacks_pods_reach",
+        "rm-podreachsys",
+        "rm-podreach",
+        "reach",
+    )
+    .await
     else {
         return;
     };
     let (kube, sys, ns) = (w.kube.clone(), w.system.clone(), w.team.clone());
-    let a = w.add_node("reach-a", BTreeMap::new()).await.unwrap().node;
-    let b = w.add_node("reach-b", BTreeMap::new()).await.unwrap().node;
     let (node_a, node_b) = (a.name.clone(), b.name.clone());
-    grant_agent_rbac(&kube, &sys).await.unwrap();
-    let policy = install_agent_pod_policy(&kube, &sys).await.unwrap();
-    let settings = Settings {
-        image: "runner-manager.local/pause:1".into(),
-        priority_class: Some(policy.priority_class.clone()),
-        wait: Duration::ZERO,
-    };
-    let attempts = Api::<RunnerAttempt>::namespaced(kube.clone(), &ns);
-    let on_a = attempts
-        .create(
-            &PostParams::default(),
-            &native_attempt(uuid::Uuid::new_v4(), "web", "uid-web", &node_a),
-        )
-        .await
-        .unwrap();
-    let on_b = attempts
-        .create(
-            &PostParams::default(),
-            &native_attempt(uuid::Uuid::new_v4(), "web", "uid-web", &node_b),
-        )
-        .await
-        .unwrap();
     let agent = agent_client(&kube, &sys, &a.pod).await.unwrap();
     let as_a = Api::<Pod>::namespaced(agent.clone(), &ns);
     let admin = Api::<Pod>::namespaced(kube.clone(), &ns);
