@@ -9,7 +9,7 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use runner_manager_crds::attempt::{Launcher, ProcessIdentity};
 
@@ -335,16 +335,27 @@ impl RunnerLauncher for DirectLauncher {
         // The whole cgroup, never a pid by number: a recycled pid lives elsewhere and is not
         // touched.
         cgroup::kill(&dir)?;
+        let until = Instant::now() + self.stop_deadline;
         if !cgroup::wait_empty(&dir, self.stop_deadline, || self.reap())? {
             return Err(StopError::StillRunning);
         }
-        // Death is proven by looking again, not by having sent the kill.
-        if self
-            .inspect(identity)
-            .map_err(|e| StopError::Inspect(e.kind()))?
-            .is_alive()
-        {
-            return Err(StopError::StillRunning);
+        // Death is proven by looking again, not by having sent the kill. An empty cgroup is
+        // not yet a dead process: the kernel takes an exiting task off its cgroup
+        // (`cgroup_exit`) before it marks it a zombie (`exit_notify`), and on a busy node the
+        // task can be preempted between the two, still reading `R` in its cgroup. So keep
+        // looking, within the same deadline, until it reads gone.
+        loop {
+            let alive = self
+                .inspect(identity)
+                .map_err(|e| StopError::Inspect(e.kind()))?
+                .is_alive();
+            if !alive {
+                break;
+            }
+            if Instant::now() >= until {
+                return Err(StopError::StillRunning);
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
         cgroup::remove(&dir)?;
         Ok(if before.is_alive() || was_populated {
