@@ -57,7 +57,34 @@ export RM_CLUSTER_RUN="$RM_CACHE/test-cluster" RM_CLUSTER_NET=10.213.8 RM_CLUSTE
 # feature resolution with the dev-dependencies in, the one nextest, `cargo test` and `cargo bench`
 # use, so no stage compiles a crate again. A `cargo build --bins` resolves without them and
 # compiled the workspace's crates (and the dependencies whose features differ) a second time.
-build_all() { cargo build --workspace --all-targets; }
+# --timings: the ten longest compile units are printed after the build stage (slowest_units), so a
+# crate that grows slow to build shows in every CI log like a slow test does.
+build_all() { cargo build --workspace --all-targets --timings; }
+slowest_units() {
+  python3 - target/cargo-timings/cargo-timing.html <<'PY' || true
+import json, re, sys
+m = re.search(r"const UNIT_DATA = (\[.*?\]);\n", open(sys.argv[1]).read(), re.S)
+units = json.loads(m.group(1)) if m else []
+print(f"slowest of {len(units)} compile units (sum {sum(u['duration'] for u in units):.0f}s):")
+for u in sorted(units, key=lambda u: -u["duration"])[:10]:
+    print(f"  {u['duration']:7.1f}s  {u['name']} {u.get('target', '').strip()} {u.get('mode', '')}")
+PY
+}
+# Clippy's lints in that same compile (issue 27): `cargo clippy` is `cargo check` with clippy's
+# driver as the workspace's rustc wrapper; given to the build instead, one compile of each
+# workspace crate lints it and makes its code, and the dependencies are compiled once instead of
+# checked once and built again (468 s of a cold run's 1,800 went to that check alone). Exported
+# for the whole run: the wrapper is in cargo's fingerprint, so every later cargo (nextest, the
+# systemd stage's cargo test, the benches, the node stage) must see it or it compiles again.
+# A lint is an error exactly as `cargo clippy --workspace --all-targets -- -D warnings` makes it.
+# Called once clippy is installed (the install stage); a node stage run in the background
+# inherits the parent's.
+lint_in_build() {
+  [ -z "${RUSTC_WORKSPACE_WRAPPER:-}" ] || return 0
+  RUSTC_WORKSPACE_WRAPPER=$(rustup which clippy-driver 2>/dev/null || command -v clippy-driver || true)
+  [ -n "$RUSTC_WORKSPACE_WRAPPER" ] || { echo "run-tests.sh: no clippy-driver (rustup component add clippy)" >&2; exit 1; }
+  export RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
+}
 # The background Kubernetes build (its own process group, killed with the run).
 # A node stage run in the background by this script (--node-only) is handed the build's pid and
 # status directory, so it waits for the node's part like the parent would.
@@ -157,6 +184,7 @@ if [ "${1:-}" = --node-only ]; then
   # Only the node's cluster is started here: leave the suite's control plane and systemd alone.
   trap 'e2e/cluster/stop.sh >/dev/null' EXIT
   e2e/control-plane/install-tools.sh
+  lint_in_build
   node_stage
   echo
   echo "make test (node stage only): green in ${SECONDS}s"
@@ -166,15 +194,15 @@ fi
 stage "install: Debian packages, kubectl, helm, cargo-nextest"
 e2e/control-plane/install-tools.sh
 [ "$RM_K8S_VERSION" = 1.20 ] || [ "${RM_TEST_NODE:-1}" = 0 ] || e2e/cluster/install-packages.sh
+lint_in_build
 done_stage install
 
 # Built from the Go modules (every release but 1.20): from now on, beside the Rust stages.
 [ "$RM_K8S_VERSION" = 1.20 ] || start_k8s_bg
 
-stage "format and lints"
+stage "format (clippy's lints run in the build stage)"
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets -- -D warnings
-done_stage lints
+done_stage format
 
 stage "generated CRDs are fresh (crds/generated and the chart's copy)"
 diff -r crds/generated charts/runner-manager/crds
@@ -184,10 +212,11 @@ stage "Argo CD health checks (Lua 5.1 against fixture objects)"
 e2e/argocd-health.sh
 done_stage argocd-health
 
-stage "build every Rust target: binaries, tests, benches (one dev profile)"
+stage "build and lint every Rust target: binaries, tests, benches (one dev profile, clippy -D warnings)"
 # The scenario tests start the project's binaries as processes: built first, with the test and
 # bench binaries, so nothing compiles while the control plane runs.
 build_all
+slowest_units
 cargo nextest run --workspace --no-run
 done_stage build
 
