@@ -220,6 +220,11 @@ slowest_units
 cargo nextest run --workspace --no-run
 done_stage build
 
+stage "docs: what README.md and docs/ name exists (flags, CRD fields, metrics, reasons, paths, make targets)"
+# About a second: the binaries' --help for their flags, the rest is text (the script's header).
+python3 e2e/docs-check.py target/debug/runner-manager-operator target/debug/runner-manager-node-agent
+done_stage docs
+
 node_wanted() { [ "$RM_K8S_VERSION" != 1.20 ] && [ "${RM_TEST_NODE:-1}" != 0 ]; }
 # RM_NODE_OVERLAP=0 runs the node stage at the end instead, alone (the order before issue 27).
 if node_wanted && [ "${RM_NODE_OVERLAP:-1}" != 0 ]; then start_node_bg; fi

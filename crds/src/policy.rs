@@ -308,7 +308,7 @@ pub struct ScalingSpec {
     /// Take demand from `workflow_job` webhooks. Default `true`.
     #[serde(default = "yes")]
     pub webhook: bool,
-    /// How often queued jobs are polled to repair missed deliveries (repository targets).
+    /// How often queued jobs are polled to repair missed deliveries (every target scope).
     /// Default `60s`.
     #[serde(default = "default_poll")]
     pub poll_interval: ManifestDuration,

@@ -1,6 +1,6 @@
 //! The systemd launcher: in a cluster the agent's own process tree lives in its container and
 //! dies with it, so each runner becomes a transient unit on the host's systemd
-//! (`rm-<12hex>.service` in `runner-manager.slice`) whose command is the entry helper, run as
+//! (`rm-<12hex>.service` in `runnermanager.slice`) whose command is the entry helper, run as
 //! the runner account with no privileges and the snapshot's limits. The unit's properties are
 //! built purely ([`unit_properties`]), and the JIT is never among them: it stays in the handoff
 //! file, which the helper reads and deletes.
