@@ -2,6 +2,14 @@
 //! receiver and the health endpoints served on every replica; the controllers run on the one
 //! replica holding the leader Lease (or on this one, without leader election) until SIGTERM.
 //! Leadership lost means the process stops reconciling at once and exits non-zero.
+//!
+//! Start-up waits for an API server that does not answer (restarting, overloaded, unreachable)
+//! instead of exiting: a leader that lost its Lease in an API server outage exits, and a new
+//! process that exited again at each start would put the kubelet's crash-loop back-off (10 s,
+//! 20 s, 40 s, …) between the API server's return and the admission webhook's, and every
+//! agent's Lease and journal write waits for that webhook (issue 27 item 4: 4 restarts and the
+//! agents' Leases renewed 84 s after a 34 s API server outage). The health endpoint is served
+//! first, so the liveness probe does not kill a process that is only waiting.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,28 +77,76 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
         .await
         .map_err(|e| RunError::Config(e.to_string()))?;
     let kube = kube::Client::try_from(config)?;
-    if cli.apply_crds {
-        apply_crds(&kube, "runner-manager-operator", Duration::from_secs(60)).await?;
-        tracing::info!("CRDs applied");
-    }
-    let kube_system = Api::<Namespace>::all(kube.clone())
-        .get("kube-system")
+    let metrics = Metrics::new();
+    let readiness = Arc::new(crate::health::Readiness::default());
+    let health = TcpListener::bind(cli.metrics_addr)
+        .await
+        .map_err(|e| RunError::Bind(cli.metrics_addr, e))?;
+    let health_addr = health
+        .local_addr()
+        .map_err(|e| RunError::Bind(cli.metrics_addr, e))?;
+    let health_app = axum::Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get({
+                let readiness = readiness.clone();
+                move || async move { readiness.report() }
+            }),
+        )
+        .route(
+            "/metrics",
+            get({
+                let metrics = metrics.clone();
+                move || async move { metrics.response() }
+            }),
+        );
+    let health_task = tokio::spawn(async move { axum::serve(health, health_app).await });
+    let started = async {
+        if cli.apply_crds {
+            until_answered("applying the CRDs", || {
+                apply_crds(&kube, "runner-manager-operator", Duration::from_secs(60))
+            })
+            .await?;
+            tracing::info!("CRDs applied");
+        }
+        let namespaces = Api::<Namespace>::all(kube.clone());
+        let kube_system = until_answered("reading the kube-system namespace", || {
+            namespaces.get("kube-system")
+        })
         .await?;
+        let certificate = until_answered("the broker certificate", || {
+            tls::ensure(
+                &kube,
+                &cli.namespace,
+                tls::serving_names(&cli.namespace, &cli.broker_service),
+                cli.broker_cert_lifetime,
+            )
+        })
+        .await?;
+        Ok::<_, RunError>((kube_system, certificate))
+    };
+    let (kube_system, certificate) = tokio::select! {
+        () = shutdown_signal() => {
+            health_task.abort();
+            tracing::info!("shutting down");
+            return Ok(());
+        }
+        r = started => match r {
+            Ok(v) => v,
+            Err(e) => {
+                health_task.abort();
+                return Err(e);
+            }
+        },
+    };
     let ownership = ownership_label(
         kube_system.metadata.uid.as_deref().unwrap_or_default(),
         &cli.namespace,
     );
-    let certificate = tls::ensure(
-        &kube,
-        &cli.namespace,
-        tls::serving_names(&cli.namespace, &cli.broker_service),
-        cli.broker_cert_lifetime,
-    )
-    .await?;
     // Each replica issues its own serving certificate from the kept CA and the next one at two
     // thirds of its lifetime.
     let rotation = certificate.spawn_rotation();
-    let metrics = Metrics::new();
     let github_config = GitHubConfig {
         api_base: cli.github_api_url.clone(),
         metrics: Some(metrics.clone()),
@@ -140,32 +196,11 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
         .await
         .map_err(|e| RunError::Bind(cli.admission_addr, e))?;
     if let Some(name) = cli.admission_webhook_configuration.as_deref() {
-        admission::inject_ca_bundle(&kube, name, &certificate.ca_pem).await?;
+        until_answered("the admission webhook's CA bundle", || {
+            admission::inject_ca_bundle(&kube, name, &certificate.ca_pem)
+        })
+        .await?;
     }
-    let health = TcpListener::bind(cli.metrics_addr)
-        .await
-        .map_err(|e| RunError::Bind(cli.metrics_addr, e))?;
-    let health_addr = health
-        .local_addr()
-        .map_err(|e| RunError::Bind(cli.metrics_addr, e))?;
-    let readiness = Arc::new(crate::health::Readiness::default());
-    let health_app = axum::Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get({
-                let readiness = readiness.clone();
-                move || async move { readiness.report() }
-            }),
-        )
-        .route(
-            "/metrics",
-            get({
-                let metrics = metrics.clone();
-                move || async move { metrics.response() }
-            }),
-        );
-    let health_task = tokio::spawn(async move { axum::serve(health, health_app).await });
     let writer = Writer {
         kube: kube.clone(),
         metrics: metrics.clone(),
@@ -273,6 +308,65 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
     health_task.abort();
     webhook_task.abort();
     result
+}
+
+/// Whether a failed API call may succeed when retried as it is: the API server unreachable,
+/// restarting or overloaded. A refusal (403, 404, 422…) is not: start-up exits on it, as before.
+trait Unanswered {
+    fn unanswered(&self) -> bool;
+}
+
+impl Unanswered for kube::Error {
+    fn unanswered(&self) -> bool {
+        match self {
+            kube::Error::Api(s) => s.code >= 500 || s.code == 429,
+            kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+            _ => false,
+        }
+    }
+}
+
+impl Unanswered for crate::crd_apply::CrdError {
+    fn unanswered(&self) -> bool {
+        match self {
+            Self::Apply(_, e) => e.unanswered(),
+            // Served late by a slow API server: asked again.
+            Self::NotEstablished(..) => true,
+        }
+    }
+}
+
+impl Unanswered for tls::TlsError {
+    fn unanswered(&self) -> bool {
+        matches!(self, Self::Kube(e) if e.unanswered())
+    }
+}
+
+/// Runs one start-up step until the API server answers it: a step that fails unanswered is
+/// tried again (0.5 s, doubling to 5 s between tries), one that is refused returns its error.
+async fn until_answered<T, E, F, Fut>(step: &'static str, mut call: F) -> Result<T, RunError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+    E: Unanswered + std::fmt::Display + Into<RunError>,
+{
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match call().await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.unanswered() => {
+                tracing::warn!(
+                    stage = step,
+                    error = %e,
+                    retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                    "the API server did not answer at start: waiting for it"
+                );
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 fn settings(cli: &Cli, ownership_label: String) -> Settings {
@@ -413,5 +507,40 @@ async fn leader_loops(ctx: Arc<Ctx>) {
     tokio::select! {
         () = controller::run(ctx.clone()) => {}
         () = controller::scaleset_listener::lifecycle::run(ctx) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("x", "X")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn start_up_waits_only_for_an_api_server_that_did_not_answer() {
+        // Unreachable, restarting or overloaded: asked again.
+        assert!(kube::Error::Service("connection refused".into()).unanswered());
+        for code in [500, 502, 503, 504, 429] {
+            assert!(api(code).unanswered(), "{code}");
+        }
+        assert!(crate::crd_apply::CrdError::Apply("x".into(), api(503)).unanswered());
+        assert!(
+            crate::crd_apply::CrdError::NotEstablished("x".into(), Duration::from_secs(1))
+                .unanswered()
+        );
+        assert!(tls::TlsError::Kube(api(503)).unanswered());
+        // A refusal is an answer: start-up exits on it and says why.
+        for code in [400, 401, 403, 404, 409, 422] {
+            assert!(!api(code).unanswered(), "{code}");
+        }
+        assert!(!crate::crd_apply::CrdError::Apply("x".into(), api(403)).unanswered());
+        assert!(!tls::TlsError::Pem.unanswered());
+        assert!(!tls::TlsError::Kube(api(403)).unanswered());
     }
 }
