@@ -78,9 +78,10 @@ PY
 # systemd stage's cargo test, the benches, the node stage) must see it or it compiles again.
 # A lint is an error exactly as `cargo clippy --workspace --all-targets -- -D warnings` makes it.
 # Called once clippy is installed (the install stage); a node stage run in the background
-# inherits the parent's.
+# inherits the parent's (CLIPPY_ARGS set). A workspace wrapper of the caller's own is replaced:
+# it would otherwise silently take the lints' place.
 lint_in_build() {
-  [ -z "${RUSTC_WORKSPACE_WRAPPER:-}" ] || return 0
+  [ -z "${CLIPPY_ARGS:-}" ] || return 0
   RUSTC_WORKSPACE_WRAPPER=$(rustup which clippy-driver 2>/dev/null || command -v clippy-driver || true)
   [ -n "$RUSTC_WORKSPACE_WRAPPER" ] || { echo "run-tests.sh: no clippy-driver (rustup component add clippy)" >&2; exit 1; }
   export RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
