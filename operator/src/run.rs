@@ -79,12 +79,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
     let kube = kube::Client::try_from(config)?;
     let metrics = Metrics::new();
     let readiness = Arc::new(crate::health::Readiness::default());
-    let health = TcpListener::bind(cli.metrics_addr)
-        .await
-        .map_err(|e| RunError::Bind(cli.metrics_addr, e))?;
-    let health_addr = health
-        .local_addr()
-        .map_err(|e| RunError::Bind(cli.metrics_addr, e))?;
+    let (health, health_addr) = bind(cli.metrics_addr).await?;
     let health_app = axum::Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route(
@@ -214,12 +209,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
         touched_policies.clone(),
         readiness.policies_synced(),
     );
-    let webhook = TcpListener::bind(cli.webhook_addr)
-        .await
-        .map_err(|e| RunError::Bind(cli.webhook_addr, e))?;
-    let webhook_addr = webhook
-        .local_addr()
-        .map_err(|e| RunError::Bind(cli.webhook_addr, e))?;
+    let (webhook, webhook_addr) = bind(cli.webhook_addr).await?;
     let webhook_task = tokio::spawn(serve_webhook(
         kube.clone(),
         cli.namespace.clone(),
@@ -308,6 +298,15 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
     health_task.abort();
     webhook_task.abort();
     result
+}
+
+/// A listener on `addr` and the address it got (port 0 picks one), or which address failed.
+async fn bind(addr: std::net::SocketAddr) -> Result<(TcpListener, std::net::SocketAddr), RunError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| RunError::Bind(addr, e))?;
+    let bound = listener.local_addr().map_err(|e| RunError::Bind(addr, e))?;
+    Ok((listener, bound))
 }
 
 /// Whether a failed API call may succeed when retried as it is: the API server unreachable,
