@@ -102,17 +102,15 @@ strategy=$(kubectl -n "$ns" get daemonset/runner-manager-node-agent -o jsonpath=
 if [ -n "$strategy" ] && [ "$strategy" != "0" ]; then
   echo "the agent DaemonSet must never surge: maxSurge is $strategy" >&2; exit 1
 fi
-# Least privilege, as the API server evaluates it. Pods (issue 16, issue 28): on this current
-# server with placeholders on, the agent may create and delete pods, which the agent-pods
-# ValidatingAdmissionPolicy confines to the convention's pods on its own node, referencing no
-# Secret (e2e/tests/e2e/attacks_pods.rs attacks it); never update, patch, evict or add an
-# ephemeral container to one.
+# Least privilege, as the API server evaluates it. Pods (issue 16, issue 28 item 1): the agent
+# reads the pods of its node and writes none; the operator makes and removes them when an agent
+# orders them through the broker (e2e/tests/e2e/attacks_pods.rs and broker.rs attack both).
 as="--as=system:serviceaccount:$ns:runner-manager-node-agent"
 kubectl auth can-i patch runnerattempts.runner-manager.dev --subresource=status -n team-a $as >/dev/null
-kubectl auth can-i create pods -n team-a $as >/dev/null
-kubectl get validatingadmissionpolicy "runner-manager-$ns-agent-pods" >/dev/null
+kubectl auth can-i watch pods --all-namespaces $as >/dev/null
 for denied in "get secrets -n team-a" "get configmaps -n team-a" "update runnerattempts.runner-manager.dev -n team-a" \
               "update runnerattempts.runner-manager.dev --subresource=finalizers -n team-a" "delete runnerattempts.runner-manager.dev -n team-a" \
+              "create pods -n team-a" "create pods --all-namespaces" "delete pods -n team-a" "deletecollection pods -n team-a" \
               "update pods -n team-a" "patch pods -n team-a" "create pods --subresource=exec -n team-a" \
               "create pods --subresource=eviction -n team-a" "update pods --subresource=status -n team-a" \
               "update pods --subresource=ephemeralcontainers -n team-a" "patch pods --subresource=ephemeralcontainers -n team-a" \
@@ -125,13 +123,15 @@ done
 kubectl auth can-i get daemonsets.apps/runner-manager-node-agent -n "$ns" \
   --as="system:serviceaccount:$ns:runner-manager-operator" >/dev/null
 # The operator (issue 13 finding 7): Secrets and ConfigMaps by get only, CRDs, its certificate
-# Secret, CA ConfigMap and leader Lease by name; the agents' node confinement is registered.
+# Secret, CA ConfigMap and leader Lease by name; the agents' node confinement is registered; the
+# pods it builds for the agents created and deleted, never changed, listed or exec'd into.
 op="--as=system:serviceaccount:$ns:runner-manager-operator"
 for allowed in "get secrets -n team-a" "get configmaps -n team-a" \
                "patch customresourcedefinitions.apiextensions.k8s.io/runnerattempts.runner-manager.dev" \
                "update secrets/runner-manager-broker-tls -n $ns" "patch configmaps/runner-manager-broker-ca -n $ns" \
                "update leases.coordination.k8s.io/runner-manager-operator -n $ns" \
-               "update validatingwebhookconfigurations.admissionregistration.k8s.io/runner-manager-$ns"; do
+               "update validatingwebhookconfigurations.admissionregistration.k8s.io/runner-manager-$ns" \
+               "create pods -n team-a" "delete pods -n team-a" "get pods -n team-a"; do
   kubectl auth can-i $allowed $op >/dev/null || { echo "the operator may not $allowed: it must" >&2; exit 1; }
 done
 for denied in "list secrets --all-namespaces" "watch secrets --all-namespaces" "list secrets -n team-a" "list secrets -n $ns" \
@@ -140,12 +140,13 @@ for denied in "list secrets --all-namespaces" "watch secrets --all-namespaces" "
               "patch customresourcedefinitions.apiextensions.k8s.io/other.example.com" "delete customresourcedefinitions.apiextensions.k8s.io" \
               "update leases.coordination.k8s.io/other -n $ns" "update leases.coordination.k8s.io -n kube-node-lease" \
               "update validatingwebhookconfigurations.admissionregistration.k8s.io/other" \
-              "list pods --all-namespaces" "get pods -n team-a"; do
+              "list pods --all-namespaces" "update pods -n team-a" "patch pods -n team-a" \
+              "create pods --subresource=exec -n team-a" "patch pods --subresource=ephemeralcontainers -n team-a"; do
   if kubectl auth can-i $denied $op >/dev/null 2>&1; then
     echo "the operator may $denied: it must not" >&2; exit 1
   fi
 done
-# The placeholders' PriorityClass is for the operator's and agents' placeholders only (issue 28
+# The placeholders' PriorityClass is for the operator's placeholders only (issue 28
 # item 6): a pod of that class from anyone else, the cluster admin included, is refused. The API
 # server takes a new policy up within moments: asked again, bounded, until it answers.
 pc="runner-manager-$ns-placeholder"

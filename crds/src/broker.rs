@@ -1,7 +1,13 @@
-//! The JIT broker's wire types (DESIGN §5): `POST /v1/attempts/{namespace}/{name}/jit`.
+//! The broker's wire types (DESIGN §5): the JIT (`POST /v1/attempts/{namespace}/{name}/jit`)
+//! and, since issue 28, the pods of an attempt (`POST /v1/attempts/{namespace}/{name}/pods`,
+//! `POST /v1/pods/{namespace}/{name}/removal`): agents hold no pod write right, so they order
+//! their attempts' runner and placeholder pods from the operator, which builds them
+//! ([`crate::pods`]) for the caller's own node.
 //!
-//! The response carries the one-shot JIT config in a [`SecretString`]: it is never printed by
+//! The JIT response carries the one-shot JIT config in a [`SecretString`]: it is never printed by
 //! `Debug`, and it is exposed only where it is written to the restrictive handoff file.
+
+use std::collections::BTreeMap;
 
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize, Serializer};
@@ -14,6 +20,69 @@ pub const BROKER_AUDIENCE: &str = "runner-manager-broker";
 /// The request path of an attempt's JIT.
 pub fn jit_path(namespace: &str, name: &str) -> String {
     format!("/v1/attempts/{namespace}/{name}/jit")
+}
+
+/// The request path of an attempt's pod orders.
+pub fn pods_path(namespace: &str, name: &str) -> String {
+    format!("/v1/attempts/{namespace}/{name}/pods")
+}
+
+/// The request path of a pod's removal.
+pub fn pod_removal_path(namespace: &str, name: &str) -> String {
+    format!("/v1/pods/{namespace}/{name}/removal")
+}
+
+/// An order for one pod of an attempt, made by the agent of the attempt's node. The operator
+/// answers with the pod as the API server stored it (200), the same for an order repeated after
+/// a crash (the pod of the derived name, if it is this attempt's), or a [`BrokerError`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodOrder {
+    /// The attempt exactly: a name can be reused after deletion; a uid cannot.
+    pub attempt_uid: String,
+    pub pod: OrderedPod,
+}
+
+/// Which pod, with what only the agent knows. Closed: the broker makes no other.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    tag = "role",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
+pub enum OrderedPod {
+    /// An OCI attempt's runner ([`crate::pods::runner_pod`]). The broker checks each input
+    /// (`operator/src/broker/pods.rs`): none can name a Secret, a node, an image or a label.
+    Runner {
+        /// The attempt's runtime directory on the host, mounted at the same path.
+        host_runtime: String,
+        /// The attempt's runner account.
+        run_as_user: u32,
+        run_as_group: u32,
+        /// The listener's environment but for the JIT (plain values, never a reference).
+        environment: BTreeMap<String, String>,
+        /// How long the entry helper waits for the handoff (seconds).
+        await_handoff_seconds: u64,
+    },
+    /// A native attempt's placeholder ([`crate::pods::placeholder_pod`]): the image and
+    /// PriorityClass are the operator's.
+    Placeholder,
+}
+
+impl OrderedPod {
+    pub fn role(&self) -> crate::pods::PodRole {
+        match self {
+            Self::Runner { .. } => crate::pods::PodRole::Runner,
+            Self::Placeholder => crate::pods::PodRole::Placeholder,
+        }
+    }
+}
+
+/// The removal of one pod the broker made: the pod of that name only while it has this uid.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRemoval {
+    pub uid: String,
 }
 
 /// The request body: which attempt, exactly (a name can be reused after deletion; a uid cannot).
@@ -57,6 +126,14 @@ pub enum BrokerErrorCode {
     Unauthenticated,
     /// 403: the token's pod is not an agent pod on the attempt's node.
     WrongNode,
+    /// 403: the pod to remove is not a runner or placeholder pod of a RunnerAttempt on the
+    /// caller's node.
+    NotYourPod,
+    /// 409: a pod of the attempt's pod name exists and is not this attempt's.
+    PodConflict,
+    /// 422: the order is not one the broker builds a pod from (its inputs, the attempt's mode,
+    /// placeholders not configured), or the API server refused the pod (quota, admission).
+    PodRefused,
     /// 429: the caller's address sent too many tokens the broker could not prove; nothing was
     /// asked of the API server for this one. Try again later.
     Throttled,
@@ -76,7 +153,9 @@ impl BrokerErrorCode {
     pub fn http_status(self) -> u16 {
         match self {
             Self::Unauthenticated => 401,
-            Self::WrongNode => 403,
+            Self::WrongNode | Self::NotYourPod => 403,
+            Self::PodConflict => 409,
+            Self::PodRefused => 422,
             Self::Throttled => 429,
             Self::UnknownAttempt => 404,
             Self::NotPrepared => 409,
@@ -115,5 +194,36 @@ mod tests {
         assert_eq!(back.encoded_jit_config.expose_secret(), "SUPERSECRETJIT");
         assert_eq!(jit_path("team", "web-abc"), "/v1/attempts/team/web-abc/jit");
         assert_eq!(BrokerErrorCode::AlreadyIssued.http_status(), 410);
+    }
+
+    #[test]
+    fn a_pod_order_names_its_role_on_the_wire() {
+        let placeholder = PodOrder {
+            attempt_uid: "u-1".into(),
+            pod: OrderedPod::Placeholder,
+        };
+        assert_eq!(
+            serde_json::to_value(&placeholder).unwrap(),
+            serde_json::json!({"attemptUid": "u-1", "pod": {"role": "placeholder"}})
+        );
+        let runner: PodOrder = serde_json::from_value(serde_json::json!({
+            "attemptUid": "u-1",
+            "pod": {"role": "runner", "hostRuntime": "/r", "runAsUser": 20001,
+                    "runAsGroup": 20000, "environment": {"A": "b"}, "awaitHandoffSeconds": 300}
+        }))
+        .unwrap();
+        assert_eq!(runner.pod.role(), crate::pods::PodRole::Runner);
+        assert!(
+            serde_json::from_value::<PodOrder>(serde_json::json!({
+                "attemptUid": "u-1", "pod": {"role": "debug"}
+            }))
+            .is_err(),
+            "no other pod"
+        );
+        assert_eq!(
+            pods_path("team", "web-abc"),
+            "/v1/attempts/team/web-abc/pods"
+        );
+        assert_eq!(pod_removal_path("team", "p"), "/v1/pods/team/p/removal");
     }
 }

@@ -96,14 +96,12 @@ pub struct Cli {
     /// attempt no longer on this node are stopped and removed (also once at every start).
     #[arg(long, env = "RM_ORPHAN_SWEEP_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub orphan_sweep_seconds: u64,
-    /// The placeholder pods' image (docs/placeholder-pods.md): beside each native runner a pod of
-    /// this image with the runner's resources as requests, so the scheduler counts the runner.
-    /// Empty: no placeholders.
-    #[arg(long, env = "RM_PLACEHOLDER_IMAGE", default_value = "")]
-    pub placeholder_image: String,
-    /// The placeholders' PriorityClass (the chart's); empty: none.
-    #[arg(long, env = "RM_PLACEHOLDER_PRIORITY_CLASS", default_value = "")]
-    pub placeholder_priority_class: String,
+    /// Placeholder pods (docs/placeholder-pods.md): beside each native runner a pod with the
+    /// runner's resources as requests, so the scheduler counts the runner. The agent orders them
+    /// from the operator, whose `--placeholder-image` and `--placeholder-priority-class` they
+    /// take (the agent has no pod write right).
+    #[arg(long, env = "RM_PLACEHOLDERS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub placeholders: bool,
     /// How long a launch waits for the kubelet to run its placeholder before it concludes
     /// without starting the runner; 0: do not wait for the kubelet's verdict.
     #[arg(long, env = "RM_PLACEHOLDER_WAIT_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(0..=3600))]

@@ -25,7 +25,6 @@
 //! (`--environment`, [`crate::handoff::RestrictiveHandoff::create_environment`]), which the
 //! helper reads and deletes before it takes the JIT.
 
-use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::Write;
 use std::os::fd::OwnedFd;
@@ -46,46 +45,10 @@ pub const FAILED: &str = "failed ";
 pub const LISTENER: &str = "bin/Runner.Listener";
 /// The exit code of a helper that failed before exec.
 pub const EXIT_FAILED: i32 = 125;
-/// The variable carrying the listener's environment to the helper ([`encode_environment`]).
-pub const ENVIRONMENT_VARIABLE: &str = "RUNNER_MANAGER_RUNNER_ENV";
-/// The helper's own `PATH`: fixed, never the policy's.
-pub const HELPER_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
-/// The helper's own `LANG`: fixed, never the policy's.
-pub const HELPER_LANG: &str = "C.UTF-8";
-
-/// Bytes [`encode_environment`] writes as themselves: no white space, quote, backslash, `$`,
-/// `%` or control character, so the encoded value is one word to every parser it passes
-/// through (`systemd-run --setenv`, a unit's `Environment=`, a shell).
-fn plain(b: u8) -> bool {
-    b.is_ascii_alphanumeric()
-        || matches!(
-            b,
-            b'_' | b'-' | b'.' | b'/' | b':' | b',' | b'+' | b'=' | b'@'
-        )
-}
-
-/// The listener's environment as one opaque value: `NAME=value` records separated by NUL,
-/// every byte outside [`plain`] as `%XX`.
-pub fn encode_environment(env: &BTreeMap<String, String>) -> String {
-    let mut out = String::new();
-    for (i, (name, value)) in env.iter().enumerate() {
-        if i > 0 {
-            out.push_str("%00");
-        }
-        for b in name
-            .bytes()
-            .chain(std::iter::once(b'='))
-            .chain(value.bytes())
-        {
-            if plain(b) {
-                out.push(char::from(b));
-            } else {
-                out.push_str(&format!("%{b:02X}"));
-            }
-        }
-    }
-    out
-}
+use runner_manager_crds::helper_env::plain;
+pub use runner_manager_crds::helper_env::{
+    ENVIRONMENT_VARIABLE, HELPER_LANG, HELPER_PATH, encode_environment, helper_environment,
+};
 
 fn hex_digit(b: u8) -> Option<u8> {
     match b {
@@ -141,20 +104,6 @@ pub fn decode_environment(encoded: &str) -> Result<Vec<(String, String)>, EntryF
 fn is_reserved_input(name: &str) -> bool {
     name.to_ascii_uppercase()
         .starts_with("ACTIONS_RUNNER_INPUT_")
-}
-
-/// The helper's whole environment, as a launcher starts it: fixed `PATH` and `LANG`, and the
-/// listener's environment encoded in [`ENVIRONMENT_VARIABLE`]. Nothing of `listener` acts before
-/// the final `exec`.
-pub fn helper_environment(listener: &BTreeMap<String, String>) -> Vec<(String, String)> {
-    vec![
-        ("PATH".to_owned(), HELPER_PATH.to_owned()),
-        ("LANG".to_owned(), HELPER_LANG.to_owned()),
-        (
-            ENVIRONMENT_VARIABLE.to_owned(),
-            encode_environment(listener),
-        ),
-    ]
 }
 
 /// What the helper is told. Paths and ids only.
@@ -451,6 +400,7 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     #[test]
     fn args_round_trip_and_hold_no_secret_shaped_value() {

@@ -4,6 +4,7 @@
 
 pub mod account;
 pub mod agent;
+pub mod broker_client;
 pub mod cli;
 pub mod durable;
 pub mod entry;
@@ -14,7 +15,8 @@ pub mod journal;
 pub mod mounts;
 pub mod packages;
 pub mod pod_watch;
-pub mod pods;
+/// The pods of runner-manager, built by the operator (shared with it through the API crate).
+pub use runner_manager_crds::pods;
 pub mod process;
 pub mod providers;
 pub mod roots;

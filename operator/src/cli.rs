@@ -199,6 +199,24 @@ pub struct Cli {
     /// Log format.
     #[arg(long, env = "RM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// The image of the placeholder pods the broker makes beside native runners for the agents
+    /// (docs/placeholder-pods.md); empty: no placeholders (an agent's order is refused).
+    #[arg(long, env = "RM_PLACEHOLDER_IMAGE", default_value = "")]
+    pub placeholder_image: String,
+    /// The placeholders' PriorityClass (the chart's); empty: none.
+    #[arg(long, env = "RM_PLACEHOLDER_PRIORITY_CLASS", default_value = "")]
+    pub placeholder_priority_class: String,
+}
+
+impl Cli {
+    /// How the broker makes placeholder pods; `None` without `--placeholder-image`.
+    pub fn placeholder_spec(&self) -> Option<runner_manager_crds::pods::PlaceholderSpec> {
+        (!self.placeholder_image.is_empty()).then(|| runner_manager_crds::pods::PlaceholderSpec {
+            image: self.placeholder_image.clone(),
+            priority_class: (!self.placeholder_priority_class.is_empty())
+                .then(|| self.placeholder_priority_class.clone()),
+        })
+    }
 }
 
 fn host_list(s: &str) -> Result<runner_manager_crds::hosts::HostList, String> {

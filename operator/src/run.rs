@@ -165,6 +165,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
         clients: clients.clone(),
         ownership_label: ownership.clone(),
         metrics: Some(metrics.clone()),
+        placeholders: cli.placeholder_spec(),
     });
     // The admission webhook shares the broker's CA and certificate (DESIGN §6), not its
     // listener (issue 28 item 5): each port has its own connection and in-flight bounds.

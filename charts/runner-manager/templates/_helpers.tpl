@@ -90,11 +90,10 @@ only, OTLP over HTTP/protobuf). Takes (dict "root" . "service" NAME). */}}
 {{/* The PriorityClass of placeholder pods (cluster-scoped, so named with the namespace). */}}
 {{- define "rm.placeholderPriorityClass" -}}{{ include "rm.clusterName" . }}-placeholder{{- end -}}
 {{/*
-Whether the agents make pods (placeholders or OCI runner pods), and so hold pods create/delete:
-only where the agent-pods ValidatingAdmissionPolicy that confines that right can exist
-(Kubernetes 1.30+), and only when something needs it. Elsewhere the agents get no pod write right
-and make no placeholders (issue 28 item 2: never a right without its guard).
+Whether the agents watch their node's pods (placeholders or OCI runner pods are on): then they read
+pods (get, list, watch). They never write one: the operator makes and removes them when an agent
+orders them through the broker (issue 28 item 1), on every server version.
 */}}
-{{- define "rm.agentMakesPods" -}}
-{{- if and (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (or .Values.placeholders.enabled .Values.nodeAgent.oci.enabled) -}}true{{- end -}}
+{{- define "rm.agentWatchesPods" -}}
+{{- if or .Values.placeholders.enabled .Values.nodeAgent.oci.enabled -}}true{{- end -}}
 {{- end -}}

@@ -30,6 +30,9 @@ use super::wait;
 use crate::fake_github::PackageInfo;
 use crate::standin_runner::package::{PackageSpec, build, cached};
 
+/// The placeholder image every test operator makes placeholders of (imported on the real node).
+pub const PLACEHOLDER_IMAGE: &str = "runner-manager.local/pause:1";
+
 /// The name of the team's GitHub App Secret ([`WorldBuilder::app_secret`]).
 pub const APP_SECRET: &str = "github-app";
 
@@ -458,6 +461,9 @@ impl World {
             ("--github-api-url", self.fake.base_url()),
             ("--watch-namespace", &watched),
             ("--log-format", "json"),
+            // The broker makes placeholders of this image when an agent orders them
+            // (`RM_PLACEHOLDERS` on the agent); the node-less test cluster never runs them.
+            ("--placeholder-image", PLACEHOLDER_IMAGE),
         ];
         let mut args: Vec<(String, String)> = Vec::new();
         for (k, v) in base.iter().chain(flags) {

@@ -122,6 +122,10 @@ async fn world(test: &str, replicas: usize) -> Option<World> {
             )),
             ownership_label: ownership.clone(),
             metrics: None,
+            placeholders: Some(runner_manager_crds::pods::PlaceholderSpec {
+                image: runner_manager_e2e::harness::world::PLACEHOLDER_IMAGE.into(),
+                priority_class: None,
+            }),
         });
         let (addr, _task) = start(
             SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),

@@ -648,7 +648,7 @@ mod recovery {
             .agent(
                 4,
                 &[
-                    ("RM_PLACEHOLDER_IMAGE", "runner-manager.local/pause:1"),
+                    ("RM_PLACEHOLDERS", "true"),
                     ("RM_PLACEHOLDER_WAIT_SECONDS", "120"),
                 ],
             )

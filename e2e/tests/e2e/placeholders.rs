@@ -12,11 +12,11 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, PostParams};
 use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::outcome::{FailureReason, Outcome};
+use runner_manager_crds::pods::{PlaceholderSpec, SAFE_TO_EVICT, placeholder_pod};
 use runner_manager_crds::policy::RunnerResources;
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::agent::AgentWorld;
 use runner_manager_e2e::harness::wait;
-use runner_manager_node_agent::agent::placeholder::{SAFE_TO_EVICT, Settings, placeholder_pod};
 use runner_manager_node_agent::pods::{self, PodRole};
 
 /// The pause image the real node imports (e2e/cluster/images.sh); never pulled here.
@@ -46,7 +46,7 @@ async fn a_placeholder_stands_beside_a_native_runner_and_goes_after_its_cleanup(
         .agent(
             4,
             &[
-                ("RM_PLACEHOLDER_IMAGE", PAUSE),
+                ("RM_PLACEHOLDERS", "true"),
                 ("RM_PLACEHOLDER_WAIT_SECONDS", "0"),
                 ("RM_ORPHAN_SWEEP_SECONDS", "1"),
             ],
@@ -136,12 +136,11 @@ async fn a_placeholder_stands_beside_a_native_runner_and_goes_after_its_cleanup(
     let mut gone = a.clone();
     gone.metadata.name = Some("web-00000000dead".into());
     gone.metadata.uid = Some("00000000-0000-0000-0000-00000000dead".into());
-    let settings = Settings {
+    let made = PlaceholderSpec {
         image: PAUSE.into(),
         priority_class: None,
-        wait: Duration::ZERO,
     };
-    let orphan = placeholder_pod(&gone, &w.node().name, &settings).unwrap();
+    let orphan = placeholder_pod(&gone, &w.node().name, &made).unwrap();
     pods_api
         .create(&PostParams::default(), &orphan)
         .await
@@ -176,7 +175,7 @@ async fn a_placeholder_the_kubelet_never_runs_keeps_the_runner_from_starting() {
         .agent(
             4,
             &[
-                ("RM_PLACEHOLDER_IMAGE", PAUSE),
+                ("RM_PLACEHOLDERS", "true"),
                 ("RM_PLACEHOLDER_WAIT_SECONDS", "2"),
             ],
         )
@@ -242,7 +241,7 @@ async fn a_placeholder_deleted_under_a_running_runner_is_recreated_and_an_impost
         .agent(
             4,
             &[
-                ("RM_PLACEHOLDER_IMAGE", PAUSE),
+                ("RM_PLACEHOLDERS", "true"),
                 ("RM_PLACEHOLDER_WAIT_SECONDS", "0"),
             ],
         )

@@ -41,7 +41,7 @@ pub fn usable(snapshot: &AttemptSnapshot, oci_enabled: bool, native_enabled: boo
                     .execution
                     .image
                     .as_deref()
-                    .is_some_and(crate::providers::oci::pod::pinned_by_digest)
+                    .is_some_and(crate::pods::pinned_by_digest)
         }
     };
     provider_ok && digest_ok && workspace_ok

@@ -26,12 +26,12 @@ use super::node::Agent;
 use super::rebuild::journal_of;
 use crate::process::identity_file;
 use crate::providers::oci::PodFailure;
-use crate::providers::oci::pod::PodRefusal;
 use crate::providers::{NativeProvider, RunnerProvider};
 use crate::workspace::ephemeral::{EphemeralError, remove_ephemeral_runtime};
 use crate::workspace::scrub::scrub_slot;
 use crate::workspace::scrub_plan::SlotOwner;
 use crate::workspace::slot_table::SlotKey;
+use runner_manager_crds::pods::BuildRefusal;
 
 /// `<hostRoot>/diagnostics/<attempt>.log`: ids and kinds only, never runner output.
 pub fn diagnostics(a: &RunnerAttempt, journal: &AttemptJournal) -> String {
@@ -189,7 +189,10 @@ pub async fn clean(
     fault::at(Boundary::MidCleanup);
 
     // 3b. The runner's placeholder pod: the runner is stopped and its workspace gone.
-    agent.placeholder_after_cleanup(a).await?;
+    agent
+        .placeholder_after_cleanup(a)
+        .await
+        .map_err(|e| StepError::Local(e.to_string()))?;
 
     // 4. Leases, then `Cleaned`.
     agent.packages.release(&uid);
@@ -263,7 +266,7 @@ async fn destroy_pods(
     }
     let destroyed = match super::runner::pods_of(a, journal) {
         Some(pod) => super::runner::pods(agent).destroy(&pod).await,
-        None => Err(PodFailure::Spec(PodRefusal::AttemptUnnamed)),
+        None => Err(PodFailure::Spec(BuildRefusal::AttemptUnnamed)),
     };
     match destroyed {
         Ok(()) => {

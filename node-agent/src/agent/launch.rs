@@ -33,7 +33,6 @@ use runner_manager_crds::state::{Actor, AttemptState};
 
 use super::admission::{self, Admission};
 use super::attempt_ctx::{StepError, conclude, names, take, take_written, uuid_of};
-use super::broker_client::JitAnswer;
 use super::conditions;
 use super::events::{self, EventReason};
 use super::fault::{self, Boundary};
@@ -41,6 +40,7 @@ use super::node::Agent;
 use super::placeholder::Refusal;
 use super::rebuild::{journal_of, owner_of, state_of};
 use crate::account::RunnerAccount;
+use crate::broker_client::JitAnswer;
 use crate::handoff::RestrictiveHandoff;
 use crate::journal::{self, Decision};
 use crate::packages::cache::{PackageError, PackageRefusal};
@@ -49,7 +49,6 @@ use crate::process::environment::{EnvironmentLayers, layered_environment};
 use crate::providers::LaunchSpec;
 use crate::providers::cgroup::CgroupLimits;
 use crate::providers::oci::observe::Ended;
-use crate::providers::oci::pod::PodInputs;
 use crate::providers::oci::{PodFailure, PodRef, PrepareRequest, PreparedPod};
 use crate::providers::provider::NativeFailure;
 use crate::providers::{NativeProvider, RunnerProvider};
@@ -57,6 +56,7 @@ use crate::workspace::ephemeral::{create_ephemeral_runtime, ephemeral_runtime_pa
 use crate::workspace::prepare::prepare_slot;
 use crate::workspace::slot_path::derive_slot_path;
 use crate::workspace::slot_table::{JournalledLease, SlotKey};
+use runner_manager_crds::broker::OrderedPod;
 
 /// How many times a start that never had a child is tried.
 const START_TRIES: u32 = 3;
@@ -397,7 +397,7 @@ async fn prepare_and_start(
     .await
 }
 
-/// (OCI) `Allocated → Preparing` (CAS, before the pod exists), the pod created and running its
+/// (OCI) `Allocated → Preparing` (CAS, before the pod exists), the pod ordered and running its
 /// entry helper, then `Preparing → Prepared` with the pod's identity.
 async fn prepare_pod(
     agent: &Agent,
@@ -416,16 +416,16 @@ async fn prepare_pod(
         .ok_or(Halt::Quiet)?;
     let env = pod_environment(&a.spec.snapshot.env, runtime)
         .map_err(|e| LaunchFailure::Environment(e.to_string()))?;
-    let host_runtime = runtime.display().to_string();
     let request = PrepareRequest {
         attempt: a,
-        inputs: PodInputs {
-            node: &agent.node,
-            host_runtime: &host_runtime,
-            account,
-            environment: &env,
+        pod: OrderedPod::Runner {
+            host_runtime: runtime.display().to_string(),
+            run_as_user: account.uid,
+            run_as_group: account.gid,
+            environment: env,
             await_handoff_seconds: POD_AWAIT_HANDOFF_SECONDS,
         },
+        account,
         runtime,
     };
     let prepared = oci

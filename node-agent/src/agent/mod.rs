@@ -11,7 +11,6 @@ pub mod accounts;
 pub mod admission;
 pub mod api_requests;
 pub mod attempt_ctx;
-pub mod broker_client;
 pub mod cleanup;
 pub mod conditions;
 pub mod controller;
@@ -46,6 +45,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use crate::broker_client::BrokerClient;
 use crate::cli::{Cli, LauncherKind};
 use crate::packages::PackageCache;
 use crate::packages::download::{Downloader, RetryPolicy, Timeouts};
@@ -58,7 +58,6 @@ use crate::workspace::backoff::CleanupBackoff;
 use crate::workspace::slot_table::SlotTable;
 use accounts::AccountPool;
 use admission::CapacityBook;
-use broker_client::BrokerClient;
 use fence::{FenceError, HostFence};
 use gate::RecoveryGate;
 
@@ -316,6 +315,12 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         .with_seed_root(&cli.slots_root)
         .map_err(|e| AgentError::Packages(format!("seed root: {:?}", e.kind())))?;
     let pod_watch = Arc::new(crate::pod_watch::PodWatch::default());
+    let broker = Arc::new(BrokerClient::new(
+        cli.broker_url.clone(),
+        cli.broker_token_file.clone(),
+        kube.clone(),
+        cli.system_namespace.clone(),
+    ));
     let agent = Arc::new(Agent {
         node: cli.node_name.clone(),
         host_root: cli.host_root.clone(),
@@ -326,16 +331,12 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         poll: Duration::from_millis(cli.supervision_millis),
         deadline_grace: Duration::from_secs(cli.deadline_grace_seconds),
         runner_defaults,
-        broker: BrokerClient::new(
-            cli.broker_url.clone(),
-            cli.broker_token_file.clone(),
-            kube.clone(),
-            cli.system_namespace.clone(),
-        ),
+        broker: Arc::clone(&broker),
         oci: cli.oci.then(|| crate::providers::oci::OciProvider {
             pods: crate::providers::oci::KubePods {
                 client: kube.clone(),
                 watch: Arc::clone(&pod_watch),
+                broker: Arc::clone(&broker),
             },
             node: cli.node_name.clone(),
             start_deadline: Duration::from_secs(cli.oci_start_deadline_seconds),
@@ -358,8 +359,7 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         spec_warned: Mutex::new(std::collections::BTreeSet::new()),
         orphan_sweep: Duration::from_secs(cli.orphan_sweep_seconds),
         placeholders: placeholder::Settings::from_flags(
-            &cli.placeholder_image,
-            &cli.placeholder_priority_class,
+            cli.placeholders,
             cli.placeholder_wait_seconds,
         ),
         orphans: orphans::OrphanState::default(),

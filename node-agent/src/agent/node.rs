@@ -14,10 +14,10 @@ use tokio::sync::Notify;
 use super::abandoned::OrphanState;
 use super::accounts::AccountPool;
 use super::admission::CapacityBook;
-use super::broker_client::BrokerClient;
 use super::gate::RecoveryGate;
 use super::placeholder;
 use super::preparation::PreparationBound;
+use crate::broker_client::BrokerClient;
 use crate::packages::PackageCache;
 use crate::providers::RunnerLauncher;
 use crate::providers::cgroup::RunnerDefaults;
@@ -54,7 +54,7 @@ pub struct Agent {
     pub foreign_pods: std::sync::Arc<crate::foreign_pods::ForeignPods>,
     pub packages: PackageCache,
     pub allocation: AllocationLock,
-    pub broker: BrokerClient,
+    pub broker: std::sync::Arc<BrokerClient>,
     pub gate: RecoveryGate,
     pub(super) book: Mutex<CapacityBook>,
     pub(super) accounts: Mutex<AccountPool>,
@@ -71,7 +71,7 @@ pub struct Agent {
     /// Between orphan sweeps.
     pub orphan_sweep: Duration,
     pub orphans: OrphanState,
-    /// Placeholder pods beside native runners (`--placeholder-image`); `None`: none.
+    /// Placeholder pods beside native runners (`--placeholders`); `None`: none.
     pub placeholders: Option<placeholder::Settings>,
     /// The package versions (sha256) of the node's attempts not yet `Cleaned`, as the watch last
     /// showed them: a prune keeps them.
@@ -144,18 +144,21 @@ impl Agent {
         a: &RunnerAttempt,
     ) -> Result<(), placeholder::Refusal> {
         match self.placeholders.as_ref() {
-            Some(settings) => placeholder::ensure(&self.kube, a, &self.node, settings).await,
+            Some(settings) => placeholder::ensure(&self.kube, &self.broker, a, settings).await,
             None => Ok(()),
         }
     }
 
     /// Cleanup's placeholder step (once the runner is stopped and its workspace cleaned, before
     /// `Cleaned`).
-    pub async fn placeholder_after_cleanup(&self, a: &RunnerAttempt) -> Result<(), kube::Error> {
+    pub async fn placeholder_after_cleanup(
+        &self,
+        a: &RunnerAttempt,
+    ) -> Result<(), placeholder::RemoveError> {
         if self.placeholders.is_none() {
             return Ok(());
         }
-        placeholder::remove_of(&self.kube, a).await
+        placeholder::remove_of(&self.kube, &self.broker, a).await
     }
 
     /// The orphan sweep's placeholder step: a failure only warns (the next sweep tries again).
@@ -163,7 +166,7 @@ impl Agent {
         if self.placeholders.is_none() {
             return;
         }
-        match placeholder::sweep(&self.kube, &self.node, claims).await {
+        match placeholder::sweep(&self.kube, &self.broker, &self.node, claims).await {
             Ok(0) => {}
             Ok(n) => tracing::warn!(
                 "orphans removed (no attempt of this node claims them): {n} placeholder pod(s)"

@@ -1,6 +1,7 @@
 //! Placeholder pods (DESIGN §12 "Kubernetes sees every runner", issue 16 item 4): a native runner
 //! is a host process the scheduler cannot see, so beside each one the agent keeps a pod on the
-//! runner's node — the pause image, the policy's resources as requests, owned by the attempt,
+//! runner's node — ordered from the operator, which builds it (issue 28: the agent holds no pod
+//! write right; `runner_manager_crds::pods::placeholder_pod`) — the pause image, the policy's resources as requests, owned by the attempt,
 //! `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"`, the chart's PriorityClass. The
 //! scheduler then counts the runner in the node's allocated resources (`kubectl describe node`),
 //! will not place a pod that would not fit beside it, and autoscalers do not remove the node
@@ -19,43 +20,30 @@
 //! runner is never stopped for it; a recreation the API server or the kubelet refuses is said
 //! in an event and tried again after [`KEEP_RETRY`].
 //!
-//! Every delete carries a uid precondition: only a pod whose controller is this attempt (by
-//! uid) is removed, never a same-named pod someone else made.
-//!
-//! The pod follows the one convention of agent-made pods (`crate::pods`), which the chart's
-//! agent-pods ValidatingAdmissionPolicy enforces.
+//! Every removal carries a uid precondition: only a pod whose controller is this attempt (by
+//! uid) is removed, never a same-named pod someone else made. The broker checks the same and
+//! that the pod is on the caller's node.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, Pod, ResourceRequirements, Toleration};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use runner_manager_crds::attempt::RunnerAttempt;
+use runner_manager_crds::broker::{OrderedPod, PodOrder};
 
+use crate::broker_client::{BrokerClient, Ordered, PodOrderError};
 use crate::pods::{self, PodRole};
 
-/// The annotation cluster autoscalers (and Karpenter, which honours it too) read before removing
-/// a node: a busy runner's node must not be drained under it.
-pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
-/// The one container of a placeholder.
-pub const CONTAINER: &str = "placeholder";
 /// After a placeholder was recreated (or its recreation refused), the next recreation of the
 /// same attempt's waits this long: a kubelet that refuses it for resources would otherwise be
 /// asked again on every event its refusal makes.
 pub const KEEP_RETRY: Duration = Duration::from_secs(30);
-/// The uid the pause process runs as: `nobody`, as the upstream image's own user.
-const PAUSE_UID: i64 = 65_535;
-
-/// How the agent makes placeholders (`--placeholder-image`, `--placeholder-priority-class`,
-/// `--placeholder-wait-seconds`; the chart's `placeholders.*`).
+/// How the agent keeps placeholders (`--placeholders`, `--placeholder-wait-seconds`; the
+/// chart's `placeholders.*`). Their image and PriorityClass are the operator's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
-    /// The pause image.
-    pub image: String,
-    /// The chart's PriorityClass, if any.
-    pub priority_class: Option<String>,
     /// How long to wait for the kubelet to run the placeholder before the launch goes on;
     /// zero: do not wait (a node without a kubelet, as in the development control plane).
     pub wait: Duration,
@@ -83,14 +71,15 @@ pub enum Refusal {
     /// It was deleted by someone else while awaited.
     #[error("the placeholder was deleted")]
     Deleted,
-    /// The API server refused to create it (admission, quota, a missing PriorityClass).
-    #[error("the API server refused the placeholder")]
+    /// The broker or the API server refused to make it (admission, quota, a missing
+    /// PriorityClass, an operator without placeholders configured).
+    #[error("the placeholder was refused")]
     Forbidden,
     /// The attempt cannot name a pod (no uid, or a name too long for a label).
     #[error("the attempt cannot own a placeholder")]
     Unnamed,
-    /// The API server could not be asked.
-    #[error("the API server could not be reached")]
+    /// The API server or the broker could not be asked.
+    #[error("the API server or the broker could not be reached")]
     Api,
 }
 
@@ -138,96 +127,58 @@ pub fn verdict(pod: &Pod) -> Verdict {
     }
 }
 
-/// The placeholder of `a` on `node`. Pure.
-pub fn placeholder_pod(a: &RunnerAttempt, node: &str, settings: &Settings) -> Result<Pod, Refusal> {
-    let generation = a.metadata.uid.as_deref().ok_or(Refusal::Unnamed)?;
-    let mut metadata = pods::owned_pod_meta(a, node, PodRole::Placeholder, generation)
-        .map_err(|_| Refusal::Unnamed)?;
-    metadata.annotations = Some(BTreeMap::from([(
-        SAFE_TO_EVICT.to_owned(),
-        "false".to_owned(),
-    )]));
-    let mut requests = BTreeMap::<String, Quantity>::new();
-    if let Some(r) = a.spec.snapshot.execution.resources.as_ref() {
-        if let Some(cpu) = &r.cpu {
-            requests.insert("cpu".to_owned(), cpu.clone());
-        }
-        if let Some(memory) = &r.memory {
-            requests.insert("memory".to_owned(), memory.clone());
-        }
-    }
-    let mut spec = pods::confined_spec(node);
-    if let Some(sc) = spec.security_context.as_mut() {
-        sc.run_as_user = Some(PAUSE_UID);
-        sc.run_as_group = Some(PAUSE_UID);
-    }
-    spec.priority_class_name = settings.priority_class.clone();
-    // The pause process holds nothing: removed at once, never waited for.
-    spec.termination_grace_period_seconds = Some(0);
-    // It stands for a runner that runs whatever the node's taints say (a host process is not
-    // evicted by a NoExecute taint), so it stays while the runner does.
-    spec.tolerations = Some(vec![Toleration {
-        operator: Some("Exists".to_owned()),
-        ..Toleration::default()
-    }]);
-    spec.containers = vec![Container {
-        name: CONTAINER.to_owned(),
-        image: Some(settings.image.clone()),
-        image_pull_policy: Some("IfNotPresent".to_owned()),
-        // Requests only: they are what the scheduler counts; the runner's own cgroup holds its
-        // limits, and the pause process uses next to nothing.
-        resources: Some(ResourceRequirements {
-            requests: (!requests.is_empty()).then_some(requests),
-            ..ResourceRequirements::default()
-        }),
-        security_context: Some(pods::confined_container()),
-        ..Container::default()
-    }];
-    Ok(Pod {
-        metadata,
-        spec: Some(spec),
-        status: None,
-    })
+/// Why a placeholder could not be removed. Closed.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoveError {
+    #[error("the placeholder could not be read: {0}")]
+    Read(#[from] kube::Error),
+    #[error("the placeholder's removal: {0}")]
+    Order(#[from] PodOrderError),
 }
 
-fn refusal_of(e: &kube::Error) -> Refusal {
+fn order_refusal(e: PodOrderError) -> Refusal {
     match e {
-        kube::Error::Api(s) if matches!(s.code, 400 | 403 | 422) => Refusal::Forbidden,
-        _ => Refusal::Api,
+        // A pod of the placeholder's name that is not this attempt's (the broker checked).
+        PodOrderError::Conflict => Refusal::Forbidden,
+        PodOrderError::Refused(400 | 403 | 404 | 422) => Refusal::Forbidden,
+        PodOrderError::Refused(_) | PodOrderError::Unreachable => Refusal::Api,
     }
 }
 
-/// Creates the placeholder of `a` (or finds the one an earlier try made: one name per attempt)
-/// and, with a wait, awaits the kubelet's verdict. `Ok` once it runs, or at once without a wait.
+/// Orders the placeholder of `a` from the broker (an order repeated meets the pod the first
+/// made: one name per attempt).
+async fn order(broker: &BrokerClient, a: &RunnerAttempt) -> Result<Ordered, Refusal> {
+    let (Some(ns), Some(uid)) = (a.metadata.namespace.as_deref(), a.metadata.uid.as_deref()) else {
+        return Err(Refusal::Unnamed);
+    };
+    let order = PodOrder {
+        attempt_uid: uid.to_owned(),
+        pod: OrderedPod::Placeholder,
+    };
+    broker
+        .order_pod(ns, &a.name_any(), &order)
+        .await
+        .map_err(order_refusal)
+}
+
+/// Orders the placeholder of `a` (or meets the one an earlier try made) and, with a wait,
+/// awaits the kubelet's verdict. `Ok` once it runs, or at once without a wait.
 pub async fn ensure(
     kube: &Client,
+    broker: &BrokerClient,
     a: &RunnerAttempt,
-    node: &str,
     settings: &Settings,
 ) -> Result<(), Refusal> {
-    let pod = placeholder_pod(a, node, settings)?;
-    let ns = pod.metadata.namespace.clone().ok_or(Refusal::Unnamed)?;
-    let name = pod.metadata.name.clone().ok_or(Refusal::Unnamed)?;
-    let api = Api::<Pod>::namespaced(kube.clone(), &ns);
-    match api.create(&PostParams::default(), &pod).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {
-            // Made by an earlier try of this launch: ours if its controller is this attempt.
-            let existing = api.get(&name).await.map_err(|e| refusal_of(&e))?;
-            if pods::owner_attempt(&existing.metadata).map(|(_, uid)| uid)
-                != a.metadata.uid.as_deref()
-            {
-                return Err(Refusal::Forbidden);
-            }
-        }
-        Err(e) => {
-            tracing::warn!(namespace = %ns, attempt = %a.name_any(), "placeholder not created: {e}");
-            return Err(refusal_of(&e));
-        }
+    let ns = a.metadata.namespace.clone().ok_or(Refusal::Unnamed)?;
+    let name = pods::pod_name(&a.name_any(), PodRole::Placeholder);
+    if let Err(r) = order(broker, a).await {
+        tracing::warn!(namespace = %ns, attempt = %a.name_any(), reason = r.as_str(), "placeholder not made");
+        return Err(r);
     }
     if settings.wait.is_zero() {
         return Ok(());
     }
+    let api = Api::<Pod>::namespaced(kube.clone(), &ns);
     let decided = |p: Option<&Pod>| p.is_none_or(|p| verdict(p) != Verdict::Pending);
     let awaited = tokio::time::timeout(
         settings.wait,
@@ -247,38 +198,9 @@ pub async fn ensure(
     if let Err(r) = outcome {
         tracing::warn!(namespace = %ns, attempt = %a.name_any(), reason = r.as_str(), "placeholder refused: the runner is not started");
         // A refused placeholder holds nothing, but its object must not outlive the launch.
-        let _ = remove_of(kube, a).await;
+        let _ = remove_of(kube, broker, a).await;
     }
     outcome
-}
-
-/// Deletes the pod `name` in `namespace` only if it is still the one of uid `uid` (a
-/// precondition: a same-named pod made since is not touched). Gone already, or replaced, is
-/// fine. Grace 0: the pause process holds nothing, and a node without a kubelet would otherwise
-/// keep the object terminating forever.
-async fn delete_exact(
-    kube: &Client,
-    namespace: &str,
-    name: &str,
-    uid: &str,
-) -> Result<(), kube::Error> {
-    let dp = DeleteParams {
-        grace_period_seconds: Some(0),
-        preconditions: Some(Preconditions {
-            uid: Some(uid.to_owned()),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match Api::<Pod>::namespaced(kube.clone(), namespace)
-        .delete(name, &dp)
-        .await
-    {
-        Ok(_) => Ok(()),
-        // 404: gone; 409: the uid precondition failed, the name is another pod's now.
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-        Err(e) => Err(e),
-    }
 }
 
 /// Whether `pod`'s controller is the attempt of uid `attempt_uid`.
@@ -289,7 +211,11 @@ fn owned_by(pod: &Pod, attempt_uid: &str) -> bool {
 /// Removes the placeholder of `a` (after cleanup, or on a failed launch): the pod of its name
 /// only if its controller is `a` (by uid), and only that pod (uid precondition). A same-named
 /// pod of anyone else stays.
-pub async fn remove_of(kube: &Client, a: &RunnerAttempt) -> Result<(), kube::Error> {
+pub async fn remove_of(
+    kube: &Client,
+    broker: &BrokerClient,
+    a: &RunnerAttempt,
+) -> Result<(), RemoveError> {
     let (Some(ns), Some(attempt_uid)) =
         (a.metadata.namespace.as_deref(), a.metadata.uid.as_deref())
     else {
@@ -311,7 +237,7 @@ pub async fn remove_of(kube: &Client, a: &RunnerAttempt) -> Result<(), kube::Err
         tracing::warn!(namespace = %ns, attempt = %a.name_any(), "a pod with the placeholder's name is not this attempt's: left alone");
         return Ok(());
     };
-    delete_exact(kube, ns, &name, uid).await
+    Ok(broker.remove_pod(ns, &name, uid).await?)
 }
 
 /// What [`keep`] did.
@@ -353,15 +279,9 @@ pub fn loss<'p>(found: Option<&'p Pod>, attempt_uid: &str) -> Loss<'p> {
 /// Keeps the placeholder of a running runner standing, as the pod watch's store shows it
 /// (`found`: the pod of the placeholder's name there, `None`: not there). One this attempt
 /// does not own, or one that ended (evicted, refused, failed), or none at all is lost: an ended
-/// one of ours is deleted (uid precondition) and a new one created. The runner is never stopped
+/// one of ours is removed (uid precondition) and a new one ordered. The runner is never stopped
 /// here.
-pub async fn keep(
-    kube: &Client,
-    a: &RunnerAttempt,
-    node: &str,
-    settings: &Settings,
-    found: Option<&Pod>,
-) -> Kept {
+pub async fn keep(broker: &BrokerClient, a: &RunnerAttempt, found: Option<&Pod>) -> Kept {
     let attempt_uid = a.metadata.uid.as_deref().unwrap_or_default();
     let lost = match loss(found, attempt_uid) {
         Loss::Standing => return Kept::Standing,
@@ -374,29 +294,17 @@ pub async fn keep(
             ) else {
                 return Kept::Lost(r, Refusal::Unnamed);
             };
-            if delete_exact(kube, ns, name, uid).await.is_err() {
-                return Kept::Lost(r, Refusal::Api);
+            if let Err(e) = broker.remove_pod(ns, name, uid).await {
+                return Kept::Lost(r, order_refusal(e));
             }
             r
         }
     };
-    let Ok(pod) = placeholder_pod(a, node, settings) else {
-        return Kept::Lost(lost, Refusal::Unnamed);
-    };
-    let ns = pod.metadata.namespace.clone().unwrap_or_default();
-    match Api::<Pod>::namespaced(kube.clone(), &ns)
-        .create(&PostParams::default(), &pod)
-        .await
-    {
-        Ok(_) => Kept::Recreated(lost),
+    match order(broker, a).await {
+        Ok(Ordered::Made(_)) => Kept::Recreated(lost),
         // Ours, made meanwhile (the store had not shown it yet): it stands.
-        Err(kube::Error::Api(s))
-            if s.code == 409 && found.is_none_or(|p| owned_by(p, attempt_uid)) =>
-        {
-            Kept::Standing
-        }
-        Err(kube::Error::Api(s)) if s.code == 409 => Kept::Lost(lost, Refusal::Forbidden),
-        Err(e) => Kept::Lost(lost, refusal_of(&e)),
+        Ok(Ordered::Existing(_)) => Kept::Standing,
+        Err(refused) => Kept::Lost(lost, refused),
     }
 }
 
@@ -425,9 +333,10 @@ pub fn orphans<'a>(listed: &'a [Pod], claimed: &BTreeSet<String>) -> Vec<&'a Pod
 /// many were removed.
 pub async fn sweep(
     kube: &Client,
+    broker: &BrokerClient,
     node: &str,
     claims: &(dyn Fn() -> BTreeSet<String> + Sync),
-) -> Result<usize, kube::Error> {
+) -> Result<usize, RemoveError> {
     let all = Api::<Pod>::all(kube.clone());
     let lp = ListParams::default().labels(&pods::node_selector(node, Some(PodRole::Placeholder)));
     let listed = all.list(&lp).await?.items;
@@ -442,18 +351,16 @@ pub async fn sweep(
             continue;
         };
         // The pod listed, and only it: one made since under the name is not touched.
-        delete_exact(kube, ns, name, uid).await?;
+        broker.remove_pod(ns, name, uid).await?;
         removed += 1;
     }
     Ok(removed)
 }
 
 impl Settings {
-    /// From the agent's flags: no image, no placeholders.
-    pub fn from_flags(image: &str, priority_class: &str, wait_seconds: u64) -> Option<Self> {
-        (!image.is_empty()).then(|| Self {
-            image: image.to_owned(),
-            priority_class: (!priority_class.is_empty()).then(|| priority_class.to_owned()),
+    /// From the agent's flags: `--placeholders=false`, no placeholders.
+    pub fn from_flags(enabled: bool, wait_seconds: u64) -> Option<Self> {
+        enabled.then(|| Self {
             wait: Duration::from_secs(wait_seconds),
         })
     }
@@ -489,60 +396,17 @@ mod tests {
         .expect("a valid attempt")
     }
 
-    fn settings() -> Settings {
-        Settings {
-            image: "pause:1".into(),
-            priority_class: Some("rm-placeholder".into()),
-            wait: Duration::ZERO,
-        }
-    }
-
-    #[test]
-    fn a_placeholder_requests_the_policys_resources_and_is_not_evictable_by_autoscalers() {
-        let pod =
-            placeholder_pod(&attempt(Some("1500m"), Some("2Gi")), "n1", &settings()).expect("pod");
-        assert_eq!(
-            pod.metadata.name.as_deref(),
-            Some("web-3f2a9c0177aa-placeholder")
-        );
-        assert_eq!(
-            pod.metadata.annotations.as_ref().expect("annotations")[SAFE_TO_EVICT],
-            "false"
-        );
-        assert_eq!(pods::role_of(&pod.metadata), Some(PodRole::Placeholder));
-        assert_eq!(
-            pods::owner_attempt(&pod.metadata),
-            Some(("web-3f2a9c0177aa", "u-1"))
-        );
-        let spec = pod.spec.expect("spec");
-        assert_eq!(spec.node_name.as_deref(), Some("n1"));
-        assert_eq!(spec.priority_class_name.as_deref(), Some("rm-placeholder"));
-        assert_eq!(spec.automount_service_account_token, Some(false));
-        assert!(spec.volumes.is_none(), "a placeholder mounts nothing");
-        let c = &spec.containers[0];
-        assert_eq!(c.image.as_deref(), Some("pause:1"));
-        let r = c.resources.as_ref().expect("resources");
-        let requests = r.requests.as_ref().expect("requests");
-        assert_eq!(requests["cpu"], Quantity("1500m".into()));
-        assert_eq!(requests["memory"], Quantity("2Gi".into()));
-        assert!(r.limits.is_none());
-        let sc = spec.security_context.expect("pod security");
-        assert_eq!(sc.run_as_non_root, Some(true));
-        assert_eq!(sc.run_as_user, Some(PAUSE_UID));
-    }
-
-    #[test]
-    fn a_policy_without_resources_gets_a_placeholder_without_requests() {
-        let pod = placeholder_pod(&attempt(None, None), "n1", &settings()).expect("pod");
-        let spec = pod.spec.expect("spec");
-        assert!(
-            spec.containers[0]
-                .resources
-                .as_ref()
-                .expect("resources")
-                .requests
-                .is_none()
-        );
+    /// The placeholder the broker makes for `a` (`runner_manager_crds::pods`).
+    fn made(a: &RunnerAttempt) -> Pod {
+        pods::placeholder_pod(
+            a,
+            "n1",
+            &pods::PlaceholderSpec {
+                image: "pause:1".into(),
+                priority_class: None,
+            },
+        )
+        .expect("pod")
     }
 
     fn with_status(phase: &str, reason: Option<&str>) -> Pod {
@@ -581,7 +445,7 @@ mod tests {
 
     #[test]
     fn a_running_runners_placeholder_is_lost_when_gone_ended_or_not_its_own() {
-        let mine = placeholder_pod(&attempt(None, None), "n1", &settings()).expect("pod");
+        let mine = made(&attempt(None, None));
         let with = |phase: &str, reason: Option<&str>| {
             let mut p = mine.clone();
             p.status = with_status(phase, reason).status;
@@ -625,7 +489,7 @@ mod tests {
                 .insert(key.into(), value.into());
             p
         };
-        let mine = placeholder_pod(&attempt(None, None), "n1", &settings()).expect("pod");
+        let mine = made(&attempt(None, None));
         let other = relabel(&mine, pods::ATTEMPT_LABEL, "web-00000000dead");
         let runner = relabel(&other, pods::ROLE_LABEL, "runner");
         // Someone else's pod with a placeholder's labels and no RunnerAttempt controller.

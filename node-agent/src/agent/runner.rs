@@ -91,7 +91,7 @@ pub fn pods_of(a: &RunnerAttempt, journal: &AttemptJournal) -> Option<PodRef> {
         None => EnvironmentIdentity {
             pod_name: pods::pod_name(a.metadata.name.as_deref()?, PodRole::Runner),
             uid: String::new(),
-            generation: oci::pod::generation_of(a)?.to_owned(),
+            generation: a.metadata.uid.clone()?,
         },
     };
     Some(PodRef {
@@ -110,6 +110,7 @@ pub fn pods(agent: &Agent) -> std::borrow::Cow<'_, OciProvider<KubePods>> {
             pods: KubePods {
                 client: agent.kube.clone(),
                 watch: std::sync::Arc::clone(&agent.pod_watch),
+                broker: std::sync::Arc::clone(&agent.broker),
             },
             node: agent.node.clone(),
             start_deadline: std::time::Duration::from_secs(1),

@@ -354,9 +354,9 @@ async fn keep_placeholder(
     a: &RunnerAttempt,
     memory: &mut AttemptMemory,
 ) {
-    let Some(settings) = agent.placeholders.as_ref() else {
+    if agent.placeholders.is_none() {
         return;
-    };
+    }
     if a.spec.snapshot.execution.mode != ExecutionMode::Native || !agent.pod_watch.is_running() {
         return;
     }
@@ -368,9 +368,7 @@ async fn keep_placeholder(
     let found = agent
         .pod_watch
         .get(ns, &pods::pod_name(name, PodRole::Placeholder));
-    let message = match placeholder::keep(&agent.kube, a, &agent.node, settings, found.as_deref())
-        .await
-    {
+    let message = match placeholder::keep(&agent.broker, a, found.as_deref()).await {
         Kept::Standing => return,
         Kept::Recreated(lost) => {
             tracing::warn!(namespace = %ns, attempt = %name, reason = lost.as_str(), "the placeholder of a running runner was lost; recreated");

@@ -1,5 +1,7 @@
-//! The broker's HTTPS server: `POST /v1/attempts/{namespace}/{name}/jit`. Stateless apart from
-//! the GitHub clients' token caches, so every operator replica serves it.
+//! The broker's HTTPS server: `POST /v1/attempts/{namespace}/{name}/jit`, and the pods agents
+//! order (`POST /v1/attempts/{namespace}/{name}/pods`, `POST /v1/pods/{namespace}/{name}/removal`;
+//! `super::pods`). Stateless apart from the GitHub clients' token caches, so every operator
+//! replica serves it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,12 +13,16 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use kube::api::Api;
 use runner_manager_crds::attempt::RunnerAttempt;
-use runner_manager_crds::broker::{BrokerError, BrokerErrorCode, JitRequest, JitResponse};
+use runner_manager_crds::broker::{
+    BrokerError, BrokerErrorCode, JitRequest, JitResponse, PodOrder, PodRemoval,
+};
+use runner_manager_crds::pods::PlaceholderSpec;
 use secrecy::SecretString;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use super::authn::{AgentIdentity, authenticate};
+use super::authn::{AgentIdentity, Caller, authenticate};
+use super::pods::{self, Made};
 use super::protocol::issue;
 use crate::github::registry::Clients;
 
@@ -29,6 +35,8 @@ pub struct Broker {
     /// `rm-<12 hex>`: this cluster's label on every runner it registers.
     pub ownership_label: String,
     pub metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// How placeholder pods are made (`--placeholder-image`); `None`: agents get none.
+    pub placeholders: Option<PlaceholderSpec>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -90,17 +98,7 @@ async fn jit(
         span.record("otel.status_code", "ERROR");
     }
     drop(span);
-    let elapsed = started.elapsed();
-    if let Some(m) = &broker.metrics {
-        m.broker_request(outcome, elapsed.as_secs_f64());
-    }
-    tracing::info!(
-        namespace = %namespace,
-        attempt = %name,
-        outcome,
-        elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
-        "broker request"
-    );
+    record(&broker, started, "jit", &namespace, &name, outcome);
     match result {
         Ok(response) => (StatusCode::OK, Json(response)).into_response(),
         Err(e) => answer(e),
@@ -114,6 +112,127 @@ fn refused(code: BrokerErrorCode, message: impl Into<String>) -> BrokerError {
     }
 }
 
+/// The caller, proven (`super::authn`): a live agent pod of the agent DaemonSet, on a node.
+async fn caller(
+    broker: &Broker,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+    namespace: &str,
+    name: &str,
+) -> Result<Caller, BrokerError> {
+    let token = bearer(headers).ok_or_else(|| {
+        refused(
+            BrokerErrorCode::Unauthenticated,
+            "a bound service-account token is required",
+        )
+    })?;
+    authenticate(&broker.kube, &broker.agents, &token, peer.ip())
+        .await
+        .map_err(|e| {
+            // The precise reason is for the operator's log; the caller gets a closed code.
+            tracing::warn!(namespace, object = name, peer = %peer.ip(), reason = %e, "broker caller refused");
+            let code = match e.http_status() {
+                401 => BrokerErrorCode::Unauthenticated,
+                403 => BrokerErrorCode::WrongNode,
+                429 => BrokerErrorCode::Throttled,
+                _ => BrokerErrorCode::Internal,
+            };
+            refused(code, e.public_message())
+        })
+}
+
+/// Records one exchange's outcome (metric and log line).
+fn record(
+    broker: &Broker,
+    started: std::time::Instant,
+    what: &str,
+    namespace: &str,
+    name: &str,
+    outcome: &'static str,
+) {
+    let elapsed = started.elapsed();
+    if let Some(m) = &broker.metrics {
+        m.broker_request(outcome, elapsed.as_secs_f64());
+    }
+    tracing::info!(
+        namespace = %namespace,
+        object = %name,
+        request = what,
+        outcome,
+        elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+        "broker request"
+    );
+}
+
+/// `POST /v1/attempts/{namespace}/{name}/pods`: an agent orders a pod of its node's attempt.
+async fn pod_order(
+    State(broker): State<Arc<Broker>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path((namespace, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Option<Json<PodOrder>>,
+) -> Response {
+    let started = std::time::Instant::now();
+    let result = async {
+        let caller = caller(&broker, peer, &headers, &namespace, &name).await?;
+        let Json(order) = body.ok_or_else(|| {
+            refused(
+                BrokerErrorCode::PodRefused,
+                "a JSON body {attemptUid, pod: {role, ...}} is required",
+            )
+        })?;
+        pods::order(
+            &broker.kube,
+            &namespace,
+            &name,
+            &caller,
+            &order,
+            broker.placeholders.as_ref(),
+        )
+        .await
+    }
+    .await;
+    let outcome = match &result {
+        Ok(Made::Created(_)) => "pod_created",
+        Ok(Made::Existing(_)) => "pod_existing",
+        Err(e) => error_label(e.code),
+    };
+    record(&broker, started, "pod_order", &namespace, &name, outcome);
+    match result {
+        Ok(Made::Created(pod)) => (StatusCode::CREATED, Json(pod)).into_response(),
+        Ok(Made::Existing(pod)) => (StatusCode::OK, Json(pod)).into_response(),
+        Err(e) => answer(e),
+    }
+}
+
+/// `POST /v1/pods/{namespace}/{name}/removal`: an agent removes a pod the broker made on its
+/// node.
+async fn pod_removal(
+    State(broker): State<Arc<Broker>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path((namespace, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Option<Json<PodRemoval>>,
+) -> Response {
+    let started = std::time::Instant::now();
+    let result = async {
+        let caller = caller(&broker, peer, &headers, &namespace, &name).await?;
+        let Json(removal) = body
+            .ok_or_else(|| refused(BrokerErrorCode::PodRefused, "a JSON body {uid} is required"))?;
+        pods::remove(&broker.kube, &namespace, &name, &caller, &removal).await
+    }
+    .await;
+    let outcome = match &result {
+        Ok(()) => "pod_removed",
+        Err(e) => error_label(e.code),
+    };
+    record(&broker, started, "pod_removal", &namespace, &name, outcome);
+    match result {
+        Ok(()) => (StatusCode::OK, Json(serde_json::json!({}))).into_response(),
+        Err(e) => answer(e),
+    }
+}
+
 async fn handle(
     broker: &Broker,
     peer: SocketAddr,
@@ -124,25 +243,7 @@ async fn handle(
     span: &tracing::Span,
 ) -> Result<JitResponse, BrokerError> {
     use tracing::Instrument;
-    let token = bearer(headers).ok_or_else(|| {
-        refused(
-            BrokerErrorCode::Unauthenticated,
-            "a bound service-account token is required",
-        )
-    })?;
-    let caller = authenticate(&broker.kube, &broker.agents, &token, peer.ip())
-        .await
-        .map_err(|e| {
-            // The precise reason is for the operator's log; the caller gets a closed code.
-            tracing::warn!(namespace, attempt = name, peer = %peer.ip(), reason = %e, "broker caller refused");
-            let code = match e.http_status() {
-                401 => BrokerErrorCode::Unauthenticated,
-                403 => BrokerErrorCode::WrongNode,
-                429 => BrokerErrorCode::Throttled,
-                _ => BrokerErrorCode::Internal,
-            };
-            refused(code, e.public_message())
-        })?;
+    let caller = caller(broker, peer, headers, namespace, name).await?;
     let request = body.ok_or_else(|| {
         refused(
             BrokerErrorCode::NotPrepared,
@@ -225,6 +326,9 @@ fn error_label(code: BrokerErrorCode) -> &'static str {
         BrokerErrorCode::Unauthenticated => "unauthenticated",
         BrokerErrorCode::Throttled => "throttled",
         BrokerErrorCode::WrongNode => "wrong_node",
+        BrokerErrorCode::NotYourPod => "not_your_pod",
+        BrokerErrorCode::PodConflict => "pod_conflict",
+        BrokerErrorCode::PodRefused => "pod_refused",
         BrokerErrorCode::UnknownAttempt => "unknown_attempt",
         BrokerErrorCode::NotPrepared => "not_prepared",
         BrokerErrorCode::AlreadyIssued => "already_issued",
@@ -233,14 +337,17 @@ fn error_label(code: BrokerErrorCode) -> &'static str {
     }
 }
 
-/// The most bytes of a broker request body (`{attemptUid, specHash}` is under 200), read before
-/// the caller is authenticated.
-pub const BODY_LIMIT: usize = 4 * 1024;
+/// The most bytes of a broker request body, read before the caller is authenticated: a JIT
+/// request (`{attemptUid, specHash}`) is under 200, a runner pod order carries the listener's
+/// environment (at most `pods::ENVIRONMENT_LIMIT`).
+pub const BODY_LIMIT: usize = pods::ENVIRONMENT_LIMIT + 4 * 1024;
 
 /// The broker's routes.
 pub fn router(broker: Arc<Broker>) -> axum::Router {
     axum::Router::new()
         .route("/v1/attempts/{namespace}/{name}/jit", post(jit))
+        .route("/v1/attempts/{namespace}/{name}/pods", post(pod_order))
+        .route("/v1/pods/{namespace}/{name}/removal", post(pod_removal))
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(broker)
 }

@@ -1,11 +1,12 @@
 //! The OCI provider (DESIGN §6 "OCI provider", §12 "Provider seam"): the attempt's runner is a
-//! Pod the agent creates on its own node, from the attempt's image pinned by digest, with the
+//! Pod on the agent's own node, which the agent orders from the operator (issue 28: the agent
+//! holds no pod write right; the broker builds the pod with `runner_manager_crds::pods`), from the attempt's image pinned by digest, with the
 //! attempt's runtime directory (the materialized, verified runner package, as native) mounted
 //! from the host. The pod's container runs the entry helper, which waits for the same
 //! restrictive handoff file native runners use, reads and deletes it, and execs the listener
 //! with the JIT in the listener's environment only.
 //!
-//! - `prepare` creates the pod (the caller journalled `Preparing` first) and waits until its
+//! - `prepare` orders the pod (the caller journalled `Preparing` first) and waits until its
 //!   container runs, bounded: an image that cannot be pulled or a pod the kubelet never starts
 //!   ends the launch before any JIT exists.
 //! - `start` writes the handoff (the caller's [`RestrictiveHandoff`]) and a pointer naming it,
@@ -16,25 +17,27 @@
 //! for on its events, not polled: a pod the watch does not hold is read once from the API
 //! server before its absence means anything. Only the helper's marker in the runtime (a file,
 //! no event) is looked for at a short interval while the handoff is offered.
-//! - `stop` and `destroy` delete the pod (uid precondition: never a pod of another generation)
-//!   and prove it gone by reading again.
+//! - `stop` and `destroy` order the pod's removal (uid precondition: never a pod of another
+//!   generation) and prove it gone by reading again.
 //!
-//! I/O goes through [`PodApi`] ([`KubePods`] in the agent); the pod itself is built by the pure
-//! [`pod::runner_pod`]. The provider never falls back to native.
+//! I/O goes through [`PodApi`] ([`KubePods`] in the agent: reads from the agent's watch, writes
+//! through the broker). The provider never falls back to native.
 
 pub mod observe;
-pub mod pod;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use kube::api::{Api, ListParams};
 use runner_manager_crds::attempt::EnvironmentIdentity;
+use runner_manager_crds::broker::{OrderedPod, PodOrder};
+use runner_manager_crds::pods::{self, BuildRefusal, PodRole};
 
 use super::launcher::Stopped;
 use crate::account::RunnerAccount;
+use crate::broker_client::{BrokerClient, PodOrderError};
 use crate::handoff::RestrictiveHandoff;
 pub use observe::{Ended, PodObservation, Waiting};
 
@@ -79,7 +82,13 @@ impl Changes {
 /// The pods the provider manages, by namespace. Small on purpose: the unit tests of the
 /// provider's decisions use a double, the agent uses [`KubePods`].
 pub trait PodApi: Send + Sync {
-    fn create(&self, pod: &Pod) -> impl Future<Output = Result<Pod, PodApiError>> + Send;
+    /// Orders the pod of attempt `ns/attempt` (made by the operator); the pod as stored.
+    fn create(
+        &self,
+        ns: &str,
+        attempt: &str,
+        order: &PodOrder,
+    ) -> impl Future<Output = Result<Pod, PodApiError>> + Send;
     fn get(
         &self,
         ns: &str,
@@ -94,7 +103,7 @@ pub trait PodApi: Send + Sync {
     ) -> impl Future<Output = Result<Vec<Pod>, PodApiError>> + Send;
     /// Subscribed before a look, woken after it by the next change (see [`Changes`]).
     fn changes(&self) -> Changes;
-    /// Deletes the pod with this uid (a precondition: never another generation's pod that
+    /// Removes the pod with this uid (a precondition: never another generation's pod that
     /// took the name). Gone already is fine.
     fn delete(
         &self,
@@ -115,6 +124,16 @@ pub enum PodApiError {
     Unreachable,
 }
 
+impl From<PodOrderError> for PodApiError {
+    fn from(e: PodOrderError) -> Self {
+        match e {
+            PodOrderError::Conflict => Self::AlreadyExists,
+            PodOrderError::Refused(code) => Self::Refused(code),
+            PodOrderError::Unreachable => Self::Unreachable,
+        }
+    }
+}
+
 impl From<kube::Error> for PodApiError {
     fn from(e: kube::Error) -> Self {
         match e {
@@ -125,12 +144,14 @@ impl From<kube::Error> for PodApiError {
     }
 }
 
-/// [`PodApi`] over the agent's client and its pod watch: reads come from the watch's store,
-/// and only a pod the store does not hold is read from the API server.
+/// [`PodApi`] over the agent's client, its pod watch and the broker: reads come from the
+/// watch's store, and only a pod the store does not hold is read from the API server; orders
+/// and removals go to the broker (the agent has no pod write right).
 #[derive(Clone)]
 pub struct KubePods {
     pub client: kube::Client,
     pub watch: Arc<crate::pod_watch::PodWatch>,
+    pub broker: Arc<BrokerClient>,
 }
 
 impl std::fmt::Debug for KubePods {
@@ -140,11 +161,8 @@ impl std::fmt::Debug for KubePods {
 }
 
 impl PodApi for KubePods {
-    async fn create(&self, pod: &Pod) -> Result<Pod, PodApiError> {
-        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        Ok(Api::<Pod>::namespaced(self.client.clone(), ns)
-            .create(&PostParams::default(), pod)
-            .await?)
+    async fn create(&self, ns: &str, attempt: &str, order: &PodOrder) -> Result<Pod, PodApiError> {
+        Ok(self.broker.order_pod(ns, attempt, order).await?.pod())
     }
 
     async fn get(&self, ns: &str, name: &str) -> Result<Option<Pod>, PodApiError> {
@@ -176,31 +194,15 @@ impl PodApi for KubePods {
     }
 
     async fn delete(&self, ns: &str, name: &str, uid: &str) -> Result<(), PodApiError> {
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: Some(uid.to_owned()),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match Api::<Pod>::namespaced(self.client.clone(), ns)
-            .delete(name, &params)
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            // 409 on a uid precondition: the name is another pod's now, and ours is gone.
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        Ok(self.broker.remove_pod(ns, name, uid).await?)
     }
 }
 
 /// Why a pod step did not succeed. Closed; each maps to one outcome in the launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PodFailure {
-    #[error("the pod cannot be built: {0}")]
-    Spec(#[from] pod::PodRefusal),
+    #[error("the pod cannot be ordered: {0}")]
+    Spec(#[from] BuildRefusal),
     #[error("the pod API: {0}")]
     Api(#[from] PodApiError),
     #[error("a pod with the runner's name is not this attempt's")]
@@ -236,8 +238,11 @@ pub struct OciProvider<P: PodApi> {
 #[derive(Debug)]
 pub struct PrepareRequest<'a> {
     pub attempt: &'a runner_manager_crds::attempt::RunnerAttempt,
-    pub inputs: pod::PodInputs<'a>,
-    /// The runtime as the agent sees it (the pod mounts `inputs.host_runtime`, the same
+    /// The runner pod's node-local inputs ([`OrderedPod::Runner`]).
+    pub pod: OrderedPod,
+    /// The runner account (the order's `runAsUser`/`runAsGroup`): the handoff pointer is its.
+    pub account: RunnerAccount,
+    /// The runtime as the agent sees it (the pod mounts the order's `hostRuntime`, the same
     /// directory as the host names it).
     pub runtime: &'a Path,
 }
@@ -258,24 +263,25 @@ pub struct PodRef {
 }
 
 impl<P: PodApi> OciProvider<P> {
-    /// Creates the attempt's pod (or meets the one a previous try created, if it is provably
-    /// this generation's) and waits until its container runs. Returns the identity to journal
-    /// with `Prepared`. On failure the pod may exist: the caller's cleanup destroys it.
+    /// Orders the attempt's pod (or meets the one a previous try made: the broker answers an
+    /// order repeated with the pod of the derived name when it is provably this generation's)
+    /// and waits until its container runs. Returns the identity to journal with `Prepared`. On
+    /// failure the pod may exist: the caller's cleanup destroys it.
     pub async fn prepare_pod<'a>(
         &self,
         req: PrepareRequest<'a>,
     ) -> Result<PreparedPod<'a>, PodFailure> {
-        let wanted = pod::runner_pod(req.attempt, &req.inputs)?;
-        let (name, ns, generation) = ids(&wanted)?;
-        let created = match self.pods.create(&wanted).await {
-            Ok(p) => p,
-            Err(PodApiError::AlreadyExists) => {
-                let found = self.pods.get(&ns, &name).await?;
-                match found {
-                    Some(p) if pod::is_ours(&p, attempt_name(req.attempt), &generation) => p,
-                    _ => return Err(PodFailure::NotOurs),
-                }
-            }
+        let (attempt, ns, generation) = ids(req.attempt)?;
+        let name = pods::pod_name(attempt, PodRole::Runner);
+        let order = PodOrder {
+            attempt_uid: generation.clone(),
+            pod: req.pod,
+        };
+        let created = match self.pods.create(&ns, attempt, &order).await {
+            // The broker's answer, checked again: a pod that is not this generation's runner
+            // is never adopted.
+            Ok(p) if pods::is_ours(&p, attempt, &generation, PodRole::Runner) => p,
+            Ok(_) | Err(PodApiError::AlreadyExists) => return Err(PodFailure::NotOurs),
             Err(e) => return Err(e.into()),
         };
         let uid = created.metadata.uid.clone().unwrap_or_default();
@@ -290,7 +296,7 @@ impl<P: PodApi> OciProvider<P> {
                 identity,
             },
             runtime: req.runtime,
-            account: req.inputs.account,
+            account: req.account,
         };
         let deadline = tokio::time::Instant::now() + self.start_deadline;
         let mut last = PodObservation::Waiting(Waiting::NotStarted);
@@ -398,7 +404,7 @@ impl<P: PodApi> OciProvider<P> {
     ) -> Result<usize, PodFailure> {
         let pods = self
             .pods
-            .list(ns, &pod::selector(attempt), &self.node)
+            .list(ns, &pods::runner_selector(attempt), &self.node)
             .await?;
         let mut ours = Vec::new();
         let (mut other_generation, mut duplicate) = (false, false);
@@ -466,10 +472,10 @@ impl<P: PodApi> OciProvider<P> {
 /// one derived from the attempt (the agent creates no other), or a pod was journalled and `p`
 /// has another uid. Pure.
 pub fn is_duplicate(p: &Pod, attempt: &str, journalled: &EnvironmentIdentity) -> bool {
-    let derived = crate::pods::pod_name(attempt, crate::pods::PodRole::Runner);
+    let derived = pods::pod_name(attempt, PodRole::Runner);
     let name = p.metadata.name.as_deref();
     let uid = p.metadata.uid.as_deref();
-    pod::is_ours(p, attempt, &journalled.generation)
+    pods::is_ours(p, attempt, &journalled.generation, PodRole::Runner)
         && (name != Some(derived.as_str())
             || (!journalled.uid.is_empty() && uid != Some(journalled.uid.as_str())))
 }
@@ -492,9 +498,11 @@ pub enum Claim {
 /// generation, by its controller owner first: labels alone prove nothing. Pure.
 pub fn claim_of(p: &Pod, attempt: &str, journalled: &EnvironmentIdentity) -> Claim {
     let generation = journalled.generation.as_str();
-    match crate::pods::owner_attempt(&p.metadata) {
+    match pods::owner_attempt(&p.metadata) {
         Some((_, uid)) if uid == generation => {
-            if pod::is_ours(p, attempt, generation) && !is_duplicate(p, attempt, journalled) {
+            if pods::is_ours(p, attempt, generation, PodRole::Runner)
+                && !is_duplicate(p, attempt, journalled)
+            {
                 Claim::Ours
             } else {
                 Claim::Duplicate
@@ -505,24 +513,17 @@ pub fn claim_of(p: &Pod, attempt: &str, journalled: &EnvironmentIdentity) -> Cla
     }
 }
 
-fn attempt_name(a: &runner_manager_crds::attempt::RunnerAttempt) -> &str {
-    a.metadata.name.as_deref().unwrap_or_default()
-}
-
-fn ids(p: &Pod) -> Result<(String, String, String), PodFailure> {
-    let generation = p
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(crate::pods::GENERATION_LABEL))
-        .cloned();
+/// The attempt's name, namespace and generation (its uid).
+fn ids(
+    a: &runner_manager_crds::attempt::RunnerAttempt,
+) -> Result<(&str, String, String), PodFailure> {
     match (
-        p.metadata.name.clone(),
-        p.metadata.namespace.clone(),
-        generation,
+        a.metadata.name.as_deref(),
+        a.metadata.namespace.clone(),
+        a.metadata.uid.clone(),
     ) {
         (Some(n), Some(ns), Some(g)) => Ok((n, ns, g)),
-        _ => Err(PodFailure::Spec(pod::PodRefusal::AttemptUnnamed)),
+        _ => Err(PodFailure::Spec(BuildRefusal::AttemptUnnamed)),
     }
 }
 

@@ -75,10 +75,10 @@ pub fn observe(pod: Option<&Pod>) -> PodObservation {
     let Some(status) = pod.status.as_ref() else {
         return PodObservation::Waiting(Waiting::NotStarted);
     };
-    let container = status
-        .container_statuses
-        .as_ref()
-        .and_then(|c| c.iter().find(|c| c.name == super::pod::CONTAINER));
+    let container = status.container_statuses.as_ref().and_then(|c| {
+        c.iter()
+            .find(|c| c.name == runner_manager_crds::pods::RUNNER_CONTAINER)
+    });
     let terminated = container
         .and_then(|c| c.state.as_ref())
         .and_then(|s| s.terminated.as_ref());
