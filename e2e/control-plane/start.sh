@@ -98,10 +98,14 @@ fi
 # The controller manager runs garbage collection (owner references) and namespace deletion.
 # No DaemonSet controller: there are no kubelets, and the harness makes each simulated node's
 # agent Pod by hand, controlled by a hand-made agent DaemonSet (the broker checks that by uid);
-# the controller would delete or disown those pods (e2e/src/harness/node.rs). Releases after 1.20
-# have no cloud controllers (route, service, cloud-node-lifecycle) in the controller manager.
-CONTROLLERS='*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-route,-service,-daemonset'
-[ "$RM_K8S_VERSION" = 1.20 ] || CONTROLLERS='*,-nodeipam,-nodelifecycle,-daemonset'
+# the controller would delete or disown those pods (e2e/src/harness/node.rs). No pod garbage
+# collector either: most simulated nodes (the broker suite's `node-a`) have no Node object, and
+# it force-deletes pods bound to a missing node on its next pass once the name has been missing
+# for its quarantine, which a name reused by test after test always has (a broker test lost its
+# agent pod to it mid-test). Releases after 1.20 have no cloud controllers (route, service,
+# cloud-node-lifecycle) in the controller manager.
+CONTROLLERS='*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-route,-service,-daemonset,-podgc'
+[ "$RM_K8S_VERSION" = 1.20 ] || CONTROLLERS='*,-nodeipam,-nodelifecycle,-daemonset,-podgc'
 # 1.20's controller manager also serves an insecure port (10252) unless told not to: two control
 # planes on one host would collide there.
 KCM_EXTRA=(); [ "$RM_K8S_VERSION" = 1.20 ] && KCM_EXTRA=(--port 0)

@@ -20,9 +20,14 @@ use kube::api::{
 };
 use kube::discovery::{Discovery, verbs};
 use runner_manager_crds::attempt::{RunnerAttempt, Transition, WorkspacePlacement, spec_hash};
-use runner_manager_crds::broker::{BROKER_AUDIENCE, JitRequest, jit_path};
+use runner_manager_crds::broker::{
+    BROKER_AUDIENCE, JitRequest, OrderedPod, PodOrder, PodRemoval, jit_path, pod_removal_path,
+    pods_path,
+};
 use runner_manager_crds::names::runner_name;
 use runner_manager_crds::outcome::{FailureReason, Outcome};
+use runner_manager_crds::pods::{PlaceholderSpec, RunnerPodInputs, placeholder_pod, runner_pod};
+use runner_manager_crds::policy::ExecutionMode;
 use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_crds::state::{Actor, AttemptState};
 use runner_manager_e2e::harness;
@@ -189,12 +194,23 @@ impl World {
     }
 
     async fn attempt_in(&self, node: &str, state: AttemptState) -> RunnerAttempt {
+        self.attempt_with(node, state, |_| {}).await
+    }
+
+    /// Like [`Self::attempt_in`], the attempt edited before it is created.
+    async fn attempt_with(
+        &self,
+        node: &str,
+        state: AttemptState,
+        edit: impl FnOnce(&mut RunnerAttempt),
+    ) -> RunnerAttempt {
         let id = uuid::Uuid::new_v4();
         let policy = Api::<ScalePolicy>::namespaced(self.kube.clone(), &self.team)
             .get("web")
             .await
             .unwrap();
-        let fresh = native_attempt(id, "web", policy.metadata.uid.as_deref().unwrap(), node);
+        let mut fresh = native_attempt(id, "web", policy.metadata.uid.as_deref().unwrap(), node);
+        edit(&mut fresh);
         let name = fresh.metadata.name.clone().unwrap();
         let created = self
             .attempts()
@@ -209,6 +225,9 @@ impl World {
                 )),
                 spec_hash: spec_hash(&created.spec),
             });
+        }
+        if state == AttemptState::Preparing {
+            steps.push(Transition::BeginPrepare);
         }
         if state >= AttemptState::Prepared {
             steps.push(Transition::MarkPrepared { environment: None });
@@ -283,6 +302,53 @@ impl World {
         };
         let (answer, ()) = tokio::join!(self.ask(attempt, Some(token)), interfere);
         answer
+    }
+
+    /// `POST` `body` to the broker's `path` with `token`: (status, body).
+    async fn post(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+        token: Option<&str>,
+    ) -> (u16, Value) {
+        let mut req = self
+            .http
+            .post(format!("{}{path}", self.brokers[0]))
+            .json(body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Orders `pod` for `attempt` with `token`.
+    async fn order(
+        &self,
+        attempt: &RunnerAttempt,
+        pod: OrderedPod,
+        token: Option<&str>,
+    ) -> (u16, Value) {
+        let body = PodOrder {
+            attempt_uid: attempt.metadata.uid.clone().unwrap(),
+            pod,
+        };
+        self.post(
+            &pods_path(&self.team, attempt.metadata.name.as_deref().unwrap()),
+            &body,
+            token,
+        )
+        .await
+    }
+
+    /// Orders the removal of pod `name` of `uid` with `token`.
+    async fn remove(&self, name: &str, uid: &str, token: &str) -> (u16, Value) {
+        let body = PodRemoval {
+            uid: uid.to_owned(),
+        };
+        self.post(&pod_removal_path(&self.team, name), &body, Some(token))
+            .await
     }
 
     async fn reread(&self, attempt: &RunnerAttempt) -> RunnerAttempt {
@@ -924,4 +990,205 @@ async fn the_operator_process_serves_the_broker_across_restarts() {
             "the JIT in a log line"
         );
     }
+}
+
+/// The first field of `expected` that `actual` lacks or holds with another value (objects by
+/// key, arrays element by element), as a path: the API server adds its defaults, never changes
+/// what was asked. A `false` it drops (`hostNetwork: false` is stored as absent) counts as kept.
+fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<String> {
+    match (expected, actual) {
+        (Value::Object(e), Value::Object(a)) => e.iter().find_map(|(k, v)| match a.get(k) {
+            Some(x) => first_difference(v, x, &format!("{path}.{k}")),
+            None if *v == Value::Bool(false) => None,
+            None => Some(format!("{path}.{k} is missing")),
+        }),
+        (Value::Array(e), Value::Array(a)) if e.len() == a.len() => e
+            .iter()
+            .zip(a)
+            .enumerate()
+            .find_map(|(i, (v, x))| first_difference(v, x, &format!("{path}[{i}]"))),
+        _ if expected == actual => None,
+        _ => Some(format!("{path}: {expected} asked, {actual} stored")),
+    }
+}
+
+/// Asserts that `stored` holds every field of `built`'s metadata and spec.
+fn assert_built(built: &Pod, stored: &Value) {
+    let built = serde_json::to_value(built).unwrap();
+    for part in ["metadata", "spec"] {
+        if let Some(d) = first_difference(&built[part], &stored[part], part) {
+            panic!("the stored pod is not the builder's: {d}");
+        }
+    }
+}
+
+/// Issue 28 item 1: the agent holds no pod write right; it orders its attempts' pods from the
+/// broker, which makes exactly what the builder makes, for the caller's own node only. Each
+/// attack is made with a real bound agent token on the real API server: another node's attempt
+/// (403), a stale uid (404), no token (401), a runner pod for a native attempt, a runner pod
+/// mounting another host path or running as root (422), removing another node's pod or a pod no
+/// attempt owns (403). What is made is the builder's pod, field for field, on the caller's node,
+/// and an order repeated after a lost answer meets it (200, same uid).
+#[tokio::test]
+async fn pods_are_made_only_for_the_callers_own_attempts_and_as_the_builder_makes_them() {
+    let Some(mut w) = world("broker_pods", 1).await else {
+        return;
+    };
+    w.trust_published_ca().await;
+    let (token_a, token_b) = (w.agent_token("node-a").await, w.agent_token("node-b").await);
+    let pods = Api::<Pod>::namespaced(w.kube.clone(), &w.team);
+    let on_a = w.attempt_in("node-a", AttemptState::Allocated).await;
+    let on_b = w.attempt_in("node-b", AttemptState::Allocated).await;
+    let none = || async {
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    };
+
+    // Refused, and nothing made.
+    let (status, body) = w
+        .order(&on_b, OrderedPod::Placeholder, Some(&token_a))
+        .await;
+    assert_eq!((status, code(&body)), (403, "WrongNode"), "{body}");
+    let (status, _) = w.order(&on_a, OrderedPod::Placeholder, None).await;
+    assert_eq!(status, 401);
+    let mut stale = on_a.clone();
+    stale.metadata.uid = Some("00000000-0000-0000-0000-000000000000".into());
+    let (status, body) = w
+        .order(&stale, OrderedPod::Placeholder, Some(&token_a))
+        .await;
+    assert_eq!((status, code(&body)), (404, "UnknownAttempt"), "{body}");
+    let runtime = |a: &RunnerAttempt| {
+        a.status
+            .as_ref()
+            .unwrap()
+            .journal
+            .workspace()
+            .unwrap()
+            .runtime_path()
+            .to_owned()
+    };
+    let runner_order = |host_runtime: String, run_as_user: u32| OrderedPod::Runner {
+        host_runtime,
+        run_as_user,
+        run_as_group: 20000,
+        environment: BTreeMap::from([("FOO".to_owned(), "bar".to_owned())]),
+        await_handoff_seconds: 300,
+    };
+    let (status, body) = w
+        .order(&on_a, runner_order(runtime(&on_a), 20001), Some(&token_a))
+        .await;
+    assert_eq!(
+        (status, code(&body)),
+        (422, "PodRefused"),
+        "a native attempt's runner pod: {body}"
+    );
+    assert!(none().await, "a refused order made a pod");
+
+    // Its own attempt's placeholder: the builder's, on its node (201); asked again, the same (200).
+    let (status, body) = w
+        .order(&on_a, OrderedPod::Placeholder, Some(&token_a))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let made: Pod = serde_json::from_value(body).unwrap();
+    let expected = placeholder_pod(
+        &on_a,
+        "node-a",
+        &PlaceholderSpec {
+            image: runner_manager_e2e::harness::world::PLACEHOLDER_IMAGE.into(),
+            priority_class: None,
+        },
+    )
+    .unwrap();
+    let stored = pods
+        .get(made.metadata.name.as_deref().unwrap())
+        .await
+        .unwrap();
+    let stored_json = serde_json::to_value(&stored).unwrap();
+    assert_built(&expected, &stored_json);
+    let labels = stored.metadata.labels.as_ref().unwrap();
+    assert_eq!(
+        labels.len(),
+        4,
+        "the convention's labels and no other: {labels:?}"
+    );
+    let (status, body) = w
+        .order(&on_a, OrderedPod::Placeholder, Some(&token_a))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["metadata"]["uid"], stored_json["metadata"]["uid"]);
+
+    // Removal: node B's placeholder and a pod no attempt owns are not node A's to remove.
+    let (status, body) = w
+        .order(&on_b, OrderedPod::Placeholder, Some(&token_b))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let b_name = body["metadata"]["name"].as_str().unwrap().to_owned();
+    let b_uid = body["metadata"]["uid"].as_str().unwrap().to_owned();
+    let (status, body) = w.remove(&b_name, &b_uid, &token_a).await;
+    assert_eq!((status, code(&body)), (403, "NotYourPod"), "{body}");
+    let mut bystander = stored.clone();
+    bystander.metadata = ObjectMeta {
+        name: Some("bystander".into()),
+        ..ObjectMeta::default()
+    };
+    bystander.spec.as_mut().unwrap().node_name = Some("node-a".into());
+    let bystander = pods
+        .create(&PostParams::default(), &bystander)
+        .await
+        .unwrap();
+    let (status, body) = w
+        .remove(
+            "bystander",
+            bystander.metadata.uid.as_deref().unwrap(),
+            &token_a,
+        )
+        .await;
+    assert_eq!((status, code(&body)), (403, "NotYourPod"), "{body}");
+    assert!(pods.get_opt(&b_name).await.unwrap().is_some());
+    assert!(pods.get_opt("bystander").await.unwrap().is_some());
+    // Its own: removed (and removing it again is done).
+    let own = stored.metadata.name.clone().unwrap();
+    let own_uid = stored.metadata.uid.clone().unwrap();
+    assert_eq!(w.remove(&own, &own_uid, &token_a).await.0, 200);
+    assert!(pods.get_opt(&own).await.unwrap().is_none());
+    assert_eq!(w.remove(&own, &own_uid, &token_a).await.0, 200);
+
+    // An OCI attempt preparing on node A: a runner pod mounting another host path, or running
+    // as root, is refused; the journalled runtime as its runner account is the builder's pod.
+    let image = format!("registry.local/runner@sha256:{}", "a".repeat(64));
+    let oci = w
+        .attempt_with("node-a", AttemptState::Preparing, |a| {
+            a.spec.snapshot.execution.mode = ExecutionMode::Oci;
+            a.spec.snapshot.execution.image = Some(image.clone());
+        })
+        .await;
+    for hostile in [
+        runner_order("/".into(), 20001),
+        runner_order(runtime(&oci), 0),
+    ] {
+        let (status, body) = w.order(&oci, hostile, Some(&token_a)).await;
+        assert_eq!((status, code(&body)), (422, "PodRefused"), "{body}");
+    }
+    let (status, body) = w
+        .order(&oci, runner_order(runtime(&oci), 20001), Some(&token_a))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let env = BTreeMap::from([("FOO".to_owned(), "bar".to_owned())]);
+    let rt = runtime(&oci);
+    let expected = runner_pod(
+        &oci,
+        &RunnerPodInputs {
+            node: "node-a",
+            host_runtime: &rt,
+            run_as_user: 20001,
+            run_as_group: 20000,
+            environment: &env,
+            await_handoff_seconds: 300,
+        },
+    )
+    .unwrap();
+    assert_built(&expected, &body);
 }

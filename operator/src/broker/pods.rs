@@ -322,10 +322,10 @@ mod tests {
                     "timeouts": {"registration": "5m", "idle": "5m", "jitHandoff": "2m"}
                 }
             },
-            "status": {"journal": {
+            "status": {
                 "state": state,
                 "workspace": {"kind": "Ephemeral", "runtimePath": "/var/lib/runner-manager/runners/3f2a9c0177aa"}
-            }}
+            }
         }))
         .expect("a valid attempt")
     }
@@ -457,7 +457,7 @@ mod tests {
         }
         assert_eq!(
             code(check_order(
-                &attempt("Oci", "Running"),
+                &attempt("Oci", "Idle"),
                 &caller("n1"),
                 &runner(|_| {}),
                 None
