@@ -98,7 +98,7 @@ async fn jit(
         span.record("otel.status_code", "ERROR");
     }
     drop(span);
-    record(&broker, started, "jit", &namespace, &name, outcome);
+    record(&broker, started, JIT_ROUTE, &namespace, &name, outcome);
     match result {
         Ok(response) => (StatusCode::OK, Json(response)).into_response(),
         Err(e) => answer(e),
@@ -130,7 +130,7 @@ async fn caller(
         .await
         .map_err(|e| {
             // The precise reason is for the operator's log; the caller gets a closed code.
-            tracing::warn!(namespace, object = name, peer = %peer.ip(), reason = %e, "broker caller refused");
+            tracing::warn!(namespace, name, peer = %peer.ip(), reason = %e, "broker caller refused");
             let code = match e.http_status() {
                 401 => BrokerErrorCode::Unauthenticated,
                 403 => BrokerErrorCode::WrongNode,
@@ -141,11 +141,17 @@ async fn caller(
         })
 }
 
-/// Records one exchange's outcome (metric and log line).
+/// The broker's routes, as they reach logs (`http.route`). Closed.
+const JIT_ROUTE: &str = "/v1/attempts/{namespace}/{name}/jit";
+const POD_ORDER_ROUTE: &str = "/v1/attempts/{namespace}/{name}/pods";
+const POD_REMOVAL_ROUTE: &str = "/v1/pods/{namespace}/{name}/removal";
+
+/// Records one exchange's outcome (metric and log line). `name` is the attempt's, or for a
+/// removal the pod's (the log's allowed fields: `operator/src/telemetry.rs`).
 fn record(
     broker: &Broker,
     started: std::time::Instant,
-    what: &str,
+    route: &'static str,
     namespace: &str,
     name: &str,
     outcome: &'static str,
@@ -154,14 +160,12 @@ fn record(
     if let Some(m) = &broker.metrics {
         m.broker_request(outcome, elapsed.as_secs_f64());
     }
-    tracing::info!(
-        namespace = %namespace,
-        object = %name,
-        request = what,
-        outcome,
-        elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
-        "broker request"
-    );
+    let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+    if route == POD_REMOVAL_ROUTE {
+        tracing::info!(namespace = %namespace, pod = %name, http.route = route, outcome, elapsed_ms, "broker request");
+    } else {
+        tracing::info!(namespace = %namespace, attempt = %name, http.route = route, outcome, elapsed_ms, "broker request");
+    }
 }
 
 /// `POST /v1/attempts/{namespace}/{name}/pods`: an agent orders a pod of its node's attempt.
@@ -197,7 +201,14 @@ async fn pod_order(
         Ok(Made::Existing(_)) => "pod_existing",
         Err(e) => error_label(e.code),
     };
-    record(&broker, started, "pod_order", &namespace, &name, outcome);
+    record(
+        &broker,
+        started,
+        POD_ORDER_ROUTE,
+        &namespace,
+        &name,
+        outcome,
+    );
     match result {
         Ok(Made::Created(pod)) => (StatusCode::CREATED, Json(pod)).into_response(),
         Ok(Made::Existing(pod)) => (StatusCode::OK, Json(pod)).into_response(),
@@ -226,7 +237,14 @@ async fn pod_removal(
         Ok(()) => "pod_removed",
         Err(e) => error_label(e.code),
     };
-    record(&broker, started, "pod_removal", &namespace, &name, outcome);
+    record(
+        &broker,
+        started,
+        POD_REMOVAL_ROUTE,
+        &namespace,
+        &name,
+        outcome,
+    );
     match result {
         Ok(()) => (StatusCode::OK, Json(serde_json::json!({}))).into_response(),
         Err(e) => answer(e),
@@ -345,9 +363,9 @@ pub const BODY_LIMIT: usize = pods::ENVIRONMENT_LIMIT + 4 * 1024;
 /// The broker's routes.
 pub fn router(broker: Arc<Broker>) -> axum::Router {
     axum::Router::new()
-        .route("/v1/attempts/{namespace}/{name}/jit", post(jit))
-        .route("/v1/attempts/{namespace}/{name}/pods", post(pod_order))
-        .route("/v1/pods/{namespace}/{name}/removal", post(pod_removal))
+        .route(JIT_ROUTE, post(jit))
+        .route(POD_ORDER_ROUTE, post(pod_order))
+        .route(POD_REMOVAL_ROUTE, post(pod_removal))
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(broker)
 }
