@@ -70,6 +70,12 @@ pub struct ScalePolicySpec {
     /// The most runners of this policy alive at once, across the cluster.
     #[schemars(range(min = 1, max = 1000))]
     pub max_runners: u32,
+    /// Pause the policy (as a CronJob's `suspend`): nothing is launched, idle runners are
+    /// drained (deregistered, then stopped), busy runners finish their job, and demand is still
+    /// observed (`status.pendingJobs`, the metrics; `status.desired` is 0). A `ScaleSet`
+    /// policy acquires no job from its scale set while suspended. `false`, the default, runs it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspend: bool,
     /// Node labels (`key: value`) a node must carry to host this policy's runners; every node
     /// with a node agent when empty. Keys must have the `node-restriction.kubernetes.io/`
     /// prefix, which a kubelet cannot set on its own Node (the NodeRestriction admission plugin):
@@ -435,4 +441,6 @@ pub enum PolicyReason {
     /// The policy's GitHub host is not on the operator's `--github-hosts`, or the runner package
     /// it resolves to is on a host (or scheme) the admin did not allow.
     HostNotAllowed,
+    /// `spec.suspend` is true: nothing is launched; idle runners are drained.
+    Suspended,
 }

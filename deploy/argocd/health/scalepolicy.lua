@@ -1,7 +1,8 @@
 -- Argo CD health of a runner-manager.dev ScalePolicy (Lua 5.1; `obj` is the object).
 -- Progressing until the operator has seen this generation; Degraded on Degraded=True
 -- (launches keep failing, replacement paused) or Ready=False (a spec, Secret or GitHub
--- problem the reason names); Healthy otherwise.
+-- problem the reason names); Suspended while spec.suspend is true (nothing is launched);
+-- Healthy otherwise.
 local hs = {}
 local function condition(t)
   if obj.status ~= nil and obj.status.conditions ~= nil then
@@ -45,6 +46,12 @@ end
 if ready.status == "False" then
   hs.status = "Degraded"
   hs.message = describe(ready)
+  return hs
+end
+if obj.spec ~= nil and obj.spec.suspend == true then
+  hs.status = "Suspended"
+  hs.message = string.format("spec.suspend is true: nothing is launched; busy %d, idle %d",
+    obj.status.busy or 0, obj.status.idle or 0)
   return hs
 end
 hs.status = "Healthy"

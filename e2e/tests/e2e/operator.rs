@@ -935,6 +935,73 @@ async fn min_idle_then_scale_down_deregisters_first_and_leaves_a_runner_that_too
     assert!(live(&w.list().await).is_empty());
 }
 
+/// Issue 31 item 4: `spec.suspend` pauses a policy. Its idle runners are drained the way a
+/// scale-down drains them (deregistered first, then stopped and cleaned), a job queued while it
+/// is suspended is counted (`status.pendingJobs`) and launches nothing, the `Scaling` condition
+/// says `Suspended`, and once resumed the policy launches for the job and its `minIdle` again.
+#[tokio::test]
+async fn a_suspended_policy_drains_its_idle_runners_launches_nothing_and_still_counts_jobs() {
+    let Some(mut w) = world("suspended_policy").await else {
+        return;
+    };
+    let op = w.start_operator(&[]).await;
+    w.add_node(Script::default(), op).await;
+    // Webhooks only: the queued job stays in the ledger while the policy is suspended.
+    w.policy(
+        "web",
+        json!({"minIdle": 2, "scaling": {"pollInterval": "1h"}}),
+    )
+    .await;
+    w.attempts_until("two idle runners (minIdle 2)", LONG, |l| {
+        (l.iter().filter(|a| state(a) == AttemptState::Idle).count() == 2).then_some(())
+    })
+    .await;
+
+    w.patch_policy("web", json!({"suspend": true})).await;
+    w.attempts_until(
+        "both drained: ScaleDown, deregistered, cleaned",
+        LONG,
+        |l| {
+            l.iter()
+                .all(|a| {
+                    state(a) == AttemptState::Cleaned
+                        && a.spec.termination.as_ref().is_some_and(|t| {
+                            t.reason == TerminationReason::ScaleDown && t.deregistered
+                        })
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        w.registrations().await.is_empty(),
+        "a drained runner is still registered"
+    );
+
+    w.hook_to(op).await;
+    let job = w.queue_job().await.to_string();
+    wait::until(LONG, "the job counted while Suspended", || async {
+        let s = w.policies().get("web").await.ok()?.status?;
+        let suspended = matches!(
+            w.condition("web", PolicyConditionType::Scaling).await,
+            Some((ConditionStatus::False, PolicyReason::Suspended, _))
+        );
+        (s.pending_jobs.contains_key(&job) && s.desired == 0 && suspended).then_some(())
+    })
+    .await
+    .unwrap();
+    assert!(
+        live(&w.list().await).is_empty(),
+        "a suspended policy launched a runner"
+    );
+
+    w.patch_policy("web", json!({"suspend": false})).await;
+    w.attempts_until("runners launched again once resumed", LONG, |l| {
+        (live(l).len() >= 2).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn scale_from_zero_with_webhooks_dropped_by_polling() {
     let Some(mut w) = world("scale_from_zero_by_polling").await else {

@@ -151,6 +151,8 @@ pub enum Scaling {
     AtMaxRunners {
         max: u32,
     },
+    /// `spec.suspend`: nothing to create, no idle runner left to drain.
+    Suspended,
     Steady,
 }
 
@@ -369,10 +371,18 @@ fn run(i: &Inputs<'_>) -> Run {
         termination_requested: false,
         idle_since: None,
     }));
+    // Suspended, the policy wants no runner: nothing is created, and every idle runner is a
+    // surplus the scale-down drains; busy ones finish (scale-down never names them). The pending
+    // jobs are still counted in the status.
+    let (min_idle, max_runners) = if policy.spec.suspend {
+        (0, 0)
+    } else {
+        (policy.spec.min_idle, policy.spec.max_runners)
+    };
     let scale = decide_holding(
         DemandInput {
-            min_idle: policy.spec.min_idle,
-            max_runners: policy.spec.max_runners,
+            min_idle,
+            max_runners,
             pending_jobs,
         },
         &attempt_views,
@@ -390,6 +400,9 @@ fn run(i: &Inputs<'_>) -> Run {
     let not_ready = !matches!(i.readiness, Readiness::Valid { .. });
     let scaling = match &scale.decision {
         _ if not_ready => Scaling::NotReady,
+        ScaleDecision::Steady | ScaleDecision::AtMaxRunners if policy.spec.suspend => {
+            Scaling::Suspended
+        }
         ScaleDecision::Up { .. } if degraded => {
             if probe_due(&history, generation, i.limits.replacement_backoff_max, now) {
                 Scaling::Probe {
@@ -700,6 +713,13 @@ pub fn scaling_condition(
             true,
             PolicyReason::AtMaxRunners,
             format!("at spec.maxRunners ({max})"),
+        ),
+        (Scaling::Suspended, _) => (
+            false,
+            PolicyReason::Suspended,
+            "spec.suspend is true: nothing is launched, busy runners finish their job; set it \
+             to false to resume"
+                .to_owned(),
         ),
         // Steady, or a step apply did not carry out.
         _ => (

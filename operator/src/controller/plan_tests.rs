@@ -525,6 +525,49 @@ fn surplus_idle_runners_are_scaled_down_oldest_first_and_never_busy_or_starting_
     assert_eq!(wait.scaling, Scaling::Steady);
 }
 
+/// Issue 31 item 4: a suspended policy launches nothing whatever its demand, drains its idle
+/// runners (oldest first, as a scale-down), lets busy and starting ones be, and still counts
+/// its pending jobs; with nothing left to drain it says `Suspended`. Resumed, it creates again.
+#[test]
+fn a_suspended_policy_creates_nothing_drains_idle_runners_and_still_counts_demand() {
+    let suspended = with_pending(policy(json!({"minIdle": 2, "suspend": true})), 3);
+    let run = Case::new(
+        suspended.clone(),
+        vec![
+            idle("newest", NOW - 10),
+            idle("oldest", NOW - 300),
+            busy("b"),
+            starting("s", NOW - 5),
+        ],
+    )
+    .run();
+    assert_eq!(
+        run.scaling,
+        Scaling::ScaleDown {
+            idle: names(&["oldest", "newest"])
+        },
+        "every idle runner drained, the busy and the starting one left"
+    );
+    assert_eq!(run.status.base.desired, 0);
+    assert_eq!(run.gauges.pending_jobs, 3, "demand is still observed");
+    let quiet = Case::new(suspended.clone(), vec![busy("b")]).run();
+    assert_eq!(quiet.scaling, Scaling::Suspended);
+    let s = settled(&quiet, Scaled::Nothing);
+    let c = condition(&s, PolicyConditionType::Scaling);
+    assert_eq!(c.reason, PolicyReason::Suspended);
+    assert!(c.message.contains("spec.suspend"), "{}", c.message);
+    assert_eq!(
+        Case::new(suspended, vec![]).run().scaling,
+        Scaling::Suspended
+    );
+    // Resumed: the same demand creates runners again.
+    let resumed = with_pending(policy(json!({"minIdle": 2})), 3);
+    assert!(matches!(
+        Case::new(resumed, vec![]).run().scaling,
+        Scaling::Create { count: 5, .. }
+    ));
+}
+
 // --- failures, backoff, Degraded ------------------------------------------------------------
 
 const JIT: Outcome = Outcome::Failed(FailureReason::JitExpired);

@@ -220,6 +220,10 @@ async fn open(p: &Params, client: &ScaleSetClient, set: i64) -> Result<Session, 
 /// before the policy's status does) and pending jobs, and no more than the ledger's bound
 /// leaves room for. Pure.
 pub fn room(policy: &ScalePolicy, stats: &Statistics) -> usize {
+    // A suspended policy takes no job: they stay in the set's queue.
+    if policy.spec.suspend {
+        return 0;
+    }
     let status = policy.status.clone().unwrap_or_default();
     let pending = status.pending_jobs.len();
     let busy = usize::try_from(status.busy)
@@ -707,5 +711,9 @@ mod tests {
             room(&policy(1000, 0, PENDING_JOBS_BOUND), &Statistics::default()),
             0
         );
+        // Suspended (issue 31 item 4): no job is acquired; they stay in the set's queue.
+        let mut suspended = policy(4, 0, 0);
+        suspended.spec.suspend = true;
+        assert_eq!(room(&suspended, &Statistics::default()), 0);
     }
 }
