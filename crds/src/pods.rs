@@ -12,8 +12,9 @@
 //! - labels: [`ATTEMPT_LABEL`], [`GENERATION_LABEL`], [`ROLE_LABEL`] (closed: [`PodRole`]) and the
 //!   node ([`NODE_LABEL`]);
 //! - `spec.nodeName` = the attempt's node (the caller's, proven by the broker), set directly: the
-//!   scheduler never picks the node of a runner's pod (a `nodeName` pod still counts in the node's allocated resources and
-//!   the kubelet's admission still refuses one that does not fit);
+//!   scheduler never picks the node of a runner's pod (a `nodeName` pod still counts in the
+//!   node's allocated resources and the kubelet's admission still refuses one that does not
+//!   fit);
 //! - no service account token, no host namespaces, nothing privileged, non-root.
 //!
 //! Pure: no I/O. [`runner_pod`] and [`placeholder_pod`] build on [`owned_pod_meta`] and

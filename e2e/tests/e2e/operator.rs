@@ -379,6 +379,14 @@ async fn scale_from_zero_on_a_signed_webhook() {
         a.metadata.finalizers.as_deref(),
         Some(&["runner-manager.dev/cleanup".to_owned()][..])
     );
+    // Its policy controls it (Argo CD's tree shows it there), by uid.
+    let owner = &a.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("ScalePolicy", "web")
+    );
+    assert_eq!(Some(&owner.uid), p.metadata.uid.as_ref());
+    assert_eq!(owner.controller, Some(true));
     let labels = a.metadata.labels.clone().unwrap();
     assert_eq!(labels["runner-manager.dev/policy"], "web");
     assert_eq!(labels["runner-manager.dev/node"], node);

@@ -1,5 +1,6 @@
 //! A new attempt, built without I/O from the policy, what was resolved for it and the chosen
-//! node: name, labels, finalizer and the immutable snapshot of DESIGN §3.
+//! node: name, labels, finalizer, its policy as controller owner and the immutable snapshot of
+//! DESIGN §3.
 
 use std::collections::BTreeMap;
 
@@ -96,6 +97,15 @@ pub fn build(
         .into(),
     );
     meta.finalizers = Some(vec![CLEANUP_FINALIZER.to_owned()]);
+    // The policy controls its attempts (issue 33 item 5): Argo CD's resource tree and health
+    // show them under it, and `kubectl get ra -o yaml` names it by uid. Deleting the attempt
+    // never waits on it, nor deleting the policy on them (`blockOwnerDeletion: false`): the
+    // policy's finalizer drains them first, and the garbage collector removes what is left
+    // once the policy is gone.
+    meta.owner_references = policy.controller_owner_ref(&()).map(|mut owner| {
+        owner.block_owner_deletion = Some(false);
+        vec![owner]
+    });
     Some(attempt)
 }
 
@@ -145,6 +155,16 @@ mod tests {
             a.metadata.annotations.as_ref().unwrap()[POLICY_GENERATION_ANNOTATION],
             "3"
         );
+        let owners = a.metadata.owner_references.as_ref().unwrap();
+        assert_eq!(owners.len(), 1);
+        assert_eq!(owners[0].kind, "ScalePolicy");
+        assert_eq!(owners[0].api_version, "runner-manager.dev/v1alpha1");
+        assert_eq!(
+            (owners[0].name.as_str(), owners[0].uid.as_str()),
+            ("web", "u-1")
+        );
+        assert_eq!(owners[0].controller, Some(true));
+        assert_eq!(owners[0].block_owner_deletion, Some(false));
         let s = &a.spec.snapshot;
         assert_eq!(s.policy_uid, "u-1");
         assert_eq!(s.target.scope, TargetScope::Repository);

@@ -1,8 +1,8 @@
 //! The OCI provider (DESIGN §6 "OCI provider", §12 "Provider seam"): the attempt's runner is a
 //! Pod on the agent's own node, which the agent orders from the operator (issue 28: the agent
-//! holds no pod write right; the broker builds the pod with `runner_manager_crds::pods`), from the attempt's image pinned by digest, with the
-//! attempt's runtime directory (the materialized, verified runner package, as native) mounted
-//! from the host. The pod's container runs the entry helper, which waits for the same
+//! holds no pod write right; the broker builds the pod with `runner_manager_crds::pods`), from
+//! the attempt's image pinned by digest, with the attempt's runtime directory (the
+//! materialized, verified runner package, as native) mounted from the host. The pod's container runs the entry helper, which waits for the same
 //! restrictive handoff file native runners use, reads and deletes it, and execs the listener
 //! with the JIT in the listener's environment only.
 //!
