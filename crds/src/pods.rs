@@ -577,23 +577,18 @@ mod tests {
 
     const IMAGE: &str = "registry.local/runner@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
+    /// The fixture attempt as an OCI one of `image`, with resources and a `runner.env`.
     fn oci_attempt(image: Option<&str>) -> RunnerAttempt {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
-            "metadata": {"name": "oci-3f2a9c0177aa", "namespace": "team", "uid": "u-1"},
-            "spec": {
-                "id": "3f2a9c01-77aa-4bcd-8e00-123456789abc", "policy": "oci", "nodeName": "n1",
-                "snapshot": {
-                    "policyUid": "p", "target": {"url": "https://github.com/o/r", "scope": "Repository"},
-                    "labels": [], "runnerGroupId": 1, "workspace": "Ephemeral", "maxSlots": 1,
-                    "execution": {"mode": "Oci", "image": image, "resources": {"cpu": "2", "memory": "4Gi"}},
-                    "runner": {"version": "2.330.0", "url": "https://example.invalid/r.tgz", "sha256": "0".repeat(64)},
-                    "env": {"FOO": "bar"},
-                    "timeouts": {"registration": "5m", "idle": "5m", "jitHandoff": "2m"}
-                }
-            }
-        }))
-        .expect("a valid attempt")
+        let mut a = attempt("oci-3f2a9c0177aa");
+        let execution = &mut a.spec.snapshot.execution;
+        execution.mode = crate::policy::ExecutionMode::Oci;
+        execution.image = image.map(str::to_owned);
+        execution.resources = Some(crate::policy::RunnerResources {
+            cpu: Some(Quantity("2".into())),
+            memory: Some(Quantity("4Gi".into())),
+        });
+        a.spec.snapshot.env = BTreeMap::from([("FOO".to_owned(), "bar".to_owned())]);
+        a
     }
 
     fn runner_inputs(env: &BTreeMap<String, String>) -> RunnerPodInputs<'_> {

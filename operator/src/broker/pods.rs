@@ -226,26 +226,22 @@ fn api_refusal(e: &kube::Error) -> BrokerError {
     }
 }
 
-/// Makes the pod `order` asks for (see the module's stages).
+/// Makes the pod `order` asks for of `attempt` (dereferenced by the caller: `super::server`),
+/// in the module's stages.
 pub async fn order(
     kube: &kube::Client,
-    namespace: &str,
-    name: &str,
+    attempt: &RunnerAttempt,
     caller: &Caller,
     order: &PodOrder,
     placeholders: Option<&PlaceholderSpec>,
 ) -> Result<Made, BrokerError> {
-    let attempt = Api::<RunnerAttempt>::namespaced(kube.clone(), namespace)
-        .get_opt(name)
-        .await
-        .map_err(|_| {
-            refused(
-                BrokerErrorCode::Internal,
-                "the API server could not be read",
-            )
-        })?
-        .ok_or_else(|| refused(BrokerErrorCode::UnknownAttempt, "no such attempt"))?;
-    let pod = check_order(&attempt, caller, order, placeholders)?;
+    let (Some(namespace), Some(name)) = (
+        attempt.metadata.namespace.as_deref(),
+        attempt.metadata.name.as_deref(),
+    ) else {
+        return Err(refused(BrokerErrorCode::UnknownAttempt, "no such attempt"));
+    };
+    let pod = check_order(attempt, caller, order, placeholders)?;
     let pods_api = Api::<Pod>::namespaced(kube.clone(), namespace);
     match pods_api.create(&PostParams::default(), &pod).await {
         Ok(p) => Ok(Made::Created(p)),
@@ -253,7 +249,7 @@ pub async fn order(
             let pod_name = pods::pod_name(name, order.pod.role());
             match pods_api.get_opt(&pod_name).await {
                 Ok(Some(existing))
-                    if is_repeat(&existing, &attempt, order.pod.role(), &caller.node_name) =>
+                    if is_repeat(&existing, attempt, order.pod.role(), &caller.node_name) =>
                 {
                     Ok(Made::Existing(existing))
                 }

@@ -112,6 +112,24 @@ fn refused(code: BrokerErrorCode, message: impl Into<String>) -> BrokerError {
     }
 }
 
+/// The attempt a request names, read from the API server (every request reads it fresh: its
+/// journal decides).
+async fn dereference(
+    attempts: &Api<RunnerAttempt>,
+    name: &str,
+) -> Result<RunnerAttempt, BrokerError> {
+    attempts
+        .get_opt(name)
+        .await
+        .map_err(|_| {
+            refused(
+                BrokerErrorCode::Internal,
+                "the API server could not be read",
+            )
+        })?
+        .ok_or_else(|| refused(BrokerErrorCode::UnknownAttempt, "no such attempt"))
+}
+
 /// The caller, proven (`super::authn`): a live agent pod of the agent DaemonSet, on a node.
 async fn caller(
     broker: &Broker,
@@ -185,10 +203,11 @@ async fn pod_order(
                 "a JSON body {attemptUid, pod: {role, ...}} is required",
             )
         })?;
+        let attempts = Api::<RunnerAttempt>::namespaced(broker.kube.clone(), &namespace);
+        let attempt = dereference(&attempts, &name).await?;
         pods::order(
             &broker.kube,
-            &namespace,
-            &name,
+            &attempt,
             &caller,
             &order,
             broker.placeholders.as_ref(),
@@ -269,16 +288,7 @@ async fn handle(
         )
     })?;
     let attempts: Api<RunnerAttempt> = Api::namespaced(broker.kube.clone(), namespace);
-    let attempt = attempts
-        .get_opt(name)
-        .await
-        .map_err(|_| {
-            refused(
-                BrokerErrorCode::Internal,
-                "the API server could not be read",
-            )
-        })?
-        .ok_or_else(|| refused(BrokerErrorCode::UnknownAttempt, "no such attempt"))?;
+    let attempt = dereference(&attempts, name).await?;
     span.record(
         "attempt.uid",
         attempt.metadata.uid.as_deref().unwrap_or_default(),
