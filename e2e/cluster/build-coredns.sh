@@ -13,7 +13,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 V=${RM_COREDNS_VERSION#v}
 BASE=$RM_CACHE/coredns-$V
 OUT=$BASE/coredns
-if [ -x "$OUT" ] && "$OUT" -version 2>/dev/null | grep -qx "CoreDNS-$V"; then echo "$OUT"; exit 0; fi
+# The version is read whole before it is matched: `coredns -version | grep -q` under pipefail
+# fails when grep exits on the first line and coredns, writing its second, dies of SIGPIPE
+# (a cached binary was rebuilt, then refused, that way in one CI run).
+reports_version() { local out; out=$("$OUT" -version 2>/dev/null) && grep -qx "CoreDNS-$V" <<<"$out"; }
+if [ -x "$OUT" ] && reports_version; then echo "$OUT"; exit 0; fi
 [ -x /usr/local/go/bin/go ] && export PATH=/usr/local/go/bin:$PATH
 command -v go >/dev/null || { echo "cluster/build-coredns.sh: no go on PATH" >&2; exit 1; }
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
@@ -31,5 +35,5 @@ cp "$here/coredns/main.go" "$SRC/main.go"
 ( cd "$SRC" && go mod tidy && nice -n "${RM_K8S_NICE:-10}" go build -trimpath -ldflags "-s -w" -o "$OUT.tmp" . ) >"$LOG" 2>&1 \
   || { echo "cluster/build-coredns.sh: failed; last lines of $LOG:" >&2; tail -30 "$LOG" >&2; exit 1; }
 mv -f "$OUT.tmp" "$OUT"
-"$OUT" -version | grep -qx "CoreDNS-$V" || { echo "cluster/build-coredns.sh: $OUT does not report CoreDNS-$V" >&2; exit 1; }
+reports_version || { echo "cluster/build-coredns.sh: $OUT does not report CoreDNS-$V" >&2; exit 1; }
 echo "$OUT"

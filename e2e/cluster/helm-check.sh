@@ -287,7 +287,9 @@ sandboxed() {
   N grep -q "$tenant_marker" "/run/systemd/transient/$u" && fail "runner $u: runner.env in its unit file"
   # ... while it did reach the runner (the listener's own environment, read as root).
   p=$(N systemctl show -P MainPID "$u")
-  N cat "/proc/$p/environ" | tr '\0' '\n' | grep -qx "TENANT_MARKER=$tenant_marker" || fail "runner $u: runner.env did not reach the listener"
+  # Read whole, then matched: a `grep -q` that exits early would SIGPIPE the writer (pipefail).
+  environ=$(N cat "/proc/$p/environ" | tr '\0' '\n')
+  grep -qx "TENANT_MARKER=$tenant_marker" <<<"$environ" || fail "runner $u: runner.env did not reach the listener"
   return 0
 }
 sandboxed "$(unit_of "$first")"
