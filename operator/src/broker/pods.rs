@@ -29,6 +29,7 @@ use runner_manager_crds::policy::ExecutionMode;
 use runner_manager_crds::state::AttemptState;
 
 use super::authn::Caller;
+use super::{confine, refused};
 
 /// The most bytes of an ordered runner environment (names and values): `runner.env` is a
 /// handful of variables; a pod object is at most 1.5 MiB.
@@ -43,13 +44,6 @@ pub enum Made {
     Created(Pod),
     /// This attempt's pod of that role was there already (200).
     Existing(Pod),
-}
-
-fn refused(code: BrokerErrorCode, message: impl Into<String>) -> BrokerError {
-    BrokerError {
-        code,
-        message: message.into(),
-    }
 }
 
 fn valid_env_name(name: &str) -> bool {
@@ -68,18 +62,7 @@ pub fn check_order(
     order: &PodOrder,
     placeholders: Option<&PlaceholderSpec>,
 ) -> Result<Pod, BrokerError> {
-    if attempt.metadata.uid.as_deref() != Some(order.attempt_uid.as_str()) {
-        return Err(refused(
-            BrokerErrorCode::UnknownAttempt,
-            "no attempt with that uid",
-        ));
-    }
-    if attempt.spec.node_name != caller.node_name {
-        return Err(refused(
-            BrokerErrorCode::WrongNode,
-            "the caller's pod does not run on the attempt's node",
-        ));
-    }
+    confine(attempt, &order.attempt_uid, caller)?;
     if attempt.metadata.deletion_timestamp.is_some() {
         return Err(refused(
             BrokerErrorCode::PodRefused,

@@ -75,16 +75,9 @@ impl MintDemand for AttemptDemand<'_> {
     }
 }
 
-fn refuse(code: BrokerErrorCode, message: &str) -> BrokerError {
-    BrokerError {
-        code,
-        message: message.to_owned(),
-    }
-}
-
 fn github_unavailable(e: &GitHubError) -> BrokerError {
     // GitHub's error text names the fix (permission, group) and never a secret.
-    refuse(BrokerErrorCode::GitHubUnavailable, &e.to_string())
+    super::refused(BrokerErrorCode::GitHubUnavailable, e.to_string())
 }
 
 /// Serve one JIT request for `attempt`, as just read by the caller.
@@ -97,18 +90,7 @@ pub async fn issue<R: Registrar>(
     caller: &Caller,
 ) -> Result<JitResponse, BrokerError> {
     let name = attempt.metadata.name.clone().unwrap_or_default();
-    if attempt.metadata.uid.as_deref() != Some(request.attempt_uid.as_str()) {
-        return Err(refuse(
-            BrokerErrorCode::UnknownAttempt,
-            "no attempt with that uid",
-        ));
-    }
-    if attempt.spec.node_name != caller.node_name {
-        return Err(refuse(
-            BrokerErrorCode::WrongNode,
-            "the caller's pod does not run on the attempt's node",
-        ));
-    }
+    super::confine(&attempt, &request.attempt_uid, caller)?;
     check_issuable(&attempt, request)?;
 
     let uuid = attempt_uuid(&attempt)?;
@@ -137,7 +119,7 @@ pub async fn issue<R: Registrar>(
     }
     .map_err(|e| match e {
         // The mint already deleted what its failed tries may have registered.
-        GitHubError::NoLongerWanted { .. } => refuse(
+        GitHubError::NoLongerWanted { .. } => super::refused(
             BrokerErrorCode::NotPrepared,
             "the attempt was concluded, terminated or deleted during the mint; no JIT was issued",
         ),
@@ -173,19 +155,20 @@ pub async fn issue<R: Registrar>(
         other => {
             let _ = registrar.discard(&runner).await;
             Err(match other {
-                Ok(_) => refused
-                    .unwrap_or_else(|| refuse(BrokerErrorCode::NotPrepared, "the attempt changed")),
+                Ok(_) => refused.unwrap_or_else(|| {
+                    super::refused(BrokerErrorCode::NotPrepared, "the attempt changed")
+                }),
                 Err(e) if e.is_gone() => {
-                    refuse(BrokerErrorCode::UnknownAttempt, "the attempt is gone")
+                    super::refused(BrokerErrorCode::UnknownAttempt, "the attempt is gone")
                 }
                 Err(JournalError::Patch(_)) => {
-                    refuse(BrokerErrorCode::NotPrepared, "the attempt changed")
+                    super::refused(BrokerErrorCode::NotPrepared, "the attempt changed")
                 }
-                Err(JournalError::Contended) => refuse(
+                Err(JournalError::Contended) => super::refused(
                     BrokerErrorCode::Internal,
                     "the journal write kept conflicting; no JIT was issued",
                 ),
-                Err(_) => refuse(
+                Err(_) => super::refused(
                     BrokerErrorCode::Internal,
                     "the journal write failed; no JIT was issued",
                 ),
@@ -208,14 +191,14 @@ fn is_name_taken(e: &GitHubError) -> bool {
 fn check_issuable(attempt: &RunnerAttempt, request: &JitRequest) -> Result<(), BrokerError> {
     let journal = attempt.status.as_ref().map(|s| &s.journal);
     if journal.and_then(|j| j.runner()).is_some() {
-        return Err(refuse(
+        return Err(super::refused(
             BrokerErrorCode::AlreadyIssued,
             "a JIT was already issued for this attempt; it is lost: conclude JitExpired",
         ));
     }
     let state = journal.map(|j| j.state()).unwrap_or_default();
     if state != AttemptState::Prepared {
-        return Err(refuse(
+        return Err(super::refused(
             BrokerErrorCode::NotPrepared,
             "the attempt is not Prepared",
         ));
@@ -224,7 +207,7 @@ fn check_issuable(attempt: &RunnerAttempt, request: &JitRequest) -> Result<(), B
     if admitted != Some(request.spec_hash.as_str())
         || admitted != Some(spec_hash(&attempt.spec).as_str())
     {
-        return Err(refuse(
+        return Err(super::refused(
             BrokerErrorCode::NotPrepared,
             "the spec hash differs from the one admitted",
         ));
@@ -236,5 +219,5 @@ fn attempt_uuid(attempt: &RunnerAttempt) -> Result<uuid::Uuid, BrokerError> {
     attempt
         .spec
         .attempt_uuid()
-        .ok_or_else(|| refuse(BrokerErrorCode::Internal, "the attempt has no valid id"))
+        .ok_or_else(|| super::refused(BrokerErrorCode::Internal, "the attempt has no valid id"))
 }

@@ -24,6 +24,7 @@ use tokio_rustls::TlsAcceptor;
 use super::authn::{AgentIdentity, Caller, authenticate};
 use super::pods::{self, Made};
 use super::protocol::issue;
+use super::refused;
 use crate::github::registry::Clients;
 
 /// What the broker needs to answer.
@@ -102,13 +103,6 @@ async fn jit(
     match result {
         Ok(response) => (StatusCode::OK, Json(response)).into_response(),
         Err(e) => answer(e),
-    }
-}
-
-fn refused(code: BrokerErrorCode, message: impl Into<String>) -> BrokerError {
-    BrokerError {
-        code,
-        message: message.into(),
     }
 }
 
