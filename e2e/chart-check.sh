@@ -52,8 +52,22 @@ if err=$(helm template rm charts/runner-manager --set nodeAgent.slotsRoot=/srv/r
   echo "a host root inside the slots root rendered two nested Bidirectional volumes" >&2; exit 1
 fi
 grep -q 'nodeAgent.hostRoot' <<<"$err" || { echo "the nested-roots failure does not name nodeAgent.hostRoot: $err" >&2; exit 1; }
+# Issue 33 item 5: a private CA (caBundle) reaches both binaries, as a file they are told of.
+ca=$(helm template rm charts/runner-manager --set caBundle.configMap=corp-ca --set caBundle.key=corp.pem)
+for env in RM_GITHUB_CA_FILE RM_DOWNLOAD_CA_FILE; do
+  grep -q "{name: $env, value: \"/etc/runner-manager/ca/corp.pem\"}" <<<"$ca" \
+    || { echo "caBundle: $env is not rendered" >&2; exit 1; }
+done
+[ "$(grep -c '{name: ca-bundle, mountPath: /etc/runner-manager/ca, readOnly: true}' <<<"$ca")" = 2 ] \
+  || { echo "caBundle: not mounted read-only in both the operator and the agent" >&2; exit 1; }
+if helm template rm charts/runner-manager | grep -q 'ca-bundle\|_CA_FILE'; then
+  echo "the default render trusts a CA bundle nobody gave" >&2; exit 1
+fi
 e2e/render-manifests.sh --check
 kubectl apply -f deploy/namespace.yaml >/dev/null
+# Issue 33 item 5: the namespace admits the privileged node agent under Pod Security Admission.
+[ "$(kubectl get namespace runner-manager-system -o jsonpath='{.metadata.labels.pod-security\.kubernetes\.io/enforce}')" = privileged ] \
+  || { echo "deploy/namespace.yaml: the namespace lacks pod-security.kubernetes.io/enforce=privileged (the node agent is privileged)" >&2; exit 1; }
 # --validate=false: the rendered manifests target current clusters (DaemonSet maxSurge, 1.21+);
 # a 1.20 server prunes that one field, which is what this check accepts.
 kubectl kustomize deploy/ | kubectl apply --dry-run=server --validate=false -f - >/dev/null

@@ -148,6 +148,11 @@ pub struct RunnerPackage {
     /// The package's sha256, lower-case hex.
     #[schemars(pattern(r"^[0-9a-f]{64}$"))]
     pub sha256: String,
+    /// The package's architecture (GitHub's word: `x64`, `arm64`, `arm`), the one of the node
+    /// the attempt was placed on (its `kubernetes.io/arch` label). Absent on attempts made
+    /// before runner-manager placed other architectures: `x64`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<crate::arch::Arch>,
 }
 
 /// The timeouts of one attempt.

@@ -4,6 +4,7 @@
 //! recovery decision, semantic validation, the JIT broker's wire types and the naming rules.
 //! The operator and the node agent both depend on this crate and on nothing of each other.
 
+pub mod arch;
 pub mod attempt;
 pub mod broker;
 pub mod conditions;

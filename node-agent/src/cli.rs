@@ -154,6 +154,11 @@ pub struct Cli {
     /// comma-separated); every other URL and redirect must be https. Empty in production.
     #[arg(long, env = "RM_ALLOW_HTTP_HOSTS", default_value = "", value_parser = host_list)]
     pub allow_http_hosts: runner_manager_crds::hosts::HostList,
+    /// A PEM file of CA certificates trusted, beside the system's, for package downloads: a
+    /// GitHub Enterprise Server or mirror whose certificate a private CA signed. Chart value
+    /// `caBundle`.
+    #[arg(long, env = "RM_DOWNLOAD_CA_FILE")]
+    pub download_ca_file: Option<PathBuf>,
     /// The cluster's pod ranges (CIDR, comma-separated): native runners (systemd launcher) may
     /// reach no pod. The agent's own pod IP must lie in one: the start-up proof of the runner
     /// network filter connects to it.
@@ -189,12 +194,19 @@ fn host_list(s: &str) -> Result<runner_manager_crds::hosts::HostList, String> {
 }
 
 impl Cli {
-    /// The download limits the flags set.
-    pub fn download_limits(&self) -> crate::packages::download::DownloadLimits {
-        crate::packages::download::DownloadLimits {
+    /// The download limits the flags set, with `--download-ca-file` read.
+    pub fn download_limits(
+        &self,
+    ) -> Result<crate::packages::download::DownloadLimits, std::io::Error> {
+        Ok(crate::packages::download::DownloadLimits {
             max_bytes: self.package_max_download_bytes,
             http_hosts: self.allow_http_hosts.clone(),
-        }
+            extra_roots_pem: self
+                .download_ca_file
+                .as_ref()
+                .map(std::fs::read)
+                .transpose()?,
+        })
     }
 
     /// The package extraction caps the flags set.

@@ -164,6 +164,10 @@ pub struct Cli {
     /// other URL must be https. Empty in production. Chart value `operator.allowHttpHosts`.
     #[arg(long, env = "RM_ALLOW_HTTP_HOSTS", default_value = "", value_parser = host_list)]
     pub allow_http_hosts: runner_manager_crds::hosts::HostList,
+    /// A PEM file of CA certificates trusted, beside the system's, for GitHub API calls: a
+    /// GitHub Enterprise Server whose certificate a private CA signed. Chart value `caBundle`.
+    #[arg(long, env = "RM_GITHUB_CA_FILE")]
+    pub github_ca_file: Option<std::path::PathBuf>,
     /// The most bytes of one GitHub response body the operator reads; a longer one is refused
     /// while it streams.
     #[arg(long, env = "RM_GITHUB_MAX_RESPONSE_BYTES", default_value_t = 8 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1024..))]

@@ -1,9 +1,10 @@
 //! `/metrics` (prometheus-client, served as OpenMetrics text with [`OPENMETRICS`]): names
 //! `runner_manager_*`, labels from closed vocabularies (endpoints, statuses, outcomes, reasons,
-//! rate-limit buckets, job actions) — never a name a workflow chose. The one exception is the
-//! per-policy family (`runner_manager_policy_*`), labelled by the ScalePolicy's namespace and
-//! name: one series per policy per gauge, removed when the policy goes; its cardinality is the
-//! number of ScalePolicies (docs/observability.md).
+//! rate-limit buckets, job actions and results) — never a name a workflow chose. The one
+//! exception is the ScalePolicy's namespace and name, on the per-policy family
+//! (`runner_manager_policy_*`) and the job families (`runner_manager_jobs_total`, the job
+//! durations): series removed when the policy goes; their cardinality is the number of
+//! ScalePolicies times the closed vocabularies (docs/observability.md).
 
 use std::sync::Arc;
 
@@ -61,9 +62,29 @@ struct PolicyLabels {
     policy: String,
 }
 
+/// A job's series: the policy whose ledger took it (empty when none matched), the delivery's
+/// action and the job's result (`none` until completed). Policy names are the platform team's;
+/// nothing a workflow chose.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ActionLabels {
+struct JobLabels {
+    namespace: String,
+    policy: String,
     action: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct JobResultLabels {
+    namespace: String,
+    policy: String,
+    result: String,
+}
+
+type JobHistogram<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Seconds from 1 s to about 4.5 hours.
+fn job_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 15))
 }
 
 /// The content type of the OpenMetrics text exposition.
@@ -132,9 +153,11 @@ pub struct Metrics {
     reconcile_duration: Histogram,
     reconcile_errors: Family<StageLabels, Counter>,
     policy: [Family<PolicyLabels, Gauge>; 7],
-    job_startup: Histogram,
-    job_execution: Histogram,
-    jobs: Family<ActionLabels, Counter>,
+    job_startup: JobHistogram<PolicyLabels>,
+    job_execution: JobHistogram<JobResultLabels>,
+    jobs: Family<JobLabels, Counter>,
+    /// Every job series made, so a gone policy's are removed (a family cannot be searched).
+    job_series: std::sync::Mutex<std::collections::HashSet<JobLabels>>,
     jit_mints: Counter,
 }
 
@@ -253,23 +276,23 @@ impl Metrics {
         for ((name, help), family) in POLICY_GAUGES.iter().zip(&policy) {
             registry.register(*name, *help, family.clone());
         }
-        // Seconds from 1 s to about 4.5 hours.
-        let job_startup = Histogram::new(exponential_buckets(1.0, 2.0, 15));
+        let job_startup: JobHistogram<PolicyLabels> = Family::new_with_constructor(job_histogram);
         registry.register(
             "job_startup_duration_seconds",
-            "From a job queued to a runner taking it (the in_progress delivery's started_at - created_at)",
+            "From a job queued to a runner taking it (the in_progress delivery's started_at - created_at), by policy",
             job_startup.clone(),
         );
-        let job_execution = Histogram::new(exponential_buckets(1.0, 2.0, 15));
+        let job_execution: JobHistogram<JobResultLabels> =
+            Family::new_with_constructor(job_histogram);
         registry.register(
             "job_execution_duration_seconds",
-            "From a runner taking a job to its completion (the completed delivery's completed_at - started_at)",
+            "From a runner taking a job to its completion (the completed delivery's completed_at - started_at), by policy and result",
             job_execution.clone(),
         );
-        let jobs = Family::<ActionLabels, Counter>::default();
+        let jobs = Family::<JobLabels, Counter>::default();
         registry.register(
             "jobs",
-            "workflow_job deliveries accepted, by action (queued, waiting, in_progress, completed)",
+            "workflow_job deliveries accepted, by policy, action (queued, waiting, in_progress, completed) and result",
             jobs.clone(),
         );
         let jit_mints = Counter::default();
@@ -293,6 +316,7 @@ impl Metrics {
             job_startup,
             job_execution,
             jobs,
+            job_series: std::sync::Mutex::default(),
             jit_mints,
             pass_ms,
             registry,
@@ -382,21 +406,69 @@ impl Metrics {
         for family in &self.policy {
             family.remove(&labels);
         }
+        self.job_startup.remove(&labels);
+        let mut series = self
+            .job_series
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        series.retain(|j| {
+            let gone = j.namespace == labels.namespace && j.policy == labels.policy;
+            if gone {
+                self.jobs.remove(j);
+                self.job_execution.remove(&JobResultLabels {
+                    namespace: j.namespace.clone(),
+                    policy: j.policy.clone(),
+                    result: j.result.clone(),
+                });
+            }
+            !gone
+        });
     }
 
-    /// One accepted `workflow_job` delivery: its action, and the durations its timestamps give
-    /// (startup on `in_progress`, execution on `completed`).
-    pub fn job(&self, action: &'static str, startup: Option<f64>, execution: Option<f64>) {
-        self.jobs
-            .get_or_create(&ActionLabels {
-                action: action.to_owned(),
-            })
-            .inc();
+    /// One accepted `workflow_job` delivery: the policy whose ledger took it (`None`: none
+    /// matched), its action and result (both from the receiver's closed lists), and the
+    /// durations its timestamps give (startup on `in_progress`, execution on `completed`).
+    pub fn job(
+        &self,
+        policy: Option<(&str, &str)>,
+        action: &'static str,
+        result: &'static str,
+        startup: Option<f64>,
+        execution: Option<f64>,
+    ) {
+        let (namespace, policy) = policy.unwrap_or_default();
+        let labels = JobLabels {
+            namespace: namespace.to_owned(),
+            policy: policy.to_owned(),
+            action: action.to_owned(),
+            result: result.to_owned(),
+        };
+        {
+            // Under the lock `forget_policy` takes: a series is never made after its policy's
+            // removal swept the set, and so never left behind.
+            let mut series = self
+                .job_series
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.jobs.get_or_create(&labels).inc();
+            series.insert(labels);
+        }
         if let Some(s) = startup.filter(|s| *s >= 0.0) {
-            self.job_startup.observe(s);
+            self.job_startup
+                .get_or_create(&PolicyLabels {
+                    namespace: namespace.to_owned(),
+                    policy: policy.to_owned(),
+                })
+                .observe(s);
         }
         if let Some(s) = execution.filter(|s| *s >= 0.0) {
-            self.job_execution.observe(s);
+            self.job_execution
+                .get_or_create(&JobResultLabels {
+                    namespace: namespace.to_owned(),
+                    policy: policy.to_owned(),
+                    result: result.to_owned(),
+                })
+                .observe(s);
         }
     }
 
@@ -518,8 +590,21 @@ mod tests {
                 max: 5,
             },
         );
-        m.job("in_progress", Some(12.0), None);
-        m.job("completed", None, Some(30.0));
+        m.job(
+            Some(("team-a", "web")),
+            "in_progress",
+            "none",
+            Some(12.0),
+            None,
+        );
+        m.job(
+            Some(("team-a", "web")),
+            "completed",
+            "failure",
+            None,
+            Some(30.0),
+        );
+        m.job(None, "queued", "none", None, None);
         m.broker_request("issued", 0.2);
         m.reconcile_pass(std::time::Duration::from_millis(40));
         m.reconcile_error("apply");
@@ -531,9 +616,11 @@ mod tests {
             "runner_manager_policy_pending_jobs{namespace=\"team-a\",policy=\"web\"} 2",
             "runner_manager_policy_min_runners{namespace=\"team-a\",policy=\"web\"} 1",
             "runner_manager_policy_max_runners{namespace=\"team-a\",policy=\"web\"} 5",
-            "runner_manager_job_startup_duration_seconds_sum 12.0",
-            "runner_manager_job_execution_duration_seconds_count 1",
-            "runner_manager_jobs_total{action=\"in_progress\"} 1",
+            "runner_manager_job_startup_duration_seconds_sum{namespace=\"team-a\",policy=\"web\"} 12.0",
+            "runner_manager_job_execution_duration_seconds_count{namespace=\"team-a\",policy=\"web\",result=\"failure\"} 1",
+            "runner_manager_jobs_total{namespace=\"team-a\",policy=\"web\",action=\"in_progress\",result=\"none\"} 1",
+            "runner_manager_jobs_total{namespace=\"team-a\",policy=\"web\",action=\"completed\",result=\"failure\"} 1",
+            "runner_manager_jobs_total{namespace=\"\",policy=\"\",action=\"queued\",result=\"none\"} 1",
             "runner_manager_jit_mints_total 1",
             "runner_manager_reconcile_duration_seconds_count 1",
             "runner_manager_reconcile_errors_total{stage=\"apply\"} 1",
@@ -542,7 +629,12 @@ mod tests {
             assert!(text.contains(line), "{line} not in\n{text}");
         }
         m.forget_policy("team-a", "web");
-        assert!(!m.encode().contains("policy=\"web\""));
+        let after = m.encode();
+        assert!(!after.contains("policy=\"web\""), "{after}");
+        assert!(
+            after.contains("action=\"queued\""),
+            "another policy's series kept"
+        );
         let r = m.response();
         assert_eq!(
             r.headers()[axum::http::header::CONTENT_TYPE],

@@ -32,7 +32,7 @@ use crate::controller::{
     self, Ctx, Settings, cache, events::Events, job_ledger::KubeSink, ledger_batch::LedgerBatches,
     writes::Writer,
 };
-use crate::crd_apply::apply_crds;
+use crate::crd_apply::{apply_crds, check_crds};
 use crate::github::GitHubConfig;
 use crate::github::registry::Clients;
 use crate::metrics::Metrics;
@@ -54,6 +54,22 @@ pub enum RunError {
     Leadership(#[from] LeaderError),
     #[error("{0}: the URL {1}")]
     Url(&'static str, runner_manager_crds::hosts::UrlRefused),
+    #[error("--github-ca-file {0}: {1}")]
+    CaFile(std::path::PathBuf, String),
+}
+
+/// The CA certificates of `--github-ca-file`: every one of the PEM bundle, at least one.
+fn extra_roots(path: &std::path::Path) -> Result<Vec<reqwest::Certificate>, RunError> {
+    let pem = std::fs::read(path).map_err(|e| RunError::CaFile(path.to_owned(), e.to_string()))?;
+    reqwest::Certificate::from_pem_bundle(&pem)
+        .ok()
+        .filter(|certs| !certs.is_empty())
+        .ok_or_else(|| {
+            RunError::CaFile(
+                path.to_owned(),
+                "holds no readable PEM certificate (it must hold the CA's certificate, -----BEGIN CERTIFICATE-----)".into(),
+            )
+        })
 }
 
 /// Select aws-lc-rs as the TLS crypto provider (the one the workspace compiles).
@@ -104,6 +120,19 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
             })
             .await?;
             tracing::info!("CRDs applied");
+        } else {
+            // Another owner applies them (`crds.managedBy: external`): read, never written.
+            match until_answered("reading the CRDs", || check_crds(&kube)).await? {
+                problems if problems.is_empty() => {
+                    tracing::info!("CRDs current (applied by another owner)");
+                }
+                problems => tracing::error!(
+                    error = %problems.join("; "),
+                    "the installed CRDs are older than this operator and the API server drops \
+                     what it writes to the fields they lack: apply the chart's crds/ (kubectl \
+                     apply --server-side -f crds/) or let their owner sync them"
+                ),
+            }
         }
         let namespaces = Api::<Namespace>::all(kube.clone());
         let kube_system = until_answered("reading the kube-system namespace", || {
@@ -147,6 +176,10 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
         metrics: Some(metrics.clone()),
         max_response_bytes: cli.github_max_response_bytes,
         http_hosts: cli.allow_http_hosts.clone(),
+        extra_roots: match &cli.github_ca_file {
+            None => Vec::new(),
+            Some(path) => extra_roots(path)?,
+        },
         ..GitHubConfig::default()
     };
     // One client registry for the broker and the controllers (DESIGN deviation 17): one

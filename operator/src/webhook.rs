@@ -61,12 +61,81 @@ pub enum JobAction {
 }
 
 impl JobAction {
+    pub const ALL: [Self; 4] = [
+        Self::Queued,
+        Self::Waiting,
+        Self::InProgress,
+        Self::Completed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Queued => "queued",
             Self::Waiting => "waiting",
             Self::InProgress => "in_progress",
             Self::Completed => "completed",
+        }
+    }
+}
+
+/// A policy by namespace and name: the one whose ledger took a job.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PolicyKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// How a job ended (`workflow_job.conclusion` of its `completed` delivery): GitHub's seven
+/// conclusions, `none` before completion (or when GitHub sends none), `other` for a word GitHub
+/// adds later. Closed: it labels the job metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum JobResult {
+    Success,
+    Failure,
+    Cancelled,
+    Skipped,
+    TimedOut,
+    ActionRequired,
+    Neutral,
+    None,
+    Other,
+}
+
+impl JobResult {
+    pub const ALL: [Self; 9] = [
+        Self::Success,
+        Self::Failure,
+        Self::Cancelled,
+        Self::Skipped,
+        Self::TimedOut,
+        Self::ActionRequired,
+        Self::Neutral,
+        Self::None,
+        Self::Other,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::Failure => "failure",
+            Self::Cancelled => "cancelled",
+            Self::Skipped => "skipped",
+            Self::TimedOut => "timed_out",
+            Self::ActionRequired => "action_required",
+            Self::Neutral => "neutral",
+            Self::None => "none",
+            Self::Other => "other",
+        }
+    }
+
+    /// From a delivery's action and conclusion: only a `completed` job has a result.
+    pub fn of(action: JobAction, conclusion: Option<&str>) -> Self {
+        match (action, conclusion) {
+            (JobAction::Completed, Some(c)) => Self::ALL
+                .into_iter()
+                .find(|r| r.as_str() == c && !matches!(r, Self::None | Self::Other))
+                .unwrap_or(Self::Other),
+            _ => Self::None,
         }
     }
 }
@@ -102,6 +171,8 @@ pub struct JobEvent {
     pub repository: String,
     /// The enterprise slug, when the delivery names one.
     pub enterprise: Option<String>,
+    /// How the job ended (`completed` deliveries; `None` otherwise).
+    pub result: JobResult,
 }
 
 impl JobEvent {
@@ -126,7 +197,12 @@ pub enum SinkError {
 /// Where accepted events go. The policy controller implements it by recording the job in the
 /// matching policy's `status.pendingJobs` (and `in_progress` in the attempt's `status.job`).
 pub trait JobSink: Send + Sync + 'static {
-    fn record(&self, event: JobEvent) -> impl Future<Output = Result<(), SinkError>> + Send;
+    /// `Ok(Some(policy))`: the policy whose ledger took the job; `Ok(None)`: no policy's
+    /// labels match it (the delivery is accepted and nothing is recorded).
+    fn record(
+        &self,
+        event: JobEvent,
+    ) -> impl Future<Output = Result<Option<PolicyKey>, SinkError>> + Send;
 
     /// The secret of policy `namespace/name`'s own hook: `None` when there is no such policy or
     /// it sets no `spec.webhook` (its route then verifies nothing). A sink without policies has
@@ -154,12 +230,12 @@ impl MemorySink {
 }
 
 impl JobSink for MemorySink {
-    async fn record(&self, event: JobEvent) -> Result<(), SinkError> {
+    async fn record(&self, event: JobEvent) -> Result<Option<PolicyKey>, SinkError> {
         self.events
             .lock()
             .map_err(|_| SinkError::Unavailable)?
             .push(event);
-        Ok(())
+        Ok(None)
     }
 }
 
@@ -447,12 +523,20 @@ impl<S: JobSink> WebhookReceiver<S> {
         if !self.remember(route, delivery, &job) {
             return WebhookOutcome::Duplicate;
         }
-        let action = event.action;
+        let (action, result) = (event.action, event.result);
         match self.sink.record(event).await {
-            Ok(()) => {
+            Ok(policy) => {
                 if let Some(m) = &self.metrics {
                     let (startup, execution) = job_durations(action, body);
-                    m.job(action.as_str(), startup, execution);
+                    m.job(
+                        policy
+                            .as_ref()
+                            .map(|p| (p.namespace.as_str(), p.name.as_str())),
+                        action.as_str(),
+                        result.as_str(),
+                        startup,
+                        execution,
+                    );
                 }
                 WebhookOutcome::Accepted
             }
@@ -548,6 +632,8 @@ struct WorkflowJob {
     labels: Vec<String>,
     #[serde(default)]
     runner_name: Option<String>,
+    #[serde(default)]
+    conclusion: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -630,6 +716,7 @@ pub fn parse(delivery: &str, body: &[u8]) -> Result<JobEvent, Malformed> {
         runner_name: p.workflow_job.runner_name.filter(|n| !n.is_empty()),
         repository: p.repository.full_name,
         enterprise: p.enterprise.and_then(|e| e.slug),
+        result: JobResult::of(p.action, p.workflow_job.conclusion.as_deref()),
     })
 }
 
@@ -840,7 +927,7 @@ mod tests {
     }
 
     impl JobSink for Scoped {
-        async fn record(&self, event: JobEvent) -> Result<(), SinkError> {
+        async fn record(&self, event: JobEvent) -> Result<Option<PolicyKey>, SinkError> {
             let ours = match &event.route {
                 HookRoute::Policy { namespace, .. } => {
                     namespace == "team" && event.repository == "Codertocat/Hello-World"
@@ -1012,7 +1099,7 @@ mod tests {
             inner: MemorySink,
         }
         impl JobSink for Flaky {
-            async fn record(&self, event: JobEvent) -> Result<(), SinkError> {
+            async fn record(&self, event: JobEvent) -> Result<Option<PolicyKey>, SinkError> {
                 if self.fail.swap(false, std::sync::atomic::Ordering::SeqCst) {
                     return Err(SinkError::Unavailable);
                 }
@@ -1037,7 +1124,7 @@ mod tests {
         #[derive(Debug, Default)]
         struct Both(MemorySink);
         impl JobSink for Both {
-            async fn record(&self, event: JobEvent) -> Result<(), SinkError> {
+            async fn record(&self, event: JobEvent) -> Result<Option<PolicyKey>, SinkError> {
                 self.0.record(event).await
             }
             async fn policy_secret(

@@ -97,3 +97,16 @@ orders them through the broker (issue 28 item 1), on every server version.
 {{- define "rm.agentWatchesPods" -}}
 {{- if or .Values.placeholders.enabled .Values.nodeAgent.oci.enabled -}}true{{- end -}}
 {{- end -}}
+
+{{/*
+Where the CA bundle of `caBundle` is mounted in the operator's and the agent's containers, and
+the file its key becomes.
+*/}}
+{{- define "rm.caBundleDir" -}}/etc/runner-manager/ca{{- end -}}
+{{- define "rm.caBundleFile" -}}{{ include "rm.caBundleDir" . }}/{{ .Values.caBundle.key }}{{- end -}}
+{{- define "rm.caBundleVolume" -}}
+- name: ca-bundle
+  configMap:
+    name: {{ .Values.caBundle.configMap | quote }}
+    items: [{key: {{ .Values.caBundle.key | quote }}, path: {{ .Values.caBundle.key | quote }}}]
+{{- end -}}

@@ -328,6 +328,16 @@ pub async fn package(State(fake): Fake) -> Result<Json<Value>, ApiError> {
     })))
 }
 
+/// `POST /_admin/downloads`: the downloads listing also names this Linux package (of another
+/// architecture; listed, not served).
+pub async fn add_download(
+    State(fake): Fake,
+    Json(b): Json<super::state::ListedDownload>,
+) -> StatusCode {
+    fake.world().other_downloads.push(b);
+    StatusCode::NO_CONTENT
+}
+
 /// Route table of the admin API.
 #[derive(Debug, Deserialize)]
 pub struct ReposBody {
@@ -422,4 +432,5 @@ pub fn router() -> axum::Router<Arc<FakeGithub>> {
         .route("/_admin/deliveries/{guid}/redeliver", post(redeliver))
         .route("/_admin/minimum-runner-version", put(set_minimum_version))
         .route("/_admin/package", get(package))
+        .route("/_admin/downloads", post(add_download))
 }

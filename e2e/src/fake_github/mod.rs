@@ -26,5 +26,5 @@ pub mod shapes;
 pub mod state;
 pub mod webhooks;
 
-pub use server::{RunningFake, start};
+pub use server::{RunningFake, start, start_tls};
 pub use state::{FakeGithub, PackageInfo};

@@ -273,6 +273,61 @@ pub struct RunningFake {
     pub server: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
+/// Like [`start`], served over HTTPS, as a GitHub Enterprise Server whose certificate an
+/// internal CA signed looks to the operator and the agent: a fresh private CA signs a serving
+/// certificate for `127.0.0.1` and `localhost`. Returns the fake and the CA's certificate (PEM),
+/// which nothing trusts unless told to.
+pub async fn start_tls(
+    addr: SocketAddr,
+    package: Option<PackageInfo>,
+) -> std::io::Result<(RunningFake, String)> {
+    use runner_manager_operator::broker::tls::{generate_ca, issue};
+    use secrecy::ExposeSecret;
+    let other = |e: &dyn std::fmt::Display| std::io::Error::other(e.to_string());
+    let (ca_pem, ca_key) = generate_ca().map_err(|e| other(&e))?;
+    let (cert_pem, key_pem) = issue(
+        &ca_key,
+        &["127.0.0.1".to_owned(), "localhost".to_owned()],
+        Duration::from_secs(24 * 3600),
+    )
+    .map_err(|e| other(&e))?;
+    let certs = rustls_pemfile::certs(&mut cert_pem.as_bytes()).collect::<Result<Vec<_>, _>>()?;
+    let key = rustls_pemfile::private_key(&mut key_pem.expose_secret().as_bytes())?
+        .ok_or_else(|| std::io::Error::other("the issued key is not PEM"))?;
+    // aws-lc-rs, the one provider the workspace compiles (a second install is refused, harmlessly).
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let tls = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| other(&e))?;
+    let listener = TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    let base_url = format!("https://{addr}");
+    let (fake, rx) = FakeGithub::new(base_url.clone(), package);
+    tokio::spawn(webhook_sender(fake.clone(), rx));
+    let app = router(fake.clone());
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let server = tokio::spawn(async move {
+        runner_manager_operator::listen::serve(
+            listener,
+            Some(acceptor),
+            app,
+            runner_manager_operator::listen::Limits::default(),
+        )
+        .await;
+        Ok::<(), std::io::Error>(())
+    });
+    Ok((
+        RunningFake {
+            base_url,
+            addr,
+            fake,
+            server,
+        },
+        ca_pem,
+    ))
+}
+
 /// Binds `addr` (port 0 picks a free one), starts serving and the webhook sender.
 pub async fn start(addr: SocketAddr, package: Option<PackageInfo>) -> std::io::Result<RunningFake> {
     let listener = TcpListener::bind(addr).await?;

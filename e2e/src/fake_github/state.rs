@@ -34,6 +34,16 @@ pub struct PackageInfo {
     pub path: std::path::PathBuf,
 }
 
+/// A Linux package the downloads listing names beside the served one.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct ListedDownload {
+    /// GitHub's word: `x64`, `arm64`, `arm`, or any other a test wants listed.
+    pub architecture: String,
+    pub filename: String,
+    /// Absent: listed without a checksum.
+    pub sha256: Option<String>,
+}
+
 /// Everything the fake remembers.
 #[derive(Debug, Default)]
 pub struct World {
@@ -72,6 +82,9 @@ pub struct World {
     pub enterprise_orgs: BTreeMap<String, Vec<String>>,
     /// The runner scale-set service (`scaleset`).
     pub scale_sets: super::scaleset::ScaleSetWorld,
+    /// Linux packages of other architectures the downloads listing names beside the served
+    /// one (`POST /_admin/downloads`): listed, never served.
+    pub other_downloads: Vec<ListedDownload>,
     next_id: u64,
 }
 

@@ -39,6 +39,7 @@ pub fn native_attempt(id: uuid::Uuid, policy: &str, policy_uid: &str, node: &str
                 version: "2.330.0".into(),
                 url: "https://example.invalid/actions-runner-linux-x64-2.330.0.tar.gz".into(),
                 sha256: "a".repeat(64),
+                architecture: None,
             },
             env: BTreeMap::new(),
             timeouts: AttemptTimeouts {

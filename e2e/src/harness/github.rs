@@ -74,6 +74,8 @@ pub fn app_keys() -> Result<&'static (String, String), FakeError> {
 pub struct SimulatedGitHub {
     pub running: RunningFake,
     http: reqwest::Client,
+    /// Served over HTTPS: the certificate (PEM) of the private CA that signed its certificate.
+    pub ca_pem: Option<String>,
 }
 
 impl std::fmt::Debug for SimulatedGitHub {
@@ -97,9 +99,33 @@ impl SimulatedGitHub {
     ) -> Result<Self, FakeError> {
         let running =
             fake_github::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), package).await?;
+        Self::set_up(running, None).await
+    }
+
+    /// Like [`start_with_package`](Self::start_with_package), served over HTTPS with a
+    /// certificate a private CA signed (a GitHub Enterprise Server with an internal CA):
+    /// [`Self::ca_pem`] is that CA.
+    pub async fn start_tls_with_package(
+        package: Option<fake_github::state::PackageInfo>,
+    ) -> Result<Self, FakeError> {
+        let (running, ca_pem) =
+            fake_github::start_tls(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), package).await?;
+        Self::set_up(running, Some(ca_pem)).await
+    }
+
+    /// Register the App, its installation and the PAT on a started fake.
+    async fn set_up(running: RunningFake, ca_pem: Option<String>) -> Result<Self, FakeError> {
+        // The harness's own admin client trusts the fake's CA, and only it.
+        let http = match &ca_pem {
+            None => reqwest::Client::new(),
+            Some(pem) => reqwest::Certificate::from_pem(pem.as_bytes())
+                .and_then(|ca| reqwest::Client::builder().tls_certs_only([ca]).build())
+                .map_err(|e| FakeError::Admin("client".into(), e.to_string()))?,
+        };
         let this = Self {
             running,
-            http: reqwest::Client::new(),
+            http,
+            ca_pem,
         };
         let (_, public) = app_keys()?;
         this.admin(
@@ -220,6 +246,12 @@ impl SimulatedGitHub {
             max_response_bytes: runner_manager_operator::github::client::DEFAULT_MAX_RESPONSE_BYTES,
             // The fake serves plain http on loopback (the admin flag `--allow-http-hosts`).
             http_hosts: loopback_hosts(),
+            // Or https, signed by its own CA (the admin flag `--github-ca-file`).
+            extra_roots: self
+                .ca_pem
+                .iter()
+                .filter_map(|pem| reqwest::Certificate::from_pem(pem.as_bytes()).ok())
+                .collect(),
         };
         let target = GitHubTarget::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
         GitHubClient::new(target, credentials, config).unwrap_or_else(|e| panic!("{e}"))

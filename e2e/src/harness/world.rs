@@ -85,6 +85,7 @@ pub struct WorldBuilder {
     app_secret: bool,
     web_policy: bool,
     policy_defaults: Value,
+    github_tls: bool,
 }
 
 /// The defaults [`World::policy`] merges a spec over: repository `acme/web`, the App Secret,
@@ -112,7 +113,16 @@ impl WorldBuilder {
             app_secret: false,
             web_policy: false,
             policy_defaults: default_policy_spec(),
+            github_tls: false,
         }
+    }
+
+    /// Serve the simulated GitHub over HTTPS with a certificate a private CA signed (a GitHub
+    /// Enterprise Server with an internal CA); the operator and agent commands of the world are
+    /// given that CA (`--github-ca-file`, `--download-ca-file`).
+    pub fn github_tls(mut self) -> Self {
+        self.github_tls = true;
+        self
     }
 
     /// Prefixes of the system and team namespaces' (unique) names.
@@ -259,9 +269,20 @@ impl WorldBuilder {
                 Some(info)
             }
         };
-        let fake = SimulatedGitHub::start_with_package(package.clone())
-            .await
-            .map_err(|e| fail("fake github", e))?;
+        let fake = if self.github_tls {
+            SimulatedGitHub::start_tls_with_package(package.clone()).await
+        } else {
+            SimulatedGitHub::start_with_package(package.clone()).await
+        }
+        .map_err(|e| fail("fake github", e))?;
+        let github_ca_file = match &fake.ca_pem {
+            None => None,
+            Some(pem) => {
+                let path = scratch.path().join("github-ca.pem");
+                std::fs::write(&path, pem).map_err(|e| fail("github CA file", e))?;
+                Some(path)
+            }
+        };
         for SecretSpec { home, name, data } in &self.secrets {
             let data: Vec<(&str, &str)> =
                 data.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -292,6 +313,7 @@ impl WorldBuilder {
             policy_uid: String::new(),
             policy_defaults: self.policy_defaults,
             logs,
+            github_ca_file,
             scratch,
         };
         if self.web_policy {
@@ -316,6 +338,8 @@ pub struct World {
     pub policy_uid: String,
     policy_defaults: Value,
     logs: PathBuf,
+    /// The simulated GitHub's CA (PEM file), when it serves HTTPS ([`WorldBuilder::github_tls`]).
+    pub github_ca_file: Option<PathBuf>,
     scratch: tempfile::TempDir,
 }
 
@@ -465,8 +489,17 @@ impl World {
             // (`RM_PLACEHOLDERS` on the agent); the node-less test cluster never runs them.
             ("--placeholder-image", PLACEHOLDER_IMAGE),
         ];
+        let ca = self
+            .github_ca_file
+            .as_ref()
+            .map(|p| p.display().to_string());
+        let tls: Vec<(&str, &str)> = ca
+            .as_deref()
+            .map(|ca| ("--github-ca-file", ca))
+            .into_iter()
+            .collect();
         let mut args: Vec<(String, String)> = Vec::new();
-        for (k, v) in base.iter().chain(flags) {
+        for (k, v) in base.iter().chain(&tls).chain(flags) {
             let mut v = v.replace("{team}", &self.team);
             for (i, ns) in self.extra.iter().enumerate() {
                 v = v.replace(&format!("{{extra{i}}}"), ns);
@@ -518,6 +551,9 @@ impl World {
             "--broker-token-file",
             &node.node.token_file.display().to_string(),
         ]);
+        if let Some(ca) = &self.github_ca_file {
+            program.arg("--download-ca-file").arg(ca);
+        }
         for (k, v) in flags {
             program.args([k, v]);
         }

@@ -263,6 +263,64 @@ async fn webhook_jobs_scale_from_zero_and_everything_is_cleaned() {
     assert_eq!(mints as usize, attempts.len(), "one JIT mint per runner");
 }
 
+/// Issue 33 item 5: a GitHub Enterprise Server whose certificate a private CA signed. The
+/// simulated GitHub serves HTTPS only, with such a certificate. The operator is given the CA for
+/// the API (`--github-ca-file`) and the agent for the runner package (`--download-ca-file`),
+/// as the chart's `caBundle` gives them; the runner, which trusts what its node trusts, is
+/// pointed at it through `runner.env` (`SSL_CERT_FILE`). A job runs on a fresh runner and
+/// everything is cleaned. Without the CA the operator's client fails at the handshake
+/// (`github_client.rs::an_enterprise_server_signed_by_a_private_ca_is_reached_only_with_its_ca`).
+#[tokio::test]
+async fn a_job_runs_against_a_server_whose_certificate_a_private_ca_signed() {
+    let Some(p) = World::builder("github_private_ca")
+        .github_tls()
+        .product(ProductOptions::default())
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    assert!(
+        p.fake.base_url().starts_with("https://"),
+        "{}",
+        p.fake.base_url()
+    );
+    let ca = p.github_ca_file.clone().unwrap();
+    let env = k8s_openapi::api::core::v1::ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some("runner-env".into()),
+            ..Default::default()
+        },
+        data: Some(
+            [(
+                "runner.env".to_owned(),
+                format!("SSL_CERT_FILE={}\n", ca.display()),
+            )]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(p.kube.clone(), &p.team)
+        .create(&kube::api::PostParams::default(), &env)
+        .await
+        .unwrap();
+    p.policy(
+        "web",
+        json!({"minIdle": 0, "runner": {"version": "latest", "envFrom": {"configMapRef": {"name": "runner-env"}}}}),
+    )
+    .await
+    .unwrap();
+    wait_ready(&p, "web").await;
+    let job = p
+        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 300}))
+        .await
+        .unwrap();
+    p.wait_jobs_completed(&[job], Duration::from_secs(180))
+        .await
+        .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    assert_settled_and_clean(&p).await;
+}
+
 /// `minIdle: 2` holds two idle runners and no more, across several observation passes.
 #[tokio::test]
 async fn min_idle_holds_two_idle_runners_and_no_more() {

@@ -436,6 +436,48 @@ async fn an_enterprise_server_target_uses_its_api_v3_base() {
     check_contract(&gh.sent());
 }
 
+/// Issue 33 item 5: a GitHub Enterprise Server whose certificate a private CA signed. The
+/// simulated GitHub serves HTTPS with such a certificate. The operator's client reaches it only
+/// when given that CA (`--github-ca-file`, the chart's `caBundle`); without it the call fails
+/// at the handshake and nothing reaches the server — no credential leaves.
+#[tokio::test]
+async fn an_enterprise_server_signed_by_a_private_ca_is_reached_only_with_its_ca() {
+    let fake = SimulatedGitHub::start_tls_with_package(None).await.unwrap();
+    assert!(
+        fake.base_url().starts_with("https://"),
+        "{}",
+        fake.base_url()
+    );
+    let url = format!("https://ghes.example.com/{ORG}/web");
+    let client = |extra_roots: Vec<reqwest::Certificate>| {
+        let config = runner_manager_operator::github::GitHubConfig {
+            api_base: Some(fake.base_url().to_owned()),
+            retry: runner_manager_operator::github::retry::RetryPolicy {
+                attempts: 1,
+                base: Duration::from_millis(20),
+                max_wait: Duration::from_secs(1),
+            },
+            extra_roots,
+            ..Default::default()
+        };
+        let target = runner_manager_crds::target::GitHubTarget::parse(&url).unwrap();
+        GitHubClient::new(target, pat(), config).unwrap()
+    };
+    let untrusted = client(vec![]).list_runners().await.unwrap_err();
+    assert!(
+        matches!(untrusted, GitHubError::Transport { .. }),
+        "{untrusted}"
+    );
+    assert_eq!(
+        fake.calls("list_runners").await.unwrap(),
+        0,
+        "a request passed an unverified handshake"
+    );
+    let ca = reqwest::Certificate::from_pem(fake.ca_pem.as_deref().unwrap().as_bytes()).unwrap();
+    client(vec![ca]).list_runners().await.unwrap();
+    assert_eq!(fake.calls("list_runners").await.unwrap(), 1);
+}
+
 /// Every request sent matches an operation of the official description: the method exists on a
 /// path template that matches the path, every query parameter is declared for it, and the body
 /// validates against its request schema.

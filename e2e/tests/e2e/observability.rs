@@ -128,14 +128,35 @@ async fn one_launch_is_one_trace_and_both_binaries_report_what_happened() {
         ),
         Some(1.0)
     );
-    assert!(v("runner_manager_jobs_total", "action=\"queued\"").is_some_and(|n| n >= 1.0));
+    // Job metrics name the policy that took the job and, once completed, how it ended.
     assert!(
-        v("runner_manager_jobs_total", "action=\"completed\"").is_some_and(|n| n >= 1.0),
+        v(
+            "runner_manager_jobs_total",
+            &format!("{policy},action=\"queued\",result=\"none\"")
+        )
+        .is_some_and(|n| n >= 1.0),
         "{}",
         op.body
     );
-    assert!(v("runner_manager_job_startup_duration_seconds_count", "").is_some_and(|n| n >= 1.0));
-    assert!(v("runner_manager_job_execution_duration_seconds_count", "").is_some_and(|n| n >= 1.0));
+    assert!(
+        v(
+            "runner_manager_jobs_total",
+            &format!("{policy},action=\"completed\",result=\"success\"")
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{}",
+        op.body
+    );
+    assert!(
+        v("runner_manager_job_startup_duration_seconds_count", &policy).is_some_and(|n| n >= 1.0)
+    );
+    assert!(
+        v(
+            "runner_manager_job_execution_duration_seconds_count",
+            &format!("{policy},result=\"success\"")
+        )
+        .is_some_and(|n| n >= 1.0)
+    );
     assert!(v("runner_manager_reconcile_duration_seconds_count", "").is_some_and(|n| n >= 1.0));
     assert_eq!(v("runner_manager_leader", ""), Some(1.0));
     let op_ready = get(&p.operators[0].health, "/readyz").await.unwrap();

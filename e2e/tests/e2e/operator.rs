@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use runner_manager_crds::arch::{ARCH_LABEL, Arch};
 use runner_manager_crds::attempt::{RunnerAttempt, TerminationReason};
 use runner_manager_crds::conditions::ConditionStatus;
 use runner_manager_crds::names::runner_name;
@@ -149,12 +150,24 @@ impl World {
 
     /// A simulated node in this test's pool with a scripted agent talking to operator `via`.
     async fn add_node(&mut self, script: Script, via: usize) -> String {
-        let node = self
-            .world
-            .add_node("rm-op", [(POOL_LABEL.to_owned(), self.pool.clone())].into())
+        let pool = self.pool.clone();
+        self.add_node_labelled(script, via, &[(POOL_LABEL, pool.as_str())])
             .await
-            .unwrap()
-            .node;
+    }
+
+    /// A simulated node with `labels` (and no others) with a scripted agent talking to
+    /// operator `via`.
+    async fn add_node_labelled(
+        &mut self,
+        script: Script,
+        via: usize,
+        labels: &[(&str, &str)],
+    ) -> String {
+        let labels = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let node = self.world.add_node("rm-op", labels).await.unwrap().node;
         let name = node.name.clone();
         let ca = self.broker_ca(LONG).await.unwrap();
         let agent = ScriptedAgent::start(
@@ -941,6 +954,151 @@ async fn min_idle_then_scale_down_deregisters_first_and_leaves_a_runner_that_too
     })
     .await;
     assert!(live(&w.list().await).is_empty());
+}
+
+/// Issue 33 item 5: one owner of the CRDs. An operator that does not apply them
+/// (`--apply-crds=false`, the chart's `crds.managedBy: external`) reads them at start and says
+/// whether they can hold what it writes (a stale CRD's missing fields are named:
+/// `crd_apply::tests`).
+#[tokio::test]
+async fn an_operator_that_does_not_own_the_crds_checks_them_at_start() {
+    let Some(mut w) = world("crds_checked").await else {
+        return;
+    };
+    let op = w.start_operator(&["--apply-crds", "false"]).await;
+    wait::until(LONG, "the operator's word on the CRDs", || async {
+        w.operators[op]
+            .process
+            .lines()
+            .iter()
+            .any(|l| l.contains("CRDs current"))
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    assert!(
+        !w.operators[op]
+            .process
+            .lines()
+            .iter()
+            .any(|l| l.contains("CRDs applied") || l.contains("older than this operator")),
+        "the operator applied or doubted CRDs it does not own"
+    );
+}
+
+/// Issue 31 item 5: every architecture GitHub publishes a Linux runner for. The simulated
+/// GitHub lists an x64 and an arm64 package of one version (and an s390x one, which is not an
+/// architecture runner-manager places); the pool has an amd64, an arm64 and an s390x node. Each
+/// attempt pins the package of its node's `kubernetes.io/arch`, and the s390x node, which
+/// spreading would fill first (it is as empty as the others), gets none. A policy whose only
+/// node is an s390x one creates nothing and its `Scaling` condition says why.
+#[tokio::test]
+async fn each_node_runs_the_package_of_its_architecture_and_a_node_of_another_gets_none() {
+    let Some(mut w) = world("package_of_its_architecture").await else {
+        return;
+    };
+    let arm64_sha = "c".repeat(64);
+    for (arch, sha) in [("arm64", arm64_sha.clone()), ("s390x", "d".repeat(64))] {
+        w.fake
+            .admin(
+                "POST",
+                "downloads",
+                json!({"architecture": arch, "sha256": sha,
+                       "filename": format!("actions-runner-linux-{arch}-{VERSION}.tar.gz")}),
+            )
+            .await
+            .unwrap();
+    }
+    let op = w.start_operator(&[]).await;
+    let pool = w.pool.clone();
+    let mut by_arch = std::collections::BTreeMap::new();
+    for arch in ["amd64", "arm64", "s390x"] {
+        // Two each: four runners must use both nodes with a package, whichever Lease the
+        // operator saw first.
+        let node = w
+            .add_node_labelled(
+                Script {
+                    capacity: 2,
+                    ..Script::default()
+                },
+                op,
+                &[(POOL_LABEL, pool.as_str()), (ARCH_LABEL, arch)],
+            )
+            .await;
+        by_arch.insert(arch, node);
+    }
+    let mainframes = format!("{pool}-s390x");
+    w.add_node_labelled(
+        Script::default(),
+        op,
+        &[(POOL_LABEL, mainframes.as_str()), (ARCH_LABEL, "s390x")],
+    )
+    .await;
+
+    w.policy("web", json!({"minIdle": 4})).await;
+    let attempts = w
+        .attempts_until("four attempts", LONG, |l| {
+            (l.len() >= 4).then(|| l.to_vec())
+        })
+        .await;
+    let on = |arch: &str| {
+        attempts
+            .iter()
+            .filter(|a| a.spec.node_name == by_arch[arch])
+            .collect::<Vec<_>>()
+    };
+    assert!(on("s390x").is_empty(), "an attempt on the s390x node");
+    assert!(
+        !on("amd64").is_empty() && !on("arm64").is_empty(),
+        "spread over both"
+    );
+    for a in on("amd64") {
+        let p = &a.spec.snapshot.runner;
+        assert_eq!(
+            (p.architecture, p.sha256.as_str()),
+            (Some(Arch::X64), sha().as_str())
+        );
+        assert!(
+            p.url.ends_with(&format!("linux-x64-{VERSION}.tar.gz")),
+            "{}",
+            p.url
+        );
+    }
+    for a in on("arm64") {
+        let p = &a.spec.snapshot.runner;
+        assert_eq!(
+            (p.architecture, p.sha256.as_str()),
+            (Some(Arch::Arm64), arm64_sha.as_str())
+        );
+        assert!(
+            p.url.ends_with(&format!("linux-arm64-{VERSION}.tar.gz")),
+            "{}",
+            p.url
+        );
+    }
+
+    w.policy(
+        "mainframe",
+        json!({"minIdle": 1, "nodeSelector": {POOL_LABEL: mainframes}}),
+    )
+    .await;
+    let (status, reason, message) =
+        wait::until(LONG, "the s390x-only policy to say why", || async {
+            w.condition("mainframe", PolicyConditionType::Scaling)
+                .await
+                .filter(|(_, r, _)| *r == PolicyReason::NoEligibleNode)
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (status, reason),
+        (ConditionStatus::False, PolicyReason::NoEligibleNode)
+    );
+    assert!(message.contains("kubernetes.io/arch"), "{message}");
+    assert!(
+        w.list().await.iter().all(|a| a.spec.policy != "mainframe"),
+        "an attempt for a node of no package"
+    );
 }
 
 /// Issue 31 item 4: `spec.suspend` pauses a policy. Its idle runners are drained the way a

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 
+use runner_manager_crds::arch::Arch;
 use runner_manager_crds::attempt::AttemptSnapshot;
 use runner_manager_crds::outcome::RejectReason;
 use runner_manager_crds::policy::{ExecutionMode, WorkspaceMode};
@@ -21,7 +22,10 @@ pub enum Admission {
 /// with the OCI provider enabled (`--oci`) and an image pinned by digest. A native-only agent
 /// rejects an OCI attempt (`SnapshotUnusable`): it never runs it natively instead. An agent whose
 /// systemd launcher was refused at start (its runner sandbox not proven, `native_enabled`
-/// false) rejects native attempts the same way.
+/// false) rejects native attempts the same way. A package of another architecture than this
+/// agent's own is rejected too (a mislabelled Node, or an operator that placed by a label it
+/// should not have trusted): its binaries could not run here, and the runner would fail at
+/// registration, after a JIT was minted for it.
 pub fn usable(snapshot: &AttemptSnapshot, oci_enabled: bool, native_enabled: bool) -> bool {
     let digest_ok = snapshot.runner.sha256.len() == 64
         && snapshot
@@ -44,7 +48,11 @@ pub fn usable(snapshot: &AttemptSnapshot, oci_enabled: bool, native_enabled: boo
                     .is_some_and(crate::pods::pinned_by_digest)
         }
     };
-    provider_ok && digest_ok && workspace_ok
+    let arch_ok = snapshot
+        .runner
+        .architecture
+        .is_none_or(|a| Arch::of_host() == Some(a));
+    provider_ok && digest_ok && workspace_ok && arch_ok
 }
 
 /// The pure decision: `held` attempts already count against `capacity`.
@@ -191,5 +199,18 @@ mod tests {
             true
         ));
         assert!(!usable(&snapshot("Oci", None), true, true));
+    }
+
+    #[test]
+    fn a_package_of_another_architecture_is_unusable() {
+        let host = Arch::of_host().expect("the tests run on x64, arm64 or arm");
+        let mut s = snapshot("Native", None);
+        assert!(usable(&s, false, true), "no architecture named: x64's era");
+        s.runner.architecture = Some(host);
+        assert!(usable(&s, false, true));
+        for other in Arch::ALL.into_iter().filter(|a| *a != host) {
+            s.runner.architecture = Some(other);
+            assert!(!usable(&s, false, true), "{other} on {host}");
+        }
     }
 }

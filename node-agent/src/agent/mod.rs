@@ -39,7 +39,7 @@ pub mod watched;
 pub use node::Agent;
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -277,12 +277,17 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
             Box::new(launcher)
         }
     };
-    let downloader = Downloader::with_limits(
-        RetryPolicy::PRODUCTION,
-        Timeouts::PRODUCTION,
-        cli.download_limits(),
-    )
-    .map_err(|e| AgentError::Packages(e.to_string()))?;
+    let limits = cli.download_limits().map_err(|e| {
+        AgentError::Packages(format!(
+            "reading --download-ca-file {}: {e}",
+            cli.download_ca_file
+                .as_deref()
+                .unwrap_or(Path::new(""))
+                .display()
+        ))
+    })?;
+    let downloader = Downloader::with_limits(RetryPolicy::PRODUCTION, Timeouts::PRODUCTION, limits)
+        .map_err(|e| AgentError::Packages(e.to_string()))?;
     // The slots root is where persistent runtimes live: on another volume than the cache, a
     // seed of each version there lets slots clone instead of copying (DESIGN §6).
     {

@@ -34,6 +34,9 @@ pub struct DownloadLimits {
     pub max_bytes: u64,
     /// Hosts that may be fetched over plain http (URL or redirect); https everywhere else.
     pub http_hosts: HostList,
+    /// CA certificates (PEM) trusted beside the system's (`--download-ca-file`): a GitHub
+    /// Enterprise Server or mirror whose certificate a private CA signed.
+    pub extra_roots_pem: Option<Vec<u8>>,
 }
 
 impl Default for DownloadLimits {
@@ -41,6 +44,7 @@ impl Default for DownloadLimits {
         Self {
             max_bytes: DEFAULT_MAX_DOWNLOAD_BYTES,
             http_hosts: HostList::default(),
+            extra_roots_pem: None,
         }
     }
 }
@@ -91,6 +95,8 @@ impl Timeouts {
 pub enum DownloadError {
     #[error("the HTTP client could not be built")]
     Client,
+    #[error("the agent's --download-ca-file holds no readable PEM certificate")]
+    CaBundle,
     #[error("the server answered {status}")]
     Status { status: u16 },
     #[error("the transfer failed{}", if *timeout { " (timed out)" } else { "" })]
@@ -123,6 +129,7 @@ impl DownloadError {
             Self::Status { status } => *status == 429 || *status >= 500,
             Self::Transport { .. } | Self::ChecksumMismatch | Self::Io(_) => true,
             Self::Client
+            | Self::CaBundle
             | Self::Exhausted { .. }
             | Self::TooLarge { .. }
             | Self::InsecureUrl
@@ -282,11 +289,19 @@ impl Downloader {
                 attempt.follow()
             }
         });
+        let extra_roots = match &limits.extra_roots_pem {
+            None => Vec::new(),
+            Some(pem) => reqwest::Certificate::from_pem_bundle(pem)
+                .ok()
+                .filter(|certs| !certs.is_empty())
+                .ok_or(DownloadError::CaBundle)?,
+        };
         let client = reqwest::Client::builder()
             .connect_timeout(timeouts.connect)
             .read_timeout(timeouts.read)
             .timeout(timeouts.total)
             .redirect(redirects)
+            .tls_certs_merge(extra_roots)
             .build()
             .map_err(|_| DownloadError::Client)?;
         Ok(Self {
@@ -486,6 +501,7 @@ mod tests {
         let limits = DownloadLimits {
             max_bytes: 1000,
             http_hosts: HostList::parse("127.0.0.1").unwrap_or_default(),
+            extra_roots_pem: None,
         };
         let d = Downloader::with_limits(quick(), Timeouts::PRODUCTION, limits)
             .unwrap_or_else(|e| panic!("{e}"));

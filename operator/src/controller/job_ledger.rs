@@ -30,7 +30,7 @@ use crate::github::client::GitHubClient;
 use crate::github::errors::GitHubError;
 use crate::policy::matching::{JobLabels, PolicyLabels, match_job};
 use crate::policy::tenancy::{Claim, OwnerBindings, conflicts};
-use crate::webhook::{HookRoute, JobAction, JobEvent, JobSink, SinkError};
+use crate::webhook::{HookRoute, JobAction, JobEvent, JobSink, PolicyKey, SinkError};
 
 /// Whether the leader has proven this generation of the policy: `Ready=True` observed for the
 /// current `metadata.generation`. Resolution reads the credentials Secret and asks GitHub with
@@ -424,7 +424,9 @@ impl KubeSink {
             .map(|w| w.secret_ref.name.clone())
     }
 
-    async fn apply(&self, event: JobEvent) -> Result<(), ApplyError> {
+    /// Record `event` in the ledger of the policy it matches; that policy, or `None` when none
+    /// matches.
+    async fn apply(&self, event: JobEvent) -> Result<Option<PolicyKey>, ApplyError> {
         let candidates = Candidates::of(self.policies.state(), true, &self.bindings);
         let job = JobLabels {
             host: &event.host,
@@ -433,7 +435,7 @@ impl KubeSink {
             labels: &event.labels,
         };
         let Some(policy) = candidates.matching(&job) else {
-            return Ok(());
+            return Ok(None);
         };
         let route_secret = match &event.route {
             HookRoute::Cluster => None,
@@ -495,12 +497,15 @@ impl KubeSink {
                 crate::telemetry::origin::origins().forget(ns, name, id);
             }
         }
-        Ok(())
+        Ok(Some(PolicyKey {
+            namespace: ns.to_owned(),
+            name: name.to_owned(),
+        }))
     }
 }
 
 impl JobSink for KubeSink {
-    async fn record(&self, event: JobEvent) -> Result<(), SinkError> {
+    async fn record(&self, event: JobEvent) -> Result<Option<PolicyKey>, SinkError> {
         self.apply(event).await.map_err(|e| match e {
             ApplyError::Foreign => SinkError::ForeignPolicy,
             e => {

@@ -9,11 +9,13 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
-use runner_manager_crds::attempt::RunnerAttempt;
+use runner_manager_crds::arch::Arch;
+use runner_manager_crds::attempt::{RunnerAttempt, RunnerPackage};
 use runner_manager_crds::lease::AgentAdvert;
 use runner_manager_crds::names::agent_lease_name;
 use runner_manager_crds::outcome::{Outcome, RejectReason};
 
+use super::resolve::RunnerPackages;
 use crate::policy::placement::{self, AgentLease, Expectations, NodeView, Resources, Unplaceable};
 
 /// What placement knows of one node, owned (the views borrow from it).
@@ -21,6 +23,8 @@ use crate::policy::placement::{self, AgentLease, Expectations, NodeView, Resourc
 pub struct NodeFacts {
     pub name: String,
     pub labels: BTreeMap<String, String>,
+    /// From `kubernetes.io/arch`; `None`: an architecture GitHub publishes no runner for.
+    pub arch: Option<Arch>,
     pub cordoned: bool,
     pub agent: Option<AgentLease>,
     pub advert: Option<AgentAdvert>,
@@ -162,9 +166,11 @@ pub fn node_facts(
                         requested.get(name).copied().unwrap_or_default(),
                     )
                 });
+            let labels = n.metadata.labels.clone().unwrap_or_default();
             Some(NodeFacts {
                 name: name.to_owned(),
-                labels: n.metadata.labels.clone().unwrap_or_default(),
+                arch: Arch::of_node(&labels),
+                labels,
                 cordoned: n
                     .spec
                     .as_ref()
@@ -233,17 +239,19 @@ impl PlacementWorker {
         cached
     }
 
-    /// Choose a node for one attempt of a policy (`policy_uid`, `sha256` of its package).
+    /// Choose a node for one attempt of a policy (`policy_uid`, its `packages`): the node and
+    /// the package of its architecture.
     #[allow(clippy::too_many_arguments)]
-    pub fn choose(
+    pub fn choose<'p>(
         &self,
         facts: &[NodeFacts],
         selector: &BTreeMap<String, String>,
         need: Resources,
         policy_uid: &str,
-        sha256: &str,
+        packages: &'p RunnerPackages,
         now: Timestamp,
-    ) -> Result<String, Unplaceable> {
+    ) -> Result<(String, &'p RunnerPackage), Unplaceable> {
+        let package_of = move |f: &NodeFacts| f.arch.and_then(|a| packages.get(a));
         let views: Vec<NodeView<'_>> = facts
             .iter()
             .map(|f| NodeView {
@@ -257,15 +265,23 @@ impl PlacementWorker {
                     .as_ref()
                     .and_then(|a| a.free_slots.get(policy_uid).copied())
                     .unwrap_or(0),
-                package_cached: f
-                    .advert
-                    .as_ref()
-                    .is_some_and(|a| a.packages.contains(sha256)),
+                has_package: package_of(f).is_some(),
+                package_cached: package_of(f).is_some_and(|p| {
+                    f.advert
+                        .as_ref()
+                        .is_some_and(|a| a.packages.contains(&p.sha256))
+                }),
                 room: f.room,
             })
             .collect();
-        placement::choose_fitting(&views, selector, need, &self.expectations, now)
-            .map(str::to_owned)
+        let node = placement::choose_fitting(&views, selector, need, &self.expectations, now)?;
+        // Chosen only with a package (the filter above): a missing one is a broken filter.
+        facts
+            .iter()
+            .find(|f| f.name == node)
+            .and_then(package_of)
+            .map(|p| (node.to_owned(), p))
+            .ok_or(Unplaceable::NoPackageForArchitecture)
     }
 
     pub fn created(&mut self, name: &str, node: &str, now: Timestamp) {
@@ -349,6 +365,74 @@ mod tests {
         .unwrap()
     }
 
+    /// The x64 package every test lease advertises as cached.
+    fn packages() -> RunnerPackages {
+        RunnerPackages::single(RunnerPackage {
+            version: "2.330.0".into(),
+            url: "u".into(),
+            sha256: "ab".repeat(32),
+            architecture: Some(Arch::X64),
+        })
+    }
+
+    #[test]
+    fn each_node_gets_the_package_of_its_architecture_and_a_node_without_one_none() {
+        let now = Timestamp::from_second(10_000).unwrap();
+        let labelled = |name: &str, arch: &str| {
+            let mut n = node(name);
+            n.metadata
+                .labels
+                .get_or_insert_default()
+                .insert(runner_manager_crds::arch::ARCH_LABEL.into(), arch.into());
+            n
+        };
+        let package = |arch: Arch, sha: &str| RunnerPackage {
+            version: "2.330.0".into(),
+            url: format!("https://x/actions-runner-linux-{arch}-2.330.0.tar.gz"),
+            sha256: sha.repeat(32),
+            architecture: Some(arch),
+        };
+        let both =
+            RunnerPackages::of([package(Arch::X64, "ab"), package(Arch::Arm64, "cd")]).unwrap();
+        // `a` is an s390x node (first by name, empty), `b` arm64, `c` amd64.
+        let (a, b, c) = (
+            labelled("a", "s390x"),
+            labelled("b", "arm64"),
+            labelled("c", "amd64"),
+        );
+        let leases = [
+            lease("a", 8, 9_990),
+            lease("b", 8, 9_990),
+            lease("c", 8, 9_990),
+        ];
+        let facts = node_facts(
+            &[&a, &b, &c],
+            &leases.iter().collect::<Vec<_>>(),
+            &[],
+            now,
+            None,
+        );
+        let w = PlacementWorker::new();
+        let sel = BTreeMap::from([("pool".to_owned(), "ci".to_owned())]);
+        let none = Resources::default();
+        // Every lease advertises the x64 package cached: `c` is preferred for it, and the
+        // s390x node, first by name, is never chosen.
+        let (chosen, p) = w.choose(&facts, &sel, none, "u", &both, now).unwrap();
+        assert_eq!((chosen.as_str(), p.architecture), ("c", Some(Arch::X64)));
+        let (chosen, p) = w.choose(&facts[..2], &sel, none, "u", &both, now).unwrap();
+        assert_eq!((chosen.as_str(), p.architecture), ("b", Some(Arch::Arm64)));
+        assert!(p.url.contains("linux-arm64"), "{}", p.url);
+        // With only x64 published, the arm64 and s390x nodes get nothing, and say why.
+        assert_eq!(
+            w.choose(&facts[..2], &sel, none, "u", &packages(), now)
+                .map(|(n, _)| n),
+            Err(Unplaceable::NoPackageForArchitecture)
+        );
+        // A node without the label (only a hand-made Node object) is taken as amd64.
+        let facts = node_facts(&[&node("d")], &[&lease("d", 8, 9_990)], &[], now, None);
+        assert_eq!(facts[0].arch, Some(Arch::X64));
+    }
+
     fn lease(node: &str, capacity: u32, renewed: i64) -> Lease {
         let advert = AgentAdvert {
             capacity,
@@ -426,11 +510,13 @@ mod tests {
         };
         // By name `a` would win; its room cannot hold two CPUs, `b`'s is unknown.
         assert_eq!(
-            w.choose(&facts, &sel, two_cpus, "u", &"ab".repeat(32), now),
+            w.choose(&facts, &sel, two_cpus, "u", &packages(), now)
+                .map(|(n, _)| n),
             Ok("b".to_owned())
         );
         assert_eq!(
-            w.choose(&facts[..1], &sel, two_cpus, "u", &"ab".repeat(32), now),
+            w.choose(&facts[..1], &sel, two_cpus, "u", &packages(), now)
+                .map(|(n, _)| n),
             Err(Unplaceable::InsufficientResources)
         );
     }
@@ -476,7 +562,6 @@ mod tests {
             cpu_millis: 2000,
             memory_bytes: 1 << 30,
         };
-        let sha = "ab".repeat(32);
         // a: 4 CPUs less 1.5 of another workload less our 1.5 = 1: cannot hold 2; b can.
         let leases = [advertising("a", busy), advertising("b", None)];
         let facts = node_facts(
@@ -494,11 +579,13 @@ mod tests {
             })
         );
         assert_eq!(
-            w.choose(&facts, &sel, two_cpus, "u", &sha, now),
+            w.choose(&facts, &sel, two_cpus, "u", &packages(), now)
+                .map(|(n, _)| n),
             Ok("b".to_owned())
         );
         assert_eq!(
-            w.choose(&facts[..1], &sel, two_cpus, "u", &sha, now),
+            w.choose(&facts[..1], &sel, two_cpus, "u", &packages(), now)
+                .map(|(n, _)| n),
             Err(Unplaceable::InsufficientResources)
         );
         // An older agent publishes no foreign requests: the room is as before (2.5 CPUs) and
@@ -513,7 +600,8 @@ mod tests {
         );
         assert_eq!(facts[0].room.map(|r| r.cpu_millis), Some(2500));
         assert_eq!(
-            w.choose(&facts[..1], &sel, two_cpus, "u", &sha, now),
+            w.choose(&facts[..1], &sel, two_cpus, "u", &packages(), now)
+                .map(|(n, _)| n),
             Ok("a".to_owned())
         );
     }
@@ -558,14 +646,8 @@ mod tests {
         let w = PlacementWorker::new();
         let sel = BTreeMap::from([("pool".to_owned(), "ci".to_owned())]);
         assert_eq!(
-            w.choose(
-                &facts,
-                &sel,
-                Resources::default(),
-                "u",
-                &"ab".repeat(32),
-                now
-            ),
+            w.choose(&facts, &sel, Resources::default(), "u", &packages(), now)
+                .map(|(n, _)| n),
             Ok("a".into())
         );
         let later = Timestamp::from_second(10_040).unwrap();
@@ -583,14 +665,8 @@ mod tests {
             "cooled down"
         );
         assert_eq!(
-            w.choose(
-                &facts,
-                &sel,
-                Resources::default(),
-                "u",
-                &"ab".repeat(32),
-                later
-            ),
+            w.choose(&facts, &sel, Resources::default(), "u", &packages(), later)
+                .map(|(n, _)| n),
             Ok("b".into()),
             "spread: b holds nothing"
         );
@@ -614,27 +690,15 @@ mod tests {
         let mut w = PlacementWorker::new();
         let sel = BTreeMap::from([("pool".to_owned(), "ci".to_owned())]);
         assert_eq!(
-            w.choose(
-                &facts,
-                &sel,
-                Resources::default(),
-                "u",
-                &"ab".repeat(32),
-                now
-            ),
+            w.choose(&facts, &sel, Resources::default(), "u", &packages(), now)
+                .map(|(n, _)| n),
             Ok("a".into())
         );
         w.created("p2", "a", now);
         assert!(
-            w.choose(
-                &facts,
-                &sel,
-                Resources::default(),
-                "u",
-                &"ab".repeat(32),
-                now
-            )
-            .is_err(),
+            w.choose(&facts, &sel, Resources::default(), "u", &packages(), now)
+                .map(|(n, _)| n)
+                .is_err(),
             "2 of 2 used: full, whatever the advert says"
         );
         // A cap above the advert changes nothing.

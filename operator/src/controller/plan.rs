@@ -833,23 +833,31 @@ pub fn place(
     let mut lineage = replaces.iter();
     let mut attempts: Vec<NewAttempt> = Vec::new();
     let mut refused = None;
+    // A runner labelled with an architecture runs only on nodes of it.
+    let Some(packages) = pinned.packages.for_labels(&policy.spec.labels) else {
+        return Ok(Placed {
+            attempts,
+            refused: (count > 0).then_some(Unplaceable::NoPackageForArchitecture),
+        });
+    };
     for _ in 0..count {
-        let node = match worker.choose(
+        let (node, package) = match worker.choose(
             facts,
             &policy.spec.node_selector,
             need,
             &uid,
-            &pinned.package.sha256,
+            &packages,
             now,
         ) {
-            Ok(n) => n,
+            Ok(chosen) => chosen,
             Err(why) => {
                 refused = Some(why);
                 break;
             }
         };
         let replaces = lineage.next().cloned();
-        let Some(attempt) = build(policy, pinned, new_id(), &node, replaces.clone()) else {
+        let Some(attempt) = build(policy, pinned, package, new_id(), &node, replaces.clone())
+        else {
             for a in &attempts {
                 worker.forget(a.attempt.metadata.name.as_deref().unwrap_or_default());
             }

@@ -7,6 +7,7 @@ use runner_manager_crds::outcome::{FailureReason, OrphanReason, RejectReason};
 use runner_manager_crds::policy::PolicyReason;
 use serde_json::json;
 
+use super::super::resolve::RunnerPackages;
 use super::*;
 use crate::policy::placement::AgentLease;
 
@@ -1061,6 +1062,7 @@ fn node(name: &str, capacity: u32) -> NodeFacts {
     NodeFacts {
         name: name.into(),
         labels: BTreeMap::from([("pool".to_owned(), "ci".to_owned())]),
+        arch: Some(runner_manager_crds::arch::Arch::X64),
         cordoned: false,
         agent: Some(AgentLease {
             renewed_at: Some(t(NOW - 1)),
@@ -1075,12 +1077,13 @@ fn node(name: &str, capacity: u32) -> NodeFacts {
     }
 }
 
-fn pkg() -> RunnerPackage {
-    RunnerPackage {
+fn pkg() -> RunnerPackages {
+    RunnerPackages::single(RunnerPackage {
         version: "2.330.0".into(),
         url: "u".into(),
         sha256: "a".repeat(64),
-    }
+        architecture: None,
+    })
 }
 
 fn ids() -> impl FnMut() -> uuid::Uuid {
@@ -1098,7 +1101,7 @@ fn placement_fills_free_slots_then_refuses_and_records_what_it_placed() {
     let package = pkg();
     let pinned = Pinned {
         runner_group_id: 1,
-        package: &package,
+        packages: &package,
         env: &env,
     };
     let p = policy(json!({}));
@@ -1138,7 +1141,7 @@ fn placement_refuses_without_a_matching_node_or_agent() {
     let package = pkg();
     let pinned = Pinned {
         runner_group_id: 1,
-        package: &package,
+        packages: &package,
         env: &env,
     };
     let picky = policy(json!({"nodeSelector": {"pool": "gpu"}}));
@@ -1191,7 +1194,7 @@ fn a_policy_whose_attempts_cannot_be_built_records_no_expectation() {
     let package = pkg();
     let pinned = Pinned {
         runner_group_id: 1,
-        package: &package,
+        packages: &package,
         env: &env,
     };
     let mut bad = policy(json!({}));
@@ -1221,4 +1224,72 @@ fn a_policy_whose_attempts_cannot_be_built_records_no_expectation() {
     )
     .unwrap();
     assert_eq!(ok.attempts.len(), 2, "nothing was left expected");
+}
+
+#[test]
+fn a_runner_labelled_with_an_architecture_is_placed_only_on_nodes_of_it() {
+    use runner_manager_crds::arch::Arch;
+    let env = BTreeMap::new();
+    let package = |arch: Arch, sha: &str| RunnerPackage {
+        version: "2.330.0".into(),
+        url: format!("https://x/actions-runner-linux-{arch}-2.330.0.tar.gz"),
+        sha256: sha.repeat(64),
+        architecture: Some(arch),
+    };
+    let packages =
+        RunnerPackages::of([package(Arch::X64, "a"), package(Arch::Arm64, "b")]).unwrap();
+    let pinned = Pinned {
+        runner_group_id: 1,
+        packages: &packages,
+        env: &env,
+    };
+    let arm_node = || {
+        let mut n = node("arm", 4);
+        n.arch = Some(Arch::Arm64);
+        n
+    };
+    // Unlabelled by architecture: the arm64 node runs the arm64 package.
+    let mut worker = PlacementWorker::new();
+    let placed = place(
+        &mut worker,
+        &mut [arm_node()],
+        &policy(json!({})),
+        &pinned,
+        1,
+        &[],
+        t(NOW),
+        ids(),
+    )
+    .unwrap();
+    assert_eq!(
+        placed.attempts[0].attempt.spec.snapshot.runner,
+        package(Arch::Arm64, "b")
+    );
+    // Labelled `X64` (GitHub's labels ignore case): not on an arm64 node.
+    let placed = place(
+        &mut worker,
+        &mut [arm_node()],
+        &policy(json!({"labels": ["self-hosted", "X64"]})),
+        &pinned,
+        1,
+        &[],
+        t(NOW),
+        ids(),
+    )
+    .unwrap();
+    assert!(placed.attempts.is_empty());
+    assert_eq!(placed.refused, Some(Unplaceable::NoPackageForArchitecture));
+    // Labelled `arm`, which GitHub does not publish here: nowhere.
+    let placed = place(
+        &mut worker,
+        &mut [arm_node(), node("amd", 4)],
+        &policy(json!({"labels": ["arm"]})),
+        &pinned,
+        1,
+        &[],
+        t(NOW),
+        ids(),
+    )
+    .unwrap();
+    assert_eq!(placed.refused, Some(Unplaceable::NoPackageForArchitecture));
 }

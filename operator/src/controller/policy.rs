@@ -126,8 +126,10 @@ pub async fn prepare(
                     &policy.object_ref(&()),
                     Reason::PolicyReady,
                     format!(
-                        "runner {} pinned; runner group {}",
-                        r.package.version, r.runner_group_id
+                        "runner {} pinned for {}; runner group {}",
+                        r.packages.version(),
+                        r.packages.architectures(),
+                        r.runner_group_id
                     ),
                 );
             }
@@ -347,7 +349,7 @@ pub async fn reconcile(
     let in_flight: Vec<String> = mem.created.keys().cloned().collect();
     let readiness = match mem.resolved.as_ref().map(|e| &e.result) {
         Some(Ok(r)) => Readiness::Valid {
-            version: &r.package.version,
+            version: r.packages.version(),
             runner_group_id: r.runner_group_id,
         },
         Some(Err(i)) => Readiness::Invalid {
@@ -666,7 +668,7 @@ async fn create_attempts(
 ) -> Scaled {
     let pinned = Pinned {
         runner_group_id: resolved.runner_group_id,
-        package: &resolved.package,
+        packages: &resolved.packages,
         env: &resolved.env,
     };
     let placed = {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::Api;
+use runner_manager_crds::arch::Arch;
 use runner_manager_crds::attempt::RunnerPackage;
 use runner_manager_crds::policy::{PolicyReason, ScalePolicy};
 use runner_manager_crds::validate::{parse_runner_env, validate_policy};
@@ -27,7 +28,7 @@ pub const RUNNER_ENV_KEY: &str = "runner.env";
 pub struct Resolved {
     pub client: Arc<GitHubClient>,
     pub runner_group_id: i64,
-    pub package: RunnerPackage,
+    pub packages: RunnerPackages,
     pub env: BTreeMap<String, String>,
 }
 
@@ -61,25 +62,115 @@ pub fn version_of_filename(filename: &str) -> Option<&str> {
     (v.split('.').count() == 3 && v.split('.').all(|p| p.parse::<u32>().is_ok())).then_some(v)
 }
 
-/// Pick the Linux x64 package of `wanted` (`latest` = what the listing offers) and pin version,
-/// URL and sha256. With a mirror, the URL is the mirror's (admins run it; tenants never name URLs)
-/// and the digest still comes from GitHub's listing. Pure.
-pub fn pin_package(
+/// The pinned runner package of each architecture GitHub publishes for one version (issue 31
+/// item 5). Never empty; every package is of the same version. Placement sends an attempt only
+/// to a node whose architecture has one, and the attempt's snapshot pins that one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunnerPackages {
+    version: String,
+    by_arch: BTreeMap<Arch, RunnerPackage>,
+}
+
+impl RunnerPackages {
+    /// One package (its `architecture`, or x64 when it names none). For tests and callers
+    /// that resolve a single package.
+    pub fn single(package: RunnerPackage) -> Self {
+        let arch = package.architecture.unwrap_or(Arch::X64);
+        Self {
+            version: package.version.clone(),
+            by_arch: BTreeMap::from([(arch, package)]),
+        }
+    }
+
+    /// Packages of one version, each under its `architecture` (x64 when it names none).
+    /// `None` when there are none or their versions differ.
+    pub fn of(packages: impl IntoIterator<Item = RunnerPackage>) -> Option<Self> {
+        let mut packages = packages.into_iter();
+        let mut all = Self::single(packages.next()?);
+        for p in packages {
+            if p.version != all.version {
+                return None;
+            }
+            all.by_arch.insert(p.architecture.unwrap_or(Arch::X64), p);
+        }
+        Some(all)
+    }
+
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The package for nodes of `arch`, if GitHub publishes one.
+    pub fn get(&self, arch: Arch) -> Option<&RunnerPackage> {
+        self.by_arch.get(&arch)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (Arch, &RunnerPackage)> {
+        self.by_arch.iter().map(|(a, p)| (*a, p))
+    }
+
+    /// The packages a runner with `labels` may run: when the labels name architectures
+    /// (GitHub's words, any case: `x64`, `ARM64`), only theirs — a runner labelled `x64` on an
+    /// arm64 node would take the jobs that asked for x64. `None` when no published architecture
+    /// is left.
+    pub fn for_labels(&self, labels: &[String]) -> Option<Self> {
+        let named: Vec<Arch> = labels
+            .iter()
+            .filter_map(|l| Arch::from_github(&l.to_ascii_lowercase()))
+            .collect();
+        if named.is_empty() {
+            return Some(self.clone());
+        }
+        let by_arch: BTreeMap<Arch, RunnerPackage> = self
+            .by_arch
+            .iter()
+            .filter(|(a, _)| named.contains(a))
+            .map(|(a, p)| (*a, p.clone()))
+            .collect();
+        (!by_arch.is_empty()).then(|| Self {
+            version: self.version.clone(),
+            by_arch,
+        })
+    }
+
+    /// `x64, arm64` — for messages.
+    pub fn architectures(&self) -> String {
+        self.by_arch
+            .keys()
+            .map(|a| a.github())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Pick the Linux packages of `wanted` (`latest` = what the listing offers), one per
+/// architecture runner-manager places (x64, arm64, arm), and pin version, URL and sha256 of each.
+/// An architecture whose entry has no usable sha256 is left out (its nodes get no runner; a
+/// digest is never guessed). With a mirror, the URLs are the mirror's (admins run it; tenants
+/// never name URLs) and the digests still come from GitHub's listing. Pure.
+pub fn pin_packages(
     listing: &[RunnerDownload],
     wanted: &str,
     mirror: Option<&str>,
-) -> Result<RunnerPackage, Invalid> {
+) -> Result<RunnerPackages, Invalid> {
     let unresolvable = |why: String| Invalid::new(PolicyReason::RunnerVersionUnresolvable, why);
-    let d = listing
+    let linux: Vec<(Arch, &RunnerDownload)> = listing
         .iter()
-        .find(|d| d.os == "linux" && d.architecture == "x64")
+        .filter(|d| d.os == "linux")
+        .filter_map(|d| Some((Arch::from_github(&d.architecture)?, d)))
+        .collect();
+    // GitHub lists one release; its x64 entry names the version when there is one.
+    let first = linux
+        .iter()
+        .min_by_key(|(a, _)| *a)
+        .map(|(_, d)| *d)
         .ok_or_else(|| {
             unresolvable(
-                "spec.runner.version: GitHub's runner downloads listing has no linux x64 package"
+                "spec.runner.version: GitHub's runner downloads listing has no Linux package for x64, arm64 or arm"
                     .into(),
             )
         })?;
-    let version = version_of_filename(&d.filename).ok_or_else(|| {
+    let version = version_of_filename(&first.filename).ok_or_else(|| {
         unresolvable("spec.runner.version: the downloads listing names no version".into())
     })?;
     if wanted != "latest" && wanted != version {
@@ -87,22 +178,38 @@ pub fn pin_package(
             "spec.runner.version: {wanted} has no published checksum (GitHub lists {version}); use `latest` or {version}"
         )));
     }
-    let sha256 = d
-        .sha256_checksum
-        .as_deref()
-        .map(str::to_ascii_lowercase)
-        .filter(|s| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()))
-        .ok_or_else(|| {
-            unresolvable("spec.runner.version: the downloads listing has no sha256".into())
-        })?;
-    let url = match mirror {
-        Some(m) => format!("{}/{}", m.trim_end_matches('/'), d.filename),
-        None => d.download_url.clone(),
-    };
-    Ok(RunnerPackage {
+    let by_arch: BTreeMap<Arch, RunnerPackage> = linux
+        .iter()
+        .filter(|(_, d)| version_of_filename(&d.filename) == Some(version))
+        .filter_map(|(arch, d)| {
+            let sha256 = d
+                .sha256_checksum
+                .as_deref()
+                .map(str::to_ascii_lowercase)
+                .filter(|s| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()))?;
+            let url = match mirror {
+                Some(m) => format!("{}/{}", m.trim_end_matches('/'), d.filename),
+                None => d.download_url.clone(),
+            };
+            Some((
+                *arch,
+                RunnerPackage {
+                    version: version.to_owned(),
+                    url,
+                    sha256,
+                    architecture: Some(*arch),
+                },
+            ))
+        })
+        .collect();
+    if by_arch.is_empty() {
+        return Err(unresolvable(
+            "spec.runner.version: the downloads listing has no sha256".into(),
+        ));
+    }
+    Ok(RunnerPackages {
         version: version.to_owned(),
-        url,
-        sha256,
+        by_arch,
     })
 }
 
@@ -268,12 +375,14 @@ pub async fn resolve(
         .recent_downloads(std::time::Duration::from_secs(60))
         .await
         .map_err(|e| github_invalid(&e, "spec.runner.version"))?;
-    let package = pin_package(
+    let packages = pin_packages(
         &listing,
         &policy.spec.runner.version,
         hosts.mirror.as_deref(),
     )?;
-    hosts.package_allowed(&package.url, &client.target().host)?;
+    for (_, package) in packages.iter() {
+        hosts.package_allowed(&package.url, &client.target().host)?;
+    }
     let env = match &policy.spec.runner.env_from {
         None => BTreeMap::new(),
         Some(from) => runner_env(kube, namespace, &from.config_map_ref.name).await?,
@@ -281,7 +390,7 @@ pub async fn resolve(
     Ok(Resolved {
         client,
         runner_group_id,
-        package,
+        packages,
         env,
     })
 }
@@ -444,20 +553,96 @@ mod tests {
     #[test]
     fn pins_latest_and_the_named_version_with_the_listed_digest() {
         let l = listing("actions-runner-linux-x64-2.330.0.tar.gz", Some(SHA));
-        let p = pin_package(&l, "latest", None).unwrap();
-        assert_eq!(p.version, "2.330.0");
-        assert_eq!(p.sha256, SHA.to_ascii_lowercase());
-        assert!(p.url.ends_with("actions-runner-linux-x64-2.330.0.tar.gz"));
-        assert_eq!(pin_package(&l, "2.330.0", None).unwrap(), p);
-        let m = pin_package(&l, "latest", Some("https://mirror.local/runner/")).unwrap();
+        let p = pin_packages(&l, "latest", None).unwrap();
+        assert_eq!(p.version(), "2.330.0");
+        let x64 = p.get(Arch::X64).unwrap();
+        assert_eq!(x64.sha256, SHA.to_ascii_lowercase());
+        assert_eq!(x64.architecture, Some(Arch::X64));
+        assert!(x64.url.ends_with("actions-runner-linux-x64-2.330.0.tar.gz"));
+        // The osx arm64 entry is not a Linux package.
+        assert_eq!(p.get(Arch::Arm64), None);
+        assert_eq!(pin_packages(&l, "2.330.0", None).unwrap(), p);
+        let m = pin_packages(&l, "latest", Some("https://mirror.local/runner/")).unwrap();
         assert_eq!(
-            m.url,
+            m.get(Arch::X64).unwrap().url,
             "https://mirror.local/runner/actions-runner-linux-x64-2.330.0.tar.gz"
         );
-        let other = pin_package(&l, "2.300.0", None).unwrap_err();
+        let other = pin_packages(&l, "2.300.0", None).unwrap_err();
         assert_eq!(other.reason, PolicyReason::RunnerVersionUnresolvable);
         assert!(other.message.starts_with("spec.runner.version"));
         let no_sha = listing("actions-runner-linux-x64-2.330.0.tar.gz", None);
-        assert!(pin_package(&no_sha, "latest", None).is_err());
+        assert!(pin_packages(&no_sha, "latest", None).is_err());
+    }
+
+    fn linux(arch: &str, version: &str, sha: Option<&str>) -> RunnerDownload {
+        let filename = format!("actions-runner-linux-{arch}-{version}.tar.gz");
+        RunnerDownload {
+            os: "linux".into(),
+            architecture: arch.into(),
+            download_url: format!(
+                "https://github.com/actions/runner/releases/download/v{version}/{filename}"
+            ),
+            filename,
+            sha256_checksum: sha.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn every_linux_architecture_with_a_digest_is_pinned_and_no_other() {
+        let (a, b, c) = ("a".repeat(64), "b".repeat(64), "c".repeat(64));
+        let l = vec![
+            linux("arm", "2.330.0", Some(&c)),
+            linux("arm64", "2.330.0", Some(&b)),
+            linux("x64", "2.330.0", Some(&a)),
+            // Not an architecture runner-manager places.
+            linux("s390x", "2.330.0", Some(&a)),
+        ];
+        let p = pin_packages(&l, "latest", None).unwrap();
+        assert_eq!(p.architectures(), "x64, arm64, arm");
+        assert_eq!(p.get(Arch::Arm64).unwrap().sha256, b);
+        assert!(
+            p.get(Arch::Arm64)
+                .unwrap()
+                .url
+                .ends_with("linux-arm64-2.330.0.tar.gz")
+        );
+        assert_eq!(p.get(Arch::Arm).unwrap().architecture, Some(Arch::Arm));
+        // An architecture without a digest is left out; its nodes get nothing.
+        let l = vec![
+            linux("x64", "2.330.0", Some(&a)),
+            linux("arm64", "2.330.0", None),
+        ];
+        let p = pin_packages(&l, "latest", None).unwrap();
+        assert_eq!(p.architectures(), "x64");
+        // An arm64-only listing pins arm64 alone.
+        let p = pin_packages(&[linux("arm64", "2.331.0", Some(&b))], "2.331.0", None).unwrap();
+        assert_eq!(
+            (p.version(), p.architectures().as_str()),
+            ("2.331.0", "arm64")
+        );
+        // A runner whose labels name an architecture runs only its package.
+        let both = pin_packages(
+            &[
+                linux("x64", "2.330.0", Some(&a)),
+                linux("arm64", "2.330.0", Some(&b)),
+            ],
+            "latest",
+            None,
+        )
+        .unwrap();
+        let labels = |l: &[&str]| l.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            both.for_labels(&labels(&["self-hosted", "ARM64"]))
+                .map(|p| p.architectures()),
+            Some("arm64".to_owned())
+        );
+        assert_eq!(
+            both.for_labels(&labels(&["self-hosted", "linux"])),
+            Some(both.clone())
+        );
+        assert_eq!(both.for_labels(&labels(&["arm"])), None);
+        // A listing with no Linux package says so.
+        let e = pin_packages(&[], "latest", None).unwrap_err();
+        assert!(e.message.contains("x64, arm64 or arm"), "{}", e.message);
     }
 }

@@ -13,6 +13,8 @@ use runner_manager_crds::duration::ManifestDuration;
 use runner_manager_crds::names::attempt_name;
 use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_crds::target::GitHubTarget;
+
+use super::resolve::RunnerPackages;
 use runner_manager_crds::{CLEANUP_FINALIZER, NODE_LABEL, POLICY_LABEL};
 
 /// The policy generation an attempt was made for: consecutive failures are counted within one
@@ -26,15 +28,18 @@ pub const JIT_HANDOFF: ManifestDuration = ManifestDuration::from_secs(120);
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pinned<'a> {
     pub runner_group_id: i64,
-    pub package: &'a RunnerPackage,
+    /// One package per architecture; the attempt pins its node's.
+    pub packages: &'a RunnerPackages,
     pub env: &'a BTreeMap<String, String>,
 }
 
-/// The attempt to create. `None` when the policy has no parseable target (validation refuses
-/// such a policy before this is reached).
+/// The attempt to create on `node`, running `package` (the one of the node's architecture).
+/// `None` when the policy has no parseable target (validation refuses such a policy before
+/// this is reached).
 pub fn build(
     policy: &ScalePolicy,
     pinned: &Pinned<'_>,
+    package: &RunnerPackage,
     id: uuid::Uuid,
     node: &str,
     replaces: Option<String>,
@@ -61,7 +66,7 @@ pub fn build(
                 image: spec.execution.image.clone(),
                 resources: spec.execution.resources.clone(),
             },
-            runner: pinned.package.clone(),
+            runner: package.clone(),
             env: pinned.env.clone(),
             timeouts: AttemptTimeouts {
                 registration: spec.timeouts.registration,
@@ -133,15 +138,25 @@ mod tests {
             version: "2.330.0".into(),
             url: "https://x/actions-runner-linux-x64-2.330.0.tar.gz".into(),
             sha256: "b".repeat(64),
+            architecture: None,
         };
         let env = BTreeMap::from([("A".to_owned(), "1".to_owned())]);
         let id = uuid::Uuid::parse_str("0123456789ab4def8123456789abcdef").unwrap();
+        let packages = RunnerPackages::single(pkg.clone());
         let pinned = Pinned {
             runner_group_id: 7,
-            package: &pkg,
+            packages: &packages,
             env: &env,
         };
-        let a = build(&policy(), &pinned, id, "node-a", Some("web-old".into())).unwrap();
+        let a = build(
+            &policy(),
+            &pinned,
+            &pkg,
+            id,
+            "node-a",
+            Some("web-old".into()),
+        )
+        .unwrap();
         assert_eq!(a.metadata.name.as_deref(), Some("web-0123456789ab"));
         assert_eq!(a.metadata.namespace.as_deref(), Some("team"));
         let labels = a.metadata.labels.as_ref().unwrap();

@@ -41,6 +41,9 @@ pub struct GitHubConfig {
     pub max_response_bytes: u64,
     /// Hosts the API may be reached on over plain http (`--allow-http-hosts`); https otherwise.
     pub http_hosts: runner_manager_crds::hosts::HostList,
+    /// CA certificates trusted beside the system's (`--github-ca-file`): a GitHub Enterprise
+    /// Server whose certificate a private CA signed.
+    pub extra_roots: Vec<reqwest::Certificate>,
 }
 
 /// The default of `--github-max-response-bytes`.
@@ -56,6 +59,7 @@ impl Default for GitHubConfig {
             metrics: None,
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             http_hosts: runner_manager_crds::hosts::HostList::default(),
+            extra_roots: Vec::new(),
         }
     }
 }
@@ -183,6 +187,7 @@ pub fn http_client(config: &GitHubConfig) -> Result<reqwest::Client, GitHubError
     reqwest::Client::builder()
         .timeout(config.timeout)
         .connect_timeout(Duration::from_secs(10))
+        .tls_certs_merge(config.extra_roots.iter().cloned())
         .build()
         .map_err(|_| GitHubError::Transport {
             endpoint: Endpoint::RateLimit,

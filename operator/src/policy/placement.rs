@@ -1,6 +1,7 @@
 //! Placement (DESIGN §6, §4 rules 8–9): which node a new attempt goes to.
 //!
-//! Filter: the node matches the policy's `nodeSelector`, is not cordoned, its agent's Lease is
+//! Filter: the node matches the policy's `nodeSelector`, GitHub publishes a runner package for
+//! its architecture (issue 31 item 5), is not cordoned, its agent's Lease is
 //! fresh, the agent has finished recovery, and it has free capacity. Prefer a node with a free
 //! cleaned slot of this policy (its `_work` is warm), then one with the package cached, then the
 //! one with the fewest attempts (spread); ties by name.
@@ -67,7 +68,9 @@ pub struct NodeView<'a> {
     pub counted: BTreeSet<&'a str>,
     /// Cleaned persistent slots of this policy on the node that nothing leases.
     pub free_cleaned_slots: u32,
-    /// The policy's runner package (by sha256) is in the agent's cache.
+    /// GitHub publishes a runner package for the node's architecture (`kubernetes.io/arch`).
+    pub has_package: bool,
+    /// The runner package for the node's architecture (by sha256) is in the agent's cache.
     pub package_cached: bool,
     /// What the node can still give: allocatable minus the requests of its pods, minus what its
     /// attempts without a pod yet will request. `None`: unknown (not filtered).
@@ -132,6 +135,9 @@ pub fn room(allocatable: Resources, pod_requests: &[Resources], pending: Resourc
 pub enum Unplaceable {
     /// No node carries the policy's `nodeSelector` labels.
     NoneMatchingSelector,
+    /// The matching nodes are of architectures GitHub publishes no runner package for (of the
+    /// pinned version).
+    NoPackageForArchitecture,
     /// Every matching node is cordoned.
     AllCordoned,
     /// No matching node has an agent with a fresh Lease.
@@ -148,6 +154,7 @@ impl Unplaceable {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::NoneMatchingSelector => "none_matching_selector",
+            Self::NoPackageForArchitecture => "no_package_for_architecture",
             Self::AllCordoned => "all_cordoned",
             Self::NoAgent => "no_agent",
             Self::RecoveryIncomplete => "recovery_incomplete",
@@ -166,6 +173,9 @@ impl Unplaceable {
         match self {
             Self::NoneMatchingSelector => {
                 "no node carries the labels of spec.nodeSelector; label nodes or change the selector"
+            }
+            Self::NoPackageForArchitecture => {
+                "no node matching spec.nodeSelector is of an architecture (kubernetes.io/arch) that GitHub publishes a runner package of the pinned version for and that spec.labels allow (a label x64, arm64 or arm restricts runners to it); select nodes of such an architecture"
             }
             Self::AllCordoned => "every node matching spec.nodeSelector is cordoned",
             Self::NoAgent => {
@@ -253,6 +263,11 @@ fn judge(
 ) -> Verdict {
     if !selector_matches(selector, node.labels) {
         return Verdict::Unfit(Unplaceable::NoneMatchingSelector);
+    }
+    // Before everything the node could fix by itself: no wait makes a package appear for its
+    // architecture.
+    if !node.has_package {
+        return Verdict::Unfit(Unplaceable::NoPackageForArchitecture);
     }
     if node.cordoned {
         return Verdict::Unfit(Unplaceable::AllCordoned);
@@ -371,6 +386,7 @@ mod tests {
             agent: Some(lease(capacity)),
             counted: BTreeSet::new(),
             free_cleaned_slots: 0,
+            has_package: true,
             package_cached: false,
             room: None,
         }
@@ -466,6 +482,19 @@ mod tests {
     }
 
     #[test]
+    fn a_node_whose_architecture_has_no_package_is_never_chosen() {
+        let ci = pool();
+        // The warmest, emptiest node, of an architecture GitHub publishes no runner for.
+        let mut s390x = node("a", &ci, 8);
+        s390x.has_package = false;
+        s390x.package_cached = true;
+        s390x.free_cleaned_slots = 3;
+        let mut busy = node("b", &ci, 4);
+        busy.counted = ["x1", "x2", "x3"].into();
+        assert_eq!(choose(&[s390x, busy], &pool(), &none(), now()), Ok("b"));
+    }
+
+    #[test]
     fn reasons_when_nothing_fits() {
         let ci = pool();
         let other: BTreeMap<String, String> = BTreeMap::new();
@@ -479,10 +508,16 @@ mod tests {
             choose(std::slice::from_ref(&wrong), &sel, &none(), now()),
             Err(Unplaceable::NoneMatchingSelector)
         );
+        let mut foreign_arch = node("s", &ci, 4);
+        foreign_arch.has_package = false;
+        assert_eq!(
+            choose(&[wrong.clone(), foreign_arch.clone()], &sel, &none(), now()),
+            Err(Unplaceable::NoPackageForArchitecture)
+        );
         let mut cordoned = node("c", &ci, 4);
         cordoned.cordoned = true;
         assert_eq!(
-            choose(&[wrong.clone(), cordoned.clone()], &sel, &none(), now()),
+            choose(&[foreign_arch, cordoned.clone()], &sel, &none(), now()),
             Err(Unplaceable::AllCordoned)
         );
         let mut no_agent = node("n", &ci, 4);
@@ -507,6 +542,7 @@ mod tests {
         );
         for why in [
             Unplaceable::NoneMatchingSelector,
+            Unplaceable::NoPackageForArchitecture,
             Unplaceable::AllCordoned,
             Unplaceable::NoAgent,
             Unplaceable::RecoveryIncomplete,

@@ -178,17 +178,33 @@ pub async fn downloads(
 ) -> Result<Json<Value>, ApiError> {
     let scope = scope_of(&params)?;
     fake.authorize(&headers, &scope)?;
-    let list = match &fake.package {
-        Some(p) => json!([{
+    let mut list: Vec<Value> = fake
+        .package
+        .iter()
+        .map(|p| {
+            json!({
+                "os": "linux",
+                "architecture": "x64",
+                "download_url": format!("{}/_downloads/{}", fake.base_url, p.file_name),
+                "filename": p.file_name,
+                "sha256_checksum": p.sha256,
+            })
+        })
+        .collect();
+    list.extend(fake.world().other_downloads.iter().map(|d| {
+        let mut entry = json!({
             "os": "linux",
-            "architecture": "x64",
-            "download_url": format!("{}/_downloads/{}", fake.base_url, p.file_name),
-            "filename": p.file_name,
-            "sha256_checksum": p.sha256,
-        }]),
-        None => json!([]),
-    };
-    Ok(Json(list))
+            "architecture": d.architecture,
+            "download_url": format!("{}/_downloads/{}", fake.base_url, d.filename),
+            "filename": d.filename,
+        });
+        // GitHub's description has the checksum optional, never null.
+        if let (Some(sha), Some(o)) = (&d.sha256, entry.as_object_mut()) {
+            o.insert("sha256_checksum".into(), json!(sha));
+        }
+        entry
+    }));
+    Ok(Json(Value::Array(list)))
 }
 
 pub async fn groups(
