@@ -65,26 +65,41 @@ for candidate in python3 /usr/bin/python3; do
   fi
 done
 [ -n "$py" ] || { echo "argocd-health: no Python 3 with PyYAML: apt-get install python3-yaml (e2e/control-plane/install-packages.sh does)" >&2; exit 1; }
-yaml_to_json() { "$py" -c 'import json, sys, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)' < "$1"; }
+# One Python run per kind reads health_test.yaml and every input it names (the object as one
+# line of JSON), and names the testdata files no test names: a case nobody checks.
+cases() {
+  "$py" - "$1" <<'PY'
+import json, os, sys, yaml
+d = sys.argv[1]
+tests = (yaml.safe_load(open(os.path.join(d, "health_test.yaml"))) or {}).get("tests") or []
+named = set()
+for t in tests:
+    named.add(t["inputPath"])
+    obj = yaml.safe_load(open(os.path.join(d, t["inputPath"])))
+    hs = t.get("healthStatus") or {}
+    print("case", json.dumps(t["inputPath"]), json.dumps(hs.get("status", "")), json.dumps(hs.get("message", "")), json.dumps(obj), sep="\t")
+for f in sorted(os.listdir(os.path.join(d, "testdata"))):
+    if "testdata/" + f not in named:
+        print("unnamed", json.dumps(os.path.join(d, "testdata", f)), sep="\t")
+if not tests:
+    print("empty", json.dumps(os.path.join(d, "health_test.yaml")), sep="\t")
+PY
+}
 
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 failed=0 passed=0
 for kind in "${kinds[@]}"; do
   dir=$customizations/$kind
-  tests=$(yaml_to_json "$dir/health_test.yaml")
-  n=$(jq '.tests | length' <<<"$tests")
-  [ "$n" -gt 0 ] || { echo "FAIL $kind: $dir/health_test.yaml lists no test"; failed=$((failed + 1)); continue; }
-  # Every input is tested: a testdata file no test names is a case nobody checks.
-  for f in "$dir"/testdata/*.yaml; do
-    jq -e --arg p "testdata/$(basename "$f")" '.tests | any(.inputPath == $p)' <<<"$tests" >/dev/null \
-      || { echo "FAIL $kind: $f is named by no test in health_test.yaml"; failed=$((failed + 1)); }
-  done
-  for ((i = 0; i < n; i++)); do
-    input=$(jq -r ".tests[$i].inputPath" <<<"$tests")
-    expect=$(jq -r ".tests[$i].healthStatus.status" <<<"$tests")
-    message=$(jq -r ".tests[$i].healthStatus.message // \"\"" <<<"$tests")
+  cases "$dir" > "$tmp/cases" || { echo "FAIL $kind: $dir/health_test.yaml or an input could not be read"; failed=$((failed + 1)); continue; }
+  while IFS=$'\t' read -r what input expect message object; do
+    input=$(jq -r . <<<"$input")
+    case "$what" in
+      unnamed) echo "FAIL $kind: $input is named by no test in health_test.yaml"; failed=$((failed + 1)); continue ;;
+      empty) echo "FAIL $kind: $input lists no test"; failed=$((failed + 1)); continue ;;
+    esac
+    expect=$(jq -r . <<<"$expect"); message=$(jq -r . <<<"$message")
     {
-      echo "obj = $(yaml_to_json "$dir/$input" | jq -r "$to_lua")"
+      echo "obj = $(jq -r "$to_lua" <<<"$object")"
       echo "local hs = dofile(\"$dir/health.lua\")"
       echo 'io.write(tostring(hs.status), "\n", tostring(hs.message or ""), "\n")'
     } > "$tmp/case.lua"
@@ -100,7 +115,7 @@ for kind in "${kinds[@]}"; do
       echo "ok   $kind: $input → $got_status: $got_message"
       passed=$((passed + 1))
     fi
-  done
+  done < "$tmp/cases"
 done
 echo "argocd health: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -162,6 +162,14 @@ if [ ! -e target ] && [ "${RM_TARGET_CACHE:-1}" != 0 ]; then
   rm -rf "$cached/e2e-logs"
   ln -s "$cached" target
 fi
+# Cargo names a workspace crate's artifacts and fingerprints without the checkout's path, so
+# every clone building into the shared directory writes the same ones and judges them fresh by
+# its own files' times: a checkout whose files are older than another clone's build would build
+# nothing and test that clone's code (it happened: two clones, one edited before the other's
+# build). The crates' files are made newer than anything built before this run.
+if [ -L target ]; then
+  find crds operator node-agent e2e telemetry -type f -exec touch {} +
+fi
 # A CI clone is built once: incremental compilation only costs there.
 [ "${CI:-}" != true ] || export CARGO_INCREMENTAL=0
 

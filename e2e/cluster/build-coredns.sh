@@ -32,7 +32,7 @@ go 1.24
 require github.com/coredns/coredns v$V
 MOD
 cp "$here/coredns/main.go" "$SRC/main.go"
-( cd "$SRC" && go mod tidy && nice -n "${RM_K8S_NICE:-10}" go build -trimpath -ldflags "-s -w" -o "$OUT.tmp" . ) >"$LOG" 2>&1 \
+( cd "$SRC" && go mod tidy && GOGC=400 nice -n "${RM_K8S_NICE:-10}" go build -trimpath -gcflags "all=-dwarf=false" -ldflags "-s -w" -o "$OUT.tmp" . ) >"$LOG" 2>&1 \
   || { echo "cluster/build-coredns.sh: failed; last lines of $LOG:" >&2; tail -30 "$LOG" >&2; exit 1; }
 mv -f "$OUT.tmp" "$OUT"
 reports_version || { echo "cluster/build-coredns.sh: $OUT does not report CoreDNS-$V" >&2; exit 1; }
