@@ -511,7 +511,7 @@ async fn a_label_change_updates_the_scale_set_in_place() {
         .patch(
             "sets",
             &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"labels": ["self-hosted", "arm64"]}})),
+            &kube::api::Patch::Merge(json!({"spec": {"labels": ["self-hosted", "gpu"]}})),
         )
         .await
         .unwrap();
@@ -523,7 +523,7 @@ async fn a_label_change_updates_the_scale_set_in_place() {
             .iter()
             .filter_map(Value::as_str)
             .collect();
-        (labels.contains(&"arm64") && !labels.contains(&"linux")).then_some(())
+        (labels.contains(&"gpu") && !labels.contains(&"linux")).then_some(())
     })
     .await
     .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
@@ -537,7 +537,7 @@ async fn a_label_change_updates_the_scale_set_in_place() {
     wait_sessions(&p, 1).await;
     // The old label first, then the new: by the time the new one ran, the listener has seen both.
     let old = queue(&p, "web", &["self-hosted", "linux"], 200).await;
-    let new = queue(&p, "web", &["self-hosted", "arm64"], 200).await;
+    let new = queue(&p, "web", &["self-hosted", "gpu"], 200).await;
     p.wait_jobs_completed(&[new], Duration::from_secs(60))
         .await
         .unwrap();
