@@ -452,16 +452,25 @@ impl KubeSink {
         let id = i64::try_from(event.job_id).unwrap_or(i64::MAX);
         match event.action {
             JobAction::Queued => {
-                let add = additions(ledger, [id], Timestamp::now());
-                self.batches.write(&self.writer, ns, name, add).await?;
-                // This delivery is the origin of the trace of the runner created for the job.
-                crate::telemetry::origin::origins().record(
+                // This delivery is the origin of the trace of the runner created for the job. It
+                // is recorded before the entry is written: the reconcile the write wakes may
+                // create the runner before this task runs again, and found no origin then (a
+                // cold run's trace scenario met it: runner.create became a root).
+                let origins = crate::telemetry::origin::origins();
+                origins.record(
                     ns,
                     name,
                     id,
                     crate::telemetry::origin::Kind::Delivery,
                     crate::telemetry::origin::span_context(&tracing::Span::current()),
                 );
+                let add = additions(ledger, [id], Timestamp::now());
+                if let Err(e) = self.batches.write(&self.writer, ns, name, add).await {
+                    // Not in the ledger: no runner is made for it until the redelivery, which
+                    // records its own origin.
+                    origins.withdraw(ns, name, id);
+                    return Err(e.into());
+                }
             }
             JobAction::Waiting => {}
             JobAction::InProgress | JobAction::Completed => {

@@ -102,6 +102,14 @@ impl Origins {
         });
     }
 
+    /// Job `job`'s origin is dropped unserved and may be recorded again (the delivery that
+    /// recorded it could not write its ledger entry; GitHub redelivers it).
+    pub fn withdraw(&self, ns: &str, policy: &str, job: i64) {
+        self.with(ns, policy, |p| {
+            p.pending.remove(&job);
+        });
+    }
+
     /// Job `job` started or completed: its demand no longer calls for a runner.
     pub fn forget(&self, ns: &str, policy: &str, job: i64) {
         self.with(ns, policy, |p| p.mark_done(job));
@@ -154,6 +162,16 @@ mod tests {
             false,
             TraceState::default(),
         )
+    }
+
+    #[test]
+    fn a_withdrawn_origin_is_not_served_and_its_redelivery_records_again() {
+        let o = Origins::default();
+        o.record("ns", "web", 7, Kind::Delivery, cx(1));
+        o.withdraw("ns", "web", 7);
+        assert!(o.take("ns", "web").is_none(), "withdrawn, not served");
+        o.record("ns", "web", 7, Kind::Delivery, cx(2));
+        assert_eq!(o.take("ns", "web").map(|x| x.context), Some(cx(2)));
     }
 
     #[test]
