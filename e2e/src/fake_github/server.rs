@@ -300,43 +300,43 @@ pub async fn start_tls(
         .with_no_client_auth()
         .with_single_cert(certs, key)
         .map_err(|e| other(&e))?;
-    let listener = TcpListener::bind(addr).await?;
-    let addr = listener.local_addr()?;
-    let base_url = format!("https://{addr}");
-    let (fake, rx) = FakeGithub::new(base_url.clone(), package);
-    tokio::spawn(webhook_sender(fake.clone(), rx));
-    let app = router(fake.clone());
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-    let server = tokio::spawn(async move {
-        runner_manager_operator::listen::serve(
-            listener,
-            Some(acceptor),
-            app,
-            runner_manager_operator::listen::Limits::default(),
-        )
-        .await;
-        Ok::<(), std::io::Error>(())
-    });
-    Ok((
-        RunningFake {
-            base_url,
-            addr,
-            fake,
-            server,
-        },
-        ca_pem,
-    ))
+    Ok((serve_on(addr, package, Some(tls)).await?, ca_pem))
 }
 
 /// Binds `addr` (port 0 picks a free one), starts serving and the webhook sender.
 pub async fn start(addr: SocketAddr, package: Option<PackageInfo>) -> std::io::Result<RunningFake> {
+    serve_on(addr, package, None).await
+}
+
+/// The fake on `addr`, over plain http or through `tls`, with its webhook sender.
+async fn serve_on(
+    addr: SocketAddr,
+    package: Option<PackageInfo>,
+    tls: Option<rustls::ServerConfig>,
+) -> std::io::Result<RunningFake> {
     let listener = TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
-    let base_url = format!("http://{addr}");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let base_url = format!("{scheme}://{addr}");
     let (fake, rx) = FakeGithub::new(base_url.clone(), package);
     tokio::spawn(webhook_sender(fake.clone(), rx));
     let app = router(fake.clone());
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let server = match tls {
+        None => tokio::spawn(async move { axum::serve(listener, app).await }),
+        Some(tls) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+            tokio::spawn(async move {
+                runner_manager_operator::listen::serve(
+                    listener,
+                    Some(acceptor),
+                    app,
+                    runner_manager_operator::listen::Limits::default(),
+                )
+                .await;
+                Ok(())
+            })
+        }
+    };
     Ok(RunningFake {
         base_url,
         addr,

@@ -254,24 +254,27 @@ impl PlacementWorker {
         let package_of = move |f: &NodeFacts| f.arch.and_then(|a| packages.get(a));
         let views: Vec<NodeView<'_>> = facts
             .iter()
-            .map(|f| NodeView {
-                name: &f.name,
-                labels: &f.labels,
-                cordoned: f.cordoned,
-                agent: f.agent.clone(),
-                counted: f.counted.iter().map(String::as_str).collect(),
-                free_cleaned_slots: f
-                    .advert
-                    .as_ref()
-                    .and_then(|a| a.free_slots.get(policy_uid).copied())
-                    .unwrap_or(0),
-                has_package: package_of(f).is_some(),
-                package_cached: package_of(f).is_some_and(|p| {
-                    f.advert
+            .map(|f| {
+                let package = package_of(f);
+                NodeView {
+                    name: &f.name,
+                    labels: &f.labels,
+                    cordoned: f.cordoned,
+                    agent: f.agent.clone(),
+                    counted: f.counted.iter().map(String::as_str).collect(),
+                    free_cleaned_slots: f
+                        .advert
                         .as_ref()
-                        .is_some_and(|a| a.packages.contains(&p.sha256))
-                }),
-                room: f.room,
+                        .and_then(|a| a.free_slots.get(policy_uid).copied())
+                        .unwrap_or(0),
+                    has_package: package.is_some(),
+                    package_cached: package.is_some_and(|p| {
+                        f.advert
+                            .as_ref()
+                            .is_some_and(|a| a.packages.contains(&p.sha256))
+                    }),
+                    room: f.room,
+                }
             })
             .collect();
         let node = placement::choose_fitting(&views, selector, need, &self.expectations, now)?;
