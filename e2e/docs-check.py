@@ -79,6 +79,13 @@ What is checked, and where (the matching rules; nothing outside them is looked a
 6. `make <target>` in code spans and code lines: the Makefile has the target.
 7. README.md: under README_MAX_BYTES; it is checked by 1-6 like the docs (its `make` targets
    and every path it names exist).
+8. README.md's figures against docs/benchmarks.md's latest figures: every number (or range
+   `a–b`, `a and b`, `a / b`) in the README's prose followed by a unit of FIGURE_UNITS (`ms`,
+   `s`, `min`, `MiB`, `GiB`, `MB`, `%`, `writes`) must be, at the README's precision and in its
+   unit, one of the figures with a unit in the section of docs/benchmarks.md whose heading
+   begins `## Latest figures` (numbers listed before a unit, `4.4 / 4.6 / 4.9 s`, each count).
+   A README figure the section does not hold is stale or unmeasured: measure it and put it in
+   that section, or drop it from the README. `--self-test` runs this rule on samples.
 
 False positives are kept at zero by the rules above, not by exceptions per doc: a new kind of
 mention that trips a rule is either a real error or a new rule here, said in this header.
@@ -121,11 +128,61 @@ REASON_ENUMS = (
     ("crds/src/lease.rs", "NativeRefusal"),
 )
 
+# Rule 8: units of a figure, with their dimension and factor to it.
+FIGURE_UNITS = {"ms": ("s", 0.001), "s": ("s", 1.0), "min": ("s", 60.0), "MiB": ("MiB", 1.0),
+                "GiB": ("MiB", 1024.0), "MB": ("MB", 1.0), "%": ("%", 1.0), "writes": ("writes", 1.0)}
+FIGURE_NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+FIGURE_SEP = r"\s*(?:–|-|/|and|to|or)\s*"
+FIGURE = re.compile(rf"(?<![\w.,/-])((?:(?:{FIGURE_NUM}){FIGURE_SEP})*(?:{FIGURE_NUM}))\s*"
+                    rf"(ms|s|min|MiB|GiB|MB|%|(?:API )?writes)(?![\w])")
+LATEST_FIGURES = "## Latest figures"
+
 CAMEL = re.compile(r"^[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)*$")
 
 
 class Problem(Exception):
     pass
+
+
+def figures(text):
+    """(number as written, decimals, value in its dimension's base unit, dimension, unit) of each
+    figure in `text` (rule 8)."""
+    out = []
+    for m in FIGURE.finditer(text):
+        unit = m.group(2).replace("API ", "")
+        dim, factor = FIGURE_UNITS[unit]
+        for num in re.findall(FIGURE_NUM, m.group(1)):
+            plain = num.replace(",", "")
+            decimals = len(plain.split(".")[1]) if "." in plain else 0
+            out.append((num, decimals, float(plain) * factor, dim, unit))
+    return out
+
+
+def stale_figures(readme_prose, latest_section):
+    """The README's figures (rule 8) that the latest benchmarks section does not hold."""
+    have = figures(latest_section)
+    stale = []
+    for num, decimals, value, dim, unit in figures(readme_prose):
+        factor = FIGURE_UNITS[unit][1]
+        if not any(d == dim and round(v / factor, decimals) == round(value / factor, decimals)
+                   for _, _, v, d, _ in have):
+            stale.append(f"{num} {unit}")
+    return stale
+
+
+def self_test():
+    """Rule 8 on samples: what must match matches, and a changed figure does not."""
+    latest = ("| burst | **4.4 / 4.6 / 4.9 s** |\n| warm | **p50 119 ms** |\n"
+              "| cold | **2,341 ms** |\n| writes | **mean 9.0–9.2 writes** |\nload: 5.0–13.3 s")
+    ok = "burst 4.4–4.9 s, p50 0.12 s, cold 2.3 s, 9.0–9.2 API writes, under load 13 s"
+    assert stale_figures(ok, latest) == [], stale_figures(ok, latest)
+    for bad, want in (("burst 4.4–5.9 s", ["5.9 s"]), ("p50 0.13 s", ["0.13 s"]),
+                      ("cold 2,300 ms", ["2,300 ms"]), ("9.0–9.3 API writes", ["9.3 writes"]),
+                      ("takes 3–7 s", ["3 s", "7 s"])):
+        assert stale_figures(bad, latest) == want, (bad, stale_figures(bad, latest))
+    # Not figures: versions, counts, a 2-core machine, a path.
+    assert figures("Kubernetes 1.37.2, 1,000 policies, 2-core, v1.20 to 1.37, e2e/s") == []
+    print("docs-check: self-test passed")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -931,11 +988,35 @@ class Checker:
         if size >= README_MAX_BYTES:
             self.report("README.md", 1, f"README size {size} bytes", f"not under {README_MAX_BYTES}",
                         "move detail into the right file under docs/ and link it")
+        self.check_readme_figures()
+
+    # 8. README figures against the latest benchmarks
+    def check_readme_figures(self):
+        with open(os.path.join(self.root, "README.md"), encoding="utf-8") as f:
+            readme = f.read()
+        with open(os.path.join(self.root, "docs", "benchmarks.md"), encoding="utf-8") as f:
+            bench = f.read()
+        start = bench.find("\n" + LATEST_FIGURES)
+        if start < 0:
+            raise Problem(f"docs/benchmarks.md has no heading beginning `{LATEST_FIGURES}`")
+        end = bench.find("\n## ", start + 1)
+        latest = bench[start:end if end >= 0 else len(bench)]
+        masked, _ = fences(readme)
+        for n, line in enumerate(masked.split("\n"), 1):
+            prose = re.sub(r"`[^`]*`|\]\([^)]*\)", " ", line)
+            for fig in stale_figures(prose, latest):
+                self.report("README.md", n, f"figure `{fig}`",
+                            f"docs/benchmarks.md's `{LATEST_FIGURES}` section does not hold it",
+                            "measure it and put it in that section, or drop it from the README")
+            self.checked["readme figures"] = self.checked.get("readme figures", 0) + len(figures(prose))
 
 
 def main(argv):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     args = argv[1:]
+    if args == ["--self-test"]:
+        self_test()
+        return 0
     if args[:1] == ["--root"]:
         root, args = os.path.abspath(args[1]), args[2:]
     if any(a.startswith("-") for a in args):

@@ -233,8 +233,9 @@ slowest_units
 cargo nextest run --workspace --no-run
 done_stage build
 
-stage "docs: what README.md and docs/ name exists (flags, CRD fields, metrics, reasons, paths, make targets)"
+stage "docs: what README.md and docs/ name exists (flags, CRD fields, metrics, reasons, paths, make targets, README figures)"
 # About a second: the binaries' --help for their flags, the rest is text (the script's header).
+python3 e2e/docs-check.py --self-test
 python3 e2e/docs-check.py target/debug/runner-manager-operator target/debug/runner-manager-node-agent
 done_stage docs
 
