@@ -7,7 +7,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 CARGO ?= cargo
 
-.PHONY: test demo demo-processes demo-down lint unit crds crds-check control-plane tools
+.PHONY: test demo demo-processes demo-down lint unit crds crds-check control-plane tools release
 
 ## test: formatting, lints, unit tests, then the integration tests against a local control
 ## plane that this target starts and always stops.
@@ -47,6 +47,12 @@ crds-check:
 	$(CARGO) run -q -p runner-manager-crds --bin crdgen -- --stdout > /dev/null
 	$(CARGO) test -q -p runner-manager-crds --lib committed_crds_are_fresh
 	diff -r crds/generated charts/runner-manager/crds
+
+## release: images (OCI archives), the packaged chart with their digests pinned and its index,
+## the plain manifests and the CHANGELOG section, for VERSION (default: Cargo.toml's), in
+## dist/VERSION (e2e/release.sh says what it checks).
+release:
+	e2e/release.sh $(VERSION)
 
 control-plane:
 	e2e/control-plane/up.sh

@@ -63,6 +63,20 @@ done
 if helm template rm charts/runner-manager | grep -q 'ca-bundle\|_CA_FILE'; then
   echo "the default render trusts a CA bundle nobody gave" >&2; exit 1
 fi
+# Issue 33 item 5: a proxy reaches both binaries' HTTP clients, and never the cluster's own names:
+# the agents' broker calls go direct.
+px=$(helm template rm charts/runner-manager --namespace rmns --set proxy.https=http://proxy.corp:3128 \
+  --set-json 'proxy.noProxy=[".corp.example"]')
+[ "$(grep -c '{name: HTTPS_PROXY, value: "http://proxy.corp:3128"}' <<<"$px")" = 2 ] \
+  || { echo "proxy: HTTPS_PROXY is not rendered on both the operator and the agent" >&2; exit 1; }
+noproxy=$(grep -o '{name: NO_PROXY, value: "[^"]*"}' <<<"$px" | sort -u)
+[ "$(grep -c . <<<"$noproxy")" = 1 ] || { echo "proxy: the operator's and the agent's NO_PROXY differ: $noproxy" >&2; exit 1; }
+for direct in .svc .cluster.local rm-runner-manager-broker.rmns.svc localhost .corp.example; do
+  grep -q "[\",]$direct[,\"]" <<<"$noproxy" || { echo "proxy: NO_PROXY lacks $direct: $noproxy" >&2; exit 1; }
+done
+if helm template rm charts/runner-manager | grep -q '_PROXY'; then
+  echo "the default render sets a proxy nobody gave" >&2; exit 1
+fi
 e2e/render-manifests.sh --check
 kubectl apply -f deploy/namespace.yaml >/dev/null
 # Issue 33 item 5: the namespace admits the privileged node agent under Pod Security Admission.

@@ -183,9 +183,14 @@ node_stage() {
   if [ -n "$K8S_BG_PID" ]; then wait_k8s node; wait_k8s coredns; else e2e/cluster/build.sh; fi
   build_all
   e2e/images/build.sh
+  # The release's packaging (issue 33 item 6): the chart packaged with these images' digests
+  # pinned, its index, the manifests rendered from it; helm-check.sh installs that archive, as a
+  # team pinning a release would, not the chart's directory.
+  RM_RELEASE_PROFILE=debug RM_RELEASE_IMAGES="${RM_IMAGES:-$RM_CACHE/images}" e2e/release.sh "" "$RM_CACHE/release-check"
   e2e/cluster/start.sh
   KUBECONFIG="$RM_CLUSTER_RUN/kubeconfig" e2e/cluster/check.sh
-  KUBECONFIG="$RM_CLUSTER_RUN/kubeconfig" e2e/cluster/helm-check.sh
+  KUBECONFIG="$RM_CLUSTER_RUN/kubeconfig" RM_CHART="$(ls "$RM_CACHE"/release-check/chart/runner-manager-*.tgz)" \
+    e2e/cluster/helm-check.sh
   # Runner pods (execution.mode: Oci) and placeholder pods on the real node (issue 16).
   KUBECONFIG="$RM_CLUSTER_RUN/kubeconfig" e2e/cluster/pods-check.sh
   KUBECONFIG="$RM_CLUSTER_RUN/kubeconfig" e2e/cluster/outage-check.sh

@@ -11,7 +11,7 @@
 //! - the API server's requests during it by verb, resource and code (`apiserver_request_total`,
 //!   so a write that lost its compare-and-swap shows as a 409), and the operator's own write and
 //!   error counters;
-//! - the steady pass afterwards (`runner_manager_reconcile_pass_milliseconds`);
+//! - the steady pass afterwards (`runner_manager_reconcile_pass_seconds`);
 //! - the operator's peak RSS over the sampling window;
 //! - the GitHub calls the first pass made.
 //!
@@ -269,8 +269,8 @@ async fn scale(policies: usize, per_policy: usize) {
     let mut steady = Vec::new();
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        if let Some(ms) = metric(&health, "runner_manager_reconcile_pass_milliseconds").await {
-            steady.push(ms);
+        if let Some(seconds) = metric(&health, "runner_manager_reconcile_pass_seconds").await {
+            steady.push(seconds * 1000.0);
         }
     }
     sampler.abort();

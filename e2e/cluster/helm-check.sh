@@ -22,6 +22,9 @@
 #   5. `helm upgrade` to images of another digest rolls both pods; the idle runner is re-adopted;
 #   6. the ScalePolicy deleted, then `helm uninstall`: no pod, unit, runtime directory, registration
 #      or JIT handoff file is left (the node's host root, the node's /run and /tmp searched).
+# Throughout, a real Prometheus (e2e/cluster/prometheus.sh) scrapes what the chart's ServiceMonitor
+# selects; after step 3 both endpoints pass `promtool check metrics` and every dashboard panel,
+# dashboard variable and alert example of docs/observability.md returns series for the policy.
 # After every step, nothing leaks: each rm-* unit and runtime directory belongs to a live attempt,
 # each registration on the simulated GitHub to a live attempt, no jit-* handoff file stays, every
 # JIT minted is the journalled runner of the attempt its name derives from or was deregistered
@@ -37,11 +40,14 @@
 # replacement's JIT minted a moment before its journal write): a leak is what stays.
 # Prints `kubectl get pods -A -o wide` and `kubectl get sp,ra`. Needs KUBECONFIG of that cluster
 # (default $RM_CLUSTER_RUN/kubeconfig), the images built and `cargo build --workspace --bins`.
+# RM_CHART: a packaged chart to install instead of charts/runner-manager (`make test` installs
+# the archive e2e/release.sh packages).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 . "$here/env.sh"
 . "$here/product.sh"
+. "$here/prometheus.sh"
 export KUBECONFIG=${KUBECONFIG:-$RM_CLUSTER_RUN/kubeconfig}
 K() { "$RM_TOOLS_BIN/kubectl" "$@"; }
 H() { "$RM_TOOLS_BIN/helm" "$@"; }
@@ -72,7 +78,7 @@ done
 
 # --- the simulated GitHub where pods reach it
 rm -rf "$work"; mkdir -p "$work"
-fake_pid= record_pid=
+fake_pid= record_pid= proxy_pid=
 # The jobs namespace goes before the operator: its policies and attempts carry the operator's
 # finalizers (a namespace deleted after `helm uninstall` stays Terminating). Left by a run that
 # died without its operator, their finalizers are dropped by hand.
@@ -82,20 +88,49 @@ cleanup() {
   drop_jobs_ns 60
   H uninstall $rel -n $ns >/dev/null 2>&1 || true
   [ -z "$fake_pid" ] || kill "$fake_pid" 2>/dev/null || true
+  [ -z "$proxy_pid" ] || kill "$proxy_pid" 2>/dev/null || true
+  prom_stop
 }
 trap cleanup EXIT
 start_fake_github "$work" || fail "the simulated GitHub did not start"
 github_app "$work"
 N curl -fsS "$gh/_admin/runners" >/dev/null || fail "the node does not reach the simulated GitHub at $gh"
 say "simulated GitHub at $gh (reached from the node)"
+# A real HTTP proxy between the product and the simulated GitHub (Debian's tinyproxy, chart
+# values proxy.http and proxy.https): every GitHub call and package download must go through it,
+# and no call to the broker or the API server (NO_PROXY, and the Kubernetes client reads no proxy).
+proxy_port=${RM_PROXY_PORT:-18888}
+command -v tinyproxy >/dev/null || fail "no tinyproxy: e2e/cluster/install-packages.sh installs Debian's tinyproxy-bin"
+cat > "$work/tinyproxy.conf" <<CONF
+Port $proxy_port
+Listen $HOST_IP
+Timeout 600
+LogFile "$work/tinyproxy.log"
+LogLevel Info
+MaxClients 200
+Allow $RM_CLUSTER_POD_CIDR
+Allow $NODE_IP
+DisableViaHeader Yes
+CONF
+tinyproxy -d -c "$work/tinyproxy.conf" >"$work/tinyproxy.out" 2>&1 &
+proxy_pid=$!
+proxy=http://$HOST_IP:$proxy_port
+wait_for 10 "tinyproxy at $proxy reaching the simulated GitHub" N curl -fsS -o /dev/null -x "$proxy" "$gh/_admin/runners"
+say "tinyproxy at $proxy (the chart's proxy.http and proxy.https)"
 
 # --- 1. helm install
 op=$(sed -n 2p "$RM_IMAGES/operator.ref") ag=$(sed -n 2p "$RM_IMAGES/node-agent.ref")
 drop_jobs_ns 60
 H uninstall $rel -n $ns >/dev/null 2>&1 || true
-# Quicker heartbeats and passes than the defaults, for a scenario of a few minutes.
+# No runner package cached on the node (a cluster that ran this before keeps one): the first
+# launch downloads it, through the proxy below. Nothing of ours runs on the node now.
+rm -rf "$HOST_ROOT/packages"
+# Quicker heartbeats and passes than the defaults, for a scenario of a few minutes; the agents'
+# headless metrics Service (what the chart's ServiceMonitor selects besides the operator's, for
+# the Prometheus below); the proxy above.
 tuning=(--set nodeAgent.capacity=3 --set nodeAgent.heartbeatSeconds=2 --set operator.resyncInterval=2s
-  --set operator.observeInterval=5s --set admissionPolicy.enabled=true
+  --set operator.observeInterval=5s --set admissionPolicy.enabled=true --set nodeAgent.metricsService=true
+  --set "proxy.http=$proxy" --set "proxy.https=$proxy"
   --set "placeholders.image=$(sed -n 1p "$RM_IMAGES/pause.ref")")
 install_product $rel $ns "${tuning[@]}" || fail "the operator or the node agent is not Ready"
 chart_values
@@ -103,8 +138,10 @@ chart_values
 materialize=$(K -n $ns get ds/$rel-runner-manager-node-agent \
   -o jsonpath='{.spec.template.spec.containers[*].env[?(@.name=="RM_MATERIALIZE")].value}')
 case "$materialize" in copy|overlay|auto) ;; *) fail "the agent's RM_MATERIALIZE is '$materialize'" ;; esac
-say "helm install: operator ${op#*@}, node agent ${ag#*@}: both Ready on node $RM_CLUSTER_NODE (materialize $materialize)"
+say "helm install of ${RM_CHART:-charts/runner-manager}: operator ${op#*@}, node agent ${ag#*@}: both Ready on node $RM_CLUSTER_NODE (materialize $materialize)"
 K get pods -A -o wide
+prom_start
+say "Prometheus $(prometheus --version 2>&1 | head -1 | cut -d' ' -f3) at $prom_url scrapes what the chart's ServiceMonitor selects"
 log=$(K -n $ns logs ds/$rel-runner-manager-node-agent)
 case "$log" in *"launcher Systemd"*|*'"launcher":"Systemd"'*) ;; *) fail "the agent does not serve with the systemd launcher" ;; esac
 lease=$(K -n $ns get lease -o name 2>/dev/null | grep -c "$RM_CLUSTER_NODE" || true)
@@ -311,6 +348,15 @@ for id in "${ids[@]}"; do
   [ "$(admin GET "jobs/$id" | jq -r .conclusion)" = success ] || fail "job $id: $(admin GET "jobs/$id")"
 done
 say "3 jobs completed on runners of the node's systemd"
+# Through the proxy: the operator's JIT mints and the agent's package download; nothing else of
+# ours (the broker, the API server) and nothing in the log that is not a request to GitHub.
+proxied=$(grep -o 'Request (file descriptor [0-9]*): [A-Z]* [^ ]*' "$work/tinyproxy.log" | sed 's/.*: //' || true)
+mints=$(grep -c "^POST $gh/.*generate-jitconfig" <<<"$proxied" || true)
+[ "$mints" -ge 3 ] || fail "the proxy saw $mints JIT mints (3 jobs ran): $(head -20 <<<"$proxied" | tr '\n' ' ')"
+grep -q "^GET $gh/_downloads/" <<<"$proxied" || fail "the agent's package download did not go through the proxy: $(head -20 <<<"$proxied" | tr '\n' ' ')"
+strays=$(grep -v " $gh/" <<<"$proxied" || true)
+[ -z "$strays" ] || fail "the proxy carried requests not to GitHub (NO_PROXY): $(tr '\n' ' ' <<<"$strays")"
+say "through the proxy: $mints JIT mints, the package download, $(grep -c . <<<"$proxied") requests in all, each to the simulated GitHub (none to the broker or the API server)"
 N systemctl list-units --all --no-legend 'rm-*'
 K get sp,ra -n $jobs_ns
 no_leaks "jobs"
@@ -341,6 +387,9 @@ wait_for 60 "attempt $busy Cleaned/CompletedJob" cleaned "$busy"
   || fail "attempt $busy lost its runner"
 say "job $long completed on the re-adopted runner $runner; its attempt Cleaned/CompletedJob"
 no_leaks "agent restart"
+# The jobs, a re-adopted runner and an agent restart are in the metrics now: what the chart and
+# the docs give a platform team to watch them with must return data from a real Prometheus.
+prom_check $jobs_ns web
 
 # --- 4. cordon, drain
 wait_for 90 "an idle runner" has_idle
@@ -374,7 +423,7 @@ op2=$(sed -n 2p "$variant/operator.ref") ag2=$(sed -n 2p "$variant/node-agent.re
 [ "$ag2" != "$ag" ] && [ "$op2" != "$op" ] || fail "the upgrade images have the same digests"
 idle=$(attempts | jq -r '[.items[] | select(.status.state == "Idle")][0].spec.id')
 inv=$(N systemctl show -P InvocationID "$(unit_of "$idle")")
-H upgrade $rel "$root/charts/runner-manager" -n $ns "${values[@]}" "${tuning[@]}" \
+H upgrade $rel "${RM_CHART:-$root/charts/runner-manager}" -n $ns "${values[@]}" "${tuning[@]}" \
   --set "image.operator.digest=${op2#*@}" --set "image.nodeAgent.digest=${ag2#*@}" >/dev/null
 K -n $ns rollout status deploy/$rel-runner-manager-operator --timeout=120s >/dev/null || fail "the upgraded operator is not Ready"
 K -n $ns rollout status ds/$rel-runner-manager-node-agent --timeout=120s >/dev/null || fail "the upgraded agent is not Ready"

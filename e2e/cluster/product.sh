@@ -44,7 +44,7 @@ chart_values() {
 fullname() { case "$1" in *runner-manager*) echo "$1" ;; *) echo "$1-runner-manager" ;; esac; }
 
 # install_product RELEASE NAMESPACE [helm args...]: the webhook Secret, then `helm install` of
-# the chart with the project's images by digest (e2e/images/build.sh) and the node's imported
+# the chart (the directory, or the packaged archive RM_CHART names) with the project's images by digest (e2e/images/build.sh) and the node's imported
 # pause image for placeholder pods (nothing is pulled); waits for both rollouts,
 # then points the simulated GitHub's webhook deliveries at the webhook Service's ClusterIP (the
 # host routes the Service range through the node). Sets $webhook_secret.
@@ -58,7 +58,7 @@ install_product() {
     --dry-run=client -o yaml | K apply -f - >/dev/null
   chart_values
   # --force-conflicts: CRDs kept from an earlier install were re-applied by its operator (its field manager).
-  H install "$rel" "$here_cluster/../../charts/runner-manager" -n "$ns" --force-conflicts "${values[@]}" \
+  H install "$rel" "${RM_CHART:-$here_cluster/../../charts/runner-manager}" -n "$ns" --force-conflicts "${values[@]}" \
     --set "image.operator.digest=${op#*@}" --set "image.nodeAgent.digest=${ag#*@}" \
     --set "placeholders.image=$(sed -n 1p "$RM_IMAGES/pause.ref")" "$@" \
     >/dev/null 2> >(grep -v 'unrecognized format' >&2)

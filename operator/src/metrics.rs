@@ -1,4 +1,4 @@
-//! `/metrics` (prometheus-client, served as OpenMetrics text with [`OPENMETRICS`]): names
+//! `/metrics` (prometheus-client, served as OpenMetrics, or the Prometheus text format when asked): names
 //! `runner_manager_*`, labels from closed vocabularies (endpoints, statuses, outcomes, reasons,
 //! rate-limit buckets, job actions and results) — never a name a workflow chose. The one
 //! exception is the ScalePolicy's namespace and name, on the per-policy family
@@ -7,6 +7,7 @@
 //! ScalePolicies times the closed vocabularies (docs/observability.md).
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -15,7 +16,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use runner_manager_telemetry::exposition::Format;
+
 use crate::github::endpoint::Endpoint;
+use crate::policy::placement::Unplaceable;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {
@@ -87,9 +91,6 @@ fn job_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1.0, 2.0, 15))
 }
 
-/// The content type of the OpenMetrics text exposition.
-pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
 /// One policy's numbers as of the leader's last pass over it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PolicyGauges {
@@ -149,7 +150,7 @@ pub struct Metrics {
     orphan_registrations_deleted: Counter,
     events_dropped: Counter,
     leader: Gauge,
-    pass_ms: Gauge,
+    pass_seconds: Gauge<f64, AtomicU64>,
     reconcile_duration: Histogram,
     reconcile_errors: Family<StageLabels, Counter>,
     policy: [Family<PolicyLabels, Gauge>; 7],
@@ -230,6 +231,14 @@ impl Metrics {
             "Attempts that could not be placed, by why no node fitted",
             placement_failures.clone(),
         );
+        // Every reason at 0 from the start: a rate or increase over a family with no series
+        // is no data, not 0, and an alert on it (docs/observability.md) could not be told
+        // from one whose metric does not exist.
+        for why in Unplaceable::ALL {
+            let _ = placement_failures.get_or_create(&ReasonLabels {
+                reason: why.as_str().to_owned(),
+            });
+        }
         let terminations = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "terminations_requested",
@@ -254,11 +263,11 @@ impl Metrics {
             "1 while this replica holds the leader Lease and reconciles",
             leader.clone(),
         );
-        let pass_ms = Gauge::default();
+        let pass_seconds = Gauge::<f64, AtomicU64>::default();
         registry.register(
-            "reconcile_pass_milliseconds",
+            "reconcile_pass_seconds",
             "How long the leader's last full reconcile pass took",
-            pass_ms.clone(),
+            pass_seconds.clone(),
         );
         let reconcile_duration = Histogram::new(exponential_buckets(0.005, 2.0, 14));
         registry.register(
@@ -318,7 +327,7 @@ impl Metrics {
             jobs,
             job_series: std::sync::Mutex::default(),
             jit_mints,
-            pass_ms,
+            pass_seconds,
             registry,
             api_writes,
             attempts,
@@ -547,17 +556,18 @@ impl Metrics {
     }
 
     pub fn reconcile_pass(&self, elapsed: std::time::Duration) {
-        self.pass_ms
-            .set(i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX));
+        self.pass_seconds.set(elapsed.as_secs_f64());
         self.reconcile_duration.observe(elapsed.as_secs_f64());
     }
 
-    /// `/metrics`: the exposition with the OpenMetrics content type.
-    pub fn response(&self) -> axum::response::Response {
+    /// The `/metrics` answer, in the format the request's `Accept` asks for (OpenMetrics, or the
+    /// Prometheus text format: `runner_manager_telemetry::exposition`).
+    pub fn response(&self, accept: Option<&str>) -> axum::response::Response {
         use axum::response::IntoResponse;
+        let format = Format::negotiate(accept);
         (
-            [(axum::http::header::CONTENT_TYPE, OPENMETRICS)],
-            self.encode(),
+            [(axum::http::header::CONTENT_TYPE, format.content_type())],
+            format.render(self.encode()),
         )
             .into_response()
     }
@@ -625,6 +635,9 @@ mod tests {
             "runner_manager_reconcile_duration_seconds_count 1",
             "runner_manager_reconcile_errors_total{stage=\"apply\"} 1",
             "runner_manager_build_info{version=\"",
+            // Every placement-failure reason from the start, at 0.
+            "runner_manager_placement_failures_total{reason=\"all_full\"} 0",
+            "runner_manager_placement_failures_total{reason=\"no_package_for_architecture\"} 0",
         ] {
             assert!(text.contains(line), "{line} not in\n{text}");
         }
@@ -635,10 +648,15 @@ mod tests {
             after.contains("action=\"queued\""),
             "another policy's series kept"
         );
-        let r = m.response();
+        let r = m.response(None);
         assert_eq!(
             r.headers()[axum::http::header::CONTENT_TYPE],
             "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        );
+        let r = m.response(Some("text/plain; version=0.0.4"));
+        assert_eq!(
+            r.headers()[axum::http::header::CONTENT_TYPE],
+            "text/plain; version=0.0.4; charset=utf-8"
         );
     }
 }

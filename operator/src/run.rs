@@ -109,7 +109,10 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
             "/metrics",
             get({
                 let metrics = metrics.clone();
-                move || async move { metrics.response() }
+                move |headers: axum::http::HeaderMap| async move {
+                    let accept = headers.get(axum::http::header::ACCEPT);
+                    metrics.response(accept.and_then(|a| a.to_str().ok()))
+                }
             }),
         );
     let health_task = tokio::spawn(async move { axum::serve(health, health_app).await });

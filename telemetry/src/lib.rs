@@ -20,6 +20,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 pub mod allow;
+pub mod exposition;
 pub mod fields;
 
 /// The stderr (or `writer`) log layer: text or JSON, fields on `allowed` only.

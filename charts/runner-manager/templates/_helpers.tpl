@@ -87,6 +87,27 @@ only, OTLP over HTTP/protobuf). Takes (dict "root" . "service" NAME). */}}
 {{- end }}
 {{- end -}}
 
+{{/*
+The proxy variables of both binaries (`proxy`): set only when a proxy is. Their HTTP clients read
+HTTPS_PROXY, HTTP_PROXY and NO_PROXY; the Kubernetes client reads none of them (the crate's proxy
+support is not built in), so the API server is always reached directly. NO_PROXY always holds
+the cluster's own names and ranges: the agents reach the broker by its Service's name, and a
+proxy outside the cluster could not.
+*/}}
+{{- define "rm.proxyEnv" -}}
+{{- if or .Values.proxy.https .Values.proxy.http }}
+{{- $no := list "localhost" "127.0.0.1" "::1" ".svc" ".cluster.local" (printf "%s.%s.svc" (include "rm.brokerService" .) .Release.Namespace) }}
+{{- $no = concat $no .Values.nodeAgent.runnerNetwork.podCIDRs .Values.nodeAgent.runnerNetwork.serviceCIDRs .Values.proxy.noProxy }}
+{{- with .Values.proxy.https }}
+- {name: HTTPS_PROXY, value: {{ . | quote }}}
+{{- end }}
+{{- with .Values.proxy.http }}
+- {name: HTTP_PROXY, value: {{ . | quote }}}
+{{- end }}
+- {name: NO_PROXY, value: {{ join "," $no | quote }}}
+{{- end }}
+{{- end -}}
+
 {{/* The PriorityClass of placeholder pods (cluster-scoped, so named with the namespace). */}}
 {{- define "rm.placeholderPriorityClass" -}}{{ include "rm.clusterName" . }}-placeholder{{- end -}}
 {{/*

@@ -12,6 +12,7 @@ use std::time::Duration;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use runner_manager_telemetry::exposition::Format;
 use tokio::net::TcpListener;
 
 use super::metrics::{self, Now};
@@ -102,12 +103,15 @@ pub async fn serve(
         )
         .route(
             "/metrics",
-            get(move || {
+            get(move |headers: axum::http::HeaderMap| {
                 let agent = agent.clone();
                 async move {
+                    // OpenMetrics, or the Prometheus text format when the client asks for it.
+                    let accept = headers.get(header::ACCEPT).and_then(|a| a.to_str().ok());
+                    let format = Format::negotiate(accept);
                     (
-                        [(header::CONTENT_TYPE, metrics::OPENMETRICS)],
-                        metrics::global().encode(&now(&agent)),
+                        [(header::CONTENT_TYPE, format.content_type())],
+                        format.render(metrics::global().encode(&now(&agent))),
                     )
                         .into_response()
                 }

@@ -23,9 +23,6 @@ use runner_manager_crds::outcome::{Outcome, OutcomeWire};
 use super::labels::{EventReason, OrphanKind, PruneResult, ReconcileStage};
 use std::sync::atomic::AtomicU64;
 
-/// The content type of the OpenMetrics text exposition.
-pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     outcome: String,

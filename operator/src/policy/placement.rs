@@ -151,6 +151,17 @@ pub enum Unplaceable {
 }
 
 impl Unplaceable {
+    /// Every reason: the placement-failure metric exposes each from the start.
+    pub const ALL: [Self; 7] = [
+        Self::NoneMatchingSelector,
+        Self::NoPackageForArchitecture,
+        Self::AllCordoned,
+        Self::NoAgent,
+        Self::RecoveryIncomplete,
+        Self::AllFull,
+        Self::InsufficientResources,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::NoneMatchingSelector => "none_matching_selector",
