@@ -293,6 +293,12 @@ stage "helm chart: two releases side by side, upgrade, uninstall"
 e2e/chart-releases.sh
 done_stage chart-releases
 
+stage "manifests against Kubernetes' API schemas (kubeconform, strict; 1.30 and 1.37 plus the CRDs)"
+# kubeconform from its Go module and the schemas from each release's swagger.json (cached): an
+# independent check of what `helm template` and deploy/ hold, offline (issue 33 item 7).
+e2e/kubeconform.sh
+done_stage kubeconform
+
 if [ -n "$NODE_BG_PID" ]; then
   stage "a real node (in the background since the build stage): awaited"
   until [ -s "$NODE_BG_DIR/rc" ]; do
