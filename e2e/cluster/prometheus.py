@@ -245,10 +245,12 @@ def main(argv):
             return 0
         if argv[1:2] == ["targets"] and len(argv) == 4:
             groups = targets(argv[2], os.environ.get("KUBECTL", "kubectl"))
-            # Replaced whole: Prometheus never reads a half-written file.
-            with open(argv[3] + ".tmp", "w", encoding="utf-8") as f:
+            # Replaced whole: Prometheus never reads a half-written file. The temporary name is
+            # this process's own: prometheus.sh's discovery loop and a check may resolve at once.
+            tmp = f"{argv[3]}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
                 json.dump(groups, f, indent=1)
-            os.replace(argv[3] + ".tmp", argv[3])
+            os.replace(tmp, argv[3])
             print(" ".join(f"{g['labels'].get('pod', g['labels']['service'])}={g['targets'][0]}" for g in groups))
             return 0
         if argv[1:2] == ["rules"] and len(argv) == 3:

@@ -21,10 +21,7 @@ prom_start() {
   prom_targets >/dev/null
   # Discovery, as Prometheus' own Kubernetes discovery would: the targets file follows the pods
   # (the scenario replaces the agent's pod three times), every 2 s, until prom_stop.
-  ( while sleep 2; do
-      KUBECTL="$RM_TOOLS_BIN/kubectl" python3 "$here/prometheus.py" targets "$work/servicemonitor.yaml" \
-        "$work/prometheus-targets.json" >/dev/null 2>&1 || true
-    done ) &
+  ( while sleep 2; do prom_resolve >/dev/null 2>&1 || true; done ) &
   prom_sd_pid=$!
   promtool check config "$work/prometheus.yml" >/dev/null || fail "promtool check config: $work/prometheus.yml"
   rm -rf "$work/prometheus-data"
@@ -42,12 +39,14 @@ prom_stop() {
   prom_pid= prom_sd_pid=
 }
 
-# prom_targets: the ServiceMonitor's targets as the API server has them now (a replaced pod has
-# another address), into the file Prometheus watches. Prints them.
-prom_targets() {
+# prom_resolve: the ServiceMonitor's targets as the API server has them now (a replaced pod has
+# another address), into the file Prometheus watches. Prints them. prom_targets fails the check
+# when they cannot be resolved; the discovery loop tries again 2 s later.
+prom_resolve() {
   KUBECTL="$RM_TOOLS_BIN/kubectl" python3 "$here/prometheus.py" targets "$work/servicemonitor.yaml" \
-    "$work/prometheus-targets.json" || fail "the ServiceMonitor's targets could not be resolved"
+    "$work/prometheus-targets.json"
 }
+prom_targets() { prom_resolve || fail "the ServiceMonitor's targets could not be resolved"; }
 
 # Every target in the file is up in Prometheus, scraped after $1 (unix seconds).
 prom_scraped_since() {

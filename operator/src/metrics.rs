@@ -16,7 +16,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use runner_manager_telemetry::exposition::Format;
+use runner_manager_telemetry::exposition;
 
 use crate::github::endpoint::Endpoint;
 use crate::policy::placement::Unplaceable;
@@ -564,12 +564,8 @@ impl Metrics {
     /// Prometheus text format: `runner_manager_telemetry::exposition`).
     pub fn response(&self, accept: Option<&str>) -> axum::response::Response {
         use axum::response::IntoResponse;
-        let format = Format::negotiate(accept);
-        (
-            [(axum::http::header::CONTENT_TYPE, format.content_type())],
-            format.render(self.encode()),
-        )
-            .into_response()
+        let (content_type, body) = exposition::answer(accept, self.encode());
+        ([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response()
     }
 
     pub fn encode(&self) -> String {

@@ -48,6 +48,13 @@ impl Format {
     }
 }
 
+/// A `/metrics` answer of both binaries: the content type and the body for a request whose
+/// `Accept` is `accept`, from their OpenMetrics encoding.
+pub fn answer(accept: Option<&str>, openmetrics: String) -> (&'static str, String) {
+    let format = Format::negotiate(accept);
+    (format.content_type(), format.render(openmetrics))
+}
+
 /// An OpenMetrics exposition as `prometheus-client` writes it, in the Prometheus text format
 /// 0.0.4: a counter family is named as its samples are (`x_total`), an info family becomes a
 /// gauge `x_info`, unknown becomes untyped; `# UNIT`, `# EOF`, `_created` samples and exemplars
@@ -198,5 +205,9 @@ rm_odd{v="} # {x} \\"} 2
             "x 1\n# EOF\n"
         );
         assert_eq!(Format::Text.render("x 1\n# EOF\n".into()), "x 1\n");
+        assert_eq!(
+            answer(Some("text/plain"), "x 1\n# EOF\n".into()),
+            (TEXT, "x 1\n".to_owned())
+        );
     }
 }

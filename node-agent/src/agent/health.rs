@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use runner_manager_telemetry::exposition::Format;
+use runner_manager_telemetry::exposition;
 use tokio::net::TcpListener;
 
 use super::metrics::{self, Now};
@@ -108,12 +108,9 @@ pub async fn serve(
                 async move {
                     // OpenMetrics, or the Prometheus text format when the client asks for it.
                     let accept = headers.get(header::ACCEPT).and_then(|a| a.to_str().ok());
-                    let format = Format::negotiate(accept);
-                    (
-                        [(header::CONTENT_TYPE, format.content_type())],
-                        format.render(metrics::global().encode(&now(&agent))),
-                    )
-                        .into_response()
+                    let (content_type, body) =
+                        exposition::answer(accept, metrics::global().encode(&now(&agent)));
+                    ([(header::CONTENT_TYPE, content_type)], body).into_response()
                 }
             }),
         );
