@@ -4,7 +4,8 @@
 # a field a server does not know, a wrong type or a missing required field fails before any
 # cluster sees it. Strict: a field the API server would silently drop is an error.
 #   helm template of the chart with its default values (CRDs included) and with every optional
-#   part on; deploy/manifests/*.yaml, deploy/namespace.yaml, deploy/samples/*.yaml.
+#   part on (e2e/testdata/chart-everything-on.values.yaml, shared with e2e/kube-score.sh);
+#   deploy/manifests/*.yaml, deploy/namespace.yaml, deploy/samples/*.yaml.
 # CI reaches the Go module proxy but not GitHub, so neither kubeconform's release binaries nor
 # its published schema sets: kubeconform is built from its Go module, and the schemas are made
 # by e2e/kube-schemas.py from each release's own swagger.json (in the k8s.io/kubernetes module)
@@ -21,6 +22,8 @@ KUBECONFORM_VERSION=0.8.0
 # its last patch, and the release `make test` runs on (RM_K8S_VERSION's default).
 KUBE_VERSIONS=${RM_KUBECONFORM_VERSIONS:-"1.30.14 1.37.2"}
 crds=(charts/runner-manager/crds/*.yaml)
+# Every optional part of the chart on (shared with e2e/kube-score.sh).
+everything_on=e2e/testdata/chart-everything-on.values.yaml
 
 [ -x "$RM_TOOLS_BIN/helm" ] || e2e/control-plane/install-tools.sh >/dev/null
 kc=$RM_TOOLS_BIN/kubeconform
@@ -33,55 +36,6 @@ if [ "$(go version -m "$kc" 2>/dev/null | awk '$1 == "mod" { print $3 }')" != "v
 fi
 
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-# Every optional part of the chart on, each with a value of the shape a user would give (the
-# values are checked by values.schema.json as they render).
-cat > "$tmp/everything-on.values.yaml" <<'VALUES'
-commonLabels: {team: platform}
-global: {imageRegistry: registry.example.com}
-imagePullSecrets: [regcred, {name: other}]
-image:
-  operator: {digest: "sha256:0000000000000000000000000000000000000000000000000000000000000001"}
-  nodeAgent: {registry: mirror.example.com, tag: "9.9.9"}
-crds: {managedBy: external}
-caBundle: {configMap: corp-ca, key: corp.pem}
-proxy: {https: "http://proxy.corp:3128", http: "http://proxy.corp:3128", noProxy: [.corp.example]}
-operator:
-  replicas: 2
-  logLevel: debug
-  watchNamespace: team-b
-  ownerNamespaces: "acme=team-a,team-b"
-  githubApiUrl: https://github.example.com/api/v3
-  runnerMirrorUrl: https://mirror.example.com/actions-runner
-  extraEnv: [{name: EXTRA, value: "1"}]
-  nodeSelector: {kubernetes.io/os: linux}
-  affinity: {podAntiAffinity: {preferredDuringSchedulingIgnoredDuringExecution: [{weight: 100, podAffinityTerm: {topologyKey: kubernetes.io/hostname, labelSelector: {matchLabels: {app.kubernetes.io/component: operator}}}}]}}
-  tolerations: [{key: dedicated, operator: Equal, value: ci, effect: NoSchedule}]
-  priorityClassName: system-cluster-critical
-  podAnnotations: {example.com/note: "1"}
-  podLabels: {example.com/pool: ci}
-  podDisruptionBudget: {enabled: true, minAvailable: 1}
-nodeAgent:
-  runnerNetwork: {allow: [169.254.20.10]}
-  oci: {enabled: true}
-  extraEnv: [{name: RM_PACKAGE_MAX_BYTES, value: "1"}]
-  nodeSelector: {runner-manager.dev/pool: ci}
-  affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: kubernetes.io/os, operator: In, values: [linux]}]}]}}}
-  tolerations: [{key: dedicated, operator: Exists}]
-  priorityClassName: system-node-critical
-  podAnnotations: {example.com/note: "1"}
-  podLabels: {example.com/pool: ci}
-  metricsService: true
-webhook: {secretName: ci-webhook}
-networkPolicy:
-  apiServerCIDRs: [10.0.0.0/24]
-  metricsFrom: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}}]
-admissionWebhook: {namespaceSelector: {matchLabels: {runner-manager.dev/tenant: "true"}}}
-admissionPolicy: {enabled: true}
-telemetry: {otlpEndpoint: "http://otel-collector.observability:4318", resourceAttributes: deployment.environment=ci}
-grafanaDashboard: {enabled: true, namespace: monitoring, annotations: {grafana_folder: CI}}
-serviceMonitor: {enabled: true, namespace: monitoring, labels: {release: prometheus}}
-VALUES
-
 for v in $KUBE_VERSIONS; do
   # --kube-version: the templates choose APIs by it (policy/v1 PodDisruptionBudget, DaemonSet
   # maxSurge); --api-versions: `helm template` asks no server, and the ValidatingAdmissionPolicies
@@ -90,8 +44,8 @@ for v in $KUBE_VERSIONS; do
     --kube-version "$v" --api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy)
   "${render[@]}" --include-crds > "$tmp/chart-default-$v.yaml" \
     || die "helm template of charts/runner-manager with its default values failed (Kubernetes $v)"
-  "${render[@]}" -f "$tmp/everything-on.values.yaml" > "$tmp/chart-everything-on-$v.yaml" \
-    || die "helm template of charts/runner-manager with every optional part on failed (Kubernetes $v): the values above in e2e/kubeconform.sh"
+  "${render[@]}" -f "$everything_on" > "$tmp/chart-everything-on-$v.yaml" \
+    || die "helm template of charts/runner-manager with every optional part on failed (Kubernetes $v): the values in $everything_on"
 
   dir=$RM_CACHE/kube-schemas/$v
   stamp="v$v $(cat e2e/kube-schemas.py "${crds[@]}" | sha256sum | cut -d' ' -f1)"

@@ -293,11 +293,14 @@ stage "helm chart: two releases side by side, upgrade, uninstall"
 e2e/chart-releases.sh
 done_stage chart-releases
 
-stage "manifests against Kubernetes' API schemas (kubeconform, strict; 1.30 and 1.37 plus the CRDs)"
+stage "manifests: API schemas (kubeconform, strict; 1.30 and 1.37 plus the CRDs) and best practices (kube-score)"
 # kubeconform from its Go module and the schemas from each release's swagger.json (cached): an
-# independent check of what `helm template` and deploy/ hold, offline (issue 33 item 7).
+# independent check of what `helm template` and deploy/ hold, offline (issue 33 item 7); then
+# kube-score (from its Go module too) on the same renders, every finding fixed or waived with
+# its reason on the object.
 e2e/kubeconform.sh
-done_stage kubeconform
+e2e/kube-score.sh
+done_stage manifests
 
 if [ -n "$NODE_BG_PID" ]; then
   stage "a real node (in the background since the build stage): awaited"
