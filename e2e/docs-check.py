@@ -393,6 +393,10 @@ class Vocab:
 
 def metric_names(root):
     names = set()
+    # Families the telemetry crate registers on a binary's registry (spans::register): named
+    # under each prefix whose file calls it.
+    with open(os.path.join(root, "telemetry/src/spans.rs"), encoding="utf-8") as f:
+        shared = re.findall(r'\.register\(\s*"([a-z][a-z0-9_]*)"', f.read())
     for d in ("operator/src", "node-agent/src", "telemetry/src"):
         for path in glob.glob(os.path.join(root, d, "**", "*.rs"), recursive=True):
             with open(path, encoding="utf-8") as f:
@@ -402,6 +406,8 @@ def metric_names(root):
                 continue
             found = re.findall(r'\.register(?:_with_unit)?\(\s*"([a-z][a-z0-9_]*)"', text)
             found += re.findall(r'\(\s*"([a-z][a-z0-9_]*)",\s*"', text)
+            if "spans::register(" in text:
+                found += shared
             for p in prefixes:
                 names |= {p + "_" + n for n in found}
     if not names:

@@ -25,6 +25,11 @@
 # Throughout, a real Prometheus (e2e/cluster/prometheus.sh) scrapes what the chart's ServiceMonitor
 # selects; after step 3 both endpoints pass `promtool check metrics` and every dashboard panel,
 # dashboard variable and alert example of docs/observability.md returns series for the policy.
+# And a real OpenTelemetry Collector (e2e/cluster/otelcol.sh, built from its Go modules) receives
+# both binaries' traces: after step 2 each job's launch is one trace joining the operator's and the
+# agent's spans (e2e/cluster/traces.py); with the collector stopped a job completes as before and
+# both binaries count the spans they lost; started again, launches are traced again (step 3);
+# before the uninstall no span the collector received holds a secret.
 # After every step, nothing leaks: each rm-* unit and runtime directory belongs to a live attempt,
 # each registration on the simulated GitHub to a live attempt, no jit-* handoff file stays, every
 # JIT minted is the journalled runner of the attempt its name derives from or was deregistered
@@ -48,6 +53,7 @@ root=$(cd "$here/../.." && pwd)
 . "$here/env.sh"
 . "$here/product.sh"
 . "$here/prometheus.sh"
+. "$here/otelcol.sh"
 export KUBECONFIG=${KUBECONFIG:-$RM_CLUSTER_RUN/kubeconfig}
 K() { "$RM_TOOLS_BIN/kubectl" "$@"; }
 H() { "$RM_TOOLS_BIN/helm" "$@"; }
@@ -90,6 +96,7 @@ cleanup() {
   [ -z "$fake_pid" ] || kill "$fake_pid" 2>/dev/null || true
   [ -z "$proxy_pid" ] || kill "$proxy_pid" 2>/dev/null || true
   prom_stop
+  otel_stop
 }
 trap cleanup EXIT
 start_fake_github "$work" || fail "the simulated GitHub did not start"
@@ -117,6 +124,11 @@ proxy_pid=$!
 proxy=http://$HOST_IP:$proxy_port
 wait_for 10 "tinyproxy at $proxy reaching the simulated GitHub" N curl -fsS -o /dev/null -x "$proxy" "$gh/_admin/runners"
 say "tinyproxy at $proxy (the chart's proxy.http and proxy.https)"
+# A real OpenTelemetry Collector (e2e/cluster/otelcol.sh) for both binaries' traces (the chart's
+# telemetry.otlpEndpoint), reached without the proxy (proxy.noProxy, as a collector in the
+# cluster is through .svc).
+otel_start
+say "OpenTelemetry Collector $("$("$root/e2e/otelcol/build.sh")" --version 2>/dev/null | awk '{print $NF}') at $otel_endpoint (the node's network namespace): the chart's telemetry.otlpEndpoint"
 
 # --- 1. helm install
 op=$(sed -n 2p "$RM_IMAGES/operator.ref") ag=$(sed -n 2p "$RM_IMAGES/node-agent.ref")
@@ -130,7 +142,8 @@ rm -rf "$HOST_ROOT/packages"
 # the Prometheus below); the proxy above.
 tuning=(--set nodeAgent.capacity=3 --set nodeAgent.heartbeatSeconds=2 --set operator.resyncInterval=2s
   --set operator.observeInterval=5s --set admissionPolicy.enabled=true --set nodeAgent.metricsService=true
-  --set "proxy.http=$proxy" --set "proxy.https=$proxy"
+  --set "proxy.http=$proxy" --set "proxy.https=$proxy" --set "telemetry.otlpEndpoint=$otel_endpoint"
+  --set-json "proxy.noProxy=[\"$NODE_IP\"]"
   --set "placeholders.image=$(sed -n 1p "$RM_IMAGES/pause.ref")")
 install_product $rel $ns "${tuning[@]}" || fail "the operator or the node agent is not Ready"
 chart_values
@@ -357,6 +370,28 @@ grep -q "^GET $gh/_downloads/" <<<"$proxied" || fail "the agent's package downlo
 strays=$(grep -v " $gh/" <<<"$proxied" || true)
 [ -z "$strays" ] || fail "the proxy carried requests not to GitHub (NO_PROXY): $(tr '\n' ' ' <<<"$strays")"
 say "through the proxy: $mints JIT mints, the package download, $(grep -c . <<<"$proxied") requests in all, each to the simulated GitHub (none to the broker or the API server)"
+# Each job's launch is one trace at the collector: the operator's runner.create, broker.exchange
+# and the mint's github.request, the agent's launch and its steps, joined through the attempt's
+# traceparent annotation, with the attributes docs/observability.md names.
+runners=$(for id in "${ids[@]}"; do admin GET "jobs/$id" | jq -r .runner_name; done | jq -R . | jq -s .)
+attempts | jq --argjson r "$runners" '[.items[] | select(.status.runner.name as $n | $r | index($n))
+  | {uid: .metadata.uid, namespace: .metadata.namespace, name: .metadata.name}]' > "$work/traced-attempts.json"
+[ "$(jq length "$work/traced-attempts.json")" = 3 ] || fail "the 3 jobs' attempts not found by runner name: $runners"
+otel_traces joined "$otel_file" "$work/traced-attempts.json"
+say "OpenTelemetry Collector: each of the 3 jobs' launches is one trace joining the operator's and the agent's spans (trees above)"
+# The collector stopped: a job is served as before (a span's end never waits for the network;
+# the queue is bounded) and both binaries count the spans they could not export.
+otel_stop
+dropped_op=$(otel_dropped runner_manager_) dropped_ag=$(otel_dropped runner_manager_agent_)
+wait_for 90 "an idle runner" has_idle
+dark=$(queue_job dark 2000)
+wait_for 120 "job $dark completed with the collector down" job_done "$dark"
+[ "$(admin GET "jobs/$dark" | jq -r .conclusion)" = success ] || fail "job $dark (collector down): $(admin GET "jobs/$dark")"
+counted() { [ "$(otel_dropped runner_manager_)" -gt "$dropped_op" ] && [ "$(otel_dropped runner_manager_agent_)" -gt "$dropped_ag" ]; }
+wait_for 60 "the operator and the agent counting spans they could not export (trace_spans_dropped_total{reason=\"export_failed\"} from $dropped_op and $dropped_ag)" counted
+say "collector stopped: job $dark completed as before; spans dropped for a failed export: operator $dropped_op -> $(otel_dropped runner_manager_), agent $dropped_ag -> $(otel_dropped runner_manager_agent_)"
+otel_start
+say "collector started again ($otel_file)"
 N systemctl list-units --all --no-legend 'rm-*'
 K get sp,ra -n $jobs_ns
 no_leaks "jobs"
@@ -390,6 +425,9 @@ no_leaks "agent restart"
 # The jobs, a re-adopted runner and an agent restart are in the metrics now: what the chart and
 # the docs give a platform team to watch them with must return data from a real Prometheus.
 prom_check $jobs_ns web
+# The collector back: launches since are traced again, joined across both binaries.
+out=$(otel_traces any "$otel_file")
+say "collector back: $out"
 
 # --- 4. cordon, drain
 wait_for 90 "an idle runner" has_idle
@@ -439,6 +477,12 @@ no_leaks "helm upgrade"
 # --- 6. the policy deleted, then helm uninstall
 K -n $jobs_ns delete scalepolicy web --timeout=90s >/dev/null || fail "the ScalePolicy was not deleted (its runners not drained)"
 wait_for 60 "no live attempt after the policy's deletion" no_live
+# Nothing secret in any span the collector received (every JIT minted, the webhook secret, the
+# App's key, the tenant's runner.env; anything shaped like a token, a JWT or a key).
+otel_secrets "$work/secrets"
+cat "$work"/traces-*.jsonl > "$work/traces-all.jsonl"
+out=$(otel_traces scan "$work/traces-all.jsonl" "$work/secrets")
+say "OpenTelemetry Collector: $out"
 # Every JIT ever minted journalled or deregistered, no registration left (while the operator runs).
 jits=$(jits_accounted "policy deleted" $jobs_ns "$work/attempts.rec")
 stop_recording

@@ -310,6 +310,8 @@ impl Metrics {
             "JIT runner configurations the broker minted at GitHub and handed to an agent",
             jit_mints.clone(),
         );
+        // The span export path's counts (the process's one tracer provider).
+        runner_manager_telemetry::spans::register(&mut registry);
         registry.register(
             "build",
             "The operator's version",

@@ -5,7 +5,7 @@
 //! ([`allow`]), and OpenTelemetry traces exported over OTLP/HTTP (protobuf) when the standard
 //! `OTEL_*` variables ask for them (`OTEL_EXPORTER_OTLP_ENDPOINT` or
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`; `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`
-//! turn them off). A trace crosses processes as a W3C `traceparent` ([`current_traceparent`],
+//! turn them off), through one bounded queue whose losses are counted ([`spans`]). A trace crosses processes as a W3C `traceparent` ([`current_traceparent`],
 //! [`join`]).
 
 use std::collections::HashMap;
@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt;
@@ -22,6 +22,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 pub mod allow;
 pub mod exposition;
 pub mod fields;
+pub mod spans;
 
 /// The stderr (or `writer`) log layer: text or JSON, fields on `allowed` only.
 pub fn log_layer<S, W>(
@@ -105,9 +106,21 @@ fn provider(service: &'static str, version: &'static str) -> Option<SdkTracerPro
     let resource = resource
         .with_attribute(opentelemetry::KeyValue::new("service.version", version))
         .build();
+    // The SDK's batch processor, behind the bound that counts what it loses (spans.rs).
+    let cap = spans::queue_cap(|k| std::env::var(k).ok());
+    let gate = spans::Gate::new(cap, spans::process());
+    let config = BatchConfigBuilder::default()
+        .with_max_queue_size(cap)
+        .build();
+    let batch = BatchSpanProcessor::builder(spans::Counted {
+        inner: exporter,
+        gate: gate.clone(),
+    })
+    .with_batch_config(config)
+    .build();
     Some(
         SdkTracerProvider::builder()
-            .with_batch_exporter(exporter)
+            .with_span_processor(spans::Bounded { inner: batch, gate })
             .with_resource(resource)
             .build(),
     )

@@ -135,6 +135,8 @@ pub struct Now {
 impl AgentMetrics {
     fn new() -> Self {
         let mut registry = Registry::with_prefix("runner_manager_agent");
+        // The span export path's counts (the process's one tracer provider).
+        runner_manager_telemetry::spans::register(&mut registry);
         registry.register(
             "build",
             "The agent's version",
