@@ -241,10 +241,13 @@ slowest_units
 cargo nextest run --workspace --no-run
 done_stage build
 
-stage "docs: what README.md and docs/ name exists (flags, CRD fields, metrics, reasons, paths, make targets, README figures)"
+stage "docs: what README.md and docs/ name exists (flags, CRD fields, metrics, reasons, paths, make targets, README figures); no module cycle"
 # About a second: the binaries' --help for their flags, the rest is text (the script's header).
 python3 e2e/docs-check.py --self-test
 python3 e2e/docs-check.py target/debug/runner-manager-operator target/debug/runner-manager-node-agent
+# No module of any crate refers to another in a circle (issue 30 item 7): text, under a second.
+python3 e2e/module-cycles.py --self-test
+python3 e2e/module-cycles.py
 done_stage docs
 
 node_wanted() { [ "$RM_K8S_VERSION" != 1.20 ] && [ "${RM_TEST_NODE:-1}" != 0 ]; }

@@ -217,7 +217,7 @@ fn main() {
         assert_eq!(report.differing, 0);
         let (t_verify, verdict) = time(|| {
             let intact = report.reflinked > 0 && still_intact(&tree, print);
-            check = CopyCheck::for_copy(&report, intact);
+            check = report.check(intact);
             contents
                 .verify_copy(&runtime, RetainedWork::Include, check, threads)
                 .unwrap()
@@ -435,8 +435,7 @@ fn overlay_section(
         let (t, ()) = time(|| {
             let report = copy_tree_checked(tree, &copied, contents, threads).unwrap();
             assert_eq!(report.differing, 0);
-            let check =
-                CopyCheck::for_copy(&report, report.reflinked > 0 && still_intact(tree, print));
+            let check = report.check(report.reflinked > 0 && still_intact(tree, print));
             contents
                 .verify_copy(&copied, RetainedWork::Include, check, threads)
                 .unwrap()

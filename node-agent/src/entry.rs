@@ -37,6 +37,11 @@ use secrecy::ExposeSecret;
 use crate::handoff;
 use crate::process::environment::JIT_VARIABLE;
 
+/// In the runtime: the pointer naming the handoff file, written (after the handoff is whole and
+/// fsynced) by the agent, removed by the helper.
+pub const HANDOFF_POINTER: &str = ".jit-handoff";
+/// In the runtime: left by the helper once it has read and deleted the handoff, before exec.
+pub const TAKEN_MARKER: &str = ".jit-taken";
 /// The first status line once the handoff is read and deleted and exec is next.
 pub const READY: &str = "ready";
 /// The status line's prefix on failure, followed by an [`EntryFailure`] kind.
@@ -111,10 +116,10 @@ fn is_reserved_input(name: &str) -> bool {
 pub struct EntryArgs {
     /// The handoff file. In a runner pod ([`Self::await_handoff`]) the agent writes it after the
     /// helper started, so the helper learns its name from the pointer the agent writes next to
-    /// it ([`crate::providers::oci::HANDOFF_POINTER`]).
+    /// it ([`HANDOFF_POINTER`]).
     pub handoff: PathBuf,
     /// Runner pod: wait this many seconds at most for the pointer to the handoff, and leave
-    /// [`crate::providers::oci::TAKEN_MARKER`] once it is taken.
+    /// [`TAKEN_MARKER`] once it is taken.
     pub await_handoff: Option<u64>,
     pub runtime: PathBuf,
     /// Direct launcher: the cgroup directory to join before anything else.
@@ -188,7 +193,7 @@ impl EntryArgs {
         let handoff = match (handoff, await_handoff) {
             (Some(h), None) => h,
             // Named by the pointer once the agent offers it.
-            (None, Some(_)) => runtime.join(crate::providers::oci::HANDOFF_POINTER),
+            (None, Some(_)) => runtime.join(HANDOFF_POINTER),
             _ => return Err(EntryFailure::Usage),
         };
         Ok(Self {
@@ -267,7 +272,6 @@ fn join_cgroup(dir: &std::path::Path) -> Result<(), EntryFailure> {
 /// pointer and returns the handoff's path. Only a handoff name in the runtime itself is accepted:
 /// the pointer cannot send the helper anywhere else.
 fn await_offer(runtime: &std::path::Path, seconds: u64) -> Option<PathBuf> {
-    use crate::providers::oci::HANDOFF_POINTER;
     let pointer = runtime.join(HANDOFF_POINTER);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
     loop {
@@ -287,7 +291,7 @@ fn await_offer(runtime: &std::path::Path, seconds: u64) -> Option<PathBuf> {
 
 /// Runner pod: tells the agent the handoff was taken (a file it reads on the host).
 fn mark_taken(runtime: &std::path::Path) -> std::io::Result<()> {
-    crate::durable::write_file(runtime, crate::providers::oci::TAKEN_MARKER, b"taken\n")
+    crate::durable::write_file(runtime, TAKEN_MARKER, b"taken\n")
 }
 
 /// The listener's environment: from the environment file when the launcher gave one (read

@@ -13,6 +13,9 @@ use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::recovery::{TerminateReason, requested_termination_outcome};
 use runner_manager_crds::state::AttemptState;
 
+// Why a termination did not conclude is the providers' vocabulary (a stop or a look that failed):
+// it lives with them, below this module.
+pub use crate::providers::provider::TerminationError;
 use crate::providers::{NativeProvider, RunnerLauncher, RunnerProvider, StopError};
 
 /// The intent file's name in the attempt's runtime.
@@ -99,19 +102,6 @@ impl IntentReason {
             Self::Requested(r) => requested_termination_outcome(r, state),
         }
     }
-}
-
-/// Why a termination did not conclude. Closed.
-#[derive(Debug, thiserror::Error)]
-pub enum TerminationError {
-    /// The intent could not be made durable: nothing was signalled.
-    #[error("the termination intent could not be made durable ({0}); nothing was signalled")]
-    IntentNotDurable(io::ErrorKind),
-    /// The stop did not end in proven death: no conclusion yet (deferred).
-    #[error("the runner could not be proven stopped: {0}")]
-    Deferred(StopError),
-    #[error("re-inspection failed: {0}")]
-    Inspect(io::ErrorKind),
 }
 
 /// Durably records the intent (temp file, fsync, rename, directory fsync).

@@ -385,7 +385,7 @@ pub async fn set_enterprise_orgs(
 /// `PUT /_admin/scale-sets/settings`: token lifetimes, the long-poll wait, session idling.
 pub async fn set_scale_set_settings(
     State(fake): Fake,
-    Json(b): Json<super::scaleset::Settings>,
+    Json(b): Json<super::scaleset_world::Settings>,
 ) -> StatusCode {
     fake.world().scale_sets.settings = b;
     StatusCode::NO_CONTENT

@@ -20,6 +20,7 @@ pub mod ratelimit;
 pub mod routes;
 pub mod runners;
 pub mod scaleset;
+pub mod scaleset_world;
 pub mod scope;
 pub mod server;
 pub mod shapes;

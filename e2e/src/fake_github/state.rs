@@ -81,7 +81,7 @@ pub struct World {
     /// The organizations of each enterprise (lower-case), for the GraphQL query that lists them.
     pub enterprise_orgs: BTreeMap<String, Vec<String>>,
     /// The runner scale-set service (`scaleset`).
-    pub scale_sets: super::scaleset::ScaleSetWorld,
+    pub scale_sets: super::scaleset_world::ScaleSetWorld,
     /// Linux packages of other architectures the downloads listing names beside the served
     /// one (`POST /_admin/downloads`): listed, never served.
     pub other_downloads: Vec<ListedDownload>,

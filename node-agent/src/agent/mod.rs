@@ -20,8 +20,6 @@ pub mod fault;
 pub mod fence;
 pub mod gate;
 pub mod health;
-#[cfg(test)]
-mod imports;
 pub mod labels;
 pub mod launch;
 pub mod lease;

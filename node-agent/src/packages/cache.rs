@@ -480,7 +480,7 @@ impl PackageCache {
 
     /// Lays the package out in `runtime` (an existing directory), leases it to `attempt`, and
     /// verifies the copy: every byte of it is checked against the verified contents, either as
-    /// it is copied or, for a clone, through its proven origin (see [`CopyCheck::for_copy`]).
+    /// it is copied or, for a clone, through its proven origin (see [`CopyReport::check`]).
     /// On failure the runtime may hold part of the package: the attempt's cleanup, dispatched
     /// on its journalled kind, removes it.
     pub async fn materialize(
@@ -700,7 +700,7 @@ impl PackageCache {
             RuntimeKind::Ephemeral => RetainedWork::Include,
             RuntimeKind::PersistentSlot => RetainedWork::Skip,
         };
-        let check = CopyCheck::for_copy(&copy, origin_intact);
+        let check = copy.check(origin_intact);
         let (dest, threads, contents) = (runtime.to_path_buf(), self.threads, ready.contents);
         let verified =
             blocking(move || Ok(contents.verify_copy(&dest, work, check, threads)?)).await;

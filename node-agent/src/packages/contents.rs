@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use sha2::{Digest, Sha256};
 
-use super::copy::CopyReport;
 use crate::workspace::WORK_DIR;
 
 /// One entry of a package.
@@ -171,31 +170,6 @@ pub enum CopyCheck {
     /// The layout only: every byte is proven already, each file either hashed as it was copied
     /// or cloned from an origin proven intact across the clone.
     LayoutOnly,
-}
-
-impl CopyCheck {
-    /// What a copy still needs, from its report and whether its origin is proven intact (its
-    /// bytes were read against the contents at fingerprint F, and it still had F after the
-    /// copy).
-    ///
-    /// Why a clone needs no second read: `FICLONE` makes the new file share the origin's extents
-    /// as they are at that instant, so at creation the clone holds exactly the origin's bytes.
-    /// A clone can differ from the contents only if the origin did, and an origin with the same
-    /// fingerprint before and after the copy was not written in between (any write, truncation,
-    /// replacement or rename moves a ctime, which only the superuser can set). What remains is
-    /// an origin mutated *before* the copy while keeping its fingerprint, which the origin's own
-    /// proof excludes: it was read in full after that fingerprint was taken.
-    ///
-    /// Counted, not assumed: every file must be either hashed as copied or a clone of an intact
-    /// origin, so a plain (unchecked) copy always gets the full check.
-    pub fn for_copy(copy: &CopyReport, origin_intact: bool) -> Self {
-        let clones_proven = if origin_intact { copy.reflinked } else { 0 };
-        if copy.hashed + clones_proven >= copy.files {
-            Self::LayoutOnly
-        } else {
-            Self::Full
-        }
-    }
 }
 
 enum Found {

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use sha2::{Digest, Sha256};
 
-use super::contents::{EntryRecord, PackageContents};
+use super::contents::{CopyCheck, EntryRecord, PackageContents};
 use crate::workspace::WORK_DIR;
 
 /// Why a copy failed.
@@ -44,6 +44,31 @@ pub struct CopyReport {
     /// Of those, files whose bytes differ from the contents, or that the contents do not list
     /// as a file: the origin changed since it was verified.
     pub differing: u64,
+}
+
+impl CopyReport {
+    /// What the copy's verification must still read ([`CopyCheck`]), from this report and
+    /// whether its origin is proven intact (its bytes were read against the contents at
+    /// fingerprint F, and it still had F after the copy).
+    ///
+    /// Why a clone needs no second read: `FICLONE` makes the new file share the origin's extents
+    /// as they are at that instant, so at creation the clone holds exactly the origin's bytes.
+    /// A clone can differ from the contents only if the origin did, and an origin with the same
+    /// fingerprint before and after the copy was not written in between (any write, truncation,
+    /// replacement or rename moves a ctime, which only the superuser can set). What remains is
+    /// an origin mutated *before* the copy while keeping its fingerprint, which the origin's own
+    /// proof excludes: it was read in full after that fingerprint was taken.
+    ///
+    /// Counted, not assumed: every file must be either hashed as copied or a clone of an intact
+    /// origin, so a plain (unchecked) copy always gets the full check.
+    pub fn check(&self, origin_intact: bool) -> CopyCheck {
+        let clones_proven = if origin_intact { self.reflinked } else { 0 };
+        if self.hashed + clones_proven >= self.files {
+            CopyCheck::LayoutOnly
+        } else {
+            CopyCheck::Full
+        }
+    }
 }
 
 /// Copies the tree under `origin` into the existing directory `dest`.

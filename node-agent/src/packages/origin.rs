@@ -1,7 +1,7 @@
 //! A copy origin (a trusted tree, or a seed on the runtime's volume) and its proof: its bytes
 //! read against the verified contents *after* its fingerprint was taken, with the fingerprint
 //! unchanged afterwards. Only a proven origin lets a clone's verification skip the bytes (see
-//! [`CopyCheck::for_copy`](super::contents::CopyCheck::for_copy)).
+//! [`CopyReport::check`](super::copy::CopyReport::check)).
 //!
 //! Why the fingerprint alone is not enough: the contents are hashed from the archive stream as
 //! it is extracted, and the fingerprint is taken afterwards, so an edit in between is part of

@@ -17,7 +17,6 @@ use super::oci::{
 };
 use crate::handoff::RestrictiveHandoff;
 use crate::process::Inspection;
-use crate::termination::TerminationError;
 
 /// What supervision reads of one look at a started runner, whichever provider runs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -211,6 +210,19 @@ impl<P: PodApi> RunnerProvider for OciProvider<P> {
             .await
             .map(|_| ())
     }
+}
+
+/// Why a termination did not conclude (a provider's stop or look failed). Closed.
+#[derive(Debug, thiserror::Error)]
+pub enum TerminationError {
+    /// The intent could not be made durable: nothing was signalled.
+    #[error("the termination intent could not be made durable ({0}); nothing was signalled")]
+    IntentNotDurable(io::ErrorKind),
+    /// The stop did not end in proven death: no conclusion yet (deferred).
+    #[error("the runner could not be proven stopped: {0}")]
+    Deferred(StopError),
+    #[error("re-inspection failed: {0}")]
+    Inspect(io::ErrorKind),
 }
 
 impl From<NativeFailure> for TerminationError {

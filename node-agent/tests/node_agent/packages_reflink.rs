@@ -130,26 +130,14 @@ fn report(files: u64, reflinked: u64, hashed: u64) -> CopyReport {
 #[test]
 fn only_copies_whose_every_byte_is_proven_skip_the_second_read() {
     // A plain copy proves nothing.
-    assert_eq!(CopyCheck::for_copy(&report(9, 0, 0), true), CopyCheck::Full);
+    assert_eq!(report(9, 0, 0).check(true), CopyCheck::Full);
     // Every file hashed as copied.
-    assert_eq!(
-        CopyCheck::for_copy(&report(9, 0, 9), false),
-        CopyCheck::LayoutOnly
-    );
+    assert_eq!(report(9, 0, 9).check(false), CopyCheck::LayoutOnly);
     // Clones count only when their origin stayed intact.
-    assert_eq!(
-        CopyCheck::for_copy(&report(9, 9, 0), false),
-        CopyCheck::Full
-    );
-    assert_eq!(
-        CopyCheck::for_copy(&report(9, 9, 0), true),
-        CopyCheck::LayoutOnly
-    );
-    assert_eq!(
-        CopyCheck::for_copy(&report(9, 4, 5), true),
-        CopyCheck::LayoutOnly
-    );
-    assert_eq!(CopyCheck::for_copy(&report(9, 4, 4), true), CopyCheck::Full);
+    assert_eq!(report(9, 9, 0).check(false), CopyCheck::Full);
+    assert_eq!(report(9, 9, 0).check(true), CopyCheck::LayoutOnly);
+    assert_eq!(report(9, 4, 5).check(true), CopyCheck::LayoutOnly);
+    assert_eq!(report(9, 4, 4).check(true), CopyCheck::Full);
 }
 
 #[test]
@@ -185,7 +173,7 @@ fn a_checked_copy_of_an_intact_tree_needs_only_its_layout_checked() {
     let copy = copy_tree_checked(&tree, &runtime, &contents, 2).unwrap();
     assert_eq!((copy.files, copy.differing), (40, 0));
     assert_eq!(copy.hashed + copy.reflinked, 40);
-    let check = CopyCheck::for_copy(&copy, copy.reflinked == 0);
+    let check = copy.check(copy.reflinked == 0);
     assert_eq!(check, CopyCheck::LayoutOnly);
     contents
         .verify_copy(&runtime, RetainedWork::Include, check, 2)
@@ -224,7 +212,7 @@ fn a_clone_of_a_tampered_origin_is_caught_by_the_full_check_its_origin_cannot_pa
     assert_eq!(copy.reflinked, 40, "{copy:?}");
     let proven = prove_origin(&tree, &contents, print_after, 2).unwrap();
     assert!(!proven);
-    let check = CopyCheck::for_copy(&copy, proven);
+    let check = copy.check(proven);
     assert_eq!(check, CopyCheck::Full);
     let mismatch = contents
         .verify_copy(&runtime, RetainedWork::Include, check, 2)

@@ -46,10 +46,8 @@ use crate::github::scaleset::{
     JobMessage, Message, ScaleSetClient, ScaleSetError, Session, Statistics,
 };
 
-/// Where the live session's id is recorded on the policy.
-pub const SESSION_ANNOTATION: &str = "runner-manager.dev/scale-set-session";
-/// Where the policy's scale-set id is recorded (its deletion needs no lookup by name).
-pub const SET_ID_ANNOTATION: &str = "runner-manager.dev/scale-set-id";
+// The policy's annotations live with the set's lifecycle, which both sides use.
+pub use lifecycle::{SESSION_ANNOTATION, SET_ID_ANNOTATION};
 /// A ledger entry this old is checked against the set's statistics (a lost `JobStarted`).
 pub const LEDGER_GRACE: Duration = Duration::from_secs(20);
 /// How often jobs left available for want of room are looked at again.

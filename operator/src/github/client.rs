@@ -1175,7 +1175,7 @@ impl GitHubClient {
                 let mut queued = Vec::new();
                 let now = k8s_openapi::jiff::Timestamp::now();
                 for run in self.queued_runs().await? {
-                    if run_is_younger_than(&run, now, settle) {
+                    if run.is_younger_than(now, settle) {
                         continue;
                     }
                     queued.extend(
@@ -1202,23 +1202,36 @@ impl GitHubClient {
     }
 }
 
-/// Whether a run was created less than `settle` before `now` (an unreadable time: no). Pure.
-pub fn run_is_younger_than(
-    run: &WorkflowRun,
-    now: k8s_openapi::jiff::Timestamp,
-    settle: Duration,
-) -> bool {
-    let Some(created) = run
-        .created_at
-        .as_deref()
-        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
-    else {
-        return false;
-    };
-    let age_ms = now
-        .as_millisecond()
-        .saturating_sub(created.as_millisecond());
-    age_ms < i64::try_from(settle.as_millis()).unwrap_or(i64::MAX)
+/// The walk's calls are the client's (the walk sits below the client, which holds its state).
+impl super::walk::WalkSource for GitHubClient {
+    fn target_kind(&self) -> &runner_manager_crds::target::TargetKind {
+        &self.target.kind
+    }
+
+    async fn enterprise_orgs(&self, enterprise: &str) -> Result<Vec<String>, GitHubError> {
+        GitHubClient::enterprise_orgs(self, enterprise).await
+    }
+
+    async fn org_repos(&self, org: &str) -> Result<Vec<String>, GitHubError> {
+        GitHubClient::org_repos(self, org).await
+    }
+
+    async fn queued_runs_in(
+        &self,
+        owner: &str,
+        repo: &str,
+    ) -> Result<Vec<WorkflowRun>, GitHubError> {
+        GitHubClient::queued_runs_in(self, owner, repo).await
+    }
+
+    async fn run_jobs_in(
+        &self,
+        owner: &str,
+        repo: &str,
+        run_id: i64,
+    ) -> Result<Vec<Job>, GitHubError> {
+        GitHubClient::run_jobs_in(self, owner, repo, run_id).await
+    }
 }
 
 /// Which rate-limit bucket an endpoint draws from (GitHub's `x-ratelimit-resource`).
@@ -1259,22 +1272,10 @@ mod tests {
     fn a_run_is_polled_once_it_has_settled_and_an_unreadable_time_is_polled_at_once() {
         let now: k8s_openapi::jiff::Timestamp = "2026-11-30T17:00:10Z".parse().unwrap();
         let settle = Duration::from_secs(10);
-        assert!(run_is_younger_than(
-            &run(Some("2026-11-30T17:00:05Z")),
-            now,
-            settle
-        ));
-        assert!(!run_is_younger_than(
-            &run(Some("2026-11-30T17:00:00Z")),
-            now,
-            settle
-        ));
-        assert!(!run_is_younger_than(&run(None), now, settle));
-        assert!(!run_is_younger_than(&run(Some("yesterday")), now, settle));
-        assert!(!run_is_younger_than(
-            &run(Some("2026-11-30T17:00:09Z")),
-            now,
-            Duration::ZERO
-        ));
+        assert!(run(Some("2026-11-30T17:00:05Z")).is_younger_than(now, settle));
+        assert!(!run(Some("2026-11-30T17:00:00Z")).is_younger_than(now, settle));
+        assert!(!run(None).is_younger_than(now, settle));
+        assert!(!run(Some("yesterday")).is_younger_than(now, settle));
+        assert!(!run(Some("2026-11-30T17:00:09Z")).is_younger_than(now, Duration::ZERO));
     }
 }

@@ -104,6 +104,28 @@ pub struct WorkflowRun {
     pub created_at: Option<String>,
 }
 
+impl WorkflowRun {
+    /// Whether the run was created less than `settle` before `now` (an unreadable time: no).
+    /// Pure.
+    pub fn is_younger_than(
+        &self,
+        now: k8s_openapi::jiff::Timestamp,
+        settle: std::time::Duration,
+    ) -> bool {
+        let Some(created) = self
+            .created_at
+            .as_deref()
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        else {
+            return false;
+        };
+        let age_ms = now
+            .as_millisecond()
+            .saturating_sub(created.as_millisecond());
+        age_ms < i64::try_from(settle.as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
 #[derive(Debug, Deserialize)]
 pub(crate) struct WorkflowRunPage {
     pub workflow_runs: Vec<WorkflowRun>,

@@ -26,7 +26,6 @@ use futures_util::StreamExt;
 use runner_manager_crds::target::TargetKind;
 use tokio::time::Instant;
 
-use super::client::{GitHubClient, run_is_younger_than};
 use super::errors::GitHubError;
 use super::types::{Job, WorkflowRun};
 
@@ -35,6 +34,29 @@ pub const WALK_CONCURRENCY: usize = 4;
 
 /// Jobs whose repository is remembered for the per-job check, at most.
 const REMEMBERED_JOBS: usize = 20_000;
+
+/// The calls a walk makes: the client's (`GitHubClient` implements it), behind this seam so the
+/// walk sits below the client that holds its state, and a walk can be driven by a script.
+pub trait WalkSource: Sync {
+    fn target_kind(&self) -> &TargetKind;
+    fn enterprise_orgs(
+        &self,
+        enterprise: &str,
+    ) -> impl Future<Output = Result<Vec<String>, GitHubError>> + Send;
+    fn org_repos(&self, org: &str)
+    -> impl Future<Output = Result<Vec<String>, GitHubError>> + Send;
+    fn queued_runs_in(
+        &self,
+        owner: &str,
+        repo: &str,
+    ) -> impl Future<Output = Result<Vec<WorkflowRun>, GitHubError>> + Send;
+    fn run_jobs_in(
+        &self,
+        owner: &str,
+        repo: &str,
+        run_id: i64,
+    ) -> impl Future<Output = Result<Vec<Job>, GitHubError>> + Send;
+}
 
 /// A queued job and the repository it was found in (`owner/repo`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -143,8 +165,8 @@ impl Walk {
 }
 
 /// The repositories of the target: an organization's, or every organization's of an enterprise.
-async fn repositories(client: &GitHubClient) -> Result<Vec<String>, GitHubError> {
-    let orgs = match &client.target().kind {
+async fn repositories<S: WalkSource>(client: &S) -> Result<Vec<String>, GitHubError> {
+    let orgs = match client.target_kind() {
         TargetKind::Organization { org } => vec![org.clone()],
         TargetKind::Enterprise { enterprise } => client.enterprise_orgs(enterprise).await?,
         TargetKind::Repository { owner, repo } => return Ok(vec![format!("{owner}/{repo}")]),
@@ -159,8 +181,8 @@ async fn repositories(client: &GitHubClient) -> Result<Vec<String>, GitHubError>
 /// One repository's queued jobs: its queued runs (conditional), the jobs of runs not seen
 /// before (conditional), runs younger than `settle` skipped. Returns the jobs and the runs'
 /// jobs read now.
-async fn read_repo(
-    client: &GitHubClient,
+async fn read_repo<S: WalkSource>(
+    client: &S,
     repository: &str,
     known: &HashMap<i64, Vec<Job>>,
     settle: Duration,
@@ -173,7 +195,7 @@ async fn read_repo(
     let mut found = Vec::new();
     let mut fresh = Vec::new();
     for run in runs {
-        if run_is_younger_than(&run, now, settle) {
+        if run.is_younger_than(now, settle) {
             continue;
         }
         let jobs = match known.get(&run.id) {
@@ -199,8 +221,8 @@ async fn read_repo(
 /// Advance the walk: list the repositories when the list is an `interval` old, read the
 /// repositories due in the current cycle (half an `interval` long), and give the view. A failed
 /// read stops this step; what was read before it counts, and the next step resumes there.
-pub async fn step(
-    client: &GitHubClient,
+pub async fn step<S: WalkSource>(
+    client: &S,
     walk: &tokio::sync::Mutex<Walk>,
     interval: Duration,
     settle: Duration,

@@ -41,11 +41,8 @@ use crate::broker_client::{BrokerClient, PodOrderError};
 use crate::handoff::RestrictiveHandoff;
 pub use observe::{Ended, PodObservation, Waiting};
 
-/// In the runtime: the pointer naming the handoff file, written (after the handoff is whole and
-/// fsynced) by the agent, removed by the helper.
-pub const HANDOFF_POINTER: &str = ".jit-handoff";
-/// In the runtime: left by the helper once it has read and deleted the handoff, before exec.
-pub const TAKEN_MARKER: &str = ".jit-taken";
+// The runtime's handoff pointer and taken marker are the entry helper's protocol: it defines them.
+pub use crate::entry::{HANDOFF_POINTER, TAKEN_MARKER};
 /// Without a running pod watch (an agent that makes no pods supervising what an earlier run
 /// left): how often a pod is read while the provider waits.
 const POLL: Duration = Duration::from_millis(200);

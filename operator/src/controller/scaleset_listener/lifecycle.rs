@@ -26,12 +26,15 @@ use runner_manager_crds::state::AttemptState;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::{SESSION_ANNOTATION, SET_ID_ANNOTATION};
 use crate::controller::Ctx;
 use crate::controller::attempts::state_of;
 use crate::controller::events::Reason;
 use crate::github::scaleset::{ScaleSetError, Session};
 
+/// Where the live session's id is recorded on the policy.
+pub const SESSION_ANNOTATION: &str = "runner-manager.dev/scale-set-session";
+/// Where the policy's scale-set id is recorded (its deletion needs no lookup by name).
+pub const SET_ID_ANNOTATION: &str = "runner-manager.dev/scale-set-id";
 /// Held by a `ScaleSet` policy from before its scale set is created until the set is deleted.
 pub const SCALE_SET_FINALIZER: &str = "runner-manager.dev/scale-set";
 
