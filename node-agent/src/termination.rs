@@ -16,7 +16,8 @@ use runner_manager_crds::state::AttemptState;
 // Why a termination did not conclude is the providers' vocabulary (a stop or a look that failed):
 // it lives with them, below this module.
 pub use crate::providers::provider::TerminationError;
-use crate::providers::{NativeProvider, RunnerLauncher, RunnerProvider, StopError};
+use crate::providers::{NativeProvider, Provider, RunnerLauncher, RunnerRef, StopError};
+use runner_manager_crds::attempt::StartedIdentity;
 
 /// The intent file's name in the attempt's runtime.
 pub const INTENT_FILE: &str = ".terminate-intent";
@@ -148,11 +149,11 @@ pub fn clear_intent(runtime: &Path) -> io::Result<()> {
     crate::durable::remove_file(runtime, INTENT_FILE)
 }
 
-/// Terminates the runner of `identity`: intent, stop, proof of death, outcome. The caller then
-/// deregisters (if GitHub still lists it), journals the outcome and cleans.
-pub async fn terminate_with<P: RunnerProvider>(
-    provider: &P,
-    identity: &P::Identity,
+/// Terminates `runner` through its provider: intent, stop, proof of death, outcome. The caller
+/// then deregisters (if GitHub still lists it), journals the outcome and cleans.
+pub async fn terminate_with(
+    provider: &dyn Provider,
+    runner: RunnerRef<'_>,
     runtime: &Path,
     reason: IntentReason,
     state: AttemptState,
@@ -162,13 +163,9 @@ pub async fn terminate_with<P: RunnerProvider>(
     // 2. Stop through the provider (a native launcher stops the whole cgroup or unit and never
     //    signals a pid by number, so a recycled pid is never touched; OCI deletes the pod of the
     //    journalled uid).
-    provider.stop(identity).await.map_err(Into::into)?;
+    provider.stop(runner).await?;
     // 3. Death proven by looking again, whatever the stop said.
-    if crate::providers::look(provider, identity)
-        .await
-        .map_err(Into::into)?
-        .alive
-    {
+    if provider.look(runner).await?.alive {
         return Err(TerminationError::Deferred(StopError::StillRunning));
     }
     Ok(reason.outcome(state))
@@ -177,17 +174,27 @@ pub async fn terminate_with<P: RunnerProvider>(
 /// [`terminate_with`] a native launcher, for callers without an async runtime (the launchers'
 /// own tests): the native provider's steps never wait, so the future completes when first
 /// polled.
-pub fn terminate(
-    launcher: &dyn RunnerLauncher,
+pub fn terminate<L: RunnerLauncher + ?Sized>(
+    launcher: &L,
     identity: &runner_manager_crds::attempt::ProcessIdentity,
     runtime: &Path,
     reason: IntentReason,
     state: AttemptState,
 ) -> Result<Outcome, TerminationError> {
     use futures_util::FutureExt;
-    terminate_with(&NativeProvider(launcher), identity, runtime, reason, state)
-        .now_or_never()
-        .unwrap_or(Err(TerminationError::Deferred(StopError::StillRunning)))
+    let identity = StartedIdentity::Process(identity.clone());
+    terminate_with(
+        &NativeProvider(launcher),
+        RunnerRef {
+            namespace: "",
+            identity: &identity,
+        },
+        runtime,
+        reason,
+        state,
+    )
+    .now_or_never()
+    .unwrap_or(Err(TerminationError::Deferred(StopError::StillRunning)))
 }
 
 #[cfg(test)]

@@ -18,15 +18,16 @@ pub enum Admission {
 }
 
 /// Whether this agent can run a snapshot at all: a pinned package digest it can verify, a
-/// workspace mode it knows, and an execution mode it has a provider for: native always, OCI only
-/// with the OCI provider enabled (`--oci`) and an image pinned by digest. A native-only agent
-/// rejects an OCI attempt (`SnapshotUnusable`): it never runs it natively instead. An agent whose
-/// systemd launcher was refused at start (its runner sandbox not proven, `native_enabled`
-/// false) rejects native attempts the same way. A package of another architecture than this
+/// workspace mode it knows, and a provider that admits it (`provider_admits`: the registry's
+/// `Providers::admits`: the execution mode offered here, and the provider's own check: native
+/// always, OCI only with `--oci` and an image pinned by digest). A native-only agent rejects an
+/// OCI attempt (`SnapshotUnusable`): it never runs it natively instead. An agent whose systemd
+/// launcher was refused at start (its runner sandbox not proven) rejects native attempts the
+/// same way. A package of another architecture than this
 /// agent's own is rejected too (a mislabelled Node, or an operator that placed by a label it
 /// should not have trusted): its binaries could not run here, and the runner would fail at
 /// registration, after a JIT was minted for it.
-pub fn usable(snapshot: &AttemptSnapshot, oci_enabled: bool, native_enabled: bool) -> bool {
+pub fn usable(snapshot: &AttemptSnapshot, provider_admits: bool) -> bool {
     let digest_ok = snapshot.runner.sha256.len() == 64
         && snapshot
             .runner
@@ -37,22 +38,11 @@ pub fn usable(snapshot: &AttemptSnapshot, oci_enabled: bool, native_enabled: boo
         snapshot.workspace,
         WorkspaceMode::Ephemeral | WorkspaceMode::Persistent
     );
-    let provider_ok = match snapshot.execution.mode {
-        ExecutionMode::Native => native_enabled,
-        ExecutionMode::Oci => {
-            oci_enabled
-                && snapshot
-                    .execution
-                    .image
-                    .as_deref()
-                    .is_some_and(crate::pods::pinned_by_digest)
-        }
-    };
     let arch_ok = snapshot
         .runner
         .architecture
         .is_none_or(|a| Arch::of_host() == Some(a));
-    provider_ok && digest_ok && workspace_ok && arch_ok
+    provider_admits && digest_ok && workspace_ok && arch_ok
 }
 
 /// The pure decision: `held` attempts already count against `capacity`.
@@ -181,36 +171,47 @@ mod tests {
 
     #[test]
     fn an_oci_snapshot_is_usable_only_with_the_oci_provider_and_a_pinned_image() {
+        use crate::providers::provider::oci_admits;
         let pinned = format!("registry.local/runner@sha256:{}", "a".repeat(64));
-        assert!(usable(&snapshot("Native", None), false, true));
-        assert!(usable(&snapshot("Native", None), true, true));
+        // What the registry answers (`Providers::admits`): offered, and the kind's own check.
+        let admits = |s: &AttemptSnapshot, oci_offered: bool, native_offered: bool| {
+            usable(
+                s,
+                match s.execution.mode {
+                    ExecutionMode::Native => native_offered,
+                    ExecutionMode::Oci => oci_offered && oci_admits(s),
+                },
+            )
+        };
+        assert!(admits(&snapshot("Native", None), false, true));
+        assert!(admits(&snapshot("Native", None), true, true));
         assert!(
-            !usable(&snapshot("Native", None), true, false),
+            !admits(&snapshot("Native", None), true, false),
             "native refused: the sandbox is not proven on this node"
         );
         assert!(
-            !usable(&snapshot("Oci", Some(&pinned)), false, true),
+            !admits(&snapshot("Oci", Some(&pinned)), false, true),
             "a native-only agent never runs an OCI attempt natively"
         );
-        assert!(usable(&snapshot("Oci", Some(&pinned)), true, true));
-        assert!(!usable(
+        assert!(admits(&snapshot("Oci", Some(&pinned)), true, true));
+        assert!(!admits(
             &snapshot("Oci", Some("registry.local/runner:latest")),
             true,
             true
         ));
-        assert!(!usable(&snapshot("Oci", None), true, true));
+        assert!(!admits(&snapshot("Oci", None), true, true));
     }
 
     #[test]
     fn a_package_of_another_architecture_is_unusable() {
         let host = Arch::of_host().expect("the tests run on x64, arm64 or arm");
         let mut s = snapshot("Native", None);
-        assert!(usable(&s, false, true), "no architecture named: x64's era");
+        assert!(usable(&s, true), "no architecture named: x64's era");
         s.runner.architecture = Some(host);
-        assert!(usable(&s, false, true));
+        assert!(usable(&s, true));
         for other in Arch::ALL.into_iter().filter(|a| *a != host) {
             s.runner.architecture = Some(other);
-            assert!(!usable(&s, false, true), "{other} on {host}");
+            assert!(!usable(&s, true), "{other} on {host}");
         }
     }
 }

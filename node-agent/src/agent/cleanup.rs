@@ -12,10 +12,10 @@
 
 use kube::api::Api;
 use runner_manager_crds::attempt::{
-    AttemptConditionType, AttemptJournal, AttemptReason, RunnerAttempt, Transition,
+    AttemptConditionType, AttemptJournal, AttemptReason, RunnerAttempt, StartedIdentity, Transition,
 };
 use runner_manager_crds::conditions::ConditionStatus;
-use runner_manager_crds::policy::{ExecutionMode, WorkspaceMode};
+use runner_manager_crds::policy::WorkspaceMode;
 use runner_manager_crds::state::AttemptState;
 
 use super::attempt_ctx::{Step, StepError, names, runtime_of, take, uuid_of};
@@ -24,14 +24,12 @@ use super::events::{self, EventReason};
 use super::fault::{self, Boundary};
 use super::node::Agent;
 use super::rebuild::journal_of;
-use crate::process::identity_file;
-use crate::providers::oci::PodFailure;
-use crate::providers::{NativeProvider, RunnerProvider};
+use crate::providers::provider::ProviderError;
+use crate::providers::{Provider, RunnerRef};
 use crate::workspace::ephemeral::{EphemeralError, remove_ephemeral_runtime};
 use crate::workspace::scrub::scrub_slot;
 use crate::workspace::scrub_plan::SlotOwner;
 use crate::workspace::slot_table::SlotKey;
-use runner_manager_crds::pods::BuildRefusal;
 
 /// `<hostRoot>/diagnostics/<attempt>.log`: ids and kinds only, never runner output.
 pub fn diagnostics(a: &RunnerAttempt, journal: &AttemptJournal) -> String {
@@ -58,22 +56,36 @@ pub async fn clean(
     let journal = journal_of(a);
     let runtime = runtime_of(&journal);
 
-    // 0. (OCI) The pod goes first, under `Destroying`.
-    if a.spec.snapshot.execution.mode == ExecutionMode::Oci
-        && let Some(step) = destroy_pods(agent, api, a, &journal, &uid, &name, &ns).await?
+    // 0. A destruction the provider journals (OCI: every runner pod of the generation) goes
+    //    first, under `Destroying`.
+    let provider = agent.providers.of(a.spec.snapshot.execution.mode);
+    let leftover = provider.leftover(a, &journal, runtime.as_deref());
+    if provider.journals_destruction()
+        && let Some(step) = destroy_journalled(
+            agent,
+            api,
+            a,
+            &journal,
+            provider,
+            leftover.as_ref(),
+            &uid,
+            &name,
+            &ns,
+        )
+        .await?
     {
         return Ok(step);
     }
 
-    // 1. Nothing of the runner may outlive its cleanup.
-    let recorded = journal.process().cloned().or_else(|| {
-        runtime
-            .as_deref()
-            .and_then(|r| identity_file::read(r).ok().flatten())
-    });
-    if let Some(identity) = recorded
-        && let Err(e) = NativeProvider(agent.launcher.as_ref())
-            .destroy(&identity)
+    // 1. Nothing of the runner may outlive its cleanup (native: the journalled process, or the
+    //    one whose identity reached the host before a crash journalled it).
+    if !provider.journals_destruction()
+        && let Some(identity) = &leftover
+        && let Err(e) = provider
+            .destroy(RunnerRef {
+                namespace: &ns,
+                identity,
+            })
             .await
     {
         super::metrics::global().cleanup_deferred();
@@ -197,10 +209,11 @@ pub async fn clean(
     // 4. Leases, then `Cleaned`.
     agent.packages.release(&uid);
     let state = journal.state();
-    let cleanable = match a.spec.snapshot.execution.mode {
-        ExecutionMode::Native => state.is_concluded(),
-        // An OCI attempt is cleaned only from `Destroying`: its pods are proven gone.
-        ExecutionMode::Oci => state == AttemptState::Destroying,
+    let cleanable = if provider.journals_destruction() {
+        // Cleaned only from `Destroying`: what the provider made is proven gone.
+        state == AttemptState::Destroying
+    } else {
+        state.is_concluded()
     };
     if cleanable {
         take(api, &name, state, Transition::Clean).await?;
@@ -239,14 +252,18 @@ fn w_is_slot(journal: &AttemptJournal) -> bool {
         .is_some_and(|w| w.kind() == WorkspaceMode::Persistent)
 }
 
-/// (OCI) Concluded or deferred → `Destroying`; in `Destroying`, every pod of the attempt's
-/// generation deleted and proven gone, or `CleanupDeferred` (with its condition and event) and
-/// a retry with backoff. `None`: the pods are gone and cleanup goes on in `Destroying`.
-async fn destroy_pods(
+/// (A journalled destruction: OCI) Concluded or deferred → `Destroying`; in `Destroying`, what
+/// the provider made for the runner (every pod of the attempt's generation) destroyed and proven
+/// gone, or `CleanupDeferred` (with its condition and event) and a retry with backoff. `None`:
+/// it is gone and cleanup goes on in `Destroying`.
+#[allow(clippy::too_many_arguments)]
+async fn destroy_journalled(
     agent: &Agent,
     api: &Api<RunnerAttempt>,
     a: &RunnerAttempt,
     journal: &AttemptJournal,
+    provider: &dyn Provider,
+    leftover: Option<&StartedIdentity>,
     uid: &str,
     name: &str,
     ns: &str,
@@ -264,9 +281,16 @@ async fn destroy_pods(
     if state != AttemptState::Destroying {
         return Ok(None);
     }
-    let destroyed = match super::runner::pods_of(a, journal) {
-        Some(pod) => super::runner::pods(agent).destroy(&pod).await,
-        None => Err(PodFailure::Spec(BuildRefusal::AttemptUnnamed)),
+    let destroyed = match leftover {
+        Some(identity) => {
+            provider
+                .destroy(RunnerRef {
+                    namespace: ns,
+                    identity,
+                })
+                .await
+        }
+        None => Err(ProviderError::Unnamed),
     };
     match destroyed {
         Ok(()) => {
@@ -301,11 +325,7 @@ async fn destroy_pods(
                 ConditionStatus::True,
                 // A pod of another generation is not ours to remove: it waits for its owner's
                 // garbage collection or a person (parity row 15).
-                if matches!(
-                    e,
-                    crate::providers::oci::PodFailure::NotOurs
-                        | crate::providers::oci::PodFailure::Duplicate
-                ) {
+                if e.ownership_unproven() {
                     AttemptReason::OwnershipUnproven
                 } else {
                     AttemptReason::ProviderResourceRemains

@@ -514,7 +514,7 @@ pub async fn run(agent: Arc<Agent>) {
     // owner reference): a runner pod that ended, a placeholder deleted or evicted. Watched only
     // when the agent makes pods.
     let pod_watch = Arc::clone(&ctx.agent.pod_watch);
-    let makes_pods = ctx.agent.oci.is_some() || ctx.agent.placeholders.is_some();
+    let makes_pods = ctx.agent.providers.makes_pods() || ctx.agent.placeholders.is_some();
     let controller = Controller::for_stream(trigger, store);
     let controller = match makes_pods
         .then(|| pod_watch.stream(&ctx.agent.kube, &ctx.agent.node))

@@ -22,13 +22,13 @@ use tracing::Instrument;
 
 use kube::api::Api;
 use runner_manager_crds::attempt::{
-    AttemptConditionType, AttemptReason, LaunchTimings, RunnerAttempt, StartedIdentity, Transition,
-    WorkspacePlacement, spec_hash,
+    AttemptConditionType, AttemptReason, EnvironmentIdentity, LaunchTimings, RunnerAttempt,
+    StartedIdentity, Transition, WorkspacePlacement, spec_hash,
 };
 use runner_manager_crds::broker::JitRequest;
 use runner_manager_crds::conditions::ConditionStatus;
 use runner_manager_crds::outcome::{FailureReason, Outcome};
-use runner_manager_crds::policy::{ExecutionMode, WorkspaceMode};
+use runner_manager_crds::policy::WorkspaceMode;
 use runner_manager_crds::state::{Actor, AttemptState};
 
 use super::admission::{self, Admission};
@@ -41,35 +41,21 @@ use super::placeholder::Refusal;
 use super::rebuild::{journal_of, owner_of, state_of};
 use crate::account::RunnerAccount;
 use crate::broker_client::JitAnswer;
-use crate::handoff::RestrictiveHandoff;
 use crate::journal::{self, Decision};
 use crate::packages::cache::{PackageError, PackageRefusal};
 use crate::packages::{PackageRef, RuntimeKind};
 use crate::process::environment::{EnvironmentLayers, layered_environment};
-use crate::providers::LaunchSpec;
 use crate::providers::cgroup::CgroupLimits;
+use crate::providers::oci::PodFailure;
 use crate::providers::oci::observe::Ended;
-use crate::providers::oci::{PodFailure, PodRef, PrepareRequest, PreparedPod};
-use crate::providers::provider::NativeFailure;
-use crate::providers::{NativeProvider, RunnerProvider};
+use crate::providers::provider::{
+    Preparation, PrepareError, PrepareRequest, StartRefused, StartRequest,
+};
+use crate::providers::{LaunchSpec, Provider, RunnerRef};
 use crate::workspace::ephemeral::{create_ephemeral_runtime, ephemeral_runtime_path};
 use crate::workspace::prepare::prepare_slot;
 use crate::workspace::slot_path::derive_slot_path;
 use crate::workspace::slot_table::{JournalledLease, SlotKey};
-use runner_manager_crds::broker::OrderedPod;
-
-/// How many times a start that never had a child is tried.
-const START_TRIES: u32 = 3;
-/// The wait before the second try; it doubles before each next one (10 ms, then 20 ms): a
-/// spawn refused for want of a resource (a process or descriptor limit, a busy cgroup) gets a
-/// moment, and three tries stay well inside the JIT's life.
-const START_RETRY_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
-
-/// How long the entry helper in a runner pod waits for its handoff before it gives up (the pod
-/// then ends and the attempt concludes): the JIT request's own bound and then some.
-const POD_AWAIT_HANDOFF_SECONDS: u64 = 600;
-/// The `PATH` of a runner pod's listener: the image's, never the agent's.
-const POD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Why a launch stage ended the launch. Closed in kind; the text (never a secret, never a
 /// workflow's name) reaches the warn line. [`LaunchFailure::outcome`] is the one mapping to the
@@ -239,11 +225,8 @@ async fn launch_steps(
 ) -> Result<(), StepError> {
     let (uid, name, ns) = names(a)?;
     let snapshot = &a.spec.snapshot;
-    let usable = admission::usable(
-        snapshot,
-        agent.oci.is_some(),
-        agent.native_refused.is_none(),
-    ) && environment(&snapshot.env, Path::new("/nonexistent-runtime")).is_ok();
+    let usable = admission::usable(snapshot, agent.providers.admits(snapshot))
+        && environment(&snapshot.env, Path::new("/nonexistent-runtime")).is_ok();
     let decision = agent.book().admit(&uid, agent.capacity, usable);
     agent.advert_changed.notify_one();
     if let Admission::Reject(reason) = decision {
@@ -363,16 +346,20 @@ async fn prepare_and_start(
     tracing::info_span!("prepare")
         .in_scope(|| own_runtime(&runtime, account))
         .map_err(|e| LaunchFailure::Runtime(e.kind()))?;
-    let (prepared, pod) = match snapshot.execution.mode {
-        ExecutionMode::Native => {
-            drop(turn);
-            // The placeholder stands (and the kubelet admitted it) before the JIT is asked for;
-            // its wait is part of `prepare` and holds no preparation turn.
-            agent
-                .placeholder_before_start(a)
-                .instrument(tracing::info_span!("placeholder"))
-                .await
-                .map_err(LaunchFailure::Placeholder)?;
+    let provider = agent.providers.of(snapshot.execution.mode);
+    drop(turn);
+    // A runner that is not a pod has a placeholder pod beside it, standing (and admitted by the
+    // kubelet) before the JIT is asked for; its wait is part of `prepare` and holds no
+    // preparation turn.
+    if provider.needs_placeholder() {
+        agent
+            .placeholder_before_start(a)
+            .instrument(tracing::info_span!("placeholder"))
+            .await
+            .map_err(LaunchFailure::Placeholder)?;
+    }
+    let (prepared, environment) = match provider.preparation() {
+        Preparation::None => {
             timings.prepare_ms = millis(prepared_at);
             let prepared = take_written(
                 api,
@@ -384,83 +371,67 @@ async fn prepare_and_start(
             .ok_or(Halt::Quiet)?;
             (prepared, None)
         }
-        ExecutionMode::Oci => {
-            drop(turn);
-            let (prepared, pod) = prepare_pod(agent, api, a, name, &runtime, account).await?;
+        Preparation::Journalled => {
+            let (prepared, identity) =
+                prepare_journalled(api, a, name, provider, &runtime, account).await?;
             timings.prepare_ms = millis(prepared_at);
-            (prepared, Some(pod))
+            (prepared, Some(identity))
         }
     };
     request_and_start(
-        agent, api, &prepared, name, ns, runtime, account, timings, pod,
+        agent,
+        api,
+        &prepared,
+        name,
+        ns,
+        runtime,
+        account,
+        timings,
+        environment,
     )
     .await
 }
 
-/// (OCI) `Allocated → Preparing` (CAS, before the pod exists), the pod ordered and running its
-/// entry helper, then `Preparing → Prepared` with the pod's identity.
-async fn prepare_pod(
-    agent: &Agent,
+/// (A journalled preparation: OCI) `Allocated → Preparing` (CAS, before anything exists), what
+/// the provider makes (the pod, running its entry helper), then `Preparing → Prepared` with its
+/// identity.
+async fn prepare_journalled(
     api: &Api<RunnerAttempt>,
     a: &RunnerAttempt,
     name: &str,
+    provider: &dyn Provider,
     runtime: &Path,
     account: RunnerAccount,
-) -> Result<(RunnerAttempt, PodRef), Halt> {
-    let oci = agent
-        .oci
-        .as_ref()
-        .ok_or(Halt::Failed(LaunchFailure::NotStarted, None))?;
+) -> Result<(RunnerAttempt, EnvironmentIdentity), Halt> {
     take_written(api, name, AttemptState::Allocated, Transition::BeginPrepare)
         .await?
         .ok_or(Halt::Quiet)?;
-    let env = pod_environment(&a.spec.snapshot.env, runtime)
-        .map_err(|e| LaunchFailure::Environment(e.to_string()))?;
-    let request = PrepareRequest {
-        attempt: a,
-        pod: OrderedPod::Runner {
-            host_runtime: runtime.display().to_string(),
-            run_as_user: account.uid,
-            run_as_group: account.gid,
-            environment: env,
-            await_handoff_seconds: POD_AWAIT_HANDOFF_SECONDS,
-        },
-        account,
-        runtime,
-    };
-    let prepared = oci
-        .prepare(request)
+    let identity = provider
+        .prepare(PrepareRequest {
+            attempt: a,
+            runtime,
+            account,
+        })
         .instrument(tracing::info_span!("pod"))
         .await
-        .map_err(LaunchFailure::Pod)?;
+        .map_err(|e| match e {
+            PrepareError::Environment(e) => LaunchFailure::Environment(e),
+            PrepareError::Pod(f) => LaunchFailure::Pod(f),
+            PrepareError::Nothing => LaunchFailure::NotStarted,
+        })?;
     fault::at(Boundary::AfterPodCreated);
     let written = take_written(
         api,
         name,
         AttemptState::Preparing,
         Transition::MarkPrepared {
-            environment: Some(prepared.pod.identity.clone()),
+            environment: Some(identity.clone()),
         },
     )
     .await?
     .ok_or(Halt::Quiet)?;
     fault::at(Boundary::AfterPrepared);
-    Ok((written, prepared.pod))
-}
-
-/// A runner pod's listener environment: as native, with the image's `PATH`.
-fn pod_environment(
-    snapshot_env: &BTreeMap<String, String>,
-    runtime: &Path,
-) -> Result<BTreeMap<String, String>, crate::process::environment::EnvironmentRefusal> {
-    layered_environment(
-        &EnvironmentLayers {
-            inherited: BTreeMap::from([("PATH".to_owned(), POD_PATH.to_owned())]),
-            caches: BTreeMap::new(),
-            runner_env: snapshot_env.clone(),
-        },
-        runtime,
-    )
+    Ok((written, identity))
 }
 
 /// A refused archive (unsafe, or past an extraction cap) is said in the `PackageRefused`
@@ -631,23 +602,29 @@ pub async fn resume_prepared(
             .map(|m| std::os::unix::fs::MetadataExt::gid(&m))
             .unwrap_or_default(),
     };
-    let pod = journal.environment().map(|identity| PodRef {
-        namespace: ns.clone(),
-        identity: identity.clone(),
-    });
-    if a.spec.snapshot.execution.mode == ExecutionMode::Oci {
-        // Never native for an OCI attempt: one journalled without its pod concludes. And the
-        // one JIT is asked only for a pod still there to take it: one whose entry helper gave
-        // up waiting while the agent was down (or that was deleted) concludes first.
-        let alive = match (&pod, agent.oci.as_ref()) {
-            (Some(p), Some(oci)) => match oci.inspect(p).await {
-                Ok(seen) => seen.is_alive(),
-                Err(e) => {
-                    return Err(StepError::Local(format!(
-                        "the prepared runner pod could not be inspected: {e}"
-                    )));
+    let provider = agent.providers.of(a.spec.snapshot.execution.mode);
+    let environment = journal.environment().cloned();
+    if provider.preparation() == Preparation::Journalled {
+        // Never another kind: one journalled without what it prepared concludes. And the one
+        // JIT is asked only for a prepared runner still there to take it: a pod whose entry
+        // helper gave up waiting while the agent was down (or that was deleted) concludes first,
+        // and so does one of a kind this agent no longer offers.
+        let alive = match &environment {
+            Some(e) if agent.providers.offers(provider.mode()) => {
+                let identity = StartedIdentity::Environment(e.clone());
+                let runner = RunnerRef {
+                    namespace: &ns,
+                    identity: &identity,
+                };
+                match provider.look(runner).await {
+                    Ok(seen) => seen.alive,
+                    Err(e) => {
+                        return Err(StepError::Local(format!(
+                            "the prepared runner pod could not be inspected: {e}"
+                        )));
+                    }
                 }
-            },
+            }
             _ => false,
         };
         if !alive {
@@ -669,7 +646,7 @@ pub async fn resume_prepared(
         runtime,
         account,
         LaunchTimings::default(),
-        pod,
+        environment,
     )
     .instrument(span)
     .await;
@@ -724,7 +701,7 @@ async fn request_and_start(
     runtime: PathBuf,
     account: RunnerAccount,
     mut timings: LaunchTimings,
-    pod: Option<PodRef>,
+    prepared: Option<EnvironmentIdentity>,
 ) -> Result<(), Halt> {
     if state_of(current) != AttemptState::Prepared {
         return Ok(());
@@ -744,14 +721,15 @@ async fn request_and_start(
             .to_owned(),
     };
     let failed = |f: LaunchFailure, t: &LaunchTimings| Halt::Failed(f, Some(t.clone()));
-    // The provider of the attempt's mode, chosen here once and before the JIT request: an OCI
-    // attempt without its prepared pod or an OCI provider fails without a JIT minted and
-    // dropped. Never the other provider.
-    let oci = match (snapshot.execution.mode, pod, agent.oci.as_ref()) {
-        (ExecutionMode::Oci, Some(pod), Some(oci)) => Some((oci, pod)),
-        (ExecutionMode::Oci, _, _) => return Err(failed(LaunchFailure::NotStarted, &timings)),
-        (ExecutionMode::Native, _, _) => None,
-    };
+    // The provider of the attempt's mode, chosen here once and before the JIT request: a kind
+    // this agent does not offer, or a journalled preparation without what it made, fails
+    // without a JIT minted and dropped. Never another kind.
+    let provider = agent.providers.of(snapshot.execution.mode);
+    if !agent.providers.offers(provider.mode())
+        || (provider.preparation() == Preparation::Journalled && prepared.is_none())
+    {
+        return Err(failed(LaunchFailure::NotStarted, &timings));
+    }
     // The one request of this attempt (DESIGN §5): whatever happens, never a second.
     let asked = Instant::now();
     let answer = agent
@@ -771,96 +749,33 @@ async fn request_and_start(
     fault::at(Boundary::AfterJitBeforeSpawn);
 
     let spawned = Instant::now();
-    let identity = match oci {
-        Some((oci, pod)) => {
-            // One try: once offered, the helper may have taken the JIT.
-            let handoff = RestrictiveHandoff::create(&runtime, account, &jit.encoded_jit_config);
-            drop(jit);
-            let started = match handoff {
-                Ok(handoff) => {
-                    let prepared = PreparedPod {
-                        pod,
-                        runtime: &runtime,
-                        account,
-                    };
-                    oci.start(&prepared, handoff)
-                        .instrument(tracing::info_span!("spawn"))
-                        .await
-                        .map_err(LaunchFailure::Pod)
-                }
-                Err(e) => {
-                    tracing::warn!(namespace = %ns, attempt = %name, "handoff refused: {e}");
-                    Err(LaunchFailure::NotStarted)
-                }
-            };
-            timings.spawn_ms = millis(spawned);
-            let pod = started.map_err(|f| failed(f, &timings))?;
-            StartedIdentity::Environment(pod.identity)
-        }
-        None => {
-            let spec = LaunchSpec {
-                attempt: uuid,
-                runtime: &runtime,
-                account,
-                environment: env,
-                limits,
-            };
-            let native = NativeProvider(agent.launcher.as_ref());
-            let prepared = native
-                .prepare(spec)
-                .await
-                .map_err(|_| LaunchFailure::NotStarted)?;
-            let mut identity = None;
-            for tried in 0..START_TRIES {
-                if tried > 0 {
-                    tokio::time::sleep(START_RETRY_WAIT * 2u32.pow(tried - 1)).await;
-                }
-                let handoff = match RestrictiveHandoff::create(
-                    &runtime,
+    let started = provider
+        .start(
+            StartRequest {
+                namespace: ns,
+                name,
+                spec: LaunchSpec {
+                    attempt: uuid,
+                    runtime: &runtime,
                     account,
-                    &jit.encoded_jit_config,
-                ) {
-                    Ok(h) => h,
-                    Err(e) => {
-                        tracing::warn!(namespace = %ns, attempt = %name, "handoff refused: {e}");
-                        break;
-                    }
-                };
-                let started = native
-                    .start(&prepared, handoff)
-                    .instrument(tracing::info_span!("spawn"))
-                    .await;
-                match started {
-                    Ok(id) => {
-                        identity = Some(id);
-                        break;
-                    }
-                    Err(NativeFailure::Start(e)) if e.retryable() => {
-                        tracing::warn!(namespace = %ns, attempt = %name, "start failed before a child existed ({e}); retrying");
-                    }
-                    Err(NativeFailure::Start(e)) => {
-                        tracing::warn!(
-                            namespace = %ns, attempt = %name, "start failed after a child existed ({e}); never retried"
-                        );
-                        // A child that could not be proven dead is journalled so supervision
-                        // proves it.
-                        identity = e.live;
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::warn!(namespace = %ns, attempt = %name, "start failed ({e}); never retried");
-                        break;
-                    }
-                }
-            }
-            // The JIT leaves memory here, whatever happened.
-            drop(jit);
-            timings.spawn_ms = millis(spawned);
-            StartedIdentity::Process(
-                identity.ok_or_else(|| failed(LaunchFailure::NotStarted, &timings))?,
-            )
-        }
-    };
+                    environment: env,
+                    limits,
+                },
+                prepared: prepared.as_ref(),
+            },
+            jit.encoded_jit_config,
+        )
+        .await;
+    timings.spawn_ms = millis(spawned);
+    let identity = started.map_err(|f| {
+        failed(
+            match f {
+                StartRefused::NotStarted => LaunchFailure::NotStarted,
+                StartRefused::Pod(p) => LaunchFailure::Pod(p),
+            },
+            &timings,
+        )
+    })?;
     fault::at(Boundary::AfterSpawnBeforeStarting);
     let start = Transition::Start { identity };
     journal::advance_with_launch(api, name, Actor::Agent, &timings, |cur| {

@@ -182,12 +182,12 @@ impl Agent {
             }),
         );
         let mut providers = advert.providers.clone();
-        if self.native_refused.is_some() {
+        if self.providers.native_refused().is_some() {
             providers.remove(&runner_manager_crds::lease::Provider::Native);
         }
         AgentAdvert {
             foreign_requests: self.foreign_pods.requests(),
-            native_refused: self.native_refused.map(|r| r.lease()),
+            native_refused: self.providers.native_refused().map(|r| r.lease()),
             providers,
             ..advert
         }

@@ -335,19 +335,32 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         deadline_grace: Duration::from_secs(cli.deadline_grace_seconds),
         runner_defaults,
         broker: Arc::clone(&broker),
-        oci: cli.oci.then(|| crate::providers::oci::OciProvider {
-            pods: crate::providers::oci::KubePods {
-                client: kube.clone(),
-                watch: Arc::clone(&pod_watch),
-                broker: Arc::clone(&broker),
+        providers: crate::providers::Providers::new(
+            launcher,
+            native_refused,
+            crate::providers::oci::OciProvider {
+                pods: crate::providers::oci::KubePods {
+                    client: kube.clone(),
+                    watch: Arc::clone(&pod_watch),
+                    broker: Arc::clone(&broker),
+                },
+                node: cli.node_name.clone(),
+                // Without `--oci` the provider only supervises and destroys the pods an earlier
+                // run started: it makes none, so its deadlines are never waited for.
+                start_deadline: Duration::from_secs(if cli.oci {
+                    cli.oci_start_deadline_seconds
+                } else {
+                    1
+                }),
+                handoff_deadline: Duration::from_secs(if cli.oci {
+                    cli.oci_handoff_deadline_seconds
+                } else {
+                    1
+                }),
             },
-            node: cli.node_name.clone(),
-            start_deadline: Duration::from_secs(cli.oci_start_deadline_seconds),
-            handoff_deadline: Duration::from_secs(cli.oci_handoff_deadline_seconds),
-        }),
+            cli.oci,
+        ),
         kube,
-        launcher,
-        native_refused,
         pod_watch,
         foreign_pods: Arc::default(),
         packages,

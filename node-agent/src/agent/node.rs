@@ -19,7 +19,6 @@ use super::placeholder;
 use super::preparation::PreparationBound;
 use crate::broker_client::BrokerClient;
 use crate::packages::PackageCache;
-use crate::providers::RunnerLauncher;
 use crate::providers::cgroup::RunnerDefaults;
 use crate::workspace::allocation::AllocationLock;
 use crate::workspace::backoff::CleanupBackoff;
@@ -39,13 +38,9 @@ pub struct Agent {
     /// Limits for runners whose policy sets none.
     pub runner_defaults: RunnerDefaults,
     pub kube: Client,
-    pub launcher: Box<dyn RunnerLauncher>,
-    /// Why native runners are refused (the systemd launcher's sandbox was not proven at
-    /// start): native attempts are rejected and the Lease says why. `None`: offered.
-    pub native_refused: Option<crate::providers::sandbox::SandboxRefusal>,
-    /// The OCI provider (`--oci`): runner pods on this node. Without it OCI attempts are
-    /// rejected (`SnapshotUnusable`), never run natively.
-    pub oci: Option<crate::providers::oci::OciProvider<crate::providers::oci::KubePods>>,
+    /// The runner providers, one of each kind, and what is offered for new attempts: the launch,
+    /// supervision, cleanup and admission reach a runner only through them.
+    pub providers: crate::providers::Providers,
     /// The agent's pods on its node (runner pods, placeholders), watched; run by the
     /// controller when the agent makes pods (`--oci` or placeholders).
     pub pod_watch: std::sync::Arc<crate::pod_watch::PodWatch>,

@@ -133,7 +133,7 @@ fn sweep_runners(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>) -> SweepR
         report.failed.push(short.to_owned());
     };
     // Runners first: a runtime is removed only once nothing of its attempt runs.
-    let leftovers = match agent.launcher.leftovers() {
+    let leftovers = match agent.providers.launcher().leftovers() {
         Ok(l) => l,
         Err(e) => {
             tracing::warn!(
@@ -149,7 +149,7 @@ fn sweep_runners(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>) -> SweepR
             report.failed.push(short.to_owned());
             continue;
         }
-        match agent.launcher.stop_leftover(short) {
+        match agent.providers.launcher().stop_leftover(short) {
             Ok(Stopped::Stopped) => report.removed.push((OrphanKind::Runner, short.to_owned())),
             Ok(Stopped::AlreadyGone) => report.removed.push((OrphanKind::Cgroup, short.to_owned())),
             Err(e) => failed(&mut report, short, e.to_string()),
@@ -244,8 +244,10 @@ fn slot_dirs(root: &Path) -> Vec<(String, String, u32, std::path::PathBuf)> {
 /// leftover cgroup or unit and no runtime left under their name.
 fn release_abandoned(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>, report: &SweepReport) {
     // Fail closed: what cannot be listed may still run.
-    let (Ok(running), Ok(runtimes)) = (agent.launcher.leftovers(), runtime_names(&agent.host_root))
-    else {
+    let (Ok(running), Ok(runtimes)) = (
+        agent.providers.launcher().leftovers(),
+        runtime_names(&agent.host_root),
+    ) else {
         return;
     };
     let claimed = claims();

@@ -31,10 +31,8 @@ use super::placeholder::{self, Kept};
 use super::rebuild::journal_of;
 use crate::evidence::{ExitReading, JobEvidence, job_evidence};
 use crate::pods::{self, PodRole};
-use crate::process::identity_file;
-use crate::providers::{NativeProvider, RunnerProvider};
+use crate::providers::provider::Handover;
 use crate::termination::{IntentReason, read_intent, record_intent};
-use runner_manager_crds::policy::ExecutionMode;
 
 /// What the agent remembers of one attempt between its steps (lost on a restart, which only
 /// restarts the clocks it holds).
@@ -144,9 +142,10 @@ pub async fn step(
     }
 }
 
-/// `JitReceived` found at start: the runner may have been spawned just before the crash. Its
-/// identity is durable on the host before spawn returned; alive → `Starting`, gone → the JIT is
-/// lost (`JitExpired`).
+/// `JitReceived` found at start: the runner may have been started just before the crash. What
+/// its provider finds of it (a native identity durable on the host before the spawn returned; a
+/// pod whose helper left its marker) goes through the recovery table: alive → `Starting`, gone
+/// or never taken → the JIT is lost (`JitExpired`).
 async fn jit_received(
     agent: &Agent,
     ctx: &AttemptCtx,
@@ -154,21 +153,26 @@ async fn jit_received(
     journal: &AttemptJournal,
 ) -> Result<Step, StepError> {
     let (name, ns) = (&ctx.name, &ctx.namespace);
-    if a.spec.snapshot.execution.mode == runner_manager_crds::policy::ExecutionMode::Oci {
-        return super::runner::pod_jit_received(agent, ctx.api(), a, journal).await;
-    }
-    let identity = match runtime_of(journal).map(|r| identity_file::read(&r)) {
-        None | Some(Ok(None)) => None,
-        Some(Ok(Some(id))) => Some(id),
-        Some(Err(_)) => return Err(StepError::Blocked(RecoveryBlocked::IdentityUnreadable)),
-    };
-    let alive = match &identity {
-        Some(id) => NativeProvider(agent.launcher.as_ref())
-            .inspect(id)
-            .await
-            .map_err(|_| StepError::Blocked(RecoveryBlocked::IdentityUnreadable))?
-            .observation(),
-        None => ProcessObservation::Gone,
+    let provider = agent.providers.of(a.spec.snapshot.execution.mode);
+    let runtime = runtime_of(journal);
+    let (identity, alive) = match provider.handover(ns, journal, runtime.as_deref()).await {
+        Handover::NotTaken => (None, ProcessObservation::Gone),
+        Handover::Runner { identity, alive } => (
+            Some(identity),
+            if alive {
+                ProcessObservation::Alive
+            } else {
+                ProcessObservation::Gone
+            },
+        ),
+        Handover::Unreadable => {
+            return Err(StepError::Blocked(RecoveryBlocked::IdentityUnreadable));
+        }
+        Handover::Unknown(e) => {
+            return Err(StepError::Local(format!(
+                "the runner could not be looked at: {e}"
+            )));
+        }
     };
     let facts = a
         .status
@@ -183,18 +187,13 @@ async fn jit_received(
         Timestamp::now(),
     ) {
         RecoveryDecision::Observe(AttemptState::Starting) => {
-            if let Some(id) = identity {
+            if let Some(identity) = identity {
                 tracing::info!(
-                    namespace = %ns, attempt = %name, "re-adopted runner pid {} (spawned before the crash)",
-                    id.pid
+                    namespace = %ns, attempt = %name, "re-adopted runner {} (started before the crash)",
+                    describe(&identity)
                 );
-                ctx.take(
-                    AttemptState::JitReceived,
-                    Transition::Start {
-                        identity: StartedIdentity::Process(id),
-                    },
-                )
-                .await?;
+                ctx.take(AttemptState::JitReceived, Transition::Start { identity })
+                    .await?;
             }
             Ok(Step::Again)
         }
@@ -203,6 +202,14 @@ async fn jit_received(
             Ok(Step::Again)
         }
         _ => Ok(Step::Wait),
+    }
+}
+
+/// A started identity in a log line: the pid, or the pod.
+fn describe(identity: &StartedIdentity) -> String {
+    match identity {
+        StartedIdentity::Process(p) => format!("pid {}", p.pid),
+        StartedIdentity::Environment(e) => format!("pod {}", e.pod_name),
     }
 }
 
@@ -238,7 +245,7 @@ async fn live(
     let state = journal.state();
     let runtime = runtime_of(journal)
         .ok_or_else(|| StepError::Local("a started attempt without a workspace".into()))?;
-    let Some(runner) = super::runner::Runner::of(a, journal) else {
+    let Some(runner) = super::runner::Runner::of(agent, a, journal) else {
         return Err(StepError::Local(
             "a started attempt without a process or pod identity".into(),
         ));
@@ -249,11 +256,11 @@ async fn live(
         .map(|s| s.facts.clone())
         .unwrap_or_default();
     let github = github_observation(&facts);
-    let seen = runner.look(agent).await?;
+    let seen = runner.look().await?;
     let request = requested(a);
     if seen.alive {
         if let Some(reason) = request {
-            return stop(agent, ctx, &runner, &runtime, reason, state).await;
+            return stop(ctx, &runner, &runtime, reason, state).await;
         }
         keep_placeholder(agent, ctx, a, memory).await;
         if frozen {
@@ -277,15 +284,7 @@ async fn live(
                 Ok(Step::Again)
             }
             RecoveryDecision::Terminate(r) => {
-                stop(
-                    agent,
-                    ctx,
-                    &runner,
-                    &runtime,
-                    IntentReason::Deadline(r),
-                    state,
-                )
-                .await
+                stop(ctx, &runner, &runtime, IntentReason::Deadline(r), state).await
             }
             RecoveryDecision::Conclude(o) => {
                 ctx.conclude(o).await?;
@@ -357,7 +356,8 @@ async fn keep_placeholder(
     if agent.placeholders.is_none() {
         return;
     }
-    if a.spec.snapshot.execution.mode != ExecutionMode::Native || !agent.pod_watch.is_running() {
+    let provider = agent.providers.of(a.spec.snapshot.execution.mode);
+    if !provider.needs_placeholder() || !agent.pod_watch.is_running() {
         return;
     }
     let now = std::time::Instant::now();
@@ -409,12 +409,11 @@ fn deferred(agent: &Agent) -> Result<Step, StepError> {
     }
 }
 
-/// Ordered termination: durable intent with its reason, stop through the launcher, death proven,
+/// Ordered termination: durable intent with its reason, stop through the provider, death proven,
 /// then the conclusion from the reason and the state it was stopped in.
 async fn stop(
-    agent: &Agent,
     ctx: &AttemptCtx,
-    runner: &super::runner::Runner,
+    runner: &super::runner::Runner<'_>,
     runtime: &Path,
     reason: IntentReason,
     state: AttemptState,
@@ -428,7 +427,7 @@ async fn stop(
         return Ok(Step::Wait);
     }
     fault::at(Boundary::AfterTerminationIntent);
-    match runner.terminate(agent, runtime, reason, state).await {
+    match runner.terminate(runtime, reason, state).await {
         Ok(outcome) => {
             tracing::info!(namespace = %ns, attempt = %name, "stopped ({}): {outcome:?}", reason.token());
             ctx.conclude(outcome).await?;
@@ -442,29 +441,18 @@ async fn stop(
 }
 
 /// Whether a `JitReceived` attempt's runner (if the state is that) is proven not running, so it
-/// may be concluded; other pre-start states have no runner. An OCI runner is its pod: alive
-/// once its helper took the JIT and the pod runs (a look that fails proves nothing); the native
-/// identity file says nothing of it.
+/// may be concluded; other pre-start states have no runner. A look that fails, or a record that
+/// cannot be read, proves nothing.
 async fn jit_received_is_dead(agent: &Agent, a: &RunnerAttempt, journal: &AttemptJournal) -> bool {
     if journal.state() != AttemptState::JitReceived {
         return true;
     }
-    if a.spec.snapshot.execution.mode == ExecutionMode::Oci {
-        return match super::runner::Runner::of(a, journal) {
-            Some(super::runner::Runner::Pod(pod)) => {
-                super::runner::pod_took_jit(agent, journal, &pod)
-                    .await
-                    .is_ok_and(|took| !took)
-            }
-            _ => true,
-        };
-    }
-    match runtime_of(journal).map(|r| identity_file::read(&r)) {
-        None | Some(Ok(None)) => true,
-        Some(Ok(Some(id))) => NativeProvider(agent.launcher.as_ref())
-            .inspect(&id)
-            .await
-            .is_ok_and(|i| !i.is_alive()),
-        Some(Err(_)) => false,
+    let provider = agent.providers.of(a.spec.snapshot.execution.mode);
+    let ns = a.metadata.namespace.as_deref().unwrap_or_default();
+    let runtime = runtime_of(journal);
+    match provider.handover(ns, journal, runtime.as_deref()).await {
+        Handover::NotTaken => true,
+        Handover::Runner { alive, .. } => !alive,
+        Handover::Unreadable | Handover::Unknown(_) => false,
     }
 }
