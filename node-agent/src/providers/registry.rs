@@ -1,14 +1,17 @@
 //! The agent's providers, one of each kind, and the one place that picks one (issue 30 item 3):
-//! by an attempt's execution mode, or by the identity its journal holds for a started runner.
+//! by the attempt's execution mode. The mode is in the attempt's snapshot and never changes,
+//! while an identity kind may be shared (a pod and a microVM would both journal an environment
+//! identity), so the mode is the key, and the identity each mode journals is the journal's rule
+//! (`crds::attempt`).
 //! Every kind is here for supervision and cleanup even when the agent does not offer it for new
 //! attempts (an agent restarted without `--oci` still watches and destroys the runner pods an
 //! earlier run started; a node whose runner sandbox was not proven still stops its native
 //! runners): what it offers is [`Providers::offers`].
 //!
-//! Adding a kind: its module implementing [`Provider`], its `ExecutionMode`, and one line in
-//! [`Providers::of`] (docs/architecture.md, "Adding a provider").
+//! Adding a kind: its module implementing [`Provider`], its `ExecutionMode`, and a line in
+//! [`Providers::of`] and [`Providers::offers`] (docs/architecture.md, "Adding a provider").
 
-use runner_manager_crds::attempt::{AttemptSnapshot, StartedIdentity};
+use runner_manager_crds::attempt::AttemptSnapshot;
 use runner_manager_crds::policy::ExecutionMode;
 
 use super::launcher::RunnerLauncher;
@@ -58,14 +61,6 @@ impl Providers {
         match mode {
             ExecutionMode::Native => &self.native,
             ExecutionMode::Oci => &self.oci,
-        }
-    }
-
-    /// The provider whose runner a journal's identity names.
-    pub fn of_started(&self, identity: &StartedIdentity) -> &dyn Provider {
-        match identity {
-            StartedIdentity::Process(_) => &self.native,
-            StartedIdentity::Environment(_) => &self.oci,
         }
     }
 
