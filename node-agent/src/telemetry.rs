@@ -81,8 +81,8 @@ mod tests {
 
     #[test]
     fn workflow_controlled_fields_never_reach_the_log() {
-        // The one check both binaries run on their own list (telemetry::allow::check_list).
-        runner_manager_telemetry::allow::check_list(ALLOWED_FIELDS).unwrap();
+        // The one check both binaries run on their own list (telemetry::testing::check_list).
+        runner_manager_telemetry::testing::check_list(ALLOWED_FIELDS).unwrap();
     }
 
     /// Every field name the agent's source gives a log line or span is on [`ALLOWED_FIELDS`]:

@@ -23,6 +23,7 @@ pub mod allow;
 pub mod exposition;
 pub mod fields;
 pub mod spans;
+pub mod testing;
 
 /// The stderr (or `writer`) log layer: text or JSON, fields on `allowed` only.
 pub fn log_layer<S, W>(

@@ -1,7 +1,8 @@
 //! A scripted node agent: a test double for the operator's tests, standing in for the real agent
 //! until the end-to-end issue runs it. For one simulated node it publishes the agent Lease with
 //! the `crds::lease::AgentAdvert` annotations, and takes the agent's edges on the node's attempts
-//! with `runner_manager_node_agent::journal::advance` as `Actor::Agent`: admit (or reject),
+//! with `runner_manager_node_agent::journal::Journal::advance` (a journal without a watched
+//! store: it reads before it writes) as `Actor::Agent`: admit (or reject),
 //! prepare, ask the real broker for the JIT with the node's bound token (the broker takes
 //! `Prepared → JitReceived` and registers the runner at the fake GitHub), start with a made-up
 //! process identity, register idle, take a job the operator reports, and conclude and clean on a
@@ -326,22 +327,23 @@ impl Agent {
         }
         let api = Api::<RunnerAttempt>::namespaced(self.kube.clone(), &ns);
         let script = script.clone();
-        let written = journal::advance(&api, &name, Actor::Agent, |current| {
-            if script.finish_idle
-                && state(current) == AttemptState::Idle
-                && current.spec.termination.is_none()
-            {
-                return Decision::TakePath(vec![
-                    Transition::AssignJob,
-                    Transition::Conclude(Outcome::CompletedJob),
-                ]);
-            }
-            match self.decide(&script, current) {
-                Some(t) => Decision::Take(t),
-                None => Decision::Nothing,
-            }
-        })
-        .await;
+        let written = journal::Journal::default()
+            .advance(&api, &name, Actor::Agent, |current| {
+                if script.finish_idle
+                    && state(current) == AttemptState::Idle
+                    && current.spec.termination.is_none()
+                {
+                    return Decision::TakePath(vec![
+                        Transition::AssignJob,
+                        Transition::Conclude(Outcome::CompletedJob),
+                    ]);
+                }
+                match self.decide(&script, current) {
+                    Some(t) => Decision::Take(t),
+                    None => Decision::Nothing,
+                }
+            })
+            .await;
         if let Ok(Some(_)) = written {
             *self.writes.lock().unwrap_or_else(PoisonError::into_inner) += 1;
         }

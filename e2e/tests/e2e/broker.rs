@@ -235,12 +235,13 @@ impl World {
         let mut current = created;
         for t in steps {
             let mut t = Some(t);
-            current = journal::advance(&self.attempts(), &name, Actor::Agent, |_| {
-                t.take().map_or(Decision::Nothing, Decision::Take)
-            })
-            .await
-            .unwrap()
-            .unwrap();
+            current = journal::Journal::default()
+                .advance(&self.attempts(), &name, Actor::Agent, |_| {
+                    t.take().map_or(Decision::Nothing, Decision::Take)
+                })
+                .await
+                .unwrap()
+                .unwrap();
         }
         current
     }
@@ -694,13 +695,14 @@ async fn a_concurrent_status_write_is_retried_and_a_concluded_attempt_gets_nothi
     let runner = runner_name(attempt.spec.attempt_uuid().unwrap());
     let (status, body) = w
         .ask_while_minting(&attempt, &token, async {
-            journal::advance(&w.attempts(), &name, Actor::Agent, |_| {
-                Decision::Take(Transition::Conclude(Outcome::Failed(
-                    FailureReason::JitRequestFailed,
-                )))
-            })
-            .await
-            .unwrap();
+            journal::Journal::default()
+                .advance(&w.attempts(), &name, Actor::Agent, |_| {
+                    Decision::Take(Transition::Conclude(Outcome::Failed(
+                        FailureReason::JitRequestFailed,
+                    )))
+                })
+                .await
+                .unwrap();
         })
         .await;
     assert_eq!((status, code(&body)), (409, "NotPrepared"), "{body}");

@@ -61,9 +61,12 @@ impl ApiVerb {
 }
 
 /// The kube client of `config` with the counting layer.
-pub fn client(config: kube::Config) -> Result<Client, kube::Error> {
-    let counting = tower::util::MapRequestLayer::new(|r: axum::http::Request<Body>| {
-        super::metrics::global().api_request(ApiVerb::of(r.method(), r.uri().query()).as_str());
+pub fn client(
+    config: kube::Config,
+    metrics: std::sync::Arc<super::metrics::AgentMetrics>,
+) -> Result<Client, kube::Error> {
+    let counting = tower::util::MapRequestLayer::new(move |r: axum::http::Request<Body>| {
+        metrics.api_request(ApiVerb::of(r.method(), r.uri().query()).as_str());
         r
     });
     Ok(ClientBuilder::try_from(config)?

@@ -8,16 +8,16 @@
 
 use std::path::PathBuf;
 
-use kube::api::Api;
 use runner_manager_crds::attempt::{AttemptJournal, RunnerAttempt, Transition};
 use runner_manager_crds::lease::RecoveryBlocked;
 use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::recovery::RecoveryTimeouts;
 use runner_manager_crds::state::{Actor, AttemptState};
 
+pub use super::attempts::Attempts;
 use super::edges::conclusion_edges;
 use super::rebuild::state_of;
-use crate::journal::{self, Decision, JournalError};
+use crate::journal::{Decision, JournalError};
 
 /// What a step came to.
 #[derive(Debug, PartialEq, Eq)]
@@ -47,7 +47,7 @@ pub enum StepError {
 /// reconcile from the object the step reads.
 #[derive(Clone)]
 pub struct AttemptCtx {
-    api: Api<RunnerAttempt>,
+    api: Attempts,
     pub uid: String,
     pub name: String,
     pub namespace: String,
@@ -63,11 +63,12 @@ impl std::fmt::Debug for AttemptCtx {
 }
 
 impl AttemptCtx {
-    /// The context of `a`; an object without uid, name or namespace cannot be acted on.
-    pub fn of(kube: &kube::Client, a: &RunnerAttempt) -> Result<Self, StepError> {
+    /// The context of `a` (`all`: the agent's attempts of every namespace, for their journal
+    /// and metrics); an object without uid, name or namespace cannot be acted on.
+    pub fn of(all: &Attempts, a: &RunnerAttempt) -> Result<Self, StepError> {
         let (uid, name, namespace) = names(a)?;
         Ok(Self {
-            api: Api::namespaced(kube.clone(), &namespace),
+            api: all.in_namespace(&namespace),
             uid,
             name,
             namespace,
@@ -75,7 +76,7 @@ impl AttemptCtx {
     }
 
     /// The attempts of this attempt's namespace (for the stages that take `api`).
-    pub fn api(&self) -> &Api<RunnerAttempt> {
+    pub fn api(&self) -> &Attempts {
         &self.api
     }
 
@@ -137,11 +138,7 @@ pub fn runtime_of(journal: &AttemptJournal) -> Option<PathBuf> {
 /// Concludes with `outcome` along the edges the table allows, in one CAS (no effect lies between
 /// them: `AssignJob` then `CompleteJob` for a runner that took its job and exited before its job
 /// was journalled is one write, not two), unless the attempt is already concluded.
-pub async fn conclude(
-    api: &Api<RunnerAttempt>,
-    name: &str,
-    outcome: Outcome,
-) -> Result<(), StepError> {
+pub async fn conclude(api: &Attempts, name: &str, outcome: Outcome) -> Result<(), StepError> {
     conclude_via(api, name, None, outcome).await
 }
 
@@ -151,28 +148,30 @@ pub async fn conclude(
 /// alone; a crash leaves the attempt before all of them or after all of them, and no effect of
 /// the agent's lies between them, so no recovery boundary is hidden.
 pub async fn conclude_via(
-    api: &Api<RunnerAttempt>,
+    api: &Attempts,
     name: &str,
     via: Option<(AttemptState, Transition)>,
     outcome: Outcome,
 ) -> Result<(), StepError> {
     // The state the conclusion started from: before `Starting`, it is a launch that failed.
     let mut from = None;
-    let written = journal::advance(api, name, Actor::Agent, |cur| {
-        let state = state_of(cur);
-        if state.is_terminal() {
-            return Decision::Nothing;
-        }
-        from.get_or_insert(state);
-        let path = conclusion_edges(
-            state,
-            cur.spec.snapshot.execution.mode,
-            via.as_ref(),
-            outcome,
-        );
-        Decision::TakePath(path)
-    })
-    .await?;
+    let written = api
+        .journal
+        .advance(api, name, Actor::Agent, |cur| {
+            let state = state_of(cur);
+            if state.is_terminal() {
+                return Decision::Nothing;
+            }
+            from.get_or_insert(state);
+            let path = conclusion_edges(
+                state,
+                cur.spec.snapshot.execution.mode,
+                via.as_ref(),
+                outcome,
+            );
+            Decision::TakePath(path)
+        })
+        .await?;
     if written.is_some_and(|a| state_of(&a).is_terminal()) {
         let launching = from.is_some_and(|s| {
             matches!(
@@ -184,7 +183,7 @@ pub async fn conclude_via(
                     | AttemptState::JitReceived
             )
         });
-        super::metrics::global().concluded(outcome, launching);
+        api.metrics.concluded(outcome, launching);
     }
     Ok(())
 }
@@ -192,7 +191,7 @@ pub async fn conclude_via(
 /// Takes the one edge `t` if the attempt is still in `from` (a CAS; a conflict is re-read and
 /// re-decided). Returns whether it was taken.
 pub async fn take(
-    api: &Api<RunnerAttempt>,
+    api: &Attempts,
     name: &str,
     from: AttemptState,
     t: Transition,
@@ -203,18 +202,20 @@ pub async fn take(
 /// [`take`], returning the attempt as written (what the next step of a launch decides on: the
 /// watch may not show the write yet).
 pub async fn take_written(
-    api: &Api<RunnerAttempt>,
+    api: &Attempts,
     name: &str,
     from: AttemptState,
     t: Transition,
 ) -> Result<Option<RunnerAttempt>, StepError> {
-    let taken = journal::advance(api, name, Actor::Agent, |cur| {
-        if state_of(cur) == from {
-            Decision::Take(t.clone())
-        } else {
-            Decision::Nothing
-        }
-    })
-    .await?;
+    let taken = api
+        .journal
+        .advance(api, name, Actor::Agent, |cur| {
+            if state_of(cur) == from {
+                Decision::Take(t.clone())
+            } else {
+                Decision::Nothing
+            }
+        })
+        .await?;
     Ok(taken)
 }

@@ -10,7 +10,7 @@
 //! journals `CleanupDeferred` and is tried again with backoff. Only then the workspace, and
 //! `Cleaned` from `Destroying`. Pods of another generation are not ours and are left alone.
 
-use kube::api::Api;
+use super::attempt_ctx::Attempts;
 use runner_manager_crds::attempt::{
     AttemptConditionType, AttemptJournal, AttemptReason, RunnerAttempt, StartedIdentity, Transition,
 };
@@ -47,11 +47,7 @@ pub fn diagnostics(a: &RunnerAttempt, journal: &AttemptJournal) -> String {
     )
 }
 
-pub async fn clean(
-    agent: &Agent,
-    api: &Api<RunnerAttempt>,
-    a: &RunnerAttempt,
-) -> Result<Step, StepError> {
+pub async fn clean(agent: &Agent, api: &Attempts, a: &RunnerAttempt) -> Result<Step, StepError> {
     let (uid, name, ns) = names(a)?;
     let journal = journal_of(a);
     let runtime = runtime_of(&journal);
@@ -88,7 +84,7 @@ pub async fn clean(
             })
             .await
     {
-        super::metrics::global().cleanup_deferred();
+        agent.metrics().cleanup_deferred();
         tracing::warn!(namespace = %ns, attempt = %name, "cleanup deferred: the runner is not proven stopped: {e}");
         return Ok(Step::Wait);
     }
@@ -151,8 +147,8 @@ pub async fn clean(
                     .cleanup_backoff()
                     .failed(&uid, std::time::Instant::now());
                 match condition {
-                    AttemptConditionType::Quarantined => super::metrics::global().quarantined(),
-                    _ => super::metrics::global().cleanup_deferred(),
+                    AttemptConditionType::Quarantined => agent.metrics().quarantined(),
+                    _ => agent.metrics().cleanup_deferred(),
                 }
                 tracing::warn!(
                     namespace = %ns, attempt = %name, "{}; next try in {}s",
@@ -169,14 +165,7 @@ pub async fn clean(
                 )
                 .await?;
                 if newly {
-                    events::warn(
-                        &agent.kube,
-                        &agent.node,
-                        a,
-                        EventReason::CleanupDeferred,
-                        unfinished.event,
-                    )
-                    .await;
+                    events::warn(agent, a, EventReason::CleanupDeferred, unfinished.event).await;
                 }
                 return Ok(Step::Wait);
             }
@@ -259,7 +248,7 @@ fn w_is_slot(journal: &AttemptJournal) -> bool {
 #[allow(clippy::too_many_arguments)]
 async fn destroy_journalled(
     agent: &Agent,
-    api: &Api<RunnerAttempt>,
+    api: &Attempts,
     a: &RunnerAttempt,
     journal: &AttemptJournal,
     provider: &dyn Provider,
@@ -313,7 +302,7 @@ async fn destroy_journalled(
             let retry = agent
                 .cleanup_backoff()
                 .failed(uid, std::time::Instant::now());
-            super::metrics::global().cleanup_deferred();
+            agent.metrics().cleanup_deferred();
             tracing::warn!(
                 namespace = %ns, attempt = %name, "cleanup deferred: the runner pod is not proven gone ({e}); next try in {}s",
                 retry.as_secs()
@@ -335,8 +324,7 @@ async fn destroy_journalled(
             .await?;
             if newly {
                 events::warn(
-                    &agent.kube,
-                    &agent.node,
+                    agent,
                     a,
                     EventReason::CleanupDeferred,
                     format!("the runner pod is not proven gone: {e}"),

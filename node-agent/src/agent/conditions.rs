@@ -4,9 +4,9 @@
 //! write, and only when they change, so a condition re-asserted on every retry is not a status
 //! write every retry.
 
+use super::attempt_ctx::Attempts;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Api;
 use runner_manager_crds::attempt::{AttemptConditionType, AttemptReason, RunnerAttempt};
 use runner_manager_crds::conditions::{Condition, ConditionStatus};
 use runner_manager_crds::state::Actor;
@@ -16,7 +16,7 @@ use runner_manager_crds::writer::{Decision, JournalError, JournalWriter};
 /// copy is re-read once it conflicts and the condition decided again on the fresh one). Returns
 /// whether anything was written.
 pub async fn set(
-    api: &Api<RunnerAttempt>,
+    api: &Attempts,
     a: &RunnerAttempt,
     type_: AttemptConditionType,
     status: ConditionStatus,
@@ -32,11 +32,11 @@ pub async fn set(
         observed_generation: a.metadata.generation,
     };
     let name = a.metadata.name.as_deref().unwrap_or_default();
-    let written = JournalWriter::new(api.clone(), Actor::Agent)
+    let written = JournalWriter::new((**api).clone(), Actor::Agent)
         .advance(name, Some(a), |_| Decision::Condition(new.clone()))
         .await?;
     if let Some(w) = &written {
-        crate::journal::record_written(w);
+        api.journal.record_written(w);
     }
     Ok(written.is_some())
 }

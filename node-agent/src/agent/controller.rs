@@ -214,7 +214,7 @@ impl Supervision {
         orphans::gone(&self.agent, uid, held);
         self.agent.gate.reconciled(uid);
         self.freshness.forget(uid);
-        crate::journal::forget_written(uid);
+        self.agent.attempts.journal.forget_written(uid);
         self.agent.advert_changed.notify_one();
     }
 
@@ -224,7 +224,7 @@ impl Supervision {
             // Its cleanup released everything: only the bookkeeping goes.
             let _ = self.book().gone(uid, None);
             self.freshness.forget(uid);
-            crate::journal::forget_written(uid);
+            self.agent.attempts.journal.forget_written(uid);
             return;
         }
         let decided = self.book().gone(uid, orphans::held_by(last));
@@ -329,7 +329,7 @@ pub async fn reconcile(
     ctx: Arc<Supervision>,
 ) -> Result<Action, ReconcileError> {
     let stage = stage_of(state_of(&a));
-    let attempt = AttemptCtx::of(&ctx.agent.kube, &a).map_err(|source| ReconcileError {
+    let attempt = AttemptCtx::of(&ctx.agent.attempts, &a).map_err(|source| ReconcileError {
         stage: ReconcileStage::Read,
         source,
     })?;
@@ -338,7 +338,7 @@ pub async fn reconcile(
         return Ok(Action::requeue(ctx.agent.poll));
     }
     // Never a copy older than the agent's own last write of it.
-    let written = crate::journal::last_written(&attempt.uid);
+    let written = ctx.agent.attempts.journal.last_written(&attempt.uid);
     if let Verdict::Behind(wait) = ctx.freshness.check(
         &attempt.uid,
         a.metadata.resource_version.as_deref(),
@@ -445,8 +445,7 @@ async fn blocked(ctx: &Supervision, attempt: &AttemptCtx, a: &RunnerAttempt, why
         }
     };
     events::warn(
-        &agent.kube,
-        &agent.node,
+        agent,
         a,
         EventReason::RecoveryBlocked,
         format!(
@@ -460,7 +459,7 @@ async fn blocked(ctx: &Supervision, attempt: &AttemptCtx, a: &RunnerAttempt, why
 /// A failed reconcile: counted by stage, logged, and tried again after the attempt's backoff
 /// (an event on the attempt reconciles it sooner).
 pub fn error_policy(a: Arc<RunnerAttempt>, e: &ReconcileError, ctx: Arc<Supervision>) -> Action {
-    super::metrics::global().reconcile_failed(e.stage);
+    ctx.agent.metrics().reconcile_failed(e.stage);
     let failures = match a.metadata.uid.as_deref() {
         Some(uid) => {
             let mut book = ctx.book();
@@ -490,7 +489,7 @@ pub async fn run(agent: Arc<Agent>) {
     let selector = format!("{NODE_LABEL}={}", agent.node);
     let (store, writer) = reflector::store();
     // Journal writes are decided on the same copies the reconciles read.
-    crate::journal::decide_on_watched(store.clone());
+    agent.attempts.journal.decide_on_watched(store.clone());
     let ctx = Arc::new(Supervision::new(agent, store.clone()));
     let mut view = NodeView {
         ctx: Arc::clone(&ctx),

@@ -1,43 +1,33 @@
 //! Events on attempts, for what a person must see (a blocked recovery, a quarantined slot).
 //! Reasons are a closed vocabulary; messages carry ids and kinds, never workflow-chosen names.
 
-use std::sync::OnceLock;
-
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use runner_manager_crds::attempt::RunnerAttempt;
+
+use super::node::Agent;
 
 pub use super::labels::EventReason;
 
 /// The agent's Event recorder (events.k8s.io/v1 through kube's `Recorder`: repeats of one
 /// Event on one object become a series instead of new objects). The reporting controller is
-/// `runner-manager-node-agent`, the instance the node.
-/// One per process: the agent has one client.
-pub fn recorder(kube: &kube::Client, node: &str) -> &'static Recorder {
-    static RECORDER: OnceLock<Recorder> = OnceLock::new();
-    RECORDER.get_or_init(|| {
-        Recorder::new(
-            kube.clone(),
-            Reporter {
-                controller: "runner-manager-node-agent".into(),
-                instance: Some(node.to_owned()),
-            },
-        )
-    })
+/// `runner-manager-node-agent`, the instance the node. One per agent, in its `Agent`.
+pub fn recorder(kube: &kube::Client, node: &str) -> Recorder {
+    Recorder::new(
+        kube.clone(),
+        Reporter {
+            controller: "runner-manager-node-agent".into(),
+            instance: Some(node.to_owned()),
+        },
+    )
 }
 
 /// Emits a Warning event on `attempt`. Best effort: an event that cannot be written is logged.
-pub async fn warn(
-    kube: &kube::Client,
-    node: &str,
-    attempt: &RunnerAttempt,
-    reason: EventReason,
-    message: String,
-) {
+pub async fn warn(agent: &Agent, attempt: &RunnerAttempt, reason: EventReason, message: String) {
     if attempt.metadata.namespace.is_none() {
         return;
     }
-    super::metrics::global().event(reason.as_str());
+    agent.metrics().event(reason.as_str());
     let event = Event {
         type_: EventType::Warning,
         reason: reason.as_str().into(),
@@ -45,10 +35,7 @@ pub async fn warn(
         action: reason.as_str().into(),
         secondary: None,
     };
-    if let Err(e) = recorder(kube, node)
-        .publish(&event, &attempt.object_ref(&()))
-        .await
-    {
+    if let Err(e) = agent.events.publish(&event, &attempt.object_ref(&())).await {
         tracing::warn!(
             reason = reason.as_str(),
             "event {} not written: {e}",

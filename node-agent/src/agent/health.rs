@@ -15,7 +15,7 @@ use axum::routing::get;
 use runner_manager_telemetry::exposition;
 use tokio::net::TcpListener;
 
-use super::metrics::{self, Now};
+use super::metrics::Now;
 use super::node::Agent;
 
 /// What readiness needs, as of now.
@@ -54,7 +54,7 @@ fn readiness(agent: &Agent) -> Readiness {
     Readiness {
         // The fence is taken before the listener starts and given up only as the process ends.
         fence_held: true,
-        lease_age: super::lease::last_renewed().map(|t| t.elapsed()),
+        lease_age: agent.last_renewed().map(|t| t.elapsed()),
         heartbeat: agent.heartbeat,
         recovery_complete: agent.gate.is_complete(),
         // The launcher is set up before the listener starts; a launcher that cannot be set up
@@ -109,7 +109,7 @@ pub async fn serve(
                     // OpenMetrics, or the Prometheus text format when the client asks for it.
                     let accept = headers.get(header::ACCEPT).and_then(|a| a.to_str().ok());
                     let (content_type, body) =
-                        exposition::answer(accept, metrics::global().encode(&now(&agent)));
+                        exposition::answer(accept, agent.metrics().encode(&now(&agent)));
                     ([(header::CONTENT_TYPE, content_type)], body).into_response()
                 }
             }),

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use tracing::Instrument;
 
-use kube::api::Api;
+use super::attempt_ctx::Attempts;
 use runner_manager_crds::attempt::{
     AttemptConditionType, AttemptReason, EnvironmentIdentity, LaunchTimings, RunnerAttempt,
     StartedIdentity, Transition, WorkspacePlacement, spec_hash,
@@ -41,7 +41,7 @@ use super::placeholder::Refusal;
 use super::rebuild::{journal_of, owner_of, state_of};
 use crate::account::RunnerAccount;
 use crate::broker_client::JitAnswer;
-use crate::journal::{self, Decision};
+use crate::journal::Decision;
 use crate::packages::cache::{PackageError, PackageRefusal};
 use crate::packages::{PackageRef, RuntimeKind};
 use crate::process::environment::{EnvironmentLayers, layered_environment};
@@ -147,7 +147,7 @@ impl From<LaunchFailure> for Halt {
 /// The one place a launch failure becomes the attempt's outcome: said at warn, then concluded
 /// (with the step timings, once a JIT was asked for).
 async fn settle(
-    api: &Api<RunnerAttempt>,
+    api: &Attempts,
     ns: &str,
     name: &str,
     staged: Result<(), Halt>,
@@ -211,18 +211,14 @@ fn launch_span(agent: &Agent, a: &RunnerAttempt, what: &'static str) -> tracing:
 /// Admission and the whole launch of a `Pending` attempt.
 pub async fn admit_and_launch(
     agent: &Agent,
-    api: &Api<RunnerAttempt>,
+    api: &Attempts,
     a: &RunnerAttempt,
 ) -> Result<(), StepError> {
     let span = launch_span(agent, a, "launch");
     launch_steps(agent, api, a).instrument(span).await
 }
 
-async fn launch_steps(
-    agent: &Agent,
-    api: &Api<RunnerAttempt>,
-    a: &RunnerAttempt,
-) -> Result<(), StepError> {
+async fn launch_steps(agent: &Agent, api: &Attempts, a: &RunnerAttempt) -> Result<(), StepError> {
     let (uid, name, ns) = names(a)?;
     let snapshot = &a.spec.snapshot;
     let usable = admission::usable(snapshot, agent.providers.admits(snapshot))
@@ -233,8 +229,7 @@ async fn launch_steps(
         tracing::warn!(namespace = %ns, attempt = %name, "rejected ({reason:?})");
         conclude(api, &name, Outcome::Rejected(reason)).await?;
         events::warn(
-            &agent.kube,
-            &agent.node,
+            agent,
             a,
             EventReason::Rejected,
             format!("the node agent rejected the attempt: {reason:?}"),
@@ -258,7 +253,7 @@ async fn launch_steps(
 /// start → `Starting`.
 async fn prepare_and_start(
     agent: &Agent,
-    api: &Api<RunnerAttempt>,
+    api: &Attempts,
     a: &RunnerAttempt,
     uid: &str,
     name: &str,
@@ -396,7 +391,7 @@ async fn prepare_and_start(
 /// the provider makes (the pod, running its entry helper), then `Preparing → Prepared` with its
 /// identity.
 async fn prepare_journalled(
-    api: &Api<RunnerAttempt>,
+    api: &Attempts,
     a: &RunnerAttempt,
     name: &str,
     provider: &dyn Provider,
@@ -439,7 +434,7 @@ async fn prepare_journalled(
 /// the flag that raises it; other package failures (download, disk) say it in the log only.
 async fn package_refused(
     agent: &Agent,
-    api: &Api<RunnerAttempt>,
+    api: &Attempts,
     a: &RunnerAttempt,
     e: &PackageError,
 ) -> Result<(), StepError> {
@@ -458,14 +453,7 @@ async fn package_refused(
         e.to_string(),
     )
     .await?;
-    events::warn(
-        &agent.kube,
-        &agent.node,
-        a,
-        EventReason::PackageRefused,
-        e.to_string(),
-    )
-    .await;
+    events::warn(agent, a, EventReason::PackageRefused, e.to_string()).await;
     Ok(())
 }
 
@@ -474,7 +462,7 @@ async fn package_refused(
 /// the CAS.
 async fn allocate(
     agent: &Agent,
-    api: &Api<RunnerAttempt>,
+    api: &Attempts,
     a: &RunnerAttempt,
     name: &str,
     ns: &str,
@@ -575,7 +563,7 @@ fn millis(since: Instant) -> u64 {
 /// on disk (and, OCI, its pod is journalled), so it goes on from the one JIT request.
 pub async fn resume_prepared(
     agent: &Agent,
-    api: &Api<RunnerAttempt>,
+    api: &Attempts,
     a: &RunnerAttempt,
 ) -> Result<(), StepError> {
     let span = launch_span(agent, a, "launch.resume");
@@ -657,25 +645,27 @@ pub async fn resume_prepared(
 /// in `status.launch` in the same CAS (steps never reached read 0), and says so at warn: a failed
 /// launch reports how long it took as a started one does (parity row 21).
 async fn conclude_launch(
-    api: &Api<RunnerAttempt>,
+    api: &Attempts,
     ns: &str,
     name: &str,
     outcome: Outcome,
     timings: &LaunchTimings,
 ) -> Result<(), StepError> {
-    let written = journal::advance_with_launch(api, name, Actor::Agent, timings, |cur| {
-        let state = state_of(cur);
-        if state.is_terminal() {
-            return Decision::Nothing;
-        }
-        super::edges::conclusion_path(state, outcome)
-            .into_iter()
-            .next()
-            .map_or(Decision::Nothing, Decision::Take)
-    })
-    .await?;
+    let written = api
+        .journal
+        .advance_with_launch(api, name, Actor::Agent, timings, |cur| {
+            let state = state_of(cur);
+            if state.is_terminal() {
+                return Decision::Nothing;
+            }
+            super::edges::conclusion_path(state, outcome)
+                .into_iter()
+                .next()
+                .map_or(Decision::Nothing, Decision::Take)
+        })
+        .await?;
     if written.is_some() {
-        super::metrics::global().concluded(outcome, true);
+        api.metrics.concluded(outcome, true);
     }
     tracing::warn!(
         namespace = %ns, attempt = %name, "launch failed (materialize {} ms, prepare {} ms, register {} ms, spawn {} ms, downloaded {}): {outcome:?}",
@@ -694,7 +684,7 @@ async fn conclude_launch(
 #[allow(clippy::too_many_arguments)]
 async fn request_and_start(
     agent: &Agent,
-    api: &Api<RunnerAttempt>,
+    api: &Attempts,
     current: &RunnerAttempt,
     name: &str,
     ns: &str,
@@ -778,17 +768,18 @@ async fn request_and_start(
     })?;
     fault::at(Boundary::AfterSpawnBeforeStarting);
     let start = Transition::Start { identity };
-    journal::advance_with_launch(api, name, Actor::Agent, &timings, |cur| {
-        if state_of(cur) == AttemptState::JitReceived {
-            Decision::Take(start.clone())
-        } else {
-            Decision::Nothing
-        }
-    })
-    .instrument(tracing::info_span!("journal_started"))
-    .await
-    .map_err(|e| Halt::Step(e.into()))?;
-    super::metrics::global().launch_started(&timings);
+    api.journal
+        .advance_with_launch(api, name, Actor::Agent, &timings, |cur| {
+            if state_of(cur) == AttemptState::JitReceived {
+                Decision::Take(start.clone())
+            } else {
+                Decision::Nothing
+            }
+        })
+        .instrument(tracing::info_span!("journal_started"))
+        .await
+        .map_err(|e| Halt::Step(e.into()))?;
+    agent.metrics().launch_started(&timings);
     if is_slow(&timings) {
         tracing::warn!(
             namespace = %ns, attempt = %name, "started slowly (materialize {} ms, prepare {} ms, register {} ms, spawn {} ms, downloaded {})",

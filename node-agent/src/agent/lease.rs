@@ -19,16 +19,9 @@ use crate::workspace::slot_table::SlotKey;
 
 const FIELD_MANAGER: &str = "runner-manager-node-agent";
 
-static LAST_RENEWED: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
-
-fn renewed() {
-    super::metrics::global().lease_renewal(true);
-    *LAST_RENEWED.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
-}
-
-/// When this process last renewed its node Lease (readiness and the heartbeat-age gauge).
-pub fn last_renewed() -> Option<std::time::Instant> {
-    *LAST_RENEWED.lock().unwrap_or_else(|p| p.into_inner())
+fn renewed(agent: &Agent) {
+    agent.metrics().lease_renewal(true);
+    *agent.last_renewed.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
 }
 
 /// Renews the Lease until the process ends; an advert change renews at once.
@@ -41,17 +34,17 @@ pub async fn heartbeat(agent: Arc<Agent>) {
         let advert = agent.advert();
         match renew(&api, &name, &holder, agent.heartbeat.as_secs(), &advert).await {
             Ok(()) if failing => {
-                renewed();
+                renewed(&agent);
                 tracing::info!("lease renewed again");
                 failing = false;
             }
-            Ok(()) => renewed(),
+            Ok(()) => renewed(&agent),
             Err(e) if !failing => {
-                super::metrics::global().lease_renewal(false);
+                agent.metrics().lease_renewal(false);
                 tracing::warn!("lease renewal failed: {e}");
                 failing = true;
             }
-            Err(_) => super::metrics::global().lease_renewal(false),
+            Err(_) => agent.metrics().lease_renewal(false),
         }
         tokio::select! {
             () = tokio::time::sleep(agent.heartbeat) => {}

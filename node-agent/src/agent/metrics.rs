@@ -7,7 +7,6 @@
 //! launch, the conclusion, cleanup, Events); the gauges that describe the agent now (slots,
 //! recovery gate, heartbeat age, package cache) are set from the agent at each scrape.
 
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -107,16 +106,16 @@ pub struct AgentMetrics {
     started: Instant,
 }
 
+impl Default for AgentMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl std::fmt::Debug for AgentMetrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AgentMetrics").finish_non_exhaustive()
     }
-}
-
-/// The process's metrics.
-pub fn global() -> &'static AgentMetrics {
-    static METRICS: OnceLock<AgentMetrics> = OnceLock::new();
-    METRICS.get_or_init(AgentMetrics::new)
 }
 
 /// What the agent is now, set at each scrape.
@@ -133,7 +132,7 @@ pub struct Now {
 }
 
 impl AgentMetrics {
-    fn new() -> Self {
+    pub fn new() -> Self {
         let mut registry = Registry::with_prefix("runner_manager_agent");
         // The span export path's counts (the process's one tracer provider).
         runner_manager_telemetry::spans::register(&mut registry);

@@ -11,6 +11,7 @@ pub mod accounts;
 pub mod admission;
 pub mod api_requests;
 pub mod attempt_ctx;
+pub mod attempts;
 pub mod cleanup;
 pub mod conditions;
 pub mod controller;
@@ -255,7 +256,11 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
     let config = kube::Config::infer()
         .await
         .map_err(|e| AgentError::KubeConfig(e.to_string()))?;
-    let kube = api_requests::client(config).map_err(|e| AgentError::KubeConfig(e.to_string()))?;
+    // The agent's metrics and journal context live in its `Agent` (no process statics); the
+    // client counts its requests into the same metrics.
+    let metrics = Arc::new(metrics::AgentMetrics::new());
+    let kube = api_requests::client(config, Arc::clone(&metrics))
+        .map_err(|e| AgentError::KubeConfig(e.to_string()))?;
     let helper = entry_helper(&cli)?;
     let mut native_refused = None;
     let launcher: Box<dyn RunnerLauncher> = match cli.launcher {
@@ -310,7 +315,7 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         materializer.as_str(),
         cli.materialize
     );
-    metrics::global().materializer(materializer);
+    metrics.materializer(materializer);
     let packages = PackageCache::new(cli.host_root.join("packages"), downloader)
         .map_err(|e| AgentError::Packages(format!("{:?}", e.kind())))?
         .with_materializer(materializer)
@@ -360,6 +365,13 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
             },
             cli.oci,
         ),
+        attempts: attempts::Attempts::new(
+            kube::Api::all(kube.clone()),
+            Arc::new(crate::journal::Journal::default()),
+            Arc::clone(&metrics),
+        ),
+        events: events::recorder(&kube, &cli.node_name),
+        last_renewed: Mutex::new(None),
         kube,
         pod_watch,
         foreign_pods: Arc::default(),

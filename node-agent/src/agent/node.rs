@@ -41,6 +41,12 @@ pub struct Agent {
     /// The runner providers, one of each kind, and what is offered for new attempts: the launch,
     /// supervision, cleanup and admission reach a runner only through them.
     pub providers: crate::providers::Providers,
+    /// The node's attempts, with the journal context and the metrics every write goes with.
+    pub attempts: super::attempts::Attempts,
+    /// The Event recorder (`events::warn`).
+    pub events: kube::runtime::events::Recorder,
+    /// When the node Lease was last renewed (readiness, the heartbeat-age gauge).
+    pub(super) last_renewed: Mutex<Option<std::time::Instant>>,
     /// The agent's pods on its node (runner pods, placeholders), watched; run by the
     /// controller when the agent makes pods (`--oci` or placeholders).
     pub pod_watch: std::sync::Arc<crate::pod_watch::PodWatch>,
@@ -90,6 +96,13 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Agent {
+    pub fn metrics(&self) -> &super::metrics::AgentMetrics {
+        &self.attempts.metrics
+    }
+    /// When this agent last renewed its node Lease.
+    pub fn last_renewed(&self) -> Option<std::time::Instant> {
+        *lock(&self.last_renewed)
+    }
     pub fn book(&self) -> MutexGuard<'_, CapacityBook> {
         lock(&self.book)
     }

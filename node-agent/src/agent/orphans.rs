@@ -114,7 +114,7 @@ pub async fn sweep(agent: &Agent, claims: &(dyn Fn() -> BTreeSet<String> + Sync)
             names.into_iter().collect::<Vec<_>>().join(",")
         );
         for (kind, _) in &report.removed {
-            super::metrics::global().orphan_removed(*kind);
+            agent.metrics().orphan_removed(*kind);
         }
     }
     report

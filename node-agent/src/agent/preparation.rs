@@ -12,8 +12,7 @@
 
 use std::time::Instant;
 
-use kube::api::Api;
-use runner_manager_crds::attempt::RunnerAttempt;
+use super::attempt_ctx::Attempts;
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 /// The default number of launches that may prepare at once: the default capacity, so a node
@@ -80,11 +79,11 @@ impl Drop for Turn<'_> {
 /// Whether the launch of attempt `uid` (`name` in `api`'s namespace) is still wanted, as the
 /// watch shows it now: the same object, not being deleted, no termination requested. Asked by a
 /// launch waiting for its package (parity row 48). Without a watch (a unit test) it is wanted.
-pub fn still_wanted(api: &Api<RunnerAttempt>, name: &str, uid: &str) -> bool {
-    if !crate::journal::is_watching() {
+pub fn still_wanted(api: &Attempts, name: &str, uid: &str) -> bool {
+    if !api.journal.is_watching() {
         return true;
     }
-    crate::journal::watched(api, name).is_some_and(|a| {
+    api.journal.watched(api, name).is_some_and(|a| {
         a.metadata.uid.as_deref() == Some(uid)
             && a.metadata.deletion_timestamp.is_none()
             && a.spec.termination.is_none()

@@ -57,7 +57,7 @@ pub async fn after_launch(agent: &Agent, current: &str) -> PruneResult {
             PruneResult::Failed
         }
     };
-    super::metrics::global().package_prune(result);
+    agent.metrics().package_prune(result);
     result
 }
 

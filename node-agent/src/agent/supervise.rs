@@ -73,8 +73,7 @@ pub async fn step(
         let (name, ns) = (&ctx.name, &ctx.namespace);
         tracing::warn!(namespace = %ns, attempt = %name, "the spec changed after admission; refusing to act on it");
         events::warn(
-            &agent.kube,
-            &agent.node,
+            agent,
             a,
             EventReason::SpecChanged,
             "the attempt's spec no longer matches the hash recorded at admission; the agent only stops and concludes it".to_owned(),
@@ -388,14 +387,7 @@ async fn keep_placeholder(
         }
     };
     memory.placeholder_retry = Some(now + placeholder::KEEP_RETRY);
-    events::warn(
-        &agent.kube,
-        &agent.node,
-        a,
-        EventReason::PlaceholderLost,
-        message,
-    )
-    .await;
+    events::warn(agent, a, EventReason::PlaceholderLost, message).await;
 }
 
 /// A decision deferred because GitHub did not answer. While the node recovers this keeps

@@ -2,7 +2,7 @@
 //! on. The agent reads attempts only from its watch (no API read per attempt), and the watch
 //! lags behind the agent's own writes: under load a launch's `MarkPrepared` was once decided on
 //! a copy still `Pending` and skipped. So a reconcile never steps on a copy older than the
-//! agent's own last write of that attempt (`journal::last_written`).
+//! agent's own last write of that attempt (`Journal::last_written`).
 //!
 //! resourceVersions are opaque: only the order in which the watch shows them says which copy is
 //! newer. [`Freshness`] remembers, per attempt, the last versions the watch showed (in order,
