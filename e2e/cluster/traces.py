@@ -20,6 +20,7 @@ OPERATOR = "runner-manager-operator"
 AGENT = "runner-manager-node-agent"
 # The agent's steps under its launch (docs/observability.md's table).
 STEPS = ["admit", "materialize", "prepare", "register", "spawn", "journal_started"]  # and "placeholder" when placeholders are on
+RESUMED_STEPS = ["register", "spawn", "journal_started"]
 
 
 def value(v):
@@ -93,7 +94,12 @@ def joined(spans, attempt):
                 and s["attrs"].get("attempt.uid") == uid]
     if not launches:
         raise Check(f"attempt {ns}/{name} ({uid}): no agent launch span with its attempt.uid yet")
-    launch = launches[0]
+    # The launch that started the runner (`journal_started` under it). An agent restarted at
+    # `Prepared` resumes it (`launch.resume`: the JIT request and the start); the steps before
+    # are under the first agent's `launch`.
+    started = [l for l in launches
+               if any(s["name"] == "journal_started" and s["parent"] == l["id"] for s in spans)]
+    launch = (started or launches)[0]
     need(launch, {"attempt.uid": uid, "attempt.namespace": ns, "attempt.name": name, "node": None})
     trace = [s for s in spans if s["trace"] == launch["trace"]]
     by_id = {s["id"]: s for s in trace}
@@ -106,7 +112,10 @@ def joined(spans, attempt):
                  and s["attrs"].get("attempt.uid") == uid]
     if not exchanges:
         raise Check(f"attempt {ns}/{name}: no broker.exchange with its attempt.uid in trace {launch['trace']}")
-    ex = exchanges[0]
+    # The exchange that issued the JIT. A request its agent abandoned (the agent restarted while
+    # it was in flight) ends with no outcome, and the resumed launch asks again.
+    issued = [s for s in exchanges if s["attrs"].get("outcome") == "issued"]
+    ex = (issued or exchanges)[0]
     need(ex, {"attempt.namespace": ns, "attempt.name": name, "outcome": "issued"})
     if ex["parent"] != create["id"]:
         raise Check(f"attempt {ns}/{name}: broker.exchange's parent is {ex['parent']}, not runner.create {create['id']}")
@@ -114,14 +123,19 @@ def joined(spans, attempt):
              and s["attrs"].get("http.route", "").endswith("/actions/runners/generate-jitconfig")]
     if not mints:
         raise Check(f"attempt {ns}/{name}: no github.request for the JIT mint under broker.exchange")
-    need(mints[0], {"http.request.method": "POST", "github.endpoint": "generate_jitconfig",
+    # The mint that answered 201 (a retried mint first meets the registration a lost one left:
+    # 409, deleted, minted again).
+    minted = [m for m in mints if m["attrs"].get("http.response.status_code") == "201"]
+    need((minted or mints)[0], {"http.request.method": "POST", "github.endpoint": "generate_jitconfig",
                     "http.response.status_code": "201", "github.ratelimit.remaining": None})
     for s in trace:
         if s["name"] == "github.request" and re.search(r"[?]|//|acme|[0-9]{3,}", s["attrs"].get("http.route", "")):
             raise Check(f"github.request {s['id']}: http.route {s['attrs']['http.route']!r} is not a template")
-    for step in STEPS:
+    # A resumed launch holds the steps from the JIT request on; the rest are under the first.
+    steps = STEPS if launch["name"] == "launch" else RESUMED_STEPS
+    for step in steps:
         if not any(s["name"] == step and s["service"] == AGENT and s["parent"] == launch["id"] for s in trace):
-            raise Check(f"attempt {ns}/{name}: no agent span {step} under its launch {launch['id']}")
+            raise Check(f"attempt {ns}/{name}: no agent span {step} under its {launch['name']} {launch['id']}")
     return trace
 
 
@@ -145,12 +159,13 @@ def main(argv):
             spans = load(argv[2])
             found = []
             for s in spans:
-                if s["service"] == AGENT and s["name"] == "launch":
+                if s["service"] == AGENT and s["name"] in ("launch", "launch.resume"):
                     a = {"uid": s["attrs"].get("attempt.uid"), "namespace": s["attrs"].get("attempt.namespace"),
                          "name": s["attrs"].get("attempt.name")}
                     try:
                         joined(spans, a)
-                        found.append(f"{a['namespace']}/{a['name']}")
+                        if f"{a['namespace']}/{a['name']}" not in found:
+                            found.append(f"{a['namespace']}/{a['name']}")
                     except Check:
                         pass
             if not found:
