@@ -44,7 +44,7 @@ use crate::broker_client::JitAnswer;
 use crate::journal::Decision;
 use crate::packages::cache::{PackageError, PackageRefusal};
 use crate::packages::{PackageRef, RuntimeKind};
-use crate::process::environment::{EnvironmentLayers, layered_environment};
+use crate::process::environment::runner_environment;
 use crate::providers::cgroup::CgroupLimits;
 use crate::providers::oci::PodFailure;
 use crate::providers::oci::observe::Ended;
@@ -166,23 +166,12 @@ async fn settle(
     }
 }
 
-/// The runner's environment from the snapshot (the agent passes only `PATH` through).
+/// The runner's environment from the snapshot (the agent passes only its own `PATH` through).
 pub fn environment(
     snapshot_env: &BTreeMap<String, String>,
     runtime: &Path,
 ) -> Result<BTreeMap<String, String>, crate::process::environment::EnvironmentRefusal> {
-    let inherited = std::env::var("PATH")
-        .ok()
-        .map(|p| BTreeMap::from([("PATH".to_owned(), p)]))
-        .unwrap_or_default();
-    layered_environment(
-        &EnvironmentLayers {
-            inherited,
-            caches: BTreeMap::new(),
-            runner_env: snapshot_env.clone(),
-        },
-        runtime,
-    )
+    runner_environment(std::env::var("PATH").ok(), snapshot_env, runtime)
 }
 
 /// The span of one attempt's launch on this node: a child of the span the operator's

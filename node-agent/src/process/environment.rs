@@ -89,6 +89,26 @@ fn platform_defaults(inherited: &BTreeMap<String, String>) -> BTreeMap<String, S
     d
 }
 
+/// A runner listener's environment: the snapshot's `runner_env` over `PATH` alone (nothing
+/// else of the agent's passes through) — the agent's own `PATH` for a host process, the image's
+/// for a pod.
+pub fn runner_environment(
+    path: Option<String>,
+    runner_env: &BTreeMap<String, String>,
+    runtime: &Path,
+) -> Result<BTreeMap<String, String>, EnvironmentRefusal> {
+    layered_environment(
+        &EnvironmentLayers {
+            inherited: path
+                .map(|p| BTreeMap::from([("PATH".to_owned(), p)]))
+                .unwrap_or_default(),
+            caches: BTreeMap::new(),
+            runner_env: runner_env.clone(),
+        },
+        runtime,
+    )
+}
+
 /// The complete environment of the listener but for the JIT.
 pub fn layered_environment(
     layers: &EnvironmentLayers,

@@ -1,9 +1,9 @@
 //! The provider seam (DESIGN §12 "Provider seam", issue 30 item 3): how one attempt's runner is
 //! prepared, started, found after a crash, looked at, stopped and destroyed, whatever it is.
 //! [`Provider`] is object-safe: the agent holds one of each kind in its registry
-//! ([`super::registry::Providers`]), keyed on the attempt's execution mode and, for a started
-//! runner, on the journal's [`StartedIdentity`]; the launch, supervision, cleanup and admission
-//! reach a runner only through `&dyn Provider` and never name a kind. Native runners (a host
+//! ([`super::registry::Providers`]), keyed on the attempt's execution mode; the launch,
+//! supervision, cleanup and admission reach a runner only through `&dyn Provider` and never name
+//! a kind. Native runners (a host
 //! process, through the direct or systemd [`RunnerLauncher`]: [`NativeProvider`]) and OCI
 //! runners (a pod: [`super::oci::OciProvider`]) are the two; an attempt never falls back from
 //! one to the other.
@@ -12,14 +12,14 @@
 //! makes something before the JIT that outlives a crash ([`Preparation`]), whether its runner
 //! needs a placeholder pod beside it, how it hands the JIT over (and whether a failed start may
 //! be tried again), and what it finds of a runner handed its JIT before a crash
-//! ([`Handover`]). Adding a kind is one module implementing [`Provider`] and one line in the
-//! registry (docs/architecture.md, "Adding a provider").
+//! ([`Handover`]). Adding a kind is one module implementing [`Provider`] and a line in each of
+//! the registry's `of` and `offers`, beside its `ExecutionMode` and the journal's rule for it
+//! (docs/architecture.md, "Adding a provider").
 
 use std::collections::BTreeMap;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::pin::Pin;
 use std::process::ExitStatus;
 
 use runner_manager_crds::attempt::{
@@ -34,11 +34,11 @@ use super::launcher::{LaunchSpec, RunnerLauncher, StartError, StopError, Stopped
 use super::oci::{self, OciProvider, PodApi, PodFailure, PodRef, PreparedPod};
 use crate::account::RunnerAccount;
 use crate::handoff::RestrictiveHandoff;
-use crate::process::environment::{EnvironmentLayers, EnvironmentRefusal, layered_environment};
+use crate::process::environment::{EnvironmentRefusal, runner_environment};
 use crate::process::{Inspection, identity_file};
 
-/// A boxed future: what makes [`Provider`] object-safe.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+/// A boxed future (futures-util's): what makes [`Provider`] object-safe.
+pub use futures_util::future::BoxFuture;
 
 /// What supervision reads of one look at a started runner, whichever provider runs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,7 +112,7 @@ pub enum StartRefused {
 pub enum ProviderError {
     #[error("{0}")]
     Native(NativeFailure),
-    #[error("pod inspection failed: {0}")]
+    #[error("the runner pod: {0}")]
     Pod(PodFailure),
     /// The identity is another kind's (the registry picks by identity, so never in practice).
     #[error("the runner's identity is another provider's")]
@@ -436,14 +436,7 @@ pub fn pod_environment(
     snapshot_env: &BTreeMap<String, String>,
     runtime: &Path,
 ) -> Result<BTreeMap<String, String>, EnvironmentRefusal> {
-    layered_environment(
-        &EnvironmentLayers {
-            inherited: BTreeMap::from([("PATH".to_owned(), POD_PATH.to_owned())]),
-            caches: BTreeMap::new(),
-            runner_env: snapshot_env.clone(),
-        },
-        runtime,
-    )
+    runner_environment(Some(POD_PATH.to_owned()), snapshot_env, runtime)
 }
 
 /// An OCI snapshot names its image by digest: what runs is what was reviewed. Pure.
