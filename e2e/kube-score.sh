@@ -36,14 +36,7 @@ opts=(--ignore-container-cpu-limit
   --enable-optional-test container-seccomp-profile --enable-optional-test container-ports-check)
 
 [ -x "$RM_TOOLS_BIN/helm" ] || e2e/control-plane/install-tools.sh >/dev/null
-ks=$RM_TOOLS_BIN/kube-score
-# A `go install`ed kube-score prints "development" for `version`: its module version is in the
-# binary's build information instead.
-if [ "$(go version -m "$ks" 2>/dev/null | awk '$1 == "mod" { print $3 }')" != "v$KUBE_SCORE_VERSION" ]; then
-  mkdir -p "$RM_TOOLS_BIN"
-  (cd / && GOBIN="$RM_TOOLS_BIN" go install "github.com/zegl/kube-score/cmd/kube-score@v$KUBE_SCORE_VERSION") \
-    || die "could not build kube-score v$KUBE_SCORE_VERSION from its Go module (is the Go module proxy reachable? go env GOPROXY)"
-fi
+ks=$(e2e/go-tool.sh kube-score github.com/zegl/kube-score/cmd/kube-score "$KUBE_SCORE_VERSION")
 
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 sets=() # NAME|KUBERNETES VERSION|FILE...

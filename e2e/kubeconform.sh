@@ -26,14 +26,7 @@ crds=(charts/runner-manager/crds/*.yaml)
 everything_on=e2e/testdata/chart-everything-on.values.yaml
 
 [ -x "$RM_TOOLS_BIN/helm" ] || e2e/control-plane/install-tools.sh >/dev/null
-kc=$RM_TOOLS_BIN/kubeconform
-# A `go install`ed kubeconform prints "development" for -v: its module version is in the binary's
-# build information instead.
-if [ "$(go version -m "$kc" 2>/dev/null | awk '$1 == "mod" { print $3 }')" != "v$KUBECONFORM_VERSION" ]; then
-  mkdir -p "$RM_TOOLS_BIN"
-  (cd / && GOBIN="$RM_TOOLS_BIN" go install "github.com/yannh/kubeconform/cmd/kubeconform@v$KUBECONFORM_VERSION") \
-    || die "could not build kubeconform v$KUBECONFORM_VERSION from its Go module (is the Go module proxy reachable? go env GOPROXY)"
-fi
+kc=$(e2e/go-tool.sh kubeconform github.com/yannh/kubeconform/cmd/kubeconform "$KUBECONFORM_VERSION")
 
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for v in $KUBE_VERSIONS; do

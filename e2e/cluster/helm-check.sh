@@ -128,7 +128,7 @@ say "tinyproxy at $proxy (the chart's proxy.http and proxy.https)"
 # telemetry.otlpEndpoint), reached without the proxy (proxy.noProxy, as a collector in the
 # cluster is through .svc).
 otel_start
-say "OpenTelemetry Collector $("$("$root/e2e/otelcol/build.sh")" --version 2>/dev/null | awk '{print $NF}') at $otel_endpoint (the node's network namespace): the chart's telemetry.otlpEndpoint"
+say "OpenTelemetry Collector $("$otel_bin" --version 2>/dev/null | awk '{print $NF}') at $otel_endpoint (the node's network namespace): the chart's telemetry.otlpEndpoint"
 
 # --- 1. helm install
 op=$(sed -n 2p "$RM_IMAGES/operator.ref") ag=$(sed -n 2p "$RM_IMAGES/node-agent.ref")

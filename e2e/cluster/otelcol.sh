@@ -13,12 +13,12 @@ otel_runs=0
 otel_port=${RM_OTELCOL_PORT:-14318}
 otel_endpoint=http://$NODE_IP:$otel_port
 otel_file=
+otel_bin=
 
-# otel_start: the collector started by pid in the node's network namespace (its files on the
-# host); waits until it accepts an OTLP request.
+# otel_start: the collector (built, or its cached build: $otel_bin) started by pid in the
+# node's network namespace (its files on the host); waits until it accepts an OTLP request.
 otel_start() {
-  local bin
-  bin=$("$root/e2e/otelcol/build.sh") || fail "the OpenTelemetry Collector did not build (e2e/otelcol/build.sh)"
+  otel_bin=$("$root/e2e/otelcol/build.sh") || fail "the OpenTelemetry Collector did not build (e2e/otelcol/build.sh)"
   otel_runs=$((otel_runs + 1))
   otel_file=$work/traces-$otel_runs.jsonl
   cat > "$work/otelcol.yaml" <<CONF
@@ -39,9 +39,9 @@ service:
       receivers: [otlp]
       exporters: [file]
 CONF
-  "$bin" validate --config="file:$work/otelcol.yaml" >/dev/null || fail "otelcol validate: $work/otelcol.yaml"
+  "$otel_bin" validate --config="file:$work/otelcol.yaml" >/dev/null || fail "otelcol validate: $work/otelcol.yaml"
   # --net only: nsenter execs the collector (no fork), so $! is its pid.
-  nsenter --target "$(cat "$NODE_STATE/pid")" --net -- "$bin" --config="file:$work/otelcol.yaml" \
+  nsenter --target "$(cat "$NODE_STATE/pid")" --net -- "$otel_bin" --config="file:$work/otelcol.yaml" \
     >>"$work/otelcol.log" 2>&1 &
   otel_pid=$!
   wait_for 30 "the OpenTelemetry Collector accepting OTLP at $otel_endpoint ($work/otelcol.log)" \
