@@ -42,7 +42,7 @@ What is checked, and where (the matching rules; nothing outside them is looked a
       must be in the schema, and a value of a field with an enum must be one of it.
 3. Metric names `runner_manager_...` anywhere (prose, code spans, code blocks): the names the
    code registers are `Registry::with_prefix("P")` + `_` + each name given to `register(...)`
-   (or listed as `("name", "help")` pairs) in the same source file; a doc name matches with or
+   (or listed as `("name", "help")` pairs or `name: "…", help:` table rows) in the same source file; a doc name matches with or
    without the exposition suffixes _total, _info, _bucket, _sum, _count, _created. A name ending
    in `*` matches any registered name it prefixes. Crate paths and log targets
    (`runner_manager_crds::...`, `runner_manager_node_agent=debug`) are not metric names.
@@ -406,6 +406,8 @@ def metric_names(root):
                 continue
             found = re.findall(r'\.register(?:_with_unit)?\(\s*"([a-z][a-z0-9_]*)"', text)
             found += re.findall(r'\(\s*"([a-z][a-z0-9_]*)",\s*"', text)
+            # A table of families (`metrics::POLICY_GAUGES`): rows `name: "…", help: "…"`.
+            found += re.findall(r'\bname:\s*"([a-z][a-z0-9_]*)",\s*help:', text)
             if "spans::register(" in text:
                 found += shared
             for p in prefixes:

@@ -9,6 +9,8 @@ pub mod attempt;
 pub mod broker;
 pub mod conditions;
 pub mod duration;
+#[cfg(feature = "fixtures")]
+pub mod fixtures;
 pub mod helper_env;
 pub mod hosts;
 pub mod lease;

@@ -485,21 +485,10 @@ mod tests {
     use super::*;
 
     fn attempt(name: &str) -> RunnerAttempt {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
-            "metadata": {"name": name, "namespace": "team", "uid": "u-1"},
-            "spec": {
-                "id": "3f2a9c01-77aa-4bcd-8e00-123456789abc", "policy": "web", "nodeName": "n1",
-                "snapshot": {
-                    "policyUid": "p", "target": {"url": "https://github.com/o/r", "scope": "Repository"},
-                    "labels": [], "runnerGroupId": 1, "workspace": "Ephemeral", "maxSlots": 1,
-                    "execution": {"mode": "Native"},
-                    "runner": {"version": "2.330.0", "url": "https://example.invalid/r.tgz", "sha256": "0".repeat(64)},
-                    "timeouts": {"registration": "5m", "idle": "5m", "jitHandoff": "2m"}
-                }
-            }
-        }))
-        .expect("a valid attempt")
+        crate::fixtures::AttemptBuilder::new(name, "web")
+            .namespace("team")
+            .uid("u-1")
+            .build()
     }
 
     #[test]

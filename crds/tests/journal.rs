@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use runner_manager_crds::fixtures as support;
 
 use proptest::prelude::*;
 use runner_manager_crds::attempt::{

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use runner_manager_crds::fixtures as support;
 
 use std::time::Duration;
 

@@ -29,8 +29,8 @@ use crate::broker::{server, tls};
 use crate::cli::Cli;
 use crate::controller::leader::{Elector, LeaderError};
 use crate::controller::{
-    self, Ctx, Settings, cache, events::Events, job_ledger::KubeSink, ledger_batch::LedgerBatches,
-    writes::Writer,
+    self, Ctx, Settings, cache, events::Events, ledger_batch::LedgerBatches,
+    sources::ledger::KubeSink, writes::Writer,
 };
 use crate::crd_apply::{apply_crds, check_crds};
 use crate::github::GitHubConfig;
@@ -538,11 +538,11 @@ async fn shutdown_signal() {
 }
 
 /// What only the leader runs: the policy Controller, and beside it the deletion of scale sets
-/// whose policies are gone or left the mode (`scaleset_listener::lifecycle`). Both stop together.
+/// whose policies are gone or left the mode (`demand::scale_set::lifecycle`). Both stop together.
 async fn leader_loops(ctx: Arc<Ctx>) {
     tokio::select! {
         () = controller::run(ctx.clone()) => {}
-        () = controller::scaleset_listener::lifecycle::run(ctx) => {}
+        () = controller::sources::scale_set::lifecycle::run(ctx) => {}
     }
 }
 

@@ -758,7 +758,7 @@ async fn demand_modes_side_by_side() {
 #[tokio::test]
 async fn a_scale_set_id_written_into_a_policy_never_reaches_another_policys_set() {
     use kube::api::{Patch, PatchParams};
-    use runner_manager_operator::controller::scaleset_listener::SET_ID_ANNOTATION;
+    use runner_manager_operator::controller::sources::scale_set::SET_ID_ANNOTATION;
     let Some(mut p) = scale_set_world("scale_set_id_forged", ProductOptions::default()).await
     else {
         return;

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::errors;
 use super::resolve::{Invalid, Resolved};
-use super::scaleset_listener;
+use super::sources::Chosen;
 use crate::github::types::Runner;
 
 /// A resolution and when it was made.
@@ -23,23 +23,17 @@ pub struct ResolvedEntry {
 pub struct PolicyMemory {
     pub resolved: Option<ResolvedEntry>,
     pub last_observe: Option<Instant>,
-    pub last_poll: Option<Instant>,
     /// The last runner listing of the policy's target, by runner name.
     pub listing: Option<HashMap<String, Runner>>,
     /// Orphan registrations by runner id: when first seen orphaned.
     pub orphans: HashMap<i64, Instant>,
-    /// Pending jobs by id: when last checked with GitHub.
-    pub job_checks: HashMap<String, Instant>,
-    /// Jobs the organization walk recorded lately, by id: not written again while the cache
-    /// catches up with the write.
-    pub walk_added: HashMap<String, Instant>,
     /// Attempts created for the policy and not yet in the cache, by name: when created.
     pub created: HashMap<String, Instant>,
     /// The status fields last written, and when.
     pub status_written: Option<(serde_json::Value, Instant)>,
-    /// `ScaleSet` policies: the message-session listener (dropped, and its session deleted,
-    /// with this memory: leadership lost, policy gone).
-    pub scale_set_listener: Option<scaleset_listener::Listener>,
+    /// The policy's demand source and its clocks (dropped with this memory: leadership lost,
+    /// policy gone; a scale-set source's session is deleted with it).
+    pub demand: Option<Chosen>,
     /// After a failed reconcile: when the policy may be reconciled again.
     pub backoff: Option<errors::Backoff>,
 }

@@ -3,8 +3,8 @@
 //! placement worker in its context.
 //!
 //! Each policy's reconcile: housekeeping of its attempts (finalizers, abandon, the operator's
-//! two edges, history), then resolution → observation of GitHub → job ledger repairs
-//! (`policy::prepare`), the pure plan (`plan`) and its application — placement and creation,
+//! two edges, history), then resolution → observation of GitHub → a pass of its demand
+//! source (`policy::prepare`, `sources`), the pure plan (`plan`) and its application — placement and creation,
 //! scale-down, terminations, status (`policy::apply`).
 
 pub mod attempts;
@@ -13,7 +13,7 @@ pub mod context;
 pub mod errors;
 pub mod events;
 pub mod failures;
-pub mod job_ledger;
+pub mod index;
 pub mod leader;
 pub mod ledger_batch;
 pub mod memory;
@@ -22,8 +22,8 @@ pub mod plan;
 pub mod policy;
 pub mod resolve;
 pub mod runtime;
-pub mod scaleset_listener;
 pub mod snapshot;
+pub mod sources;
 pub mod supervisor;
 pub mod timeouts;
 pub mod writes;

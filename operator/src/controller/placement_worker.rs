@@ -456,17 +456,9 @@ mod tests {
     }
 
     fn attempt(name: &str, node: &str) -> RunnerAttempt {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
-            "metadata": {"name": name},
-            "spec": {"id": "01234567-89ab-4def-8123-456789abcdef", "policy": "web", "nodeName": node,
-              "snapshot": {"policyUid": "u", "target": {"url": "https://github.com/a/b", "scope": "Repository"},
-                "labels": ["x"], "runnerGroupId": 1, "workspace": "Ephemeral", "maxSlots": 1,
-                "execution": {"mode": "Native"},
-                "runner": {"version": "2.330.0", "url": "u", "sha256": "a".repeat(64)},
-                "timeouts": {"registration": "60s", "idle": "120s", "jitHandoff": "120s"}}}
-        }))
-        .unwrap()
+        runner_manager_crds::fixtures::AttemptBuilder::new(name, "web")
+            .node(node)
+            .build()
     }
 
     #[test]

@@ -386,7 +386,7 @@ fn run(i: &Inputs<'_>) -> Run {
             pending_jobs,
         },
         &attempt_views,
-        super::job_ledger::presumed_taken_of(policy, i.attempts, now),
+        super::sources::ledger::presumed_taken_of(policy, i.attempts, now),
     );
     let history = launches(i.attempts);
     let failures = consecutive_failures(&history, generation);

@@ -14,15 +14,12 @@ use kube::Resource;
 use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::conditions::ConditionStatus;
 use runner_manager_crds::policy::{PolicyConditionType, ScalePolicy, ScalePolicyStatus};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use super::errors::{GitHubRead, ReconcileError};
+use super::errors::ReconcileError;
 use super::events::Reason;
-use super::job_ledger::{
-    Candidates, additions, no_longer_pending, poll_queued, stale_after_poll, walked_jobs_of,
-};
 use super::placement_worker::{PlacementWorker, node_facts};
 use super::plan::{
     Drain, Inputs, Limits, Placed, Plan, PolicyEvent, Readiness, Run, Scaled, Scaling, Termination,
@@ -30,6 +27,8 @@ use super::plan::{
 };
 use super::resolve::{Invalid, Resolved, resolve};
 use super::snapshot::Pinned;
+use super::sources::candidates::Candidates;
+use super::sources::{self, Chosen, Pass};
 use super::supervisor::{Terminated, observe, terminate};
 use super::writes::WriteKind;
 use super::{Ctx, PolicyMemory, ResolvedEntry};
@@ -66,7 +65,8 @@ fn resolution_fresh(e: &ResolvedEntry, generation: i64) -> bool {
 }
 
 /// A policy's I/O before its decisions: its resolution, the GitHub observation of its target,
-/// polling and job checks. What failed is returned; the rest went on.
+/// and a pass of its demand source (`sources::DemandSource`, chosen once per generation), whose
+/// ledger change is written here. What failed is returned; the rest went on.
 pub async fn prepare(
     ctx: &Ctx,
     mem: &mut PolicyMemory,
@@ -96,8 +96,6 @@ pub async fn prepare(
         }
         return errors;
     }
-    let ns = policy.metadata.namespace.as_deref().unwrap_or_default();
-    let name = policy.metadata.name.as_deref().unwrap_or_default();
 
     // Resolution (once per generation, not per pass).
     if !mem
@@ -153,155 +151,50 @@ pub async fn prepare(
         .resolved
         .as_ref()
         .and_then(|e| e.result.as_ref().ok().cloned());
-    let old = policy.status.clone().unwrap_or_default();
-    // GitHub observation, polling and ledger repairs, each at its own interval.
-    if let Some(r) = &resolved {
-        if mem
-            .last_observe
-            .is_none_or(|t| t.elapsed() >= ctx.settings.observe_interval)
-        {
-            mem.last_observe = Some(Instant::now());
-            errors.extend(observe(ctx, mem, policy, attempts, &r.client).await);
-        }
-        if policy.spec.github.demand == runner_manager_crds::policy::DemandMode::ScaleSet {
-            // Demand comes from the scale set's message queue only: no polling, no per-job
-            // check (the ledger's keys are runner request ids, and JobStarted/JobCompleted
-            // remove them).
-            if mem
-                .scale_set_listener
-                .as_ref()
-                .is_none_or(|l| l.generation != generation)
-            {
-                let mut set_labels = policy.spec.labels.clone();
-                set_labels.push(ctx.settings.ownership_label.clone());
-                mem.scale_set_listener = None;
-                mem.scale_set_listener = Some(super::scaleset_listener::Listener::start(
-                    generation,
-                    super::scaleset_listener::Params {
-                        writer: ctx.writer.clone(),
-                        clients: ctx.clients.clone(),
-                        rest: r.client.clone(),
-                        namespace: ns.to_owned(),
-                        name: name.to_owned(),
-                        set_name: runner_manager_crds::policy::scale_set_name(ns, name),
-                        labels: policy.spec.labels.clone(),
-                        set_labels,
-                        runner_group_id: r.runner_group_id,
-                        owner: std::env::var("HOSTNAME")
-                            .unwrap_or_else(|_| "runner-manager-operator".into()),
-                    },
-                ));
-            }
-            return errors;
-        }
-        mem.scale_set_listener = None;
-        let poll = policy.spec.scaling.poll_interval.as_duration();
-        // With webhooks on, a run is polled once it is a poll interval old: until then its
-        // deliveries are most likely in flight. Without them, at once.
-        let settle = if policy.spec.scaling.webhook {
-            poll
-        } else {
-            std::time::Duration::ZERO
-        };
-        let repository_target = matches!(
-            r.client.target().kind,
-            runner_manager_crds::target::TargetKind::Repository { .. }
-        );
-        if !repository_target {
-            // Organization and enterprise targets: the walk advances every pass, reading only
-            // the repositories due (`github::walk`); new queued jobs are recorded as soon as it
-            // sees them, entries it no longer sees leave once per interval after a full cycle.
-            match r.client.walk_queued_jobs(poll, settle).await {
-                Ok(view) => {
-                    let jobs = walked_jobs_of(&r.client, policy, &candidates(), &view.jobs);
-                    mem.walk_added
-                        .retain(|_, at| at.elapsed() < std::time::Duration::from_secs(30));
-                    let fresh: Vec<i64> = jobs
-                        .iter()
-                        .copied()
-                        .filter(|j| !mem.walk_added.contains_key(&j.to_string()))
-                        .collect();
-                    let mut change = additions(&old.pending_jobs, fresh, now);
-                    change.extend(super::job_ledger::left_queue(&old.pending_jobs, &view.left));
-                    for k in change.keys() {
-                        mem.walk_added.insert(k.clone(), Instant::now());
-                    }
-                    if let Some(since) = view.complete_since
-                        && mem.last_poll.is_none_or(|t| t.elapsed() >= poll)
-                    {
-                        mem.last_poll = Some(Instant::now());
-                        // Every repository was read after `since`; a run's list can lag its
-                        // job's `queued` delivery, so only entries a poll interval older go.
-                        let back = since.elapsed() + poll;
-                        let cutoff = now
-                            .checked_sub(
-                                k8s_openapi::jiff::SignedDuration::try_from(back)
-                                    .unwrap_or_default(),
-                            )
-                            .unwrap_or(now);
-                        change.extend(stale_after_poll(&old.pending_jobs, &jobs, cutoff));
-                    }
-                    if let Err(source) = ctx.writer.pending_jobs(ns, name, change).await {
-                        errors.push(ReconcileError::write(WriteKind::PendingJobs)(source));
-                    }
-                }
-                Err(source) => errors.push(ReconcileError::GitHubRead {
-                    what: GitHubRead::RepositoryWalk,
-                    source,
-                }),
-            }
-        } else if mem.last_poll.is_none_or(|t| t.elapsed() >= poll) {
-            mem.last_poll = Some(Instant::now());
-            let cutoff = now
-                .checked_sub(k8s_openapi::jiff::SignedDuration::try_from(poll).unwrap_or_default())
-                .unwrap_or(now);
-            match poll_queued(&r.client, policy, &candidates(), poll / 2, settle).await {
-                Ok(jobs) => {
-                    let mut change = stale_after_poll(&old.pending_jobs, &jobs, cutoff);
-                    change.extend(additions(&old.pending_jobs, jobs, now));
-                    if let Err(source) = ctx.writer.pending_jobs(ns, name, change).await {
-                        errors.push(ReconcileError::write(WriteKind::PendingJobs)(source));
-                    }
-                }
-                Err(source) => errors.push(ReconcileError::GitHubRead {
-                    what: GitHubRead::QueuedJobs,
-                    source,
-                }),
-            }
-        }
-        let grace = ctx.settings.job_check_grace;
-        let mut remove = Map::new();
-        for (job, queued) in &old.pending_jobs {
-            let age = now
-                .as_millisecond()
-                .saturating_sub(queued.0.as_millisecond());
-            if age < i64::try_from(grace.as_millis()).unwrap_or(i64::MAX) {
-                continue;
-            }
-            if mem.job_checks.get(job).is_some_and(|t| t.elapsed() < grace) {
-                continue;
-            }
-            mem.job_checks.insert(job.clone(), Instant::now());
-            let Ok(id) = job.parse::<i64>() else {
-                remove.insert(job.clone(), Value::Null);
-                continue;
-            };
-            match no_longer_pending(&r.client, id).await {
-                Ok(true) => {
-                    remove.insert(job.clone(), Value::Null);
-                }
-                Ok(false) => {}
-                Err(source) => errors.push(ReconcileError::GitHubRead {
-                    what: GitHubRead::QueuedJobs,
-                    source,
-                }),
-            }
-        }
-        mem.job_checks
-            .retain(|k, _| old.pending_jobs.contains_key(k));
-        if let Err(source) = ctx.writer.pending_jobs(ns, name, remove).await {
-            errors.push(ReconcileError::write(WriteKind::PendingJobs)(source));
-        }
+    // GitHub observation, then the policy's demand source, each at its own interval.
+    let Some(r) = &resolved else {
+        return errors;
+    };
+    if mem
+        .last_observe
+        .is_none_or(|t| t.elapsed() >= ctx.settings.observe_interval)
+    {
+        mem.last_observe = Some(Instant::now());
+        errors.extend(observe(ctx, mem, policy, attempts, &r.client).await);
+    }
+    if mem
+        .demand
+        .as_ref()
+        .is_none_or(|c| c.generation != generation)
+    {
+        // The old source goes first: a scale-set session is deleted before its successor opens.
+        mem.demand = None;
+        mem.demand = Some(Chosen {
+            generation,
+            source: sources::choose(ctx, policy, r),
+        });
+    }
+    let Some(chosen) = mem.demand.as_mut() else {
+        return errors;
+    };
+    let empty = std::collections::BTreeMap::new();
+    let ledger = policy.status.as_ref().map_or(&empty, |s| &s.pending_jobs);
+    let observed = chosen
+        .source
+        .pass(Pass {
+            policy,
+            resolved: r,
+            ledger,
+            candidates,
+            grace: ctx.settings.job_check_grace,
+            now,
+        })
+        .await;
+    errors.extend(observed.errors);
+    let ns = policy.metadata.namespace.as_deref().unwrap_or_default();
+    let name = policy.metadata.name.as_deref().unwrap_or_default();
+    if let Err(source) = ctx.writer.pending_jobs(ns, name, observed.change).await {
+        errors.push(ReconcileError::write(WriteKind::PendingJobs)(source));
     }
     errors
 }

@@ -22,7 +22,6 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::ObjectRef;
@@ -32,15 +31,13 @@ use runner_manager_crds::state::AttemptState;
 use tokio::time::Instant;
 
 use super::errors::{self, ReconcileError};
-use super::job_ledger::{Candidates, target_conflicts};
+use super::index::{PolicyIndex, policy_of};
 use super::placement_worker::PlacementWorker;
+use super::sources::candidates::{Candidates, target_conflicts};
 use super::{Ctx, PolicyMemory, attempts, key, policy, state_name};
 
 /// Policies reconciled at once (bounded: GitHub budgets and the API server).
 const POLICY_CONCURRENCY: u16 = 32;
-
-/// The agent Lease name prefix (`names::agent_lease_name`).
-const AGENT_LEASE_PREFIX: &str = "runner-manager-agent-";
 
 /// A reconcile that failed somewhere: every error, and when to try again.
 #[derive(Debug, thiserror::Error)]
@@ -59,16 +56,12 @@ pub struct Leading {
     /// What the leader remembers per policy (`namespace/name`). The Controller never runs two
     /// reconciles of one policy at once, so each lock is uncontended.
     memory: Mutex<HashMap<String, Arc<tokio::sync::Mutex<PolicyMemory>>>>,
-    /// Policies whose last reconcile wanted capacity placement could not give.
-    waiting: Mutex<HashSet<ObjectRef<ScalePolicy>>>,
-    index: Mutex<Index>,
+    /// What the attempt, Lease and Node events showed: which policies each event concerns,
+    /// and each policy's attempts (pure, `index`).
+    index: Mutex<PolicyIndex>,
+    /// The per-pass views of every policy (the job matcher, the target conflicts).
+    views: Mutex<Views>,
     rounds: Mutex<Rounds>,
-    /// What Lease and Node events last showed that placement reads, to drop no-op renewals.
-    seen: Mutex<Seen>,
-    /// Each policy's attempts, kept from the attempt events: a reconcile reads its own attempts
-    /// from the cache by reference instead of scanning every attempt (10,000 at scale, once per
-    /// policy per round).
-    members: Mutex<HashMap<ObjectRef<ScalePolicy>, HashSet<ObjectRef<RunnerAttempt>>>>,
     /// Attempt names the events showed, for the placement worker's expectations.
     sightings: super::placement_worker::Sightings,
     /// Where a round's time went, logged with the first pass (the one a fresh install and a
@@ -107,7 +100,7 @@ impl Profile {
 /// The per-pass views of every policy, rebuilt only when a policy's spec, deletion or proof
 /// changed: building them parses every policy's URL.
 #[derive(Default)]
-struct Index {
+struct Views {
     /// What each cached policy looked like when the views were built.
     marks: HashMap<String, (i64, bool, bool)>,
     conflicts: Option<Arc<HashMap<String, Vec<String>>>>,
@@ -125,7 +118,7 @@ fn mark(p: &ScalePolicy) -> (i64, bool, bool) {
     (
         p.metadata.generation.unwrap_or(0),
         p.metadata.deletion_timestamp.is_some(),
-        super::job_ledger::proven(p),
+        super::sources::candidates::proven(p),
     )
 }
 
@@ -136,77 +129,55 @@ struct Rounds {
     done: u64,
 }
 
-type NodeSeen = (
-    Option<BTreeMap<String, String>>,
-    bool,
-    Option<BTreeMap<String, Quantity>>,
-);
-
-#[derive(Default)]
-struct Seen {
-    leases: HashMap<String, Option<BTreeMap<String, String>>>,
-    /// Labels, cordon and allocatable: what placement reads of a Node.
-    nodes: HashMap<String, NodeSeen>,
-}
-
 impl Leading {
     /// Subscribe to the attempt events before this is built: an attempt created in between is
     /// then both in the store read here and in the events read later.
     pub fn new(ctx: Arc<Ctx>) -> Self {
-        let mut members: HashMap<ObjectRef<ScalePolicy>, HashSet<ObjectRef<RunnerAttempt>>> =
-            HashMap::new();
+        let mut index = PolicyIndex::default();
         for a in ctx.caches.attempts.state() {
-            members
-                .entry(policy_of(&a))
-                .or_default()
-                .insert(ObjectRef::from_obj(a.as_ref()));
+            index.apply_attempt(&a);
         }
         let placement = PlacementWorker::default();
         Self {
-            members: Mutex::new(members),
+            index: Mutex::new(index),
             ctx,
             sightings: placement.sightings(),
             placement: tokio::sync::Mutex::new(placement),
             memory: Mutex::default(),
-            waiting: Mutex::default(),
-            index: Mutex::default(),
+            views: Mutex::default(),
             rounds: Mutex::default(),
-            seen: Mutex::default(),
             profile: Profile::default(),
         }
     }
 
-    /// An attempt event: keep the policy's membership current.
-    fn attempt_touched(&self, a: &RunnerAttempt) -> ObjectRef<ScalePolicy> {
-        let policy = policy_of(a);
+    fn index(&self) -> std::sync::MutexGuard<'_, PolicyIndex> {
+        self.index.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// An attempt event: the policies it concerns (its own, and those waiting for capacity).
+    fn attempt_touched(&self, a: &RunnerAttempt) -> Vec<ObjectRef<ScalePolicy>> {
         if let Some(name) = &a.metadata.name {
             self.sightings
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(name.clone());
         }
-        let me = ObjectRef::from_obj(a);
-        let gone = self.ctx.caches.attempts.get(&me).is_none();
-        let mut members = self.members.lock().unwrap_or_else(|e| e.into_inner());
-        if gone {
-            if let Some(set) = members.get_mut(&policy) {
-                set.remove(&me);
-            }
+        if self
+            .ctx
+            .caches
+            .attempts
+            .get(&ObjectRef::from_obj(a))
+            .is_none()
+        {
+            self.index().delete_attempt(a)
         } else {
-            members.entry(policy.clone()).or_default().insert(me);
+            self.index().apply_attempt(a)
         }
-        policy
     }
 
     /// The policy's attempts as the cache holds them now.
     fn attempts_of(&self, p: &ScalePolicy) -> Vec<Arc<RunnerAttempt>> {
-        let refs: Vec<ObjectRef<RunnerAttempt>> = self
-            .members
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&ObjectRef::from_obj(p))
-            .map(|set| set.iter().cloned().collect())
-            .unwrap_or_default();
+        let refs = self.index().attempts_of(&ObjectRef::from_obj(p));
         let store = &self.ctx.caches.attempts;
         refs.iter().filter_map(|r| store.get(r)).collect()
     }
@@ -228,7 +199,7 @@ impl Leading {
             .policies
             .get(&ObjectRef::from_obj(p))
             .is_none();
-        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        let mut index = self.views.lock().unwrap_or_else(|e| e.into_inner());
         if index.conflicts.is_none() && index.candidates.is_none() {
             // Nothing built yet: the next build reads every policy anyway.
             return;
@@ -252,7 +223,7 @@ impl Leading {
     }
 
     fn conflicts(&self) -> Arc<HashMap<String, Vec<String>>> {
-        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        let mut index = self.views.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = &index.conflicts {
             return c.clone();
         }
@@ -264,7 +235,7 @@ impl Leading {
     }
 
     fn candidates(&self) -> Arc<Candidates> {
-        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        let mut index = self.views.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((c, at, stale)) = &index.candidates
             && (!*stale || at.elapsed() < CANDIDATES_MAX_AGE)
         {
@@ -281,7 +252,7 @@ impl Leading {
         c
     }
 
-    fn remark(&self, index: &mut Index, all: &[Arc<ScalePolicy>]) {
+    fn remark(&self, index: &mut Views, all: &[Arc<ScalePolicy>]) {
         index.marks = all
             .iter()
             .map(|p| {
@@ -296,84 +267,28 @@ impl Leading {
             .collect();
     }
 
-    fn waiting(&self) -> Vec<ObjectRef<ScalePolicy>> {
-        self.waiting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .cloned()
-            .collect()
-    }
-
-    /// The policies with live attempts on `node`, and those waiting for capacity.
-    fn affected_by_node(&self, node: &str) -> Vec<ObjectRef<ScalePolicy>> {
-        let mut refs: HashSet<ObjectRef<ScalePolicy>> = self
-            .ctx
-            .caches
-            .attempts
-            .state()
-            .iter()
-            .filter(|a| a.spec.node_name == node)
-            .filter(|a| attempts::state_of(a) != AttemptState::Cleaned)
-            .map(|a| policy_of(a))
-            .collect();
-        refs.extend(self.waiting());
-        refs.into_iter().collect()
-    }
-
-    /// A Lease event: the policies it affects when its advert changed (or it came or went).
+    /// A Lease event: the policies it concerns when its advert changed (or it came or went).
     fn lease_touched(&self, lease: &Lease) -> Vec<ObjectRef<ScalePolicy>> {
-        let Some(node) = lease
-            .metadata
-            .name
-            .as_deref()
-            .and_then(|n| n.strip_prefix(AGENT_LEASE_PREFIX))
-        else {
-            return Vec::new();
-        };
-        let name = lease.metadata.name.clone().unwrap_or_default();
-        let advert = lease.metadata.annotations.clone();
-        let gone = self
+        if self
             .ctx
             .caches
             .leases
             .get(&ObjectRef::from_obj(lease))
-            .is_none();
+            .is_none()
         {
-            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-            if gone {
-                seen.leases.remove(&name);
-            } else if seen.leases.get(&name) == Some(&advert) {
-                return Vec::new();
-            } else {
-                seen.leases.insert(name, advert);
-            }
+            self.index().delete_lease(lease)
+        } else {
+            self.index().apply_lease(lease)
         }
-        self.affected_by_node(node)
     }
 
-    /// A Node event: the policies it affects when its labels, cordon or allocatable changed.
+    /// A Node event: the policies it concerns when what placement reads of it changed.
     fn node_touched(&self, n: &Node) -> Vec<ObjectRef<ScalePolicy>> {
-        let Some(name) = n.metadata.name.clone() else {
-            return Vec::new();
-        };
-        let now = (
-            n.metadata.labels.clone(),
-            n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true),
-            n.status.as_ref().and_then(|s| s.allocatable.clone()),
-        );
-        let gone = self.ctx.caches.nodes.get(&ObjectRef::from_obj(n)).is_none();
-        {
-            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-            if gone {
-                seen.nodes.remove(&name);
-            } else if seen.nodes.get(&name) == Some(&now) {
-                return Vec::new();
-            } else {
-                seen.nodes.insert(name.clone(), now);
-            }
+        if self.ctx.caches.nodes.get(&ObjectRef::from_obj(n)).is_none() {
+            self.index().delete_node(n)
+        } else {
+            self.index().apply_node(n)
         }
-        self.affected_by_node(&name)
     }
 
     /// Start a round when none is running: every cached policy is about to be reconciled.
@@ -460,15 +375,6 @@ impl Leading {
     }
 }
 
-/// The policy an attempt belongs to. Pure.
-pub fn policy_of(a: &RunnerAttempt) -> ObjectRef<ScalePolicy> {
-    let r = ObjectRef::new(&a.spec.policy);
-    match a.metadata.namespace.as_deref() {
-        Some(ns) => r.within(ns),
-        None => r,
-    }
-}
-
 /// Run the Controller until the future is dropped (leadership lost or shutdown).
 pub async fn run(ctx: Arc<Ctx>) {
     if !ctx.caches.ready().await {
@@ -514,11 +420,7 @@ pub async fn run(ctx: Arc<Ctx>) {
     };
     let attempt_mapper = {
         let lead = lead.clone();
-        move |a: RunnerAttempt| {
-            let mut refs = lead.waiting();
-            refs.push(lead.attempt_touched(&a));
-            refs
-        }
+        move |a: RunnerAttempt| lead.attempt_touched(&a)
     };
     let lease_mapper = {
         let lead = lead.clone();
@@ -591,10 +493,7 @@ async fn sweep(lead: Arc<Leading>) {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .retain(|k, _| live.contains(k));
-            lead.waiting
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .retain(|r| policies.get(r).is_some());
+            lead.index().retain_waiting(|r| policies.get(r).is_some());
             ctx.writer.echoes.retain(&live);
             // Drains the sightings when no policy creates for a while (they would only grow).
             lead.placement
@@ -675,15 +574,8 @@ async fn reconcile_locked(
         profile.status_writes.fetch_add(1, Ordering::Relaxed);
     }
     failed.extend(applied.errors);
-    {
-        let me = ObjectRef::from_obj(p.as_ref());
-        let mut waiting = lead.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        if applied.wants_capacity {
-            waiting.insert(me);
-        } else {
-            waiting.remove(&me);
-        }
-    }
+    lead.index()
+        .set_waiting(ObjectRef::from_obj(p.as_ref()), applied.wants_capacity);
     mem.backoff = errors::Backoff::after(mem.backoff, &failed, generation, Instant::now());
     failed.extend(housekeeping);
     let resync = ctx.settings.resync_interval;
@@ -727,34 +619,5 @@ fn error_policy(p: Arc<ScalePolicy>, failed: &Failed, lead: Arc<Leading>) -> Act
 impl std::fmt::Debug for Leading {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Leading").finish_non_exhaustive()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_attempt_maps_to_its_policy_in_its_namespace() {
-        let a: RunnerAttempt = serde_json::from_value(serde_json::json!({
-            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
-            "metadata": {"name": "web-1", "namespace": "team-a"},
-            "spec": {"id": "01234567-89ab-4def-8123-456789abcdef", "policy": "web", "nodeName": "n",
-              "snapshot": {"policyUid": "u", "target": {"url": "https://github.com/a/b", "scope": "Repository"},
-                "labels": ["x"], "runnerGroupId": 1, "workspace": "Ephemeral", "maxSlots": 1,
-                "execution": {"mode": "Native"},
-                "runner": {"version": "2.330.0", "url": "u", "sha256": "a".repeat(64)},
-                "timeouts": {"registration": "60s", "idle": "120s", "jitHandoff": "120s"}}}
-        }))
-        .unwrap();
-        assert_eq!(
-            policy_of(&a),
-            ObjectRef::<ScalePolicy>::new("web").within("team-a")
-        );
-        assert_eq!(
-            runner_manager_crds::names::agent_lease_name("n1").strip_prefix(AGENT_LEASE_PREFIX),
-            Some("n1"),
-            "the Lease prefix is the one agents use"
-        );
     }
 }

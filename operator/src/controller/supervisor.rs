@@ -49,7 +49,7 @@ pub fn github_facts(
 }
 
 /// The job fact to write on `a`, with the GitHub fact it holds (one write), or None when it
-/// already holds this job. Written on a concluded attempt too: `job_ledger::presumed_taken`
+/// already holds this job. Written on a concluded attempt too: `sources::ledger::presumed_taken`
 /// reads it there. A `CompletedJob` runner without a known job is taken to explain one pending
 /// entry for two poll intervals; once the delivery has removed its own job's entry it would
 /// explain another job's, and that job would wait for a runner until the horizon passed (the

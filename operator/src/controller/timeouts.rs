@@ -81,19 +81,10 @@ mod tests {
     }
 
     fn attempt() -> RunnerAttempt {
-        let mut a: RunnerAttempt = serde_json::from_value(serde_json::json!({
-            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
-            "metadata": {"name": "web-1", "creationTimestamp": "1970-01-01T00:16:40Z"},
-            "spec": {"id": "01234567-89ab-4def-8123-456789abcdef", "policy": "web", "nodeName": "n",
-              "snapshot": {"policyUid": "u", "target": {"url": "https://github.com/a/b", "scope": "Repository"},
-                "labels": ["x"], "runnerGroupId": 1, "workspace": "Ephemeral", "maxSlots": 1,
-                "execution": {"mode": "Native"},
-                "runner": {"version": "2.330.0", "url": "u", "sha256": "a".repeat(64)},
-                "timeouts": {"registration": "60s", "idle": "120s", "jitHandoff": "120s"}}}
-        }))
-        .unwrap();
-        a.status = None;
-        a
+        runner_manager_crds::fixtures::AttemptBuilder::new("web-1", "web")
+            .node("n")
+            .created(t(1000))
+            .build()
     }
 
     fn walk(a: &mut RunnerAttempt, steps: Vec<(Actor, Transition)>, at: i64) {

@@ -23,6 +23,7 @@ pub enum WriteKind {
     AttemptDelete,
     PolicyStatus,
     PolicyFinalizer,
+    PolicyAnnotations,
     PendingJobs,
     Event,
 }
@@ -38,6 +39,7 @@ impl WriteKind {
             Self::AttemptDelete => "attempt_delete",
             Self::PolicyStatus => "policy_status",
             Self::PolicyFinalizer => "policy_finalizer",
+            Self::PolicyAnnotations => "policy_annotations",
             Self::PendingJobs => "pending_jobs",
             Self::Event => "event",
         }
@@ -512,6 +514,28 @@ impl Writer {
         ignore_gone(
             self.policies(namespace)
                 .patch_status(name, &params(), &Patch::Merge(body))
+                .await,
+        )
+    }
+
+    /// Set or remove (`None`) annotations of a policy: the scale-set source's session and set
+    /// id, which a new leader reads back. A merge patch of the metadata only; a policy already
+    /// gone is no error.
+    pub async fn policy_annotations(
+        &self,
+        namespace: &str,
+        name: &str,
+        entries: &[(&str, Option<&str>)],
+    ) -> Result<(), kube::Error> {
+        self.count(WriteKind::PolicyAnnotations);
+        let annotations: serde_json::Map<String, serde_json::Value> = entries
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), json!(v)))
+            .collect();
+        let body = json!({"metadata": {"annotations": annotations}});
+        ignore_gone(
+            self.policies(namespace)
+                .patch(name, &params(), &Patch::Merge(body))
                 .await,
         )
     }

@@ -17,35 +17,17 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use runner_manager_crds::attempt::JobFact;
-use runner_manager_crds::conditions::{ConditionStatus, find};
 use runner_manager_crds::names::attempt_name;
-use runner_manager_crds::policy::{PENDING_JOBS_BOUND, PolicyConditionType, ScalePolicy};
-use runner_manager_crds::target::{GitHubTarget, TargetKind};
+use runner_manager_crds::policy::{PENDING_JOBS_BOUND, ScalePolicy};
 use secrecy::SecretString;
 use serde_json::{Map, Value, json};
 
-use super::ledger_batch::{BatchError, LedgerBatches};
-use super::writes::Writer;
-use crate::github::client::GitHubClient;
-use crate::github::errors::GitHubError;
-use crate::policy::matching::{JobLabels, PolicyLabels, match_job};
-use crate::policy::tenancy::{Claim, OwnerBindings, conflicts};
+use super::candidates::Candidates;
+use crate::controller::ledger_batch::{BatchError, LedgerBatches};
+use crate::controller::writes::Writer;
+use crate::policy::matching::JobLabels;
+use crate::policy::tenancy::OwnerBindings;
 use crate::webhook::{HookRoute, JobAction, JobEvent, JobSink, PolicyKey, SinkError};
-
-/// Whether the leader has proven this generation of the policy: `Ready=True` observed for the
-/// current `metadata.generation`. Resolution reads the credentials Secret and asks GitHub with
-/// them for the policy's own target, so Ready is the proof; a spec change (another URL) drops it
-/// until the new target is proven. Tenants cannot write status (the CRD's status subresource).
-pub fn proven(policy: &ScalePolicy) -> bool {
-    let Some(status) = policy.status.as_ref() else {
-        return false;
-    };
-    find(&status.conditions, PolicyConditionType::Ready).is_some_and(|c| {
-        c.status == ConditionStatus::True
-            && c.observed_generation.is_some()
-            && c.observed_generation == policy.metadata.generation
-    })
-}
 
 /// Whether a delivery that came through `route` may change `policy`. `route_secret` is the
 /// Secret the route's own policy names (`None` when that policy is gone or names none). Pure.
@@ -63,108 +45,6 @@ pub fn route_covers(route: &HookRoute, route_secret: Option<&str>, policy: &Scal
                 && own.is_some()
                 && own == route_secret
         }
-    }
-}
-
-/// For every policy (`namespace/name`), the policies of other namespaces naming the same target.
-pub fn target_conflicts(
-    policies: &[std::sync::Arc<ScalePolicy>],
-) -> std::collections::HashMap<String, Vec<String>> {
-    let parsed: Vec<(&ScalePolicy, GitHubTarget)> = policies
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter_map(|p| Some((p.as_ref(), GitHubTarget::parse(&p.spec.github.url).ok()?)))
-        .collect();
-    let claims: Vec<Claim<'_>> = parsed
-        .iter()
-        .map(|(p, t)| Claim {
-            namespace: p.metadata.namespace.as_deref().unwrap_or_default(),
-            name: p.metadata.name.as_deref().unwrap_or_default(),
-            host: &t.host,
-            target: &t.kind,
-        })
-        .collect();
-    let found = conflicts(&claims);
-    claims
-        .iter()
-        .zip(found)
-        .filter(|(_, others)| !others.is_empty())
-        .map(|(c, others)| (format!("{}/{}", c.namespace, c.name), others))
-        .collect()
-}
-
-/// The policies a job could belong to, parsed once per use.
-#[derive(Debug)]
-pub struct Candidates {
-    policies: Vec<std::sync::Arc<ScalePolicy>>,
-    targets: Vec<Option<GitHubTarget>>,
-    eligible: Vec<bool>,
-}
-
-impl Candidates {
-    pub fn of(
-        policies: Vec<std::sync::Arc<ScalePolicy>>,
-        webhook_only: bool,
-        bindings: &OwnerBindings,
-    ) -> Self {
-        let policies: Vec<_> = policies
-            .into_iter()
-            .filter(|p| !webhook_only || p.spec.scaling.webhook)
-            // A scale-set policy's jobs come from its message queue only.
-            .filter(|p| p.spec.github.demand.is_webhook())
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .collect();
-        let targets: Vec<Option<GitHubTarget>> = policies
-            .iter()
-            .map(|p| GitHubTarget::parse(&p.spec.github.url).ok())
-            .collect();
-        // The binding is checked here too, not only at resolution: a status written before the
-        // admin bound the owner still says Ready until the leader's next pass.
-        let eligible = policies
-            .iter()
-            .zip(&targets)
-            .map(|(p, t)| {
-                let ns = p.metadata.namespace.as_deref().unwrap_or_default();
-                proven(p)
-                    && t.as_ref()
-                        .is_some_and(|t| bindings.refuses(&t.kind, ns).is_none())
-            })
-            .collect();
-        Self {
-            policies,
-            targets,
-            eligible,
-        }
-    }
-
-    /// The policy a job belongs to: the one whose labels cover its `runs-on` with the fewest
-    /// extra labels, ties by namespace and name (DESIGN §7).
-    fn matching(&self, job: &JobLabels<'_>) -> Option<&ScalePolicy> {
-        let labels: Vec<PolicyLabels<'_>> = self
-            .policies
-            .iter()
-            .zip(&self.targets)
-            .zip(&self.eligible)
-            .filter_map(|((p, t), eligible)| {
-                let t = t.as_ref()?;
-                Some(PolicyLabels {
-                    namespace: p.metadata.namespace.as_deref()?,
-                    name: p.metadata.name.as_deref()?,
-                    host: &t.host,
-                    target: &t.kind,
-                    labels: &p.spec.labels,
-                    eligible: *eligible,
-                })
-            })
-            .collect();
-        let chosen = match_job(job, &labels)?;
-        self.policies
-            .iter()
-            .find(|p| {
-                p.metadata.namespace.as_deref() == Some(chosen.namespace)
-                    && p.metadata.name.as_deref() == Some(chosen.name)
-            })
-            .map(AsRef::as_ref)
     }
 }
 
@@ -394,8 +274,8 @@ impl KubeSink {
         // attempt was deleted) this line is the only record of which job the runner ran.
         let written = match self.writer.attempts(namespace).get_opt(attempt).await? {
             Some(a) => {
-                super::supervisor::write_facts(&self.writer, &a, |a| {
-                    super::supervisor::job_facts(a, job)
+                crate::controller::supervisor::write_facts(&self.writer, &a, |a| {
+                    crate::controller::supervisor::job_facts(a, job)
                 })
                 .await?
             }
@@ -544,109 +424,6 @@ impl JobSink for KubeSink {
     }
 }
 
-/// Queued jobs of a repository target that belong to `policy` (polling repairs missed
-/// deliveries). The repository's queued jobs are polled once per `max_age` for all its
-/// policies (one call for the queued runs, one per queued run for its jobs); `candidates` is
-/// built once per pass.
-pub async fn poll_queued(
-    client: &GitHubClient,
-    policy: &ScalePolicy,
-    candidates: &Candidates,
-    max_age: std::time::Duration,
-    settle: std::time::Duration,
-) -> Result<Vec<i64>, GitHubError> {
-    let TargetKind::Repository { owner, repo } = &client.target().kind else {
-        return Ok(vec![]);
-    };
-    use tracing::Instrument;
-    let repository = format!("{owner}/{repo}");
-    let host = &client.target().host;
-    let ns = policy.metadata.namespace.as_deref().unwrap_or_default();
-    let name = policy.metadata.name.as_deref().unwrap_or_default();
-    // The poll's span: the origin (a link) of the traces of the runners its jobs get.
-    let span = tracing::info_span!(
-        "poll",
-        policy.namespace = ns,
-        policy.name = name,
-        jobs = tracing::field::Empty,
-    );
-    let queued = client
-        .recent_queued_jobs(max_age, settle)
-        .instrument(span.clone())
-        .await?;
-    let mut found = Vec::new();
-    for job in queued.iter() {
-        let labels = JobLabels {
-            host,
-            repository: &repository,
-            enterprise: None,
-            labels: &job.labels,
-        };
-        let ours = candidates
-            .matching(&labels)
-            .is_some_and(|p| p.metadata.uid == policy.metadata.uid && p.metadata.uid.is_some());
-        if ours {
-            found.push(job.id);
-            crate::telemetry::origin::origins().record(
-                ns,
-                name,
-                job.id,
-                crate::telemetry::origin::Kind::Poll,
-                crate::telemetry::origin::span_context(&span),
-            );
-        }
-    }
-    span.record("jobs", found.len());
-    Ok(found)
-}
-
-/// The walked jobs (organization and enterprise targets) that belong to `policy`. Pure.
-pub fn walked_jobs_of(
-    client: &GitHubClient,
-    policy: &ScalePolicy,
-    candidates: &Candidates,
-    jobs: &[crate::github::walk::QueuedJob],
-) -> Vec<i64> {
-    let host = &client.target().host;
-    let enterprise = match &client.target().kind {
-        TargetKind::Enterprise { enterprise } => Some(enterprise.as_str()),
-        _ => None,
-    };
-    jobs.iter()
-        .filter(|q| {
-            let labels = JobLabels {
-                host,
-                repository: &q.repository,
-                enterprise,
-                labels: &q.job.labels,
-            };
-            candidates
-                .matching(&labels)
-                .is_some_and(|p| p.metadata.uid == policy.metadata.uid && p.metadata.uid.is_some())
-        })
-        .map(|q| q.job.id)
-        .collect()
-}
-
-/// Whether a pending job should leave the ledger: GitHub says it is no longer queued (taken,
-/// done, cancelled) or no longer exists. At organization and enterprise scope the job's
-/// repository is the one the walk saw it in; a job the walk never saw is left to the walk (a
-/// complete cycle without it removes it, `stale_after_poll`).
-pub async fn no_longer_pending(client: &GitHubClient, job_id: i64) -> Result<bool, GitHubError> {
-    let (owner, repo) = match &client.target().kind {
-        TargetKind::Repository { owner, repo } => (owner.clone(), repo.clone()),
-        _ => match client.walked_repository_of(job_id).await {
-            Some(found) => found,
-            None => return Ok(false),
-        },
-    };
-    match client.job(&owner, &repo, job_id).await {
-        Ok(job) => Ok(job.status != "queued" && job.status != "waiting"),
-        Err(e) if e.status() == Some(404) => Ok(true),
-        Err(e) => Err(e),
-    }
-}
-
 impl std::fmt::Debug for KubeSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubeSink").finish_non_exhaustive()
@@ -656,6 +433,7 @@ impl std::fmt::Debug for KubeSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::sources::candidates::{proven, target_conflicts};
 
     fn policy(
         ns: &str,

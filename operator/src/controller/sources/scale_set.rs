@@ -35,11 +35,11 @@ use std::time::Duration;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use runner_manager_crds::policy::{DemandMode, PENDING_JOBS_BOUND, ScalePolicy};
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
-use super::writes::Writer;
+use crate::controller::writes::Writer;
 use crate::github::client::GitHubClient;
 use crate::github::registry::Clients;
 use crate::github::scaleset::{
@@ -110,6 +110,54 @@ impl Listener {
     }
 }
 
+impl Listener {
+    /// The listener of a `ScaleSet` policy as resolved: the set carries the policy's labels and
+    /// the ownership label, in the resolved runner group.
+    pub fn for_policy(
+        ctx: &crate::controller::Ctx,
+        policy: &ScalePolicy,
+        resolved: &crate::controller::resolve::Resolved,
+        generation: i64,
+    ) -> Self {
+        let ns = policy.metadata.namespace.as_deref().unwrap_or_default();
+        let name = policy.metadata.name.as_deref().unwrap_or_default();
+        let mut set_labels = policy.spec.labels.clone();
+        set_labels.push(ctx.settings.ownership_label.clone());
+        Self::start(
+            generation,
+            Params {
+                writer: ctx.writer.clone(),
+                clients: ctx.clients.clone(),
+                rest: resolved.client.clone(),
+                namespace: ns.to_owned(),
+                name: name.to_owned(),
+                set_name: runner_manager_crds::policy::scale_set_name(ns, name),
+                labels: policy.spec.labels.clone(),
+                set_labels,
+                runner_group_id: resolved.runner_group_id,
+                owner: std::env::var("HOSTNAME")
+                    .unwrap_or_else(|_| "runner-manager-operator".into()),
+            },
+        )
+    }
+}
+
+/// The session long-polls in its own task and writes the ledger itself (through the one writer,
+/// after each message, before the message is deleted): a pass has nothing to read. No job
+/// checks: the ledger's keys are runner request ids, and `JobStarted`/`JobCompleted` remove them.
+impl super::source::DemandSource for Listener {
+    fn kind(&self) -> super::source::SourceKind {
+        super::source::SourceKind::ScaleSet
+    }
+
+    fn pass<'a>(
+        &'a mut self,
+        _: super::source::Pass<'a>,
+    ) -> futures_util::future::BoxFuture<'a, super::source::Observed> {
+        Box::pin(std::future::ready(super::source::Observed::default()))
+    }
+}
+
 impl Drop for Listener {
     fn drop(&mut self) {
         self.task.abort();
@@ -166,10 +214,9 @@ pub fn ledger_change(
 }
 
 async fn record_session(p: &Params, id: Option<&str>) {
-    let api: Api<ScalePolicy> = Api::namespaced(p.writer.kube.clone(), &p.namespace);
-    let body = json!({"metadata": {"annotations": {SESSION_ANNOTATION: id}}});
-    if let Err(e) = api
-        .patch(&p.name, &PatchParams::default(), &Patch::Merge(body))
+    if let Err(e) = p
+        .writer
+        .policy_annotations(&p.namespace, &p.name, &[(SESSION_ANNOTATION, id)])
         .await
     {
         tracing::warn!(error = %e, "recording the scale-set session failed");
@@ -327,10 +374,10 @@ async fn record_set_id(p: &Params, policy: &ScalePolicy, id: i64) {
     if recorded == Some(id) {
         return;
     }
-    let api: Api<ScalePolicy> = Api::namespaced(p.writer.kube.clone(), &p.namespace);
-    let body = json!({"metadata": {"annotations": {SET_ID_ANNOTATION: id.to_string()}}});
-    if let Err(e) = api
-        .patch(&p.name, &PatchParams::default(), &Patch::Merge(body))
+    let id = id.to_string();
+    if let Err(e) = p
+        .writer
+        .policy_annotations(&p.namespace, &p.name, &[(SET_ID_ANNOTATION, Some(&id))])
         .await
     {
         tracing::warn!(error = %e, "recording the scale-set id failed");
@@ -601,6 +648,7 @@ async fn check_ledger(
 mod tests {
     use super::*;
     use crate::github::scaleset::{JobMessage, Statistics};
+    use serde_json::json;
 
     fn job(kind: &str, id: i64, labels: &[&str]) -> JobMessage {
         JobMessage {

@@ -23,7 +23,6 @@ use kube::Resource;
 use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::policy::{DemandMode, ScalePolicy, scale_set_name};
 use runner_manager_crds::state::AttemptState;
-use serde_json::json;
 use tokio::time::Instant;
 
 use crate::controller::Ctx;
@@ -247,14 +246,13 @@ async fn retire(ctx: &Ctx, policy: &ScalePolicy, why: Retire) -> Result<(), Reti
         .collect();
     if why == Retire::LeftMode {
         // The set and its session are gone: a later switch back registers a new one.
-        let api = ctx.writer.policies(ns);
-        let body = json!({"metadata": {"annotations": {SET_ID_ANNOTATION: null, SESSION_ANNOTATION: null}}});
-        api.patch(
-            name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(body),
-        )
-        .await?;
+        ctx.writer
+            .policy_annotations(
+                ns,
+                name,
+                &[(SET_ID_ANNOTATION, None), (SESSION_ANNOTATION, None)],
+            )
+            .await?;
     }
     ctx.writer.policy_finalizers(policy, rest).await?;
     Ok(())
@@ -263,7 +261,10 @@ async fn retire(ctx: &Ctx, policy: &ScalePolicy, why: Retire) -> Result<(), Reti
 #[cfg(test)]
 mod tests {
     use super::*;
+    use runner_manager_crds::attempt::TargetScope;
+    use runner_manager_crds::fixtures::AttemptBuilder;
     use serde_json::Value;
+    use serde_json::json;
 
     fn policy(demand: &str, finalizer: bool, deleting: bool) -> ScalePolicy {
         let mut v = json!({
@@ -285,23 +286,19 @@ mod tests {
     }
 
     fn attempt(scale_set: bool, cleaned: bool) -> RunnerAttempt {
-        let mut snapshot = json!({"policyUid": "u1",
-            "target": {"url": "https://github.com/acme", "scope": "Organization"},
-            "labels": ["linux"], "runnerGroupId": 1, "workspace": "Ephemeral", "maxSlots": 1,
-            "execution": {"mode": "Native"},
-            "runner": {"version": "2.330.0", "url": "u", "sha256": "a".repeat(64)},
-            "timeouts": {"registration": "60s", "idle": "120s", "jitHandoff": "120s"}});
+        let mut a = AttemptBuilder::new("p-1", "p")
+            .namespace("t")
+            .node("n")
+            .target("https://github.com/acme", TargetScope::Organization)
+            .state(if cleaned {
+                AttemptState::Cleaned
+            } else {
+                AttemptState::Idle
+            });
         if scale_set {
-            snapshot["scaleSet"] = json!("t-p");
+            a = a.scale_set("t-p");
         }
-        serde_json::from_value(json!({
-            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
-            "metadata": {"namespace": "t", "name": "p-1"},
-            "spec": {"id": "01234567-89ab-4def-8123-456789abcdef", "policy": "p", "nodeName": "n",
-                     "snapshot": snapshot},
-            "status": {"state": if cleaned { "Cleaned" } else { "Idle" }}
-        }))
-        .unwrap()
+        a.build()
     }
 
     #[test]

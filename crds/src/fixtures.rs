@@ -1,15 +1,19 @@
-//! Journals in every state, reached through the public edge functions only (so a test never
-//! builds a journal the machine could not produce).
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+//! Test fixtures (feature `fixtures`, for the workspace's tests only; the shape of kube-rs
+//! controller-rs's `fixtures.rs`): journals in every state, reached through the public edge
+//! functions only (so a test never builds a journal the machine could not produce), and
+//! [`AttemptBuilder`], the one way a test makes a `RunnerAttempt`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use runner_manager_crds::attempt::{
-    AttemptJournal, AttemptKind, EnvironmentIdentity, Launcher, ProcessIdentity,
-    RunnerRegistration, StartedIdentity, Transition, WorkspacePlacement,
+
+use crate::attempt::{
+    AttemptJournal, AttemptKind, EnvironmentIdentity, Launcher, ProcessIdentity, RunnerAttempt,
+    RunnerAttemptStatus, RunnerRegistration, StartedIdentity, TargetScope, Transition,
+    WorkspacePlacement,
 };
-use runner_manager_crds::outcome::{FailureReason, Outcome};
-use runner_manager_crds::policy::{ExecutionMode, WorkspaceMode};
-use runner_manager_crds::state::{AttemptState, EdgeKind};
+use crate::outcome::{FailureReason, Outcome};
+use crate::policy::{ExecutionMode, WorkspaceMode};
+use crate::state::{AttemptState, EdgeKind};
 
 pub const NATIVE: AttemptKind = AttemptKind {
     execution: ExecutionMode::Native,
@@ -60,11 +64,11 @@ pub fn transition_of(kind: AttemptKind, edge: EdgeKind) -> Transition {
             },
             spec_hash: "hash".into(),
         },
-        EdgeKind::Reject => Transition::Conclude(Outcome::Rejected(
-            runner_manager_crds::outcome::RejectReason::NodeFull,
-        )),
+        EdgeKind::Reject => {
+            Transition::Conclude(Outcome::Rejected(crate::outcome::RejectReason::NodeFull))
+        }
         EdgeKind::ExpireAdmission => Transition::Conclude(Outcome::Rejected(
-            runner_manager_crds::outcome::RejectReason::AdmissionTimeout,
+            crate::outcome::RejectReason::AdmissionTimeout,
         )),
         EdgeKind::BeginPrepare => Transition::BeginPrepare,
         EdgeKind::MarkPrepared => Transition::MarkPrepared {
@@ -88,12 +92,12 @@ pub fn transition_of(kind: AttemptKind, edge: EdgeKind) -> Transition {
         EdgeKind::CompleteJob => Transition::Conclude(Outcome::CompletedJob),
         EdgeKind::ExitIdle => Transition::Conclude(Outcome::ExitedIdleWithoutWork),
         EdgeKind::Fail => Transition::Conclude(Outcome::Failed(FailureReason::ProcessStartFailed)),
-        EdgeKind::Orphan => Transition::Conclude(Outcome::Orphaned(
-            runner_manager_crds::outcome::OrphanReason::ProcessLost,
-        )),
-        EdgeKind::LoseNode => Transition::Conclude(Outcome::Orphaned(
-            runner_manager_crds::outcome::OrphanReason::NodeLost,
-        )),
+        EdgeKind::Orphan => {
+            Transition::Conclude(Outcome::Orphaned(crate::outcome::OrphanReason::ProcessLost))
+        }
+        EdgeKind::LoseNode => {
+            Transition::Conclude(Outcome::Orphaned(crate::outcome::OrphanReason::NodeLost))
+        }
         EdgeKind::BeginDestroy => Transition::BeginDestroy,
         EdgeKind::DeferCleanup => Transition::DeferCleanup,
         EdgeKind::Clean => Transition::Clean,
@@ -196,4 +200,136 @@ pub fn reachable_states(kind: AttemptKind) -> impl Iterator<Item = AttemptState>
     AttemptState::ALL
         .into_iter()
         .filter(move |s| reachable(kind, *s))
+}
+
+/// A `RunnerAttempt` as a test needs it: the defaults are a native, ephemeral attempt of policy
+/// `policy` on node `n1`, no namespace, no status; each method changes one thing. A state is
+/// reached through the journal's edges ([`journal_in`]), never written.
+#[derive(Clone, Debug)]
+pub struct AttemptBuilder {
+    name: String,
+    policy: String,
+    namespace: Option<String>,
+    node: String,
+    kind: AttemptKind,
+    state: Option<AttemptState>,
+    scale_set: Option<String>,
+    url: String,
+    scope: &'static str,
+    created: Option<Timestamp>,
+    uid: Option<String>,
+}
+
+impl AttemptBuilder {
+    pub fn new(name: &str, policy: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            policy: policy.to_owned(),
+            namespace: None,
+            node: "n1".to_owned(),
+            kind: NATIVE,
+            state: None,
+            scale_set: None,
+            url: "https://github.com/a/b".to_owned(),
+            scope: "Repository",
+            created: None,
+            uid: None,
+        }
+    }
+
+    /// The policy's target (`url`, `Repository`, `Organization` or `Enterprise`).
+    pub fn target(mut self, url: &str, scope: TargetScope) -> Self {
+        url.clone_into(&mut self.url);
+        self.scope = match scope {
+            TargetScope::Repository => "Repository",
+            TargetScope::Organization => "Organization",
+            TargetScope::Enterprise => "Enterprise",
+        };
+        self
+    }
+
+    /// `metadata.creationTimestamp`.
+    pub fn created(mut self, at: Timestamp) -> Self {
+        self.created = Some(at);
+        self
+    }
+
+    /// `metadata.uid`.
+    pub fn uid(mut self, uid: &str) -> Self {
+        self.uid = Some(uid.to_owned());
+        self
+    }
+
+    pub fn namespace(mut self, ns: &str) -> Self {
+        self.namespace = Some(ns.to_owned());
+        self
+    }
+
+    pub fn node(mut self, node: &str) -> Self {
+        node.clone_into(&mut self.node);
+        self
+    }
+
+    pub fn execution(mut self, mode: ExecutionMode) -> Self {
+        self.kind.execution = mode;
+        self
+    }
+
+    pub fn workspace(mut self, mode: WorkspaceMode) -> Self {
+        self.kind.workspace = mode;
+        self
+    }
+
+    /// A journal in `state`, walked there by the edges (panics for a state the kind never
+    /// reaches, see [`reachable`]).
+    pub fn state(mut self, state: AttemptState) -> Self {
+        self.state = Some(state);
+        self
+    }
+
+    /// Minted through this scale set.
+    pub fn scale_set(mut self, set: &str) -> Self {
+        self.scale_set = Some(set.to_owned());
+        self
+    }
+
+    pub fn build(self) -> RunnerAttempt {
+        let mode = match self.kind.execution {
+            ExecutionMode::Native => "Native",
+            ExecutionMode::Oci => "Oci",
+        };
+        let workspace = match self.kind.workspace {
+            WorkspaceMode::Ephemeral => "Ephemeral",
+            WorkspaceMode::Persistent => "Persistent",
+        };
+        let mut snapshot = serde_json::json!({
+            "policyUid": "u", "target": {"url": self.url, "scope": self.scope},
+            "labels": ["x"], "runnerGroupId": 1, "workspace": workspace, "maxSlots": 1,
+            "execution": {"mode": mode},
+            "runner": {"version": "2.330.0", "url": "u", "sha256": "a".repeat(64)},
+            "timeouts": {"registration": "60s", "idle": "120s", "jitHandoff": "120s"}
+        });
+        if self.kind.execution == ExecutionMode::Oci {
+            snapshot["execution"]["image"] =
+                serde_json::json!(format!("r/i@sha256:{}", "b".repeat(64)));
+        }
+        if let Some(set) = &self.scale_set {
+            snapshot["scaleSet"] = serde_json::json!(set);
+        }
+        let mut a: RunnerAttempt = serde_json::from_value(serde_json::json!({
+            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
+            "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid,
+              "creationTimestamp": self.created.map(|t| t.to_string())},
+            "spec": {"id": "01234567-89ab-4def-8123-456789abcdef", "policy": self.policy,
+              "nodeName": self.node, "snapshot": snapshot}
+        }))
+        .expect("the fixture is a valid RunnerAttempt");
+        if let Some(state) = self.state {
+            a.status = Some(RunnerAttemptStatus {
+                journal: journal_in(self.kind, state),
+                facts: Default::default(),
+            });
+        }
+        a
+    }
 }
