@@ -65,6 +65,16 @@ pub struct RunnerAttemptSpec {
     pub termination: Option<TerminationRequest>,
 }
 
+impl RunnerAttempt {
+    /// Where the attempt is in its life: its journal's state (`Pending` before any journal).
+    pub fn state(&self) -> AttemptState {
+        self.status
+            .as_ref()
+            .map(|s| s.journal.state())
+            .unwrap_or_default()
+    }
+}
+
 impl RunnerAttemptSpec {
     /// The attempt uuid, if `id` holds one (the schema makes sure it does).
     pub fn attempt_uuid(&self) -> Option<uuid::Uuid> {

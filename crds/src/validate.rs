@@ -35,6 +35,52 @@ pub const RESTRICTED_NODE_LABEL_PREFIX: &str = "node-restriction.kubernetes.io/"
 /// Labels the cluster reserves: the ownership label (`rm-<12 hex>`) is added by the broker.
 const RESERVED_LABEL_PREFIX: &str = "rm-";
 
+/// A policy that passed [`validate_policy`], with what validation parsed (stackable's
+/// dereference → validate → build): its identity and its GitHub target. Built once per
+/// generation, at resolution; nothing after it parses the URL again, and a stage that holds one
+/// cannot meet a policy without a target.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidatedPolicy {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub generation: i64,
+    pub target: GitHubTarget,
+    /// The spec this view was validated from.
+    pub spec: crate::policy::ScalePolicySpec,
+}
+
+/// The policy's validated view, or every problem of it.
+pub fn validated(policy: &crate::policy::ScalePolicy) -> Result<ValidatedPolicy, Vec<Problem>> {
+    let mut problems = validate_policy(&policy.spec);
+    let meta = &policy.metadata;
+    for (field, value) in [
+        ("metadata.namespace", &meta.namespace),
+        ("metadata.name", &meta.name),
+        ("metadata.uid", &meta.uid),
+    ] {
+        if value.as_deref().is_none_or(str::is_empty) {
+            problems.push(Problem {
+                field: field.to_owned(),
+                message: "missing: a policy read from the API server always has one".to_owned(),
+            });
+        }
+    }
+    let target = GitHubTarget::parse(&policy.spec.github.url);
+    match target {
+        Ok(target) if problems.is_empty() => Ok(ValidatedPolicy {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            generation: meta.generation.unwrap_or(0),
+            target,
+            spec: policy.spec.clone(),
+        }),
+        // validate_policy reported a URL that does not parse.
+        _ => Err(problems),
+    }
+}
+
 /// Every problem of a policy spec; empty when it is valid.
 pub fn validate_policy(spec: &ScalePolicySpec) -> Vec<Problem> {
     let mut out = Vec::new();
@@ -466,6 +512,36 @@ pub fn parse_runner_env(text: &str) -> Result<BTreeMap<String, String>, Vec<EnvP
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_validated_view_holds_the_parsed_target_and_no_view_exists_for_a_bad_url_or_identity() {
+        let policy = |url: &str, uid: Option<&str>| -> crate::policy::ScalePolicy {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "runner-manager.dev/v1alpha1", "kind": "ScalePolicy",
+                "metadata": {"namespace": "team", "name": "web", "uid": uid, "generation": 4},
+                "spec": {"github": {"url": url, "credentialsSecretRef": {"name": "gh"}},
+                         "labels": ["linux"], "maxRunners": 3}
+            }))
+            .unwrap()
+        };
+        let v = validated(&policy("https://github.com/acme/web", Some("u-1"))).unwrap();
+        assert_eq!(
+            (
+                v.namespace.as_str(),
+                v.name.as_str(),
+                v.uid.as_str(),
+                v.generation
+            ),
+            ("team", "web", "u-1", 4)
+        );
+        assert_eq!(v.target.scope(), TargetScope::Repository);
+        assert_eq!(v.spec.max_runners, 3);
+        let bad = validated(&policy("not a url", Some("u-1"))).unwrap_err();
+        assert!(bad.iter().any(|p| p.field == "spec.github.url"), "{bad:?}");
+        let anonymous = validated(&policy("https://github.com/acme/web", None)).unwrap_err();
+        assert_eq!(anonymous.len(), 1);
+        assert_eq!(anonymous[0].field, "metadata.uid");
+    }
 
     #[test]
     fn a_scale_set_policy_takes_no_webhook_and_no_persistent_workspace() {

@@ -301,7 +301,7 @@ impl Metrics {
         let reconcile_errors = Family::<StageLabels, Counter>::default();
         registry.register(
             "reconcile_errors",
-            "Failures inside policy reconciles, by stage (dereference, validate, build, apply, status)",
+            "Failures inside policy reconciles, by stage (dereference, validate, apply, status)",
             reconcile_errors.clone(),
         );
         let policy: Vec<Family<PolicyLabels, Gauge>> = POLICY_GAUGES

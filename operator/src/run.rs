@@ -30,7 +30,7 @@ use crate::cli::Cli;
 use crate::controller::leader::{Elector, LeaderError};
 use crate::controller::{
     self, Ctx, Settings, cache, events::Events, ledger_batch::LedgerBatches,
-    sources::ledger::KubeSink, writes::Writer,
+    sources::webhook::KubeSink, writes::Writer,
 };
 use crate::crd_apply::{apply_crds, check_crds};
 use crate::github::GitHubConfig;

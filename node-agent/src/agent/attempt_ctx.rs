@@ -16,7 +16,6 @@ use runner_manager_crds::state::{Actor, AttemptState};
 
 pub use super::attempts::Attempts;
 use super::edges::conclusion_edges;
-use super::rebuild::state_of;
 use crate::journal::{Decision, JournalError};
 
 /// What a step came to.
@@ -158,7 +157,7 @@ pub async fn conclude_via(
     let written = api
         .journal
         .advance(api, name, Actor::Agent, |cur| {
-            let state = state_of(cur);
+            let state = cur.state();
             if state.is_terminal() {
                 return Decision::Nothing;
             }
@@ -172,7 +171,7 @@ pub async fn conclude_via(
             Decision::TakePath(path)
         })
         .await?;
-    if written.is_some_and(|a| state_of(&a).is_terminal()) {
+    if written.is_some_and(|a| a.state().is_terminal()) {
         let launching = from.is_some_and(|s| {
             matches!(
                 s,
@@ -210,7 +209,7 @@ pub async fn take_written(
     let taken = api
         .journal
         .advance(api, name, Actor::Agent, |cur| {
-            if state_of(cur) == from {
+            if cur.state() == from {
                 Decision::Take(t.clone())
             } else {
                 Decision::Nothing

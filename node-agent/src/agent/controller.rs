@@ -41,7 +41,7 @@ use super::events::{self, EventReason};
 use super::labels::ReconcileStage;
 use super::node::Agent;
 use super::orphans::{self, Abandoned};
-use super::rebuild::{self, state_of};
+use super::rebuild;
 use super::supervise::{self, AttemptMemory};
 use super::watched::{Freshness, Verdict, WRITE_SEEN_WITHIN};
 
@@ -201,7 +201,7 @@ impl Supervision {
             .store
             .state()
             .iter()
-            .filter(|a| state_of(a) != AttemptState::Cleaned)
+            .filter(|a| a.state() != AttemptState::Cleaned)
             .filter_map(|a| a.spec.attempt_uuid())
             .map(short_hex)
             .collect();
@@ -220,7 +220,7 @@ impl Supervision {
 
     /// The object of `uid` went away; `last` is the last copy the watch showed.
     fn object_gone(&self, uid: &str, last: &RunnerAttempt) {
-        if state_of(last) == AttemptState::Cleaned {
+        if last.state() == AttemptState::Cleaned {
             // Its cleanup released everything: only the bookkeeping goes.
             let _ = self.book().gone(uid, None);
             self.freshness.forget(uid);
@@ -307,7 +307,7 @@ impl NodeView {
         let pending: BTreeSet<String> = self
             .known
             .iter()
-            .filter(|(_, a)| state_of(a) == AttemptState::Pending)
+            .filter(|(_, a)| a.state() == AttemptState::Pending)
             .map(|(uid, _)| uid.clone())
             .collect();
         if agent.set_pending(pending) {
@@ -316,7 +316,7 @@ impl NodeView {
         agent.set_wanted_packages(
             self.known
                 .values()
-                .filter(|a| state_of(a) != AttemptState::Cleaned)
+                .filter(|a| a.state() != AttemptState::Cleaned)
                 .map(|a| a.spec.snapshot.runner.sha256.clone())
                 .collect(),
         );
@@ -328,7 +328,7 @@ pub async fn reconcile(
     a: Arc<RunnerAttempt>,
     ctx: Arc<Supervision>,
 ) -> Result<Action, ReconcileError> {
-    let stage = stage_of(state_of(&a));
+    let stage = stage_of(a.state());
     let attempt = AttemptCtx::of(&ctx.agent.attempts, &a).map_err(|source| ReconcileError {
         stage: ReconcileStage::Read,
         source,

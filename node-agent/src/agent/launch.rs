@@ -38,7 +38,7 @@ use super::events::{self, EventReason};
 use super::fault::{self, Boundary};
 use super::node::Agent;
 use super::placeholder::Refusal;
-use super::rebuild::{journal_of, owner_of, state_of};
+use super::rebuild::{journal_of, owner_of};
 use crate::account::RunnerAccount;
 use crate::broker_client::JitAnswer;
 use crate::journal::Decision;
@@ -643,7 +643,7 @@ async fn conclude_launch(
     let written = api
         .journal
         .advance_with_launch(api, name, Actor::Agent, timings, |cur| {
-            let state = state_of(cur);
+            let state = cur.state();
             if state.is_terminal() {
                 return Decision::Nothing;
             }
@@ -682,7 +682,7 @@ async fn request_and_start(
     mut timings: LaunchTimings,
     prepared: Option<EnvironmentIdentity>,
 ) -> Result<(), Halt> {
-    if state_of(current) != AttemptState::Prepared {
+    if current.state() != AttemptState::Prepared {
         return Ok(());
     }
     let snapshot = current.spec.snapshot.clone();
@@ -759,7 +759,7 @@ async fn request_and_start(
     let start = Transition::Start { identity };
     api.journal
         .advance_with_launch(api, name, Actor::Agent, &timings, |cur| {
-            if state_of(cur) == AttemptState::JitReceived {
+            if cur.state() == AttemptState::JitReceived {
                 Decision::Take(start.clone())
             } else {
                 Decision::Nothing

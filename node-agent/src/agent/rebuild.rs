@@ -18,13 +18,6 @@ pub fn journal_of(a: &RunnerAttempt) -> AttemptJournal {
         .unwrap_or_default()
 }
 
-pub fn state_of(a: &RunnerAttempt) -> AttemptState {
-    a.status
-        .as_ref()
-        .map(|s| s.journal.state())
-        .unwrap_or_default()
-}
-
 /// The owner uid of a path, not following a link.
 pub fn owner_of(path: &Path) -> Option<u32> {
     std::fs::symlink_metadata(path).ok().map(|m| m.uid())

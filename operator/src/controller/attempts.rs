@@ -21,13 +21,6 @@ use super::placement_worker::agent_of;
 use super::timeouts::{Due, due};
 use super::writes::{FIELD_MANAGER, WriteKind};
 
-pub fn state_of(a: &RunnerAttempt) -> AttemptState {
-    a.status
-        .as_ref()
-        .map(|s| s.journal.state())
-        .unwrap_or_default()
-}
-
 fn has_finalizer(a: &RunnerAttempt) -> bool {
     a.metadata
         .finalizers
@@ -112,7 +105,7 @@ pub async fn housekeeping(
     let mut failed = Vec::new();
     let mut cleaned: BTreeMap<(String, String), Vec<&Arc<RunnerAttempt>>> = BTreeMap::new();
     for a in attempts {
-        let state = state_of(a);
+        let state = a.state();
         let name = a.metadata.name.as_deref().unwrap_or_default();
         let ns = a.metadata.namespace.as_deref().unwrap_or_default();
         let abandoned = a

@@ -1,7 +1,9 @@
 //! What can go wrong reconciling one policy, typed by the stage it happened in (the stackable
 //! operators' shape: dereference → validate → build → apply → status), and the per-policy
 //! backoff after a failed reconcile. The stage is the `stage` label of
-//! `runner_manager_reconcile_errors_total`: a closed vocabulary.
+//! `runner_manager_reconcile_errors_total`: a closed vocabulary. Building an attempt is a stage
+//! that cannot fail: it reads the policy's validated view (`validate::ValidatedPolicy`), whose
+//! target was parsed once, at resolution.
 
 use std::time::Duration;
 
@@ -19,8 +21,6 @@ pub enum Stage {
     Dereference,
     /// The policy cannot be resolved into something runnable (its `Ready` condition says why).
     Validate,
-    /// An attempt could not be built from the resolved policy.
-    Build,
     /// Carrying out the plan: creates, terminations, deletions, finalizers, the job ledger.
     Apply,
     /// Writing the policy's status.
@@ -28,19 +28,12 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 5] = [
-        Self::Dereference,
-        Self::Validate,
-        Self::Build,
-        Self::Apply,
-        Self::Status,
-    ];
+    pub const ALL: [Stage; 4] = [Self::Dereference, Self::Validate, Self::Apply, Self::Status];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Dereference => "dereference",
             Self::Validate => "validate",
-            Self::Build => "build",
             Self::Apply => "apply",
             Self::Status => "status",
         }
@@ -92,8 +85,6 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
-    #[error("building an attempt: spec.github.url cannot be parsed")]
-    Build,
     #[error("writing {}: {source}", kind.as_str())]
     Write {
         kind: WriteKind,
@@ -117,7 +108,6 @@ impl ReconcileError {
                 Stage::Dereference
             }
             Self::Invalid { .. } => Stage::Validate,
-            Self::Build => Stage::Build,
             Self::Write { .. } | Self::Deregister { .. } => Stage::Apply,
             Self::Status(_) => Stage::Status,
         }
@@ -125,10 +115,10 @@ impl ReconcileError {
 
     /// Whether the policy waits its backoff before the next reconcile. Reads already run at
     /// their own intervals (the resolution's TTL, the observe and poll intervals) and an
-    /// invalid policy waits for a person, so only failed writes and builds back off: those are
+    /// invalid policy waits for a person, so only failed writes back off: those are
     /// what a pass woken by every watch event would otherwise repeat several times a second.
     pub fn backs_off(&self) -> bool {
-        matches!(self.stage(), Stage::Build | Stage::Apply | Stage::Status)
+        matches!(self.stage(), Stage::Apply | Stage::Status)
     }
 
     pub fn write(kind: WriteKind) -> impl FnOnce(kube::Error) -> Self {
@@ -201,7 +191,7 @@ mod tests {
     }
 
     #[test]
-    fn every_error_has_its_stage_and_only_writes_and_builds_back_off() {
+    fn every_error_has_its_stage_and_only_writes_back_off() {
         let cases = [
             (
                 ReconcileError::Unresolved {
@@ -219,7 +209,6 @@ mod tests {
                 Stage::Validate,
                 false,
             ),
-            (ReconcileError::Build, Stage::Build, true),
             (conflict(), Stage::Apply, true),
         ];
         for (e, stage, backs_off) in cases {
@@ -227,10 +216,7 @@ mod tests {
             assert_eq!(e.backs_off(), backs_off, "{e}");
         }
         let labels: Vec<&str> = Stage::ALL.iter().map(|s| s.as_str()).collect();
-        assert_eq!(
-            labels,
-            ["dereference", "validate", "build", "apply", "status"]
-        );
+        assert_eq!(labels, ["dereference", "validate", "apply", "status"]);
     }
 
     #[test]

@@ -21,8 +21,6 @@ use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_crds::state::AttemptState;
 
-use super::attempts::state_of;
-
 /// The agent Lease name prefix (`names::agent_lease_name`).
 const AGENT_LEASE_PREFIX: &str = "runner-manager-agent-";
 
@@ -72,7 +70,7 @@ impl PolicyIndex {
             .or_default()
             .insert(me.clone());
         self.unplace(&me);
-        if state_of(a) != AttemptState::Cleaned {
+        if a.state() != AttemptState::Cleaned {
             self.live_on
                 .entry(a.spec.node_name.clone())
                 .or_default()

@@ -28,8 +28,6 @@ use runner_manager_crds::state::AttemptState;
 use serde_json::Value;
 
 use super::POLICY_FINALIZER;
-use super::attempts::state_of;
-use super::errors::ReconcileError;
 use super::events::Reason;
 use super::failures::{
     Launch, consecutive_backoffs, consecutive_failures, is_launch_failure, lineages, resume_at,
@@ -192,8 +190,6 @@ pub enum Scaled {
         wanted: u32,
         refused: Option<Unplaceable>,
     },
-    /// No attempt could be built ([`ReconcileError::Build`]).
-    Unbuildable,
     /// Scale-down: this many idle runners were deregistered and asked to stop.
     Asked(u32),
 }
@@ -277,7 +273,7 @@ pub fn views(attempts: &[Arc<RunnerAttempt>]) -> Vec<AttemptView<'_>> {
     attempts
         .iter()
         .map(|a| {
-            let mut state = state_of(a);
+            let mut state = a.state();
             // GitHub already said this runner took a job (webhook `in_progress`): it is busy
             // for demand and scale-down, even before the agent takes the edge.
             if matches!(state, AttemptState::Idle | AttemptState::Starting)
@@ -314,7 +310,7 @@ pub fn plan(i: &Inputs<'_>) -> Plan {
 fn drain(policy: &ScalePolicy, attempts: &[Arc<RunnerAttempt>]) -> Drain {
     let mut d = Drain::default();
     for a in attempts {
-        let state = state_of(a);
+        let state = a.state();
         let name = a.metadata.name.clone().unwrap_or_default();
         if state == AttemptState::Cleaned {
             if a.metadata.deletion_timestamp.is_none() {
@@ -386,7 +382,7 @@ fn run(i: &Inputs<'_>) -> Run {
             pending_jobs,
         },
         &attempt_views,
-        super::sources::ledger::presumed_taken_of(policy, i.attempts, now),
+        crate::policy::ledger::presumed_taken_of(policy, i.attempts, now),
     );
     let history = launches(i.attempts);
     let failures = consecutive_failures(&history, generation);
@@ -470,7 +466,7 @@ fn run(i: &Inputs<'_>) -> Run {
         ) {
             Some(Due::Terminate(r)) => Some(r),
             _ => {
-                let state = state_of(a);
+                let state = a.state();
                 (a.metadata.deletion_timestamp.is_some()
                     && a.spec.termination.is_none()
                     && state.is_live()
@@ -673,11 +669,6 @@ pub fn scaling_condition(
                 "{failures} launch(es) failed in a row; next replacement after {until} (backoff)"
             ),
         ),
-        (Scaling::Create { .. } | Scaling::Probe { .. }, Scaled::Unbuildable) => (
-            false,
-            PolicyReason::InvalidSpec,
-            "spec.github.url cannot be parsed".into(),
-        ),
         (
             Scaling::Create { .. } | Scaling::Probe { .. },
             Scaled::Created {
@@ -810,20 +801,18 @@ pub struct Placed {
 
 /// Place and build up to `count` attempts, one node at a time, each recorded in the worker as
 /// expected before the next choice (so no two land on one free slot) and counted on its node.
-/// Pure over the worker, the facts and `new_id`. A policy whose attempts cannot be built
-/// records nothing.
-#[allow(clippy::too_many_arguments)]
+/// Pure over the worker, the facts and `new_id`.
 pub fn place(
     worker: &mut PlacementWorker,
     facts: &mut [NodeFacts],
-    policy: &ScalePolicy,
     pinned: &Pinned<'_>,
     count: u32,
     replaces: &[String],
     now: Timestamp,
     mut new_id: impl FnMut() -> uuid::Uuid,
-) -> Result<Placed, ReconcileError> {
-    let uid = policy.metadata.uid.clone().unwrap_or_default();
+) -> Placed {
+    let policy = pinned.policy;
+    let uid = policy.uid.clone();
     // The scheduler's view of the runner: its placeholder (native) or pod (OCI) requests this.
     let resources = policy.spec.execution.resources.as_ref();
     let need = crate::policy::placement::Resources::of(
@@ -835,10 +824,10 @@ pub fn place(
     let mut refused = None;
     // A runner labelled with an architecture runs only on nodes of it.
     let Some(packages) = pinned.packages.for_labels(&policy.spec.labels) else {
-        return Ok(Placed {
+        return Placed {
             attempts,
             refused: (count > 0).then_some(Unplaceable::NoPackageForArchitecture),
-        });
+        };
     };
     for _ in 0..count {
         let (node, package) = match worker.choose(
@@ -856,13 +845,7 @@ pub fn place(
             }
         };
         let replaces = lineage.next().cloned();
-        let Some(attempt) = build(policy, pinned, package, new_id(), &node, replaces.clone())
-        else {
-            for a in &attempts {
-                worker.forget(a.attempt.metadata.name.as_deref().unwrap_or_default());
-            }
-            return Err(ReconcileError::Build);
-        };
+        let attempt = build(pinned, package, new_id(), &node, replaces.clone());
         let name = attempt.metadata.name.clone().unwrap_or_default();
         worker.created(&name, &node, now);
         if let Some(f) = facts.iter_mut().find(|f| f.name == node) {
@@ -874,7 +857,7 @@ pub fn place(
             replaces,
         });
     }
-    Ok(Placed { attempts, refused })
+    Placed { attempts, refused }
 }
 
 /// Creation's metric label: a replacement or new demand.

@@ -1045,9 +1045,6 @@ fn the_scaling_condition_reports_creation_refusal_and_build_failure() {
     );
     assert!(!ok);
     assert!(event.is_none());
-    let ((ok, reason, _), _) = scaling_condition(&create, Scaled::Unbuildable);
-    assert!(!ok);
-    assert_eq!(reason, PolicyReason::InvalidSpec);
     let ((ok, reason, message), _) = scaling_condition(&Scaling::Steady, Scaled::Nothing);
     assert!(ok);
     assert_eq!(
@@ -1086,6 +1083,26 @@ fn pkg() -> RunnerPackages {
     })
 }
 
+/// `place` for `p` as resolution would pin it: its validated view and these packages.
+fn place_for(
+    worker: &mut PlacementWorker,
+    facts: &mut [NodeFacts],
+    p: &ScalePolicy,
+    packages: &RunnerPackages,
+    count: u32,
+    replaces: &[String],
+) -> Placed {
+    let env = BTreeMap::new();
+    let valid = runner_manager_crds::validate::validated(p).unwrap();
+    let pinned = Pinned {
+        policy: &valid,
+        runner_group_id: 1,
+        packages,
+        env: &env,
+    };
+    place(worker, facts, &pinned, count, replaces, t(NOW), ids())
+}
+
 fn ids() -> impl FnMut() -> uuid::Uuid {
     let mut n = 0u128;
     move || {
@@ -1097,27 +1114,12 @@ fn ids() -> impl FnMut() -> uuid::Uuid {
 
 #[test]
 fn placement_fills_free_slots_then_refuses_and_records_what_it_placed() {
-    let env = BTreeMap::new();
     let package = pkg();
-    let pinned = Pinned {
-        runner_group_id: 1,
-        packages: &package,
-        env: &env,
-    };
+    let pinned = &package;
     let p = policy(json!({}));
     let mut worker = PlacementWorker::new();
     let mut facts = vec![node("n1", 1), node("n2", 1)];
-    let placed = place(
-        &mut worker,
-        &mut facts,
-        &p,
-        &pinned,
-        3,
-        &names(&["old-1"]),
-        t(NOW),
-        ids(),
-    )
-    .unwrap();
+    let placed = place_for(&mut worker, &mut facts, &p, pinned, 3, &names(&["old-1"]));
     assert_eq!(placed.attempts.len(), 2);
     assert_eq!(placed.refused, Some(Unplaceable::AllFull));
     let nodes: BTreeSet<&str> = placed.attempts.iter().map(|a| a.node.as_str()).collect();
@@ -1130,106 +1132,46 @@ fn placement_fills_free_slots_then_refuses_and_records_what_it_placed() {
     // The worker expects them: a later placement (facts rebuilt from a cache that does not
     // show them yet) finds no room.
     let mut fresh = vec![node("n1", 1), node("n2", 1)];
-    let again = place(&mut worker, &mut fresh, &p, &pinned, 1, &[], t(NOW), ids()).unwrap();
+    let again = place_for(&mut worker, &mut fresh, &p, pinned, 1, &[]);
     assert!(again.attempts.is_empty());
     assert_eq!(again.refused, Some(Unplaceable::AllFull));
 }
 
 #[test]
 fn placement_refuses_without_a_matching_node_or_agent() {
-    let env = BTreeMap::new();
     let package = pkg();
-    let pinned = Pinned {
-        runner_group_id: 1,
-        packages: &package,
-        env: &env,
-    };
-    let picky = policy(json!({"nodeSelector": {"pool": "gpu"}}));
+    let pinned = &package;
+    let picky = policy(json!({"nodeSelector": {"node-restriction.kubernetes.io/pool": "gpu"}}));
     let mut worker = PlacementWorker::new();
-    let placed = place(
-        &mut worker,
-        &mut [node("n1", 4)],
-        &picky,
-        &pinned,
-        1,
-        &[],
-        t(NOW),
-        ids(),
-    )
-    .unwrap();
+    let placed = place_for(&mut worker, &mut [node("n1", 4)], &picky, pinned, 1, &[]);
     assert_eq!(placed.refused, Some(Unplaceable::NoneMatchingSelector));
     let mut agentless = node("n1", 4);
     agentless.agent = None;
-    let placed = place(
+    let placed = place_for(
         &mut worker,
         &mut [agentless],
         &policy(json!({})),
-        &pinned,
+        pinned,
         1,
         &[],
-        t(NOW),
-        ids(),
-    )
-    .unwrap();
+    );
     assert_eq!(placed.refused, Some(Unplaceable::NoAgent));
     let mut cordoned = node("n1", 4);
     cordoned.cordoned = true;
-    let placed = place(
+    let placed = place_for(
         &mut worker,
         &mut [cordoned],
         &policy(json!({})),
-        &pinned,
+        pinned,
         1,
         &[],
-        t(NOW),
-        ids(),
-    )
-    .unwrap();
+    );
     assert_eq!(placed.refused, Some(Unplaceable::AllCordoned));
-}
-
-#[test]
-fn a_policy_whose_attempts_cannot_be_built_records_no_expectation() {
-    let env = BTreeMap::new();
-    let package = pkg();
-    let pinned = Pinned {
-        runner_group_id: 1,
-        packages: &package,
-        env: &env,
-    };
-    let mut bad = policy(json!({}));
-    bad.spec.github.url = "not a url".into();
-    let mut worker = PlacementWorker::new();
-    let err = place(
-        &mut worker,
-        &mut [node("n1", 2)],
-        &bad,
-        &pinned,
-        2,
-        &[],
-        t(NOW),
-        ids(),
-    )
-    .unwrap_err();
-    assert!(matches!(err, ReconcileError::Build));
-    let ok = place(
-        &mut worker,
-        &mut [node("n1", 2)],
-        &policy(json!({})),
-        &pinned,
-        2,
-        &[],
-        t(NOW),
-        ids(),
-    )
-    .unwrap();
-    assert_eq!(ok.attempts.len(), 2, "nothing was left expected");
 }
 
 #[test]
 fn a_runner_labelled_with_an_architecture_is_placed_only_on_nodes_of_it() {
     use runner_manager_crds::arch::Arch;
-    let env = BTreeMap::new();
     let package = |arch: Arch, sha: &str| RunnerPackage {
         version: "2.330.0".into(),
         url: format!("https://x/actions-runner-linux-{arch}-2.330.0.tar.gz"),
@@ -1238,11 +1180,7 @@ fn a_runner_labelled_with_an_architecture_is_placed_only_on_nodes_of_it() {
     };
     let packages =
         RunnerPackages::of([package(Arch::X64, "a"), package(Arch::Arm64, "b")]).unwrap();
-    let pinned = Pinned {
-        runner_group_id: 1,
-        packages: &packages,
-        env: &env,
-    };
+    let pinned = &packages;
     let arm_node = || {
         let mut n = node("arm", 4);
         n.arch = Some(Arch::Arm64);
@@ -1250,46 +1188,37 @@ fn a_runner_labelled_with_an_architecture_is_placed_only_on_nodes_of_it() {
     };
     // Unlabelled by architecture: the arm64 node runs the arm64 package.
     let mut worker = PlacementWorker::new();
-    let placed = place(
+    let placed = place_for(
         &mut worker,
         &mut [arm_node()],
         &policy(json!({})),
-        &pinned,
+        pinned,
         1,
         &[],
-        t(NOW),
-        ids(),
-    )
-    .unwrap();
+    );
     assert_eq!(
         placed.attempts[0].attempt.spec.snapshot.runner,
         package(Arch::Arm64, "b")
     );
     // Labelled `X64` (GitHub's labels ignore case): not on an arm64 node.
-    let placed = place(
+    let placed = place_for(
         &mut worker,
         &mut [arm_node()],
         &policy(json!({"labels": ["self-hosted", "X64"]})),
-        &pinned,
+        pinned,
         1,
         &[],
-        t(NOW),
-        ids(),
-    )
-    .unwrap();
+    );
     assert!(placed.attempts.is_empty());
     assert_eq!(placed.refused, Some(Unplaceable::NoPackageForArchitecture));
     // Labelled `arm`, which GitHub does not publish here: nowhere.
-    let placed = place(
+    let placed = place_for(
         &mut worker,
         &mut [arm_node(), node("amd", 4)],
         &policy(json!({"labels": ["arm"]})),
-        &pinned,
+        pinned,
         1,
         &[],
-        t(NOW),
-        ids(),
-    )
-    .unwrap();
+    );
     assert_eq!(placed.refused, Some(Unplaceable::NoPackageForArchitecture));
 }

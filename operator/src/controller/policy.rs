@@ -169,10 +169,14 @@ pub async fn prepare(
     {
         // The old source goes first: a scale-set session is deleted before its successor opens.
         mem.demand = None;
-        mem.demand = Some(Chosen {
-            generation,
-            source: sources::choose(ctx, policy, r),
-        });
+        let source = sources::choose(ctx, policy, r);
+        tracing::debug!(
+            policy.namespace = policy.metadata.namespace.as_deref().unwrap_or_default(),
+            policy.name = policy.metadata.name.as_deref().unwrap_or_default(),
+            kind = source.kind().as_str(),
+            "demand source chosen"
+        );
+        mem.demand = Some(Chosen { generation, source });
     }
     let Some(chosen) = mem.demand.as_mut() else {
         return errors;
@@ -452,7 +456,6 @@ async fn apply_run(
             create_attempts(
                 ctx,
                 placement,
-                policy,
                 r,
                 *count,
                 replaces,
@@ -467,7 +470,6 @@ async fn apply_run(
             create_attempts(
                 ctx,
                 placement,
-                policy,
                 r,
                 1,
                 replaces,
@@ -551,7 +553,6 @@ fn status_fields(s: &ScalePolicyStatus) -> Value {
 async fn create_attempts(
     ctx: &Ctx,
     placement: &Mutex<PlacementWorker>,
-    policy: &ScalePolicy,
     resolved: &Resolved,
     count: u32,
     replaces: &[String],
@@ -560,6 +561,7 @@ async fn create_attempts(
     now: Timestamp,
 ) -> Scaled {
     let pinned = Pinned {
+        policy: &resolved.policy,
         runner_group_id: resolved.runner_group_id,
         packages: &resolved.packages,
         env: &resolved.env,
@@ -581,7 +583,6 @@ async fn create_attempts(
         place(
             &mut worker,
             &mut facts,
-            policy,
             &pinned,
             count,
             replaces,
@@ -592,13 +593,7 @@ async fn create_attempts(
     let Placed {
         attempts: planned,
         refused,
-    } = match placed {
-        Ok(p) => p,
-        Err(e) => {
-            errors.push(e);
-            return Scaled::Unbuildable;
-        }
-    };
+    } = placed;
     tracing::debug!(
         planned = planned.len(),
         create = count,

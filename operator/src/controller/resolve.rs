@@ -11,7 +11,8 @@ use kube::api::Api;
 use runner_manager_crds::arch::Arch;
 use runner_manager_crds::attempt::RunnerPackage;
 use runner_manager_crds::policy::{PolicyReason, ScalePolicy};
-use runner_manager_crds::validate::{parse_runner_env, validate_policy};
+use runner_manager_crds::target::GitHubTarget;
+use runner_manager_crds::validate::{ValidatedPolicy, parse_runner_env, validated};
 
 use crate::github::client::GitHubClient;
 use crate::github::errors::{GitHubError, Terminal};
@@ -26,6 +27,8 @@ pub const RUNNER_ENV_KEY: &str = "runner.env";
 /// Everything resolved for one generation of a policy.
 #[derive(Clone)]
 pub struct Resolved {
+    /// The policy as validated for this generation (its parsed target).
+    pub policy: ValidatedPolicy,
     pub client: Arc<GitHubClient>,
     pub runner_group_id: i64,
     pub packages: RunnerPackages,
@@ -257,11 +260,7 @@ fn host_refused(message: String) -> Invalid {
 
 impl HostPolicy {
     /// `Err` when the policy's GitHub host is not on `--github-hosts`. Pure.
-    pub fn github_host_allowed(&self, url: &str) -> Result<(), Invalid> {
-        let Ok(target) = runner_manager_crds::target::GitHubTarget::parse(url) else {
-            // validate_policy already reported it.
-            return Ok(());
-        };
+    pub fn github_host_allowed(&self, target: &GitHubTarget) -> Result<(), Invalid> {
         if self.github_hosts.contains(&target.host) {
             return Ok(());
         }
@@ -314,22 +313,21 @@ pub async fn resolve(
     hosts: &HostPolicy,
     bindings: &OwnerBindings,
 ) -> Result<Resolved, Invalid> {
-    let problems = validate_policy(&policy.spec);
-    if !problems.is_empty() {
+    let valid = validated(policy).map_err(|problems| {
         let message = problems
             .iter()
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join("; ");
-        return Err(Invalid::new(PolicyReason::InvalidSpec, message));
-    }
-    let namespace = policy.metadata.namespace.as_deref().unwrap_or_default();
+        Invalid::new(PolicyReason::InvalidSpec, message)
+    })?;
+    let namespace = valid.namespace.as_str();
     // Before the Secret is read: a namespace the admin did not bind gets nothing done with
     // its credentials for that owner, valid or not.
-    owner_allowed(bindings, &policy.spec.github.url, namespace)?;
+    owner_allowed(bindings, &valid.target, namespace)?;
     // Before the Secret is read and before GitHub is asked: a host the admin did not list gets
     // no request, and its listing never chooses a package.
-    hosts.github_host_allowed(&policy.spec.github.url)?;
+    hosts.github_host_allowed(&valid.target)?;
     let secret_name = &policy.spec.github.credentials_secret_ref.name;
     let secret = clients
         .secret(namespace, secret_name)
@@ -388,6 +386,7 @@ pub async fn resolve(
         Some(from) => runner_env(kube, namespace, &from.config_map_ref.name).await?,
     };
     Ok(Resolved {
+        policy: valid,
         client,
         runner_group_id,
         packages,
@@ -396,11 +395,11 @@ pub async fn resolve(
 }
 
 /// `Err` when the URL's owner is bound to other namespaces. Pure.
-pub fn owner_allowed(bindings: &OwnerBindings, url: &str, namespace: &str) -> Result<(), Invalid> {
-    let Ok(target) = runner_manager_crds::target::GitHubTarget::parse(url) else {
-        // validate_policy already reported it.
-        return Ok(());
-    };
+pub fn owner_allowed(
+    bindings: &OwnerBindings,
+    target: &GitHubTarget,
+    namespace: &str,
+) -> Result<(), Invalid> {
     match bindings.refuses(&target.kind, namespace) {
         None => Ok(()),
         Some(bound) => Err(Invalid::new(
@@ -481,18 +480,22 @@ mod tests {
         ]
     }
 
+    fn target(url: &str) -> GitHubTarget {
+        GitHubTarget::parse(url).unwrap()
+    }
+
     const SHA: &str = "ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef0123456789";
 
     #[test]
     fn a_bound_owner_is_refused_elsewhere_with_a_message_naming_the_setting() {
         let b = OwnerBindings::parse("acme=team").unwrap();
-        assert!(owner_allowed(&b, "https://github.com/acme/web", "team").is_ok());
-        assert!(owner_allowed(&b, "https://github.com/other/web", "aaa").is_ok());
-        let e = owner_allowed(&b, "https://github.com/acme/web", "aaa").unwrap_err();
+        assert!(owner_allowed(&b, &target("https://github.com/acme/web"), "team").is_ok());
+        assert!(owner_allowed(&b, &target("https://github.com/other/web"), "aaa").is_ok());
+        let e = owner_allowed(&b, &target("https://github.com/acme/web"), "aaa").unwrap_err();
         assert_eq!(e.reason, PolicyReason::OwnerBoundElsewhere);
         assert!(!e.is_transient());
         assert!(e.message.contains("--owner-namespaces"), "{}", e.message);
-        let org = owner_allowed(&b, "https://github.com/ACME", "aaa").unwrap_err();
+        let org = owner_allowed(&b, &target("https://github.com/ACME"), "aaa").unwrap_err();
         assert_eq!(org.reason, PolicyReason::OwnerBoundElsewhere);
     }
 
@@ -504,14 +507,18 @@ mod tests {
             http_hosts: HostList::parse("127.0.0.1").unwrap(),
             mirror: Some("https://mirror.corp.example/runner".into()),
         };
-        assert!(hosts.github_host_allowed("https://github.com/a/b").is_ok());
         assert!(
             hosts
-                .github_host_allowed("https://GHES.corp.example/a")
+                .github_host_allowed(&target("https://github.com/a/b"))
+                .is_ok()
+        );
+        assert!(
+            hosts
+                .github_host_allowed(&target("https://GHES.corp.example/a"))
                 .is_ok()
         );
         let e = hosts
-            .github_host_allowed("https://evil.example/a/b")
+            .github_host_allowed(&target("https://evil.example/a/b"))
             .unwrap_err();
         assert_eq!(e.reason, PolicyReason::HostNotAllowed);
         assert!(e.message.contains("--github-hosts"), "{}", e.message);

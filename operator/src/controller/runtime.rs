@@ -461,7 +461,7 @@ async fn sweep(lead: Arc<Leading>) {
         let mut states: BTreeMap<AttemptState, i64> =
             AttemptState::ALL.iter().map(|s| (*s, 0)).collect();
         for a in &all {
-            *states.entry(attempts::state_of(a)).or_default() += 1;
+            *states.entry(a.state()).or_default() += 1;
         }
         let counts: Vec<(&'static str, i64)> =
             states.iter().map(|(s, n)| (state_name(*s), *n)).collect();

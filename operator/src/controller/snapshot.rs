@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 use runner_manager_crds::attempt::{
     AttemptSnapshot, AttemptTimeouts, ExecutionSnapshot, RunnerAttempt, RunnerAttemptSpec,
@@ -12,7 +13,7 @@ use runner_manager_crds::attempt::{
 use runner_manager_crds::duration::ManifestDuration;
 use runner_manager_crds::names::attempt_name;
 use runner_manager_crds::policy::ScalePolicy;
-use runner_manager_crds::target::GitHubTarget;
+use runner_manager_crds::validate::ValidatedPolicy;
 
 use super::resolve::RunnerPackages;
 use runner_manager_crds::{CLEANUP_FINALIZER, NODE_LABEL, POLICY_LABEL};
@@ -27,6 +28,8 @@ pub const JIT_HANDOFF: ManifestDuration = ManifestDuration::from_secs(120);
 /// What was resolved for the policy's current generation.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pinned<'a> {
+    /// The policy as validated at resolution: identity, parsed target, spec.
+    pub policy: &'a ValidatedPolicy,
     pub runner_group_id: i64,
     /// One package per architecture; the attempt pins its node's.
     pub packages: &'a RunnerPackages,
@@ -34,25 +37,24 @@ pub struct Pinned<'a> {
 }
 
 /// The attempt to create on `node`, running `package` (the one of the node's architecture).
-/// `None` when the policy has no parseable target (validation refuses such a policy before
-/// this is reached).
+/// Infallible: everything it reads was validated at resolution.
 pub fn build(
-    policy: &ScalePolicy,
     pinned: &Pinned<'_>,
     package: &RunnerPackage,
     id: uuid::Uuid,
     node: &str,
     replaces: Option<String>,
-) -> Option<RunnerAttempt> {
-    let name = policy.metadata.name.as_deref()?;
-    let target = GitHubTarget::parse(&policy.spec.github.url).ok()?;
+) -> RunnerAttempt {
+    let policy = pinned.policy;
+    let name = policy.name.as_str();
+    let target = &policy.target;
     let spec = &policy.spec;
     let attempt_spec = RunnerAttemptSpec {
         id: id.hyphenated().to_string(),
         policy: name.to_owned(),
         node_name: node.to_owned(),
         snapshot: AttemptSnapshot {
-            policy_uid: policy.metadata.uid.clone().unwrap_or_default(),
+            policy_uid: policy.uid.clone(),
             target: TargetSnapshot {
                 url: spec.github.url.clone(),
                 scope: target.scope(),
@@ -74,19 +76,14 @@ pub fn build(
                 jit_handoff: JIT_HANDOFF,
             },
             scale_set: (spec.github.demand == runner_manager_crds::policy::DemandMode::ScaleSet)
-                .then(|| {
-                    runner_manager_crds::policy::scale_set_name(
-                        policy.metadata.namespace.as_deref().unwrap_or_default(),
-                        name,
-                    )
-                }),
+                .then(|| runner_manager_crds::policy::scale_set_name(&policy.namespace, name)),
         },
         replaces,
         termination: None,
     };
     let mut attempt = RunnerAttempt::new(&attempt_name(name, id), attempt_spec);
     let meta = attempt.meta_mut();
-    meta.namespace = policy.metadata.namespace.clone();
+    meta.namespace = Some(policy.namespace.clone());
     meta.labels = Some(
         [
             (POLICY_LABEL.to_owned(), name.to_owned()),
@@ -97,7 +94,7 @@ pub fn build(
     meta.annotations = Some(
         [(
             POLICY_GENERATION_ANNOTATION.to_owned(),
-            policy.metadata.generation.unwrap_or(0).to_string(),
+            policy.generation.to_string(),
         )]
         .into(),
     );
@@ -107,11 +104,15 @@ pub fn build(
     // never waits on it, nor deleting the policy on them (`blockOwnerDeletion: false`): the
     // policy's finalizer drains them first, and the garbage collector removes what is left
     // once the policy is gone.
-    meta.owner_references = policy.controller_owner_ref(&()).map(|mut owner| {
-        owner.block_owner_deletion = Some(false);
-        vec![owner]
-    });
-    Some(attempt)
+    meta.owner_references = Some(vec![OwnerReference {
+        api_version: ScalePolicy::api_version(&()).into_owned(),
+        kind: ScalePolicy::kind(&()).into_owned(),
+        name: name.to_owned(),
+        uid: policy.uid.clone(),
+        controller: Some(true),
+        block_owner_deletion: Some(false),
+    }]);
+    attempt
 }
 
 #[cfg(test)]
@@ -143,20 +144,14 @@ mod tests {
         let env = BTreeMap::from([("A".to_owned(), "1".to_owned())]);
         let id = uuid::Uuid::parse_str("0123456789ab4def8123456789abcdef").unwrap();
         let packages = RunnerPackages::single(pkg.clone());
+        let valid = runner_manager_crds::validate::validated(&policy()).unwrap();
         let pinned = Pinned {
+            policy: &valid,
             runner_group_id: 7,
             packages: &packages,
             env: &env,
         };
-        let a = build(
-            &policy(),
-            &pinned,
-            &pkg,
-            id,
-            "node-a",
-            Some("web-old".into()),
-        )
-        .unwrap();
+        let a = build(&pinned, &pkg, id, "node-a", Some("web-old".into()));
         assert_eq!(a.metadata.name.as_deref(), Some("web-0123456789ab"));
         assert_eq!(a.metadata.namespace.as_deref(), Some("team"));
         let labels = a.metadata.labels.as_ref().unwrap();

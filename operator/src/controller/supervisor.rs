@@ -16,7 +16,6 @@ use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_crds::state::AttemptState;
 use tokio::time::Instant;
 
-use super::attempts::state_of;
 use super::errors::{GitHubRead, ReconcileError};
 use super::events::Reason;
 use super::writes::{Cas, WriteKind, Writer};
@@ -42,14 +41,14 @@ pub fn github_facts(
     status: GitHubRunnerStatus,
     busy: bool,
 ) -> Option<AttemptFacts> {
-    if state_of(a).is_terminal() {
+    if a.state().is_terminal() {
         return None;
     }
     next_facts(&current_facts(a), status, busy)
 }
 
 /// The job fact to write on `a`, with the GitHub fact it holds (one write), or None when it
-/// already holds this job. Written on a concluded attempt too: `sources::ledger::presumed_taken`
+/// already holds this job. Written on a concluded attempt too: `policy::ledger::presumed_taken`
 /// reads it there. A `CompletedJob` runner without a known job is taken to explain one pending
 /// entry for two poll intervals; once the delivery has removed its own job's entry it would
 /// explain another job's, and that job would wait for a runner until the horizon passed (the
@@ -164,7 +163,7 @@ pub fn concluded_registration<'l>(
     listing: &'l HashMap<String, Runner>,
     a: &RunnerAttempt,
 ) -> Option<&'l Runner> {
-    if !state_of(a).is_terminal() {
+    if !a.state().is_terminal() {
         return None;
     }
     listed_runner(listing, a).filter(|r| !r.busy)
@@ -193,7 +192,7 @@ pub async fn terminate(
 ) -> Result<Terminated, ReconcileError> {
     let ns = attempt.metadata.namespace.as_deref().unwrap_or_default();
     let name = attempt.metadata.name.as_deref().unwrap_or_default();
-    let decided_state = state_of(attempt);
+    let decided_state = attempt.state();
     let live = match ctx.writer.attempts(ns).get_opt(name).await {
         Ok(Some(a)) => a,
         Ok(None) => return Ok(Terminated::Skipped),
@@ -206,7 +205,7 @@ pub async fn terminate(
     };
     let took_job = live.status.as_ref().is_some_and(|s| s.facts.job.is_some());
     if live.spec.termination.is_some()
-        || state_of(&live) != decided_state
+        || live.state() != decided_state
         || decided_state == AttemptState::Busy
         || took_job
     {
@@ -315,7 +314,7 @@ pub async fn observe(
         .map(|r| (r.name.clone(), r.clone()))
         .collect();
     for a in attempts {
-        if state_of(a).is_terminal() {
+        if a.state().is_terminal() {
             if let Some(r) = concluded_registration(&listing, a)
                 && let Err(source) = client.delete_runner(r.id, Priority::Observe).await
             {

@@ -138,7 +138,7 @@ pub fn decide<'a>(input: DemandInput, attempts: &'a [AttemptView<'a>]) -> Scale<
 }
 
 /// [`decide`], with a scale-up held back by `presumed_taken` pending jobs the policy's own
-/// runners have evidently taken (`sources::ledger::presumed_taken`): the ledger less those is what
+/// runners have evidently taken (`policy::ledger::presumed_taken`): the ledger less those is what
 /// still needs a runner. Scale-down and the published desired count use the whole ledger, so
 /// no runner is removed on a presumption.
 pub fn decide_holding<'a>(

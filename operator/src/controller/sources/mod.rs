@@ -1,8 +1,9 @@
 //! Where a policy's demand comes from: its **sources** (docs/demand-modes.md), each feeding the
 //! one job ledger (`status.pendingJobs`) that demand, placement and the broker read.
 //!
-//! - [`ledger`]: the ledger's pure rules (additions, removals, jobs presumed taken) and the
-//!   webhook receiver, the push source every mode but `ScaleSet` may have beside its pull source.
+//! - [`webhook`]: the `workflow_job` receiver's sink, the push source every mode but `ScaleSet`
+//!   may have beside its pull source. [`candidates`]: which policy a job belongs to. The
+//!   ledger's own rules are pure and live in `crate::policy::ledger`.
 //! - A pull source per policy, a [`DemandSource`], [`choose`]n once per generation from what
 //!   resolution found (the policy's mode and its target's scope): [`poll`] (repository target),
 //!   [`walk`] (organization or enterprise target), [`scale_set`] (the scale set's message
@@ -15,11 +16,11 @@
 
 pub mod candidates;
 pub mod checks;
-pub mod ledger;
 pub mod poll;
 pub mod scale_set;
 pub mod source;
 pub mod walk;
+pub mod webhook;
 
 use runner_manager_crds::policy::{DemandMode, ScalePolicy};
 use runner_manager_crds::target::TargetKind;

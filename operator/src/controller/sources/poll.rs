@@ -10,11 +10,11 @@ use tokio::time::Instant;
 
 use super::candidates::Candidates;
 use super::checks::JobChecks;
-use super::ledger::{additions, stale_after_poll};
 use super::source::{DemandSource, Observed, Pass, SourceKind};
 use crate::controller::errors::{GitHubRead, ReconcileError};
 use crate::github::client::GitHubClient;
 use crate::github::errors::GitHubError;
+use crate::policy::ledger::{additions, stale_after_poll};
 use crate::policy::matching::JobLabels;
 
 /// With webhooks on, a run is polled once it is a poll interval old: until then its deliveries

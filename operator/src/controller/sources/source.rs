@@ -13,7 +13,7 @@ use super::candidates::Candidates;
 use crate::controller::errors::ReconcileError;
 use crate::controller::resolve::Resolved;
 
-/// Closed vocabulary of pull sources (the `demand.source` field of the reconcile's span).
+/// Closed vocabulary of pull sources (the `kind` of the "demand source chosen" log line).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SourceKind {
     RepositoryPoll,

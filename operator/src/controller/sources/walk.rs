@@ -12,11 +12,11 @@ use tokio::time::Instant;
 
 use super::candidates::Candidates;
 use super::checks::JobChecks;
-use super::ledger::{additions, left_queue, stale_after_poll};
 use super::poll::before;
 use super::source::{DemandSource, Observed, Pass, SourceKind};
 use crate::controller::errors::{GitHubRead, ReconcileError};
 use crate::github::client::GitHubClient;
+use crate::policy::ledger::{additions, left_queue, stale_after_poll};
 use crate::policy::matching::JobLabels;
 
 /// How long a job the walk recorded is not recorded again while the cache catches up with the

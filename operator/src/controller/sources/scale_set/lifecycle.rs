@@ -26,7 +26,6 @@ use runner_manager_crds::state::AttemptState;
 use tokio::time::Instant;
 
 use crate::controller::Ctx;
-use crate::controller::attempts::state_of;
 use crate::controller::events::Reason;
 use crate::github::scaleset::{ScaleSetError, Session};
 
@@ -72,7 +71,7 @@ pub fn retirement(policy: &ScalePolicy, attempts: &[&RunnerAttempt]) -> Option<R
     }
     let minted_through_set = attempts
         .iter()
-        .any(|a| a.spec.snapshot.scale_set.is_some() && state_of(a) != AttemptState::Cleaned);
+        .any(|a| a.spec.snapshot.scale_set.is_some() && a.state() != AttemptState::Cleaned);
     (!minted_through_set).then_some(Retire::LeftMode)
 }
 
