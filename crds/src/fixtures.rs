@@ -7,9 +7,9 @@
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::attempt::{
-    AttemptJournal, AttemptKind, EnvironmentIdentity, Launcher, ProcessIdentity, RunnerAttempt,
-    RunnerAttemptStatus, RunnerRegistration, StartedIdentity, TargetScope, Transition,
-    WorkspacePlacement,
+    AttemptFacts, AttemptJournal, AttemptKind, EnvironmentIdentity, JobFact, Launcher,
+    ProcessIdentity, RunnerAttempt, RunnerAttemptStatus, RunnerRegistration, StartedIdentity,
+    TargetScope, Transition, WorkspacePlacement,
 };
 use crate::outcome::{FailureReason, Outcome};
 use crate::policy::{ExecutionMode, WorkspaceMode};
@@ -52,6 +52,11 @@ pub fn process_identity() -> ProcessIdentity {
 
 /// A transition of the given edge kind with a plausible payload.
 pub fn transition_of(kind: AttemptKind, edge: EdgeKind) -> Transition {
+    transition_in_slot(kind, edge, 1)
+}
+
+/// [`transition_of`], a persistent attempt's admission placing it in slot `slot`.
+pub fn transition_in_slot(kind: AttemptKind, edge: EdgeKind, slot: u32) -> Transition {
     match edge {
         EdgeKind::Admit => Transition::Admit {
             placement: match kind.workspace {
@@ -59,7 +64,7 @@ pub fn transition_of(kind: AttemptKind, edge: EdgeKind) -> Transition {
                     WorkspacePlacement::ephemeral("/var/lib/rm/runners/abc")
                 }
                 WorkspaceMode::Persistent => {
-                    WorkspacePlacement::slot(1, "/slots/ns/uid/s1").unwrap()
+                    WorkspacePlacement::slot(slot, format!("/slots/ns/uid/s{slot}")).unwrap()
                 }
             },
             spec_hash: "hash".into(),
@@ -110,14 +115,44 @@ pub fn step(
     edge: EdgeKind,
     now: Timestamp,
 ) -> AttemptJournal {
-    j.apply(edge.actor(), kind, transition_of(kind, edge), now)
-        .unwrap_or_else(|e| panic!("{edge:?} from {:?}: {e}", j.state()))
+    step_in_slot(j, kind, edge, now, 1)
+}
+
+fn step_in_slot(
+    j: &AttemptJournal,
+    kind: AttemptKind,
+    edge: EdgeKind,
+    now: Timestamp,
+    slot: u32,
+) -> AttemptJournal {
+    j.apply(
+        edge.actor(),
+        kind,
+        transition_in_slot(kind, edge, slot),
+        now,
+    )
+    .unwrap_or_else(|e| panic!("{edge:?} from {:?}: {e}", j.state()))
 }
 
 /// A journal in `state`, walked there along the shortest legal path, each edge at `t0`.
 /// Panics for a state the kind never reaches (native: Preparing, Destroying, CleanupDeferred);
 /// see [`reachable`].
 pub fn journal_in(kind: AttemptKind, state: AttemptState) -> AttemptJournal {
+    journal_in_slot(kind, state, 1)
+}
+
+/// [`journal_in`], a persistent attempt in slot `slot`.
+pub fn journal_in_slot(kind: AttemptKind, state: AttemptState, slot: u32) -> AttemptJournal {
+    journal_in_slot_at(kind, state, slot, t0())
+}
+
+/// [`journal_in_slot`], every edge at `at`.
+fn journal_in_slot_at(
+    kind: AttemptKind,
+    state: AttemptState,
+    slot: u32,
+    at: Timestamp,
+) -> AttemptJournal {
     assert!(
         reachable(kind, state),
         "{state:?} is not reachable for {kind:?}"
@@ -180,7 +215,7 @@ pub fn journal_in(kind: AttemptKind, state: AttemptState) -> AttemptJournal {
     }
     let mut j = AttemptJournal::default();
     for e in path {
-        j = step(&j, kind, e, t0());
+        j = step_in_slot(&j, kind, e, at, slot);
     }
     assert_eq!(j.state(), state);
     j
@@ -218,6 +253,13 @@ pub struct AttemptBuilder {
     scope: &'static str,
     created: Option<Timestamp>,
     uid: Option<String>,
+    resource_version: Option<String>,
+    policy_uid: String,
+    slot: u32,
+    max_slots: u32,
+    resources: serde_json::Map<String, serde_json::Value>,
+    edges_at: Option<Timestamp>,
+    job: Option<i64>,
 }
 
 impl AttemptBuilder {
@@ -234,7 +276,57 @@ impl AttemptBuilder {
             scope: "Repository",
             created: None,
             uid: None,
+            resource_version: None,
+            policy_uid: "u".to_owned(),
+            slot: 1,
+            max_slots: 1,
+            resources: serde_json::Map::new(),
+            edges_at: None,
+            job: None,
         }
+    }
+
+    /// Every edge of the journal at `at` ([`t0`] unless set): its timestamps (`busyAt`,
+    /// `concludedAt`…) are `at`.
+    pub fn edges_at(mut self, at: Timestamp) -> Self {
+        self.edges_at = Some(at);
+        self
+    }
+
+    /// The operator's fact that the runner took job `id` (of run 1 in `acme/web`).
+    pub fn job(mut self, id: i64) -> Self {
+        self.job = Some(id);
+        self
+    }
+
+    /// `metadata.resourceVersion`.
+    pub fn resource_version(mut self, v: &str) -> Self {
+        self.resource_version = Some(v.to_owned());
+        self
+    }
+
+    /// The policy's uid in the snapshot (persistent slots live under it).
+    pub fn policy_uid(mut self, uid: &str) -> Self {
+        uid.clone_into(&mut self.policy_uid);
+        self
+    }
+
+    /// A persistent attempt in slot `slot` of `max_slots`.
+    pub fn slot(mut self, slot: u32, max_slots: u32) -> Self {
+        self.kind.workspace = WorkspaceMode::Persistent;
+        self.slot = slot;
+        self.max_slots = max_slots;
+        self
+    }
+
+    /// The runner's limits (`execution.resources`: Kubernetes quantities).
+    pub fn resources(mut self, cpu: Option<&str>, memory: Option<&str>) -> Self {
+        for (k, v) in [("cpu", cpu), ("memory", memory)] {
+            if let Some(v) = v {
+                self.resources.insert(k.to_owned(), serde_json::json!(v));
+            }
+        }
+        self
     }
 
     /// The policy's target (`url`, `Repository`, `Organization` or `Enterprise`).
@@ -303,9 +395,10 @@ impl AttemptBuilder {
             WorkspaceMode::Persistent => "Persistent",
         };
         let mut snapshot = serde_json::json!({
-            "policyUid": "u", "target": {"url": self.url, "scope": self.scope},
-            "labels": ["x"], "runnerGroupId": 1, "workspace": workspace, "maxSlots": 1,
-            "execution": {"mode": mode},
+            "policyUid": self.policy_uid, "target": {"url": self.url, "scope": self.scope},
+            "labels": ["x"], "runnerGroupId": 1, "workspace": workspace, "maxSlots": self.max_slots,
+            "execution": {"mode": mode,
+                "resources": (!self.resources.is_empty()).then_some(&self.resources)},
             "runner": {"version": "2.330.0", "url": "u", "sha256": "a".repeat(64)},
             "timeouts": {"registration": "60s", "idle": "120s", "jitHandoff": "120s"}
         });
@@ -319,15 +412,27 @@ impl AttemptBuilder {
         let mut a: RunnerAttempt = serde_json::from_value(serde_json::json!({
             "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
             "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid,
+              "resourceVersion": self.resource_version,
               "creationTimestamp": self.created.map(|t| t.to_string())},
             "spec": {"id": "01234567-89ab-4def-8123-456789abcdef", "policy": self.policy,
               "nodeName": self.node, "snapshot": snapshot}
         }))
         .expect("the fixture is a valid RunnerAttempt");
-        if let Some(state) = self.state {
+        if self.state.is_some() || self.job.is_some() {
+            let state = self.state.unwrap_or_default();
+            let at = self.edges_at.unwrap_or_else(t0);
+            let facts = AttemptFacts {
+                job: self.job.map(|id| JobFact {
+                    id,
+                    run_id: Some(1),
+                    repository: Some("acme/web".to_owned()),
+                    workflow_ref: None,
+                }),
+                ..AttemptFacts::default()
+            };
             a.status = Some(RunnerAttemptStatus {
-                journal: journal_in(self.kind, state),
-                facts: Default::default(),
+                journal: journal_in_slot_at(self.kind, state, self.slot, at),
+                facts,
             });
         }
         a

@@ -190,17 +190,10 @@ mod tests {
     use crate::outcome::Outcome;
 
     fn attempt() -> RunnerAttempt {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
-            "metadata": {"name": "web-1", "resourceVersion": "7"},
-            "spec": {"id": "00000000-0000-4000-8000-000000000001", "policy": "web", "nodeName": "n",
-                     "snapshot": {"policyUid": "u", "target": {"url": "https://github.com/a/b", "scope": "Repository"},
-                                  "labels": ["x"], "runnerGroupId": 1, "workspace": "Ephemeral", "maxSlots": 1,
-                                  "execution": {"mode": "Native"},
-                                  "runner": {"version": "2.330.0", "url": "https://x/y.tar.gz", "sha256": "a".repeat(64)},
-                                  "timeouts": {"registration": "5m", "idle": "10m", "jitHandoff": "2m"}}}
-        }))
-        .unwrap()
+        crate::fixtures::AttemptBuilder::new("web-1", "web")
+            .node("n")
+            .resource_version("7")
+            .build()
     }
 
     fn condition(status: ConditionStatus) -> AttemptCondition {

@@ -372,28 +372,11 @@ mod tests {
     use k8s_openapi::api::core::v1::PodStatus;
 
     fn attempt(cpu: Option<&str>, memory: Option<&str>) -> RunnerAttempt {
-        let mut resources = serde_json::Map::new();
-        if let Some(c) = cpu {
-            resources.insert("cpu".into(), c.into());
-        }
-        if let Some(m) = memory {
-            resources.insert("memory".into(), m.into());
-        }
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
-            "metadata": {"name": "web-3f2a9c0177aa", "namespace": "team", "uid": "u-1"},
-            "spec": {
-                "id": "3f2a9c01-77aa-4bcd-8e00-123456789abc", "policy": "web", "nodeName": "n1",
-                "snapshot": {
-                    "policyUid": "p", "target": {"url": "https://github.com/o/r", "scope": "Repository"},
-                    "labels": [], "runnerGroupId": 1, "workspace": "Ephemeral", "maxSlots": 1,
-                    "execution": {"mode": "Native", "resources": resources},
-                    "runner": {"version": "2.330.0", "url": "https://example.invalid/r.tgz", "sha256": "0".repeat(64)},
-                    "timeouts": {"registration": "5m", "idle": "5m", "jitHandoff": "2m"}
-                }
-            }
-        }))
-        .expect("a valid attempt")
+        runner_manager_crds::fixtures::AttemptBuilder::new("web-3f2a9c0177aa", "web")
+            .namespace("team")
+            .uid("u-1")
+            .resources(cpu, memory)
+            .build()
     }
 
     /// The placeholder the broker makes for `a` (`runner_manager_crds::pods`).

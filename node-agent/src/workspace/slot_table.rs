@@ -124,6 +124,7 @@ impl SlotTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use runner_manager_crds::state::AttemptState;
 
     fn key() -> SlotKey {
         SlotKey {
@@ -192,34 +193,18 @@ mod tests {
 
     #[test]
     fn a_concluded_but_uncleaned_attempt_keeps_its_slot_and_a_cleaned_one_does_not() {
-        let attempt = |state: &str| -> RunnerAttempt {
-            serde_json::from_value(serde_json::json!({
-                "apiVersion": "runner-manager.dev/v1alpha1",
-                "kind": "RunnerAttempt",
-                "metadata": {"name": "web-1", "namespace": "team"},
-                "spec": {
-                    "id": "3f2a9c01-77aa-4bcd-8e00-123456789abc", "policy": "web", "nodeName": "n1",
-                    "snapshot": {
-                        "policyUid": "uid-1",
-                        "target": {"url": "https://example.invalid/o/r", "scope": "Repository"},
-                        "labels": [], "runnerGroupId": 1, "workspace": "Persistent", "maxSlots": 2,
-                        "execution": {"mode": "Native"},
-                        "runner": {"version": "2.330.0", "url": "https://example.invalid/r.tar.gz",
-                                   "sha256": "0000000000000000000000000000000000000000000000000000000000000000"},
-                        "timeouts": {"registration": "5m", "idle": "5m", "jitHandoff": "2m"}
-                    }
-                },
-                "status": {
-                    "state": state,
-                    "workspace": {"kind": "Persistent", "slot": 2, "runtimePath": "/s/team/uid-1/s2"}
-                }
-            }))
-            .expect("attempt json")
+        let attempt = |state| {
+            runner_manager_crds::fixtures::AttemptBuilder::new("web-1", "web")
+                .namespace("team")
+                .policy_uid("uid-1")
+                .slot(2, 2)
+                .state(state)
+                .build()
         };
         assert_eq!(
-            JournalledLease::of(&attempt("Failed")),
+            JournalledLease::of(&attempt(AttemptState::Failed)),
             Some(lease(2, "web-1"))
         );
-        assert_eq!(JournalledLease::of(&attempt("Cleaned")), None);
+        assert_eq!(JournalledLease::of(&attempt(AttemptState::Cleaned)), None);
     }
 }

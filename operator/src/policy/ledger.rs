@@ -147,7 +147,6 @@ pub fn stale_after_poll(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn a_poll_removes_only_old_entries_it_no_longer_sees_queued() {
@@ -182,30 +181,21 @@ mod tests {
         completed_at: Option<i64>,
         job: Option<i64>,
     ) -> std::sync::Arc<runner_manager_crds::attempt::RunnerAttempt> {
-        let t = |s: i64| Time(Timestamp::from_second(s).unwrap());
-        let mut status = json!({"state": "Idle"});
-        if let Some(b) = busy_at {
-            status = json!({"state": "Busy", "timestamps": {"busyAt": t(b)}});
-        }
-        if let Some(c) = completed_at {
-            status = json!({"state": "Finished", "outcome": {"kind": "CompletedJob"},
-                            "timestamps": {"concludedAt": t(c)}});
-        }
+        use runner_manager_crds::fixtures::AttemptBuilder;
+        use runner_manager_crds::state::AttemptState;
+        let (state, at) = match (busy_at, completed_at) {
+            (_, Some(c)) => (AttemptState::Finished, c),
+            (Some(b), None) => (AttemptState::Busy, b),
+            (None, None) => (AttemptState::Idle, 0),
+        };
+        let mut a = AttemptBuilder::new("web-1", "web")
+            .node("n")
+            .state(state)
+            .edges_at(Timestamp::from_second(at).unwrap());
         if let Some(j) = job {
-            // The facts are flattened into the status on the wire.
-            status["job"] = json!({"id": j, "runId": 1, "repository": "acme/web"});
+            a = a.job(j);
         }
-        std::sync::Arc::new(serde_json::from_value(json!({
-            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
-            "metadata": {"name": "web-1"},
-            "spec": {"id": "01234567-89ab-4def-8123-456789abcdef", "policy": "web", "nodeName": "n",
-              "snapshot": {"policyUid": "u", "target": {"url": "https://github.com/a/b", "scope": "Repository"},
-                "labels": ["x"], "runnerGroupId": 1, "workspace": "Ephemeral", "maxSlots": 1,
-                "execution": {"mode": "Native"},
-                "runner": {"version": "2.330.0", "url": "u", "sha256": "a".repeat(64)},
-                "timeouts": {"registration": "60s", "idle": "120s", "jitHandoff": "120s"}}},
-            "status": status
-        })).unwrap())
+        std::sync::Arc::new(a.build())
     }
 
     /// Why a concluded runner's job fact is written (`supervisor::job_facts`): its delivery
