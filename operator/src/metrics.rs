@@ -99,6 +99,9 @@ pub struct PolicyGauges {
     pub starting: u32,
     pub idle: u32,
     pub busy: u32,
+    /// Leaving or being cleaned up (`status.cleaning`): terminations asked, and concluded
+    /// attempts not yet `Cleaned`. One that stays up names a cleanup that does not finish.
+    pub cleaning: u32,
     /// Jobs queued for it and not yet taken (`status.pendingJobs`).
     pub pending_jobs: u32,
     /// `spec.minIdle`.
@@ -137,6 +140,11 @@ const POLICY_GAUGES: &[PolicyGauge] = &[
         name: "policy_busy_runners",
         help: "The policy's runners running a job",
         value: |g| g.busy,
+    },
+    PolicyGauge {
+        name: "policy_cleaning_runners",
+        help: "The policy's runners leaving or being cleaned up (status.cleaning)",
+        value: |g| g.cleaning,
     },
     PolicyGauge {
         name: "policy_pending_jobs",
@@ -613,6 +621,7 @@ mod tests {
                 starting: 1,
                 idle: 1,
                 busy: 1,
+                cleaning: 4,
                 pending_jobs: 2,
                 min: 1,
                 max: 5,
@@ -641,6 +650,7 @@ mod tests {
             "runner_manager_policy_desired_runners{namespace=\"team-a\",policy=\"web\"} 3",
             "runner_manager_policy_idle_runners{namespace=\"team-a\",policy=\"web\"} 1",
             "runner_manager_policy_busy_runners{namespace=\"team-a\",policy=\"web\"} 1",
+            "runner_manager_policy_cleaning_runners{namespace=\"team-a\",policy=\"web\"} 4",
             "runner_manager_policy_pending_jobs{namespace=\"team-a\",policy=\"web\"} 2",
             "runner_manager_policy_min_runners{namespace=\"team-a\",policy=\"web\"} 1",
             "runner_manager_policy_max_runners{namespace=\"team-a\",policy=\"web\"} 5",

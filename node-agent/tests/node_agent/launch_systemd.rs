@@ -28,11 +28,16 @@ use runner_manager_node_agent::providers::sandbox::{
 use runner_manager_node_agent::providers::systemd::{SystemdLauncher, install_helper};
 use runner_manager_node_agent::providers::{LaunchSpec, RunnerLauncher};
 
-/// `rm-runner1` of `e2e/setup-runner-accounts.sh`: systemd resolves `User=` through NSS.
-const RUNNER: RunnerAccount = RunnerAccount {
-    uid: 20001,
-    gid: 20000,
-};
+/// `rm-runner<n>` of `e2e/setup-runner-accounts.sh` (uid 20000 + n, n ≤ 64): systemd resolves
+/// `User=` through NSS. Each test runs its units under accounts of its own: the tests run at once,
+/// and `RemoveIPC` clears a uid's IPC only when that uid's last unit stops, so a unit of another
+/// test under the same uid would keep this test's /dev/shm file (a CI run saw exactly that).
+const fn runner(n: u32) -> RunnerAccount {
+    RunnerAccount {
+        uid: 20000 + n,
+        gid: 20000,
+    }
+}
 
 /// What the probe tries; one `name=yes|no` line each, then `done`.
 const PROBE: &str = r#"#!/bin/bash
@@ -94,6 +99,8 @@ fn inside_systemd(test: &str) -> bool {
 
 /// A host root outside /tmp (the unit's /tmp is private) with one runtime owned by the runner.
 struct Host {
+    /// The runner account the test's units run as (its own: see [`runner`]).
+    account: RunnerAccount,
     root: PathBuf,
     runtime: PathBuf,
     /// A directory of the runner's own account beside its runtime: writable but for the
@@ -103,7 +110,7 @@ struct Host {
 }
 
 impl Host {
-    fn new() -> Self {
+    fn new(account: RunnerAccount) -> Self {
         let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
         let root = PathBuf::from(format!("/var/lib/runner-manager-systemd-test-{id}"));
         let runtime = root.join("runners").join(&id);
@@ -114,14 +121,15 @@ impl Host {
         let listener = runtime.join("bin/Runner.Listener");
         std::fs::write(&listener, PROBE).unwrap();
         std::fs::set_permissions(&listener, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::os::unix::fs::chown(&runtime, Some(RUNNER.uid), Some(RUNNER.gid)).unwrap();
+        std::os::unix::fs::chown(&runtime, Some(account.uid), Some(account.gid)).unwrap();
         std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o700)).unwrap();
         let outside = root.join("outside");
         std::fs::create_dir(&outside).unwrap();
-        std::os::unix::fs::chown(&outside, Some(RUNNER.uid), Some(RUNNER.gid)).unwrap();
+        std::os::unix::fs::chown(&outside, Some(account.uid), Some(account.gid)).unwrap();
         // Readable by anyone, were /home visible.
         std::fs::write(format!("/home/rm-probe-{id}"), b"operator data").unwrap();
         Self {
+            account,
             root,
             runtime,
             outside,
@@ -169,7 +177,7 @@ fn spec<'a>(host: &'a Host, attempt: uuid::Uuid, extra: &[(&str, &str)]) -> Laun
     LaunchSpec {
         attempt,
         runtime: &host.runtime,
-        account: RUNNER,
+        account: host.account,
         environment,
         limits: CgroupLimits::default(),
     }
@@ -260,7 +268,7 @@ impl Drop for TlsServer {
 
 fn handoff(host: &Host) -> RestrictiveHandoff {
     let (secret, _) = jit();
-    RestrictiveHandoff::create(&host.runtime, RUNNER, &secret).unwrap()
+    RestrictiveHandoff::create(&host.runtime, host.account, &secret).unwrap()
 }
 
 /// A start that fails inside systemd (here: the runner cannot enter its runtime) leaves no
@@ -271,7 +279,7 @@ fn a_failed_start_does_not_hold_the_units_name() {
     if !inside_systemd("a_failed_start_does_not_hold_the_units_name") {
         return;
     }
-    let host = Host::new();
+    let host = Host::new(runner(1));
     let launcher = launcher(&host);
     let attempt = uuid::Uuid::new_v4();
     let handoff_file = handoff(&host);
@@ -281,7 +289,12 @@ fn a_failed_start_does_not_hold_the_units_name() {
         refused.is_err(),
         "the runner cannot chdir into a root-owned 0700 runtime"
     );
-    std::os::unix::fs::chown(&host.runtime, Some(RUNNER.uid), Some(RUNNER.gid)).unwrap();
+    std::os::unix::fs::chown(
+        &host.runtime,
+        Some(host.account.uid),
+        Some(host.account.gid),
+    )
+    .unwrap();
     let identity = launcher
         .start(&spec(&host, attempt, &[]), handoff(&host))
         .unwrap();
@@ -296,7 +309,7 @@ fn a_runner_ignoring_sigterm_is_stopped_without_waiting_for_the_stop_timeout() {
     if !inside_systemd("a_runner_ignoring_sigterm_is_stopped") {
         return;
     }
-    let host = Host::new();
+    let host = Host::new(runner(2));
     let launcher = launcher(&host);
     let identity = launcher
         .start(
@@ -318,7 +331,7 @@ fn a_runner_unit_is_sandboxed_and_leaves_nothing_for_the_next_tenant() {
     if !inside_systemd("a_runner_unit_is_sandboxed") {
         return;
     }
-    let host = Host::new();
+    let host = Host::new(runner(3));
     let launcher = launcher(&host);
     let mut environment = BTreeMap::new();
     environment.insert("PROBE_ID".to_owned(), host.id.clone());
@@ -371,12 +384,12 @@ fn a_runner_unit_is_sandboxed_and_leaves_nothing_for_the_next_tenant() {
     let spec = LaunchSpec {
         attempt: uuid::Uuid::new_v4(),
         runtime: &host.runtime,
-        account: RUNNER,
+        account: host.account,
         environment,
         limits: CgroupLimits::default().with_defaults(defaults),
     };
     let (secret, _) = jit();
-    let handoff = RestrictiveHandoff::create(&host.runtime, RUNNER, &secret).unwrap();
+    let handoff = RestrictiveHandoff::create(&host.runtime, host.account, &secret).unwrap();
     let identity = launcher.start(&spec, handoff).unwrap();
     let report = wait_for(&host.runtime.join("probe"), Duration::from_secs(60));
     println!("probe:\n{report}");
@@ -452,7 +465,7 @@ fn a_leftover_runner_unit_is_listed_and_stopped_by_its_attempt_name_only() {
     if !inside_systemd("a_leftover_runner_unit_is_listed_and_stopped_by_its_attempt_name_only") {
         return;
     }
-    let host = Host::new();
+    let host = Host::new(runner(4));
     let launcher = launcher(&host);
     let attempt = uuid::Uuid::new_v4();
     let short = attempt.simple().to_string()[..12].to_owned();
@@ -502,7 +515,7 @@ fn another_tenants_runner_cannot_read_this_ones_runner_env() {
     if !inside_systemd("another_tenants_runner_cannot_read_this_ones_runner_env") {
         return;
     }
-    let host = Host::new();
+    let host = Host::new(runner(5));
     let launcher = launcher(&host);
     let secret = format!("tenantAsecret{}", uuid::Uuid::new_v4().simple());
     let victim = launcher
@@ -515,10 +528,7 @@ fn another_tenants_runner_cannot_read_this_ones_runner_env() {
     let unit = victim.unit.clone().unwrap();
 
     // The other tenant: rm-runner2, its own runtime.
-    const PEER: RunnerAccount = RunnerAccount {
-        uid: 20002,
-        gid: 20000,
-    };
+    const PEER: RunnerAccount = runner(6);
     let peer_runtime = host.root.join("runners").join("peer");
     std::fs::create_dir_all(peer_runtime.join("bin")).unwrap();
     let listener = peer_runtime.join("bin/Runner.Listener");
@@ -551,7 +561,7 @@ fn another_tenants_runner_cannot_read_this_ones_runner_env() {
     launcher.stop(&peer).unwrap();
     launcher.stop(&victim).unwrap();
     assert!(
-        view.contains(&format!("User={}", RUNNER.uid)),
+        view.contains(&format!("User={}", host.account.uid)),
         "the control: the unit file is readable to another account"
     );
     assert!(
@@ -570,7 +580,7 @@ fn the_network_probe_accepts_an_enforcing_systemd_and_refuses_one_that_is_not() 
     if !inside_systemd("the_network_probe_accepts_an_enforcing_systemd") {
         return;
     }
-    let host = Host::new();
+    let host = Host::new(runner(7));
     let own = namespace_addresses("self");
     let network = node_network();
     if probe_target(&own, &network).is_none() {

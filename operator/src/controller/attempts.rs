@@ -95,19 +95,46 @@ async fn take_edge(ctx: &Ctx, a: &RunnerAttempt, outcome: Outcome, now: Timestam
     }
 }
 
-/// Housekeeping of `attempts` (one policy's, or those whose policy is gone). Each failed write
-/// is returned, and the rest goes on; the next reconcile decides again on the fresh objects.
-pub async fn housekeeping(
-    ctx: &Ctx,
-    attempts: &[Arc<RunnerAttempt>],
+/// One step of housekeeping, decided without I/O ([`plan`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Housekeep<'a> {
+    /// Released by the abandon annotation: an Event, the finalizer released, the attempt
+    /// deleted; the agent's cleanup is not waited for.
+    Abandon(&'a RunnerAttempt),
+    /// `Cleaned` and still holding the cleanup finalizer: agents write status only, so the
+    /// operator releases what the agent cleaned.
+    Release(&'a RunnerAttempt),
+    /// `Pending` past the admission timeout: the operator's `ExpireAdmission` edge.
+    ExpireAdmission(&'a RunnerAttempt),
+    /// Its node's agent Lease expired past the grace: the operator's `LoseNode` edge.
+    LoseNode(&'a RunnerAttempt),
+    /// A `Cleaned` attempt beyond the policy's history: deleted.
+    Prune(&'a RunnerAttempt),
+}
+
+/// What housekeeping bounds by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    pub admission_timeout: std::time::Duration,
+    pub node_lost_grace: std::time::Duration,
+    /// `Cleaned` attempts kept per policy.
+    pub history: usize,
+}
+
+/// The housekeeping of `attempts`, in the order it is carried out: each attempt's step in the
+/// given order, then the prunes. `node_gone` says when a node's agent stopped renewing its
+/// Lease (`None` while it is fresh; the second argument is the attempt's last change, the
+/// fallback for a node whose Lease is gone). Pure.
+pub fn plan<'a>(
+    attempts: &'a [Arc<RunnerAttempt>],
     now: Timestamp,
-) -> Vec<ReconcileError> {
-    let mut failed = Vec::new();
-    let mut cleaned: BTreeMap<(String, String), Vec<&Arc<RunnerAttempt>>> = BTreeMap::new();
+    bounds: Bounds,
+    node_gone: impl Fn(&str, Option<Timestamp>) -> Option<Timestamp>,
+) -> Vec<Housekeep<'a>> {
+    let mut steps = Vec::new();
+    let mut cleaned: BTreeMap<(&str, &str), Vec<&'a RunnerAttempt>> = BTreeMap::new();
     for a in attempts {
-        let state = a.state();
-        let name = a.metadata.name.as_deref().unwrap_or_default();
-        let ns = a.metadata.namespace.as_deref().unwrap_or_default();
+        let a: &'a RunnerAttempt = a;
         let abandoned = a
             .metadata
             .annotations
@@ -115,29 +142,18 @@ pub async fn housekeeping(
             .and_then(|m| m.get(ABANDON_ANNOTATION))
             .is_some_and(|v| v == "true");
         if abandoned && has_finalizer(a) {
-            ctx.events
-                .publish(
-                    &a.object_ref(&()),
-                    Reason::Abandoned,
-                    format!("released by the {ABANDON_ANNOTATION} annotation in state {state:?}; the agent's cleanup is not waited for"),
-                );
-            if let Err(source) = ctx.writer.attempt_finalizers(a, without_finalizer(a)).await {
-                failed.push(ReconcileError::write(WriteKind::AttemptFinalizer)(source));
-            }
-            if let Err(source) = ctx.writer.delete_attempt(ns, name).await {
-                failed.push(ReconcileError::write(WriteKind::AttemptDelete)(source));
-            }
+            steps.push(Housekeep::Abandon(a));
             continue;
         }
-        if state == AttemptState::Cleaned {
+        if a.state() == AttemptState::Cleaned {
             if has_finalizer(a) {
-                // Agents write status only: the operator releases what the agent cleaned.
-                if let Err(source) = ctx.writer.attempt_finalizers(a, without_finalizer(a)).await {
-                    failed.push(ReconcileError::write(WriteKind::AttemptFinalizer)(source));
-                }
+                steps.push(Housekeep::Release(a));
             }
             cleaned
-                .entry((ns.to_owned(), a.spec.policy.clone()))
+                .entry((
+                    a.metadata.namespace.as_deref().unwrap_or_default(),
+                    a.spec.policy.as_str(),
+                ))
                 .or_default()
                 .push(a);
             continue;
@@ -148,45 +164,22 @@ pub async fn housekeeping(
             .and_then(|s| s.journal.timestamps().last_state_change_at.as_ref())
             .or(a.metadata.creation_timestamp.as_ref())
             .map(|t| t.0);
-        let gone = node_gone_since(ctx, &a.spec.node_name, now, fallback);
+        let gone = node_gone(&a.spec.node_name, fallback);
         match due(
             a,
             now,
-            ctx.settings.admission_timeout,
+            bounds.admission_timeout,
             gone,
-            ctx.settings.node_lost_grace,
+            bounds.node_lost_grace,
         ) {
-            Some(Due::ExpireAdmission) => {
-                let outcome = Outcome::Rejected(RejectReason::AdmissionTimeout);
-                if take_edge(ctx, a, outcome, now).await {
-                    ctx.events.publish(
-                        &a.object_ref(&()),
-                        Reason::AdmissionExpired,
-                        format!(
-                            "no agent admitted the attempt within {}s; a replacement is placed",
-                            ctx.settings.admission_timeout.as_secs()
-                        ),
-                    );
-                }
-            }
-            Some(Due::LoseNode) => {
-                let outcome = Outcome::Orphaned(OrphanReason::NodeLost);
-                if take_edge(ctx, a, outcome, now).await {
-                    ctx.events
-                        .publish(
-                            &a.object_ref(&()),
-                            Reason::NodeLost,
-                            "the node's agent Lease expired past the grace period; a replacement is placed".into(),
-                        );
-                }
-            }
+            Some(Due::ExpireAdmission) => steps.push(Housekeep::ExpireAdmission(a)),
+            Some(Due::LoseNode) => steps.push(Housekeep::LoseNode(a)),
             Some(Due::Terminate(_)) | None => {}
         }
     }
-    // History: keep the newest `attempt_history` Cleaned attempts of each policy.
-    let keep = usize::try_from(ctx.settings.attempt_history).unwrap_or(usize::MAX);
-    for ((ns, _), mut list) in cleaned {
-        if list.len() <= keep {
+    // History: keep the newest `history` Cleaned attempts of each policy.
+    for (_, mut list) in cleaned {
+        if list.len() <= bounds.history {
             continue;
         }
         list.sort_by_key(|a| {
@@ -197,12 +190,87 @@ pub async fn housekeeping(
                     .map(|t| t.0),
             )
         });
-        for a in list.into_iter().skip(keep) {
-            let name = a.metadata.name.as_deref().unwrap_or_default();
-            if a.metadata.deletion_timestamp.is_none()
-                && let Err(source) = ctx.writer.delete_attempt(&ns, name).await
-            {
-                failed.push(ReconcileError::write(WriteKind::AttemptDelete)(source));
+        steps.extend(
+            list.into_iter()
+                .skip(bounds.history)
+                .filter(|a| a.metadata.deletion_timestamp.is_none())
+                .map(Housekeep::Prune),
+        );
+    }
+    steps
+}
+
+/// Housekeeping of `attempts` (one policy's, or those whose policy is gone): [`plan`], then
+/// each step carried out. Each failed write is returned, and the rest goes on; the next
+/// reconcile decides again on the fresh objects.
+pub async fn housekeeping(
+    ctx: &Ctx,
+    attempts: &[Arc<RunnerAttempt>],
+    now: Timestamp,
+) -> Vec<ReconcileError> {
+    let bounds = Bounds {
+        admission_timeout: ctx.settings.admission_timeout,
+        node_lost_grace: ctx.settings.node_lost_grace,
+        history: usize::try_from(ctx.settings.attempt_history).unwrap_or(usize::MAX),
+    };
+    let steps = plan(attempts, now, bounds, |node, fallback| {
+        node_gone_since(ctx, node, now, fallback)
+    });
+    let mut failed = Vec::new();
+    for step in steps {
+        match step {
+            Housekeep::Abandon(a) => {
+                let ns = a.metadata.namespace.as_deref().unwrap_or_default();
+                let name = a.metadata.name.as_deref().unwrap_or_default();
+                ctx.events.publish(
+                    &a.object_ref(&()),
+                    Reason::Abandoned,
+                    format!(
+                        "released by the {ABANDON_ANNOTATION} annotation in state {:?}; the agent's cleanup is not waited for",
+                        a.state()
+                    ),
+                );
+                if let Err(source) = ctx.writer.attempt_finalizers(a, without_finalizer(a)).await {
+                    failed.push(ReconcileError::write(WriteKind::AttemptFinalizer)(source));
+                }
+                if let Err(source) = ctx.writer.delete_attempt(ns, name).await {
+                    failed.push(ReconcileError::write(WriteKind::AttemptDelete)(source));
+                }
+            }
+            Housekeep::Release(a) => {
+                if let Err(source) = ctx.writer.attempt_finalizers(a, without_finalizer(a)).await {
+                    failed.push(ReconcileError::write(WriteKind::AttemptFinalizer)(source));
+                }
+            }
+            Housekeep::ExpireAdmission(a) => {
+                let outcome = Outcome::Rejected(RejectReason::AdmissionTimeout);
+                if take_edge(ctx, a, outcome, now).await {
+                    ctx.events.publish(
+                        &a.object_ref(&()),
+                        Reason::AdmissionExpired,
+                        format!(
+                            "no agent admitted the attempt within {}s; a replacement is placed",
+                            bounds.admission_timeout.as_secs()
+                        ),
+                    );
+                }
+            }
+            Housekeep::LoseNode(a) => {
+                let outcome = Outcome::Orphaned(OrphanReason::NodeLost);
+                if take_edge(ctx, a, outcome, now).await {
+                    ctx.events.publish(
+                        &a.object_ref(&()),
+                        Reason::NodeLost,
+                        "the node's agent Lease expired past the grace period; a replacement is placed".into(),
+                    );
+                }
+            }
+            Housekeep::Prune(a) => {
+                let ns = a.metadata.namespace.as_deref().unwrap_or_default();
+                let name = a.metadata.name.as_deref().unwrap_or_default();
+                if let Err(source) = ctx.writer.delete_attempt(ns, name).await {
+                    failed.push(ReconcileError::write(WriteKind::AttemptDelete)(source));
+                }
             }
         }
     }
@@ -212,6 +280,116 @@ pub async fn housekeeping(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use runner_manager_crds::fixtures::AttemptBuilder;
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(s).unwrap()
+    }
+
+    fn held(mut a: RunnerAttempt) -> RunnerAttempt {
+        a.metadata.finalizers = Some(vec![CLEANUP_FINALIZER.to_owned()]);
+        a
+    }
+
+    fn cleaned(name: &str, at: i64, finalizer: bool) -> Arc<RunnerAttempt> {
+        let a = AttemptBuilder::new(name, "web")
+            .state(AttemptState::Cleaned)
+            .edges_at(t(at))
+            .build();
+        Arc::new(if finalizer { held(a) } else { a })
+    }
+
+    const BOUNDS: Bounds = Bounds {
+        admission_timeout: std::time::Duration::from_secs(60),
+        node_lost_grace: std::time::Duration::from_secs(60),
+        history: 2,
+    };
+
+    fn names(steps: &[Housekeep<'_>]) -> Vec<String> {
+        steps
+            .iter()
+            .map(|s| {
+                let (what, a) = match s {
+                    Housekeep::Abandon(a) => ("abandon", a),
+                    Housekeep::Release(a) => ("release", a),
+                    Housekeep::ExpireAdmission(a) => ("expire", a),
+                    Housekeep::LoseNode(a) => ("lose", a),
+                    Housekeep::Prune(a) => ("prune", a),
+                };
+                format!("{what} {}", a.metadata.name.as_deref().unwrap_or_default())
+            })
+            .collect()
+    }
+
+    /// Each attempt's step in the order given, the history's prunes last; an abandoned attempt
+    /// is released whatever else would be due for it.
+    #[test]
+    fn housekeeping_plans_each_attempts_step_in_order_and_prunes_last() {
+        let mut abandoned = held(
+            AttemptBuilder::new("ab", "web")
+                .node("lost")
+                .state(AttemptState::Busy)
+                .build(),
+        );
+        abandoned.metadata.annotations =
+            Some([(ABANDON_ANNOTATION.to_owned(), "true".to_owned())].into());
+        let attempts = vec![
+            cleaned("c-old", 100, true),
+            cleaned("c-mid", 200, true),
+            cleaned("c-new", 300, false),
+            Arc::new(AttemptBuilder::new("p", "web").created(t(0)).build()),
+            Arc::new(
+                AttemptBuilder::new("i", "web")
+                    .node("lost")
+                    .state(AttemptState::Idle)
+                    .edges_at(t(900))
+                    .build(),
+            ),
+            Arc::new(abandoned),
+            Arc::new(
+                AttemptBuilder::new("fresh", "web")
+                    .state(AttemptState::Idle)
+                    .edges_at(t(990))
+                    .build(),
+            ),
+        ];
+        let gone = |node: &str, _: Option<Timestamp>| (node == "lost").then(|| t(0));
+        let steps = plan(&attempts, t(1000), BOUNDS, gone);
+        assert_eq!(
+            names(&steps),
+            [
+                "release c-old",
+                "release c-mid",
+                "expire p",
+                "lose i",
+                "abandon ab",
+                "prune c-old",
+            ]
+        );
+    }
+
+    #[test]
+    fn nothing_is_due_within_the_bounds_and_a_pruned_attempt_being_deleted_is_left() {
+        let mut deleting = (*cleaned("c-old", 100, false)).clone();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t(999)));
+        let attempts = vec![
+            Arc::new(deleting),
+            cleaned("c-mid", 200, false),
+            cleaned("c-new", 300, false),
+            Arc::new(AttemptBuilder::new("p", "web").created(t(990)).build()),
+            Arc::new(
+                AttemptBuilder::new("i", "web")
+                    .node("quiet")
+                    .state(AttemptState::Idle)
+                    .edges_at(t(990))
+                    .build(),
+            ),
+        ];
+        // The node went quiet 30 s ago: within the grace.
+        let steps = plan(&attempts, t(1000), BOUNDS, |_, _| Some(t(970)));
+        assert!(steps.is_empty(), "{:?}", names(&steps));
+    }
 
     #[test]
     fn silence_before_this_leader_started_is_not_counted() {

@@ -509,6 +509,7 @@ fn run(i: &Inputs<'_>) -> Run {
         starting: base.starting,
         idle: base.idle,
         busy: base.busy,
+        cleaning: base.cleaning,
         pending_jobs,
         min: policy.spec.min_idle,
         max: policy.spec.max_runners,

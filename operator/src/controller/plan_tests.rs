@@ -428,6 +428,7 @@ fn min_idle_and_pending_jobs_create_the_difference_and_set_the_scale_time() {
             starting: 1,
             idle: 1,
             busy: 1,
+            cleaning: 0,
             pending_jobs: 3,
             min: 2,
             max: 10
