@@ -12,7 +12,8 @@
 //!   a task of its own and writes through the same writer.
 //!
 //! Adding a source: a module with a type implementing [`DemandSource`], and its line in
-//! [`choose`] (docs/architecture.md, "Adding a demand source").
+//! [`choose`] (docs/architecture.md, "Seams: a new provider, a new demand source, a new per-policy
+//! metric").
 
 pub mod candidates;
 pub mod checks;
