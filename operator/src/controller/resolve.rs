@@ -27,8 +27,9 @@ pub const RUNNER_ENV_KEY: &str = "runner.env";
 /// Everything resolved for one generation of a policy.
 #[derive(Clone)]
 pub struct Resolved {
-    /// The policy as validated for this generation (its parsed target).
-    pub policy: ValidatedPolicy,
+    /// The policy as validated for this generation (its parsed target). Shared: a reconcile
+    /// clones its resolution every pass, and the view holds the whole spec.
+    pub policy: Arc<ValidatedPolicy>,
     pub client: Arc<GitHubClient>,
     pub runner_group_id: i64,
     pub packages: RunnerPackages,
@@ -386,7 +387,7 @@ pub async fn resolve(
         Some(from) => runner_env(kube, namespace, &from.config_map_ref.name).await?,
     };
     Ok(Resolved {
-        policy: valid,
+        policy: Arc::new(valid),
         client,
         runner_group_id,
         packages,

@@ -162,13 +162,7 @@ impl Leading {
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(name.clone());
         }
-        if self
-            .ctx
-            .caches
-            .attempts
-            .get(&ObjectRef::from_obj(a))
-            .is_none()
-        {
+        if gone(&self.ctx.caches.attempts, a) {
             self.index().delete_attempt(a)
         } else {
             self.index().apply_attempt(a)
@@ -193,12 +187,7 @@ impl Leading {
             p.metadata.namespace.as_deref().unwrap_or_default(),
             p.metadata.name.as_deref().unwrap_or_default(),
         );
-        let gone = self
-            .ctx
-            .caches
-            .policies
-            .get(&ObjectRef::from_obj(p))
-            .is_none();
+        let gone = gone(&self.ctx.caches.policies, p);
         let mut index = self.views.lock().unwrap_or_else(|e| e.into_inner());
         if index.conflicts.is_none() && index.candidates.is_none() {
             // Nothing built yet: the next build reads every policy anyway.
@@ -269,13 +258,7 @@ impl Leading {
 
     /// A Lease event: the policies it concerns when its advert changed (or it came or went).
     fn lease_touched(&self, lease: &Lease) -> Vec<ObjectRef<ScalePolicy>> {
-        if self
-            .ctx
-            .caches
-            .leases
-            .get(&ObjectRef::from_obj(lease))
-            .is_none()
-        {
+        if gone(&self.ctx.caches.leases, lease) {
             self.index().delete_lease(lease)
         } else {
             self.index().apply_lease(lease)
@@ -284,7 +267,7 @@ impl Leading {
 
     /// A Node event: the policies it concerns when what placement reads of it changed.
     fn node_touched(&self, n: &Node) -> Vec<ObjectRef<ScalePolicy>> {
-        if self.ctx.caches.nodes.get(&ObjectRef::from_obj(n)).is_none() {
+        if gone(&self.ctx.caches.nodes, n) {
             self.index().delete_node(n)
         } else {
             self.index().apply_node(n)
@@ -373,6 +356,15 @@ impl Leading {
             tracing::debug!(elapsed_ms, reconciles, status_writes, "pass done");
         }
     }
+}
+
+/// Whether the cache no longer holds `obj`: the touched stream shows an object both when it
+/// changes and when it goes, and the store, updated first, tells which.
+fn gone<K>(store: &kube::runtime::reflector::Store<K>, obj: &K) -> bool
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    store.get(&ObjectRef::from_obj(obj)).is_none()
 }
 
 /// Run the Controller until the future is dropped (leadership lost or shutdown).

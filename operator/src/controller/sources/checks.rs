@@ -11,6 +11,7 @@ use runner_manager_crds::target::TargetKind;
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
+use super::source::{Observed, Pass};
 use crate::controller::errors::{GitHubRead, ReconcileError};
 use crate::github::client::GitHubClient;
 use crate::github::errors::GitHubError;
@@ -22,9 +23,22 @@ pub struct JobChecks {
 }
 
 impl JobChecks {
-    /// Check each entry pending longer than `grace` and not checked within it; the removals
-    /// found, and what failed.
-    pub async fn removals(
+    /// Check each ledger entry of the pass pending longer than its grace and not checked within
+    /// it; the removals found join `out`'s change, what failed its errors.
+    pub async fn check(&mut self, p: &Pass<'_>, out: &mut Observed) {
+        let remove = self
+            .removals(
+                &p.resolved.client,
+                p.ledger,
+                p.grace,
+                p.now,
+                &mut out.errors,
+            )
+            .await;
+        out.change.extend(remove);
+    }
+
+    async fn removals(
         &mut self,
         client: &GitHubClient,
         ledger: &BTreeMap<String, Time>,

@@ -75,11 +75,7 @@ impl DemandSource for RepositoryPoll {
                     }),
                 }
             }
-            let removals = self
-                .checks
-                .removals(client, p.ledger, p.grace, p.now, &mut out.errors)
-                .await;
-            out.change.extend(removals);
+            self.checks.check(&p, &mut out).await;
             out
         })
     }

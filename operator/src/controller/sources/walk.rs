@@ -83,11 +83,7 @@ impl DemandSource for OrganizationWalk {
                     source,
                 }),
             }
-            let removals = self
-                .checks
-                .removals(client, p.ledger, p.grace, p.now, &mut out.errors)
-                .await;
-            out.change.extend(removals);
+            self.checks.check(&p, &mut out).await;
             out
         })
     }
