@@ -524,7 +524,8 @@ pub enum Transition {
     MarkPrepared {
         environment: Option<EnvironmentIdentity>,
     },
-    /// Prepared → JitReceived: the runner id, durable before the JIT exists anywhere else.
+    /// Prepared (native: Allocated) → JitReceived: the runner id, durable before the JIT exists
+    /// anywhere else.
     ReceiveJit { runner: RunnerRegistration },
     /// JitReceived → Starting: the process or pod identity.
     Start { identity: StartedIdentity },

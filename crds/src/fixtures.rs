@@ -161,6 +161,13 @@ fn journal_in_slot_at(
     use EdgeKind as E;
     let oci = kind.execution == ExecutionMode::Oci;
     let mut path = vec![];
+    // The path a launch takes to its JIT: the agent journals a native preparation nowhere (the
+    // broker takes `Allocated → JitReceived`); a native `Prepared` is an older agent's.
+    let up_to_jit: Vec<EdgeKind> = if oci {
+        vec![E::Admit, E::BeginPrepare, E::MarkPrepared, E::ReceiveJit]
+    } else {
+        vec![E::Admit, E::ReceiveJit]
+    };
     let up_to_prepared: Vec<EdgeKind> = if oci {
         vec![E::Admit, E::BeginPrepare, E::MarkPrepared]
     } else {
@@ -170,35 +177,20 @@ fn journal_in_slot_at(
         S::Pending => {}
         S::Allocated => path.push(E::Admit),
         S::Preparing => path.extend([E::Admit, E::BeginPrepare]),
-        S::Prepared => path.extend(up_to_prepared),
-        S::JitReceived => path.extend(up_to_prepared.into_iter().chain([E::ReceiveJit])),
-        S::Starting => path.extend(up_to_prepared.into_iter().chain([E::ReceiveJit, E::Start])),
-        S::Idle => path.extend(up_to_prepared.into_iter().chain([
-            E::ReceiveJit,
-            E::Start,
-            E::RegisterIdle,
-        ])),
-        S::Busy => {
+        S::Prepared => path.extend(up_to_prepared.clone()),
+        S::JitReceived => path.extend(up_to_jit),
+        S::Starting => path.extend(up_to_jit.into_iter().chain([E::Start])),
+        S::Idle => path.extend(up_to_jit.into_iter().chain([E::Start, E::RegisterIdle])),
+        S::Busy => path.extend(up_to_jit.into_iter().chain([E::Start, E::AssignJob])),
+        S::Finished => {
             path.extend(
-                up_to_prepared
+                up_to_jit
                     .into_iter()
-                    .chain([E::ReceiveJit, E::Start, E::AssignJob]),
+                    .chain([E::Start, E::AssignJob, E::CompleteJob]),
             )
         }
-        S::Finished => path.extend(up_to_prepared.into_iter().chain([
-            E::ReceiveJit,
-            E::Start,
-            E::AssignJob,
-            E::CompleteJob,
-        ])),
         S::Failed => path.extend(up_to_prepared.into_iter().chain([E::Fail])),
-        S::Orphaned => {
-            path.extend(
-                up_to_prepared
-                    .into_iter()
-                    .chain([E::ReceiveJit, E::Start, E::Orphan]),
-            )
-        }
+        S::Orphaned => path.extend(up_to_jit.into_iter().chain([E::Start, E::Orphan])),
         S::Destroying => path.extend(up_to_prepared.into_iter().chain([E::Fail, E::BeginDestroy])),
         S::CleanupDeferred => path.extend(up_to_prepared.into_iter().chain([
             E::Fail,

@@ -4,17 +4,26 @@
 //!
 //! ```text
 //! Pending ─Admit→ Allocated ─(Oci: BeginPrepare→ Preparing)─MarkPrepared→ Prepared
-//!    │                                                                         │ ReceiveJit (broker)
-//!    └Reject/ExpireAdmission→ Cleaned                                          ▼
-//!                        Starting ←Start─ JitReceived
-//!                           │ RegisterIdle / AssignJob
-//!                           ▼
-//!                  Idle ⇄ Busy      (AssignJob / AssignmentNotTaken)
+//!    │                │                                                      │
+//!    │                └── ReceiveJit (broker; native) ──┐   ReceiveJit (broker)
+//!    └Reject/ExpireAdmission→ Cleaned                   ▼                    ▼
+//!                                    Starting ←Start─ JitReceived ◀──────────┘
+//!                                       │ RegisterIdle / AssignJob
+//!                                       ▼
+//!                              Idle ⇄ Busy      (AssignJob / AssignmentNotTaken)
 //! live ─Fail/Orphan/LoseNode→ Failed|Orphaned;  Idle ─ExitIdle→ Finished;  Busy ─CompleteJob→ Finished
 //! concluded ─Clean→ Cleaned (native)
 //! concluded|CleanupDeferred ─BeginDestroy→ Destroying ─DeferCleanup→ CleanupDeferred
 //!                                           Destroying ─Clean→ Cleaned (OCI)
 //! ```
+//!
+//! A native attempt goes `Allocated → JitReceived` in the broker's one CAS (issue 32: one write
+//! fewer per attempt). The agent's JIT request is its claim that preparation is done; a native
+//! `Prepared` journalled nothing but the state (its `MarkPrepared` carries no pod identity). A
+//! crash before the broker's CAS leaves `Allocated`, which recovery concludes
+//! `PreparationInterrupted`, as it did between the materialize and `Prepared`. A native
+//! `MarkPrepared` stays legal, and the broker serves a native `Prepared`, for an attempt an agent
+//! of the previous version prepared before an upgrade.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -232,6 +241,7 @@ impl EdgeKind {
             (Self::MarkPrepared, S::Allocated, Native) => Some(S::Prepared),
             (Self::MarkPrepared, S::Preparing, Oci) => Some(S::Prepared),
             (Self::ReceiveJit, S::Prepared, _) => Some(S::JitReceived),
+            (Self::ReceiveJit, S::Allocated, Native) => Some(S::JitReceived),
             (Self::Start, S::JitReceived, _) => Some(S::Starting),
             (Self::RegisterIdle, S::Starting, _) => Some(S::Idle),
             (Self::AssignJob, S::Starting | S::Idle, _) => Some(S::Busy),
@@ -298,6 +308,7 @@ mod tests {
             }
         }
         v.push((E::MarkPrepared, S::Allocated, Native, S::Prepared));
+        v.push((E::ReceiveJit, S::Allocated, Native, S::JitReceived));
         v.push((E::BeginPrepare, S::Allocated, Oci, S::Preparing));
         v.push((E::MarkPrepared, S::Preparing, Oci, S::Prepared));
         for s in [S::Finished, S::Failed, S::Orphaned] {
@@ -388,6 +399,11 @@ mod tests {
     fn native_path_skips_preparing_and_oci_needs_it() {
         assert!(E::MarkPrepared.target(S::Allocated, Native).is_ok());
         assert!(E::MarkPrepared.target(S::Allocated, Oci).is_err());
+        // The broker takes a native attempt from `Allocated`; an OCI one only once its pod is
+        // journalled (`Prepared`): the JIT must never reach a pod nobody recorded.
+        assert!(E::ReceiveJit.target(S::Allocated, Native).is_ok());
+        assert!(E::ReceiveJit.target(S::Allocated, Oci).is_err());
+        assert!(E::ReceiveJit.target(S::Preparing, Oci).is_err());
         assert!(E::BeginPrepare.target(S::Allocated, Native).is_err());
         assert!(
             E::Clean.target(S::Failed, Oci).is_err(),

@@ -535,7 +535,7 @@ pub struct Write {
 }
 
 /// The writer of the change `prev → cur`. The journal (`status` less the facts) is the agent's
-/// but for one edge each of the broker (`Prepared → JitReceived`) and the operator (a lost node,
+/// but for one edge each of the broker (`→ JitReceived`) and the operator (a lost node,
 /// an expired admission); the creation, metadata (finalizers) and the facts are the operator's.
 pub fn writer_of(prev: Option<&RunnerAttempt>, cur: &RunnerAttempt) -> Write {
     use runner_manager_crds::outcome::{OrphanReason, Outcome, RejectReason};
@@ -552,7 +552,7 @@ pub fn writer_of(prev: Option<&RunnerAttempt>, cur: &RunnerAttempt) -> Write {
         let to = to.unwrap_or_default();
         let outcome = cur.status.as_ref().and_then(|s| s.journal.outcome());
         let writer = match (from.unwrap_or_default(), to) {
-            (S::Prepared, S::JitReceived) => Writer::Broker,
+            (S::Allocated | S::Prepared, S::JitReceived) => Writer::Broker,
             (_, S::Orphaned) if outcome == Some(Outcome::Orphaned(OrphanReason::NodeLost)) => {
                 Writer::Operator
             }

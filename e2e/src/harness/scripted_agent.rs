@@ -3,8 +3,8 @@
 //! the `crds::lease::AgentAdvert` annotations, and takes the agent's edges on the node's attempts
 //! with `runner_manager_node_agent::journal::Journal::advance` (a journal without a watched
 //! store: it reads before it writes) as `Actor::Agent`: admit (or reject),
-//! prepare, ask the real broker for the JIT with the node's bound token (the broker takes
-//! `Prepared → JitReceived` and registers the runner at the fake GitHub), start with a made-up
+//! ask the real broker for the JIT with the node's bound token (the broker takes
+//! `Allocated → JitReceived` and registers the runner at the fake GitHub), start with a made-up
 //! process identity, register idle, take a job the operator reports, and conclude and clean on a
 //! termination request. How far it goes is scripted, and can change while it runs.
 
@@ -284,7 +284,6 @@ impl Agent {
             AttemptState::Allocated if script.interrupt_preparation => Some(Transition::Conclude(
                 Outcome::Failed(FailureReason::PreparationInterrupted),
             )),
-            AttemptState::Allocated => Some(Transition::MarkPrepared { environment: None }),
             AttemptState::JitReceived if script.fail_after_jit => Some(Transition::Conclude(
                 Outcome::Failed(FailureReason::JitExpired),
             )),
@@ -318,8 +317,12 @@ impl Agent {
             return;
         };
         let ns = a.metadata.namespace.clone().unwrap_or_default();
-        if state(a) == AttemptState::Prepared && a.spec.termination.is_none() {
-            // The agent asks once per attempt; the broker takes the JitReceived edge.
+        if state(a) == AttemptState::Allocated
+            && a.spec.termination.is_none()
+            && !script.interrupt_preparation
+        {
+            // As the real agent: nothing of a native preparation is journalled; it asks once per
+            // attempt, and the broker takes the `Allocated → JitReceived` edge.
             if self.asked.insert(name.clone()) {
                 self.ask_broker(&ns, a).await;
             }

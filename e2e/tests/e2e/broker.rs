@@ -626,15 +626,45 @@ async fn a_pod_posing_as_an_agent_or_a_token_used_from_elsewhere_gets_no_jit() {
     assert_eq!(w.fake.calls("generate_jitconfig").await.unwrap(), 1);
 }
 
+/// A JIT for an attempt its agent admitted and prepared: a native one from `Allocated` (the
+/// request is the agent's claim, and the broker's one CAS takes `Allocated → JitReceived`), an
+/// OCI one only from `Prepared`, where its pod is journalled. Nothing is minted for the others.
 #[tokio::test]
 async fn only_a_prepared_attempt_gets_a_jit_and_a_leftover_registration_is_replaced() {
     let Some(w) = world("only_a_prepared_attempt_gets_a_jit", 1).await else {
         return;
     };
     let token = w.agent_token("node-a").await;
+    let mints = w.fake.calls("generate_jitconfig").await.unwrap();
+    let pending = w.attempt_in("node-a", AttemptState::Pending).await;
+    let (status, body) = w.ask(&pending, Some(&token)).await;
+    assert_eq!((status, code(&body)), (409, "NotPrepared"), "{body}");
+    let image = format!("registry.local/runner@sha256:{}", "a".repeat(64));
+    for state in [AttemptState::Allocated, AttemptState::Preparing] {
+        let oci = w
+            .attempt_with("node-a", state, |a| {
+                a.spec.snapshot.execution.mode = ExecutionMode::Oci;
+                a.spec.snapshot.execution.image = Some(image.clone());
+            })
+            .await;
+        let (status, body) = w.ask(&oci, Some(&token)).await;
+        assert_eq!(
+            (status, code(&body)),
+            (409, "NotPrepared"),
+            "{state:?}: {body}"
+        );
+    }
+    assert_eq!(w.fake.calls("generate_jitconfig").await.unwrap(), mints);
+
     let allocated = w.attempt_in("node-a", AttemptState::Allocated).await;
     let (status, body) = w.ask(&allocated, Some(&token)).await;
-    assert_eq!((status, code(&body)), (409, "NotPrepared"), "{body}");
+    assert_eq!(status, 200, "{body}");
+    let journal = w.reread(&allocated).await.status.unwrap().journal;
+    assert_eq!(journal.state(), AttemptState::JitReceived);
+    assert_eq!(
+        journal.runner().map(|r| r.id),
+        body["runner"]["id"].as_i64()
+    );
 
     // A registration with the attempt's runner name, left by a broker that crashed after
     // GitHub's 201: it is deleted and a fresh one minted.

@@ -11,7 +11,7 @@
 pub enum Boundary {
     /// `Allocated` is journalled; no package, no JIT yet.
     AfterAllocated,
-    /// The package is in the runtime; `Prepared` is not journalled.
+    /// The package is in the runtime; no JIT was asked for (native: the attempt is `Allocated`).
     AfterMaterialize,
     /// The broker answered (the JIT is in memory only); nothing was spawned.
     AfterJitBeforeSpawn,

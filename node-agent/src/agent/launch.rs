@@ -1,8 +1,10 @@
 //! The launch pipeline of one attempt (DESIGN §4 rule 1, lifecycle spec §2): each step is
 //! journalled by CAS before the next effect. Pending → admission → workspace placed
 //! (`Allocated`, with the spec hash) → package materialized → runner.env and account prepared
-//! (`Prepared`) → one JIT request → handoff file → launcher start → `Starting` with the
-//! identity and the step timings. Only a start that never had a child is retried.
+//! → one JIT request (the broker's CAS takes `Allocated → JitReceived`: nothing of a native
+//! preparation needs journalling, so the request is its claim) → handoff file → launcher start →
+//! `Starting` with the identity and the step timings. Only a start that never had a child is
+//! retried.
 //!
 //! OCI attempts (DESIGN §6 "OCI provider") take the same steps with the provider's pod between
 //! the account and the JIT: `Preparing` is journalled (CAS) before the pod is created, the pod's
@@ -238,7 +240,7 @@ async fn launch_steps(agent: &Agent, api: &Attempts, a: &RunnerAttempt) -> Resul
     settle(api, &ns, &name, staged).await
 }
 
-/// `Allocated` → runtime, package, account → (`Preparing` → pod, OCI) → `Prepared` → JIT →
+/// `Allocated` → runtime, package, account → (`Preparing` → pod → `Prepared`, OCI) → JIT →
 /// start → `Starting`.
 async fn prepare_and_start(
     agent: &Agent,
@@ -252,6 +254,8 @@ async fn prepare_and_start(
     let snapshot = &a.spec.snapshot;
     let runtime = PathBuf::from(placement.runtime_path());
     let uuid = uuid_of(a)?;
+    // What `allocate` journalled with `Admit`, from this same copy of the spec.
+    let admitted_hash = spec_hash(&a.spec);
 
     // A preparation turn (`--preparation-permits`) until the runtime is prepared; given back
     // on every way out.
@@ -342,30 +346,27 @@ async fn prepare_and_start(
             .await
             .map_err(LaunchFailure::Placeholder)?;
     }
-    let (prepared, environment) = match provider.preparation() {
-        Preparation::None => {
-            timings.prepare_ms = millis(prepared_at);
-            let prepared = take_written(
-                api,
-                name,
-                AttemptState::Allocated,
-                Transition::MarkPrepared { environment: None },
-            )
-            .await?
-            .ok_or(Halt::Quiet)?;
-            (prepared, None)
-        }
-        Preparation::Journalled => {
-            let (prepared, identity) =
-                prepare_journalled(api, a, name, provider, &runtime, account).await?;
-            timings.prepare_ms = millis(prepared_at);
-            (prepared, Some(identity))
-        }
+    let environment = match provider.preparation() {
+        // Nothing is journalled: the JIT request is the claim that preparation is done, and the
+        // broker's CAS takes `Allocated → JitReceived` (one write fewer per attempt, issue 32).
+        // A crash from here to that CAS leaves `Allocated`: `PreparationInterrupted`.
+        Preparation::None => None,
+        Preparation::Journalled => Some(
+            prepare_journalled(api, a, name, provider, &runtime, account)
+                .await?
+                .1,
+        ),
+    };
+    timings.prepare_ms = millis(prepared_at);
+    let request = JitRequest {
+        attempt_uid: uid.to_owned(),
+        spec_hash: admitted_hash,
     };
     request_and_start(
         agent,
         api,
-        &prepared,
+        a,
+        &request,
         name,
         ns,
         runtime,
@@ -614,10 +615,15 @@ pub async fn resume_prepared(
             return Ok(());
         }
     }
+    let request = JitRequest {
+        attempt_uid: uid.clone(),
+        spec_hash: journal.spec_hash().unwrap_or_default().to_owned(),
+    };
     let staged = request_and_start(
         agent,
         api,
         a,
+        &request,
         &name,
         &ns,
         runtime,
@@ -667,14 +673,15 @@ async fn conclude_launch(
     Ok(())
 }
 
-/// `Prepared` (`current`: the attempt as written or watched in that state) → one JIT request →
+/// Prepared (a native attempt: `Allocated`; `current` holds its spec) → one JIT request →
 /// handoff → start (the launcher's process, or the handoff taken by the pod's helper) →
-/// `Starting`.
+/// `Starting`. The broker refuses a request for an attempt no longer in that state.
 #[allow(clippy::too_many_arguments)]
 async fn request_and_start(
     agent: &Agent,
     api: &Attempts,
     current: &RunnerAttempt,
+    request: &JitRequest,
     name: &str,
     ns: &str,
     runtime: PathBuf,
@@ -682,9 +689,6 @@ async fn request_and_start(
     mut timings: LaunchTimings,
     prepared: Option<EnvironmentIdentity>,
 ) -> Result<(), Halt> {
-    if current.state() != AttemptState::Prepared {
-        return Ok(());
-    }
     let snapshot = current.spec.snapshot.clone();
     let uuid = uuid_of(current)?;
     let env = environment(&snapshot.env, &runtime)
@@ -692,13 +696,6 @@ async fn request_and_start(
     let limits = CgroupLimits::from_resources(snapshot.execution.resources.as_ref())
         .map(|l| l.with_defaults(agent.runner_defaults))
         .map_err(|e| LaunchFailure::Resources(e.to_string()))?;
-    let request = JitRequest {
-        attempt_uid: current.metadata.uid.clone().unwrap_or_default(),
-        spec_hash: journal_of(current)
-            .spec_hash()
-            .unwrap_or_default()
-            .to_owned(),
-    };
     let failed = |f: LaunchFailure, t: &LaunchTimings| Halt::Failed(f, Some(t.clone()));
     // The provider of the attempt's mode, chosen here once and before the JIT request: a kind
     // this agent does not offer, or a journalled preparation without what it made, fails
@@ -713,7 +710,7 @@ async fn request_and_start(
     let asked = Instant::now();
     let answer = agent
         .broker
-        .request_jit(ns, name, &request)
+        .request_jit(ns, name, request)
         .instrument(tracing::info_span!("register"))
         .await;
     timings.register_ms = millis(asked);

@@ -60,7 +60,7 @@ pub struct RunnerRef<'a> {
 /// account), which the launch prepares for every kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Preparation {
-    /// Nothing: the attempt goes `Allocated → Prepared` (native).
+    /// Nothing to journal: the broker takes the attempt `Allocated → JitReceived` (native).
     None,
     /// Something that outlives a crash (OCI: the pod): `Preparing` is journalled before it is
     /// made, and its identity with `Prepared`.

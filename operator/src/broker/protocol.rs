@@ -1,9 +1,11 @@
 //! The broker protocol of DESIGN §5, for one request from a proven caller:
-//! only for `Prepared` without a runner id; mint, and if GitHub refuses the name because a
-//! crashed exchange left a registration behind, delete it and mint again; CAS-write `JitReceived` with the runner id (re-read and retried while the
-//! attempt is still `Prepared` without one, otherwise the fresh registration is deleted and the
-//! answer is 409); only then does the JIT leave. An attempt that already has a runner id gets
-//! 410: its JIT is lost and it concludes `JitExpired`.
+//! only for `Prepared` (a native attempt: `Allocated` too, docs/architecture.md deviation 38)
+//! without a runner id; mint, and if GitHub refuses the name because a
+//! crashed exchange left a registration behind, delete it and mint again; CAS-write
+//! `JitReceived` with the runner id (re-read and retried while the attempt is still issuable
+//! without one, otherwise the fresh registration is deleted and the answer is 409); only then
+//! does the JIT leave. An attempt that already has a runner id gets 410: its JIT is lost and it
+//! concludes `JitExpired`.
 
 use std::future::Future;
 
@@ -11,6 +13,7 @@ use kube::api::Api;
 use runner_manager_crds::attempt::{RunnerAttempt, RunnerRegistration, Transition, spec_hash};
 use runner_manager_crds::broker::{BrokerError, BrokerErrorCode, JitRequest, JitResponse};
 use runner_manager_crds::names::runner_name;
+use runner_manager_crds::policy::ExecutionMode;
 use runner_manager_crds::state::{Actor, AttemptState};
 use runner_manager_crds::writer::{Decision, JournalError, JournalWriter};
 
@@ -196,11 +199,21 @@ fn check_issuable(attempt: &RunnerAttempt, request: &JitRequest) -> Result<(), B
             "a JIT was already issued for this attempt; it is lost: conclude JitExpired",
         ));
     }
+    // A native attempt is asked for from `Allocated`: the agent's request is its claim that the
+    // preparation is done, and the CAS below takes `Allocated → JitReceived` (one write, not the
+    // agent's `Prepared` and then this one). An OCI attempt only from `Prepared`, where its pod
+    // is journalled. The state machine refuses anything else in the CAS too; this is the clear
+    // answer before a mint.
     let state = journal.map(|j| j.state()).unwrap_or_default();
-    if state != AttemptState::Prepared {
+    let native = attempt.spec.snapshot.execution.mode == ExecutionMode::Native;
+    if !(state == AttemptState::Prepared || (native && state == AttemptState::Allocated)) {
         return Err(super::refused(
             BrokerErrorCode::NotPrepared,
-            "the attempt is not Prepared",
+            if native {
+                "the attempt is neither Allocated nor Prepared"
+            } else {
+                "the attempt is not Prepared (an OCI attempt's pod is journalled first)"
+            },
         ));
     }
     let admitted = journal.and_then(|j| j.spec_hash());
