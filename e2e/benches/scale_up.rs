@@ -144,6 +144,26 @@ impl Started {
         all
     }
 
+    /// The timeline of the one attempt created at or after `queued` (a single-job sample).
+    fn sample_steps(&self, queued: Instant) -> Vec<(&'static str, Duration)> {
+        let created: Vec<Instant> = self
+            .created()
+            .into_iter()
+            .filter(|c| *c >= queued)
+            .collect();
+        let line = self
+            .timelines(queued)
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        steps(queued, &line, created.first().copied())
+    }
+
+    /// Every attempt the watch has seen, the ones history collection deleted since included.
+    fn seen(&self) -> std::collections::HashSet<String> {
+        self.1.lock().unwrap().keys().cloned().collect()
+    }
+
     /// When the attempts were first seen, in order.
     fn created(&self) -> Vec<Instant> {
         let mut all: Vec<Instant> = self.1.lock().unwrap().values().copied().collect();
@@ -280,6 +300,9 @@ async fn latency(warm_samples: usize) {
     let mut warm = Vec::new();
     let mut warm_steps: Vec<Vec<(&'static str, Duration)>> = Vec::new();
     let mut warm_cpu = 0.0;
+    // Each sample's attempt as it started (with the agent's `status.launch`), kept here because
+    // history collection deletes cleaned attempts.
+    let mut launched: BTreeMap<String, RunnerAttempt> = BTreeMap::new();
     for i in 0..=warm_samples {
         let before = started.count();
         let cpu_before = cpu_seconds(agent_pid);
@@ -295,17 +318,7 @@ async fn latency(warm_samples: usize) {
         .unwrap();
         let at = started.all().into_iter().max().unwrap();
         let latency = at.saturating_duration_since(queued);
-        let created: Vec<Instant> = started
-            .created()
-            .into_iter()
-            .filter(|c| *c >= queued)
-            .collect();
-        let line = started
-            .timelines(queued)
-            .into_iter()
-            .next()
-            .unwrap_or_default();
-        let steps = steps(queued, &line, created.first().copied());
+        let steps = started.sample_steps(queued);
         if i == 0 {
             cold = Some(latency);
             cold_steps = steps;
@@ -313,6 +326,15 @@ async fn latency(warm_samples: usize) {
             warm.push(latency);
             warm_steps.push(steps);
             warm_cpu += cpu_seconds(agent_pid) - cpu_before;
+        }
+        for a in p.all_attempts().await {
+            if a.status
+                .as_ref()
+                .is_some_and(|s| s.journal.launch.is_some())
+                && let Some(name) = a.metadata.name.clone()
+            {
+                launched.entry(name).or_insert(a);
+            }
         }
         p.wait_jobs_completed(&[job], Duration::from_secs(120))
             .await
@@ -344,22 +366,14 @@ async fn latency(warm_samples: usize) {
         .map(|(label, d)| format!("{label} {}", ms(*d)))
         .collect();
     println!("  cold timeline after queueing: {}", cold_line.join("; "));
-    let mut warm_line = Vec::new();
-    for label in STEPS {
-        let mut at: Vec<Duration> = warm_steps
-            .iter()
-            .filter_map(|s| s.iter().find(|(l, _)| *l == label).map(|(_, d)| *d))
-            .collect();
-        at.sort();
-        if !at.is_empty() {
-            warm_line.push(format!(
-                "{label} p50 {} / max {}",
-                ms(percentile(&at, 0.5)),
-                ms(*at.last().unwrap())
-            ));
-        }
-    }
-    println!("  warm timeline after queueing: {}", warm_line.join("; "));
+    println!(
+        "  warm timeline after queueing: {}",
+        steps_line(&warm_steps)
+    );
+    println!(
+        "  the agent's launch steps, cold and warm: {}",
+        launch_steps(&launched.into_values().collect::<Vec<_>>())
+    );
     println!(
         "  agent CPU per warm launch (its whole lifecycle: admit, materialize, spawn, supervise, scrub): {:.2} s",
         warm_cpu / warm_steps.len().max(1) as f64
@@ -378,7 +392,64 @@ fn materialize_env() -> Vec<(String, String)> {
 }
 
 /// The timeline steps, in order: when the attempt was first seen, then first seen in each state.
-const STEPS: [&str; 5] = ["created", "admitted", "materialized", "JIT", "spawned"];
+/// A native attempt has no `Prepared` (the broker takes it `Allocated → JitReceived`): the
+/// materialize and the preparation lie between "admitted" and "JIT", and [`launch_steps`] prints
+/// them from the agent's own `status.launch`.
+const STEPS: [&str; 4] = ["created", "admitted", "JIT", "spawned"];
+const STATE_STEPS: [(&str, AttemptState); 3] = [
+    ("admitted", AttemptState::Allocated),
+    ("JIT", AttemptState::JitReceived),
+    ("spawned", AttemptState::Starting),
+];
+
+/// Each step of [`STEPS`] over single-job samples: p50 / max after queueing.
+fn steps_line(samples: &[Vec<(&'static str, Duration)>]) -> String {
+    let mut line = Vec::new();
+    for label in STEPS {
+        let mut at: Vec<Duration> = samples
+            .iter()
+            .filter_map(|s| s.iter().find(|(l, _)| *l == label).map(|(_, d)| *d))
+            .collect();
+        at.sort();
+        if !at.is_empty() {
+            line.push(format!(
+                "{label} p50 {} / max {}",
+                ms(percentile(&at, 0.5)),
+                ms(*at.last().unwrap())
+            ));
+        }
+    }
+    line.join("; ")
+}
+
+/// The agent's launch steps of `attempts` (`status.launch`: materialize, prepare, register,
+/// spawn), p50 / max of each, for the attempts that started.
+fn launch_steps(attempts: &[RunnerAttempt]) -> String {
+    let timings: Vec<_> = attempts
+        .iter()
+        .filter_map(|a| a.status.as_ref()?.journal.launch.clone())
+        .collect();
+    let step = |label: &str, f: fn(&runner_manager_crds::attempt::LaunchTimings) -> u64| {
+        let mut at: Vec<u64> = timings.iter().map(f).collect();
+        at.sort_unstable();
+        let p50 = at.get(at.len() / 2).copied().unwrap_or_default();
+        format!(
+            "{label} p50 {p50} ms / max {} ms",
+            at.last().copied().unwrap_or_default()
+        )
+    };
+    format!(
+        "{} (of {} launches)",
+        [
+            step("materialize", |t| t.materialize_ms),
+            step("prepare", |t| t.prepare_ms),
+            step("register", |t| t.register_ms),
+            step("spawn", |t| t.spawn_ms),
+        ]
+        .join("; "),
+        timings.len()
+    )
+}
 
 /// One attempt's timeline after `queued`: each step of [`STEPS`] the watch caught.
 fn steps(
@@ -390,12 +461,7 @@ fn steps(
         .map(|c| ("created", c.saturating_duration_since(queued)))
         .into_iter()
         .collect();
-    for (label, state) in [
-        ("admitted", AttemptState::Allocated),
-        ("materialized", AttemptState::Prepared),
-        ("JIT", AttemptState::JitReceived),
-        ("spawned", AttemptState::Starting),
-    ] {
+    for (label, state) in STATE_STEPS {
         if let Some(t) = line.get(&state) {
             out.push((label, t.saturating_duration_since(queued)));
         }
@@ -474,12 +540,7 @@ fn timeline(
             .map(|t| t.saturating_duration_since(queued))
             .collect(),
     );
-    for (label, state) in [
-        ("admitted", AttemptState::Allocated),
-        ("materialized", AttemptState::Prepared),
-        ("JIT", AttemptState::JitReceived),
-        ("spawned", AttemptState::Starting),
-    ] {
+    for (label, state) in STATE_STEPS {
         step(
             label,
             lines
@@ -587,6 +648,18 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
         .max()
         .unwrap()
         - queued;
+    // The agent's launch timings now, before history collection deletes cleaned attempts.
+    let burst_objects: Vec<RunnerAttempt> = p
+        .all_attempts()
+        .await
+        .into_iter()
+        .filter(|a| {
+            a.metadata
+                .name
+                .as_ref()
+                .is_some_and(|n| !before_burst.contains(n))
+        })
+        .collect();
     let burst_created = &started.created_except(&before_burst);
     let lines = started.timelines(queued);
     let first_created = burst_created.first().map(|t| *t - queued);
@@ -641,6 +714,10 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
     println!(
         "  per attempt, after queueing: {}",
         timeline(queued, &lines, burst_created)
+    );
+    println!(
+        "  the agent's launch steps: {}",
+        launch_steps(&burst_objects)
     );
     println!("  package: {}", package_label(&p).await);
     // Every attempt created from the burst on, the ones that never started included: one per
@@ -767,6 +844,290 @@ async fn steady(n: usize, window: Duration) {
     );
 }
 
+/// What one phase of the busy-node benchmark measured.
+struct Phase {
+    /// Warm single-job latencies, sorted.
+    warm: Vec<Duration>,
+    /// Their timelines.
+    steps: Vec<Vec<(&'static str, Duration)>>,
+    /// The burst: every runner started after queueing.
+    burst: Duration,
+    /// `/proc/loadavg`'s 1-minute figure at the end of the phase.
+    load: f64,
+}
+
+impl Phase {
+    fn describe(&self, jobs: usize) -> String {
+        format!(
+            "warm p50 {} p95 {} max {} over {} samples; {jobs}-job burst all started {}; load average (1 min) {:.1}\n    warm timeline after queueing: {}",
+            ms(percentile(&self.warm, 0.5)),
+            ms(percentile(&self.warm, 0.95)),
+            ms(self.warm.last().copied().unwrap_or_default()),
+            self.warm.len(),
+            ms(self.burst),
+            self.load,
+            steps_line(&self.steps)
+        )
+    }
+}
+
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or_default()
+}
+
+/// Attempts not in `keep` that are not concluded yet.
+async fn live_except(p: &Product, keep: &std::collections::HashSet<String>) -> bool {
+    p.all_attempts().await.into_iter().any(|a| {
+        a.metadata.name.as_ref().is_some_and(|n| !keep.contains(n))
+            && a.status
+                .as_ref()
+                .is_none_or(|s| !s.journal.state().is_terminal())
+    })
+}
+
+/// `samples` warm single-job latencies, then a burst of `jobs`, beside the runners in `keep`
+/// (left running).
+async fn phase(
+    p: &Product,
+    started: &Started,
+    samples: usize,
+    jobs: usize,
+    keep: &std::collections::HashSet<String>,
+) -> Phase {
+    let (mut warm, mut steps) = (Vec::new(), Vec::new());
+    for _ in 0..samples {
+        let before = started.count();
+        let queued = Instant::now();
+        let job = p
+            .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 0}))
+            .await
+            .unwrap();
+        wait::until(Duration::from_secs(120), "the runner started", || async {
+            (started.count() > before).then_some(())
+        })
+        .await
+        .unwrap();
+        warm.push(
+            started
+                .all()
+                .into_iter()
+                .max()
+                .unwrap()
+                .saturating_duration_since(queued),
+        );
+        steps.push(started.sample_steps(queued));
+        p.wait_jobs_completed(&[job], Duration::from_secs(120))
+            .await
+            .unwrap();
+        wait::until(Duration::from_secs(120), "no live runner", || async {
+            (!live_except(p, keep).await).then_some(())
+        })
+        .await
+        .unwrap();
+    }
+    warm.sort();
+    // What existed before: what the watch saw (history collection deletes concluded attempts,
+    // so a LIST alone took the idle phase's for the burst's) and what a LIST shows now.
+    let mut before = started.seen();
+    before.extend(
+        p.all_attempts()
+            .await
+            .into_iter()
+            .filter_map(|a| a.metadata.name),
+    );
+    let queued = Instant::now();
+    let ids: Vec<u64> = futures_util::future::join_all(
+        (0..jobs).map(|_| p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 1000}))),
+    )
+    .await
+    .into_iter()
+    .map(Result::unwrap)
+    .collect();
+    wait::until(
+        Duration::from_secs(600),
+        "every burst runner started",
+        || async { (started.started_except(&before).len() >= jobs).then_some(()) },
+    )
+    .await
+    .unwrap();
+    let burst = started
+        .started_except(&before)
+        .into_iter()
+        .max()
+        .unwrap()
+        .saturating_duration_since(queued);
+    let load = load_average();
+    p.wait_jobs_completed(&ids, Duration::from_secs(600))
+        .await
+        .unwrap();
+    wait::until(Duration::from_secs(300), "the burst concluded", || async {
+        (!live_except(p, keep).await).then_some(())
+    })
+    .await
+    .unwrap();
+    Phase {
+        warm,
+        steps,
+        burst,
+        load,
+    }
+}
+
+/// The busy phase's load, the issue's by default; `--busy-write-mib N` and `--no-hog` take a part
+/// away, to see which part a slowdown comes from.
+#[derive(Clone, Copy)]
+struct BusyOptions {
+    write_mib_per_sec: u64,
+    hog: bool,
+}
+
+impl BusyOptions {
+    fn from_args(args: &[String]) -> Self {
+        Self {
+            write_mib_per_sec: args
+                .iter()
+                .position(|a| a == "--busy-write-mib")
+                .and_then(|i| args.get(i + 1)?.parse().ok())
+                .unwrap_or(8),
+            hog: !args.iter().any(|a| a == "--no-hog"),
+        }
+    }
+}
+
+/// The busy-node benchmark (issue 32): the warm single-job latency and the burst on the idle
+/// machine, then again with its cores saturated by jobs: one busy runner per core (a spinning
+/// thread and 8 MiB/s synced to disk, inside the product's runner cgroups) plus one CPU hog
+/// outside them, as an unrelated process of the node. Both phases in one run, one product.
+async fn busy_node(samples: usize, jobs: usize, load: BusyOptions) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let options = ProductOptions {
+        nodes: vec![NodeOptions::new("busy", (jobs + cores) as u32, &[])],
+        env: materialize_env(),
+        cadence: Cadence::Product,
+        ..ProductOptions::default()
+    };
+    let Some(p) = World::builder("bench_busy")
+        .package(Package::RunnerSized)
+        .product(options)
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let scaling =
+        serde_json::to_value(runner_manager_crds::policy::ScalingSpec::default()).unwrap();
+    p.policy(
+        "web",
+        json!({"minIdle": 0, "maxRunners": jobs + cores, "scaling": scaling}),
+    )
+    .await
+    .unwrap();
+    wait::until(Duration::from_secs(90), "the policy Ready", || async {
+        let sp = p.policies().get("web").await.ok()?;
+        (sp.status?.runner_version.is_some()).then_some(())
+    })
+    .await
+    .unwrap();
+    wait_recovered(&p).await;
+    let warmup = p
+        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 0}))
+        .await
+        .unwrap();
+    p.wait_jobs_completed(&[warmup], Duration::from_secs(180))
+        .await
+        .unwrap();
+    let (started, _watch) = Started::spawn(p.attempts());
+    let none = std::collections::HashSet::new();
+    wait::until(
+        Duration::from_secs(120),
+        "the warm-up concluded",
+        || async { (!live_except(&p, &none).await).then_some(()) },
+    )
+    .await
+    .unwrap();
+    let idle = phase(&p, &started, samples, jobs, &none).await;
+
+    // The load: one busy runner per core, until the stop file exists (the runners' accounts
+    // read it: a world-readable directory).
+    let stop_dir = tempfile::Builder::new()
+        .prefix("rm-bench-busy")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(
+        stop_dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let stop = stop_dir.path().join("stop");
+    let busy_jobs: Vec<u64> = futures_util::future::join_all((0..cores).map(|_| {
+        p.queue_job(
+            &["self-hosted", "linux"],
+            json!({"duration_ms": 1_800_000, "busy": {
+                "threads": 1,
+                "write_mib_per_sec": load.write_mib_per_sec,
+                "until_file": stop.display().to_string(),
+            }}),
+        )
+    }))
+    .await
+    .into_iter()
+    .map(Result::unwrap)
+    .collect();
+    wait::until(
+        Duration::from_secs(180),
+        "every busy runner busy",
+        || async { (in_state(&p, AttemptState::Busy).await >= cores).then_some(()) },
+    )
+    .await
+    .unwrap();
+    let busy_runners: std::collections::HashSet<String> = p
+        .all_attempts()
+        .await
+        .into_iter()
+        .filter(|a| {
+            a.status
+                .as_ref()
+                .is_some_and(|s| s.journal.state() == AttemptState::Busy)
+        })
+        .filter_map(|a| a.metadata.name)
+        .collect();
+    // In a session of its own, as an unrelated daemon of the node is (with the scheduler's
+    // autogroups a session is weighed as a whole): not one more thread among the product's.
+    let mut hog = (load.hog).then(|| {
+        std::process::Command::new("setsid")
+            .args(["sh", "-c", "while :; do :; done"])
+            .spawn()
+            .unwrap()
+    });
+    let busy = phase(&p, &started, samples, jobs, &busy_runners).await;
+    if let Some(hog) = hog.as_mut() {
+        let _ = hog.kill();
+        let _ = hog.wait();
+    }
+    std::fs::write(&stop, b"").unwrap();
+    p.wait_jobs_completed(&busy_jobs, Duration::from_secs(120))
+        .await
+        .unwrap();
+    println!(
+        "busy node ({cores} cores; {cores} busy runners each spinning a thread and syncing {} MiB/s, {} outside the runner cgroups):",
+        load.write_mib_per_sec,
+        if load.hog {
+            "plus one CPU hog"
+        } else {
+            "no CPU hog"
+        }
+    );
+    println!("  idle: {}", idle.describe(jobs));
+    println!("  busy: {}", busy.describe(jobs));
+    println!(
+        "  targets on the busy node: warm p50 <= 250 ms, p95 <= 500 ms; burst <= 10 s; package: {}",
+        package_label(&p).await
+    );
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     if std::env::var_os("KUBECONFIG").is_none() {
@@ -784,7 +1145,8 @@ fn main() {
             if quick { "quick" } else { "full" },
             std::thread::available_parallelism().map_or(0, |n| n.get())
         );
-        // `--only burst`, `--only latency` or `--only steady` runs one part.
+        // `--only burst`, `--only latency` or `--only steady` runs one part; `--only busy` the
+        // busy-node benchmark, which runs only when asked.
         let args: Vec<String> = std::env::args().collect();
         let only = args
             .iter()
@@ -821,6 +1183,10 @@ fn main() {
                     all.iter().map(|f| f.created).collect::<Vec<_>>()
                 );
             }
+        }
+        // Not part of the default run: it saturates the machine for minutes.
+        if only.as_deref() == Some("busy") {
+            busy_node(warm, jobs, BusyOptions::from_args(&args)).await;
         }
         if only.is_none() || only.as_deref() == Some("steady") {
             let (n, window) = if quick { (4, 20) } else { (10, 60) };

@@ -146,6 +146,12 @@ pub struct Cli {
     /// 0 for no limit.
     #[arg(long, env = "RM_RUNNER_TASKS_MAX", default_value_t = 4096)]
     pub runner_tasks_max: u64,
+    /// How much lower than the agent's every runner's CPU priority is (its niceness, 0-19; 0
+    /// for the same). A node is busy exactly when its runners compile: at 10 a runner's thread
+    /// weighs a tenth of the agent's, so the next launch, the supervision and the kubelet are
+    /// not starved by the jobs already running, and the runners still take every idle core.
+    #[arg(long, env = "RM_RUNNER_NICE", default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=19))]
+    pub runner_nice: u8,
     /// The most bytes one runner package download may have; a longer one is refused while it
     /// streams (PackageRefused, PackageCapExceeded).
     #[arg(long, env = "RM_PACKAGE_MAX_DOWNLOAD_BYTES", default_value_t = crate::packages::download::DEFAULT_MAX_DOWNLOAD_BYTES, value_parser = clap::value_parser!(u64).range(1..))]

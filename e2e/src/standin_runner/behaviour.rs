@@ -42,10 +42,31 @@ pub struct JobBehaviour {
     /// runner's memory limit, so a real kernel OOM-kills it (e2e/cluster/oci-check.sh).
     #[serde(default)]
     pub allocate_mib: Option<u64>,
+    /// Keep the node busy for the job's duration (the busy-node benchmark): CPU and disk, from
+    /// inside the runner's own cgroup, as a compiling job does.
+    #[serde(default)]
+    pub busy: Option<BusyLoad>,
     /// The worker's exit code; non-zero makes the job's conclusion `failure`.
     #[serde(default)]
     pub worker_exit_code: i32,
     /// The listener's exit code after the job (7 is the real runner's "deprecated version").
     #[serde(default)]
     pub listener_exit_code: Option<i32>,
+}
+
+/// What a busy job burns while it runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BusyLoad {
+    /// Threads spinning on the CPU.
+    #[serde(default)]
+    pub threads: u32,
+    /// MiB written (and synced) per second to a file under `_work`, rewritten from its start
+    /// every 64 MiB.
+    #[serde(default)]
+    pub write_mib_per_sec: u64,
+    /// An absolute path: the job ends as soon as it exists (checked every 100 ms), so the
+    /// benchmark ends the load when its measurement ends rather than after a guessed duration.
+    #[serde(default)]
+    pub until_file: Option<String>,
 }

@@ -4,7 +4,7 @@ use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-use super::behaviour::JobBehaviour;
+use super::behaviour::{BusyLoad, JobBehaviour};
 use super::diag::{DiagKind, DiagLog};
 use super::listener::runner_root;
 use crate::fake_github::jobs::AcquiredJob;
@@ -115,8 +115,10 @@ fn act(root: &Path, b: &JobBehaviour, log: &mut DiagLog) -> std::io::Result<()> 
         }
         log.line("INFO", &format!("holding {mib} MiB"));
     }
-    if b.duration_ms > 0 {
-        std::thread::sleep(Duration::from_millis(b.duration_ms));
+    match &b.busy {
+        Some(load) => busy(&work, load, Duration::from_millis(b.duration_ms), log)?,
+        None if b.duration_ms > 0 => std::thread::sleep(Duration::from_millis(b.duration_ms)),
+        None => {}
     }
     drop(held);
     if let Some(target) = &b.symlink_work_to {
@@ -126,6 +128,79 @@ fn act(root: &Path, b: &JobBehaviour, log: &mut DiagLog) -> std::io::Result<()> 
             "INFO",
             &format!("replaced _work with a symlink to {target}"),
         );
+    }
+    Ok(())
+}
+
+/// Burns `load` for at most `duration` (or until its `until_file` exists): spinning threads and
+/// a writer that syncs each MiB, in this process, so in the runner's cgroup.
+fn busy(
+    work: &Path,
+    load: &BusyLoad,
+    duration: Duration,
+    log: &mut DiagLog,
+) -> std::io::Result<()> {
+    use std::io::{Seek, Write};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    for _ in 0..load.threads {
+        let stop = stop.clone();
+        threads.push(std::thread::spawn(move || {
+            let mut x: u64 = 1;
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..100_000 {
+                    x = std::hint::black_box(
+                        x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1),
+                    );
+                }
+            }
+        }));
+    }
+    if load.write_mib_per_sec > 0 {
+        let stop = stop.clone();
+        let path = work.join("busy.bin");
+        let per_sec = load.write_mib_per_sec;
+        threads.push(std::thread::spawn(move || {
+            let Ok(mut f) = std::fs::File::create(&path) else {
+                return;
+            };
+            let chunk = vec![0xa5u8; 1 << 20];
+            let mut written = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let second = std::time::Instant::now();
+                for _ in 0..per_sec {
+                    if written == 64 {
+                        let _ = f.rewind();
+                        written = 0;
+                    }
+                    if f.write_all(&chunk).and_then(|()| f.sync_data()).is_err() {
+                        return;
+                    }
+                    written += 1;
+                }
+                if let Some(rest) = Duration::from_secs(1).checked_sub(second.elapsed()) {
+                    std::thread::sleep(rest);
+                }
+            }
+        }));
+    }
+    log.line(
+        "INFO",
+        &format!(
+            "busy: {} threads, {} MiB/s to disk",
+            load.threads, load.write_mib_per_sec
+        ),
+    );
+    let end = std::time::Instant::now() + duration;
+    let until = load.until_file.as_deref().map(Path::new);
+    while std::time::Instant::now() < end && !until.is_some_and(Path::exists) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in threads {
+        let _ = t.join();
     }
     Ok(())
 }

@@ -1559,7 +1559,9 @@ async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_cras
 /// The runner's environment (parity rows 70, 72): `runner.env` over the platform defaults, the
 /// runtime's `tmp` last for `TMPDIR`/`TEMP`/`TMP`, no `USERPROFILE` and no home directory; and a
 /// `runner.env` the agent refuses (it would move the runner's tmp) is rejected at admission,
-/// before a workspace, a package or a JIT, without its value in the event or the log.
+/// before a workspace, a package or a JIT, without its value in the event or the log. The
+/// listener runs at the agent's `--runner-nice` (10 by default) below the agent's priority: a
+/// node's running jobs do not starve the next launch (issue 32).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runner_environment_is_layered_and_a_refused_one_stops_before_any_effect() {
     let Some(w) = World::builder("the_runner_environment_is_layered")
@@ -1593,6 +1595,27 @@ async fn the_runner_environment_is_layered_and_a_refused_one_stops_before_any_ef
         .unwrap()
         .runtime_path()
         .to_owned();
+    let niceness = |pid: u32| -> i64 {
+        // Field 19 of stat; the fields after the command's closing parenthesis start at 3.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let rest = &stat[stat.rfind(')').unwrap() + 1..];
+        rest.split_whitespace()
+            .nth(19 - 3)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(
+        niceness(pid_of(&started)) - niceness(std::process::id()),
+        10,
+        "the listener runs --runner-nice below the agent (here: below the test)"
+    );
+    // And so does its session's scheduler autogroup, where the kernel has them: the helper's
+    // `setsid` made one, which the scheduler weighs against the agent's whatever its threads'
+    // niceness.
+    if let Ok(group) = std::fs::read_to_string(format!("/proc/{}/autogroup", pid_of(&started))) {
+        assert!(group.trim_end().ends_with("nice 10"), "{group}");
+    }
     let environ = std::fs::read(format!("/proc/{}/environ", pid_of(&started))).unwrap();
     let env: std::collections::BTreeMap<String, String> = environ
         .split(|b| *b == 0)

@@ -236,11 +236,14 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
     if cli.launcher == LauncherKind::Systemd {
         crate::roots::check_unit_safe(&cli.host_root, &cli.slots_root)?;
     }
-    let runner_defaults = RunnerDefaults::from_flags(
-        &cli.default_runner_memory,
-        cli.runner_tasks_max,
-        cli.capacity,
-    )?;
+    let runner_defaults = RunnerDefaults {
+        nice: cli.runner_nice,
+        ..RunnerDefaults::from_flags(
+            &cli.default_runner_memory,
+            cli.runner_tasks_max,
+            cli.capacity,
+        )?
+    };
     prepare_host_root(&cli.host_root)?;
     let own_view = std::path::Path::new("/");
     traversable_by_runners(own_view, &cli.host_root, cli.runner_gid)?;

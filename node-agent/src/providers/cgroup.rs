@@ -74,6 +74,10 @@ pub struct CgroupLimits {
     /// hierarchy has the controller and skipped where it does not (a policy's own limit is
     /// refused there instead, never silently dropped).
     pub best_effort: Vec<Controller>,
+    /// The runner's scheduling niceness (0: the agent's own, 1-19 below it): the agent's
+    /// `--runner-nice`, never the policy's. Not a cgroup file: the entry helper lowers its own
+    /// priority before its exec (direct launcher), systemd's `Nice=` does it for a unit.
+    pub nice: u8,
 }
 
 /// What a runner gets when its policy sets no limit (agent flags `--default-runner-memory`,
@@ -86,6 +90,8 @@ pub struct RunnerDefaults {
     pub memory_max: Option<u64>,
     /// Tasks (processes and threads); `None`: no default.
     pub tasks_max: Option<u64>,
+    /// Every runner's niceness (`--runner-nice`; 0 leaves it at the agent's).
+    pub nice: u8,
 }
 
 /// Why `--default-runner-memory` was refused.
@@ -121,6 +127,7 @@ impl RunnerDefaults {
         Ok(Self {
             memory_max,
             tasks_max: (tasks_max > 0).then_some(tasks_max),
+            nice: 0,
         })
     }
 
@@ -173,6 +180,7 @@ impl CgroupLimits {
             self.tasks_max = Some(t);
             self.best_effort.push(Controller::Pids);
         }
+        self.nice = defaults.nice;
         self
     }
 
@@ -478,10 +486,15 @@ mod tests {
         let defaults = RunnerDefaults {
             memory_max: Some(2 << 30),
             tasks_max: Some(4096),
+            nice: 10,
         };
         let unset = CgroupLimits::default().with_defaults(defaults);
         assert_eq!(unset.memory_max, Some(2 << 30));
         assert_eq!(unset.tasks_max, Some(4096));
+        assert_eq!(
+            unset.nice, 10,
+            "the agent's priority rule, whatever the policy"
+        );
         assert_eq!(unset.best_effort, [Controller::Memory, Controller::Pids]);
         let policy = CgroupLimits {
             memory_max: Some(1 << 30),

@@ -221,6 +221,7 @@ impl RunnerLauncher for DirectLauncher {
             gid: Some(spec.account.gid),
             await_handoff: None,
             environment: None,
+            nice: Some(spec.limits.nice).filter(|n| *n > 0),
         };
         // The helper runs as root until its final exec: its own environment is fixed, and the
         // listener's (the policy's `runner.env` among it) travels encoded, applied only at that

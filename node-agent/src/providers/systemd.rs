@@ -199,6 +199,9 @@ pub fn unit_properties(
     if let Some(t) = spec.limits.tasks_max {
         set("TasksMax", t.to_string());
     }
+    if spec.limits.nice > 0 {
+        set("Nice", spec.limits.nice.to_string());
+    }
     // The sandbox (docs/security.md, "Runners on a shared host"): a job sees the host read-only
     // but for its own runtime, its own /tmp and /var/tmp, no devices, no other account's
     // processes, no kernel knobs, and cannot reach the cloud's metadata service (instance
@@ -221,6 +224,8 @@ pub fn unit_properties(
         gid: None,
         await_handoff: None,
         environment: Some(environment_file.to_path_buf()),
+        // `Nice=` above sets the process's; the helper sets its session's autogroup too.
+        nice: Some(spec.limits.nice).filter(|n| *n > 0),
     };
     let mut command = vec![entry_helper.as_os_str().to_owned()];
     command.extend(args.to_args());

@@ -313,6 +313,7 @@ fn the_systemd_unit_has_exactly_these_properties_and_never_the_jit() {
         limits: CgroupLimits {
             memory_max: Some(8 << 30),
             cpu_quota_us: Some(150_000),
+            nice: 10,
             ..CgroupLimits::default()
         },
     };
@@ -379,6 +380,8 @@ fn the_systemd_unit_has_exactly_these_properties_and_never_the_jit() {
             ),
             ("MemoryMax", "8589934592"),
             ("CPUQuota", "150%"),
+            // `--runner-nice`: the node's running jobs do not starve the next launch.
+            ("Nice", "10"),
             (
                 "ReadWritePaths",
                 "/var/lib/runner-manager/runners/0123456789ab"
@@ -414,6 +417,9 @@ fn the_systemd_unit_has_exactly_these_properties_and_never_the_jit() {
             "/var/lib/runner-manager/runners/0123456789ab",
             "--environment",
             "/var/lib/runner-manager/runners/0123456789ab/jit-env-5d0e.tmp",
+            // The helper also sets its session's scheduler autogroup to the unit's `Nice=`.
+            "--nice",
+            "10",
         ]
         .map(std::ffi::OsString::from)
     );

@@ -78,6 +78,7 @@ if [ -n "$PROBE_PEER_UNIT" ]; then
   say peer_view collected
 fi
 # A fork bomb in miniature: perl's fork fails at once where bash's would retry for seconds.
+say niceness "$(nice)"
 say tasks_started "$(perl -e 'my @k; for (1..80) { my $p = fork(); last unless defined $p; if (!$p) { sleep 60; exit 0 } push @k, $p } print scalar(@k); kill 9, @k; waitpid($_, 0) for @k')"
 echo done >> "$r.tmp"; mv "$r.tmp" "$r"
 # A job that ignores SIGTERM (and so do its children: an ignored signal stays ignored across
@@ -380,6 +381,7 @@ fn a_runner_unit_is_sandboxed_and_leaves_nothing_for_the_next_tenant() {
     let defaults = RunnerDefaults {
         memory_max: Some(512 << 20),
         tasks_max: Some(32),
+        nice: 10,
     };
     let spec = LaunchSpec {
         attempt: uuid::Uuid::new_v4(),
@@ -436,6 +438,8 @@ fn a_runner_unit_is_sandboxed_and_leaves_nothing_for_the_next_tenant() {
             "{report}"
         );
     }
+    // `--runner-nice` as the unit's `Nice=`, on a real systemd: the runner yields to the agent.
+    assert_eq!(said.get("niceness").copied(), Some("10"), "{report}");
     let tasks: u32 = said["tasks_started"].trim().parse().unwrap();
     assert!(tasks < 32, "TasksMax=32 let {tasks} sleeps start");
     assert!(!Path::new(&format!("/usr/rm-probe-{}", host.id)).exists());
