@@ -16,7 +16,8 @@
 //! - the GitHub calls the first pass made.
 //!
 //! `cargo bench -p runner-manager-e2e --bench operator_scale --profile dev` (1,000 policies,
-//! 10,000 attempts); `-- --quick` (100 and 1,000) is what `make test` runs. Needs `KUBECONFIG`
+//! 10,000 attempts); `-- --quick` (100 and 1,000) is what `make test` runs; `-- --policies 5000`
+//! is the scale model's second point (docs/scale.md). Needs `KUBECONFIG`
 //! (skips with a reason without it) and the workspace binaries built.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -389,10 +390,17 @@ where
 
 #[tokio::main]
 async fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    if quick {
-        scale(100, 10).await;
-    } else {
-        scale(1000, 10).await;
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    // `--policies N`: the scale model's second point (docs/scale.md: 5,000 policies, 50,000
+    // attempts), ten attempts per policy as always.
+    let policies = args
+        .iter()
+        .position(|a| a == "--policies")
+        .and_then(|i| args.get(i + 1)?.parse().ok());
+    match (policies, quick) {
+        (Some(n), _) => scale(n, 10).await,
+        (None, true) => scale(100, 10).await,
+        (None, false) => scale(1000, 10).await,
     }
 }

@@ -508,6 +508,22 @@ async fn agent_materializer(p: &Product) -> &'static str {
 }
 
 /// `jobs` queued at once on one node of that capacity.
+/// The operator's `runner_manager_api_writes_total` by kind (every object it writes: attempts,
+/// policies, ledgers, events).
+async fn operator_writes(p: &Product) -> BTreeMap<String, f64> {
+    let Ok(m) = get(&p.operators[0].health, "/metrics").await else {
+        return BTreeMap::new();
+    };
+    m.body
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("runner_manager_api_writes_total{kind=\"")?;
+            let (kind, value) = rest.split_once("\"} ")?;
+            Some((kind.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
 /// What one burst measured: all runners started after queueing, and attempts created for it.
 struct BurstFigures {
     all_started: Duration,
@@ -594,6 +610,7 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
         .await
         .unwrap();
     let (calls_before, by_endpoint_before) = p.operator_github_calls().await.unwrap();
+    let operator_writes_before = operator_writes(&p).await;
     let writes = WriteCounter::start(p.attempts()).await.unwrap();
     let (started, _watch) = Started::spawn(p.attempts());
     let operator_pid = p.operators[0].process.as_ref().unwrap().child.id();
@@ -741,6 +758,23 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
                 .filter(|(name, _)| !before_burst.contains(name))
                 .collect()
         )
+    );
+    let operator_writes_after = operator_writes(&p).await;
+    let by_kind: Vec<String> = operator_writes_after
+        .iter()
+        .map(|(kind, after)| {
+            let before = operator_writes_before.get(kind).copied().unwrap_or(0.0);
+            (kind, after - before)
+        })
+        .filter(|(_, n)| *n > 0.0)
+        .map(|(kind, n)| format!("{kind} {n:.0}"))
+        .collect();
+    let total: f64 =
+        operator_writes_after.values().sum::<f64>() - operator_writes_before.values().sum::<f64>();
+    println!(
+        "the operator's API writes during the burst (runner_manager_api_writes_total, every object): {total:.0} = {:.1} per job; by kind: {}",
+        total / jobs.max(1) as f64,
+        by_kind.join(", ")
     );
     println!(
         "agent CPU during the burst: {agent_cpu:.1} s = {:.2} s per launch",

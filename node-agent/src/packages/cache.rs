@@ -132,6 +132,14 @@ impl PackageError {
     }
 }
 
+/// What one round of a materialize did.
+enum Laid {
+    Done(Materialized),
+    /// (Overlay) the trusted tree changed or vanished since it was trusted: it is forgotten and
+    /// the runtime is as before the round; a second round installs it again.
+    OriginChanged,
+}
+
 /// A materialized package.
 #[derive(Clone, Copy, Debug)]
 pub struct Materialized {
@@ -408,11 +416,15 @@ impl PackageCache {
     /// The trusted contents of `sha256` if its tree still has the recorded fingerprint, with
     /// the seed on `seed_root`'s volume if that one still has its own. A tree whose fingerprint
     /// moved is forgotten (and reinstalled by the caller); so is a seed.
+    /// The trusted tree of `sha256` (and its seed on `seed_root`), or None when there is none or
+    /// it changed since it was trusted (`walk`: its fingerprint is taken now; without it, the
+    /// caller checks the tree itself once it is in use — the overlay's check after its mount).
     async fn ready(
         &self,
         sha256: &str,
         seed_root: Option<&SeedRoot>,
         timings: &mut PackageTimings,
+        walk: bool,
     ) -> Option<Ready> {
         let (tree, contents, seed) = {
             let state = self.state();
@@ -435,14 +447,18 @@ impl PackageCache {
         };
         let started = Instant::now();
         let (tree2, seed2) = (tree.clone(), seed.clone());
-        let intact = blocking(move || {
-            Ok((
-                still_intact(&tree2.path, tree2.fingerprint),
-                seed2.is_some_and(|s| still_intact(&s.path, s.fingerprint)),
-            ))
-        })
-        .await
-        .ok();
+        let intact = if walk {
+            blocking(move || {
+                Ok((
+                    still_intact(&tree2.path, tree2.fingerprint),
+                    seed2.is_some_and(|s| still_intact(&s.path, s.fingerprint)),
+                ))
+            })
+            .await
+            .ok()
+        } else {
+            Some((true, false))
+        };
         timings.verify += started.elapsed();
         match intact {
             Some((true, seed_intact)) => {
@@ -509,7 +525,41 @@ impl PackageCache {
         if !valid_digest(package.sha256) {
             return Err(PackageError::BadDigest);
         }
+        // An overlay's tree is walked once per launch, after its mount (it was walked before the
+        // mount too, the same check an instant earlier: 30-60 ms of each warm launch). A tree
+        // that changed since it was trusted is found there, forgotten and unmounted, and the
+        // launch goes round once more, which installs it again, as the walk before the mount
+        // made it do.
+        match self
+            .materialize_once(attempt, package, runtime, kind, demand)
+            .await?
+        {
+            Laid::Done(m) => Ok(m),
+            Laid::OriginChanged => match self
+                .materialize_once(attempt, package, runtime, kind, demand)
+                .await?
+            {
+                Laid::Done(m) => Ok(m),
+                Laid::OriginChanged => Err(PackageError::CopyDiffers(TreeMismatch {
+                    missing: 0,
+                    extra: 0,
+                    changed: 1,
+                })),
+            },
+        }
+    }
+
+    async fn materialize_once(
+        &self,
+        attempt: &str,
+        package: PackageRef<'_>,
+        runtime: &Path,
+        kind: RuntimeKind,
+        demand: Demand<'_>,
+    ) -> Result<Laid, PackageError> {
         let _interest = Interest::new(&self.interest, package.sha256);
+        // The overlay checks its tree after the mount instead (see `materialize_while`).
+        let walk = self.materializer != Materializer::Overlay;
         let sha = package.sha256.to_owned();
         let queued_after = self.failures.load(Ordering::SeqCst);
         let mut timings = PackageTimings::default();
@@ -536,7 +586,10 @@ impl PackageCache {
             () = until_unwanted(demand) => return Err(PackageError::NoLongerWanted),
         };
         timings.wait += waited.elapsed();
-        let ready = match self.ready(&sha, seed_root.as_ref(), &mut timings).await {
+        let ready = match self
+            .ready(&sha, seed_root.as_ref(), &mut timings, walk)
+            .await
+        {
             Some(ready)
                 if ready.seed.is_some()
                     || seed_root
@@ -562,7 +615,10 @@ impl PackageCache {
                 if let Some((refusal, why)) = self.state().refused.get(&sha) {
                     return Err(PackageError::RefusedBefore(*refusal, why.clone()));
                 }
-                let mut ready = match self.ready(&sha, seed_root.as_ref(), &mut timings).await {
+                let mut ready = match self
+                    .ready(&sha, seed_root.as_ref(), &mut timings, walk)
+                    .await
+                {
                     // Someone installed it while this launch waited.
                     Some(ready) => ready,
                     None => match self.install(package, &mut timings, demand).await {
@@ -600,6 +656,25 @@ impl PackageCache {
                 .mount_overlay(attempt, &sha, ready, runtime, shared, timings)
                 .await;
         }
+        self.copy_into(attempt, &sha, ready, runtime, kind, shared, timings)
+            .await
+            .map(Laid::Done)
+    }
+
+    /// The copy materializer's part of [`Self::materialize_once`]: lay `ready` into `runtime`,
+    /// check it and lease it, under the shared hold.
+    #[allow(clippy::too_many_arguments)]
+    async fn copy_into(
+        &self,
+        attempt: &str,
+        sha: &str,
+        ready: Ready,
+        runtime: &Path,
+        kind: RuntimeKind,
+        shared: tokio::sync::RwLockReadGuard<'_, ()>,
+        mut timings: PackageTimings,
+    ) -> Result<Materialized, PackageError> {
+        let sha = sha.to_owned();
         let origin = ready.seed.clone().unwrap_or_else(|| ready.tree.clone());
         let started = Instant::now();
         let copied = {
@@ -724,11 +799,12 @@ impl PackageCache {
     }
 
     /// The overlay materialize, under the shared hold `ready` was read under (so the tree is
-    /// neither pruned nor reinstalled meanwhile): the tree's fingerprint was checked by `ready`
-    /// just now (as before each clone); its bytes are read against the contents once per
-    /// install (the first mount pays, as the first clone does); then the mount, and the
-    /// fingerprint once more, so the proof brackets the mount. No byte is copied or read per
-    /// launch after the first.
+    /// neither pruned nor reinstalled meanwhile): the tree's bytes are read against the contents
+    /// once per install (the first mount pays, as the first clone does); then the mount, and
+    /// the tree's fingerprint, so what the runtime shows is the trusted tree from the mount on.
+    /// No byte is copied or read per launch after the first, and the tree is walked once. A tree
+    /// that changed (or vanished) since it was trusted is forgotten, the runtime unmounted, and
+    /// the caller goes round once more ([`Laid::OriginChanged`]).
     async fn mount_overlay(
         &self,
         attempt: &str,
@@ -737,7 +813,7 @@ impl PackageCache {
         runtime: &Path,
         shared: tokio::sync::RwLockReadGuard<'_, ()>,
         mut timings: PackageTimings,
-    ) -> Result<Materialized, PackageError> {
+    ) -> Result<Laid, PackageError> {
         let tree = ready.tree;
         let started = Instant::now();
         let proven = {
@@ -771,7 +847,19 @@ impl PackageCache {
         })
         .await;
         timings.copy += started.elapsed();
-        mounted?;
+        if let Err(e) = mounted {
+            // No walk before the mount any more: a tree that vanished or changed is found here.
+            let (path, fingerprint) = (tree.path.clone(), tree.fingerprint);
+            if !blocking(move || Ok(still_intact(&path, fingerprint)))
+                .await
+                .unwrap_or(false)
+            {
+                drop(shared);
+                self.state().trusted.remove(sha);
+                return Ok(Laid::OriginChanged);
+            }
+            return Err(e);
+        }
         {
             let mut state = self.state();
             state.leases.insert(attempt.to_owned(), sha.to_owned());
@@ -783,22 +871,26 @@ impl PackageCache {
         timings.verify += started.elapsed();
         drop(shared);
         if !intact {
-            // Changed while it was mounted: the runtime shows what it holds now, unproven.
-            // The attempt's cleanup unmounts it; the tree is reinstalled by the next launch.
+            // Changed since it was trusted: the runtime shows what it holds now, unproven.
+            // Forgotten and unmounted here, so this launch installs it again; an unmount that
+            // fails leaves the mount to the attempt's cleanup and fails this launch.
             self.state().trusted.remove(sha);
             self.release(attempt);
-            return Err(PackageError::CopyDiffers(TreeMismatch {
-                missing: 0,
-                extra: 0,
-                changed: 1,
-            }));
+            let rt = runtime.to_path_buf();
+            blocking(move || {
+                super::overlay::unmount(&rt)?;
+                super::overlay::remove_work_dir(&rt)?;
+                Ok(())
+            })
+            .await?;
+            return Ok(Laid::OriginChanged);
         }
-        Ok(Materialized {
+        Ok(Laid::Done(Materialized {
             timings,
             copy: CopyReport::default(),
             check: CopyCheck::LayoutOnly,
             by: Materializer::Overlay,
-        })
+        }))
     }
 
     fn unseedable(&self, sha256: &str, dev: u64) -> bool {

@@ -209,7 +209,7 @@ async fn a_job_writing_through_the_mount_leaves_the_lower_and_the_next_view_pris
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lower_edited_behind_the_cache_is_caught_before_the_next_mount() {
+async fn a_lower_edited_behind_the_cache_is_caught_by_the_next_launch_and_reinstalled() {
     let host = Host::new();
     let (_, first) = host.ephemeral("a-1").await;
     overlay::unmount(&first).unwrap();
@@ -217,7 +217,8 @@ async fn a_lower_edited_behind_the_cache_is_caught_before_the_next_mount() {
     // Someone with root on the node edits the cache's tree.
     fs::write(host.lower().join("bin/Runner.Listener"), b"tampered").unwrap();
     let (_, second) = host.ephemeral("a-2").await;
-    // Reinstalled from the kept archive before mounting: the view is the verified package.
+    // Found by the walk after the mount (the one walk of a warm launch), unmounted, reinstalled
+    // from the kept archive and mounted again: the view is the verified package.
     assert_eq!(
         fs::read(second.join("bin/Runner.Listener")).unwrap(),
         b"#!/bin/sh\necho listener\n"
