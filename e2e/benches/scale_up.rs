@@ -304,21 +304,8 @@ async fn latency(warm_samples: usize) {
     // history collection deletes cleaned attempts.
     let mut launched: BTreeMap<String, RunnerAttempt> = BTreeMap::new();
     for i in 0..=warm_samples {
-        let before = started.count();
         let cpu_before = cpu_seconds(agent_pid);
-        let queued = Instant::now();
-        let job = p
-            .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 0}))
-            .await
-            .unwrap();
-        wait::until(Duration::from_secs(120), "the runner started", || async {
-            (started.count() > before).then_some(())
-        })
-        .await
-        .unwrap();
-        let at = started.all().into_iter().max().unwrap();
-        let latency = at.saturating_duration_since(queued);
-        let steps = started.sample_steps(queued);
+        let (job, latency, steps) = single_job(&p, &started).await;
         if i == 0 {
             cold = Some(latency);
             cold_steps = steps;
@@ -340,13 +327,9 @@ async fn latency(warm_samples: usize) {
             .await
             .unwrap();
         // The next sample starts from zero again: wait until no runner is live.
+        let none = std::collections::HashSet::new();
         wait::until(Duration::from_secs(120), "no live runner", || async {
-            let live = p.all_attempts().await.into_iter().any(|a| {
-                a.status
-                    .as_ref()
-                    .is_some_and(|s| !s.journal.state().is_terminal())
-            });
-            (!live).then_some(())
+            (!live_except(&p, &none).await).then_some(())
         })
         .await
         .unwrap();
@@ -569,6 +552,84 @@ fn timeline(
     out.join("; ")
 }
 
+/// The burst benches' policy (`maxRunners` as given, no idle runner, the product's webhook
+/// scaling: poll interval 60 s, not the world's scenario pace of 10 s, whose polls listed the
+/// jobs of every run queued longer than that, a dozen calls in a burst under load), Ready, and
+/// the package cache warmed by one job: a burst measures launches, not one download.
+async fn burst_policy(p: &Product, max_runners: usize) {
+    let scaling =
+        serde_json::to_value(runner_manager_crds::policy::ScalingSpec::default()).unwrap();
+    p.policy(
+        "web",
+        json!({"minIdle": 0, "maxRunners": max_runners, "scaling": scaling}),
+    )
+    .await
+    .unwrap();
+    wait::until(Duration::from_secs(90), "the policy Ready", || async {
+        let sp = p.policies().get("web").await.ok()?;
+        (sp.status?.runner_version.is_some()).then_some(())
+    })
+    .await
+    .unwrap();
+    wait_recovered(p).await;
+    let warmup = p
+        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 0}))
+        .await
+        .unwrap();
+    p.wait_jobs_completed(&[warmup], Duration::from_secs(180))
+        .await
+        .unwrap();
+}
+
+/// A burst's start: its jobs, when they were queued, how long queueing them took, and when
+/// (after queueing) the last of their runners started.
+struct BurstStart {
+    ids: Vec<u64>,
+    queued: Instant,
+    all_queued: Duration,
+    all_started: Duration,
+}
+
+/// Queues `jobs` one-second jobs at once ("at once": concurrently, so the figure is the
+/// product's, not this loop's round trips) and waits until a runner started for each of them.
+/// Attempts named in `before` are not the burst's: the watch may list an earlier one (the
+/// warm-up's) only now, and it must neither stand in for one of the burst's nor hide the last.
+async fn queue_burst(
+    p: &Product,
+    started: &Started,
+    jobs: usize,
+    before: &std::collections::HashSet<String>,
+) -> BurstStart {
+    let queued = Instant::now();
+    let ids: Vec<u64> = futures_util::future::join_all(
+        (0..jobs).map(|_| p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 1000}))),
+    )
+    .await
+    .into_iter()
+    .map(Result::unwrap)
+    .collect();
+    let all_queued = queued.elapsed();
+    wait::until(
+        Duration::from_secs(600),
+        "every burst runner started",
+        || async { (started.started_except(before).len() >= jobs).then_some(()) },
+    )
+    .await
+    .unwrap();
+    let all_started = started
+        .started_except(before)
+        .into_iter()
+        .max()
+        .unwrap()
+        .saturating_duration_since(queued);
+    BurstStart {
+        ids,
+        queued,
+        all_queued,
+        all_started,
+    }
+}
+
 async fn burst(jobs: usize) -> Option<BurstFigures> {
     let options = ProductOptions {
         nodes: vec![NodeOptions::new("burst", jobs as u32, &[])],
@@ -584,31 +645,7 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
         .product(options)
         .await
         .unwrap()?;
-    // The product's webhook scaling (poll interval 60 s), not the world's scenario pace (10 s):
-    // a poll every 10 s lists the jobs of every run queued longer than that, which a burst
-    // under load counted as a dozen calls.
-    let scaling =
-        serde_json::to_value(runner_manager_crds::policy::ScalingSpec::default()).unwrap();
-    p.policy(
-        "web",
-        json!({"minIdle": 0, "maxRunners": jobs, "scaling": scaling}),
-    )
-    .await
-    .unwrap();
-    wait::until(Duration::from_secs(90), "the policy Ready", || async {
-        let sp = p.policies().get("web").await.ok()?;
-        (sp.status?.runner_version.is_some()).then_some(())
-    })
-    .await
-    .unwrap();
-    // Warm the package cache with one job first: the burst measures launches, not one download.
-    let warmup = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 0}))
-        .await
-        .unwrap();
-    p.wait_jobs_completed(&[warmup], Duration::from_secs(180))
-        .await
-        .unwrap();
+    burst_policy(&p, jobs).await;
     let (calls_before, by_endpoint_before) = p.operator_github_calls().await.unwrap();
     let operator_writes_before = operator_writes(&p).await;
     let writes = WriteCounter::start(p.attempts()).await.unwrap();
@@ -629,8 +666,6 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
             }
         })
     };
-    // "Queued at once": every job is queued concurrently, so the figure is the product's, not
-    // this loop's round trips.
     // The attempts that exist before queueing (the warm-up's, Cleaned by now), by a LIST: the
     // watch above lists them too, but maybe only after queueing, so a count by the watch alone
     // took the warm-up's attempt for the burst's.
@@ -641,30 +676,12 @@ async fn burst(jobs: usize) -> Option<BurstFigures> {
         .filter_map(|a| a.metadata.name)
         .collect();
     let agent_cpu_before = cpu_seconds(agent_pid);
-    let queued = Instant::now();
-    let ids: Vec<u64> = futures_util::future::join_all(
-        (0..jobs).map(|_| p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 1000}))),
-    )
-    .await
-    .into_iter()
-    .map(Result::unwrap)
-    .collect();
-    let all_queued = queued.elapsed();
-    wait::until(
-        Duration::from_secs(600),
-        "every burst runner started",
-        || async { (started.started_except(&before_burst).len() >= jobs).then_some(()) },
-    )
-    .await
-    .unwrap();
-    // The burst's slowest runner: the warm-up's attempt, which the watch may list only now,
-    // neither stands in for one of the burst's nor hides the last of them.
-    let all_started = started
-        .started_except(&before_burst)
-        .into_iter()
-        .max()
-        .unwrap()
-        - queued;
+    let BurstStart {
+        ids,
+        queued,
+        all_queued,
+        all_started,
+    } = queue_burst(&p, &started, jobs, &before_burst).await;
     // The agent's launch timings now, before history collection deletes cleaned attempts.
     let burst_objects: Vec<RunnerAttempt> = p
         .all_attempts()
@@ -912,6 +929,31 @@ fn load_average() -> f64 {
         .unwrap_or_default()
 }
 
+/// One single-job sample: a job queued, its runner started: (the job, queued → started, the
+/// attempt's timeline).
+async fn single_job(
+    p: &Product,
+    started: &Started,
+) -> (u64, Duration, Vec<(&'static str, Duration)>) {
+    let before = started.count();
+    let queued = Instant::now();
+    let job = p
+        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 0}))
+        .await
+        .unwrap();
+    wait::until(Duration::from_secs(120), "the runner started", || async {
+        (started.count() > before).then_some(())
+    })
+    .await
+    .unwrap();
+    let at = started.all().into_iter().max().unwrap();
+    (
+        job,
+        at.saturating_duration_since(queued),
+        started.sample_steps(queued),
+    )
+}
+
 /// Attempts not in `keep` that are not concluded yet.
 async fn live_except(p: &Product, keep: &std::collections::HashSet<String>) -> bool {
     p.all_attempts().await.into_iter().any(|a| {
@@ -933,26 +975,9 @@ async fn phase(
 ) -> Phase {
     let (mut warm, mut steps) = (Vec::new(), Vec::new());
     for _ in 0..samples {
-        let before = started.count();
-        let queued = Instant::now();
-        let job = p
-            .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 0}))
-            .await
-            .unwrap();
-        wait::until(Duration::from_secs(120), "the runner started", || async {
-            (started.count() > before).then_some(())
-        })
-        .await
-        .unwrap();
-        warm.push(
-            started
-                .all()
-                .into_iter()
-                .max()
-                .unwrap()
-                .saturating_duration_since(queued),
-        );
-        steps.push(started.sample_steps(queued));
+        let (job, latency, timeline) = single_job(p, started).await;
+        warm.push(latency);
+        steps.push(timeline);
         p.wait_jobs_completed(&[job], Duration::from_secs(120))
             .await
             .unwrap();
@@ -972,27 +997,11 @@ async fn phase(
             .into_iter()
             .filter_map(|a| a.metadata.name),
     );
-    let queued = Instant::now();
-    let ids: Vec<u64> = futures_util::future::join_all(
-        (0..jobs).map(|_| p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 1000}))),
-    )
-    .await
-    .into_iter()
-    .map(Result::unwrap)
-    .collect();
-    wait::until(
-        Duration::from_secs(600),
-        "every burst runner started",
-        || async { (started.started_except(&before).len() >= jobs).then_some(()) },
-    )
-    .await
-    .unwrap();
-    let burst = started
-        .started_except(&before)
-        .into_iter()
-        .max()
-        .unwrap()
-        .saturating_duration_since(queued);
+    let BurstStart {
+        ids,
+        all_started: burst,
+        ..
+    } = queue_burst(p, started, jobs, &before).await;
     let load = load_average();
     p.wait_jobs_completed(&ids, Duration::from_secs(600))
         .await
@@ -1051,28 +1060,7 @@ async fn busy_node(samples: usize, jobs: usize, load: BusyOptions) {
     else {
         return;
     };
-    let scaling =
-        serde_json::to_value(runner_manager_crds::policy::ScalingSpec::default()).unwrap();
-    p.policy(
-        "web",
-        json!({"minIdle": 0, "maxRunners": jobs + cores, "scaling": scaling}),
-    )
-    .await
-    .unwrap();
-    wait::until(Duration::from_secs(90), "the policy Ready", || async {
-        let sp = p.policies().get("web").await.ok()?;
-        (sp.status?.runner_version.is_some()).then_some(())
-    })
-    .await
-    .unwrap();
-    wait_recovered(&p).await;
-    let warmup = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 0}))
-        .await
-        .unwrap();
-    p.wait_jobs_completed(&[warmup], Duration::from_secs(180))
-        .await
-        .unwrap();
+    burst_policy(&p, jobs + cores).await;
     let (started, _watch) = Started::spawn(p.attempts());
     let none = std::collections::HashSet::new();
     wait::until(

@@ -530,23 +530,20 @@ impl PackageCache {
         // that changed since it was trusted is found there, forgotten and unmounted, and the
         // launch goes round once more, which installs it again, as the walk before the mount
         // made it do.
-        match self
-            .materialize_once(attempt, package, runtime, kind, demand)
-            .await?
-        {
-            Laid::Done(m) => Ok(m),
-            Laid::OriginChanged => match self
+        for _ in 0..2 {
+            if let Laid::Done(m) = self
                 .materialize_once(attempt, package, runtime, kind, demand)
                 .await?
             {
-                Laid::Done(m) => Ok(m),
-                Laid::OriginChanged => Err(PackageError::CopyDiffers(TreeMismatch {
-                    missing: 0,
-                    extra: 0,
-                    changed: 1,
-                })),
-            },
+                return Ok(m);
+            }
         }
+        // Changed again under the fresh install: not a tree this launch can trust.
+        Err(PackageError::CopyDiffers(TreeMismatch {
+            missing: 0,
+            extra: 0,
+            changed: 1,
+        }))
     }
 
     async fn materialize_once(
