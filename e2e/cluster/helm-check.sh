@@ -409,7 +409,9 @@ wait_for 120 "the idle runners drained (minIdle 0)" live_now
 ( K -n $jobs_ns get ra --watch -o jsonpath='{.spec.id}|{.status.state}{"\n"}' 2>/dev/null \
     | while IFS= read -r line; do echo "$(date +%s%3N)|$line"; done >> "$work/latency.rec" ) &
 stamp_pid=$!
-sleep 1 # the watch's first list is made before the first job is queued: no attempt exists yet
+# The watch's first list (the earlier jobs' attempts, kept as history) is in before a job is
+# queued: an attempt it listed late would be stamped late.
+wait_for 30 "the attempts' watch listing" test -s "$work/latency.rec"
 : > "$work/latency.queued"
 for i in 1 2 3 4 5; do
   queued=$(date +%s%3N)

@@ -415,10 +415,9 @@ impl PackageCache {
 
     /// The trusted contents of `sha256` if its tree still has the recorded fingerprint, with
     /// the seed on `seed_root`'s volume if that one still has its own. A tree whose fingerprint
-    /// moved is forgotten (and reinstalled by the caller); so is a seed.
-    /// The trusted tree of `sha256` (and its seed on `seed_root`), or None when there is none or
-    /// it changed since it was trusted (`walk`: its fingerprint is taken now; without it, the
-    /// caller checks the tree itself once it is in use — the overlay's check after its mount).
+    /// moved is forgotten (and reinstalled by the caller); so is a seed. Without `walk` the
+    /// fingerprints are not taken here: the caller checks the tree once it is in use (the
+    /// overlay, after its mount).
     async fn ready(
         &self,
         sha256: &str,
