@@ -380,11 +380,7 @@ async fn latency(warm_samples: usize) {
             .unwrap();
         // The next sample starts from zero again: wait until no runner is live.
         let none = std::collections::HashSet::new();
-        wait::until(Duration::from_secs(120), "no live runner", || async {
-            (!live_except(&p, &none).await).then_some(())
-        })
-        .await
-        .unwrap();
+        until_concluded(&p, &none, 120, "no live runner").await;
     }
     warm.sort();
     println!(
@@ -1006,14 +1002,24 @@ async fn single_job(
     )
 }
 
-/// Attempts not in `keep` that are not concluded yet.
-async fn live_except(p: &Product, keep: &std::collections::HashSet<String>) -> bool {
-    p.all_attempts().await.into_iter().any(|a| {
-        a.metadata.name.as_ref().is_some_and(|n| !keep.contains(n))
-            && a.status
-                .as_ref()
-                .is_none_or(|s| !s.journal.state().is_terminal())
+/// Waits (at most `secs`, failing with `what`) until every attempt not in `keep` concluded.
+async fn until_concluded(
+    p: &Product,
+    keep: &std::collections::HashSet<String>,
+    secs: u64,
+    what: &str,
+) {
+    wait::until(Duration::from_secs(secs), what, || async {
+        let live = p.all_attempts().await.into_iter().any(|a| {
+            a.metadata.name.as_ref().is_some_and(|n| !keep.contains(n))
+                && a.status
+                    .as_ref()
+                    .is_none_or(|s| !s.journal.state().is_terminal())
+        });
+        (!live).then_some(())
     })
+    .await
+    .unwrap();
 }
 
 /// `samples` warm single-job latencies, then a burst of `jobs`, beside the runners in `keep`
@@ -1033,11 +1039,7 @@ async fn phase(
         p.wait_jobs_completed(&[job], Duration::from_secs(120))
             .await
             .unwrap();
-        wait::until(Duration::from_secs(120), "no live runner", || async {
-            (!live_except(p, keep).await).then_some(())
-        })
-        .await
-        .unwrap();
+        until_concluded(p, keep, 120, "no live runner").await;
     }
     warm.sort();
     // What existed before: what the watch saw (history collection deletes concluded attempts,
@@ -1058,11 +1060,7 @@ async fn phase(
     p.wait_jobs_completed(&ids, Duration::from_secs(600))
         .await
         .unwrap();
-    wait::until(Duration::from_secs(300), "the burst concluded", || async {
-        (!live_except(p, keep).await).then_some(())
-    })
-    .await
-    .unwrap();
+    until_concluded(p, keep, 300, "the burst concluded").await;
     Phase {
         warm,
         steps,
@@ -1115,13 +1113,7 @@ async fn busy_node(samples: usize, jobs: usize, load: BusyOptions) {
     burst_policy(&p, jobs + cores).await;
     let (started, _watch) = Started::spawn(p.attempts());
     let none = std::collections::HashSet::new();
-    wait::until(
-        Duration::from_secs(120),
-        "the warm-up concluded",
-        || async { (!live_except(&p, &none).await).then_some(()) },
-    )
-    .await
-    .unwrap();
+    until_concluded(&p, &none, 120, "the warm-up concluded").await;
     let idle = phase(&p, &started, samples, jobs, &none).await;
 
     // The load: one busy runner per core, until the stop file exists (the runners' accounts

@@ -229,6 +229,7 @@ apply_policy $jobs_ns web 1 3 "$work/app.pem" "TENANT_MARKER=$tenant_marker"
 # Attempts in JSON, once per check.
 attempts() { K -n $jobs_ns get ra -o json; }
 live_ids() { attempts | jq -r '.items[] | select(.status.state != "Cleaned") | .spec.id'; }
+no_live() { [ -z "$(live_ids)" ]; }
 # cgroup/unit names are rm-<the attempt's uuid without dashes, first 12>: what unit_name makes.
 unit_of() { echo "rm-$(echo "$1" | tr -d - | cut -c1-12).service"; }
 units() { N systemctl list-units --all --plain --no-legend 'rm-*.service' | awk '{print $1}' | sort; }
@@ -403,9 +404,8 @@ no_leaks "jobs"
 # (kubectl's stream, stamped as it reads: a few ms late at worst); the agent's own step timings
 # are the attempts' status.launch. Printed beside nothing it must meet yet: the placeholder's
 # admission is a floor the process harness does not have (docs/benchmarks.md).
-live_now() { [ -z "$(live_ids)" ]; }
 K -n $jobs_ns patch scalepolicy web --type merge -p '{"spec":{"minIdle":0}}' >/dev/null
-wait_for 120 "the idle runners drained (minIdle 0)" live_now
+wait_for 120 "the idle runners drained (minIdle 0)" no_live
 ( K -n $jobs_ns get ra --watch -o jsonpath='{.spec.id}|{.status.state}{"\n"}' 2>/dev/null \
     | while IFS= read -r line; do echo "$(date +%s%3N)|$line"; done >> "$work/latency.rec" ) &
 stamp_pid=$!
@@ -418,7 +418,7 @@ for i in 1 2 3 4 5; do
   lat=$(queue_job "latency-$i" 0)
   echo "$queued $lat" >> "$work/latency.queued"
   wait_for 120 "job $lat completed" job_done "$lat"
-  wait_for 120 "no live attempt after job $lat" live_now
+  wait_for 120 "no live attempt after job $lat" no_live
 done
 pkill -P "$stamp_pid" 2>/dev/null || true; kill "$stamp_pid" 2>/dev/null || true
 attempts > "$work/latency-attempts.json"
@@ -434,12 +434,14 @@ for line in open(sys.argv[1]):
 queued = [int(l.split()[0]) for l in open(sys.argv[2]) if l.strip()]
 firsts = sorted((min(states.values()), aid) for aid, states in seen.items())
 steps = {"created": [], "admitted": [], "JIT": [], "started": []}
+sampled = set()
 for q in queued:
     # The first attempt first seen after this job was queued is its runner's (minIdle 0: none
     # is launched for anything else, and the previous one concluded before this job).
     aid = next((a for t, a in firsts if t >= q), None)
     if aid is None:
         continue
+    sampled.add(aid)
     s = seen[aid]
     for step, state in (("created", None), ("admitted", "Allocated"), ("JIT", "JitReceived"), ("started", "Starting")):
         t = min(s.values()) if state is None else s.get(state)
@@ -455,7 +457,7 @@ if len(started) < len(queued):
 launch = {}
 for a in json.load(open(sys.argv[3]))["items"]:
     l = (a.get("status") or {}).get("launch")
-    if l and a["spec"]["id"] in seen:
+    if l and a["spec"]["id"] in sampled:
         for k in ("materializeMs", "prepareMs", "registerMs", "spawnMs"):
             launch.setdefault(k, []).append(l.get(k, 0))
 line = "; ".join(f"{k} p50 {p50(v)} ms" for k, v in steps.items() if v)
@@ -508,7 +510,6 @@ drained() {
   [ "$(state "$idle" | cut -d/ -f1)" = Cleaned ] && ! N systemctl is-active --quiet "$(unit_of "$idle")"
 }
 wait_for 90 "the idle runner of a cordoned node drained" drained
-no_live() { [ -z "$(live_ids)" ]; }
 wait_for 30 "no live attempt on the cordoned node" no_live
 say "kubectl cordon: idle runner $(unit_of "$idle") drained (termination Drain), nothing placed"
 no_leaks "cordon"

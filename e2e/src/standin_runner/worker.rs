@@ -198,7 +198,7 @@ fn busy(
     while std::time::Instant::now() < end && !until.is_some_and(Path::exists) {
         std::thread::sleep(Duration::from_millis(100));
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
     for t in threads {
         let _ = t.join();
     }

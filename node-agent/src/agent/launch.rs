@@ -231,12 +231,12 @@ async fn launch_steps(agent: &Agent, api: &Attempts, a: &RunnerAttempt) -> Resul
     let admitted = allocate(agent, api, a, &name, &ns)
         .instrument(tracing::info_span!("admit"))
         .await;
-    let Some(placement) = admitted.inspect_err(|_| agent.book().forget(&uid))? else {
+    let Some(admitted) = admitted.inspect_err(|_| agent.book().forget(&uid))? else {
         agent.book().forget(&uid);
         return Ok(());
     };
     fault::at(Boundary::AfterAllocated);
-    let staged = prepare_and_start(agent, api, a, &uid, &name, &ns, placement).await;
+    let staged = prepare_and_start(agent, api, a, &uid, &name, &ns, admitted).await;
     settle(api, &ns, &name, staged).await
 }
 
@@ -249,13 +249,14 @@ async fn prepare_and_start(
     uid: &str,
     name: &str,
     ns: &str,
-    placement: WorkspacePlacement,
+    Admitted {
+        placement,
+        spec_hash: admitted_hash,
+    }: Admitted,
 ) -> Result<(), Halt> {
     let snapshot = &a.spec.snapshot;
     let runtime = PathBuf::from(placement.runtime_path());
     let uuid = uuid_of(a)?;
-    // What `allocate` journalled with `Admit`, from this same copy of the spec.
-    let admitted_hash = spec_hash(&a.spec);
 
     // A preparation turn (`--preparation-permits`) until the runtime is prepared; given back
     // on every way out.
@@ -447,6 +448,13 @@ async fn package_refused(
     Ok(())
 }
 
+/// What `Admit` journalled: the workspace placement and the admitted spec's hash (the JIT
+/// request carries it, and the broker checks it against the journal's).
+struct Admitted {
+    placement: WorkspacePlacement,
+    spec_hash: String,
+}
+
 /// `Pending → Allocated`: the placement and the spec hash, journalled before any effect. A
 /// persistent placement holds the allocation lock from the slot choice to the table update after
 /// the CAS.
@@ -456,7 +464,7 @@ async fn allocate(
     a: &RunnerAttempt,
     name: &str,
     ns: &str,
-) -> Result<Option<WorkspacePlacement>, StepError> {
+) -> Result<Option<Admitted>, StepError> {
     let snapshot = &a.spec.snapshot;
     let uuid = uuid_of(a)?;
     // Only a slot choice needs the lock: the lowest free slot must stay free until the table
@@ -515,7 +523,7 @@ async fn allocate(
         AttemptState::Pending,
         Transition::Admit {
             placement: placement.clone(),
-            spec_hash: hash,
+            spec_hash: hash.clone(),
         },
     )
     .await?;
@@ -525,7 +533,10 @@ async fn allocate(
     if let Some(lease) = lease {
         let _ = agent.slots().record(lease);
     }
-    Ok(Some(placement))
+    Ok(Some(Admitted {
+        placement,
+        spec_hash: hash,
+    }))
 }
 
 /// Owned by the runner's account, 0700, with its private `tmp` (TMPDIR).
