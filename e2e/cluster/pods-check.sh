@@ -390,6 +390,8 @@ no_runtimes() { [ -z "$(ls -A "$HOST_ROOT/runners" 2>/dev/null)" ]; }
 wait_for 30 "no runtime directory left after helm uninstall" no_runtimes
 left=$(admin GET runners | jq -r --arg a "$abandoned" '.[] | select(.name as $n | ($a | split(" ") | index($n)) | not) | .name')
 [ -z "$left" ] || fail "registrations left on the simulated GitHub: $left"
-[ -z "$(handoffs)" ] || fail "JIT handoff files left: $(handoffs | tr '\n' ' ')"
+# A file seen while the uninstall's last removal runs is not a leak; one that stays is (a one-shot
+# look once failed CI naming no file: it was gone by the second look).
+settle 15 "JIT handoff files left after helm uninstall" handoffs
 say "helm uninstall: no pod, runtime directory, registration or handoff file left"
 echo "cluster/pods-check.sh: all checks passed"
