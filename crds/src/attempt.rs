@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use crate::conditions::Condition;
 use crate::duration::ManifestDuration;
 use crate::outcome::Outcome;
-use crate::policy::{ExecutionMode, RunnerResources, WorkspaceMode};
+use crate::policy::{ExecutionMode, ForkPullRequests, RunnerResources, WorkspaceMode};
 use crate::state::{Actor, AttemptState, EdgeError, EdgeKind};
 
 /// One runner's life, bound to one node, never reused.
@@ -96,6 +96,10 @@ pub struct AttemptSnapshot {
     pub runner_group_id: i64,
     /// Workspace mode.
     pub workspace: WorkspaceMode,
+    /// The policy's fork rule in effect (`spec.workspace.forkPullRequests` or the mode's
+    /// default); absent: `Allow` (an attempt made before the rule existed).
+    #[serde(default, skip_serializing_if = "is_allow")]
+    pub fork_pull_requests: ForkPullRequests,
     /// The policy's `maxRunners`: persistent slots are `s1..s<maxSlots>`.
     #[schemars(range(min = 1, max = 1000))]
     pub max_slots: u32,
@@ -113,6 +117,10 @@ pub struct AttemptSnapshot {
     /// endpoint the broker mints this runner with; absent for the REST JIT endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scale_set: Option<String>,
+}
+
+fn is_allow(rule: &ForkPullRequests) -> bool {
+    *rule == ForkPullRequests::Allow
 }
 
 /// The GitHub target of an attempt.

@@ -147,6 +147,8 @@ pub enum BrokerErrorCode {
     GitHubUnavailable,
     /// 500: the journal write failed; no JIT left the broker.
     Internal,
+    /// 400: the request's body is missing or not the route's shape.
+    InvalidRequest,
 }
 
 impl BrokerErrorCode {
@@ -162,6 +164,7 @@ impl BrokerErrorCode {
             Self::AlreadyIssued => 410,
             Self::GitHubUnavailable => 503,
             Self::Internal => 500,
+            Self::InvalidRequest => 400,
         }
     }
 }

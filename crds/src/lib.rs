@@ -13,6 +13,7 @@ pub mod duration;
 pub mod fixtures;
 pub mod helper_env;
 pub mod hosts;
+pub mod job_admission;
 pub mod lease;
 pub mod names;
 pub mod outcome;

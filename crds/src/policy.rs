@@ -191,6 +191,36 @@ pub struct WorkspaceSpec {
     /// concurrent runner whose `_work` is kept warm between jobs; repository targets only).
     #[serde(default)]
     pub mode: WorkspaceMode,
+    /// Whether a job of a fork's pull request may run on this policy's runners: `Refuse` (the
+    /// default for `Persistent`: a fork's job could leave a poisoned `_work` for the next
+    /// main-branch job) or `Allow` (the default for `Ephemeral`). Checked when the job starts,
+    /// before any of its steps, from GitHub's record of the run (never from the job); a refused
+    /// job fails with the reason in its log and leaves the slot as it was. Native runners only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork_pull_requests: Option<ForkPullRequests>,
+}
+
+impl WorkspaceSpec {
+    /// The rule in effect: the field, else the mode's default.
+    pub fn fork_rule(&self) -> ForkPullRequests {
+        self.fork_pull_requests.unwrap_or(match self.mode {
+            WorkspaceMode::Persistent => ForkPullRequests::Refuse,
+            WorkspaceMode::Ephemeral => ForkPullRequests::Allow,
+        })
+    }
+}
+
+/// Whether a job of a fork's pull request may run on this policy's runners: `Refuse` (the default
+/// for a `Persistent` workspace) fails such a job at its start, before any step, from GitHub's
+/// record of the run; `Allow` (the default for `Ephemeral`) runs any job the labels match.
+/// Native runners only: an `Oci` policy must say `Allow`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum ForkPullRequests {
+    /// Any job the runner's labels match.
+    #[default]
+    Allow,
+    /// A job whose run's head repository is not the policy's repository fails at its start.
+    Refuse,
 }
 
 /// A workspace mode.

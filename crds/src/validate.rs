@@ -174,6 +174,22 @@ pub fn validate_policy(spec: &ScalePolicySpec) -> Vec<Problem> {
         );
     }
 
+    if spec.execution.mode == ExecutionMode::Oci
+        && spec.workspace.fork_rule() == crate::policy::ForkPullRequests::Refuse
+    {
+        problem(
+            "spec.workspace.forkPullRequests",
+            format!(
+                "Refuse{} is checked by native runners only (an OCI runner pod has no job gate); set spec.workspace.forkPullRequests: Allow to let fork pull requests run here knowingly, or use spec.execution.mode: Native",
+                if spec.workspace.fork_pull_requests.is_none() {
+                    " (the default of a Persistent workspace)"
+                } else {
+                    ""
+                }
+            ),
+        );
+    }
+
     match (spec.execution.mode, spec.execution.image.as_deref()) {
         (ExecutionMode::Oci, None) => problem(
             "spec.execution.image",
@@ -573,6 +589,54 @@ mod tests {
         assert_eq!(
             crate::policy::scale_set_name("a", &"x".repeat(200)).len(),
             128
+        );
+    }
+
+    #[test]
+    fn an_oci_policy_must_allow_fork_pull_requests_and_the_rule_defaults_by_mode() {
+        let spec = |workspace: serde_json::Value, mode: &str| -> ScalePolicySpec {
+            let image = format!("registry.local/runner@sha256:{}", "a".repeat(64));
+            serde_json::from_value(serde_json::json!({
+                "github": {"url": "https://github.com/acme/web", "credentialsSecretRef": {"name": "gh"}},
+                "labels": ["linux"], "maxRunners": 3, "workspace": workspace,
+                "execution": if mode == "Oci" { serde_json::json!({"mode": "Oci", "image": image}) } else { serde_json::json!({}) },
+            }))
+            .unwrap()
+        };
+        let fields = |s: &ScalePolicySpec| -> Vec<String> {
+            validate_policy(s).into_iter().map(|p| p.field).collect()
+        };
+        let persistent = serde_json::json!({"mode": "Persistent"});
+        assert_eq!(
+            spec(persistent.clone(), "Native").workspace.fork_rule(),
+            crate::policy::ForkPullRequests::Refuse
+        );
+        assert_eq!(
+            spec(serde_json::json!({}), "Native").workspace.fork_rule(),
+            crate::policy::ForkPullRequests::Allow
+        );
+        assert!(fields(&spec(persistent.clone(), "Native")).is_empty());
+        let refused = validate_policy(&spec(persistent, "Oci"));
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!(refused[0].field, "spec.workspace.forkPullRequests");
+        assert!(
+            refused[0].message.contains("Allow"),
+            "{}",
+            refused[0].message
+        );
+        assert!(
+            fields(&spec(
+                serde_json::json!({"mode": "Persistent", "forkPullRequests": "Allow"}),
+                "Oci"
+            ))
+            .is_empty()
+        );
+        assert!(
+            !fields(&spec(
+                serde_json::json!({"forkPullRequests": "Refuse"}),
+                "Oci"
+            ))
+            .is_empty()
         );
     }
 

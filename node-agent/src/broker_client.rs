@@ -18,6 +18,9 @@ use kube::Api;
 use runner_manager_crds::broker::{
     JitRequest, JitResponse, PodOrder, PodRemoval, jit_path, pod_removal_path, pods_path,
 };
+use runner_manager_crds::job_admission::{
+    JobAdmissionAnswer, JobAdmissionRequest, JobRefusal, job_path,
+};
 use secrecy::{ExposeSecret, SecretString};
 use tokio::sync::OnceCell;
 
@@ -218,6 +221,39 @@ impl BrokerClient {
                 Err(PodOrderError::Unreachable)
             }
             Exchange::Lost => Err(PodOrderError::Unreachable),
+        }
+    }
+
+    /// Asks whether the job the runner of `namespace/name` started may run
+    /// ([`runner_manager_crds::job_admission`]). Every failure to get an answer refuses: the
+    /// gate fails closed, and the job's log says why.
+    pub async fn admit_job(
+        &self,
+        namespace: &str,
+        name: &str,
+        body: &JobAdmissionRequest,
+    ) -> JobAdmissionAnswer {
+        let unconfirmed = |message: String| JobAdmissionAnswer {
+            refused: Some(JobRefusal::Unconfirmed),
+            message,
+        };
+        match self.post(&job_path(namespace, name), body).await {
+            Exchange::Answered(200, bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+                unconfirmed("runner-manager: the operator's answer could not be read".into())
+            }),
+            Exchange::Answered(code, bytes) => {
+                let detail =
+                    serde_json::from_slice::<runner_manager_crds::broker::BrokerError>(&bytes)
+                        .map(|e| e.message)
+                        .unwrap_or_default();
+                unconfirmed(format!(
+                    "runner-manager: the operator refused to confirm the job ({code}): {detail}"
+                ))
+            }
+            Exchange::NotSent(why) => unconfirmed(format!(
+                "runner-manager: the operator could not be asked: {why}"
+            )),
+            Exchange::Lost => unconfirmed("runner-manager: the operator's answer was lost".into()),
         }
     }
 

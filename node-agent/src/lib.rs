@@ -11,6 +11,7 @@ pub mod entry;
 pub mod evidence;
 pub mod foreign_pods;
 pub mod handoff;
+pub mod job_gate;
 pub mod journal;
 pub mod mounts;
 pub mod packages;

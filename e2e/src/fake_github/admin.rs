@@ -135,12 +135,22 @@ pub struct JobBody {
     pub name: Option<String>,
     #[serde(default)]
     pub behaviour: JobBehaviour,
+    /// A pull request's run (its head repository: a fork's makes a fork pull request).
+    #[serde(default)]
+    pub pull_request: Option<crate::fake_github::jobs::PullRequestOrigin>,
 }
 
 /// `POST /_admin/jobs`: queues a job → `{"job_id", "run_id"}`.
 pub async fn queue_job(State(fake): Fake, Json(b): Json<JobBody>) -> (StatusCode, Json<Value>) {
     let name = b.name.unwrap_or_else(|| "build".into());
-    let (job_id, run_id) = fake.queue_job(&b.owner, &b.repo, name, b.labels, b.behaviour);
+    let (job_id, run_id) = fake.queue_job(
+        &b.owner,
+        &b.repo,
+        name,
+        b.labels,
+        b.behaviour,
+        b.pull_request,
+    );
     (
         StatusCode::CREATED,
         Json(json!({"job_id": job_id, "run_id": run_id})),

@@ -17,6 +17,7 @@ pub enum Endpoint {
     ListRuns,
     ListRunJobs,
     GetJob,
+    GetRun,
     ListOrgRepos,
     Graphql,
     ScaleSetRegistration,
@@ -109,6 +110,7 @@ impl Endpoint {
             "/repos/{owner}/{repo}/actions/runs" => Self::ListRuns,
             "/repos/{owner}/{repo}/actions/runs/{run_id}/jobs" => Self::ListRunJobs,
             "/repos/{owner}/{repo}/actions/jobs/{job_id}" => Self::GetJob,
+            "/repos/{owner}/{repo}/actions/runs/{run_id}" => Self::GetRun,
             "/orgs/{org}/repos" => Self::ListOrgRepos,
             "/actions/runner-registration" => Self::ScaleSetRegistration,
             "/_actions/_apis/runtime/runnerscalesets"

@@ -68,6 +68,17 @@ pub struct Job {
     pub completed_at: Option<i64>,
     pub runner: Option<AssignedRunner>,
     pub behaviour: JobBehaviour,
+    /// The run's origin: `None` for a push to the repository itself.
+    pub pull_request: Option<PullRequestOrigin>,
+}
+
+/// A run of a pull request, and where its head lives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PullRequestOrigin {
+    /// `OWNER/REPO` of the head: the repository itself, a fork, or `None` (a deleted fork,
+    /// which GitHub shows as a `null` head repository).
+    pub head_repository: Option<String>,
 }
 
 /// What the stand-in runner receives when it acquires a job.

@@ -68,6 +68,10 @@ fn api_routes() -> Router<Arc<FakeGithub>> {
             "/repos/{owner}/{repo}/actions/jobs/{job_id}",
             get(actions::get_job),
         )
+        .route(
+            "/repos/{owner}/{repo}/actions/runs/{run_id}",
+            get(actions::get_run),
+        )
         .route("/orgs/{org}/repos", get(actions::list_org_repos))
         .merge(super::scaleset::routes())
         .route("/graphql", post(actions::graphql))

@@ -255,6 +255,18 @@ pub fn workflow_run(base: &str, job: &Job) -> Value {
     let repo_api = format!("{base}/repos/{}/{}", job.owner, job.repo);
     let run_api = format!("{repo_api}/actions/runs/{}", job.run_id);
     let repo = minimal_repository(base, &job.owner, &job.repo);
+    // A pull request's run names its head's repository: a fork's, or `null` once the fork is
+    // deleted (GitHub's shape).
+    let (event, head_repository) = match &job.pull_request {
+        None => ("push", repo.clone()),
+        Some(pr) => (
+            "pull_request",
+            pr.head_repository
+                .as_deref()
+                .and_then(|h| h.split_once('/'))
+                .map_or(Value::Null, |(o, r)| minimal_repository(base, o, r)),
+        ),
+    };
     json!({
         "id": job.run_id,
         "name": job.workflow_name,
@@ -265,7 +277,7 @@ pub fn workflow_run(base: &str, job: &Job) -> Value {
         "display_title": job.workflow_name,
         "run_number": job.run_id,
         "run_attempt": 1,
-        "event": "push",
+        "event": event,
         "status": job.status.as_str(),
         "conclusion": job.conclusion.map(|c| c.as_str()),
         "workflow_id": 1,
@@ -289,7 +301,7 @@ pub fn workflow_run(base: &str, job: &Job) -> Value {
             "author": {"name": "fake", "email": "fake@example.invalid"},
             "committer": {"name": "fake", "email": "fake@example.invalid"},
         },
-        "repository": repo.clone(),
-        "head_repository": repo,
+        "repository": repo,
+        "head_repository": head_repository,
     })
 }

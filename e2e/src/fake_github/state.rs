@@ -571,6 +571,7 @@ impl FakeGithub {
         name: String,
         labels: Vec<String>,
         behaviour: JobBehaviour,
+        pull_request: Option<crate::fake_github::jobs::PullRequestOrigin>,
     ) -> (u64, u64) {
         let mut world = self.world();
         world.add_repo(owner, repo);
@@ -592,6 +593,7 @@ impl FakeGithub {
             completed_at: None,
             runner: None,
             behaviour,
+            pull_request,
         };
         world.jobs.insert(id, job.clone());
         self.emit(&mut world, JobAction::Queued, &job);

@@ -29,6 +29,7 @@ pub fn native_attempt(id: uuid::Uuid, policy: &str, policy_uid: &str, node: &str
             labels: vec!["self-hosted".into(), "linux".into()],
             runner_group_id: 1,
             workspace: WorkspaceMode::Ephemeral,
+            fork_pull_requests: runner_manager_crds::policy::ForkPullRequests::Allow,
             max_slots: 4,
             execution: ExecutionSnapshot {
                 mode: ExecutionMode::Native,

@@ -368,13 +368,31 @@ impl Product {
 
     /// Queue a job on `acme/web` with `labels` and a stand-in `behaviour`; returns its id.
     pub async fn queue_job(&self, labels: &[&str], behaviour: Value) -> Result<u64, String> {
+        self.queue_job_body(
+            json!({"owner": "acme", "repo": "web", "labels": labels, "behaviour": behaviour}),
+        )
+        .await
+    }
+
+    /// Like [`queue_job`](Self::queue_job), for a pull request whose head is in `head`
+    /// (`OWNER/REPO`: `acme/web` itself, or a fork).
+    pub async fn queue_pull_request_job(
+        &self,
+        labels: &[&str],
+        behaviour: Value,
+        head: &str,
+    ) -> Result<u64, String> {
+        self.queue_job_body(json!({
+            "owner": "acme", "repo": "web", "labels": labels, "behaviour": behaviour,
+            "pull_request": {"head_repository": head},
+        }))
+        .await
+    }
+
+    async fn queue_job_body(&self, body: Value) -> Result<u64, String> {
         let v = self
             .fake
-            .admin(
-                "POST",
-                "jobs",
-                json!({"owner": "acme", "repo": "web", "labels": labels, "behaviour": behaviour}),
-            )
+            .admin("POST", "jobs", body)
             .await
             .map_err(|e| fail("queue job", e))?;
         v["job_id"]

@@ -611,6 +611,31 @@ impl World {
     pub fn policies(&self) -> Api<ScalePolicy> {
         Api::namespaced(self.kube.clone(), &self.team)
     }
+
+    /// The first Event of `reason` on the team's object `name`, waited for up to `deadline`.
+    pub async fn event_on(
+        &self,
+        name: &str,
+        reason: &str,
+        deadline: Duration,
+    ) -> Result<k8s_openapi::api::events::v1::Event, String> {
+        let events =
+            Api::<k8s_openapi::api::events::v1::Event>::namespaced(self.kube.clone(), &self.team);
+        wait::until(deadline, &format!("a {reason} event on {name}"), || async {
+            events
+                .list(&kube::api::ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                })
+        })
+        .await
+        .map_err(|e| e.to_string())
+    }
 }
 
 async fn create_policy(

@@ -205,6 +205,42 @@ fn busy(
     Ok(())
 }
 
+/// The worker's exit code when the job-started hook failed: the job's conclusion is `failure`.
+const HOOK_FAILED: i32 = 1;
+
+/// The real runner's job-started hook (`ACTIONS_RUNNER_HOOK_JOB_STARTED`): a script run with
+/// `bash -e` in the job's environment before any step; its failure fails the job, and no step
+/// runs. Its output goes to the log, as the real runner shows it in the job's log.
+fn job_started_hook(job: &AcquiredJob, log: &mut DiagLog) -> Result<(), String> {
+    let Some(hook) = std::env::var_os("ACTIONS_RUNNER_HOOK_JOB_STARTED").filter(|h| !h.is_empty())
+    else {
+        return Ok(());
+    };
+    let out = std::process::Command::new("bash")
+        .arg("-e")
+        .arg(&hook)
+        .env("GITHUB_REPOSITORY", &job.repository)
+        .env("GITHUB_RUN_ID", job.run_id.to_string())
+        .env("GITHUB_JOB", &job.name)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("job-started hook could not run: {e}"))?;
+    for line in String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .chain(String::from_utf8_lossy(&out.stderr).lines())
+    {
+        log.line("INFO", &format!("hook: {line}"));
+    }
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "job-started hook failed ({}): no step of job {} ran",
+            out.status, job.job_id
+        ))
+    }
+}
+
 /// Runs the worker; returns the process exit code.
 #[must_use]
 pub fn main(args: &[String]) -> i32 {
@@ -237,6 +273,10 @@ pub fn main(args: &[String]) -> i32 {
             job.job_id, job.name, job.repository
         ),
     );
+    if let Err(refusal) = job_started_hook(&job, &mut log) {
+        log.line("ERROR", &refusal);
+        return HOOK_FAILED;
+    }
     if let Err(e) = act(&root, &job.behaviour, &mut log) {
         log.line("ERROR", &format!("job step failed: {e}"));
         return EXIT_FAILED;

@@ -1030,6 +1030,131 @@ async fn an_idle_timeout_exits_idle_without_work_and_is_not_replaced() {
     assert_ne!(degraded, Some(true), "an idle exit counted as a failure");
 }
 
+/// The fork gate (issue 31 item 3): on a persistent slot, a job of a fork's pull request fails
+/// at its start, before any step (its write never reaches the slot), with a `JobRefused` event
+/// naming the reason; a pull request from the repository itself runs. The same fork job on the
+/// same policy switched to `forkPullRequests: Allow` poisons the slot: the attack the gate stops
+/// is real.
+#[tokio::test]
+async fn a_fork_pull_request_never_touches_a_persistent_slot() {
+    let Some(p) = World::builder("fork_gate")
+        .product(ProductOptions::default())
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let sp = p
+        .policy(
+            "web",
+            json!({"minIdle": 0, "maxRunners": 1, "workspace": {"mode": "Persistent"}}),
+        )
+        .await
+        .unwrap();
+    wait_ready(&p, "web").await;
+    let uid = sp.metadata.uid.clone().unwrap();
+    let work = p.agents[0]
+        .host
+        .join("slots")
+        .join(&p.team)
+        .join(&uid)
+        .join("s1")
+        .join("_work");
+    let labels = ["self-hosted", "linux"];
+    let writes =
+        |file: &str| json!({"duration_ms": 100, "write_files": [{"path": file, "bytes": 16}]});
+    let run = |job: u64| {
+        let p = &p;
+        async move {
+            p.wait_jobs_completed(&[job], Duration::from_secs(180))
+                .await
+                .unwrap();
+            let j = p.job(job).await.unwrap();
+            wait_attempts(p, "every attempt cleaned", STEP, |list| {
+                list.iter().all(|a| state(a) == AttemptState::Cleaned)
+            })
+            .await;
+            j
+        }
+    };
+
+    // A pull request from acme/web itself runs on the slot.
+    let own = p
+        .queue_pull_request_job(&labels, writes("own.txt"), "acme/web")
+        .await
+        .unwrap();
+    assert_eq!(run(own).await["conclusion"], "success");
+    assert!(
+        work.join("own.txt").is_file(),
+        "the repository's own job ran"
+    );
+
+    // A fork's pull request fails before its first step.
+    let fork = p
+        .queue_pull_request_job(&labels, writes("poison.txt"), "mallory/web")
+        .await
+        .unwrap();
+    let j = run(fork).await;
+    assert_eq!(j["conclusion"], "failure", "{j}");
+    assert!(
+        !work.join("poison.txt").exists(),
+        "the fork's job wrote into the persistent slot"
+    );
+    assert!(
+        work.join("own.txt").is_file(),
+        "the slot was left as it was"
+    );
+    let runner = j["runner_name"].as_str().unwrap().to_owned();
+    let attempt = p
+        .all_attempts()
+        .await
+        .into_iter()
+        .find(|a| runner_name(a.spec.attempt_uuid().unwrap()) == runner)
+        .unwrap();
+    let name = attempt.metadata.name.clone().unwrap();
+    let refused = p.event_on(&name, "JobRefused", STEP).await.unwrap();
+    let note = refused.note.unwrap_or_default();
+    assert!(
+        note.contains("ForkPullRequest") && note.contains("mallory/web"),
+        "{note}"
+    );
+    // The gate is gone with its runner.
+    let gate = p.agents[0].host.join("gates").join(
+        attempt
+            .spec
+            .attempt_uuid()
+            .unwrap()
+            .hyphenated()
+            .to_string(),
+    );
+    assert!(
+        !gate.exists(),
+        "the gate outlived its attempt: {}",
+        gate.display()
+    );
+
+    // Without the gate the same job poisons the slot.
+    kube::Api::<ScalePolicy>::namespaced(p.kube.clone(), &p.team)
+        .patch(
+            "web",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                &json!({"spec": {"workspace": {"forkPullRequests": "Allow"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let fork = p
+        .queue_pull_request_job(&labels, writes("poison.txt"), "mallory/web")
+        .await
+        .unwrap();
+    assert_eq!(run(fork).await["conclusion"], "success");
+    assert!(
+        work.join("poison.txt").is_file(),
+        "with forkPullRequests: Allow the fork's write reaches the slot"
+    );
+}
+
 /// Persistent slots: job 1 writes into `_work`, job 2 on the same node and slot finds it; a job
 /// that replaces `_work` with a symlink quarantines its slot (condition + event, nothing outside
 /// removed) and later jobs use another slot.

@@ -232,8 +232,7 @@ async fn placeholder_other_than(pods_api: &Api<Pod>, a: &RunnerAttempt, not: &st
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_placeholder_deleted_under_a_running_runner_is_recreated_and_an_impostor_survives() {
     use k8s_openapi::api::core::v1::{Container, PodSpec};
-    use k8s_openapi::api::events::v1::Event;
-    use kube::api::{DeleteParams, ListParams};
+    use kube::api::DeleteParams;
     let Some(w) = AgentWorld::start("placeholder_kept").await.unwrap() else {
         return;
     };
@@ -296,25 +295,9 @@ async fn a_placeholder_deleted_under_a_running_runner_is_recreated_and_an_impost
         pods::owner_attempt(&second.metadata),
         Some((n.as_str(), a.metadata.uid.as_deref().unwrap()))
     );
-    let events = Api::<Event>::namespaced(w.kube.clone(), &w.team);
-    wait::until(
-        Duration::from_secs(30),
-        "a PlaceholderLost event on the attempt",
-        || async {
-            events
-                .list(&ListParams::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.reason.as_deref() == Some("PlaceholderLost")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(n.as_str())
-                })
-        },
-    )
-    .await
-    .unwrap();
+    w.event_on(&n, "PlaceholderLost", Duration::from_secs(30))
+        .await
+        .unwrap();
     let now = w.attempts().get(&n).await.unwrap();
     let state = now.status.as_ref().unwrap().journal.state();
     assert!(

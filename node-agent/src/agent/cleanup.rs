@@ -89,6 +89,9 @@ pub async fn clean(agent: &Agent, api: &Attempts, a: &RunnerAttempt) -> Result<S
         return Ok(Step::Wait);
     }
 
+    // The runner is gone: so is its job gate.
+    agent.job_gates.close(&agent.host_root, a);
+
     // 2. Redacted diagnostics.
     if let Err(e) = crate::durable::write_file(
         &agent.host_root.join("diagnostics"),

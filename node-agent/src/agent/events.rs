@@ -2,12 +2,12 @@
 //! Reasons are a closed vocabulary; messages carry ids and kinds, never workflow-chosen names.
 
 use kube::Resource;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Recorder, Reporter};
 use runner_manager_crds::attempt::RunnerAttempt;
 
 use super::node::Agent;
 
-pub use super::labels::EventReason;
+pub use super::labels::{EventReason, publish_warning};
 
 /// The agent's Event recorder (events.k8s.io/v1 through kube's `Recorder`: repeats of one
 /// Event on one object become a series instead of new objects). The reporting controller is
@@ -28,18 +28,5 @@ pub async fn warn(agent: &Agent, attempt: &RunnerAttempt, reason: EventReason, m
         return;
     }
     agent.metrics().event(reason.as_str());
-    let event = Event {
-        type_: EventType::Warning,
-        reason: reason.as_str().into(),
-        note: Some(message),
-        action: reason.as_str().into(),
-        secondary: None,
-    };
-    if let Err(e) = agent.events.publish(&event, &attempt.object_ref(&())).await {
-        tracing::warn!(
-            reason = reason.as_str(),
-            "event {} not written: {e}",
-            reason.as_str()
-        );
-    }
+    publish_warning(&agent.events, &attempt.object_ref(&()), reason, message).await;
 }

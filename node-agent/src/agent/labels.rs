@@ -3,6 +3,8 @@
 //! start, the module that names the thing (`events`, `orphans`, `pruning`, `controller`) counts
 //! it, and none of them imports another to do so.
 
+use kube::runtime::events::{Event, EventType, Recorder};
+
 /// Why an Event is emitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventReason {
@@ -14,16 +16,19 @@ pub enum EventReason {
     /// A running native runner's placeholder was deleted, evicted or ended (recreated, or
     /// not).
     PlaceholderLost,
+    /// The job gate refused the job the runner started (`spec.workspace.forkPullRequests`).
+    JobRefused,
 }
 
 impl EventReason {
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::RecoveryBlocked,
         Self::CleanupDeferred,
         Self::Rejected,
         Self::SpecChanged,
         Self::PackageRefused,
         Self::PlaceholderLost,
+        Self::JobRefused,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -34,6 +39,7 @@ impl EventReason {
             Self::SpecChanged => "SpecChanged",
             Self::PackageRefused => "PackageRefused",
             Self::PlaceholderLost => "PlaceholderLost",
+            Self::JobRefused => "JobRefused",
         }
     }
 }
@@ -121,6 +127,30 @@ impl ReconcileStage {
             Self::Cleanup => "cleanup",
             Self::Read => "read",
         }
+    }
+}
+
+/// Publishes a Warning event on `object` through `events`. Best effort, logged. Here, beside
+/// the reasons, so what sits below the agent's context (`job_gates`) can publish too.
+pub async fn publish_warning(
+    events: &Recorder,
+    object: &k8s_openapi::api::core::v1::ObjectReference,
+    reason: EventReason,
+    message: String,
+) {
+    let event = Event {
+        type_: EventType::Warning,
+        reason: reason.as_str().into(),
+        note: Some(message),
+        action: reason.as_str().into(),
+        secondary: None,
+    };
+    if let Err(e) = events.publish(&event, object).await {
+        tracing::warn!(
+            reason = reason.as_str(),
+            "event {} not written: {e}",
+            reason.as_str()
+        );
     }
 }
 

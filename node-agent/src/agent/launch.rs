@@ -90,6 +90,8 @@ pub enum LaunchFailure {
     Pod(PodFailure),
     #[error("the placeholder pod: {0}")]
     Placeholder(super::placeholder::Refusal),
+    #[error("the job gate: {0}")]
+    JobGate(String),
 }
 
 impl LaunchFailure {
@@ -97,9 +99,11 @@ impl LaunchFailure {
     pub fn outcome(&self) -> Outcome {
         use FailureReason as F;
         Outcome::Failed(match self {
-            Self::Workspace(_) | Self::NoAccount | Self::Runtime(_) | Self::Environment(_) => {
-                F::WorkspaceUnavailable
-            }
+            Self::Workspace(_)
+            | Self::NoAccount
+            | Self::Runtime(_)
+            | Self::Environment(_)
+            | Self::JobGate(_) => F::WorkspaceUnavailable,
             Self::Package(_) => F::RunnerPackageUnverified,
             // The kubelet found the node too full: the node's fault, not the policy's (issue 15
             // item 7), so it does not count toward `Degraded`.
@@ -702,7 +706,7 @@ async fn request_and_start(
 ) -> Result<(), Halt> {
     let snapshot = current.spec.snapshot.clone();
     let uuid = uuid_of(current)?;
-    let env = environment(&snapshot.env, &runtime)
+    let mut env = environment(&snapshot.env, &runtime)
         .map_err(|e| LaunchFailure::Environment(e.to_string()))?;
     let limits = CgroupLimits::from_resources(snapshot.execution.resources.as_ref())
         .map(|l| l.with_defaults(agent.runner_defaults))
@@ -716,6 +720,26 @@ async fn request_and_start(
         || (provider.preparation() == Preparation::Journalled && prepared.is_none())
     {
         return Err(failed(LaunchFailure::NotStarted, &timings));
+    }
+    // The job gate, before the JIT: a runner whose policy refuses fork pull requests never runs
+    // without it. A hook the policy's `runner.env` named runs after an admission.
+    if super::job_gates::JobGates::wanted(current) {
+        let hook = agent
+            .job_gates
+            .open(
+                &agent.host_root,
+                agent.broker.clone(),
+                agent.events.clone(),
+                current,
+                (account.uid, account.gid),
+            )
+            .map_err(|e| failed(LaunchFailure::JobGate(e.to_string()), &timings))?;
+        if let Some(theirs) = env.insert(
+            crate::job_gate::HOOK_VARIABLE.to_owned(),
+            hook.display().to_string(),
+        ) {
+            env.insert(crate::job_gate::NEXT_HOOK_VARIABLE.to_owned(), theirs);
+        }
     }
     // The one request of this attempt (DESIGN §5): whatever happens, never a second.
     let asked = Instant::now();

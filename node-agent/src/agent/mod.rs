@@ -21,6 +21,7 @@ pub mod fault;
 pub mod fence;
 pub mod gate;
 pub mod health;
+pub mod job_gates;
 pub mod labels;
 pub mod launch;
 pub mod lease;
@@ -266,6 +267,8 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         .map_err(|e| AgentError::KubeConfig(e.to_string()))?;
     let helper = entry_helper(&cli)?;
     let mut native_refused = None;
+    // The helper as the runners see it: the job gate's hook runs it too.
+    let mut runners_helper = helper.clone();
     let launcher: Box<dyn RunnerLauncher> = match cli.launcher {
         LauncherKind::Direct => Box::new(DirectLauncher::new(
             CgroupParent::open(&cli.cgroup_parent)
@@ -273,12 +276,10 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
             helper,
         )),
         LauncherKind::Systemd => {
-            let launcher = SystemdLauncher::new(
-                crate::providers::systemd::install_helper(&helper, &cli.host_root).map_err(
-                    |e| AgentError::Launcher(format!("installing the entry helper: {e}")),
-                )?,
-            )
-            .with_network(runner_network(&cli)?);
+            runners_helper = crate::providers::systemd::install_helper(&helper, &cli.host_root)
+                .map_err(|e| AgentError::Launcher(format!("installing the entry helper: {e}")))?;
+            let launcher =
+                SystemdLauncher::new(runners_helper.clone()).with_network(runner_network(&cli)?);
             native_refused = prove_runner_network(&launcher, &cli.host_root).await;
             Box::new(launcher)
         }
@@ -396,6 +397,7 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         orphans: orphans::OrphanState::default(),
         wanted_packages: Mutex::new(BTreeSet::new()),
         preparation: preparation::PreparationBound::new(cli.preparation_permits),
+        job_gates: job_gates::JobGates::new(runners_helper),
     });
     let health = match cli.health_addr {
         Some(addr) => Some(

@@ -79,6 +79,8 @@ pub struct Agent {
     pub(super) wanted_packages: Mutex<BTreeSet<String>>,
     /// Launches preparing at once (`--preparation-permits`).
     pub preparation: PreparationBound,
+    /// The job gates of live runners whose policy refuses fork pull requests.
+    pub job_gates: super::job_gates::JobGates,
 }
 
 impl std::fmt::Debug for Agent {

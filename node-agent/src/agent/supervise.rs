@@ -262,6 +262,7 @@ async fn live(
             return stop(ctx, &runner, &runtime, reason, state).await;
         }
         keep_placeholder(agent, ctx, a, memory).await;
+        reopen_job_gate(agent, a, &runtime);
         if frozen {
             return Ok(Step::Wait);
         }
@@ -346,6 +347,33 @@ async fn live(
 /// A running native runner's placeholder, kept standing (docs/placeholder-pods.md): read from
 /// the pod watch's store (no request), recreated with a Warning event when it was deleted,
 /// evicted or ended; never a reason to stop the runner.
+/// A live runner whose gate is not open (the agent restarted) gets it back, for the account
+/// that owns its runtime; until then its hook finds no listener and refuses.
+fn reopen_job_gate(agent: &Agent, a: &RunnerAttempt, runtime: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let uid = a.metadata.uid.as_deref().unwrap_or_default();
+    if !super::job_gates::JobGates::wanted(a) || agent.job_gates.is_open(uid) {
+        return;
+    }
+    let reopened = std::fs::metadata(runtime)
+        .map_err(|e| e.to_string())
+        .and_then(|m| {
+            agent
+                .job_gates
+                .open(
+                    &agent.host_root,
+                    agent.broker.clone(),
+                    agent.events.clone(),
+                    a,
+                    (m.uid(), m.gid()),
+                )
+                .map_err(|e| e.to_string())
+        });
+    if let Err(e) = reopened {
+        tracing::warn!(attempt = %uid, "the job gate was not reopened (its job will be refused): {e}");
+    }
+}
+
 async fn keep_placeholder(
     agent: &Agent,
     ctx: &AttemptCtx,

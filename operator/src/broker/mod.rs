@@ -2,6 +2,7 @@
 //! the attempt's node, the runner id journalled before the JIT leaves, one JIT per attempt.
 
 pub mod authn;
+pub mod job;
 pub mod pods;
 pub mod protocol;
 pub mod scaleset;

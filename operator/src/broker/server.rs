@@ -16,6 +16,7 @@ use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::broker::{
     BrokerError, BrokerErrorCode, JitRequest, JitResponse, PodOrder, PodRemoval,
 };
+use runner_manager_crds::job_admission::JobAdmissionRequest;
 use runner_manager_crds::pods::PlaceholderSpec;
 use secrecy::SecretString;
 use tokio::net::TcpListener;
@@ -157,6 +158,7 @@ async fn caller(
 const JIT_ROUTE: &str = "/v1/attempts/{namespace}/{name}/jit";
 const POD_ORDER_ROUTE: &str = "/v1/attempts/{namespace}/{name}/pods";
 const POD_REMOVAL_ROUTE: &str = "/v1/pods/{namespace}/{name}/removal";
+const JOB_ROUTE: &str = "/v1/attempts/{namespace}/{name}/job";
 
 /// Records one exchange's outcome (metric and log line). `name` is the attempt's, or for a
 /// removal the pod's (the log's allowed fields: `operator/src/telemetry.rs`).
@@ -225,6 +227,43 @@ async fn pod_order(
     match result {
         Ok(Made::Created(pod)) => (StatusCode::CREATED, Json(pod)).into_response(),
         Ok(Made::Existing(pod)) => (StatusCode::OK, Json(pod)).into_response(),
+        Err(e) => answer(e),
+    }
+}
+
+/// `POST /v1/attempts/{namespace}/{name}/job`: an agent relays its runner's job-started claim
+/// (`super::job`). A decision, refused or not, is a 200; an error is a caller the broker
+/// will not answer for.
+async fn job_admission(
+    State(broker): State<Arc<Broker>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path((namespace, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Option<Json<JobAdmissionRequest>>,
+) -> Response {
+    let started = std::time::Instant::now();
+    let result = async {
+        let caller = caller(&broker, peer, &headers, &namespace, &name).await?;
+        let Json(request) = body.ok_or_else(|| {
+            refused(
+                BrokerErrorCode::InvalidRequest,
+                "a JSON body {attemptUid, repository, runId} is required",
+            )
+        })?;
+        let attempts = Api::<RunnerAttempt>::namespaced(broker.kube.clone(), &namespace);
+        let attempt = dereference(&attempts, &name).await?;
+        super::confine(&attempt, &request.attempt_uid, &caller)?;
+        Ok::<_, BrokerError>(super::job::admit(&broker.clients, &attempt, &request).await)
+    }
+    .await;
+    let outcome = match &result {
+        Ok(a) if a.refused.is_none() => "job_admitted",
+        Ok(_) => "job_refused",
+        Err(e) => error_label(e.code),
+    };
+    record(&broker, started, JOB_ROUTE, &namespace, &name, outcome);
+    match result {
+        Ok(answer) => (StatusCode::OK, Json(answer)).into_response(),
         Err(e) => answer(e),
     }
 }
@@ -356,6 +395,7 @@ fn error_label(code: BrokerErrorCode) -> &'static str {
         BrokerErrorCode::AlreadyIssued => "already_issued",
         BrokerErrorCode::GitHubUnavailable => "github_unavailable",
         BrokerErrorCode::Internal => "internal",
+        BrokerErrorCode::InvalidRequest => "invalid_request",
     }
 }
 
@@ -370,6 +410,7 @@ pub fn router(broker: Arc<Broker>) -> axum::Router {
         .route(JIT_ROUTE, post(jit))
         .route(POD_ORDER_ROUTE, post(pod_order))
         .route(POD_REMOVAL_ROUTE, post(pod_removal))
+        .route(JOB_ROUTE, post(job_admission))
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(broker)
 }

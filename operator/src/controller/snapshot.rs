@@ -62,6 +62,7 @@ pub fn build(
             labels: spec.labels.clone(),
             runner_group_id: pinned.runner_group_id,
             workspace: spec.workspace.mode,
+            fork_pull_requests: spec.workspace.fork_rule(),
             max_slots: spec.max_runners,
             execution: ExecutionSnapshot {
                 mode: spec.execution.mode,

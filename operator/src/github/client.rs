@@ -1190,6 +1190,22 @@ impl GitHubClient {
             .await
     }
 
+    /// A run's repository and head repository.
+    pub async fn run_origin(
+        &self,
+        owner: &str,
+        repo: &str,
+        run_id: i64,
+    ) -> Result<super::types::RunOrigin, GitHubError> {
+        let answer = self
+            .call(Request::get(
+                Endpoint::GetRun,
+                format!("/repos/{owner}/{repo}/actions/runs/{run_id}"),
+            ))
+            .await?;
+        parse(Endpoint::GetRun, &answer.body)
+    }
+
     /// One job of a repository (`None` for other scopes).
     pub async fn job(&self, owner: &str, repo: &str, job_id: i64) -> Result<Job, GitHubError> {
         let answer = self

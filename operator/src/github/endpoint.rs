@@ -17,6 +17,8 @@ pub enum Endpoint {
     ListQueuedRuns,
     ListRunJobs,
     GetJob,
+    /// `GET /repos/{owner}/{repo}/actions/runs/{run_id}`: a run's head repository (the job gate).
+    GetRun,
     /// `GET /orgs/{org}/repos`: the repositories an organization walk reads.
     ListOrgRepos,
     /// `POST /graphql`, the enterprise's organizations (REST has no such listing).
@@ -27,7 +29,7 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::CreateInstallationToken,
         Self::GetInstallation,
         Self::ListRunners,
@@ -39,6 +41,7 @@ impl Endpoint {
         Self::ListQueuedRuns,
         Self::ListRunJobs,
         Self::GetJob,
+        Self::GetRun,
         Self::ListOrgRepos,
         Self::ListEnterpriseOrgs,
         Self::CreateRegistrationToken,
@@ -59,6 +62,7 @@ impl Endpoint {
             Self::ListQueuedRuns => "list_queued_runs",
             Self::ListRunJobs => "list_run_jobs",
             Self::GetJob => "get_job",
+            Self::GetRun => "get_run",
             Self::ListOrgRepos => "list_org_repos",
             Self::ListEnterpriseOrgs => "list_enterprise_orgs",
             Self::CreateRegistrationToken => "create_registration_token",
@@ -81,6 +85,7 @@ impl Endpoint {
             Self::ListQueuedRuns => "/repos/{owner}/{repo}/actions/runs",
             Self::ListRunJobs => "/repos/{owner}/{repo}/actions/runs/{run_id}/jobs",
             Self::GetJob => "/repos/{owner}/{repo}/actions/jobs/{job_id}",
+            Self::GetRun => "/repos/{owner}/{repo}/actions/runs/{run_id}",
             Self::ListOrgRepos => "/orgs/{org}/repos",
             Self::ListEnterpriseOrgs => "/graphql",
             Self::CreateRegistrationToken => "/{scope}/actions/runners/registration-token",

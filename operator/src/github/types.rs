@@ -126,6 +126,21 @@ impl WorkflowRun {
     }
 }
 
+/// A run's origin, as `GET …/actions/runs/{run_id}` gives it (the job gate).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct RunOrigin {
+    pub repository: RepositoryName,
+    /// `null` when the head's repository is gone (a deleted fork).
+    #[serde(default)]
+    pub head_repository: Option<RepositoryName>,
+}
+
+/// A repository's `full_name`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct RepositoryName {
+    pub full_name: String,
+}
+
 #[derive(Debug, Deserialize)]
 pub(crate) struct WorkflowRunPage {
     pub workflow_runs: Vec<WorkflowRun>,

@@ -89,6 +89,23 @@ pub async fn get_job(
         .ok_or_else(ApiError::not_found)
 }
 
+/// `GET /repos/{owner}/{repo}/actions/runs/{run_id}`: the run (the fake has one job per run).
+pub async fn get_run(
+    State(fake): State<Arc<FakeGithub>>,
+    Path(params): Params,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    fake.authorize(&headers, &scope_of(&params)?)?;
+    let run_id: u64 = param(&params, "run_id")
+        .parse()
+        .map_err(|_| ApiError::not_found())?;
+    repo_jobs(&fake, param(&params, "owner"), param(&params, "repo"))
+        .iter()
+        .find(|j| j.run_id == run_id)
+        .map(|j| Json(shapes::workflow_run(&fake.base_url, j)))
+        .ok_or_else(ApiError::not_found)
+}
+
 /// `GET /orgs/{org}/repos`: the organization's repositories (those added by the admin API and
 /// those a job was queued in), by name, paged, with an ETag. An installation token of the
 /// organization and a PAT may list them.

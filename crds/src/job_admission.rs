@@ -1,0 +1,179 @@
+//! Which job a runner may run (`spec.workspace.forkPullRequests`, issue 31 item 3): the pure
+//! decision and the wire types of the gate.
+//!
+//! GitHub hands a queued job to any online runner whose labels match, so no launch can choose
+//! its job: a persistent slot's runner started for a main-branch job may be handed a fork's pull
+//! request. The check therefore runs when the job starts, before any of its steps: the runner's
+//! job-started hook asks the agent (over a socket only that runner's account can open), the
+//! agent asks the broker, and the broker decides from GitHub's record of the run. The runner's
+//! claim (which repository and run) only says where to look: the broker confirms that GitHub
+//! shows this runner on that run, and reads the run's head repository from GitHub itself.
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::ForkPullRequests;
+
+/// The request path of a job's admission.
+pub fn job_path(namespace: &str, name: &str) -> String {
+    format!("/v1/attempts/{namespace}/{name}/job")
+}
+
+/// The agent's question: the runner of this attempt started a job of `run_id` in `repository`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobAdmissionRequest {
+    pub attempt_uid: String,
+    /// `OWNER/REPO`, as the runner was told by GitHub (`GITHUB_REPOSITORY`).
+    pub repository: String,
+    /// The workflow run (`GITHUB_RUN_ID`).
+    pub run_id: i64,
+}
+
+/// The broker's answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobAdmissionAnswer {
+    /// `None`: admitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<JobRefusal>,
+    /// For the job's log: what was decided and, on a refusal, the fix.
+    pub message: String,
+}
+
+/// Why a job was refused. Closed: it reaches events, metrics and the job's log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum JobRefusal {
+    /// The run's head repository is not the policy's repository (or GitHub shows none: a
+    /// deleted fork).
+    ForkPullRequest,
+    /// The claimed repository is outside the policy's target.
+    OutsideTarget,
+    /// GitHub does not show this runner on that run: the claim is not the runner's job.
+    NotAssigned,
+    /// GitHub could not be asked; the gate fails closed.
+    Unconfirmed,
+}
+
+impl JobRefusal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ForkPullRequest => "ForkPullRequest",
+            Self::OutsideTarget => "OutsideTarget",
+            Self::NotAssigned => "NotAssigned",
+            Self::Unconfirmed => "Unconfirmed",
+        }
+    }
+}
+
+/// What GitHub's run record says, as the broker read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunFacts {
+    /// `repository.full_name`.
+    pub repository: String,
+    /// `head_repository.full_name`; `None` when GitHub shows none (a deleted fork).
+    pub head_repository: Option<String>,
+    /// Whether GitHub lists this attempt's runner on one of the run's jobs.
+    pub runs_on_this_runner: bool,
+}
+
+/// The decision for `rule`, given GitHub's facts of the run. Pure.
+pub fn decide(rule: ForkPullRequests, facts: &RunFacts) -> Result<(), JobRefusal> {
+    if rule == ForkPullRequests::Allow {
+        return Ok(());
+    }
+    if !facts.runs_on_this_runner {
+        return Err(JobRefusal::NotAssigned);
+    }
+    match &facts.head_repository {
+        Some(head) if head.eq_ignore_ascii_case(&facts.repository) => Ok(()),
+        _ => Err(JobRefusal::ForkPullRequest),
+    }
+}
+
+/// Whether `repository` (`OWNER/REPO`) is within a target of `url` (`https://HOST/OWNER[/REPO]`,
+/// or an enterprise's, which holds every repository of its organizations). Pure.
+pub fn within_target(url: &str, scope: crate::attempt::TargetScope, repository: &str) -> bool {
+    use crate::attempt::TargetScope;
+    let path: Vec<&str> = url
+        .trim_end_matches('/')
+        .splitn(4, '/')
+        .nth(3)
+        .unwrap_or_default()
+        .split('/')
+        .collect();
+    let mut claimed = repository.split('/');
+    let (Some(owner), Some(repo), None) = (claimed.next(), claimed.next(), claimed.next()) else {
+        return false;
+    };
+    match scope {
+        TargetScope::Repository => {
+            path.len() == 2
+                && path[0].eq_ignore_ascii_case(owner)
+                && path[1].eq_ignore_ascii_case(repo)
+        }
+        TargetScope::Organization => path.first().is_some_and(|o| o.eq_ignore_ascii_case(owner)),
+        // An enterprise's organizations are not in the snapshot; the run's record still must
+        // show this runner.
+        TargetScope::Enterprise => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attempt::TargetScope;
+
+    fn facts(head: Option<&str>, ours: bool) -> RunFacts {
+        RunFacts {
+            repository: "acme/web".into(),
+            head_repository: head.map(str::to_owned),
+            runs_on_this_runner: ours,
+        }
+    }
+
+    #[test]
+    fn refuse_admits_only_a_run_of_the_repository_itself_on_this_runner() {
+        let r = ForkPullRequests::Refuse;
+        assert_eq!(decide(r, &facts(Some("acme/web"), true)), Ok(()));
+        assert_eq!(decide(r, &facts(Some("ACME/Web"), true)), Ok(()));
+        assert_eq!(
+            decide(r, &facts(Some("mallory/web"), true)),
+            Err(JobRefusal::ForkPullRequest)
+        );
+        // A deleted fork: GitHub shows no head repository.
+        assert_eq!(
+            decide(r, &facts(None, true)),
+            Err(JobRefusal::ForkPullRequest)
+        );
+        // A claim of another runner's run is no claim.
+        assert_eq!(
+            decide(r, &facts(Some("acme/web"), false)),
+            Err(JobRefusal::NotAssigned)
+        );
+    }
+
+    #[test]
+    fn allow_admits_everything_without_asking() {
+        let a = ForkPullRequests::Allow;
+        assert_eq!(decide(a, &facts(Some("mallory/web"), false)), Ok(()));
+        assert_eq!(decide(a, &facts(None, false)), Ok(()));
+    }
+
+    #[test]
+    fn a_claim_must_name_a_repository_of_the_target() {
+        let repo = "https://github.com/acme/web";
+        assert!(within_target(repo, TargetScope::Repository, "acme/web"));
+        assert!(within_target(repo, TargetScope::Repository, "Acme/WEB"));
+        assert!(!within_target(repo, TargetScope::Repository, "acme/api"));
+        assert!(!within_target(repo, TargetScope::Repository, "mallory/web"));
+        assert!(!within_target(repo, TargetScope::Repository, "acme/web/x"));
+        assert!(!within_target(repo, TargetScope::Repository, "acme"));
+        let org = "https://ghe.example.com/acme";
+        assert!(within_target(org, TargetScope::Organization, "acme/api"));
+        assert!(!within_target(
+            org,
+            TargetScope::Organization,
+            "mallory/api"
+        ));
+    }
+}

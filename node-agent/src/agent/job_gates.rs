@@ -1,0 +1,134 @@
+//! The node's open job gates ([`crate::job_gate`]): one per live native runner whose policy
+//! refuses fork pull requests. Opened before the runner's JIT is asked for (a runner never runs
+//! without its gate), opened again for a live runner after an agent restart (until then its
+//! hook finds no listener and refuses: closed, never open), closed when the attempt is cleaned.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use kube::Resource;
+use runner_manager_crds::attempt::RunnerAttempt;
+use runner_manager_crds::job_admission::{JobAdmissionAnswer, JobAdmissionRequest};
+use runner_manager_crds::policy::{ExecutionMode, ForkPullRequests};
+
+use super::labels::{EventReason, publish_warning};
+use crate::broker_client::BrokerClient;
+use crate::job_gate::{self, Claim, GateError, GatePaths};
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Each update is one insert or remove: a panic elsewhere leaves the map consistent.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The open gates, by attempt uid.
+#[derive(Debug)]
+pub struct JobGates {
+    /// The entry helper, in the host's view: the hook runs it as the gate's client.
+    helper: PathBuf,
+    open: Mutex<BTreeMap<String, tokio::task::AbortHandle>>,
+}
+
+impl JobGates {
+    pub fn new(helper: PathBuf) -> Self {
+        Self {
+            helper,
+            open: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Whether `a`'s runner has a gate: its policy refuses fork pull requests and it is a host
+    /// process (an OCI policy cannot refuse them: the operator's validation says so).
+    pub fn wanted(a: &RunnerAttempt) -> bool {
+        a.spec.snapshot.fork_pull_requests == ForkPullRequests::Refuse
+            && a.spec.snapshot.execution.mode == ExecutionMode::Native
+    }
+
+    pub fn is_open(&self, uid: &str) -> bool {
+        lock(&self.open).contains_key(uid)
+    }
+
+    /// Opens `a`'s gate for the account `uid:gid` (replacing one already open) and returns the
+    /// hook the listener's environment must name.
+    pub fn open(
+        &self,
+        host_root: &Path,
+        broker: Arc<BrokerClient>,
+        events: kube::runtime::events::Recorder,
+        a: &RunnerAttempt,
+        (uid, gid): (u32, u32),
+    ) -> Result<PathBuf, GateError> {
+        let attempt_uid = a.metadata.uid.clone().unwrap_or_default();
+        let id = a
+            .spec
+            .attempt_uuid()
+            .ok_or_else(|| GateError::UnquotablePath(PathBuf::from(&a.spec.id)))?;
+        let paths = GatePaths::of(host_root, &id);
+        let listener = job_gate::prepare(&paths, &self.helper, uid, gid)?;
+        let listener = tokio::net::UnixListener::from_std(listener).map_err(GateError::Bind)?;
+        let namespace = a.metadata.namespace.clone().unwrap_or_default();
+        let name = a.metadata.name.clone().unwrap_or_default();
+        let object = a.object_ref(&());
+        let asked_for = attempt_uid.clone();
+        let task = tokio::spawn(job_gate::serve(listener, move |claim: Claim| {
+            let (broker, events, object) = (broker.clone(), events.clone(), object.clone());
+            let (namespace, name, attempt_uid) =
+                (namespace.clone(), name.clone(), asked_for.clone());
+            async move {
+                let answer: JobAdmissionAnswer = broker
+                    .admit_job(
+                        &namespace,
+                        &name,
+                        &JobAdmissionRequest {
+                            attempt_uid,
+                            repository: claim.repository.clone(),
+                            run_id: claim.run_id,
+                        },
+                    )
+                    .await;
+                match answer.refused {
+                    None => tracing::info!(
+                        namespace = %namespace, attempt = %name, run = claim.run_id,
+                        "job gate: the job was admitted"
+                    ),
+                    Some(why) => {
+                        tracing::warn!(
+                            namespace = %namespace, attempt = %name, run = claim.run_id,
+                            reason = why.as_str(), "job gate: the job was refused"
+                        );
+                        publish_warning(
+                            &events,
+                            &object,
+                            EventReason::JobRefused,
+                            format!(
+                                "run {} refused ({}): {}",
+                                claim.run_id,
+                                why.as_str(),
+                                answer.message
+                            ),
+                        )
+                        .await;
+                    }
+                }
+                answer
+            }
+        }));
+        if let Some(old) = lock(&self.open).insert(attempt_uid, task.abort_handle()) {
+            old.abort();
+        }
+        Ok(paths.hook)
+    }
+
+    /// Closes `a`'s gate, if open, and removes its directory.
+    pub fn close(&self, host_root: &Path, a: &RunnerAttempt) {
+        let uid = a.metadata.uid.clone().unwrap_or_default();
+        if let Some(task) = lock(&self.open).remove(&uid) {
+            task.abort();
+        }
+        if let Some(id) = a.spec.attempt_uuid()
+            && let Err(e) = job_gate::remove(&GatePaths::of(host_root, &id))
+        {
+            tracing::warn!(attempt = %uid, "the job gate's directory was not removed: {e}");
+        }
+    }
+}
