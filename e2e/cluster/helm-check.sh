@@ -15,7 +15,9 @@
 #      signed webhooks to the webhook Service: each runner starts as a transient unit of the node's
 #      systemd (rm-*.service), from the package the agent pod materialized on the node's host root,
 #      and every job completes; then (2b) with minIdle 0, five jobs one after another each launch
-#      their own runner, and queued -> started is printed with its timeline (issue 32);
+#      their own runner, and queued -> started is printed with its timeline (issue 32); (2c) a
+#      Persistent policy's fork gate: a pull request of the repository runs on the slot, a fork's
+#      fails before its first step (JobRefused) and its write never reaches the slot;
 #   3. `kubectl delete pod` of the agent while a job runs: the runner's unit is not restarted (same
 #      InvocationID), the new agent re-adopts it, the job completes on it, no JIT is minted twice;
 #   4. `kubectl cordon`: the idle runner is drained (deregistered, its unit stopped) and nothing is
@@ -468,6 +470,48 @@ PY
 say "$latency"
 K -n $jobs_ns patch scalepolicy web --type merge -p '{"spec":{"minIdle":1}}' >/dev/null
 
+# --- 2c. the fork gate on the real node (issue 31 item 3): a Persistent policy with a label of its
+# own, so only its runner takes these jobs. Its runner's job-started hook runs under the node's
+# systemd sandbox and reaches the agent's gate socket (host root, read-only to the unit); the
+# broker reads the run on the simulated GitHub. A pull request from acme/web runs and writes into
+# the slot; one from a fork fails before its first step, with a JobRefused event, and its write
+# is not in the slot.
+K -n $jobs_ns apply -f - >/dev/null <<YAML
+apiVersion: runner-manager.dev/v1alpha1
+kind: ScalePolicy
+metadata: {name: slot}
+spec:
+  github: {url: "https://github.com/acme/web", credentialsSecretRef: {name: github-app}}
+  labels: [self-hosted, linux, x64, slot]
+  minIdle: 0
+  maxRunners: 1
+  workspace: {mode: Persistent}
+  runner: {version: latest}
+YAML
+# pull_request_job NAME FILE HEAD: a job of a pull request whose head is HEAD, writing FILE.
+pull_request_job() {
+  admin POST jobs "$(jq -n --arg n "$1" --arg f "$2" --arg h "$3" '{owner: "acme", repo: "web", labels: ["self-hosted", "linux", "slot"], name: $n, behaviour: {duration_ms: 0, write_files: [{path: $f, bytes: 16}]}, pull_request: {head_repository: $h}}')" | jq -r .job_id
+}
+conclusion() { admin GET "jobs/$1" | jq -r .conclusion; }
+own=$(pull_request_job own-pr own.txt acme/web)
+wait_for 180 "the repository's own pull request (job $own) completed" job_done "$own"
+[ "$(conclusion "$own")" = success ] || fail "the repository's own pull request did not pass the gate: $(admin GET "jobs/$own")"
+fork=$(pull_request_job fork-pr poison.txt mallory/web)
+wait_for 180 "the fork's pull request (job $fork) completed" job_done "$fork"
+[ "$(conclusion "$fork")" = failure ] || fail "a fork's pull request ran on a persistent slot: $(admin GET "jobs/$fork")"
+fork_run=$(admin GET "jobs/$fork" | jq -r .run_id)
+refused_event() { K -n $jobs_ns get events.events.k8s.io -o json | jq -e --arg r "run $fork_run refused (ForkPullRequest)" '[.items[] | select(.reason == "JobRefused" and (.note | startswith($r)))] | length > 0' >/dev/null; }
+wait_for 30 "a JobRefused event for the fork's run $fork_run" refused_event
+slot_live() { attempts | jq -e '[.items[] | select(.spec.policy == "slot" and .status.state != "Cleaned")] | length == 0' >/dev/null; }
+wait_for 60 "the slot policy's attempts cleaned" slot_live
+slot_work=$HOST_ROOT/slots/$jobs_ns/$(K -n $jobs_ns get sp slot -o jsonpath='{.metadata.uid}')/s1/_work
+[ -f "$slot_work/own.txt" ] || fail "the own pull request's write is not in the slot ($slot_work)"
+[ ! -e "$slot_work/poison.txt" ] || fail "the fork's write reached the persistent slot"
+K -n $jobs_ns delete scalepolicy slot --timeout=90s >/dev/null || fail "the slot policy was not deleted"
+[ -z "$(ls -A "$HOST_ROOT/gates" 2>/dev/null)" ] || fail "job gates left: $(ls -A "$HOST_ROOT/gates")"
+say "fork gate on the real node: the own pull request ran on the slot, the fork's failed before its first step (JobRefused), its write not in the slot, no gate left"
+no_leaks "fork gate"
+
 # --- 3. the agent pod deleted while a job runs
 wait_for 90 "an idle runner" has_idle
 long=$(queue_job long 20000)
@@ -572,5 +616,6 @@ wait_for 60 "no pod after helm uninstall" no_pods
   || fail "runtime overlays left on the node after helm uninstall: $(N grep ' - overlay runner-package ' /proc/1/mountinfo)"
 [ "$(admin GET runners | jq length)" = 0 ] || fail "registrations left on the simulated GitHub: $(admin GET runners)"
 [ -z "$(handoffs)" ] || fail "JIT handoff files left: $(handoffs | tr '\n' ' ')"
+[ -z "$(ls -A "$HOST_ROOT/gates" 2>/dev/null)" ] || fail "job gates left: $(ls -A "$HOST_ROOT/gates")"
 say "ScalePolicy deleted, helm uninstall: no pod, unit, runtime directory, mount (overlay or other) on the node, registration or handoff file left"
 echo "cluster/helm-check.sh: all checks passed"

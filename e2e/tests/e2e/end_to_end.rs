@@ -90,6 +90,13 @@ async fn assert_settled_and_clean(p: &Product) {
             .map(|e| e.path())
             .collect();
         assert!(left.is_empty(), "runtimes left: {left:?}");
+        let gates: Vec<_> = std::fs::read_dir(a.host.join("gates"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        assert!(gates.is_empty(), "job gates left: {gates:?}");
         assert!(
             files_named(&a.host, "jit-").is_empty(),
             "handoff files left"
@@ -1153,6 +1160,83 @@ async fn a_fork_pull_request_never_touches_a_persistent_slot() {
         work.join("poison.txt").is_file(),
         "with forkPullRequests: Allow the fork's write reaches the slot"
     );
+}
+
+/// An agent killed under an idle gated runner reopens the runner's gate once it is back (until
+/// then the hook finds no listener and would refuse): the job that runner then takes is
+/// admitted through the reopened gate, and nothing of either gate is left after cleanup.
+#[tokio::test]
+async fn a_restarted_agent_reopens_the_job_gate_of_a_live_runner() {
+    let Some(mut p) = World::builder("fork_gate_restart")
+        .product(ProductOptions::default())
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    p.policy(
+        "web",
+        json!({"minIdle": 1, "maxRunners": 1, "workspace": {"mode": "Persistent"}}),
+    )
+    .await
+    .unwrap();
+    wait_ready(&p, "web").await;
+    let idle = wait_attempts(&p, "a runner idle", STEP, |list| {
+        list.iter().any(|a| state(a) == AttemptState::Idle)
+    })
+    .await;
+    let idle = idle
+        .into_iter()
+        .find(|a| state(a) == AttemptState::Idle)
+        .unwrap();
+    let socket = p.agents[0]
+        .host
+        .join("gates")
+        .join(idle.spec.attempt_uuid().unwrap().hyphenated().to_string())
+        .join("gate.sock");
+    assert!(
+        std::os::unix::net::UnixStream::connect(&socket).is_ok(),
+        "the gate serves"
+    );
+    p.kill_agent(0);
+    assert!(
+        std::os::unix::net::UnixStream::connect(&socket).is_err(),
+        "no gate while the agent is down"
+    );
+    p.start_agent(0).unwrap();
+    wait::until(STEP, "the gate reopened", || {
+        let up = std::os::unix::net::UnixStream::connect(&socket).ok();
+        async move { up.map(|_| ()) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    let job = p
+        .queue_pull_request_job(
+            &["self-hosted", "linux"],
+            json!({"duration_ms": 100}),
+            "acme/web",
+        )
+        .await
+        .unwrap();
+    p.wait_jobs_completed(&[job], Duration::from_secs(180))
+        .await
+        .unwrap();
+    let j = p.job(job).await.unwrap();
+    assert_eq!(j["conclusion"], "success", "{j}");
+    assert_eq!(
+        j["runner_name"].as_str(),
+        Some(runner_name(idle.spec.attempt_uuid().unwrap()).as_str()),
+        "the restarted agent's runner took it"
+    );
+    p.policies()
+        .patch(
+            "web",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&json!({"spec": {"minIdle": 0}})),
+        )
+        .await
+        .unwrap();
+    assert_settled_and_clean(&p).await;
 }
 
 /// Persistent slots: job 1 writes into `_work`, job 2 on the same node and slot finds it; a job

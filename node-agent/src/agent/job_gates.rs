@@ -88,13 +88,13 @@ impl JobGates {
                     .await;
                 match answer.refused {
                     None => tracing::info!(
-                        namespace = %namespace, attempt = %name, run = claim.run_id,
-                        "job gate: the job was admitted"
+                        namespace = %namespace, attempt = %name,
+                        "job gate: run {} admitted", claim.run_id
                     ),
                     Some(why) => {
                         tracing::warn!(
-                            namespace = %namespace, attempt = %name, run = claim.run_id,
-                            reason = why.as_str(), "job gate: the job was refused"
+                            namespace = %namespace, attempt = %name, reason = why.as_str(),
+                            "job gate: run {} refused", claim.run_id
                         );
                         publish_warning(
                             &events,
