@@ -102,8 +102,12 @@ impl Refusal {
 /// What the kubelet made of a placeholder, from its status. Pure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
-    /// Admitted and running: it counts on the node.
-    Running,
+    /// Admitted by the kubelet: it counts on the node. Running, or still `Pending` with the
+    /// kubelet's acknowledgement (`status.startTime`): the kubelet writes that only for a pod
+    /// it admitted (a pod it refuses is `Failed` in the same status write), before it creates
+    /// the pod's sandbox. Waiting for `Running` waited for the sandbox and the pause container
+    /// too, which hold nothing the runner needs (issue 32: most of the real node's `prepare`).
+    Admitted,
     /// Not decided yet.
     Pending,
     /// Refused or ended: the runner must not start (or, later, is no longer accounted for).
@@ -116,7 +120,8 @@ pub fn verdict(pod: &Pod) -> Verdict {
     let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
     let reason = status.and_then(|s| s.reason.as_deref()).unwrap_or("");
     match phase {
-        "Running" => Verdict::Running,
+        "Running" => Verdict::Admitted,
+        "Pending" if status.is_some_and(|s| s.start_time.is_some()) => Verdict::Admitted,
         "Failed" | "Succeeded" => Verdict::Refused(match reason {
             "OutOfcpu" => Refusal::OutOfCpu,
             "OutOfmemory" => Refusal::OutOfMemory,
@@ -190,7 +195,7 @@ pub async fn ensure(
         Ok(Err(_)) => Err(Refusal::Api),
         Ok(Ok(None)) => Err(Refusal::Deleted),
         Ok(Ok(Some(p))) => match verdict(&p) {
-            Verdict::Running => Ok(()),
+            Verdict::Admitted => Ok(()),
             Verdict::Refused(r) => Err(r),
             Verdict::Pending => Err(Refusal::NotRunning),
         },
@@ -270,7 +275,7 @@ pub fn loss<'p>(found: Option<&'p Pod>, attempt_uid: &str) -> Loss<'p> {
         Some(p) if !owned_by(p, attempt_uid) => Loss::Gone(Refusal::Deleted),
         Some(p) if p.metadata.deletion_timestamp.is_some() => Loss::Standing,
         Some(p) => match verdict(p) {
-            Verdict::Running | Verdict::Pending => Loss::Standing,
+            Verdict::Admitted | Verdict::Pending => Loss::Standing,
             Verdict::Refused(r) => Loss::Ended(r, p),
         },
     }
@@ -405,8 +410,25 @@ mod tests {
 
     #[test]
     fn the_kubelets_refusals_are_closed_verdicts() {
-        assert_eq!(verdict(&with_status("Running", None)), Verdict::Running);
+        assert_eq!(verdict(&with_status("Running", None)), Verdict::Admitted);
         assert_eq!(verdict(&with_status("Pending", None)), Verdict::Pending);
+        // Acknowledged by the kubelet: admitted, before its sandbox exists.
+        let mut acknowledged = with_status("Pending", None);
+        if let Some(s) = acknowledged.status.as_mut() {
+            s.start_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        }
+        assert_eq!(verdict(&acknowledged), Verdict::Admitted);
+        // A refusal carries a start time too (the kubelet's status manager sets one on its
+        // first write): the phase decides.
+        let mut refused = with_status("Failed", Some("OutOfcpu"));
+        if let Some(s) = refused.status.as_mut() {
+            s.start_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        }
+        assert_eq!(verdict(&refused), Verdict::Refused(Refusal::OutOfCpu));
         assert_eq!(verdict(&Pod::default()), Verdict::Pending);
         assert_eq!(
             verdict(&with_status("Failed", Some("OutOfcpu"))),
