@@ -509,7 +509,12 @@ slot_work=$HOST_ROOT/slots/$jobs_ns/$(K -n $jobs_ns get sp slot -o jsonpath='{.m
 [ ! -e "$slot_work/poison.txt" ] || fail "the fork's write reached the persistent slot"
 K -n $jobs_ns delete scalepolicy slot --timeout=90s >/dev/null || fail "the slot policy was not deleted"
 [ -z "$(ls -A "$HOST_ROOT/gates" 2>/dev/null)" ] || fail "job gates left: $(ls -A "$HOST_ROOT/gates")"
-say "fork gate on the real node: the own pull request ran on the slot, the fork's failed before its first step (JobRefused), its write not in the slot, no gate left"
+# What the gate costs a job's start: the broker's answers to the gate (its log's elapsed_ms: the
+# attempt read and two GitHub reads through the proxy to the simulated GitHub).
+gate_ms=$(K -n $ns logs -l app.kubernetes.io/component=operator --tail=-1 2>/dev/null \
+  | jq -rR 'fromjson? | .fields // empty | select((.outcome // "") | startswith("job_")) | "\(.outcome) \(.elapsed_ms) ms"' \
+  | paste -sd, - | sed 's/,/, /g')
+say "fork gate on the real node: the own pull request ran on the slot, the fork's failed before its first step (JobRefused), its write not in the slot, no gate left; the broker's answers to the gate: ${gate_ms:-none in the operator log}"
 no_leaks "fork gate"
 
 # --- 3. the agent pod deleted while a job runs
