@@ -161,15 +161,20 @@ fn refusal(message: &str) -> JobAdmissionAnswer {
     }
 }
 
-/// Serves the gate until the task is dropped: each connection says one [`Claim`] and gets
-/// `decide`'s answer, one JSON line. Connections are served one at a time (one runner, one
-/// job); a connection that says nothing in time, or something unreadable, is refused.
+/// Serves the gate until the task is dropped: each connection says one [`Claim`] and gets one
+/// JSON line. Connections are served one at a time. A JIT runner runs one job, so only the
+/// first claim is decided (`decide`: the broker, two GitHub reads); every later connection gets
+/// that decision again for the same claim and a refusal for any other, without asking anyone:
+/// a job that reaches the socket after its admission cannot spend the installation's GitHub
+/// budget by claiming in a loop. A connection that says nothing in time, or something
+/// unreadable, is refused (and decides nothing).
 pub async fn serve<F, Fut>(listener: tokio::net::UnixListener, decide: F)
 where
     F: Fn(Claim) -> Fut,
     Fut: std::future::Future<Output = JobAdmissionAnswer>,
 {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let mut decided: Option<(Claim, JobAdmissionAnswer)> = None;
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
@@ -182,9 +187,19 @@ where
         )
         .await;
         let answer = match said {
-            Ok(Ok(_)) => match serde_json::from_str::<Claim>(line.trim()) {
-                Ok(claim) => decide(claim).await,
-                Err(_) => refusal("runner-manager: the job gate could not read the hook's claim"),
+            Ok(Ok(_)) => match (serde_json::from_str::<Claim>(line.trim()), &decided) {
+                (Ok(claim), None) => {
+                    let answer = decide(claim.clone()).await;
+                    decided = Some((claim, answer.clone()));
+                    answer
+                }
+                (Ok(claim), Some((first, answer))) if claim == *first => answer.clone(),
+                (Ok(_), Some(_)) => refusal(
+                    "runner-manager: this runner's job gate already decided its one job; another claim is refused",
+                ),
+                (Err(_), _) => {
+                    refusal("runner-manager: the job gate could not read the hook's claim")
+                }
             },
             _ => refusal("runner-manager: the hook said nothing in time"),
         };
@@ -272,10 +287,12 @@ mod tests {
         );
     }
 
-    /// The gate over a real socket: an admitted claim exits 0, a refused one 1 with the
-    /// broker's message, and a connection that says nothing is refused.
+    /// The gate over a real socket: an unreadable claim is refused and decides nothing; the
+    /// first claim is decided; the same claim again gets the same answer and any other claim a
+    /// refusal, neither asking the broker (a job looping on the socket cannot spend the GitHub
+    /// budget: one decision per runner).
     #[tokio::test]
-    async fn the_gate_answers_each_claim_with_the_decision() {
+    async fn the_gate_decides_one_claim_per_runner_and_never_asks_twice() {
         let dir = tempfile::tempdir().unwrap();
         let paths = GatePaths::of(dir.path(), &uuid::Uuid::nil());
         let me = rustix::process::getuid().as_raw();
@@ -287,16 +304,21 @@ mod tests {
             .mode();
         assert_eq!(mode & 0o777, 0o600, "only the runner's account may connect");
         let listener = tokio::net::UnixListener::from_std(listener).unwrap();
-        let server = tokio::spawn(serve(listener, |c: Claim| async move {
-            if c.repository == "acme/web" {
-                JobAdmissionAnswer {
-                    refused: None,
-                    message: "admitted".into(),
-                }
-            } else {
-                JobAdmissionAnswer {
-                    refused: Some(JobRefusal::ForkPullRequest),
-                    message: "refused: a fork".into(),
+        let asked_broker = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counter = asked_broker.clone();
+        let server = tokio::spawn(serve(listener, move |c: Claim| {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                if c.repository == "acme/web" {
+                    JobAdmissionAnswer {
+                        refused: None,
+                        message: "admitted".into(),
+                    }
+                } else {
+                    JobAdmissionAnswer {
+                        refused: Some(JobRefusal::ForkPullRequest),
+                        message: "refused: a fork".into(),
+                    }
                 }
             }
         }));
@@ -312,11 +334,7 @@ mod tests {
                 serde_json::from_str::<JobAdmissionAnswer>(body.trim()).unwrap()
             })
         };
-        assert_eq!(asked("acme/web").await.unwrap().refused, None);
-        assert_eq!(
-            asked("mallory/web").await.unwrap().refused,
-            Some(JobRefusal::ForkPullRequest)
-        );
+        // A garbage claim first: refused, and it decides nothing.
         let garbage = {
             let socket = socket.clone();
             tokio::task::spawn_blocking(move || {
@@ -330,6 +348,25 @@ mod tests {
             .unwrap()
         };
         assert_eq!(garbage.refused, Some(JobRefusal::Unconfirmed));
+        assert_eq!(asked("acme/web").await.unwrap().refused, None);
+        // The same claim again: the same answer, the broker not asked again.
+        assert_eq!(asked("acme/web").await.unwrap().refused, None);
+        // Any other claim after the decision: refused locally.
+        let other = asked("mallory/web").await.unwrap();
+        assert_eq!(
+            other.refused,
+            Some(JobRefusal::Unconfirmed),
+            "{}",
+            other.message
+        );
+        for _ in 0..20 {
+            asked("acme/other").await.unwrap();
+        }
+        assert_eq!(
+            asked_broker.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "a runner's claims in a loop reached the broker"
+        );
         server.abort();
         remove(&paths).unwrap();
         assert!(!paths.dir.exists());
