@@ -60,10 +60,12 @@ pub struct GatePaths {
 }
 
 impl GatePaths {
+    /// `<host root>/gates/<12 hex>`: named like the attempt's runtime and unit, so the orphan
+    /// sweep compares it with the same claims.
     pub fn of(host_root: &Path, attempt: &uuid::Uuid) -> Self {
         let dir = host_root
             .join(GATES_DIR)
-            .join(attempt.hyphenated().to_string());
+            .join(runner_manager_crds::names::short_hex(*attempt));
         Self {
             socket: dir.join(SOCKET),
             hook: dir.join(HOOK),
@@ -84,6 +86,8 @@ pub enum GateError {
     Hook(std::io::Error),
     #[error("a job gate path holds a quote or a non-UTF-8 byte: {0}")]
     UnquotablePath(PathBuf),
+    #[error("the attempt has no valid id to name its gate by")]
+    NoAttemptId,
 }
 
 fn quoted(p: &Path) -> Result<String, GateError> {
@@ -144,6 +148,40 @@ pub fn prepare(
         .map_err(GateError::Bind)?;
     listener.set_nonblocking(true).map_err(GateError::Bind)?;
     Ok(listener)
+}
+
+/// The attempt names (12 hex) of the gates under `<host root>/gates`; entries of any other name
+/// are not listed (nor ever removed).
+pub fn gate_names(host_root: &Path) -> std::io::Result<Vec<String>> {
+    let mut found = Vec::new();
+    match std::fs::read_dir(host_root.join(GATES_DIR)) {
+        Ok(dir) => {
+            for e in dir {
+                if let Some(name) = e?
+                    .file_name()
+                    .to_str()
+                    .filter(|n| crate::providers::launcher::is_attempt_short(n))
+                {
+                    found.push(name.to_owned());
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    Ok(found)
+}
+
+/// Removes the gate of attempt name `short` (12 hex); whether it was there.
+pub fn remove_named(host_root: &Path, short: &str) -> std::io::Result<bool> {
+    if !crate::providers::launcher::is_attempt_short(short) {
+        return Ok(false);
+    }
+    match std::fs::remove_dir_all(host_root.join(GATES_DIR).join(short)) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// Removes an attempt's gate (its runner is gone). Missing is done.

@@ -1897,15 +1897,30 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
     std::fs::write(slot.join("_keep"), b"a slot's content is not the sweep's").unwrap();
     let stranger = w.host_root().join("runners").join("not-an-attempt");
     std::fs::create_dir_all(&stranger).unwrap();
+    // A job gate its attempt's cleanup never removed (as if the attempt were deleted without
+    // its finalizer), and a stranger among the gates.
+    let gate = w.host_root().join("gates").join(short_of(&c));
+    std::fs::create_dir_all(&gate).unwrap();
+    std::fs::write(gate.join("job-started.sh"), b"#!/bin/sh\n").unwrap();
+    let stranger_gate = w.host_root().join("gates").join("not-an-attempt");
+    std::fs::create_dir_all(&stranger_gate).unwrap();
     let other_cgroup = w.cgroup_dir().join("other");
     std::fs::create_dir(&other_cgroup).unwrap();
 
     let again = w.agent(4, &[]).unwrap();
     w.wait_recovered().await.unwrap();
     until_host("what the down agent's deleted attempt left removed", || {
-        !pid_alive(c_pid) && !c_runtime.exists() && !c_cgroup.exists() && !handoff.exists()
+        !pid_alive(c_pid)
+            && !c_runtime.exists()
+            && !c_cgroup.exists()
+            && !handoff.exists()
+            && !gate.exists()
     })
     .await;
+    assert!(
+        stranger_gate.is_dir(),
+        "a gate name no attempt derives is never removed"
+    );
     assert!(
         stranger.is_dir(),
         "a name no attempt uuid derives is never removed"

@@ -49,6 +49,24 @@ async fn wait_ready(p: &Product, policy: &str) {
     .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
 }
 
+/// A product whose policy `web` is `spec` with a `Persistent` workspace, Ready; and where its
+/// slots live on agent 0's host (`<slots root>/<team>/<policy uid>`).
+async fn persistent_product(test: &str, mut spec: Value) -> Option<(Product, std::path::PathBuf)> {
+    let p = World::builder(test)
+        .product(ProductOptions::default())
+        .await
+        .unwrap()?;
+    spec["workspace"] = json!({"mode": "Persistent"});
+    let sp = p.policy("web", spec).await.unwrap();
+    wait_ready(&p, "web").await;
+    let slots = p.agents[0]
+        .host
+        .join("slots")
+        .join(&p.team)
+        .join(sp.metadata.uid.as_deref().unwrap());
+    Some((p, slots))
+}
+
 /// Attempts in the team namespace once `check` holds for the whole list.
 async fn wait_attempts(
     p: &Product,
@@ -1044,29 +1062,12 @@ async fn an_idle_timeout_exits_idle_without_work_and_is_not_replaced() {
 /// is real.
 #[tokio::test]
 async fn a_fork_pull_request_never_touches_a_persistent_slot() {
-    let Some(p) = World::builder("fork_gate")
-        .product(ProductOptions::default())
-        .await
-        .unwrap()
+    let Some((p, slots)) =
+        persistent_product("fork_gate", json!({"minIdle": 0, "maxRunners": 1})).await
     else {
         return;
     };
-    let sp = p
-        .policy(
-            "web",
-            json!({"minIdle": 0, "maxRunners": 1, "workspace": {"mode": "Persistent"}}),
-        )
-        .await
-        .unwrap();
-    wait_ready(&p, "web").await;
-    let uid = sp.metadata.uid.clone().unwrap();
-    let work = p.agents[0]
-        .host
-        .join("slots")
-        .join(&p.team)
-        .join(&uid)
-        .join("s1")
-        .join("_work");
+    let work = slots.join("s1").join("_work");
     let labels = ["self-hosted", "linux"];
     let writes =
         |file: &str| json!({"duration_ms": 100, "write_files": [{"path": file, "bytes": 16}]});
@@ -1126,14 +1127,12 @@ async fn a_fork_pull_request_never_touches_a_persistent_slot() {
         "{note}"
     );
     // The gate is gone with its runner.
-    let gate = p.agents[0].host.join("gates").join(
-        attempt
-            .spec
-            .attempt_uuid()
-            .unwrap()
-            .hyphenated()
-            .to_string(),
-    );
+    let gate = p.agents[0]
+        .host
+        .join("gates")
+        .join(runner_manager_crds::names::short_hex(
+            attempt.spec.attempt_uuid().unwrap(),
+        ));
     assert!(
         !gate.exists(),
         "the gate outlived its attempt: {}",
@@ -1167,20 +1166,11 @@ async fn a_fork_pull_request_never_touches_a_persistent_slot() {
 /// admitted through the reopened gate, and nothing of either gate is left after cleanup.
 #[tokio::test]
 async fn a_restarted_agent_reopens_the_job_gate_of_a_live_runner() {
-    let Some(mut p) = World::builder("fork_gate_restart")
-        .product(ProductOptions::default())
-        .await
-        .unwrap()
+    let Some((mut p, _)) =
+        persistent_product("fork_gate_restart", json!({"minIdle": 1, "maxRunners": 1})).await
     else {
         return;
     };
-    p.policy(
-        "web",
-        json!({"minIdle": 1, "maxRunners": 1, "workspace": {"mode": "Persistent"}}),
-    )
-    .await
-    .unwrap();
-    wait_ready(&p, "web").await;
     let idle = wait_attempts(&p, "a runner idle", STEP, |list| {
         list.iter().any(|a| state(a) == AttemptState::Idle)
     })
@@ -1192,7 +1182,9 @@ async fn a_restarted_agent_reopens_the_job_gate_of_a_live_runner() {
     let socket = p.agents[0]
         .host
         .join("gates")
-        .join(idle.spec.attempt_uuid().unwrap().hyphenated().to_string())
+        .join(runner_manager_crds::names::short_hex(
+            idle.spec.attempt_uuid().unwrap(),
+        ))
         .join("gate.sock");
     assert!(
         std::os::unix::net::UnixStream::connect(&socket).is_ok(),
@@ -1244,23 +1236,11 @@ async fn a_restarted_agent_reopens_the_job_gate_of_a_live_runner() {
 /// removed) and later jobs use another slot.
 #[tokio::test]
 async fn persistent_slots_keep_work_and_a_symlinked_work_quarantines_the_slot() {
-    let Some(p) = World::builder("persistent_slots")
-        .product(ProductOptions::default())
-        .await
-        .unwrap()
+    let Some((p, slots)) =
+        persistent_product("persistent_slots", json!({"minIdle": 0, "maxRunners": 2})).await
     else {
         return;
     };
-    let sp = p
-        .policy(
-            "web",
-            json!({"minIdle": 0, "maxRunners": 2, "workspace": {"mode": "Persistent"}}),
-        )
-        .await
-        .unwrap();
-    wait_ready(&p, "web").await;
-    let uid = sp.metadata.uid.clone().unwrap();
-    let slots = p.agents[0].host.join("slots").join(&p.team).join(&uid);
     let slot_of = |a: &RunnerAttempt| {
         a.status
             .as_ref()

@@ -90,7 +90,7 @@ pub async fn clean(agent: &Agent, api: &Attempts, a: &RunnerAttempt) -> Result<S
     }
 
     // The runner is gone: so is its job gate.
-    agent.job_gates.close(&agent.host_root, a);
+    agent.job_gates.close(a);
 
     // 2. Redacted diagnostics.
     if let Err(e) = crate::durable::write_file(

@@ -4,7 +4,7 @@
 //! hook finds no listener and refuses: closed, never open), closed when the attempt is cleaned.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use kube::Resource;
@@ -13,6 +13,7 @@ use runner_manager_crds::job_admission::{JobAdmissionAnswer, JobAdmissionRequest
 use runner_manager_crds::policy::{ExecutionMode, ForkPullRequests};
 
 use super::labels::{EventReason, publish_warning};
+use super::metrics::AgentMetrics;
 use crate::broker_client::BrokerClient;
 use crate::job_gate::{self, Claim, GateError, GatePaths};
 
@@ -21,18 +22,34 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// What a gate's decisions use: the broker that decides, and where a refusal is reported (an
+/// Event on the attempt, counted like every agent Event).
+pub struct GateServices {
+    pub broker: Arc<BrokerClient>,
+    pub events: kube::runtime::events::Recorder,
+    pub metrics: Arc<AgentMetrics>,
+}
+
+impl std::fmt::Debug for GateServices {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GateServices").finish_non_exhaustive()
+    }
+}
+
 /// The open gates, by attempt uid.
 #[derive(Debug)]
 pub struct JobGates {
     /// The entry helper, in the host's view: the hook runs it as the gate's client.
     helper: PathBuf,
+    host_root: PathBuf,
     open: Mutex<BTreeMap<String, tokio::task::AbortHandle>>,
 }
 
 impl JobGates {
-    pub fn new(helper: PathBuf) -> Self {
+    pub fn new(helper: PathBuf, host_root: PathBuf) -> Self {
         Self {
             helper,
+            host_root,
             open: Mutex::new(BTreeMap::new()),
         }
     }
@@ -52,18 +69,18 @@ impl JobGates {
     /// hook the listener's environment must name.
     pub fn open(
         &self,
-        host_root: &Path,
-        broker: Arc<BrokerClient>,
-        events: kube::runtime::events::Recorder,
+        services: GateServices,
         a: &RunnerAttempt,
         (uid, gid): (u32, u32),
     ) -> Result<PathBuf, GateError> {
+        let GateServices {
+            broker,
+            events,
+            metrics,
+        } = services;
         let attempt_uid = a.metadata.uid.clone().unwrap_or_default();
-        let id = a
-            .spec
-            .attempt_uuid()
-            .ok_or_else(|| GateError::UnquotablePath(PathBuf::from(&a.spec.id)))?;
-        let paths = GatePaths::of(host_root, &id);
+        let id = a.spec.attempt_uuid().ok_or(GateError::NoAttemptId)?;
+        let paths = GatePaths::of(&self.host_root, &id);
         let listener = job_gate::prepare(&paths, &self.helper, uid, gid)?;
         let listener = tokio::net::UnixListener::from_std(listener).map_err(GateError::Bind)?;
         let namespace = a.metadata.namespace.clone().unwrap_or_default();
@@ -71,7 +88,12 @@ impl JobGates {
         let object = a.object_ref(&());
         let asked_for = attempt_uid.clone();
         let task = tokio::spawn(job_gate::serve(listener, move |claim: Claim| {
-            let (broker, events, object) = (broker.clone(), events.clone(), object.clone());
+            let (broker, events, object, metrics) = (
+                broker.clone(),
+                events.clone(),
+                object.clone(),
+                metrics.clone(),
+            );
             let (namespace, name, attempt_uid) =
                 (namespace.clone(), name.clone(), asked_for.clone());
             async move {
@@ -96,6 +118,7 @@ impl JobGates {
                             namespace = %namespace, attempt = %name, reason = why.as_str(),
                             "job gate: run {} refused", claim.run_id
                         );
+                        metrics.event(EventReason::JobRefused.as_str());
                         publish_warning(
                             &events,
                             &object,
@@ -120,13 +143,13 @@ impl JobGates {
     }
 
     /// Closes `a`'s gate, if open, and removes its directory.
-    pub fn close(&self, host_root: &Path, a: &RunnerAttempt) {
+    pub fn close(&self, a: &RunnerAttempt) {
         let uid = a.metadata.uid.clone().unwrap_or_default();
         if let Some(task) = lock(&self.open).remove(&uid) {
             task.abort();
         }
         if let Some(id) = a.spec.attempt_uuid()
-            && let Err(e) = job_gate::remove(&GatePaths::of(host_root, &id))
+            && let Err(e) = job_gate::remove(&GatePaths::of(&self.host_root, &id))
         {
             tracing::warn!(attempt = %uid, "the job gate's directory was not removed: {e}");
         }

@@ -55,10 +55,18 @@ pub enum OrphanKind {
     Runtime,
     /// A handoff file removed from an unleased slot.
     Handoff,
+    /// A job gate's directory removed (`crate::job_gate`).
+    Gate,
 }
 
 impl OrphanKind {
-    pub const ALL: [Self; 4] = [Self::Runner, Self::Cgroup, Self::Runtime, Self::Handoff];
+    pub const ALL: [Self; 5] = [
+        Self::Runner,
+        Self::Cgroup,
+        Self::Runtime,
+        Self::Handoff,
+        Self::Gate,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -66,6 +74,7 @@ impl OrphanKind {
             Self::Cgroup => "cgroup",
             Self::Runtime => "runtime",
             Self::Handoff => "handoff",
+            Self::Gate => "gate",
         }
     }
 }

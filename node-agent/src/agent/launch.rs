@@ -726,13 +726,7 @@ async fn request_and_start(
     if super::job_gates::JobGates::wanted(current) {
         let hook = agent
             .job_gates
-            .open(
-                &agent.host_root,
-                agent.broker.clone(),
-                agent.events.clone(),
-                current,
-                (account.uid, account.gid),
-            )
+            .open(agent.gate_services(), current, (account.uid, account.gid))
             .map_err(|e| failed(LaunchFailure::JobGate(e.to_string()), &timings))?;
         if let Some(theirs) = env.insert(
             crate::job_gate::HOOK_VARIABLE.to_owned(),

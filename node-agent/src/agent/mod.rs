@@ -397,7 +397,7 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         orphans: orphans::OrphanState::default(),
         wanted_packages: Mutex::new(BTreeSet::new()),
         preparation: preparation::PreparationBound::new(cli.preparation_permits),
-        job_gates: job_gates::JobGates::new(runners_helper),
+        job_gates: job_gates::JobGates::new(runners_helper, cli.host_root.clone()),
     });
     let health = match cli.health_addr {
         Some(addr) => Some(

@@ -101,6 +101,14 @@ impl Agent {
     pub fn metrics(&self) -> &super::metrics::AgentMetrics {
         &self.attempts.metrics
     }
+    /// What a job gate's decisions use (`job_gates`).
+    pub fn gate_services(&self) -> super::job_gates::GateServices {
+        super::job_gates::GateServices {
+            broker: self.broker.clone(),
+            events: self.events.clone(),
+            metrics: self.attempts.metrics.clone(),
+        }
+    }
     /// When this agent last renewed its node Lease.
     pub fn last_renewed(&self) -> Option<std::time::Instant> {
         *lock(&self.last_renewed)

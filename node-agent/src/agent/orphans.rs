@@ -106,11 +106,12 @@ pub async fn sweep(agent: &Agent, claims: &(dyn Fn() -> BTreeSet<String> + Sync)
         let count = |k: OrphanKind| report.removed.iter().filter(|(x, _)| *x == k).count();
         let names: BTreeSet<&str> = report.removed.iter().map(|(_, n)| n.as_str()).collect();
         tracing::warn!(
-            "orphans removed (no attempt of this node claims them): {} runner(s) stopped, {} cgroup(s) or unit(s), {} runtime(s), {} handoff file(s); attempt names {}",
+            "orphans removed (no attempt of this node claims them): {} runner(s) stopped, {} cgroup(s) or unit(s), {} runtime(s), {} handoff file(s), {} job gate(s); attempt names {}",
             count(OrphanKind::Runner),
             count(OrphanKind::Cgroup),
             count(OrphanKind::Runtime),
             count(OrphanKind::Handoff),
+            count(OrphanKind::Gate),
             names.into_iter().collect::<Vec<_>>().join(",")
         );
         for (kind, _) in &report.removed {
@@ -177,6 +178,26 @@ fn sweep_runners(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>) -> SweepR
             }
             Ok(EphemeralRemoval::AlreadyGone) => {}
             Err(e) => failed(&mut report, short, e.to_string()),
+        }
+    }
+    // Job gates last: a gate goes with its attempt's cleanup; one whose attempt was deleted
+    // without it (a forced finalizer removal) is left here.
+    let gates = match crate::job_gate::gate_names(&agent.host_root) {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::warn!(
+                "orphan sweep: the job gates could not be listed ({:?})",
+                e.kind()
+            );
+            return report;
+        }
+    };
+    let claimed = claims();
+    for short in unclaimed(&gates, &claimed) {
+        match crate::job_gate::remove_named(&agent.host_root, short) {
+            Ok(true) => report.removed.push((OrphanKind::Gate, short.to_owned())),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("orphan job gate {short} not removed ({:?})", e.kind()),
         }
     }
     report

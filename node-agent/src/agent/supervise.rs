@@ -360,13 +360,7 @@ fn reopen_job_gate(agent: &Agent, a: &RunnerAttempt, runtime: &Path) {
         .and_then(|m| {
             agent
                 .job_gates
-                .open(
-                    &agent.host_root,
-                    agent.broker.clone(),
-                    agent.events.clone(),
-                    a,
-                    (m.uid(), m.gid()),
-                )
+                .open(agent.gate_services(), a, (m.uid(), m.gid()))
                 .map_err(|e| e.to_string())
         });
     if let Err(e) = reopened {
