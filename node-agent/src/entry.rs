@@ -422,10 +422,7 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> i32 {
     if let Some(code) = crate::providers::sandbox::probe_main(&args) {
         return code;
     }
-    // A runner's job-started hook runs it as the job gate's client (`crate::job_gate`).
-    if let Some(code) = crate::job_gate::client_main(&args) {
-        return code;
-    }
+
     let Ok(mut status) = take_status_channel() else {
         return EXIT_FAILED;
     };

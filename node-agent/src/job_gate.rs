@@ -153,23 +153,7 @@ pub fn prepare(
 /// The attempt names (12 hex) of the gates under `<host root>/gates`; entries of any other name
 /// are not listed (nor ever removed).
 pub fn gate_names(host_root: &Path) -> std::io::Result<Vec<String>> {
-    let mut found = Vec::new();
-    match std::fs::read_dir(host_root.join(GATES_DIR)) {
-        Ok(dir) => {
-            for e in dir {
-                if let Some(name) = e?
-                    .file_name()
-                    .to_str()
-                    .filter(|n| crate::providers::launcher::is_attempt_short(n))
-                {
-                    found.push(name.to_owned());
-                }
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    Ok(found)
+    crate::providers::launcher::attempt_names_in(&host_root.join(GATES_DIR))
 }
 
 /// Removes the gate of attempt name `short` (12 hex); whether it was there.

@@ -177,3 +177,22 @@ pub fn is_attempt_short(s: &str) -> bool {
         && s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
+
+/// The entries of `dir` named like an attempt (12 hex): what the orphan sweep compares with the
+/// journal. Entries of any other name are not listed (nor ever removed). A missing `dir` holds
+/// none.
+pub fn attempt_names_in(dir: &std::path::Path) -> std::io::Result<Vec<String>> {
+    let mut found = Vec::new();
+    match std::fs::read_dir(dir) {
+        Ok(entries) => {
+            for e in entries {
+                if let Some(name) = e?.file_name().to_str().filter(|n| is_attempt_short(n)) {
+                    found.push(name.to_owned());
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    Ok(found)
+}

@@ -99,34 +99,13 @@ pub fn remove_ephemeral_runtime(
 /// The attempt names (12 hex) of the runtimes under `<hostRoot>/runners`: what the orphan sweep
 /// compares with the journal. Entries of any other name are not listed (nor ever removed).
 pub fn runtime_names(host_root: &Path) -> io::Result<Vec<String>> {
-    let mut found = Vec::new();
-    match std::fs::read_dir(runners_dir(host_root)) {
-        Ok(dir) => {
-            for e in dir {
-                if let Some(name) = e?
-                    .file_name()
-                    .to_str()
-                    .filter(|n| crate::providers::launcher::is_attempt_short(n))
-                {
-                    found.push(name.to_owned());
-                }
-            }
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
+    use crate::providers::launcher::attempt_names_in;
+    let mut found = attempt_names_in(&runners_dir(host_root))?;
     // An overlay workdir whose runtime is gone (a crash between the two removals) is listed by
-    // its attempt name too, so the sweep removes it with `remove_runtime_named`.
+    // its attempt name too, so the sweep removes it with `remove_runtime_named`. (Unreadable:
+    // none listed, as before.)
     let work_root = runners_dir(host_root).join(crate::packages::overlay::WORK_ROOT);
-    for e in std::fs::read_dir(work_root).into_iter().flatten() {
-        if let Some(name) = e?
-            .file_name()
-            .to_str()
-            .filter(|n| crate::providers::launcher::is_attempt_short(n))
-        {
-            found.push(name.to_owned());
-        }
-    }
+    found.extend(attempt_names_in(&work_root).unwrap_or_default());
     found.sort();
     found.dedup();
     Ok(found)
