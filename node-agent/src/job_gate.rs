@@ -199,6 +199,8 @@ where
     let mut decided: Option<(Claim, JobAdmissionAnswer)> = None;
     loop {
         let Ok((stream, _)) = listener.accept().await else {
+            // Out of descriptors, say: not a loop that spins the agent's CPU meanwhile.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             continue;
         };
         let (read, mut write) = stream.into_split();

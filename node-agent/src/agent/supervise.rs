@@ -344,9 +344,6 @@ async fn live(
     }
 }
 
-/// A running native runner's placeholder, kept standing (docs/placeholder-pods.md): read from
-/// the pod watch's store (no request), recreated with a Warning event when it was deleted,
-/// evicted or ended; never a reason to stop the runner.
 /// A live runner whose gate is not open (the agent restarted) gets it back, for the account
 /// that owns its runtime; until then its hook finds no listener and refuses.
 fn reopen_job_gate(agent: &Agent, a: &RunnerAttempt, runtime: &Path) {
@@ -355,9 +352,13 @@ fn reopen_job_gate(agent: &Agent, a: &RunnerAttempt, runtime: &Path) {
     if !super::job_gates::JobGates::wanted(a) || agent.job_gates.is_open(uid) {
         return;
     }
-    let reopened = std::fs::metadata(runtime)
+    // The runtime's own entry (never a link's target): its owner is the runner's account.
+    let reopened = std::fs::symlink_metadata(runtime)
         .map_err(|e| e.to_string())
         .and_then(|m| {
+            if !m.is_dir() {
+                return Err("the runtime is not a directory".to_owned());
+            }
             agent
                 .job_gates
                 .open(agent.gate_services(), a, (m.uid(), m.gid()))
@@ -368,6 +369,9 @@ fn reopen_job_gate(agent: &Agent, a: &RunnerAttempt, runtime: &Path) {
     }
 }
 
+/// A running native runner's placeholder, kept standing (docs/placeholder-pods.md): read from
+/// the pod watch's store (no request), recreated with a Warning event when it was deleted,
+/// evicted or ended; never a reason to stop the runner.
 async fn keep_placeholder(
     agent: &Agent,
     ctx: &AttemptCtx,
