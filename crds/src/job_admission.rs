@@ -90,38 +90,32 @@ pub fn decide(rule: ForkPullRequests, facts: &RunFacts) -> Result<(), JobRefusal
     }
 }
 
-/// Whether `repository` (`OWNER/REPO`) is within a target of `url` (`https://HOST/OWNER[/REPO]`,
-/// or an enterprise's, which holds every repository of its organizations). Pure.
-pub fn within_target(url: &str, scope: crate::attempt::TargetScope, repository: &str) -> bool {
-    use crate::attempt::TargetScope;
-    let path: Vec<&str> = url
-        .trim_end_matches('/')
-        .splitn(4, '/')
-        .nth(3)
-        .unwrap_or_default()
-        .split('/')
-        .collect();
-    let mut claimed = repository.split('/');
-    let (Some(owner), Some(repo), None) = (claimed.next(), claimed.next(), claimed.next()) else {
-        return false;
-    };
-    match scope {
-        TargetScope::Repository => {
-            path.len() == 2
-                && path[0].eq_ignore_ascii_case(owner)
-                && path[1].eq_ignore_ascii_case(repo)
-        }
-        TargetScope::Organization => path.first().is_some_and(|o| o.eq_ignore_ascii_case(owner)),
-        // An enterprise's organizations are not in the snapshot; the run's record still must
-        // show this runner.
-        TargetScope::Enterprise => true,
+/// The claimed `repository` (`OWNER/REPO`) as its two parts, if it is a repository of `target`
+/// (an enterprise holds every repository of its organizations, which are not in the snapshot:
+/// the run's record must still show this runner). Pure.
+pub fn claimed_in<'c>(
+    target: &crate::target::GitHubTarget,
+    repository: &'c str,
+) -> Option<(&'c str, &'c str)> {
+    use crate::target::TargetKind;
+    let (owner, repo) = repository.split_once('/')?;
+    if owner.is_empty() || repo.is_empty() || repo.contains('/') {
+        return None;
     }
+    let within = match &target.kind {
+        TargetKind::Repository { owner: o, repo: r } => {
+            o.eq_ignore_ascii_case(owner) && r.eq_ignore_ascii_case(repo)
+        }
+        TargetKind::Organization { org } => org.eq_ignore_ascii_case(owner),
+        TargetKind::Enterprise { .. } => true,
+    };
+    within.then_some((owner, repo))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attempt::TargetScope;
+    use crate::target::GitHubTarget;
 
     fn facts(head: Option<&str>, ours: bool) -> RunFacts {
         RunFacts {
@@ -161,19 +155,22 @@ mod tests {
 
     #[test]
     fn a_claim_must_name_a_repository_of_the_target() {
-        let repo = "https://github.com/acme/web";
-        assert!(within_target(repo, TargetScope::Repository, "acme/web"));
-        assert!(within_target(repo, TargetScope::Repository, "Acme/WEB"));
-        assert!(!within_target(repo, TargetScope::Repository, "acme/api"));
-        assert!(!within_target(repo, TargetScope::Repository, "mallory/web"));
-        assert!(!within_target(repo, TargetScope::Repository, "acme/web/x"));
-        assert!(!within_target(repo, TargetScope::Repository, "acme"));
-        let org = "https://ghe.example.com/acme";
-        assert!(within_target(org, TargetScope::Organization, "acme/api"));
-        assert!(!within_target(
-            org,
-            TargetScope::Organization,
-            "mallory/api"
-        ));
+        let target = |url: &str| GitHubTarget::parse(url).unwrap();
+        let repo = target("https://github.com/acme/web");
+        assert_eq!(claimed_in(&repo, "acme/web"), Some(("acme", "web")));
+        assert_eq!(claimed_in(&repo, "Acme/WEB"), Some(("Acme", "WEB")));
+        for outside in [
+            "acme/api",
+            "mallory/web",
+            "acme/web/x",
+            "acme",
+            "acme/",
+            "/web",
+        ] {
+            assert_eq!(claimed_in(&repo, outside), None, "{outside}");
+        }
+        let org = target("https://ghe.example.com/acme");
+        assert_eq!(claimed_in(&org, "acme/api"), Some(("acme", "api")));
+        assert_eq!(claimed_in(&org, "mallory/api"), None);
     }
 }

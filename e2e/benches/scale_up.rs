@@ -328,16 +328,8 @@ async fn cold(runs: usize) {
         let (started, _watch) = Started::spawn(p.attempts());
         let load = load_average();
         let (job, latency, steps) = single_job(&p, &started).await;
-        let launched: Vec<RunnerAttempt> = p
-            .all_attempts()
-            .await
-            .into_iter()
-            .filter(|a| {
-                a.status
-                    .as_ref()
-                    .is_some_and(|s| s.journal.launch.is_some())
-            })
-            .collect();
+        // `launch_steps` reads only the attempts that journalled launch timings.
+        let launched = p.all_attempts().await;
         p.wait_jobs_completed(&[job], Duration::from_secs(120))
             .await
             .unwrap();

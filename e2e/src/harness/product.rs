@@ -408,6 +408,12 @@ impl Product {
             .map_err(|e| fail("job", e))
     }
 
+    /// The fake's view of job `id` once it is `completed` (waited for up to `deadline`).
+    pub async fn completed_job(&self, id: u64, deadline: Duration) -> Result<Value, String> {
+        self.wait_jobs_completed(&[id], deadline).await?;
+        self.job(id).await
+    }
+
     /// Wait until every job in `ids` is `completed` at the fake.
     pub async fn wait_jobs_completed(&self, ids: &[u64], deadline: Duration) -> Result<(), String> {
         wait::until(deadline, "every job completed", || async {

@@ -536,10 +536,10 @@ async fn a_policy_deleted_while_its_runner_is_busy_drains_after_the_job() {
         .delete("web", &DeleteParams::default())
         .await
         .unwrap();
-    p.wait_jobs_completed(&[job], Duration::from_secs(120))
+    let done = p
+        .completed_job(job, Duration::from_secs(120))
         .await
         .unwrap();
-    let done = p.job(job).await.unwrap();
     assert_eq!(done["conclusion"], "success", "{done}");
     assert_eq!(
         done["runner_name"].as_str(),
@@ -1074,10 +1074,10 @@ async fn a_fork_pull_request_never_touches_a_persistent_slot() {
     let run = |job: u64| {
         let p = &p;
         async move {
-            p.wait_jobs_completed(&[job], Duration::from_secs(180))
+            let j = p
+                .completed_job(job, Duration::from_secs(180))
                 .await
                 .unwrap();
-            let j = p.job(job).await.unwrap();
             wait_attempts(p, "every attempt cleaned", STEP, |list| {
                 list.iter().all(|a| state(a) == AttemptState::Cleaned)
             })
@@ -1210,10 +1210,10 @@ async fn a_restarted_agent_reopens_the_job_gate_of_a_live_runner() {
         )
         .await
         .unwrap();
-    p.wait_jobs_completed(&[job], Duration::from_secs(180))
+    let j = p
+        .completed_job(job, Duration::from_secs(180))
         .await
         .unwrap();
-    let j = p.job(job).await.unwrap();
     assert_eq!(j["conclusion"], "success", "{j}");
     assert_eq!(
         j["runner_name"].as_str(),
@@ -1283,10 +1283,10 @@ async fn persistent_slots_keep_work_and_a_symlinked_work_quarantines_the_slot() 
         )
         .await
         .unwrap();
-    p.wait_jobs_completed(&[hostile], Duration::from_secs(180))
+    let runner = p
+        .completed_job(hostile, Duration::from_secs(180))
         .await
-        .unwrap();
-    let runner = p.job(hostile).await.unwrap()["runner_name"]
+        .unwrap()["runner_name"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -1317,10 +1317,10 @@ async fn persistent_slots_keep_work_and_a_symlinked_work_quarantines_the_slot() 
         .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
         .await
         .unwrap();
-    p.wait_jobs_completed(&[next], Duration::from_secs(180))
+    let runner = p
+        .completed_job(next, Duration::from_secs(180))
         .await
-        .unwrap();
-    let runner = p.job(next).await.unwrap()["runner_name"]
+        .unwrap()["runner_name"]
         .as_str()
         .unwrap()
         .to_owned();

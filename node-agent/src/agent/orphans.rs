@@ -82,6 +82,13 @@ pub struct SweepReport {
     pub failed: Vec<String>,
 }
 
+/// A listing of the sweep, or `None` (logged, naming `what`): the sweep stops there.
+fn listed(what: &str, listing: std::io::Result<Vec<String>>) -> Option<Vec<String>> {
+    listing
+        .map_err(|e| tracing::warn!("orphan sweep: {what} could not be listed ({:?})", e.kind()))
+        .ok()
+}
+
 fn backoff_key(short: &str) -> String {
     format!("orphan/{short}")
 }
@@ -134,15 +141,11 @@ fn sweep_runners(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>) -> SweepR
         report.failed.push(short.to_owned());
     };
     // Runners first: a runtime is removed only once nothing of its attempt runs.
-    let leftovers = match agent.providers.launcher().leftovers() {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::warn!(
-                "orphan sweep: the launcher's cgroups or units could not be listed ({:?})",
-                e.kind()
-            );
-            return report;
-        }
+    let Some(leftovers) = listed(
+        "the launcher's cgroups or units",
+        agent.providers.launcher().leftovers(),
+    ) else {
+        return report;
     };
     let claimed = claims();
     for short in unclaimed(&leftovers, &claimed) {
@@ -156,15 +159,8 @@ fn sweep_runners(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>) -> SweepR
             Err(e) => failed(&mut report, short, e.to_string()),
         }
     }
-    let runtimes = match runtime_names(&agent.host_root) {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(
-                "orphan sweep: the runtimes could not be listed ({:?})",
-                e.kind()
-            );
-            return report;
-        }
+    let Some(runtimes) = listed("the runtimes", runtime_names(&agent.host_root)) else {
+        return report;
     };
     let claimed = claims();
     for short in unclaimed(&runtimes, &claimed) {
@@ -182,15 +178,11 @@ fn sweep_runners(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>) -> SweepR
     }
     // Job gates last: a gate goes with its attempt's cleanup; one whose attempt was deleted
     // without it (a forced finalizer removal) is left here.
-    let gates = match crate::job_gate::gate_names(&agent.host_root) {
-        Ok(g) => g,
-        Err(e) => {
-            tracing::warn!(
-                "orphan sweep: the job gates could not be listed ({:?})",
-                e.kind()
-            );
-            return report;
-        }
+    let Some(gates) = listed(
+        "the job gates",
+        crate::job_gate::gate_names(&agent.host_root),
+    ) else {
+        return report;
     };
     let claimed = claims();
     for short in unclaimed(&gates, &claimed) {

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::job_admission::{
-    JobAdmissionAnswer, JobAdmissionRequest, JobRefusal, RunFacts, decide, within_target,
+    JobAdmissionAnswer, JobAdmissionRequest, JobRefusal, RunFacts, claimed_in, decide,
 };
 use runner_manager_crds::names::runner_name;
 use runner_manager_crds::policy::ForkPullRequests;
+use runner_manager_crds::target::GitHubTarget;
 
 use crate::github::GitHubClient;
 use crate::github::registry::Clients;
@@ -41,18 +42,15 @@ pub async fn admit(
             message: format!("runner-manager: policy {policy} allows every job"),
         };
     }
-    if !within_target(&snapshot.target.url, snapshot.target.scope, repo) {
+    let claimed = GitHubTarget::parse(&snapshot.target.url)
+        .ok()
+        .and_then(|target| claimed_in(&target, repo));
+    let Some((owner, name)) = claimed else {
         return refuse(
             JobRefusal::OutsideTarget,
             format!(
                 "run {run} names {repo}, which is not a repository of policy {policy}'s target; no step ran"
             ),
-        );
-    }
-    let Some((owner, name)) = repo.split_once('/') else {
-        return refuse(
-            JobRefusal::OutsideTarget,
-            format!("{repo} is not OWNER/REPO"),
         );
     };
     let Some(id) = attempt.spec.attempt_uuid() else {

@@ -81,16 +81,7 @@ async fn jit(
         outcome = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
     );
-    let result = handle(
-        &broker,
-        peer,
-        &namespace,
-        &name,
-        &headers,
-        body.map(|Json(b)| b),
-        &span,
-    )
-    .await;
+    let result = handle(&broker, peer, &namespace, &name, &headers, body, &span).await;
     let outcome = match &result {
         Ok(_) => "issued",
         Err(e) => error_label(e.code),
@@ -123,6 +114,37 @@ async fn dereference(
             )
         })?
         .ok_or_else(|| refused(BrokerErrorCode::UnknownAttempt, "no such attempt"))
+}
+
+/// An agent's request about one attempt, before its route's own work: the caller proven, the
+/// body present, the attempt read fresh.
+struct AttemptRequest<T> {
+    caller: Caller,
+    body: T,
+    attempts: Api<RunnerAttempt>,
+    attempt: RunnerAttempt,
+}
+
+/// Proves the caller, takes the body (`missing` when there is none) and reads the attempt, in
+/// that order: nothing is read for a caller that is not proven.
+async fn attempt_request<T>(
+    broker: &Broker,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+    (namespace, name): (&str, &str),
+    body: Option<Json<T>>,
+    missing: BrokerError,
+) -> Result<AttemptRequest<T>, BrokerError> {
+    let caller = caller(broker, peer, headers, namespace, name).await?;
+    let Json(body) = body.ok_or(missing)?;
+    let attempts: Api<RunnerAttempt> = Api::namespaced(broker.kube.clone(), namespace);
+    let attempt = dereference(&attempts, name).await?;
+    Ok(AttemptRequest {
+        caller,
+        body,
+        attempts,
+        attempt,
+    })
 }
 
 /// The caller, proven (`super::authn`): a live agent pod of the agent DaemonSet, on a node.
@@ -192,20 +214,23 @@ async fn pod_order(
 ) -> Response {
     let started = std::time::Instant::now();
     let result = async {
-        let caller = caller(&broker, peer, &headers, &namespace, &name).await?;
-        let Json(order) = body.ok_or_else(|| {
+        let r = attempt_request(
+            &broker,
+            peer,
+            &headers,
+            (&namespace, &name),
+            body,
             refused(
                 BrokerErrorCode::PodRefused,
                 "a JSON body {attemptUid, pod: {role, ...}} is required",
-            )
-        })?;
-        let attempts = Api::<RunnerAttempt>::namespaced(broker.kube.clone(), &namespace);
-        let attempt = dereference(&attempts, &name).await?;
+            ),
+        )
+        .await?;
         pods::order(
             &broker.kube,
-            &attempt,
-            &caller,
-            &order,
+            &r.attempt,
+            &r.caller,
+            &r.body,
             broker.placeholders.as_ref(),
         )
         .await
@@ -243,17 +268,20 @@ async fn job_admission(
 ) -> Response {
     let started = std::time::Instant::now();
     let result = async {
-        let caller = caller(&broker, peer, &headers, &namespace, &name).await?;
-        let Json(request) = body.ok_or_else(|| {
+        let r = attempt_request(
+            &broker,
+            peer,
+            &headers,
+            (&namespace, &name),
+            body,
             refused(
                 BrokerErrorCode::InvalidRequest,
                 "a JSON body {attemptUid, repository, runId} is required",
-            )
-        })?;
-        let attempts = Api::<RunnerAttempt>::namespaced(broker.kube.clone(), &namespace);
-        let attempt = dereference(&attempts, &name).await?;
-        super::confine(&attempt, &request.attempt_uid, &caller)?;
-        Ok::<_, BrokerError>(super::job::admit(&broker.clients, &attempt, &request).await)
+            ),
+        )
+        .await?;
+        super::confine(&r.attempt, &r.body.attempt_uid, &r.caller)?;
+        Ok::<_, BrokerError>(super::job::admit(&broker.clients, &r.attempt, &r.body).await)
     }
     .await;
     let outcome = match &result {
@@ -309,19 +337,27 @@ async fn handle(
     namespace: &str,
     name: &str,
     headers: &HeaderMap,
-    body: Option<JitRequest>,
+    body: Option<Json<JitRequest>>,
     span: &tracing::Span,
 ) -> Result<JitResponse, BrokerError> {
     use tracing::Instrument;
-    let caller = caller(broker, peer, headers, namespace, name).await?;
-    let request = body.ok_or_else(|| {
+    let AttemptRequest {
+        caller,
+        body: request,
+        attempts,
+        attempt,
+    } = attempt_request(
+        broker,
+        peer,
+        headers,
+        (namespace, name),
+        body,
         refused(
             BrokerErrorCode::NotPrepared,
             "a JSON body {attemptUid, specHash} is required",
-        )
-    })?;
-    let attempts: Api<RunnerAttempt> = Api::namespaced(broker.kube.clone(), namespace);
-    let attempt = dereference(&attempts, name).await?;
+        ),
+    )
+    .await?;
     span.record(
         "attempt.uid",
         attempt.metadata.uid.as_deref().unwrap_or_default(),

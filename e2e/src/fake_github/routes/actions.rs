@@ -73,20 +73,31 @@ pub async fn list_run_jobs(
     Ok(conditional(&headers, &body, link))
 }
 
+/// The repository's job whose `id_of` is the path parameter `id_param` (authorized first).
+fn repo_job_by(
+    fake: &FakeGithub,
+    params: &std::collections::BTreeMap<String, String>,
+    headers: &HeaderMap,
+    id_param: &str,
+    id_of: fn(&Job) -> u64,
+) -> Result<Job, ApiError> {
+    fake.authorize(headers, &scope_of(params)?)?;
+    let id: u64 = param(params, id_param)
+        .parse()
+        .map_err(|_| ApiError::not_found())?;
+    repo_jobs(fake, param(params, "owner"), param(params, "repo"))
+        .into_iter()
+        .find(|j| id_of(j) == id)
+        .ok_or_else(ApiError::not_found)
+}
+
 pub async fn get_job(
     State(fake): State<Arc<FakeGithub>>,
     Path(params): Params,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    fake.authorize(&headers, &scope_of(&params)?)?;
-    let job_id: u64 = param(&params, "job_id")
-        .parse()
-        .map_err(|_| ApiError::not_found())?;
-    repo_jobs(&fake, param(&params, "owner"), param(&params, "repo"))
-        .iter()
-        .find(|j| j.id == job_id)
-        .map(|j| Json(shapes::job(&fake.base_url, j)))
-        .ok_or_else(ApiError::not_found)
+    let job = repo_job_by(&fake, &params, &headers, "job_id", |j| j.id)?;
+    Ok(Json(shapes::job(&fake.base_url, &job)))
 }
 
 /// `GET /repos/{owner}/{repo}/actions/runs/{run_id}`: the run (the fake has one job per run).
@@ -95,15 +106,8 @@ pub async fn get_run(
     Path(params): Params,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    fake.authorize(&headers, &scope_of(&params)?)?;
-    let run_id: u64 = param(&params, "run_id")
-        .parse()
-        .map_err(|_| ApiError::not_found())?;
-    repo_jobs(&fake, param(&params, "owner"), param(&params, "repo"))
-        .iter()
-        .find(|j| j.run_id == run_id)
-        .map(|j| Json(shapes::workflow_run(&fake.base_url, j)))
-        .ok_or_else(ApiError::not_found)
+    let job = repo_job_by(&fake, &params, &headers, "run_id", |j| j.run_id)?;
+    Ok(Json(shapes::workflow_run(&fake.base_url, &job)))
 }
 
 /// `GET /orgs/{org}/repos`: the organization's repositories (those added by the admin API and
