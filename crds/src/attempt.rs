@@ -100,6 +100,9 @@ pub struct AttemptSnapshot {
     /// default); absent: `Allow` (an attempt made before the rule existed).
     #[serde(default, skip_serializing_if = "is_allow")]
     pub fork_pull_requests: ForkPullRequests,
+    /// The policy's dependency caches (`spec.caches`), resolved; absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caches: Option<crate::caches::CacheSnapshot>,
     /// The policy's `maxRunners`: persistent slots are `s1..s<maxSlots>`.
     #[schemars(range(min = 1, max = 1000))]
     pub max_slots: u32,

@@ -38,6 +38,10 @@ pub struct JobAdmissionAnswer {
     pub refused: Option<JobRefusal>,
     /// For the job's log: what was decided and, on a refusal, the fix.
     pub message: String,
+    /// Whether the job's cache writes are kept (`spec.caches.writeBack`): `false` for a policy
+    /// without caches, and for every job its rule does not trust.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub write_back: bool,
 }
 
 /// Why a job was refused. Closed: it reaches events, metrics and the job's log.
@@ -74,6 +78,10 @@ pub struct RunFacts {
     pub head_repository: Option<String>,
     /// Whether GitHub lists this attempt's runner on one of the run's jobs.
     pub runs_on_this_runner: bool,
+    /// The run's `event` (`push`, `pull_request`, …).
+    pub event: String,
+    /// The run's `head_branch`.
+    pub head_branch: Option<String>,
 }
 
 /// The decision for `rule`, given GitHub's facts of the run. Pure.
@@ -122,6 +130,8 @@ mod tests {
             repository: "acme/web".into(),
             head_repository: head.map(str::to_owned),
             runs_on_this_runner: ours,
+            event: "pull_request".into(),
+            head_branch: Some("main".into()),
         }
     }
 

@@ -7,6 +7,7 @@
 pub mod arch;
 pub mod attempt;
 pub mod broker;
+pub mod caches;
 pub mod conditions;
 pub mod duration;
 #[cfg(feature = "fixtures")]

@@ -85,6 +85,12 @@ pub struct ScalePolicySpec {
     /// Where a runner's `_work` lives.
     #[serde(default)]
     pub workspace: WorkspaceSpec,
+    /// Dependency caches kept on each node and shared by the runners (npm, pip, go, the tool
+    /// cache, …; `docs/operations.md`, "Dependency caches"): absent, the default, keeps none.
+    /// Native runners only. Every job reads the cache; only a job of the repository itself, with
+    /// an event and branch `writeBack` trusts, has its writes kept for the next one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caches: Option<crate::caches::CacheSpec>,
     /// How a runner runs: a host process or an OCI pod.
     #[serde(default)]
     pub execution: ExecutionSpec,

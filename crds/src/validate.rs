@@ -190,6 +190,34 @@ pub fn validate_policy(spec: &ScalePolicySpec) -> Vec<Problem> {
         );
     }
 
+    if let Some(caches) = &spec.caches {
+        if spec.execution.mode == ExecutionMode::Oci {
+            problem(
+                "spec.caches",
+                "is kept for native runners only (an OCI runner pod mounts nothing of the node); remove spec.caches or use spec.execution.mode: Native".into(),
+            );
+        }
+        if let Some(t) = &target
+            && let Err(e) = crate::caches::resolve_namespace(caches, "namespace", t)
+        {
+            let field = match e {
+                crate::caches::CacheSpecError::SharedNameMissing
+                | crate::caches::CacheSpecError::SharedNameUnused
+                | crate::caches::CacheSpecError::BadSharedName => "spec.caches.sharedName",
+                _ => "spec.caches.scope",
+            };
+            problem(field, e.to_string());
+        }
+        for (i, event) in caches.write_back.events.iter().enumerate() {
+            if event == crate::caches::NEVER_TRUSTED_EVENT {
+                problem(
+                    &format!("spec.caches.writeBack.events[{i}]"),
+                    "pull_request_target never writes back (it runs with the base repository's rights and is how a fork's code reaches a trusted job); remove it".into(),
+                );
+            }
+        }
+    }
+
     match (spec.execution.mode, spec.execution.image.as_deref()) {
         (ExecutionMode::Oci, None) => problem(
             "spec.execution.image",

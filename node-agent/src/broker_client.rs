@@ -236,6 +236,7 @@ impl BrokerClient {
         let unconfirmed = |message: String| JobAdmissionAnswer {
             refused: Some(JobRefusal::Unconfirmed),
             message,
+            write_back: false,
         };
         match self.post(&job_path(namespace, name), body).await {
             Exchange::Answered(200, bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|_| {

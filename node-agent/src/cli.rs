@@ -53,6 +53,10 @@ pub struct Cli {
     /// The pool's group (caches are shared through it).
     #[arg(long, env = "RM_RUNNER_GID", default_value_t = 20000)]
     pub runner_gid: u32,
+    /// The size cap of the node's dependency caches (`spec.caches`), in GiB: over it, whole
+    /// namespaces are removed least recently used first, never one a live runner reads.
+    #[arg(long, env = "RM_CACHE_MAX_GIB", default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    pub cache_max_gib: u64,
     /// The cgroup v2 parent of the direct launcher's runners (relative to the v2 mount).
     #[arg(long, env = "RM_CGROUP_PARENT", default_value = "runner-manager.slice")]
     pub cgroup_parent: String,

@@ -97,12 +97,16 @@ fn quoted(p: &Path) -> Result<String, GateError> {
     }
 }
 
-/// The hook script: the client, then the policy's own hook if `runner.env` named one.
-pub fn hook_script(helper: &Path, socket: &Path) -> Result<String, GateError> {
+/// The hook script: the client, then the policy's own hook if `runner.env` named one. A gate
+/// that `fails_closed` (the policy refuses fork pull requests) fails the job when the client
+/// gets no admission; one kept only for the cache's verdict lets the job run without it (its
+/// cache writes are then discarded: no verdict was recorded).
+pub fn hook_script(helper: &Path, socket: &Path, fails_closed: bool) -> Result<String, GateError> {
     Ok(format!(
-        "#!/bin/sh\n# runner-manager's job gate (spec.workspace.forkPullRequests); made by the node agent.\n{} {CLIENT_FLAG} {} || exit 1\nif [ -n \"${{{NEXT_HOOK_VARIABLE}:-}}\" ]; then exec bash -e \"${NEXT_HOOK_VARIABLE}\"; fi\n",
+        "#!/bin/sh\n# runner-manager's job gate (spec.workspace.forkPullRequests, spec.caches); made by the node agent.\n{} {CLIENT_FLAG} {} || {}\nif [ -n \"${{{NEXT_HOOK_VARIABLE}:-}}\" ]; then exec bash -e \"${NEXT_HOOK_VARIABLE}\"; fi\n",
         quoted(helper)?,
         quoted(socket)?,
+        if fails_closed { "exit 1" } else { "true" },
     ))
 }
 
@@ -111,10 +115,10 @@ pub fn hook_script(helper: &Path, socket: &Path) -> Result<String, GateError> {
 pub fn prepare(
     paths: &GatePaths,
     helper: &Path,
-    uid: u32,
-    gid: u32,
+    (uid, gid): (u32, u32),
+    fails_closed: bool,
 ) -> Result<std::os::unix::net::UnixListener, GateError> {
-    let script = hook_script(helper, &paths.socket)?;
+    let script = hook_script(helper, &paths.socket, fails_closed)?;
     if let Some(parent) = paths.dir.parent() {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -180,6 +184,7 @@ fn refusal(message: &str) -> JobAdmissionAnswer {
     JobAdmissionAnswer {
         refused: Some(JobRefusal::Unconfirmed),
         message: message.to_owned(),
+        write_back: false,
     }
 }
 
@@ -291,12 +296,16 @@ mod tests {
         let s = hook_script(
             Path::new("/opt/rm/entry"),
             Path::new("/var/lib/rm/gates/x/gate.sock"),
+            true,
         )
         .unwrap();
         assert!(s.contains("'/opt/rm/entry' --job-gate '/var/lib/rm/gates/x/gate.sock' || exit 1"));
         assert!(s.contains(NEXT_HOOK_VARIABLE));
+        // A gate kept only for the cache's verdict lets the job run without one.
+        let open = hook_script(Path::new("/e"), Path::new("/s"), false).unwrap();
+        assert!(open.contains("'/e' --job-gate '/s' || true"), "{open}");
         assert!(matches!(
-            hook_script(Path::new("/opt/it's/entry"), Path::new("/s")),
+            hook_script(Path::new("/opt/it's/entry"), Path::new("/s"), true),
             Err(GateError::UnquotablePath(_))
         ));
     }
@@ -321,7 +330,7 @@ mod tests {
         let paths = GatePaths::of(dir.path(), &uuid::Uuid::nil());
         let me = rustix::process::getuid().as_raw();
         let gid = rustix::process::getgid().as_raw();
-        let listener = prepare(&paths, Path::new("/bin/true"), me, gid).unwrap();
+        let listener = prepare(&paths, Path::new("/bin/true"), (me, gid), true).unwrap();
         let mode = std::fs::metadata(&paths.socket)
             .unwrap()
             .permissions()
@@ -337,11 +346,13 @@ mod tests {
                     JobAdmissionAnswer {
                         refused: None,
                         message: "admitted".into(),
+                        write_back: false,
                     }
                 } else {
                     JobAdmissionAnswer {
                         refused: Some(JobRefusal::ForkPullRequest),
                         message: "refused: a fork".into(),
+                        write_back: false,
                     }
                 }
             }

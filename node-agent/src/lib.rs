@@ -5,6 +5,7 @@
 pub mod account;
 pub mod agent;
 pub mod broker_client;
+pub mod caches;
 pub mod cli;
 pub mod durable;
 pub mod entry;

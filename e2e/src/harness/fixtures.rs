@@ -30,6 +30,7 @@ pub fn native_attempt(id: uuid::Uuid, policy: &str, policy_uid: &str, node: &str
             runner_group_id: 1,
             workspace: WorkspaceMode::Ephemeral,
             fork_pull_requests: runner_manager_crds::policy::ForkPullRequests::Allow,
+            caches: None,
             max_slots: 4,
             execution: ExecutionSnapshot {
                 mode: ExecutionMode::Native,

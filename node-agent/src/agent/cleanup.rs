@@ -89,8 +89,10 @@ pub async fn clean(agent: &Agent, api: &Attempts, a: &RunnerAttempt) -> Result<S
         return Ok(Step::Wait);
     }
 
-    // The runner is gone: so is its job gate.
+    // The runner is gone: so is its job gate, and its cache is committed (a trusted job's) or
+    // discarded.
     agent.job_gates.close(a);
+    super::caches::release(agent, a).await;
 
     // 2. Redacted diagnostics.
     if let Err(e) = crate::durable::write_file(

@@ -1,5 +1,6 @@
 //! The node's open job gates ([`crate::job_gate`]): one per live native runner whose policy
-//! refuses fork pull requests. Opened before the runner's JIT is asked for (a runner never runs
+//! refuses fork pull requests or keeps dependency caches (the gate's answer carries the cache's
+//! verdict: whether the job's writes are kept, recorded beside its cache). Opened before the runner's JIT is asked for (a runner never runs
 //! without its gate), opened again for a live runner after an agent restart (until then its
 //! hook finds no listener and refuses: closed, never open), closed when the attempt is cleaned.
 
@@ -15,6 +16,7 @@ use runner_manager_crds::policy::{ExecutionMode, ForkPullRequests};
 use super::labels::{EventReason, publish_warning};
 use super::metrics::AgentMetrics;
 use crate::broker_client::BrokerClient;
+use crate::caches::CacheRoot;
 use crate::job_gate::{self, Claim, GateError, GatePaths};
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -45,6 +47,10 @@ pub struct JobGates {
     open: Mutex<BTreeMap<String, tokio::task::AbortHandle>>,
 }
 
+fn refuses_forks(a: &RunnerAttempt) -> bool {
+    a.spec.snapshot.fork_pull_requests == ForkPullRequests::Refuse
+}
+
 impl JobGates {
     pub fn new(helper: PathBuf, host_root: PathBuf) -> Self {
         Self {
@@ -54,11 +60,12 @@ impl JobGates {
         }
     }
 
-    /// Whether `a`'s runner has a gate: its policy refuses fork pull requests and it is a host
-    /// process (an OCI policy cannot refuse them: the operator's validation says so).
+    /// Whether `a`'s runner has a gate: it is a host process (an OCI policy can neither refuse
+    /// fork pull requests nor keep caches: the operator's validation says so) and its policy
+    /// refuses fork pull requests or keeps caches.
     pub fn wanted(a: &RunnerAttempt) -> bool {
-        a.spec.snapshot.fork_pull_requests == ForkPullRequests::Refuse
-            && a.spec.snapshot.execution.mode == ExecutionMode::Native
+        a.spec.snapshot.execution.mode == ExecutionMode::Native
+            && (refuses_forks(a) || a.spec.snapshot.caches.is_some())
     }
 
     pub fn is_open(&self, uid: &str) -> bool {
@@ -66,12 +73,14 @@ impl JobGates {
     }
 
     /// Opens `a`'s gate for the account `uid:gid` (replacing one already open) and returns the
-    /// hook the listener's environment must name.
+    /// hook the listener's environment must name. An admission whose answer keeps the job's
+    /// cache writes is recorded in `caches` before the hook hears it.
     pub fn open(
         &self,
         services: GateServices,
         a: &RunnerAttempt,
         (uid, gid): (u32, u32),
+        caches: Option<Arc<CacheRoot>>,
     ) -> Result<PathBuf, GateError> {
         let GateServices {
             broker,
@@ -81,23 +90,27 @@ impl JobGates {
         let attempt_uid = a.metadata.uid.clone().unwrap_or_default();
         let id = a.spec.attempt_uuid().ok_or(GateError::NoAttemptId)?;
         let paths = GatePaths::of(&self.host_root, &id);
-        let listener = job_gate::prepare(&paths, &self.helper, uid, gid)?;
+        let fails_closed = refuses_forks(a);
+        let listener = job_gate::prepare(&paths, &self.helper, (uid, gid), fails_closed)?;
+        let short = runner_manager_crds::names::short_hex(id);
         let listener = tokio::net::UnixListener::from_std(listener).map_err(GateError::Bind)?;
         let namespace = a.metadata.namespace.clone().unwrap_or_default();
         let name = a.metadata.name.clone().unwrap_or_default();
         let object = a.object_ref(&());
         let asked_for = attempt_uid.clone();
         let task = tokio::spawn(job_gate::serve(listener, move |claim: Claim| {
-            let (broker, events, object, metrics) = (
+            let (broker, events, object, metrics, caches, short) = (
                 broker.clone(),
                 events.clone(),
                 object.clone(),
                 metrics.clone(),
+                caches.clone(),
+                short.clone(),
             );
             let (namespace, name, attempt_uid) =
                 (namespace.clone(), name.clone(), asked_for.clone());
             async move {
-                let answer: JobAdmissionAnswer = broker
+                let mut answer: JobAdmissionAnswer = broker
                     .admit_job(
                         &namespace,
                         &name,
@@ -108,6 +121,39 @@ impl JobGates {
                         },
                     )
                     .await;
+                if !fails_closed && answer.refused.is_some() {
+                    // Only the agent's own failures to get an answer refuse here (the broker
+                    // refuses nothing of a policy that allows forks): the job runs, its cache
+                    // writes are discarded.
+                    answer = JobAdmissionAnswer {
+                        refused: None,
+                        message: format!(
+                            "{}; the job runs, and its cache writes are discarded",
+                            answer.message
+                        ),
+                        write_back: false,
+                    };
+                }
+                if answer.refused.is_none()
+                    && answer.write_back
+                    && let Some(caches) = &caches
+                {
+                    let recorded = tokio::task::spawn_blocking({
+                        let (caches, short) = (caches.clone(), short.clone());
+                        move || caches.keep_writes(&short)
+                    })
+                    .await;
+                    if !matches!(recorded, Ok(Ok(()))) {
+                        tracing::warn!(
+                            namespace = %namespace, attempt = %name,
+                            "the cache's write-back verdict was not recorded: the job's cache writes will be discarded"
+                        );
+                        answer.write_back = false;
+                        answer
+                            .message
+                            .push_str(" (not recorded on the node: discarded after all)");
+                    }
+                }
                 match answer.refused {
                     None => tracing::info!(
                         namespace = %namespace, attempt = %name,

@@ -57,15 +57,18 @@ pub enum OrphanKind {
     Handoff,
     /// A job gate's directory removed (`crate::job_gate`).
     Gate,
+    /// A runner's dependency cache unmounted and its writes discarded (`crate::caches`).
+    Cache,
 }
 
 impl OrphanKind {
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Runner,
         Self::Cgroup,
         Self::Runtime,
         Self::Handoff,
         Self::Gate,
+        Self::Cache,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -75,6 +78,7 @@ impl OrphanKind {
             Self::Runtime => "runtime",
             Self::Handoff => "handoff",
             Self::Gate => "gate",
+            Self::Cache => "cache",
         }
     }
 }

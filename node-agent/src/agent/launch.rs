@@ -92,6 +92,8 @@ pub enum LaunchFailure {
     Placeholder(super::placeholder::Refusal),
     #[error("the job gate: {0}")]
     JobGate(String),
+    #[error("the dependency cache: {0}")]
+    Cache(String),
 }
 
 impl LaunchFailure {
@@ -103,7 +105,8 @@ impl LaunchFailure {
             | Self::NoAccount
             | Self::Runtime(_)
             | Self::Environment(_)
-            | Self::JobGate(_) => F::WorkspaceUnavailable,
+            | Self::JobGate(_)
+            | Self::Cache(_) => F::WorkspaceUnavailable,
             Self::Package(_) => F::RunnerPackageUnverified,
             // The kubelet found the node too full: the node's fault, not the policy's (issue 15
             // item 7), so it does not count toward `Degraded`.
@@ -721,12 +724,26 @@ async fn request_and_start(
     {
         return Err(failed(LaunchFailure::NotStarted, &timings));
     }
+    // The dependency cache, before the JIT: mounted, its variables in the environment (a tool
+    // `runner.env` points elsewhere is left alone).
+    let cache = super::caches::attach(agent, current, account)
+        .await
+        .map_err(|e| failed(LaunchFailure::Cache(e), &timings))?;
+    if let Some(c) = &cache {
+        env.extend(c.environment.iter().cloned());
+    }
     // The job gate, before the JIT: a runner whose policy refuses fork pull requests never runs
-    // without it. A hook the policy's `runner.env` named runs after an admission.
+    // without it, and one whose policy keeps caches learns there whether its writes are kept.
+    // A hook the policy's `runner.env` named runs after an admission.
     if super::job_gates::JobGates::wanted(current) {
         let hook = agent
             .job_gates
-            .open(agent.gate_services(), current, (account.uid, account.gid))
+            .open(
+                agent.gate_services(),
+                current,
+                (account.uid, account.gid),
+                super::caches::verdicts_for(agent, current),
+            )
             .map_err(|e| failed(LaunchFailure::JobGate(e.to_string()), &timings))?;
         if let Some(theirs) = env.insert(
             crate::job_gate::HOOK_VARIABLE.to_owned(),
@@ -765,6 +782,7 @@ async fn request_and_start(
                     account,
                     environment: env,
                     limits,
+                    cache: cache.as_ref().map(|c| c.mount.as_path()),
                 },
                 prepared: prepared.as_ref(),
             },

@@ -12,6 +12,7 @@ pub mod admission;
 pub mod api_requests;
 pub mod attempt_ctx;
 pub mod attempts;
+pub mod caches;
 pub mod cleanup;
 pub mod conditions;
 pub mod controller;
@@ -398,6 +399,11 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         wanted_packages: Mutex::new(BTreeSet::new()),
         preparation: preparation::PreparationBound::new(cli.preparation_permits),
         job_gates: job_gates::JobGates::new(runners_helper, cli.host_root.clone()),
+        caches: Arc::new(crate::caches::CacheRoot::new(
+            &cli.host_root,
+            cli.runner_gid,
+            cli.cache_max_gib.saturating_mul(1 << 30),
+        )),
     });
     let health = match cli.health_addr {
         Some(addr) => Some(

@@ -79,8 +79,10 @@ pub struct Agent {
     pub(super) wanted_packages: Mutex<BTreeSet<String>>,
     /// Launches preparing at once (`--preparation-permits`).
     pub preparation: PreparationBound,
-    /// The job gates of live runners whose policy refuses fork pull requests.
+    /// The job gates of live runners whose policy refuses fork pull requests or keeps caches.
     pub job_gates: super::job_gates::JobGates,
+    /// The node's dependency caches (`spec.caches`).
+    pub caches: std::sync::Arc<crate::caches::CacheRoot>,
 }
 
 impl std::fmt::Debug for Agent {

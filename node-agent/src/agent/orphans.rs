@@ -192,6 +192,23 @@ fn sweep_runners(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>) -> SweepR
             Err(e) => tracing::warn!("orphan job gate {short} not removed ({:?})", e.kind()),
         }
     }
+    // Caches of attempts no longer here: their runner is stopped above (a cache whose runner
+    // could not be stopped waits), and their writes are discarded, never committed: nothing
+    // says the job that wrote them finished.
+    let Some(caches) = listed("the dependency caches", agent.caches.attempt_names()) else {
+        return report;
+    };
+    let claimed = claims();
+    for short in unclaimed(&caches, &claimed) {
+        if report.failed.iter().any(|f| f == short) {
+            continue;
+        }
+        match agent.caches.release(short, false) {
+            Ok(crate::caches::Released::NotAttached) => {}
+            Ok(_) => report.removed.push((OrphanKind::Cache, short.to_owned())),
+            Err(e) => tracing::warn!("orphan dependency cache {short} not released: {e}"),
+        }
+    }
     report
 }
 

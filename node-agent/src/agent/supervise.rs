@@ -361,7 +361,12 @@ fn reopen_job_gate(agent: &Agent, a: &RunnerAttempt, runtime: &Path) {
             }
             agent
                 .job_gates
-                .open(agent.gate_services(), a, (m.uid(), m.gid()))
+                .open(
+                    agent.gate_services(),
+                    a,
+                    (m.uid(), m.gid()),
+                    super::caches::verdicts_for(agent, a),
+                )
                 .map_err(|e| e.to_string())
         });
     if let Err(e) = reopened {

@@ -35,6 +35,8 @@ pub struct LaunchSpec<'a> {
     pub environment: BTreeMap<String, String>,
     /// From the snapshot's resources.
     pub limits: CgroupLimits,
+    /// The runner's dependency cache mount (`crate::caches`), writable like the runtime.
+    pub cache: Option<&'a Path>,
 }
 
 /// Why a start failed. Closed: reaches journal conditions and logs as a kind.

@@ -211,7 +211,14 @@ pub fn unit_properties(
     // nothing. The runtime is the only path in a value, and the roots preflight allows only
     // characters that need no quoting in a unit (`roots::check_unit_safe`). The network filter
     // is `sandbox::RunnerNetwork`'s; the agent proved at start that it takes effect.
-    set("ReadWritePaths", spec.runtime.display().to_string());
+    set(
+        "ReadWritePaths",
+        std::iter::once(spec.runtime)
+            .chain(spec.cache)
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" "),
+    );
     set("WorkingDirectory", spec.runtime.display().to_string());
     set("StandardInput", "null".to_owned());
     set("StandardOutput", "null".to_owned());
@@ -707,6 +714,7 @@ mod tests {
             },
             environment,
             limits: CgroupLimits::default(),
+            cache: None,
         }
     }
 

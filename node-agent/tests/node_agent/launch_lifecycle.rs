@@ -316,6 +316,9 @@ fn the_systemd_unit_has_exactly_these_properties_and_never_the_jit() {
             nice: 10,
             ..CgroupLimits::default()
         },
+        cache: Some(Path::new(
+            "/var/lib/runner-manager/caches/attempts/0123456789ab/mnt",
+        )),
     };
     let handoff = runtime.join("jit-6f1c2a.tmp");
     let unit = unit_properties(
@@ -384,7 +387,8 @@ fn the_systemd_unit_has_exactly_these_properties_and_never_the_jit() {
             ("Nice", "10"),
             (
                 "ReadWritePaths",
-                "/var/lib/runner-manager/runners/0123456789ab"
+                // The runtime and the runner's dependency cache (`spec.caches`).
+                "/var/lib/runner-manager/runners/0123456789ab /var/lib/runner-manager/caches/attempts/0123456789ab/mnt"
             ),
             (
                 "WorkingDirectory",

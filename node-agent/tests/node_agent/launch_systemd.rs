@@ -181,6 +181,7 @@ fn spec<'a>(host: &'a Host, attempt: uuid::Uuid, extra: &[(&str, &str)]) -> Laun
         account: host.account,
         environment,
         limits: CgroupLimits::default(),
+        cache: None,
     }
 }
 
@@ -389,6 +390,7 @@ fn a_runner_unit_is_sandboxed_and_leaves_nothing_for_the_next_tenant() {
         account: host.account,
         environment,
         limits: CgroupLimits::default().with_defaults(defaults),
+        cache: None,
     };
     let (secret, _) = jit();
     let handoff = RestrictiveHandoff::create(&host.runtime, host.account, &secret).unwrap();

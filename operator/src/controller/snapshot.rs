@@ -63,6 +63,21 @@ pub fn build(
             runner_group_id: pinned.runner_group_id,
             workspace: spec.workspace.mode,
             fork_pull_requests: spec.workspace.fork_rule(),
+            // Validation resolved the namespace already (`validate_policy`): it cannot fail here.
+            caches: spec.caches.as_ref().and_then(|c| {
+                let namespace =
+                    runner_manager_crds::caches::resolve_namespace(c, &policy.namespace, target)
+                        .ok()?;
+                Some(runner_manager_crds::caches::CacheSnapshot {
+                    namespace,
+                    tools: if c.tools.is_empty() {
+                        runner_manager_crds::caches::CacheTool::defaults()
+                    } else {
+                        c.tools.clone()
+                    },
+                    write_back: c.write_back.clone(),
+                })
+            }),
             max_slots: spec.max_runners,
             execution: ExecutionSnapshot {
                 mode: spec.execution.mode,

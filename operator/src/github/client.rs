@@ -1190,7 +1190,7 @@ impl GitHubClient {
             .await
     }
 
-    /// A run's repository and head repository.
+    /// A run's repository, head repository, event and head branch.
     pub async fn run_origin(
         &self,
         owner: &str,

@@ -133,6 +133,11 @@ pub struct RunOrigin {
     /// `null` when the head's repository is gone (a deleted fork).
     #[serde(default)]
     pub head_repository: Option<RepositoryName>,
+    /// What triggered the run (`push`, `pull_request`, …).
+    #[serde(default)]
+    pub event: String,
+    #[serde(default)]
+    pub head_branch: Option<String>,
 }
 
 /// A repository's `full_name`.

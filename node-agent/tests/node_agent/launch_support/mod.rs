@@ -120,6 +120,7 @@ impl World {
             account: RUNNER,
             environment,
             limits: CgroupLimits::default(),
+            cache: None,
         }
     }
 

@@ -1,0 +1,709 @@
+//! Dependency caches on the node (`spec.caches`, issue 31 item 2;
+//! [`runner_manager_crds::caches`] holds the policy's field and the trust decision).
+//!
+//! Layout under `<host root>/caches` (root's):
+//! - `ns/<namespace>/gen-<N>/`: the namespace's generations (`<Kubernetes namespace>/<host>/
+//!   <owner>/<repo>`, `…/_org/<org>`, `…/_shared/<name>`). The newest is what a runner reads.
+//!   `ns/` is root's, mode 0700: no runner reaches a generation except through its overlay, so
+//!   none can write one (they are group-writable for the pool, so that a copy-up through the
+//!   overlay is allowed to change a file).
+//! - `ns/<namespace>/.used`: touched at each lease, the prune's LRU clock.
+//! - `attempts/<12 hex>/`: one per runner (root's, 0711): `lease` (the namespace and the
+//!   generation it reads: durable truth for the prune), `upper/` (the runner's writes, its
+//!   account's), `work/` (overlay's), `mnt/` (the overlay: the runner's cache directory), and
+//!   `keep` when the broker trusted the job to write back.
+//!
+//! At release (the runner proven gone) the overlay is unmounted, a trusted upper is committed as
+//! the next generation (a hard-link clone of the newest, with the upper applied: whiteouts
+//! delete, opaque directories replace, files move in, all made root's and the pool group's with
+//! group = owner bits), an untrusted one is discarded, and the attempt's directory is removed.
+//! Generations no lease reads are removed; whole namespaces go by LRU over the size cap, never
+//! one a lease reads.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use runner_manager_crds::caches::is_namespace_path;
+
+/// Under the agent's host root.
+pub const CACHES_DIR: &str = "caches";
+/// The mount source of a cache overlay (the package overlays carry `runner-package`).
+pub const SOURCE: &str = "runner-cache";
+const GENERATION_PREFIX: &str = "gen-";
+const USED: &str = ".used";
+const LEASE: &str = "lease";
+const KEEP: &str = "keep";
+
+/// Why a cache could not be attached or released.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("the cache namespace {0:?} is not a namespace path")]
+    BadNamespace(String),
+    #[error("{0}: {1}")]
+    Io(String, io::Error),
+    #[error("mounting the cache overlay failed: {0}")]
+    Mount(io::Error),
+    #[error("unmounting the cache overlay failed: {0}")]
+    Unmount(io::Error),
+    #[error("a cache path holds a character overlay options cannot carry")]
+    UnsafePath,
+}
+
+fn at(what: impl Into<String>) -> impl FnOnce(io::Error) -> CacheError {
+    let what = what.into();
+    move |e| CacheError::Io(what, e)
+}
+
+/// How a release went. Closed: a log field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// The attempt had no cache.
+    NotAttached,
+    /// The runner's writes were dropped (its job was not trusted, or it ran none).
+    Discarded,
+    /// The runner's writes are generation `generation` of the namespace.
+    Committed { generation: u64 },
+}
+
+/// One attempt's cache directory.
+#[derive(Clone, Debug)]
+struct AttemptCache {
+    dir: PathBuf,
+    upper: PathBuf,
+    work: PathBuf,
+    mnt: PathBuf,
+    lease: PathBuf,
+    keep: PathBuf,
+}
+
+/// What a lease says: the namespace and the generation mounted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Lease {
+    namespace: String,
+    generation: u64,
+}
+
+impl Lease {
+    fn parse(text: &str) -> Option<Self> {
+        let mut lines = text.lines();
+        let namespace = lines.next()?.to_owned();
+        let generation = lines.next()?.parse().ok()?;
+        is_namespace_path(&namespace).then_some(Self {
+            namespace,
+            generation,
+        })
+    }
+}
+
+/// The node's cache root.
+#[derive(Debug)]
+pub struct CacheRoot {
+    root: PathBuf,
+    /// The pool group: generations are its, group-writable.
+    pool_gid: u32,
+    /// The size cap in bytes ([`CacheRoot::prune`]).
+    cap: u64,
+    /// Commits and prunes of the node, one at a time (a commit reads the newest generation
+    /// and writes the next; two at once would both write the same number).
+    writers: Mutex<()>,
+}
+
+impl CacheRoot {
+    pub fn new(host_root: &Path, pool_gid: u32, cap: u64) -> Self {
+        Self {
+            root: host_root.join(CACHES_DIR),
+            pool_gid,
+            cap,
+            writers: Mutex::new(()),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// The size cap in bytes.
+    pub fn cap(&self) -> u64 {
+        self.cap
+    }
+
+    fn attempt(&self, short: &str) -> AttemptCache {
+        let dir = self.root.join("attempts").join(short);
+        AttemptCache {
+            upper: dir.join("upper"),
+            work: dir.join("work"),
+            mnt: dir.join("mnt"),
+            lease: dir.join(LEASE),
+            keep: dir.join(KEEP),
+            dir,
+        }
+    }
+
+    fn namespace_dir(&self, namespace: &str) -> Result<PathBuf, CacheError> {
+        if !is_namespace_path(namespace) {
+            return Err(CacheError::BadNamespace(namespace.to_owned()));
+        }
+        Ok(self.root.join("ns").join(namespace))
+    }
+
+    /// The mount point of attempt `short`'s cache (whether or not it is mounted).
+    pub fn mount_point(&self, short: &str) -> PathBuf {
+        self.attempt(short).mnt
+    }
+
+    /// Mounts attempt `short`'s cache of `namespace` for the account `uid:gid` and returns the
+    /// mount point. Idempotent: a cache already mounted (an agent restarted before the runner
+    /// started) is returned as it is. Blocking.
+    pub fn attach(&self, short: &str, namespace: &str, uid: u32) -> Result<PathBuf, CacheError> {
+        let ns = self.namespace_dir(namespace)?;
+        let a = self.attempt(short);
+        if is_cache_mount(&a.mnt) {
+            return Ok(a.mnt);
+        }
+        let mk = |p: &Path, mode: u32| -> Result<(), CacheError> {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(mode)
+                .create(p)
+                .and_then(|()| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)))
+                .map_err(at(format!("making {}", p.display())))
+        };
+        mk(&self.root, 0o711)?;
+        mk(&self.root.join("ns"), 0o700)?;
+        mk(&self.root.join("attempts"), 0o711)?;
+        // A crashed attach's residue is untrusted: start over.
+        crate::workspace::remove::remove_tree(&a.dir)
+            .map_err(at(format!("removing {}", a.dir.display())))?;
+        let generation = {
+            let _one = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+            mk(&ns, 0o755)?;
+            let newest = match newest_generation(&ns)? {
+                Some(n) => n,
+                None => {
+                    let first = ns.join(format!("{GENERATION_PREFIX}0"));
+                    mk(&first, 0o775)?;
+                    std::os::unix::fs::chown(&first, Some(0), Some(self.pool_gid))
+                        .map_err(at("owning the first generation"))?;
+                    0
+                }
+            };
+            let _ = std::fs::File::create(ns.join(USED));
+            mk(&a.dir, 0o711)?;
+            crate::durable::write_file(
+                &a.dir,
+                LEASE,
+                format!("{namespace}\n{newest}\n").as_bytes(),
+            )
+            .map_err(at("writing the cache lease"))?;
+            newest
+        };
+        mk(&a.work, 0o700)?;
+        mk(&a.mnt, 0o755)?;
+        mk(&a.upper, 0o700)?;
+        std::os::unix::fs::chown(&a.upper, Some(uid), Some(self.pool_gid))
+            .map_err(at("owning the cache's upper layer"))?;
+        let lower = ns.join(format!("{GENERATION_PREFIX}{generation}"));
+        mount(&lower, &a.upper, &a.work, &a.mnt)?;
+        Ok(a.mnt)
+    }
+
+    /// Records that attempt `short`'s job may write back (the broker's verdict). Durable: a
+    /// restarted agent commits it.
+    pub fn keep_writes(&self, short: &str) -> io::Result<()> {
+        crate::durable::write_file(&self.attempt(short).dir, KEEP, b"trusted\n")
+    }
+
+    /// Whether attempt `short` has a cache directory.
+    pub fn attached(&self, short: &str) -> bool {
+        self.attempt(short).dir.exists()
+    }
+
+    /// Releases attempt `short`'s cache: unmount, commit (when trusted and `commit` allows) or
+    /// discard, remove. Idempotent. Blocking; its runner must be gone.
+    pub fn release(&self, short: &str, commit: bool) -> Result<Released, CacheError> {
+        let a = self.attempt(short);
+        if !a.dir.exists() {
+            return Ok(Released::NotAttached);
+        }
+        unmount(&a.mnt)?;
+        let lease = std::fs::read_to_string(&a.lease)
+            .ok()
+            .and_then(|t| Lease::parse(&t));
+        let released = match lease {
+            Some(lease) if commit && a.keep.exists() => {
+                let _one = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+                let generation = self.commit(&lease.namespace, &a.upper)?;
+                Released::Committed { generation }
+            }
+            _ => Released::Discarded,
+        };
+        crate::workspace::remove::remove_tree(&a.dir)
+            .map_err(at(format!("removing {}", a.dir.display())))?;
+        if let Released::Committed { .. } = released {
+            let _one = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+            self.drop_unread_generations()?;
+        }
+        Ok(released)
+    }
+
+    /// The attempt names (12 hex) with a cache directory.
+    pub fn attempt_names(&self) -> io::Result<Vec<String>> {
+        crate::providers::launcher::attempt_names_in(&self.root.join("attempts"))
+    }
+
+    /// The generations leases read, as `(namespace, generation)`.
+    fn leased(&self) -> io::Result<BTreeSet<(String, u64)>> {
+        let mut out = BTreeSet::new();
+        for short in self.attempt_names()? {
+            if let Some(l) = std::fs::read_to_string(self.attempt(&short).lease)
+                .ok()
+                .and_then(|t| Lease::parse(&t))
+            {
+                out.insert((l.namespace, l.generation));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every namespace on the node (four levels under `ns/`).
+    fn namespaces(&self) -> io::Result<Vec<String>> {
+        let mut level = vec![String::new()];
+        for _ in 0..4 {
+            let mut next = Vec::new();
+            for prefix in level {
+                let dir = self.root.join("ns").join(&prefix);
+                let entries = match std::fs::read_dir(&dir) {
+                    Ok(e) => e,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e),
+                };
+                for e in entries {
+                    let e = e?;
+                    if !e.file_type()?.is_dir() {
+                        continue;
+                    }
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    next.push(if prefix.is_empty() {
+                        name
+                    } else {
+                        format!("{prefix}/{name}")
+                    });
+                }
+            }
+            level = next;
+        }
+        Ok(level.into_iter().filter(|n| is_namespace_path(n)).collect())
+    }
+
+    /// Removes every generation but the newest that no lease reads.
+    fn drop_unread_generations(&self) -> Result<(), CacheError> {
+        let leased = self.leased().map_err(at("listing cache leases"))?;
+        for namespace in self.namespaces().map_err(at("listing cache namespaces"))? {
+            let ns = self.namespace_dir(&namespace)?;
+            let gens = generations(&ns)?;
+            let Some(newest) = gens.iter().max().copied() else {
+                continue;
+            };
+            for g in gens {
+                if g != newest && !leased.contains(&(namespace.clone(), g)) {
+                    let path = ns.join(format!("{GENERATION_PREFIX}{g}"));
+                    crate::workspace::remove::remove_tree(&path)
+                        .map_err(at(format!("removing {}", path.display())))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes whole namespaces, least recently leased first, until the caches hold at most
+    /// `cap` bytes; never one a lease reads. Returns the namespaces removed.
+    pub fn prune(&self, cap: u64) -> Result<Vec<String>, CacheError> {
+        let _one = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+        let leased: BTreeSet<String> = self
+            .leased()
+            .map_err(at("listing cache leases"))?
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        let mut sized = Vec::new();
+        let mut total = 0u64;
+        for namespace in self.namespaces().map_err(at("listing cache namespaces"))? {
+            let ns = self.namespace_dir(&namespace)?;
+            let size = tree_bytes(&ns).map_err(at(format!("sizing {}", ns.display())))?;
+            let used = std::fs::metadata(ns.join(USED))
+                .and_then(|m| m.modified())
+                .unwrap_or(std::time::UNIX_EPOCH);
+            total += size;
+            sized.push((used, namespace, size));
+        }
+        sized.sort();
+        let mut removed = Vec::new();
+        for (_, namespace, size) in sized {
+            if total <= cap {
+                break;
+            }
+            if leased.contains(&namespace) {
+                continue;
+            }
+            let ns = self.namespace_dir(&namespace)?;
+            crate::workspace::remove::remove_tree(&ns)
+                .map_err(at(format!("removing {}", ns.display())))?;
+            total = total.saturating_sub(size);
+            removed.push(namespace);
+        }
+        Ok(removed)
+    }
+
+    /// Builds generation N+1 of `namespace` from its newest and `upper`; returns N+1.
+    fn commit(&self, namespace: &str, upper: &Path) -> Result<u64, CacheError> {
+        let ns = self.namespace_dir(namespace)?;
+        let newest = newest_generation(&ns)?;
+        let next = newest.map_or(0, |n| n + 1);
+        let staging = ns.join(format!(".{GENERATION_PREFIX}{next}.partial"));
+        crate::workspace::remove::remove_tree(&staging)
+            .map_err(at(format!("removing {}", staging.display())))?;
+        match newest {
+            Some(n) => link_clone(&ns.join(format!("{GENERATION_PREFIX}{n}")), &staging)
+                .map_err(at("cloning the newest generation"))?,
+            None => std::fs::create_dir(&staging).map_err(at("making the first generation"))?,
+        }
+        self.normalise(&staging)
+            .map_err(at("owning the new generation"))?;
+        apply_upper(upper, &staging, self.pool_gid).map_err(at("applying the runner's writes"))?;
+        std::fs::rename(&staging, ns.join(format!("{GENERATION_PREFIX}{next}")))
+            .map_err(at("publishing the new generation"))?;
+        Ok(next)
+    }
+
+    fn normalise(&self, path: &Path) -> io::Result<()> {
+        normalise(path, self.pool_gid)
+    }
+}
+
+/// Root's and the pool group's, group bits = owner bits, no set-id or sticky bit. A link keeps
+/// its own (never followed).
+fn normalise(path: &Path, gid: u32) -> io::Result<()> {
+    let meta = std::fs::symlink_metadata(path)?;
+    std::os::unix::fs::lchown(path, Some(0), Some(gid))?;
+    if !meta.file_type().is_symlink() {
+        let m = meta.mode() & 0o777;
+        let mode = (m & 0o707) | ((m & 0o700) >> 3);
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
+
+/// The generation numbers in namespace directory `ns`.
+fn generations(ns: &Path) -> Result<Vec<u64>, CacheError> {
+    let entries = match std::fs::read_dir(ns) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(CacheError::Io(format!("listing {}", ns.display()), e)),
+    };
+    Ok(entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_prefix(GENERATION_PREFIX)?
+                .parse()
+                .ok()
+        })
+        .collect())
+}
+
+fn newest_generation(ns: &Path) -> Result<Option<u64>, CacheError> {
+    Ok(generations(ns)?.into_iter().max())
+}
+
+/// A copy of `from` at `to` whose files are hard links of `from`'s (directories are new; links
+/// are linked, never followed). Iterative: a deep tree costs no stack.
+fn link_clone(from: &Path, to: &Path) -> io::Result<()> {
+    let mut todo = vec![(from.to_path_buf(), to.to_path_buf())];
+    while let Some((src, dst)) = todo.pop() {
+        let meta = std::fs::symlink_metadata(&src)?;
+        std::fs::DirBuilder::new().mode(0o700).create(&dst)?;
+        // Explicitly: the umask would take the group's write bit.
+        std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(meta.mode() & 0o777))?;
+        std::os::unix::fs::lchown(&dst, Some(meta.uid()), Some(meta.gid()))?;
+        for e in std::fs::read_dir(&src)? {
+            let e = e?;
+            let (s, d) = (e.path(), dst.join(e.file_name()));
+            if e.file_type()?.is_dir() {
+                todo.push((s, d));
+            } else {
+                std::fs::hard_link(&s, &d)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An overlay whiteout: a character device 0/0.
+fn is_whiteout(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    meta.file_type().is_char_device() && meta.rdev() == 0
+}
+
+/// Whether overlay marked upper directory `dir` opaque (it replaces the lower's directory).
+fn is_opaque(dir: &Path) -> bool {
+    let mut value = [0u8; 8];
+    matches!(
+        rustix::fs::lgetxattr(dir, "trusted.overlay.opaque", &mut value),
+        Ok(n) if value[..n] == *b"y"
+    )
+}
+
+/// Removes whatever is at `path` (a tree, a file, a link; never followed). Missing is done.
+fn remove_any(path: &Path) -> io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+        Ok(m) if m.is_dir() => crate::workspace::remove::remove_tree(path).map(|_| ()),
+        Ok(_) => std::fs::remove_file(path),
+    }
+}
+
+/// Applies overlay upper layer `upper` to the tree `gen` (a clone of the lower it was mounted
+/// over): what the merged view showed becomes `gen`. Every directory descended into in `gen` is
+/// a real directory this function made or checked, so no path component is a link.
+fn apply_upper(upper: &Path, gen_dir: &Path, gid: u32) -> io::Result<()> {
+    let mut todo = vec![(upper.to_path_buf(), gen_dir.to_path_buf())];
+    while let Some((src, dst)) = todo.pop() {
+        for e in std::fs::read_dir(&src)? {
+            let e = e?;
+            let (s, d) = (e.path(), dst.join(e.file_name()));
+            let meta = std::fs::symlink_metadata(&s)?;
+            if is_whiteout(&meta) {
+                remove_any(&d)?;
+            } else if meta.is_dir() {
+                let here = std::fs::symlink_metadata(&d);
+                let keep = matches!(&here, Ok(m) if m.is_dir()) && !is_opaque(&s);
+                if !keep {
+                    remove_any(&d)?;
+                    std::fs::DirBuilder::new().mode(0o700).create(&d)?;
+                }
+                std::fs::set_permissions(&d, std::fs::Permissions::from_mode(meta.mode() & 0o777))?;
+                normalise(&d, gid)?;
+                todo.push((s, d));
+            } else if meta.is_file() || meta.file_type().is_symlink() {
+                remove_any(&d)?;
+                std::fs::rename(&s, &d)?;
+                normalise(&d, gid)?;
+            }
+            // Sockets, FIFOs and devices are not cache content: left out.
+        }
+    }
+    Ok(())
+}
+
+/// The bytes of the regular files under `path`, each inode once.
+fn tree_bytes(path: &Path) -> io::Result<u64> {
+    let mut seen = BTreeSet::new();
+    let mut total = 0;
+    let mut todo = vec![path.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for e in std::fs::read_dir(&dir)? {
+            let e = e?;
+            let meta = std::fs::symlink_metadata(e.path())?;
+            if meta.is_dir() {
+                todo.push(e.path());
+            } else if meta.is_file() && seen.insert((meta.dev(), meta.ino())) {
+                total += meta.len();
+            }
+        }
+    }
+    Ok(total)
+}
+
+fn option_safe(p: &Path) -> bool {
+    p.to_str()
+        .is_some_and(|s| !s.is_empty() && !s.contains([',', ':', '\\', '\n']))
+}
+
+/// The overlay of the cache: the package overlay's options (`packages::overlay`, which says
+/// why each), `nosuid,nodev`.
+fn mount(lower: &Path, upper: &Path, work: &Path, at_path: &Path) -> Result<(), CacheError> {
+    use rustix::mount::MountFlags;
+    if ![lower, upper, work, at_path].iter().all(|p| option_safe(p)) {
+        return Err(CacheError::UnsafePath);
+    }
+    let data = format!(
+        "lowerdir={},upperdir={},workdir={},redirect_dir=nofollow,index=off,metacopy=off,xino=off",
+        lower.display(),
+        upper.display(),
+        work.display()
+    );
+    let data = std::ffi::CString::new(data).map_err(|_| CacheError::UnsafePath)?;
+    rustix::mount::mount(
+        SOURCE,
+        at_path,
+        "overlay",
+        MountFlags::NOSUID | MountFlags::NODEV,
+        Some(data.as_c_str()),
+    )
+    .map_err(|e| CacheError::Mount(e.into()))
+}
+
+/// Whether the topmost mount at `path` is a cache overlay.
+fn is_cache_mount(path: &Path) -> bool {
+    crate::mounts::mount_points().is_ok_and(|points| {
+        points
+            .iter()
+            .rev()
+            .find(|m| m.path == path)
+            .is_some_and(|m| m.fs_type == "overlay" && m.source == SOURCE)
+    })
+}
+
+/// Unmounts every cache overlay at `path` (a busy one is detached: the kernel drops it when the
+/// last holder lets go, and what it wrote is in the upper already).
+fn unmount(path: &Path) -> Result<(), CacheError> {
+    use rustix::mount::UnmountFlags;
+    for _ in 0..8 {
+        if !is_cache_mount(path) {
+            return Ok(());
+        }
+        match rustix::mount::unmount(path, UnmountFlags::NOFOLLOW) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::BUSY) => {
+                rustix::mount::unmount(path, UnmountFlags::NOFOLLOW | UnmountFlags::DETACH)
+                    .map_err(|e| CacheError::Unmount(e.into()))?;
+            }
+            Err(e) => return Err(CacheError::Unmount(e.into())),
+        }
+    }
+    Err(CacheError::Unmount(io::Error::other(
+        "more than 8 cache overlays stacked",
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root_user() -> bool {
+        rustix::process::geteuid().is_root()
+    }
+
+    const NS: &str = "team/github.com/acme/web";
+
+    fn write(p: &Path, s: &str) {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, s).unwrap();
+    }
+
+    #[test]
+    fn leases_parse_only_namespace_paths() {
+        assert_eq!(
+            Lease::parse("team/github.com/acme/web\n3\n"),
+            Some(Lease {
+                namespace: NS.into(),
+                generation: 3
+            })
+        );
+        assert_eq!(Lease::parse("../../etc/x\n3\n"), None);
+        assert_eq!(Lease::parse("team/github.com/acme/web\nx\n"), None);
+    }
+
+    /// The commit without a mount: an upper as overlay leaves it (a whiteout, an opaque
+    /// directory, a replaced file, a new link) applied to a clone, the old generation untouched.
+    #[test]
+    fn an_upper_is_applied_to_a_clone_and_the_old_generation_is_untouched() {
+        if !root_user() {
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let caches = CacheRoot::new(t.path(), 0, u64::MAX);
+        let ns = caches.namespace_dir(NS).unwrap();
+        let g0 = ns.join("gen-0");
+        write(&g0.join("npm/a.js"), "a0");
+        write(&g0.join("npm/gone.js"), "x");
+        write(&g0.join("pip/old/1"), "1");
+        write(&g0.join("pip/keep"), "k");
+        let upper = t.path().join("upper");
+        write(&upper.join("npm/a.js"), "a1");
+        write(&upper.join("npm/new.js"), "n");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            upper.join("npm/gone.js"),
+            rustix::fs::FileType::CharacterDevice,
+            rustix::fs::Mode::empty(),
+            0,
+        )
+        .unwrap();
+        std::fs::create_dir_all(upper.join("pip/old")).unwrap();
+        rustix::fs::setxattr(
+            upper.join("pip/old").as_path(),
+            "trusted.overlay.opaque",
+            b"y",
+            rustix::fs::XattrFlags::empty(),
+        )
+        .unwrap();
+        write(&upper.join("pip/old/2"), "2");
+        std::os::unix::fs::symlink("/etc", upper.join("link")).unwrap();
+        assert_eq!(caches.commit(NS, &upper).unwrap(), 1);
+        let g1 = ns.join("gen-1");
+        let read = |p: &Path| std::fs::read_to_string(p).ok();
+        assert_eq!(read(&g1.join("npm/a.js")).as_deref(), Some("a1"));
+        assert_eq!(read(&g1.join("npm/new.js")).as_deref(), Some("n"));
+        assert!(!g1.join("npm/gone.js").exists());
+        assert!(
+            !g1.join("pip/old/1").exists(),
+            "the opaque directory replaced"
+        );
+        assert_eq!(read(&g1.join("pip/old/2")).as_deref(), Some("2"));
+        assert_eq!(read(&g1.join("pip/keep")).as_deref(), Some("k"));
+        assert_eq!(
+            std::fs::read_link(g1.join("link")).unwrap(),
+            PathBuf::from("/etc"),
+            "a link is moved, never followed"
+        );
+        assert_eq!(read(&g0.join("npm/a.js")).as_deref(), Some("a0"));
+        assert!(g0.join("npm/gone.js").exists());
+        let mode = std::fs::metadata(g1.join("npm/new.js")).unwrap().mode();
+        assert_eq!(mode & 0o070, (mode & 0o700) >> 3, "group bits = owner bits");
+    }
+
+    /// The prune removes least recently used namespaces over the cap, never a leased one.
+    #[test]
+    fn the_prune_removes_the_least_recently_used_unleased_namespaces() {
+        if !root_user() {
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let caches = CacheRoot::new(t.path(), 0, u64::MAX);
+        let names = [
+            "t/github.com/acme/old",
+            "t/github.com/acme/leased",
+            "t/github.com/acme/new",
+        ];
+        for (i, n) in names.iter().enumerate() {
+            let ns = caches.namespace_dir(n).unwrap();
+            write(&ns.join("gen-0/blob"), &"x".repeat(1000));
+            std::fs::File::create(ns.join(USED))
+                .unwrap()
+                .set_modified(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_secs(100 * i as u64 + 1),
+                )
+                .unwrap();
+        }
+        // `leased` is the oldest but one and read by a live attempt.
+        let a = caches.attempt("0123456789ab");
+        std::fs::create_dir_all(&a.dir).unwrap();
+        std::fs::write(&a.lease, format!("{}\n0\n", names[1])).unwrap();
+        std::fs::File::open(caches.namespace_dir(names[1]).unwrap().join(USED))
+            .unwrap()
+            .set_modified(std::time::UNIX_EPOCH)
+            .unwrap();
+        let removed = caches.prune(2000).unwrap();
+        assert_eq!(removed, vec![names[0].to_owned()]);
+        assert!(caches.namespace_dir(names[1]).unwrap().exists());
+        assert!(caches.namespace_dir(names[2]).unwrap().exists());
+        let removed = caches.prune(0).unwrap();
+        assert_eq!(removed, vec![names[2].to_owned()], "never a leased one");
+    }
+}
