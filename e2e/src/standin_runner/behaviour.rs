@@ -12,6 +12,19 @@ pub struct WorkFile {
     pub bytes: u64,
 }
 
+/// A file under the directory an environment variable names (a tool's cache, `spec.caches`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheFile {
+    /// The variable naming the directory (`npm_config_cache`); the job fails when it is unset.
+    pub variable: String,
+    /// Relative to that directory; absolute paths and `..` are refused.
+    pub path: String,
+    /// What the file holds; in `expect_cache`, `None` expects no file.
+    #[serde(default)]
+    pub content: Option<String>,
+}
+
 /// Job behaviours. The default is a job that succeeds at once.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -22,6 +35,12 @@ pub struct JobBehaviour {
     /// Files written into `_work`.
     #[serde(default)]
     pub write_files: Vec<WorkFile>,
+    /// Checked first: the job fails unless each file holds what it says (a warm cache).
+    #[serde(default)]
+    pub expect_cache: Vec<CacheFile>,
+    /// Then written (a tool filling its cache; a hostile job poisoning it).
+    #[serde(default)]
+    pub write_cache: Vec<CacheFile>,
     /// Hostile: replace `_work` with a symlink to this path.
     #[serde(default)]
     pub symlink_work_to: Option<String>,

@@ -4,7 +4,7 @@ use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-use super::behaviour::{BusyLoad, JobBehaviour};
+use super::behaviour::{BusyLoad, CacheFile, JobBehaviour};
 use super::diag::{DiagKind, DiagLog};
 use super::listener::runner_root;
 use crate::fake_github::jobs::AcquiredJob;
@@ -59,9 +59,37 @@ fn build_deep_tree(top: &Path, depth: u32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Where cache file `f` is: under the directory its variable names.
+fn cache_path(f: &CacheFile) -> std::io::Result<PathBuf> {
+    let dir = std::env::var_os(&f.variable)
+        .ok_or_else(|| std::io::Error::other(format!("{} is not set", f.variable)))?;
+    inside(Path::new(&dir), &f.path)
+        .ok_or_else(|| std::io::Error::other("cache paths must stay under their directory"))
+}
+
 fn act(root: &Path, b: &JobBehaviour, log: &mut DiagLog) -> std::io::Result<()> {
     let work = root.join("_work");
     std::fs::create_dir_all(&work)?;
+    for f in &b.expect_cache {
+        let path = cache_path(f)?;
+        let found = std::fs::read_to_string(&path).ok();
+        if found != f.content {
+            return Err(std::io::Error::other(format!(
+                "cache {} holds {found:?}, expected {:?}",
+                path.display(),
+                f.content
+            )));
+        }
+        log.line("INFO", &format!("cache {} as expected", path.display()));
+    }
+    for f in &b.write_cache {
+        let path = cache_path(f)?;
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&path, f.content.as_deref().unwrap_or_default())?;
+        log.line("INFO", &format!("wrote cache {}", path.display()));
+    }
     for f in &b.write_files {
         let path = inside(&work, &f.path)
             .ok_or_else(|| std::io::Error::other("write_files paths must stay under _work"))?;

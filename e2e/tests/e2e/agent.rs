@@ -1904,6 +1904,15 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
     std::fs::write(gate.join("job-started.sh"), b"#!/bin/sh\n").unwrap();
     let stranger_gate = w.host_root().join("gates").join("not-an-attempt");
     std::fs::create_dir_all(&stranger_gate).unwrap();
+    // A dependency cache its attempt's cleanup never released, mounted, with a trusted verdict
+    // and a write: the sweep unmounts it and discards the write (nothing says its job finished).
+    let caches = runner_manager_node_agent::caches::CacheRoot::new(w.host_root(), 0, u64::MAX);
+    let cache_ns = "team/github.com/acme/web";
+    let cache_mount = caches.attach(&short_of(&c), cache_ns, 0).unwrap();
+    std::fs::write(cache_mount.join("planted"), b"x").unwrap();
+    caches.keep_writes(&short_of(&c)).unwrap();
+    let cache_dir = cache_mount.parent().unwrap().to_path_buf();
+    let generations = caches.path().join("ns").join(cache_ns);
     let other_cgroup = w.cgroup_dir().join("other");
     std::fs::create_dir(&other_cgroup).unwrap();
 
@@ -1915,8 +1924,20 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
             && !c_cgroup.exists()
             && !handoff.exists()
             && !gate.exists()
+            && !cache_dir.exists()
     })
     .await;
+    assert!(
+        !generations.join("gen-1").exists() && !generations.join("gen-0/planted").exists(),
+        "an orphan cache's writes are discarded, never committed"
+    );
+    assert!(
+        !runner_manager_node_agent::mounts::mount_points()
+            .unwrap()
+            .iter()
+            .any(|m| m.path == cache_mount),
+        "the orphan cache is unmounted"
+    );
     assert!(
         stranger_gate.is_dir(),
         "a gate name no attempt derives is never removed"

@@ -115,6 +115,16 @@ async fn assert_settled_and_clean(p: &Product) {
             .map(|e| e.path())
             .collect();
         assert!(gates.is_empty(), "job gates left: {gates:?}");
+        let caches: Vec<_> = std::fs::read_dir(a.host.join("caches").join("attempts"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        assert!(
+            caches.is_empty(),
+            "runners' dependency caches left: {caches:?}"
+        );
         assert!(
             files_named(&a.host, "jit-").is_empty(),
             "handoff files left"
@@ -1159,6 +1169,125 @@ async fn a_fork_pull_request_never_touches_a_persistent_slot() {
         work.join("poison.txt").is_file(),
         "with forkPullRequests: Allow the fork's write reaches the slot"
     );
+}
+
+/// Dependency caches with a trust tier (issue 31 item 2): a main-branch job's npm cache is kept
+/// for the next job; a fork's pull request reads it, overwrites it in its own view (the attack,
+/// performed), and its write is discarded with its runner; the next main-branch job reads what
+/// the trusted job left. Nothing of any runner's cache outlives its cleanup.
+#[tokio::test]
+async fn a_fork_job_reads_the_cache_but_never_poisons_it() {
+    let Some(p) = World::builder("cache_trust")
+        .product(ProductOptions::default())
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    p.policy(
+        "web",
+        json!({"minIdle": 0, "maxRunners": 1, "caches": {"tools": ["npm"]}}),
+    )
+    .await
+    .unwrap();
+    wait_ready(&p, "web").await;
+    let labels = ["self-hosted", "linux"];
+    let file = |content: Option<&str>| json!({"variable": "npm_config_cache", "path": "pkg/index.js", "content": content});
+    let run = |job: u64| {
+        let p = &p;
+        async move {
+            let j = p
+                .completed_job(job, Duration::from_secs(180))
+                .await
+                .unwrap();
+            wait_attempts(p, "every attempt cleaned", STEP, |list| {
+                list.iter().all(|a| state(a) == AttemptState::Cleaned)
+            })
+            .await;
+            j
+        }
+    };
+    let caches = p.agents[0].host.join("caches");
+    // The namespace's newest generation, as the next runner will read it.
+    let newest = || {
+        let team = caches.join("ns").join(&p.team);
+        let host = std::fs::read_dir(&team).ok()?.next()?.ok()?.path();
+        let ns = host.join("acme").join("web");
+        let newest = std::fs::read_dir(&ns)
+            .ok()?
+            .filter_map(Result::ok)
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()?
+                    .strip_prefix("gen-")?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .max()?;
+        Some((newest, ns.join(format!("gen-{newest}"))))
+    };
+    let nothing_left = || {
+        let attempts: Vec<_> = std::fs::read_dir(caches.join("attempts"))
+            .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+            .unwrap_or_default();
+        assert!(
+            attempts.is_empty(),
+            "a runner's cache outlived it: {attempts:?}"
+        );
+        let mounts = runner_manager_node_agent::mounts::mount_points().unwrap();
+        assert!(
+            !mounts.iter().any(|m| m.path.starts_with(&caches)),
+            "a cache overlay is still mounted"
+        );
+    };
+
+    // A push to main fills the cache, and its writes are kept.
+    let main = p
+        .queue_job(&labels, json!({"write_cache": [file(Some("good"))]}))
+        .await
+        .unwrap();
+    assert_eq!(run(main).await["conclusion"], "success");
+    let (first, gen_dir) = newest().expect("the trusted job's writes are a generation");
+    assert_eq!(
+        std::fs::read_to_string(gen_dir.join("npm/pkg/index.js")).unwrap(),
+        "good"
+    );
+    nothing_left();
+
+    // A fork's pull request reads the warm cache and poisons it in its own view.
+    let fork = p
+        .queue_pull_request_job(
+            &labels,
+            json!({
+                "expect_cache": [file(Some("good"))],
+                "write_cache": [file(Some("evil"))],
+            }),
+            "mallory/web",
+        )
+        .await
+        .unwrap();
+    let j = run(fork).await;
+    assert_eq!(j["conclusion"], "success", "the fork's job runs: {j}");
+    let (after, gen_dir) = newest().unwrap();
+    assert_eq!(after, first, "the fork's writes made no generation");
+    assert_eq!(
+        std::fs::read_to_string(gen_dir.join("npm/pkg/index.js")).unwrap(),
+        "good"
+    );
+    nothing_left();
+
+    // The next main-branch job reads what the trusted job left.
+    let next = p
+        .queue_job(&labels, json!({"expect_cache": [file(Some("good"))]}))
+        .await
+        .unwrap();
+    let j = run(next).await;
+    assert_eq!(
+        j["conclusion"], "success",
+        "the poisoned file reached a trusted job: {j}"
+    );
+    nothing_left();
+    assert_settled_and_clean(&p).await;
 }
 
 /// An agent killed under an idle gated runner reopens the runner's gate once it is back (until
