@@ -1,6 +1,8 @@
 //! Dependency caches on the node (`spec.caches`, issue 31 item 2): the policy's field, what an
 //! attempt carries of it, the tool table (which variables point a tool at its cache) and the
-//! trust tier's pure decision (which jobs may write back).
+//! trust tier's vocabulary. The decisions live beside what they read: which jobs may write back
+//! in [`crate::job_admission::write_back`] (GitHub's facts of the run), the namespace in
+//! [`crate::validate::cache_namespace`] (the parsed target).
 //!
 //! A runner reads its namespace's newest generation through an overlay; what the job writes goes
 //! to a private upper layer. Only a job whose run GitHub shows to be of the repository itself,
@@ -10,9 +12,6 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-
-use crate::job_admission::RunFacts;
-use crate::target::{GitHubTarget, TargetKind};
 
 /// `spec.caches`: dependency caches kept on each node, shared by the policy's runners.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -264,41 +263,6 @@ pub fn is_namespace_component(s: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
 }
 
-/// The namespace path of `spec` for a policy in Kubernetes namespace `k8s_namespace` with
-/// `target`. Pure.
-pub fn resolve_namespace(
-    spec: &CacheSpec,
-    k8s_namespace: &str,
-    target: &GitHubTarget,
-) -> Result<String, CacheSpecError> {
-    let host = target.host.to_ascii_lowercase().replace(':', "_");
-    let tail = match (spec.scope, &target.kind) {
-        (CacheScope::Repository, TargetKind::Repository { owner, repo }) => {
-            format!("{owner}/{repo}")
-        }
-        (CacheScope::Repository, _) => return Err(CacheSpecError::RepositoryScopeNeedsRepository),
-        (CacheScope::Organization, TargetKind::Repository { owner: org, .. })
-        | (CacheScope::Organization, TargetKind::Organization { org }) => format!("_org/{org}"),
-        (CacheScope::Organization, TargetKind::Enterprise { .. }) => {
-            return Err(CacheSpecError::OrganizationScopeNeedsOrganization);
-        }
-        (CacheScope::Shared, _) => {
-            let name = spec
-                .shared_name
-                .as_deref()
-                .ok_or(CacheSpecError::SharedNameMissing)?;
-            if name.len() > 63 || !is_namespace_component(name) {
-                return Err(CacheSpecError::BadSharedName);
-            }
-            format!("_shared/{name}")
-        }
-    };
-    if spec.scope != CacheScope::Shared && spec.shared_name.is_some() {
-        return Err(CacheSpecError::SharedNameUnused);
-    }
-    Ok(format!("{k8s_namespace}/{host}/{tail}").to_ascii_lowercase())
-}
-
 /// Whether `namespace` is a well-formed namespace path (four safe components): the agent checks
 /// it before it names a directory.
 pub fn is_namespace_path(namespace: &str) -> bool {
@@ -337,32 +301,6 @@ impl Discarded {
 /// and is the usual way a fork's code reaches a privileged job ("pwn request").
 pub const NEVER_TRUSTED_EVENT: &str = "pull_request_target";
 
-/// Whether a job of the run GitHub describes in `facts` may keep its cache writes. Pure.
-pub fn write_back(rule: &CacheWriteBack, facts: &RunFacts) -> Result<(), Discarded> {
-    if !facts.runs_on_this_runner {
-        return Err(Discarded::NotAssigned);
-    }
-    match &facts.head_repository {
-        Some(head) if head.eq_ignore_ascii_case(&facts.repository) => {}
-        _ => return Err(Discarded::ForkPullRequest),
-    }
-    let event_trusted = if rule.events.is_empty() {
-        facts.event != NEVER_TRUSTED_EVENT
-    } else {
-        facts.event != NEVER_TRUSTED_EVENT && rule.events.contains(&facts.event)
-    };
-    if !event_trusted {
-        return Err(Discarded::Event);
-    }
-    if !rule.branches.is_empty() {
-        let branch = facts.head_branch.as_deref().unwrap_or_default();
-        if !rule.branches.iter().any(|p| wildcard(p, branch)) {
-            return Err(Discarded::Branch);
-        }
-    }
-    Ok(())
-}
-
 /// `pattern` with `*` matching any run of characters (slashes too) against `text`, whole. One
 /// metacharacter and no classes or escapes: a branch rule needs no more, and a glob crate's path
 /// semantics (`*` stopping at `/`) would surprise here.
@@ -394,63 +332,6 @@ mod tests {
     use std::collections::BTreeMap;
     use std::path::Path;
 
-    fn facts(head: Option<&str>, event: &str, branch: &str) -> RunFacts {
-        RunFacts {
-            repository: "acme/web".into(),
-            head_repository: head.map(str::to_owned),
-            runs_on_this_runner: true,
-            event: event.into(),
-            head_branch: Some(branch.into()),
-        }
-    }
-
-    #[test]
-    fn only_the_repositorys_own_runs_write_back_by_default() {
-        let rule = CacheWriteBack::default();
-        assert_eq!(
-            write_back(&rule, &facts(Some("acme/web"), "push", "main")),
-            Ok(())
-        );
-        assert_eq!(
-            write_back(&rule, &facts(Some("acme/web"), "pull_request", "topic")),
-            Ok(()),
-            "a pull request from the repository itself"
-        );
-        assert_eq!(
-            write_back(&rule, &facts(Some("mallory/web"), "pull_request", "main")),
-            Err(Discarded::ForkPullRequest)
-        );
-        assert_eq!(
-            write_back(&rule, &facts(None, "pull_request", "main")),
-            Err(Discarded::ForkPullRequest),
-            "a deleted fork"
-        );
-        assert_eq!(
-            write_back(
-                &rule,
-                &facts(Some("acme/web"), "pull_request_target", "main")
-            ),
-            Err(Discarded::Event)
-        );
-        let mut other = facts(Some("acme/web"), "push", "main");
-        other.runs_on_this_runner = false;
-        assert_eq!(write_back(&rule, &other), Err(Discarded::NotAssigned));
-    }
-
-    #[test]
-    fn a_rule_narrows_events_and_branches_and_never_admits_pull_request_target() {
-        let rule = CacheWriteBack {
-            branches: vec!["main".into(), "release/*".into()],
-            events: vec!["push".into(), "pull_request_target".into()],
-        };
-        let ok = |e: &str, b: &str| write_back(&rule, &facts(Some("acme/web"), e, b));
-        assert_eq!(ok("push", "main"), Ok(()));
-        assert_eq!(ok("push", "release/1.2"), Ok(()));
-        assert_eq!(ok("push", "topic"), Err(Discarded::Branch));
-        assert_eq!(ok("pull_request", "main"), Err(Discarded::Event));
-        assert_eq!(ok("pull_request_target", "main"), Err(Discarded::Event));
-    }
-
     #[test]
     fn wildcards_match_whole_names() {
         assert!(wildcard("main", "main"));
@@ -462,42 +343,8 @@ mod tests {
         assert!(!wildcard("a*b*c", "aXXbY"));
     }
 
-    fn target(url: &str) -> GitHubTarget {
-        GitHubTarget::parse(url).unwrap()
-    }
-
     #[test]
-    fn namespaces_never_cross_kubernetes_namespaces_or_hosts() {
-        let repo = CacheSpec::default();
-        assert_eq!(
-            resolve_namespace(&repo, "team-a", &target("https://github.com/Acme/Web")),
-            Ok("team-a/github.com/acme/web".into())
-        );
-        assert_eq!(
-            resolve_namespace(
-                &repo,
-                "team-a",
-                &target("https://ghe.example.com:8443/acme/web")
-            ),
-            Ok("team-a/ghe.example.com_8443/acme/web".into())
-        );
-        let org = CacheSpec {
-            scope: CacheScope::Organization,
-            ..CacheSpec::default()
-        };
-        assert_eq!(
-            resolve_namespace(&org, "t", &target("https://github.com/acme")),
-            Ok("t/github.com/_org/acme".into())
-        );
-        let shared = CacheSpec {
-            scope: CacheScope::Shared,
-            shared_name: Some("builds".into()),
-            ..CacheSpec::default()
-        };
-        assert_eq!(
-            resolve_namespace(&shared, "t", &target("https://github.com/enterprises/e")),
-            Ok("t/github.com/_shared/builds".into())
-        );
+    fn namespace_paths_are_four_safe_components() {
         for ns in [
             "team-a/github.com/acme/web",
             "t/github.com/_org/acme",
@@ -508,50 +355,6 @@ mod tests {
         for bad in ["a/b/c", "a/b/c/d/e", "a/../c/d", "a/b/C/d", "a/b/c,d/e"] {
             assert!(!is_namespace_path(bad), "{bad}");
         }
-    }
-
-    #[test]
-    fn a_scope_the_target_cannot_fill_is_refused() {
-        let repo = CacheSpec::default();
-        assert_eq!(
-            resolve_namespace(&repo, "t", &target("https://github.com/acme")),
-            Err(CacheSpecError::RepositoryScopeNeedsRepository)
-        );
-        let org = CacheSpec {
-            scope: CacheScope::Organization,
-            ..CacheSpec::default()
-        };
-        assert_eq!(
-            resolve_namespace(&org, "t", &target("https://github.com/enterprises/e")),
-            Err(CacheSpecError::OrganizationScopeNeedsOrganization)
-        );
-        let shared = CacheSpec {
-            scope: CacheScope::Shared,
-            ..CacheSpec::default()
-        };
-        assert_eq!(
-            resolve_namespace(&shared, "t", &target("https://github.com/acme")),
-            Err(CacheSpecError::SharedNameMissing)
-        );
-        for bad in ["..", "Builds", "a/b", ""] {
-            let s = CacheSpec {
-                shared_name: Some(bad.into()),
-                ..shared.clone()
-            };
-            assert_eq!(
-                resolve_namespace(&s, "t", &target("https://github.com/acme")),
-                Err(CacheSpecError::BadSharedName),
-                "{bad}"
-            );
-        }
-        let unused = CacheSpec {
-            shared_name: Some("x".into()),
-            ..CacheSpec::default()
-        };
-        assert_eq!(
-            resolve_namespace(&unused, "t", &target("https://github.com/acme/web")),
-            Err(CacheSpecError::SharedNameUnused)
-        );
     }
 
     #[test]

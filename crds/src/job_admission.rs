@@ -11,6 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::caches::{CacheWriteBack, Discarded};
 use crate::policy::ForkPullRequests;
 
 /// The request path of a job's admission.
@@ -120,6 +121,36 @@ pub fn claimed_in<'c>(
     within.then_some((owner, repo))
 }
 
+/// Whether a job of the run GitHub describes in `facts` may keep its cache writes. Pure.
+pub fn write_back(rule: &CacheWriteBack, facts: &RunFacts) -> Result<(), Discarded> {
+    if !facts.runs_on_this_runner {
+        return Err(Discarded::NotAssigned);
+    }
+    match &facts.head_repository {
+        Some(head) if head.eq_ignore_ascii_case(&facts.repository) => {}
+        _ => return Err(Discarded::ForkPullRequest),
+    }
+    let event_trusted = if rule.events.is_empty() {
+        facts.event != crate::caches::NEVER_TRUSTED_EVENT
+    } else {
+        facts.event != crate::caches::NEVER_TRUSTED_EVENT && rule.events.contains(&facts.event)
+    };
+    if !event_trusted {
+        return Err(Discarded::Event);
+    }
+    if !rule.branches.is_empty() {
+        let branch = facts.head_branch.as_deref().unwrap_or_default();
+        if !rule
+            .branches
+            .iter()
+            .any(|p| crate::caches::wildcard(p, branch))
+        {
+            return Err(Discarded::Branch);
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,5 +213,68 @@ mod tests {
         let org = target("https://ghe.example.com/acme");
         assert_eq!(claimed_in(&org, "acme/api"), Some(("acme", "api")));
         assert_eq!(claimed_in(&org, "mallory/api"), None);
+    }
+
+    fn cache_facts(head: Option<&str>, event: &str, branch: &str) -> RunFacts {
+        RunFacts {
+            repository: "acme/web".into(),
+            head_repository: head.map(str::to_owned),
+            runs_on_this_runner: true,
+            event: event.into(),
+            head_branch: Some(branch.into()),
+        }
+    }
+
+    #[test]
+    fn only_the_repositorys_own_runs_write_back_by_default() {
+        let rule = CacheWriteBack::default();
+        assert_eq!(
+            write_back(&rule, &cache_facts(Some("acme/web"), "push", "main")),
+            Ok(())
+        );
+        assert_eq!(
+            write_back(
+                &rule,
+                &cache_facts(Some("acme/web"), "pull_request", "topic")
+            ),
+            Ok(()),
+            "a pull request from the repository itself"
+        );
+        assert_eq!(
+            write_back(
+                &rule,
+                &cache_facts(Some("mallory/web"), "pull_request", "main")
+            ),
+            Err(Discarded::ForkPullRequest)
+        );
+        assert_eq!(
+            write_back(&rule, &cache_facts(None, "pull_request", "main")),
+            Err(Discarded::ForkPullRequest),
+            "a deleted fork"
+        );
+        assert_eq!(
+            write_back(
+                &rule,
+                &cache_facts(Some("acme/web"), "pull_request_target", "main")
+            ),
+            Err(Discarded::Event)
+        );
+        let mut other = cache_facts(Some("acme/web"), "push", "main");
+        other.runs_on_this_runner = false;
+        assert_eq!(write_back(&rule, &other), Err(Discarded::NotAssigned));
+    }
+
+    #[test]
+    fn a_rule_narrows_events_and_branches_and_never_admits_pull_request_target() {
+        let rule = CacheWriteBack {
+            branches: vec!["main".into(), "release/*".into()],
+            events: vec!["push".into(), "pull_request_target".into()],
+        };
+        let ok = |e: &str, b: &str| write_back(&rule, &cache_facts(Some("acme/web"), e, b));
+        assert_eq!(ok("push", "main"), Ok(()));
+        assert_eq!(ok("push", "release/1.2"), Ok(()));
+        assert_eq!(ok("push", "topic"), Err(Discarded::Branch));
+        assert_eq!(ok("pull_request", "main"), Err(Discarded::Event));
+        assert_eq!(ok("pull_request_target", "main"), Err(Discarded::Event));
     }
 }

@@ -198,7 +198,7 @@ pub fn validate_policy(spec: &ScalePolicySpec) -> Vec<Problem> {
             );
         }
         if let Some(t) = &target
-            && let Err(e) = crate::caches::resolve_namespace(caches, "namespace", t)
+            && let Err(e) = cache_namespace(caches, "namespace", t)
         {
             let field = match e {
                 crate::caches::CacheSpecError::SharedNameMissing
@@ -553,6 +553,52 @@ pub fn parse_runner_env(text: &str) -> Result<BTreeMap<String, String>, Vec<EnvP
     }
 }
 
+/// The namespace path of `spec` for a policy in Kubernetes namespace `k8s_namespace` with
+/// `target`. Pure.
+pub fn cache_namespace(
+    spec: &crate::caches::CacheSpec,
+    k8s_namespace: &str,
+    target: &GitHubTarget,
+) -> Result<String, crate::caches::CacheSpecError> {
+    let host = target.host.to_ascii_lowercase().replace(':', "_");
+    let tail = match (spec.scope, &target.kind) {
+        (
+            crate::caches::CacheScope::Repository,
+            crate::target::TargetKind::Repository { owner, repo },
+        ) => {
+            format!("{owner}/{repo}")
+        }
+        (crate::caches::CacheScope::Repository, _) => {
+            return Err(crate::caches::CacheSpecError::RepositoryScopeNeedsRepository);
+        }
+        (
+            crate::caches::CacheScope::Organization,
+            crate::target::TargetKind::Repository { owner: org, .. },
+        )
+        | (
+            crate::caches::CacheScope::Organization,
+            crate::target::TargetKind::Organization { org },
+        ) => format!("_org/{org}"),
+        (crate::caches::CacheScope::Organization, crate::target::TargetKind::Enterprise { .. }) => {
+            return Err(crate::caches::CacheSpecError::OrganizationScopeNeedsOrganization);
+        }
+        (crate::caches::CacheScope::Shared, _) => {
+            let name = spec
+                .shared_name
+                .as_deref()
+                .ok_or(crate::caches::CacheSpecError::SharedNameMissing)?;
+            if name.len() > 63 || !crate::caches::is_namespace_component(name) {
+                return Err(crate::caches::CacheSpecError::BadSharedName);
+            }
+            format!("_shared/{name}")
+        }
+    };
+    if spec.scope != crate::caches::CacheScope::Shared && spec.shared_name.is_some() {
+        return Err(crate::caches::CacheSpecError::SharedNameUnused);
+    }
+    Ok(format!("{k8s_namespace}/{host}/{tail}").to_ascii_lowercase())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -618,6 +664,59 @@ mod tests {
             crate::policy::scale_set_name("a", &"x".repeat(200)).len(),
             128
         );
+    }
+
+    #[test]
+    fn caches_are_refused_where_they_cannot_be_kept_with_the_field_and_the_fix() {
+        let spec = |url: &str, caches: serde_json::Value, oci: bool| -> ScalePolicySpec {
+            let image = format!("registry.local/runner@sha256:{}", "a".repeat(64));
+            serde_json::from_value(serde_json::json!({
+                "github": {"url": url, "credentialsSecretRef": {"name": "gh"}},
+                "labels": ["linux"], "maxRunners": 3, "caches": caches,
+                "execution": if oci { serde_json::json!({"mode": "Oci", "image": image}) } else { serde_json::json!({}) },
+            }))
+            .unwrap()
+        };
+        let problems = |s: &ScalePolicySpec| -> Vec<(String, String)> {
+            validate_policy(s)
+                .into_iter()
+                .map(|p| (p.field, p.message))
+                .collect()
+        };
+        let repo = "https://github.com/acme/web";
+        assert!(problems(&spec(repo, serde_json::json!({}), false)).is_empty());
+        assert!(
+            problems(&spec(
+                "https://github.com/acme",
+                serde_json::json!({"scope": "Organization", "writeBack": {"branches": ["main"], "events": ["push"]}}),
+                false
+            ))
+            .is_empty()
+        );
+        let one = |s: ScalePolicySpec| {
+            let p = problems(&s);
+            assert_eq!(p.len(), 1, "{p:?}");
+            p.into_iter().next().unwrap()
+        };
+        let (field, message) = one(spec(repo, serde_json::json!({}), true));
+        assert_eq!(field, "spec.caches");
+        assert!(message.contains("Native"), "{message}");
+        let (field, message) = one(spec(
+            "https://github.com/acme",
+            serde_json::json!({}),
+            false,
+        ));
+        assert_eq!(field, "spec.caches.scope");
+        assert!(message.contains("Organization or Shared"), "{message}");
+        let (field, _) = one(spec(repo, serde_json::json!({"scope": "Shared"}), false));
+        assert_eq!(field, "spec.caches.sharedName");
+        let (field, message) = one(spec(
+            repo,
+            serde_json::json!({"writeBack": {"events": ["push", "pull_request_target"]}}),
+            false,
+        ));
+        assert_eq!(field, "spec.caches.writeBack.events[1]");
+        assert!(message.contains("remove it"), "{message}");
     }
 
     #[test]
@@ -744,5 +843,95 @@ MALLOCATOR=jemalloc
         ] {
             assert_eq!(reserved_env_name(name), class, "{name}");
         }
+    }
+
+    fn cache_target(url: &str) -> GitHubTarget {
+        GitHubTarget::parse(url).unwrap()
+    }
+
+    #[test]
+    fn namespaces_never_cross_kubernetes_namespaces_or_hosts() {
+        let repo = crate::caches::CacheSpec::default();
+        assert_eq!(
+            cache_namespace(
+                &repo,
+                "team-a",
+                &cache_target("https://github.com/Acme/Web")
+            ),
+            Ok("team-a/github.com/acme/web".into())
+        );
+        assert_eq!(
+            cache_namespace(
+                &repo,
+                "team-a",
+                &cache_target("https://ghe.example.com:8443/acme/web")
+            ),
+            Ok("team-a/ghe.example.com_8443/acme/web".into())
+        );
+        let org = crate::caches::CacheSpec {
+            scope: crate::caches::CacheScope::Organization,
+            ..crate::caches::CacheSpec::default()
+        };
+        assert_eq!(
+            cache_namespace(&org, "t", &cache_target("https://github.com/acme")),
+            Ok("t/github.com/_org/acme".into())
+        );
+        let shared = crate::caches::CacheSpec {
+            scope: crate::caches::CacheScope::Shared,
+            shared_name: Some("builds".into()),
+            ..crate::caches::CacheSpec::default()
+        };
+        assert_eq!(
+            cache_namespace(
+                &shared,
+                "t",
+                &cache_target("https://github.com/enterprises/e")
+            ),
+            Ok("t/github.com/_shared/builds".into())
+        );
+    }
+
+    #[test]
+    fn a_scope_the_target_cannot_fill_is_refused() {
+        let repo = crate::caches::CacheSpec::default();
+        assert_eq!(
+            cache_namespace(&repo, "t", &cache_target("https://github.com/acme")),
+            Err(crate::caches::CacheSpecError::RepositoryScopeNeedsRepository)
+        );
+        let org = crate::caches::CacheSpec {
+            scope: crate::caches::CacheScope::Organization,
+            ..crate::caches::CacheSpec::default()
+        };
+        assert_eq!(
+            cache_namespace(&org, "t", &cache_target("https://github.com/enterprises/e")),
+            Err(crate::caches::CacheSpecError::OrganizationScopeNeedsOrganization)
+        );
+        let shared = crate::caches::CacheSpec {
+            scope: crate::caches::CacheScope::Shared,
+            ..crate::caches::CacheSpec::default()
+        };
+        assert_eq!(
+            cache_namespace(&shared, "t", &cache_target("https://github.com/acme")),
+            Err(crate::caches::CacheSpecError::SharedNameMissing)
+        );
+        for bad in ["..", "Builds", "a/b", ""] {
+            let s = crate::caches::CacheSpec {
+                shared_name: Some(bad.into()),
+                ..shared.clone()
+            };
+            assert_eq!(
+                cache_namespace(&s, "t", &cache_target("https://github.com/acme")),
+                Err(crate::caches::CacheSpecError::BadSharedName),
+                "{bad}"
+            );
+        }
+        let unused = crate::caches::CacheSpec {
+            shared_name: Some("x".into()),
+            ..crate::caches::CacheSpec::default()
+        };
+        assert_eq!(
+            cache_namespace(&unused, "t", &cache_target("https://github.com/acme/web")),
+            Err(crate::caches::CacheSpecError::SharedNameUnused)
+        );
     }
 }

@@ -17,7 +17,9 @@
 #      and every job completes; then (2b) with minIdle 0, five jobs one after another each launch
 #      their own runner, and queued -> started is printed with its timeline (issue 32); (2c) a
 #      Persistent policy's fork gate: a pull request of the repository runs on the slot, a fork's
-#      fails before its first step (JobRefused) and its write never reaches the slot;
+#      fails before its first step (JobRefused) and its write never reaches the slot; (2d) a policy's
+#      npm cache: a push job's writes are kept, a fork's pull request reads them and its overwrite
+#      is discarded, the next push job reads the trusted file;
 #   3. `kubectl delete pod` of the agent while a job runs: the runner's unit is not restarted (same
 #      InvocationID), the new agent re-adopts it, the job completes on it, no JIT is minted twice;
 #   4. `kubectl cordon`: the idle runner is drained (deregistered, its unit stopped) and nothing is
@@ -516,6 +518,54 @@ gate_ms=$(K -n $ns logs -l app.kubernetes.io/component=operator --tail=-1 2>/dev
   | paste -sd, - | sed 's/,/, /g')
 say "fork gate on the real node: the own pull request ran on the slot, the fork's failed before its first step (JobRefused), its write not in the slot, no gate left; the broker's answers to the gate: ${gate_ms:-none in the operator log}"
 no_leaks "fork gate"
+
+# --- 2d. dependency caches on the real node (issue 31 item 2): an Ephemeral policy with a label of
+# its own and npm's cache. Each runner's cache is an overlay the agent pod mounted under the host
+# root, writable in the runner's unit only through its ReadWritePaths; the job gate's answer says
+# whether the job's writes are kept. A push job fills the cache; a fork's pull request reads it
+# and overwrites it in its own view; the next push job reads what the first one left.
+K -n $jobs_ns apply -f - >/dev/null <<YAML
+apiVersion: runner-manager.dev/v1alpha1
+kind: ScalePolicy
+metadata: {name: cache}
+spec:
+  github: {url: "https://github.com/acme/web", credentialsSecretRef: {name: github-app}}
+  labels: [self-hosted, linux, x64, cache]
+  minIdle: 0
+  maxRunners: 1
+  caches: {tools: [npm]}
+  runner: {version: latest}
+YAML
+# cache_job NAME HEAD BEHAVIOUR: a job of the cache policy; HEAD "-" for a push, else a pull
+# request whose head is HEAD.
+cache_job() {
+  admin POST jobs "$(jq -n --arg n "$1" --arg h "$2" --argjson b "$3" '{owner: "acme", repo: "web", labels: ["self-hosted", "linux", "cache"], name: $n, behaviour: $b} + (if $h == "-" then {} else {pull_request: {head_repository: $h}} end)')" | jq -r .job_id
+}
+npm_file() { jq -n --arg c "$1" '{variable: "npm_config_cache", path: "pkg/index.js", content: $c}'; }
+cache_live() { attempts | jq -e '[.items[] | select(.spec.policy == "cache" and .status.state != "Cleaned")] | length == 0' >/dev/null; }
+cache_ns=$HOST_ROOT/caches/ns/$jobs_ns/github.com/acme/web
+newest_gen() { ls "$cache_ns" 2>/dev/null | sed -n 's/^gen-//p' | sort -n | tail -1; }
+fill=$(cache_job cache-fill - "{\"write_cache\": [$(npm_file good)]}")
+wait_for 180 "the cache-filling push job (job $fill) completed" job_done "$fill"
+[ "$(conclusion "$fill")" = success ] || fail "the cache-filling job failed: $(admin GET "jobs/$fill")"
+wait_for 60 "the cache policy's attempts cleaned" cache_live
+filled=$(newest_gen)
+[ "$(cat "$cache_ns/gen-$filled/npm/pkg/index.js" 2>/dev/null)" = good ] || fail "the push job's cache write was not kept (generation ${filled:-none} of $cache_ns)"
+poison=$(cache_job cache-fork mallory/web "{\"expect_cache\": [$(npm_file good)], \"write_cache\": [$(npm_file evil)]}")
+wait_for 180 "the fork's pull request (job $poison) completed" job_done "$poison"
+[ "$(conclusion "$poison")" = success ] || fail "the fork's job did not read the warm cache: $(admin GET "jobs/$poison")"
+wait_for 60 "the cache policy's attempts cleaned" cache_live
+[ "$(newest_gen)" = "$filled" ] || fail "the fork's cache writes were kept (generation $(newest_gen))"
+check=$(cache_job cache-check - "{\"expect_cache\": [$(npm_file good)]}")
+wait_for 180 "the checking push job (job $check) completed" job_done "$check"
+[ "$(conclusion "$check")" = success ] || fail "the next push job did not read the trusted cache: $(admin GET "jobs/$check")"
+wait_for 60 "the cache policy's attempts cleaned" cache_live
+K -n $jobs_ns delete scalepolicy cache --timeout=90s >/dev/null || fail "the cache policy was not deleted"
+[ -z "$(ls -A "$HOST_ROOT/caches/attempts" 2>/dev/null)" ] || fail "runners' caches left: $(ls -A "$HOST_ROOT/caches/attempts")"
+[ "$(N awk '/ - overlay runner-cache / {n++} END {print n + 0}' /proc/1/mountinfo)" = 0 ] \
+  || fail "a cache overlay is still mounted on the node: $(N grep ' - overlay runner-cache ' /proc/1/mountinfo)"
+say "dependency caches on the real node: a push job's npm cache kept (generation $filled), a fork's pull request read it and its overwrite was discarded, the next push job read the trusted file, no runner cache or mount left"
+no_leaks "dependency caches"
 
 # --- 3. the agent pod deleted while a job runs
 wait_for 90 "an idle runner" has_idle

@@ -4,7 +4,8 @@
 //! entries, ephemeral removal vs `rm -rf`, plus fingerprint and install (extract + hash) times.
 //!
 //! `cargo bench -p runner-manager-node-agent --bench workspace_packages -- --quick` (900 files,
-//! 20 MB: for `make test`); without `--quick`, the full 9,000-file / 200 MB tree. The trees are
+//! 20 MB: for `make test`); without `--quick`, the full 9,000-file / 200 MB tree;
+//! `RM_BENCH_ONLY=caches` runs the dependency-cache section alone. The trees are
 //! built under `RM_BENCH_DIR` (default: the system temp dir); point it at a reflink-capable
 //! volume (XFS with `reflink=1`, btrfs) to measure clones.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -155,6 +156,17 @@ fn main() {
         .tempdir_in(&base)
         .unwrap();
     let root = dir.path();
+    // `RM_BENCH_ONLY=caches`: the dependency-cache section alone.
+    if std::env::var("RM_BENCH_ONLY").is_ok_and(|v| v == "caches") {
+        println!(
+            "mode {}, volume {} ({})",
+            shape.name,
+            base.display(),
+            fs_type(root)
+        );
+        caches_section(root, &shape);
+        return;
+    }
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     println!(
         "mode {}, volume {} ({}), {} threads",
@@ -375,7 +387,123 @@ fn main() {
     );
     println!("(median of {} runs each, warm page cache)", shape.runs);
     overlay_section(root, &shape, &tree, &contents, print, threads);
+    caches_section(root, &shape);
     pathological(root, &shape, threads);
+}
+
+/// Reads every byte of the files under `dir` (a tool finding its cache warm: it reads what it
+/// would otherwise fetch). Returns the bytes read.
+fn read_all(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                todo.push(e.path());
+            } else {
+                total += fs::read(e.path()).unwrap().len() as u64;
+            }
+        }
+    }
+    total
+}
+
+/// Issue 31 item 2: a dependency cache of the package's size (`spec.caches`, `caches::CacheRoot`
+/// as the agent drives it). Cold: an empty namespace, the job fetches every file (from a local
+/// "registry" directory: a network would be slower) into its cache, and the trusted job's writes
+/// are committed at release. Warm: the next runner mounts the committed generation and reads
+/// every byte (the tool finds everything). Baseline, same run: `cp -a` of the registry into a
+/// plain directory (the install every job repeats without a cache).
+fn caches_section(root: &Path, shape: &Shape) {
+    use runner_manager_node_agent::caches::{CacheRoot, Released};
+    if let Err(e) = overlay::probe(root) {
+        println!();
+        println!("dependency caches: not measured, the probe mount failed here ({e})");
+        return;
+    }
+    let registry = root.join("registry");
+    let (files, bytes) = build_tree(
+        &registry,
+        shape.small_files,
+        shape.large_files,
+        shape.large_size,
+        7,
+    );
+    let (mut cold, mut commit, mut warm, mut attach, mut baseline) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..shape.runs {
+        // A fresh namespace each run: cold means empty.
+        let ns = format!("bench/github.com/acme/run{i}");
+        let caches = CacheRoot::new(&root.join(format!("host{i}")), 0, u64::MAX);
+        settle();
+        let (t_cold, mount) = time(|| {
+            let mount = caches.attach("00000000c01d", &ns, 0).unwrap();
+            run(Command::new("cp")
+                .arg("-a")
+                .arg(&registry)
+                .arg(mount.join("npm")));
+            mount
+        });
+        caches.keep_writes("00000000c01d").unwrap();
+        drop(mount);
+        settle();
+        let (t_commit, released) = time(|| caches.release("00000000c01d", true).unwrap());
+        assert!(
+            matches!(released, Released::Committed { .. }),
+            "{released:?}"
+        );
+        cold.push(t_cold);
+        commit.push(t_commit);
+        settle();
+        let (t_attach, mount) = time(|| caches.attach("00000000a4a4", &ns, 0).unwrap());
+        let (t_warm, read) = time(|| read_all(&mount.join("npm")));
+        assert_eq!(read, bytes, "the warm cache holds every byte");
+        assert_eq!(
+            caches.release("00000000a4a4", true).unwrap(),
+            Released::Discarded
+        );
+        attach.push(t_attach);
+        warm.push(t_warm + t_attach);
+        let plain = root.join(format!("plain{i}"));
+        settle();
+        let (t_cp, ()) = time(|| run(Command::new("cp").arg("-a").arg(&registry).arg(&plain)));
+        baseline.push(t_cp);
+        fs::remove_dir_all(&plain).unwrap();
+        fs::remove_dir_all(root.join(format!("host{i}"))).unwrap();
+    }
+    let (cold, commit, warm, attach, baseline) = (
+        median(cold),
+        median(commit),
+        median(warm),
+        median(attach),
+        median(baseline),
+    );
+    println!();
+    println!(
+        "dependency cache of {files} files, {:.0} MB (median of {} runs; the registry is a local directory):",
+        bytes as f64 / 1e6,
+        shape.runs
+    );
+    println!("| step | ours | baseline `cp -a` into a plain directory | ratio |");
+    println!("|---|---|---|---|");
+    println!(
+        "| cold: mount an empty cache, fetch every file into it | {} | {} | {} |",
+        ms(cold),
+        ms(baseline),
+        ratio(cold, baseline)
+    );
+    println!(
+        "| commit the trusted job's writes (unmount, clone, apply, publish) | {} | | |",
+        ms(commit)
+    );
+    println!(
+        "| warm: mount the committed generation ({}), read every byte | {} | {} | {} |",
+        ms(attach),
+        ms(warm),
+        ms(baseline),
+        ratio(warm, baseline)
+    );
 }
 
 /// This process's CPU time so far (user + system, every thread): `/proc/self/stat` fields 14

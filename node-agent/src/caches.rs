@@ -9,9 +9,10 @@
 //!   overlay is allowed to change a file).
 //! - `ns/<namespace>/.used`: touched at each lease, the prune's LRU clock.
 //! - `attempts/<12 hex>/`: one per runner (root's, 0711): `lease` (the namespace and the
-//!   generation it reads: durable truth for the prune), `upper/` (the runner's writes, its
-//!   account's), `work/` (overlay's), `mnt/` (the overlay: the runner's cache directory), and
-//!   `keep` when the broker trusted the job to write back.
+//!   generation it reads: durable truth for the prune), `layers/` (root's, 0700: the runner
+//!   reaches its writes only through the overlay, never the layer itself) holding `upper/` (the
+//!   runner's writes, its account's) and `work/` (overlay's), `mnt/` (the overlay: the runner's
+//!   cache directory), and `keep` when the broker trusted the job to write back.
 //!
 //! At release (the runner proven gone) the overlay is unmounted, a trusted upper is committed as
 //! the next generation (a hard-link clone of the newest, with the upper applied: whiteouts
@@ -72,6 +73,7 @@ pub enum Released {
 #[derive(Clone, Debug)]
 struct AttemptCache {
     dir: PathBuf,
+    layers: PathBuf,
     upper: PathBuf,
     work: PathBuf,
     mnt: PathBuf,
@@ -132,9 +134,11 @@ impl CacheRoot {
 
     fn attempt(&self, short: &str) -> AttemptCache {
         let dir = self.root.join("attempts").join(short);
+        let layers = dir.join("layers");
         AttemptCache {
-            upper: dir.join("upper"),
-            work: dir.join("work"),
+            upper: layers.join("upper"),
+            work: layers.join("work"),
+            layers,
             mnt: dir.join("mnt"),
             lease: dir.join(LEASE),
             keep: dir.join(KEEP),
@@ -200,6 +204,7 @@ impl CacheRoot {
             .map_err(at("writing the cache lease"))?;
             newest
         };
+        mk(&a.layers, 0o700)?;
         mk(&a.work, 0o700)?;
         mk(&a.mnt, 0o755)?;
         mk(&a.upper, 0o700)?;
@@ -491,7 +496,13 @@ fn apply_upper(upper: &Path, gen_dir: &Path, gid: u32) -> io::Result<()> {
                 todo.push((s, d));
             } else if meta.is_file() || meta.file_type().is_symlink() {
                 remove_any(&d)?;
-                std::fs::rename(&s, &d)?;
+                if meta.is_file() && meta.nlink() > 1 {
+                    // Linked elsewhere too: its inode is not the layer's alone, so it is copied
+                    // (a new inode) rather than moved and made root's.
+                    std::fs::copy(&s, &d)?;
+                } else {
+                    std::fs::rename(&s, &d)?;
+                }
                 normalise(&d, gid)?;
             }
             // Sockets, FIFOs and devices are not cache content: left out.
@@ -645,6 +656,11 @@ mod tests {
         .unwrap();
         write(&upper.join("pip/old/2"), "2");
         std::os::unix::fs::symlink("/etc", upper.join("link")).unwrap();
+        // A file linked from outside the layer: committed as a copy, its inode left alone.
+        let outside = t.path().join("outside");
+        write(&outside, "o");
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::hard_link(&outside, upper.join("npm/linked.js")).unwrap();
         assert_eq!(caches.commit(NS, &upper).unwrap(), 1);
         let g1 = ns.join("gen-1");
         let read = |p: &Path| std::fs::read_to_string(p).ok();
@@ -661,6 +677,16 @@ mod tests {
             std::fs::read_link(g1.join("link")).unwrap(),
             PathBuf::from("/etc"),
             "a link is moved, never followed"
+        );
+        assert_eq!(read(&g1.join("npm/linked.js")).as_deref(), Some("o"));
+        assert_ne!(
+            std::fs::metadata(g1.join("npm/linked.js")).unwrap().ino(),
+            std::fs::metadata(&outside).unwrap().ino()
+        );
+        assert_eq!(
+            std::fs::metadata(&outside).unwrap().mode() & 0o777,
+            0o600,
+            "the outside inode keeps its mode"
         );
         assert_eq!(read(&g0.join("npm/a.js")).as_deref(), Some("a0"));
         assert!(g0.join("npm/gone.js").exists());

@@ -3,15 +3,15 @@
 //! (a repository and a run); the broker reads the run from GitHub, confirms that GitHub shows
 //! this attempt's runner on it, and decides on the run's head repository; for a policy with
 //! dependency caches it also decides whether the job's cache writes are kept
-//! ([`runner_manager_crds::caches::write_back`]). Nothing the job could write decides: the claim
+//! ([`runner_manager_crds::job_admission::write_back`]). Nothing the job could write decides: the claim
 //! only says where to look.
 
 use std::time::Duration;
 
 use runner_manager_crds::attempt::RunnerAttempt;
-use runner_manager_crds::caches::{Discarded, write_back};
+use runner_manager_crds::caches::Discarded;
 use runner_manager_crds::job_admission::{
-    JobAdmissionAnswer, JobAdmissionRequest, JobRefusal, RunFacts, claimed_in, decide,
+    JobAdmissionAnswer, JobAdmissionRequest, JobRefusal, RunFacts, claimed_in, decide, write_back,
 };
 use runner_manager_crds::names::runner_name;
 use runner_manager_crds::policy::ForkPullRequests;

@@ -66,7 +66,7 @@ pub fn build(
             // Validation resolved the namespace already (`validate_policy`): it cannot fail here.
             caches: spec.caches.as_ref().and_then(|c| {
                 let namespace =
-                    runner_manager_crds::caches::resolve_namespace(c, &policy.namespace, target)
+                    runner_manager_crds::validate::cache_namespace(c, &policy.namespace, target)
                         .ok()?;
                 Some(runner_manager_crds::caches::CacheSnapshot {
                     namespace,
