@@ -26,6 +26,7 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::Instant;
 
 use runner_manager_crds::caches::is_namespace_path;
 
@@ -111,7 +112,22 @@ pub struct CacheRoot {
     /// Commits and prunes of the node, one at a time (a commit reads the newest generation
     /// and writes the next; two at once would both write the same number).
     writers: Mutex<()>,
+    /// When the last prune ran (the orphan sweep prunes when [`PRUNE_INTERVAL`] has passed).
+    last_prune: Mutex<Option<Instant>>,
 }
+
+/// What a prune did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Pruned {
+    /// The namespaces removed, least recently used first.
+    pub removed: Vec<String>,
+    /// The bytes the caches hold after it.
+    pub bytes: u64,
+}
+
+/// Between two prunes when no runner releases a cache (a release prunes too): the predecessor's
+/// interval.
+pub const PRUNE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
 impl CacheRoot {
     pub fn new(host_root: &Path, pool_gid: u32, cap: u64) -> Self {
@@ -120,6 +136,7 @@ impl CacheRoot {
             pool_gid,
             cap,
             writers: Mutex::new(()),
+            last_prune: Mutex::new(None),
         }
     }
 
@@ -324,8 +341,8 @@ impl CacheRoot {
     }
 
     /// Removes whole namespaces, least recently leased first, until the caches hold at most
-    /// `cap` bytes; never one a lease reads. Returns the namespaces removed.
-    pub fn prune(&self, cap: u64) -> Result<Vec<String>, CacheError> {
+    /// `cap` bytes; never one a lease reads.
+    pub fn prune(&self, cap: u64) -> Result<Pruned, CacheError> {
         let _one = self.writers.lock().unwrap_or_else(|p| p.into_inner());
         let leased: BTreeSet<String> = self
             .leased()
@@ -359,7 +376,19 @@ impl CacheRoot {
             total = total.saturating_sub(size);
             removed.push(namespace);
         }
-        Ok(removed)
+        *self.last_prune.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        Ok(Pruned {
+            removed,
+            bytes: total,
+        })
+    }
+
+    /// Whether [`PRUNE_INTERVAL`] has passed since the last prune (or none ran yet).
+    pub fn prune_due(&self) -> bool {
+        self.last_prune
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none_or(|at| at.elapsed() >= PRUNE_INTERVAL)
     }
 
     /// Builds generation N+1 of `namespace` from its newest and `upper`; returns N+1.
@@ -559,13 +588,18 @@ fn mount(lower: &Path, upper: &Path, work: &Path, at_path: &Path) -> Result<(), 
     .map_err(|e| CacheError::Mount(e.into()))
 }
 
-/// Whether the topmost mount at `path` is a cache overlay.
+/// Whether the topmost mount at `path` (its parent resolved, as mountinfo shows it: a host root
+/// reached through a link is listed by where it leads) is a cache overlay.
 fn is_cache_mount(path: &Path) -> bool {
+    let resolved = match (path.parent().map(std::fs::canonicalize), path.file_name()) {
+        (Some(Ok(parent)), Some(name)) => parent.join(name),
+        _ => return false,
+    };
     crate::mounts::mount_points().is_ok_and(|points| {
         points
             .iter()
             .rev()
-            .find(|m| m.path == path)
+            .find(|m| m.path == resolved)
             .is_some_and(|m| m.fs_type == "overlay" && m.source == SOURCE)
     })
 }
@@ -725,11 +759,22 @@ mod tests {
             .unwrap()
             .set_modified(std::time::UNIX_EPOCH)
             .unwrap();
-        let removed = caches.prune(2000).unwrap();
-        assert_eq!(removed, vec![names[0].to_owned()]);
+        assert!(caches.prune_due());
+        let pruned = caches.prune(2000).unwrap();
+        assert_eq!(pruned.removed, vec![names[0].to_owned()]);
+        assert_eq!(pruned.bytes, 2000);
+        assert!(!caches.prune_due(), "pruned just now");
         assert!(caches.namespace_dir(names[1]).unwrap().exists());
         assert!(caches.namespace_dir(names[2]).unwrap().exists());
-        let removed = caches.prune(0).unwrap();
-        assert_eq!(removed, vec![names[2].to_owned()], "never a leased one");
+        let pruned = caches.prune(0).unwrap();
+        assert_eq!(
+            pruned.removed,
+            vec![names[2].to_owned()],
+            "never a leased one"
+        );
+        assert_eq!(
+            pruned.bytes, 1000,
+            "the leased namespace stays, over the cap"
+        );
     }
 }

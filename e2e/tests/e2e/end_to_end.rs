@@ -67,6 +67,47 @@ async fn persistent_product(test: &str, mut spec: Value) -> Option<(Product, std
     Some((p, slots))
 }
 
+/// A product whose policy `web` (one runner at a time) keeps npm's cache (issue 31 item 2),
+/// Ready.
+async fn cache_product(test: &str) -> Option<Product> {
+    let p = World::builder(test)
+        .product(ProductOptions::default())
+        .await
+        .unwrap()?;
+    p.policy(
+        "web",
+        json!({"minIdle": 0, "maxRunners": 1, "caches": {"tools": ["npm"]}}),
+    )
+    .await
+    .unwrap();
+    wait_ready(&p, "web").await;
+    Some(p)
+}
+
+/// The directory of `acme/web`'s cache namespace on the first agent's host, once it exists.
+fn cache_namespace_dir(p: &Product) -> Option<std::path::PathBuf> {
+    let team = p.agents[0].host.join("caches").join("ns").join(&p.team);
+    let host = std::fs::read_dir(team).ok()?.next()?.ok()?.path();
+    Some(host.join("acme").join("web"))
+}
+
+/// No runner's cache directory is left on the first agent's host, and no cache overlay mounted.
+fn assert_no_cache_left(p: &Product) {
+    let caches = p.agents[0].host.join("caches");
+    let attempts: Vec<_> = std::fs::read_dir(caches.join("attempts"))
+        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(
+        attempts.is_empty(),
+        "a runner's cache outlived it: {attempts:?}"
+    );
+    let mounts = runner_manager_node_agent::mounts::mount_points().unwrap();
+    assert!(
+        !mounts.iter().any(|m| m.path.starts_with(&caches)),
+        "a cache overlay is still mounted"
+    );
+}
+
 /// Attempts in the team namespace once `check` holds for the whole list.
 async fn wait_attempts(
     p: &Product,
@@ -1177,20 +1218,9 @@ async fn a_fork_pull_request_never_touches_a_persistent_slot() {
 /// the trusted job left. Nothing of any runner's cache outlives its cleanup.
 #[tokio::test]
 async fn a_fork_job_reads_the_cache_but_never_poisons_it() {
-    let Some(p) = World::builder("cache_trust")
-        .product(ProductOptions::default())
-        .await
-        .unwrap()
-    else {
+    let Some(p) = cache_product("cache_trust").await else {
         return;
     };
-    p.policy(
-        "web",
-        json!({"minIdle": 0, "maxRunners": 1, "caches": {"tools": ["npm"]}}),
-    )
-    .await
-    .unwrap();
-    wait_ready(&p, "web").await;
     let labels = ["self-hosted", "linux"];
     let file = |content: Option<&str>| json!({"variable": "npm_config_cache", "path": "pkg/index.js", "content": content});
     let run = |job: u64| {
@@ -1207,12 +1237,9 @@ async fn a_fork_job_reads_the_cache_but_never_poisons_it() {
             j
         }
     };
-    let caches = p.agents[0].host.join("caches");
     // The namespace's newest generation, as the next runner will read it.
     let newest = || {
-        let team = caches.join("ns").join(&p.team);
-        let host = std::fs::read_dir(&team).ok()?.next()?.ok()?.path();
-        let ns = host.join("acme").join("web");
+        let ns = cache_namespace_dir(&p)?;
         let newest = std::fs::read_dir(&ns)
             .ok()?
             .filter_map(Result::ok)
@@ -1226,20 +1253,7 @@ async fn a_fork_job_reads_the_cache_but_never_poisons_it() {
             .max()?;
         Some((newest, ns.join(format!("gen-{newest}"))))
     };
-    let nothing_left = || {
-        let attempts: Vec<_> = std::fs::read_dir(caches.join("attempts"))
-            .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
-            .unwrap_or_default();
-        assert!(
-            attempts.is_empty(),
-            "a runner's cache outlived it: {attempts:?}"
-        );
-        let mounts = runner_manager_node_agent::mounts::mount_points().unwrap();
-        assert!(
-            !mounts.iter().any(|m| m.path.starts_with(&caches)),
-            "a cache overlay is still mounted"
-        );
-    };
+    let nothing_left = || assert_no_cache_left(&p);
 
     // A push to main fills the cache, and its writes are kept.
     let main = p
@@ -1287,6 +1301,58 @@ async fn a_fork_job_reads_the_cache_but_never_poisons_it() {
         "the poisoned file reached a trusted job: {j}"
     );
     nothing_left();
+    assert_settled_and_clean(&p).await;
+}
+
+/// An agent SIGKILLed while a trusted job writes its cache: the runner's overlay, its lease and
+/// the broker's verdict are on disk, so the restarted agent commits the job's writes at cleanup
+/// and leaves no cache, mount or gate behind.
+#[tokio::test]
+async fn a_trusted_jobs_cache_survives_an_agent_killed_mid_job() {
+    let Some(mut p) = cache_product("cache_crash").await else {
+        return;
+    };
+    let caches = p.agents[0].host.join("caches");
+    let job = p
+        .queue_job(
+            &["self-hosted", "linux"],
+            json!({
+                "duration_ms": 4000,
+                "write_cache": [{"variable": "npm_config_cache", "path": "pkg/index.js", "content": "kept"}],
+            }),
+        )
+        .await
+        .unwrap();
+    // The broker's verdict is recorded beside the runner's cache before any step runs.
+    let attempts = caches.join("attempts");
+    wait::until(STEP, "the job's write-back verdict on disk", || {
+        let kept = std::fs::read_dir(&attempts)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| e.path().join("keep").is_file());
+        async move { kept.then_some(()) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    p.kill_agent(0);
+    p.start_agent(0).unwrap();
+    let j = p
+        .completed_job(job, Duration::from_secs(180))
+        .await
+        .unwrap();
+    assert_eq!(j["conclusion"], "success", "{j}");
+    wait_attempts(&p, "every attempt cleaned", STEP, |list| {
+        list.iter().all(|a| state(a) == AttemptState::Cleaned)
+    })
+    .await;
+    let ns = cache_namespace_dir(&p).expect("the namespace exists");
+    assert_eq!(
+        std::fs::read_to_string(ns.join("gen-1/npm/pkg/index.js")).unwrap(),
+        "kept",
+        "the restarted agent committed the trusted job's writes"
+    );
+    assert_no_cache_left(&p);
     assert_settled_and_clean(&p).await;
 }
 

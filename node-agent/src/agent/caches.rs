@@ -92,13 +92,7 @@ pub async fn release(agent: &Agent, a: &RunnerAttempt) {
                 ),
                 Released::NotAttached => {}
             }
-            if !pruned.is_empty() {
-                tracing::info!(
-                    "cache prune: removed {} namespace(s) over the cap: {}",
-                    pruned.len(),
-                    pruned.join(", ")
-                );
-            }
+            pruned_report(agent, &pruned);
         }
         Ok(Err(e)) => tracing::warn!(
             namespace = %ns, attempt = %name,
@@ -108,5 +102,31 @@ pub async fn release(agent: &Agent, a: &RunnerAttempt) {
             namespace = %ns, attempt = %name,
             "cache release did not finish (the orphan sweep will discard it): {e}"
         ),
+    }
+}
+
+/// Says what a prune removed, and sets the caches' size gauge.
+fn pruned_report(agent: &Agent, pruned: &crate::caches::Pruned) {
+    agent.metrics().cache_bytes(pruned.bytes);
+    if !pruned.removed.is_empty() {
+        tracing::info!(
+            "cache prune: removed {} namespace(s) over the cap ({} bytes left): {}",
+            pruned.removed.len(),
+            pruned.bytes,
+            pruned.removed.join(", ")
+        );
+    }
+}
+
+/// The periodic prune (from the orphan sweep), when [`crate::caches::PRUNE_INTERVAL`] has
+/// passed: a node whose runners stopped releasing caches still gets back under its cap.
+/// Blocking.
+pub fn prune_if_due(agent: &Agent) {
+    if !agent.caches.prune_due() {
+        return;
+    }
+    match agent.caches.prune(agent.caches.cap()) {
+        Ok(pruned) => pruned_report(agent, &pruned),
+        Err(e) => tracing::warn!("cache prune failed: {e}"),
     }
 }

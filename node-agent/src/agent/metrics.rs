@@ -98,6 +98,7 @@ pub struct AgentMetrics {
     heartbeat_age: FloatGauge<f64, AtomicU64>,
     lease_renewals: Family<OutcomeLabels, Counter>,
     cached_packages: Gauge,
+    cache_bytes: Gauge,
     orphans_removed: Family<KindLabels, Counter>,
     package_prunes: Family<ResultLabels, Counter>,
     api_requests: Family<VerbLabels, Counter>,
@@ -227,6 +228,12 @@ impl AgentMetrics {
             "Runner packages materialized in the node's package cache",
             cached_packages.clone(),
         );
+        let cache_bytes = Gauge::default();
+        registry.register(
+            "cache_bytes",
+            "Bytes in the node's dependency caches (spec.caches), as the last prune counted them",
+            cache_bytes.clone(),
+        );
         let api_requests = Family::<VerbLabels, Counter>::default();
         registry.register(
             "api_requests",
@@ -313,6 +320,7 @@ impl AgentMetrics {
             heartbeat_age,
             lease_renewals,
             cached_packages,
+            cache_bytes,
             orphans_removed,
             package_prunes,
             api_requests,
@@ -383,6 +391,12 @@ impl AgentMetrics {
 
     pub fn cleanup_deferred(&self) {
         self.cleanup_deferrals.inc();
+    }
+
+    /// The bytes the node's dependency caches hold (after a prune).
+    pub fn cache_bytes(&self, bytes: u64) {
+        self.cache_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     pub fn orphan_removed(&self, kind: OrphanKind) {

@@ -209,6 +209,7 @@ fn sweep_runners(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>) -> SweepR
             Err(e) => tracing::warn!("orphan dependency cache {short} not released: {e}"),
         }
     }
+    super::caches::prune_if_due(agent);
     report
 }
 
