@@ -108,6 +108,20 @@ fn assert_no_cache_left(p: &Product) {
     );
 }
 
+/// Job `job` once it completed and every attempt of the team is `Cleaned` (what the runner
+/// left is released by then).
+async fn completed_and_cleaned(p: &Product, job: u64) -> Value {
+    let j = p
+        .completed_job(job, Duration::from_secs(180))
+        .await
+        .unwrap();
+    wait_attempts(p, "every attempt cleaned", STEP, |list| {
+        list.iter().all(|a| state(a) == AttemptState::Cleaned)
+    })
+    .await;
+    j
+}
+
 /// Attempts in the team namespace once `check` holds for the whole list.
 async fn wait_attempts(
     p: &Product,
@@ -1122,20 +1136,7 @@ async fn a_fork_pull_request_never_touches_a_persistent_slot() {
     let labels = ["self-hosted", "linux"];
     let writes =
         |file: &str| json!({"duration_ms": 100, "write_files": [{"path": file, "bytes": 16}]});
-    let run = |job: u64| {
-        let p = &p;
-        async move {
-            let j = p
-                .completed_job(job, Duration::from_secs(180))
-                .await
-                .unwrap();
-            wait_attempts(p, "every attempt cleaned", STEP, |list| {
-                list.iter().all(|a| state(a) == AttemptState::Cleaned)
-            })
-            .await;
-            j
-        }
-    };
+    let run = |job: u64| completed_and_cleaned(&p, job);
 
     // A pull request from acme/web itself runs on the slot.
     let own = p
@@ -1223,20 +1224,7 @@ async fn a_fork_job_reads_the_cache_but_never_poisons_it() {
     };
     let labels = ["self-hosted", "linux"];
     let file = |content: Option<&str>| json!({"variable": "npm_config_cache", "path": "pkg/index.js", "content": content});
-    let run = |job: u64| {
-        let p = &p;
-        async move {
-            let j = p
-                .completed_job(job, Duration::from_secs(180))
-                .await
-                .unwrap();
-            wait_attempts(p, "every attempt cleaned", STEP, |list| {
-                list.iter().all(|a| state(a) == AttemptState::Cleaned)
-            })
-            .await;
-            j
-        }
-    };
+    let run = |job: u64| completed_and_cleaned(&p, job);
     // The namespace's newest generation, as the next runner will read it.
     let newest = || {
         let ns = cache_namespace_dir(&p)?;
@@ -1337,15 +1325,8 @@ async fn a_trusted_jobs_cache_survives_an_agent_killed_mid_job() {
     .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
     p.kill_agent(0);
     p.start_agent(0).unwrap();
-    let j = p
-        .completed_job(job, Duration::from_secs(180))
-        .await
-        .unwrap();
+    let j = completed_and_cleaned(&p, job).await;
     assert_eq!(j["conclusion"], "success", "{j}");
-    wait_attempts(&p, "every attempt cleaned", STEP, |list| {
-        list.iter().all(|a| state(a) == AttemptState::Cleaned)
-    })
-    .await;
     let ns = cache_namespace_dir(&p).expect("the namespace exists");
     assert_eq!(
         std::fs::read_to_string(ns.join("gen-1/npm/pkg/index.js")).unwrap(),
