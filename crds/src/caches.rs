@@ -61,7 +61,8 @@ pub struct CacheWriteBack {
     #[schemars(inner(length(min = 1, max = 255)))]
     pub branches: Vec<String>,
     /// Events whose jobs may write back (`push`, `schedule`, `workflow_dispatch`, …); empty:
-    /// every event but `pull_request_target`.
+    /// every event but `pull_request_target` and `workflow_run` (which runs after a fork's run,
+    /// often on its artifacts). `pull_request_target` never writes back.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(inner(length(min = 1, max = 64)))]
     pub events: Vec<String>,
@@ -300,6 +301,11 @@ impl Discarded {
 /// The event that is never trusted to write back: it runs with the base repository's secrets
 /// and is the usual way a fork's code reaches a privileged job ("pwn request").
 pub const NEVER_TRUSTED_EVENT: &str = "pull_request_target";
+
+/// Events not trusted unless `writeBack.events` names them: a `workflow_run` runs the base
+/// repository's workflow after another run, commonly on artifacts a fork's pull request uploaded
+/// (artifact poisoning); a policy that vets its `workflow_run` workflows lists it.
+pub const UNTRUSTED_BY_DEFAULT: [&str; 2] = [NEVER_TRUSTED_EVENT, "workflow_run"];
 
 /// `pattern` with `*` matching any run of characters (slashes too) against `text`, whole. One
 /// metacharacter and no classes or escapes: a branch rule needs no more, and a glob crate's path

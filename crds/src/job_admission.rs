@@ -131,7 +131,7 @@ pub fn write_back(rule: &CacheWriteBack, facts: &RunFacts) -> Result<(), Discard
         _ => return Err(Discarded::ForkPullRequest),
     }
     let event_trusted = if rule.events.is_empty() {
-        facts.event != crate::caches::NEVER_TRUSTED_EVENT
+        !crate::caches::UNTRUSTED_BY_DEFAULT.contains(&facts.event.as_str())
     } else {
         facts.event != crate::caches::NEVER_TRUSTED_EVENT && rule.events.contains(&facts.event)
     };
@@ -276,5 +276,25 @@ mod tests {
         assert_eq!(ok("push", "topic"), Err(Discarded::Branch));
         assert_eq!(ok("pull_request", "main"), Err(Discarded::Event));
         assert_eq!(ok("pull_request_target", "main"), Err(Discarded::Event));
+        // workflow_run writes back only where the rule names it.
+        let default = CacheWriteBack::default();
+        assert_eq!(
+            write_back(
+                &default,
+                &cache_facts(Some("acme/web"), "workflow_run", "main")
+            ),
+            Err(Discarded::Event)
+        );
+        let named = CacheWriteBack {
+            events: vec!["workflow_run".into()],
+            ..CacheWriteBack::default()
+        };
+        assert_eq!(
+            write_back(
+                &named,
+                &cache_facts(Some("acme/web"), "workflow_run", "main")
+            ),
+            Ok(())
+        );
     }
 }

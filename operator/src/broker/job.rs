@@ -144,7 +144,7 @@ fn trusted(rule: Option<&runner_manager_crds::caches::CacheWriteBack>) -> String
         return String::new();
     };
     let events = if rule.events.is_empty() {
-        "any event but pull_request_target".to_owned()
+        "any event but pull_request_target and workflow_run".to_owned()
     } else {
         format!("events {}", rule.events.join(", "))
     };
