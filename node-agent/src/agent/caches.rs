@@ -20,7 +20,7 @@ pub fn verdicts_for(agent: &Agent, a: &RunnerAttempt) -> Option<Arc<CacheRoot>> 
         .caches
         .as_ref()
         .filter(|_| a.spec.snapshot.execution.mode == ExecutionMode::Native)
-        .map(|_| agent.caches.clone())
+        .map(|_| agent.host.caches.clone())
 }
 
 /// A mounted cache: its mount point and the variables pointing the tools at it.
@@ -44,7 +44,7 @@ pub async fn attach(
         .spec
         .attempt_uuid()
         .ok_or_else(|| "the attempt has no valid id".to_owned())?;
-    let caches = agent.caches.clone();
+    let caches = agent.host.caches.clone();
     let namespace = snapshot.namespace.clone();
     let mount =
         tokio::task::spawn_blocking(move || caches.attach(&short_hex(id), &namespace, account.uid))
@@ -67,12 +67,12 @@ pub async fn release(agent: &Agent, a: &RunnerAttempt) {
         return;
     };
     let short = short_hex(id);
-    if !agent.caches.attached(&short) {
+    if !agent.host.caches.attached(&short) {
         return;
     }
     let ns = a.metadata.namespace.clone().unwrap_or_default();
     let name = a.metadata.name.clone().unwrap_or_default();
-    let caches = agent.caches.clone();
+    let caches = agent.host.caches.clone();
     let released = tokio::task::spawn_blocking(move || {
         let released = caches.release(&short, true)?;
         let pruned = caches.prune(caches.cap())?;
@@ -122,10 +122,10 @@ fn pruned_report(agent: &Agent, pruned: &crate::caches::Pruned) {
 /// passed: a node whose runners stopped releasing caches still gets back under its cap.
 /// Blocking.
 pub fn prune_if_due(agent: &Agent) {
-    if !agent.caches.prune_due() {
+    if !agent.host.caches.prune_due() {
         return;
     }
-    match agent.caches.prune(agent.caches.cap()) {
+    match agent.host.caches.prune(agent.host.caches.cap()) {
         Ok(pruned) => pruned_report(agent, &pruned),
         Err(e) => tracing::warn!("cache prune failed: {e}"),
     }

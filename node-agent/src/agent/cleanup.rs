@@ -91,12 +91,12 @@ pub async fn clean(agent: &Agent, api: &Attempts, a: &RunnerAttempt) -> Result<S
 
     // The runner is gone: so is its job gate, and its cache is committed (a trusted job's) or
     // discarded.
-    agent.job_gates.close(a);
+    agent.host.job_gates.close(a);
     super::caches::release(agent, a).await;
 
     // 2. Redacted diagnostics.
     if let Err(e) = crate::durable::write_file(
-        &agent.host_root.join("diagnostics"),
+        &agent.host.root.join("diagnostics"),
         &format!("{name}.log"),
         diagnostics(a, &journal).as_bytes(),
     ) {
@@ -114,7 +114,7 @@ pub async fn clean(agent: &Agent, api: &Attempts, a: &RunnerAttempt) -> Result<S
         let (condition, done) = match w.kind() {
             WorkspaceMode::Ephemeral => (
                 AttemptConditionType::CleanupDeferred,
-                remove_ephemeral_runtime(&agent.host_root, uuid_of(a)?, w.runtime_path())
+                remove_ephemeral_runtime(&agent.host.root, uuid_of(a)?, w.runtime_path())
                     .map(|_| "the ephemeral runtime was removed")
                     .map_err(|e| Unfinished {
                         reason: match e {
@@ -135,7 +135,7 @@ pub async fn clean(agent: &Agent, api: &Attempts, a: &RunnerAttempt) -> Result<S
                 };
                 (
                     AttemptConditionType::Quarantined,
-                    scrub_slot(w, &agent.slots_root, owner)
+                    scrub_slot(w, &agent.host.slots_root, owner)
                         .map(|_| "the slot passed every cleanup check")
                         .map_err(|q| Unfinished {
                             reason: q.refusal.reason(),
@@ -201,7 +201,7 @@ pub async fn clean(agent: &Agent, api: &Attempts, a: &RunnerAttempt) -> Result<S
         .map_err(|e| StepError::Local(e.to_string()))?;
 
     // 4. Leases, then `Cleaned`.
-    agent.packages.release(&uid);
+    agent.host.packages.release(&uid);
     let state = journal.state();
     let cleanable = if provider.journals_destruction() {
         // Cleaned only from `Destroying`: what the provider made is proven gone.

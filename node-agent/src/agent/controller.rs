@@ -214,8 +214,8 @@ impl Supervision {
         orphans::gone(&self.agent, uid, held);
         self.agent.gate.reconciled(uid);
         self.freshness.forget(uid);
-        self.agent.attempts.journal.forget_written(uid);
-        self.agent.advert_changed.notify_one();
+        self.agent.cluster.attempts.journal.forget_written(uid);
+        self.agent.cluster.advert_changed.notify_one();
     }
 
     /// The object of `uid` went away; `last` is the last copy the watch showed.
@@ -224,7 +224,7 @@ impl Supervision {
             // Its cleanup released everything: only the bookkeeping goes.
             let _ = self.book().gone(uid, None);
             self.freshness.forget(uid);
-            self.agent.attempts.journal.forget_written(uid);
+            self.agent.cluster.attempts.journal.forget_written(uid);
             return;
         }
         let decided = self.book().gone(uid, orphans::held_by(last));
@@ -311,7 +311,7 @@ impl NodeView {
             .map(|(uid, _)| uid.clone())
             .collect();
         if agent.set_pending(pending) {
-            agent.advert_changed.notify_one();
+            agent.cluster.advert_changed.notify_one();
         }
         agent.set_wanted_packages(
             self.known
@@ -329,16 +329,22 @@ pub async fn reconcile(
     ctx: Arc<Supervision>,
 ) -> Result<Action, ReconcileError> {
     let stage = stage_of(a.state());
-    let attempt = AttemptCtx::of(&ctx.agent.attempts, &a).map_err(|source| ReconcileError {
-        stage: ReconcileStage::Read,
-        source,
-    })?;
+    let attempt =
+        AttemptCtx::of(&ctx.agent.cluster.attempts, &a).map_err(|source| ReconcileError {
+            stage: ReconcileStage::Read,
+            source,
+        })?;
     if !ctx.is_rebuilt() {
         // The first complete list rebuilds the agent's memory before anything is decided.
         return Ok(Action::requeue(ctx.agent.poll));
     }
     // Never a copy older than the agent's own last write of it.
-    let written = ctx.agent.attempts.journal.last_written(&attempt.uid);
+    let written = ctx
+        .agent
+        .cluster
+        .attempts
+        .journal
+        .last_written(&attempt.uid);
     if let Verdict::Behind(wait) = ctx.freshness.check(
         &attempt.uid,
         a.metadata.resource_version.as_deref(),
@@ -385,13 +391,13 @@ pub async fn reconcile(
     let action = match stepped {
         Ok(Step::Done) => {
             agent.gate.reconciled(&attempt.uid);
-            agent.advert_changed.notify_one();
+            agent.cluster.advert_changed.notify_one();
             Action::await_change()
         }
         Ok(Step::Again) => {
             // The write's watch event reconciles it again at once; a step that wrote nothing
             // after all looks again after this bound.
-            agent.advert_changed.notify_one();
+            agent.cluster.advert_changed.notify_one();
             Action::requeue(WRITE_SEEN_WITHIN)
         }
         Ok(Step::Wait) => {
@@ -418,7 +424,7 @@ pub async fn reconcile(
 async fn blocked(ctx: &Supervision, attempt: &AttemptCtx, a: &RunnerAttempt, why: RecoveryBlocked) {
     let agent = &ctx.agent;
     agent.gate.block(&attempt.uid, why);
-    agent.advert_changed.notify_one();
+    agent.cluster.advert_changed.notify_one();
     let first = {
         let mut book = ctx.book();
         let entry = book.by_uid.entry(attempt.uid.clone()).or_default();
@@ -485,11 +491,15 @@ pub fn error_policy(a: Arc<RunnerAttempt>, e: &ReconcileError, ctx: Arc<Supervis
 /// Runs the controller over the node's attempts, and the orphan sweep beside it, until the
 /// watch ends.
 pub async fn run(agent: Arc<Agent>) {
-    let api = Api::<RunnerAttempt>::all(agent.kube.clone());
-    let selector = format!("{NODE_LABEL}={}", agent.node);
+    let api = Api::<RunnerAttempt>::all(agent.cluster.kube.clone());
+    let selector = format!("{NODE_LABEL}={}", agent.cluster.node);
     let (store, writer) = reflector::store();
     // Journal writes are decided on the same copies the reconciles read.
-    agent.attempts.journal.decide_on_watched(store.clone());
+    agent
+        .cluster
+        .attempts
+        .journal
+        .decide_on_watched(store.clone());
     let ctx = Arc::new(Supervision::new(agent, store.clone()));
     let mut view = NodeView {
         ctx: Arc::clone(&ctx),
@@ -505,18 +515,18 @@ pub async fn run(agent: Arc<Agent>) {
             if !on_error.is_rebuilt() {
                 // Before the first complete list recovery cannot even start: say so.
                 on_error.agent.gate.list_failed();
-                on_error.agent.advert_changed.notify_one();
+                on_error.agent.cluster.advert_changed.notify_one();
             }
         })
         .applied_objects();
     // The pods the agent made on this node trigger their attempt's reconcile (by the controller
     // owner reference): a runner pod that ended, a placeholder deleted or evicted. Watched only
     // when the agent makes pods.
-    let pod_watch = Arc::clone(&ctx.agent.pod_watch);
-    let makes_pods = ctx.agent.providers.makes_pods() || ctx.agent.placeholders.is_some();
+    let pod_watch = Arc::clone(&ctx.agent.cluster.pod_watch);
+    let makes_pods = ctx.agent.providers.makes_pods() || ctx.agent.cluster.placeholders.is_some();
     let controller = Controller::for_stream(trigger, store);
     let controller = match makes_pods
-        .then(|| pod_watch.stream(&ctx.agent.kube, &ctx.agent.node))
+        .then(|| pod_watch.stream(&ctx.agent.cluster.kube, &ctx.agent.cluster.node))
         .flatten()
     {
         Some(pods) => controller.owns_stream(pods),

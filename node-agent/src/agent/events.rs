@@ -28,5 +28,11 @@ pub async fn warn(agent: &Agent, attempt: &RunnerAttempt, reason: EventReason, m
         return;
     }
     agent.metrics().event(reason.as_str());
-    publish_warning(&agent.events, &attempt.object_ref(&()), reason, message).await;
+    publish_warning(
+        &agent.cluster.events,
+        &attempt.object_ref(&()),
+        reason,
+        message,
+    )
+    .await;
 }

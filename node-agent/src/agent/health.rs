@@ -55,7 +55,7 @@ fn readiness(agent: &Agent) -> Readiness {
         // The fence is taken before the listener starts and given up only as the process ends.
         fence_held: true,
         lease_age: agent.last_renewed().map(|t| t.elapsed()),
-        heartbeat: agent.heartbeat,
+        heartbeat: agent.cluster.heartbeat,
         recovery_complete: agent.gate.is_complete(),
         // The launcher is set up before the listener starts; a launcher that cannot be set up
         // stops the process.
@@ -66,13 +66,13 @@ fn readiness(agent: &Agent) -> Readiness {
 fn now(agent: &Agent) -> Now {
     let ready = readiness(agent);
     Now {
-        capacity: agent.capacity,
+        capacity: agent.host.capacity,
         held: agent.book().held(),
         recovery_complete: ready.recovery_complete,
         recovery_blocked: agent.gate.blocked().is_some(),
         ready: ready.missing().is_empty(),
         heartbeat_age: ready.lease_age,
-        cached_packages: super::lease::cached_packages(&agent.host_root.join("packages")).len(),
+        cached_packages: super::lease::cached_packages(&agent.host.root.join("packages")).len(),
     }
 }
 

@@ -193,7 +193,7 @@ fn launch_span(agent: &Agent, a: &RunnerAttempt, what: &'static str) -> tracing:
         attempt.uid = a.metadata.uid.as_deref().unwrap_or_default(),
         attempt.namespace = a.metadata.namespace.as_deref().unwrap_or_default(),
         attempt.name = a.metadata.name.as_deref().unwrap_or_default(),
-        node = agent.node.as_str(),
+        node = agent.cluster.node.as_str(),
     );
     crate::telemetry::join(
         &span,
@@ -221,8 +221,8 @@ async fn launch_steps(agent: &Agent, api: &Attempts, a: &RunnerAttempt) -> Resul
     let snapshot = &a.spec.snapshot;
     let usable = admission::usable(snapshot, agent.providers.admits(snapshot))
         && environment(&snapshot.env, Path::new("/nonexistent-runtime")).is_ok();
-    let decision = agent.book().admit(&uid, agent.capacity, usable);
-    agent.advert_changed.notify_one();
+    let decision = agent.book().admit(&uid, agent.host.capacity, usable);
+    agent.cluster.advert_changed.notify_one();
     if let Admission::Reject(reason) = decision {
         tracing::warn!(namespace = %ns, attempt = %name, "rejected ({reason:?})");
         conclude(api, &name, Outcome::Rejected(reason)).await?;
@@ -267,14 +267,14 @@ async fn prepare_and_start(
 
     // A preparation turn (`--preparation-permits`) until the runtime is prepared; given back
     // on every way out.
-    let turn = agent.preparation.turn(ns, name).await;
+    let turn = agent.host.preparation.turn(ns, name).await;
     // The runtime, then the package in it.
     let made = match placement.kind() {
-        WorkspaceMode::Ephemeral => create_ephemeral_runtime(&agent.host_root, uuid)
+        WorkspaceMode::Ephemeral => create_ephemeral_runtime(&agent.host.root, uuid)
             .map(|_| ())
             .map_err(|e| e.to_string()),
         WorkspaceMode::Persistent => prepare_slot(
-            &agent.slots_root,
+            &agent.host.slots_root,
             ns,
             &snapshot.policy_uid,
             placement.slot_number().unwrap_or_default(),
@@ -287,6 +287,7 @@ async fn prepare_and_start(
     // download another launch needs goes on).
     let wanted = || super::preparation::still_wanted(api, name, uid);
     let materialized = agent
+        .host
         .packages
         .materialize_while(
             uid,
@@ -478,13 +479,13 @@ async fn allocate(
     // records it after the CAS. An ephemeral runtime is named by its attempt, so a burst's
     // admissions do not queue behind one another's API writes (50 of them took 8-15 s).
     let _held = match snapshot.workspace {
-        WorkspaceMode::Persistent => Some(agent.allocation.lock().await),
+        WorkspaceMode::Persistent => Some(agent.host.allocation.lock().await),
         WorkspaceMode::Ephemeral => None,
     };
     let (placement, lease) = match snapshot.workspace {
         WorkspaceMode::Ephemeral => (
             WorkspacePlacement::ephemeral(
-                ephemeral_runtime_path(&agent.host_root, uuid)
+                ephemeral_runtime_path(&agent.host.root, uuid)
                     .display()
                     .to_string(),
             ),
@@ -509,7 +510,7 @@ async fn allocate(
                     return Ok(None);
                 }
             };
-            let path = derive_slot_path(&agent.slots_root, ns, &snapshot.policy_uid, slot)
+            let path = derive_slot_path(&agent.host.slots_root, ns, &snapshot.policy_uid, slot)
                 .map_err(|e| StepError::Local(e.to_string()))?;
             let placement = WorkspacePlacement::slot(slot, path.display().to_string())
                 .ok_or_else(|| StepError::Local("slot 0".to_owned()))?;
@@ -712,7 +713,7 @@ async fn request_and_start(
     let mut env = environment(&snapshot.env, &runtime)
         .map_err(|e| LaunchFailure::Environment(e.to_string()))?;
     let limits = CgroupLimits::from_resources(snapshot.execution.resources.as_ref())
-        .map(|l| l.with_defaults(agent.runner_defaults))
+        .map(|l| l.with_defaults(agent.host.runner_defaults))
         .map_err(|e| LaunchFailure::Resources(e.to_string()))?;
     let failed = |f: LaunchFailure, t: &LaunchTimings| Halt::Failed(f, Some(t.clone()));
     // The provider of the attempt's mode, chosen here once and before the JIT request: a kind
@@ -737,6 +738,7 @@ async fn request_and_start(
     // A hook the policy's `runner.env` named runs after an admission.
     if super::job_gates::JobGates::wanted(current) {
         let hook = agent
+            .host
             .job_gates
             .open(
                 agent.gate_services(),
@@ -755,6 +757,7 @@ async fn request_and_start(
     // The one request of this attempt (DESIGN §5): whatever happens, never a second.
     let asked = Instant::now();
     let answer = agent
+        .cluster
         .broker
         .request_jit(ns, name, request)
         .instrument(tracing::info_span!("register"))

@@ -21,18 +21,30 @@ const FIELD_MANAGER: &str = "runner-manager-node-agent";
 
 fn renewed(agent: &Agent) {
     agent.metrics().lease_renewal(true);
-    *agent.last_renewed.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+    *agent
+        .cluster
+        .last_renewed
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
 }
 
 /// Renews the Lease until the process ends; an advert change renews at once.
 pub async fn heartbeat(agent: Arc<Agent>) {
-    let api = Api::<Lease>::namespaced(agent.kube.clone(), &agent.system_namespace);
-    let name = agent_lease_name(&agent.node);
-    let holder = format!("{}/{}", agent.node, std::process::id());
+    let api = Api::<Lease>::namespaced(agent.cluster.kube.clone(), &agent.cluster.system_namespace);
+    let name = agent_lease_name(&agent.cluster.node);
+    let holder = format!("{}/{}", agent.cluster.node, std::process::id());
     let mut failing = false;
     loop {
         let advert = agent.advert();
-        match renew(&api, &name, &holder, agent.heartbeat.as_secs(), &advert).await {
+        match renew(
+            &api,
+            &name,
+            &holder,
+            agent.cluster.heartbeat.as_secs(),
+            &advert,
+        )
+        .await
+        {
             Ok(()) if failing => {
                 renewed(&agent);
                 tracing::info!("lease renewed again");
@@ -47,8 +59,8 @@ pub async fn heartbeat(agent: Arc<Agent>) {
             Err(_) => agent.metrics().lease_renewal(false),
         }
         tokio::select! {
-            () = tokio::time::sleep(agent.heartbeat) => {}
-            () = agent.advert_changed.notified() => {}
+            () = tokio::time::sleep(agent.cluster.heartbeat) => {}
+            () = agent.cluster.advert_changed.notified() => {}
         }
     }
 }
@@ -160,12 +172,12 @@ impl Agent {
         let counted = self.book().counted_with(&pending);
         let slots = self.slots().clone();
         let advert = advert(
-            self.capacity,
+            self.host.capacity,
             counted,
             self.gate.is_complete(),
             self.gate.blocked(),
-            cached_packages(&self.host_root.join("packages")),
-            free_cleaned_slots(&self.slots_root, |ns, uid, n| {
+            cached_packages(&self.host.root.join("packages")),
+            free_cleaned_slots(&self.host.slots_root, |ns, uid, n| {
                 slots
                     .leased(&SlotKey {
                         namespace: ns.to_owned(),
@@ -179,7 +191,7 @@ impl Agent {
             providers.remove(&runner_manager_crds::lease::Provider::Native);
         }
         AgentAdvert {
-            foreign_requests: self.foreign_pods.requests(),
+            foreign_requests: self.cluster.foreign_pods.requests(),
             native_refused: self.providers.native_refused().map(|r| r.lease()),
             providers,
             ..advert

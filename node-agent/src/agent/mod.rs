@@ -335,16 +335,25 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         cli.system_namespace.clone(),
     ));
     let agent = Arc::new(Agent {
-        node: cli.node_name.clone(),
-        host_root: cli.host_root.clone(),
-        slots_root: cli.slots_root.clone(),
-        capacity: cli.capacity,
-        system_namespace: cli.system_namespace.clone(),
-        heartbeat: Duration::from_secs(cli.heartbeat_seconds),
-        poll: Duration::from_millis(cli.supervision_millis),
-        deadline_grace: Duration::from_secs(cli.deadline_grace_seconds),
-        runner_defaults,
-        broker: Arc::clone(&broker),
+        host: node::Host {
+            root: cli.host_root.clone(),
+            slots_root: cli.slots_root.clone(),
+            capacity: cli.capacity,
+            runner_defaults,
+            packages,
+            allocation: AllocationLock::default(),
+            accounts: Mutex::new(AccountPool::new(cli.runner_uid_range, cli.runner_gid)),
+            slots: Mutex::new(SlotTable::default()),
+            cleanup_backoff: Mutex::new(CleanupBackoff::default()),
+            wanted_packages: Mutex::new(BTreeSet::new()),
+            preparation: preparation::PreparationBound::new(cli.preparation_permits),
+            job_gates: job_gates::JobGates::new(runners_helper, cli.host_root.clone()),
+            caches: Arc::new(crate::caches::CacheRoot::new(
+                &cli.host_root,
+                cli.runner_gid,
+                cli.cache_max_gib.saturating_mul(1 << 30),
+            )),
+        },
         providers: crate::providers::Providers::new(
             launcher,
             native_refused,
@@ -370,40 +379,35 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
             },
             cli.oci,
         ),
-        attempts: attempts::Attempts::new(
-            kube::Api::all(kube.clone()),
-            Arc::new(crate::journal::Journal::default()),
-            Arc::clone(&metrics),
-        ),
-        events: events::recorder(&kube, &cli.node_name),
-        last_renewed: Mutex::new(None),
-        kube,
-        pod_watch,
-        foreign_pods: Arc::default(),
-        packages,
-        allocation: AllocationLock::default(),
+        cluster: node::Cluster {
+            node: cli.node_name.clone(),
+            system_namespace: cli.system_namespace.clone(),
+            attempts: attempts::Attempts::new(
+                kube::Api::all(kube.clone()),
+                Arc::new(crate::journal::Journal::default()),
+                Arc::clone(&metrics),
+            ),
+            events: events::recorder(&kube, &cli.node_name),
+            kube,
+            pod_watch,
+            foreign_pods: Arc::default(),
+            broker: Arc::clone(&broker),
+            heartbeat: Duration::from_secs(cli.heartbeat_seconds),
+            last_renewed: Mutex::new(None),
+            advert_changed: Notify::new(),
+            placeholders: placeholder::Settings::from_flags(
+                cli.placeholders,
+                cli.placeholder_wait_seconds,
+            ),
+        },
+        poll: Duration::from_millis(cli.supervision_millis),
+        deadline_grace: Duration::from_secs(cli.deadline_grace_seconds),
         gate: RecoveryGate::default(),
         book: Mutex::new(CapacityBook::default()),
-        accounts: Mutex::new(AccountPool::new(cli.runner_uid_range, cli.runner_gid)),
-        slots: Mutex::new(SlotTable::default()),
         pending: Mutex::new(BTreeSet::new()),
-        cleanup_backoff: Mutex::new(CleanupBackoff::default()),
-        advert_changed: Notify::new(),
         spec_warned: Mutex::new(std::collections::BTreeSet::new()),
         orphan_sweep: Duration::from_secs(cli.orphan_sweep_seconds),
-        placeholders: placeholder::Settings::from_flags(
-            cli.placeholders,
-            cli.placeholder_wait_seconds,
-        ),
         orphans: orphans::OrphanState::default(),
-        wanted_packages: Mutex::new(BTreeSet::new()),
-        preparation: preparation::PreparationBound::new(cli.preparation_permits),
-        job_gates: job_gates::JobGates::new(runners_helper, cli.host_root.clone()),
-        caches: Arc::new(crate::caches::CacheRoot::new(
-            &cli.host_root,
-            cli.runner_gid,
-            cli.cache_max_gib.saturating_mul(1 << 30),
-        )),
     });
     let health = match cli.health_addr {
         Some(addr) => Some(
@@ -414,22 +418,23 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
         None => None,
     };
     tracing::info!(
-        node = %agent.node,
-        capacity = agent.capacity,
+        node = %agent.cluster.node,
+        capacity = agent.host.capacity,
         health = %health.as_ref().map(|(a, _)| a.to_string()).unwrap_or_default(),
         "node {} serving (capacity {}, launcher {:?}, host root {})",
-        agent.node,
-        agent.capacity,
+        agent.cluster.node,
+        agent.host.capacity,
         cli.launcher,
-        agent.host_root.display()
+        agent.host.root.display()
     );
     let heartbeat = tokio::spawn(lease::heartbeat(Arc::clone(&agent)));
     let foreign = {
         let agent = Arc::clone(&agent);
         tokio::spawn(async move {
             agent
+                .cluster
                 .foreign_pods
-                .run(agent.kube.clone(), agent.node.clone())
+                .run(agent.cluster.kube.clone(), agent.cluster.node.clone())
                 .await;
         })
     };

@@ -104,7 +104,7 @@ pub async fn sweep(agent: &Agent, claims: &(dyn Fn() -> BTreeSet<String> + Sync)
     {
         // Under the allocation lock: a slot is recorded in the table under it before any
         // handoff is made in it, so an unleased slot stays unleased while it is swept.
-        let _held = agent.allocation.lock().await;
+        let _held = agent.host.allocation.lock().await;
         tokio::task::block_in_place(|| sweep_slot_handoffs(agent, &mut report));
     }
     release_abandoned(agent, claims, &report);
@@ -159,7 +159,7 @@ fn sweep_runners(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>) -> SweepR
             Err(e) => failed(&mut report, short, e.to_string()),
         }
     }
-    let Some(runtimes) = listed("the runtimes", runtime_names(&agent.host_root)) else {
+    let Some(runtimes) = listed("the runtimes", runtime_names(&agent.host.root)) else {
         return report;
     };
     let claimed = claims();
@@ -167,7 +167,7 @@ fn sweep_runners(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>) -> SweepR
         if report.failed.iter().any(|f| f == short) || !due(short) {
             continue;
         }
-        match remove_runtime_named(&agent.host_root, short) {
+        match remove_runtime_named(&agent.host.root, short) {
             Ok(EphemeralRemoval::Removed { .. }) => {
                 agent.cleanup_backoff().succeeded(&backoff_key(short));
                 report.removed.push((OrphanKind::Runtime, short.to_owned()));
@@ -180,13 +180,13 @@ fn sweep_runners(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>) -> SweepR
     // without it (a forced finalizer removal) is left here.
     let Some(gates) = listed(
         "the job gates",
-        crate::job_gate::gate_names(&agent.host_root),
+        crate::job_gate::gate_names(&agent.host.root),
     ) else {
         return report;
     };
     let claimed = claims();
     for short in unclaimed(&gates, &claimed) {
-        match crate::job_gate::remove_named(&agent.host_root, short) {
+        match crate::job_gate::remove_named(&agent.host.root, short) {
             Ok(true) => report.removed.push((OrphanKind::Gate, short.to_owned())),
             Ok(false) => {}
             Err(e) => tracing::warn!("orphan job gate {short} not removed ({:?})", e.kind()),
@@ -195,7 +195,7 @@ fn sweep_runners(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>) -> SweepR
     // Caches of attempts no longer here: their runner is stopped above (a cache whose runner
     // could not be stopped waits), and their writes are discarded, never committed: nothing
     // says the job that wrote them finished.
-    let Some(caches) = listed("the dependency caches", agent.caches.attempt_names()) else {
+    let Some(caches) = listed("the dependency caches", agent.host.caches.attempt_names()) else {
         return report;
     };
     let claimed = claims();
@@ -203,7 +203,7 @@ fn sweep_runners(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>) -> SweepR
         if report.failed.iter().any(|f| f == short) {
             continue;
         }
-        match agent.caches.release(short, false) {
+        match agent.host.caches.release(short, false) {
             Ok(crate::caches::Released::NotAttached) => {}
             Ok(_) => report.removed.push((OrphanKind::Cache, short.to_owned())),
             Err(e) => tracing::warn!("orphan dependency cache {short} not released: {e}"),
@@ -218,7 +218,7 @@ fn sweep_runners(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>) -> SweepR
 /// cleanup's to scrub.
 fn sweep_slot_handoffs(agent: &Agent, report: &mut SweepReport) {
     let slots = agent.slots().clone();
-    for (namespace, policy_uid, n, dir) in slot_dirs(&agent.slots_root) {
+    for (namespace, policy_uid, n, dir) in slot_dirs(&agent.host.slots_root) {
         let key = SlotKey {
             namespace,
             policy_uid,
@@ -277,7 +277,7 @@ fn release_abandoned(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>, repor
     // Fail closed: what cannot be listed may still run.
     let (Ok(running), Ok(runtimes)) = (
         agent.providers.launcher().leftovers(),
-        runtime_names(&agent.host_root),
+        runtime_names(&agent.host.root),
     ) else {
         return;
     };
@@ -292,7 +292,7 @@ fn release_abandoned(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>, repor
         if let Some((key, name)) = &what.slot {
             let slot = agent.slots().slot_of(key, name);
             if let Some(n) = slot
-                && let Err(e) = free_slot_overlay(&agent.slots_root, key, n)
+                && let Err(e) = free_slot_overlay(&agent.host.slots_root, key, n)
             {
                 // Kept, and tried again next sweep: released now, the slot would go to an
                 // attempt that finds it mounted, and the lower to a prune.
@@ -301,7 +301,7 @@ fn release_abandoned(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>, repor
             }
         }
         agent.accounts().release(&what.uid);
-        agent.packages.release(&what.uid);
+        agent.host.packages.release(&what.uid);
         if let Some((key, name)) = &what.slot {
             agent.slots().release(key, name);
         }
@@ -311,7 +311,7 @@ fn release_abandoned(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>, repor
     let released = abandoned.len() < before;
     drop(abandoned);
     if released {
-        agent.advert_changed.notify_one();
+        agent.cluster.advert_changed.notify_one();
     }
 }
 

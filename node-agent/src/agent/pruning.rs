@@ -31,11 +31,11 @@ pub async fn after_launch(agent: &Agent, current: &str) -> PruneResult {
     let keep = keep(
         current,
         &agent.wanted_packages(),
-        &agent.packages.used_within(RECENT),
+        &agent.host.packages.used_within(RECENT),
     );
     let keep: Vec<&str> = keep.iter().map(String::as_str).collect();
-    let held = agent.allocation.lock().await;
-    let pruned = tokio::task::block_in_place(|| agent.packages.prune(&held, &keep));
+    let held = agent.host.allocation.lock().await;
+    let pruned = tokio::task::block_in_place(|| agent.host.packages.prune(&held, &keep));
     drop(held);
     let result = match pruned {
         Ok(r) if r.ran => {

@@ -37,7 +37,7 @@ pub fn rebuild(agent: &Agent, attempts: &[RunnerAttempt]) {
         if state == AttemptState::Cleaned {
             continue;
         }
-        if state != AttemptState::Pending && a.spec.node_name == agent.node {
+        if state != AttemptState::Pending && a.spec.node_name == agent.cluster.node {
             expected.push(uid.clone());
         }
         if let Some(lease) = JournalledLease::of(a) {
@@ -54,6 +54,7 @@ pub fn rebuild(agent: &Agent, attempts: &[RunnerAttempt]) {
                 }
             }
             agent
+                .host
                 .packages
                 .restore_lease(&uid, &a.spec.snapshot.runner.sha256);
         }
@@ -64,7 +65,7 @@ pub fn rebuild(agent: &Agent, attempts: &[RunnerAttempt]) {
         expected.len()
     );
     agent.gate.expect(expected);
-    agent.advert_changed.notify_one();
+    agent.cluster.advert_changed.notify_one();
 }
 
 /// Persistent slots keep their account between attempts: a slot directory owned by a pool
@@ -79,7 +80,7 @@ fn restore_slot_bindings(agent: &Agent) {
             .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
             .collect()
     };
-    for (_, ns) in dirs(&agent.slots_root) {
+    for (_, ns) in dirs(&agent.host.slots_root) {
         for (policy_uid, root) in dirs(&ns) {
             for (slot, path) in dirs(&root) {
                 if let Some(owner) = owner_of(&path) {

@@ -54,7 +54,7 @@ pub async fn step(
     memory: &mut AttemptMemory,
 ) -> Result<Step, StepError> {
     let uid = ctx.uid.clone();
-    if a.spec.node_name != agent.node {
+    if a.spec.node_name != agent.cluster.node {
         // Labelled for this node but bound elsewhere: not ours to touch.
         return Ok(Step::Done);
     }
@@ -97,7 +97,7 @@ pub async fn step(
     match state {
         AttemptState::Cleaned => {
             agent.accounts().release(&uid);
-            agent.packages.release(&uid);
+            agent.host.packages.release(&uid);
             Ok(Step::Done)
         }
         AttemptState::Pending => {
@@ -349,7 +349,7 @@ async fn live(
 fn reopen_job_gate(agent: &Agent, a: &RunnerAttempt, runtime: &Path) {
     use std::os::unix::fs::MetadataExt;
     let uid = a.metadata.uid.as_deref().unwrap_or_default();
-    if !super::job_gates::JobGates::wanted(a) || agent.job_gates.is_open(uid) {
+    if !super::job_gates::JobGates::wanted(a) || agent.host.job_gates.is_open(uid) {
         return;
     }
     // The runtime's own entry (never a link's target): its owner is the runner's account.
@@ -360,6 +360,7 @@ fn reopen_job_gate(agent: &Agent, a: &RunnerAttempt, runtime: &Path) {
                 return Err("the runtime is not a directory".to_owned());
             }
             agent
+                .host
                 .job_gates
                 .open(
                     agent.gate_services(),
@@ -383,11 +384,11 @@ async fn keep_placeholder(
     a: &RunnerAttempt,
     memory: &mut AttemptMemory,
 ) {
-    if agent.placeholders.is_none() {
+    if agent.cluster.placeholders.is_none() {
         return;
     }
     let provider = agent.providers.of(a.spec.snapshot.execution.mode);
-    if !provider.needs_placeholder() || !agent.pod_watch.is_running() {
+    if !provider.needs_placeholder() || !agent.cluster.pod_watch.is_running() {
         return;
     }
     let now = std::time::Instant::now();
@@ -396,9 +397,10 @@ async fn keep_placeholder(
     }
     let (name, ns) = (&ctx.name, &ctx.namespace);
     let found = agent
+        .cluster
         .pod_watch
         .get(ns, &pods::pod_name(name, PodRole::Placeholder));
-    let message = match placeholder::keep(&agent.broker, a, found.as_deref()).await {
+    let message = match placeholder::keep(&agent.cluster.broker, a, found.as_deref()).await {
         Kept::Standing => return,
         Kept::Recreated(lost) => {
             tracing::warn!(namespace = %ns, attempt = %name, reason = lost.as_str(), "the placeholder of a running runner was lost; recreated");
