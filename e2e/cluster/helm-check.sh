@@ -417,7 +417,7 @@ stamp_pid=$!
 # queued: an attempt it listed late would be stamped late.
 wait_for 30 "the attempts' watch listing" test -s "$work/latency.rec"
 : > "$work/latency.queued"
-for i in 1 2 3 4 5; do
+for i in $(seq 1 "${RM_WARM_LAUNCHES:-5}"); do
   queued=$(date +%s%3N)
   lat=$(queue_job "latency-$i" 0)
   echo "$queued $lat" >> "$work/latency.queued"

@@ -138,12 +138,14 @@ pub struct EntryArgs {
 impl EntryArgs {
     /// The helper's argv after the program name.
     pub fn to_args(&self) -> Vec<OsString> {
-        let mut a: Vec<OsString> = vec![
-            "--handoff".into(),
-            self.handoff.clone().into(),
-            "--runtime".into(),
-            self.runtime.clone().into(),
-        ];
+        // A helper awaiting its handoff learns its name from the pointer: `--handoff` and
+        // `--await-handoff` together are refused.
+        let mut a: Vec<OsString> = match self.await_handoff {
+            None => vec!["--handoff".into(), self.handoff.clone().into()],
+            Some(_) => Vec::new(),
+        };
+        a.push("--runtime".into());
+        a.push(self.runtime.clone().into());
         if let Some(c) = &self.cgroup {
             a.push("--cgroup".into());
             a.push(c.clone().into());
@@ -301,7 +303,8 @@ fn await_offer(runtime: &std::path::Path, seconds: u64) -> Option<PathBuf> {
         if std::time::Instant::now() >= deadline {
             return None;
         }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        // Short: the runner pod's start waits here on the launch's path.
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 
@@ -466,6 +469,13 @@ mod tests {
                 .unwrap();
         assert_eq!(pod.await_handoff, Some(300));
         assert_eq!(pod.handoff, PathBuf::from("/rt/.jit-handoff"));
+        // What `to_args` writes for a helper that awaits its handoff parses back.
+        let waiting = EntryArgs {
+            handoff: "/rt/.jit-handoff".into(),
+            await_handoff: Some(600),
+            ..a.clone()
+        };
+        assert_eq!(EntryArgs::parse(waiting.to_args()).unwrap(), waiting);
         assert_eq!(
             EntryArgs::parse(["--runtime", "/rt"].map(OsString::from)),
             Err(EntryFailure::Usage),
