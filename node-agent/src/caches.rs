@@ -19,7 +19,8 @@
 //! delete, opaque directories replace, files move in, all made root's and the pool group's with
 //! group = owner bits), an untrusted one is discarded, and the attempt's directory is removed.
 //! Generations no lease reads are removed; whole namespaces go by LRU over the size cap, never
-//! one a lease reads.
+//! one a lease reads. Both are moved aside into `trash/` under a short lock a launch also takes,
+//! and removed after it: a launch never waits for a commit or a removal.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -38,6 +39,8 @@ const GENERATION_PREFIX: &str = "gen-";
 const USED: &str = ".used";
 const LEASE: &str = "lease";
 const KEEP: &str = "keep";
+/// Where generations and namespaces no lease reads are moved before their removal.
+const TRASH: &str = "trash";
 
 /// Why a cache could not be attached or released.
 #[derive(Debug, thiserror::Error)]
@@ -109,9 +112,14 @@ pub struct CacheRoot {
     pool_gid: u32,
     /// The size cap in bytes ([`CacheRoot::prune`]).
     cap: u64,
-    /// Commits and prunes of the node, one at a time (a commit reads the newest generation
-    /// and writes the next; two at once would both write the same number).
+    /// Commits, generation clean-ups and prunes, one at a time (a commit reads the newest
+    /// generation and writes the next; two at once would both write the same number). Never
+    /// taken on a launch's path: a commit of a large cache takes hundreds of milliseconds.
     writers: Mutex<()>,
+    /// Held briefly by a launch choosing its generation and writing its lease, and by a
+    /// clean-up or prune deciding what no lease reads and moving it aside (a rename): no
+    /// generation goes from under a lease being written. What is moved aside is removed after.
+    leases: Mutex<()>,
     /// When the last prune ran (the orphan sweep prunes when [`PRUNE_INTERVAL`] has passed).
     last_prune: Mutex<Option<Instant>>,
 }
@@ -136,6 +144,7 @@ impl CacheRoot {
             pool_gid,
             cap,
             writers: Mutex::new(()),
+            leases: Mutex::new(()),
             last_prune: Mutex::new(None),
         }
     }
@@ -199,7 +208,7 @@ impl CacheRoot {
         crate::workspace::remove::remove_tree(&a.dir)
             .map_err(at(format!("removing {}", a.dir.display())))?;
         let generation = {
-            let _one = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+            let _leases = self.leases.lock().unwrap_or_else(|p| p.into_inner());
             mk(&ns, 0o755)?;
             let newest = match newest_generation(&ns)? {
                 Some(n) => n,
@@ -320,36 +329,70 @@ impl CacheRoot {
         Ok(level.into_iter().filter(|n| is_namespace_path(n)).collect())
     }
 
-    /// Removes every generation but the newest that no lease reads.
+    /// Moves `path` aside (a rename, quick) into `trash/`, to be removed outside the lease lock.
+    fn set_aside(&self, path: &Path) -> Result<PathBuf, CacheError> {
+        let trash = self.root.join(TRASH);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&trash)
+            .or_else(|e| {
+                if e.kind() == io::ErrorKind::AlreadyExists {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })
+            .map_err(at("making the caches' trash"))?;
+        let aside = trash.join(uuid::Uuid::new_v4().simple().to_string());
+        std::fs::rename(path, &aside).map_err(at(format!("moving {} aside", path.display())))?;
+        Ok(aside)
+    }
+
+    /// Removes what was moved aside (after a crash too: nothing there is read).
+    fn empty_trash(&self) -> Result<(), CacheError> {
+        let trash = self.root.join(TRASH);
+        let entries = match std::fs::read_dir(&trash) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(CacheError::Io("listing the caches' trash".into(), e)),
+        };
+        for e in entries.flatten() {
+            crate::workspace::remove::remove_tree(&e.path())
+                .map_err(at(format!("removing {}", e.path().display())))?;
+        }
+        Ok(())
+    }
+
+    /// Removes every generation but the newest that no lease reads. The caller holds
+    /// `writers`.
     fn drop_unread_generations(&self) -> Result<(), CacheError> {
-        let leased = self.leased().map_err(at("listing cache leases"))?;
-        for namespace in self.namespaces().map_err(at("listing cache namespaces"))? {
-            let ns = self.namespace_dir(&namespace)?;
-            let gens = generations(&ns)?;
-            let Some(newest) = gens.iter().max().copied() else {
-                continue;
-            };
-            for g in gens {
-                if g != newest && !leased.contains(&(namespace.clone(), g)) {
-                    let path = ns.join(format!("{GENERATION_PREFIX}{g}"));
-                    crate::workspace::remove::remove_tree(&path)
-                        .map_err(at(format!("removing {}", path.display())))?;
+        let namespaces = self.namespaces().map_err(at("listing cache namespaces"))?;
+        {
+            let _leases = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+            let leased = self.leased().map_err(at("listing cache leases"))?;
+            for namespace in namespaces {
+                let ns = self.namespace_dir(&namespace)?;
+                let gens = generations(&ns)?;
+                let Some(newest) = gens.iter().max().copied() else {
+                    continue;
+                };
+                for g in gens {
+                    if g != newest && !leased.contains(&(namespace.clone(), g)) {
+                        self.set_aside(&ns.join(format!("{GENERATION_PREFIX}{g}")))?;
+                    }
                 }
             }
         }
-        Ok(())
+        self.empty_trash()
     }
 
     /// Removes whole namespaces, least recently leased first, until the caches hold at most
     /// `cap` bytes; never one a lease reads.
     pub fn prune(&self, cap: u64) -> Result<Pruned, CacheError> {
         let _one = self.writers.lock().unwrap_or_else(|p| p.into_inner());
-        let leased: BTreeSet<String> = self
-            .leased()
-            .map_err(at("listing cache leases"))?
-            .into_iter()
-            .map(|(n, _)| n)
-            .collect();
+        self.empty_trash()?;
+        // Sized without the lease lock (a walk of every cache): published generations do not
+        // change, and the leases are read again under the lock before anything moves.
         let mut sized = Vec::new();
         let mut total = 0u64;
         for namespace in self.namespaces().map_err(at("listing cache namespaces"))? {
@@ -363,19 +406,27 @@ impl CacheRoot {
         }
         sized.sort();
         let mut removed = Vec::new();
-        for (_, namespace, size) in sized {
-            if total <= cap {
-                break;
+        {
+            let _leases = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+            let leased: BTreeSet<String> = self
+                .leased()
+                .map_err(at("listing cache leases"))?
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect();
+            for (_, namespace, size) in sized {
+                if total <= cap {
+                    break;
+                }
+                if leased.contains(&namespace) {
+                    continue;
+                }
+                self.set_aside(&self.namespace_dir(&namespace)?)?;
+                total = total.saturating_sub(size);
+                removed.push(namespace);
             }
-            if leased.contains(&namespace) {
-                continue;
-            }
-            let ns = self.namespace_dir(&namespace)?;
-            crate::workspace::remove::remove_tree(&ns)
-                .map_err(at(format!("removing {}", ns.display())))?;
-            total = total.saturating_sub(size);
-            removed.push(namespace);
         }
+        self.empty_trash()?;
         *self.last_prune.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         Ok(Pruned {
             removed,
@@ -759,8 +810,17 @@ mod tests {
             .unwrap()
             .set_modified(std::time::UNIX_EPOCH)
             .unwrap();
+        // What a crash left moved aside is removed by the next prune.
+        write(&caches.path().join("trash/0123/blob"), "x");
         assert!(caches.prune_due());
         let pruned = caches.prune(2000).unwrap();
+        assert!(
+            std::fs::read_dir(caches.path().join("trash"))
+                .unwrap()
+                .next()
+                .is_none(),
+            "nothing stays moved aside"
+        );
         assert_eq!(pruned.removed, vec![names[0].to_owned()]);
         assert_eq!(pruned.bytes, 2000);
         assert!(!caches.prune_due(), "pruned just now");
