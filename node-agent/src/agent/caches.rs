@@ -60,8 +60,8 @@ pub async fn attach(
 }
 
 /// Releases `a`'s cache, its runner gone: commits a trusted job's writes, discards the rest,
-/// then prunes the node's caches to their cap. A failure is logged; the orphan sweep releases
-/// what is left (discarding it).
+/// then, after a commit (the only release that grows the caches), prunes them to their cap. A
+/// failure is logged; the orphan sweep releases what is left (discarding it).
 pub async fn release(agent: &Agent, a: &RunnerAttempt) {
     let Some(id) = a.spec.attempt_uuid() else {
         return;
@@ -75,7 +75,11 @@ pub async fn release(agent: &Agent, a: &RunnerAttempt) {
     let caches = agent.host.caches.clone();
     let released = tokio::task::spawn_blocking(move || {
         let released = caches.release(&short, true)?;
-        let pruned = caches.prune(caches.cap())?;
+        // A walk of every cache: only when this release made one larger.
+        let pruned = match released {
+            Released::Committed { .. } => Some(caches.prune(caches.cap())?),
+            _ => None,
+        };
         Ok::<_, crate::caches::CacheError>((released, pruned))
     })
     .await;
@@ -92,7 +96,9 @@ pub async fn release(agent: &Agent, a: &RunnerAttempt) {
                 ),
                 Released::NotAttached => {}
             }
-            pruned_report(agent, &pruned);
+            if let Some(pruned) = pruned {
+                pruned_report(agent, &pruned);
+            }
         }
         Ok(Err(e)) => tracing::warn!(
             namespace = %ns, attempt = %name,
