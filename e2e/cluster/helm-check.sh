@@ -490,9 +490,14 @@ spec:
   workspace: {mode: Persistent}
   runner: {version: latest}
 YAML
+# labelled_job LABEL NAME HEAD BEHAVIOUR: a job of acme/web for the policy with label LABEL;
+# HEAD "-" for a push, else a pull request whose head is HEAD.
+labelled_job() {
+  admin POST jobs "$(jq -n --arg l "$1" --arg n "$2" --arg h "$3" --argjson b "$4" '{owner: "acme", repo: "web", labels: ["self-hosted", "linux", $l], name: $n, behaviour: $b} + (if $h == "-" then {} else {pull_request: {head_repository: $h}} end)')" | jq -r .job_id
+}
 # pull_request_job NAME FILE HEAD: a job of a pull request whose head is HEAD, writing FILE.
 pull_request_job() {
-  admin POST jobs "$(jq -n --arg n "$1" --arg f "$2" --arg h "$3" '{owner: "acme", repo: "web", labels: ["self-hosted", "linux", "slot"], name: $n, behaviour: {duration_ms: 0, write_files: [{path: $f, bytes: 16}]}, pull_request: {head_repository: $h}}')" | jq -r .job_id
+  labelled_job slot "$1" "$3" "$(jq -n --arg f "$2" '{duration_ms: 0, write_files: [{path: $f, bytes: 16}]}')"
 }
 conclusion() { admin GET "jobs/$1" | jq -r .conclusion; }
 own=$(pull_request_job own-pr own.txt acme/web)
@@ -536,11 +541,8 @@ spec:
   caches: {tools: [npm]}
   runner: {version: latest}
 YAML
-# cache_job NAME HEAD BEHAVIOUR: a job of the cache policy; HEAD "-" for a push, else a pull
-# request whose head is HEAD.
-cache_job() {
-  admin POST jobs "$(jq -n --arg n "$1" --arg h "$2" --argjson b "$3" '{owner: "acme", repo: "web", labels: ["self-hosted", "linux", "cache"], name: $n, behaviour: $b} + (if $h == "-" then {} else {pull_request: {head_repository: $h}} end)')" | jq -r .job_id
-}
+# cache_job NAME HEAD BEHAVIOUR: a job of the cache policy.
+cache_job() { labelled_job cache "$@"; }
 npm_file() { jq -n --arg c "$1" '{variable: "npm_config_cache", path: "pkg/index.js", content: $c}'; }
 cache_live() { attempts | jq -e '[.items[] | select(.spec.policy == "cache" and .status.state != "Cleaned")] | length == 0' >/dev/null; }
 cache_ns=$HOST_ROOT/caches/ns/$jobs_ns/github.com/acme/web

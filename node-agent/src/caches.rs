@@ -31,6 +31,8 @@ use std::time::Instant;
 
 use runner_manager_crds::caches::is_namespace_path;
 
+use crate::packages::overlay::{OverlayError, mount_layers, own_overlay_at, unmount_source};
+
 /// Under the agent's host root.
 pub const CACHES_DIR: &str = "caches";
 /// The mount source of a cache overlay (the package overlays carry `runner-package`).
@@ -49,12 +51,8 @@ pub enum CacheError {
     BadNamespace(String),
     #[error("{0}: {1}")]
     Io(String, io::Error),
-    #[error("mounting the cache overlay failed: {0}")]
-    Mount(io::Error),
-    #[error("unmounting the cache overlay failed: {0}")]
-    Unmount(io::Error),
-    #[error("a cache path holds a character overlay options cannot carry")]
-    UnsafePath,
+    #[error("the cache overlay: {0}")]
+    Overlay(#[from] OverlayError),
 }
 
 fn at(what: impl Into<String>) -> impl FnOnce(io::Error) -> CacheError {
@@ -190,7 +188,7 @@ impl CacheRoot {
     pub fn attach(&self, short: &str, namespace: &str, uid: u32) -> Result<PathBuf, CacheError> {
         let ns = self.namespace_dir(namespace)?;
         let a = self.attempt(short);
-        if is_cache_mount(&a.mnt) {
+        if own_overlay_at(&a.mnt, SOURCE)? {
             return Ok(a.mnt);
         }
         let mk = |p: &Path, mode: u32| -> Result<(), CacheError> {
@@ -237,7 +235,7 @@ impl CacheRoot {
         std::os::unix::fs::chown(&a.upper, Some(uid), Some(self.pool_gid))
             .map_err(at("owning the cache's upper layer"))?;
         let lower = ns.join(format!("{GENERATION_PREFIX}{generation}"));
-        mount(&lower, &a.upper, &a.work, &a.mnt)?;
+        mount_layers(SOURCE, &lower, &a.upper, &a.work, &a.mnt)?;
         Ok(a.mnt)
     }
 
@@ -259,7 +257,7 @@ impl CacheRoot {
         if !a.dir.exists() {
             return Ok(Released::NotAttached);
         }
-        unmount(&a.mnt)?;
+        unmount_source(&a.mnt, SOURCE)?;
         let lease = std::fs::read_to_string(&a.lease)
             .ok()
             .and_then(|t| Lease::parse(&t));
@@ -608,73 +606,6 @@ fn tree_bytes(path: &Path) -> io::Result<u64> {
         }
     }
     Ok(total)
-}
-
-fn option_safe(p: &Path) -> bool {
-    p.to_str()
-        .is_some_and(|s| !s.is_empty() && !s.contains([',', ':', '\\', '\n']))
-}
-
-/// The overlay of the cache: the package overlay's options (`packages::overlay`, which says
-/// why each), `nosuid,nodev`.
-fn mount(lower: &Path, upper: &Path, work: &Path, at_path: &Path) -> Result<(), CacheError> {
-    use rustix::mount::MountFlags;
-    if ![lower, upper, work, at_path].iter().all(|p| option_safe(p)) {
-        return Err(CacheError::UnsafePath);
-    }
-    let data = format!(
-        "lowerdir={},upperdir={},workdir={},redirect_dir=nofollow,index=off,metacopy=off,xino=off",
-        lower.display(),
-        upper.display(),
-        work.display()
-    );
-    let data = std::ffi::CString::new(data).map_err(|_| CacheError::UnsafePath)?;
-    rustix::mount::mount(
-        SOURCE,
-        at_path,
-        "overlay",
-        MountFlags::NOSUID | MountFlags::NODEV,
-        Some(data.as_c_str()),
-    )
-    .map_err(|e| CacheError::Mount(e.into()))
-}
-
-/// Whether the topmost mount at `path` (its parent resolved, as mountinfo shows it: a host root
-/// reached through a link is listed by where it leads) is a cache overlay.
-fn is_cache_mount(path: &Path) -> bool {
-    let resolved = match (path.parent().map(std::fs::canonicalize), path.file_name()) {
-        (Some(Ok(parent)), Some(name)) => parent.join(name),
-        _ => return false,
-    };
-    crate::mounts::mount_points().is_ok_and(|points| {
-        points
-            .iter()
-            .rev()
-            .find(|m| m.path == resolved)
-            .is_some_and(|m| m.fs_type == "overlay" && m.source == SOURCE)
-    })
-}
-
-/// Unmounts every cache overlay at `path` (a busy one is detached: the kernel drops it when the
-/// last holder lets go, and what it wrote is in the upper already).
-fn unmount(path: &Path) -> Result<(), CacheError> {
-    use rustix::mount::UnmountFlags;
-    for _ in 0..8 {
-        if !is_cache_mount(path) {
-            return Ok(());
-        }
-        match rustix::mount::unmount(path, UnmountFlags::NOFOLLOW) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::BUSY) => {
-                rustix::mount::unmount(path, UnmountFlags::NOFOLLOW | UnmountFlags::DETACH)
-                    .map_err(|e| CacheError::Unmount(e.into()))?;
-            }
-            Err(e) => return Err(CacheError::Unmount(e.into())),
-        }
-    }
-    Err(CacheError::Unmount(io::Error::other(
-        "more than 8 cache overlays stacked",
-    )))
 }
 
 #[cfg(test)]

@@ -127,7 +127,8 @@ pub fn options(lower: &Path, upper: &Path, work: &Path) -> Result<String, Overla
 pub fn mount_package(lower: &Path, runtime: &Path) -> Result<(), OverlayError> {
     use std::os::unix::fs::DirBuilderExt;
     let work = work_dir(runtime).ok_or(OverlayError::NoParent)?;
-    let data = options(lower, runtime, &work)?;
+    // Refused before anything is made.
+    options(lower, runtime, &work)?;
     let root = work.parent().ok_or(OverlayError::NoParent)?;
     let wd = |e: io::Error| OverlayError::WorkDir(e.kind());
     remove_work_dir(runtime).map_err(wd)?;
@@ -152,13 +153,30 @@ pub fn mount_package(lower: &Path, runtime: &Path) -> Result<(), OverlayError> {
         }
     }
     made.map_err(wd)?;
+    mount_layers(SOURCE, lower, runtime, &work, runtime)
+}
+
+/// Mounts the overlay of `lower` under `upper` (workdir `work`) at `at`, `nosuid,nodev`, with
+/// [`options`] and the mount source `source` by which [`unmount_source`] tells it from anything
+/// else. The package overlay is one; the dependency caches' (`crate::caches`) are the other.
+pub fn mount_layers(
+    source: &str,
+    lower: &Path,
+    upper: &Path,
+    work: &Path,
+    at: &Path,
+) -> Result<(), OverlayError> {
     use rustix::mount::MountFlags;
+    if !option_safe(at) {
+        return Err(OverlayError::UnsafePath);
+    }
     // `options` refused every path that could hold a NUL byte's neighbours; a NUL itself cannot
     // be in a path.
-    let data = std::ffi::CString::new(data).map_err(|_| OverlayError::UnsafePath)?;
+    let data = std::ffi::CString::new(options(lower, upper, work)?)
+        .map_err(|_| OverlayError::UnsafePath)?;
     rustix::mount::mount(
-        SOURCE,
-        runtime,
+        source,
+        at,
         "overlay",
         MountFlags::NOSUID | MountFlags::NODEV,
         Some(data.as_c_str()),
@@ -188,8 +206,8 @@ pub fn remove_work_dir(runtime: &Path) -> io::Result<()> {
 const SOURCE: &str = "runner-package";
 
 /// Whether the topmost mount at `path` (its parent resolved, the last component not followed, as
-/// mountinfo shows it) is one of the agent's package overlays.
-fn own_overlay_at(path: &Path) -> Result<bool, OverlayError> {
+/// mountinfo shows it) is one of the agent's overlays of mount source `source`.
+pub fn own_overlay_at(path: &Path, source: &str) -> Result<bool, OverlayError> {
     let io = |e: io::Error| OverlayError::Unmount(e.kind());
     let resolved = match (path.parent(), path.file_name()) {
         (Some(parent), Some(name)) => match std::fs::canonicalize(parent) {
@@ -205,18 +223,23 @@ fn own_overlay_at(path: &Path) -> Result<bool, OverlayError> {
         .iter()
         .rev()
         .find(|m| m.path == resolved)
-        .is_some_and(|m| m.fs_type == "overlay" && m.source == SOURCE))
+        .is_some_and(|m| m.fs_type == "overlay" && m.source == source))
 }
 
 /// Unmounts the agent's package overlay at `path` (never following a link there), every layer of
 /// it; anything else mounted there (another filesystem, someone else's overlay) is left alone,
 /// and so is what lies under it. A busy mount is detached (see [`Unmounted::Detached`]).
 pub fn unmount(path: &Path) -> Result<Unmounted, OverlayError> {
+    unmount_source(path, SOURCE)
+}
+
+/// [`unmount`] for the agent's overlays of mount source `source`.
+pub fn unmount_source(path: &Path, source: &str) -> Result<Unmounted, OverlayError> {
     use rustix::mount::UnmountFlags;
     let mut layers = 0;
     // Bounded: a runner account cannot mount, so more than a few layers means a loop gone wrong.
     for _ in 0..8 {
-        if !own_overlay_at(path)? {
+        if !own_overlay_at(path, source)? {
             return Ok(if layers == 0 {
                 Unmounted::NotMounted
             } else {

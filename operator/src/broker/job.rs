@@ -101,17 +101,17 @@ pub async fn admit(
         Ok(f) => f,
         Err(e) => return unconfirmed(e.to_string()),
     };
-    let kept = caches.map(|c| write_back(&c.write_back, &facts));
+    let kept = caches.map(|c| (&c.write_back, write_back(&c.write_back, &facts)));
     let cache_line = match kept {
         None => String::new(),
-        Some(Ok(())) => "; this job's cache writes are kept for the next job".to_owned(),
-        Some(Err(why)) => format!(
+        Some((_, Ok(()))) => "; this job's cache writes are kept for the next job".to_owned(),
+        Some((rule, Err(why))) => format!(
             "; this job reads the cache but its writes are discarded ({}: spec.caches.writeBack trusts {})",
             why.as_str(),
-            trusted(caches.map(|c| &c.write_back)),
+            trusted(rule),
         ),
     };
-    let write_back = matches!(kept, Some(Ok(())));
+    let write_back = matches!(kept, Some((_, Ok(()))));
     match decide(snapshot.fork_pull_requests, &facts) {
         Ok(()) => JobAdmissionAnswer {
             refused: None,
@@ -139,10 +139,7 @@ pub async fn admit(
 }
 
 /// The jobs a write-back rule trusts, for the job's log.
-fn trusted(rule: Option<&runner_manager_crds::caches::CacheWriteBack>) -> String {
-    let Some(rule) = rule else {
-        return String::new();
-    };
+fn trusted(rule: &runner_manager_crds::caches::CacheWriteBack) -> String {
     let events = if rule.events.is_empty() {
         "any event but pull_request_target and workflow_run".to_owned()
     } else {
