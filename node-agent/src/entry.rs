@@ -42,6 +42,8 @@ use crate::process::environment::JIT_VARIABLE;
 pub const HANDOFF_POINTER: &str = ".jit-handoff";
 /// In the runtime: left by the helper once it has read and deleted the handoff, before exec.
 pub const TAKEN_MARKER: &str = ".jit-taken";
+/// In the runtime: the systemd launcher's [`Receipt`], written by the helper.
+pub const RECEIPT: &str = ".entry-receipt";
 /// The first status line once the handoff is read and deleted and exec is next.
 pub const READY: &str = "ready";
 /// The status line's prefix on failure, followed by an [`EntryFailure`] kind.
@@ -133,6 +135,8 @@ pub struct EntryArgs {
     /// Direct launcher: added to the helper's niceness before the exec (`--runner-nice`;
     /// systemd sets a unit's `Nice=` itself).
     pub nice: Option<u8>,
+    /// Systemd launcher: where the helper writes its [`Receipt`] before it takes the handoff.
+    pub receipt: Option<PathBuf>,
 }
 
 impl EntryArgs {
@@ -170,6 +174,10 @@ impl EntryArgs {
             a.push("--nice".into());
             a.push(n.to_string().into());
         }
+        if let Some(r) = &self.receipt {
+            a.push("--receipt".into());
+            a.push(r.clone().into());
+        }
         a
     }
 
@@ -177,7 +185,7 @@ impl EntryArgs {
     pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Self, EntryFailure> {
         let (mut handoff, mut runtime, mut cgroup, mut uid, mut gid, mut await_handoff) =
             (None, None, None, None, None, None);
-        let (mut environment, mut nice) = (None, None);
+        let (mut environment, mut nice, mut receipt) = (None, None, None);
         let mut it = args.into_iter();
         while let Some(flag) = it.next() {
             let value = it.next().ok_or(EntryFailure::Usage)?;
@@ -195,6 +203,7 @@ impl EntryArgs {
                 Some("--gid") => gid = Some(id()?),
                 Some("--await-handoff") => await_handoff = Some(u64::from(id()?)),
                 Some("--environment") => environment = Some(PathBuf::from(&value)),
+                Some("--receipt") => receipt = Some(PathBuf::from(&value)),
                 Some("--nice") => {
                     nice = Some(
                         u8::try_from(id()?)
@@ -222,6 +231,7 @@ impl EntryArgs {
             gid,
             environment,
             nice,
+            receipt,
         })
     }
 }
@@ -243,10 +253,12 @@ pub enum EntryFailure {
     Environment,
     #[error("exec")]
     Exec,
+    #[error("receipt")]
+    Receipt,
 }
 
 impl EntryFailure {
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Usage,
         Self::StatusChannel,
         Self::JoinCgroup,
@@ -254,6 +266,7 @@ impl EntryFailure {
         Self::NoNewPrivileges,
         Self::Environment,
         Self::Exec,
+        Self::Receipt,
     ];
 
     /// Reads a kind back from a status line.
@@ -346,6 +359,89 @@ fn lower_priority(nice: u8) {
     let _ = std::fs::write("/proc/self/autogroup", nice.to_string());
 }
 
+/// The helper's pid and start time, which `exec` keeps: what the systemd launcher records as the
+/// runner's identity. Written by the helper before it takes the handoff, so it is there once the
+/// handoff is gone, however soon the runner ends; asking systemd for the unit's main pid after
+/// that (as the launcher once did) found none when the runner had already run its job and exited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Receipt {
+    pub pid: u32,
+    pub start_time: u64,
+}
+
+impl Receipt {
+    /// Longer than any receipt: a bigger file is not one.
+    const MAX_LEN: usize = 64;
+
+    fn encode(self) -> String {
+        format!("{} {}\n", self.pid, self.start_time)
+    }
+
+    /// `None` for anything but exactly what [`Self::encode`] writes.
+    pub fn parse(text: &str) -> Option<Self> {
+        let (pid, start) = text.strip_suffix('\n')?.split_once(' ')?;
+        let pid = pid.parse().ok().filter(|p| *p != 0)?;
+        Some(Self {
+            pid,
+            start_time: start.parse().ok()?,
+        })
+    }
+
+    /// The launcher's read of a receipt in a directory the runner's account owns: never through
+    /// a link, only a small regular file of that account.
+    pub fn read(path: &std::path::Path, owner_uid: u32) -> Option<Self> {
+        use std::io::Read;
+        use std::os::unix::fs::MetadataExt;
+        let fd = rustix::fs::open(
+            path,
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .ok()?;
+        let file = std::fs::File::from(fd);
+        let meta = file.metadata().ok()?;
+        if !meta.is_file() || meta.uid() != owner_uid || meta.len() > Self::MAX_LEN as u64 {
+            return None;
+        }
+        let mut text = String::new();
+        file.take(Self::MAX_LEN as u64)
+            .read_to_string(&mut text)
+            .ok()?;
+        Self::parse(&text)
+    }
+}
+
+/// Writes this process's [`Receipt`] at `path`, replacing whatever is there (a link planted by
+/// an earlier job of the account is removed, not followed).
+fn write_receipt(path: &std::path::Path) -> Result<(), EntryFailure> {
+    let pid = std::process::id();
+    let stat = crate::process::stat::read_stat(pid)
+        .ok()
+        .flatten()
+        .ok_or(EntryFailure::Receipt)?;
+    let receipt = Receipt {
+        pid,
+        start_time: stat.start_time,
+    };
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(EntryFailure::Receipt),
+        _ => {}
+    }
+    let fd = rustix::fs::open(
+        path,
+        rustix::fs::OFlags::WRONLY
+            | rustix::fs::OFlags::CREATE
+            | rustix::fs::OFlags::EXCL
+            | rustix::fs::OFlags::NOFOLLOW
+            | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::from_raw_mode(0o600),
+    )
+    .map_err(|_| EntryFailure::Receipt)?;
+    std::fs::File::from(fd)
+        .write_all(receipt.encode().as_bytes())
+        .map_err(|_| EntryFailure::Receipt)
+}
+
 /// Runs the helper. Returns only on failure (success is an exec).
 pub fn run(args: &EntryArgs, status: &mut impl Write) -> EntryFailure {
     // Out of the agent's session and process group: a signal to the agent's group, or its
@@ -358,6 +454,12 @@ pub fn run(args: &EntryArgs, status: &mut impl Write) -> EntryFailure {
     }
     if let Some(n) = args.nice.filter(|n| *n > 0) {
         lower_priority(n);
+    }
+    // Before the handoff is taken: the launcher reads it once the handoff is gone.
+    if let Some(path) = &args.receipt
+        && let Err(e) = write_receipt(path)
+    {
+        return e;
     }
     // Decoded before the handoff is taken, so a malformed channel does not consume the JIT.
     // Missing is malformed: every launcher sets it, and a listener silently started without the
@@ -453,6 +555,7 @@ mod tests {
             await_handoff: None,
             environment: Some("/rt/jit-env-x.tmp".into()),
             nice: Some(10),
+            receipt: Some("/rt/.entry-receipt".into()),
         };
         assert_eq!(EntryArgs::parse(a.to_args()).unwrap(), a);
         for bad in ["20", "-1", "x"] {
@@ -552,5 +655,40 @@ mod tests {
         for f in EntryFailure::ALL {
             assert_eq!(EntryFailure::from_kind(&f.to_string()), Some(f));
         }
+    }
+
+    #[test]
+    fn a_receipt_is_read_back_only_as_written_and_only_from_the_accounts_own_file() {
+        let r = Receipt {
+            pid: 4242,
+            start_time: 987_654,
+        };
+        assert_eq!(Receipt::parse(&r.encode()), Some(r));
+        for bad in [
+            "",
+            "4242 987654",
+            "0 1\n",
+            "4242  987654\n",
+            "x 1\n",
+            "1 2 3\n",
+        ] {
+            assert_eq!(Receipt::parse(bad), None, "{bad:?}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let me = rustix::process::geteuid().as_raw();
+        let path = dir.path().join(RECEIPT);
+        // The helper's own write, over a link an earlier job planted: the link is replaced.
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, "kept").unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        write_receipt(&path).unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "kept");
+        let mine = Receipt::read(&path, me).unwrap();
+        assert_eq!(mine.pid, std::process::id());
+        assert_eq!(Receipt::read(&path, me + 1), None, "another account's file");
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        std::fs::write(&target, r.encode()).unwrap();
+        assert_eq!(Receipt::read(&path, me), None, "never through a link");
     }
 }

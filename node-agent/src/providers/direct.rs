@@ -222,6 +222,8 @@ impl RunnerLauncher for DirectLauncher {
             await_handoff: None,
             environment: None,
             nice: Some(spec.limits.nice).filter(|n| *n > 0),
+            // The launcher is the helper's parent: it has the pid from the fork.
+            receipt: None,
         };
         // The helper runs as root until its final exec: its own environment is fixed, and the
         // listener's (the policy's `runner.env` among it) travels encoded, applied only at that

@@ -30,9 +30,9 @@ use runner_manager_crds::attempt::{Launcher, ProcessIdentity};
 use super::cgroup::attempt_cgroup_name;
 use super::launcher::{LaunchSpec, RunnerLauncher, StartError, StartFailure, StopError, Stopped};
 use super::sandbox::{Probe, ProbeUnits, RunnerNetwork};
-use crate::entry::{EntryArgs, HELPER_LANG, HELPER_PATH, encode_environment};
+use crate::entry::{EntryArgs, HELPER_LANG, HELPER_PATH, RECEIPT, Receipt, encode_environment};
 use crate::handoff::RestrictiveHandoff;
-use crate::process::stat::read_stat;
+use crate::process::stat::{ProcStat, read_cgroup_v2, read_stat};
 use crate::process::{Inspection, identity_file, inspect};
 
 /// The slice every runner unit goes into. No dash: in a slice's name a dash means a parent
@@ -233,6 +233,7 @@ pub fn unit_properties(
         environment: Some(environment_file.to_path_buf()),
         // `Nice=` above sets the process's; the helper sets its session's autogroup too.
         nice: Some(spec.limits.nice).filter(|n| *n > 0),
+        receipt: Some(spec.runtime.join(RECEIPT)),
     };
     let mut command = vec![entry_helper.as_os_str().to_owned()];
     command.extend(args.to_args());
@@ -421,6 +422,28 @@ impl SystemdLauncher {
     }
 }
 
+/// The cgroup to record with the helper's `receipt`, or `None` when the receipt cannot be the
+/// unit's main process. The runner's account wrote the receipt, so it is believed only as far
+/// as it can harm that account's own runner: a process that still has the receipt's pid and
+/// start time must sit in the unit's cgroup (seen as the agent sees it, which is what
+/// [`inspect`] compares later); one that is gone already (the runner ran its job and ended
+/// before this read) is recorded as gone, in the cgroup systemd gave the unit.
+fn believed_cgroup(
+    unit: &str,
+    receipt: Receipt,
+    now: Option<ProcStat>,
+    cgroup: Option<String>,
+) -> Option<String> {
+    let living = now.filter(|s| s.start_time == receipt.start_time && !s.is_exited());
+    match (living, cgroup) {
+        (Some(_), Some(c)) if c.ends_with(&format!("/{unit}")) => Some(c),
+        // Alive outside the unit: not the unit's process, whoever wrote the receipt.
+        (Some(_), Some(_)) => None,
+        // Gone (or exiting between the two reads).
+        _ => Some(format!("/{SLICE}/{unit}")),
+    }
+}
+
 impl ProbeUnits for SystemdLauncher {
     fn start_probe(&self, probe: &Probe) -> io::Result<()> {
         let unit = probe_unit(probe, &self.entry_helper, &self.network);
@@ -488,17 +511,24 @@ impl RunnerLauncher for SystemdLauncher {
         let _ = handoff.delete();
         // Taken by the helper before the handoff; gone already, or removed now.
         let _ = environment_file.delete();
-        let Ok((pid, cgroup, _)) = self.show(&unit.name) else {
-            return Err(fail(StartFailure::Unit));
+        // The helper's receipt, not systemd's MainPID: a runner that took a queued job, ran it
+        // and exited before the question was asked has none left.
+        let receipt_path = spec.runtime.join(RECEIPT);
+        let receipt = Receipt::read(&receipt_path, spec.account.uid);
+        let _ = std::fs::remove_file(&receipt_path);
+        let Some(receipt) = receipt else {
+            return Err(fail(StartFailure::NoStartTime));
         };
-        let Some(stat) = read_stat(pid).ok().flatten().filter(|_| pid != 0) else {
+        let now = read_stat(receipt.pid).ok().flatten();
+        let cgroup = read_cgroup_v2(receipt.pid).ok().flatten();
+        let Some(cgroup) = believed_cgroup(&unit.name, receipt, now, cgroup) else {
             return Err(fail(StartFailure::NoStartTime));
         };
         let identity = ProcessIdentity {
             launcher: Launcher::Systemd,
             unit: Some(unit.name.clone()),
-            pid,
-            start_time: stat.start_time,
+            pid: receipt.pid,
+            start_time: receipt.start_time,
             cgroup,
         };
         identity_file::write(spec.runtime, &identity).map_err(|e| fail(e.into()))?;
@@ -786,6 +816,8 @@ mod tests {
                 "/var/lib/runner-manager/runners/0123456789ab",
                 "--environment",
                 "/var/lib/runner-manager/runners/0123456789ab/jit-env-77aa.tmp",
+                "--receipt",
+                "/var/lib/runner-manager/runners/0123456789ab/.entry-receipt",
             ]
         );
     }
@@ -889,6 +921,59 @@ mod tests {
         assert_eq!(
             pu.command[1..3],
             ["--probe-connect".into(), OsString::from("10.98.0.9:4242")]
+        );
+    }
+
+    #[test]
+    fn a_receipt_is_believed_only_for_the_units_own_process_or_one_already_gone() {
+        let unit = "rm-0123456789ab.service";
+        let receipt = Receipt {
+            pid: 4242,
+            start_time: 100,
+        };
+        let running = |start_time| {
+            Some(ProcStat {
+                state: 'S',
+                start_time,
+            })
+        };
+        let own = format!("/{SLICE}/{unit}");
+        assert_eq!(
+            believed_cgroup(unit, receipt, running(100), Some(own.clone())),
+            Some(own.clone())
+        );
+        // Seen from a cgroup namespace, the path is the agent's view: that is what is compared.
+        let nested = format!("/kubepods/x/{unit}");
+        assert_eq!(
+            believed_cgroup(unit, receipt, running(100), Some(nested.clone())),
+            Some(nested)
+        );
+        // A living process elsewhere (another runner, the agent): never adopted.
+        for other in [
+            format!("/{SLICE}/rm-ffffffffffff.service"),
+            format!("/{SLICE}/x{unit}"),
+            "/".to_owned(),
+        ] {
+            assert_eq!(
+                believed_cgroup(unit, receipt, running(100), Some(other.clone())),
+                None,
+                "{other}"
+            );
+        }
+        // The runner took a queued job, ran it and ended before the read: started, and gone.
+        for now in [
+            None,
+            running(101),
+            Some(ProcStat {
+                state: 'Z',
+                start_time: 100,
+            }),
+        ] {
+            assert_eq!(believed_cgroup(unit, receipt, now, None), Some(own.clone()));
+        }
+        assert_eq!(
+            believed_cgroup(unit, receipt, running(100), None),
+            Some(own)
         );
     }
 }

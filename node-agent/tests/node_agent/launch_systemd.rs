@@ -304,6 +304,38 @@ fn a_failed_start_does_not_hold_the_units_name() {
     launcher.stop(&identity).unwrap();
 }
 
+/// A runner that takes a queued job, runs it and ends at once was still started: the launcher
+/// learns its identity from the helper's receipt, written before the handoff is taken, not by
+/// asking systemd for a main pid the unit no longer has (a real-node check once saw this start
+/// fail as "no start time" although the job ran).
+#[test]
+fn a_runner_that_ends_at_once_was_still_started() {
+    if !inside_systemd("a_runner_that_ends_at_once_was_still_started") {
+        return;
+    }
+    let host = Host::new(runner(8));
+    std::fs::write(
+        host.runtime.join("bin/Runner.Listener"),
+        "#!/bin/sh\nexit 0\n",
+    )
+    .unwrap();
+    let launcher = launcher(&host);
+    for _ in 0..3 {
+        let identity = launcher
+            .start(&spec(&host, uuid::Uuid::new_v4(), &[]), handoff(&host))
+            .expect("a start whose runner has already ended is a start");
+        assert_eq!(identity.cgroup.rsplit('/').next(), identity.unit.as_deref());
+        // Ended, and nothing of the receipt left in the runtime.
+        let until = Instant::now() + Duration::from_secs(30);
+        while launcher.inspect(&identity).unwrap().is_alive() {
+            assert!(Instant::now() < until, "the runner never ended");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!host.runtime.join(".entry-receipt").exists());
+        launcher.stop(&identity).unwrap();
+    }
+}
+
 /// A runner that ignores SIGTERM is stopped at once, not after systemd's stop timeout (10 s in
 /// this systemd, 90 s on a default host).
 #[test]
