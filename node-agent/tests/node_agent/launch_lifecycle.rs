@@ -424,6 +424,9 @@ fn the_systemd_unit_has_exactly_these_properties_and_never_the_jit() {
             // The helper also sets its session's scheduler autogroup to the unit's `Nice=`.
             "--nice",
             "10",
+            // Where the helper writes its pid and start time before it takes the handoff.
+            "--receipt",
+            "/var/lib/runner-manager/runners/0123456789ab/.entry-receipt",
         ]
         .map(std::ffi::OsString::from)
     );
