@@ -103,6 +103,9 @@ pub struct AttemptSnapshot {
     /// The policy's dependency caches (`spec.caches`), resolved; absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caches: Option<crate::caches::CacheSnapshot>,
+    /// The policy's `spec.docker.enabled` (native runners): the runner gets its own engine.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub docker: bool,
     /// The policy's `maxRunners`: persistent slots are `s1..s<maxSlots>`.
     #[schemars(range(min = 1, max = 1000))]
     pub max_slots: u32,

@@ -91,6 +91,12 @@ pub struct ScalePolicySpec {
     /// an event and branch `writeBack` trusts, has its writes kept for the next one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caches: Option<crate::caches::CacheSpec>,
+    /// Docker for the policy's jobs, experimental (`docs/operations.md`, "Docker for jobs"): each runner gets
+    /// an engine of its own on the node (rootless Podman, as the runner's account) behind a
+    /// socket that is its `DOCKER_HOST`, and everything the job built, pulled, started or
+    /// created there is removed with it when the runner ends. Native runners only.
+    #[serde(default, skip_serializing_if = "DockerSpec::is_off")]
+    pub docker: DockerSpec,
     /// How a runner runs: a host process or an OCI pod.
     #[serde(default)]
     pub execution: ExecutionSpec,
@@ -109,6 +115,21 @@ pub struct ScalePolicySpec {
     /// cluster-wide secret that every team using that path shares.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<WebhookSpec>,
+}
+
+/// `spec.docker`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DockerSpec {
+    /// Give each runner its own Docker engine. `false`, the default: a job has no Docker.
+    #[serde(default)]
+    pub enabled: bool,
+}
+
+impl DockerSpec {
+    fn is_off(&self) -> bool {
+        !self.enabled
+    }
 }
 
 /// A policy's own webhook.

@@ -218,6 +218,13 @@ pub fn validate_policy(spec: &ScalePolicySpec) -> Vec<Problem> {
         }
     }
 
+    if spec.docker.enabled && spec.execution.mode == ExecutionMode::Oci {
+        problem(
+            "spec.docker.enabled",
+            "gives native runners an engine of their own; an OCI runner pod gets none of the node's (use spec.execution.mode: Native, or set spec.docker.enabled: false)".into(),
+        );
+    }
+
     match (spec.execution.mode, spec.execution.image.as_deref()) {
         (ExecutionMode::Oci, None) => problem(
             "spec.execution.image",
@@ -663,6 +670,28 @@ mod tests {
         assert_eq!(
             crate::policy::scale_set_name("a", &"x".repeat(200)).len(),
             128
+        );
+    }
+
+    #[test]
+    fn docker_is_refused_for_oci_runners_with_the_field_and_the_fix() {
+        let spec = |oci: bool| -> ScalePolicySpec {
+            let image = format!("registry.local/runner@sha256:{}", "a".repeat(64));
+            serde_json::from_value(serde_json::json!({
+                "github": {"url": "https://github.com/acme/web", "credentialsSecretRef": {"name": "gh"}},
+                "labels": ["linux"], "maxRunners": 3, "docker": {"enabled": true},
+                "execution": if oci { serde_json::json!({"mode": "Oci", "image": image}) } else { serde_json::json!({}) },
+            }))
+            .unwrap()
+        };
+        assert!(validate_policy(&spec(false)).is_empty());
+        let problems = validate_policy(&spec(true));
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].field, "spec.docker.enabled");
+        assert!(
+            problems[0].message.contains("Native"),
+            "{}",
+            problems[0].message
         );
     }
 

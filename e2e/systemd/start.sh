@@ -17,8 +17,10 @@
 #      RM_SYSTEMD_HIERARCHIES  the v1 hierarchies to mount inside on a hybrid host (the kubelet
 #                              needs cpuset too; its share of cpus/mems is copied from the parent)
 #      RM_SYSTEMD_NETNS=1      a network namespace of its own (the caller wires it)
-#      RM_SYSTEMD_PROC_SYS=rw  /proc/sys left writable (the caller saves and restores the host's
-#                              global sysctls: PID 1 raises fs.file-max and fs.nr_open)
+#      RM_SYSTEMD_PROC_SYS=rw  /proc/sys left writable: PID 1 raises fs.file-max, fs.nr_open
+#                              and net.unix.max_dgram_qlen, which are saved here and put back by
+#                              stop.sh (a rootless engine's netavark writes the sysctls of its
+#                              own network namespace, which a read-only /proc/sys refuses)
 #      RM_SYSTEMD_PREINIT      a script sourced inside, in the new mount namespace, just before
 #                              systemd starts (private mounts, `mount --make-rshared /`)
 set -euo pipefail
@@ -65,7 +67,12 @@ for h in $HIERS; do
   fi
 done
 PROC_SYS_RO='mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys'
-[ "${RM_SYSTEMD_PROC_SYS:-ro}" = rw ] && PROC_SYS_RO=': /proc/sys left writable: RM_SYSTEMD_PROC_SYS=rw'
+if [ "${RM_SYSTEMD_PROC_SYS:-ro}" = rw ]; then
+  PROC_SYS_RO=': /proc/sys left writable: RM_SYSTEMD_PROC_SYS=rw'
+  for k in fs.file-max fs.nr_open net.unix.max_dgram_qlen; do
+    v=$(sysctl -n "$k" 2>/dev/null) && echo "$k=$v"
+  done > "$STATE/sysctl.before"
+fi
 PREINIT=:
 if [ -n "${RM_SYSTEMD_PREINIT:-}" ]; then cp "$RM_SYSTEMD_PREINIT" "$STATE/preinit.sh"; PREINIT=". $STATE/preinit.sh"; fi
 NETNS=; [ "${RM_SYSTEMD_NETNS:-}" = 1 ] && NETNS=--net

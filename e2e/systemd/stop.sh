@@ -44,5 +44,11 @@ for h in $HIERS; do
   done
   [ -d "$root" ] && echo "systemd/stop.sh: could not remove $root" >&2
 done
+# The global sysctls PID 1 raised when /proc/sys was left writable (start.sh saved them).
+if [ -f "$STATE/sysctl.before" ]; then
+  while IFS='=' read -r k v; do
+    [ "$(sysctl -n "$k" 2>/dev/null)" = "$v" ] || sysctl -qw "$k=$v"
+  done < "$STATE/sysctl.before"
+fi
 rm -rf "$STATE"
 echo "systemd stopped"

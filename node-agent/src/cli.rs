@@ -57,6 +57,10 @@ pub struct Cli {
     /// namespaces are removed least recently used first, never one a live runner reads.
     #[arg(long, env = "RM_CACHE_MAX_GIB", default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=100_000))]
     pub cache_max_gib: u64,
+    /// Podman on the node, which runs each runner's own Docker engine (`spec.docker`), as the
+    /// node's systemd sees it.
+    #[arg(long, env = "RM_PODMAN", default_value = "/usr/bin/podman")]
+    pub podman: std::path::PathBuf,
     /// The cgroup v2 parent of the direct launcher's runners (relative to the v2 mount).
     #[arg(long, env = "RM_CGROUP_PARENT", default_value = "runner-manager.slice")]
     pub cgroup_parent: String,

@@ -521,8 +521,32 @@ pub fn run(args: &EntryArgs, status: &mut impl Write) -> EntryFailure {
 }
 
 /// The binary's `main`: argv, status channel, run, report.
+/// The helper's first argument when it starts a job's Docker engine (`crate::docker::engine`):
+/// it execs the absolute program that follows with the rest. `systemd-run` looks for a unit's
+/// command in the caller's file system, and the agent's container has no Podman; the helper is
+/// on the host root, where both the agent and the node's systemd find it.
+pub const ENGINE_EXEC: &str = "--engine-exec";
+
+fn engine_exec(args: &[OsString]) -> Option<i32> {
+    let (first, rest) = args.split_first()?;
+    if first != ENGINE_EXEC {
+        return None;
+    }
+    let Some((program, rest)) = rest.split_first() else {
+        return Some(EXIT_FAILED);
+    };
+    if !std::path::Path::new(program).is_absolute() {
+        return Some(EXIT_FAILED);
+    }
+    let _ = Command::new(program).args(rest).exec();
+    Some(EXIT_FAILED)
+}
+
 pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> i32 {
     let args: Vec<OsString> = args.into_iter().collect();
+    if let Some(code) = engine_exec(&args) {
+        return code;
+    }
     // The agent's start-up network proof runs this binary too (in a throw-away unit).
     if let Some(code) = crate::providers::sandbox::probe_main(&args) {
         return code;

@@ -7,6 +7,7 @@ pub mod agent;
 pub mod broker_client;
 pub mod caches;
 pub mod cli;
+pub mod docker;
 pub mod durable;
 pub mod entry;
 pub mod evidence;

@@ -31,6 +31,7 @@ pub fn native_attempt(id: uuid::Uuid, policy: &str, policy_uid: &str, node: &str
             workspace: WorkspaceMode::Ephemeral,
             fork_pull_requests: runner_manager_crds::policy::ForkPullRequests::Allow,
             caches: None,
+            docker: false,
             max_slots: 4,
             execution: ExecutionSnapshot {
                 mode: ExecutionMode::Native,

@@ -93,6 +93,13 @@ pub async fn clean(agent: &Agent, api: &Attempts, a: &RunnerAttempt) -> Result<S
     // discarded.
     agent.host.job_gates.close(a);
     super::caches::release(agent, a).await;
+    // Its Docker engine (`spec.docker`), with every container the job left running: proven
+    // stopped before its directory goes, and before the runtime it may have mounted.
+    if let Err(e) = super::docker::release(agent, a).await {
+        agent.metrics().cleanup_deferred();
+        tracing::warn!(namespace = %ns, attempt = %name, "cleanup deferred: {e}");
+        return Ok(Step::Wait);
+    }
 
     // 2. Redacted diagnostics.
     if let Err(e) = crate::durable::write_file(

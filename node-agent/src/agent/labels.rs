@@ -59,16 +59,19 @@ pub enum OrphanKind {
     Gate,
     /// A runner's dependency cache unmounted and its writes discarded (`crate::caches`).
     Cache,
+    /// A runner's Docker engine stopped and its directory removed (`crate::docker`).
+    Docker,
 }
 
 impl OrphanKind {
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::Runner,
         Self::Cgroup,
         Self::Runtime,
         Self::Handoff,
         Self::Gate,
         Self::Cache,
+        Self::Docker,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -79,6 +82,7 @@ impl OrphanKind {
             Self::Handoff => "handoff",
             Self::Gate => "gate",
             Self::Cache => "cache",
+            Self::Docker => "docker",
         }
     }
 }

@@ -94,6 +94,8 @@ pub enum LaunchFailure {
     JobGate(String),
     #[error("the dependency cache: {0}")]
     Cache(String),
+    #[error("the runner's Docker socket: {0}")]
+    Docker(String),
 }
 
 impl LaunchFailure {
@@ -106,7 +108,8 @@ impl LaunchFailure {
             | Self::Runtime(_)
             | Self::Environment(_)
             | Self::JobGate(_)
-            | Self::Cache(_) => F::WorkspaceUnavailable,
+            | Self::Cache(_)
+            | Self::Docker(_) => F::WorkspaceUnavailable,
             Self::Package(_) => F::RunnerPackageUnverified,
             // The kubelet found the node too full: the node's fault, not the policy's (issue 15
             // item 7), so it does not count toward `Degraded`.
@@ -732,6 +735,20 @@ async fn request_and_start(
         .map_err(|e| failed(LaunchFailure::Cache(e), &timings))?;
     if let Some(c) = &cache {
         env.extend(c.environment.iter().cloned());
+    }
+    // The runner's own Docker engine (`spec.docker`), before the JIT: its socket is in the
+    // runtime when the listener starts. `DOCKER_HOST` is the agent's, whatever `runner.env` says.
+    if let Some((k, v)) = super::docker::attach(
+        agent,
+        current,
+        &runtime,
+        account,
+        cache.as_ref().map(|c| c.mount.as_path()),
+    )
+    .await
+    .map_err(|e| failed(LaunchFailure::Docker(e), &timings))?
+    {
+        env.insert(k, v);
     }
     // The job gate, before the JIT: a runner whose policy refuses fork pull requests never runs
     // without it, and one whose policy keeps caches learns there whether its writes are kept.

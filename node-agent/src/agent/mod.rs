@@ -16,6 +16,7 @@ pub mod caches;
 pub mod cleanup;
 pub mod conditions;
 pub mod controller;
+pub mod docker;
 pub mod edges;
 pub mod events;
 pub mod fault;
@@ -353,6 +354,7 @@ pub async fn run(cli: Cli) -> Result<(), AgentError> {
                 cli.runner_gid,
                 cli.cache_max_gib.saturating_mul(1 << 30),
             )),
+            docker: crate::docker::DockerJobs::new(cli.podman.clone()),
         },
         providers: crate::providers::Providers::new(
             launcher,

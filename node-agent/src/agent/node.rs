@@ -76,6 +76,8 @@ pub struct Host {
     pub job_gates: super::job_gates::JobGates,
     /// The node's dependency caches (`spec.caches`).
     pub caches: std::sync::Arc<crate::caches::CacheRoot>,
+    /// The Docker sockets served to live runners (`spec.docker`).
+    pub docker: crate::docker::DockerJobs,
 }
 
 /// The agent's side of the cluster: the API client, the node's attempts, Events, the pod

@@ -100,7 +100,35 @@ fn backoff_key(short: &str) -> String {
 /// attempt that arrived, and launched, in between (and its runtime or placeholder would be
 /// swept from under its launch).
 pub async fn sweep(agent: &Agent, claims: &(dyn Fn() -> BTreeSet<String> + Sync)) -> SweepReport {
+    // Docker engines first (`spec.docker`): every container of one is stopped with it before
+    // the runtime it may have mounted is removed below.
+    let engines = tokio::task::block_in_place(|| {
+        let mut found = listed(
+            "the Docker engines' units",
+            agent.providers.launcher().engine_leftovers(),
+        )
+        .unwrap_or_default();
+        found.extend(
+            listed(
+                "the Docker engines' directories",
+                super::docker::engine_dir_names(&agent.host.root),
+            )
+            .unwrap_or_default(),
+        );
+        found.sort();
+        found.dedup();
+        found
+    });
+    let claimed = claims();
+    let unclaimed: Vec<String> = unclaimed(&engines, &claimed)
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    let engines_removed = super::docker::sweep_orphans(agent, &unclaimed).await;
     let mut report = tokio::task::block_in_place(|| sweep_runners(agent, claims));
+    report
+        .removed
+        .extend(engines_removed.into_iter().map(|s| (OrphanKind::Docker, s)));
     {
         // Under the allocation lock: a slot is recorded in the table under it before any
         // handoff is made in it, so an unleased slot stays unleased while it is swept.
@@ -113,12 +141,13 @@ pub async fn sweep(agent: &Agent, claims: &(dyn Fn() -> BTreeSet<String> + Sync)
         let count = |k: OrphanKind| report.removed.iter().filter(|(x, _)| *x == k).count();
         let names: BTreeSet<&str> = report.removed.iter().map(|(_, n)| n.as_str()).collect();
         tracing::warn!(
-            "orphans removed (no attempt of this node claims them): {} runner(s) stopped, {} cgroup(s) or unit(s), {} runtime(s), {} handoff file(s), {} job gate(s); attempt names {}",
+            "orphans removed (no attempt of this node claims them): {} runner(s) stopped, {} cgroup(s) or unit(s), {} runtime(s), {} handoff file(s), {} job gate(s), {} Docker engine(s); attempt names {}",
             count(OrphanKind::Runner),
             count(OrphanKind::Cgroup),
             count(OrphanKind::Runtime),
             count(OrphanKind::Handoff),
             count(OrphanKind::Gate),
+            count(OrphanKind::Docker),
             names.into_iter().collect::<Vec<_>>().join(",")
         );
         for (kind, _) in &report.removed {

@@ -263,6 +263,7 @@ async fn live(
         }
         keep_placeholder(agent, ctx, a, memory).await;
         reopen_job_gate(agent, a, &runtime);
+        super::docker::serve_again(agent, a, &runtime);
         if frozen {
             return Ok(Step::Wait);
         }

@@ -16,6 +16,7 @@ use runner_manager_crds::attempt::{Launcher, ProcessIdentity};
 
 use super::cgroup::{CgroupError, CgroupLimits};
 use crate::account::RunnerAccount;
+use crate::docker::engine::EngineSpec;
 use crate::entry::EntryFailure;
 use crate::handoff::RestrictiveHandoff;
 use crate::process::Inspection;
@@ -170,6 +171,26 @@ pub trait RunnerLauncher: Send + Sync {
     /// is removed. Only for a name no attempt claims.
     fn stop_leftover(&self, _short: &str) -> Result<Stopped, StopError> {
         Err(StopError::NotOurs)
+    }
+
+    /// Starts the Docker engine of `spec.attempt` beside its runner (`crate::docker`). A
+    /// launcher that runs none says why, and the job's Docker socket answers with that.
+    fn start_engine(&self, _spec: &EngineSpec<'_>) -> Result<(), String> {
+        Err(
+            "this node's agent runs runners without systemd (the direct launcher), which starts no Docker engine"
+                .to_owned(),
+        )
+    }
+
+    /// Stops the engine of attempt `short` (12 hex) and every container in it, proven gone.
+    /// None running is `AlreadyGone`.
+    fn stop_engine(&self, _short: &str) -> Result<Stopped, StopError> {
+        Ok(Stopped::AlreadyGone)
+    }
+
+    /// The attempt names of the engine units this launcher holds, live or left over.
+    fn engine_leftovers(&self) -> io::Result<Vec<String>> {
+        Ok(Vec::new())
     }
 }
 

@@ -30,6 +30,7 @@ use runner_manager_crds::attempt::{Launcher, ProcessIdentity};
 use super::cgroup::attempt_cgroup_name;
 use super::launcher::{LaunchSpec, RunnerLauncher, StartError, StartFailure, StopError, Stopped};
 use super::sandbox::{Probe, ProbeUnits, RunnerNetwork};
+use crate::docker::engine::{self, EngineSpec};
 use crate::entry::{EntryArgs, HELPER_LANG, HELPER_PATH, RECEIPT, Receipt, encode_environment};
 use crate::handoff::RestrictiveHandoff;
 use crate::process::stat::{ProcStat, read_cgroup_v2, read_stat};
@@ -273,6 +274,114 @@ pub fn probe_unit(probe: &Probe, entry_helper: &Path, network: &RunnerNetwork) -
             probe.target.to_string().into(),
             "--probe-result".into(),
             probe.result.clone().into_os_string(),
+        ],
+    }
+}
+
+/// The transient unit of an attempt's Docker engine (`crate::docker::engine`): the runner's
+/// sandbox but for what an engine cannot run without (user namespaces and the mount calls in
+/// them, `newuidmap`, which is setuid, `/dev/net/tun`, hostnames and sysctls of its own
+/// namespaces), so a container reaches no more of the host than the job itself.
+pub fn engine_unit(
+    spec: &EngineSpec<'_>,
+    entry_helper: &Path,
+    network: &RunnerNetwork,
+) -> TransientUnit {
+    let mut p: Vec<(String, String)> = Vec::new();
+    let mut set = |k: &str, v: String| p.push((k.to_owned(), v));
+    set("Slice", SLICE.to_owned());
+    set("Type", "exec".to_owned());
+    set("User", spec.account.uid.to_string());
+    set("Group", spec.account.gid.to_string());
+    set("KillMode", "control-group".to_owned());
+    // Only what needs no seccomp filter: with `User=`, systemd implies `NoNewPrivileges=yes`
+    // for `PrivateDevices=`, `ProtectKernel*=`, `ProtectClock=`, `RestrictRealtime=`,
+    // `LockPersonality=`, `SystemCallArchitectures=` and `RestrictAddressFamilies=` (measured:
+    // newuidmap's write of the uid map is then refused). What they would refuse an unprivileged
+    // account is refused by its lack of capabilities on the node all the same.
+    for (k, v) in [
+        // Its own /tmp and /var/tmp, which Podman writes (an image copy's staging).
+        ("PrivateTmp", "yes"),
+        // The node's devices stay visible but unopenable but for the engine's own tun.
+        ("DevicePolicy", "closed"),
+        ("DeviceAllow", "/dev/net/tun rw"),
+        ("ProtectSystem", "strict"),
+        ("ProtectHome", "yes"),
+        ("ProtectProc", "invisible"),
+        ("ProtectControlGroups", "yes"),
+        ("RemoveIPC", "yes"),
+        ("PrivateIPC", "yes"),
+    ] {
+        set(k, v.to_owned());
+    }
+    // The node's hidden paths, and systemd's own marker: a rootless Podman that sees a systemd
+    // reaches for the account's user manager over D-Bus (to move its processes into scopes),
+    // which a runner account does not have; measured, its container starts and clean-ups then
+    // hung at random. Without the marker it manages its processes itself, all in this unit.
+    set(
+        "InaccessiblePaths",
+        format!("{INACCESSIBLE_PATHS} -/run/systemd/system"),
+    );
+    set(
+        "BindPaths",
+        format!("{}:/dev/net/tun", spec.dirs.tun().display()),
+    );
+    set(
+        "ReadWritePaths",
+        [spec.dirs.root.as_path(), spec.runtime]
+            .into_iter()
+            .chain(spec.cache)
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" "),
+    );
+    set("WorkingDirectory", spec.dirs.root.display().to_string());
+    set("StandardInput", "null".to_owned());
+    set("StandardOutput", "null".to_owned());
+    // The engine's own log, in its directory (gone with it): what Podman said about a job's
+    // container that would not start.
+    set(
+        "StandardError",
+        format!("append:{}", spec.dirs.root.join("engine.log").display()),
+    );
+    p.extend(network.properties());
+    let d = spec.dirs;
+    let environment = vec![
+        ("PATH".to_owned(), crate::entry::HELPER_PATH.to_owned()),
+        ("LANG".to_owned(), crate::entry::HELPER_LANG.to_owned()),
+        ("HOME".to_owned(), d.home().display().to_string()),
+        ("XDG_RUNTIME_DIR".to_owned(), d.run().display().to_string()),
+        (
+            "XDG_CONFIG_HOME".to_owned(),
+            d.home().join(".config").display().to_string(),
+        ),
+        (
+            "XDG_DATA_HOME".to_owned(),
+            d.home().join(".local/share").display().to_string(),
+        ),
+        (
+            "CONTAINERS_CONF".to_owned(),
+            d.containers_conf().display().to_string(),
+        ),
+        (
+            "CONTAINERS_STORAGE_CONF".to_owned(),
+            d.storage_conf().display().to_string(),
+        ),
+    ];
+    let mut socket = OsString::from("unix://");
+    socket.push(d.socket());
+    TransientUnit {
+        name: engine::unit_name(&spec.attempt),
+        properties: p,
+        environment,
+        command: vec![
+            entry_helper.as_os_str().to_owned(),
+            crate::entry::ENGINE_EXEC.into(),
+            spec.podman.as_os_str().to_owned(),
+            "system".into(),
+            "service".into(),
+            "--time=0".into(),
+            socket,
         ],
     }
 }
@@ -581,6 +690,49 @@ impl RunnerLauncher for SystemdLauncher {
     }
 
     fn leftovers(&self) -> io::Result<Vec<String>> {
+        self.units_of_slice("rm-*.service", runner_unit_attempt)
+    }
+
+    fn stop_leftover(&self, short: &str) -> Result<Stopped, StopError> {
+        if !super::launcher::is_attempt_short(short) {
+            return Err(StopError::NotOurs);
+        }
+        self.stop_unit_named(&format!("rm-{short}.service"))
+    }
+
+    fn start_engine(&self, spec: &EngineSpec<'_>) -> Result<(), String> {
+        let unit = engine_unit(spec, &self.entry_helper, &self.network);
+        match self.run(&self.systemd_run, &unit.systemd_run_args()) {
+            Ok((status, _)) if status.success() => Ok(()),
+            Ok(_) => Err(format!(
+                "systemd refused the engine's unit {} (is Podman at {}?)",
+                unit.name,
+                spec.podman.display()
+            )),
+            Err(e) => Err(format!("systemd-run could not be run ({:?})", e.kind())),
+        }
+    }
+
+    fn stop_engine(&self, short: &str) -> Result<Stopped, StopError> {
+        if !super::launcher::is_attempt_short(short) {
+            return Err(StopError::NotOurs);
+        }
+        self.stop_unit_named(&format!("rm-{short}-docker.service"))
+    }
+
+    fn engine_leftovers(&self) -> io::Result<Vec<String>> {
+        self.units_of_slice("rm-*-docker.service", engine::unit_attempt_prefix)
+    }
+}
+
+impl SystemdLauncher {
+    /// The attempt names `parse` reads from the loaded units matching `pattern` that sit in the
+    /// runners' own slice: a unit of that name elsewhere is not ours.
+    fn units_of_slice(
+        &self,
+        pattern: &str,
+        parse: fn(&str) -> Option<&str>,
+    ) -> io::Result<Vec<String>> {
         let (status, out) = self.run(
             &self.systemctl,
             &[
@@ -589,41 +741,40 @@ impl RunnerLauncher for SystemdLauncher {
                 "--plain".into(),
                 "--no-legend".into(),
                 "--type=service".into(),
-                "rm-*.service".into(),
+                pattern.into(),
             ],
         )?;
         if !status.success() {
             return Err(io::Error::other("systemctl list-units failed"));
         }
-        // Only units in the runners' own slice: a unit of that name elsewhere is not ours.
         let mut ours = Vec::new();
-        for short in attempt_units(&out) {
+        for unit in listed_units(&out) {
+            let Some(short) = parse(&unit) else { continue };
             let (ok, slice) = self.run(
                 &self.systemctl,
                 &[
                     "show".into(),
                     "--property=Slice".into(),
                     "--value".into(),
-                    format!("rm-{short}.service").into(),
+                    unit.as_str().into(),
                 ],
             )?;
             if ok.success() && slice.trim() == SLICE {
-                ours.push(short);
+                ours.push(short.to_owned());
             }
         }
+        ours.sort();
+        ours.dedup();
         Ok(ours)
     }
 
-    fn stop_leftover(&self, short: &str) -> Result<Stopped, StopError> {
-        if !super::launcher::is_attempt_short(short) {
-            return Err(StopError::NotOurs);
-        }
-        let unit = format!("rm-{short}.service");
-        let (_, _, before) = self.show(&unit).map_err(|_| StopError::Unit)?;
-        self.kill_unit(&unit).map_err(|_| StopError::Unit)?;
+    /// Kills every process of `unit` and proves it gone (no main pid, inactive or unloaded).
+    fn stop_unit_named(&self, unit: &str) -> Result<Stopped, StopError> {
+        let (_, _, before) = self.show(unit).map_err(|_| StopError::Unit)?;
+        self.kill_unit(unit).map_err(|_| StopError::Unit)?;
         let until = Instant::now() + self.stop_deadline;
         loop {
-            let (pid, _, state) = self.show(&unit).map_err(|_| StopError::Unit)?;
+            let (pid, _, state) = self.show(unit).map_err(|_| StopError::Unit)?;
             if pid == 0 && matches!(state.as_str(), "inactive" | "failed" | "") {
                 break;
             }
@@ -644,22 +795,33 @@ impl RunnerLauncher for SystemdLauncher {
     }
 }
 
+/// The unit names of a `systemctl list-units --plain --no-legend` listing.
+fn listed_units(listing: &str) -> Vec<String> {
+    listing
+        .lines()
+        .filter_map(|l| l.split_whitespace().find(|w| w.starts_with("rm-")))
+        .map(str::to_owned)
+        .collect()
+}
+
 /// The attempt names of the `rm-<12hex>.service` units in `systemctl list-units --plain
 /// --no-legend` output (the unit is the first column; a leading status mark is skipped).
 pub fn attempt_units(listing: &str) -> Vec<String> {
-    let mut found: Vec<String> = listing
-        .lines()
-        .filter_map(|l| {
-            l.split_whitespace()
-                .find(|w| w.starts_with("rm-"))
-                .and_then(|u| u.strip_prefix("rm-")?.strip_suffix(".service"))
-                .filter(|h| super::launcher::is_attempt_short(h))
-                .map(str::to_owned)
-        })
+    let mut found: Vec<String> = listed_units(listing)
+        .iter()
+        .filter_map(|u| runner_unit_attempt(u))
+        .map(str::to_owned)
         .collect();
     found.sort();
     found.dedup();
     found
+}
+
+/// The attempt name of a runner's unit (`rm-<12hex>.service`), and of nothing else.
+fn runner_unit_attempt(unit: &str) -> Option<&str> {
+    unit.strip_prefix("rm-")?
+        .strip_suffix(".service")
+        .filter(|h| super::launcher::is_attempt_short(h))
 }
 
 #[cfg(test)]
@@ -974,6 +1136,73 @@ mod tests {
         assert_eq!(
             believed_cgroup(unit, receipt, running(100), None),
             Some(own)
+        );
+    }
+    #[test]
+    fn a_docker_engine_keeps_its_state_in_the_attempts_directory_and_lacks_what_a_job_lacks() {
+        let attempt = uuid::Uuid::parse_str("0123456789ab4def8000000000000000").unwrap();
+        let dirs = engine::EngineDirs::new(Path::new("/var/lib/runner-manager"), &attempt);
+        assert_eq!(
+            dirs.root,
+            Path::new("/var/lib/runner-manager/docker/0123456789ab")
+        );
+        for text in [dirs.containers_conf_text(), dirs.storage_conf_text()] {
+            for line in text.lines().filter(|l| l.contains('/')) {
+                assert!(
+                    line.contains("/var/lib/runner-manager/docker/0123456789ab/"),
+                    "{line}"
+                );
+            }
+        }
+        let spec = EngineSpec {
+            attempt,
+            account: crate::account::RunnerAccount {
+                uid: 20001,
+                gid: 20000,
+            },
+            dirs: &dirs,
+            runtime: Path::new("/var/lib/runner-manager/runners/0123456789ab"),
+            cache: None,
+            podman: Path::new("/usr/bin/podman"),
+        };
+        let unit = engine_unit(
+            &spec,
+            Path::new("/var/lib/runner-manager/bin/runner-manager-runner-entry"),
+            &RunnerNetwork::default(),
+        );
+        let get = |k: &str| {
+            unit.properties
+                .iter()
+                .filter(|(key, _)| key == k)
+                .map(|(_, v)| v.as_str())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(get("User"), ["20001"]);
+        assert!(get("InaccessiblePaths")[0].starts_with(INACCESSIBLE_PATHS));
+        assert_eq!(get("ProtectSystem"), ["strict"]);
+        assert_eq!(
+            get("ReadWritePaths"),
+            [
+                "/var/lib/runner-manager/docker/0123456789ab /var/lib/runner-manager/runners/0123456789ab"
+            ]
+        );
+        assert!(
+            !get("IPAddressDeny").is_empty(),
+            "the runners' network filter"
+        );
+        // What an engine needs and a runner's unit refuses.
+        for absent in [
+            "NoNewPrivileges",
+            "RestrictNamespaces",
+            "SystemCallFilter",
+            "CapabilityBoundingSet",
+        ] {
+            assert!(get(absent).is_empty(), "{absent}");
+        }
+        assert_eq!(unit.command[1], crate::entry::ENGINE_EXEC);
+        assert_eq!(
+            unit.command.last().unwrap(),
+            "unix:///var/lib/runner-manager/docker/0123456789ab/run/engine.sock"
         );
     }
 }

@@ -5,6 +5,7 @@
 mod archive_support;
 mod launch_support;
 
+mod docker_systemd;
 mod launch_direct;
 mod launch_lifecycle;
 mod launch_systemd;

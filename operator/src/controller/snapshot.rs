@@ -12,7 +12,7 @@ use runner_manager_crds::attempt::{
 };
 use runner_manager_crds::duration::ManifestDuration;
 use runner_manager_crds::names::attempt_name;
-use runner_manager_crds::policy::ScalePolicy;
+use runner_manager_crds::policy::{ExecutionMode, ScalePolicy};
 use runner_manager_crds::validate::ValidatedPolicy;
 
 use super::resolve::RunnerPackages;
@@ -78,6 +78,7 @@ pub fn build(
                     write_back: c.write_back.clone(),
                 })
             }),
+            docker: spec.docker.enabled && spec.execution.mode == ExecutionMode::Native,
             max_slots: spec.max_runners,
             execution: ExecutionSnapshot {
                 mode: spec.execution.mode,
