@@ -15,7 +15,7 @@ use runner_manager_crds::policy::ExecutionMode;
 
 use super::node::Agent;
 use crate::account::RunnerAccount;
-use crate::docker::engine::{EngineDirs, EngineSpec, JOB_SOCKET};
+use crate::docker::engine::{DOCKER_DIR, EngineDirs, EngineSpec, JOB_SOCKET};
 use crate::docker::proxy::{self, Proxy};
 use crate::docker::rules::Rules;
 
@@ -80,22 +80,12 @@ pub async fn attach(
     if let Some(why) = &unavailable {
         tracing::warn!(attempt = %short, "the runner's Docker engine was not started: {why}");
     }
-    let mut bind_roots = vec![runtime.to_path_buf()];
-    bind_roots.extend(cache.map(Path::to_path_buf));
     serve(
         agent,
         &short,
         runtime,
         account,
-        Proxy {
-            rules: Rules {
-                attempt: id.to_string(),
-                bind_roots,
-            },
-            engine: dirs.socket(),
-            engine_wait: ENGINE_WAIT,
-            unavailable,
-        },
+        proxy_for(id, &dirs, runtime, cache, unavailable),
     )
     .map_err(|e| {
         format!(
@@ -104,6 +94,29 @@ pub async fn attach(
         )
     })?;
     Ok(Some(("DOCKER_HOST".to_owned(), docker_host(runtime))))
+}
+
+/// The proxy of attempt `id`: its label, the runner's directories as the only bind sources, its
+/// engine's socket.
+fn proxy_for(
+    id: uuid::Uuid,
+    dirs: &EngineDirs,
+    runtime: &Path,
+    cache: Option<&Path>,
+    unavailable: Option<String>,
+) -> Proxy {
+    Proxy {
+        rules: Rules {
+            attempt: id.to_string(),
+            bind_roots: std::iter::once(runtime)
+                .chain(cache)
+                .map(Path::to_path_buf)
+                .collect(),
+        },
+        engine: dirs.socket(),
+        engine_wait: ENGINE_WAIT,
+        unavailable,
+    }
 }
 
 /// Binds `<runtime>/.docker.sock` (the runner's, 0600) and serves `proxy` on it.
@@ -155,19 +168,12 @@ pub fn serve_again(agent: &Agent, a: &RunnerAttempt, runtime: &Path) {
         return;
     };
     let dirs = EngineDirs::new(&agent.host.root, &id);
-    let mut bind_roots = vec![runtime.to_path_buf()];
-    if agent.host.caches.attached(&short) {
-        bind_roots.push(agent.host.caches.mount_point(&short));
-    }
-    let proxy = Proxy {
-        rules: Rules {
-            attempt: id.to_string(),
-            bind_roots,
-        },
-        engine: dirs.socket(),
-        engine_wait: ENGINE_WAIT,
-        unavailable: None,
-    };
+    let cache = agent
+        .host
+        .caches
+        .attached(&short)
+        .then(|| agent.host.caches.mount_point(&short));
+    let proxy = proxy_for(id, &dirs, runtime, cache.as_deref(), None);
     match serve(agent, &short, runtime, account, proxy) {
         Ok(()) => tracing::info!(attempt = %short, "the runner's Docker socket is served again"),
         Err(e) => tracing::warn!(
@@ -225,7 +231,7 @@ async fn remove_engine(agent: &Agent, short: &str, dirs: &EngineDirs) -> Result<
 
 /// The attempt names of engine directories on the host (`<hostRoot>/docker/<12hex>`).
 pub fn engine_dir_names(host_root: &Path) -> std::io::Result<Vec<String>> {
-    crate::providers::launcher::attempt_names_in(&host_root.join(crate::docker::engine::DOCKER_DIR))
+    crate::providers::launcher::attempt_names_in(&host_root.join(DOCKER_DIR))
 }
 
 /// The orphan sweep's part: engines whose attempt is gone, stopped and removed (the socket of a
@@ -235,14 +241,7 @@ pub async fn sweep_orphans(agent: &Agent, unclaimed: &[String]) -> Vec<String> {
     let mut removed = Vec::new();
     for short in unclaimed {
         agent.host.docker.close(short);
-        let dirs = EngineDirs {
-            root: agent
-                .host
-                .root
-                .join(crate::docker::engine::DOCKER_DIR)
-                .join(short),
-        };
-        match remove_engine(agent, short, &dirs).await {
+        match remove_engine(agent, short, &EngineDirs::named(&agent.host.root, short)).await {
             Ok(()) => removed.push(short.clone()),
             Err(e) => tracing::warn!("orphan Docker engine {short} not removed: {e}"),
         }

@@ -53,8 +53,13 @@ pub struct EngineDirs {
 
 impl EngineDirs {
     pub fn new(host_root: &Path, attempt: &uuid::Uuid) -> Self {
+        Self::named(host_root, &short_hex(*attempt))
+    }
+
+    /// By the attempt's name (12 hex), as the orphan sweep lists them.
+    pub fn named(host_root: &Path, short: &str) -> Self {
         Self {
-            root: host_root.join(DOCKER_DIR).join(short_hex(*attempt)),
+            root: host_root.join(DOCKER_DIR).join(short),
         }
     }
 

@@ -104,6 +104,18 @@ async fn connect_engine(proxy: &Proxy) -> std::io::Result<UnixStream> {
     }
 }
 
+/// One request on a fresh connection to the engine (kept for an upgrade, if the engine answers
+/// with one).
+async fn send(
+    stream: UnixStream,
+    request: Request<ProxyBody>,
+) -> Result<Response<Incoming>, hyper::Error> {
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(connection.with_upgrades());
+    sender.send_request(request).await
+}
+
 async fn handle(
     proxy: Arc<Proxy>,
     mut req: Request<Incoming>,
@@ -156,13 +168,7 @@ async fn handle(
             return Ok(engine_unavailable(attempt, &why));
         }
     };
-    let (mut sender, connection) =
-        match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
-            Ok(pair) => pair,
-            Err(e) => return Ok(engine_unavailable(attempt, &e.to_string())),
-        };
-    tokio::spawn(connection.with_upgrades());
-    let mut response = match sender.send_request(Request::from_parts(parts, body)).await {
+    let mut response = match send(stream, Request::from_parts(parts, body)).await {
         Ok(r) => r,
         Err(e) => return Ok(engine_unavailable(attempt, &e.to_string())),
     };
@@ -207,15 +213,11 @@ pub async fn leftovers(socket: &std::path::Path) -> Option<Leftovers> {
         skip: &[&str],
     ) -> Option<usize> {
         let stream = UnixStream::connect(socket).await.ok()?;
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .ok()?;
-        tokio::spawn(connection);
         let request = Request::get(path)
             .header(hyper::header::HOST, "docker")
-            .body(http_body_util::Empty::<Bytes>::new())
+            .body(full(Bytes::new()))
             .ok()?;
-        let response = sender.send_request(request).await.ok()?;
+        let response = send(stream, request).await.ok()?;
         let body = Limited::new(response.into_body(), 16 << 20)
             .collect()
             .await

@@ -804,19 +804,6 @@ fn listed_units(listing: &str) -> Vec<String> {
         .collect()
 }
 
-/// The attempt names of the `rm-<12hex>.service` units in `systemctl list-units --plain
-/// --no-legend` output (the unit is the first column; a leading status mark is skipped).
-pub fn attempt_units(listing: &str) -> Vec<String> {
-    let mut found: Vec<String> = listed_units(listing)
-        .iter()
-        .filter_map(|u| runner_unit_attempt(u))
-        .map(str::to_owned)
-        .collect();
-    found.sort();
-    found.dedup();
-    found
-}
-
 /// The attempt name of a runner's unit (`rm-<12hex>.service`), and of nothing else.
 fn runner_unit_attempt(unit: &str) -> Option<&str> {
     unit.strip_prefix("rm-")?
@@ -879,10 +866,12 @@ mod tests {
             rm-0123.service loaded active running short\n\
             rm-0123456789AB.service loaded active running upper\n\
             sshd.service loaded active running OpenSSH\n";
-        assert_eq!(
-            attempt_units(listing),
-            vec!["0123456789ab".to_owned(), "abcdefabcdef".to_owned()]
-        );
+        let units = listed_units(listing);
+        let runners: Vec<&str> = units
+            .iter()
+            .filter_map(|u| runner_unit_attempt(u))
+            .collect();
+        assert_eq!(runners, ["0123456789ab", "abcdefabcdef"]);
     }
 
     fn hostile_spec(runtime: &Path) -> LaunchSpec<'_> {

@@ -28,9 +28,9 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::launch_support::{ENTRY_HELPER, jit};
+use crate::launch_support::{ENTRY_HELPER, jit, read_when_there};
 use runner_manager_node_agent::account::RunnerAccount;
 use runner_manager_node_agent::docker::engine::{EngineDirs, EngineSpec, JOB_SOCKET};
 use runner_manager_node_agent::docker::proxy::{self, Proxy};
@@ -94,17 +94,6 @@ fn inside_systemd_with_podman(test: &str) -> Option<PathBuf> {
     };
     println!("{test}: skipped ({why})");
     None
-}
-
-fn wait_for(path: &Path, within: Duration) -> String {
-    let until = Instant::now() + within;
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path) {
-            return text;
-        }
-        assert!(Instant::now() < until, "{path:?} never appeared");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn processes_of(uid: u32) -> Vec<String> {
@@ -235,8 +224,9 @@ async fn a_jobs_docker_builds_runs_and_serves_then_leaves_nothing_and_refuses_th
         )
     })
     .unwrap();
-    let report =
-        tokio::task::block_in_place(|| wait_for(&runtime.join("job"), Duration::from_secs(300)));
+    let report = tokio::task::block_in_place(|| {
+        read_when_there(&runtime.join("job"), Duration::from_secs(300))
+    });
     let out = |step: &str| {
         std::fs::read_to_string(runtime.join(format!("ctx/out-{step}"))).unwrap_or_default()
     };

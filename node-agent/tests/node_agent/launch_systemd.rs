@@ -17,7 +17,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use launch_support::{ENTRY_HELPER, jit};
+use launch_support::{ENTRY_HELPER, jit, read_when_there};
 use runner_manager_node_agent::account::RunnerAccount;
 use runner_manager_node_agent::handoff::RestrictiveHandoff;
 use runner_manager_node_agent::providers::cgroup::{CgroupLimits, RunnerDefaults};
@@ -146,17 +146,6 @@ impl Drop for Host {
         let _ = std::fs::remove_file(format!("/usr/rm-probe-{}", self.id));
         let _ = std::fs::remove_file(format!("/tmp/rm-probe-{}", self.id));
         let _ = std::fs::remove_file(format!("/dev/shm/rm-probe-{}", self.id));
-    }
-}
-
-fn wait_for(path: &Path, within: Duration) -> String {
-    let until = Instant::now() + within;
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path) {
-            return text;
-        }
-        assert!(Instant::now() < until, "{path:?} never appeared");
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -300,7 +289,7 @@ fn a_failed_start_does_not_hold_the_units_name() {
     let identity = launcher
         .start(&spec(&host, attempt, &[]), handoff(&host))
         .unwrap();
-    wait_for(&host.runtime.join("probe"), Duration::from_secs(60));
+    read_when_there(&host.runtime.join("probe"), Duration::from_secs(60));
     launcher.stop(&identity).unwrap();
 }
 
@@ -351,7 +340,7 @@ fn a_runner_ignoring_sigterm_is_stopped_without_waiting_for_the_stop_timeout() {
             handoff(&host),
         )
         .unwrap();
-    wait_for(&host.runtime.join("probe"), Duration::from_secs(60));
+    read_when_there(&host.runtime.join("probe"), Duration::from_secs(60));
     let started = Instant::now();
     launcher.stop(&identity).unwrap();
     let took = started.elapsed();
@@ -427,7 +416,7 @@ fn a_runner_unit_is_sandboxed_and_leaves_nothing_for_the_next_tenant() {
     let (secret, _) = jit();
     let handoff = RestrictiveHandoff::create(&host.runtime, host.account, &secret).unwrap();
     let identity = launcher.start(&spec, handoff).unwrap();
-    let report = wait_for(&host.runtime.join("probe"), Duration::from_secs(60));
+    let report = read_when_there(&host.runtime.join("probe"), Duration::from_secs(60));
     println!("probe:\n{report}");
     let said: BTreeMap<&str, &str> = report.lines().filter_map(|l| l.split_once('=')).collect();
     let expect = [
@@ -513,7 +502,7 @@ fn a_leftover_runner_unit_is_listed_and_stopped_by_its_attempt_name_only() {
             handoff(&host),
         )
         .unwrap();
-    wait_for(&host.runtime.join("probe"), Duration::from_secs(60));
+    read_when_there(&host.runtime.join("probe"), Duration::from_secs(60));
     // Same form, another slice: not ours.
     let stranger = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
     let ok = std::process::Command::new("systemd-run")
@@ -562,7 +551,7 @@ fn another_tenants_runner_cannot_read_this_ones_runner_env() {
             handoff(&host),
         )
         .unwrap();
-    wait_for(&host.runtime.join("probe"), Duration::from_secs(60));
+    read_when_there(&host.runtime.join("probe"), Duration::from_secs(60));
     let unit = victim.unit.clone().unwrap();
 
     // The other tenant: rm-runner2, its own runtime.
@@ -592,7 +581,7 @@ fn another_tenants_runner_cannot_read_this_ones_runner_env() {
             RestrictiveHandoff::create(&peer_runtime, PEER, &jit_secret).unwrap(),
         )
         .unwrap();
-    let report = wait_for(&peer_runtime.join("probe"), Duration::from_secs(60));
+    let report = read_when_there(&peer_runtime.join("probe"), Duration::from_secs(60));
     assert!(report.contains("peer_view=collected"), "{report}");
     let view = std::fs::read_to_string(peer_runtime.join("peer-view")).unwrap();
     println!("what the other tenant saw:\n{view}");

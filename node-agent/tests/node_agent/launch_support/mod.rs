@@ -130,9 +130,7 @@ impl World {
 
     /// Reads a file the stand-in writes, once it exists.
     pub fn wait_for(&self, name: &str) -> String {
-        let p = self.tmp(name);
-        wait_until(Duration::from_secs(10), || p.exists());
-        std::fs::read_to_string(p).unwrap()
+        read_when_there(&self.tmp(name), Duration::from_secs(10))
     }
 }
 
@@ -165,6 +163,12 @@ pub fn wait_until(deadline: Duration, mut cond: impl FnMut() -> bool) {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Reads `path` once it exists, failing the test after `within`.
+pub fn read_when_there(path: &Path, within: Duration) -> String {
+    wait_until(within, || path.exists());
+    std::fs::read_to_string(path).unwrap()
 }
 
 pub fn jit() -> (SecretString, String) {
