@@ -215,6 +215,9 @@ fi
 stage "install: Debian packages, kubectl, helm, cargo-nextest"
 e2e/control-plane/install-tools.sh
 [ "$RM_K8S_VERSION" = 1.20 ] || [ "${RM_TEST_NODE:-1}" = 0 ] || e2e/cluster/install-packages.sh
+# Docker for jobs' test (systemd stage): rootless Podman and its helpers, a Docker CLI.
+RM_DOCKER_CLI=$(e2e/docker/install.sh | tail -n 1)
+export RM_DOCKER_CLI
 lint_in_build
 done_stage install
 
@@ -276,12 +279,14 @@ cargo nextest run --workspace --profile ci || { slowest; exit 1; }
 slowest
 done_stage tests
 
-stage "the systemd launcher against a real systemd (PID 1 of its own namespaces)"
-# A launcher must run where systemd's pids are its pids: inside, through nsexec.
-e2e/systemd/start.sh
+stage "the systemd launcher and Docker for jobs against a real systemd (PID 1 of its own namespaces)"
+# A launcher must run where systemd's pids are its pids: inside, through nsexec. /proc/sys
+# writable: a job's engine sets its own network namespace's sysctls (start.sh saves the host's
+# values that systemd raises and stop.sh puts them back).
+RM_SYSTEMD_PROC_SYS=rw e2e/systemd/start.sh
 # --workspace: the same feature set nextest built with, so nothing is compiled again.
 "${RM_SYSTEMD_STATE:-$RM_CACHE/systemd}/bin/nsexec" env -C "$root" RM_SYSTEMD_TESTS=1 \
-  cargo test --workspace --test node_agent launch_systemd::
+  RM_DOCKER_CLI="$RM_DOCKER_CLI" cargo test --workspace --test node_agent -- launch_systemd:: docker_systemd::
 e2e/systemd/stop.sh
 done_stage systemd
 

@@ -45,6 +45,9 @@ fi
 mkdir -p "$STATE/units" "$STATE/empty" "$STATE/bin"
 echo "$HIERS" > "$STATE/hierarchies"
 echo "$CG" > "$STATE/cgroup"
+# A job's Docker engine unit makes /var/lib/cni as a mount point when the host has none:
+# stop.sh removes it then (if still empty).
+[ -e /var/lib/cni ] || : > "$STATE/no-var-lib-cni"
 : > "$STATE/systemd.log"
 
 # A private unit path: the host's units (tmpfiles --remove on the shared /tmp, sysctl, the

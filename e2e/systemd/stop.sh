@@ -50,5 +50,8 @@ if [ -f "$STATE/sysctl.before" ]; then
     [ "$(sysctl -n "$k" 2>/dev/null)" = "$v" ] || sysctl -qw "$k=$v"
   done < "$STATE/sysctl.before"
 fi
+# The empty /var/lib/cni a job's Docker engine unit made as its mount point (TemporaryFileSystem=,
+# node-agent/src/docker/engine.rs CNI_DIR), when the host had none: removed if still empty.
+[ ! -f "$STATE/no-var-lib-cni" ] || rmdir /var/lib/cni 2>/dev/null || true
 rm -rf "$STATE"
 echo "systemd stopped"

@@ -61,6 +61,11 @@ pub struct JobBehaviour {
     /// runner's memory limit, so a real kernel OOM-kills it (e2e/cluster/oci-check.sh).
     #[serde(default)]
     pub allocate_mib: Option<u64>,
+    /// Shell steps, as a workflow's `run:` steps: each `bash -e -c` in `_work` with the
+    /// runner's environment (its `DOCKER_HOST`), in order, before the job's duration; the first
+    /// that fails fails the job. Their output goes to the worker's log.
+    #[serde(default)]
+    pub steps: Vec<String>,
     /// Keep the node busy for the job's duration (the busy-node benchmark): CPU and disk, from
     /// inside the runner's own cgroup, as a compiling job does.
     #[serde(default)]

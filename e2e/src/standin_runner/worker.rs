@@ -135,6 +135,28 @@ fn act(root: &Path, b: &JobBehaviour, log: &mut DiagLog) -> std::io::Result<()> 
         )?;
         log.line("INFO", &format!("spawned orphan pid {}", child.id()));
     }
+    for (i, step) in b.steps.iter().enumerate() {
+        let out = std::process::Command::new("bash")
+            .arg("-e")
+            .arg("-c")
+            .arg(step)
+            .current_dir(&work)
+            .stdin(std::process::Stdio::null())
+            .output()?;
+        for line in String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .chain(String::from_utf8_lossy(&out.stderr).lines())
+        {
+            log.line("INFO", &format!("step {i}: {line}"));
+        }
+        if !out.status.success() {
+            return Err(std::io::Error::other(format!(
+                "step {i} failed ({}): {step}",
+                out.status
+            )));
+        }
+        log.line("INFO", &format!("step {i} passed"));
+    }
     // Written, not only reserved: untouched pages would never count against the cgroup.
     let mut held: Vec<Vec<u8>> = Vec::new();
     if let Some(mib) = b.allocate_mib {

@@ -64,6 +64,7 @@ pub async fn attach(
     };
     let unavailable = match prepared {
         Err(e) => Some(format!("its directory could not be made ({:?})", e.kind())),
+        Ok(()) if dirs.socket_too_long().is_some() => dirs.socket_too_long(),
         Ok(()) => agent
             .providers
             .launcher()

@@ -27,6 +27,37 @@ pub const DOCKER_DIR: &str = "docker";
 const TUN_MAJOR: u32 = 10;
 const TUN_MINOR: u32 = 200;
 
+/// Where Podman's rootless network set-up binds a directory of its own (Podman 4.3: the first
+/// of `/var/lib/cni`, `/var/lib`, `/var` that exists). On a node without `/var/lib/cni` that is
+/// `/var/lib`, which hides the engine's own directory under it: every container start then
+/// failed with "failed to mount /run for rootless netns" (measured). The engine's unit mounts an
+/// empty file system here, which also keeps the node's CNI state out of the engine's sight.
+pub const CNI_DIR: &str = "/var/lib/cni";
+
+/// The node's `systemd-run`, which netavark (1.4) runs as `systemd-run -q --user --scope
+/// aardvark-dns ...` whenever it finds one on `PATH`: a runner's account has no user manager, so
+/// that failed ("Failed to connect to bus") and a job's container names did not resolve
+/// (measured). The engine's unit binds [`SCOPE_SHIM`] over it.
+pub const SYSTEMD_RUN: &str = "/usr/bin/systemd-run";
+
+/// What the engine finds at [`SYSTEMD_RUN`]: the command run in place, in the engine's own unit
+/// (a scope would only have moved it to another cgroup; here it ends with the engine). Only the
+/// options netavark passes are accepted; any other is an error, not a guess.
+pub const SCOPE_SHIM: &str = r#"#!/bin/sh
+# runner-manager: a job's Docker engine's stand-in for systemd-run (no user manager here).
+for a in "$@"; do
+  case "$a" in
+    -q|--quiet|--user|--scope) shift ;;
+    -*) echo "runner-manager: systemd-run $a is not available to a job's engine" >&2; exit 1 ;;
+    *) break ;;
+  esac
+done
+exec "$@"
+"#;
+
+/// The longest path a unix socket can be bound at (`sun_path` less its terminating NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
 /// In the runner's runtime: the proxy's socket, the job's `DOCKER_HOST`.
 pub const JOB_SOCKET: &str = ".docker.sock";
 
@@ -68,9 +99,26 @@ impl EngineDirs {
         self.root.join("storage")
     }
 
-    /// `XDG_RUNTIME_DIR`: the engine's runtime state, its rootless network namespace, its socket.
+    /// `XDG_RUNTIME_DIR`: the engine's runtime state and rootless network namespace, in the
+    /// node's `/run` (`rm-<12hex>-docker`, the unit's `RuntimeDirectory=`: systemd makes it the
+    /// account's at the start and removes it at the stop). Not under the host root: Podman binds
+    /// unix sockets below it (rootlessport's `libpod/tmp/rootlessport<9 digits>/.bp.sock`), and
+    /// a path past the 107 bytes a socket name allows made rootlessport wait for a socket it
+    /// never had, which Podman 4.3 waits for without end: a container with a published port
+    /// never started and held its lock (measured with a 114-byte path; the agent cannot see it,
+    /// only the engine and systemd use it).
     pub fn run(&self) -> PathBuf {
-        self.root.join("run")
+        Path::new("/run").join(self.runtime_directory())
+    }
+
+    /// [`Self::run`]'s name under `/run`, the unit's `RuntimeDirectory=`.
+    pub fn runtime_directory(&self) -> String {
+        let short = self
+            .root
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        format!("rm-{short}-docker")
     }
 
     /// `HOME` (registry credentials of `docker login`).
@@ -78,17 +126,30 @@ impl EngineDirs {
         self.root.join("home")
     }
 
-    /// The networks a job creates. Under [`Self::run`]: Podman sets a rootless network up in a
-    /// mount namespace where `/var/lib` may be replaced (when the node has no `/var/lib/cni`)
-    /// and only the runtime directory is carried over, so a network kept anywhere else under
-    /// `/var/lib` is created but never found again (measured with Podman 4.3).
+    /// The networks a job creates. Under [`Self::run`], which Podman carries into the mount
+    /// namespace it sets a rootless network up in (where it binds a directory of its own over
+    /// `/var/lib/cni`, or over `/var/lib` on a node without one: the unit gives it one, see
+    /// [`CNI_DIR`]); Podman makes it.
     pub fn networks(&self) -> PathBuf {
         self.run().join("networks")
     }
 
-    /// The engine's API socket: the proxy's only way in.
+    /// The engine's API socket: the proxy's only way in. In the attempt's directory (the agent
+    /// connects to it), in a directory of the account's.
     pub fn socket(&self) -> PathBuf {
-        self.run().join("engine.sock")
+        self.root.join("sock").join("engine.sock")
+    }
+
+    /// Why the engine's socket cannot be bound, if it cannot: a unix socket's name has at most
+    /// 107 bytes, and a long `--host-root` makes it longer.
+    pub fn socket_too_long(&self) -> Option<String> {
+        let len = self.socket().as_os_str().len();
+        (len > MAX_SOCKET_PATH).then(|| {
+            format!(
+                "its socket path {} is {len} bytes, over the {MAX_SOCKET_PATH} a unix socket allows: a shorter --host-root",
+                self.socket().display()
+            )
+        })
     }
 
     pub fn containers_conf(&self) -> PathBuf {
@@ -97,6 +158,11 @@ impl EngineDirs {
 
     pub fn storage_conf(&self) -> PathBuf {
         self.root.join("storage.conf")
+    }
+
+    /// [`SCOPE_SHIM`], root's, bound over the node's [`SYSTEMD_RUN`] in the engine's unit.
+    pub fn scope_shim(&self) -> PathBuf {
+        self.root.join("systemd-run")
     }
 
     /// The engine's own `/dev/net/tun` (slirp4netns needs one): a node of the account's, bound
@@ -124,20 +190,23 @@ impl EngineDirs {
         )
     }
 
-    /// `containers-storage.conf(5)`: overlay in the engine's user namespace.
+    /// `containers-storage.conf(5)`: overlay in the engine's user namespace. A rootless engine
+    /// reads its image store's place from `rootless_storage_path`, not `graphroot` (which it
+    /// ignores: measured, it used `$XDG_DATA_HOME`).
     pub fn storage_conf_text(&self) -> String {
         format!(
             "[storage]\n\
              driver = \"overlay\"\n\
-             graphroot = \"{}\"\n\
-             runroot = \"{}\"\n",
-            self.storage().display(),
-            self.run().join("storage").display(),
+             graphroot = \"{storage}\"\n\
+             runroot = \"{run}\"\n\
+             rootless_storage_path = \"{storage}\"\n",
+            storage = self.storage().display(),
+            run = self.run().join("storage").display(),
         )
     }
 
-    /// Makes the directory (0700, the account's) and its configuration (root's, 0644: the engine
-    /// reads it and cannot change it).
+    /// Makes the directory (0700, the account's) and its configuration and scope shim (root's,
+    /// 0644 and 0755: the engine reads them and cannot change them).
     pub fn prepare(&self, account: RunnerAccount) -> io::Result<()> {
         use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
         let parent = self
@@ -156,14 +225,15 @@ impl EngineDirs {
             )));
         }
         std::fs::DirBuilder::new().mode(0o755).create(&self.root)?;
-        for (path, text) in [
-            (self.containers_conf(), self.containers_conf_text()),
-            (self.storage_conf(), self.storage_conf_text()),
+        for (path, text, mode) in [
+            (self.containers_conf(), self.containers_conf_text(), 0o644),
+            (self.storage_conf(), self.storage_conf_text(), 0o644),
+            (self.scope_shim(), SCOPE_SHIM.to_owned(), 0o755),
         ] {
             std::fs::write(&path, text)?;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
         }
-        for dir in [self.storage(), self.run(), self.home(), self.networks()] {
+        for dir in [self.storage(), self.home(), self.root.join("sock")] {
             std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
             std::os::unix::fs::lchown(&dir, Some(account.uid), Some(account.gid))?;
         }
@@ -194,6 +264,28 @@ pub struct EngineSpec<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn shim(args: &[&str]) -> std::process::Output {
+        std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(SCOPE_SHIM)
+            .arg("systemd-run")
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    #[test]
+    fn the_scope_shim_runs_netavarks_command_in_place_and_refuses_any_other_option() {
+        // netavark 1.4's call, with an argument that looks like an option after the command.
+        let out = shim(&["-q", "--user", "--scope", "/bin/echo", "--config", "x"]);
+        assert!(out.status.success());
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "--config x\n");
+        let out = shim(&["--unit", "x", "/bin/echo", "no"]);
+        assert!(!out.status.success());
+        assert!(out.stdout.is_empty());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--unit is not available"));
+    }
 
     #[test]
     fn an_engine_unit_is_named_by_its_attempt_and_read_back_only_so() {

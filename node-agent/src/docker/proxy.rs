@@ -18,7 +18,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
 
-use super::rules::{Endpoint, MAX_CHECKED_BODY, Refusal, Rules, classify};
+use super::rules::{Endpoint, MAX_CHECKED_BODY, Refusal, Rules, classify, wait_query};
 
 type ProxyBody = BoxBody<Bytes, hyper::Error>;
 
@@ -148,14 +148,16 @@ async fn handle(
     } else {
         body.boxed()
     };
-    if endpoint == Endpoint::Build {
-        let query = match proxy
-            .rules
-            .check_build_query(parts.uri.query().unwrap_or(""))
-        {
-            Ok(q) => q,
+    let query = parts.uri.query().unwrap_or("");
+    let rewritten = match endpoint {
+        Endpoint::Build => match proxy.rules.check_build_query(query) {
+            Ok(q) => Some(q),
             Err(refusal) => return Ok(refused(attempt, &refusal)),
-        };
+        },
+        Endpoint::Wait => Some(wait_query(query)),
+        _ => None,
+    };
+    if let Some(query) = rewritten {
         let Ok(uri) = format!("{}?{query}", parts.uri.path()).parse() else {
             return Ok(refused(attempt, &Refusal::Body));
         };

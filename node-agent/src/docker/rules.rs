@@ -34,6 +34,8 @@ pub enum Endpoint {
     NetworkCreate,
     /// `POST /build`: the query checked, the label added to its `labels`.
     Build,
+    /// `POST /containers/{id}/wait`: `condition=removed` asked as `next-exit` ([`wait_query`]).
+    Wait,
 }
 
 impl Endpoint {
@@ -151,9 +153,10 @@ pub fn classify(method: &str, path: &str) -> Result<Endpoint, Refusal> {
         [
             "containers",
             _,
-            "start" | "stop" | "restart" | "kill" | "wait" | "attach" | "resize" | "pause"
-            | "unpause" | "rename",
+            "start" | "stop" | "restart" | "kill" | "attach" | "resize" | "pause" | "unpause"
+            | "rename",
         ] if post => Endpoint::Pass,
+        ["containers", _, "wait"] if post => Endpoint::Wait,
         ["exec", _, "start" | "resize"] if post => Endpoint::Pass,
         ["exec", _, "json"] if get => Endpoint::Pass,
         ["images", "json" | "search"] if get => Endpoint::Pass,
@@ -175,6 +178,25 @@ pub fn classify(method: &str, path: &str) -> Result<Endpoint, Refusal> {
         _ => return Err(not_served()),
     };
     Ok(endpoint)
+}
+
+/// A wait's query as the engine is asked it: `condition=removed` becomes `next-exit`. The
+/// Docker CLI waits for `removed` on `docker run --rm`, and Podman 4.3 answers that wait with
+/// status 0 whatever the container's exit (measured: `sh -c 'exit 3'` gave 0, so a failing
+/// `docker run --rm` step would pass). The container is removed all the same (its
+/// `AutoRemove`); the job's `docker` learns its exit code when it exits, not when it is gone.
+pub fn wait_query(query: &str) -> String {
+    let pairs: Vec<(String, String)> = form_pairs(query)
+        .into_iter()
+        .map(|(k, v)| {
+            if k == "condition" && v == "removed" {
+                (k, "next-exit".to_owned())
+            } else {
+                (k, v)
+            }
+        })
+        .collect();
+    encode_form(&pairs)
 }
 
 /// Where bind mounts may come from: the runner's own directories (its runtime, which holds the
@@ -218,7 +240,7 @@ impl Rules {
                 }
                 self.label(object);
             }
-            Endpoint::Pass | Endpoint::Build => {}
+            Endpoint::Pass | Endpoint::Build | Endpoint::Wait => {}
         }
         serde_json::to_vec(&value).map_err(|_| Refusal::Body)
     }
@@ -387,6 +409,17 @@ fn encode_form(pairs: &[(String, String)]) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_wait_for_removal_is_asked_as_a_wait_for_the_exit_whose_code_the_engine_keeps() {
+        assert_eq!(
+            classify("POST", "/v1.41/containers/abc/wait"),
+            Ok(Endpoint::Wait)
+        );
+        assert_eq!(wait_query("condition=removed"), "condition=next-exit");
+        assert_eq!(wait_query("condition=not-running"), "condition=not-running");
+        assert_eq!(wait_query(""), "");
+    }
 
     fn rules() -> Rules {
         Rules {

@@ -326,6 +326,19 @@ pub fn engine_unit(
         "BindPaths",
         format!("{}:/dev/net/tun", spec.dirs.tun().display()),
     );
+    // netavark's `systemd-run --user --scope` for its DNS server, which a runner's account
+    // cannot do, run in place instead (engine::SCOPE_SHIM).
+    set(
+        "BindReadOnlyPaths",
+        format!(
+            "{}:{}",
+            spec.dirs.scope_shim().display(),
+            engine::SYSTEMD_RUN
+        ),
+    );
+    // Where Podman's rootless network binds a directory of its own: present, empty and the
+    // engine's (engine::CNI_DIR).
+    set("TemporaryFileSystem", format!("{}:ro", engine::CNI_DIR));
     set(
         "ReadWritePaths",
         [spec.dirs.root.as_path(), spec.runtime]
@@ -336,6 +349,9 @@ pub fn engine_unit(
             .join(" "),
     );
     set("WorkingDirectory", spec.dirs.root.display().to_string());
+    // Its XDG_RUNTIME_DIR in the node's /run, short and gone with the unit (EngineDirs::run).
+    set("RuntimeDirectory", spec.dirs.runtime_directory());
+    set("RuntimeDirectoryMode", "0700".to_owned());
     set("StandardInput", "null".to_owned());
     set("StandardOutput", "null".to_owned());
     // The engine's own log, in its directory (gone with it): what Podman said about a job's
@@ -1135,14 +1151,24 @@ mod tests {
             dirs.root,
             Path::new("/var/lib/runner-manager/docker/0123456789ab")
         );
+        // Its state in the attempt's directory, its runtime state in the unit's own /run
+        // directory (short enough for the sockets Podman binds there).
         for text in [dirs.containers_conf_text(), dirs.storage_conf_text()] {
             for line in text.lines().filter(|l| l.contains('/')) {
                 assert!(
-                    line.contains("/var/lib/runner-manager/docker/0123456789ab/"),
+                    line.contains("/var/lib/runner-manager/docker/0123456789ab/")
+                        || line.contains("/run/rm-0123456789ab-docker/"),
                     "{line}"
                 );
             }
         }
+        assert_eq!(dirs.run(), Path::new("/run/rm-0123456789ab-docker"));
+        assert_eq!(dirs.socket_too_long(), None);
+        let long = engine::EngineDirs::new(&Path::new("/var/lib").join("x".repeat(80)), &attempt);
+        assert!(
+            long.socket_too_long()
+                .is_some_and(|why| why.contains("a shorter --host-root"))
+        );
         let spec = EngineSpec {
             attempt,
             account: crate::account::RunnerAccount {
@@ -1170,6 +1196,12 @@ mod tests {
         assert!(get("InaccessiblePaths")[0].starts_with(INACCESSIBLE_PATHS));
         assert_eq!(get("ProtectSystem"), ["strict"]);
         assert_eq!(
+            get("BindReadOnlyPaths"),
+            ["/var/lib/runner-manager/docker/0123456789ab/systemd-run:/usr/bin/systemd-run"]
+        );
+        assert_eq!(get("TemporaryFileSystem"), ["/var/lib/cni:ro"]);
+        assert_eq!(get("RuntimeDirectory"), ["rm-0123456789ab-docker"]);
+        assert_eq!(
             get("ReadWritePaths"),
             [
                 "/var/lib/runner-manager/docker/0123456789ab /var/lib/runner-manager/runners/0123456789ab"
@@ -1191,7 +1223,7 @@ mod tests {
         assert_eq!(unit.command[1], crate::entry::ENGINE_EXEC);
         assert_eq!(
             unit.command.last().unwrap(),
-            "unix:///var/lib/runner-manager/docker/0123456789ab/run/engine.sock"
+            "unix:///var/lib/runner-manager/docker/0123456789ab/sock/engine.sock"
         );
     }
 }
