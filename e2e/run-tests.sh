@@ -205,6 +205,8 @@ if [ "${1:-}" = --node-only ]; then
   # Only the node's cluster is started here: leave the suite's control plane and systemd alone.
   trap 'e2e/cluster/stop.sh >/dev/null' EXIT
   e2e/control-plane/install-tools.sh
+  RM_DOCKER_CLI=$(e2e/docker/install.sh | tail -n 1)
+  export RM_DOCKER_CLI
   lint_in_build
   node_stage
   echo

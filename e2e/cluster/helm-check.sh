@@ -19,7 +19,10 @@
 #      Persistent policy's fork gate: a pull request of the repository runs on the slot, a fork's
 #      fails before its first step (JobRefused) and its write never reaches the slot; (2d) a policy's
 #      npm cache: a push job's writes are kept, a fork's pull request reads them and its overwrite
-#      is discarded, the next push job reads the trusted file;
+#      is discarded, the next push job reads the trusted file; (2e) Docker for jobs: a job builds,
+#      runs, reaches a service container by alias and by published port through its own socket,
+#      is refused --privileged and -v /:/host, goes on after the agent is SIGKILLed, and no
+#      engine unit, directory or process is left;
 #   3. `kubectl delete pod` of the agent while a job runs: the runner's unit is not restarted (same
 #      InvocationID), the new agent re-adopts it, the job completes on it, no JIT is minted twice;
 #   4. `kubectl cordon`: the idle runner is drained (deregistered, its unit stopped) and nothing is
@@ -248,7 +251,8 @@ handoffs() { { find "$HOST_ROOT" -name 'jit-*' 2>/dev/null || true; N find /run 
 # runtime directories and mounts under the host root on the node. What is on the node is listed
 # first, the live attempts after: an attempt created in between (a minIdle replacement) is among
 # them; one cleaned in between shows until its runtime goes.
-live_units() { for id in $(live_ids); do unit_of "$id"; done | sort; }
+# A live attempt's unit and, with spec.docker, its engine's (rm-<12hex>-docker.service).
+live_units() { for id in $(live_ids); do unit_of "$id"; unit_of "$id" | sed 's/\.service$/-docker.service/'; done | sort; }
 stray_units() {
   local now want u
   now=$(units); want=$(live_units)
@@ -568,6 +572,70 @@ K -n $jobs_ns delete scalepolicy cache --timeout=90s >/dev/null || fail "the cac
   || fail "a cache overlay is still mounted on the node: $(N grep ' - overlay runner-cache ' /proc/1/mountinfo)"
 say "dependency caches on the real node: a push job's npm cache kept (generation $filled), a fork's pull request read it and its overwrite was discarded, the next push job read the trusted file, no runner cache or mount left"
 no_leaks "dependency caches"
+
+# --- 2e. Docker for jobs on the real node (issue 31 item 1): a policy with spec.docker, a job
+# whose steps use its DOCKER_HOST as a workflow would (a build, a run, a `services:`-style
+# container on a network of the job's reached by alias and by a port published on the node's
+# loopback, a volume), are refused --privileged and -v /:/host with the reason, and go on after
+# the agent is SIGKILLed mid-job (supervision serves the socket again). After the runner the
+# engine's unit and directory are gone, and no process of an engine is left on the node.
+if [ -n "${RM_DOCKER_CLI:-}" ]; then
+  [ -x "$RM_DOCKER_CLI" ] && N test -x /usr/bin/podman || fail "Docker for jobs: no Docker CLI at RM_DOCKER_CLI ($RM_DOCKER_CLI) or no Podman on the node (e2e/docker/install.sh)"
+  # The job's docker, where a runner's unit can read it (the node's own /var).
+  install -d -m 0755 "$NODE_FS/var/lib/rm-e2e-docker"
+  install -m 0755 "$RM_DOCKER_CLI" "$NODE_FS/var/lib/rm-e2e-docker/docker"
+  K -n $jobs_ns apply -f - >/dev/null <<YAML
+apiVersion: runner-manager.dev/v1alpha1
+kind: ScalePolicy
+metadata: {name: docker}
+spec:
+  github: {url: "https://github.com/acme/web", credentialsSecretRef: {name: github-app}}
+  labels: [self-hosted, linux, x64, docker]
+  minIdle: 0
+  maxRunners: 1
+  docker: {enabled: true}
+  runner: {version: latest}
+YAML
+  d=/var/lib/rm-e2e-docker/docker
+  steps=$(jq -n --arg d "$d" '[
+    "cp /bin/busybox . && printf \"FROM scratch\\nCOPY busybox /bin/busybox\\nRUN [\\\"/bin/busybox\\\", \\\"--install\\\", \\\"-s\\\", \\\"/bin\\\"]\\n\" > Dockerfile && \($d) build -q -t app:1 .",
+    "\($d) run --rm app:1 echo hello-from-a-container | grep -qx hello-from-a-container",
+    "\($d) network create svc && \($d) volume create data",
+    "\($d) run -d --name db --network svc --network-alias db -p 127.0.0.1:18080:80 -v data:/www app:1 sh -c \"echo served > /www/index.html && exec httpd -f -p 80 -h /www\"",
+    "\($d) run --rm --network svc app:1 wget -qO- http://db/ | grep -qx served",
+    "for i in $(seq 50); do /bin/busybox wget -qO- http://127.0.0.1:18080/ && break; sleep 0.2; done | grep -qx served",
+    "! \($d) run --rm --privileged app:1 true 2> refused && grep -q \"privileged containers are refused\" refused",
+    "! \($d) run --rm -v /:/host app:1 true 2> refused && grep -q \"bind mount of \\\"/\\\" is refused\" refused",
+    "touch docker-steps-done; for i in $(seq 600); do [ -e agent-killed ] && break; sleep 0.2; done; [ -e agent-killed ]",
+    "\($d) run --rm --network svc app:1 wget -qO- http://db/ | grep -qx served"
+  ]')
+  dj=$(labelled_job docker docker-job - "$(jq -n --argjson s "$steps" '{steps: $s}')")
+  docker_attempt() { attempts | jq -r '[.items[] | select(.spec.policy == "docker")][0].spec.id // empty'; }
+  steps_done() { local id; id=$(docker_attempt); [ -n "$id" ] && N test -e "/var/lib/runner-manager/runners/$(unit_of "$id" | sed 's/^rm-//; s/\.service$//')/_work/docker-steps-done"; }
+  wait_for 240 "the Docker job's first steps (job $dj): build, run, a service by alias and port, the refusals" steps_done
+  da=$(docker_attempt); hex=$(unit_of "$da" | sed 's/^rm-//; s/\.service$//')
+  N systemctl is-active --quiet "rm-$hex-docker.service" || fail "the Docker job's engine unit rm-$hex-docker.service is not active"
+  restarts() { K -n $ns get pods -l app.kubernetes.io/component=node-agent -o jsonpath='{.items[0].status.containerStatuses[0].restartCount}'; }
+  before=$(restarts)
+  N pkill -KILL -f '^/usr/bin/runner-manager-node-agent' || fail "no agent process to SIGKILL on the node"
+  agent_back() { [ "$(restarts)" -gt "$before" ] && K -n $ns get pods -l app.kubernetes.io/component=node-agent -o jsonpath='{.items[0].status.containerStatuses[0].ready}' | grep -qx true; }
+  wait_for 120 "the SIGKILLed agent restarted and Ready" agent_back
+  N touch "/var/lib/runner-manager/runners/$hex/_work/agent-killed"
+  wait_for 180 "the Docker job (job $dj) completed" job_done "$dj"
+  [ "$(conclusion "$dj")" = success ] || { N cat "/var/lib/runner-manager/runners/$hex/_diag/"Worker_*.log 2>/dev/null | tail -20; fail "the Docker job failed: $(admin GET "jobs/$dj")"; }
+  docker_clean() { attempts | jq -e '[.items[] | select(.spec.policy == "docker" and .status.state != "Cleaned")] | length == 0' >/dev/null; }
+  wait_for 90 "the Docker policy's attempt cleaned" docker_clean
+  [ -z "$(N systemctl list-units --all --plain --no-legend 'rm-*-docker.service')" ] || fail "an engine unit is left: $(N systemctl list-units --all --plain --no-legend 'rm-*-docker.service')"
+  [ -z "$(ls -A "$HOST_ROOT/docker" 2>/dev/null)" ] || fail "an engine's directory is left: $(ls -A "$HOST_ROOT/docker")"
+  for p in podman conmon slirp4netns aardvark-dns rootlessport httpd; do
+    ! N pgrep -x "$p" >/dev/null || fail "a process of the job's engine is left on the node: $p ($(N pgrep -ax "$p"))"
+  done
+  K -n $jobs_ns delete scalepolicy docker --timeout=90s >/dev/null || fail "the docker policy was not deleted"
+  say "Docker for jobs on the real node: job $dj built an image, ran a container, reached a service by alias and by a published port, was refused --privileged and -v /:/host with the reason, went on through its socket after the agent was SIGKILLed (restartCount $before -> $(restarts)); after it no engine unit, directory or process is left"
+  no_leaks "docker"
+else
+  say "Docker for jobs on the real node: skipped (RM_DOCKER_CLI unset; make test sets it)"
+fi
 
 # --- 3. the agent pod deleted while a job runs
 wait_for 90 "an idle runner" has_idle

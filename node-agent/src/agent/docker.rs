@@ -18,6 +18,7 @@ use crate::account::RunnerAccount;
 use crate::docker::engine::{DOCKER_DIR, EngineDirs, EngineSpec, JOB_SOCKET};
 use crate::docker::proxy::{self, Proxy};
 use crate::docker::rules::Rules;
+use crate::providers::cgroup::CgroupLimits;
 
 /// How long a job's request waits for an engine still starting.
 const ENGINE_WAIT: Duration = Duration::from_secs(60);
@@ -42,6 +43,7 @@ pub async fn attach(
     runtime: &Path,
     account: RunnerAccount,
     cache: Option<&Path>,
+    limits: &CgroupLimits,
 ) -> Result<Option<(String, String)>, String> {
     if !wants(a) {
         return Ok(None);
@@ -75,6 +77,7 @@ pub async fn attach(
                 runtime,
                 cache,
                 podman: agent.host.docker.podman(),
+                limits,
             })
             .err(),
     };

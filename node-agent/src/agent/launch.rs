@@ -744,6 +744,7 @@ async fn request_and_start(
         &runtime,
         account,
         cache.as_ref().map(|c| c.mount.as_path()),
+        &limits,
     )
     .await
     .map_err(|e| failed(LaunchFailure::Docker(e), &timings))?

@@ -259,6 +259,8 @@ pub struct EngineSpec<'a> {
     pub runtime: &'a Path,
     pub cache: Option<&'a Path>,
     pub podman: &'a Path,
+    /// The attempt's limits, which the engine's unit gets as the runner's does.
+    pub limits: &'a crate::providers::cgroup::CgroupLimits,
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use runner_manager_crds::attempt::{Launcher, ProcessIdentity};
 
-use super::cgroup::attempt_cgroup_name;
+use super::cgroup::{CgroupLimits, attempt_cgroup_name};
 use super::launcher::{LaunchSpec, RunnerLauncher, StartError, StartFailure, StopError, Stopped};
 use super::sandbox::{Probe, ProbeUnits, RunnerNetwork};
 use crate::docker::engine::{self, EngineSpec};
@@ -182,6 +182,25 @@ fn unit_environment() -> Vec<(String, String)> {
 
 /// The unit for `spec`, running `entry_helper` on `handoff`, with the listener's environment in
 /// `environment_file` (never in the unit).
+/// A unit's share of the node: memory, CPU, tasks and niceness, as systemd properties. The
+/// runner's unit and its Docker engine's each get the attempt's limits.
+fn limit_properties(limits: &CgroupLimits) -> Vec<(String, String)> {
+    let mut p = Vec::new();
+    if let Some(m) = limits.memory_max {
+        p.push(("MemoryMax".to_owned(), m.to_string()));
+    }
+    if let Some(c) = limits.cpu_quota_percent() {
+        p.push(("CPUQuota".to_owned(), format!("{c}%")));
+    }
+    if let Some(t) = limits.tasks_max {
+        p.push(("TasksMax".to_owned(), t.to_string()));
+    }
+    if limits.nice > 0 {
+        p.push(("Nice".to_owned(), limits.nice.to_string()));
+    }
+    p
+}
+
 pub fn unit_properties(
     spec: &LaunchSpec<'_>,
     entry_helper: &Path,
@@ -190,19 +209,8 @@ pub fn unit_properties(
     network: &RunnerNetwork,
 ) -> TransientUnit {
     let mut p = sandboxed(spec.account, network);
+    p.extend(limit_properties(&spec.limits));
     let mut set = |k: &str, v: String| p.push((k.to_owned(), v));
-    if let Some(m) = spec.limits.memory_max {
-        set("MemoryMax", m.to_string());
-    }
-    if let Some(c) = spec.limits.cpu_quota_percent() {
-        set("CPUQuota", format!("{c}%"));
-    }
-    if let Some(t) = spec.limits.tasks_max {
-        set("TasksMax", t.to_string());
-    }
-    if spec.limits.nice > 0 {
-        set("Nice", spec.limits.nice.to_string());
-    }
     // The sandbox (docs/security.md, "Runners on a shared host"): a job sees the host read-only
     // but for its own runtime, its own /tmp and /var/tmp, no devices, no other account's
     // processes, no kernel knobs, and cannot reach the cloud's metadata service (instance
@@ -361,6 +369,9 @@ pub fn engine_unit(
         format!("append:{}", spec.dirs.root.join("engine.log").display()),
     );
     p.extend(network.properties());
+    // The attempt's limits again, for what the job runs through Docker: its containers are
+    // processes of this unit, not of the runner's.
+    p.extend(limit_properties(spec.limits));
     let d = spec.dirs;
     let environment = vec![
         ("PATH".to_owned(), crate::entry::HELPER_PATH.to_owned()),
@@ -1179,6 +1190,11 @@ mod tests {
             runtime: Path::new("/var/lib/runner-manager/runners/0123456789ab"),
             cache: None,
             podman: Path::new("/usr/bin/podman"),
+            limits: &CgroupLimits {
+                memory_max: Some(1 << 30),
+                tasks_max: Some(512),
+                ..CgroupLimits::default()
+            },
         };
         let unit = engine_unit(
             &spec,
@@ -1201,6 +1217,9 @@ mod tests {
         );
         assert_eq!(get("TemporaryFileSystem"), ["/var/lib/cni:ro"]);
         assert_eq!(get("RuntimeDirectory"), ["rm-0123456789ab-docker"]);
+        // The attempt's limits hold for its containers too.
+        assert_eq!(get("MemoryMax"), ["1073741824"]);
+        assert_eq!(get("TasksMax"), ["512"]);
         assert_eq!(
             get("ReadWritePaths"),
             [

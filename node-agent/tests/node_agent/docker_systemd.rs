@@ -184,6 +184,11 @@ async fn a_jobs_docker_builds_runs_and_serves_then_leaves_nothing_and_refuses_th
             runtime: &runtime,
             cache: None,
             podman: Path::new("/usr/bin/podman"),
+            limits: &CgroupLimits {
+                memory_max: Some(2 << 30),
+                tasks_max: Some(4096),
+                ..CgroupLimits::default()
+            },
         })
         .expect("the engine's unit starts");
     let socket = runtime.join(JOB_SOCKET);
@@ -279,6 +284,18 @@ async fn a_jobs_docker_builds_runs_and_serves_then_leaves_nothing_and_refuses_th
             out(step)
         );
     }
+
+    // The attempt's limits hold for the engine's unit, whose processes its containers are.
+    let shown = std::process::Command::new("systemctl")
+        .args(["show", "-P", "MemoryLimit,MemoryMax,TasksMax"])
+        .arg(runner_manager_node_agent::docker::engine::unit_name(&id))
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.contains("2147483648") && shown.contains("4096"),
+        "the engine's unit lacks the attempt's limits: {shown}"
+    );
 
     // The runner ends; the engine's leftovers are counted, then it goes with all of them.
     let left = proxy::leftovers(&dirs.socket())
