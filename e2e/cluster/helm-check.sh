@@ -482,18 +482,23 @@ K -n $jobs_ns patch scalepolicy web --type merge -p '{"spec":{"minIdle":1}}' >/d
 # broker reads the run on the simulated GitHub. A pull request from acme/web runs and writes into
 # the slot; one from a fork fails before its first step, with a JobRefused event, and its write
 # is not in the slot.
-K -n $jobs_ns apply -f - >/dev/null <<YAML
+# labelled_policy NAME SPEC: a policy of acme/web whose runners (one at most, none idle) take only
+# the jobs labelled NAME, with SPEC (one more `spec` entry) besides.
+labelled_policy() {
+  K -n $jobs_ns apply -f - >/dev/null <<YAML
 apiVersion: runner-manager.dev/v1alpha1
 kind: ScalePolicy
-metadata: {name: slot}
+metadata: {name: $1}
 spec:
   github: {url: "https://github.com/acme/web", credentialsSecretRef: {name: github-app}}
-  labels: [self-hosted, linux, x64, slot]
+  labels: [self-hosted, linux, x64, $1]
   minIdle: 0
   maxRunners: 1
-  workspace: {mode: Persistent}
   runner: {version: latest}
+  $2
 YAML
+}
+labelled_policy slot "workspace: {mode: Persistent}"
 # labelled_job LABEL NAME HEAD BEHAVIOUR: a job of acme/web for the policy with label LABEL;
 # HEAD "-" for a push, else a pull request whose head is HEAD.
 labelled_job() {
@@ -533,18 +538,7 @@ no_leaks "fork gate"
 # root, writable in the runner's unit only through its ReadWritePaths; the job gate's answer says
 # whether the job's writes are kept. A push job fills the cache; a fork's pull request reads it
 # and overwrites it in its own view; the next push job reads what the first one left.
-K -n $jobs_ns apply -f - >/dev/null <<YAML
-apiVersion: runner-manager.dev/v1alpha1
-kind: ScalePolicy
-metadata: {name: cache}
-spec:
-  github: {url: "https://github.com/acme/web", credentialsSecretRef: {name: github-app}}
-  labels: [self-hosted, linux, x64, cache]
-  minIdle: 0
-  maxRunners: 1
-  caches: {tools: [npm]}
-  runner: {version: latest}
-YAML
+labelled_policy cache "caches: {tools: [npm]}"
 # cache_job NAME HEAD BEHAVIOUR: a job of the cache policy.
 cache_job() { labelled_job cache "$@"; }
 npm_file() { jq -n --arg c "$1" '{variable: "npm_config_cache", path: "pkg/index.js", content: $c}'; }
@@ -584,18 +578,7 @@ if [ -n "${RM_DOCKER_CLI:-}" ]; then
   # The job's docker, where a runner's unit can read it (the node's own /var).
   install -d -m 0755 "$NODE_FS/var/lib/rm-e2e-docker"
   install -m 0755 "$RM_DOCKER_CLI" "$NODE_FS/var/lib/rm-e2e-docker/docker"
-  K -n $jobs_ns apply -f - >/dev/null <<YAML
-apiVersion: runner-manager.dev/v1alpha1
-kind: ScalePolicy
-metadata: {name: docker}
-spec:
-  github: {url: "https://github.com/acme/web", credentialsSecretRef: {name: github-app}}
-  labels: [self-hosted, linux, x64, docker]
-  minIdle: 0
-  maxRunners: 1
-  docker: {enabled: true}
-  runner: {version: latest}
-YAML
+  labelled_policy docker "docker: {enabled: true}"
   d=/var/lib/rm-e2e-docker/docker
   steps=$(jq -n --arg d "$d" '[
     "cp /bin/busybox . && printf \"FROM scratch\\nCOPY busybox /bin/busybox\\nRUN [\\\"/bin/busybox\\\", \\\"--install\\\", \\\"-s\\\", \\\"/bin\\\"]\\n\" > Dockerfile && \($d) build -q -t app:1 .",

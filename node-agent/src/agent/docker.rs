@@ -66,20 +66,21 @@ pub async fn attach(
     };
     let unavailable = match prepared {
         Err(e) => Some(format!("its directory could not be made ({:?})", e.kind())),
-        Ok(()) if dirs.socket_too_long().is_some() => dirs.socket_too_long(),
-        Ok(()) => agent
-            .providers
-            .launcher()
-            .start_engine(&EngineSpec {
-                attempt: id,
-                account,
-                dirs: &dirs,
-                runtime,
-                cache,
-                podman: agent.host.docker.podman(),
-                limits,
-            })
-            .err(),
+        Ok(()) => dirs.socket_too_long().or_else(|| {
+            agent
+                .providers
+                .launcher()
+                .start_engine(&EngineSpec {
+                    attempt: id,
+                    account,
+                    dirs: &dirs,
+                    runtime,
+                    cache,
+                    podman: agent.host.docker.podman(),
+                    limits,
+                })
+                .err()
+        }),
     };
     if let Some(why) = &unavailable {
         tracing::warn!(attempt = %short, "the runner's Docker engine was not started: {why}");

@@ -191,17 +191,15 @@ impl EngineDirs {
     }
 
     /// `containers-storage.conf(5)`: overlay in the engine's user namespace. A rootless engine
-    /// reads its image store's place from `rootless_storage_path`, not `graphroot` (which it
-    /// ignores: measured, it used `$XDG_DATA_HOME`).
+    /// reads its image store's place from `rootless_storage_path` and ignores `graphroot` and
+    /// `runroot` (measured: without it the store was under `$XDG_DATA_HOME`; its run root is
+    /// `$XDG_RUNTIME_DIR/containers` either way, in [`Self::run`]).
     pub fn storage_conf_text(&self) -> String {
         format!(
             "[storage]\n\
              driver = \"overlay\"\n\
-             graphroot = \"{storage}\"\n\
-             runroot = \"{run}\"\n\
-             rootless_storage_path = \"{storage}\"\n",
-            storage = self.storage().display(),
-            run = self.run().join("storage").display(),
+             rootless_storage_path = \"{}\"\n",
+            self.storage().display(),
         )
     }
 

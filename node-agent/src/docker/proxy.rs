@@ -155,7 +155,11 @@ async fn handle(
             Err(refusal) => return Ok(refused(attempt, &refusal)),
         },
         Endpoint::Wait => Some(wait_query(query)),
-        _ => None,
+        Endpoint::Pass
+        | Endpoint::ContainerCreate
+        | Endpoint::ExecCreate
+        | Endpoint::VolumeCreate
+        | Endpoint::NetworkCreate => None,
     };
     if let Some(query) = rewritten {
         let Ok(uri) = format!("{}?{query}", parts.uri.path()).parse() else {
