@@ -286,9 +286,14 @@ stage "the systemd launcher and Docker for jobs against a real systemd (PID 1 of
 # writable: a job's engine sets its own network namespace's sysctls (start.sh saves the host's
 # values that systemd raises and stop.sh puts them back).
 RM_SYSTEMD_PROC_SYS=rw e2e/systemd/start.sh
-# --workspace: the same feature set nextest built with, so nothing is compiled again.
+# --workspace: the same feature set nextest built with, so nothing is compiled again. The
+# Docker test after the launcher's, not beside them: its engine's load widened a race in
+# `a_runner_that_ends_at_once_was_still_started` (a runner exiting while its start is read;
+# seen once, session 21's note).
 "${RM_SYSTEMD_STATE:-$RM_CACHE/systemd}/bin/nsexec" env -C "$root" RM_SYSTEMD_TESTS=1 \
-  RM_DOCKER_CLI="$RM_DOCKER_CLI" cargo test --workspace --test node_agent -- launch_systemd:: docker_systemd::
+  cargo test --workspace --test node_agent -- launch_systemd::
+"${RM_SYSTEMD_STATE:-$RM_CACHE/systemd}/bin/nsexec" env -C "$root" RM_SYSTEMD_TESTS=1 \
+  RM_DOCKER_CLI="$RM_DOCKER_CLI" cargo test --workspace --test node_agent -- docker_systemd::
 e2e/systemd/stop.sh
 done_stage systemd
 
