@@ -49,7 +49,7 @@ mkdir -p "$CFG/cni" "$LOGS" "$NODE_FS/var"
 # their runtimes under the agent's host root (a /var/lib that containerd or the kubelet made
 # first is 0700, and every runner failed 200/CHDIR).
 install -d -m 0755 "$NODE_FS/var/lib" "$NODE_FS/var/log" "$NODE_FS/var/cache"
-install -d -m 1777 "$NODE_FS/var/tmp"
+install -d -m 1777 "$NODE_FS/var/tmp" "$NODE_FS/tmp"
 for k in $CLUSTER_SYSCTLS; do v=$(sysctl -n "$k" 2>/dev/null) && echo "$k=$v"; done > "$RM_CLUSTER_RUN/sysctl.before"
 
 "$here/images.sh" >/dev/null
@@ -62,6 +62,10 @@ cat > "$CFG/preinit.sh" <<EOF
 mount --make-rshared /
 # The node's own /var: /var/lib/kubelet, /var/lib/containerd, /var/log/pods, the agent's host root.
 mount --bind "$NODE_FS/var" /var
+# The node's own /tmp, as a real node has: the checks search it for leaked JIT handoff files, and
+# the host's /tmp holds the tests that run beside the node (a CI run failed on one of their
+# jit-*.tmp files, gone a moment later).
+mount --bind "$NODE_FS/tmp" /tmp
 EOF
 RM_SYSTEMD_STATE=$NODE_STATE RM_SYSTEMD_CGROUP=$RM_CLUSTER_CGROUP \
 RM_SYSTEMD_HIERARCHIES="systemd unified memory cpu cpuacct cpuset pids blkio devices freezer" \
