@@ -353,6 +353,50 @@ async fn webhook_jobs_scale_from_zero_and_everything_is_cleaned() {
     assert_eq!(mints as usize, attempts.len(), "one JIT mint per runner");
 }
 
+/// A job queued before its policy existed: its delivery reached the operator and found no policy
+/// (as it finds none for a policy not yet Ready). With webhooks on, the poll skips runs younger
+/// than a poll interval; the policy's first read once it is Ready skips none, so the job starts
+/// then, not a poll interval later. The interval is 5 minutes and the deadline one.
+#[tokio::test]
+async fn a_job_queued_before_its_policy_was_ready_starts_without_waiting_a_poll_interval() {
+    let Some(p) = World::builder("queued_before_ready")
+        .product(ProductOptions::default())
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let job = p
+        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
+        .await
+        .unwrap();
+    wait::until(STEP, "the job's delivery answered", || async {
+        let all = p.fake.admin("GET", "deliveries", Value::Null).await.ok()?;
+        all.as_array()?
+            .iter()
+            .filter(|d| d["job_id"].as_u64() == Some(job))
+            .any(|d| d["attempts"].as_array().is_some_and(|a| !a.is_empty()))
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    p.policy(
+        "web",
+        json!({"minIdle": 0, "scaling": {"webhook": true, "pollInterval": "300s"}}),
+    )
+    .await
+    .unwrap();
+    p.wait_jobs_completed(&[job], Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}: the job waited for the poll; logs in {}",
+                p.logs().display()
+            )
+        });
+    completed_and_cleaned(&p, job).await;
+}
+
 /// Issue 33 item 5: a GitHub Enterprise Server whose certificate a private CA signed. The
 /// simulated GitHub serves HTTPS only, with such a certificate. The operator is given the CA for
 /// the API (`--github-ca-file`) and the agent for the runner package (`--download-ca-file`),

@@ -564,6 +564,10 @@ impl SystemdLauncher {
 /// start time must sit in the unit's cgroup (seen as the agent sees it, which is what
 /// [`inspect`] compares later); one that is gone already (the runner ran its job and ended
 /// before this read) is recorded as gone, in the cgroup systemd gave the unit.
+/// What `/proc/<pid>/cgroup` appends to the path of a cgroup2 that has been removed
+/// (`proc_cgroup_show` in the kernel's cgroup.c).
+const DEAD_CGROUP: &str = " (deleted)";
+
 fn believed_cgroup(
     unit: &str,
     receipt: Receipt,
@@ -571,8 +575,15 @@ fn believed_cgroup(
     cgroup: Option<String>,
 ) -> Option<String> {
     let living = now.filter(|s| s.start_time == receipt.start_time && !s.is_exited());
+    let own = |c: &str| c.ends_with(&format!("/{unit}"));
     match (living, cgroup) {
-        (Some(_), Some(c)) if c.ends_with(&format!("/{unit}")) => Some(c),
+        (Some(_), Some(c)) if own(&c) => Some(c),
+        // Exiting: past the kernel's cgroup_exit, so the unit's cgroup was empty and systemd
+        // removed it, but not yet a zombie. The kernel names a removed cgroup2 with this suffix
+        // (a clean-clone run refused a runner that ended at once here, as NoStartTime).
+        (Some(_), Some(c)) if c.strip_suffix(DEAD_CGROUP).is_some_and(own) => {
+            Some(c[..c.len() - DEAD_CGROUP.len()].to_owned())
+        }
         // Alive outside the unit: not the unit's process, whoever wrote the receipt.
         (Some(_), Some(_)) => None,
         // Gone (or exiting between the two reads).
@@ -1151,7 +1162,27 @@ mod tests {
         }
         assert_eq!(
             believed_cgroup(unit, receipt, running(100), None),
+            Some(own.clone())
+        );
+        // Exiting, its cgroup already removed: the unit's process, ending.
+        assert_eq!(
+            believed_cgroup(
+                unit,
+                receipt,
+                running(100),
+                Some(format!("{own} (deleted)"))
+            ),
             Some(own)
+        );
+        // A removed cgroup that was not the unit's is still someone else's.
+        assert_eq!(
+            believed_cgroup(
+                unit,
+                receipt,
+                running(100),
+                Some(format!("/{SLICE}/rm-ffffffffffff.service (deleted)"))
+            ),
+            None
         );
     }
     #[test]

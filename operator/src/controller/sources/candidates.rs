@@ -95,6 +95,17 @@ impl Candidates {
         }
     }
 
+    /// Whether jobs can be matched to `policy` now: it is proven, its owner binding allows it,
+    /// and this matcher was built after both (a matcher is rebuilt at most once a second).
+    pub fn eligible(&self, policy: &ScalePolicy) -> bool {
+        policy.metadata.uid.is_some()
+            && self
+                .policies
+                .iter()
+                .zip(&self.eligible)
+                .any(|(p, e)| *e && p.metadata.uid == policy.metadata.uid)
+    }
+
     /// The policy a job belongs to: the one whose labels cover its `runs-on` with the fewest
     /// extra labels, ties by namespace and name (DESIGN §7).
     pub fn matching(&self, job: &JobLabels<'_>) -> Option<&ScalePolicy> {

@@ -37,6 +37,9 @@ pub fn before(now: Timestamp, by: std::time::Duration) -> Timestamp {
 pub struct RepositoryPoll {
     settle: std::time::Duration,
     last_poll: Option<Instant>,
+    /// Whether a read made while the policy was proven has succeeded since it last became
+    /// proven: until then, deliveries were dropped and nothing is left to settle.
+    caught_up: bool,
     checks: JobChecks,
 }
 
@@ -45,8 +48,48 @@ impl RepositoryPoll {
         Self {
             settle,
             last_poll: None,
+            caught_up: false,
             checks: JobChecks::default(),
         }
+    }
+}
+
+/// How a pass reads the repository's queue: how old a shared answer may be, and how young a run
+/// it skips.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Read {
+    pub max_age: std::time::Duration,
+    pub settle: std::time::Duration,
+}
+
+/// Whether this pass reads the queue, and how. Pure.
+///
+/// The settle margin exists only for runs whose deliveries the policy receives. The webhook sink
+/// drops every delivery for a policy that is not proven (`Candidates::eligible`), and the poll
+/// matches no job to it either. So at the first pass after the policy becomes proven (created,
+/// its spec changed, its credentials repaired, the operator restarted) the read is at once,
+/// fresh (no older answer another policy shared, settled) and skips no run: a job queued
+/// before the policy was Ready starts then, not one or two poll intervals late.
+pub fn plan(
+    proven: bool,
+    caught_up: bool,
+    since_last: Option<std::time::Duration>,
+    poll: std::time::Duration,
+    settle: std::time::Duration,
+) -> Option<Read> {
+    use std::time::Duration;
+    let due = since_last.is_none_or(|d| d >= poll);
+    let settled = Read {
+        max_age: poll / 2,
+        settle,
+    };
+    if proven && !caught_up {
+        Some(Read {
+            max_age: Duration::ZERO,
+            settle: Duration::ZERO,
+        })
+    } else {
+        due.then_some(settled)
     }
 }
 
@@ -60,12 +103,18 @@ impl DemandSource for RepositoryPoll {
             let mut out = Observed::default();
             let client = &p.resolved.client;
             let poll = p.policy.spec.scaling.poll_interval.as_duration();
-            if self.last_poll.is_none_or(|t| t.elapsed() >= poll) {
+            let candidates = (p.candidates)();
+            // As the matcher sees it (the webhook sink's and the poll's): a Ready status it
+            // was built before does not count yet.
+            let proven = candidates.eligible(p.policy);
+            self.caught_up &= proven;
+            let since_last = self.last_poll.map(|t| t.elapsed());
+            if let Some(read) = plan(proven, self.caught_up, since_last, poll, self.settle) {
                 self.last_poll = Some(Instant::now());
                 let cutoff = before(p.now, poll);
-                match poll_queued(client, p.policy, &(p.candidates)(), poll / 2, self.settle).await
-                {
+                match poll_queued(client, p.policy, &candidates, read).await {
                     Ok(jobs) => {
+                        self.caught_up = proven;
                         out.change = stale_after_poll(p.ledger, &jobs, cutoff);
                         out.change.extend(additions(p.ledger, jobs, p.now));
                     }
@@ -82,15 +131,14 @@ impl DemandSource for RepositoryPoll {
 }
 
 /// Queued jobs of a repository target that belong to `policy` (polling repairs missed
-/// deliveries). The repository's queued jobs are polled once per `max_age` for all its
+/// deliveries). The repository's queued jobs are polled once per `read.max_age` for all its
 /// policies (one call for the queued runs, one per queued run for its jobs); `candidates` is
 /// built once per pass.
 pub async fn poll_queued(
     client: &GitHubClient,
     policy: &ScalePolicy,
     candidates: &Candidates,
-    max_age: std::time::Duration,
-    settle: std::time::Duration,
+    read: Read,
 ) -> Result<Vec<i64>, GitHubError> {
     let TargetKind::Repository { owner, repo } = &client.target().kind else {
         return Ok(vec![]);
@@ -108,7 +156,7 @@ pub async fn poll_queued(
         jobs = tracing::field::Empty,
     );
     let queued = client
-        .recent_queued_jobs(max_age, settle)
+        .recent_queued_jobs(read.max_age, read.settle)
         .instrument(span.clone())
         .await?;
     let mut found = Vec::new();
@@ -135,4 +183,34 @@ pub async fn poll_queued(
     }
     span.record("jobs", found.len());
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_first_read_after_the_policy_is_proven_is_at_once_fresh_and_skips_no_run() {
+        let poll = Duration::from_secs(60);
+        let settle = poll;
+        let settled = Some(Read {
+            max_age: Duration::from_secs(30),
+            settle,
+        });
+        let unsettled = Some(Read {
+            max_age: Duration::ZERO,
+            settle: Duration::ZERO,
+        });
+        let just = Some(Duration::from_secs(1));
+        // Unproven: matched jobs are none, deliveries dropped: the usual rhythm.
+        assert_eq!(plan(false, false, None, poll, settle), settled);
+        assert_eq!(plan(false, false, just, poll, settle), None);
+        // Proven a second after the last read: read again now, skipping nothing.
+        assert_eq!(plan(true, false, just, poll, settle), unsettled);
+        assert_eq!(plan(true, false, None, poll, settle), unsettled);
+        // Caught up: once per interval, a poll interval behind the webhooks.
+        assert_eq!(plan(true, true, just, poll, settle), None);
+        assert_eq!(plan(true, true, Some(poll), poll, settle), settled);
+    }
 }

@@ -309,7 +309,7 @@ mod tests {
     ) -> ScalePolicy {
         let mut v = json!({
             "apiVersion": "runner-manager.dev/v1alpha1", "kind": "ScalePolicy",
-            "metadata": {"namespace": ns, "name": name, "generation": 2},
+            "metadata": {"namespace": ns, "name": name, "generation": 2, "uid": format!("{ns}-{name}")},
             "spec": {
                 "github": {"url": url, "credentialsSecretRef": {"name": "creds"}},
                 "labels": ["self-hosted", "linux"], "maxRunners": 2
@@ -363,6 +363,9 @@ mod tests {
         let c = Candidates::of(policies.clone(), true, &OwnerBindings::default());
         let got = c.matching(&job).unwrap();
         assert_eq!(got.metadata.namespace.as_deref(), Some("team"));
+        // What the poll asks before it reads without a settle margin.
+        assert!(c.eligible(&policies[1]));
+        assert!(!c.eligible(&policies[0]));
         // Both proven, but the owner is bound to `team`: `aaa` is out even with a Ready status
         // written before the binding.
         let both = vec![
@@ -376,6 +379,7 @@ mod tests {
                 .and_then(|p| p.metadata.namespace.clone())
         };
         assert_eq!(ns_of(&bound).as_deref(), Some("team"));
+        assert!(!Candidates::of(both.clone(), true, &bound).eligible(&both[0]));
         assert_eq!(
             ns_of(&OwnerBindings::default()).as_deref(),
             Some("aaa"),
