@@ -48,7 +48,7 @@ What is checked, and where (the matching rules; nothing outside them is looked a
    (`runner_manager_crds::...`, `runner_manager_node_agent=debug`) are not metric names.
 4. Closed vocabularies, read from the source text: policy and attempt condition types and
    reasons (crds/src/policy.rs, crds/src/attempt.rs), outcome kinds and reasons
-   (crds/src/outcome.rs), Event reasons (operator/src/controller/events.rs `Reason`,
+   (core/src/outcome.rs), Event reasons (operator/src/controller/events.rs `Reason`,
    node-agent/src/agent/labels.rs `EventReason`). A backticked word is checked
    a. as `Kind(Reason)` (`Failed(JitExpired)`): the kind's reasons;
    b. as `Type=True|False|Unknown` or `Type/Reason` where Type is a condition type: the type,
@@ -124,8 +124,8 @@ RELATIVE_ROOTS = ("execution", "workspace", "scaling", "timeouts")
 # Rule 4d: closed lists a "reason `X`" may name besides conditions, outcomes and Events.
 REASON_ENUMS = (
     ("crds/src/attempt.rs", "TerminationReason"),
-    ("crds/src/lease.rs", "RecoveryBlocked"),
-    ("crds/src/lease.rs", "NativeRefusal"),
+    ("core/src/lease.rs", "RecoveryBlocked"),
+    ("core/src/lease.rs", "NativeRefusal"),
 )
 
 # Rule 8: units of a figure, with their dimension and factor to it.
@@ -372,11 +372,11 @@ class Vocab:
         self.policy_reasons = v("crds/src/policy.rs", "PolicyReason")
         self.attempt_types = v("crds/src/attempt.rs", "AttemptConditionType")
         self.attempt_reasons = v("crds/src/attempt.rs", "AttemptReason")
-        self.outcome_kinds = v("crds/src/outcome.rs", "OutcomeKind")
+        self.outcome_kinds = v("core/src/outcome.rs", "OutcomeKind")
         self.kind_reasons = {
-            "Failed": v("crds/src/outcome.rs", "FailureReason"),
-            "Orphaned": v("crds/src/outcome.rs", "OrphanReason"),
-            "Rejected": v("crds/src/outcome.rs", "RejectReason"),
+            "Failed": v("core/src/outcome.rs", "FailureReason"),
+            "Orphaned": v("core/src/outcome.rs", "OrphanReason"),
+            "Rejected": v("core/src/outcome.rs", "RejectReason"),
         }
         self.events = v("operator/src/controller/events.rs", "Reason") | v(
             "node-agent/src/agent/labels.rs", "EventReason")
@@ -790,7 +790,7 @@ class Checker:
         if m:
             self.count("vocabulary")
             if m.group(2) not in v.kind_reasons[m.group(1)]:
-                self.report(doc, line, f"outcome `{text}`", f"{m.group(2)} is not a reason of {m.group(1)} (crds/src/outcome.rs)",
+                self.report(doc, line, f"outcome `{text}`", f"{m.group(2)} is not a reason of {m.group(1)} (core/src/outcome.rs)",
                             f"use one of its reasons{self.near(m.group(2), v.kind_reasons[m.group(1)])}")
             return
         m = re.match(r"^([A-Z]\w+)=(True|False|Unknown)$", text)
@@ -868,7 +868,7 @@ class Checker:
                             if CAMEL.match(word):
                                 self.count("vocabulary")
                                 if word not in v.outcome_kinds:
-                                    self.report(doc, j + 1, f"outcome kind `{word}`", "not an outcome kind (crds/src/outcome.rs)",
+                                    self.report(doc, j + 1, f"outcome kind `{word}`", "not an outcome kind (core/src/outcome.rs)",
                                                 f"use an outcome kind{self.near(word, v.outcome_kinds)}")
                     j += 1
                 i = j

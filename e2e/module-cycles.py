@@ -22,7 +22,7 @@ import os
 import re
 import sys
 
-CRATES = ["crds", "telemetry", "operator", "node-agent", "e2e"]
+CRATES = ["core", "crds", "telemetry", "operator", "node-agent", "e2e"]
 
 
 def strip(source):

@@ -172,7 +172,7 @@ fi
 # nothing and test that clone's code (it happened: two clones, one edited before the other's
 # build). The crates' files are made newer than anything built before this run.
 if [ -L target ]; then
-  find crds operator node-agent e2e telemetry -type f -exec touch {} +
+  find core crds operator node-agent e2e telemetry -type f -exec touch {} +
 fi
 # A CI clone is built once: incremental compilation only costs there.
 [ "${CI:-}" != true ] || export CARGO_INCREMENTAL=0

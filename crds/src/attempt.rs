@@ -16,10 +16,11 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::conditions::Condition;
-use crate::duration::ManifestDuration;
-use crate::outcome::Outcome;
 use crate::policy::{ExecutionMode, ForkPullRequests, RunnerResources, WorkspaceMode};
-use crate::state::{Actor, AttemptState, EdgeError, EdgeKind};
+use runner_manager_core::duration::ManifestDuration;
+use runner_manager_core::outcome::Outcome;
+use runner_manager_core::state::{Actor, AttemptState, EdgeError, EdgeKind};
+pub use runner_manager_core::target::TargetScope;
 
 /// One runner's life, bound to one node, never reused.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -139,14 +140,6 @@ pub struct TargetSnapshot {
     pub scope: TargetScope,
 }
 
-/// The scope of a GitHub target.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-pub enum TargetScope {
-    Repository,
-    Organization,
-    Enterprise,
-}
-
 /// How one attempt runs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -176,7 +169,7 @@ pub struct RunnerPackage {
     /// the attempt was placed on (its `kubernetes.io/arch` label). Absent on attempts made
     /// before runner-manager placed other architectures: `x64`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub architecture: Option<crate::arch::Arch>,
+    pub architecture: Option<runner_manager_core::arch::Arch>,
 }
 
 /// The timeouts of one attempt.
@@ -561,7 +554,7 @@ pub enum Transition {
 
 impl Transition {
     pub fn kind(&self) -> EdgeKind {
-        use crate::outcome::{OrphanReason, RejectReason};
+        use runner_manager_core::outcome::{OrphanReason, RejectReason};
         match self {
             Self::Admit { .. } => EdgeKind::Admit,
             Self::BeginPrepare => EdgeKind::BeginPrepare,

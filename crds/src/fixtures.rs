@@ -11,9 +11,9 @@ use crate::attempt::{
     ProcessIdentity, RunnerAttempt, RunnerAttemptStatus, RunnerRegistration, StartedIdentity,
     TargetScope, Transition, WorkspacePlacement,
 };
-use crate::outcome::{FailureReason, Outcome};
 use crate::policy::{ExecutionMode, WorkspaceMode};
-use crate::state::{AttemptState, EdgeKind};
+use runner_manager_core::outcome::{FailureReason, Outcome};
+use runner_manager_core::state::{AttemptState, EdgeKind};
 
 pub const NATIVE: AttemptKind = AttemptKind {
     execution: ExecutionMode::Native,
@@ -69,11 +69,11 @@ pub fn transition_in_slot(kind: AttemptKind, edge: EdgeKind, slot: u32) -> Trans
             },
             spec_hash: "hash".into(),
         },
-        EdgeKind::Reject => {
-            Transition::Conclude(Outcome::Rejected(crate::outcome::RejectReason::NodeFull))
-        }
+        EdgeKind::Reject => Transition::Conclude(Outcome::Rejected(
+            runner_manager_core::outcome::RejectReason::NodeFull,
+        )),
         EdgeKind::ExpireAdmission => Transition::Conclude(Outcome::Rejected(
-            crate::outcome::RejectReason::AdmissionTimeout,
+            runner_manager_core::outcome::RejectReason::AdmissionTimeout,
         )),
         EdgeKind::BeginPrepare => Transition::BeginPrepare,
         EdgeKind::MarkPrepared => Transition::MarkPrepared {
@@ -97,12 +97,12 @@ pub fn transition_in_slot(kind: AttemptKind, edge: EdgeKind, slot: u32) -> Trans
         EdgeKind::CompleteJob => Transition::Conclude(Outcome::CompletedJob),
         EdgeKind::ExitIdle => Transition::Conclude(Outcome::ExitedIdleWithoutWork),
         EdgeKind::Fail => Transition::Conclude(Outcome::Failed(FailureReason::ProcessStartFailed)),
-        EdgeKind::Orphan => {
-            Transition::Conclude(Outcome::Orphaned(crate::outcome::OrphanReason::ProcessLost))
-        }
-        EdgeKind::LoseNode => {
-            Transition::Conclude(Outcome::Orphaned(crate::outcome::OrphanReason::NodeLost))
-        }
+        EdgeKind::Orphan => Transition::Conclude(Outcome::Orphaned(
+            runner_manager_core::outcome::OrphanReason::ProcessLost,
+        )),
+        EdgeKind::LoseNode => Transition::Conclude(Outcome::Orphaned(
+            runner_manager_core::outcome::OrphanReason::NodeLost,
+        )),
         EdgeKind::BeginDestroy => Transition::BeginDestroy,
         EdgeKind::DeferCleanup => Transition::DeferCleanup,
         EdgeKind::Clean => Transition::Clean,

@@ -103,10 +103,10 @@ pub fn decide(rule: ForkPullRequests, facts: &RunFacts) -> Result<(), JobRefusal
 /// (an enterprise holds every repository of its organizations, which are not in the snapshot:
 /// the run's record must still show this runner). Pure.
 pub fn claimed_in<'c>(
-    target: &crate::target::GitHubTarget,
+    target: &runner_manager_core::target::GitHubTarget,
     repository: &'c str,
 ) -> Option<(&'c str, &'c str)> {
-    use crate::target::TargetKind;
+    use runner_manager_core::target::TargetKind;
     let (owner, repo) = repository.split_once('/')?;
     if owner.is_empty() || repo.is_empty() || repo.contains('/') {
         return None;
@@ -154,7 +154,7 @@ pub fn write_back(rule: &CacheWriteBack, facts: &RunFacts) -> Result<(), Discard
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::target::GitHubTarget;
+    use runner_manager_core::target::GitHubTarget;
 
     fn facts(head: Option<&str>, ours: bool) -> RunFacts {
         RunFacts {

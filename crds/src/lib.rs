@@ -1,30 +1,29 @@
 //! `runner-manager-crds`: the API of runner-manager (`runner-manager.dev/v1alpha1`).
 //!
-//! Everything here is pure: the custom resource types, the attempt state machine and its
-//! recovery decision, semantic validation, the JIT broker's wire types and the naming rules.
+//! The custom resource types, the journal that applies the state machine to
+//! `RunnerAttempt.status`, the recovery decision, semantic validation, the JIT broker's wire
+//! types and the pod specs. No I/O. The vocabulary and rules that need no Kubernetes type (the
+//! state machine, outcomes, targets, names, durations, the node's advert) live in
+//! `runner-manager-core`; they are re-exported here under their old paths, so
+//! `runner_manager_crds::state` is `runner_manager_core::state`.
 //! The operator and the node agent both depend on this crate and on nothing of each other.
 
-pub mod arch;
+pub use runner_manager_core::{
+    arch, duration, helper_env, hosts, lease, names, outcome, state, target,
+};
+
 pub mod attempt;
 pub mod broker;
 pub mod caches;
 pub mod conditions;
-pub mod duration;
 #[cfg(feature = "fixtures")]
 pub mod fixtures;
-pub mod helper_env;
-pub mod hosts;
 pub mod job_admission;
-pub mod lease;
-pub mod names;
-pub mod outcome;
 pub mod patch;
 pub mod pods;
 pub mod policy;
 pub mod recovery;
 pub mod reference;
-pub mod state;
-pub mod target;
 pub mod validate;
 #[cfg(feature = "client")]
 pub mod writer;

@@ -12,7 +12,7 @@ use crate::attempt::{
     RunnerAttempt, Transition, spec_hash,
 };
 use crate::conditions::{Condition, upsert};
-use crate::state::{Actor, EdgeError};
+use runner_manager_core::state::{Actor, EdgeError};
 
 /// One condition of an attempt's journal.
 pub type AttemptCondition = Condition<AttemptConditionType, AttemptReason>;

@@ -32,7 +32,7 @@ use kube::Resource;
 
 use crate::NODE_LABEL;
 use crate::attempt::RunnerAttempt;
-use crate::helper_env;
+use runner_manager_core::helper_env;
 
 /// The attempt (object name) a pod belongs to.
 pub const ATTEMPT_LABEL: &str = "runner-manager.dev/attempt";

@@ -12,7 +12,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::conditions::Condition;
-use crate::duration::ManifestDuration;
+use runner_manager_core::duration::ManifestDuration;
+pub use runner_manager_core::state::ExecutionMode;
 
 /// A repository, organization or enterprise URL on github.com or a GitHub Enterprise Server host.
 /// No user-info part (`user:token@`): credentials belong in the Secret.
@@ -274,16 +275,6 @@ pub struct ExecutionSpec {
     /// Per runner: cgroup limits (native) or pod resources (OCI).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<RunnerResources>,
-}
-
-/// An execution mode.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-pub enum ExecutionMode {
-    /// A host process in its own cgroup, as a runner account of the node's pool.
-    #[default]
-    Native,
-    /// A pod pinned to the node, from an image pinned by digest.
-    Oci,
 }
 
 /// Per-runner limits.

@@ -11,8 +11,8 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::attempt::AttemptJournal;
-use crate::outcome::{FailureReason, OrphanReason, Outcome};
-use crate::state::AttemptState;
+use runner_manager_core::outcome::{FailureReason, OrphanReason, Outcome};
+use runner_manager_core::state::AttemptState;
 
 /// What the agent sees of the runner's process or pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::attempt::TargetScope;
 use crate::policy::{ExecutionMode, MAX_RUNNERS_CEILING, ScalePolicySpec, WorkspaceMode};
-use crate::target::GitHubTarget;
+use runner_manager_core::target::GitHubTarget;
 
 /// One problem: where, and what to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -300,8 +300,8 @@ pub fn validate_policy(spec: &ScalePolicySpec) -> Vec<Problem> {
                 field,
                 format!(
                     "must be between {} and {}",
-                    crate::duration::ManifestDuration::from_secs(min.as_secs()),
-                    crate::duration::ManifestDuration::from_secs(max.as_secs())
+                    runner_manager_core::duration::ManifestDuration::from_secs(min.as_secs()),
+                    runner_manager_core::duration::ManifestDuration::from_secs(max.as_secs())
                 ),
             );
         }
@@ -390,33 +390,12 @@ pub fn is_digest_pinned(image: &str) -> bool {
 
 /// A CPU quantity in millicores: `4`, `0.5`, `1500m`.
 pub fn parse_cpu_millis(q: &Quantity) -> Option<u64> {
-    let s = q.0.trim();
-    if let Some(m) = s.strip_suffix('m') {
-        return m.parse().ok();
-    }
-    let v: f64 = s.parse().ok()?;
-    (v.is_finite() && v >= 0.0).then(|| (v * 1000.0).round() as u64)
+    runner_manager_core::quantity::cpu_millis(&q.0)
 }
 
 /// A memory quantity in bytes: `8Gi`, `512Mi`, `1G`, `1048576`.
 pub fn parse_memory_bytes(q: &Quantity) -> Option<u64> {
-    let s = q.0.trim();
-    let units: [(&str, u64); 8] = [
-        ("Ki", 1 << 10),
-        ("Mi", 1 << 20),
-        ("Gi", 1 << 30),
-        ("Ti", 1 << 40),
-        ("k", 1_000),
-        ("M", 1_000_000),
-        ("G", 1_000_000_000),
-        ("T", 1_000_000_000_000),
-    ];
-    for (suffix, mult) in units {
-        if let Some(n) = s.strip_suffix(suffix) {
-            return n.parse::<u64>().ok()?.checked_mul(mult);
-        }
-    }
-    s.parse().ok()
+    runner_manager_core::quantity::memory_bytes(&q.0)
 }
 
 /// A problem in a `runner.env` file: the line and what is wrong; never the value.
@@ -571,7 +550,7 @@ pub fn cache_namespace(
     let tail = match (spec.scope, &target.kind) {
         (
             crate::caches::CacheScope::Repository,
-            crate::target::TargetKind::Repository { owner, repo },
+            runner_manager_core::target::TargetKind::Repository { owner, repo },
         ) => {
             format!("{owner}/{repo}")
         }
@@ -580,13 +559,16 @@ pub fn cache_namespace(
         }
         (
             crate::caches::CacheScope::Organization,
-            crate::target::TargetKind::Repository { owner: org, .. },
+            runner_manager_core::target::TargetKind::Repository { owner: org, .. },
         )
         | (
             crate::caches::CacheScope::Organization,
-            crate::target::TargetKind::Organization { org },
+            runner_manager_core::target::TargetKind::Organization { org },
         ) => format!("_org/{org}"),
-        (crate::caches::CacheScope::Organization, crate::target::TargetKind::Enterprise { .. }) => {
+        (
+            crate::caches::CacheScope::Organization,
+            runner_manager_core::target::TargetKind::Enterprise { .. },
+        ) => {
             return Err(crate::caches::CacheSpecError::OrganizationScopeNeedsOrganization);
         }
         (crate::caches::CacheScope::Shared, _) => {

@@ -15,7 +15,7 @@ use crate::patch::{
     AttemptCondition, PatchError, condition_patch, journal_patch, journal_patch_with_launch,
     journal_path_patch,
 };
-use crate::state::Actor;
+use runner_manager_core::state::Actor;
 
 /// How many times a conflicting write is re-read and re-decided before giving up. A conflict
 /// means someone else wrote in between; more than a few in a row means something is wrong.
@@ -187,7 +187,7 @@ mod tests {
         AttemptConditionType, AttemptJournal, AttemptReason, WorkspacePlacement, spec_hash,
     };
     use crate::conditions::ConditionStatus;
-    use crate::outcome::Outcome;
+    use runner_manager_core::outcome::Outcome;
 
     fn attempt() -> RunnerAttempt {
         crate::fixtures::AttemptBuilder::new("web-1", "web")
@@ -301,7 +301,7 @@ mod tests {
         let concluded = path(vec![
             admit.clone(),
             Transition::Conclude(Outcome::Failed(
-                crate::outcome::FailureReason::WorkspaceUnavailable,
+                runner_manager_core::outcome::FailureReason::WorkspaceUnavailable,
             )),
             Transition::Clean,
         ])

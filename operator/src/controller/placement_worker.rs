@@ -117,8 +117,8 @@ pub fn node_facts(
                 .insert(name.to_owned());
             let r = a.spec.snapshot.execution.resources.as_ref();
             let need = Resources::of(
-                r.and_then(|r| r.cpu.as_ref()),
-                r.and_then(|r| r.memory.as_ref()),
+                r.and_then(|r| r.cpu.as_ref()).map(|q| q.0.as_str()),
+                r.and_then(|r| r.memory.as_ref()).map(|q| q.0.as_str()),
             );
             let sum = requested.entry(a.spec.node_name.as_str()).or_default();
             sum.cpu_millis = sum.cpu_millis.saturating_add(need.cpu_millis);
@@ -147,7 +147,12 @@ pub fn node_facts(
                 .status
                 .as_ref()
                 .and_then(|s| s.allocatable.as_ref())
-                .map(|a| Resources::of(a.get("cpu"), a.get("memory")))
+                .map(|a| {
+                    Resources::of(
+                        a.get("cpu").map(|q| q.0.as_str()),
+                        a.get("memory").map(|q| q.0.as_str()),
+                    )
+                })
                 .map(|allocatable| {
                     // Other workloads' pods, as the node's agent counts them (it watches its
                     // node's pods; the operator watches none): an older agent that does not

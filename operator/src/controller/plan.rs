@@ -682,7 +682,14 @@ pub fn scaling_condition(
                 reason: Reason::Unplaceable,
                 note: why.message().into(),
             });
-            return ((false, why.reason(), why.message().to_owned()), event);
+            return (
+                (
+                    false,
+                    PolicyReason::NoEligibleNode,
+                    why.message().to_owned(),
+                ),
+                event,
+            );
         }
         (
             Scaling::Create { count, .. },
@@ -817,8 +824,10 @@ pub fn place(
     // The scheduler's view of the runner: its placeholder (native) or pod (OCI) requests this.
     let resources = policy.spec.execution.resources.as_ref();
     let need = crate::policy::placement::Resources::of(
-        resources.and_then(|r| r.cpu.as_ref()),
-        resources.and_then(|r| r.memory.as_ref()),
+        resources.and_then(|r| r.cpu.as_ref()).map(|q| q.0.as_str()),
+        resources
+            .and_then(|r| r.memory.as_ref())
+            .map(|q| q.0.as_str()),
     );
     let mut lineage = replaces.iter();
     let mut attempts: Vec<NewAttempt> = Vec::new();

@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use runner_manager_crds::target::TargetKind;
+use crate::target::TargetKind;
 
 /// The operator flag that binds owners; named in condition messages so a person knows what to
 /// change.

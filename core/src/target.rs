@@ -1,7 +1,16 @@
 //! A policy's GitHub URL, parsed: which host, which scope, which names. Pure, shared by
 //! validation (persistent workspaces need a repository) and the operator's GitHub client.
 
-use crate::attempt::TargetScope;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The scope of a GitHub target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum TargetScope {
+    Repository,
+    Organization,
+    Enterprise,
+}
 
 /// A parsed GitHub target.
 #[derive(Clone, Debug, PartialEq, Eq)]

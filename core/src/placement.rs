@@ -24,8 +24,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
-use runner_manager_crds::policy::PolicyReason;
+use jiff::Timestamp;
 
 /// What the agent publishes on its Lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,16 +84,13 @@ pub struct Resources {
 }
 
 impl Resources {
-    /// From optional Kubernetes quantities; an unparseable or absent one counts 0 (validation
-    /// refuses unparseable ones before a policy is served).
-    pub fn of(
-        cpu: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
-        memory: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
-    ) -> Self {
-        use runner_manager_crds::validate::{parse_cpu_millis, parse_memory_bytes};
+    /// From optional Kubernetes quantities (`1500m`, `2Gi`: a `Quantity`'s text); an
+    /// unparseable or absent one counts 0 (validation refuses unparseable ones before a policy
+    /// is served).
+    pub fn of(cpu: Option<&str>, memory: Option<&str>) -> Self {
         Self {
-            cpu_millis: cpu.and_then(parse_cpu_millis).unwrap_or(0),
-            memory_bytes: memory.and_then(parse_memory_bytes).unwrap_or(0),
+            cpu_millis: cpu.and_then(crate::quantity::cpu_millis).unwrap_or(0),
+            memory_bytes: memory.and_then(crate::quantity::memory_bytes).unwrap_or(0),
         }
     }
 
@@ -172,11 +168,6 @@ impl Unplaceable {
             Self::AllFull => "all_full",
             Self::InsufficientResources => "insufficient_resources",
         }
-    }
-
-    /// The `Scaling` condition's reason.
-    pub fn reason(self) -> PolicyReason {
-        PolicyReason::NoEligibleNode
     }
 
     /// The `Scaling` condition's message: what blocks, and what a person can do.
@@ -560,7 +551,6 @@ mod tests {
             Unplaceable::AllFull,
             Unplaceable::InsufficientResources,
         ] {
-            assert_eq!(why.reason(), PolicyReason::NoEligibleNode);
             assert!(!why.message().is_empty() && !why.as_str().is_empty());
         }
     }
@@ -616,14 +606,7 @@ mod tests {
         assert_eq!(r, res(1000, 4));
         // Never below zero.
         assert_eq!(room(res(1000, 1), &[res(4000, 8)], res(0, 0)), res(0, 0));
-        let parsed = Resources::of(
-            Some(&k8s_openapi::apimachinery::pkg::api::resource::Quantity(
-                "1500m".into(),
-            )),
-            Some(&k8s_openapi::apimachinery::pkg::api::resource::Quantity(
-                "2Gi".into(),
-            )),
-        );
+        let parsed = Resources::of(Some("1500m"), Some("2Gi"));
         assert_eq!(parsed, res(1500, 2));
         assert_eq!(Resources::of(None, None), Resources::default());
     }

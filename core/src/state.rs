@@ -28,7 +28,15 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::policy::ExecutionMode;
+/// An execution mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum ExecutionMode {
+    /// A host process in its own cgroup, as a runner account of the node's pool.
+    #[default]
+    Native,
+    /// A pod pinned to the node, from an image pinned by digest.
+    Oci,
+}
 
 /// Where an attempt is in its life.
 #[derive(

@@ -2,8 +2,9 @@
 //! decision from a policy's attempts. Scale-down only ever names idle runners (DESIGN §4 rule 3);
 //! the controller deregisters each one first and lets a 422 (a job just landed) cancel it.
 
-use k8s_openapi::jiff::Timestamp;
-use runner_manager_crds::state::AttemptState;
+use jiff::Timestamp;
+
+use crate::state::AttemptState;
 
 /// What the decision needs to know of one attempt of the policy.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@
 //! agrees. The OS and architecture labels that `config.sh` adds are *not* implied: a JIT
 //! registration carries exactly the labels it is given.
 
-use runner_manager_crds::target::TargetKind;
+use crate::target::TargetKind;
 
 /// The label every self-hosted runner has.
 pub const SELF_HOSTED: &str = "self-hosted";

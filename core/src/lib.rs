@@ -1,0 +1,34 @@
+//! `runner-manager-core`: the decisions of runner-manager that need neither Kubernetes nor an
+//! async runtime (issue 30 item 1; linkerd2's `policy-controller/core` is the model). Pure
+//! functions and plain types, tested without a cluster, and a crate that cannot reach the API
+//! server: `tests/dependencies.rs` fails when anything it depends on, however indirectly, is kube,
+//! k8s-openapi or tokio.
+//!
+//! - The attempt's vocabulary and rules: the state machine ([`state`]), outcomes ([`outcome`]),
+//!   and the names, durations, architectures, hosts and environment rules the custom resources
+//!   are written in ([`names`], [`duration`], [`arch`], [`hosts`], [`helper_env`]).
+//! - What a node advertises on its Lease ([`lease`]).
+//! - A policy's GitHub target ([`target`]), which namespace may name it ([`tenancy`]), which
+//!   policy a queued job belongs to ([`matching`]), how many runners a policy wants and which
+//!   to remove ([`demand`]), and which node a new attempt goes to ([`placement`], reading
+//!   requests with [`quantity`]).
+//!
+//! `runner-manager-crds` builds the custom resources on these types and re-exports the modules
+//! under its own name; the operator's `policy` module re-exports the policy decisions. The
+//! decisions still in the operator (the job ledger, the plan) read the custom resources and have
+//! not moved (docs/architecture.md, "Crates").
+
+pub mod arch;
+pub mod demand;
+pub mod duration;
+pub mod helper_env;
+pub mod hosts;
+pub mod lease;
+pub mod matching;
+pub mod names;
+pub mod outcome;
+pub mod placement;
+pub mod quantity;
+pub mod state;
+pub mod target;
+pub mod tenancy;
