@@ -48,8 +48,8 @@ What is checked, and where (the matching rules; nothing outside them is looked a
    (`runner_manager_crds::...`, `runner_manager_node_agent=debug`) are not metric names.
 4. Closed vocabularies, read from the source text: policy and attempt condition types and
    reasons (crds/src/policy.rs, crds/src/attempt.rs), outcome kinds and reasons
-   (core/src/outcome.rs), Event reasons (operator/src/controller/events.rs `Reason`,
-   node-agent/src/agent/labels.rs `EventReason`). A backticked word is checked
+   (core/src/outcome.rs), Event reasons (operator/src/controller/applying/events.rs `Reason`,
+   node-agent/src/agent/reporting/labels.rs `EventReason`). A backticked word is checked
    a. as `Kind(Reason)` (`Failed(JitExpired)`): the kind's reasons;
    b. as `Type=True|False|Unknown` or `Type/Reason` where Type is a condition type: the type,
       and the reason among that kind's condition reasons;
@@ -123,7 +123,7 @@ RELATIVE_ROOTS = ("execution", "workspace", "scaling", "timeouts")
 
 # Rule 4d: closed lists a "reason `X`" may name besides conditions, outcomes and Events.
 REASON_ENUMS = (
-    ("crds/src/attempt.rs", "TerminationReason"),
+    ("core/src/recovery.rs", "TerminationReason"),
     ("core/src/lease.rs", "RecoveryBlocked"),
     ("core/src/lease.rs", "NativeRefusal"),
 )
@@ -378,8 +378,8 @@ class Vocab:
             "Orphaned": v("core/src/outcome.rs", "OrphanReason"),
             "Rejected": v("core/src/outcome.rs", "RejectReason"),
         }
-        self.events = v("operator/src/controller/events.rs", "Reason") | v(
-            "node-agent/src/agent/labels.rs", "EventReason")
+        self.events = v("operator/src/controller/applying/events.rs", "Reason") | v(
+            "node-agent/src/agent/reporting/labels.rs", "EventReason")
         self.condition_types = self.policy_types | self.attempt_types
         self.other_reasons = set()
         for rel, name in REASON_ENUMS:
@@ -780,7 +780,7 @@ class Checker:
                     continue
             elif name in self.metrics or any(name == n + s for n in self.metrics for s in ("_total", "_info", "_bucket", "_sum", "_count", "_created")):
                 continue
-            self.report(doc, line_of(text, m.start()), f"metric `{name}`", "no source file registers it (operator/src/metrics.rs, node-agent/src/agent/metrics.rs)",
+            self.report(doc, line_of(text, m.start()), f"metric `{name}`", "no source file registers it (operator/src/metrics.rs, node-agent/src/agent/reporting/metrics.rs)",
                         f"use a registered name{self.near(name, self.metrics)}")
 
     # 4. vocabularies
@@ -814,7 +814,7 @@ class Checker:
         if re.search(r"\b[Ee]vents?(?: (?:Normal|Warning))?\s*$", b) or re.match(r"^ (?:(?:Normal|Warning) )?[Ee]vents?\b", a):
             self.count("vocabulary")
             if text not in v.events:
-                self.report(doc, line, f"Event reason `{text}`", "not in the closed Event reasons (operator/src/controller/events.rs, node-agent/src/agent/labels.rs)",
+                self.report(doc, line, f"Event reason `{text}`", "not in the closed Event reasons (operator/src/controller/applying/events.rs, node-agent/src/agent/reporting/labels.rs)",
                             f"use an Event reason{self.near(text, v.events)}")
         elif re.search(r"\breasons?:?\s*$", b):
             self.count("vocabulary")

@@ -5,6 +5,7 @@
 //! k8s-openapi or tokio.
 //!
 //! - The attempt's vocabulary and rules: the state machine ([`state`]), outcomes ([`outcome`]),
+//!   the recovery table ([`recovery`]),
 //!   and the names, durations, architectures, hosts and environment rules the custom resources
 //!   are written in ([`names`], [`duration`], [`arch`], [`hosts`], [`helper_env`]).
 //! - What a node advertises on its Lease ([`lease`]).
@@ -29,6 +30,7 @@ pub mod names;
 pub mod outcome;
 pub mod placement;
 pub mod quantity;
+pub mod recovery;
 pub mod state;
 pub mod target;
 pub mod tenancy;

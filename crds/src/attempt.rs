@@ -19,6 +19,7 @@ use crate::conditions::Condition;
 use crate::policy::{ExecutionMode, ForkPullRequests, RunnerResources, WorkspaceMode};
 use runner_manager_core::duration::ManifestDuration;
 use runner_manager_core::outcome::Outcome;
+pub use runner_manager_core::recovery::TerminationReason;
 use runner_manager_core::state::{Actor, AttemptState, EdgeError, EdgeKind};
 pub use runner_manager_core::target::TargetScope;
 
@@ -196,17 +197,6 @@ pub struct TerminationRequest {
     /// deregistered before it is stopped, so it cannot take a job while being stopped).
     #[serde(default)]
     pub deregistered: bool,
-}
-
-/// Why an attempt is asked to terminate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-pub enum TerminationReason {
-    RegistrationTimeout,
-    IdleTimeout,
-    PolicyDeleted,
-    Drain,
-    Deleted,
-    ScaleDown,
 }
 
 /// The status: the agent's journal and the operator's facts, side by side on the wire.

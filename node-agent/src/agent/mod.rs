@@ -5,38 +5,35 @@
 //! journal-before-effect steps; the same `step` is recovery after a restart ("recovery is
 //! supervision"). The agent writes status only, through the journal's CAS; never spec, never
 //! finalizers.
+//!
+//! The folders are the attempt's life on the node (issue 30 item 7): `recovery` (after a
+//! restart, before anything launches), `launching` (`Pending` → `Starting`), `supervision` (a
+//! started runner, one decision per reconcile), `cleaning` (a concluded attempt taken apart,
+//! and the orphan sweep); below them `cluster` (the agent's edges to the API server) and
+//! `reporting` (metrics, health and their vocabularies). Here: the process, its `controller`, its
+//! shared context (`node`) and the crash-test `fault` points.
 
-pub mod abandoned;
-pub mod accounts;
-pub mod admission;
-pub mod api_requests;
-pub mod attempt_ctx;
-pub mod attempts;
-pub mod caches;
-pub mod cleanup;
-pub mod conditions;
 pub mod controller;
-pub mod docker;
-pub mod edges;
-pub mod events;
 pub mod fault;
-pub mod fence;
-pub mod gate;
-pub mod health;
-pub mod job_gates;
-pub mod labels;
-pub mod launch;
-pub mod lease;
-pub mod metrics;
 pub mod node;
-pub mod orphans;
-pub mod placeholder;
-pub mod preparation;
-pub mod pruning;
-pub mod rebuild;
-pub mod runner;
-pub mod supervise;
-pub mod watched;
+
+pub mod cleaning;
+pub mod cluster;
+pub mod launching;
+pub mod recovery;
+pub mod reporting;
+pub mod supervision;
+
+// The steps' modules under their old names: `crate::agent::launch` is
+// `crate::agent::launching::launch`.
+pub use cleaning::{abandoned, cleanup, orphans};
+pub use cluster::{api_requests, attempt_ctx, attempts, conditions, events, lease};
+pub use launching::{
+    accounts, admission, caches, docker, job_gates, launch, placeholder, preparation, pruning,
+};
+pub use recovery::{fence, gate, rebuild};
+pub use reporting::{health, labels, metrics};
+pub use supervision::{edges, runner, supervise, watched};
 
 pub use node::Agent;
 

@@ -6,27 +6,33 @@
 //! two edges, history), then resolution → observation of GitHub → a pass of its demand
 //! source (`policy::prepare`, `sources`), the pure plan (`plan`) and its application — placement and creation,
 //! scale-down, terminations, status (`policy::apply`).
+//!
+//! The folders are the reconcile's stages (issue 30 item 7; the stackable operators' shape):
+//! `resolving` (what a policy needs beyond its spec), `sources` (where its demand comes from),
+//! `planning` (the decisions, without I/O), `applying` (the writes, housekeeping, the attempts'
+//! GitHub side, Events); `control` is the loop that runs them (the Controller, its trigger
+//! index, the caches, leader election). Here: the pipeline itself (`policy`), and what every
+//! stage is handed (`context`), remembers (`memory`) and fails with (`errors`).
 
-pub mod attempts;
-pub mod cache;
 pub mod context;
 pub mod errors;
-pub mod events;
-pub mod failures;
-pub mod index;
-pub mod leader;
-pub mod ledger_batch;
 pub mod memory;
-pub mod placement_worker;
-pub mod plan;
 pub mod policy;
-pub mod resolve;
-pub mod runtime;
-pub mod snapshot;
+
+pub mod applying;
+pub mod control;
+pub mod planning;
+pub mod resolving;
+#[cfg(test)]
+pub(crate) mod scripted;
 pub mod sources;
-pub mod supervisor;
-pub mod timeouts;
-pub mod writes;
+
+// The stages' modules under their old names: `crate::controller::plan` is
+// `crate::controller::planning::plan`.
+pub use applying::{attempts, events, ledger_batch, supervisor, writes};
+pub use control::{cache, index, leader, runtime};
+pub use planning::{failures, placement_worker, plan, timeouts};
+pub use resolving::{resolve, snapshot};
 
 pub(crate) use context::key;
 pub use context::{Ctx, POLICY_FINALIZER, Settings, state_name};

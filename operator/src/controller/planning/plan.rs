@@ -1,0 +1,897 @@
+//! One policy's decisions as data (in the style of linkerd2's policy-controller core): `plan`
+//! reads the policy, its attempts, its resolution and the cordoned nodes and returns a [`Plan`]
+//! — creations, terminations with reasons, the status and the events — without I/O;
+//! `policy::apply` carries it out. Placement ([`place`]) is pure too: it runs under the
+//! placement worker's lock against the node facts of that moment, so it is a second pure step
+//! rather than part of `plan`. What apply made of the scaling step ([`Scaled`]) settles the
+//! `Scaling` condition ([`settle`]).
+//!
+//! Every decision the reconcile makes is here and unit-tested below: drain on deletion, the
+//! finalizer, demand (`minIdle`, pending jobs, `maxRunners`), creation with lineage, the
+//! replacement backoff, `Degraded`, scale-down, placement refusals, cordoned nodes, timeouts,
+//! deleted attempts, and the status with its conditions.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use runner_manager_crds::attempt::{RunnerAttempt, TerminationReason};
+use runner_manager_crds::conditions::{Condition, ConditionStatus, upsert};
+use runner_manager_crds::outcome::Outcome;
+use runner_manager_crds::policy::{
+    PolicyConditionType, PolicyReason, ScalePolicy, ScalePolicyStatus,
+};
+use runner_manager_crds::recovery::TerminateReason;
+use runner_manager_crds::state::AttemptState;
+use serde_json::Value;
+
+use crate::controller::POLICY_FINALIZER;
+use crate::controller::events::Reason;
+use crate::controller::failures::{
+    Launch, consecutive_backoffs, consecutive_failures, is_launch_failure, lineages, resume_at,
+};
+use crate::controller::placement_worker::{NodeFacts, PlacementWorker};
+use crate::controller::snapshot::{POLICY_GENERATION_ANNOTATION, Pinned, build};
+use crate::controller::timeouts::{Due, due};
+use crate::metrics::PolicyGauges;
+use crate::policy::demand::{AttemptView, DemandInput, ScaleDecision, decide_holding};
+use crate::policy::placement::Unplaceable;
+
+pub type Cond = Condition<PolicyConditionType, PolicyReason>;
+
+/// The operator's settings a plan depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub admission_timeout: Duration,
+    pub node_lost_grace: Duration,
+    pub max_consecutive_failures: u32,
+    pub replacement_backoff: Duration,
+    pub replacement_backoff_max: Duration,
+}
+
+/// What resolution said of the policy's current generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness<'a> {
+    /// Not resolved yet (a fresh leader's first pass before resolution answered).
+    Unresolved,
+    Valid {
+        version: &'a str,
+        runner_group_id: i64,
+    },
+    Invalid {
+        reason: PolicyReason,
+        message: &'a str,
+    },
+}
+
+/// Everything a plan reads.
+#[derive(Clone, Copy, Debug)]
+pub struct Inputs<'a> {
+    pub policy: &'a ScalePolicy,
+    pub attempts: &'a [Arc<RunnerAttempt>],
+    pub readiness: Readiness<'a>,
+    /// Nodes marked unschedulable now.
+    pub cordoned: &'a HashSet<String>,
+    /// Policies of other namespaces naming the same target.
+    pub conflicts: &'a [String],
+    /// Attempts this leader created for the policy that the cache does not show yet. They are
+    /// supply: without them a reconcile that runs between a create and its watch event (the
+    /// policy's own status write triggers one) would create the same runners again.
+    pub in_flight: &'a [String],
+    pub limits: Limits,
+    pub now: Timestamp,
+}
+
+/// An Event about the policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyEvent {
+    pub reason: Reason,
+    pub note: String,
+}
+
+/// Deregister a runner, then ask its agent to stop it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Termination {
+    pub attempt: String,
+    pub reason: TerminationReason,
+}
+
+/// A policy's plan.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Plan {
+    /// The policy is being deleted.
+    Drain(Drain),
+    /// The policy is live.
+    Run(Box<Run>),
+}
+
+/// A policy being deleted: idle and starting runners are deregistered and asked to stop, busy
+/// ones finish their job, `Cleaned` attempts are deleted, and the finalizer goes when none is
+/// left.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Drain {
+    pub delete: Vec<String>,
+    pub terminate: Vec<Termination>,
+    /// The finalizers without ours, once every attempt is gone.
+    pub release: Option<Vec<String>>,
+    pub events: Vec<PolicyEvent>,
+}
+
+/// What the scale decision asks of apply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scaling {
+    /// The policy is not Ready: nothing is created and nothing scaled down.
+    NotReady,
+    /// More runners are wanted, but launches keep failing: replacements stop (until the
+    /// cool-down's probe, or while a launch is still in flight).
+    Degraded,
+    /// Degraded past its cool-down with nothing in flight: one probe launch; a probe that
+    /// registers ends the failure streak and clears `Degraded` (issue 15 item 7).
+    Probe {
+        replaces: Vec<String>,
+    },
+    /// More runners are wanted, after the replacement backoff.
+    BackingOff {
+        failures: u32,
+        until: Timestamp,
+    },
+    /// Create `count` attempts; the first ones replace these (lineage), newest first.
+    Create {
+        count: u32,
+        replaces: Vec<String>,
+    },
+    /// Deregister, then terminate, these idle attempts (oldest idle first).
+    ScaleDown {
+        idle: Vec<String>,
+    },
+    AtMaxRunners {
+        max: u32,
+    },
+    /// `spec.suspend`: nothing to create, no idle runner left to drain.
+    Suspended,
+    Steady,
+}
+
+/// A live policy's plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Run {
+    /// The finalizers with ours added, when it is missing (applied before anything is created).
+    pub finalizer: Option<Vec<String>>,
+    pub scaling: Scaling,
+    /// Terminations besides scale-down: idle runners on cordoned nodes, timeouts, attempts a
+    /// person deleted. One per attempt.
+    pub terminations: Vec<Termination>,
+    pub status: StatusPlan,
+    pub events: Vec<PolicyEvent>,
+    pub gauges: PolicyGauges,
+}
+
+/// The status to write once the `Scaling` condition is known ([`settle`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StatusPlan {
+    /// The stored status with the counts, generation and resolution applied.
+    pub base: ScalePolicyStatus,
+    pub ready: Cond,
+    pub degraded: Cond,
+    pub conflict: Cond,
+    pub generation: i64,
+    pub now: Timestamp,
+}
+
+/// What apply made of the scaling step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scaled {
+    /// Nothing to carry out.
+    Nothing,
+    Created {
+        created: u32,
+        wanted: u32,
+        refused: Option<Unplaceable>,
+    },
+    /// Scale-down: this many idle runners were deregistered and asked to stop.
+    Asked(u32),
+}
+
+pub fn cond(
+    t: PolicyConditionType,
+    ok: bool,
+    reason: PolicyReason,
+    message: String,
+    generation: i64,
+    now: Timestamp,
+) -> Cond {
+    Condition {
+        type_: t,
+        status: if ok {
+            ConditionStatus::True
+        } else {
+            ConditionStatus::False
+        },
+        reason,
+        message,
+        last_transition_time: Some(Time(now)),
+        observed_generation: Some(generation),
+    }
+}
+
+/// The outcome an attempt the operator terminated for a registration timeout will conclude
+/// with, and when it was decided. The request already settles it (the runner never
+/// registered, so it ends `Failed(TerminatedAfterRegistrationTimeout)` whatever the agent
+/// finds), and demand stops counting the attempt as supply the moment the request is written:
+/// without this, the creation that request causes could run before the agent concludes and be
+/// made as a plain scale-up, with no lineage and no backoff (a CI run met that interleaving).
+fn foreseen(a: &RunnerAttempt) -> Option<(Outcome, Timestamp)> {
+    let t = a.spec.termination.as_ref()?;
+    (t.reason == TerminationReason::RegistrationTimeout).then(|| {
+        (
+            TerminateReason::RegistrationTimeout.outcome(),
+            t.requested_at.0,
+        )
+    })
+}
+
+/// The attempts as the failure count sees them.
+pub fn launches(attempts: &[Arc<RunnerAttempt>]) -> Vec<Launch<'_>> {
+    let replaced: HashSet<&str> = attempts
+        .iter()
+        .filter_map(|a| a.spec.replaces.as_deref())
+        .collect();
+    attempts
+        .iter()
+        .filter_map(|a| {
+            let name = a.metadata.name.as_deref()?;
+            let journal = a.status.as_ref().map(|s| &s.journal);
+            let ts = journal.map(|j| j.timestamps());
+            Some(Launch {
+                name,
+                created: a.metadata.creation_timestamp.as_ref()?.0,
+                generation: a
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|m| m.get(POLICY_GENERATION_ANNOTATION))
+                    .and_then(|g| g.parse().ok())
+                    .unwrap_or(-1),
+                outcome: journal
+                    .and_then(|j| j.outcome())
+                    .or_else(|| foreseen(a).map(|(o, _)| o)),
+                registered: ts.is_some_and(|t| t.registered_at.is_some() || t.busy_at.is_some()),
+                concluded_at: ts
+                    .and_then(|t| t.concluded_at.as_ref())
+                    .map(|t| t.0)
+                    .or_else(|| foreseen(a).map(|(_, at)| at)),
+                replaced: replaced.contains(name),
+            })
+        })
+        .collect()
+}
+
+/// The attempts as demand and scale-down see them.
+pub fn views(attempts: &[Arc<RunnerAttempt>]) -> Vec<AttemptView<'_>> {
+    attempts
+        .iter()
+        .map(|a| {
+            let mut state = a.state();
+            // GitHub already said this runner took a job (webhook `in_progress`): it is busy
+            // for demand and scale-down, even before the agent takes the edge.
+            if matches!(state, AttemptState::Idle | AttemptState::Starting)
+                && a.status.as_ref().is_some_and(|s| s.facts.job.is_some())
+            {
+                state = AttemptState::Busy;
+            }
+            AttemptView {
+                name: a.metadata.name.as_deref().unwrap_or_default(),
+                state,
+                termination_requested: a.spec.termination.is_some()
+                    || a.metadata.deletion_timestamp.is_some(),
+                idle_since: (state == AttemptState::Idle)
+                    .then(|| {
+                        a.status
+                            .as_ref()
+                            .and_then(|s| s.journal.timestamps().last_state_change_at.clone())
+                            .map(|t| t.0)
+                    })
+                    .flatten(),
+            }
+        })
+        .collect()
+}
+
+/// Plan one policy. Pure.
+pub fn plan(i: &Inputs<'_>) -> Plan {
+    if i.policy.metadata.deletion_timestamp.is_some() {
+        return Plan::Drain(drain(i.policy, i.attempts));
+    }
+    Plan::Run(Box::new(run(i)))
+}
+
+fn drain(policy: &ScalePolicy, attempts: &[Arc<RunnerAttempt>]) -> Drain {
+    let mut d = Drain::default();
+    for a in attempts {
+        let state = a.state();
+        let name = a.metadata.name.clone().unwrap_or_default();
+        if state == AttemptState::Cleaned {
+            if a.metadata.deletion_timestamp.is_none() {
+                d.delete.push(name);
+            }
+            continue;
+        }
+        if a.spec.termination.is_none()
+            && state != AttemptState::Busy
+            && (state.is_live() || state == AttemptState::Pending)
+        {
+            d.terminate.push(Termination {
+                attempt: name,
+                reason: TerminationReason::PolicyDeleted,
+            });
+        }
+    }
+    if attempts.is_empty() {
+        let all = policy.metadata.finalizers.clone().unwrap_or_default();
+        let rest: Vec<String> = all
+            .iter()
+            .filter(|f| *f != POLICY_FINALIZER)
+            .cloned()
+            .collect();
+        if rest.len() != all.len() {
+            d.events.push(PolicyEvent {
+                reason: Reason::Drained,
+                note: "every attempt is gone; the policy is released".into(),
+            });
+            d.release = Some(rest);
+        }
+    }
+    d
+}
+
+fn run(i: &Inputs<'_>) -> Run {
+    let policy = i.policy;
+    let now = i.now;
+    let generation = policy.metadata.generation.unwrap_or(0);
+    let old = policy.status.clone().unwrap_or_default();
+    let pending_jobs = u32::try_from(old.pending_jobs.len()).unwrap_or(u32::MAX);
+
+    let finalizers = policy.metadata.finalizers.clone().unwrap_or_default();
+    let finalizer = (!finalizers.iter().any(|f| f == POLICY_FINALIZER)).then(|| {
+        let mut with = finalizers;
+        with.push(POLICY_FINALIZER.to_owned());
+        with
+    });
+
+    let mut attempt_views = views(i.attempts);
+    attempt_views.extend(i.in_flight.iter().map(|name| AttemptView {
+        name,
+        state: AttemptState::Pending,
+        termination_requested: false,
+        idle_since: None,
+    }));
+    // Suspended, the policy wants no runner: nothing is created, and every idle runner is a
+    // surplus the scale-down drains; busy ones finish (scale-down never names them). The pending
+    // jobs are still counted in the status.
+    let (min_idle, max_runners) = if policy.spec.suspend {
+        (0, 0)
+    } else {
+        (policy.spec.min_idle, policy.spec.max_runners)
+    };
+    let scale = decide_holding(
+        DemandInput {
+            min_idle,
+            max_runners,
+            pending_jobs,
+        },
+        &attempt_views,
+        crate::policy::ledger::presumed_taken_of(policy, i.attempts, now),
+    );
+    let history = launches(i.attempts);
+    let failures = consecutive_failures(&history, generation);
+    let degraded = failures >= i.limits.max_consecutive_failures;
+    let last_failure = history
+        .iter()
+        .filter(|l| is_launch_failure(l.outcome))
+        .max_by_key(|l| l.created)
+        .and_then(|l| l.outcome);
+
+    let not_ready = !matches!(i.readiness, Readiness::Valid { .. });
+    let scaling = match &scale.decision {
+        _ if not_ready => Scaling::NotReady,
+        ScaleDecision::Steady | ScaleDecision::AtMaxRunners if policy.spec.suspend => {
+            Scaling::Suspended
+        }
+        ScaleDecision::Up { .. } if degraded => {
+            if probe_due(&history, generation, i.limits.replacement_backoff_max, now) {
+                Scaling::Probe {
+                    replaces: lineages(&history).into_iter().map(str::to_owned).collect(),
+                }
+            } else {
+                Scaling::Degraded
+            }
+        }
+        ScaleDecision::Up { create } => {
+            // Backing off counts more than `Degraded` does: a kubelet's refusal for resources.
+            let failures = consecutive_backoffs(&history, generation);
+            let gate = resume_at(
+                &history,
+                failures,
+                i.limits.replacement_backoff,
+                i.limits.replacement_backoff_max,
+            );
+            match gate.filter(|at| *at > now) {
+                Some(until) => Scaling::BackingOff { failures, until },
+                None => Scaling::Create {
+                    count: *create,
+                    replaces: lineages(&history).into_iter().map(str::to_owned).collect(),
+                },
+            }
+        }
+        ScaleDecision::Down { idle } => Scaling::ScaleDown {
+            idle: idle.iter().map(|s| (*s).to_owned()).collect(),
+        },
+        ScaleDecision::AtMaxRunners => Scaling::AtMaxRunners {
+            max: policy.spec.max_runners,
+        },
+        ScaleDecision::Steady => Scaling::Steady,
+    };
+
+    // One termination per attempt: the first reason found wins (scale-down, then a cordoned
+    // node, then a timeout or a deletion), as the live re-read before each one would decide.
+    let mut named: HashSet<&str> = match &scaling {
+        Scaling::ScaleDown { idle } => idle.iter().map(String::as_str).collect(),
+        _ => HashSet::new(),
+    };
+    let mut terminations = Vec::new();
+    // A cordoned node keeps its busy runners until their jobs end; its idle ones are
+    // deregistered and stopped now (DESIGN §11), and demand places their successors elsewhere.
+    for (a, view) in i.attempts.iter().zip(&attempt_views) {
+        if view.state == AttemptState::Idle
+            && !view.termination_requested
+            && i.cordoned.contains(a.spec.node_name.as_str())
+            && named.insert(view.name)
+        {
+            terminations.push(Termination {
+                attempt: view.name.to_owned(),
+                reason: TerminationReason::Drain,
+            });
+        }
+    }
+    // Timeouts that need a deregistration, and attempts a person deleted.
+    for a in i.attempts {
+        let reason = match due(
+            a,
+            now,
+            i.limits.admission_timeout,
+            None,
+            i.limits.node_lost_grace,
+        ) {
+            Some(Due::Terminate(r)) => Some(r),
+            _ => {
+                let state = a.state();
+                (a.metadata.deletion_timestamp.is_some()
+                    && a.spec.termination.is_none()
+                    && state.is_live()
+                    && state != AttemptState::Busy)
+                    .then_some(TerminationReason::Deleted)
+            }
+        };
+        let name = a.metadata.name.as_deref().unwrap_or_default();
+        if let Some(reason) = reason
+            && named.insert(name)
+        {
+            terminations.push(Termination {
+                attempt: name.to_owned(),
+                reason,
+            });
+        }
+    }
+
+    // Status: the leader's own fields.
+    let mut base = old.clone();
+    base.observed_generation = Some(generation);
+    base.desired = scale.desired;
+    base.starting = scale.counts.starting;
+    base.idle = scale.counts.idle;
+    base.busy = scale.counts.busy;
+    base.cleaning = scale.counts.cleaning + scale.counts.terminating;
+    if let Readiness::Valid {
+        version,
+        runner_group_id,
+    } = i.readiness
+    {
+        base.runner_group_id = Some(runner_group_id);
+        base.runner_version = Some(version.to_owned());
+    }
+    if base.desired != old.desired {
+        base.last_scale_time = Some(Time(now));
+    }
+    let gauges = PolicyGauges {
+        desired: base.desired,
+        starting: base.starting,
+        idle: base.idle,
+        busy: base.busy,
+        cleaning: base.cleaning,
+        pending_jobs,
+        min: policy.spec.min_idle,
+        max: policy.spec.max_runners,
+    };
+    let ready_cond = match i.readiness {
+        Readiness::Valid { version, .. } => cond(
+            PolicyConditionType::Ready,
+            true,
+            PolicyReason::Valid,
+            format!("valid; runner {version} pinned"),
+            generation,
+            now,
+        ),
+        Readiness::Invalid { reason, message } => cond(
+            PolicyConditionType::Ready,
+            false,
+            reason,
+            message.to_owned(),
+            generation,
+            now,
+        ),
+        Readiness::Unresolved => cond(
+            PolicyConditionType::Ready,
+            false,
+            PolicyReason::GitHubUnreachable,
+            "not resolved yet".into(),
+            generation,
+            now,
+        ),
+    };
+    let degraded_cond = if degraded {
+        cond(
+            PolicyConditionType::Degraded,
+            true,
+            PolicyReason::LaunchesFailing,
+            format!(
+                "{failures} consecutive launches failed (last: {}); replacements stopped: one probe \
+                 launch every {}s clears this if it works, and so does a spec change",
+                last_failure.map_or_else(|| "unknown".to_owned(), failure_reason),
+                i.limits.replacement_backoff_max.as_secs()
+            ),
+            generation,
+            now,
+        )
+    } else {
+        cond(
+            PolicyConditionType::Degraded,
+            false,
+            PolicyReason::Healthy,
+            "launches succeed".into(),
+            generation,
+            now,
+        )
+    };
+    let was_true = |t: PolicyConditionType| {
+        old.conditions
+            .iter()
+            .any(|c| c.type_ == t && c.status == ConditionStatus::True)
+    };
+    let conflict_cond = conflict_condition(i.conflicts, generation, now);
+    let mut events = Vec::new();
+    if !i.conflicts.is_empty() && !was_true(PolicyConditionType::Conflict) {
+        events.push(PolicyEvent {
+            reason: Reason::TargetConflict,
+            note: conflict_cond.message.clone(),
+        });
+    }
+    if degraded && !was_true(PolicyConditionType::Degraded) {
+        events.push(PolicyEvent {
+            reason: Reason::Degraded,
+            note: format!("{failures} consecutive launches failed; replacements stopped"),
+        });
+    }
+    Run {
+        finalizer,
+        scaling,
+        terminations,
+        status: StatusPlan {
+            base,
+            ready: ready_cond,
+            degraded: degraded_cond,
+            conflict: conflict_cond,
+            generation,
+            now,
+        },
+        events,
+        gauges,
+    }
+}
+
+/// Whether a Degraded policy may send its probe: nothing of this generation is in flight (a
+/// launch neither concluded nor registered) and the newest failure concluded at least
+/// `cooldown` ago. Pure.
+pub fn probe_due(
+    history: &[Launch<'_>],
+    generation: i64,
+    cooldown: Duration,
+    now: Timestamp,
+) -> bool {
+    let mine = || history.iter().filter(|l| l.generation == generation);
+    if mine().any(|l| l.outcome.is_none() && !l.registered) {
+        return false;
+    }
+    let Some(last) = mine()
+        .filter(|l| is_launch_failure(l.outcome))
+        .filter_map(|l| l.concluded_at)
+        .max()
+    else {
+        return false;
+    };
+    let age = now.as_millisecond().saturating_sub(last.as_millisecond());
+    age >= i64::try_from(cooldown.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The reason of a failed outcome as its wire form names it (`JitExpired`).
+fn failure_reason(o: Outcome) -> String {
+    serde_json::to_value(o)
+        .ok()
+        .and_then(|v| v.get("reason").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// The `Scaling` condition from the plan's scaling step and what apply made of it, and the
+/// Event a placement refusal publishes when nothing could be created. Pure.
+pub fn scaling_condition(
+    scaling: &Scaling,
+    scaled: Scaled,
+) -> ((bool, PolicyReason, String), Option<PolicyEvent>) {
+    let c = match (scaling, scaled) {
+        (Scaling::NotReady, _) => (
+            false,
+            PolicyReason::Steady,
+            "nothing is created while the policy is not Ready".into(),
+        ),
+        (Scaling::Degraded, _) => (
+            false,
+            PolicyReason::LaunchesFailing,
+            "replacements stopped: the policy is Degraded until a probe launch works or its spec \
+             changes"
+                .into(),
+        ),
+        (
+            Scaling::Probe { .. },
+            Scaled::Created {
+                created,
+                refused: None,
+                ..
+            },
+        ) => (
+            false,
+            PolicyReason::LaunchesFailing,
+            format!("Degraded: {created} probe launch(es) after the cool-down"),
+        ),
+        (Scaling::BackingOff { failures, until }, _) => (
+            true,
+            PolicyReason::ScalingUp,
+            format!(
+                "{failures} launch(es) failed in a row; next replacement after {until} (backoff)"
+            ),
+        ),
+        (
+            Scaling::Create { .. } | Scaling::Probe { .. },
+            Scaled::Created {
+                created,
+                refused: Some(why),
+                ..
+            },
+        ) => {
+            let event = (created == 0).then(|| PolicyEvent {
+                reason: Reason::Unplaceable,
+                note: why.message().into(),
+            });
+            return (
+                (
+                    false,
+                    PolicyReason::NoEligibleNode,
+                    why.message().to_owned(),
+                ),
+                event,
+            );
+        }
+        (
+            Scaling::Create { count, .. },
+            Scaled::Created {
+                created,
+                refused: None,
+                ..
+            },
+        ) => (
+            true,
+            PolicyReason::ScalingUp,
+            format!("{created} attempt(s) created toward {count}"),
+        ),
+        (Scaling::ScaleDown { .. }, Scaled::Asked(asked)) => (
+            true,
+            PolicyReason::ScalingDown,
+            format!("{asked} idle runner(s) deregistered and asked to stop"),
+        ),
+        (Scaling::AtMaxRunners { max }, _) => (
+            true,
+            PolicyReason::AtMaxRunners,
+            format!("at spec.maxRunners ({max})"),
+        ),
+        (Scaling::Suspended, _) => (
+            false,
+            PolicyReason::Suspended,
+            "spec.suspend is true: nothing is launched, busy runners finish their job; set it \
+             to false to resume"
+                .to_owned(),
+        ),
+        // Steady, or a step apply did not carry out.
+        _ => (
+            true,
+            PolicyReason::Steady,
+            "supply matches demand".to_owned(),
+        ),
+    };
+    (c, None)
+}
+
+/// The status to write: the plan's with the `Scaling` condition, conditions in their stored
+/// order (Ready, Scaling, Degraded, Conflict). Pure.
+pub fn settle(s: &StatusPlan, scaling: (bool, PolicyReason, String)) -> ScalePolicyStatus {
+    let mut next = s.base.clone();
+    upsert(&mut next.conditions, s.ready.clone());
+    upsert(
+        &mut next.conditions,
+        cond(
+            PolicyConditionType::Scaling,
+            scaling.0,
+            scaling.1,
+            scaling.2,
+            s.generation,
+            s.now,
+        ),
+    );
+    upsert(&mut next.conditions, s.degraded.clone());
+    upsert(&mut next.conditions, s.conflict.clone());
+    next
+}
+
+/// How many conflicting policies a message names before it says "and N more".
+const CONFLICTS_NAMED: usize = 5;
+
+/// The `Conflict` condition: True naming the other namespaces' policies on the same target.
+/// Pure.
+pub fn conflict_condition(conflicts: &[String], generation: i64, now: Timestamp) -> Cond {
+    if conflicts.is_empty() {
+        return cond(
+            PolicyConditionType::Conflict,
+            false,
+            PolicyReason::NoConflict,
+            "no other namespace names this target".into(),
+            generation,
+            now,
+        );
+    }
+    let mut named = conflicts
+        .iter()
+        .take(CONFLICTS_NAMED)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if conflicts.len() > CONFLICTS_NAMED {
+        named.push_str(&format!(" and {} more", conflicts.len() - CONFLICTS_NAMED));
+    }
+    cond(
+        PolicyConditionType::Conflict,
+        true,
+        PolicyReason::TargetClaimedElsewhere,
+        format!(
+            "spec.github.url: the same target is named by {named} in another namespace; jobs go \
+             only to Ready policies whose credentials were proven on it. If that namespace should \
+             not serve this owner, ask the cluster admin to bind the owner to this namespace \
+             (--owner-namespaces)"
+        ),
+        generation,
+        now,
+    )
+}
+
+/// One attempt placed and built, ready to be created.
+#[derive(Clone, Debug)]
+pub struct NewAttempt {
+    pub attempt: RunnerAttempt,
+    pub node: String,
+    pub replaces: Option<String>,
+}
+
+/// What placement made of a `Create`.
+#[derive(Clone, Debug)]
+pub struct Placed {
+    pub attempts: Vec<NewAttempt>,
+    /// Why the rest could not be placed.
+    pub refused: Option<Unplaceable>,
+}
+
+/// Place and build up to `count` attempts, one node at a time, each recorded in the worker as
+/// expected before the next choice (so no two land on one free slot) and counted on its node.
+/// Pure over the worker, the facts and `new_id`.
+pub fn place(
+    worker: &mut PlacementWorker,
+    facts: &mut [NodeFacts],
+    pinned: &Pinned<'_>,
+    count: u32,
+    replaces: &[String],
+    now: Timestamp,
+    mut new_id: impl FnMut() -> uuid::Uuid,
+) -> Placed {
+    let policy = pinned.policy;
+    let uid = policy.uid.clone();
+    // The scheduler's view of the runner: its placeholder (native) or pod (OCI) requests this.
+    let resources = policy.spec.execution.resources.as_ref();
+    let need = crate::policy::placement::Resources::of(
+        resources.and_then(|r| r.cpu.as_ref()).map(|q| q.0.as_str()),
+        resources
+            .and_then(|r| r.memory.as_ref())
+            .map(|q| q.0.as_str()),
+    );
+    let mut lineage = replaces.iter();
+    let mut attempts: Vec<NewAttempt> = Vec::new();
+    let mut refused = None;
+    // A runner labelled with an architecture runs only on nodes of it.
+    let Some(packages) = pinned.packages.for_labels(&policy.spec.labels) else {
+        return Placed {
+            attempts,
+            refused: (count > 0).then_some(Unplaceable::NoPackageForArchitecture),
+        };
+    };
+    for _ in 0..count {
+        let (node, package) = match worker.choose(
+            facts,
+            &policy.spec.node_selector,
+            need,
+            &uid,
+            &packages,
+            now,
+        ) {
+            Ok(chosen) => chosen,
+            Err(why) => {
+                refused = Some(why);
+                break;
+            }
+        };
+        let replaces = lineage.next().cloned();
+        let attempt = build(pinned, package, new_id(), &node, replaces.clone());
+        let name = attempt.metadata.name.clone().unwrap_or_default();
+        worker.created(&name, &node, now);
+        if let Some(f) = facts.iter_mut().find(|f| f.name == node) {
+            f.counted.insert(name);
+        }
+        attempts.push(NewAttempt {
+            attempt,
+            node,
+            replaces,
+        });
+    }
+    Placed { attempts, refused }
+}
+
+/// Creation's metric label: a replacement or new demand.
+pub fn creation_reason(n: &NewAttempt) -> &'static str {
+    if n.replaces.is_some() {
+        "replacement"
+    } else {
+        "scale_up"
+    }
+}
+
+/// The `AttemptCreated` Event's note.
+pub fn creation_note(n: &NewAttempt) -> String {
+    match &n.replaces {
+        Some(old) => format!("created on node {}, replacing {old}", n.node),
+        None => format!("created on node {}", n.node),
+    }
+}
+
+/// Stable ordering for tests and logs: terminations by attempt name.
+pub fn by_attempt(t: &[Termination]) -> BTreeMap<&str, TerminationReason> {
+    t.iter().map(|t| (t.attempt.as_str(), t.reason)).collect()
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;
