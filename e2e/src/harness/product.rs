@@ -157,6 +157,17 @@ pub struct Product {
 
 over_world!(Product);
 
+impl Product {
+    /// The product with the default options for `test`: `None` (the reason printed) without
+    /// `KUBECONFIG`; a failure to start it fails the test.
+    pub async fn start(test: &str) -> Option<Product> {
+        World::builder(test)
+            .product(ProductOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("{test}: the product did not start: {e}"))
+    }
+}
+
 impl WorldBuilder {
     /// The whole product over this world: the stand-in runner package published, the App
     /// Secret in every tenant namespace, the webhook Secret, `options.operators` operator
@@ -412,6 +423,56 @@ impl Product {
     pub async fn completed_job(&self, id: u64, deadline: Duration) -> Result<Value, String> {
         self.wait_jobs_completed(&[id], deadline).await?;
         self.job(id).await
+    }
+
+    /// Wait until a delivery about `job` was answered by the operator (whatever it answered):
+    /// what a test that needs the delivery behind it (found no policy, say) waits for.
+    pub async fn wait_delivery_answered(&self, job: u64) {
+        wait::until(STEP, "the job's delivery answered", || async {
+            let all = self
+                .fake
+                .admin("GET", "deliveries", Value::Null)
+                .await
+                .ok()?;
+            all.as_array()?
+                .iter()
+                .filter(|d| d["job_id"].as_u64() == Some(job))
+                .any(|d| d["attempts"].as_array().is_some_and(|a| !a.is_empty()))
+                .then_some(())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}; logs in {}", self.logs().display()));
+    }
+
+    /// Wait until `job` is `completed` at the fake, at most `within`; the panic says what the
+    /// job must have waited for (`waited_for`) and where the logs are.
+    pub async fn job_completes_within(&self, job: u64, within: Duration, waited_for: &str) {
+        self.wait_jobs_completed(&[job], within)
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{e}: the job waited for {waited_for}; logs in {}",
+                    self.logs().display()
+                )
+            });
+    }
+
+    /// Wait until the team's policy `name` says Ready (panics after [`STEP`], naming the logs).
+    pub async fn wait_ready(&self, name: &str) {
+        use runner_manager_crds::conditions::{ConditionStatus, find};
+        use runner_manager_crds::policy::{PolicyConditionType, ScalePolicy};
+        let api = self.policies();
+        wait::until(STEP, "the policy Ready", || {
+            let api = api.clone();
+            async move {
+                let sp: ScalePolicy = api.get(name).await.ok()?;
+                let ready = find(&sp.status?.conditions, PolicyConditionType::Ready)?.status
+                    == ConditionStatus::True;
+                ready.then_some(())
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}; logs in {}", self.logs().display()));
     }
 
     /// Wait until every job in `ids` is `completed` at the fake.

@@ -445,11 +445,7 @@ async fn a_delivery_signed_with_one_teams_secret_for_another_teams_repository_is
 /// for a job that is done.
 #[tokio::test]
 async fn a_replayed_delivery_with_a_fresh_guid_changes_nothing() {
-    let Some(p) = World::builder("attack_replay_fresh_guid")
-        .product(ProductOptions::default())
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start("attack_replay_fresh_guid").await else {
         return;
     };
     p.policy("web", json!({"minIdle": 0})).await.unwrap();

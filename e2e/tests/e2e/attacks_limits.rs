@@ -604,11 +604,7 @@ async fn a_flood_from_one_address_leaves_launches_and_lease_writes_working() {
     use runner_manager_e2e::harness::admission::{label_namespaces, register};
     use runner_manager_operator::broker::authn::{REVIEW_BURST, REVIEW_PER_SECOND};
 
-    let Some(p) = World::builder("flood_one_address")
-        .product(ProductOptions::default())
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start("flood_one_address").await else {
         return;
     };
     // Every agent Lease and attempt write of this world goes through the webhook.

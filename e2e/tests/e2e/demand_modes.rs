@@ -6,13 +6,11 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use runner_manager_crds::conditions::{ConditionStatus, find};
-use runner_manager_crds::policy::{PolicyConditionType, ScalePolicy};
+use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::github::{ORG, SimulatedGitHub, pat_credentials};
-use runner_manager_e2e::harness::product::{Product, ProductOptions, STEP};
+use runner_manager_e2e::harness::product::{Product, STEP};
 use runner_manager_e2e::harness::wait;
-use runner_manager_e2e::harness::world::World;
 use runner_manager_operator::github::GitHubClient;
 use runner_manager_operator::github::walk::WalkView;
 use serde_json::{Value, json};
@@ -206,19 +204,29 @@ async fn calls_per_organization_poll_at_10_100_and_1000_repositories() {
     }
 }
 
-async fn wait_ready(p: &Product, policy: &str) {
-    let api = p.policies();
-    wait::until(STEP, "the policy Ready", || {
-        let api = api.clone();
-        async move {
-            let sp: ScalePolicy = api.get(policy).await.ok()?;
-            let ready = find(&sp.status?.conditions, PolicyConditionType::Ready)?.status
-                == ConditionStatus::True;
-            ready.then_some(())
-        }
-    })
+/// The organization walk's side of `end_to_end.rs`'s
+/// `a_job_queued_before_its_policy_was_ready_starts_without_waiting_a_poll_interval`: a job
+/// queued before its organization policy existed (its delivery found no policy). The walk leaves
+/// no run unread for being young until a whole cycle began after the policy was proven, so the
+/// job starts at the first read of its repository, not a poll interval later (5 minutes; the
+/// deadline is one).
+#[tokio::test]
+async fn a_job_queued_before_its_organization_policy_was_ready_starts_without_waiting_an_interval()
+{
+    let Some(p) = Product::start("org_queued_before_ready").await else {
+        return;
+    };
+    let job = queue(&p.fake, "acme", "web", &["self-hosted", "linux"]).await;
+    p.wait_delivery_answered(job).await;
+    p.policy(
+        "org",
+        json!({"github": {"url": "https://github.com/acme"}, "minIdle": 0,
+               "scaling": {"webhook": true, "pollInterval": "300s"}}),
+    )
     .await
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    .unwrap();
+    p.job_completes_within(job, Duration::from_secs(60), "the walk")
+        .await;
 }
 
 /// An organization target with every webhook dropped still runs all its jobs: the walk over the
@@ -226,11 +234,7 @@ async fn wait_ready(p: &Product, policy: &str) {
 /// at organization scope take them, and everything is cleaned.
 #[tokio::test]
 async fn an_organization_target_with_every_webhook_dropped_still_runs_all_its_jobs() {
-    let Some(p) = World::builder("org_polling_dropped_webhooks")
-        .product(ProductOptions::default())
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start("org_polling_dropped_webhooks").await else {
         return;
     };
     p.fake
@@ -252,7 +256,7 @@ async fn an_organization_target_with_every_webhook_dropped_still_runs_all_its_jo
     )
     .await
     .unwrap();
-    wait_ready(&p, "org").await;
+    p.wait_ready("org").await;
     let mut jobs = Vec::new();
     for repo in ["web", "api", "api", "docs"] {
         let v = p

@@ -34,31 +34,13 @@ fn outcome(a: &RunnerAttempt) -> Option<Outcome> {
     a.status.as_ref().and_then(|s| s.journal.outcome())
 }
 
-async fn wait_ready(p: &Product, policy: &str) {
-    let api = p.policies();
-    wait::until(STEP, "the policy Ready", || {
-        let api = api.clone();
-        async move {
-            let sp: ScalePolicy = api.get(policy).await.ok()?;
-            let ready = find(&sp.status?.conditions, PolicyConditionType::Ready)?.status
-                == ConditionStatus::True;
-            ready.then_some(())
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
-}
-
 /// A product whose policy `web` is `spec` with a `Persistent` workspace, Ready; and where its
 /// slots live on agent 0's host (`<slots root>/<team>/<policy uid>`).
 async fn persistent_product(test: &str, mut spec: Value) -> Option<(Product, std::path::PathBuf)> {
-    let p = World::builder(test)
-        .product(ProductOptions::default())
-        .await
-        .unwrap()?;
+    let p = Product::start(test).await?;
     spec["workspace"] = json!({"mode": "Persistent"});
     let sp = p.policy("web", spec).await.unwrap();
-    wait_ready(&p, "web").await;
+    p.wait_ready("web").await;
     let slots = p.agents[0]
         .host
         .join("slots")
@@ -70,17 +52,14 @@ async fn persistent_product(test: &str, mut spec: Value) -> Option<(Product, std
 /// A product whose policy `web` (one runner at a time) keeps npm's cache (issue 31 item 2),
 /// Ready.
 async fn cache_product(test: &str) -> Option<Product> {
-    let p = World::builder(test)
-        .product(ProductOptions::default())
-        .await
-        .unwrap()?;
+    let p = Product::start(test).await?;
     p.policy(
         "web",
         json!({"minIdle": 0, "maxRunners": 1, "caches": {"tools": ["npm"]}}),
     )
     .await
     .unwrap();
-    wait_ready(&p, "web").await;
+    p.wait_ready("web").await;
     Some(p)
 }
 
@@ -287,16 +266,12 @@ fn cgroup_procs(dir: &Path) -> Vec<String> {
 /// per launched runner and the API writes per attempt.
 #[tokio::test]
 async fn webhook_jobs_scale_from_zero_and_everything_is_cleaned() {
-    let Some(p) = World::builder("webhook_jobs_scale_from_zero")
-        .product(ProductOptions::default())
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start("webhook_jobs_scale_from_zero").await else {
         return;
     };
     let writes = WriteCounter::start(p.attempts()).await.unwrap();
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    wait_ready(&p, "web").await;
+    p.wait_ready("web").await;
     assert!(
         p.all_attempts().await.is_empty(),
         "minIdle 0 and no job: nothing to launch"
@@ -359,41 +334,22 @@ async fn webhook_jobs_scale_from_zero_and_everything_is_cleaned() {
 /// then, not a poll interval later. The interval is 5 minutes and the deadline one.
 #[tokio::test]
 async fn a_job_queued_before_its_policy_was_ready_starts_without_waiting_a_poll_interval() {
-    let Some(p) = World::builder("queued_before_ready")
-        .product(ProductOptions::default())
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start("queued_before_ready").await else {
         return;
     };
     let job = p
         .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
         .await
         .unwrap();
-    wait::until(STEP, "the job's delivery answered", || async {
-        let all = p.fake.admin("GET", "deliveries", Value::Null).await.ok()?;
-        all.as_array()?
-            .iter()
-            .filter(|d| d["job_id"].as_u64() == Some(job))
-            .any(|d| d["attempts"].as_array().is_some_and(|a| !a.is_empty()))
-            .then_some(())
-    })
-    .await
-    .unwrap();
+    p.wait_delivery_answered(job).await;
     p.policy(
         "web",
         json!({"minIdle": 0, "scaling": {"webhook": true, "pollInterval": "300s"}}),
     )
     .await
     .unwrap();
-    p.wait_jobs_completed(&[job], Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "{e}: the job waited for the poll; logs in {}",
-                p.logs().display()
-            )
-        });
+    p.job_completes_within(job, Duration::from_secs(60), "the poll")
+        .await;
     completed_and_cleaned(&p, job).await;
 }
 
@@ -444,7 +400,7 @@ async fn a_job_runs_against_a_server_whose_certificate_a_private_ca_signed() {
     )
     .await
     .unwrap();
-    wait_ready(&p, "web").await;
+    p.wait_ready("web").await;
     let job = p
         .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 300}))
         .await
@@ -458,15 +414,11 @@ async fn a_job_runs_against_a_server_whose_certificate_a_private_ca_signed() {
 /// `minIdle: 2` holds two idle runners and no more, across several observation passes.
 #[tokio::test]
 async fn min_idle_holds_two_idle_runners_and_no_more() {
-    let Some(p) = World::builder("min_idle_holds_two")
-        .product(ProductOptions::default())
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start("min_idle_holds_two").await else {
         return;
     };
     p.policy("web", json!({"minIdle": 2})).await.unwrap();
-    wait_ready(&p, "web").await;
+    p.wait_ready("web").await;
     wait_attempts(&p, "two idle runners", Duration::from_secs(120), |list| {
         list.iter()
             .filter(|a| state(a) == AttemptState::Idle)
@@ -578,11 +530,7 @@ async fn attempts_land_only_where_the_node_selector_allows() {
 /// finds the work.
 #[tokio::test]
 async fn jobs_are_found_by_polling_when_every_webhook_is_dropped() {
-    let Some(p) = World::builder("polling_repairs_dropped_webhooks")
-        .product(ProductOptions::default())
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start("polling_repairs_dropped_webhooks").await else {
         return;
     };
     p.fake
@@ -590,7 +538,7 @@ async fn jobs_are_found_by_polling_when_every_webhook_is_dropped() {
         .await
         .unwrap();
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    wait_ready(&p, "web").await;
+    p.wait_ready("web").await;
     let mut jobs = Vec::new();
     for _ in 0..2 {
         jobs.push(
@@ -620,15 +568,11 @@ async fn jobs_are_found_by_polling_when_every_webhook_is_dropped() {
 /// with success, then everything drains and the policy's finalizer goes.
 #[tokio::test]
 async fn a_policy_deleted_while_its_runner_is_busy_drains_after_the_job() {
-    let Some(p) = World::builder("policy_deleted_while_busy")
-        .product(ProductOptions::default())
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start("policy_deleted_while_busy").await else {
         return;
     };
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    wait_ready(&p, "web").await;
+    p.wait_ready("web").await;
     let job = p
         .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 6000}))
         .await
@@ -685,18 +629,14 @@ async fn a_policy_deleted_while_its_runner_is_busy_drains_after_the_job() {
 /// one runner session ever ran per attempt.
 #[tokio::test]
 async fn an_agent_killed_between_jit_and_spawn_recovers_without_a_second_runner() {
-    let Some(mut p) = World::builder("agent_killed_mid_launch")
-        .product(ProductOptions::default())
-        .await
-        .unwrap()
-    else {
+    let Some(mut p) = Product::start("agent_killed_mid_launch").await else {
         return;
     };
     p.kill_agent(0);
     p.start_agent_with(0, &[("RM_AGENT_FAULT", "after-jit-before-spawn")])
         .unwrap();
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    wait_ready(&p, "web").await;
+    p.wait_ready("web").await;
     let job = p
         .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
         .await
@@ -759,7 +699,7 @@ async fn a_new_leader_draining_a_deleted_policy_deregisters_its_runners() {
         return;
     };
     p.policy("web", json!({"minIdle": 1})).await.unwrap();
-    wait_ready(&p, "web").await;
+    p.wait_ready("web").await;
     let idle = wait_attempts(&p, "an idle runner", Duration::from_secs(120), |list| {
         list.iter().any(|a| state(a) == AttemptState::Idle)
     })
@@ -828,7 +768,7 @@ async fn an_operator_killed_between_the_mint_and_the_journal_leaves_no_registrat
         return;
     };
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    wait_ready(&p, "web").await;
+    p.wait_ready("web").await;
     let job = p
         .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
         .await
@@ -892,15 +832,11 @@ async fn an_operator_killed_between_the_mint_and_the_journal_leaves_no_registrat
 /// settles clean.
 #[tokio::test]
 async fn the_operator_killed_mid_burst_converges_after_restart() {
-    let Some(mut p) = World::builder("operator_killed_mid_burst")
-        .product(ProductOptions::default())
-        .await
-        .unwrap()
-    else {
+    let Some(mut p) = Product::start("operator_killed_mid_burst").await else {
         return;
     };
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    wait_ready(&p, "web").await;
+    p.wait_ready("web").await;
     let mut jobs = Vec::new();
     for _ in 0..4 {
         jobs.push(
@@ -948,7 +884,7 @@ async fn the_standby_takes_over_and_webhooks_it_received_count() {
         p.hook_to(standby_i).await.unwrap();
     }
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    wait_ready(&p, "web").await;
+    p.wait_ready("web").await;
     let first = p
         .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
         .await
@@ -989,7 +925,7 @@ async fn a_burst_converges_through_github_5xx_and_429_storms() {
         return;
     };
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    wait_ready(&p, "web").await;
+    p.wait_ready("web").await;
     for (endpoint, fault) in [
         ("generate_jitconfig", json!({"status": 502, "count": 2})),
         (
@@ -1034,11 +970,7 @@ async fn a_burst_converges_through_github_5xx_and_429_storms() {
 /// deadline; the job runs on another runner and the timed-out one is a registration failure.
 #[tokio::test]
 async fn a_runner_that_never_registers_is_stopped_and_its_job_runs_elsewhere() {
-    let Some(p) = World::builder("registration_timeout")
-        .product(ProductOptions::default())
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start("registration_timeout").await else {
         return;
     };
     p.fake
@@ -1055,7 +987,7 @@ async fn a_runner_that_never_registers_is_stopped_and_its_job_runs_elsewhere() {
     )
     .await
     .unwrap();
-    wait_ready(&p, "web").await;
+    p.wait_ready("web").await;
     let job = p
         .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
         .await
@@ -1111,11 +1043,7 @@ async fn a_runner_that_never_registers_is_stopped_and_its_job_runs_elsewhere() {
 /// carries no lineage).
 #[tokio::test]
 async fn an_idle_timeout_exits_idle_without_work_and_is_not_replaced() {
-    let Some(p) = World::builder("idle_timeout")
-        .product(ProductOptions::default())
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start("idle_timeout").await else {
         return;
     };
     p.policy(

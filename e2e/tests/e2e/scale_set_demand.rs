@@ -7,27 +7,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use runner_manager_crds::conditions::{ConditionStatus, find};
-use runner_manager_crds::policy::{PolicyConditionType, ScalePolicy};
+use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_e2e::harness::product::{Product, ProductOptions, STEP};
 use runner_manager_e2e::harness::wait;
 use runner_manager_e2e::harness::world::World;
 use serde_json::{Value, json};
-
-async fn wait_ready(p: &Product, policy: &str) {
-    let api = p.policies();
-    wait::until(STEP, "the policy Ready", || {
-        let api = api.clone();
-        async move {
-            let sp: ScalePolicy = api.get(policy).await.ok()?;
-            let ready = find(&sp.status?.conditions, PolicyConditionType::Ready)?.status
-                == ConditionStatus::True;
-            ready.then_some(())
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
-}
 
 async fn scale_sets(p: &Product) -> Value {
     p.fake
@@ -123,11 +107,7 @@ fn scale_set_calls(counters: &Value) -> u64 {
 /// off in the policy, four jobs queued at once in two repositories of the organization.
 #[tokio::test]
 async fn a_scale_set_policy_runs_a_burst_with_no_webhook() {
-    let Some(p) = World::builder("scale_set_burst")
-        .product(ProductOptions::default())
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start("scale_set_burst").await else {
         return;
     };
     drop_every_webhook(&p).await;
@@ -146,7 +126,7 @@ async fn a_scale_set_policy_runs_a_burst_with_no_webhook() {
     )
     .await
     .unwrap();
-    wait_ready(&p, "sets").await;
+    p.wait_ready("sets").await;
     wait_sessions(&p, 1).await;
     let started = Instant::now();
     let mut jobs = Vec::new();
@@ -185,11 +165,7 @@ async fn a_scale_set_policy_runs_a_burst_with_no_webhook() {
 /// set each, and each job runs on a runner of the policy whose labels it asked for.
 #[tokio::test]
 async fn two_scale_set_policies_of_one_organization_each_get_only_their_jobs() {
-    let Some(p) = World::builder("scale_set_two_policies")
-        .product(ProductOptions::default())
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start("scale_set_two_policies").await else {
         return;
     };
     drop_every_webhook(&p).await;
@@ -207,8 +183,8 @@ async fn two_scale_set_policies_of_one_organization_each_get_only_their_jobs() {
         .await
         .unwrap();
     }
-    wait_ready(&p, "linux").await;
-    wait_ready(&p, "gpu").await;
+    p.wait_ready("linux").await;
+    p.wait_ready("gpu").await;
     wait_sessions(&p, 2).await;
     let linux = vec![
         queue(&p, "web", &["self-hosted", "linux"], 200).await,
@@ -268,7 +244,7 @@ async fn the_standby_takes_the_scale_set_session_over_without_losing_or_duplicat
     )
     .await
     .unwrap();
-    wait_ready(&p, "sets").await;
+    p.wait_ready("sets").await;
     wait_sessions(&p, 1).await;
     let first = vec![
         queue(&p, "web", &["self-hosted", "linux"], 200).await,
@@ -357,7 +333,7 @@ async fn scale_set_policy(p: &Product, name: &str, extra: Value) {
         }
     }
     p.policy(name, spec).await.unwrap();
-    wait_ready(p, name).await;
+    p.wait_ready(name).await;
 }
 
 async fn scale_set_world(test: &str, options: ProductOptions) -> Option<Product> {
@@ -695,7 +671,7 @@ async fn demand_modes_side_by_side() {
             drop_every_webhook(&p).await;
         }
         p.policy("bench", spec).await.unwrap();
-        wait_ready(&p, "bench").await;
+        p.wait_ready("bench").await;
         if mode == "scale-set" {
             wait_sessions(&p, 1).await;
         }

@@ -639,3 +639,98 @@ async fn create_attempts(
         refused,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::scripted;
+    use serde_json::json;
+
+    fn deleting_policy() -> ScalePolicy {
+        serde_json::from_value(json!({
+            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "ScalePolicy",
+            "metadata": {"name": "web", "namespace": "team", "uid": "u-1", "generation": 2,
+                         "resourceVersion": "41", "deletionTimestamp": "2026-12-07T16:00:00Z",
+                         "finalizers": [crate::controller::POLICY_FINALIZER, "example.com/keep"]},
+            "spec": {"github": {"url": "https://github.com/acme/web",
+                                "credentialsSecretRef": {"name": "gh"}},
+                     "labels": ["self-hosted", "linux"], "maxRunners": 2}
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn answer(req: &scripted::Seen) -> scripted::Answer {
+        match req.method.as_str() {
+            "DELETE" => scripted::deleted(),
+            _ => (
+                200,
+                serde_json::to_value(deleting_policy()).unwrap_or_default(),
+            ),
+        }
+    }
+
+    /// A deleted policy's drain, against a scripted API server: the attempts the plan names are
+    /// deleted, then the policy's own finalizer is released (a CAS on the version read, the
+    /// other controllers' finalizers kept); a failed deletion is reported by kind and the rest
+    /// still goes.
+    #[tokio::test]
+    async fn a_drain_deletes_the_attempts_then_releases_only_its_own_finalizer() {
+        let (kube, seen) = scripted::client(answer);
+        let ctx = scripted::ctx(kube);
+        let drain = Drain {
+            delete: vec!["web-a".into(), "web-b".into()],
+            terminate: Vec::new(),
+            release: Some(vec!["example.com/keep".into()]),
+            events: Vec::new(),
+        };
+        let p = deleting_policy();
+        let now = Timestamp::from_second(1_800_000_000).unwrap_or_else(|e| panic!("{e}"));
+        let errors = apply_drain(&ctx, &PolicyMemory::default(), &p, &[], drain, now).await;
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            seen.writes(),
+            [
+                "DELETE runnerattempts/web-a",
+                "DELETE runnerattempts/web-b",
+                "PATCH scalepolicies/web"
+            ]
+        );
+        let release = seen
+            .all()
+            .into_iter()
+            .find(|s| s.method == "PATCH")
+            .map(|s| s.body)
+            .unwrap_or_default();
+        assert_eq!(
+            release["metadata"],
+            json!({"finalizers": ["example.com/keep"], "resourceVersion": "41"})
+        );
+
+        let (kube, seen) = scripted::client(|req| match req.short().as_str() {
+            "DELETE runnerattempts/web-a" => scripted::internal_error(),
+            _ => answer(req),
+        });
+        let ctx = scripted::ctx(kube);
+        let drain = Drain {
+            delete: vec!["web-a".into(), "web-b".into()],
+            terminate: Vec::new(),
+            release: None,
+            events: Vec::new(),
+        };
+        let errors = apply_drain(&ctx, &PolicyMemory::default(), &p, &[], drain, now).await;
+        assert_eq!(
+            seen.writes(),
+            ["DELETE runnerattempts/web-a", "DELETE runnerattempts/web-b"]
+        );
+        assert!(
+            matches!(
+                errors.as_slice(),
+                [ReconcileError::Write {
+                    kind: WriteKind::AttemptDelete,
+                    ..
+                }]
+            ),
+            "{errors:?}"
+        );
+    }
+}

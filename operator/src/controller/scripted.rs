@@ -36,12 +36,16 @@ impl Seen {
         self.path.contains("/events")
     }
 
-    /// `METHOD last-path-segment(s)` from `runnerattempts/` on: what the order assertions read.
+    /// `METHOD <plural>/<name>[/<subresource>]` (`PATCH runnerattempts/a1/status`): what the
+    /// order assertions read.
     pub fn short(&self) -> String {
-        let tail = self
-            .path
-            .split_once("/runnerattempts/")
-            .map_or(self.path.as_str(), |(_, t)| t);
+        let tail = ["/runnerattempts/", "/scalepolicies/"]
+            .iter()
+            .find_map(|plural| {
+                let (_, rest) = self.path.split_once(plural)?;
+                Some(format!("{}{rest}", &plural[1..]))
+            })
+            .unwrap_or_else(|| self.path.clone());
         format!("{} {tail}", self.method)
     }
 }
@@ -103,6 +107,14 @@ pub fn not_found() -> Answer {
     (
         404,
         json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
+    )
+}
+
+/// A successful deletion's answer.
+pub fn deleted() -> Answer {
+    (
+        200,
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}),
     )
 }
 

@@ -399,11 +399,18 @@ mod tests {
         let attempts = vec![abandoned("ab"), cleaned("done", 100, true)];
         let failed = housekeeping(&ctx, &attempts, t(1000)).await;
         assert!(failed.is_empty(), "{failed:?}");
-        assert_eq!(seen.writes(), ["PATCH ab", "DELETE ab", "PATCH done"]);
+        assert_eq!(
+            seen.writes(),
+            [
+                "PATCH runnerattempts/ab",
+                "DELETE runnerattempts/ab",
+                "PATCH runnerattempts/done"
+            ]
+        );
         let patch = &seen
             .all()
             .iter()
-            .find(|s| s.short() == "PATCH ab")
+            .find(|s| s.short() == "PATCH runnerattempts/ab")
             .cloned()
             .unwrap()
             .body;
@@ -420,13 +427,20 @@ mod tests {
     async fn a_failed_housekeeping_write_is_reported_and_the_later_steps_still_run() {
         use crate::controller::scripted;
         let (kube, seen) = scripted::client(|req| match req.short().as_str() {
-            "PATCH ab" => scripted::internal_error(),
+            "PATCH runnerattempts/ab" => scripted::internal_error(),
             _ => scripted::not_found(),
         });
         let ctx = scripted::ctx(kube);
         let attempts = vec![abandoned("ab"), cleaned("done", 100, true)];
         let failed = housekeeping(&ctx, &attempts, t(1000)).await;
-        assert_eq!(seen.writes(), ["PATCH ab", "DELETE ab", "PATCH done"]);
+        assert_eq!(
+            seen.writes(),
+            [
+                "PATCH runnerattempts/ab",
+                "DELETE runnerattempts/ab",
+                "PATCH runnerattempts/done"
+            ]
+        );
         assert!(
             matches!(
                 failed.as_slice(),
