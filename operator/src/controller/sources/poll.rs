@@ -40,6 +40,9 @@ pub struct RepositoryPoll {
     /// Whether a read made while the policy was proven has succeeded since it last became
     /// proven: until then, deliveries were dropped and nothing is left to settle.
     caught_up: bool,
+    /// The last catch-up read failed: the next waits for the usual interval, so a GitHub that
+    /// keeps failing is not asked again at every pass.
+    catch_up_failed: bool,
     checks: JobChecks,
 }
 
@@ -49,6 +52,7 @@ impl RepositoryPoll {
             settle,
             last_poll: None,
             caught_up: false,
+            catch_up_failed: false,
             checks: JobChecks::default(),
         }
     }
@@ -69,10 +73,12 @@ pub struct Read {
 /// matches no job to it either. So at the first pass after the policy becomes proven (created,
 /// its spec changed, its credentials repaired, the operator restarted) the read is at once,
 /// fresh (no older answer another policy shared, settled) and skips no run: a job queued
-/// before the policy was Ready starts then, not one or two poll intervals late.
+/// before the policy was Ready starts then, not one or two poll intervals late. A catch-up read
+/// that failed (`retry_waits`) is tried again at the usual interval only.
 pub fn plan(
     proven: bool,
     caught_up: bool,
+    retry_waits: bool,
     since_last: Option<std::time::Duration>,
     poll: std::time::Duration,
     settle: std::time::Duration,
@@ -83,7 +89,7 @@ pub fn plan(
         max_age: poll / 2,
         settle,
     };
-    if proven && !caught_up {
+    if proven && !caught_up && (due || !retry_waits) {
         Some(Read {
             max_age: Duration::ZERO,
             settle: Duration::ZERO,
@@ -108,11 +114,23 @@ impl DemandSource for RepositoryPoll {
             // was built before does not count yet.
             let proven = candidates.eligible(p.policy);
             self.caught_up &= proven;
+            self.catch_up_failed &= proven;
             let since_last = self.last_poll.map(|t| t.elapsed());
-            if let Some(read) = plan(proven, self.caught_up, since_last, poll, self.settle) {
+            let planned = plan(
+                proven,
+                self.caught_up,
+                self.catch_up_failed,
+                since_last,
+                poll,
+                self.settle,
+            );
+            if let Some(read) = planned {
                 self.last_poll = Some(Instant::now());
                 let cutoff = before(p.now, poll);
-                match poll_queued(client, p.policy, &candidates, read).await {
+                let catching_up = proven && !self.caught_up;
+                let polled = poll_queued(client, p.policy, &candidates, read).await;
+                self.catch_up_failed = catching_up && polled.is_err();
+                match polled {
                     Ok(jobs) => {
                         self.caught_up = proven;
                         out.change = stale_after_poll(p.ledger, &jobs, cutoff);
@@ -204,13 +222,16 @@ mod tests {
         });
         let just = Some(Duration::from_secs(1));
         // Unproven: matched jobs are none, deliveries dropped: the usual rhythm.
-        assert_eq!(plan(false, false, None, poll, settle), settled);
-        assert_eq!(plan(false, false, just, poll, settle), None);
+        assert_eq!(plan(false, false, false, None, poll, settle), settled);
+        assert_eq!(plan(false, false, false, just, poll, settle), None);
         // Proven a second after the last read: read again now, skipping nothing.
-        assert_eq!(plan(true, false, just, poll, settle), unsettled);
-        assert_eq!(plan(true, false, None, poll, settle), unsettled);
+        assert_eq!(plan(true, false, false, just, poll, settle), unsettled);
+        assert_eq!(plan(true, false, false, None, poll, settle), unsettled);
+        // That read failed: tried again at the interval, not at every pass.
+        assert_eq!(plan(true, false, true, just, poll, settle), None);
+        assert_eq!(plan(true, false, true, Some(poll), poll, settle), unsettled);
         // Caught up: once per interval, a poll interval behind the webhooks.
-        assert_eq!(plan(true, true, just, poll, settle), None);
-        assert_eq!(plan(true, true, Some(poll), poll, settle), settled);
+        assert_eq!(plan(true, true, false, just, poll, settle), None);
+        assert_eq!(plan(true, true, false, Some(poll), poll, settle), settled);
     }
 }
