@@ -558,16 +558,16 @@ impl SystemdLauncher {
     }
 }
 
+/// What `/proc/<pid>/cgroup` appends to the path of a cgroup2 that has been removed
+/// (`proc_cgroup_show` in the kernel's cgroup.c).
+const DEAD_CGROUP: &str = " (deleted)";
+
 /// The cgroup to record with the helper's `receipt`, or `None` when the receipt cannot be the
 /// unit's main process. The runner's account wrote the receipt, so it is believed only as far
 /// as it can harm that account's own runner: a process that still has the receipt's pid and
 /// start time must sit in the unit's cgroup (seen as the agent sees it, which is what
 /// [`inspect`] compares later); one that is gone already (the runner ran its job and ended
 /// before this read) is recorded as gone, in the cgroup systemd gave the unit.
-/// What `/proc/<pid>/cgroup` appends to the path of a cgroup2 that has been removed
-/// (`proc_cgroup_show` in the kernel's cgroup.c).
-const DEAD_CGROUP: &str = " (deleted)";
-
 fn believed_cgroup(
     unit: &str,
     receipt: Receipt,
@@ -580,9 +580,10 @@ fn believed_cgroup(
         (Some(_), Some(c)) if own(&c) => Some(c),
         // Exiting: past the kernel's cgroup_exit, so the unit's cgroup was empty and systemd
         // removed it, but not yet a zombie. The kernel names a removed cgroup2 with this suffix
-        // (a clean-clone run refused a runner that ended at once here, as NoStartTime).
+        // (most likely why a clean-clone run once refused a runner that ended at once, as
+        // NoStartTime; not reproduced).
         (Some(_), Some(c)) if c.strip_suffix(DEAD_CGROUP).is_some_and(own) => {
-            Some(c[..c.len() - DEAD_CGROUP.len()].to_owned())
+            c.strip_suffix(DEAD_CGROUP).map(str::to_owned)
         }
         // Alive outside the unit: not the unit's process, whoever wrote the receipt.
         (Some(_), Some(_)) => None,
