@@ -9,7 +9,7 @@
 //! The operator and the node agent both depend on this crate and on nothing of each other.
 
 pub use runner_manager_core::{
-    arch, duration, helper_env, hosts, lease, names, outcome, state, target,
+    arch, duration, helper_env, hosts, lease, names, outcome, quantity, state, target,
 };
 
 pub mod attempt;

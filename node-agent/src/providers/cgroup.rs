@@ -11,7 +11,6 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use runner_manager_crds::policy::RunnerResources;
 use runner_manager_crds::validate::{parse_cpu_millis, parse_memory_bytes};
 
@@ -119,7 +118,7 @@ impl RunnerDefaults {
                 ))
             }
             q => Some(
-                parse_memory_bytes(&Quantity(q.to_owned()))
+                runner_manager_crds::quantity::memory_bytes(q)
                     .filter(|b| *b >= 64 << 20)
                     .ok_or_else(|| DefaultsError::Memory(q.to_owned()))?,
             ),

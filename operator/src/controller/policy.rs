@@ -659,6 +659,16 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// The drain of the attempts `web-a` and `web-b`, releasing `release` once they are gone.
+    fn drain(release: Option<Vec<String>>) -> Drain {
+        Drain {
+            delete: vec!["web-a".into(), "web-b".into()],
+            terminate: Vec::new(),
+            release,
+            events: Vec::new(),
+        }
+    }
+
     fn answer(req: &scripted::Seen) -> scripted::Answer {
         match req.method.as_str() {
             "DELETE" => scripted::deleted(),
@@ -677,15 +687,10 @@ mod tests {
     async fn a_drain_deletes_the_attempts_then_releases_only_its_own_finalizer() {
         let (kube, seen) = scripted::client(answer);
         let ctx = scripted::ctx(kube);
-        let drain = Drain {
-            delete: vec!["web-a".into(), "web-b".into()],
-            terminate: Vec::new(),
-            release: Some(vec!["example.com/keep".into()]),
-            events: Vec::new(),
-        };
+        let first = drain(Some(vec!["example.com/keep".into()]));
         let p = deleting_policy();
         let now = Timestamp::from_second(1_800_000_000).unwrap_or_else(|e| panic!("{e}"));
-        let errors = apply_drain(&ctx, &PolicyMemory::default(), &p, &[], drain, now).await;
+        let errors = apply_drain(&ctx, &PolicyMemory::default(), &p, &[], first, now).await;
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(
             seen.writes(),
@@ -695,14 +700,8 @@ mod tests {
                 "PATCH scalepolicies/web"
             ]
         );
-        let release = seen
-            .all()
-            .into_iter()
-            .find(|s| s.method == "PATCH")
-            .map(|s| s.body)
-            .unwrap_or_default();
         assert_eq!(
-            release["metadata"],
+            seen.body_of("PATCH scalepolicies/web")["metadata"],
             json!({"finalizers": ["example.com/keep"], "resourceVersion": "41"})
         );
 
@@ -711,13 +710,7 @@ mod tests {
             _ => answer(req),
         });
         let ctx = scripted::ctx(kube);
-        let drain = Drain {
-            delete: vec!["web-a".into(), "web-b".into()],
-            terminate: Vec::new(),
-            release: None,
-            events: Vec::new(),
-        };
-        let errors = apply_drain(&ctx, &PolicyMemory::default(), &p, &[], drain, now).await;
+        let errors = apply_drain(&ctx, &PolicyMemory::default(), &p, &[], drain(None), now).await;
         assert_eq!(
             seen.writes(),
             ["DELETE runnerattempts/web-a", "DELETE runnerattempts/web-b"]

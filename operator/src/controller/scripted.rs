@@ -70,6 +70,14 @@ impl Recorded {
     pub fn all(&self) -> Vec<Seen> {
         self.0.lock().map(|v| v.clone()).unwrap_or_default()
     }
+
+    /// The body of the first request whose [`Seen::short`] is `short` (`null` when none).
+    pub fn body_of(&self, short: &str) -> Value {
+        self.all()
+            .into_iter()
+            .find(|s| s.short() == short)
+            .map_or(Value::Null, |s| s.body)
+    }
 }
 
 /// A client whose requests `answer` answers, and their record.

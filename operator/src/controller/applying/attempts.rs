@@ -379,13 +379,34 @@ mod tests {
         Arc::new(a)
     }
 
+    /// Housekeeping of an abandoned attempt, then a cleaned one, against a scripted API server
+    /// that answers with `answer`: what failed, and the requests sent.
+    async fn housekeep_abandoned_then_cleaned(
+        answer: impl Fn(&crate::controller::scripted::Seen) -> crate::controller::scripted::Answer
+        + Send
+        + Sync
+        + 'static,
+    ) -> (Vec<ReconcileError>, crate::controller::scripted::Recorded) {
+        use crate::controller::scripted;
+        let (kube, seen) = scripted::client(answer);
+        let ctx = scripted::ctx(kube);
+        let attempts = vec![abandoned("ab"), cleaned("done", 100, true)];
+        (housekeeping(&ctx, &attempts, t(1000)).await, seen)
+    }
+
+    /// The abandoned attempt's finalizer, then its deletion, then the next attempt's step.
+    const IN_ORDER: [&str; 3] = [
+        "PATCH runnerattempts/ab",
+        "DELETE runnerattempts/ab",
+        "PATCH runnerattempts/done",
+    ];
+
     /// Against a scripted API server: an abandoned attempt's finalizer is removed (a CAS on the
     /// version read) before the attempt is deleted, then the next attempt's step; nothing else is
     /// written.
     #[tokio::test]
     async fn housekeeping_writes_each_step_in_order_the_finalizer_before_the_delete() {
-        use crate::controller::scripted;
-        let (kube, seen) = scripted::client(|req| {
+        let (failed, seen) = housekeep_abandoned_then_cleaned(|req| {
             (
                 200,
                 serde_json::json!({
@@ -394,26 +415,11 @@ mod tests {
                     "spec": serde_json::to_value(AttemptBuilder::new("x", "web").build().spec).unwrap_or_default(),
                 }),
             )
-        });
-        let ctx = scripted::ctx(kube);
-        let attempts = vec![abandoned("ab"), cleaned("done", 100, true)];
-        let failed = housekeeping(&ctx, &attempts, t(1000)).await;
+        })
+        .await;
         assert!(failed.is_empty(), "{failed:?}");
-        assert_eq!(
-            seen.writes(),
-            [
-                "PATCH runnerattempts/ab",
-                "DELETE runnerattempts/ab",
-                "PATCH runnerattempts/done"
-            ]
-        );
-        let patch = &seen
-            .all()
-            .iter()
-            .find(|s| s.short() == "PATCH runnerattempts/ab")
-            .cloned()
-            .unwrap()
-            .body;
+        assert_eq!(seen.writes(), IN_ORDER);
+        let patch = seen.body_of("PATCH runnerattempts/ab");
         assert_eq!(patch["metadata"]["finalizers"], serde_json::json!([]));
         assert_eq!(
             patch["metadata"]["resourceVersion"], "7",
@@ -426,21 +432,12 @@ mod tests {
     #[tokio::test]
     async fn a_failed_housekeeping_write_is_reported_and_the_later_steps_still_run() {
         use crate::controller::scripted;
-        let (kube, seen) = scripted::client(|req| match req.short().as_str() {
+        let (failed, seen) = housekeep_abandoned_then_cleaned(|req| match req.short().as_str() {
             "PATCH runnerattempts/ab" => scripted::internal_error(),
             _ => scripted::not_found(),
-        });
-        let ctx = scripted::ctx(kube);
-        let attempts = vec![abandoned("ab"), cleaned("done", 100, true)];
-        let failed = housekeeping(&ctx, &attempts, t(1000)).await;
-        assert_eq!(
-            seen.writes(),
-            [
-                "PATCH runnerattempts/ab",
-                "DELETE runnerattempts/ab",
-                "PATCH runnerattempts/done"
-            ]
-        );
+        })
+        .await;
+        assert_eq!(seen.writes(), IN_ORDER);
         assert!(
             matches!(
                 failed.as_slice(),
