@@ -15,7 +15,8 @@
 #      signed webhooks to the webhook Service: each runner starts as a transient unit of the node's
 #      systemd (rm-*.service), from the package the agent pod materialized on the node's host root,
 #      and every job completes; then (2b) with minIdle 0, five jobs one after another each launch
-#      their own runner, and queued -> started is printed with its timeline (issue 32); (2c) a
+#      their own runner, and queued -> started is printed with its timeline (issue 32); (2b') a
+#      JIT refused by GitHub: the unit started ahead of it is stopped, the job runs; (2c) a
 #      Persistent policy's fork gate: a pull request of the repository runs on the slot, a fork's
 #      fails before its first step (JobRefused) and its write never reaches the slot; (2d) a policy's
 #      npm cache: a push job's writes are kept, a fork's pull request reads them and its overwrite
@@ -474,6 +475,19 @@ print(f"queued -> started on the real node over {len(started)} warm launches: p5
 PY
 ) || fail "the real node's launch latency could not be measured: $latency"
 say "$latency"
+
+# --- 2b'. a JIT refused on the real node (issue 32): the runner's unit is started before its JIT
+# is asked for, and nothing journalled names it; the failed launch stops it by the attempt's name
+# (and so would the attempt's cleanup), and the job runs on the next attempt. A 403 is not retried
+# by the broker.
+admin POST faults '{"endpoint": "generate_jitconfig", "count": 1, "status": 403}' >/dev/null
+refused_job=$(queue_job refused-jit 0)
+wait_for 120 "job $refused_job completed after a refused JIT" job_done "$refused_job"
+refused=$(attempts | jq -r '.items[] | select(.status.outcome.reason == "JitRequestFailed") | .spec.id' | tail -n 1)
+[ -n "$refused" ] || fail "no attempt concluded JitRequestFailed after the injected 403: $(attempts | jq -c '[.items[] | .status.outcome]')"
+refused_unit_gone() { ! units | grep -qx "$(unit_of "$refused")"; }
+wait_for 60 "the unit started ahead for attempt $refused stopped" refused_unit_gone
+say "a JIT refused (403): attempt $refused concluded JitRequestFailed, the unit started ahead of its JIT ($(unit_of "$refused")) was stopped, job $refused_job ran on the next attempt"
 K -n $jobs_ns patch scalepolicy web --type merge -p '{"spec":{"minIdle":1}}' >/dev/null
 
 # --- 2c. the fork gate on the real node (issue 31 item 3): a Persistent policy with a label of its

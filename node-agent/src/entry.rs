@@ -37,11 +37,13 @@ use secrecy::ExposeSecret;
 use crate::handoff;
 use crate::process::environment::JIT_VARIABLE;
 
-/// In the runtime: the pointer naming the handoff file, written (after the handoff is whole and
-/// fsynced) by the agent, removed by the helper.
-pub const HANDOFF_POINTER: &str = ".jit-handoff";
+pub use crate::handoff::HANDOFF_POINTER;
 /// In the runtime: left by the helper once it has read and deleted the handoff, before exec.
 pub const TAKEN_MARKER: &str = ".jit-taken";
+/// How long a helper started before its JIT (a runner pod's, or a unit the systemd launcher
+/// pre-started) waits for its handoff before it gives up and ends: the JIT request's own bound
+/// and the placeholder's, and then some.
+pub const AWAIT_HANDOFF_SECONDS: u64 = 600;
 /// In the runtime: the systemd launcher's [`Receipt`], written by the helper.
 pub const RECEIPT: &str = ".entry-receipt";
 /// The first status line once the handoff is read and deleted and exec is next.

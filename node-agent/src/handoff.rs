@@ -27,6 +27,9 @@ pub const NAME_PREFIX: &str = "jit-";
 /// that removes or refuses a surviving JIT handoff treats it the same way; a JIT handoff's
 /// uuid never starts with `env-`.
 pub const ENVIRONMENT_PREFIX: &str = "jit-env-";
+/// In the runtime: the pointer naming the handoff file, written (after the handoff is whole and
+/// fsynced) by the agent ([`offer`]), removed by the helper.
+pub const HANDOFF_POINTER: &str = ".jit-handoff";
 /// The handoff's name ends with this.
 const NAME_SUFFIX: &str = ".tmp";
 /// The only mode a runtime directory may have while it holds a handoff.
@@ -265,6 +268,19 @@ impl Drop for RestrictiveHandoff {
         // ordinary path.
         let _ = self.delete_in_place();
     }
+}
+
+/// Offers a handoff to an entry helper waiting for it (`--await-handoff`: a runner pod's, or a
+/// unit started before its JIT): writes the pointer naming it in the runtime (durably, then the
+/// runner account's, 0600), after the handoff itself is whole, so the helper never sees a
+/// half-written handoff.
+pub fn offer(runtime: &Path, account: RunnerAccount, handoff_name: &str) -> io::Result<()> {
+    crate::durable::write_file(runtime, HANDOFF_POINTER, handoff_name.as_bytes())?;
+    std::os::unix::fs::lchown(
+        runtime.join(HANDOFF_POINTER),
+        Some(account.uid),
+        Some(account.gid),
+    )
 }
 
 /// Whether a directory entry name is a handoff's (for cleanup verification and tests).

@@ -99,6 +99,41 @@ impl StartError {
     }
 }
 
+/// A runner's entry helper started before its JIT existed (`--await-handoff`), waiting for the
+/// handoff to be offered: the unit's start (70-170 ms of systemd's sandbox on a node) runs while
+/// the JIT is minted instead of after it (issue 32). Nothing of a secret is in it: the listener's
+/// environment file is the runner account's and the JIT does not exist yet. Dropped without
+/// [`RunnerLauncher::start_prestarted`], the helper waits out its bound and ends, and the
+/// attempt's cleanup stops its unit by name ([`RunnerLauncher::stop_prestarted`]).
+#[derive(Debug)]
+pub struct Prestart {
+    /// The unit (or cgroup) it runs in.
+    pub(crate) unit: String,
+    /// The listener's environment, read (and deleted) by the helper as it starts.
+    pub(crate) environment_file: RestrictiveHandoff,
+    /// The submission, running beside the JIT request: whether the unit started.
+    pub(crate) submitted: std::thread::JoinHandle<bool>,
+}
+
+impl Prestart {
+    /// Waits for the submission to end, whatever it gave: what it started is then there for
+    /// [`RunnerLauncher::stop_prestarted`] to find.
+    pub fn settled(self) {
+        let _ = self.submitted.join();
+    }
+}
+
+/// Why [`RunnerLauncher::start_prestarted`] did not start the runner.
+#[derive(Debug)]
+pub enum PrestartedStart {
+    /// Nothing took the handoff, and nothing can any more (the unit never started, or its helper
+    /// ended without taking it): the JIT is unseen, and the caller starts the runner the
+    /// ordinary way with the handoff it gets back.
+    Unseen(RestrictiveHandoff),
+    /// The helper may have taken the JIT: never tried again.
+    Failed(StartError),
+}
+
 /// How a stop ended: only ever returned once death is proven by re-inspection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stopped {
@@ -146,6 +181,32 @@ pub trait RunnerLauncher: Send + Sync {
         spec: &LaunchSpec<'_>,
         handoff: RestrictiveHandoff,
     ) -> Result<ProcessIdentity, StartError>;
+
+    /// Starts the entry helper for `spec` before its JIT exists, waiting for the handoff to be
+    /// offered; returns at once (the submission runs on a thread of its own, beside the JIT
+    /// request). `None`: this launcher starts a runner only with its handoff ([`Self::start`]).
+    fn prestart(&self, _spec: &LaunchSpec<'_>) -> Option<Prestart> {
+        None
+    }
+
+    /// Offers `handoff` to the helper [`Self::prestart`] started and returns as [`Self::start`]
+    /// does: once the handoff is gone and the identity is durable.
+    fn start_prestarted(
+        &self,
+        _spec: &LaunchSpec<'_>,
+        _prestart: Prestart,
+        handoff: RestrictiveHandoff,
+    ) -> Result<ProcessIdentity, PrestartedStart> {
+        Err(PrestartedStart::Unseen(handoff))
+    }
+
+    /// Stops what [`Self::prestart`] may have started for attempt `short` (12 hex) when no
+    /// runner identity was journalled for it (the JIT was refused, the launch failed or the agent
+    /// crashed before `Starting`): by its name, which only this attempt derives. Nothing started
+    /// is `AlreadyGone`.
+    fn stop_prestarted(&self, _short: &str) -> Result<Stopped, StopError> {
+        Ok(Stopped::AlreadyGone)
+    }
 
     /// Is the runner alive? A recycled pid or a process outside the recorded cgroup or unit is
     /// gone.

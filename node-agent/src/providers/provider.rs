@@ -30,7 +30,9 @@ use runner_manager_crds::broker::OrderedPod;
 use runner_manager_crds::policy::ExecutionMode;
 use secrecy::SecretString;
 
-use super::launcher::{LaunchSpec, RunnerLauncher, StartError, StopError, Stopped};
+use super::launcher::{
+    LaunchSpec, Prestart, PrestartedStart, RunnerLauncher, StartError, StopError, Stopped,
+};
 use super::oci::{self, OciProvider, PodApi, PodFailure, PodRef, PreparedPod};
 use crate::account::RunnerAccount;
 use crate::handoff::RestrictiveHandoff;
@@ -84,6 +86,8 @@ pub struct StartRequest<'a> {
     pub spec: LaunchSpec<'a>,
     /// What [`Provider::prepare`] made, as journalled with `Prepared` (a journalled preparation).
     pub prepared: Option<&'a EnvironmentIdentity>,
+    /// What [`Provider::prestart`] started for this launch, waiting for the handoff.
+    pub prestart: Option<Prestart>,
 }
 
 /// Why [`Provider::prepare`] failed. Closed.
@@ -171,6 +175,22 @@ pub trait Provider: Send + Sync {
         request: PrepareRequest<'a>,
     ) -> BoxFuture<'a, Result<EnvironmentIdentity, PrepareError>>;
 
+    /// Starts what can run before the JIT exists, so that its start overlaps the JIT request
+    /// (native under systemd: the runner's unit, its helper waiting for the handoff). Returns at
+    /// once, before that start ends; [`Self::start`] finishes it. `None`: the kind starts
+    /// nothing ahead, or could not (the start then goes the ordinary way). What it starts is
+    /// not journalled: [`Self::abandon`] finds it by the attempt's name.
+    fn prestart(&self, _spec: &LaunchSpec<'_>) -> Option<Prestart> {
+        None
+    }
+
+    /// Stops and proves gone what [`Self::prestart`] may have started for `attempt` when no
+    /// runner was journalled for it (its JIT refused, its launch failed, the agent crashed
+    /// before `Starting`). Nothing there is success.
+    fn abandon<'a>(&'a self, _attempt: uuid::Uuid) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async { Ok(()) })
+    }
+
     /// Hands the JIT over (through a handoff only) and starts the listener; returns the identity
     /// to journal with `Starting`. The JIT is the provider's to drop as soon as it is handed
     /// over. A start that never had a child may be tried again inside
@@ -254,6 +274,48 @@ where
     }
 }
 
+impl<L> NativeProvider<L>
+where
+    L: std::ops::Deref + Send + Sync,
+    L::Target: RunnerLauncher,
+{
+    /// Hands the JIT to the helper [`Provider::prestart`] started. `Err(None)`: nothing took it
+    /// and nothing can (the caller starts the runner the ordinary way, with the same JIT);
+    /// `Err(Some(live))`: it may have been taken, never tried again (`live`: a child not proven
+    /// dead).
+    fn start_prestarted(
+        &self,
+        ns: &str,
+        name: &str,
+        spec: &LaunchSpec<'_>,
+        prestart: Prestart,
+        jit: &SecretString,
+    ) -> Result<ProcessIdentity, Option<Option<ProcessIdentity>>> {
+        let handoff = match RestrictiveHandoff::create(spec.runtime, spec.account, jit) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!(namespace = %ns, attempt = %name, "handoff refused: {e}");
+                return Err(Some(None));
+            }
+        };
+        let started = tracing::info_span!("spawn").in_scope(|| {
+            tokio::task::block_in_place(|| self.0.start_prestarted(spec, prestart, handoff))
+        });
+        match started {
+            Ok(id) => Ok(id),
+            Err(PrestartedStart::Unseen(handoff)) => {
+                drop(handoff);
+                tracing::warn!(namespace = %ns, attempt = %name, "the runner started ahead did not take its handoff; starting it again");
+                Err(None)
+            }
+            Err(PrestartedStart::Failed(e)) => {
+                tracing::warn!(namespace = %ns, attempt = %name, "start failed after a child existed ({e}); never retried");
+                Err(Some(e.live))
+            }
+        }
+    }
+}
+
 /// Why a native step failed.
 #[derive(Debug, thiserror::Error)]
 pub enum NativeFailure {
@@ -312,10 +374,29 @@ where
                 namespace: ns,
                 name,
                 spec,
+                prestart,
                 ..
             } = request;
             let mut identity = None;
-            for tried in 0..START_TRIES {
+            let mut tries = 0..START_TRIES;
+            if let Some(prestart) = prestart {
+                match self.start_prestarted(ns, name, &spec, prestart, &jit) {
+                    Ok(id) => {
+                        // The JIT leaves memory here.
+                        drop(jit);
+                        return Ok(StartedIdentity::Process(id));
+                    }
+                    // Unseen: started the ordinary way with the same JIT.
+                    Err(None) => {}
+                    // Seen, or no handoff: never tried again. A child that could not be proven
+                    // dead is journalled so supervision proves it.
+                    Err(Some(live)) => {
+                        identity = live;
+                        tries = 0..0;
+                    }
+                }
+            }
+            for tried in tries {
                 if tried > 0 {
                     tokio::time::sleep(START_RETRY_WAIT * 2u32.pow(tried - 1)).await;
                 }
@@ -352,6 +433,19 @@ where
             identity
                 .map(StartedIdentity::Process)
                 .ok_or(StartRefused::NotStarted)
+        })
+    }
+
+    fn prestart(&self, spec: &LaunchSpec<'_>) -> Option<Prestart> {
+        self.0.prestart(spec)
+    }
+
+    fn abandon<'a>(&'a self, attempt: uuid::Uuid) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            let short = runner_manager_crds::names::short_hex(attempt);
+            tokio::task::block_in_place(|| self.0.stop_prestarted(&short))
+                .map(|_| ())
+                .map_err(|e| ProviderError::Native(NativeFailure::Stop(e)))
         })
     }
 
@@ -425,9 +519,6 @@ where
     }
 }
 
-/// How long the entry helper in a runner pod waits for its handoff before it gives up (the pod
-/// then ends and the attempt concludes): the JIT request's own bound and then some.
-const POD_AWAIT_HANDOFF_SECONDS: u64 = 600;
 /// The `PATH` of a runner pod's listener: the image's, never the agent's.
 const POD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -490,7 +581,7 @@ impl<P: PodApi + 'static> Provider for OciProvider<P> {
                     run_as_user: request.account.uid,
                     run_as_group: request.account.gid,
                     environment: env,
-                    await_handoff_seconds: POD_AWAIT_HANDOFF_SECONDS,
+                    await_handoff_seconds: crate::entry::AWAIT_HANDOFF_SECONDS,
                 },
                 account: request.account,
                 runtime: request.runtime,
@@ -667,5 +758,150 @@ impl From<ProviderError> for TerminationError {
             ProviderError::OtherKind => Self::Deferred(StopError::WrongLauncher),
             ProviderError::Unnamed => Self::Deferred(StopError::StillRunning),
         }
+    }
+}
+
+#[cfg(test)]
+mod prestart_tests {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::sync::Mutex;
+
+    use runner_manager_crds::attempt::Launcher;
+
+    use super::*;
+    use crate::providers::cgroup::CgroupLimits;
+
+    /// A launcher whose start ahead of the JIT ends as the test says, recording which starts
+    /// were asked for.
+    struct Scripted {
+        ahead: fn(RestrictiveHandoff) -> Result<ProcessIdentity, PrestartedStart>,
+        calls: Mutex<Vec<&'static str>>,
+    }
+
+    fn identity(pid: u32) -> ProcessIdentity {
+        ProcessIdentity {
+            launcher: Launcher::Systemd,
+            unit: Some("rm-0123456789ab.service".into()),
+            pid,
+            start_time: 1,
+            cgroup: "/runnermanager.slice/rm-0123456789ab.service".into(),
+        }
+    }
+
+    impl RunnerLauncher for Scripted {
+        fn kind(&self) -> Launcher {
+            Launcher::Systemd
+        }
+        fn start(
+            &self,
+            _: &LaunchSpec<'_>,
+            _: RestrictiveHandoff,
+        ) -> Result<ProcessIdentity, StartError> {
+            self.calls.lock().unwrap().push("start");
+            Ok(identity(2))
+        }
+        fn prestart(&self, spec: &LaunchSpec<'_>) -> Option<Prestart> {
+            let encoded = SecretString::from("A=1\n".to_owned());
+            Some(Prestart {
+                unit: "rm-0123456789ab.service".into(),
+                environment_file: RestrictiveHandoff::create_environment(
+                    spec.runtime,
+                    spec.account,
+                    &encoded,
+                )
+                .unwrap(),
+                submitted: std::thread::spawn(|| true),
+            })
+        }
+        fn start_prestarted(
+            &self,
+            _: &LaunchSpec<'_>,
+            _: Prestart,
+            handoff: RestrictiveHandoff,
+        ) -> Result<ProcessIdentity, PrestartedStart> {
+            self.calls.lock().unwrap().push("ahead");
+            (self.ahead)(handoff)
+        }
+        fn inspect(&self, _: &ProcessIdentity) -> io::Result<Inspection> {
+            unreachable!()
+        }
+        fn stop(&self, _: &ProcessIdentity) -> Result<Stopped, StopError> {
+            unreachable!()
+        }
+        fn exit_status(&self, _: &ProcessIdentity) -> Option<ExitStatus> {
+            None
+        }
+    }
+
+    /// The native provider's start with a runner started ahead, as the launch makes it: which
+    /// starts the launcher was asked for, and what the provider returned.
+    async fn start_with(
+        ahead: fn(RestrictiveHandoff) -> Result<ProcessIdentity, PrestartedStart>,
+    ) -> (Vec<&'static str>, Result<StartedIdentity, StartRefused>) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let meta = std::fs::metadata(dir.path()).unwrap();
+        let account = RunnerAccount {
+            uid: meta.uid(),
+            gid: meta.gid(),
+        };
+        let provider = NativeProvider(Box::new(Scripted {
+            ahead,
+            calls: Mutex::new(Vec::new()),
+        }));
+        let spec = LaunchSpec {
+            attempt: uuid::Uuid::new_v4(),
+            runtime: dir.path(),
+            account,
+            environment: BTreeMap::new(),
+            limits: CgroupLimits::default(),
+            cache: None,
+        };
+        let prestart = Provider::prestart(&provider, &spec);
+        assert!(prestart.is_some());
+        let started = provider
+            .start(
+                StartRequest {
+                    namespace: "ns",
+                    name: "a",
+                    spec,
+                    prepared: None,
+                    prestart,
+                },
+                SecretString::from("jit".to_owned()),
+            )
+            .await;
+        let calls = provider.0.calls.lock().unwrap().clone();
+        (calls, started)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_runner_started_ahead_that_took_its_jit_is_the_started_one() {
+        let (calls, started) = start_with(|_| Ok(identity(1))).await;
+        assert_eq!(calls, ["ahead"]);
+        assert_eq!(started.unwrap(), StartedIdentity::Process(identity(1)));
+    }
+
+    /// Nothing took the JIT: the ordinary start hands the same JIT over.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_jit_the_runner_started_ahead_never_saw_goes_to_an_ordinary_start() {
+        let (calls, started) = start_with(|h| Err(PrestartedStart::Unseen(h))).await;
+        assert_eq!(calls, ["ahead", "start"]);
+        assert_eq!(started.unwrap(), StartedIdentity::Process(identity(2)));
+    }
+
+    /// The helper may have taken the JIT: never a second start with it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_jit_the_runner_started_ahead_may_have_seen_is_never_handed_over_again() {
+        let (calls, started) = start_with(|_| {
+            Err(PrestartedStart::Failed(StartError {
+                failure: crate::providers::StartFailure::NotReadyInTime,
+                child_existed: true,
+                live: None,
+            }))
+        })
+        .await;
+        assert_eq!(calls, ["ahead"]);
+        assert!(matches!(started, Err(StartRefused::NotStarted)));
     }
 }

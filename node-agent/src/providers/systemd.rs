@@ -28,10 +28,16 @@ use std::time::{Duration, Instant};
 use runner_manager_crds::attempt::{Launcher, ProcessIdentity};
 
 use super::cgroup::{CgroupLimits, attempt_cgroup_name};
-use super::launcher::{LaunchSpec, RunnerLauncher, StartError, StartFailure, StopError, Stopped};
+use super::launcher::{
+    LaunchSpec, Prestart, PrestartedStart, RunnerLauncher, StartError, StartFailure, StopError,
+    Stopped,
+};
 use super::sandbox::{Probe, ProbeUnits, RunnerNetwork};
 use crate::docker::engine::{self, EngineSpec};
-use crate::entry::{EntryArgs, HELPER_LANG, HELPER_PATH, RECEIPT, Receipt, encode_environment};
+use crate::entry::{
+    AWAIT_HANDOFF_SECONDS, EntryArgs, HANDOFF_POINTER, HELPER_LANG, HELPER_PATH, RECEIPT, Receipt,
+    TAKEN_MARKER, encode_environment,
+};
 use crate::handoff::RestrictiveHandoff;
 use crate::process::stat::{ProcStat, read_cgroup_v2, read_stat};
 use crate::process::{Inspection, identity_file, inspect};
@@ -201,10 +207,20 @@ fn limit_properties(limits: &CgroupLimits) -> Vec<(String, String)> {
     p
 }
 
+/// How a unit's helper finds the JIT's handoff.
+#[derive(Clone, Copy, Debug)]
+pub enum Handing<'a> {
+    /// The handoff is there when the unit starts (the JIT came first): its path.
+    File(&'a Path),
+    /// The unit starts before the JIT exists ([`RunnerLauncher::prestart`]): the helper waits
+    /// this many seconds at most for the agent's pointer to the handoff (`--await-handoff`).
+    Awaited(u64),
+}
+
 pub fn unit_properties(
     spec: &LaunchSpec<'_>,
     entry_helper: &Path,
-    handoff: &Path,
+    handing: Handing<'_>,
     environment_file: &Path,
     network: &RunnerNetwork,
 ) -> TransientUnit {
@@ -232,13 +248,17 @@ pub fn unit_properties(
     set("StandardInput", "null".to_owned());
     set("StandardOutput", "null".to_owned());
     set("StandardError", "null".to_owned());
+    let (handoff, await_handoff) = match handing {
+        Handing::File(path) => (path.to_path_buf(), None),
+        Handing::Awaited(seconds) => (spec.runtime.join(HANDOFF_POINTER), Some(seconds)),
+    };
     let args = EntryArgs {
-        handoff: handoff.to_path_buf(),
+        handoff,
         runtime: spec.runtime.to_path_buf(),
         cgroup: None,
         uid: None,
         gid: None,
-        await_handoff: None,
+        await_handoff,
         environment: Some(environment_file.to_path_buf()),
         // `Nice=` above sets the process's; the helper sets its session's autogroup too.
         nice: Some(spec.limits.nice).filter(|n| *n > 0),
@@ -495,19 +515,64 @@ impl SystemdLauncher {
     }
 
     fn run(&self, program: &Path, args: &[OsString]) -> io::Result<(ExitStatus, String)> {
-        // In the agent's pod (hostPID, the node's /run/systemd by hostPath) PID 1's root is not
-        // ours, and systemctl takes that for a chroot: "Running in chroot, ignoring command
-        // 'show'", exit 0, nothing done (found on a real node, e2e/cluster/check.sh).
-        let out = Command::new(program)
-            .env("SYSTEMD_IGNORE_CHROOT", "1")
-            .args(args)
-            .stdin(Stdio::null())
-            .stderr(Stdio::null())
-            .output()?;
-        Ok((
-            out.status,
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        ))
+        run_program(program, args)
+    }
+
+    /// The listener's environment in a file beside the handoff: never a property or variable
+    /// of the unit, which every account on the node can read.
+    fn environment_file(spec: &LaunchSpec<'_>) -> Result<RestrictiveHandoff, StartError> {
+        let encoded =
+            secrecy::SecretString::from(format!("{}\n", encode_environment(&spec.environment)));
+        RestrictiveHandoff::create_environment(spec.runtime, spec.account, &encoded)
+            .map_err(|_| StartError::before_child(StartFailure::EnvironmentFile))
+    }
+
+    /// A start failed with a unit submitted: its whole cgroup is killed, and the JIT counts as
+    /// seen.
+    fn failed_with_unit(&self, unit: &str, failure: StartFailure) -> StartError {
+        let _ = self.kill_unit(unit);
+        StartError {
+            failure,
+            child_existed: true,
+            live: None,
+        }
+    }
+
+    /// The end of a start, once the helper took the handoff: the handoff and environment files
+    /// gone, the runner's identity from the helper's receipt, made durable.
+    fn identify(
+        &self,
+        spec: &LaunchSpec<'_>,
+        unit: &str,
+        handoff: RestrictiveHandoff,
+        environment_file: RestrictiveHandoff,
+    ) -> Result<ProcessIdentity, StartError> {
+        let fail = |failure| self.failed_with_unit(unit, failure);
+        let _ = handoff.delete();
+        // Taken by the helper before the handoff; gone already, or removed now.
+        let _ = environment_file.delete();
+        // The helper's receipt, not systemd's MainPID: a runner that took a queued job, ran it
+        // and exited before the question was asked has none left.
+        let receipt_path = spec.runtime.join(RECEIPT);
+        let receipt = Receipt::read(&receipt_path, spec.account.uid);
+        let _ = std::fs::remove_file(&receipt_path);
+        let Some(receipt) = receipt else {
+            return Err(fail(StartFailure::NoStartTime));
+        };
+        let now = read_stat(receipt.pid).ok().flatten();
+        let cgroup = read_cgroup_v2(receipt.pid).ok().flatten();
+        let Some(cgroup) = believed_cgroup(unit, receipt, now, cgroup) else {
+            return Err(fail(StartFailure::NoStartTime));
+        };
+        let identity = ProcessIdentity {
+            launcher: Launcher::Systemd,
+            unit: Some(unit.to_owned()),
+            pid: receipt.pid,
+            start_time: receipt.start_time,
+            cgroup,
+        };
+        identity_file::write(spec.runtime, &identity).map_err(|e| fail(e.into()))?;
+        Ok(identity)
     }
 
     /// `MainPID`, `ControlGroup` and `ActiveState` of a unit.
@@ -556,6 +621,35 @@ impl SystemdLauncher {
         // A unit already gone answers "not loaded" to both: that is stopped too.
         Ok(if killed.success() { stopped } else { killed })
     }
+}
+
+/// Runs `systemd-run` or `systemctl`: its exit status and standard output.
+fn run_program(program: &Path, args: &[OsString]) -> io::Result<(ExitStatus, String)> {
+    // In the agent's pod (hostPID, the node's /run/systemd by hostPath) PID 1's root is not
+    // ours, and systemctl takes that for a chroot: "Running in chroot, ignoring command
+    // 'show'", exit 0, nothing done (found on a real node, e2e/cluster/check.sh).
+    let out = Command::new(program)
+        .env("SYSTEMD_IGNORE_CHROOT", "1")
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()?;
+    Ok((
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    ))
+}
+
+/// Whether the helper that wrote the receipt in `runtime` has ended. No receipt yet: not known
+/// to have ended (it writes one first thing).
+fn helper_ended(runtime: &Path, uid: u32) -> bool {
+    let Some(receipt) = Receipt::read(&runtime.join(RECEIPT), uid) else {
+        return false;
+    };
+    !read_stat(receipt.pid)
+        .ok()
+        .flatten()
+        .is_some_and(|s| s.start_time == receipt.start_time && !s.is_exited())
 }
 
 /// What `/proc/<pid>/cgroup` appends to the path of a cgroup2 that has been removed
@@ -618,17 +712,11 @@ impl RunnerLauncher for SystemdLauncher {
         spec: &LaunchSpec<'_>,
         handoff: RestrictiveHandoff,
     ) -> Result<ProcessIdentity, StartError> {
-        // The policy's environment, in a file beside the handoff: never a property or variable
-        // of the unit, which every account on the node can read.
-        let encoded =
-            secrecy::SecretString::from(format!("{}\n", encode_environment(&spec.environment)));
-        let environment_file =
-            RestrictiveHandoff::create_environment(spec.runtime, spec.account, &encoded)
-                .map_err(|_| StartError::before_child(StartFailure::EnvironmentFile))?;
+        let environment_file = Self::environment_file(spec)?;
         let unit = unit_properties(
             spec,
             &self.entry_helper,
-            handoff.path(),
+            Handing::File(handoff.path()),
             environment_file.path(),
             &self.network,
         );
@@ -639,48 +727,101 @@ impl RunnerLauncher for SystemdLauncher {
             Ok(_) => return Err(StartError::before_child(StartFailure::Unit)),
             Err(e) => return Err(StartError::before_child(StartFailure::Spawn(e.kind()))),
         }
-        let fail = |failure| {
-            let _ = self.kill_unit(&unit.name);
-            StartError {
-                failure,
-                child_existed: true,
-                live: None,
-            }
-        };
         // The helper deletes the handoff before it execs the listener.
         let until = Instant::now() + self.ready_deadline;
         loop {
             match handoff.exists() {
                 Ok(false) => break,
                 Ok(true) if Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
-                _ => return Err(fail(StartFailure::NotReadyInTime)),
+                _ => return Err(self.failed_with_unit(&unit.name, StartFailure::NotReadyInTime)),
             }
         }
-        let _ = handoff.delete();
-        // Taken by the helper before the handoff; gone already, or removed now.
-        let _ = environment_file.delete();
-        // The helper's receipt, not systemd's MainPID: a runner that took a queued job, ran it
-        // and exited before the question was asked has none left.
-        let receipt_path = spec.runtime.join(RECEIPT);
-        let receipt = Receipt::read(&receipt_path, spec.account.uid);
-        let _ = std::fs::remove_file(&receipt_path);
-        let Some(receipt) = receipt else {
-            return Err(fail(StartFailure::NoStartTime));
-        };
-        let now = read_stat(receipt.pid).ok().flatten();
-        let cgroup = read_cgroup_v2(receipt.pid).ok().flatten();
-        let Some(cgroup) = believed_cgroup(&unit.name, receipt, now, cgroup) else {
-            return Err(fail(StartFailure::NoStartTime));
-        };
-        let identity = ProcessIdentity {
-            launcher: Launcher::Systemd,
-            unit: Some(unit.name.clone()),
-            pid: receipt.pid,
-            start_time: receipt.start_time,
-            cgroup,
-        };
-        identity_file::write(spec.runtime, &identity).map_err(|e| fail(e.into()))?;
-        Ok(identity)
+        self.identify(spec, &unit.name, handoff, environment_file)
+    }
+
+    fn prestart(&self, spec: &LaunchSpec<'_>) -> Option<Prestart> {
+        // A receipt an earlier runner of a persistent slot left would be read as this helper's.
+        let _ = std::fs::remove_file(spec.runtime.join(RECEIPT));
+        let environment_file = Self::environment_file(spec).ok()?;
+        let unit = unit_properties(
+            spec,
+            &self.entry_helper,
+            Handing::Awaited(AWAIT_HANDOFF_SECONDS),
+            environment_file.path(),
+            &self.network,
+        );
+        let (program, args) = (self.systemd_run.clone(), unit.systemd_run_args());
+        // A thread, not the runtime's blocking pool: the caller's JIT request runs meanwhile on
+        // the task that started it, and the launcher holds no `'static` handle to lend.
+        let submitted = std::thread::Builder::new()
+            .name("rm-prestart".to_owned())
+            .spawn(move || matches!(run_program(&program, &args), Ok((s, _)) if s.success()))
+            .ok()?;
+        Some(Prestart {
+            unit: unit.name,
+            environment_file,
+            submitted,
+        })
+    }
+
+    fn start_prestarted(
+        &self,
+        spec: &LaunchSpec<'_>,
+        prestart: Prestart,
+        handoff: RestrictiveHandoff,
+    ) -> Result<ProcessIdentity, PrestartedStart> {
+        let Prestart {
+            unit,
+            environment_file,
+            submitted,
+        } = prestart;
+        // systemd-run failing leaves no unit (Type=exec fails the start itself).
+        if !submitted.join().unwrap_or(false) {
+            return Err(PrestartedStart::Unseen(handoff));
+        }
+        let runtime = spec.runtime;
+        let failed = |failure| PrestartedStart::Failed(self.failed_with_unit(&unit, failure));
+        if crate::handoff::offer(runtime, spec.account, handoff.name()).is_err() {
+            // Nothing was offered: the helper never learns the handoff's name.
+            let _ = self.kill_unit(&unit);
+            let _ = std::fs::remove_file(runtime.join(HANDOFF_POINTER));
+            return Err(PrestartedStart::Unseen(handoff));
+        }
+        // Taken once the helper marked it and the handoff is gone (it deletes the handoff, then
+        // marks, then execs the listener).
+        let marker = runtime.join(TAKEN_MARKER);
+        let until = Instant::now() + self.ready_deadline;
+        loop {
+            let marked = std::fs::symlink_metadata(&marker).is_ok();
+            match handoff.exists() {
+                Ok(false) if marked => break,
+                // The helper ended (its await ran out, or it was killed) with the handoff still
+                // there: once its unit is killed, nothing of it can read the JIT, which the
+                // caller may then hand to a runner started the ordinary way.
+                Ok(true) if helper_ended(runtime, spec.account.uid) => {
+                    // Proven stopped and unloaded: the ordinary start reuses the unit's name.
+                    let _ = self.stop_unit_named(&unit);
+                    let _ = std::fs::remove_file(runtime.join(HANDOFF_POINTER));
+                    return match handoff.exists() {
+                        Ok(true) => Err(PrestartedStart::Unseen(handoff)),
+                        _ => Err(failed(StartFailure::NotReadyInTime)),
+                    };
+                }
+                Ok(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(2)),
+                _ => return Err(failed(StartFailure::NotReadyInTime)),
+            }
+        }
+        // A persistent slot keeps its runtime: no marker may speak for the next runner in it.
+        let _ = std::fs::remove_file(&marker);
+        self.identify(spec, &unit, handoff, environment_file)
+            .map_err(PrestartedStart::Failed)
+    }
+
+    fn stop_prestarted(&self, short: &str) -> Result<Stopped, StopError> {
+        if !super::launcher::is_attempt_short(short) {
+            return Err(StopError::NotOurs);
+        }
+        self.stop_unit_named(&format!("rm-{short}.service"))
     }
 
     fn inspect(&self, identity: &ProcessIdentity) -> io::Result<Inspection> {
@@ -938,6 +1079,40 @@ mod tests {
         }
     }
 
+    /// A unit started ahead of its JIT (issue 32) names no handoff: its helper waits for the
+    /// agent's pointer (`--await-handoff`), and reads its environment file and writes its
+    /// receipt as an ordinary start's does. An ordinary start names its handoff and waits for
+    /// nothing.
+    #[test]
+    fn a_unit_started_ahead_awaits_its_handoff_and_names_none() {
+        let runtime = Path::new("/var/lib/runner-manager/runners/0123456789ab");
+        let spec = hostile_spec(runtime);
+        let environment = runtime.join("jit-env-1.tmp");
+        let helper_args = |handing| {
+            let unit = unit_properties(
+                &spec,
+                Path::new("/h"),
+                handing,
+                &environment,
+                &RunnerNetwork::default(),
+            );
+            EntryArgs::parse(unit.command[1..].iter().cloned()).unwrap()
+        };
+        let ahead = helper_args(Handing::Awaited(AWAIT_HANDOFF_SECONDS));
+        assert_eq!(ahead.await_handoff, Some(AWAIT_HANDOFF_SECONDS));
+        assert_eq!(ahead.handoff, runtime.join(HANDOFF_POINTER));
+        assert_eq!(ahead.environment.as_deref(), Some(environment.as_path()));
+        assert_eq!(ahead.receipt, Some(runtime.join(RECEIPT)));
+        let handoff = runtime.join("jit-6f1c2a.tmp");
+        let ordinary = helper_args(Handing::File(&handoff));
+        assert_eq!(ordinary.await_handoff, None);
+        assert_eq!(ordinary.handoff, handoff);
+        assert_eq!(
+            (ordinary.environment, ordinary.receipt),
+            (ahead.environment, ahead.receipt)
+        );
+    }
+
     /// Nothing of a policy's environment is in the unit: no property, no variable, no argument
     /// (issue 28 item 4). It reaches the helper only through the environment file.
     #[test]
@@ -947,7 +1122,7 @@ mod tests {
         let unit = unit_properties(
             &spec,
             Path::new("/usr/bin/runner-manager-runner-entry"),
-            &runtime.join("jit-6f1c2a.tmp"),
+            Handing::File(&runtime.join("jit-6f1c2a.tmp")),
             &runtime.join("jit-env-77aa.tmp"),
             &RunnerNetwork::default(),
         );
@@ -1038,7 +1213,7 @@ mod tests {
         let unit = unit_properties(
             &hostile_spec(runtime),
             Path::new("/h"),
-            &runtime.join("jit-1.tmp"),
+            Handing::File(&runtime.join("jit-1.tmp")),
             &runtime.join("jit-env-1.tmp"),
             &network,
         );

@@ -19,7 +19,7 @@ use runner_manager_node_agent::handoff::RestrictiveHandoff;
 use runner_manager_node_agent::process::{Inspection, inspect};
 use runner_manager_node_agent::providers::cgroup::CgroupLimits;
 use runner_manager_node_agent::providers::launcher::StartError;
-use runner_manager_node_agent::providers::systemd::unit_properties;
+use runner_manager_node_agent::providers::systemd::{Handing, unit_properties};
 use runner_manager_node_agent::providers::{LaunchSpec, RunnerLauncher, StopError, Stopped};
 use runner_manager_node_agent::termination::{
     INTENT_FILE, IntentReason, TerminationError, read_intent, terminate,
@@ -324,7 +324,7 @@ fn the_systemd_unit_has_exactly_these_properties_and_never_the_jit() {
     let unit = unit_properties(
         &spec,
         Path::new("/usr/bin/runner-manager-runner-entry"),
-        &handoff,
+        Handing::File(&handoff),
         &runtime.join("jit-env-5d0e.tmp"),
         &runner_manager_node_agent::providers::sandbox::RunnerNetwork::default(),
     );

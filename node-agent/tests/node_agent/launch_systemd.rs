@@ -21,12 +21,13 @@ use launch_support::{ENTRY_HELPER, jit, read_when_there};
 use runner_manager_node_agent::account::RunnerAccount;
 use runner_manager_node_agent::handoff::RestrictiveHandoff;
 use runner_manager_node_agent::providers::cgroup::{CgroupLimits, RunnerDefaults};
+use runner_manager_node_agent::providers::launcher::{Prestart, PrestartedStart};
 use runner_manager_node_agent::providers::sandbox::{
     PROBE_ACCOUNT, RunnerNetwork, SandboxRefusal, namespace_addresses, probe_target,
     prove_denied_unreachable,
 };
 use runner_manager_node_agent::providers::systemd::{SystemdLauncher, install_helper};
-use runner_manager_node_agent::providers::{LaunchSpec, RunnerLauncher};
+use runner_manager_node_agent::providers::{LaunchSpec, RunnerLauncher, Stopped};
 
 /// `rm-runner<n>` of `e2e/setup-runner-accounts.sh` (uid 20000 + n, n ≤ 64): systemd resolves
 /// `User=` through NSS. Each test runs its units under accounts of its own: the tests run at once,
@@ -529,6 +530,155 @@ fn a_leftover_runner_unit_is_listed_and_stopped_by_its_attempt_name_only() {
         .args(["stop", &format!("rm-{stranger}.service")])
         .env("SYSTEMD_IGNORE_CHROOT", "1")
         .status();
+}
+
+/// A listener that records the JIT and one variable of its environment, then runs on.
+const RECORDER: &str = "#!/bin/sh\nprintf '%s %s' \"$ACTIONS_RUNNER_INPUT_JITCONFIG\" \"$PROBE_ID\" > \"$PWD/took.tmp\"\nmv \"$PWD/took.tmp\" \"$PWD/took\"\nexec sleep 1000\n";
+
+/// `systemctl is-active` of a unit.
+fn unit_state(unit: &str) -> String {
+    let out = std::process::Command::new("systemctl")
+        .args(["is-active", unit])
+        .env("SYSTEMD_IGNORE_CHROOT", "1")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Waits (bounded) until `ready` holds.
+fn wait_until(what: &str, ready: impl Fn() -> bool) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while !ready() {
+        assert!(Instant::now() < until, "{what}: not within 30 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A host whose listener is the [`RECORDER`], and the unit name of a new attempt.
+fn recording_host(account: RunnerAccount) -> (Host, uuid::Uuid, String) {
+    let host = Host::new(account);
+    std::fs::write(host.runtime.join("bin/Runner.Listener"), RECORDER).unwrap();
+    let attempt = uuid::Uuid::new_v4();
+    let unit = format!("rm-{}.service", &attempt.simple().to_string()[..12]);
+    (host, attempt, unit)
+}
+
+/// The unit of `spec` started ahead of its JIT, once it runs and its helper waits (the helper
+/// writes its receipt first thing).
+fn start_ahead(
+    launcher: &SystemdLauncher,
+    host: &Host,
+    spec: &LaunchSpec<'_>,
+    unit: &str,
+) -> Prestart {
+    let ahead = launcher.prestart(spec).expect("the unit is started ahead");
+    wait_until("the helper waiting in its unit", || {
+        unit_state(unit) == "active" && host.runtime.join(".entry-receipt").exists()
+    });
+    ahead
+}
+
+/// Issue 32: the runner's unit starts before its JIT exists (the sandbox's start overlaps the
+/// JIT request), its helper waiting in the unit; the handoff offered afterwards is taken and the
+/// listener runs with the JIT and the policy's environment, leaving nothing of the handover
+/// (pointer, marker, receipt, handoff or environment file) in the runtime.
+#[test]
+fn a_unit_started_ahead_of_its_jit_takes_the_handoff_offered_later() {
+    if !inside_systemd("a_unit_started_ahead_of_its_jit_takes_the_handoff_offered_later") {
+        return;
+    }
+    let (host, attempt, unit) = recording_host(runner(9));
+    let launcher = launcher(&host);
+    let spec = spec(&host, attempt, &[]);
+    let asked = Instant::now();
+    let ahead = start_ahead(&launcher, &host, &spec, &unit);
+    let waiting = asked.elapsed();
+    assert!(!host.runtime.join("took").exists());
+    let (secret, plain) = jit();
+    let offered = Instant::now();
+    let handoff = RestrictiveHandoff::create(&host.runtime, host.account, &secret).unwrap();
+    let identity = launcher
+        .start_prestarted(&spec, ahead, handoff)
+        .expect("the helper takes the handoff offered to it");
+    // For docs/benchmarks.md: what is left on the launch's path once the unit waits.
+    println!(
+        "started ahead: helper waiting {} ms after the start was asked; handoff taken and identity durable {} ms after the JIT",
+        waiting.as_millis(),
+        offered.elapsed().as_millis()
+    );
+    assert_eq!(identity.unit.as_deref(), Some(unit.as_str()));
+    let took = read_when_there(&host.runtime.join("took"), Duration::from_secs(60));
+    assert_eq!(took, format!("{plain} {}", host.id));
+    let left: Vec<String> = std::fs::read_dir(&host.runtime)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".jit") || n.starts_with("jit-") || n == ".entry-receipt")
+        .collect();
+    assert!(left.is_empty(), "left in the runtime: {left:?}");
+    assert!(launcher.inspect(&identity).unwrap().is_alive());
+    launcher.stop(&identity).unwrap();
+}
+
+/// Issue 32, the crash boundary: a unit started ahead whose JIT never comes (refused, or the
+/// agent crashed before `Starting`) has no identity journalled; the attempt's cleanup stops it
+/// by the attempt's name, and only a name of that form.
+#[test]
+fn a_unit_started_ahead_whose_jit_never_comes_is_stopped_by_its_attempt_name() {
+    if !inside_systemd("a_unit_started_ahead_whose_jit_never_comes_is_stopped_by_its_attempt_name")
+    {
+        return;
+    }
+    let (host, attempt, unit) = recording_host(runner(10));
+    let launcher = launcher(&host);
+    let short = attempt.simple().to_string()[..12].to_owned();
+    // Held, as a launch waiting for its JIT holds it (its environment file is the helper's).
+    let ahead = start_ahead(&launcher, &host, &spec(&host, attempt, &[]), &unit);
+    assert!(launcher.leftovers().unwrap().contains(&short));
+    assert_eq!(launcher.stop_prestarted(&short).unwrap(), Stopped::Stopped);
+    assert_ne!(unit_state(&unit), "active");
+    assert!(!launcher.leftovers().unwrap().contains(&short));
+    assert_eq!(
+        launcher.stop_prestarted(&short).unwrap(),
+        Stopped::AlreadyGone
+    );
+    assert!(launcher.stop_prestarted("not-12-hex").is_err());
+    ahead.settled();
+}
+
+/// Issue 32: a helper started ahead that ended before its JIT was offered (killed, or its wait
+/// ran out) gives the handoff back untaken, and a runner started the ordinary way takes the
+/// same JIT under the same unit name.
+#[test]
+fn a_unit_started_ahead_that_ended_gives_its_jit_back_for_an_ordinary_start() {
+    if !inside_systemd("a_unit_started_ahead_that_ended_gives_its_jit_back_for_an_ordinary_start") {
+        return;
+    }
+    let (host, attempt, unit) = recording_host(runner(11));
+    let launcher = launcher(&host);
+    let spec = spec(&host, attempt, &[]);
+    let ahead = start_ahead(&launcher, &host, &spec, &unit);
+    let killed = std::process::Command::new("systemctl")
+        .args(["kill", "--kill-whom=all", "--signal=SIGKILL", &unit])
+        .env("SYSTEMD_IGNORE_CHROOT", "1")
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    wait_until("the killed unit ended", || unit_state(&unit) != "active");
+    let (secret, plain) = jit();
+    let handoff = RestrictiveHandoff::create(&host.runtime, host.account, &secret).unwrap();
+    let Err(PrestartedStart::Unseen(handoff)) = launcher.start_prestarted(&spec, ahead, handoff)
+    else {
+        panic!("a handoff nothing took is given back unseen");
+    };
+    assert!(handoff.exists().unwrap(), "the handoff is still whole");
+    drop(handoff);
+    let handoff = RestrictiveHandoff::create(&host.runtime, host.account, &secret).unwrap();
+    let identity = launcher
+        .start(&spec, handoff)
+        .expect("the ordinary start after it");
+    let took = read_when_there(&host.runtime.join("took"), Duration::from_secs(60));
+    assert_eq!(took, format!("{plain} {}", host.id));
+    launcher.stop(&identity).unwrap();
 }
 
 /// Issue 28 item 4, the attack: a second tenant's runner (another runner account, running at

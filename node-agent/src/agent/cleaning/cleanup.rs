@@ -89,6 +89,18 @@ pub async fn clean(agent: &Agent, api: &Attempts, a: &RunnerAttempt) -> Result<S
         return Ok(Step::Wait);
     }
 
+    // 1b. A runner started ahead of its JIT that never became the journalled one (its JIT
+    //     refused, its launch failed, the agent crashed before `Starting`): stopped by the
+    //     attempt's name. Only a launch that placed a workspace can have started one.
+    if leftover.is_none()
+        && journal.workspace().is_some()
+        && let Err(e) = provider.abandon(uuid_of(a)?).await
+    {
+        agent.metrics().cleanup_deferred();
+        tracing::warn!(namespace = %ns, attempt = %name, "cleanup deferred: the runner started ahead of its JIT is not proven stopped: {e}");
+        return Ok(Step::Wait);
+    }
+
     // The runner is gone: so is its job gate, and its cache is committed (a trusted job's) or
     // discarded.
     agent.host.job_gates.close(a);

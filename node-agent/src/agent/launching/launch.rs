@@ -1,10 +1,11 @@
 //! The launch pipeline of one attempt (DESIGN §4 rule 1, lifecycle spec §2): each step is
 //! journalled by CAS before the next effect. Pending → admission → workspace placed
 //! (`Allocated`, with the spec hash) → package materialized → runner.env and account prepared
-//! → one JIT request (the broker's CAS takes `Allocated → JitReceived`: nothing of a native
-//! preparation needs journalling, so the request is its claim) → handoff file → launcher start →
-//! `Starting` with the identity and the step timings. Only a start that never had a child is
-//! retried.
+//! → (the runner's unit started ahead of its JIT, under systemd; the placeholder pod awaited
+//! meanwhile) → one JIT request (the broker's CAS takes `Allocated → JitReceived`: nothing of a
+//! native preparation needs journalling, so the request is its claim) → handoff file → launcher
+//! start (or the handoff offered to the unit started ahead) → `Starting` with the identity and
+//! the step timings. Only a start that never had a child is retried.
 //!
 //! OCI attempts (DESIGN §6 "OCI provider") take the same steps with the provider's pod between
 //! the account and the JIT: `Preparing` is journalled (CAS) before the pod is created, the pod's
@@ -327,7 +328,7 @@ async fn prepare_and_start(
     fault::at(Boundary::AfterMaterialize);
     // Leased now, so the prune keeps it; a failed prune only warns.
     crate::agent::pruning::after_launch(agent, &snapshot.runner.sha256).await;
-    let mut timings = LaunchTimings {
+    let timings = LaunchTimings {
         materialize_ms: package.timings.total_ms(),
         package_downloaded: package.timings.downloaded,
         ..LaunchTimings::default()
@@ -348,16 +349,6 @@ async fn prepare_and_start(
         .map_err(|e| LaunchFailure::Runtime(e.kind()))?;
     let provider = agent.providers.of(snapshot.execution.mode);
     drop(turn);
-    // A runner that is not a pod has a placeholder pod beside it, standing (and admitted by the
-    // kubelet) before the JIT is asked for; its wait is part of `prepare` and holds no
-    // preparation turn.
-    if provider.needs_placeholder() {
-        agent
-            .placeholder_before_start(a)
-            .instrument(tracing::info_span!("placeholder"))
-            .await
-            .map_err(LaunchFailure::Placeholder)?;
-    }
     let environment = match provider.preparation() {
         // Nothing is journalled: the JIT request is the claim that preparation is done, and the
         // broker's CAS takes `Allocated → JitReceived` (one write fewer per attempt, issue 32).
@@ -369,7 +360,6 @@ async fn prepare_and_start(
                 .1,
         ),
     };
-    timings.prepare_ms = millis(prepared_at);
     let request = JitRequest {
         attempt_uid: uid.to_owned(),
         spec_hash: admitted_hash,
@@ -385,6 +375,7 @@ async fn prepare_and_start(
         account,
         timings,
         environment,
+        Some(prepared_at),
     )
     .await
 }
@@ -652,6 +643,7 @@ pub async fn resume_prepared(
         account,
         LaunchTimings::default(),
         environment,
+        None,
     )
     .instrument(span)
     .await;
@@ -698,6 +690,11 @@ async fn conclude_launch(
 /// Prepared (a native attempt: `Allocated`; `current` holds its spec) → one JIT request →
 /// handoff → start (the launcher's process, or the handoff taken by the pod's helper) →
 /// `Starting`. The broker refuses a request for an attempt no longer in that state.
+///
+/// `prepared_at`: a fresh launch (not one resumed after a crash), whose `prepare` step began
+/// then and ends with the JIT request; its runner's placeholder pod is awaited here, while the
+/// runner itself is started ahead of its JIT ([`Provider::prestart`]): the kubelet's admission,
+/// the JIT's mint and the unit's start overlap instead of following one another (issue 32).
 #[allow(clippy::too_many_arguments)]
 async fn request_and_start(
     agent: &Agent,
@@ -710,6 +707,7 @@ async fn request_and_start(
     account: RunnerAccount,
     mut timings: LaunchTimings,
     prepared: Option<EnvironmentIdentity>,
+    prepared_at: Option<Instant>,
 ) -> Result<(), Halt> {
     let snapshot = current.spec.snapshot.clone();
     let uuid = uuid_of(current)?;
@@ -772,23 +770,44 @@ async fn request_and_start(
             env.insert(crate::job_gate::NEXT_HOOK_VARIABLE.to_owned(), theirs);
         }
     }
-    // The one request of this attempt (DESIGN §5): whatever happens, never a second.
-    let asked = Instant::now();
-    let answer = agent
-        .cluster
-        .broker
-        .request_jit(ns, name, request)
-        .instrument(tracing::info_span!("register"))
-        .await;
-    timings.register_ms = millis(asked);
-    let jit = match answer {
-        JitAnswer::Issued(r) => r,
-        JitAnswer::AlreadyIssued | JitAnswer::Lost => {
-            return Err(failed(LaunchFailure::JitLost, &timings));
-        }
-        JitAnswer::Refused(code) => return Err(failed(LaunchFailure::JitRefused(code), &timings)),
-        JitAnswer::NotSent(why) => return Err(failed(LaunchFailure::JitNotSent(why), &timings)),
+    let spec = LaunchSpec {
+        attempt: uuid,
+        runtime: &runtime,
+        account,
+        environment: env,
+        limits,
+        cache: cache.as_ref().map(|c| c.mount.as_path()),
     };
+    let prestart = match prepared_at {
+        Some(_) => provider.prestart(&spec),
+        None => None,
+    };
+    let minted = placeholder_and_jit(
+        agent,
+        current,
+        request,
+        (ns, name),
+        provider,
+        prepared_at,
+        &timings,
+    )
+    .await;
+    let jit = match minted {
+        Ok(jit) => jit,
+        Err(halt) => {
+            // What was started ahead goes with the launch (cleanup stops it by name again if
+            // this fails).
+            if let Some(p) = prestart {
+                tokio::task::block_in_place(|| p.settled());
+                if let Err(e) = provider.abandon(uuid).await {
+                    tracing::warn!(namespace = %ns, attempt = %name, "the runner started ahead of its JIT is not proven stopped yet: {e}");
+                }
+            }
+            return Err(halt);
+        }
+    };
+    timings.prepare_ms = jit.prepare_ms;
+    timings.register_ms = jit.register_ms;
     fault::at(Boundary::AfterJitBeforeSpawn);
 
     let spawned = Instant::now();
@@ -797,17 +816,11 @@ async fn request_and_start(
             StartRequest {
                 namespace: ns,
                 name,
-                spec: LaunchSpec {
-                    attempt: uuid,
-                    runtime: &runtime,
-                    account,
-                    environment: env,
-                    limits,
-                    cache: cache.as_ref().map(|c| c.mount.as_path()),
-                },
+                spec,
                 prepared: prepared.as_ref(),
+                prestart,
             },
-            jit.encoded_jit_config,
+            jit.config,
         )
         .await;
     timings.spawn_ms = millis(spawned);
@@ -854,6 +867,62 @@ async fn request_and_start(
         );
     }
     Ok(())
+}
+
+/// The JIT of a launch, and how long the steps up to it took.
+struct Minted {
+    config: secrecy::SecretString,
+    prepare_ms: u64,
+    register_ms: u64,
+}
+
+/// A fresh launch's placeholder pod (a runner that is not a pod has one beside it, standing and
+/// admitted by the kubelet before the JIT is asked for; its wait is part of `prepare` and holds
+/// no preparation turn), then the one JIT request of this attempt (DESIGN §5): whatever
+/// happens, never a second. A failed request concludes with the timings of the steps it ran.
+async fn placeholder_and_jit(
+    agent: &Agent,
+    current: &RunnerAttempt,
+    request: &JitRequest,
+    (ns, name): (&str, &str),
+    provider: &dyn Provider,
+    prepared_at: Option<Instant>,
+    timings: &LaunchTimings,
+) -> Result<Minted, Halt> {
+    if prepared_at.is_some() && provider.needs_placeholder() {
+        agent
+            .placeholder_before_start(current)
+            .instrument(tracing::info_span!("placeholder"))
+            .await
+            .map_err(LaunchFailure::Placeholder)?;
+    }
+    let prepare_ms = prepared_at.map_or(timings.prepare_ms, millis);
+    let asked = Instant::now();
+    let answer = agent
+        .cluster
+        .broker
+        .request_jit(ns, name, request)
+        .instrument(tracing::info_span!("register"))
+        .await;
+    let register_ms = millis(asked);
+    let failed = |f: LaunchFailure| {
+        let ran = LaunchTimings {
+            prepare_ms,
+            register_ms,
+            ..timings.clone()
+        };
+        Halt::Failed(f, Some(ran))
+    };
+    match answer {
+        JitAnswer::Issued(r) => Ok(Minted {
+            config: r.encoded_jit_config,
+            prepare_ms,
+            register_ms,
+        }),
+        JitAnswer::AlreadyIssued | JitAnswer::Lost => Err(failed(LaunchFailure::JitLost)),
+        JitAnswer::Refused(code) => Err(failed(LaunchFailure::JitRefused(code))),
+        JitAnswer::NotSent(why) => Err(failed(LaunchFailure::JitNotSent(why))),
+    }
 }
 
 /// A launch whose steps took this long in total is reported at warn, not info: the

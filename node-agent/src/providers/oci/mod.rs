@@ -323,7 +323,7 @@ impl<P: PodApi> OciProvider<P> {
         handoff: RestrictiveHandoff,
     ) -> Result<PodRef, PodFailure> {
         let runtime = prepared.runtime;
-        offer(runtime, prepared.account, handoff.name())
+        crate::handoff::offer(runtime, prepared.account, handoff.name())
             .map_err(|e| PodFailure::Pointer(e.kind()))?;
         let deadline = Instant::now() + self.handoff_deadline;
         // Watched, the pod's state is a read of the store: looked at with every marker look.
@@ -522,17 +522,6 @@ fn ids(
         (Some(n), Some(ns), Some(g)) => Ok((n, ns, g)),
         _ => Err(PodFailure::Spec(BuildRefusal::AttemptUnnamed)),
     }
-}
-
-/// Writes the pointer naming the handoff (durably, then the runner account's, 0600), after the
-/// handoff itself is whole: the helper never sees a half-written handoff.
-fn offer(runtime: &Path, account: RunnerAccount, handoff_name: &str) -> std::io::Result<()> {
-    crate::durable::write_file(runtime, HANDOFF_POINTER, handoff_name.as_bytes())?;
-    std::os::unix::fs::lchown(
-        runtime.join(HANDOFF_POINTER),
-        Some(account.uid),
-        Some(account.gid),
-    )
 }
 
 #[cfg(test)]
