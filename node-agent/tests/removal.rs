@@ -26,6 +26,10 @@ use runner_manager_node_agent::workspace::scrub::{Scrubbed, scrub_slot};
 use runner_manager_node_agent::workspace::scrub_plan::SlotOwner;
 use uuid::Uuid;
 
+#[path = "node_agent/workspace_support/mod.rs"]
+mod workspace_support;
+use workspace_support::assert_only_the_checkout_kept;
+
 // ---- a private mount namespace per test -------------------------------------------------------
 
 /// Set in the re-run test to its own name; its mount namespace, to prove it is another.
@@ -275,12 +279,7 @@ fn a_bind_mount_in_a_slot_entry_is_detached_and_the_scrub_is_clean() {
         matches!(scrubbed, Ok(Scrubbed::Clean { .. })),
         "{scrubbed:?}"
     );
-    let names: Vec<_> = fs::read_dir(&slot)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(names, ["_work"]);
-    assert!(slot.join("_work/repo/checkout.txt").exists());
+    assert_only_the_checkout_kept(&slot);
     assert_eq!(mounts_under(&slots), Vec::<PathBuf>::new());
     outside.intact();
 }

@@ -23,6 +23,8 @@ use runner_manager_node_agent::workspace::allocation::AllocationLock;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::workspace_support::names;
+
 // ---- archives ------------------------------------------------------------------------------
 
 enum Entry<'a> {
@@ -224,15 +226,6 @@ impl Host {
             .next()
             .is_none()
     }
-}
-
-fn names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<_> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
-    names
 }
 
 // ---- tests ---------------------------------------------------------------------------------

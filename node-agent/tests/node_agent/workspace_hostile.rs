@@ -4,7 +4,6 @@
 use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use runner_manager_crds::attempt::WorkspacePlacement;
@@ -17,6 +16,11 @@ use runner_manager_node_agent::workspace::scrub::{Scrubbed, scrub_slot};
 use runner_manager_node_agent::workspace::scrub_plan::SlotOwner;
 use runner_manager_node_agent::workspace::{Quarantine, SlotRefusal};
 use uuid::Uuid;
+
+use crate::workspace_support::{bounded, make_fifo, names};
+
+/// How long a removal of these small trees may take before it counts as blocked on a FIFO.
+const BOUND: Duration = Duration::from_secs(20);
 
 const NS: &str = "team";
 const UID: &str = "0f3c5d1e-uid";
@@ -84,35 +88,6 @@ impl Host {
     }
 }
 
-fn names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<_> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
-    names
-}
-
-fn make_fifo(path: &Path) {
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        path,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o600),
-        0,
-    )
-    .unwrap();
-}
-
-/// Runs `f` on another thread and fails the test if it has not returned within 20 s: a removal
-/// that opened a FIFO would block forever instead of failing.
-fn bounded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || tx.send(f()));
-    rx.recv_timeout(Duration::from_secs(20))
-        .expect("the removal blocked (did it open a FIFO?)")
-}
-
 /// Sets the immutable flag (root only) and clears it again on drop, so the temporary directory
 /// can be removed.
 struct Immutable(PathBuf);
@@ -161,7 +136,7 @@ fn a_scrub_retains_one_real_work_directory_and_removes_every_other_entry() {
     let host = Host::new();
     let slot = host.used_slot(1);
     make_fifo(&slot.join("tmp/clr-debug-pipe-runner-in"));
-    let scrubbed = bounded({
+    let scrubbed = bounded(BOUND, {
         let placement = host.placement(1);
         let slots = host.slots();
         move || scrub_slot(&placement, &slots, OWNER)
@@ -488,7 +463,7 @@ fn an_ephemeral_runtime_is_removed_whole_without_opening_fifos_or_following_link
     let host = Host::new();
     let attempt = Uuid::from_u128(0x3f2a_9c01_77aa_4bcd_8e00_1234_5678_9abc);
     let runtime = ephemeral_tree(&host, attempt);
-    let removal = bounded({
+    let removal = bounded(BOUND, {
         let root = host.root.clone();
         let journalled = runtime.to_str().unwrap().to_owned();
         move || remove_ephemeral_runtime(&root, attempt, &journalled)

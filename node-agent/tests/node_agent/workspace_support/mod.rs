@@ -1,0 +1,54 @@
+//! Shared by the workspace tests (and `removal.rs`, its own binary): FIFOs to plant in hostile
+//! trees, a bound on a removal that must not block on one, and what a scrubbed slot keeps.
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+
+use std::fs;
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A FIFO at `path`: a removal that opened it would block forever.
+pub fn make_fifo(path: &Path) {
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+}
+
+/// Runs `f` on another thread and fails the test if it has not returned `within`: a removal
+/// that opened a FIFO would block forever instead of failing.
+pub fn bounded<T: Send + 'static>(within: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || tx.send(f()));
+    rx.recv_timeout(within)
+        .expect("the removal blocked (did it open a FIFO?)")
+}
+
+/// The names in `dir`, sorted.
+pub fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+/// A scrubbed `slot` keeps only `_work`: nothing else of the last job is left at its top.
+pub fn assert_only_work_left(slot: &Path) {
+    let names: Vec<_> = fs::read_dir(slot)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["_work"]);
+}
+
+/// A scrubbed `slot` keeps only `_work`, and the checkout in it (`_work/repo/checkout.txt`).
+pub fn assert_only_the_checkout_kept(slot: &Path) {
+    assert_only_work_left(slot);
+    assert!(slot.join("_work/repo/checkout.txt").exists());
+}
