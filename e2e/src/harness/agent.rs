@@ -78,9 +78,13 @@ impl WorldBuilder {
 }
 
 impl AgentWorld {
-    /// Shorthand for `World::builder(test).agent_under_test()`.
-    pub async fn start(test: &str) -> Result<Option<Self>, String> {
-        World::builder(test).agent_under_test().await
+    /// Shorthand for `World::builder(test).agent_under_test()`, for a scenario: `None` when
+    /// there is no control plane to run on (the test is skipped), a panic when set-up fails.
+    pub async fn start(test: &str) -> Option<Self> {
+        World::builder(test)
+            .agent_under_test()
+            .await
+            .unwrap_or_else(|e| panic!("{test}: setting up the agent's world: {e}"))
     }
 
     /// The simulated node under test.

@@ -14,6 +14,7 @@ use runner_manager_crds::target::GitHubTarget;
 use runner_manager_operator::github::auth::Credentials;
 use runner_manager_operator::github::retry::RetryPolicy;
 use runner_manager_operator::github::{GitHubClient, GitHubConfig};
+use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 
 use crate::fake_github::{self, RunningFake};
@@ -194,6 +195,45 @@ impl SimulatedGitHub {
             .as_array()
             .cloned()
             .unwrap_or_default())
+    }
+
+    /// Queue a fault (`{"endpoint": .., "count": .., "status"/"latency_ms"/..}`) on the fake.
+    pub async fn fault(&self, fault: Value) -> Result<Value, FakeError> {
+        self.admin("POST", "faults", fault).await
+    }
+
+    /// Every webhook delivery the fake recorded, as captured on the wire.
+    pub async fn deliveries(&self) -> Result<Value, FakeError> {
+        self.admin("GET", "deliveries", Value::Null).await
+    }
+
+    /// Assert that no webhook reached the operator: every delivery the fake recorded was dropped
+    /// (the scenario turned webhooks off). The deliveries, for the caller's further checks.
+    pub async fn assert_every_delivery_dropped(&self) -> Vec<Value> {
+        let deliveries = self
+            .deliveries()
+            .await
+            .unwrap_or_else(|e| panic!("the fake's deliveries: {e}"));
+        let list = deliveries
+            .as_array()
+            .cloned()
+            .unwrap_or_else(|| panic!("deliveries are not a list: {deliveries}"));
+        assert!(
+            list.iter().all(|d| d["dropped"] == true),
+            "a webhook reached the operator: {deliveries}"
+        );
+        list
+    }
+
+    /// Every JIT config the fake ever issued, in the clear (to look for it where it must not be).
+    pub fn issued_jits(&self) -> Vec<String> {
+        self.running
+            .fake
+            .world()
+            .issued_jits
+            .iter()
+            .map(|j| j.expose_secret().to_owned())
+            .collect()
     }
 }
 

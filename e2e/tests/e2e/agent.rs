@@ -10,24 +10,13 @@ use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::outcome::{FailureReason, Outcome, RejectReason};
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
+use runner_manager_e2e::harness::attempt::{outcome, pid_alive};
 use runner_manager_e2e::harness::pin::Pinned;
 use runner_manager_e2e::harness::process::Running;
 use runner_manager_e2e::harness::wait;
-use runner_manager_e2e::harness::world::World;
 
 fn name(a: &RunnerAttempt) -> String {
     a.metadata.name.clone().unwrap()
-}
-
-fn outcome(a: &RunnerAttempt) -> Option<Outcome> {
-    a.status.as_ref().and_then(|s| s.journal.outcome())
-}
-
-fn pid_alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ")
 }
 
 async fn wait_exit(agent: &mut Running) -> std::process::ExitStatus {
@@ -86,11 +75,7 @@ fn print_launch(label: &str, a: &RunnerAttempt) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
-    let Some(w) = World::builder("a_runner_goes_from_pending_to_a_completed_job")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_runner_goes_from_pending_to_a_completed_job").await else {
         return;
     };
     let agent = w.agent(4, &[]).unwrap();
@@ -183,11 +168,7 @@ async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
 /// a tokio worker's stack.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_leaving_pathological_trees_is_cleaned_while_the_agent_serves_others() {
-    let Some(w) = World::builder("a_job_leaving_pathological_trees")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_job_leaving_pathological_trees").await else {
         return;
     };
     let mut agent = w.agent_with_fd_limit(2, &[], 1024).unwrap();
@@ -274,11 +255,7 @@ fn condition<'a>(
 /// condition and cleans the attempt. Before: retried (and logged) every pass, no condition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unremovable_ephemeral_runtime_backs_off_under_a_cleanup_deferred_condition() {
-    let Some(w) = World::builder("an_unremovable_ephemeral_runtime_backs_off")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("an_unremovable_ephemeral_runtime_backs_off").await else {
         return;
     };
     let agent = w.agent(4, &[]).unwrap();
@@ -333,11 +310,7 @@ async fn an_unremovable_ephemeral_runtime_backs_off_under_a_cleanup_deferred_con
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_runner_is_terminated_in_order_and_exits_idle() {
-    let Some(w) = World::builder("an_idle_runner_is_terminated_in_order")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("an_idle_runner_is_terminated_in_order").await else {
         return;
     };
     let _agent = w.agent(4, &[]).unwrap();
@@ -357,11 +330,7 @@ async fn an_idle_runner_is_terminated_in_order_and_exits_idle() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_rejects_the_surplus_over_capacity() {
-    let Some(w) = World::builder("admission_rejects_the_surplus")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("admission_rejects_the_surplus").await else {
         return;
     };
     let _agent = w.agent(1, &[]).unwrap();
@@ -426,11 +395,7 @@ async fn admission_rejects_the_surplus_over_capacity() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_agent_on_the_same_host_refuses_to_act() {
-    let Some(w) = World::builder("a_second_agent_on_the_same_host_refuses")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_second_agent_on_the_same_host_refuses").await else {
         return;
     };
     let _first = w.agent(4, &[]).unwrap();
@@ -455,11 +420,7 @@ async fn a_second_agent_on_the_same_host_refuses_to_act() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_agent_readopts_its_live_runner() {
-    let Some(w) = World::builder("a_restarted_agent_readopts")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_restarted_agent_readopts").await else {
         return;
     };
     let mut agent = w.agent(4, &[]).unwrap();
@@ -506,7 +467,7 @@ async fn a_restarted_agent_readopts_its_live_runner() {
 /// Kill the agent at `boundary`, restart it without the fault, let things settle (the test
 /// playing the operator), and check the invariants. Returns the final attempt.
 async fn crash_at(test: &str, boundary: &str, expected: Outcome) {
-    let Some(w) = World::builder(test).agent_under_test().await.unwrap() else {
+    let Some(w) = AgentWorld::start(test).await else {
         return;
     };
     let mut agent = w.agent(4, &[("RM_AGENT_FAULT", boundary)]).unwrap();
@@ -665,11 +626,7 @@ async fn a_crash_mid_cleanup_finishes_the_cleanup() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_version_github_refuses_exits_7_and_is_concluded_distinctly() {
-    let Some(w) = World::builder("a_runner_version_github_refuses")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_runner_version_github_refuses").await else {
         return;
     };
     w.fake
@@ -698,11 +655,7 @@ async fn a_runner_version_github_refuses_exits_7_and_is_concluded_distinctly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_that_dies_before_registering_is_a_failure() {
-    let Some(w) = World::builder("a_runner_that_dies_before_registering")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_runner_that_dies_before_registering").await else {
         return;
     };
     let _agent = w.agent(4, &[]).unwrap();
@@ -733,11 +686,7 @@ async fn a_runner_that_dies_before_registering_is_a_failure() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_an_attempt_stops_its_runner_in_order_before_the_finalizer_goes() {
     use kube::api::{DeleteParams, Patch, PatchParams};
-    let Some(w) = World::builder("deleting_an_attempt_stops_its_runner")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("deleting_an_attempt_stops_its_runner").await else {
         return;
     };
     let agent = w.agent(4, &[]).unwrap();
@@ -788,10 +737,7 @@ async fn deleting_an_attempt_stops_its_runner_in_order_before_the_finalizer_goes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_identity_keeps_recovery_incomplete_and_says_why() {
     use k8s_openapi::api::core::v1::Event;
-    let Some(w) = World::builder("an_unreadable_identity_keeps_recovery_incomplete")
-        .agent_under_test()
-        .await
-        .unwrap()
+    let Some(w) = AgentWorld::start("an_unreadable_identity_keeps_recovery_incomplete").await
     else {
         return;
     };
@@ -872,11 +818,7 @@ async fn an_unreadable_identity_keeps_recovery_incomplete_and_says_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_persistent_slot_keeps_its_work_and_its_account_across_attempts() {
     use runner_manager_crds::policy::WorkspaceMode;
-    let Some(w) = World::builder("a_persistent_slot_keeps_its_work")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_persistent_slot_keeps_its_work").await else {
         return;
     };
     let _agent = w.agent(4, &[]).unwrap();
@@ -943,11 +885,7 @@ async fn a_persistent_slot_keeps_its_work_and_its_account_across_attempts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_never_listed_online_is_stopped_at_its_registration_deadline() {
     use runner_manager_crds::duration::ManifestDuration;
-    let Some(w) = World::builder("a_runner_never_listed_online")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_runner_never_listed_online").await else {
         return;
     };
     let _agent = w.agent(4, &[]).unwrap();
@@ -984,11 +922,7 @@ async fn a_runner_never_listed_online_is_stopped_at_its_registration_deadline() 
 async fn a_changed_spec_is_refused_but_the_runner_is_still_stopped_and_cleaned() {
     use k8s_openapi::api::core::v1::Event;
     use kube::api::{Patch, PatchParams};
-    let Some(w) = World::builder("a_changed_spec_is_refused")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_changed_spec_is_refused").await else {
         return;
     };
     let _agent = w.agent(4, &[]).unwrap();
@@ -1031,11 +965,7 @@ async fn a_changed_spec_is_refused_but_the_runner_is_still_stopped_and_cleaned()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_that_takes_a_job_under_a_changed_spec_still_concludes_and_cleans() {
     use kube::api::{Patch, PatchParams};
-    let Some(w) = World::builder("a_job_under_a_changed_spec")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_job_under_a_changed_spec").await else {
         return;
     };
     let _agent = w.agent(4, &[]).unwrap();
@@ -1127,10 +1057,7 @@ async fn warnings_on(w: &AgentWorld, n: &str) -> Vec<String> {
 /// the grace has passed: the wait is bounded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_runner_deregistered_before_its_stop_request_is_not_lost() {
-    let Some(w) = World::builder("an_idle_runner_deregistered_before_its_stop_request")
-        .agent_under_test()
-        .await
-        .unwrap()
+    let Some(w) = AgentWorld::start("an_idle_runner_deregistered_before_its_stop_request").await
     else {
         return;
     };
@@ -1196,11 +1123,7 @@ async fn an_idle_runner_deregistered_before_its_stop_request_is_not_lost() {
 async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
     use runner_manager_crds::duration::ManifestDuration;
     use runner_manager_crds::lease::RecoveryBlocked;
-    let Some(w) = World::builder("runner_deaths_are_concluded_only_on_a_witness")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("runner_deaths_are_concluded_only_on_a_witness").await else {
         return;
     };
     let first = w.agent(4, &[]).unwrap();
@@ -1305,11 +1228,7 @@ async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
 /// `Busy` and its exit is a completed job (row 42).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
-    let Some(w) = World::builder("job_evidence_decides_short_jobs")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("job_evidence_decides_short_jobs").await else {
         return;
     };
     let _agent = w.agent(4, &[]).unwrap();
@@ -1426,21 +1345,13 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
 /// the package step measured (a cold download), the spawn never reached and read 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_launch_that_fails_at_registration_still_reports_its_timings() {
-    let Some(w) = World::builder("a_launch_that_fails_at_registration")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_launch_that_fails_at_registration").await else {
         return;
     };
     let agent = w.agent(4, &[]).unwrap();
     w.wait_recovered().await.unwrap();
     w.fake
-        .admin(
-            "POST",
-            "faults",
-            serde_json::json!({"endpoint": "generate_jitconfig", "count": 1, "status": 403}),
-        )
+        .fault(serde_json::json!({"endpoint": "generate_jitconfig", "count": 1, "status": 403}))
         .await
         .unwrap();
     let a = w.pending_attempt().await.unwrap();
@@ -1480,11 +1391,7 @@ async fn a_launch_that_fails_at_registration_still_reports_its_timings() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_crash() {
     use runner_manager_crds::duration::ManifestDuration;
-    let Some(w) = World::builder("the_termination_intent_is_durable")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("the_termination_intent_is_durable").await else {
         return;
     };
     let agent = w.agent(4, &[]).unwrap();
@@ -1564,11 +1471,7 @@ async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_cras
 /// node's running jobs do not starve the next launch (issue 32).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runner_environment_is_layered_and_a_refused_one_stops_before_any_effect() {
-    let Some(w) = World::builder("the_runner_environment_is_layered")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("the_runner_environment_is_layered").await else {
         return;
     };
     let agent = w.agent(4, &[]).unwrap();
@@ -1721,11 +1624,7 @@ async fn until_host(what: &str, check: impl Fn() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_materializer_is_the_overlay_and_a_world_leaves_no_mount_behind() {
     use runner_manager_node_agent::packages::overlay;
-    let Some(w) = World::builder("the_default_materializer_is_the_overlay")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("the_default_materializer_is_the_overlay").await else {
         return;
     };
     let scratch = w.scratch().to_path_buf();
@@ -1760,11 +1659,7 @@ async fn an_abandoned_slot_attempt_s_overlay_is_unmounted_before_its_slot_is_rel
     use kube::api::DeleteParams;
     use runner_manager_crds::policy::WorkspaceMode;
     use runner_manager_node_agent::packages::overlay;
-    let Some(w) = World::builder("abandoned_slot_overlay")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("abandoned_slot_overlay").await else {
         return;
     };
     let _agent = w.agent(4, &[("RM_MATERIALIZE", "overlay")]).unwrap();
@@ -1805,11 +1700,7 @@ async fn an_abandoned_slot_attempt_s_overlay_is_unmounted_before_its_slot_is_rel
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_removed() {
     use kube::api::DeleteParams;
-    let Some(w) = World::builder("orphans_are_stopped_and_removed")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("orphans_are_stopped_and_removed").await else {
         return;
     };
     let mut agent = w.agent(4, &[]).unwrap();
@@ -1980,11 +1871,7 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocked_removals_never_block_recovery_and_are_finished_once_unblocked() {
     use k8s_openapi::api::core::v1::Event;
-    let Some(w) = World::builder("blocked_removals_never_block_recovery")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("blocked_removals_never_block_recovery").await else {
         return;
     };
     let mut agent = w.agent(4, &[]).unwrap();
@@ -2070,11 +1957,7 @@ async fn blocked_removals_never_block_recovery_and_are_finished_once_unblocked()
 /// (row 68). Before, the agent never pruned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_launch_prunes_obsolete_packages_and_a_failed_prune_only_warns() {
-    let Some(w) = World::builder("every_launch_prunes_obsolete_packages")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("every_launch_prunes_obsolete_packages").await else {
         return;
     };
     let packages = w.host_root().join("packages");
@@ -2155,11 +2038,7 @@ async fn every_launch_prunes_obsolete_packages_and_a_failed_prune_only_warns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slots_alone() {
     use runner_manager_crds::policy::WorkspaceMode;
-    let Some(w) = World::builder("racing_slots_and_a_switch_back")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("racing_slots_and_a_switch_back").await else {
         return;
     };
     let mut agent = w.agent(4, &[]).unwrap();
@@ -2287,11 +2166,7 @@ async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolled_back_launch_keeps_a_slot_s_work_and_removes_an_ephemeral_runtime_whole() {
     use runner_manager_crds::policy::WorkspaceMode;
-    let Some(w) = World::builder("a_rolled_back_launch_keeps_a_slot_s_work")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_rolled_back_launch_keeps_a_slot_s_work").await else {
         return;
     };
     for mode in [WorkspaceMode::Persistent, WorkspaceMode::Ephemeral] {
@@ -2347,11 +2222,7 @@ async fn a_rolled_back_launch_keeps_a_slot_s_work_and_removes_an_ephemeral_runti
 async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceiling_decides_the_next_slot()
  {
     use runner_manager_crds::policy::WorkspaceMode;
-    let Some(w) = World::builder("a_partly_deleted_slot_stays_quarantined")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_partly_deleted_slot_stays_quarantined").await else {
         return;
     };
     let mut agent = w.agent(4, &[]).unwrap();
@@ -2476,11 +2347,7 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
 /// including both waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_without_a_child_is_tried_three_times_and_leaves_no_handoff() {
-    let Some(w) = World::builder("a_start_without_a_child_is_tried_three_times")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_start_without_a_child_is_tried_three_times").await else {
         return;
     };
     let missing = w.host_root().join("no-such-entry-helper");
@@ -2530,11 +2397,7 @@ async fn a_start_without_a_child_is_tried_three_times_and_leaves_no_handoff() {
 /// concludes `ProcessStartFailed`, leaving no handoff.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_that_failed_after_its_child_existed_is_never_retried() {
-    let Some(w) = World::builder("a_start_that_failed_after_its_child_existed")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_start_that_failed_after_its_child_existed").await else {
         return;
     };
     let agent = w.agent(4, &[("RM_ENTRY_HELPER", "/bin/false")]).unwrap();
@@ -2571,11 +2434,7 @@ async fn a_start_that_failed_after_its_child_existed_is_never_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_persistent_slot_is_scrubbed_only_once_its_runner_is_gone() {
     use runner_manager_crds::policy::WorkspaceMode;
-    let Some(w) = World::builder("a_persistent_slot_is_scrubbed_only_once")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_persistent_slot_is_scrubbed_only_once").await else {
         return;
     };
     let mut crashing = w

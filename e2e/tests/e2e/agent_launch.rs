@@ -11,15 +11,12 @@ use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::outcome::{FailureReason, Outcome, RejectReason};
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
+use runner_manager_e2e::harness::attempt::{outcome, pid_alive};
 use runner_manager_e2e::harness::process::Running;
 use runner_manager_e2e::harness::wait;
 
 fn name(a: &RunnerAttempt) -> String {
     a.metadata.name.clone().unwrap()
-}
-
-fn outcome(a: &RunnerAttempt) -> Option<Outcome> {
-    a.status.as_ref().and_then(|s| s.journal.outcome())
 }
 
 /// Online → `Idle` → stopped in order → `Cleaned` (the test plays the operator).
@@ -57,18 +54,11 @@ fn most_turns_at_once(lines: &[String]) -> (usize, usize, usize) {
 /// admitted: without the bound all four would prepare together.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn launches_prepare_at_once_within_the_bound() {
-    let Some(w) = AgentWorld::start("launches_prepare_at_once_within_the_bound")
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("launches_prepare_at_once_within_the_bound").await else {
         return;
     };
     w.fake
-        .admin(
-            "POST",
-            "faults",
-            serde_json::json!({"endpoint": "download_package", "count": 1, "latency_ms": 3000}),
-        )
+        .fault(serde_json::json!({"endpoint": "download_package", "count": 1, "latency_ms": 3000}))
         .await
         .unwrap();
     let agent = w.agent(4, &[("RM_PREPARATION_PERMITS", "2")]).unwrap();
@@ -97,13 +87,6 @@ async fn launches_prepare_at_once_within_the_bound() {
     assert!(w.runtimes().is_empty(), "runtimes left: {:?}", w.runtimes());
 }
 
-fn pid_alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ")
-}
-
 /// Lines of the agent's log naming `attempt` and holding `what`.
 fn logged(agent: &Running, attempt: &str, what: &str) -> usize {
     agent
@@ -120,10 +103,7 @@ fn logged(agent: &Running, attempt: &str, what: &str) -> usize {
 /// left, the attempt `Failed(ProcessStartFailed)`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_after_the_spawn_is_never_retried_and_leaves_no_child_identity_or_handoff() {
-    let Some(w) = AgentWorld::start("a_failure_after_the_spawn_is_never_retried")
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_failure_after_the_spawn_is_never_retried").await else {
         return;
     };
     let steps = ["handoff-delete", "identity-write", "child-map-insert"];
@@ -186,10 +166,7 @@ async fn a_failure_after_the_spawn_is_never_retried_and_leaves_no_child_identity
 /// replacement — and clean it; one JIT in all, no handoff and no identity left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_child_the_launcher_cannot_stop_keeps_its_place_until_supervision_proves_it_dead() {
-    let Some(w) = AgentWorld::start("a_child_the_launcher_cannot_stop")
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_child_the_launcher_cannot_stop").await else {
         return;
     };
     let agent = w
@@ -265,19 +242,12 @@ async fn a_child_the_launcher_cannot_stop_keeps_its_place_until_supervision_prov
 /// for any more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_launch_waiting_for_its_package_stops_when_its_attempt_is_terminated() {
-    let Some(w) = AgentWorld::start("a_launch_waiting_for_its_package_stops")
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_launch_waiting_for_its_package_stops").await else {
         return;
     };
     // GitHub holds the package download long enough for the request to land during it.
     w.fake
-        .admin(
-            "POST",
-            "faults",
-            serde_json::json!({"endpoint": "download_package", "count": 1, "latency_ms": 20000}),
-        )
+        .fault(serde_json::json!({"endpoint": "download_package", "count": 1, "latency_ms": 20000}))
         .await
         .unwrap();
     let agent = w.agent(4, &[]).unwrap();

@@ -17,10 +17,11 @@ use runner_manager_crds::conditions::{ConditionStatus, find};
 use runner_manager_crds::policy::{PolicyConditionType, PolicyReason, ScalePolicy};
 use runner_manager_e2e::harness::product::{Product, ProductOptions, STEP, WEBHOOK_SECRET};
 use runner_manager_e2e::harness::wait;
+use runner_manager_e2e::harness::webhook::post_workflow_job;
 use runner_manager_e2e::harness::world::World;
 use runner_manager_operator::webhook::sign;
 use secrecy::SecretString;
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// How long "nothing changed" is watched: many reconcile passes (the worlds resync every
 /// second) and more than a webhook batch.
@@ -121,18 +122,8 @@ fn delivery(action: &str, job_id: u64, repository: &str, labels: &[&str]) -> Vec
 
 /// POST `body` to `path` of operator 0's webhook listener with `signature` and `guid`.
 async fn post(p: &Product, path: &str, guid: &str, signature: &str, body: Vec<u8>) -> u16 {
-    reqwest::Client::new()
-        .post(format!("http://{}{path}", p.operators[0].webhook))
-        .header("content-type", "application/json")
-        .header("x-github-event", "workflow_job")
-        .header("x-github-delivery", guid)
-        .header("x-hub-signature-256", signature)
-        .body(body)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
+    let url = format!("http://{}{path}", p.operators[0].webhook);
+    post_workflow_job(&url, guid, signature, body).await
 }
 
 /// Finding 4: namespace `rm-aaa-…` sorts before the victim's `rm-team-…` and names the same
@@ -465,11 +456,7 @@ async fn a_replayed_delivery_with_a_fresh_guid_changes_nothing() {
         .await
         .unwrap();
     // The genuine `queued` delivery, as captured on the wire.
-    let deliveries = p
-        .fake
-        .admin("GET", "deliveries", Value::Null)
-        .await
-        .unwrap();
+    let deliveries = p.fake.deliveries().await.unwrap();
     let captured = deliveries
         .as_array()
         .unwrap()

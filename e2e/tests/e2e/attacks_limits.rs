@@ -18,26 +18,21 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use runner_manager_crds::attempt::{AttemptConditionType, AttemptReason, RunnerAttempt};
+use runner_manager_crds::attempt::{AttemptConditionType, AttemptReason};
 use runner_manager_crds::conditions::{ConditionStatus, find};
 use runner_manager_crds::policy::{PolicyConditionType, PolicyReason, ScalePolicy};
 use runner_manager_crds::state::AttemptState;
+use runner_manager_e2e::harness::attempt::state;
 use runner_manager_e2e::harness::process::{Running, operator_addrs};
 use runner_manager_e2e::harness::product::{
     NodeOptions, Product, ProductOptions, STEP, WEBHOOK_SECRET,
 };
 use runner_manager_e2e::harness::wait;
+use runner_manager_e2e::harness::webhook::post_workflow_job;
 use runner_manager_e2e::harness::world::World;
 use runner_manager_operator::webhook::sign;
 use secrecy::SecretString;
 use serde_json::json;
-
-fn state(a: &RunnerAttempt) -> AttemptState {
-    a.status
-        .as_ref()
-        .map(|s| s.journal.state())
-        .unwrap_or(AttemptState::Pending)
-}
 
 /// Wait until policy `name` (team namespace) is `Ready=status` for its generation.
 async fn ready(p: &Product, name: &str, status: ConditionStatus) -> ScalePolicy {
@@ -154,18 +149,9 @@ fn slow_loris(addr: String, prefix: &'static [u8], every: Duration) -> Duration 
 }
 
 async fn post_delivery(p: &Product, body: Vec<u8>, signature: &str) -> u16 {
-    reqwest::Client::new()
-        .post(format!("http://{}/webhook", p.operators[0].webhook))
-        .header("content-type", "application/json")
-        .header("x-github-event", "workflow_job")
-        .header("x-github-delivery", uuid::Uuid::new_v4().to_string())
-        .header("x-hub-signature-256", signature)
-        .body(body)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
+    let url = format!("http://{}/webhook", p.operators[0].webhook);
+    let guid = uuid::Uuid::new_v4().to_string();
+    post_workflow_job(&url, &guid, signature, body).await
 }
 
 /// Finding 9: two slow-loris connections (one on each listener) that never finish their request

@@ -290,11 +290,7 @@ impl World {
         during: impl std::future::Future<Output = ()>,
     ) -> (u16, Value) {
         self.fake
-            .admin(
-                "POST",
-                "faults",
-                json!({"endpoint": "generate_jitconfig", "count": 1, "latency_ms": 1500}),
-            )
+            .fault(json!({"endpoint": "generate_jitconfig", "count": 1, "latency_ms": 1500}))
             .await
             .unwrap();
         let interfere = async {

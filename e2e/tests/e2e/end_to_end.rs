@@ -15,24 +15,13 @@ use runner_manager_crds::names::runner_name;
 use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::policy::{PolicyConditionType, ScalePolicy};
 use runner_manager_crds::state::AttemptState;
+use runner_manager_e2e::harness::attempt::{outcome, state};
 use runner_manager_e2e::harness::product::{
     NodeOptions, Product, ProductOptions, STEP, WriteCounter,
 };
 use runner_manager_e2e::harness::wait;
 use runner_manager_e2e::harness::world::World;
-use secrecy::ExposeSecret;
 use serde_json::{Value, json};
-
-fn state(a: &RunnerAttempt) -> AttemptState {
-    a.status
-        .as_ref()
-        .map(|s| s.journal.state())
-        .unwrap_or(AttemptState::Pending)
-}
-
-fn outcome(a: &RunnerAttempt) -> Option<Outcome> {
-    a.status.as_ref().and_then(|s| s.journal.outcome())
-}
 
 /// A product whose policy `web` is `spec` with a `Persistent` workspace, Ready; and where its
 /// slots live on agent 0's host (`<slots root>/<team>/<policy uid>`).
@@ -166,15 +155,7 @@ async fn assert_settled_and_clean(p: &Product) {
         let procs = cgroup_procs(&a.cgroup_dir());
         assert!(procs.is_empty(), "runner processes left: {procs:?}");
     }
-    let jits: Vec<String> = p
-        .fake
-        .running
-        .fake
-        .world()
-        .issued_jits
-        .iter()
-        .map(|j| j.expose_secret().to_owned())
-        .collect();
+    let jits: Vec<String> = p.fake.issued_jits();
     assert!(!jits.is_empty(), "no JIT was ever issued");
     let attempts = serde_json::to_string(&p.all_attempts().await).unwrap();
     let events = {
@@ -550,17 +531,8 @@ async fn jobs_are_found_by_polling_when_every_webhook_is_dropped() {
     p.wait_jobs_completed(&jobs, Duration::from_secs(180))
         .await
         .unwrap();
-    let deliveries = p
-        .fake
-        .admin("GET", "deliveries", Value::Null)
-        .await
-        .unwrap();
-    let list = deliveries.as_array().unwrap();
-    assert!(!list.is_empty(), "no delivery was even recorded");
-    assert!(
-        list.iter().all(|d| d["dropped"] == true),
-        "a webhook reached the operator: {deliveries}"
-    );
+    let deliveries = p.fake.assert_every_delivery_dropped().await;
+    assert!(!deliveries.is_empty(), "no delivery was even recorded");
     assert_settled_and_clean(&p).await;
 }
 
@@ -974,11 +946,7 @@ async fn a_runner_that_never_registers_is_stopped_and_its_job_runs_elsewhere() {
         return;
     };
     p.fake
-        .admin(
-            "POST",
-            "faults",
-            json!({"endpoint": "runner_session", "latency_ms": 600_000, "count": 1}),
-        )
+        .fault(json!({"endpoint": "runner_session", "latency_ms": 600_000, "count": 1}))
         .await
         .unwrap();
     p.policy(

@@ -169,9 +169,7 @@ async fn a_token_works_at_organization_scope_and_pages_are_all_read() {
 async fn retry_after_is_honoured_and_a_permission_403_is_not_retried() {
     let fake = SimulatedGitHub::start().await.unwrap();
     let gh = client(&fake, &format!("https://github.com/{ORG}/web"), pat());
-    fake.admin(
-        "POST",
-        "faults",
+    fake.fault(
         json!({"endpoint": "list_runners", "count": 1, "status": 429, "retry_after_secs": 1}),
     )
     .await
@@ -185,24 +183,16 @@ async fn retry_after_is_honoured_and_a_permission_403_is_not_retried() {
     assert_eq!(fake.calls("list_runners").await.unwrap(), 2);
 
     // 5xx twice, then success.
-    fake.admin(
-        "POST",
-        "faults",
-        json!({"endpoint": "list_runners", "count": 2, "status": 502}),
-    )
-    .await
-    .unwrap();
+    fake.fault(json!({"endpoint": "list_runners", "count": 2, "status": 502}))
+        .await
+        .unwrap();
     assert!(gh.list_runners().await.unwrap().is_empty());
     assert_eq!(fake.calls("list_runners").await.unwrap(), 5);
 
     // A 403 that is not a rate limit is terminal: one call, an error naming the permission.
-    fake.admin(
-        "POST",
-        "faults",
-        json!({"endpoint": "list_runners", "count": 3, "status": 403}),
-    )
-    .await
-    .unwrap();
+    fake.fault(json!({"endpoint": "list_runners", "count": 3, "status": 403}))
+        .await
+        .unwrap();
     let err = gh.list_runners().await.unwrap_err();
     assert!(
         matches!(
@@ -230,13 +220,9 @@ async fn an_ambiguous_mint_failure_is_resolved_by_name_never_by_a_blind_resend()
     let fake = SimulatedGitHub::start().await.unwrap();
     let gh = client(&fake, &format!("https://github.com/{ORG}/web"), pat());
     // A 502 on the mint: the client looks the name up before minting again.
-    fake.admin(
-        "POST",
-        "faults",
-        json!({"endpoint": "generate_jitconfig", "count": 1, "status": 502}),
-    )
-    .await
-    .unwrap();
+    fake.fault(json!({"endpoint": "generate_jitconfig", "count": 1, "status": 502}))
+        .await
+        .unwrap();
     let jit = gh
         .generate_jit("runner-manager-x", 1, &labels(), "_work")
         .await
@@ -274,13 +260,9 @@ async fn an_ambiguous_mint_failure_is_resolved_by_name_never_by_a_blind_resend()
 
     // A dropped connection before GitHub answered: the lookup finds nothing to delete and the
     // next mint succeeds under the same name.
-    fake.admin(
-        "POST",
-        "faults",
-        json!({"endpoint": "generate_jitconfig", "count": 1, "drop_connection": true}),
-    )
-    .await
-    .unwrap();
+    fake.fault(json!({"endpoint": "generate_jitconfig", "count": 1, "drop_connection": true}))
+        .await
+        .unwrap();
     let again = gh
         .generate_jit("runner-manager-y", 1, &labels(), "_work")
         .await
@@ -377,13 +359,9 @@ async fn a_created_registration_whose_answer_was_lost_is_deleted_and_never_remin
     let fake = SimulatedGitHub::start().await.unwrap();
     let gh = client(&fake, &format!("https://github.com/{ORG}/web"), pat());
     // GitHub registers the runner and answers 201, but the body never arrives: the JIT is lost.
-    fake.admin(
-        "POST",
-        "faults",
-        json!({"endpoint": "generate_jitconfig", "count": 1, "lose_body": true}),
-    )
-    .await
-    .unwrap();
+    fake.fault(json!({"endpoint": "generate_jitconfig", "count": 1, "lose_body": true}))
+        .await
+        .unwrap();
     let err = gh
         .generate_jit("runner-manager-lost", 1, &labels(), "_work")
         .await

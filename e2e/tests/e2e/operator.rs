@@ -19,11 +19,13 @@ use runner_manager_crds::policy::{PolicyConditionType, PolicyReason, ScalePolicy
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::fake_github::PackageInfo;
 use runner_manager_e2e::harness;
+use runner_manager_e2e::harness::attempt::state;
 use runner_manager_e2e::harness::github::{ORG, app_secret_data, pat_credentials};
 use runner_manager_e2e::harness::node::SimNode;
 use runner_manager_e2e::harness::process::{OperatorAddrs, Running, operator_addrs};
 use runner_manager_e2e::harness::scripted_agent::{BrokerAccess, Script, ScriptedAgent};
 use runner_manager_e2e::harness::wait;
+use runner_manager_e2e::harness::webhook::post_workflow_job;
 use runner_manager_e2e::harness::world::Package;
 use runner_manager_operator::webhook::sign;
 use secrecy::SecretString;
@@ -245,13 +247,7 @@ impl World {
                 serde_json::to_string(&a.status).unwrap()
             );
         }
-        out += &format!(
-            "deliveries: {}\n",
-            self.fake
-                .admin("GET", "deliveries", Value::Null)
-                .await
-                .unwrap()
-        );
+        out += &format!("deliveries: {}\n", self.fake.deliveries().await.unwrap());
         for o in &self.operators {
             if let Ok(m) = reqwest::get(format!("http://{}/metrics", o.health)).await {
                 let text = m.text().await.unwrap_or_default();
@@ -321,13 +317,6 @@ impl World {
     async fn registrations(&self) -> Vec<Value> {
         self.fake.runners().await.unwrap()
     }
-}
-
-fn state(a: &RunnerAttempt) -> AttemptState {
-    a.status
-        .as_ref()
-        .map(|s| s.journal.state())
-        .unwrap_or_default()
 }
 
 fn live(list: &[RunnerAttempt]) -> Vec<&RunnerAttempt> {
@@ -707,18 +696,8 @@ async fn a_concluded_runner_explains_no_other_jobs_entry_after_its_delivery() {
 async fn post_webhook(addr: &str, body: &Value, secret: &str) -> u16 {
     let bytes = serde_json::to_vec(body).unwrap();
     let signature = sign(&SecretString::from(secret), &bytes);
-    reqwest::Client::new()
-        .post(format!("http://{addr}/webhook"))
-        .header("X-GitHub-Event", "workflow_job")
-        .header("X-GitHub-Delivery", uuid::Uuid::new_v4().to_string())
-        .header("X-Hub-Signature-256", signature)
-        .header("Content-Type", "application/json")
-        .body(bytes)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
+    let guid = uuid::Uuid::new_v4().to_string();
+    post_workflow_job(&format!("http://{addr}/webhook"), &guid, &signature, bytes).await
 }
 
 #[tokio::test]
@@ -887,11 +866,7 @@ async fn min_idle_then_scale_down_deregisters_first_and_leaves_a_runner_that_too
 
     // Every DELETE of a runner answers 422 (a job just landed): scale-down leaves them alone.
     w.fake
-        .admin(
-            "POST",
-            "faults",
-            json!({"endpoint": "delete_runner", "count": 1000, "status": 422}),
-        )
+        .fault(json!({"endpoint": "delete_runner", "count": 1000, "status": 422}))
         .await
         .unwrap();
     w.patch_policy("web", json!({"minIdle": 0})).await;
@@ -1194,19 +1169,7 @@ async fn scale_from_zero_with_webhooks_dropped_by_polling() {
             .pending_jobs
             .contains_key(&job.to_string())
     );
-    let deliveries = w
-        .fake
-        .admin("GET", "deliveries", Value::Null)
-        .await
-        .unwrap();
-    assert!(
-        deliveries
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|d| d["dropped"] == true),
-        "{deliveries}"
-    );
+    w.fake.assert_every_delivery_dropped().await;
 }
 
 #[tokio::test]

@@ -39,7 +39,7 @@ fn with_resources(s: &mut runner_manager_crds::attempt::AttemptSnapshot) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_placeholder_stands_beside_a_native_runner_and_goes_after_its_cleanup() {
-    let Some(w) = AgentWorld::start("placeholder_lifecycle").await.unwrap() else {
+    let Some(w) = AgentWorld::start("placeholder_lifecycle").await else {
         return;
     };
     let agent = w
@@ -168,7 +168,7 @@ async fn a_placeholder_stands_beside_a_native_runner_and_goes_after_its_cleanup(
 /// and the broker would have minted a JIT.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_placeholder_the_kubelet_never_runs_keeps_the_runner_from_starting() {
-    let Some(w) = AgentWorld::start("placeholder_refused").await.unwrap() else {
+    let Some(w) = AgentWorld::start("placeholder_refused").await else {
         return;
     };
     let agent = w
@@ -233,7 +233,7 @@ async fn placeholder_other_than(pods_api: &Api<Pod>, a: &RunnerAttempt, not: &st
 async fn a_placeholder_deleted_under_a_running_runner_is_recreated_and_an_impostor_survives() {
     use k8s_openapi::api::core::v1::{Container, PodSpec};
     use kube::api::DeleteParams;
-    let Some(w) = AgentWorld::start("placeholder_kept").await.unwrap() else {
+    let Some(w) = AgentWorld::start("placeholder_kept").await else {
         return;
     };
     let agent = w
@@ -368,7 +368,7 @@ async fn a_placeholder_deleted_under_a_running_runner_is_recreated_and_an_impost
 async fn other_workloads_pods_on_the_node_are_advertised_and_cleared() {
     use k8s_openapi::api::coordination::v1::Lease;
     use runner_manager_crds::lease::FOREIGN_REQUESTS;
-    let Some(w) = AgentWorld::start("foreign_requests").await.unwrap() else {
+    let Some(w) = AgentWorld::start("foreign_requests").await else {
         return;
     };
     let agent = w.agent(2, &[]).unwrap();

@@ -177,13 +177,9 @@ async fn a_5xx_is_retryable_and_the_next_call_works() {
         .unwrap();
     let session = ss.create_session(set.id, "operator-0").await.unwrap();
     for endpoint in ["scale_set_messages", "scale_set_acquire", "scale_set_jit"] {
-        fake.admin(
-            "POST",
-            "faults",
-            json!({"endpoint": endpoint, "count": 1, "status": 503}),
-        )
-        .await
-        .unwrap();
+        fake.fault(json!({"endpoint": endpoint, "count": 1, "status": 503}))
+            .await
+            .unwrap();
     }
     let e = ss.get_message(&session, 0).await.unwrap_err();
     assert!(e.is_retryable(), "{e:?}");

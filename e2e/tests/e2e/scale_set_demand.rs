@@ -139,19 +139,7 @@ async fn a_scale_set_policy_runs_a_burst_with_no_webhook() {
     let wall = started.elapsed();
     let set = format!("{}-sets", p.team);
     each_once_on_the_set(&p, &jobs, &set).await;
-    let deliveries = p
-        .fake
-        .admin("GET", "deliveries", Value::Null)
-        .await
-        .unwrap();
-    assert!(
-        deliveries
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|d| d["dropped"] == true),
-        "a webhook reached the operator: {deliveries}"
-    );
+    p.fake.assert_every_delivery_dropped().await;
     let (rest, counters) = p.operator_github_calls().await.unwrap();
     println!(
         "scale-set burst: {} jobs in {} ms; {rest} REST calls, {} scale-set calls; {counters}",
@@ -376,11 +364,7 @@ async fn deleting_a_scale_set_policy_deletes_its_scale_set_through_an_outage_and
     );
     // GitHub's scale-set API is down.
     p.fake
-        .admin(
-            "POST",
-            "faults",
-            json!({"endpoint": "scale_sets", "count": 100_000, "status": 503}),
-        )
+        .fault(json!({"endpoint": "scale_sets", "count": 100_000, "status": 503}))
         .await
         .unwrap();
     p.policies()

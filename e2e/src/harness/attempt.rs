@@ -1,0 +1,27 @@
+//! Reading a `RunnerAttempt` the way every scenario asserts on it: its journal's state and
+//! outcome, with an attempt no one has written a status to yet counting as `Pending`.
+
+use runner_manager_crds::attempt::RunnerAttempt;
+use runner_manager_crds::outcome::Outcome;
+use runner_manager_crds::state::AttemptState;
+
+/// The attempt's journalled state (`Pending` before it has a status).
+pub fn state(a: &RunnerAttempt) -> AttemptState {
+    a.status
+        .as_ref()
+        .map(|s| s.journal.state())
+        .unwrap_or_default()
+}
+
+/// The attempt's journalled outcome, once it has one.
+pub fn outcome(a: &RunnerAttempt) -> Option<Outcome> {
+    a.status.as_ref().and_then(|s| s.journal.outcome())
+}
+
+/// Whether process `pid` is alive: it exists and is not a zombie.
+pub fn pid_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
