@@ -1,6 +1,8 @@
 //! Reading a `RunnerAttempt` the way every scenario asserts on it: its journal's state and
 //! outcome, with an attempt no one has written a status to yet counting as `Pending`.
 
+use std::path::PathBuf;
+
 use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::state::AttemptState;
@@ -16,6 +18,16 @@ pub fn state(a: &RunnerAttempt) -> AttemptState {
 /// The attempt's journalled outcome, once it has one.
 pub fn outcome(a: &RunnerAttempt) -> Option<Outcome> {
     a.status.as_ref().and_then(|s| s.journal.outcome())
+}
+
+/// Where the attempt's runtime (or slot) is on the host, from its journalled workspace.
+pub fn runtime_path(a: &RunnerAttempt) -> PathBuf {
+    let workspace = a
+        .status
+        .as_ref()
+        .and_then(|s| s.journal.workspace())
+        .unwrap_or_else(|| panic!("{:?} journalled no workspace", a.metadata.name));
+    PathBuf::from(workspace.runtime_path())
 }
 
 /// Whether process `pid` is alive: it exists and is not a zombie.

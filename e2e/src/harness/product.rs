@@ -419,6 +419,19 @@ impl Product {
             .map_err(|e| fail("job", e))
     }
 
+    /// Queue a `self-hosted`, `linux` job that takes `duration_ms` and wait until it is
+    /// `completed` at the fake (at most `within`); returns its id.
+    pub async fn run_job(&self, duration_ms: u64, within: Duration) -> Result<u64, String> {
+        let job = self
+            .queue_job(
+                &["self-hosted", "linux"],
+                json!({"duration_ms": duration_ms}),
+            )
+            .await?;
+        self.wait_jobs_completed(&[job], within).await?;
+        Ok(job)
+    }
+
     /// The fake's view of job `id` once it is `completed` (waited for up to `deadline`).
     pub async fn completed_job(&self, id: u64, deadline: Duration) -> Result<Value, String> {
         self.wait_jobs_completed(&[id], deadline).await?;

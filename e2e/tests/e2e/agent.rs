@@ -10,7 +10,7 @@ use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::outcome::{FailureReason, Outcome, RejectReason};
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
-use runner_manager_e2e::harness::attempt::{outcome, pid_alive};
+use runner_manager_e2e::harness::attempt::{outcome, pid_alive, runtime_path};
 use runner_manager_e2e::harness::pin::Pinned;
 use runner_manager_e2e::harness::process::Running;
 use runner_manager_e2e::harness::wait;
@@ -263,15 +263,7 @@ async fn an_unremovable_ephemeral_runtime_backs_off_under_a_cleanup_deferred_con
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     let idle = bring_to_idle(&w, &a).await;
-    let runtime = std::path::PathBuf::from(
-        idle.status
-            .as_ref()
-            .unwrap()
-            .journal
-            .workspace()
-            .unwrap()
-            .runtime_path(),
-    );
+    let runtime = runtime_path(&idle);
     let pinned = Pinned::set(runtime.join("pinned")).unwrap();
     stop_idle(&w, &a, "ScaleDown").await;
     let deferred = w
@@ -1289,16 +1281,7 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
     // Busy again, and this time the worker started: its log keeps the runner busy.
     w.set_github(&nc, true, true, 4).await.unwrap();
     let busy = w.wait_state(&nc, AttemptState::Busy).await.unwrap();
-    let diag = std::path::Path::new(
-        busy.status
-            .as_ref()
-            .unwrap()
-            .journal
-            .workspace()
-            .unwrap()
-            .runtime_path(),
-    )
-    .join("_diag");
+    let diag = runtime_path(&busy).join("_diag");
     std::fs::write(diag.join("Worker_20260101-000000-utc.log"), b"").unwrap();
     w.set_github(&nc, true, false, 5).await.unwrap();
     heartbeats(&w, 2).await;
@@ -1316,16 +1299,7 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
     let nd = name(&d);
     let started = w.wait_state(&nd, AttemptState::Starting).await.unwrap();
     w.wait_online(&d).await.unwrap();
-    let runtime = std::path::PathBuf::from(
-        started
-            .status
-            .as_ref()
-            .unwrap()
-            .journal
-            .workspace()
-            .unwrap()
-            .runtime_path(),
-    );
+    let runtime = runtime_path(&started);
     std::fs::remove_dir_all(runtime.join("_diag")).unwrap();
     w.deregister(&d).await.unwrap();
     let done = w.wait_state(&nd, AttemptState::Cleaned).await.unwrap();
@@ -1401,16 +1375,7 @@ async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_cras
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
     let idle = bring_to_idle(&w, &a).await;
     let pid = pid_of(&idle);
-    let intent = std::path::Path::new(
-        idle.status
-            .as_ref()
-            .unwrap()
-            .journal
-            .workspace()
-            .unwrap()
-            .runtime_path(),
-    )
-    .join(".terminate-intent");
+    let intent = runtime_path(&idle).join(".terminate-intent");
     std::fs::create_dir(&intent).unwrap();
     // The request alone: a deregistration would end the runner by itself.
     w.request_termination(&n, "IdleTimeout").await.unwrap();
@@ -1489,15 +1454,7 @@ async fn the_runner_environment_is_layered_and_a_refused_one_stops_before_any_ef
         .unwrap();
     let n = name(&a);
     let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let runtime = started
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .workspace()
-        .unwrap()
-        .runtime_path()
-        .to_owned();
+    let runtime = runtime_path(&started);
     let niceness = |pid: u32| -> i64 {
         // Field 19 of stat; the fields after the command's closing parenthesis start at 3.
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -1538,7 +1495,7 @@ async fn the_runner_environment_is_layered_and_a_refused_one_stops_before_any_ef
         "1"
     );
     for tmp in ["TMPDIR", "TEMP", "TMP"] {
-        assert_eq!(env[tmp], format!("{runtime}/tmp"), "{tmp}");
+        assert_eq!(env[tmp], format!("{}/tmp", runtime.display()), "{tmp}");
     }
     // Names only in messages: the listener's environment holds its JIT.
     let names: Vec<&String> = env.keys().collect();
@@ -1594,18 +1551,6 @@ fn short_of(a: &RunnerAttempt) -> String {
     runner_manager_crds::names::short_hex(a.spec.attempt_uuid().unwrap())
 }
 
-fn runtime_of(a: &RunnerAttempt) -> std::path::PathBuf {
-    std::path::PathBuf::from(
-        a.status
-            .as_ref()
-            .unwrap()
-            .journal
-            .workspace()
-            .unwrap()
-            .runtime_path(),
-    )
-}
-
 /// Waits until `check` holds of the host (files, processes).
 async fn until_host(what: &str, check: impl Fn() -> bool) {
     wait::until(STEP, what, || {
@@ -1639,7 +1584,7 @@ async fn the_default_materializer_is_the_overlay_and_a_world_leaves_no_mount_beh
         agent.lines()
     );
     let a = w.pending_attempt().await.unwrap();
-    let runtime = runtime_of(&bring_to_idle(&w, &a).await);
+    let runtime = runtime_path(&bring_to_idle(&w, &a).await);
     assert_eq!(overlay::overlays_under(&scratch).unwrap(), vec![runtime]);
     drop(agent);
     drop(w);
@@ -1670,7 +1615,7 @@ async fn an_abandoned_slot_attempt_s_overlay_is_unmounted_before_its_slot_is_rel
         .unwrap();
     let idle = bring_to_idle(&w, &a).await;
     let pid = idle.status.as_ref().unwrap().journal.process().unwrap().pid;
-    let slot = runtime_of(&idle);
+    let slot = runtime_path(&idle);
     assert!(
         overlay::is_mounted(&slot).unwrap(),
         "materialized by overlay"
@@ -1715,7 +1660,7 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
     let idle = bring_to_idle(&w, &a).await;
     let pid = idle.status.as_ref().unwrap().journal.process().unwrap().pid;
     let (runtime, cgroup) = (
-        runtime_of(&idle),
+        runtime_path(&idle),
         w.cgroup_dir().join(format!("rm-{}", short_of(&a))),
     );
     assert!(cgroup.is_dir() && runtime.is_dir());
@@ -1742,7 +1687,7 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
         .wait_state(&name(&b), AttemptState::Cleaned)
         .await
         .unwrap();
-    let residue = runtime_of(&b_idle);
+    let residue = runtime_path(&b_idle);
     std::fs::create_dir_all(residue.join("_work").join("late")).unwrap();
     std::fs::write(residue.join("_work").join("late").join("out.log"), b"x").unwrap();
     until_host("the late residue reaped", || !residue.exists()).await;
@@ -1765,7 +1710,7 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
         .unwrap()
         .pid;
     let (c_runtime, c_cgroup) = (
-        runtime_of(&c_idle),
+        runtime_path(&c_idle),
         w.cgroup_dir().join(format!("rm-{}", short_of(&c))),
     );
     agent.terminate().unwrap();
@@ -1853,7 +1798,7 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
 
     // The live attempt was never touched and is supervised as before.
     assert!(pid_alive(keep_pid));
-    assert!(runtime_of(&kept).is_dir());
+    assert!(runtime_path(&kept).is_dir());
     stop_idle(&w, &keep, "ScaleDown").await;
     let done = w
         .wait_state(&name(&keep), AttemptState::Cleaned)
@@ -1878,7 +1823,7 @@ async fn blocked_removals_never_block_recovery_and_are_finished_once_unblocked()
     w.wait_recovered().await.unwrap();
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
-    let a_runtime = runtime_of(&bring_to_idle(&w, &a).await);
+    let a_runtime = runtime_path(&bring_to_idle(&w, &a).await);
     let pin_a = Pinned::set(a_runtime.join("pinned")).unwrap();
     stop_idle(&w, &a, "ScaleDown").await;
     w.wait_for(&n, "a CleanupDeferred condition", |s| {
@@ -1891,7 +1836,7 @@ async fn blocked_removals_never_block_recovery_and_are_finished_once_unblocked()
     .unwrap();
 
     let b = w.pending_attempt().await.unwrap();
-    let b_runtime = runtime_of(&bring_to_idle(&w, &b).await);
+    let b_runtime = runtime_path(&bring_to_idle(&w, &b).await);
     stop_idle(&w, &b, "ScaleDown").await;
     w.wait_state(&name(&b), AttemptState::Cleaned)
         .await
@@ -2181,7 +2126,7 @@ async fn a_rolled_back_launch_keeps_a_slot_s_work_and_removes_an_ephemeral_runti
         assert!(!wait_exit(&mut agent).await.success(), "{mode:?}");
         drop(agent);
         let allocated = w.attempts().get(&name(&a)).await.unwrap();
-        let runtime = runtime_of(&allocated);
+        let runtime = runtime_path(&allocated);
         assert!(
             runtime.join("bin").is_dir(),
             "{mode:?}: the package was laid out"
@@ -2231,7 +2176,7 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
         .pending_attempt_with(|s| s.workspace = WorkspaceMode::Persistent)
         .await
         .unwrap();
-    let s1 = runtime_of(&bring_to_idle(&w, &x).await);
+    let s1 = runtime_path(&bring_to_idle(&w, &x).await);
     let pin = Pinned::set(s1.join("pinned")).unwrap();
     stop_idle(&w, &x, "ScaleDown").await;
     let quarantined = |s: &runner_manager_crds::attempt::RunnerAttemptStatus| {
@@ -2449,15 +2394,7 @@ async fn a_persistent_slot_is_scrubbed_only_once_its_runner_is_gone() {
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
     let idle = bring_to_idle(&w, &a).await;
     let pid = pid_of(&idle);
-    let slot = std::path::PathBuf::from(
-        idle.status
-            .as_ref()
-            .unwrap()
-            .journal
-            .workspace()
-            .unwrap()
-            .runtime_path(),
-    );
+    let slot = runtime_path(&idle);
     std::fs::create_dir_all(slot.join("_work")).unwrap();
     std::fs::write(slot.join("_work").join("kept.txt"), b"kept").unwrap();
     std::fs::write(slot.join("left-by-the-job.txt"), b"scrubbed").unwrap();

@@ -304,13 +304,7 @@ async fn an_owner_bound_to_a_namespace_is_refused_elsewhere_even_with_valid_cred
         );
     }
 
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-        .await
-        .unwrap();
-    p.wait_jobs_completed(&[job], Duration::from_secs(180))
-        .await
-        .unwrap();
+    let job = p.run_job(200, Duration::from_secs(180)).await.unwrap();
     let steal = get_policy(&p, &attacker, "steal").await.unwrap();
     assert!(!pending_jobs(&steal).contains(&job.to_string()));
     assert!(attempts_in(&p, &attacker).await.is_empty());
@@ -448,13 +442,7 @@ async fn a_replayed_delivery_with_a_fresh_guid_changes_nothing() {
         ConditionStatus::True,
     )
     .await;
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-        .await
-        .unwrap();
-    p.wait_jobs_completed(&[job], Duration::from_secs(180))
-        .await
-        .unwrap();
+    let job = p.run_job(200, Duration::from_secs(180)).await.unwrap();
     // The genuine `queued` delivery, as captured on the wire.
     let deliveries = p.fake.deliveries().await.unwrap();
     let captured = deliveries

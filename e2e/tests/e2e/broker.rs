@@ -31,6 +31,7 @@ use runner_manager_crds::policy::ExecutionMode;
 use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_crds::state::{Actor, AttemptState};
 use runner_manager_e2e::harness;
+use runner_manager_e2e::harness::attempt::runtime_path;
 use runner_manager_e2e::harness::fixtures::native_attempt;
 use runner_manager_e2e::harness::github::pat_credentials;
 use runner_manager_e2e::harness::node::{
@@ -1088,16 +1089,7 @@ async fn pods_are_made_only_for_the_callers_own_attempts_and_as_the_builder_make
         .order(&stale, OrderedPod::Placeholder, Some(&token_a))
         .await;
     assert_eq!((status, code(&body)), (404, "UnknownAttempt"), "{body}");
-    let runtime = |a: &RunnerAttempt| {
-        a.status
-            .as_ref()
-            .unwrap()
-            .journal
-            .workspace()
-            .unwrap()
-            .runtime_path()
-            .to_owned()
-    };
+    let runtime = |a: &RunnerAttempt| runtime_path(a).to_string_lossy().into_owned();
     let runner_order = |host_runtime: String, run_as_user: u32| OrderedPod::Runner {
         host_runtime,
         run_as_user,

@@ -857,13 +857,7 @@ async fn the_standby_takes_over_and_webhooks_it_received_count() {
     }
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
     p.wait_ready("web").await;
-    let first = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-        .await
-        .unwrap();
-    p.wait_jobs_completed(&[first], Duration::from_secs(120))
-        .await
-        .unwrap();
+    p.run_job(200, Duration::from_secs(120)).await.unwrap();
     p.kill_operator(leader_i);
     let standby = p.operators[standby_i].identity.clone();
     wait::until(STEP, "the standby to lead", || async {
@@ -871,13 +865,7 @@ async fn the_standby_takes_over_and_webhooks_it_received_count() {
     })
     .await
     .unwrap();
-    let second = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-        .await
-        .unwrap();
-    p.wait_jobs_completed(&[second], Duration::from_secs(120))
-        .await
-        .unwrap();
+    p.run_job(200, Duration::from_secs(120)).await.unwrap();
     assert_settled_and_clean(&p).await;
 }
 
@@ -956,13 +944,7 @@ async fn a_runner_that_never_registers_is_stopped_and_its_job_runs_elsewhere() {
     .await
     .unwrap();
     p.wait_ready("web").await;
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-        .await
-        .unwrap();
-    p.wait_jobs_completed(&[job], Duration::from_secs(240))
-        .await
-        .unwrap();
+    let job = p.run_job(200, Duration::from_secs(240)).await.unwrap();
     let list = p.all_attempts().await;
     // Whichever sees the deadline first stops it: the operator (deregister, then
     // `spec.termination`) or the agent, which holds the same deadline from `jitReceivedAt`.

@@ -60,13 +60,7 @@ async fn one_launch_is_one_trace_and_both_binaries_report_what_happened() {
     })
     .await
     .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 300}))
-        .await
-        .unwrap();
-    p.wait_jobs_completed(&[job], Duration::from_secs(180))
-        .await
-        .unwrap();
+    p.run_job(300, Duration::from_secs(180)).await.unwrap();
     let done = wait::until(
         STEP,
         "the attempt Cleaned with its job completed",
