@@ -510,17 +510,12 @@ async fn callers_that_are_not_the_attempts_agent_are_refused() {
         .await
         .unwrap();
     let pods = Api::<Pod>::namespaced(w.kube.clone(), &w.system);
-    wait::until(Duration::from_secs(30), "the agent pod is gone", || {
-        let pods = pods.clone();
-        async move {
-            pods.get_opt("agent-node-a")
-                .await
-                .ok()
-                .flatten()
-                .is_none()
-                .then_some(())
-        }
-    })
+    wait::gone(
+        &pods,
+        "agent-node-a",
+        Duration::from_secs(30),
+        "the agent pod is gone",
+    )
     .await
     .unwrap();
     let (status, body) = w.ask(&attempt, Some(&token)).await;

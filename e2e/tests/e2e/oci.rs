@@ -748,17 +748,9 @@ mod recovery {
         assert_eq!(format!("{:?}", c.reason), "OwnershipUnproven");
         // The attempt's own pod went; the earlier generation's is still there.
         let own_name = own.metadata.name.clone().unwrap();
-        wait::until(STEP, "the attempt's own pod to go", || async {
-            pods(&w)
-                .get_opt(&own_name)
-                .await
-                .ok()
-                .flatten()
-                .is_none()
-                .then_some(())
-        })
-        .await
-        .unwrap();
+        wait::gone(&pods(&w), &own_name, STEP, "the attempt's own pod to go")
+            .await
+            .unwrap();
         let still = pods(&w).get(&earlier_name).await.unwrap();
         assert_eq!(still.metadata.uid, earlier.metadata.uid, "replaced");
         let events = Api::<Event>::namespaced(w.kube.clone(), &w.team)
@@ -1179,17 +1171,9 @@ mod recovery {
         assert_eq!(format!("{:?}", c.reason), "OwnershipUnproven");
         assert!(c.message.contains("second runner pod"), "{}", c.message);
         let own_name = own.metadata.name.clone().unwrap();
-        wait::until(STEP, "the attempt's own pod to go", || async {
-            pods(&w)
-                .get_opt(&own_name)
-                .await
-                .ok()
-                .flatten()
-                .is_none()
-                .then_some(())
-        })
-        .await
-        .unwrap();
+        wait::gone(&pods(&w), &own_name, STEP, "the attempt's own pod to go")
+            .await
+            .unwrap();
         let still = pods(&w).get(&duplicate_name).await.unwrap();
         assert_eq!(still.metadata.uid, duplicate.metadata.uid, "replaced");
         assert!(
