@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use runner_manager_crds::attempt::RunnerAttempt;
+use runner_manager_crds::attempt::{RunnerAttempt, RunnerRegistration};
 use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::state::AttemptState;
 
@@ -18,6 +18,15 @@ pub fn state(a: &RunnerAttempt) -> AttemptState {
 /// The attempt's journalled outcome, once it has one.
 pub fn outcome(a: &RunnerAttempt) -> Option<Outcome> {
     a.status.as_ref().and_then(|s| s.journal.outcome())
+}
+
+/// The runner registration the attempt journalled (it has taken its JIT).
+pub fn registration(a: &RunnerAttempt) -> RunnerRegistration {
+    a.status
+        .as_ref()
+        .and_then(|s| s.journal.runner())
+        .cloned()
+        .unwrap_or_else(|| panic!("{:?} journalled no runner", a.metadata.name))
 }
 
 /// Where the attempt's runtime (or slot) is on the host, from its journalled workspace.

@@ -161,8 +161,13 @@ impl Product {
     /// The product with the default options for `test`: `None` (the reason printed) without
     /// `KUBECONFIG`; a failure to start it fails the test.
     pub async fn start(test: &str) -> Option<Product> {
+        Self::start_with(test, ProductOptions::default()).await
+    }
+
+    /// Like [`Self::start`], with `options`.
+    pub async fn start_with(test: &str, options: ProductOptions) -> Option<Product> {
         World::builder(test)
-            .product(ProductOptions::default())
+            .product(options)
             .await
             .unwrap_or_else(|e| panic!("{test}: the product did not start: {e}"))
     }
@@ -417,6 +422,22 @@ impl Product {
             .admin("GET", &format!("jobs/{id}"), Value::Null)
             .await
             .map_err(|e| fail("job", e))
+    }
+
+    /// Queue `n` `self-hosted`, `linux` jobs that take `duration_ms` each, one after the other;
+    /// returns their ids in that order.
+    pub async fn queue_jobs(&self, n: usize, duration_ms: u64) -> Result<Vec<u64>, String> {
+        let mut jobs = Vec::with_capacity(n);
+        for _ in 0..n {
+            jobs.push(
+                self.queue_job(
+                    &["self-hosted", "linux"],
+                    json!({"duration_ms": duration_ms}),
+                )
+                .await?,
+            );
+        }
+        Ok(jobs)
     }
 
     /// Queue a `self-hosted`, `linux` job that takes `duration_ms` and wait until it is

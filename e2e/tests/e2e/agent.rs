@@ -10,7 +10,7 @@ use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::outcome::{FailureReason, Outcome, RejectReason};
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
-use runner_manager_e2e::harness::attempt::{outcome, pid_alive, runtime_path};
+use runner_manager_e2e::harness::attempt::{outcome, pid_alive, registration, runtime_path};
 use runner_manager_e2e::harness::pin::Pinned;
 use runner_manager_e2e::harness::process::Running;
 use runner_manager_e2e::harness::wait;
@@ -112,17 +112,7 @@ async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
     bring_to_idle(&w, &a).await;
     let job = w.queue_job(3000).await.unwrap();
     let runner = w.wait_assigned(job).await.unwrap();
-    assert_eq!(
-        runner,
-        started
-            .status
-            .as_ref()
-            .unwrap()
-            .journal
-            .runner()
-            .unwrap()
-            .name
-    );
+    assert_eq!(runner, registration(&started).name);
     w.set_job(&n, job).await.unwrap();
     w.set_github(&n, true, true, 2).await.unwrap();
     w.wait_state(&n, AttemptState::Busy).await.unwrap();

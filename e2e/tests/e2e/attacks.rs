@@ -18,7 +18,6 @@ use runner_manager_crds::policy::{PolicyConditionType, PolicyReason, ScalePolicy
 use runner_manager_e2e::harness::product::{Product, ProductOptions, STEP, WEBHOOK_SECRET};
 use runner_manager_e2e::harness::wait;
 use runner_manager_e2e::harness::webhook::post_workflow_job;
-use runner_manager_e2e::harness::world::World;
 use runner_manager_operator::webhook::sign;
 use secrecy::SecretString;
 use serde_json::json;
@@ -137,11 +136,7 @@ async fn a_foreign_policy_with_a_junk_secret_never_takes_the_victims_jobs() {
         extra_namespaces: vec!["rm-aaa".into()],
         ..ProductOptions::default()
     };
-    let Some(p) = World::builder("attack_junk_secret_steals_jobs")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start_with("attack_junk_secret_steals_jobs", options).await else {
         return;
     };
     let attacker = p.extra[0].clone();
@@ -177,14 +172,7 @@ async fn a_foreign_policy_with_a_junk_secret_never_takes_the_victims_jobs() {
         PolicyReason::CredentialsRejected
     );
 
-    let jobs = vec![
-        p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-            .await
-            .unwrap(),
-        p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-            .await
-            .unwrap(),
-    ];
+    let jobs = p.queue_jobs(2, 200).await.unwrap();
     p.wait_jobs_completed(&jobs, Duration::from_secs(180))
         .await
         .unwrap();
@@ -262,11 +250,7 @@ async fn an_owner_bound_to_a_namespace_is_refused_elsewhere_even_with_valid_cred
         operator_flags: vec![("--owner-namespaces".into(), "acme={team}".into())],
         ..ProductOptions::default()
     };
-    let Some(p) = World::builder("attack_bound_owner")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start_with("attack_bound_owner", options).await else {
         return;
     };
     let attacker = p.extra[0].clone();
@@ -326,11 +310,7 @@ async fn a_delivery_signed_with_one_teams_secret_for_another_teams_repository_is
         extra_namespaces: vec!["rm-aaa".into()],
         ..ProductOptions::default()
     };
-    let Some(p) = World::builder("attack_foreign_hook_secret")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start_with("attack_foreign_hook_secret", options).await else {
         return;
     };
     let team_a = p.extra[0].clone();
@@ -522,9 +502,8 @@ mod node_confinement {
     };
     use runner_manager_e2e::harness::cluster::fresh_namespace;
     use runner_manager_e2e::harness::fixtures::native_attempt;
-    use runner_manager_e2e::harness::product::ProductOptions;
+    use runner_manager_e2e::harness::product::{Product, ProductOptions};
     use runner_manager_e2e::harness::wait;
-    use runner_manager_e2e::harness::world::World;
     use serde_json::{Value, json};
 
     /// The API server's answer to a refused write: (code, message).
@@ -656,11 +635,7 @@ mod node_confinement {
             nodes: vec![],
             ..ProductOptions::default()
         };
-        let Some(p) = World::builder("agent_confinement")
-            .product(options)
-            .await
-            .unwrap()
-        else {
+        let Some(p) = Product::start_with("agent_confinement", options).await else {
             return;
         };
         let kube = p.kube.clone();

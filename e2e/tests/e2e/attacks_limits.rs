@@ -165,11 +165,7 @@ async fn slow_loris_connections_are_closed_while_legitimate_requests_succeed() {
         operator_flags: vec![("--listener-header-timeout".into(), "3s".into())],
         ..ProductOptions::default()
     };
-    let Some(p) = World::builder("attack_slow_loris")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start_with("attack_slow_loris", options).await else {
         return;
     };
     let webhook = p.operators[0].webhook.clone();
@@ -244,11 +240,7 @@ async fn the_broker_certificate_rotates_while_an_agent_keeps_getting_jits() {
         operator_flags: vec![("--broker-cert-lifetime".into(), "15s".into())],
         ..ProductOptions::default()
     };
-    let Some(p) = World::builder("attack_cert_rotation")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start_with("attack_cert_rotation", options).await else {
         return;
     };
     let broker = p.operators[0].broker.clone();
@@ -305,11 +297,7 @@ async fn a_policy_naming_a_foreign_host_is_refused() {
         operator_flags: vec![("--download-hosts".into(), "".into())],
         ..ProductOptions::default()
     };
-    let Some(p) = World::builder("attack_foreign_host")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start_with("attack_foreign_host", options).await else {
         return;
     };
     p.policy(
@@ -349,11 +337,7 @@ async fn pool_labels_must_be_restricted_and_the_node_cap_holds() {
         operator_flags: vec![("--max-runners-per-node".into(), "1".into())],
         ..ProductOptions::default()
     };
-    let Some(p) = World::builder("attack_pool_labels")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start_with("attack_pool_labels", options).await else {
         return;
     };
     p.policy(
@@ -412,11 +396,7 @@ async fn the_agent_refuses_an_oversized_download_and_plain_http() {
         nodes: vec![NodeOptions::new("dl", 2, &[])],
         ..ProductOptions::default()
     };
-    let Some(mut p) = World::builder("attack_download_limits")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(mut p) = Product::start_with("attack_download_limits", options).await else {
         return;
     };
     p.kill_agent(0);

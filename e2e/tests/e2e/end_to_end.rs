@@ -257,14 +257,7 @@ async fn webhook_jobs_scale_from_zero_and_everything_is_cleaned() {
         p.all_attempts().await.is_empty(),
         "minIdle 0 and no job: nothing to launch"
     );
-    let mut jobs = Vec::new();
-    for _ in 0..3 {
-        jobs.push(
-            p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 300}))
-                .await
-                .unwrap(),
-        );
-    }
+    let jobs = p.queue_jobs(3, 300).await.unwrap();
     p.wait_jobs_completed(&jobs, Duration::from_secs(180))
         .await
         .unwrap();
@@ -476,11 +469,7 @@ async fn attempts_land_only_where_the_node_selector_allows() {
         ],
         ..ProductOptions::default()
     };
-    let Some(p) = World::builder("node_selector_pools")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start_with("node_selector_pools", options).await else {
         return;
     };
     p.policy(
@@ -520,14 +509,7 @@ async fn jobs_are_found_by_polling_when_every_webhook_is_dropped() {
         .unwrap();
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
     p.wait_ready("web").await;
-    let mut jobs = Vec::new();
-    for _ in 0..2 {
-        jobs.push(
-            p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-                .await
-                .unwrap(),
-        );
-    }
+    let jobs = p.queue_jobs(2, 200).await.unwrap();
     p.wait_jobs_completed(&jobs, Duration::from_secs(180))
         .await
         .unwrap();
@@ -663,11 +645,7 @@ async fn a_new_leader_draining_a_deleted_policy_deregisters_its_runners() {
         operator_flags: vec![("--orphan-grace".into(), "1h".into())],
         ..ProductOptions::default()
     };
-    let Some(mut p) = World::builder("new_leader_drains_deleted_policy")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(mut p) = Product::start_with("new_leader_drains_deleted_policy", options).await else {
         return;
     };
     p.policy("web", json!({"minIdle": 1})).await.unwrap();
@@ -732,11 +710,7 @@ async fn an_operator_killed_between_the_mint_and_the_journal_leaves_no_registrat
         env: vec![(FAULT.into(), "after-mint-before-journal".into())],
         ..ProductOptions::default()
     };
-    let Some(mut p) = World::builder("operator_killed_after_the_mint")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(mut p) = Product::start_with("operator_killed_after_the_mint", options).await else {
         return;
     };
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
@@ -809,14 +783,7 @@ async fn the_operator_killed_mid_burst_converges_after_restart() {
     };
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
     p.wait_ready("web").await;
-    let mut jobs = Vec::new();
-    for _ in 0..4 {
-        jobs.push(
-            p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 500}))
-                .await
-                .unwrap(),
-        );
-    }
+    let jobs = p.queue_jobs(4, 500).await.unwrap();
     wait_attempts(&p, "the burst under way", STEP, |list| !list.is_empty()).await;
     p.kill_operator(0);
     p.restart_operator(0).await.unwrap();
@@ -838,11 +805,7 @@ async fn the_standby_takes_over_and_webhooks_it_received_count() {
         webhooks_to: 1,
         ..ProductOptions::default()
     };
-    let Some(mut p) = World::builder("leader_failover")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(mut p) = Product::start_with("leader_failover", options).await else {
         return;
     };
     let leader = wait::until(STEP, "a leader", || p.leader()).await.unwrap();
@@ -877,11 +840,7 @@ async fn a_burst_converges_through_github_5xx_and_429_storms() {
         operator_flags: vec![("--attempt-history".into(), "2".into())],
         ..ProductOptions::default()
     };
-    let Some(p) = World::builder("github_storms")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start_with("github_storms", options).await else {
         return;
     };
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
@@ -903,14 +862,7 @@ async fn a_burst_converges_through_github_5xx_and_429_storms() {
         body["endpoint"] = json!(endpoint);
         p.fake.admin("POST", "faults", body).await.unwrap();
     }
-    let mut jobs = Vec::new();
-    for _ in 0..4 {
-        jobs.push(
-            p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 300}))
-                .await
-                .unwrap(),
-        );
-    }
+    let jobs = p.queue_jobs(4, 300).await.unwrap();
     p.wait_jobs_completed(&jobs, Duration::from_secs(180))
         .await
         .unwrap();
@@ -1451,7 +1403,7 @@ async fn a_lost_node_is_orphaned_replaced_elsewhere_and_released_by_abandon() {
         operator_flags: vec![("--node-lost-grace".into(), "5s".into())],
         ..ProductOptions::default()
     };
-    let Some(mut p) = World::builder("node_lost").product(options).await.unwrap() else {
+    let Some(mut p) = Product::start_with("node_lost", options).await else {
         return;
     };
     p.policy(

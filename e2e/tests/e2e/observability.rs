@@ -15,12 +15,11 @@ use runner_manager_crds::conditions::ConditionStatus;
 use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::policy::{PolicyConditionType, ScalePolicy};
 use runner_manager_crds::state::AttemptState;
-use runner_manager_e2e::harness::product::{ProductOptions, STEP};
+use runner_manager_e2e::harness::product::{Product, ProductOptions, STEP};
 use runner_manager_e2e::harness::telemetry::{
     OtlpReceiver, ReceivedSpan, agent_health, families, get, sample,
 };
 use runner_manager_e2e::harness::wait;
-use runner_manager_e2e::harness::world::World;
 use serde_json::json;
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -36,11 +35,7 @@ async fn one_launch_is_one_trace_and_both_binaries_report_what_happened() {
             .collect(),
         ..ProductOptions::default()
     };
-    let Some(p) = World::builder("observability")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start_with("observability", options).await else {
         return;
     };
     p.policy("web", json!({"minIdle": 0, "maxRunners": 3}))

@@ -19,7 +19,7 @@ use runner_manager_crds::policy::{PolicyConditionType, PolicyReason, ScalePolicy
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::fake_github::PackageInfo;
 use runner_manager_e2e::harness;
-use runner_manager_e2e::harness::attempt::state;
+use runner_manager_e2e::harness::attempt::{registration, state};
 use runner_manager_e2e::harness::github::{ORG, app_secret_data, pat_credentials};
 use runner_manager_e2e::harness::node::SimNode;
 use runner_manager_e2e::harness::process::{OperatorAddrs, Running, operator_addrs};
@@ -405,14 +405,7 @@ async fn scale_from_zero_on_a_signed_webhook() {
                 .cloned()
         })
         .await;
-    let runner = idle
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .runner()
-        .unwrap()
-        .clone();
+    let runner = registration(&idle);
     assert_eq!(runner.name, runner_name(idle.spec.attempt_uuid().unwrap()));
     let listed = w
         .fake
@@ -547,14 +540,7 @@ async fn a_runner_concluded_before_its_in_progress_delivery_still_records_its_jo
             l.iter().find(|a| state(a) == AttemptState::Idle).cloned()
         })
         .await;
-    let runner = idle
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .runner()
-        .unwrap()
-        .clone();
+    let runner = registration(&idle);
     // The runner takes the job and exits; the agent concludes and cleans before any delivery.
     w.agents[0].set(|s| s.finish_idle = true);
     w.attempts_until("the runner concluded and cleaned", LONG, |l| {
@@ -642,14 +628,7 @@ async fn a_concluded_runner_explains_no_other_jobs_entry_after_its_delivery() {
             l.iter().find(|a| state(a) == AttemptState::Idle).cloned()
         })
         .await;
-    let runner = idle
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .runner()
-        .unwrap()
-        .clone();
+    let runner = registration(&idle);
     // The node refuses new attempts; the runner takes a job and exits before any delivery.
     w.agents[0].set(|s| {
         s.reject = true;
@@ -887,19 +866,7 @@ async fn min_idle_then_scale_down_deregisters_first_and_leaves_a_runner_that_too
 
     // Once GitHub lets go, both are deregistered first, then asked to stop.
     w.fake.admin("DELETE", "faults", Value::Null).await.unwrap();
-    let names: Vec<String> = idle
-        .iter()
-        .map(|a| {
-            a.status
-                .as_ref()
-                .unwrap()
-                .journal
-                .runner()
-                .unwrap()
-                .name
-                .clone()
-        })
-        .collect();
+    let names: Vec<String> = idle.iter().map(|a| registration(a).name).collect();
     w.attempts_until("both terminated with ScaleDown, deregistered", LONG, |l| {
         l.iter()
             .all(|a| {
@@ -1199,14 +1166,7 @@ async fn registration_timeout_requests_termination_and_a_replacement_carries_lin
         })
         .await;
     let first_name = first.metadata.name.clone().unwrap();
-    let runner = first
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .runner()
-        .unwrap()
-        .clone();
+    let runner = registration(&first);
     let terminated = w
         .attempts_until("termination RegistrationTimeout", LONG, |l| {
             l.iter()

@@ -432,8 +432,7 @@ async fn another_workloads_pod_sends_the_runner_to_the_node_with_room() {
     use k8s_openapi::api::core::v1::Node;
     use kube::api::{Patch, PatchParams};
     use runner_manager_crds::lease::FOREIGN_REQUESTS;
-    use runner_manager_e2e::harness::product::{NodeOptions, ProductOptions};
-    use runner_manager_e2e::harness::world::World;
+    use runner_manager_e2e::harness::product::{NodeOptions, Product, ProductOptions};
     // Only a label the node cannot set on itself may select a pool.
     const POOL: &str = "node-restriction.kubernetes.io/runner-pool";
     let options = ProductOptions {
@@ -443,11 +442,7 @@ async fn another_workloads_pod_sends_the_runner_to_the_node_with_room() {
         ],
         ..ProductOptions::default()
     };
-    let Some(p) = World::builder("foreign_placement")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start_with("foreign_placement", options).await else {
         return;
     };
     let (busy, idle) = (p.agents[0].node.name.clone(), p.agents[1].node.name.clone());

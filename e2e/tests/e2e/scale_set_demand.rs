@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_e2e::harness::product::{Product, ProductOptions, STEP};
 use runner_manager_e2e::harness::wait;
-use runner_manager_e2e::harness::world::World;
 use serde_json::{Value, json};
 
 async fn scale_sets(p: &Product) -> Value {
@@ -213,11 +212,7 @@ async fn the_standby_takes_the_scale_set_session_over_without_losing_or_duplicat
         operators: 2,
         ..ProductOptions::default()
     };
-    let Some(mut p) = World::builder("scale_set_failover")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(mut p) = Product::start_with("scale_set_failover", options).await else {
         return;
     };
     drop_every_webhook(&p).await;
@@ -325,7 +320,7 @@ async fn scale_set_policy(p: &Product, name: &str, extra: Value) {
 }
 
 async fn scale_set_world(test: &str, options: ProductOptions) -> Option<Product> {
-    let p = World::builder(test).product(options).await.unwrap()?;
+    let p = Product::start_with(test, options).await?;
     drop_every_webhook(&p).await;
     p.fake
         .admin("POST", "repos", json!({"owner": "acme", "names": ["web"]}))
@@ -632,10 +627,7 @@ async fn started_after(p: &Product, jobs: &[u64], queued_at: Instant) -> Vec<Dur
 async fn demand_modes_side_by_side() {
     let mut rows = Vec::new();
     for mode in ["webhook", "polling", "scale-set"] {
-        let Some(p) = World::builder(&format!("side_by_side_{}", mode.replace('-', "_")))
-            .product(ProductOptions::default())
-            .await
-            .unwrap()
+        let Some(p) = Product::start(&format!("side_by_side_{}", mode.replace('-', "_"))).await
         else {
             return;
         };
