@@ -12,9 +12,11 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use runner_manager_crds::attempt::{RunnerAttempt, RunnerAttemptStatus};
 use runner_manager_crds::lease::AgentAdvert;
 use runner_manager_crds::names::{agent_lease_name, runner_name};
+use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::state::AttemptState;
 use serde_json::{Value, json};
 
+use super::attempt::outcome;
 use super::fixtures::native_attempt;
 use super::github::ORG;
 use super::node::SimNode;
@@ -204,6 +206,27 @@ impl AgentWorld {
             s.journal.state() == state
         })
         .await
+    }
+
+    /// Wait until attempt `name` is `Cleaned` and assert that it concluded `expected`; the
+    /// attempt as it ended.
+    pub async fn wait_concluded(&self, name: &str, expected: Outcome) -> RunnerAttempt {
+        self.wait_concluded_saying(name, expected, "").await
+    }
+
+    /// Like [`Self::wait_concluded`], `context` saying which case of the scenario failed.
+    pub async fn wait_concluded_saying(
+        &self,
+        name: &str,
+        expected: Outcome,
+        context: &str,
+    ) -> RunnerAttempt {
+        let done = self
+            .wait_state(name, AttemptState::Cleaned)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(outcome(&done), Some(expected), "{context}");
+        done
     }
 
     /// The operator's fact: what GitHub's list says of the runner.

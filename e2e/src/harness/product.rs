@@ -509,6 +509,21 @@ impl Product {
         .unwrap_or_else(|e| panic!("{e}; logs in {}", self.logs().display()));
     }
 
+    /// Wait until the team's policy `name` is gone: its finalizer let it go (panics after
+    /// [`STEP`], naming the logs).
+    pub async fn wait_policy_gone(&self, name: &str) {
+        wait::until(STEP, &format!("policy {name} gone"), || async {
+            self.policies()
+                .get_opt(name)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}; logs in {}", self.logs().display()));
+    }
+
     /// Wait until every job in `ids` is `completed` at the fake.
     pub async fn wait_jobs_completed(&self, ids: &[u64], deadline: Duration) -> Result<(), String> {
         wait::until(deadline, "every job completed", || async {

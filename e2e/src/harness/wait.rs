@@ -33,7 +33,7 @@ where
 }
 
 /// Wait (at most `within`) until `api` no longer has the object `name`; `what` names the wait
-/// in the error. A failed read counts as not gone yet.
+/// in the error. A failed read counts as gone, as it did in the scenarios that waited this way.
 pub async fn gone<K>(api: &Api<K>, name: &str, within: Duration, what: &str) -> Result<(), TimedOut>
 where
     K: Clone + DeserializeOwned + Debug,

@@ -116,8 +116,7 @@ async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
     w.set_job(&n, job).await.unwrap();
     w.set_github(&n, true, true, 2).await.unwrap();
     w.wait_state(&n, AttemptState::Busy).await.unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    w.wait_concluded(&n, Outcome::CompletedJob).await;
     assert!(!pid_alive(process.pid));
     assert_settled(&w, &a, 1).await;
     let diag = std::fs::read_to_string(w.host_root().join("diagnostics").join(format!("{n}.log")))
@@ -175,8 +174,7 @@ async fn a_job_leaving_pathological_trees_is_cleaned_while_the_agent_serves_othe
     w.set_github(&n, true, true, 2).await.unwrap();
     // Launched while the job builds its trees and the agent removes them.
     let b = w.pending_attempt().await.unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    let done = w.wait_concluded(&n, Outcome::CompletedJob).await;
     let deferred = done
         .status
         .as_ref()
@@ -303,8 +301,7 @@ async fn an_idle_runner_is_terminated_in_order_and_exits_idle() {
     let idle = bring_to_idle(&w, &a).await;
     let pid = idle.status.as_ref().unwrap().journal.process().unwrap().pid;
     stop_idle(&w, &a, "IdleTimeout").await;
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    let done = w.wait_concluded(&n, Outcome::ExitedIdleWithoutWork).await;
     assert!(!outcome(&done).unwrap().wants_replacement());
     assert!(!pid_alive(pid));
     assert_settled(&w, &a, 1).await;
@@ -441,8 +438,7 @@ async fn a_restarted_agent_readopts_its_live_runner() {
     let job = w.queue_job(0).await.unwrap();
     w.wait_assigned(job).await.unwrap();
     w.set_job(&n, job).await.unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    w.wait_concluded(&n, Outcome::CompletedJob).await;
     assert_settled(&w, &a, 1).await;
 }
 
@@ -537,8 +533,7 @@ async fn crash_at(test: &str, boundary: &str, expected: Outcome) {
     if state != AttemptState::Cleaned {
         stop_idle(&w, &a, "IdleTimeout").await;
     }
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(expected), "{boundary}");
+    let done = w.wait_concluded_saying(&n, expected, boundary).await;
     if expected.wants_replacement() {
         // The operator deregisters what a lost launch left on GitHub, then replaces it.
         w.deregister(&done).await.unwrap();
@@ -623,13 +618,11 @@ async fn a_runner_version_github_refuses_exits_7_and_is_concluded_distinctly() {
     w.wait_recovered().await.unwrap();
     let a = w.pending_attempt().await.unwrap();
     let done = w
-        .wait_state(&name(&a), AttemptState::Cleaned)
-        .await
-        .unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Failed(FailureReason::RunnerVersionRejected))
-    );
+        .wait_concluded(
+            &name(&a),
+            Outcome::Failed(FailureReason::RunnerVersionRejected),
+        )
+        .await;
     // The operator deletes the registration GitHub refused to serve.
     w.deregister(&done).await.unwrap();
     assert_settled(&w, &a, 1).await;
@@ -656,11 +649,11 @@ async fn a_runner_that_dies_before_registering_is_a_failure() {
     // Its registration vanishes under it (no termination was asked): the listener exits.
     w.wait_online(&a).await.unwrap();
     w.deregister(&a).await.unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Failed(FailureReason::ProcessExitedUnexpectedly))
-    );
+    w.wait_concluded(
+        &n,
+        Outcome::Failed(FailureReason::ProcessExitedUnexpectedly),
+    )
+    .await;
     assert!(!pid_alive(process.pid));
     assert_settled(&w, &a, 1).await;
 }
@@ -839,8 +832,9 @@ async fn a_persistent_slot_keeps_its_work_and_its_account_across_attempts() {
         let job = w.queue_job(0).await.unwrap();
         w.wait_assigned(job).await.unwrap();
         w.set_job(&n, job).await.unwrap();
-        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-        assert_eq!(outcome(&done), Some(Outcome::CompletedJob), "round {round}");
+        let done = w
+            .wait_concluded_saying(&n, Outcome::CompletedJob, &format!("round {round}"))
+            .await;
         let left: Vec<String> = std::fs::read_dir(&slot)
             .unwrap()
             .flatten()
@@ -887,13 +881,12 @@ async fn a_runner_never_listed_online_is_stopped_at_its_registration_deadline() 
         .unwrap()
         .pid;
     // The operator never reports it online: the agent's own deadline stops it, in order.
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Failed(
-            FailureReason::TerminatedAfterRegistrationTimeout
-        ))
-    );
+    let done = w
+        .wait_concluded(
+            &n,
+            Outcome::Failed(FailureReason::TerminatedAfterRegistrationTimeout),
+        )
+        .await;
     assert!(outcome(&done).unwrap().wants_replacement());
     assert!(!pid_alive(pid));
     w.deregister(&done).await.unwrap();
@@ -935,8 +928,7 @@ async fn a_changed_spec_is_refused_but_the_runner_is_still_stopped_and_cleaned()
     .await
     .unwrap();
     stop_idle(&w, &a, "IdleTimeout").await;
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    w.wait_concluded(&n, Outcome::ExitedIdleWithoutWork).await;
     assert_settled(&w, &a, 1).await;
 }
 
@@ -975,8 +967,7 @@ async fn a_runner_that_takes_a_job_under_a_changed_spec_still_concludes_and_clea
     .unwrap();
     // Taken between two passes, no job fact written: the exit walks `AssignJob` first.
     w.queue_job(100).await.unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    w.wait_concluded(&n, Outcome::CompletedJob).await;
     assert_settled(&w, &a, 1).await;
 }
 
@@ -1085,8 +1076,8 @@ async fn an_idle_runner_deregistered_before_its_stop_request_is_not_lost() {
             // Nobody asked: GitHub still lists it, no process: lost, after the grace.
             Outcome::Orphaned(runner_manager_crds::outcome::OrphanReason::ProcessLost)
         };
-        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-        assert_eq!(outcome(&done), Some(expected), "requested: {requested}");
+        w.wait_concluded_saying(&n, expected, &format!("requested: {requested}"))
+            .await;
         settled.push(a);
     }
     for a in &settled {
@@ -1171,8 +1162,7 @@ async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
     .await
     .unwrap();
     w.set_github_status(&n, "absent", false, 3).await.unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    let done = w.wait_concluded(&n, Outcome::ExitedIdleWithoutWork).await;
     assert!(!outcome(&done).unwrap().is_failure());
     assert!(!outcome(&done).unwrap().wants_replacement());
     let warnings = warnings_on(&w, &n).await;
@@ -1189,13 +1179,11 @@ async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
     let busy = w.wait_state(&nb, AttemptState::Busy).await.unwrap();
     kill_runner(pid_of(&busy)).await;
     w.set_github_status(&nb, "absent", false, 2).await.unwrap();
-    let lost = w.wait_state(&nb, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&lost),
-        Some(Outcome::Orphaned(
-            runner_manager_crds::outcome::OrphanReason::ProcessLost
-        ))
-    );
+    w.wait_concluded(
+        &nb,
+        Outcome::Orphaned(runner_manager_crds::outcome::OrphanReason::ProcessLost),
+    )
+    .await;
     for x in [&a, &b] {
         w.deregister(x).await.unwrap();
         assert_settled(&w, x, 2).await;
@@ -1220,8 +1208,7 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
     let job = w.queue_job(100).await.unwrap();
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    let done = w.wait_concluded(&n, Outcome::CompletedJob).await;
     assert_eq!(
         w.wait_assigned(job).await.unwrap(),
         runner_manager_crds::names::runner_name(a.spec.attempt_uuid().unwrap())
@@ -1234,8 +1221,7 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
     w.wait_state(&nb, AttemptState::Starting).await.unwrap();
     bring_to_idle(&w, &b).await;
     w.queue_job(100).await.unwrap();
-    let done = w.wait_state(&nb, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    let done = w.wait_concluded(&nb, Outcome::CompletedJob).await;
     assert!(done.status.as_ref().unwrap().facts.job.is_none());
 
     // Row 42: an assignment withdrawn from a live runner.
@@ -1281,8 +1267,7 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
         AttemptState::Busy
     );
     kill_runner(pid_of(&busy)).await;
-    let done = w.wait_state(&nc, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    w.wait_concluded(&nc, Outcome::CompletedJob).await;
 
     // Row 45: no `_diag` at all, an exit at `Starting`: still a failure, never a completed job.
     let d = w.pending_attempt().await.unwrap();
@@ -1292,11 +1277,11 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
     let runtime = runtime_path(&started);
     std::fs::remove_dir_all(runtime.join("_diag")).unwrap();
     w.deregister(&d).await.unwrap();
-    let done = w.wait_state(&nd, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Failed(FailureReason::ProcessExitedUnexpectedly))
-    );
+    w.wait_concluded(
+        &nd,
+        Outcome::Failed(FailureReason::ProcessExitedUnexpectedly),
+    )
+    .await;
     for x in [&a, &b, &c, &d] {
         w.deregister(x).await.unwrap();
         assert_settled(&w, x, 4).await;
@@ -1320,11 +1305,9 @@ async fn a_launch_that_fails_at_registration_still_reports_its_timings() {
         .unwrap();
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Failed(FailureReason::JitRequestFailed))
-    );
+    let done = w
+        .wait_concluded(&n, Outcome::Failed(FailureReason::JitRequestFailed))
+        .await;
     let launch = done
         .status
         .as_ref()
@@ -1383,8 +1366,7 @@ async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_cras
         AttemptState::Idle
     );
     std::fs::remove_dir(&intent).unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    w.wait_concluded(&n, Outcome::ExitedIdleWithoutWork).await;
     assert!(!pid_alive(pid));
     w.deregister(&a).await.unwrap();
     assert_settled(&w, &a, 1).await;
@@ -1407,13 +1389,12 @@ async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_cras
     assert!(pid_alive(pid), "signalled before the crash");
     kill_runner(pid).await;
     let _again = w.agent(4, &[]).unwrap();
-    let done = w.wait_state(&nb, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Failed(
-            FailureReason::TerminatedAfterRegistrationTimeout
-        ))
-    );
+    let done = w
+        .wait_concluded(
+            &nb,
+            Outcome::Failed(FailureReason::TerminatedAfterRegistrationTimeout),
+        )
+        .await;
     w.deregister(&done).await.unwrap();
     assert_settled(&w, &b, 2).await;
 }
@@ -1509,11 +1490,9 @@ async fn the_runner_environment_is_layered_and_a_refused_one_stops_before_any_ef
         .await
         .unwrap();
     let nr = name(&refused);
-    let done = w.wait_state(&nr, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Rejected(RejectReason::SnapshotUnusable))
-    );
+    let done = w
+        .wait_concluded(&nr, Outcome::Rejected(RejectReason::SnapshotUnusable))
+        .await;
     assert!(done.status.as_ref().unwrap().journal.workspace().is_none());
     let (_, mints_after) = w.second_sessions_and_mints().await.unwrap();
     assert_eq!(mints_after, mints_before, "a JIT was minted");
@@ -1790,11 +1769,8 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
     assert!(pid_alive(keep_pid));
     assert!(runtime_path(&kept).is_dir());
     stop_idle(&w, &keep, "ScaleDown").await;
-    let done = w
-        .wait_state(&name(&keep), AttemptState::Cleaned)
-        .await
-        .unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    w.wait_concluded(&name(&keep), Outcome::ExitedIdleWithoutWork)
+        .await;
     assert!(!pid_alive(keep_pid));
 }
 
@@ -2125,14 +2101,11 @@ async fn a_rolled_back_launch_keeps_a_slot_s_work_and_removes_an_ephemeral_runti
         std::fs::write(runtime.join("_work").join("checkout"), b"kept?").unwrap();
 
         let _again = w.agent(4, &[]).unwrap();
-        let done = w
-            .wait_state(&name(&a), AttemptState::Cleaned)
-            .await
-            .unwrap();
-        assert_eq!(
-            outcome(&done),
-            Some(Outcome::Failed(FailureReason::PreparationInterrupted))
-        );
+        w.wait_concluded(
+            &name(&a),
+            Outcome::Failed(FailureReason::PreparationInterrupted),
+        )
+        .await;
         match mode {
             WorkspaceMode::Persistent => {
                 let left: Vec<String> = std::fs::read_dir(&runtime)
@@ -2204,14 +2177,8 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
         })
         .await
         .unwrap();
-    let refused = w
-        .wait_state(&name(&y), AttemptState::Cleaned)
-        .await
-        .unwrap();
-    assert_eq!(
-        outcome(&refused),
-        Some(Outcome::Rejected(RejectReason::NodeFull))
-    );
+    w.wait_concluded(&name(&y), Outcome::Rejected(RejectReason::NodeFull))
+        .await;
     assert!(
         again
             .lines()
@@ -2292,11 +2259,9 @@ async fn a_start_without_a_child_is_tried_three_times_and_leaves_no_handoff() {
     w.wait_recovered().await.unwrap();
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Failed(FailureReason::ProcessStartFailed))
-    );
+    let done = w
+        .wait_concluded(&n, Outcome::Failed(FailureReason::ProcessStartFailed))
+        .await;
     wait_logged(&agent, "the failed launch at warn", &["launch failed", &n]).await;
     let retries = agent
         .lines()
@@ -2339,11 +2304,9 @@ async fn a_start_that_failed_after_its_child_existed_is_never_retried() {
     w.wait_recovered().await.unwrap();
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Failed(FailureReason::ProcessStartFailed))
-    );
+    let done = w
+        .wait_concluded(&n, Outcome::Failed(FailureReason::ProcessStartFailed))
+        .await;
     wait_logged(&agent, "the failed launch at warn", &["launch failed", &n]).await;
     let tries = |what: &str| {
         agent
@@ -2401,8 +2364,7 @@ async fn a_persistent_slot_is_scrubbed_only_once_its_runner_is_gone() {
     assert!(slot.join("_diag").exists());
 
     let _again = w.agent(4, &[]).unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    let done = w.wait_concluded(&n, Outcome::ExitedIdleWithoutWork).await;
     assert!(!pid_alive(pid));
     let left: Vec<String> = std::fs::read_dir(&slot)
         .unwrap()

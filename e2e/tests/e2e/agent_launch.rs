@@ -112,12 +112,9 @@ async fn a_failure_after_the_spawn_is_never_retried_and_leaves_no_child_identity
         w.wait_recovered().await.unwrap();
         let a = w.pending_attempt().await.unwrap();
         let n = name(&a);
-        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-        assert_eq!(
-            outcome(&done),
-            Some(Outcome::Failed(FailureReason::ProcessStartFailed)),
-            "{step}"
-        );
+        let done = w
+            .wait_concluded_saying(&n, Outcome::Failed(FailureReason::ProcessStartFailed), step)
+            .await;
         assert!(
             agent
                 .lines()
@@ -198,14 +195,8 @@ async fn a_child_the_launcher_cannot_stop_keeps_its_place_until_supervision_prov
     .await
     .unwrap();
     let second = w.pending_attempt().await.unwrap();
-    let rejected = w
-        .wait_state(&name(&second), AttemptState::Cleaned)
-        .await
-        .unwrap();
-    assert_eq!(
-        outcome(&rejected),
-        Some(Outcome::Rejected(RejectReason::NodeFull))
-    );
+    w.wait_concluded(&name(&second), Outcome::Rejected(RejectReason::NodeFull))
+        .await;
     // Still `Starting`, still its pid: nothing concluded it while it lives.
     let still = w.attempts().get(&n).await.unwrap();
     assert_eq!(

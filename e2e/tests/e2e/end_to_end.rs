@@ -434,16 +434,7 @@ async fn min_idle_holds_two_idle_runners_and_no_more() {
         .delete("web", &DeleteParams::default())
         .await
         .unwrap();
-    wait::until(STEP, "the policy gone", || async {
-        p.policies()
-            .get_opt("web")
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    p.wait_policy_gone("web").await;
     wait::until(STEP, "no registration left", || async {
         p.fake.runners().await.ok()?.is_empty().then_some(())
     })
@@ -552,16 +543,7 @@ async fn a_policy_deleted_while_its_runner_is_busy_drains_after_the_job() {
         done["runner_name"].as_str(),
         Some(runner_name(busy.spec.attempt_uuid().unwrap()).as_str())
     );
-    wait::until(STEP, "the policy gone", || async {
-        p.policies()
-            .get_opt("web")
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    p.wait_policy_gone("web").await;
     let this = p
         .attempts()
         .get_opt(busy.metadata.name.as_deref().unwrap())
@@ -666,16 +648,7 @@ async fn a_new_leader_draining_a_deleted_policy_deregisters_its_runners() {
         .await
         .unwrap();
     p.restart_operator(0).await.unwrap();
-    wait::until(STEP, "the policy gone", || async {
-        p.policies()
-            .get_opt("web")
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    p.wait_policy_gone("web").await;
     // The finalizer goes only after every attempt is gone, each deregistered before its stop
     // was asked: no wait here, and the orphan sweep (an hour's grace) cannot have done it.
     assert_eq!(

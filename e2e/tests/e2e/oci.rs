@@ -240,8 +240,9 @@ async fn runs_one_job_to_cleaned(
             status.code().unwrap_or(1),
         )
         .await;
-    let done = w.wait_state(n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::CompletedJob), "{status:?}");
+    let done = w
+        .wait_concluded_saying(n, Outcome::CompletedJob, &format!("{status:?}"))
+        .await;
     wait_no_pod(w, n).await;
     done
 }
@@ -255,11 +256,8 @@ async fn a_native_only_agent_rejects_an_oci_attempt_and_creates_no_pod() {
     w.wait_recovered().await.unwrap();
     let a = w.pending_attempt_with(oci).await.unwrap();
     let n = name(&a);
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Rejected(RejectReason::SnapshotUnusable))
-    );
+    w.wait_concluded(&n, Outcome::Rejected(RejectReason::SnapshotUnusable))
+        .await;
     assert!(runner_pods(&w, &n).await.is_empty(), "a pod was created");
     assert!(w.runtimes().is_empty(), "a runtime was made");
     assert!(
@@ -308,11 +306,8 @@ async fn a_runner_pod_stuck_pulling_its_image_concludes_image_unavailable_and_is
     assert_eq!(requests["memory"].0, "512Mi");
 
     KubeletDouble { w: &w }.image_pull_back_off(&pod).await;
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Failed(FailureReason::ImageUnavailable))
-    );
+    w.wait_concluded(&n, Outcome::Failed(FailureReason::ImageUnavailable))
+        .await;
     wait_no_pod(&w, &n).await;
     assert!(
         w.registrations(&a).await.unwrap().is_empty(),
@@ -339,11 +334,8 @@ async fn a_runner_pod_deleted_by_someone_else_while_preparing_concludes_and_noth
         )
         .await
         .unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Failed(FailureReason::ProcessStartFailed))
-    );
+    w.wait_concluded(&n, Outcome::Failed(FailureReason::ProcessStartFailed))
+        .await;
     wait_no_pod(&w, &n).await;
     assert!(w.registrations(&a).await.unwrap().is_empty());
     assert!(w.runtimes().is_empty(), "the runtime was left");
@@ -382,11 +374,8 @@ async fn a_crash_after_the_pod_is_created_destroys_it_once_and_concludes_prepara
         "the crash left the attempt in Preparing with its pod"
     );
     let _agent = oci_agent(&w, "120");
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Failed(FailureReason::PreparationInterrupted))
-    );
+    w.wait_concluded(&n, Outcome::Failed(FailureReason::PreparationInterrupted))
+        .await;
     wait_no_pod(&w, &n).await;
     assert!(w.registrations(&a).await.unwrap().is_empty());
 }
@@ -591,11 +580,8 @@ mod recovery {
         let n = name(&a);
         let pod = wait_own_pod(&w, &n).await;
         refuse_out_of_cpu(&w, pod.metadata.name.as_deref().unwrap()).await;
-        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-        assert_eq!(
-            outcome(&done),
-            Some(Outcome::Failed(FailureReason::NodeOutOfResources))
-        );
+        w.wait_concluded(&n, Outcome::Failed(FailureReason::NodeOutOfResources))
+            .await;
         assert_eq!(mints(&w), 0, "a JIT was minted for a refused pod");
         wait_no_pod(&w, &n).await;
         assert!(w.runtimes().is_empty(), "the runtime was left");
@@ -779,11 +765,8 @@ mod recovery {
             .delete(&earlier_name, &DeleteParams::default())
             .await
             .ok();
-        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-        assert_eq!(
-            outcome(&done),
-            Some(Outcome::Failed(FailureReason::NodeOutOfResources))
-        );
+        w.wait_concluded(&n, Outcome::Failed(FailureReason::NodeOutOfResources))
+            .await;
         assert!(w.runtimes().is_empty(), "the runtime was left");
         let left = pods(&w).get(&unowned_name).await.unwrap();
         assert_eq!(left.metadata.uid, unowned.metadata.uid, "replaced");
@@ -891,11 +874,9 @@ mod recovery {
         );
 
         let _again = oci_agent(&w, "120");
-        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-        assert_eq!(
-            outcome(&done),
-            Some(Outcome::Failed(FailureReason::JitExpired))
-        );
+        let done = w
+            .wait_concluded(&n, Outcome::Failed(FailureReason::JitExpired))
+            .await;
         wait_no_pod(&w, &n).await;
         assert_eq!(mints(&w), 1, "the lost JIT was asked again");
         assert!(
@@ -1108,8 +1089,8 @@ mod recovery {
                 status.code().unwrap_or(1),
             )
             .await;
-        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-        assert_eq!(outcome(&done), Some(Outcome::CompletedJob), "{status:?}");
+        w.wait_concluded_saying(&n, Outcome::CompletedJob, &format!("{status:?}"))
+            .await;
         wait_no_pod(&w, &n).await;
         assert_eq!(mints(&w), 1, "a second JIT");
         assert!(w.runtimes().is_empty(), "the runtime was left");
@@ -1185,11 +1166,8 @@ mod recovery {
             .delete(&duplicate_name, &DeleteParams::default())
             .await
             .unwrap();
-        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-        assert_eq!(
-            outcome(&done),
-            Some(Outcome::Failed(FailureReason::NodeOutOfResources))
-        );
+        w.wait_concluded(&n, Outcome::Failed(FailureReason::NodeOutOfResources))
+            .await;
         assert!(w.runtimes().is_empty(), "the runtime was left");
     }
 }

@@ -294,19 +294,6 @@ fn set_named<'a>(sets: &'a Value, name: &str) -> Option<&'a Value> {
 }
 
 /// Waits until policy `name` is gone (its finalizers released); the failure names the logs.
-async fn wait_policy_gone(p: &Product, name: &str) {
-    wait::until(STEP, &format!("policy {name} gone"), || async {
-        p.policies()
-            .get_opt(name)
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
-}
-
 async fn scale_set_policy(p: &Product, name: &str, extra: Value) {
     let mut spec = json!({"github": {"url": "https://github.com/acme", "demand": "ScaleSet"},
                           "minIdle": 0, "scaling": {"webhook": false}});
@@ -383,7 +370,7 @@ async fn deleting_a_scale_set_policy_deletes_its_scale_set_through_an_outage_and
     p.kill_operator(0);
     p.fake.admin("DELETE", "faults", Value::Null).await.unwrap();
     p.restart_operator(0).await.unwrap();
-    wait_policy_gone(&p, "sets").await;
+    p.wait_policy_gone("sets").await;
     let sets = scale_sets(&p).await;
     assert!(
         set_named(&sets, &set).is_none(),
@@ -748,7 +735,7 @@ async fn a_scale_set_id_written_into_a_policy_never_reaches_another_policys_set(
         .delete("thief", &kube::api::DeleteParams::default())
         .await
         .unwrap();
-    wait_policy_gone(&p, "thief").await;
+    p.wait_policy_gone("thief").await;
     let sets = scale_sets(&p).await;
     assert!(
         set_named(&sets, &format!("{}-thief", p.team)).is_none(),
