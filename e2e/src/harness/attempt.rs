@@ -39,6 +39,15 @@ pub fn runtime_path(a: &RunnerAttempt) -> PathBuf {
     PathBuf::from(workspace.runtime_path())
 }
 
+/// The pid of the runner process the attempt journalled.
+pub fn pid_of(a: &RunnerAttempt) -> u32 {
+    a.status
+        .as_ref()
+        .and_then(|s| s.journal.process())
+        .unwrap_or_else(|| panic!("{:?} journalled no process", a.metadata.name))
+        .pid
+}
+
 /// Whether process `pid` is alive: it exists and is not a zombie.
 pub fn pid_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()

@@ -512,13 +512,18 @@ impl Product {
     /// Wait until the team's policy `name` is gone: its finalizer let it go (panics after
     /// [`STEP`], naming the logs).
     pub async fn wait_policy_gone(&self, name: &str) {
-        wait::until(STEP, &format!("policy {name} gone"), || async {
-            self.policies()
-                .get_opt(name)
-                .await
-                .ok()?
-                .is_none()
-                .then_some(())
+        self.wait_gone(&self.policies(), name, &format!("policy {name} gone"))
+            .await;
+    }
+
+    /// Wait until `api` no longer has the object `name` (a failed read is not an answer);
+    /// panics after [`STEP`], saying `what` and naming the logs.
+    pub async fn wait_gone<K>(&self, api: &Api<K>, name: &str, what: &str)
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        wait::until(STEP, what, || async {
+            api.get_opt(name).await.ok()?.is_none().then_some(())
         })
         .await
         .unwrap_or_else(|e| panic!("{e}; logs in {}", self.logs().display()));

@@ -10,7 +10,9 @@ use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::outcome::{FailureReason, Outcome, RejectReason};
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
-use runner_manager_e2e::harness::attempt::{outcome, pid_alive, registration, runtime_path};
+use runner_manager_e2e::harness::attempt::{
+    outcome, pid_alive, pid_of, registration, runtime_path,
+};
 use runner_manager_e2e::harness::pin::Pinned;
 use runner_manager_e2e::harness::process::Running;
 use runner_manager_e2e::harness::wait;
@@ -299,7 +301,7 @@ async fn an_idle_runner_is_terminated_in_order_and_exits_idle() {
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
     let idle = bring_to_idle(&w, &a).await;
-    let pid = idle.status.as_ref().unwrap().journal.process().unwrap().pid;
+    let pid = pid_of(&idle);
     stop_idle(&w, &a, "IdleTimeout").await;
     let done = w.wait_concluded(&n, Outcome::ExitedIdleWithoutWork).await;
     assert!(!outcome(&done).unwrap().wants_replacement());
@@ -679,7 +681,7 @@ async fn deleting_an_attempt_stops_its_runner_in_order_before_the_finalizer_goes
         .unwrap();
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
     let idle = bring_to_idle(&w, &a).await;
-    let pid = idle.status.as_ref().unwrap().journal.process().unwrap().pid;
+    let pid = pid_of(&idle);
     w.attempts()
         .delete(&n, &DeleteParams::default())
         .await
@@ -872,14 +874,7 @@ async fn a_runner_never_listed_online_is_stopped_at_its_registration_deadline() 
         .unwrap();
     let n = name(&a);
     let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let pid = started
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .process()
-        .unwrap()
-        .pid;
+    let pid = pid_of(&started);
     // The operator never reports it online: the agent's own deadline stops it, in order.
     let done = w
         .wait_concluded(
@@ -984,10 +979,6 @@ async fn kill_runner(pid: u32) {
     })
     .await
     .unwrap();
-}
-
-fn pid_of(a: &RunnerAttempt) -> u32 {
-    a.status.as_ref().unwrap().journal.process().unwrap().pid
 }
 
 /// Waits until the agent's log has a line with every one of `needles`.
@@ -1583,7 +1574,7 @@ async fn an_abandoned_slot_attempt_s_overlay_is_unmounted_before_its_slot_is_rel
         .await
         .unwrap();
     let idle = bring_to_idle(&w, &a).await;
-    let pid = idle.status.as_ref().unwrap().journal.process().unwrap().pid;
+    let pid = pid_of(&idle);
     let slot = runtime_path(&idle);
     assert!(
         overlay::is_mounted(&slot).unwrap(),
@@ -1622,12 +1613,12 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
     // A live attempt every sweep must leave alone.
     let keep = w.pending_attempt().await.unwrap();
     let kept = bring_to_idle(&w, &keep).await;
-    let keep_pid = kept.status.as_ref().unwrap().journal.process().unwrap().pid;
+    let keep_pid = pid_of(&kept);
 
     // Deleted while its runner lives.
     let a = w.pending_attempt().await.unwrap();
     let idle = bring_to_idle(&w, &a).await;
-    let pid = idle.status.as_ref().unwrap().journal.process().unwrap().pid;
+    let pid = pid_of(&idle);
     let (runtime, cgroup) = (
         runtime_path(&idle),
         w.cgroup_dir().join(format!("rm-{}", short_of(&a))),
@@ -1670,14 +1661,7 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
     // Deleted while the agent is down.
     let c = w.pending_attempt().await.unwrap();
     let c_idle = bring_to_idle(&w, &c).await;
-    let c_pid = c_idle
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .process()
-        .unwrap()
-        .pid;
+    let c_pid = pid_of(&c_idle);
     let (c_runtime, c_cgroup) = (
         runtime_path(&c_idle),
         w.cgroup_dir().join(format!("rm-{}", short_of(&c))),

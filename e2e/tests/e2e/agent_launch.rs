@@ -11,7 +11,7 @@ use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::outcome::{FailureReason, Outcome, RejectReason};
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
-use runner_manager_e2e::harness::attempt::{outcome, pid_alive};
+use runner_manager_e2e::harness::attempt::{outcome, pid_alive, pid_of};
 use runner_manager_e2e::harness::process::Running;
 use runner_manager_e2e::harness::wait;
 
@@ -177,14 +177,7 @@ async fn a_child_the_launcher_cannot_stop_keeps_its_place_until_supervision_prov
     let n = name(&a);
     let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
     assert_eq!(outcome(&started), None);
-    let pid = started
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .process()
-        .unwrap()
-        .pid;
+    let pid = pid_of(&started);
     assert!(pid_alive(pid), "the child the stop did not take lives");
     assert_eq!(logged(&agent, &n, "start failed after a child existed"), 1);
     wait::until(STEP, "the Lease to show the node full", || async {

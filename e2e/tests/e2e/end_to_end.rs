@@ -1436,16 +1436,8 @@ async fn a_lost_node_is_orphaned_replaced_elsewhere_and_released_by_abandon() {
         )
         .await
         .unwrap();
-    wait::until(STEP, "the abandoned attempt released", || async {
-        p.attempts()
-            .get_opt(&name)
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    p.wait_gone(&p.attempts(), &name, "the abandoned attempt released")
+        .await;
     // The dead runner's registration is gone; only the replacement's remains.
     let uuid = idle.spec.attempt_uuid().unwrap();
     wait::until(STEP, "the dead runner deregistered", || async {
