@@ -103,6 +103,21 @@ impl AgentWorld {
         self.agent_command(World::agent_binary()?, capacity, extra)
     }
 
+    /// [`Self::agent`] (capacity 4) placing a placeholder pod before each native runner and
+    /// waiting `wait_seconds` for the kubelet to admit it; `extra` env on top.
+    pub fn placeholder_agent(
+        &self,
+        wait_seconds: &str,
+        extra: &[(&str, &str)],
+    ) -> Result<Running, String> {
+        let mut env = vec![
+            ("RM_PLACEHOLDERS", "true"),
+            ("RM_PLACEHOLDER_WAIT_SECONDS", wait_seconds),
+        ];
+        env.extend_from_slice(extra);
+        self.agent(4, &env)
+    }
+
     /// Like [`Self::agent`], with at most `nofile` open descriptors (soft and hard
     /// `RLIMIT_NOFILE`, set by util-linux's `prlimit`, which then becomes the agent).
     pub fn agent_with_fd_limit(

@@ -594,15 +594,7 @@ mod recovery {
         let Some(w) = AgentWorld::start("a_placeholder_the_kubelet_refuses_for_cpu").await else {
             return;
         };
-        let _agent = w
-            .agent(
-                4,
-                &[
-                    ("RM_PLACEHOLDERS", "true"),
-                    ("RM_PLACEHOLDER_WAIT_SECONDS", "120"),
-                ],
-            )
-            .unwrap();
+        let _agent = w.placeholder_agent("120", &[]).unwrap();
         w.wait_recovered().await.unwrap();
         let a = w
             .pending_attempt_with(|s| {
@@ -623,12 +615,10 @@ mod recovery {
         .await
         .unwrap();
         refuse_out_of_cpu(&w, &placeholder).await;
-        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+        let done = w
+            .wait_concluded(&n, Outcome::Failed(FailureReason::NodeOutOfResources))
+            .await;
         let journal = &done.status.as_ref().unwrap().journal;
-        assert_eq!(
-            journal.outcome(),
-            Some(Outcome::Failed(FailureReason::NodeOutOfResources))
-        );
         assert!(journal.process().is_none(), "a runner was started");
         assert_eq!(
             mints(&w),

@@ -43,14 +43,7 @@ async fn a_placeholder_stands_beside_a_native_runner_and_goes_after_its_cleanup(
         return;
     };
     let agent = w
-        .agent(
-            4,
-            &[
-                ("RM_PLACEHOLDERS", "true"),
-                ("RM_PLACEHOLDER_WAIT_SECONDS", "0"),
-                ("RM_ORPHAN_SWEEP_SECONDS", "1"),
-            ],
-        )
+        .placeholder_agent("0", &[("RM_ORPHAN_SWEEP_SECONDS", "1")])
         .unwrap();
     w.wait_recovered().await.unwrap();
     let pods_api = Api::<Pod>::namespaced(w.kube.clone(), &w.team);
@@ -171,25 +164,15 @@ async fn a_placeholder_the_kubelet_never_runs_keeps_the_runner_from_starting() {
     let Some(w) = AgentWorld::start("placeholder_refused").await else {
         return;
     };
-    let agent = w
-        .agent(
-            4,
-            &[
-                ("RM_PLACEHOLDERS", "true"),
-                ("RM_PLACEHOLDER_WAIT_SECONDS", "2"),
-            ],
-        )
-        .unwrap();
+    let agent = w.placeholder_agent("2", &[]).unwrap();
     w.wait_recovered().await.unwrap();
     let pods_api = Api::<Pod>::namespaced(w.kube.clone(), &w.team);
     let a = w.pending_attempt_with(with_resources).await.unwrap();
     let n = name(&a);
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    let done = w
+        .wait_concluded(&n, Outcome::Failed(FailureReason::ProcessStartFailed))
+        .await;
     let journal = &done.status.as_ref().unwrap().journal;
-    assert_eq!(
-        journal.outcome(),
-        Some(Outcome::Failed(FailureReason::ProcessStartFailed))
-    );
     assert!(journal.process().is_none(), "a runner was started");
     assert!(journal.runner().is_none(), "a runner was registered");
     let (_, mints) = w.second_sessions_and_mints().await.unwrap();
@@ -236,15 +219,7 @@ async fn a_placeholder_deleted_under_a_running_runner_is_recreated_and_an_impost
     let Some(w) = AgentWorld::start("placeholder_kept").await else {
         return;
     };
-    let agent = w
-        .agent(
-            4,
-            &[
-                ("RM_PLACEHOLDERS", "true"),
-                ("RM_PLACEHOLDER_WAIT_SECONDS", "0"),
-            ],
-        )
-        .unwrap();
+    let agent = w.placeholder_agent("0", &[]).unwrap();
     w.wait_recovered().await.unwrap();
     let pods_api = Api::<Pod>::namespaced(w.kube.clone(), &w.team);
     // No resources: a memory limit needs the memory controller delegated to the runner cgroups,
