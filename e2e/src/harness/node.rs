@@ -251,9 +251,20 @@ pub async fn bound_token(
     sa: &str,
     audience: &str,
 ) -> Result<String, ClusterError> {
+    token_bound_to(kube, system, pod, sa, vec![audience.into()]).await
+}
+
+/// A token for `sa`, bound to `pod`, for `audiences` (none: the API server's own), one hour.
+pub async fn token_bound_to(
+    kube: &Client,
+    system: &str,
+    pod: &Pod,
+    sa: &str,
+    audiences: Vec<String>,
+) -> Result<String, ClusterError> {
     let request = TokenRequest {
         spec: TokenRequestSpec {
-            audiences: vec![audience.into()],
+            audiences,
             bound_object_ref: Some(BoundObjectReference {
                 kind: Some("Pod".into()),
                 api_version: Some("v1".into()),
