@@ -58,10 +58,7 @@ impl WorldBuilder {
         else {
             return Ok(None);
         };
-        let package = world
-            .package
-            .clone()
-            .ok_or_else(|| "the world publishes no package".to_owned())?;
+        let package = world.published_package()?;
         let on = world.add_node("agent-node", BTreeMap::new()).await?;
         let mut cmd = world.operator_command(&[])?;
         cmd.env("RM_CONTROLLERS", "false")
@@ -343,19 +340,13 @@ impl AgentWorld {
 
     /// Queues a job with the stand-in's `behaviour` (`standin_runner::behaviour::JobBehaviour`).
     pub async fn queue_job_with(&self, behaviour: Value) -> Result<u64, String> {
-        let v = self
-            .fake
-            .admin(
-                "POST",
-                "jobs",
+        self.fake
+            .queue_job(
                 json!({"owner": ORG, "repo": "web", "labels": ["self-hosted", "linux"],
                        "behaviour": behaviour}),
             )
             .await
-            .map_err(|e| fail("queue job", e))?;
-        v["job_id"]
-            .as_u64()
-            .ok_or_else(|| format!("no job id in {v}"))
+            .map_err(|e| fail("queue job", e))
     }
 
     /// Waits until the fake assigned job `id` to a runner; returns the runner's name.
@@ -392,11 +383,7 @@ impl AgentWorld {
     /// Sessions refused because the JIT was already used (a second runner with one JIT), and
     /// JIT mints, from the fake's counters.
     pub async fn second_sessions_and_mints(&self) -> Result<(u64, u64), String> {
-        let c = self
-            .fake
-            .counters()
-            .await
-            .map_err(|e| fail("counters", e))?;
+        let c = self.fake_counters().await?;
         let refused = c["runner_session"]["409"].as_u64().unwrap_or(0);
         let mints = c["generate_jitconfig"]["201"].as_u64().unwrap_or(0);
         Ok((refused, mints))

@@ -197,6 +197,14 @@ impl SimulatedGitHub {
             .unwrap_or_default())
     }
 
+    /// Queue the job `job` describes (`{"owner", "repo", "labels", "behaviour", ..}`); its id.
+    pub async fn queue_job(&self, job: Value) -> Result<u64, FakeError> {
+        let v = self.admin("POST", "jobs", job).await?;
+        v["job_id"]
+            .as_u64()
+            .ok_or_else(|| FakeError::Admin("jobs".into(), format!("no job id in {v}")))
+    }
+
     /// Queue a fault (`{"endpoint": .., "count": .., "status"/"latency_ms"/..}`) on the fake.
     pub async fn fault(&self, fault: Value) -> Result<Value, FakeError> {
         self.admin("POST", "faults", fault).await

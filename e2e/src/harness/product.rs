@@ -189,10 +189,7 @@ impl WorldBuilder {
         else {
             return Ok(None);
         };
-        let package = world
-            .package
-            .clone()
-            .ok_or_else(|| "the world publishes no package".to_owned())?;
+        let package = world.published_package()?;
         let mut this = Product {
             world,
             package,
@@ -406,14 +403,10 @@ impl Product {
     }
 
     async fn queue_job_body(&self, body: Value) -> Result<u64, String> {
-        let v = self
-            .fake
-            .admin("POST", "jobs", body)
+        self.fake
+            .queue_job(body)
             .await
-            .map_err(|e| fail("queue job", e))?;
-        v["job_id"]
-            .as_u64()
-            .ok_or_else(|| format!("no job id in {v}"))
+            .map_err(|e| fail("queue job", e))
     }
 
     /// The fake's view of job `id`.
@@ -546,11 +539,7 @@ impl Product {
     /// The GitHub REST calls the operator made so far (every endpoint but the runner protocol and
     /// package downloads, which are the runner's and the agent's), and the raw counters.
     pub async fn operator_github_calls(&self) -> Result<(u64, Value), String> {
-        let c = self
-            .fake
-            .counters()
-            .await
-            .map_err(|e| fail("counters", e))?;
+        let c = self.fake_counters().await?;
         let mut total = 0;
         if let Value::Object(m) = &c {
             for (endpoint, outcomes) in m {

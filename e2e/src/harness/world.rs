@@ -390,6 +390,18 @@ impl NodeHost {
 }
 
 impl World {
+    /// The fake's counters (`{"<endpoint>": {"<status>": n}}`), failing with a harness error.
+    pub async fn fake_counters(&self) -> Result<serde_json::Value, String> {
+        self.fake.counters().await.map_err(|e| fail("counters", e))
+    }
+
+    /// The runner package this world published (built with `package_or_stand_in`).
+    pub fn published_package(&self) -> Result<PackageInfo, String> {
+        self.package
+            .clone()
+            .ok_or_else(|| "the world publishes no package".to_owned())
+    }
+
     /// A world for test `test` (its name also names the log directory).
     pub fn builder(test: &str) -> WorldBuilder {
         WorldBuilder::new(test)

@@ -16,15 +16,9 @@ use runner_manager_operator::github::walk::WalkView;
 use serde_json::{Value, json};
 
 async fn queue(fake: &SimulatedGitHub, owner: &str, repo: &str, labels: &[&str]) -> u64 {
-    let v = fake
-        .admin(
-            "POST",
-            "jobs",
-            json!({"owner": owner, "repo": repo, "labels": labels, "behaviour": {}}),
-        )
+    fake.queue_job(json!({"owner": owner, "repo": repo, "labels": labels, "behaviour": {}}))
         .await
-        .unwrap();
-    v["job_id"].as_u64().unwrap()
+        .unwrap()
 }
 
 fn ids(view: &WalkView) -> BTreeSet<u64> {

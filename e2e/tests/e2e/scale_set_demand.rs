@@ -30,17 +30,11 @@ async fn wait_sessions(p: &Product, n: usize) {
 }
 
 async fn queue(p: &Product, repo: &str, labels: &[&str], ms: u64) -> u64 {
-    let v = p
-        .fake
-        .admin(
-            "POST",
-            "jobs",
-            json!({"owner": "acme", "repo": repo, "labels": labels,
-                   "behaviour": {"duration_ms": ms}}),
-        )
+    p.fake
+        .queue_job(json!({"owner": "acme", "repo": repo, "labels": labels,
+                          "behaviour": {"duration_ms": ms}}))
         .await
-        .unwrap();
-    v["job_id"].as_u64().unwrap()
+        .unwrap()
 }
 
 async fn drop_every_webhook(p: &Product) {
