@@ -299,14 +299,10 @@ impl AgentWorld {
             .attempt_uuid()
             .map(runner_name)
             .unwrap_or_default();
-        Ok(self
-            .fake
-            .runners()
+        self.fake
+            .runners_named(&name)
             .await
-            .map_err(|e| fail("runners", e))?
-            .into_iter()
-            .filter(|r| r["name"] == name.as_str())
-            .collect())
+            .map_err(|e| fail("runners", e))
     }
 
     /// The operator's deregistration: deletes every registration named for `attempt`.

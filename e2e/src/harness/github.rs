@@ -197,6 +197,16 @@ impl SimulatedGitHub {
             .unwrap_or_default())
     }
 
+    /// The registrations the fake holds under `name`.
+    pub async fn runners_named(&self, name: &str) -> Result<Vec<Value>, FakeError> {
+        Ok(self
+            .runners()
+            .await?
+            .into_iter()
+            .filter(|r| r["name"] == name)
+            .collect())
+    }
+
     /// Queue the job `job` describes (`{"owner", "repo", "labels", "behaviour", ..}`); its id.
     pub async fn queue_job(&self, job: Value) -> Result<u64, FakeError> {
         let v = self.admin("POST", "jobs", job).await?;

@@ -567,6 +567,23 @@ impl Product {
             .unwrap_or_default()
     }
 
+    /// The team's attempts once `check` holds for the whole list (panics after `deadline`,
+    /// saying `what` and naming the logs).
+    pub async fn wait_attempts(
+        &self,
+        what: &str,
+        deadline: Duration,
+        check: impl Fn(&[RunnerAttempt]) -> bool,
+    ) -> Vec<RunnerAttempt> {
+        let check = &check;
+        wait::until(deadline, what, || async move {
+            let list = self.all_attempts().await;
+            check(&list).then_some(list)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}; logs in {}", self.logs().display()))
+    }
+
     /// Stop every operator replica, keeping its log as `Drop` would.
     pub fn stop_operators(&mut self) {
         for (i, o) in self.operators.iter().enumerate() {

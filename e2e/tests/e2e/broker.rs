@@ -357,13 +357,7 @@ impl World {
     }
 
     async fn registrations_named(&self, name: &str) -> Vec<Value> {
-        self.fake
-            .runners()
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|r| r["name"] == name)
-            .collect()
+        self.fake.runners_named(name).await.unwrap()
     }
 }
 

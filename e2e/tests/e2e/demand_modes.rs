@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_crds::state::AttemptState;
+use runner_manager_e2e::harness::attempt::state;
 use runner_manager_e2e::harness::github::{ORG, SimulatedGitHub, pat_credentials};
 use runner_manager_e2e::harness::product::{Product, STEP};
 use runner_manager_e2e::harness::wait;
@@ -282,18 +283,10 @@ async fn an_organization_target_with_every_webhook_dropped_still_runs_all_its_jo
         "org polling: {calls} operator GitHub calls for {} runners; {counters}",
         jobs.len()
     );
-    wait::until(STEP, "every attempt Cleaned", || async {
-        let list = p.all_attempts().await;
-        list.iter()
-            .all(|a| {
-                a.status
-                    .as_ref()
-                    .is_some_and(|s| s.journal.state() == AttemptState::Cleaned)
-            })
-            .then_some(())
+    p.wait_attempts("every attempt Cleaned", STEP, |list| {
+        list.iter().all(|a| state(a) == AttemptState::Cleaned)
     })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    .await;
     wait::until(STEP, "no registration left at the fake", || async {
         p.fake.runners().await.ok()?.is_empty().then_some(())
     })

@@ -83,29 +83,11 @@ async fn completed_and_cleaned(p: &Product, job: u64) -> Value {
         .completed_job(job, Duration::from_secs(180))
         .await
         .unwrap();
-    wait_attempts(p, "every attempt cleaned", STEP, |list| {
+    p.wait_attempts("every attempt cleaned", STEP, |list| {
         list.iter().all(|a| state(a) == AttemptState::Cleaned)
     })
     .await;
     j
-}
-
-/// Attempts in the team namespace once `check` holds for the whole list.
-async fn wait_attempts(
-    p: &Product,
-    what: &str,
-    deadline: Duration,
-    check: impl Fn(&[RunnerAttempt]) -> bool,
-) -> Vec<RunnerAttempt> {
-    let check = &check;
-    wait::until(deadline, what, || async move {
-        let list = p.all_attempts().await;
-        check(&list).then_some(list)
-    })
-    .await
-    .unwrap_or_else(|e| {
-        panic!("{e}; logs in {}", p.logs().display());
-    })
 }
 
 /// The hygiene every scenario ends with, once the work is done: every attempt `Cleaned` (or
@@ -113,7 +95,7 @@ async fn wait_attempts(
 /// any host root, no runner process left in any agent's cgroup, and none of the JITs the fake
 /// issued anywhere — attempts and events in the API server, every process's log, every host root.
 async fn assert_settled_and_clean(p: &Product) {
-    wait_attempts(p, "every attempt Cleaned", STEP, |list| {
+    p.wait_attempts("every attempt Cleaned", STEP, |list| {
         list.iter().all(|a| state(a) == AttemptState::Cleaned)
     })
     .await;
@@ -269,14 +251,15 @@ async fn webhook_jobs_scale_from_zero_and_everything_is_cleaned() {
         assert!(name.starts_with("runner-manager-"), "{job}");
         assert!(runners.insert(name), "two jobs on one runner");
     }
-    let attempts = wait_attempts(&p, "the job attempts concluded", STEP, |list| {
-        list.iter()
-            .filter(|a| runners.contains(&runner_name(a.spec.attempt_uuid().unwrap())))
-            .filter(|a| outcome(a) == Some(Outcome::CompletedJob))
-            .count()
-            == jobs.len()
-    })
-    .await;
+    let attempts = p
+        .wait_attempts("the job attempts concluded", STEP, |list| {
+            list.iter()
+                .filter(|a| runners.contains(&runner_name(a.spec.attempt_uuid().unwrap())))
+                .filter(|a| outcome(a) == Some(Outcome::CompletedJob))
+                .count()
+                == jobs.len()
+        })
+        .await;
     for a in &attempts {
         let name = a.metadata.name.as_deref().unwrap();
         assert!(name.starts_with("web-"), "{name}");
@@ -393,7 +376,7 @@ async fn min_idle_holds_two_idle_runners_and_no_more() {
     };
     p.policy("web", json!({"minIdle": 2})).await.unwrap();
     p.wait_ready("web").await;
-    wait_attempts(&p, "two idle runners", Duration::from_secs(120), |list| {
+    p.wait_attempts("two idle runners", Duration::from_secs(120), |list| {
         list.iter()
             .filter(|a| state(a) == AttemptState::Idle)
             .count()
@@ -470,18 +453,18 @@ async fn attempts_land_only_where_the_node_selector_allows() {
     .await
     .unwrap();
     let b = p.agents[1].node.name.clone();
-    let list = wait_attempts(
-        &p,
-        "two idle runners on pool b",
-        Duration::from_secs(120),
-        |list| {
-            list.iter()
-                .filter(|a| state(a) == AttemptState::Idle)
-                .count()
-                == 2
-        },
-    )
-    .await;
+    let list = p
+        .wait_attempts(
+            "two idle runners on pool b",
+            Duration::from_secs(120),
+            |list| {
+                list.iter()
+                    .filter(|a| state(a) == AttemptState::Idle)
+                    .count()
+                    == 2
+            },
+        )
+        .await;
     for a in &list {
         assert_eq!(a.spec.node_name, b, "placed outside the node selector");
     }
@@ -522,10 +505,11 @@ async fn a_policy_deleted_while_its_runner_is_busy_drains_after_the_job() {
         .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 6000}))
         .await
         .unwrap();
-    let busy = wait_attempts(&p, "a busy runner", Duration::from_secs(120), |list| {
-        list.iter().any(|a| state(a) == AttemptState::Busy)
-    })
-    .await;
+    let busy = p
+        .wait_attempts("a busy runner", Duration::from_secs(120), |list| {
+            list.iter().any(|a| state(a) == AttemptState::Busy)
+        })
+        .await;
     let busy = busy
         .into_iter()
         .find(|a| state(a) == AttemptState::Busy)
@@ -632,13 +616,14 @@ async fn a_new_leader_draining_a_deleted_policy_deregisters_its_runners() {
     };
     p.policy("web", json!({"minIdle": 1})).await.unwrap();
     p.wait_ready("web").await;
-    let idle = wait_attempts(&p, "an idle runner", Duration::from_secs(120), |list| {
-        list.iter().any(|a| state(a) == AttemptState::Idle)
-    })
-    .await
-    .into_iter()
-    .find(|a| state(a) == AttemptState::Idle)
-    .unwrap();
+    let idle = p
+        .wait_attempts("an idle runner", Duration::from_secs(120), |list| {
+            list.iter().any(|a| state(a) == AttemptState::Idle)
+        })
+        .await
+        .into_iter()
+        .find(|a| state(a) == AttemptState::Idle)
+        .unwrap();
     let registration = runner_name(idle.spec.attempt_uuid().unwrap());
     assert_eq!(registrations_named(&p, &registration).await, 1);
 
@@ -660,13 +645,7 @@ async fn a_new_leader_draining_a_deleted_policy_deregisters_its_runners() {
 }
 
 async fn registrations_named(p: &Product, name: &str) -> usize {
-    p.fake
-        .runners()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|r| r["name"] == name)
-        .count()
+    p.fake.runners_named(name).await.unwrap().len()
 }
 
 /// The operator dies between GitHub's 201 and the broker's journal write (issue 20, item 3): a
@@ -701,18 +680,19 @@ async fn an_operator_killed_between_the_mint_and_the_journal_leaves_no_registrat
         .await
         .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
     }
-    let lost = wait_attempts(&p, "the attempt concluded JitExpired", STEP, |list| {
-        list.iter().any(|a| {
-            outcome(a)
-                == Some(Outcome::Failed(
-                    runner_manager_crds::outcome::FailureReason::JitExpired,
-                ))
+    let lost = p
+        .wait_attempts("the attempt concluded JitExpired", STEP, |list| {
+            list.iter().any(|a| {
+                outcome(a)
+                    == Some(Outcome::Failed(
+                        runner_manager_crds::outcome::FailureReason::JitExpired,
+                    ))
+            })
         })
-    })
-    .await
-    .into_iter()
-    .find(|a| outcome(a).is_some())
-    .unwrap();
+        .await
+        .into_iter()
+        .find(|a| outcome(a).is_some())
+        .unwrap();
     assert!(
         lost.status.as_ref().unwrap().journal.runner().is_none(),
         "the broker died before journalling a runner id"
@@ -757,7 +737,8 @@ async fn the_operator_killed_mid_burst_converges_after_restart() {
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
     p.wait_ready("web").await;
     let jobs = p.queue_jobs(4, 500).await.unwrap();
-    wait_attempts(&p, "the burst under way", STEP, |list| !list.is_empty()).await;
+    p.wait_attempts("the burst under way", STEP, |list| !list.is_empty())
+        .await;
     p.kill_operator(0);
     p.restart_operator(0).await.unwrap();
     p.hook_to(0).await.unwrap();
@@ -842,7 +823,7 @@ async fn a_burst_converges_through_github_5xx_and_429_storms() {
     assert_each_job_ran_once(&p, &jobs).await;
     assert_settled_and_clean(&p).await;
     // History: Cleaned attempts past the policy's limit (2 here) are garbage-collected.
-    wait_attempts(&p, "at most two Cleaned attempts kept", STEP, |list| {
+    p.wait_attempts("at most two Cleaned attempts kept", STEP, |list| {
         list.iter()
             .filter(|a| state(a) == AttemptState::Cleaned)
             .count()
@@ -927,16 +908,12 @@ async fn an_idle_timeout_exits_idle_without_work_and_is_not_replaced() {
     )
     .await
     .unwrap();
-    let list = wait_attempts(
-        &p,
-        "an idle-timeout exit",
-        Duration::from_secs(180),
-        |list| {
+    let list = p
+        .wait_attempts("an idle-timeout exit", Duration::from_secs(180), |list| {
             list.iter()
                 .any(|a| outcome(a) == Some(Outcome::ExitedIdleWithoutWork))
-        },
-    )
-    .await;
+        })
+        .await;
     let exited = list
         .iter()
         .find(|a| outcome(a) == Some(Outcome::ExitedIdleWithoutWork))
@@ -1194,10 +1171,11 @@ async fn a_restarted_agent_reopens_the_job_gate_of_a_live_runner() {
     else {
         return;
     };
-    let idle = wait_attempts(&p, "a runner idle", STEP, |list| {
-        list.iter().any(|a| state(a) == AttemptState::Idle)
-    })
-    .await;
+    let idle = p
+        .wait_attempts("a runner idle", STEP, |list| {
+            list.iter().any(|a| state(a) == AttemptState::Idle)
+        })
+        .await;
     let idle = idle
         .into_iter()
         .find(|a| state(a) == AttemptState::Idle)
@@ -1282,10 +1260,11 @@ async fn persistent_slots_keep_work_and_a_symlinked_work_quarantines_the_slot() 
         p.wait_jobs_completed(&[job], Duration::from_secs(180))
             .await
             .unwrap();
-        let list = wait_attempts(&p, "the job's attempt cleaned", STEP, |list| {
-            list.iter().all(|a| state(a) == AttemptState::Cleaned)
-        })
-        .await;
+        let list = p
+            .wait_attempts("the job's attempt cleaned", STEP, |list| {
+                list.iter().all(|a| state(a) == AttemptState::Cleaned)
+            })
+            .await;
         assert!(
             list.iter().all(|a| slot_of(a) == Some(1)),
             "round {i}: the lowest slot, reused: {:?}",
@@ -1313,18 +1292,20 @@ async fn persistent_slots_keep_work_and_a_symlinked_work_quarantines_the_slot() 
         .as_str()
         .unwrap()
         .to_owned();
-    let list = wait_attempts(&p, "the hostile job's slot quarantined", STEP, |list| {
-        list.iter().any(|a| {
-            runner_name(a.spec.attempt_uuid().unwrap()) == runner
-                && a.status.as_ref().is_some_and(|s| {
-                    s.journal.conditions.iter().any(|c| {
-                        c.type_ == runner_manager_crds::attempt::AttemptConditionType::Quarantined
-                            && c.status == ConditionStatus::True
+    let list = p
+        .wait_attempts("the hostile job's slot quarantined", STEP, |list| {
+            list.iter().any(|a| {
+                runner_name(a.spec.attempt_uuid().unwrap()) == runner
+                    && a.status.as_ref().is_some_and(|s| {
+                        s.journal.conditions.iter().any(|c| {
+                            c.type_
+                                == runner_manager_crds::attempt::AttemptConditionType::Quarantined
+                                && c.status == ConditionStatus::True
+                        })
                     })
-                })
+            })
         })
-    })
-    .await;
+        .await;
     let quarantined = list
         .iter()
         .find(|a| runner_name(a.spec.attempt_uuid().unwrap()) == runner)
@@ -1385,10 +1366,11 @@ async fn a_lost_node_is_orphaned_replaced_elsewhere_and_released_by_abandon() {
     )
     .await
     .unwrap();
-    let list = wait_attempts(&p, "one idle runner", Duration::from_secs(120), |list| {
-        list.iter().any(|a| state(a) == AttemptState::Idle)
-    })
-    .await;
+    let list = p
+        .wait_attempts("one idle runner", Duration::from_secs(120), |list| {
+            list.iter().any(|a| state(a) == AttemptState::Idle)
+        })
+        .await;
     let idle = list
         .into_iter()
         .find(|a| state(a) == AttemptState::Idle)
@@ -1407,8 +1389,7 @@ async fn a_lost_node_is_orphaned_replaced_elsewhere_and_released_by_abandon() {
             .status();
     }
     let name = idle.metadata.name.clone().unwrap();
-    wait_attempts(
-        &p,
+    p.wait_attempts(
         "the orphan replaced on the other node",
         Duration::from_secs(120),
         |list| {

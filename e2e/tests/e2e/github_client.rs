@@ -250,11 +250,7 @@ async fn an_ambiguous_mint_failure_is_resolved_by_name_never_by_a_blind_resend()
         })
         .collect();
     assert_eq!(order, ["mint", "lookup", "mint"], "{sent:?}");
-    let runners = fake.runners().await.unwrap();
-    let ours: Vec<_> = runners
-        .iter()
-        .filter(|r| r["name"] == "runner-manager-x")
-        .collect();
+    let ours = fake.runners_named("runner-manager-x").await.unwrap();
     assert_eq!(ours.len(), 1);
     assert_eq!(ours[0]["id"].as_i64(), Some(jit.runner.id));
 
@@ -267,13 +263,7 @@ async fn an_ambiguous_mint_failure_is_resolved_by_name_never_by_a_blind_resend()
         .generate_jit("runner-manager-y", 1, &labels(), "_work")
         .await
         .unwrap();
-    let ys: Vec<_> = fake
-        .runners()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|r| r["name"] == "runner-manager-y")
-        .collect();
+    let ys = fake.runners_named("runner-manager-y").await.unwrap();
     assert_eq!(ys.len(), 1, "exactly one registration: {ys:?}");
     assert_eq!(ys[0]["id"].as_i64(), Some(again.runner.id));
     check_contract(&gh.sent());

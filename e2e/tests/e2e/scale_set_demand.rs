@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use runner_manager_crds::policy::ScalePolicy;
+use runner_manager_e2e::harness::attempt::outcome;
 use runner_manager_e2e::harness::product::{Product, ProductOptions, STEP};
 use runner_manager_e2e::harness::wait;
 use serde_json::{Value, json};
@@ -648,18 +649,10 @@ async fn demand_modes_side_by_side() {
             .await
             .unwrap();
         // Calls until every attempt is cleaned (deregistration included).
-        wait::until(STEP, "every attempt concluded", || async {
-            let list = p.all_attempts().await;
-            list.iter()
-                .all(|a| {
-                    a.status
-                        .as_ref()
-                        .is_some_and(|s| s.journal.outcome().is_some())
-                })
-                .then_some(())
+        p.wait_attempts("every attempt concluded", STEP, |list| {
+            list.iter().all(|a| outcome(a).is_some())
         })
-        .await
-        .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+        .await;
         let (calls, counters) = p.operator_github_calls().await.unwrap();
         lat.sort();
         let ms = |d: Duration| d.as_millis();
