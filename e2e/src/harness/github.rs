@@ -215,6 +215,12 @@ impl SimulatedGitHub {
             .ok_or_else(|| FakeError::Admin("jobs".into(), format!("no job id in {v}")))
     }
 
+    /// Drop the next `n` webhook deliveries (the operator then only polls).
+    pub async fn drop_webhooks(&self, n: u64) -> Result<Value, FakeError> {
+        self.admin("PUT", "webhooks/controls", json!({"drop_next": n}))
+            .await
+    }
+
     /// Queue a fault (`{"endpoint": .., "count": .., "status"/"latency_ms"/..}`) on the fake.
     pub async fn fault(&self, fault: Value) -> Result<Value, FakeError> {
         self.admin("POST", "faults", fault).await

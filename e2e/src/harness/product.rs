@@ -12,8 +12,10 @@ use std::time::Duration;
 
 use kube::api::Api;
 use runner_manager_crds::attempt::RunnerAttempt;
+use runner_manager_crds::state::AttemptState;
 use serde_json::{Value, json};
 
+use super::attempt::state;
 use super::process::{OperatorAddrs, Running, operator_addrs};
 use super::wait;
 use super::world::{NodeHost, World, WorldBuilder, fail, kill_cgroup_tree, over_world};
@@ -582,6 +584,15 @@ impl Product {
         })
         .await
         .unwrap_or_else(|e| panic!("{e}; logs in {}", self.logs().display()))
+    }
+
+    /// Wait until every attempt of the team is `Cleaned` (panics after [`STEP`], naming the
+    /// logs).
+    pub async fn wait_every_attempt_cleaned(&self) -> Vec<RunnerAttempt> {
+        self.wait_attempts("every attempt Cleaned", STEP, |list| {
+            list.iter().all(|a| state(a) == AttemptState::Cleaned)
+        })
+        .await
     }
 
     /// Stop every operator replica, keeping its log as `Drop` would.

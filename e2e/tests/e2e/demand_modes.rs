@@ -7,8 +7,6 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use runner_manager_crds::policy::ScalePolicy;
-use runner_manager_crds::state::AttemptState;
-use runner_manager_e2e::harness::attempt::state;
 use runner_manager_e2e::harness::github::{ORG, SimulatedGitHub, pat_credentials};
 use runner_manager_e2e::harness::product::{Product, STEP};
 use runner_manager_e2e::harness::wait;
@@ -232,10 +230,7 @@ async fn an_organization_target_with_every_webhook_dropped_still_runs_all_its_jo
     let Some(p) = Product::start("org_polling_dropped_webhooks").await else {
         return;
     };
-    p.fake
-        .admin("PUT", "webhooks/controls", json!({"drop_next": 1000}))
-        .await
-        .unwrap();
+    p.fake.drop_webhooks(1000).await.unwrap();
     p.fake
         .admin(
             "POST",
@@ -283,10 +278,7 @@ async fn an_organization_target_with_every_webhook_dropped_still_runs_all_its_jo
         "org polling: {calls} operator GitHub calls for {} runners; {counters}",
         jobs.len()
     );
-    p.wait_attempts("every attempt Cleaned", STEP, |list| {
-        list.iter().all(|a| state(a) == AttemptState::Cleaned)
-    })
-    .await;
+    p.wait_every_attempt_cleaned().await;
     wait::until(STEP, "no registration left at the fake", || async {
         p.fake.runners().await.ok()?.is_empty().then_some(())
     })

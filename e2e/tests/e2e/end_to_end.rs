@@ -83,10 +83,7 @@ async fn completed_and_cleaned(p: &Product, job: u64) -> Value {
         .completed_job(job, Duration::from_secs(180))
         .await
         .unwrap();
-    p.wait_attempts("every attempt cleaned", STEP, |list| {
-        list.iter().all(|a| state(a) == AttemptState::Cleaned)
-    })
-    .await;
+    p.wait_every_attempt_cleaned().await;
     j
 }
 
@@ -95,10 +92,7 @@ async fn completed_and_cleaned(p: &Product, job: u64) -> Value {
 /// any host root, no runner process left in any agent's cgroup, and none of the JITs the fake
 /// issued anywhere — attempts and events in the API server, every process's log, every host root.
 async fn assert_settled_and_clean(p: &Product) {
-    p.wait_attempts("every attempt Cleaned", STEP, |list| {
-        list.iter().all(|a| state(a) == AttemptState::Cleaned)
-    })
-    .await;
+    p.wait_every_attempt_cleaned().await;
     wait::until(STEP, "no registration left at the fake", || async {
         p.fake.runners().await.ok()?.is_empty().then_some(())
     })
@@ -477,10 +471,7 @@ async fn jobs_are_found_by_polling_when_every_webhook_is_dropped() {
     let Some(p) = Product::start("polling_repairs_dropped_webhooks").await else {
         return;
     };
-    p.fake
-        .admin("PUT", "webhooks/controls", json!({"drop_next": 1000}))
-        .await
-        .unwrap();
+    p.fake.drop_webhooks(1000).await.unwrap();
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
     p.wait_ready("web").await;
     let jobs = p.queue_jobs(2, 200).await.unwrap();

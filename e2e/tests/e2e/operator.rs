@@ -1118,10 +1118,7 @@ async fn scale_from_zero_with_webhooks_dropped_by_polling() {
     let op = w.start_operator(&[]).await;
     w.add_node(Script::default(), op).await;
     w.hook_to(op).await;
-    w.fake
-        .admin("PUT", "webhooks/controls", json!({"drop_next": 100}))
-        .await
-        .unwrap();
+    w.fake.drop_webhooks(100).await.unwrap();
     w.policy("web", json!({"scaling": {"pollInterval": "10s"}}))
         .await;
     let job = w.queue_job().await;

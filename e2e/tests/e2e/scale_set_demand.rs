@@ -39,10 +39,7 @@ async fn queue(p: &Product, repo: &str, labels: &[&str], ms: u64) -> u64 {
 }
 
 async fn drop_every_webhook(p: &Product) {
-    p.fake
-        .admin("PUT", "webhooks/controls", json!({"drop_next": 100_000}))
-        .await
-        .unwrap();
+    p.fake.drop_webhooks(100_000).await.unwrap();
 }
 
 /// Every job completed once, successfully, each on its own runner, that runner minted through
