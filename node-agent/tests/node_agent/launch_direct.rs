@@ -20,8 +20,7 @@ use runner_manager_node_agent::providers::{RunnerLauncher, Stopped};
 fn the_jit_reaches_the_listener_environment_only_and_nothing_survives_the_start() {
     let w = World::new();
     let launcher = w.launcher();
-    let (secret, value) = jit();
-    let handoff = RestrictiveHandoff::create(&w.runtime, RUNNER, &secret).unwrap();
+    let (handoff, value) = w.handoff();
     assert!(!format!("{handoff:?}").contains(&value));
     let id = launcher.start(&w.spec("sleep"), handoff).unwrap();
 
@@ -217,8 +216,7 @@ fn a_missing_listener_fails_before_any_child_and_leaves_no_handoff() {
     let w = World::new();
     std::fs::remove_file(w.runtime.join("bin/Runner.Listener")).unwrap();
     let launcher = w.launcher();
-    let (secret, value) = jit();
-    let handoff = RestrictiveHandoff::create(&w.runtime, RUNNER, &secret).unwrap();
+    let (handoff, value) = w.handoff();
     let err = launcher.start(&w.spec("sleep"), handoff).unwrap_err();
     assert!(matches!(err.failure, StartFailure::ListenerMissing));
     assert!(err.retryable() && err.live.is_none());
@@ -234,8 +232,7 @@ fn a_helper_that_cannot_be_spawned_is_retryable_and_leaves_nothing() {
         w.parent(),
         w.base.path().join("no-such-helper"),
     );
-    let (secret, _) = jit();
-    let handoff = RestrictiveHandoff::create(&w.runtime, RUNNER, &secret).unwrap();
+    let (handoff, _) = w.handoff();
     let err = launcher.start(&w.spec("sleep"), handoff).unwrap_err();
     assert!(matches!(err.failure, StartFailure::Spawn(_)), "{err:?}");
     assert!(err.retryable());
@@ -254,8 +251,7 @@ fn a_helper_that_cannot_be_spawned_is_retryable_and_leaves_nothing() {
 fn a_helper_that_fails_after_it_existed_is_never_retried() {
     let w = World::new();
     let launcher = w.launcher();
-    let (secret, _) = jit();
-    let handoff = RestrictiveHandoff::create(&w.runtime, RUNNER, &secret).unwrap();
+    let (handoff, _) = w.handoff();
     // The runtime no longer private by the time the helper looks: it refuses the handoff.
     std::os::unix::fs::chown(&w.runtime, Some(0), Some(0)).unwrap();
     let err = launcher.start(&w.spec("sleep"), handoff).unwrap_err();

@@ -24,6 +24,21 @@ use runner_manager_node_agent::termination::{
     INTENT_FILE, IntentReason, TerminationError, read_intent, terminate,
 };
 
+/// `terminate` as the registration deadline asks it of a `Starting` attempt.
+fn terminate_at_registration_deadline<L: RunnerLauncher + ?Sized>(
+    launcher: &L,
+    identity: &ProcessIdentity,
+    runtime: &Path,
+) -> Result<Outcome, TerminationError> {
+    terminate(
+        launcher,
+        identity,
+        runtime,
+        IntentReason::Deadline(TerminateReason::RegistrationTimeout),
+        AttemptState::Starting,
+    )
+}
+
 #[test]
 fn an_idle_termination_records_its_reason_stops_the_real_runner_and_is_not_a_failure() {
     let w = World::new();
@@ -50,14 +65,7 @@ fn an_intent_that_cannot_be_made_durable_means_no_signal_and_no_outcome() {
     let id = w.start_sleeping(&launcher);
     // A directory where the intent must go: the rename over it fails.
     std::fs::create_dir(w.runtime.join(INTENT_FILE)).unwrap();
-    let err = terminate(
-        &launcher,
-        &id,
-        &w.runtime,
-        IntentReason::Deadline(TerminateReason::RegistrationTimeout),
-        AttemptState::Starting,
-    )
-    .unwrap_err();
+    let err = terminate_at_registration_deadline(&launcher, &id, &w.runtime).unwrap_err();
     assert!(
         matches!(err, TerminationError::IntentNotDurable(_)),
         "{err:?}"
@@ -167,14 +175,7 @@ fn the_intent_is_on_disk_when_the_stop_happens_and_death_is_proven_after_it() {
 fn a_stop_that_claims_success_but_leaves_it_alive_concludes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let l = Recording::new(dir.path(), false);
-    let err = terminate(
-        &l,
-        &some_identity(),
-        dir.path(),
-        IntentReason::Deadline(TerminateReason::RegistrationTimeout),
-        AttemptState::Starting,
-    )
-    .unwrap_err();
+    let err = terminate_at_registration_deadline(&l, &some_identity(), dir.path()).unwrap_err();
     assert!(
         matches!(err, TerminationError::Deferred(StopError::StillRunning)),
         "{err:?}"
@@ -193,14 +194,7 @@ fn a_recycled_pid_is_not_signalled_by_termination() {
         start_time: victim_start + 1,
         cgroup: launcher.parent().child_relative("rm-0123456789ab"),
     };
-    let outcome = terminate(
-        &launcher,
-        &recycled,
-        &w.runtime,
-        IntentReason::Deadline(TerminateReason::RegistrationTimeout),
-        AttemptState::Starting,
-    )
-    .unwrap();
+    let outcome = terminate_at_registration_deadline(&launcher, &recycled, &w.runtime).unwrap();
     assert_eq!(
         outcome,
         Outcome::Failed(FailureReason::TerminatedAfterRegistrationTimeout)

@@ -97,14 +97,26 @@ impl World {
         mode: &str,
     ) -> runner_manager_crds::attempt::ProcessIdentity {
         use runner_manager_node_agent::providers::RunnerLauncher;
-        let (secret, _) = jit();
+        let (handoff, _) = self.handoff();
+        launcher.start(&self.spec(mode), handoff).unwrap()
+    }
+
+    /// A fresh JIT handed off in this world's runtime to the runner account, and the JIT's
+    /// text (to look for where it must not be).
+    pub fn handoff(
+        &self,
+    ) -> (
+        runner_manager_node_agent::handoff::RestrictiveHandoff,
+        String,
+    ) {
+        let (secret, value) = jit();
         let handoff = runner_manager_node_agent::handoff::RestrictiveHandoff::create(
             &self.runtime,
             RUNNER,
             &secret,
         )
         .unwrap();
-        launcher.start(&self.spec(mode), handoff).unwrap()
+        (handoff, value)
     }
 
     /// [`Self::start`] the stand-in sleeping, and wait until it says it is ready.
