@@ -26,6 +26,8 @@ use runner_manager_node_agent::workspace::scrub_plan::SlotOwner;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use crate::workspace_support::assert_file;
+
 const RUNNER_UID: u32 = 20001;
 const RUNNER_GID: u32 = 20000;
 
@@ -113,9 +115,10 @@ async fn a_job_writing_through_the_mount_leaves_the_lower_and_the_next_view_pris
     let host = Host::new();
     let (id, runtime) = host.ephemeral("a-1").await;
     assert!(mounted(&runtime));
-    assert_eq!(
-        fs::read(runtime.join("bin/Runner.Listener")).unwrap(),
-        b"#!/bin/sh\necho listener\n"
+    assert_file(
+        &runtime,
+        "bin/Runner.Listener",
+        b"#!/bin/sh\necho listener\n",
     );
     let lower = host.lower();
     let before = fingerprint(&lower).unwrap();
@@ -160,7 +163,7 @@ async fn a_job_writing_through_the_mount_leaves_the_lower_and_the_next_view_pris
     assert!(step("rm").starts_with("0"), "{out}");
     assert!(step("setid").starts_with("0"), "{out}");
     assert!(step("own").starts_with("0"), "{out}");
-    assert_eq!(fs::read(runtime.join("mine")).unwrap(), b"ab");
+    assert_file(&runtime, "mine", b"ab");
     assert_eq!(
         fs::metadata(runtime.join("mine")).unwrap().uid(),
         RUNNER_UID
@@ -172,10 +175,7 @@ async fn a_job_writing_through_the_mount_leaves_the_lower_and_the_next_view_pris
     // Root's own writes through the mount (a runner that escalated) are copied up too.
     fs::write(runtime.join("bin/Runner.Worker.dll"), b"root-evil").unwrap();
     assert_eq!(fingerprint(&lower).unwrap(), before, "the lower changed");
-    assert_eq!(
-        fs::read(lower.join("bin/Runner.Listener")).unwrap(),
-        b"#!/bin/sh\necho listener\n"
-    );
+    assert_file(&lower, "bin/Runner.Listener", b"#!/bin/sh\necho listener\n");
     assert!(lower.join("run.sh").exists());
     // A set-id bit on the mount is inert (`nosuid`).
     let opts = fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -194,14 +194,8 @@ async fn a_job_writing_through_the_mount_leaves_the_lower_and_the_next_view_pris
     host.cache.release("a-1");
     // The next launch's view is the package as verified.
     let (_, next) = host.ephemeral("a-2").await;
-    assert_eq!(
-        fs::read(next.join("bin/Runner.Listener")).unwrap(),
-        b"#!/bin/sh\necho listener\n"
-    );
-    assert_eq!(
-        fs::read(next.join("bin/Runner.Worker.dll")).unwrap(),
-        b"worker"
-    );
+    assert_file(&next, "bin/Runner.Listener", b"#!/bin/sh\necho listener\n");
+    assert_file(&next, "bin/Runner.Worker.dll", b"worker");
     assert!(next.join("run.sh").exists() && next.join("externals").exists());
     assert!(!next.join("setid").exists());
     assert_eq!(fingerprint(&lower).unwrap(), before);
@@ -219,9 +213,10 @@ async fn a_lower_edited_behind_the_cache_is_caught_by_the_next_launch_and_reinst
     let (_, second) = host.ephemeral("a-2").await;
     // Found by the walk after the mount (the one walk of a warm launch), unmounted, reinstalled
     // from the kept archive and mounted again: the view is the verified package.
-    assert_eq!(
-        fs::read(second.join("bin/Runner.Listener")).unwrap(),
-        b"#!/bin/sh\necho listener\n"
+    assert_file(
+        &second,
+        "bin/Runner.Listener",
+        b"#!/bin/sh\necho listener\n",
     );
     overlay::unmount(&second).unwrap();
 }
@@ -250,15 +245,9 @@ async fn a_restarted_cache_proves_the_live_lower_in_place_instead_of_removing_it
         .await
         .unwrap();
     // The running job's next exec of a package file still finds it through the FIRST mount.
-    assert_eq!(
-        fs::read(first.join("bin/Runner.Listener")).unwrap(),
-        b"#!/bin/sh\necho listener\n"
-    );
+    assert_file(&first, "bin/Runner.Listener", b"#!/bin/sh\necho listener\n");
     assert_eq!(fs::metadata(host.lower()).unwrap().ino(), lower_inode);
-    assert_eq!(
-        fs::read(second.join("externals/node20/bin/node")).unwrap(),
-        b"node"
-    );
+    assert_file(&second, "externals/node20/bin/node", b"node");
     overlay::unmount(&second).unwrap();
     overlay::unmount(&first).unwrap();
 }
@@ -282,14 +271,14 @@ async fn a_restarted_cache_keeps_a_tampered_lower_that_a_mount_still_uses() {
         "{refused:?}"
     );
     assert!(!mounted(&second));
-    assert_eq!(fs::read(first.join("run.sh")).unwrap(), b"#!/bin/sh\n");
+    assert_file(&first, "run.sh", b"#!/bin/sh\n");
     // Once nothing runs on it, the next launch replaces it with the verified package.
     overlay::unmount(&first).unwrap();
     cache
         .materialize("a-3", host.package(), &second, RuntimeKind::Ephemeral)
         .await
         .unwrap();
-    assert_eq!(fs::read(second.join("config.sh")).unwrap(), b"#!/bin/sh\n");
+    assert_file(&second, "config.sh", b"#!/bin/sh\n");
     overlay::unmount(&second).unwrap();
 }
 
@@ -315,10 +304,7 @@ async fn a_slot_keeps_a_real_work_across_the_unmount_and_its_scrub_unmounts_firs
         assert_eq!(m.by, Materializer::Overlay);
         assert!(mounted(&slot));
         // The retained workspace is visible through the mount.
-        assert_eq!(
-            fs::read(slot.join("_work/warm")).unwrap(),
-            b"from the last job"
-        );
+        assert_file(&slot, "_work/warm", b"from the last job");
         fs::write(slot.join(format!("_work/job-{round}")), b"checkout").unwrap();
         fs::write(slot.join(".runner"), b"identity").unwrap();
         fs::write(slot.join("bin/Runner.Listener"), b"job-edited").unwrap();

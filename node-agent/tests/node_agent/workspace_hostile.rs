@@ -17,7 +17,7 @@ use runner_manager_node_agent::workspace::scrub_plan::SlotOwner;
 use runner_manager_node_agent::workspace::{Quarantine, SlotRefusal};
 use uuid::Uuid;
 
-use crate::workspace_support::{bounded, make_fifo, names};
+use crate::workspace_support::{assert_file, bounded, make_fifo, names};
 
 /// How long a removal of these small trees may take before it counts as blocked on a FIFO.
 const BOUND: Duration = Duration::from_secs(20);
@@ -143,10 +143,7 @@ fn a_scrub_retains_one_real_work_directory_and_removes_every_other_entry() {
     });
     assert!(matches!(scrubbed, Ok(Scrubbed::Clean { removed }) if removed >= 12));
     assert_eq!(names(&slot), ["_work"]);
-    assert_eq!(
-        fs::read(slot.join("_work/repo/checkout.txt")).unwrap(),
-        b"retained"
-    );
+    assert_file(&slot, "_work/repo/checkout.txt", b"retained");
     // The next attempt may reuse it, warm.
     let again = prepare_slot(&host.slots(), NS, UID, 1).unwrap();
     assert!(again.retained_work);

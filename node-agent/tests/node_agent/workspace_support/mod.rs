@@ -1,5 +1,6 @@
-//! Shared by the workspace tests (and `removal.rs`, its own binary): FIFOs to plant in hostile
-//! trees, a bound on a removal that must not block on one, and what a scrubbed slot keeps.
+//! Shared by the workspace and package tests (and `removal.rs`, its own binary): FIFOs to plant
+//! in hostile trees, a bound on a removal that must not block on one, what a directory holds
+//! and what a scrubbed slot keeps.
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
 use std::fs;
@@ -26,6 +27,17 @@ pub fn bounded<T: Send + 'static>(within: Duration, f: impl FnOnce() -> T + Send
     std::thread::spawn(move || tx.send(f()));
     rx.recv_timeout(within)
         .expect("the removal blocked (did it open a FIFO?)")
+}
+
+/// `dir/path` holds exactly `contents`.
+#[track_caller]
+pub fn assert_file(dir: &Path, path: &str, contents: &[u8]) {
+    assert_eq!(
+        fs::read(dir.join(path)).unwrap(),
+        contents,
+        "{}",
+        dir.join(path).display()
+    );
 }
 
 /// The names in `dir`, sorted.
