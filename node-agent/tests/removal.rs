@@ -28,7 +28,7 @@ use uuid::Uuid;
 
 #[path = "node_agent/workspace_support/mod.rs"]
 mod workspace_support;
-use workspace_support::assert_only_the_checkout_kept;
+use workspace_support::{Immutable, assert_only_the_checkout_kept};
 
 // ---- a private mount namespace per test -------------------------------------------------------
 
@@ -388,33 +388,6 @@ fn a_prune_after_a_restart_keeps_the_lower_of_a_running_overlay() {
         b"#!/bin/sh\n",
         "the running runner still reads its package"
     );
-}
-
-/// Sets the immutable flag on `path` (root only) and clears it on drop.
-struct Immutable(PathBuf);
-
-impl Immutable {
-    fn set(path: &Path) -> Self {
-        Self::flags(path, rustix::fs::IFlags::IMMUTABLE);
-        Self(path.to_path_buf())
-    }
-
-    fn flags(path: &Path, flags: rustix::fs::IFlags) {
-        let fd = rustix::fs::open(
-            path,
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NOFOLLOW,
-            rustix::fs::Mode::empty(),
-        )
-        .unwrap();
-        rustix::fs::ioctl_setflags(&fd, flags)
-            .expect("setting the immutable flag needs root on a filesystem that has it");
-    }
-}
-
-impl Drop for Immutable {
-    fn drop(&mut self) {
-        Self::flags(&self.0, rustix::fs::IFlags::empty());
-    }
 }
 
 /// Issue 29 case 4: a probe left mounted by a crash stayed mounted with its residue, and every

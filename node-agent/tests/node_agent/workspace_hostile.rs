@@ -3,7 +3,7 @@
 
 use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use runner_manager_crds::attempt::WorkspacePlacement;
@@ -17,7 +17,7 @@ use runner_manager_node_agent::workspace::scrub_plan::SlotOwner;
 use runner_manager_node_agent::workspace::{Quarantine, SlotRefusal};
 use uuid::Uuid;
 
-use crate::workspace_support::{assert_file, bounded, make_fifo, names};
+use crate::workspace_support::{Immutable, assert_file, bounded, make_fifo, names};
 
 /// How long a removal of these small trees may take before it counts as blocked on a FIFO.
 const BOUND: Duration = Duration::from_secs(20);
@@ -85,36 +85,6 @@ impl Host {
     }
     fn scrub(&self, n: u32) -> Result<Scrubbed, Quarantine> {
         scrub_slot(&self.placement(n), &self.slots(), OWNER)
-    }
-}
-
-/// Sets the immutable flag (root only) and clears it again on drop, so the temporary directory
-/// can be removed.
-struct Immutable(PathBuf);
-
-impl Immutable {
-    fn set(path: &Path) -> Self {
-        let fd = rustix::fs::open(
-            path,
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NOFOLLOW,
-            rustix::fs::Mode::empty(),
-        )
-        .unwrap();
-        rustix::fs::ioctl_setflags(&fd, rustix::fs::IFlags::IMMUTABLE)
-            .expect("setting the immutable flag needs root on a filesystem that has it");
-        Self(path.to_path_buf())
-    }
-}
-
-impl Drop for Immutable {
-    fn drop(&mut self) {
-        if let Ok(fd) = rustix::fs::open(
-            &self.0,
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NOFOLLOW,
-            rustix::fs::Mode::empty(),
-        ) {
-            let _ = rustix::fs::ioctl_setflags(&fd, rustix::fs::IFlags::empty());
-        }
     }
 }
 

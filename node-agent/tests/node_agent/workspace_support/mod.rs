@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -63,4 +63,32 @@ pub fn assert_only_work_left(slot: &Path) {
 pub fn assert_only_the_checkout_kept(slot: &Path) {
     assert_only_work_left(slot);
     assert!(slot.join("_work/repo/checkout.txt").exists());
+}
+
+/// Sets the immutable flag on a path (root only: it cannot be removed, even by root) and clears
+/// it again on drop, so the temporary directory can be removed.
+pub struct Immutable(PathBuf);
+
+impl Immutable {
+    pub fn set(path: &Path) -> Self {
+        Self::flags(path, rustix::fs::IFlags::IMMUTABLE)
+            .expect("setting the immutable flag needs root on a filesystem that has it");
+        Self(path.to_path_buf())
+    }
+
+    fn flags(path: &Path, flags: rustix::fs::IFlags) -> rustix::io::Result<()> {
+        let fd = rustix::fs::open(
+            path,
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NOFOLLOW,
+            rustix::fs::Mode::empty(),
+        )?;
+        rustix::fs::ioctl_setflags(&fd, flags)
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        // The test may have gone on to remove the path itself; a panic in drop would abort.
+        let _ = Self::flags(&self.0, rustix::fs::IFlags::empty());
+    }
 }
