@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 use runner_manager_crds::names::ownership_label;
@@ -621,6 +621,11 @@ impl World {
     }
 
     pub fn policies(&self) -> Api<ScalePolicy> {
+        Api::namespaced(self.kube.clone(), &self.team)
+    }
+
+    /// The team namespace's pods (runner pods and placeholders stand there).
+    pub fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.kube.clone(), &self.team)
     }
 

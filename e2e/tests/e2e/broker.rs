@@ -1054,7 +1054,7 @@ async fn pods_are_made_only_for_the_callers_own_attempts_and_as_the_builder_make
     };
     w.trust_published_ca().await;
     let (token_a, token_b) = (w.agent_token("node-a").await, w.agent_token("node-b").await);
-    let pods = Api::<Pod>::namespaced(w.kube.clone(), &w.team);
+    let pods = w.pods();
     let on_a = w.attempt_in("node-a", AttemptState::Allocated).await;
     let on_b = w.attempt_in("node-b", AttemptState::Allocated).await;
     let none = || async {

@@ -60,13 +60,9 @@ fn oci_agent(
     .unwrap()
 }
 
-fn pods(w: &AgentWorld) -> Api<Pod> {
-    Api::namespaced(w.kube.clone(), &w.team)
-}
-
 /// The runner pods of an attempt (by the convention's labels).
 async fn runner_pods(w: &AgentWorld, attempt: &str) -> Vec<Pod> {
-    pods(w)
+    w.pods()
         .list(&ListParams::default().labels(&format!(
             "runner-manager.dev/attempt={attempt},runner-manager.dev/pod-role=runner"
         )))
@@ -109,7 +105,7 @@ impl Drop for FinishesDeletions {
 }
 
 fn finish_deletions(w: &AgentWorld) -> FinishesDeletions {
-    let api = pods(w);
+    let api = w.pods();
     FinishesDeletions(tokio::spawn(async move {
         let runners = ListParams::default().labels("runner-manager.dev/pod-role=runner");
         let mut ticks = tokio::time::interval(std::time::Duration::from_millis(200));
@@ -137,7 +133,8 @@ fn finish_deletions(w: &AgentWorld) -> FinishesDeletions {
 
 impl KubeletDouble<'_> {
     async fn set_status(&self, pod: &Pod, status: serde_json::Value) {
-        pods(self.w)
+        self.w
+            .pods()
             .patch_status(
                 pod.metadata.name.as_deref().unwrap(),
                 &PatchParams::default(),
@@ -224,7 +221,8 @@ async fn runs_one_job_to_cleaned(
         .await
         .unwrap()
         .unwrap();
-    let live = pods(w)
+    let live = w
+        .pods()
         .get(pod.metadata.name.as_deref().unwrap())
         .await
         .unwrap();
@@ -327,7 +325,7 @@ async fn a_runner_pod_deleted_by_someone_else_while_preparing_concludes_and_noth
     let a = w.pending_attempt_with(oci).await.unwrap();
     let n = name(&a);
     let pod = wait_pod(&w, &n).await;
-    pods(&w)
+    w.pods()
         .delete(
             pod.metadata.name.as_deref().unwrap(),
             &DeleteParams::default(),
@@ -540,7 +538,7 @@ mod recovery {
         let own = agent_pods::pod_name(attempt, PodRole::Runner);
         wait::until(STEP, "the attempt's runner pod", || {
             let own = own.clone();
-            async move { pods(w).get_opt(&own).await.ok().flatten() }
+            async move { w.pods().get_opt(&own).await.ok().flatten() }
         })
         .await
         .unwrap()
@@ -552,7 +550,7 @@ mod recovery {
 
     /// The kubelet refuses a pod as it does when the node cannot fit its requests.
     async fn refuse_out_of_cpu(w: &AgentWorld, pod_name: &str) {
-        pods(w)
+        w.pods()
             .patch_status(
                 pod_name,
                 &PatchParams::default(),
@@ -610,7 +608,7 @@ mod recovery {
         let n = name(&a);
         let placeholder = agent_pods::pod_name(&n, PodRole::Placeholder);
         wait::until(STEP, "the placeholder", || async {
-            pods(&w).get_opt(&placeholder).await.ok().flatten()
+            w.pods().get_opt(&placeholder).await.ok().flatten()
         })
         .await
         .unwrap();
@@ -691,12 +689,14 @@ mod recovery {
             },
         ]);
         earlier.metadata.finalizers = Some(vec![HOLD.to_owned()]);
-        let earlier = pods(&w)
+        let earlier = w
+            .pods()
             .create(&PostParams::default(), &earlier)
             .await
             .unwrap();
         let earlier_name = earlier.metadata.name.clone().unwrap();
-        let unowned = pods(&w)
+        let unowned = w
+            .pods()
             .create(
                 &PostParams::default(),
                 &labelled(format!("{n}-labelled"), a.metadata.uid.as_deref().unwrap()),
@@ -724,10 +724,10 @@ mod recovery {
         assert_eq!(format!("{:?}", c.reason), "OwnershipUnproven");
         // The attempt's own pod went; the earlier generation's is still there.
         let own_name = own.metadata.name.clone().unwrap();
-        wait::gone(&pods(&w), &own_name, STEP, "the attempt's own pod to go")
+        wait::gone(&w.pods(), &own_name, STEP, "the attempt's own pod to go")
             .await
             .unwrap();
-        let still = pods(&w).get(&earlier_name).await.unwrap();
+        let still = w.pods().get(&earlier_name).await.unwrap();
         assert_eq!(still.metadata.uid, earlier.metadata.uid, "replaced");
         let events = Api::<Event>::namespaced(w.kube.clone(), &w.team)
             .list(&ListParams::default())
@@ -743,7 +743,7 @@ mod recovery {
         );
 
         // Its kubelet finishes: the next try finishes, the unowned labelled pod still there.
-        pods(&w)
+        w.pods()
             .patch(
                 &earlier_name,
                 &PatchParams::default(),
@@ -751,21 +751,21 @@ mod recovery {
             )
             .await
             .unwrap();
-        pods(&w)
+        w.pods()
             .delete(&earlier_name, &DeleteParams::default())
             .await
             .ok();
         w.wait_concluded(&n, Outcome::Failed(FailureReason::NodeOutOfResources))
             .await;
         assert!(w.runtimes().is_empty(), "the runtime was left");
-        let left = pods(&w).get(&unowned_name).await.unwrap();
+        let left = w.pods().get(&unowned_name).await.unwrap();
         assert_eq!(left.metadata.uid, unowned.metadata.uid, "replaced");
         assert!(
             left.metadata.deletion_timestamp.is_none(),
             "the unowned labelled pod was deleted"
         );
         // No kubelet would finish its graceful deletion with the namespace.
-        pods(&w)
+        w.pods()
             .delete(
                 &unowned_name,
                 &DeleteParams {
@@ -960,7 +960,8 @@ mod recovery {
         // The pod's container ends on its own; only then does the attempt conclude.
         let _ = container.kill();
         let _ = container.wait();
-        let live = pods(&w)
+        let live = w
+            .pods()
             .get(pod.metadata.name.as_deref().unwrap())
             .await
             .unwrap();
@@ -1063,7 +1064,8 @@ mod recovery {
             .await
             .unwrap()
             .unwrap();
-        let live = pods(&w)
+        let live = w
+            .pods()
             .get(pod.metadata.name.as_deref().unwrap())
             .await
             .unwrap();
@@ -1117,7 +1119,8 @@ mod recovery {
             c.volume_mounts = None;
         }
         duplicate.status = None;
-        let duplicate = pods(&w)
+        let duplicate = w
+            .pods()
             .create(&PostParams::default(), &duplicate)
             .await
             .unwrap();
@@ -1142,17 +1145,17 @@ mod recovery {
         assert_eq!(format!("{:?}", c.reason), "OwnershipUnproven");
         assert!(c.message.contains("second runner pod"), "{}", c.message);
         let own_name = own.metadata.name.clone().unwrap();
-        wait::gone(&pods(&w), &own_name, STEP, "the attempt's own pod to go")
+        wait::gone(&w.pods(), &own_name, STEP, "the attempt's own pod to go")
             .await
             .unwrap();
-        let still = pods(&w).get(&duplicate_name).await.unwrap();
+        let still = w.pods().get(&duplicate_name).await.unwrap();
         assert_eq!(still.metadata.uid, duplicate.metadata.uid, "replaced");
         assert!(
             still.metadata.deletion_timestamp.is_none(),
             "the duplicate was deleted"
         );
 
-        pods(&w)
+        w.pods()
             .delete(&duplicate_name, &DeleteParams::default())
             .await
             .unwrap();

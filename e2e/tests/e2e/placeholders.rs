@@ -30,6 +30,27 @@ fn placeholder_name(a: &RunnerAttempt) -> String {
     pods::pod_name(&name(a), PodRole::Placeholder)
 }
 
+/// The attempt's placeholder pod, while it stands.
+async fn placeholder_of(pods_api: &Api<Pod>, a: &RunnerAttempt) -> Option<Pod> {
+    pods_api.get_opt(&placeholder_name(a)).await.unwrap()
+}
+
+/// Stop attempt `a` in order (the test plays the operator) and wait until it is `Cleaned`.
+async fn stop_to_cleaned(w: &AgentWorld, a: &RunnerAttempt) -> RunnerAttempt {
+    let n = name(a);
+    w.request_termination(&n, "ScaleDown").await.unwrap();
+    w.deregister(a).await.unwrap();
+    w.wait_state(&n, AttemptState::Cleaned).await.unwrap()
+}
+
+/// Delete pod `name` at once: without a kubelet a graceful deletion never ends.
+async fn delete_now(pods_api: &Api<Pod>, name: &str) {
+    pods_api
+        .delete(name, &kube::api::DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+}
+
 fn with_resources(s: &mut runner_manager_crds::attempt::AttemptSnapshot) {
     s.execution.resources = Some(RunnerResources {
         cpu: Some(Quantity("1".into())),
@@ -46,7 +67,7 @@ async fn a_placeholder_stands_beside_a_native_runner_and_goes_after_its_cleanup(
         .placeholder_agent("0", &[("RM_ORPHAN_SWEEP_SECONDS", "1")])
         .unwrap();
     w.wait_recovered().await.unwrap();
-    let pods_api = Api::<Pod>::namespaced(w.kube.clone(), &w.team);
+    let pods_api = w.pods();
 
     let a = w.pending_attempt_with(with_resources).await.unwrap();
     let n = name(&a);
@@ -109,19 +130,13 @@ async fn a_placeholder_stands_beside_a_native_runner_and_goes_after_its_cleanup(
     }
 
     // Stopped (terminated while it starts): once Cleaned, the placeholder is gone.
-    w.request_termination(&n, "ScaleDown").await.unwrap();
-    w.deregister(&a).await.unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    let done = stop_to_cleaned(&w, &a).await;
     println!(
         "concluded {:?}",
         done.status.as_ref().unwrap().journal.outcome()
     );
     assert!(
-        pods_api
-            .get_opt(&placeholder_name(&a))
-            .await
-            .unwrap()
-            .is_none(),
+        placeholder_of(&pods_api, &a).await.is_none(),
         "the placeholder outlived its attempt's cleanup"
     );
 
@@ -166,7 +181,7 @@ async fn a_placeholder_the_kubelet_never_runs_keeps_the_runner_from_starting() {
     };
     let agent = w.placeholder_agent("2", &[]).unwrap();
     w.wait_recovered().await.unwrap();
-    let pods_api = Api::<Pod>::namespaced(w.kube.clone(), &w.team);
+    let pods_api = w.pods();
     let a = w.pending_attempt_with(with_resources).await.unwrap();
     let n = name(&a);
     let done = w
@@ -178,11 +193,7 @@ async fn a_placeholder_the_kubelet_never_runs_keeps_the_runner_from_starting() {
     let (_, mints) = w.second_sessions_and_mints().await.unwrap();
     assert_eq!(mints, 0, "a JIT was minted before the placeholder stood");
     assert!(
-        pods_api
-            .get_opt(&placeholder_name(&a))
-            .await
-            .unwrap()
-            .is_none(),
+        placeholder_of(&pods_api, &a).await.is_none(),
         "the refused placeholder was left"
     );
     assert!(w.runtimes().is_empty(), "runtimes left: {:?}", w.runtimes());
@@ -221,7 +232,7 @@ async fn a_placeholder_deleted_under_a_running_runner_is_recreated_and_an_impost
     };
     let agent = w.placeholder_agent("0", &[]).unwrap();
     w.wait_recovered().await.unwrap();
-    let pods_api = Api::<Pod>::namespaced(w.kube.clone(), &w.team);
+    let pods_api = w.pods();
     // No resources: a memory limit needs the memory controller delegated to the runner cgroups,
     // which the development machine does not, and this runner must run.
     let a = w.pending_attempt_with(|_| {}).await.unwrap();
@@ -320,14 +331,12 @@ async fn a_placeholder_deleted_under_a_running_runner_is_recreated_and_an_impost
     let impostor_uid = made.metadata.uid.clone().unwrap();
 
     // The runner is stopped and cleaned; the impostor is left as it was.
-    w.request_termination(&n, "ScaleDown").await.unwrap();
-    w.deregister(&a).await.unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    let done = stop_to_cleaned(&w, &a).await;
     println!(
         "concluded {:?} beside an impostor placeholder",
         done.status.as_ref().unwrap().journal.outcome()
     );
-    let left = pods_api.get_opt(&placeholder_name(&a)).await.unwrap();
+    let left = placeholder_of(&pods_api, &a).await;
     assert_eq!(
         left.and_then(|p| p.metadata.uid),
         Some(impostor_uid),
@@ -348,7 +357,7 @@ async fn other_workloads_pods_on_the_node_are_advertised_and_cleared() {
     };
     let agent = w.agent(2, &[]).unwrap();
     w.wait_recovered().await.unwrap();
-    let pods_api = Api::<Pod>::namespaced(w.kube.clone(), &w.team);
+    let pods_api = w.pods();
     let leases = Api::<Lease>::namespaced(w.kube.clone(), &w.system);
     let lease_name = runner_manager_crds::names::agent_lease_name(&w.node().name);
     let advertised = |want: &'static str| {
@@ -389,13 +398,7 @@ async fn other_workloads_pods_on_the_node_are_advertised_and_cleared() {
     advertised("cpu=1500,memory=1073741824").await;
     // Gone at once: without a kubelet a graceful deletion never ends, and a terminating pod
     // still counts (as it does for the scheduler).
-    pods_api
-        .delete(
-            "database",
-            &kube::api::DeleteParams::default().grace_period(0),
-        )
-        .await
-        .unwrap();
+    delete_now(&pods_api, "database").await;
     advertised("cpu=0,memory=0").await;
     drop(agent);
 }
@@ -434,7 +437,7 @@ async fn another_workloads_pod_sends_the_runner_to_the_node_with_room() {
             .await
             .unwrap();
     }
-    let pods_api = Api::<Pod>::namespaced(p.kube.clone(), &p.team);
+    let pods_api = p.pods();
     let foreign: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "database"},
         "spec": {"nodeName": busy, "containers": [{"name": "c", "image": PAUSE,
@@ -479,11 +482,5 @@ async fn another_workloads_pod_sends_the_runner_to_the_node_with_room() {
         ),
     };
     assert_eq!(placed.spec.node_name, idle, "the busy node has 1 CPU left");
-    pods_api
-        .delete(
-            "database",
-            &kube::api::DeleteParams::default().grace_period(0),
-        )
-        .await
-        .unwrap();
+    delete_now(&pods_api, "database").await;
 }
