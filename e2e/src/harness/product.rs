@@ -69,6 +69,16 @@ pub struct ProductOptions {
     pub cadence: Cadence,
 }
 
+impl ProductOptions {
+    /// The default product with one more operator flag (`--flag`, `value`).
+    pub fn operator_flag(flag: &str, value: &str) -> Self {
+        Self {
+            operator_flags: vec![(flag.into(), value.into())],
+            ..Self::default()
+        }
+    }
+}
+
 /// The operators' observation and resync cadence.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Cadence {

@@ -161,10 +161,7 @@ async fn post_delivery(p: &Product, body: Vec<u8>, signature: &str) -> u16 {
 /// certificate lives at most 90 days (finding 10).
 #[tokio::test]
 async fn slow_loris_connections_are_closed_while_legitimate_requests_succeed() {
-    let options = ProductOptions {
-        operator_flags: vec![("--listener-header-timeout".into(), "3s".into())],
-        ..ProductOptions::default()
-    };
+    let options = ProductOptions::operator_flag("--listener-header-timeout", "3s");
     let Some(p) = Product::start_with("attack_slow_loris", options).await else {
         return;
     };
@@ -199,19 +196,12 @@ async fn slow_loris_connections_are_closed_while_legitimate_requests_succeed() {
     let signature = sign(&SecretString::from(WEBHOOK_SECRET), &body);
     let status = post_delivery(&p, body, &signature).await;
     assert!((200..300).contains(&status), "a signed delivery: {status}");
-    wait::until(
-        STEP,
+    p.wait_attempts(
         "an idle runner (its JIT came through the broker)",
-        || async {
-            p.all_attempts()
-                .await
-                .iter()
-                .any(|a| state(a) == AttemptState::Idle)
-                .then_some(())
-        },
+        STEP,
+        |list| list.iter().any(|a| state(a) == AttemptState::Idle),
     )
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    .await;
     let hook_held = hook_loris.join().unwrap();
     let broker_held = broker_loris.join().unwrap();
     for (what, held) in [("webhook", hook_held), ("broker", broker_held)] {
@@ -236,10 +226,7 @@ async fn slow_loris_connections_are_closed_while_legitimate_requests_succeed() {
 /// keeps launching runners (each a JIT through the broker) across several rotations.
 #[tokio::test]
 async fn the_broker_certificate_rotates_while_an_agent_keeps_getting_jits() {
-    let options = ProductOptions {
-        operator_flags: vec![("--broker-cert-lifetime".into(), "15s".into())],
-        ..ProductOptions::default()
-    };
+    let options = ProductOptions::operator_flag("--broker-cert-lifetime", "15s");
     let Some(p) = Product::start_with("attack_cert_rotation", options).await else {
         return;
     };
@@ -293,10 +280,7 @@ async fn the_broker_certificate_rotates_while_an_agent_keeps_getting_jits() {
 /// not Ready either (its listing would choose the package's URL). Nothing is created for either.
 #[tokio::test]
 async fn a_policy_naming_a_foreign_host_is_refused() {
-    let options = ProductOptions {
-        operator_flags: vec![("--download-hosts".into(), "".into())],
-        ..ProductOptions::default()
-    };
+    let options = ProductOptions::operator_flag("--download-hosts", "");
     let Some(p) = Product::start_with("attack_foreign_host", options).await else {
         return;
     };
@@ -365,15 +349,10 @@ async fn pool_labels_must_be_restricted_and_the_node_cap_holds() {
     )
     .await
     .unwrap();
-    wait::until(STEP, "one idle runner", || async {
-        p.all_attempts()
-            .await
-            .iter()
-            .any(|a| state(a) == AttemptState::Idle)
-            .then_some(())
+    p.wait_attempts("one idle runner", STEP, |list| {
+        list.iter().any(|a| state(a) == AttemptState::Idle)
     })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    .await;
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(10) {
         let live = p

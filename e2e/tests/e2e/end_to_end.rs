@@ -598,10 +598,7 @@ async fn an_agent_killed_between_jit_and_spawn_recovers_without_a_second_runner(
 /// by the real node's Helm scenario: `helm upgrade`, then the policy deleted).
 #[tokio::test]
 async fn a_new_leader_draining_a_deleted_policy_deregisters_its_runners() {
-    let options = ProductOptions {
-        operator_flags: vec![("--orphan-grace".into(), "1h".into())],
-        ..ProductOptions::default()
-    };
+    let options = ProductOptions::operator_flag("--orphan-grace", "1h");
     let Some(mut p) = Product::start_with("new_leader_drains_deleted_policy", options).await else {
         return;
     };
@@ -781,10 +778,7 @@ async fn the_standby_takes_over_and_webhooks_it_received_count() {
 /// attempt is lost and no registration is left.
 #[tokio::test]
 async fn a_burst_converges_through_github_5xx_and_429_storms() {
-    let options = ProductOptions {
-        operator_flags: vec![("--attempt-history".into(), "2".into())],
-        ..ProductOptions::default()
-    };
+    let options = ProductOptions::operator_flag("--attempt-history", "2");
     let Some(p) = Product::start_with("github_storms", options).await else {
         return;
     };
