@@ -124,11 +124,7 @@ pub async fn ensure_daemonset(
                         .into(),
                     ),
                     service_account_name: Some(AGENT_SA.into()),
-                    containers: vec![Container {
-                        name: "agent".into(),
-                        image: Some("runner-manager/node-agent:test".into()),
-                        ..Container::default()
-                    }],
+                    containers: vec![agent_container()],
                     ..PodSpec::default()
                 }),
             },
@@ -223,11 +219,7 @@ pub async fn agent_pod(
         spec: Some(PodSpec {
             node_name: Some(node.into()),
             service_account_name: Some(sa.into()),
-            containers: vec![Container {
-                name: "agent".into(),
-                image: Some("runner-manager/node-agent:test".into()),
-                ..Container::default()
-            }],
+            containers: vec![agent_container()],
             ..PodSpec::default()
         }),
         ..Pod::default()
@@ -241,6 +233,15 @@ pub async fn agent_pod(
 /// `agent-<node>`.
 pub fn agent_pod_name(node: &str) -> String {
     format!("agent-{node}")
+}
+
+/// The (never run) agent container of the DaemonSet and of the simulated agent pods.
+fn agent_container() -> Container {
+    Container {
+        name: "agent".into(),
+        image: Some("runner-manager/node-agent:test".into()),
+        ..Container::default()
+    }
 }
 
 /// A token for `sa`, bound to `pod`, for `audience` (one hour).
