@@ -19,6 +19,14 @@ fn name(a: &RunnerAttempt) -> String {
     a.metadata.name.clone().unwrap()
 }
 
+/// GitHub holds the next package download for `latency_ms`.
+async fn slow_package_download(w: &AgentWorld, latency_ms: u64) {
+    w.fake
+        .fault(serde_json::json!({"endpoint": "download_package", "count": 1, "latency_ms": latency_ms}))
+        .await
+        .unwrap();
+}
+
 /// Online → `Idle` → stopped in order → `Cleaned` (the test plays the operator).
 async fn stop_in_order(w: &AgentWorld, a: &RunnerAttempt) -> RunnerAttempt {
     let n = name(a);
@@ -57,10 +65,7 @@ async fn launches_prepare_at_once_within_the_bound() {
     let Some(w) = AgentWorld::start("launches_prepare_at_once_within_the_bound").await else {
         return;
     };
-    w.fake
-        .fault(serde_json::json!({"endpoint": "download_package", "count": 1, "latency_ms": 3000}))
-        .await
-        .unwrap();
+    slow_package_download(&w, 3000).await;
     let agent = w.agent(4, &[("RM_PREPARATION_PERMITS", "2")]).unwrap();
     w.wait_recovered().await.unwrap();
     let mut attempts = Vec::new();
@@ -230,10 +235,7 @@ async fn a_launch_waiting_for_its_package_stops_when_its_attempt_is_terminated()
         return;
     };
     // GitHub holds the package download long enough for the request to land during it.
-    w.fake
-        .fault(serde_json::json!({"endpoint": "download_package", "count": 1, "latency_ms": 20000}))
-        .await
-        .unwrap();
+    slow_package_download(&w, 20000).await;
     let agent = w.agent(4, &[]).unwrap();
     w.wait_recovered().await.unwrap();
     let a = w.pending_attempt().await.unwrap();
