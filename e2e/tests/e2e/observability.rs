@@ -118,24 +118,17 @@ async fn one_launch_is_one_trace_and_both_binaries_report_what_happened() {
         Some(1.0)
     );
     // Job metrics name the policy that took the job and, once completed, how it ended.
-    assert!(
-        v(
-            "runner_manager_jobs_total",
-            &format!("{policy},action=\"queued\",result=\"none\"")
-        )
-        .is_some_and(|n| n >= 1.0),
-        "{}",
-        op.body
-    );
-    assert!(
-        v(
-            "runner_manager_jobs_total",
-            &format!("{policy},action=\"completed\",result=\"success\"")
-        )
-        .is_some_and(|n| n >= 1.0),
-        "{}",
-        op.body
-    );
+    for (action, result) in [("queued", "none"), ("completed", "success")] {
+        assert!(
+            v(
+                "runner_manager_jobs_total",
+                &format!("{policy},action=\"{action}\",result=\"{result}\"")
+            )
+            .is_some_and(|n| n >= 1.0),
+            "{action}: {}",
+            op.body
+        );
+    }
     assert!(
         v("runner_manager_job_startup_duration_seconds_count", &policy).is_some_and(|n| n >= 1.0)
     );
