@@ -13,6 +13,7 @@ use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
 use runner_manager_e2e::harness::attempt::{
     outcome, pid_alive, pid_of, registration, runtime_path,
 };
+use runner_manager_e2e::harness::cluster::list_all;
 use runner_manager_e2e::harness::pin::Pinned;
 use runner_manager_e2e::harness::process::Running;
 use runner_manager_e2e::harness::wait;
@@ -998,11 +999,8 @@ async fn wait_logged(agent: &Running, what: &str, needles: &[&str]) {
 async fn warnings_on(w: &AgentWorld, n: &str) -> Vec<String> {
     let events =
         kube::Api::<k8s_openapi::api::core::v1::Event>::namespaced(w.kube.clone(), &w.team);
-    events
-        .list(&Default::default())
+    list_all(&events)
         .await
-        .unwrap()
-        .items
         .into_iter()
         .filter(|e| {
             e.involved_object.name.as_deref() == Some(n) && e.type_.as_deref() == Some("Warning")

@@ -500,7 +500,7 @@ mod node_confinement {
     use runner_manager_e2e::harness::admission::{
         agent_client, grant_agent_rbac, label_namespaces, register, token_client, unregister,
     };
-    use runner_manager_e2e::harness::cluster::fresh_namespace;
+    use runner_manager_e2e::harness::cluster::{fresh_namespace, list_all};
     use runner_manager_e2e::harness::fixtures::native_attempt;
     use runner_manager_e2e::harness::product::{Product, ProductOptions};
     use runner_manager_e2e::harness::wait;
@@ -793,15 +793,7 @@ mod node_confinement {
             status_of(&admin_attempts.get(&name_a).await.unwrap())["runner"],
             status_of(&ra_a)["runner"]
         );
-        assert_eq!(
-            admin_attempts
-                .list(&Default::default())
-                .await
-                .unwrap()
-                .items
-                .len(),
-            2
-        );
+        assert_eq!(list_all(&admin_attempts).await.len(), 2);
         let leases = Api::<Lease>::namespaced(kube.clone(), &sys);
         assert!(
             leases

@@ -32,6 +32,7 @@ use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_crds::state::{Actor, AttemptState};
 use runner_manager_e2e::harness;
 use runner_manager_e2e::harness::attempt::runtime_path;
+use runner_manager_e2e::harness::cluster::list_all;
 use runner_manager_e2e::harness::fixtures::native_attempt;
 use runner_manager_e2e::harness::github::pat_credentials;
 use runner_manager_e2e::harness::node::{
@@ -1057,13 +1058,7 @@ async fn pods_are_made_only_for_the_callers_own_attempts_and_as_the_builder_make
     let pods = w.pods();
     let on_a = w.attempt_in("node-a", AttemptState::Allocated).await;
     let on_b = w.attempt_in("node-b", AttemptState::Allocated).await;
-    let none = || async {
-        pods.list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    };
+    let none = || async { list_all(&pods).await.is_empty() };
 
     // Refused, and nothing made.
     let (status, body) = w

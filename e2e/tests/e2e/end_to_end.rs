@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
-use kube::api::{DeleteParams, ListParams};
+use kube::api::DeleteParams;
 use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::conditions::{ConditionStatus, find};
 use runner_manager_crds::names::runner_name;
@@ -16,6 +16,7 @@ use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::policy::{PolicyConditionType, ScalePolicy};
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::attempt::{outcome, state};
+use runner_manager_e2e::harness::cluster::list_all;
 use runner_manager_e2e::harness::product::{
     NodeOptions, Product, ProductOptions, STEP, WriteCounter,
 };
@@ -136,7 +137,7 @@ async fn assert_settled_and_clean(p: &Product) {
     let attempts = serde_json::to_string(&p.all_attempts().await).unwrap();
     let events = {
         let api = kube::Api::<k8s_openapi::api::core::v1::Event>::all(p.kube.clone());
-        serde_json::to_string(&api.list(&ListParams::default()).await.unwrap().items).unwrap()
+        serde_json::to_string(&list_all(&api).await).unwrap()
     };
     let logs = p.all_log_lines().join("\n");
     for jit in &jits {

@@ -20,6 +20,7 @@ use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::fake_github::PackageInfo;
 use runner_manager_e2e::harness;
 use runner_manager_e2e::harness::attempt::{registration, state};
+use runner_manager_e2e::harness::cluster::list_all;
 use runner_manager_e2e::harness::github::{ORG, app_secret_data, pat_credentials};
 use runner_manager_e2e::harness::node::SimNode;
 use runner_manager_e2e::harness::process::{OperatorAddrs, Running, operator_addrs};
@@ -207,11 +208,7 @@ impl World {
     }
 
     async fn list(&self) -> Vec<RunnerAttempt> {
-        self.attempts()
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
+        list_all(&self.attempts()).await
     }
 
     /// Wait until `check` holds over the team's attempts.
