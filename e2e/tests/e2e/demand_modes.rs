@@ -20,6 +20,18 @@ async fn queue(fake: &SimulatedGitHub, owner: &str, repo: &str, labels: &[&str])
         .unwrap()
 }
 
+/// The organization-wide policy `org` (`minIdle` 0, webhooks on), walking the organization's
+/// repositories every `poll_interval`.
+async fn org_policy(p: &Product, poll_interval: &str) {
+    p.policy(
+        "org",
+        json!({"github": {"url": "https://github.com/acme"}, "minIdle": 0,
+               "scaling": {"webhook": true, "pollInterval": poll_interval}}),
+    )
+    .await
+    .unwrap();
+}
+
 fn ids(view: &WalkView) -> BTreeSet<u64> {
     view.jobs
         .iter()
@@ -211,13 +223,7 @@ async fn a_job_queued_before_its_organization_policy_was_ready_starts_without_wa
     };
     let job = queue(&p.fake, "acme", "web", &["self-hosted", "linux"]).await;
     p.wait_delivery_answered(job).await;
-    p.policy(
-        "org",
-        json!({"github": {"url": "https://github.com/acme"}, "minIdle": 0,
-               "scaling": {"webhook": true, "pollInterval": "300s"}}),
-    )
-    .await
-    .unwrap();
+    org_policy(&p, "300s").await;
     p.job_completes_within(job, Duration::from_secs(60), "the walk")
         .await;
 }
@@ -239,13 +245,7 @@ async fn an_organization_target_with_every_webhook_dropped_still_runs_all_its_jo
         )
         .await
         .unwrap();
-    p.policy(
-        "org",
-        json!({"github": {"url": "https://github.com/acme"}, "minIdle": 0,
-               "scaling": {"webhook": true, "pollInterval": "10s"}}),
-    )
-    .await
-    .unwrap();
+    org_policy(&p, "10s").await;
     p.wait_ready("org").await;
     let mut jobs = Vec::new();
     for repo in ["web", "api", "api", "docs"] {
