@@ -215,6 +215,12 @@ impl SimulatedGitHub {
             .ok_or_else(|| FakeError::Admin("jobs".into(), format!("no job id in {v}")))
     }
 
+    /// Add the repositories `names` to organization `owner` (what `GET /orgs/{org}/repos` lists).
+    pub async fn add_repos(&self, owner: &str, names: &[&str]) -> Result<Value, FakeError> {
+        self.admin("POST", "repos", json!({"owner": owner, "names": names}))
+            .await
+    }
+
     /// Drop the next `n` webhook deliveries (the operator then only polls).
     pub async fn drop_webhooks(&self, n: u64) -> Result<Value, FakeError> {
         self.admin("PUT", "webhooks/controls", json!({"drop_next": n}))

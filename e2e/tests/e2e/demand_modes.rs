@@ -68,13 +68,7 @@ async fn walk_until(
 #[tokio::test]
 async fn an_organization_walk_finds_every_queued_job_within_one_interval() {
     let fake = SimulatedGitHub::start().await.unwrap();
-    fake.admin(
-        "POST",
-        "repos",
-        json!({"owner": ORG, "names": ["web", "api", "docs"]}),
-    )
-    .await
-    .unwrap();
+    fake.add_repos(ORG, &["web", "api", "docs"]).await.unwrap();
     let a = queue(&fake, ORG, "web", &["self-hosted", "linux"]).await;
     let b = queue(&fake, ORG, "api", &["self-hosted", "gpu"]).await;
     // Another organization's job is not this target's.
@@ -238,11 +232,7 @@ async fn an_organization_target_with_every_webhook_dropped_still_runs_all_its_jo
     };
     p.fake.drop_webhooks(1000).await.unwrap();
     p.fake
-        .admin(
-            "POST",
-            "repos",
-            json!({"owner": "acme", "names": ["web", "api", "docs"]}),
-        )
+        .add_repos("acme", &["web", "api", "docs"])
         .await
         .unwrap();
     org_policy(&p, "10s").await;
