@@ -70,6 +70,14 @@ pub struct ProductOptions {
 }
 
 impl ProductOptions {
+    /// The default product with one more tenant namespace (by prefix).
+    pub fn extra_namespace(prefix: &str) -> Self {
+        Self {
+            extra_namespaces: vec![prefix.into()],
+            ..Self::default()
+        }
+    }
+
     /// The default product with one more operator flag (`--flag`, `value`).
     pub fn operator_flag(flag: &str, value: &str) -> Self {
         Self {

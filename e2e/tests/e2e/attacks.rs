@@ -51,6 +51,19 @@ async fn wait_condition(
     .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()))
 }
 
+/// Wait until policy `ns`/`name` is `Ready=status` for its generation.
+async fn ready_in(p: &Product, ns: &str, name: &str, status: ConditionStatus) -> ScalePolicy {
+    wait_condition(p, ns, name, PolicyConditionType::Ready, status).await
+}
+
+/// A product with a second tenant namespace (`rm-aaa-…`, sorting before the victim's); the
+/// product and that namespace.
+async fn with_second_tenant(test: &str) -> Option<(Product, String)> {
+    let p = Product::start_with(test, ProductOptions::extra_namespace("rm-aaa")).await?;
+    let other = p.extra[0].clone();
+    Some((p, other))
+}
+
 fn condition(
     sp: &ScalePolicy,
     t: PolicyConditionType,
@@ -132,14 +145,9 @@ async fn post(p: &Product, path: &str, guid: &str, signature: &str, body: Vec<u8
 /// `Conflict`.
 #[tokio::test]
 async fn a_foreign_policy_with_a_junk_secret_never_takes_the_victims_jobs() {
-    let options = ProductOptions {
-        extra_namespaces: vec!["rm-aaa".into()],
-        ..ProductOptions::default()
-    };
-    let Some(p) = Product::start_with("attack_junk_secret_steals_jobs", options).await else {
+    let Some((p, attacker)) = with_second_tenant("attack_junk_secret_steals_jobs").await else {
         return;
     };
-    let attacker = p.extra[0].clone();
     p.secret(&attacker, "junk", &[("token", "ghp_junkjunkjunkjunk")])
         .await
         .unwrap();
@@ -151,22 +159,8 @@ async fn a_foreign_policy_with_a_junk_secret_never_takes_the_victims_jobs() {
     .await
     .unwrap();
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    wait_condition(
-        &p,
-        &p.team,
-        "web",
-        PolicyConditionType::Ready,
-        ConditionStatus::True,
-    )
-    .await;
-    let steal = wait_condition(
-        &p,
-        &attacker,
-        "steal",
-        PolicyConditionType::Ready,
-        ConditionStatus::False,
-    )
-    .await;
+    ready_in(&p, &p.team, "web", ConditionStatus::True).await;
+    let steal = ready_in(&p, &attacker, "steal", ConditionStatus::False).await;
     assert_eq!(
         condition(&steal, PolicyConditionType::Ready).reason,
         PolicyReason::CredentialsRejected
@@ -256,22 +250,8 @@ async fn an_owner_bound_to_a_namespace_is_refused_elsewhere_even_with_valid_cred
     let attacker = p.extra[0].clone();
     p.policy_in(&attacker, "steal", json!({})).await.unwrap();
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    wait_condition(
-        &p,
-        &p.team,
-        "web",
-        PolicyConditionType::Ready,
-        ConditionStatus::True,
-    )
-    .await;
-    let steal = wait_condition(
-        &p,
-        &attacker,
-        "steal",
-        PolicyConditionType::Ready,
-        ConditionStatus::False,
-    )
-    .await;
+    ready_in(&p, &p.team, "web", ConditionStatus::True).await;
+    let steal = ready_in(&p, &attacker, "steal", ConditionStatus::False).await;
     let ready = condition(&steal, PolicyConditionType::Ready);
     assert_eq!(ready.reason, PolicyReason::OwnerBoundElsewhere, "{ready:?}");
     for part in [
@@ -306,14 +286,9 @@ async fn an_owner_bound_to_a_namespace_is_refused_elsewhere_even_with_valid_cred
 /// the refusal is about whose secret it is).
 #[tokio::test]
 async fn a_delivery_signed_with_one_teams_secret_for_another_teams_repository_is_refused() {
-    let options = ProductOptions {
-        extra_namespaces: vec!["rm-aaa".into()],
-        ..ProductOptions::default()
-    };
-    let Some(p) = Product::start_with("attack_foreign_hook_secret", options).await else {
+    let Some((p, team_a)) = with_second_tenant("attack_foreign_hook_secret").await else {
         return;
     };
-    let team_a = p.extra[0].clone();
     let a_secret = SecretString::from("team-a-hook-secret");
     p.secret(&team_a, "hook", &[("secret", "team-a-hook-secret")])
         .await
@@ -332,14 +307,7 @@ async fn a_delivery_signed_with_one_teams_secret_for_another_teams_repository_is
     .unwrap();
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
     for (ns, name) in [(p.team.as_str(), "web"), (team_a.as_str(), "api")] {
-        wait_condition(
-            &p,
-            ns,
-            name,
-            PolicyConditionType::Ready,
-            ConditionStatus::True,
-        )
-        .await;
+        ready_in(&p, ns, name, ConditionStatus::True).await;
     }
     let forged_job = 990_000_001_u64;
     let forged = delivery("queued", forged_job, "acme/web", &["self-hosted", "linux"]);
@@ -414,14 +382,7 @@ async fn a_replayed_delivery_with_a_fresh_guid_changes_nothing() {
         return;
     };
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    wait_condition(
-        &p,
-        &p.team,
-        "web",
-        PolicyConditionType::Ready,
-        ConditionStatus::True,
-    )
-    .await;
+    ready_in(&p, &p.team, "web", ConditionStatus::True).await;
     let job = p.run_job(200, Duration::from_secs(180)).await.unwrap();
     // The genuine `queued` delivery, as captured on the wire.
     let deliveries = p.fake.deliveries().await.unwrap();
@@ -512,6 +473,23 @@ mod node_confinement {
             Err(kube::Error::Api(s)) => (s.code, s.message),
             other => panic!("expected a refusal, got {other:?}"),
         }
+    }
+
+    /// The API server refused the write (403) with a message `saying` this.
+    fn assert_forbidden_saying<T: std::fmt::Debug>(r: Result<T, kube::Error>, saying: &str) {
+        let (code, message) = refusal(r);
+        assert_eq!(code, 403, "{message}");
+        assert!(message.contains(saying), "{message}");
+    }
+
+    /// Ask `attempts` to move attempt `name` to `node`: a change of its spec.
+    async fn move_to(
+        attempts: &Api<RunnerAttempt>,
+        name: &str,
+        node: &str,
+    ) -> Result<RunnerAttempt, kube::Error> {
+        let patch = Patch::Merge(json!({"spec": {"nodeName": node}}));
+        attempts.patch(name, &PatchParams::default(), &patch).await
     }
 
     fn status_patch(v: Value) -> Patch<Value> {
@@ -687,7 +665,7 @@ mod node_confinement {
         .unwrap();
 
         // 1. Node A concludes node B's busy attempt: refused, B's status unchanged.
-        let (code, message) = refusal(
+        assert_forbidden_saying(
             attempts_a
                 .patch_status(
                     &name_b,
@@ -695,15 +673,11 @@ mod node_confinement {
                     &status_patch(json!({"state": "Finished"})),
                 )
                 .await,
-        );
-        assert_eq!(code, 403, "{message}");
-        assert!(
-            message.contains(&format!("bound to node {node_b}")),
-            "{message}"
+            &format!("bound to node {node_b}"),
         );
         // 2. Node A forges the runner of its own attempt (so the operator would deregister
         //    someone else's runner): refused.
-        let (code, message) = refusal(
+        assert_forbidden_saying(
             attempts_a
                 .patch_status(
                     &name_a,
@@ -713,11 +687,7 @@ mod node_confinement {
                     ),
                 )
                 .await,
-        );
-        assert_eq!(code, 403, "{message}");
-        assert!(
-            message.contains("status.runner is not the agent's"),
-            "{message}"
+            "status.runner is not the agent's",
         );
         // 3. Node A writes node B's Lease (forged capacity, recoveryComplete): refused; and the
         //    operator's leader Lease: refused, the holder unchanged.
@@ -731,11 +701,9 @@ mod node_confinement {
             },
             ..Lease::default()
         };
-        let (code, message) = refusal(leases_a.create(&PostParams::default(), &forged).await);
-        assert_eq!(code, 403, "{message}");
-        assert!(
-            message.contains("an agent writes only its own node's Lease"),
-            "{message}"
+        assert_forbidden_saying(
+            leases_a.create(&PostParams::default(), &forged).await,
+            "an agent writes only its own node's Lease",
         );
         let (code, message) = refusal(
             leases_a
@@ -752,36 +720,16 @@ mod node_confinement {
         let extra = native_attempt(uuid::Uuid::new_v4(), "web", "uid-web", &node_a);
         let (code, _) = refusal(attempts_a.create(&PostParams::default(), &extra).await);
         assert_eq!(code, 403);
-        let (code, _) = refusal(
-            attempts_a
-                .patch(
-                    &name_b,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"nodeName": node_a}})),
-                )
-                .await,
-        );
+        let (code, _) = refusal(move_to(&attempts_a, &name_b, &node_a).await);
         assert_eq!(code, 403);
         let tenant = Api::<RunnerAttempt>::namespaced(overprivileged_tenant(&kube, &ns).await, &ns);
-        let (code, message) = refusal(tenant.create(&PostParams::default(), &extra).await);
-        assert_eq!(code, 403, "{message}");
-        assert!(
-            message.contains("only the operator creates RunnerAttempts"),
-            "{message}"
+        assert_forbidden_saying(
+            tenant.create(&PostParams::default(), &extra).await,
+            "only the operator creates RunnerAttempts",
         );
-        let (code, message) = refusal(
-            tenant
-                .patch(
-                    &name_b,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"nodeName": node_a}})),
-                )
-                .await,
-        );
-        assert_eq!(code, 403, "{message}");
-        assert!(
-            message.contains("only the operator changes an attempt's spec"),
-            "{message}"
+        assert_forbidden_saying(
+            move_to(&tenant, &name_b, &node_a).await,
+            "only the operator changes an attempt's spec",
         );
 
         // Nothing changed.
