@@ -24,7 +24,7 @@ use runner_manager_node_agent::workspace::scrub_plan::SlotOwner;
 use uuid::Uuid;
 
 use crate::workspace_support::{
-    assert_only_the_checkout_kept, assert_only_work_left, bounded, make_fifo,
+    Immutable, assert_only_the_checkout_kept, assert_only_work_left, bounded, make_fifo,
 };
 
 /// How long a removal of these large trees may take before it counts as blocked on a FIFO.
@@ -61,7 +61,7 @@ fn hostile_tree(root: &Path, outside: &Path) -> u64 {
 }
 
 /// `(outside, slots, slot, below)`: slot 1 under `<base>/slots`, holding a hostile tree of
-/// `below` entries with links out to `<base>/outside`.
+/// `below` entries with links out to `<base>/outside`, and the `_work` a scrub keeps.
 fn hostile_slot(base: &Path) -> (PathBuf, PathBuf, PathBuf, u64) {
     let outside = outside_dir(base);
     let slots = base.join("slots");
@@ -69,6 +69,7 @@ fn hostile_slot(base: &Path) -> (PathBuf, PathBuf, PathBuf, u64) {
         .unwrap()
         .path;
     let below = hostile_tree(&slot, &outside);
+    fs::create_dir_all(slot.join("_work")).unwrap();
     (outside, slots, slot, below)
 }
 
@@ -136,22 +137,14 @@ fn a_large_slot_is_scrubbed_on_several_threads_without_following_links_or_openin
 fn an_unremovable_entry_deep_in_a_large_tree_quarantines_and_is_retried() {
     let base = tempfile::tempdir().unwrap();
     let (outside, slots, slot, _) = hostile_slot(base.path());
-    fs::create_dir_all(slot.join("_work")).unwrap();
     let stuck = slot.join("externals/m17/lib3/deep/f2");
-    let fd = rustix::fs::open(
-        &stuck,
-        rustix::fs::OFlags::RDONLY,
-        rustix::fs::Mode::empty(),
-    )
-    .unwrap();
-    rustix::fs::ioctl_setflags(&fd, rustix::fs::IFlags::IMMUTABLE)
-        .expect("setting the immutable flag needs root on a filesystem that has it");
+    let frozen = Immutable::set(&stuck);
     let placement = WorkspacePlacement::slot(1, slot.to_str().unwrap()).unwrap();
     let q = scrub_slot(&placement, &slots, OWNER).unwrap_err();
     assert_eq!(q.refusal, SlotRefusal::Deletion);
     assert!(stuck.exists());
     outside_intact(&outside);
-    rustix::fs::ioctl_setflags(&fd, rustix::fs::IFlags::empty()).unwrap();
+    drop(frozen);
     assert!(matches!(
         scrub_slot(&placement, &slots, OWNER),
         Ok(Scrubbed::Clean { .. })
