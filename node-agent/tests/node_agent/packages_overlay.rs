@@ -16,7 +16,7 @@ use runner_manager_crds::attempt::WorkspacePlacement;
 use runner_manager_node_agent::packages::download::{Downloader, RetryPolicy, Timeouts};
 use runner_manager_node_agent::packages::fingerprint::fingerprint;
 use runner_manager_node_agent::packages::overlay::{self, Materializer, Unmounted};
-use runner_manager_node_agent::packages::{PackageCache, PackageRef, RuntimeKind};
+use runner_manager_node_agent::packages::{Materialized, PackageCache, PackageRef, RuntimeKind};
 use runner_manager_node_agent::workspace::ephemeral::{
     EphemeralRemoval, create_ephemeral_runtime, remove_runtime_named, runtime_names,
 };
@@ -82,13 +82,21 @@ impl Host {
         let id = Uuid::new_v4();
         let runtime = create_ephemeral_runtime(self.dir.path(), id).unwrap();
         let m = self
+            .overlaid(attempt, &runtime, RuntimeKind::Ephemeral)
+            .await;
+        assert_eq!(m.copy.files, 0, "nothing is copied");
+        (id, runtime)
+    }
+
+    /// The package materialized for `attempt` in `dir` (a `kind` runtime): by overlay.
+    async fn overlaid(&self, attempt: &str, dir: &Path, kind: RuntimeKind) -> Materialized {
+        let m = self
             .cache
-            .materialize(attempt, self.package(), &runtime, RuntimeKind::Ephemeral)
+            .materialize(attempt, self.package(), dir, kind)
             .await
             .unwrap();
         assert_eq!(m.by, Materializer::Overlay);
-        assert_eq!(m.copy.files, 0, "nothing is copied");
-        (id, runtime)
+        m
     }
 }
 
@@ -296,12 +304,8 @@ async fn a_slot_keeps_a_real_work_across_the_unmount_and_its_scrub_unmounts_firs
     let placement = WorkspacePlacement::slot(1, slot.display().to_string()).unwrap();
     for (round, attempt) in ["s-1", "s-2"].into_iter().enumerate() {
         prepare_slot(&slots, "team", "uid-1", 1).unwrap();
-        let m = host
-            .cache
-            .materialize(attempt, host.package(), &slot, RuntimeKind::PersistentSlot)
-            .await
-            .unwrap();
-        assert_eq!(m.by, Materializer::Overlay);
+        host.overlaid(attempt, &slot, RuntimeKind::PersistentSlot)
+            .await;
         assert!(mounted(&slot));
         // The retained workspace is visible through the mount.
         assert_file(&slot, "_work/warm", b"from the last job");
