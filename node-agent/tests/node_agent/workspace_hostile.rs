@@ -3,7 +3,7 @@
 
 use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use runner_manager_crds::attempt::WorkspacePlacement;
@@ -83,9 +83,20 @@ impl Host {
         fs::write(slot.join("_work/repo/checkout.txt"), b"retained").unwrap();
         slot
     }
+    /// Replace the directory `path` of `slot` with a link out to the outside directory.
+    fn link_out(&self, slot: &Path, path: &str) {
+        fs::remove_dir_all(slot.join(path)).unwrap();
+        symlink(self.outside(), slot.join(path)).unwrap();
+    }
+
     fn scrub(&self, n: u32) -> Result<Scrubbed, Quarantine> {
         scrub_slot(&self.placement(n), &self.slots(), OWNER)
     }
+}
+
+/// Whether `path` itself is a symbolic link (not what it points to).
+fn is_link(path: impl AsRef<Path>) -> bool {
+    fs::symlink_metadata(path).unwrap().file_type().is_symlink()
 }
 
 fn assert_never_echoes(text: &str) {
@@ -151,8 +162,7 @@ fn a_read_only_subdirectory_is_removed() {
 fn a_symlink_planted_where_bin_was_is_unlinked_and_its_target_survives() {
     let host = Host::new();
     let slot = host.used_slot(1);
-    fs::remove_dir_all(slot.join("bin")).unwrap();
-    symlink(host.outside(), slot.join("bin")).unwrap();
+    host.link_out(&slot, "bin");
     // And a link inside a directory, pointing out.
     symlink(host.outside(), slot.join("externals/escape")).unwrap();
     assert!(matches!(host.scrub(1), Ok(Scrubbed::Clean { .. })));
@@ -166,19 +176,13 @@ fn a_symlink_planted_where_bin_was_is_unlinked_and_its_target_survives() {
 fn a_symlinked_work_quarantines_the_slot_and_removes_nothing() {
     let host = Host::new();
     let slot = host.used_slot(1);
-    fs::remove_dir_all(slot.join("_work")).unwrap();
-    symlink(host.outside(), slot.join("_work")).unwrap();
+    host.link_out(&slot, "_work");
     let before = names(&slot);
     let q = host.scrub(1).unwrap_err();
     assert_eq!(q.refusal, SlotRefusal::WorkNotADirectory);
     assert!(q.to_string().contains("keeps its slot lease"));
     assert_eq!(names(&slot), before, "nothing removed after the refusal");
-    assert!(
-        fs::symlink_metadata(slot.join("_work"))
-            .unwrap()
-            .file_type()
-            .is_symlink()
-    );
+    assert!(is_link(slot.join("_work")));
     host.outside_intact();
 }
 
@@ -204,13 +208,7 @@ fn a_slot_replaced_by_a_link_out_of_its_root_is_refused_before_anything_is_read(
     symlink(host.outside(), &slot).unwrap();
     let q = host.scrub(1).unwrap_err();
     assert_eq!(q.refusal, SlotRefusal::Containment);
-    assert!(
-        fs::symlink_metadata(&slot)
-            .unwrap()
-            .file_type()
-            .is_symlink(),
-        "link left in place"
-    );
+    assert!(is_link(&slot), "link left in place");
     assert!(host.outside().join("bin").is_dir());
     host.outside_intact();
 }
