@@ -368,6 +368,17 @@ impl AgentWorld {
         AgentAdvert::from_annotations(&lease.metadata.annotations.unwrap_or_default()).ok()
     }
 
+    /// The agent just started (`agent`, as [`Self::agent`] and its kin answer), once it has
+    /// completed its recovery ([`Self::wait_recovered`]); a failure to start or recover fails
+    /// the test.
+    pub async fn recovered(&self, agent: Result<Running, String>) -> Running {
+        let agent = agent.unwrap_or_else(|e| panic!("starting the agent: {e}"));
+        self.wait_recovered()
+            .await
+            .unwrap_or_else(|e| panic!("the agent's recovery: {e}"));
+        agent
+    }
+
     pub async fn wait_recovered(&self) -> Result<AgentAdvert, String> {
         wait::until(STEP, "recoveryComplete on the Lease", || async {
             self.advert().await.filter(|a| a.recovery_complete)

@@ -81,8 +81,7 @@ async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
     let Some(w) = AgentWorld::start("a_runner_goes_from_pending_to_a_completed_job").await else {
         return;
     };
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     let started = w
@@ -249,8 +248,7 @@ async fn an_unremovable_ephemeral_runtime_backs_off_under_a_cleanup_deferred_con
     let Some(w) = AgentWorld::start("an_unremovable_ephemeral_runtime_backs_off").await else {
         return;
     };
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     let idle = bring_to_idle(&w, &a).await;
@@ -296,8 +294,7 @@ async fn an_idle_runner_is_terminated_in_order_and_exits_idle() {
     let Some(w) = AgentWorld::start("an_idle_runner_is_terminated_in_order").await else {
         return;
     };
-    let _agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
@@ -315,8 +312,7 @@ async fn admission_rejects_the_surplus_over_capacity() {
     let Some(w) = AgentWorld::start("admission_rejects_the_surplus").await else {
         return;
     };
-    let _agent = w.agent(1, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w.recovered(w.agent(1, &[])).await;
     let first = w.pending_attempt().await.unwrap();
     let second = w.pending_attempt().await.unwrap();
     let mut admitted = None;
@@ -380,8 +376,7 @@ async fn a_second_agent_on_the_same_host_refuses_to_act() {
     let Some(w) = AgentWorld::start("a_second_agent_on_the_same_host_refuses").await else {
         return;
     };
-    let _first = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _first = w.recovered(w.agent(4, &[])).await;
     let mut second = w.agent(4, &[]).unwrap();
     let status = wait_exit(&mut second).await;
     assert_eq!(status.code(), Some(3), "{:?}", second.lines());
@@ -425,8 +420,7 @@ async fn a_restarted_agent_readopts_its_live_runner() {
     assert!(status.success(), "{status:?}");
     assert!(pid_alive(process.pid), "the runner died with the agent");
 
-    let _again = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _again = w.recovered(w.agent(4, &[])).await;
     let now = w.attempts().get(&n).await.unwrap();
     let journal = &now.status.as_ref().unwrap().journal;
     assert_eq!(journal.state(), AttemptState::Idle);
@@ -516,8 +510,7 @@ async fn crash_at(test: &str, boundary: &str, expected: Outcome) {
         w.deregister(&a).await.unwrap();
     }
 
-    let _again = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _again = w.recovered(w.agent(4, &[])).await;
     // Settle as the operator would: a re-adopted runner is brought online and stopped; a lost
     // JIT's registration is deleted.
     let seen = w
@@ -617,8 +610,7 @@ async fn a_runner_version_github_refuses_exits_7_and_is_concluded_distinctly() {
         )
         .await
         .unwrap();
-    let _agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let done = w
         .wait_concluded(
@@ -636,8 +628,7 @@ async fn a_runner_that_dies_before_registering_is_a_failure() {
     let Some(w) = AgentWorld::start("a_runner_that_dies_before_registering").await else {
         return;
     };
-    let _agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
@@ -667,8 +658,7 @@ async fn deleting_an_attempt_stops_its_runner_in_order_before_the_finalizer_goes
     let Some(w) = AgentWorld::start("deleting_an_attempt_stops_its_runner").await else {
         return;
     };
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     // The operator creates attempts with its cleanup finalizer.
@@ -799,8 +789,7 @@ async fn a_persistent_slot_keeps_its_work_and_its_account_across_attempts() {
     let Some(w) = AgentWorld::start("a_persistent_slot_keeps_its_work").await else {
         return;
     };
-    let _agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w.recovered(w.agent(4, &[])).await;
     let mut uids = Vec::new();
     for round in 1..=2 {
         let a = w
@@ -867,8 +856,7 @@ async fn a_runner_never_listed_online_is_stopped_at_its_registration_deadline() 
     let Some(w) = AgentWorld::start("a_runner_never_listed_online").await else {
         return;
     };
-    let _agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w.recovered(w.agent(4, &[])).await;
     let a = w
         .pending_attempt_with(|s| s.timeouts.registration = ManifestDuration::from_secs(3))
         .await
@@ -896,8 +884,7 @@ async fn a_changed_spec_is_refused_but_the_runner_is_still_stopped_and_cleaned()
     let Some(w) = AgentWorld::start("a_changed_spec_is_refused").await else {
         return;
     };
-    let _agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
@@ -938,8 +925,7 @@ async fn a_runner_that_takes_a_job_under_a_changed_spec_still_concludes_and_clea
     let Some(w) = AgentWorld::start("a_job_under_a_changed_spec").await else {
         return;
     };
-    let _agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
@@ -1023,8 +1009,7 @@ async fn an_idle_runner_deregistered_before_its_stop_request_is_not_lost() {
     else {
         return;
     };
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(4, &[])).await;
     let mut settled = Vec::new();
     for requested in [true, false] {
         let a = w.pending_attempt().await.unwrap();
@@ -1088,8 +1073,7 @@ async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
     let Some(w) = AgentWorld::start("runner_deaths_are_concluded_only_on_a_witness").await else {
         return;
     };
-    let first = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let first = w.recovered(w.agent(4, &[])).await;
     let idle_timeout = 6;
     let a = w
         .pending_attempt_with(|s| s.timeouts.idle = ManifestDuration::from_secs(idle_timeout))
@@ -1190,8 +1174,7 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
     let Some(w) = AgentWorld::start("job_evidence_decides_short_jobs").await else {
         return;
     };
-    let _agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w.recovered(w.agent(4, &[])).await;
 
     // Row 38: the job is queued before the runner connects; the agent never sees it busy.
     let job = w.queue_job(100).await.unwrap();
@@ -1286,8 +1269,7 @@ async fn a_launch_that_fails_at_registration_still_reports_its_timings() {
     let Some(w) = AgentWorld::start("a_launch_that_fails_at_registration").await else {
         return;
     };
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(4, &[])).await;
     w.fake
         .fault(serde_json::json!({"endpoint": "generate_jitconfig", "count": 1, "status": 403}))
         .await
@@ -1330,8 +1312,7 @@ async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_cras
     let Some(w) = AgentWorld::start("the_termination_intent_is_durable").await else {
         return;
     };
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
@@ -1399,8 +1380,7 @@ async fn the_runner_environment_is_layered_and_a_refused_one_stops_before_any_ef
     let Some(w) = AgentWorld::start("the_runner_environment_is_layered").await else {
         return;
     };
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(4, &[])).await;
     let a = w
         .pending_attempt_with(|s| {
             s.env
@@ -1531,8 +1511,7 @@ async fn the_default_materializer_is_the_overlay_and_a_world_leaves_no_mount_beh
         return;
     };
     let scratch = w.scratch().to_path_buf();
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(4, &[])).await;
     assert!(
         agent
             .lines()
@@ -1565,8 +1544,9 @@ async fn an_abandoned_slot_attempt_s_overlay_is_unmounted_before_its_slot_is_rel
     let Some(w) = AgentWorld::start("abandoned_slot_overlay").await else {
         return;
     };
-    let _agent = w.agent(4, &[("RM_MATERIALIZE", "overlay")]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w
+        .recovered(w.agent(4, &[("RM_MATERIALIZE", "overlay")]))
+        .await;
     let a = w
         .pending_attempt_with(|s| s.workspace = WorkspaceMode::Persistent)
         .await
@@ -1703,8 +1683,7 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
     let other_cgroup = w.cgroup_dir().join("other");
     std::fs::create_dir(&other_cgroup).unwrap();
 
-    let again = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let again = w.recovered(w.agent(4, &[])).await;
     until_host("what the down agent's deleted attempt left removed", || {
         !pid_alive(c_pid)
             && !c_runtime.exists()
@@ -1867,8 +1846,7 @@ async fn every_launch_prunes_obsolete_packages_and_a_failed_prune_only_warns() {
     std::fs::create_dir_all(packages.join(&stuck)).unwrap();
     let pin = Pinned::set(packages.join(&stuck).join("pinned")).unwrap();
 
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(4, &[])).await;
     let prunes = || {
         agent
             .lines()
@@ -1989,8 +1967,7 @@ async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slo
     agent.terminate().unwrap();
     assert!(wait_exit(&mut agent).await.success());
     drop(agent);
-    let _again = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _again = w.recovered(w.agent(4, &[])).await;
     let free = wait::until(STEP, "both cleaned slots advertised", || async {
         w.advert()
             .await
@@ -2137,8 +2114,7 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
     agent.terminate().unwrap();
     assert!(wait_exit(&mut agent).await.success());
     drop(agent);
-    let again = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let again = w.recovered(w.agent(4, &[])).await;
     let x_now = w.attempts().get(&name(&x)).await.unwrap();
     let state = x_now.status.as_ref().unwrap().journal.state();
     assert!(
@@ -2236,9 +2212,8 @@ async fn a_start_without_a_child_is_tried_three_times_and_leaves_no_handoff() {
     };
     let missing = w.host_root().join("no-such-entry-helper");
     let agent = w
-        .agent(4, &[("RM_ENTRY_HELPER", &missing.display().to_string())])
-        .unwrap();
-    w.wait_recovered().await.unwrap();
+        .recovered(w.agent(4, &[("RM_ENTRY_HELPER", &missing.display().to_string())]))
+        .await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     let done = w
@@ -2282,8 +2257,9 @@ async fn a_start_that_failed_after_its_child_existed_is_never_retried() {
     let Some(w) = AgentWorld::start("a_start_that_failed_after_its_child_existed").await else {
         return;
     };
-    let agent = w.agent(4, &[("RM_ENTRY_HELPER", "/bin/false")]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w
+        .recovered(w.agent(4, &[("RM_ENTRY_HELPER", "/bin/false")]))
+        .await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     let done = w

@@ -66,8 +66,9 @@ async fn launches_prepare_at_once_within_the_bound() {
         return;
     };
     slow_package_download(&w, 3000).await;
-    let agent = w.agent(4, &[("RM_PREPARATION_PERMITS", "2")]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w
+        .recovered(w.agent(4, &[("RM_PREPARATION_PERMITS", "2")]))
+        .await;
     let mut attempts = Vec::new();
     for _ in 0..4 {
         attempts.push(w.pending_attempt().await.unwrap());
@@ -113,8 +114,7 @@ async fn a_failure_after_the_spawn_is_never_retried_and_leaves_no_child_identity
     };
     let steps = ["handoff-delete", "identity-write", "child-map-insert"];
     for (i, step) in steps.into_iter().enumerate() {
-        let agent = w.agent(4, &[("RM_AGENT_FAIL", step)]).unwrap();
-        w.wait_recovered().await.unwrap();
+        let agent = w.recovered(w.agent(4, &[("RM_AGENT_FAIL", step)])).await;
         let a = w.pending_attempt().await.unwrap();
         let n = name(&a);
         let done = w
@@ -172,12 +172,11 @@ async fn a_child_the_launcher_cannot_stop_keeps_its_place_until_supervision_prov
         return;
     };
     let agent = w
-        .agent(
+        .recovered(w.agent(
             1,
             &[("RM_AGENT_FAIL", "child-map-insert,stop-after-start-failure")],
-        )
-        .unwrap();
-    w.wait_recovered().await.unwrap();
+        ))
+        .await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
@@ -236,8 +235,7 @@ async fn a_launch_waiting_for_its_package_stops_when_its_attempt_is_terminated()
     };
     // GitHub holds the package download long enough for the request to land during it.
     slow_package_download(&w, 20000).await;
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     wait::until(STEP, "the launch to wait for its package", || {

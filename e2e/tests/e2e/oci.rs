@@ -250,8 +250,7 @@ async fn a_native_only_agent_rejects_an_oci_attempt_and_creates_no_pod() {
     let Some(w) = AgentWorld::start("a_native_only_agent_rejects_an_oci_attempt").await else {
         return;
     };
-    let _agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt_with(oci).await.unwrap();
     let n = name(&a);
     w.wait_concluded(&n, Outcome::Rejected(RejectReason::SnapshotUnusable))
@@ -592,8 +591,7 @@ mod recovery {
         let Some(w) = AgentWorld::start("a_placeholder_the_kubelet_refuses_for_cpu").await else {
             return;
         };
-        let _agent = w.placeholder_agent("120", &[]).unwrap();
-        w.wait_recovered().await.unwrap();
+        let _agent = w.recovered(w.placeholder_agent("120", &[])).await;
         let a = w
             .pending_attempt_with(|s| {
                 s.execution.resources = Some(runner_manager_crds::policy::RunnerResources {

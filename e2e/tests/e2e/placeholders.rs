@@ -64,9 +64,8 @@ async fn a_placeholder_stands_beside_a_native_runner_and_goes_after_its_cleanup(
         return;
     };
     let agent = w
-        .placeholder_agent("0", &[("RM_ORPHAN_SWEEP_SECONDS", "1")])
-        .unwrap();
-    w.wait_recovered().await.unwrap();
+        .recovered(w.placeholder_agent("0", &[("RM_ORPHAN_SWEEP_SECONDS", "1")]))
+        .await;
     let pods_api = w.pods();
 
     let a = w.pending_attempt_with(with_resources).await.unwrap();
@@ -179,8 +178,7 @@ async fn a_placeholder_the_kubelet_never_runs_keeps_the_runner_from_starting() {
     let Some(w) = AgentWorld::start("placeholder_refused").await else {
         return;
     };
-    let agent = w.placeholder_agent("2", &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.placeholder_agent("2", &[])).await;
     let pods_api = w.pods();
     let a = w.pending_attempt_with(with_resources).await.unwrap();
     let n = name(&a);
@@ -230,8 +228,7 @@ async fn a_placeholder_deleted_under_a_running_runner_is_recreated_and_an_impost
     let Some(w) = AgentWorld::start("placeholder_kept").await else {
         return;
     };
-    let agent = w.placeholder_agent("0", &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.placeholder_agent("0", &[])).await;
     let pods_api = w.pods();
     // No resources: a memory limit needs the memory controller delegated to the runner cgroups,
     // which the development machine does not, and this runner must run.
@@ -355,8 +352,7 @@ async fn other_workloads_pods_on_the_node_are_advertised_and_cleared() {
     let Some(w) = AgentWorld::start("foreign_requests").await else {
         return;
     };
-    let agent = w.agent(2, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(2, &[])).await;
     let pods_api = w.pods();
     let leases = Api::<Lease>::namespaced(w.kube.clone(), &w.system);
     let lease_name = runner_manager_crds::names::agent_lease_name(&w.node().name);
