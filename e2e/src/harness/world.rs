@@ -629,6 +629,16 @@ impl World {
         Api::namespaced(self.kube.clone(), &self.team)
     }
 
+    /// The resource requests of `pod`'s first container (the runner's, or the placeholder's).
+    pub fn container_requests(
+        pod: &Pod,
+    ) -> BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity> {
+        pod.spec
+            .as_ref()
+            .and_then(|s| s.containers.first()?.resources.as_ref()?.requests.clone())
+            .unwrap_or_else(|| panic!("{:?} requests nothing", pod.metadata.name))
+    }
+
     /// The first Event of `reason` on the team's object `name`, waited for up to `deadline`.
     pub async fn event_on(
         &self,

@@ -20,6 +20,7 @@ use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
 use runner_manager_e2e::harness::attempt::outcome;
 use runner_manager_e2e::harness::process::binary;
 use runner_manager_e2e::harness::wait;
+use runner_manager_e2e::harness::world::World;
 use serde_json::json;
 
 /// An image pinned by digest. Nothing pulls it here: the kubelet double decides what happens.
@@ -292,13 +293,7 @@ async fn a_runner_pod_stuck_pulling_its_image_concludes_image_unavailable_and_is
         pod.metadata.labels.as_ref().unwrap()["runner-manager.dev/generation"],
         a.metadata.uid.clone().unwrap()
     );
-    let requests = spec.containers[0]
-        .resources
-        .as_ref()
-        .unwrap()
-        .requests
-        .clone()
-        .unwrap();
+    let requests = World::container_requests(&pod);
     assert_eq!(requests["cpu"].0, "500m");
     assert_eq!(requests["memory"].0, "512Mi");
 

@@ -17,6 +17,7 @@ use runner_manager_crds::policy::RunnerResources;
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::agent::AgentWorld;
 use runner_manager_e2e::harness::wait;
+use runner_manager_e2e::harness::world::World;
 use runner_manager_node_agent::pods::{self, PodRole};
 
 /// The pause image the real node imports (e2e/cluster/images.sh); never pulled here.
@@ -96,13 +97,7 @@ async fn a_placeholder_stands_beside_a_native_runner_and_goes_after_its_cleanup(
     let spec = pod.spec.as_ref().unwrap();
     assert_eq!(spec.node_name.as_deref(), Some(w.node().name.as_str()));
     assert_eq!(spec.automount_service_account_token, Some(false));
-    let requests = spec.containers[0]
-        .resources
-        .as_ref()
-        .unwrap()
-        .requests
-        .clone()
-        .unwrap();
+    let requests = World::container_requests(&pod);
     assert_eq!(requests["cpu"], Quantity("1".into()));
     assert_eq!(requests["memory"], Quantity("1Gi".into()));
     // Created before the JIT was received (second granularity on both sides).
