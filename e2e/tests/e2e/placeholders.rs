@@ -174,9 +174,9 @@ async fn a_placeholder_the_kubelet_never_runs_keeps_the_runner_from_starting() {
         return;
     };
     let agent = w.recovered(w.placeholder_agent("2", &[])).await;
-    let pods_api = w.pods();
     let a = w.pending_attempt_with(with_resources).await.unwrap();
     let n = name(&a);
+    let pods_api = w.pods();
     let done = w
         .wait_concluded(&n, Outcome::Failed(FailureReason::ProcessStartFailed))
         .await;
