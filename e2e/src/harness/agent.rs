@@ -16,7 +16,7 @@ use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::state::AttemptState;
 use serde_json::{Value, json};
 
-use super::attempt::outcome;
+use super::attempt::{name, outcome};
 use super::fixtures::native_attempt;
 use super::github::ORG;
 use super::node::SimNode;
@@ -366,6 +366,21 @@ impl AgentWorld {
             .await
             .ok()?;
         AgentAdvert::from_annotations(&lease.metadata.annotations.unwrap_or_default()).ok()
+    }
+
+    /// Online → `Idle`: the fake lists the runner of `a` online and the test, playing the
+    /// operator, writes that fact; the attempt once `Idle`.
+    pub async fn bring_to_idle(&self, a: &RunnerAttempt) -> RunnerAttempt {
+        let n = name(a);
+        self.wait_online(a)
+            .await
+            .unwrap_or_else(|e| panic!("{n} online: {e}"));
+        self.set_github(&n, true, false, 1)
+            .await
+            .unwrap_or_else(|e| panic!("{n}'s GitHub fact: {e}"));
+        self.wait_state(&n, AttemptState::Idle)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// The agent just started (`agent`, as [`Self::agent`] and its kin answer), once it has

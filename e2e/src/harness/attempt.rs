@@ -3,9 +3,25 @@
 
 use std::path::PathBuf;
 
-use runner_manager_crds::attempt::{RunnerAttempt, RunnerRegistration};
+use runner_manager_crds::attempt::{AttemptJournal, RunnerAttempt, RunnerRegistration};
 use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::state::AttemptState;
+
+/// The attempt's name.
+pub fn name(a: &RunnerAttempt) -> String {
+    a.metadata
+        .name
+        .clone()
+        .unwrap_or_else(|| panic!("an attempt without a name: {a:?}"))
+}
+
+/// The attempt's journal, once it has a status.
+pub fn journal_of(a: &RunnerAttempt) -> &AttemptJournal {
+    &a.status
+        .as_ref()
+        .unwrap_or_else(|| panic!("{:?} has no status", a.metadata.name))
+        .journal
+}
 
 /// The attempt's journalled state (`Pending` before it has a status).
 pub fn state(a: &RunnerAttempt) -> AttemptState {

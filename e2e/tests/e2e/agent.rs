@@ -11,16 +11,12 @@ use runner_manager_crds::outcome::{FailureReason, Outcome, RejectReason};
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
 use runner_manager_e2e::harness::attempt::{
-    outcome, pid_alive, pid_of, registration, runtime_path,
+    journal_of, name, outcome, pid_alive, pid_of, registration, runtime_path,
 };
 use runner_manager_e2e::harness::cluster::list_all;
 use runner_manager_e2e::harness::pin::Pinned;
 use runner_manager_e2e::harness::process::Running;
 use runner_manager_e2e::harness::wait;
-
-fn name(a: &RunnerAttempt) -> String {
-    a.metadata.name.clone().unwrap()
-}
 
 async fn wait_exit(agent: &mut Running) -> std::process::ExitStatus {
     wait::until(STEP, "the agent to exit", || {
@@ -29,14 +25,6 @@ async fn wait_exit(agent: &mut Running) -> std::process::ExitStatus {
     })
     .await
     .unwrap()
-}
-
-/// Online → `Idle`: the fake lists the runner online, the test writes the fact.
-async fn bring_to_idle(w: &AgentWorld, a: &RunnerAttempt) -> RunnerAttempt {
-    let n = name(a);
-    w.wait_online(a).await.unwrap();
-    w.set_github(&n, true, false, 1).await.unwrap();
-    w.wait_state(&n, AttemptState::Idle).await.unwrap()
 }
 
 /// The operator's ordered termination of an idle runner: the request, then the
@@ -69,7 +57,7 @@ async fn assert_settled(w: &AgentWorld, a: &RunnerAttempt, attempts_in_world: u6
 }
 
 fn print_launch(label: &str, a: &RunnerAttempt) {
-    let l = a.status.as_ref().unwrap().journal.launch.clone().unwrap();
+    let l = journal_of(a).launch.clone().unwrap();
     println!(
         "status.launch ({label}): materializeMs={} prepareMs={} registerMs={} spawnMs={} packageDownloaded={}",
         l.materialize_ms, l.prepare_ms, l.register_ms, l.spawn_ms, l.package_downloaded
@@ -90,7 +78,7 @@ async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
         })
         .await
         .unwrap();
-    let journal = &started.status.as_ref().unwrap().journal;
+    let journal = journal_of(&started);
     let process = journal.process().unwrap().clone();
     assert!(journal.runner().is_some());
     assert!(
@@ -111,7 +99,7 @@ async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
         "the runtime belongs to the first pool account"
     );
 
-    bring_to_idle(&w, &a).await;
+    w.bring_to_idle(&a).await;
     let job = w.queue_job(3000).await.unwrap();
     let runner = w.wait_assigned(job).await.unwrap();
     assert_eq!(runner, registration(&started).name);
@@ -134,18 +122,14 @@ async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
         .await
         .unwrap();
     assert!(
-        !warm
-            .status
-            .as_ref()
-            .unwrap()
-            .journal
+        !journal_of(&warm)
             .launch
             .as_ref()
             .unwrap()
             .package_downloaded
     );
     print_launch("warm", &warm);
-    bring_to_idle(&w, &b).await;
+    w.bring_to_idle(&b).await;
     stop_idle(&w, &b, "ScaleDown").await;
     assert_settled(&w, &b, 2).await;
     drop(agent);
@@ -166,7 +150,7 @@ async fn a_job_leaving_pathological_trees_is_cleaned_while_the_agent_serves_othe
     w.wait_recovered().await.unwrap();
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
-    bring_to_idle(&w, &a).await;
+    w.bring_to_idle(&a).await;
     let job = w
         .queue_job_with(serde_json::json!({"deep_tree_depth": 20_000, "wide_tree_entries": 20_000}))
         .await
@@ -177,16 +161,12 @@ async fn a_job_leaving_pathological_trees_is_cleaned_while_the_agent_serves_othe
     // Launched while the job builds its trees and the agent removes them.
     let b = w.pending_attempt().await.unwrap();
     let done = w.wait_concluded(&n, Outcome::CompletedJob).await;
-    let deferred = done
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
+    let deferred = journal_of(&done)
         .conditions
         .iter()
         .any(|c| format!("{:?}", c.type_) == "CleanupDeferred");
     assert!(!deferred, "the removal never failed");
-    bring_to_idle(&w, &b).await;
+    w.bring_to_idle(&b).await;
     stop_idle(&w, &b, "ScaleDown").await;
     assert_settled(&w, &b, 2).await;
     assert!(
@@ -251,7 +231,7 @@ async fn an_unremovable_ephemeral_runtime_backs_off_under_a_cleanup_deferred_con
     let agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
-    let idle = bring_to_idle(&w, &a).await;
+    let idle = w.bring_to_idle(&a).await;
     let runtime = runtime_path(&idle);
     let pinned = Pinned::set(runtime.join("pinned")).unwrap();
     stop_idle(&w, &a, "ScaleDown").await;
@@ -298,7 +278,7 @@ async fn an_idle_runner_is_terminated_in_order_and_exits_idle() {
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let idle = bring_to_idle(&w, &a).await;
+    let idle = w.bring_to_idle(&a).await;
     let pid = pid_of(&idle);
     stop_idle(&w, &a, "IdleTimeout").await;
     let done = w.wait_concluded(&n, Outcome::ExitedIdleWithoutWork).await;
@@ -331,7 +311,7 @@ async fn admission_rejects_the_surplus_over_capacity() {
     }
     let (rejected, settled, o) = rejected.expect("one attempt rejected");
     assert_eq!(o, Outcome::Rejected(RejectReason::NodeFull));
-    let journal = &settled.status.as_ref().unwrap().journal;
+    let journal = journal_of(&settled);
     assert_eq!(journal.state(), AttemptState::Cleaned);
     assert!(
         journal.workspace().is_none(),
@@ -361,7 +341,7 @@ async fn admission_rejects_the_surplus_over_capacity() {
     );
     assert!(spec.renew_time.is_some() && spec.holder_identity.is_some());
     let admitted = admitted.expect("one attempt admitted");
-    bring_to_idle(&w, &admitted).await;
+    w.bring_to_idle(&admitted).await;
     stop_idle(&w, &admitted, "ScaleDown").await;
     assert_settled(&w, &admitted, 1).await;
     wait::until(STEP, "the Lease to show the node free", || async {
@@ -390,7 +370,7 @@ async fn a_second_agent_on_the_same_host_refuses_to_act() {
     w.wait_state(&name(&a), AttemptState::Starting)
         .await
         .unwrap();
-    bring_to_idle(&w, &a).await;
+    w.bring_to_idle(&a).await;
     stop_idle(&w, &a, "ScaleDown").await;
     assert_settled(&w, &a, 1).await;
 }
@@ -405,15 +385,8 @@ async fn a_restarted_agent_readopts_its_live_runner() {
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let idle = bring_to_idle(&w, &a).await;
-    let process = idle
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .process()
-        .unwrap()
-        .clone();
+    let idle = w.bring_to_idle(&a).await;
+    let process = journal_of(&idle).process().unwrap().clone();
 
     agent.terminate().unwrap();
     let status = wait_exit(&mut agent).await;
@@ -422,7 +395,7 @@ async fn a_restarted_agent_readopts_its_live_runner() {
 
     let _again = w.recovered(w.agent(4, &[])).await;
     let now = w.attempts().get(&n).await.unwrap();
-    let journal = &now.status.as_ref().unwrap().journal;
+    let journal = journal_of(&now);
     assert_eq!(journal.state(), AttemptState::Idle);
     assert_eq!(
         journal.process(),
@@ -454,12 +427,12 @@ async fn crash_at(test: &str, boundary: &str, expected: Outcome) {
         // deregistration follows the crash.
         "after-termination-intent" => {
             w.wait_state(&n, AttemptState::Starting).await.unwrap();
-            bring_to_idle(&w, &a).await;
+            w.bring_to_idle(&a).await;
             w.request_termination(&n, "IdleTimeout").await.unwrap();
         }
         "mid-cleanup" => {
             w.wait_state(&n, AttemptState::Starting).await.unwrap();
-            bring_to_idle(&w, &a).await;
+            w.bring_to_idle(&a).await;
             stop_idle(&w, &a, "IdleTimeout").await;
         }
         _ => {}
@@ -479,19 +452,8 @@ async fn crash_at(test: &str, boundary: &str, expected: Outcome) {
         // The reservation is journalled before any effect (parity row 63): at `Allocated`
         // nothing was minted, and right after the CAS nothing was downloaded or materialized.
         let crashed = w.attempts().get(&n).await.unwrap();
-        assert_eq!(
-            crashed.status.as_ref().unwrap().journal.state(),
-            AttemptState::Allocated
-        );
-        assert!(
-            crashed
-                .status
-                .as_ref()
-                .unwrap()
-                .journal
-                .workspace()
-                .is_some()
-        );
+        assert_eq!(journal_of(&crashed).state(), AttemptState::Allocated);
+        assert!(journal_of(&crashed).workspace().is_some());
         assert_eq!(w.second_sessions_and_mints().await.unwrap().1, 0);
     }
     if boundary == "after-allocated" {
@@ -522,9 +484,9 @@ async fn crash_at(test: &str, boundary: &str, expected: Outcome) {
         })
         .await
         .unwrap();
-    let state = seen.status.as_ref().unwrap().journal.state();
+    let state = journal_of(&seen).state();
     if state == AttemptState::Starting {
-        bring_to_idle(&w, &a).await;
+        w.bring_to_idle(&a).await;
     }
     if state != AttemptState::Cleaned {
         stop_idle(&w, &a, "IdleTimeout").await;
@@ -632,14 +594,7 @@ async fn a_runner_that_dies_before_registering_is_a_failure() {
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let process = started
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .process()
-        .unwrap()
-        .clone();
+    let process = journal_of(&started).process().unwrap().clone();
     // Its registration vanishes under it (no termination was asked): the listener exits.
     w.wait_online(&a).await.unwrap();
     w.deregister(&a).await.unwrap();
@@ -671,7 +626,7 @@ async fn deleting_an_attempt_stops_its_runner_in_order_before_the_finalizer_goes
         .await
         .unwrap();
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let idle = bring_to_idle(&w, &a).await;
+    let idle = w.bring_to_idle(&a).await;
     let pid = pid_of(&idle);
     w.attempts()
         .delete(&n, &DeleteParams::default())
@@ -718,7 +673,7 @@ async fn an_unreadable_identity_keeps_recovery_incomplete_and_says_why() {
     assert!(!wait_exit(&mut agent).await.success());
     drop(agent);
     let jit_received = w.attempts().get(&n).await.unwrap();
-    let journal = &jit_received.status.as_ref().unwrap().journal;
+    let journal = journal_of(&jit_received);
     assert_eq!(journal.state(), AttemptState::JitReceived);
     let identity_file = std::path::Path::new(journal.workspace().unwrap().runtime_path())
         .join(".runner-process.json");
@@ -773,7 +728,7 @@ async fn an_unreadable_identity_keeps_recovery_incomplete_and_says_why() {
         })
         .await
         .unwrap();
-        bring_to_idle(&w, x).await;
+        w.bring_to_idle(x).await;
         stop_idle(&w, x, "ScaleDown").await;
     }
     for x in [&a, &waiting] {
@@ -803,14 +758,7 @@ async fn a_persistent_slot_keeps_its_work_and_its_account_across_attempts() {
             })
             .await
             .unwrap();
-        let placement = started
-            .status
-            .as_ref()
-            .unwrap()
-            .journal
-            .workspace()
-            .unwrap()
-            .clone();
+        let placement = journal_of(&started).workspace().unwrap().clone();
         assert_eq!(
             placement.slot_number(),
             Some(1),
@@ -820,7 +768,7 @@ async fn a_persistent_slot_keeps_its_work_and_its_account_across_attempts() {
         uids.push(std::os::unix::fs::MetadataExt::uid(
             &std::fs::metadata(&slot).unwrap(),
         ));
-        bring_to_idle(&w, &a).await;
+        w.bring_to_idle(&a).await;
         let job = w.queue_job(0).await.unwrap();
         w.wait_assigned(job).await.unwrap();
         w.set_job(&n, job).await.unwrap();
@@ -888,7 +836,7 @@ async fn a_changed_spec_is_refused_but_the_runner_is_still_stopped_and_cleaned()
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    bring_to_idle(&w, &a).await;
+    w.bring_to_idle(&a).await;
     w.attempts()
         .patch(
             &n,
@@ -929,7 +877,7 @@ async fn a_runner_that_takes_a_job_under_a_changed_spec_still_concludes_and_clea
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    bring_to_idle(&w, &a).await;
+    w.bring_to_idle(&a).await;
     w.attempts()
         .patch(
             &n,
@@ -1015,7 +963,7 @@ async fn an_idle_runner_deregistered_before_its_stop_request_is_not_lost() {
         let a = w.pending_attempt().await.unwrap();
         let n = name(&a);
         w.wait_state(&n, AttemptState::Starting).await.unwrap();
-        let pid = pid_of(&bring_to_idle(&w, &a).await);
+        let pid = pid_of(&w.bring_to_idle(&a).await);
         w.deregister(&a).await.unwrap();
         wait::until(STEP, "the runner to exit as its registration goes", || {
             let alive = pid_alive(pid);
@@ -1081,7 +1029,7 @@ async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
         .unwrap();
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let idle = bring_to_idle(&w, &a).await;
+    let idle = w.bring_to_idle(&a).await;
     // GitHub stops answering (the operator writes `unreachable`) and the agent restarts.
     w.set_github_status(&n, "unreachable", false, 2)
         .await
@@ -1103,7 +1051,7 @@ async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
     heartbeats(&w, 3).await;
     let waiting = w.attempts().get(&n).await.unwrap();
     assert_eq!(
-        waiting.status.as_ref().unwrap().journal.state(),
+        journal_of(&waiting).state(),
         AttemptState::Idle,
         "concluded while GitHub was unreachable"
     );
@@ -1118,11 +1066,7 @@ async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
     );
     assert_eq!(w.second_sessions_and_mints().await.unwrap().1, 1);
     // Past the idle timeout (measured from `Idle`), GitHub answers: not listed.
-    let idle_since = idle
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
+    let idle_since = journal_of(&idle)
         .timestamps()
         .last_state_change_at
         .clone()
@@ -1147,7 +1091,7 @@ async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
 
     // The attempt that waited launches; busy, its runner dies and GitHub does not list it.
     w.wait_state(&nb, AttemptState::Starting).await.unwrap();
-    bring_to_idle(&w, &b).await;
+    w.bring_to_idle(&b).await;
     w.set_job(&nb, 4242).await.unwrap();
     let busy = w.wait_state(&nb, AttemptState::Busy).await.unwrap();
     kill_runner(pid_of(&busy)).await;
@@ -1191,7 +1135,7 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
     let b = w.pending_attempt().await.unwrap();
     let nb = name(&b);
     w.wait_state(&nb, AttemptState::Starting).await.unwrap();
-    bring_to_idle(&w, &b).await;
+    w.bring_to_idle(&b).await;
     w.queue_job(100).await.unwrap();
     let done = w.wait_concluded(&nb, Outcome::CompletedJob).await;
     assert!(done.status.as_ref().unwrap().facts.job.is_none());
@@ -1200,12 +1144,8 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
     let c = w.pending_attempt().await.unwrap();
     let nc = name(&c);
     w.wait_state(&nc, AttemptState::Starting).await.unwrap();
-    let idle = bring_to_idle(&w, &c).await;
-    let first_idle = idle
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
+    let idle = w.bring_to_idle(&c).await;
+    let first_idle = journal_of(&idle)
         .timestamps()
         .last_state_change_at
         .clone()
@@ -1214,7 +1154,7 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
     w.wait_state(&nc, AttemptState::Busy).await.unwrap();
     w.set_github(&nc, true, false, 3).await.unwrap();
     let back = w.wait_state(&nc, AttemptState::Idle).await.unwrap();
-    let journal = &back.status.as_ref().unwrap().journal;
+    let journal = journal_of(&back);
     assert!(
         journal
             .timestamps()
@@ -1234,10 +1174,7 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
     w.set_github(&nc, true, false, 5).await.unwrap();
     heartbeats(&w, 2).await;
     let still = w.attempts().get(&nc).await.unwrap();
-    assert_eq!(
-        still.status.as_ref().unwrap().journal.state(),
-        AttemptState::Busy
-    );
+    assert_eq!(journal_of(&still).state(), AttemptState::Busy);
     kill_runner(pid_of(&busy)).await;
     w.wait_concluded(&nc, Outcome::CompletedJob).await;
 
@@ -1279,11 +1216,7 @@ async fn a_launch_that_fails_at_registration_still_reports_its_timings() {
     let done = w
         .wait_concluded(&n, Outcome::Failed(FailureReason::JitRequestFailed))
         .await;
-    let launch = done
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
+    let launch = journal_of(&done)
         .launch
         .clone()
         .expect("no status.launch on a failed launch");
@@ -1316,7 +1249,7 @@ async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_cras
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let idle = bring_to_idle(&w, &a).await;
+    let idle = w.bring_to_idle(&a).await;
     let pid = pid_of(&idle);
     let intent = runtime_path(&idle).join(".terminate-intent");
     std::fs::create_dir(&intent).unwrap();
@@ -1331,10 +1264,7 @@ async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_cras
     heartbeats(&w, 2).await;
     assert!(pid_alive(pid), "signalled without a durable intent");
     let still = w.attempts().get(&n).await.unwrap();
-    assert_eq!(
-        still.status.as_ref().unwrap().journal.state(),
-        AttemptState::Idle
-    );
+    assert_eq!(journal_of(&still).state(), AttemptState::Idle);
     std::fs::remove_dir(&intent).unwrap();
     w.wait_concluded(&n, Outcome::ExitedIdleWithoutWork).await;
     assert!(!pid_alive(pid));
@@ -1446,7 +1376,7 @@ async fn the_runner_environment_is_layered_and_a_refused_one_stops_before_any_ef
             && !std::path::Path::new(&runtime).join("profile").exists(),
         "a home directory in the attempt"
     );
-    bring_to_idle(&w, &a).await;
+    w.bring_to_idle(&a).await;
     stop_idle(&w, &a, "ScaleDown").await;
     assert_settled(&w, &a, 1).await;
 
@@ -1462,7 +1392,7 @@ async fn the_runner_environment_is_layered_and_a_refused_one_stops_before_any_ef
     let done = w
         .wait_concluded(&nr, Outcome::Rejected(RejectReason::SnapshotUnusable))
         .await;
-    assert!(done.status.as_ref().unwrap().journal.workspace().is_none());
+    assert!(journal_of(&done).workspace().is_none());
     let (_, mints_after) = w.second_sessions_and_mints().await.unwrap();
     assert_eq!(mints_after, mints_before, "a JIT was minted");
     assert!(w.runtimes().is_empty());
@@ -1521,7 +1451,7 @@ async fn the_default_materializer_is_the_overlay_and_a_world_leaves_no_mount_beh
         agent.lines()
     );
     let a = w.pending_attempt().await.unwrap();
-    let runtime = runtime_path(&bring_to_idle(&w, &a).await);
+    let runtime = runtime_path(&w.bring_to_idle(&a).await);
     assert_eq!(overlay::overlays_under(&scratch).unwrap(), vec![runtime]);
     drop(agent);
     drop(w);
@@ -1551,7 +1481,7 @@ async fn an_abandoned_slot_attempt_s_overlay_is_unmounted_before_its_slot_is_rel
         .pending_attempt_with(|s| s.workspace = WorkspaceMode::Persistent)
         .await
         .unwrap();
-    let idle = bring_to_idle(&w, &a).await;
+    let idle = w.bring_to_idle(&a).await;
     let pid = pid_of(&idle);
     let slot = runtime_path(&idle);
     assert!(
@@ -1590,12 +1520,12 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
     w.wait_recovered().await.unwrap();
     // A live attempt every sweep must leave alone.
     let keep = w.pending_attempt().await.unwrap();
-    let kept = bring_to_idle(&w, &keep).await;
+    let kept = w.bring_to_idle(&keep).await;
     let keep_pid = pid_of(&kept);
 
     // Deleted while its runner lives.
     let a = w.pending_attempt().await.unwrap();
-    let idle = bring_to_idle(&w, &a).await;
+    let idle = w.bring_to_idle(&a).await;
     let pid = pid_of(&idle);
     let (runtime, cgroup) = (
         runtime_path(&idle),
@@ -1619,7 +1549,7 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
 
     // A late child recreating a cleaned attempt's runtime: reaped, the attempt stays Cleaned.
     let b = w.pending_attempt().await.unwrap();
-    let b_idle = bring_to_idle(&w, &b).await;
+    let b_idle = w.bring_to_idle(&b).await;
     stop_idle(&w, &b, "ScaleDown").await;
     let b_done = w
         .wait_state(&name(&b), AttemptState::Cleaned)
@@ -1630,15 +1560,12 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
     std::fs::write(residue.join("_work").join("late").join("out.log"), b"x").unwrap();
     until_host("the late residue reaped", || !residue.exists()).await;
     let b_now = w.attempts().get(&name(&b)).await.unwrap();
-    assert_eq!(
-        b_now.status.as_ref().unwrap().journal.state(),
-        AttemptState::Cleaned
-    );
+    assert_eq!(journal_of(&b_now).state(), AttemptState::Cleaned);
     assert_eq!(outcome(&b_now), outcome(&b_done));
 
     // Deleted while the agent is down.
     let c = w.pending_attempt().await.unwrap();
-    let c_idle = bring_to_idle(&w, &c).await;
+    let c_idle = w.bring_to_idle(&c).await;
     let c_pid = pid_of(&c_idle);
     let (c_runtime, c_cgroup) = (
         runtime_path(&c_idle),
@@ -1750,7 +1677,7 @@ async fn blocked_removals_never_block_recovery_and_are_finished_once_unblocked()
     w.wait_recovered().await.unwrap();
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
-    let a_runtime = runtime_path(&bring_to_idle(&w, &a).await);
+    let a_runtime = runtime_path(&w.bring_to_idle(&a).await);
     let pin_a = Pinned::set(a_runtime.join("pinned")).unwrap();
     stop_idle(&w, &a, "ScaleDown").await;
     w.wait_for(&n, "a CleanupDeferred condition", |s| {
@@ -1763,7 +1690,7 @@ async fn blocked_removals_never_block_recovery_and_are_finished_once_unblocked()
     .unwrap();
 
     let b = w.pending_attempt().await.unwrap();
-    let b_runtime = runtime_path(&bring_to_idle(&w, &b).await);
+    let b_runtime = runtime_path(&w.bring_to_idle(&b).await);
     stop_idle(&w, &b, "ScaleDown").await;
     w.wait_state(&name(&b), AttemptState::Cleaned)
         .await
@@ -1791,16 +1718,13 @@ async fn blocked_removals_never_block_recovery_and_are_finished_once_unblocked()
         .await
         .unwrap();
         let a_now = w.attempts().get(&n).await.unwrap();
-        let state = a_now.status.as_ref().unwrap().journal.state();
+        let state = journal_of(&a_now).state();
         assert!(
             state.is_concluded() && state != AttemptState::Cleaned,
             "round {round}: {state:?}"
         );
         let b_now = w.attempts().get(&name(&b)).await.unwrap();
-        assert_eq!(
-            b_now.status.as_ref().unwrap().journal.state(),
-            AttemptState::Cleaned
-        );
+        assert_eq!(journal_of(&b_now).state(), AttemptState::Cleaned);
         assert!(a_runtime.exists() && b_runtime.exists());
     }
     let events = kube::Api::<Event>::namespaced(w.kube.clone(), &w.team);
@@ -1893,7 +1817,7 @@ async fn every_launch_prunes_obsolete_packages_and_a_failed_prune_only_warns() {
     );
     assert_eq!(prunes(), 2, "one prune per launch");
     for x in [&a, &b] {
-        bring_to_idle(&w, x).await;
+        w.bring_to_idle(x).await;
         stop_idle(&w, x, "ScaleDown").await;
     }
     for x in [&a, &b] {
@@ -1928,11 +1852,7 @@ async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slo
             .await
             .unwrap();
         slots.push(
-            started
-                .status
-                .as_ref()
-                .unwrap()
-                .journal
+            journal_of(&started)
                 .workspace()
                 .unwrap()
                 .slot_number()
@@ -1946,7 +1866,7 @@ async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slo
         "two racing admissions never share a slot"
     );
     for a in [&x, &y] {
-        bring_to_idle(&w, a).await;
+        w.bring_to_idle(a).await;
         stop_idle(&w, a, "ScaleDown").await;
     }
     for a in [&x, &y] {
@@ -1986,14 +1906,7 @@ async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slo
         })
         .await
         .unwrap();
-    let placement = started
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .workspace()
-        .unwrap()
-        .clone();
+    let placement = journal_of(&started).workspace().unwrap().clone();
     assert_eq!(placement.kind(), WorkspaceMode::Ephemeral);
     assert_eq!(
         placement.slot_number(),
@@ -2013,7 +1926,7 @@ async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slo
             .copied(),
         Some(2)
     );
-    bring_to_idle(&w, &e).await;
+    w.bring_to_idle(&e).await;
     stop_idle(&w, &e, "ScaleDown").await;
     w.wait_state(&name(&e), AttemptState::Cleaned)
         .await
@@ -2098,7 +2011,7 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
         .pending_attempt_with(|s| s.workspace = WorkspaceMode::Persistent)
         .await
         .unwrap();
-    let s1 = runtime_path(&bring_to_idle(&w, &x).await);
+    let s1 = runtime_path(&w.bring_to_idle(&x).await);
     let pin = Pinned::set(s1.join("pinned")).unwrap();
     stop_idle(&w, &x, "ScaleDown").await;
     let quarantined = |s: &runner_manager_crds::attempt::RunnerAttemptStatus| {
@@ -2116,7 +2029,7 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
     drop(agent);
     let again = w.recovered(w.agent(4, &[])).await;
     let x_now = w.attempts().get(&name(&x)).await.unwrap();
-    let state = x_now.status.as_ref().unwrap().journal.state();
+    let state = journal_of(&x_now).state();
     assert!(
         state.is_concluded() && state != AttemptState::Cleaned,
         "{state:?}"
@@ -2162,21 +2075,14 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
         .await
         .unwrap();
     assert_eq!(
-        started
-            .status
-            .as_ref()
-            .unwrap()
-            .journal
-            .workspace()
-            .unwrap()
-            .slot_number(),
+        journal_of(&started).workspace().unwrap().slot_number(),
         Some(2)
     );
     assert_eq!(
         std::fs::read(s2.join("_work").join("checkout")).unwrap(),
         b"from an earlier job"
     );
-    bring_to_idle(&w, &z).await;
+    w.bring_to_idle(&z).await;
     stop_idle(&w, &z, "ScaleDown").await;
     w.wait_state(&name(&z), AttemptState::Cleaned)
         .await
@@ -2226,14 +2132,7 @@ async fn a_start_without_a_child_is_tried_three_times_and_leaves_no_handoff() {
         .filter(|l| l.contains("start failed before a child existed") && l.contains(&n))
         .count();
     assert_eq!(retries, 3, "three tries, each failing before a child");
-    let launch = done
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .launch
-        .clone()
-        .unwrap();
+    let launch = journal_of(&done).launch.clone().unwrap();
     print_launch("three failed starts", &done);
     assert!(
         launch.spawn_ms >= 30,
@@ -2303,7 +2202,7 @@ async fn a_persistent_slot_is_scrubbed_only_once_its_runner_is_gone() {
         .unwrap();
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let idle = bring_to_idle(&w, &a).await;
+    let idle = w.bring_to_idle(&a).await;
     let pid = pid_of(&idle);
     let slot = runtime_path(&idle);
     std::fs::create_dir_all(slot.join("_work")).unwrap();

@@ -11,13 +11,9 @@ use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::outcome::{FailureReason, Outcome, RejectReason};
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
-use runner_manager_e2e::harness::attempt::{outcome, pid_alive, pid_of};
+use runner_manager_e2e::harness::attempt::{journal_of, name, outcome, pid_alive, pid_of};
 use runner_manager_e2e::harness::process::Running;
 use runner_manager_e2e::harness::wait;
-
-fn name(a: &RunnerAttempt) -> String {
-    a.metadata.name.clone().unwrap()
-}
 
 /// GitHub holds the next package download for `latency_ms`.
 async fn slow_package_download(w: &AgentWorld, latency_ms: u64) {
@@ -30,9 +26,7 @@ async fn slow_package_download(w: &AgentWorld, latency_ms: u64) {
 /// Online → `Idle` → stopped in order → `Cleaned` (the test plays the operator).
 async fn stop_in_order(w: &AgentWorld, a: &RunnerAttempt) -> RunnerAttempt {
     let n = name(a);
-    w.wait_online(a).await.unwrap();
-    w.set_github(&n, true, false, 1).await.unwrap();
-    w.wait_state(&n, AttemptState::Idle).await.unwrap();
+    w.bring_to_idle(a).await;
     w.request_termination(&n, "ScaleDown").await.unwrap();
     w.deregister(a).await.unwrap();
     w.wait_state(&n, AttemptState::Cleaned).await.unwrap()
@@ -196,10 +190,7 @@ async fn a_child_the_launcher_cannot_stop_keeps_its_place_until_supervision_prov
         .await;
     // Still `Starting`, still its pid: nothing concluded it while it lives.
     let still = w.attempts().get(&n).await.unwrap();
-    assert_eq!(
-        still.status.as_ref().unwrap().journal.state(),
-        AttemptState::Starting
-    );
+    assert_eq!(journal_of(&still).state(), AttemptState::Starting);
     assert_eq!(outcome(&still), None);
 
     // The child dies; supervision proves it and concludes once.

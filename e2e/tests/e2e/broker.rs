@@ -31,7 +31,7 @@ use runner_manager_crds::policy::ExecutionMode;
 use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_crds::state::{Actor, AttemptState};
 use runner_manager_e2e::harness;
-use runner_manager_e2e::harness::attempt::runtime_path;
+use runner_manager_e2e::harness::attempt::{journal_of, runtime_path};
 use runner_manager_e2e::harness::cluster::list_all;
 use runner_manager_e2e::harness::fixtures::native_attempt;
 use runner_manager_e2e::harness::github::pat_credentials;
@@ -188,10 +188,7 @@ impl World {
     /// A new attempt on `node`, walked by the agent to `Prepared`.
     async fn prepared_attempt(&self, node: &str) -> RunnerAttempt {
         let a = self.attempt_in(node, AttemptState::Prepared).await;
-        assert_eq!(
-            a.status.as_ref().unwrap().journal.state(),
-            AttemptState::Prepared
-        );
+        assert_eq!(journal_of(&a).state(), AttemptState::Prepared);
         a
     }
 

@@ -15,7 +15,7 @@ use runner_manager_crds::names::runner_name;
 use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::policy::{PolicyConditionType, ScalePolicy};
 use runner_manager_crds::state::AttemptState;
-use runner_manager_e2e::harness::attempt::{outcome, state};
+use runner_manager_e2e::harness::attempt::{journal_of, outcome, state};
 use runner_manager_e2e::harness::cluster::list_all;
 use runner_manager_e2e::harness::product::{
     NodeOptions, Product, ProductOptions, STEP, WriteCounter,
@@ -683,7 +683,7 @@ async fn an_operator_killed_between_the_mint_and_the_journal_leaves_no_registrat
         .find(|a| outcome(a).is_some())
         .unwrap();
     assert!(
-        lost.status.as_ref().unwrap().journal.runner().is_none(),
+        journal_of(&lost).runner().is_none(),
         "the broker died before journalling a runner id"
     );
     let registration = runner_name(lost.spec.attempt_uuid().unwrap());

@@ -17,7 +17,7 @@ use runner_manager_crds::outcome::{FailureReason, Outcome, RejectReason};
 use runner_manager_crds::policy::ExecutionMode;
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
-use runner_manager_e2e::harness::attempt::outcome;
+use runner_manager_e2e::harness::attempt::{journal_of, name, outcome};
 use runner_manager_e2e::harness::process::binary;
 use runner_manager_e2e::harness::wait;
 use runner_manager_e2e::harness::world::World;
@@ -25,10 +25,6 @@ use serde_json::json;
 
 /// An image pinned by digest. Nothing pulls it here: the kubelet double decides what happens.
 const IMAGE: &str = "runner-manager.local/runner@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-
-fn name(a: &RunnerAttempt) -> String {
-    a.metadata.name.clone().unwrap()
-}
 
 fn oci(s: &mut runner_manager_crds::attempt::AttemptSnapshot) {
     s.execution = ExecutionSnapshot {
@@ -277,10 +273,7 @@ async fn a_runner_pod_stuck_pulling_its_image_concludes_image_unavailable_and_is
     let pod = wait_pod(&w, &n).await;
     // `Preparing` was journalled before the pod was created.
     let seen = w.attempts().get(&n).await.unwrap();
-    assert_eq!(
-        seen.status.as_ref().unwrap().journal.state(),
-        AttemptState::Preparing
-    );
+    assert_eq!(journal_of(&seen).state(), AttemptState::Preparing);
     // The pod follows the convention and DESIGN §6.
     let spec = pod.spec.as_ref().unwrap();
     assert_eq!(spec.node_name.as_deref(), Some(a.spec.node_name.as_str()));
@@ -361,7 +354,7 @@ async fn a_crash_after_the_pod_is_created_destroys_it_once_and_concludes_prepara
     drop(agent);
     let seen = w.attempts().get(&n).await.unwrap();
     assert_eq!(
-        seen.status.as_ref().unwrap().journal.state(),
+        journal_of(&seen).state(),
         AttemptState::Preparing,
         "the crash left the attempt in Preparing with its pod"
     );
@@ -387,7 +380,7 @@ async fn an_oci_runner_takes_its_jit_through_the_handoff_runs_a_job_and_its_pod_
     let container = kubelet.run_container(&pod);
     kubelet.running(&pod).await;
     let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let journal = &started.status.as_ref().unwrap().journal;
+    let journal = journal_of(&started);
     let env = journal.environment().expect("the pod's identity").clone();
     assert_eq!(env.pod_name, pod.metadata.name.clone().unwrap());
     assert_eq!(env.uid, pod.metadata.uid.clone().unwrap());
@@ -402,9 +395,7 @@ async fn an_oci_runner_takes_its_jit_through_the_handoff_runs_a_job_and_its_pod_
     );
 
     // The listener (execed by the helper) registers and takes a job.
-    w.wait_online(&a).await.unwrap();
-    w.set_github(&n, true, false, 1).await.unwrap();
-    w.wait_state(&n, AttemptState::Idle).await.unwrap();
+    w.bring_to_idle(&a).await;
     let done = runs_one_job_to_cleaned(&kubelet, &n, &pod, container, 1000).await;
     assert!(w.runtimes().is_empty(), "the runtime was left");
 
@@ -448,17 +439,8 @@ async fn a_restarted_agent_adopts_its_running_pod_without_a_second_jit() {
     let mut container = kubelet.run_container(&pod);
     kubelet.running(&pod).await;
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    w.wait_online(&a).await.unwrap();
-    w.set_github(&n, true, false, 1).await.unwrap();
-    let idle = w.wait_state(&n, AttemptState::Idle).await.unwrap();
-    let identity = idle
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .environment()
-        .unwrap()
-        .clone();
+    let idle = w.bring_to_idle(&a).await;
+    let identity = journal_of(&idle).environment().unwrap().clone();
 
     agent.terminate().unwrap();
     wait::until(STEP, "the agent to exit", || {
@@ -475,7 +457,7 @@ async fn a_restarted_agent_adopts_its_running_pod_without_a_second_jit() {
     let _again = oci_agent(&w, "120");
     w.wait_recovered().await.unwrap();
     let now = w.attempts().get(&n).await.unwrap();
-    let journal = &now.status.as_ref().unwrap().journal;
+    let journal = journal_of(&now);
     assert_eq!(journal.state(), AttemptState::Idle);
     assert_eq!(
         journal.environment(),
@@ -609,7 +591,7 @@ mod recovery {
         let done = w
             .wait_concluded(&n, Outcome::Failed(FailureReason::NodeOutOfResources))
             .await;
-        let journal = &done.status.as_ref().unwrap().journal;
+        let journal = journal_of(&done);
         assert!(journal.process().is_none(), "a runner was started");
         assert_eq!(
             mints(&w),
@@ -774,7 +756,7 @@ mod recovery {
     /// kubelet double runs: the pod of `pod`, never a native process.
     async fn started_on(w: &AgentWorld, n: &str, pod: &Pod) {
         let started = w.wait_state(n, AttemptState::Starting).await.unwrap();
-        let journal = &started.status.as_ref().unwrap().journal;
+        let journal = journal_of(&started);
         assert!(journal.process().is_none(), "a native runner was started");
         let env = journal.environment().expect("the pod's identity");
         assert_eq!(env.uid, pod.metadata.uid.clone().unwrap(), "another pod");
@@ -790,9 +772,7 @@ mod recovery {
     ) {
         let w = kubelet.w;
         let n = name(a);
-        w.wait_online(a).await.unwrap();
-        w.set_github(&n, true, false, 1).await.unwrap();
-        w.wait_state(&n, AttemptState::Idle).await.unwrap();
+        w.bring_to_idle(a).await;
         runs_one_job_to_cleaned(kubelet, &n, pod, container, 300).await;
         assert_eq!(mints(w), 1, "a second JIT");
         assert!(w.runtimes().is_empty(), "the runtime was left");
@@ -818,10 +798,7 @@ mod recovery {
         crashed(&mut agent).await;
         drop(agent);
         let seen = w.attempts().get(&n).await.unwrap();
-        assert_eq!(
-            seen.status.as_ref().unwrap().journal.state(),
-            AttemptState::Prepared
-        );
+        assert_eq!(journal_of(&seen).state(), AttemptState::Prepared);
         assert_eq!(mints(&w), 0, "a JIT before the crash");
 
         let _again = oci_agent(&w, "120");
@@ -851,10 +828,7 @@ mod recovery {
         crashed(&mut agent).await;
         drop(agent);
         let seen = w.attempts().get(&n).await.unwrap();
-        assert_eq!(
-            seen.status.as_ref().unwrap().journal.state(),
-            AttemptState::JitReceived
-        );
+        assert_eq!(journal_of(&seen).state(), AttemptState::JitReceived);
 
         let _again = oci_agent(&w, "120");
         let done = w
@@ -863,7 +837,7 @@ mod recovery {
         wait_no_pod(&w, &n).await;
         assert_eq!(mints(&w), 1, "the lost JIT was asked again");
         assert!(
-            done.status.as_ref().unwrap().journal.process().is_none(),
+            journal_of(&done).process().is_none(),
             "a native runner was started"
         );
         assert!(w.handoff_files().is_empty(), "a handoff was left");
@@ -893,10 +867,7 @@ mod recovery {
         crashed(&mut agent).await;
         drop(agent);
         let seen = w.attempts().get(&n).await.unwrap();
-        assert_eq!(
-            seen.status.as_ref().unwrap().journal.state(),
-            AttemptState::JitReceived
-        );
+        assert_eq!(journal_of(&seen).state(), AttemptState::JitReceived);
 
         let _again = oci_agent(&w, "120");
         started_on(&w, &n, &pod).await;
@@ -1023,9 +994,7 @@ mod recovery {
         let container = kubelet.run_container(&pod);
         kubelet.running(&pod).await;
         started_on(&w, &n, &pod).await;
-        w.wait_online(&a).await.unwrap();
-        w.set_github(&n, true, false, 1).await.unwrap();
-        w.wait_state(&n, AttemptState::Idle).await.unwrap();
+        w.bring_to_idle(&a).await;
         // A job long enough to outlive the restart.
         let job = w.queue_job(8000).await.unwrap();
         w.wait_assigned(job).await.unwrap();
@@ -1044,7 +1013,7 @@ mod recovery {
         let _again = oci_agent(&w, "120");
         w.wait_recovered().await.unwrap();
         let now = w.attempts().get(&n).await.unwrap();
-        let journal = &now.status.as_ref().unwrap().journal;
+        let journal = journal_of(&now);
         assert_eq!(journal.state(), AttemptState::Busy, "not adopted busy");
         assert_eq!(
             journal.environment().map(|e| e.uid.clone()),
@@ -1124,7 +1093,7 @@ mod recovery {
             .wait_state(&n, AttemptState::CleanupDeferred)
             .await
             .unwrap();
-        let journal = &deferred.status.as_ref().unwrap().journal;
+        let journal = journal_of(&deferred);
         assert_ne!(
             journal.environment().map(|e| e.uid.clone()),
             duplicate.metadata.uid.clone(),
@@ -1193,17 +1162,8 @@ async fn an_idle_oci_runner_costs_no_api_read_in_steady_state() {
     let container = kubelet.run_container(&pod);
     kubelet.running(&pod).await;
     let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let launch = started
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .launch
-        .clone()
-        .unwrap();
-    w.wait_online(&a).await.unwrap();
-    w.set_github(&n, true, false, 1).await.unwrap();
-    w.wait_state(&n, AttemptState::Idle).await.unwrap();
+    let launch = journal_of(&started).launch.clone().unwrap();
+    w.bring_to_idle(&a).await;
 
     let reads = || async {
         let body = reqwest::get(format!("http://{health}/metrics"))

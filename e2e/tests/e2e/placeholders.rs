@@ -16,16 +16,13 @@ use runner_manager_crds::pods::{PlaceholderSpec, SAFE_TO_EVICT, placeholder_pod}
 use runner_manager_crds::policy::RunnerResources;
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::agent::AgentWorld;
+use runner_manager_e2e::harness::attempt::{journal_of, name};
 use runner_manager_e2e::harness::wait;
 use runner_manager_e2e::harness::world::World;
 use runner_manager_node_agent::pods::{self, PodRole};
 
 /// The pause image the real node imports (e2e/cluster/images.sh); never pulled here.
 const PAUSE: &str = "runner-manager.local/pause:1";
-
-fn name(a: &RunnerAttempt) -> String {
-    a.metadata.name.clone().unwrap()
-}
 
 fn placeholder_name(a: &RunnerAttempt) -> String {
     pods::pod_name(&name(a), PodRole::Placeholder)
@@ -102,11 +99,7 @@ async fn a_placeholder_stands_beside_a_native_runner_and_goes_after_its_cleanup(
     assert_eq!(requests["memory"], Quantity("1Gi".into()));
     // Created before the JIT was received (second granularity on both sides).
     let created = pod.metadata.creation_timestamp.clone().unwrap().0;
-    let jit_at = started
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
+    let jit_at = journal_of(&started)
         .timestamps()
         .jit_received_at
         .clone()
@@ -116,7 +109,7 @@ async fn a_placeholder_stands_beside_a_native_runner_and_goes_after_its_cleanup(
         created <= jit_at,
         "placeholder {created} after the JIT {jit_at}"
     );
-    if let Some(l) = started.status.as_ref().unwrap().journal.launch.as_ref() {
+    if let Some(l) = journal_of(&started).launch.as_ref() {
         println!(
             "status.launch (with placeholder): materializeMs={} prepareMs={} registerMs={} spawnMs={}",
             l.materialize_ms, l.prepare_ms, l.register_ms, l.spawn_ms
@@ -125,10 +118,7 @@ async fn a_placeholder_stands_beside_a_native_runner_and_goes_after_its_cleanup(
 
     // Stopped (terminated while it starts): once Cleaned, the placeholder is gone.
     let done = stop_to_cleaned(&w, &a).await;
-    println!(
-        "concluded {:?}",
-        done.status.as_ref().unwrap().journal.outcome()
-    );
+    println!("concluded {:?}", journal_of(&done).outcome());
     assert!(
         placeholder_of(&pods_api, &a).await.is_none(),
         "the placeholder outlived its attempt's cleanup"
@@ -180,7 +170,7 @@ async fn a_placeholder_the_kubelet_never_runs_keeps_the_runner_from_starting() {
     let done = w
         .wait_concluded(&n, Outcome::Failed(FailureReason::ProcessStartFailed))
         .await;
-    let journal = &done.status.as_ref().unwrap().journal;
+    let journal = journal_of(&done);
     assert!(journal.process().is_none(), "a runner was started");
     assert!(journal.runner().is_none(), "a runner was registered");
     let (_, mints) = w.second_sessions_and_mints().await.unwrap();
@@ -277,7 +267,7 @@ async fn a_placeholder_deleted_under_a_running_runner_is_recreated_and_an_impost
         .await
         .unwrap();
     let now = w.attempts().get(&n).await.unwrap();
-    let state = now.status.as_ref().unwrap().journal.state();
+    let state = journal_of(&now).state();
     assert!(
         state.is_live() && state >= AttemptState::Starting,
         "the runner was stopped for its placeholder: {state:?}"
@@ -326,7 +316,7 @@ async fn a_placeholder_deleted_under_a_running_runner_is_recreated_and_an_impost
     let done = stop_to_cleaned(&w, &a).await;
     println!(
         "concluded {:?} beside an impostor placeholder",
-        done.status.as_ref().unwrap().journal.outcome()
+        journal_of(&done).outcome()
     );
     let left = placeholder_of(&pods_api, &a).await;
     assert_eq!(
