@@ -522,6 +522,22 @@ impl Product {
         .unwrap_or_else(|e| panic!("{e}; logs in {}", self.logs().display()));
     }
 
+    /// Create the team's policy `name` with `spec` and wait until it says Ready.
+    pub async fn policy_ready(&self, name: &str, spec: Value) {
+        self.policy(name, spec)
+            .await
+            .unwrap_or_else(|e| panic!("policy {name}: {e}"));
+        self.wait_ready(name).await;
+    }
+
+    /// Wait until the fake holds no runner registration at all.
+    pub async fn wait_no_registrations(&self) -> Result<(), wait::TimedOut> {
+        wait::until(STEP, "no registration left at the fake", || async {
+            self.fake.runners().await.ok()?.is_empty().then_some(())
+        })
+        .await
+    }
+
     /// Wait until the team's policy `name` is gone: its finalizer let it go (panics after
     /// [`STEP`], naming the logs).
     pub async fn wait_policy_gone(&self, name: &str) {

@@ -269,11 +269,7 @@ async fn an_organization_target_with_every_webhook_dropped_still_runs_all_its_jo
         jobs.len()
     );
     p.wait_every_attempt_cleaned().await;
-    wait::until(STEP, "no registration left at the fake", || async {
-        p.fake.runners().await.ok()?.is_empty().then_some(())
-    })
-    .await
-    .unwrap();
+    p.wait_no_registrations().await.unwrap();
     // No runner minted twice for one job (minIdle 0): with no delivery to say a job started,
     // a runner that took one must not leave its job's entry asking for another runner until
     // the walk proves the job gone. Counted once the ledger is empty (nothing asks any more).

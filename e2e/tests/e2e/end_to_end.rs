@@ -94,11 +94,9 @@ async fn completed_and_cleaned(p: &Product, job: u64) -> Value {
 /// issued anywhere — attempts and events in the API server, every process's log, every host root.
 async fn assert_settled_and_clean(p: &Product) {
     p.wait_every_attempt_cleaned().await;
-    wait::until(STEP, "no registration left at the fake", || async {
-        p.fake.runners().await.ok()?.is_empty().then_some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}: {:?}", logs_hint(p)));
+    p.wait_no_registrations()
+        .await
+        .unwrap_or_else(|e| panic!("{e}: {:?}", logs_hint(p)));
     for a in &p.agents {
         let runners = a.host.join("runners");
         let left: Vec<_> = std::fs::read_dir(&runners)
@@ -228,8 +226,7 @@ async fn webhook_jobs_scale_from_zero_and_everything_is_cleaned() {
         return;
     };
     let writes = WriteCounter::start(p.attempts()).await.unwrap();
-    p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    p.wait_ready("web").await;
+    p.policy_ready("web", json!({"minIdle": 0})).await;
     assert!(
         p.all_attempts().await.is_empty(),
         "minIdle 0 and no job: nothing to launch"
@@ -369,8 +366,7 @@ async fn min_idle_holds_two_idle_runners_and_no_more() {
     let Some(p) = Product::start("min_idle_holds_two").await else {
         return;
     };
-    p.policy("web", json!({"minIdle": 2})).await.unwrap();
-    p.wait_ready("web").await;
+    p.policy_ready("web", json!({"minIdle": 2})).await;
     p.wait_attempts("two idle runners", Duration::from_secs(120), |list| {
         list.iter()
             .filter(|a| state(a) == AttemptState::Idle)
@@ -413,11 +409,7 @@ async fn min_idle_holds_two_idle_runners_and_no_more() {
         .await
         .unwrap();
     p.wait_policy_gone("web").await;
-    wait::until(STEP, "no registration left", || async {
-        p.fake.runners().await.ok()?.is_empty().then_some(())
-    })
-    .await
-    .unwrap();
+    p.wait_no_registrations().await.unwrap();
 }
 
 /// Two node pools: attempts land only on nodes the policy's `nodeSelector` allows.
@@ -473,8 +465,7 @@ async fn jobs_are_found_by_polling_when_every_webhook_is_dropped() {
         return;
     };
     p.fake.drop_webhooks(1000).await.unwrap();
-    p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    p.wait_ready("web").await;
+    p.policy_ready("web", json!({"minIdle": 0})).await;
     let jobs = p.queue_jobs(2, 200).await.unwrap();
     p.wait_jobs_completed(&jobs, Duration::from_secs(180))
         .await
@@ -491,8 +482,7 @@ async fn a_policy_deleted_while_its_runner_is_busy_drains_after_the_job() {
     let Some(p) = Product::start("policy_deleted_while_busy").await else {
         return;
     };
-    p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    p.wait_ready("web").await;
+    p.policy_ready("web", json!({"minIdle": 0})).await;
     let job = p
         .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 6000}))
         .await
@@ -528,11 +518,7 @@ async fn a_policy_deleted_while_its_runner_is_busy_drains_after_the_job() {
     if let Some(a) = this {
         assert_eq!(outcome(&a), Some(Outcome::CompletedJob));
     }
-    wait::until(STEP, "no registration left", || async {
-        p.fake.runners().await.ok()?.is_empty().then_some(())
-    })
-    .await
-    .unwrap();
+    p.wait_no_registrations().await.unwrap();
 }
 
 /// The agent is killed (abort) after the broker answered and before the runner was spawned: the
@@ -547,8 +533,7 @@ async fn an_agent_killed_between_jit_and_spawn_recovers_without_a_second_runner(
     p.kill_agent(0);
     p.start_agent_with(0, &[("RM_AGENT_FAULT", "after-jit-before-spawn")])
         .unwrap();
-    p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    p.wait_ready("web").await;
+    p.policy_ready("web", json!({"minIdle": 0})).await;
     let job = p
         .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
         .await
@@ -603,8 +588,7 @@ async fn a_new_leader_draining_a_deleted_policy_deregisters_its_runners() {
     let Some(mut p) = Product::start_with("new_leader_drains_deleted_policy", options).await else {
         return;
     };
-    p.policy("web", json!({"minIdle": 1})).await.unwrap();
-    p.wait_ready("web").await;
+    p.policy_ready("web", json!({"minIdle": 1})).await;
     let idle = p
         .wait_attempts("an idle runner", Duration::from_secs(120), |list| {
             list.iter().any(|a| state(a) == AttemptState::Idle)
@@ -654,8 +638,7 @@ async fn an_operator_killed_between_the_mint_and_the_journal_leaves_no_registrat
     let Some(mut p) = Product::start_with("operator_killed_after_the_mint", options).await else {
         return;
     };
-    p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    p.wait_ready("web").await;
+    p.policy_ready("web", json!({"minIdle": 0})).await;
     let job = p
         .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
         .await
@@ -723,8 +706,7 @@ async fn the_operator_killed_mid_burst_converges_after_restart() {
     let Some(mut p) = Product::start("operator_killed_mid_burst").await else {
         return;
     };
-    p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    p.wait_ready("web").await;
+    p.policy_ready("web", json!({"minIdle": 0})).await;
     let jobs = p.queue_jobs(4, 500).await.unwrap();
     p.wait_attempts("the burst under way", STEP, |list| !list.is_empty())
         .await;
@@ -761,8 +743,7 @@ async fn the_standby_takes_over_and_webhooks_it_received_count() {
     if standby_i != 1 {
         p.hook_to(standby_i).await.unwrap();
     }
-    p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    p.wait_ready("web").await;
+    p.policy_ready("web", json!({"minIdle": 0})).await;
     p.run_job(200, Duration::from_secs(120)).await.unwrap();
     p.kill_operator(leader_i);
     let standby = p.operators[standby_i].identity.clone();
@@ -783,8 +764,7 @@ async fn a_burst_converges_through_github_5xx_and_429_storms() {
     let Some(p) = Product::start_with("github_storms", options).await else {
         return;
     };
-    p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    p.wait_ready("web").await;
+    p.policy_ready("web", json!({"minIdle": 0})).await;
     for (endpoint, fault) in [
         ("generate_jitconfig", json!({"status": 502, "count": 2})),
         (
