@@ -36,7 +36,15 @@ pub struct NodeOptions {
     pub capacity: u32,
 }
 
+/// The node label that selects a runner pool: one a kubelet cannot set on its own node.
+pub const POOL_LABEL: &str = "node-restriction.kubernetes.io/runner-pool";
+
 impl NodeOptions {
+    /// A node of runner pool `pool` (its [`POOL_LABEL`]).
+    pub fn in_pool(prefix: &str, capacity: u32, pool: &str) -> Self {
+        Self::new(prefix, capacity, &[(POOL_LABEL, pool)])
+    }
+
     pub fn new(prefix: &str, capacity: u32, labels: &[(&str, &str)]) -> Self {
         Self {
             prefix: prefix.to_owned(),

@@ -24,6 +24,13 @@ use runner_manager_e2e::harness::wait;
 use runner_manager_e2e::harness::world::World;
 use serde_json::{Value, json};
 
+/// A product whose team's policy `web` (`spec`) is Ready.
+async fn product_with_web(test: &str, spec: Value) -> Option<Product> {
+    let p = Product::start(test).await?;
+    p.policy_ready("web", spec).await;
+    Some(p)
+}
+
 /// A product whose policy `web` is `spec` with a `Persistent` workspace, Ready; and where its
 /// slots live on agent 0's host (`<slots root>/<team>/<policy uid>`).
 async fn persistent_product(test: &str, mut spec: Value) -> Option<(Product, std::path::PathBuf)> {
@@ -88,6 +95,16 @@ async fn completed_and_cleaned(p: &Product, job: u64) -> Value {
     j
 }
 
+/// What `dir` holds (nothing when it is not there).
+fn entries(dir: impl AsRef<Path>) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect()
+}
+
 /// The hygiene every scenario ends with, once the work is done: every attempt `Cleaned` (or
 /// garbage-collected), no registration of ours left at the fake, no runtime or handoff file under
 /// any host root, no runner process left in any agent's cgroup, and none of the JITs the fake
@@ -99,26 +116,11 @@ async fn assert_settled_and_clean(p: &Product) {
         .unwrap_or_else(|e| panic!("{e}: {:?}", logs_hint(p)));
     for a in &p.agents {
         let runners = a.host.join("runners");
-        let left: Vec<_> = std::fs::read_dir(&runners)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .collect();
+        let left = entries(&runners);
         assert!(left.is_empty(), "runtimes left: {left:?}");
-        let gates: Vec<_> = std::fs::read_dir(a.host.join("gates"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .collect();
+        let gates = entries(a.host.join("gates"));
         assert!(gates.is_empty(), "job gates left: {gates:?}");
-        let caches: Vec<_> = std::fs::read_dir(a.host.join("caches").join("attempts"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .collect();
+        let caches = entries(a.host.join("caches").join("attempts"));
         assert!(
             caches.is_empty(),
             "runners' dependency caches left: {caches:?}"
@@ -363,10 +365,9 @@ async fn a_job_runs_against_a_server_whose_certificate_a_private_ca_signed() {
 /// `minIdle: 2` holds two idle runners and no more, across several observation passes.
 #[tokio::test]
 async fn min_idle_holds_two_idle_runners_and_no_more() {
-    let Some(p) = Product::start("min_idle_holds_two").await else {
+    let Some(p) = product_with_web("min_idle_holds_two", json!({"minIdle": 2})).await else {
         return;
     };
-    p.policy_ready("web", json!({"minIdle": 2})).await;
     p.wait_attempts("two idle runners", Duration::from_secs(120), |list| {
         list.iter()
             .filter(|a| state(a) == AttemptState::Idle)
@@ -417,16 +418,8 @@ async fn min_idle_holds_two_idle_runners_and_no_more() {
 async fn attempts_land_only_where_the_node_selector_allows() {
     let options = ProductOptions {
         nodes: vec![
-            NodeOptions::new(
-                "pool-a",
-                2,
-                &[("node-restriction.kubernetes.io/runner-pool", "a")],
-            ),
-            NodeOptions::new(
-                "pool-b",
-                2,
-                &[("node-restriction.kubernetes.io/runner-pool", "b")],
-            ),
+            NodeOptions::in_pool("pool-a", 2, "a"),
+            NodeOptions::in_pool("pool-b", 2, "b"),
         ],
         ..ProductOptions::default()
     };
@@ -479,10 +472,9 @@ async fn jobs_are_found_by_polling_when_every_webhook_is_dropped() {
 /// with success, then everything drains and the policy's finalizer goes.
 #[tokio::test]
 async fn a_policy_deleted_while_its_runner_is_busy_drains_after_the_job() {
-    let Some(p) = Product::start("policy_deleted_while_busy").await else {
+    let Some(p) = product_with_web("policy_deleted_while_busy", json!({"minIdle": 0})).await else {
         return;
     };
-    p.policy_ready("web", json!({"minIdle": 0})).await;
     let job = p
         .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 6000}))
         .await
@@ -703,10 +695,10 @@ async fn an_operator_killed_between_the_mint_and_the_journal_leaves_no_registrat
 /// settles clean.
 #[tokio::test]
 async fn the_operator_killed_mid_burst_converges_after_restart() {
-    let Some(mut p) = Product::start("operator_killed_mid_burst").await else {
+    let Some(mut p) = product_with_web("operator_killed_mid_burst", json!({"minIdle": 0})).await
+    else {
         return;
     };
-    p.policy_ready("web", json!({"minIdle": 0})).await;
     let jobs = p.queue_jobs(4, 500).await.unwrap();
     p.wait_attempts("the burst under way", STEP, |list| !list.is_empty())
         .await;
@@ -1309,16 +1301,8 @@ async fn persistent_slots_keep_work_and_a_symlinked_work_quarantines_the_slot() 
 async fn a_lost_node_is_orphaned_replaced_elsewhere_and_released_by_abandon() {
     let options = ProductOptions {
         nodes: vec![
-            NodeOptions::new(
-                "lost",
-                1,
-                &[("node-restriction.kubernetes.io/runner-pool", "ci")],
-            ),
-            NodeOptions::new(
-                "kept",
-                1,
-                &[("node-restriction.kubernetes.io/runner-pool", "ci")],
-            ),
+            NodeOptions::in_pool("lost", 1, "ci"),
+            NodeOptions::in_pool("kept", 1, "ci"),
         ],
         operator_flags: vec![("--node-lost-grace".into(), "5s".into())],
         ..ProductOptions::default()
