@@ -128,22 +128,14 @@ mod tests {
 
     #[test]
     fn parses_the_documented_forms() {
-        assert_eq!(
-            ManifestDuration::parse("90s").unwrap().0,
-            Duration::from_secs(90)
-        );
-        assert_eq!(
-            ManifestDuration::parse("5m").unwrap().0,
-            Duration::from_secs(300)
-        );
-        assert_eq!(
-            ManifestDuration::parse("1h30m").unwrap().0,
-            Duration::from_secs(5400)
-        );
-        assert_eq!(
-            ManifestDuration::parse("250ms").unwrap().0,
-            Duration::from_millis(250)
-        );
+        for (text, want) in [
+            ("90s", Duration::from_secs(90)),
+            ("5m", Duration::from_secs(300)),
+            ("1h30m", Duration::from_secs(5400)),
+            ("250ms", Duration::from_millis(250)),
+        ] {
+            assert_eq!(ManifestDuration::parse(text).unwrap().0, want, "{text}");
+        }
     }
 
     #[test]

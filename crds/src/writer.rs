@@ -391,20 +391,18 @@ mod tests {
         let path = |a: &RunnerAttempt, p: Vec<Transition>| {
             decision_patch(a, Actor::Agent, Decision::TakePath(p), now)
         };
+        // A path to a conclusion, through `edge` on the way: written.
+        let concluded = |a: &RunnerAttempt, edge: Transition, outcome: Outcome| {
+            path(a, vec![edge, Transition::Conclude(outcome)])
+                .unwrap()
+                .unwrap()
+        };
         // Acting on the changed spec stays refused: a job edge alone is not a conclusion.
         let alone = path(&a, vec![Transition::AssignJob]);
         assert!(matches!(alone, Err(PatchError::SpecChanged)), "{alone:?}");
         // The runner took a job and exited: recording that on the way to the conclusion is not
         // acting on the spec.
-        let done = path(
-            &a,
-            vec![
-                Transition::AssignJob,
-                Transition::Conclude(Outcome::CompletedJob),
-            ],
-        )
-        .unwrap()
-        .unwrap();
+        let done = concluded(&a, Transition::AssignJob, Outcome::CompletedJob);
         assert_eq!(done["status"]["outcome"]["kind"], "CompletedJob", "{done}");
         // GitHub showed an assignment the runner never took, then it exited idle.
         let mut busy = a.clone();
@@ -417,15 +415,11 @@ mod tests {
                 now,
             )
             .unwrap();
-        let idle = path(
+        let idle = concluded(
             &busy,
-            vec![
-                Transition::AssignmentNotTaken,
-                Transition::Conclude(Outcome::ExitedIdleWithoutWork),
-            ],
-        )
-        .unwrap()
-        .unwrap();
+            Transition::AssignmentNotTaken,
+            Outcome::ExitedIdleWithoutWork,
+        );
         assert_eq!(
             idle["status"]["outcome"]["kind"], "ExitedIdleWithoutWork",
             "{idle}"

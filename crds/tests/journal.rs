@@ -7,64 +7,71 @@ use runner_manager_crds::fixtures as support;
 
 use proptest::prelude::*;
 use runner_manager_crds::attempt::{
-    AttemptJournal, RunnerRegistration, StartedIdentity, Transition, WorkspacePlacement,
+    AttemptJournal, AttemptKind, RunnerRegistration, StartedIdentity, Transition,
+    WorkspacePlacement,
 };
 use runner_manager_crds::outcome::{FailureReason, Outcome};
 use runner_manager_crds::policy::{ExecutionMode, WorkspaceMode};
 use runner_manager_crds::state::{Actor, AttemptState, EdgeError, EdgeKind};
 use support::*;
 
-#[test]
-fn apply_agrees_with_the_table_for_every_state_and_edge() {
+/// Runs `check` for each kind, each state it can reach (and a journal in it), and each edge.
+fn for_every_state_and_edge(
+    mut check: impl FnMut(AttemptKind, AttemptState, &AttemptJournal, EdgeKind),
+) {
     for kind in [NATIVE, OCI] {
         for from in reachable_states(kind) {
             let j = journal_in(kind, from);
             for edge in EdgeKind::ALL {
-                let table = edge.target(from, kind.execution);
-                let got = j.apply(edge.actor(), kind, transition_of(kind, edge), at(5));
-                match (table, got) {
-                    (Ok(to), Ok(next)) => {
-                        assert_eq!(next.state(), to, "{edge:?} from {from:?}");
-                        next.check_invariants(kind).unwrap_or_else(|e| {
-                            panic!("{edge:?} from {from:?} broke an invariant: {e}")
-                        });
-                        assert_eq!(
-                            next.timestamps().last_state_change_at.as_ref().map(|t| t.0),
-                            Some(at(5))
-                        );
-                    }
-                    (Err(_), Err(_)) => {}
-                    (Ok(_), Err(e))
-                        if from == AttemptState::Prepared && edge == EdgeKind::ReceiveJit =>
-                    {
-                        panic!("a fresh Prepared journal must accept a JIT: {e}")
-                    }
-                    (t, g) => panic!("{edge:?} from {from:?} ({kind:?}): table {t:?}, apply {g:?}"),
-                }
+                check(kind, from, &j, edge);
             }
         }
     }
 }
 
+/// The agent may not take `t` from journal `j` (of `kind`).
+fn agent_refused(j: &AttemptJournal, kind: AttemptKind, t: Transition) -> bool {
+    j.apply(Actor::Agent, kind, t, at(1)).is_err()
+}
+
+#[test]
+fn apply_agrees_with_the_table_for_every_state_and_edge() {
+    for_every_state_and_edge(|kind, from, j, edge| {
+        let table = edge.target(from, kind.execution);
+        let got = j.apply(edge.actor(), kind, transition_of(kind, edge), at(5));
+        match (table, got) {
+            (Ok(to), Ok(next)) => {
+                assert_eq!(next.state(), to, "{edge:?} from {from:?}");
+                next.check_invariants(kind)
+                    .unwrap_or_else(|e| panic!("{edge:?} from {from:?} broke an invariant: {e}"));
+                assert_eq!(
+                    next.timestamps().last_state_change_at.as_ref().map(|t| t.0),
+                    Some(at(5))
+                );
+            }
+            (Err(_), Err(_)) => {}
+            (Ok(_), Err(e)) if from == AttemptState::Prepared && edge == EdgeKind::ReceiveJit => {
+                panic!("a fresh Prepared journal must accept a JIT: {e}")
+            }
+            (t, g) => panic!("{edge:?} from {from:?} ({kind:?}): table {t:?}, apply {g:?}"),
+        }
+    });
+}
+
 #[test]
 fn each_edge_is_refused_to_every_other_actor() {
-    for kind in [NATIVE, OCI] {
-        for from in reachable_states(kind) {
-            let j = journal_in(kind, from);
-            for edge in EdgeKind::ALL {
-                for actor in [Actor::Agent, Actor::Broker, Actor::Operator] {
-                    if actor == edge.actor() {
-                        continue;
-                    }
-                    let r = j.apply(actor, kind, transition_of(kind, edge), at(1));
-                    assert!(
-                        matches!(r, Err(EdgeError::WrongActor { .. })),
-                        "{actor:?} took {edge:?} from {from:?}"
-                    );
-                }
+    for_every_state_and_edge(|kind, from, j, edge| {
+        for actor in [Actor::Agent, Actor::Broker, Actor::Operator] {
+            if actor == edge.actor() {
+                continue;
             }
+            let r = j.apply(actor, kind, transition_of(kind, edge), at(1));
+            assert!(
+                matches!(r, Err(EdgeError::WrongActor { .. })),
+                "{actor:?} took {edge:?} from {from:?}"
+            );
         }
-    }
+    });
 }
 
 #[test]
@@ -121,44 +128,30 @@ fn edges_refuse_missing_records() {
     assert!(no_hash.is_err());
     // OCI prepared without a pod identity; native started with a pod identity.
     let allocated_oci = journal_in(OCI, AttemptState::Preparing);
-    assert!(
-        allocated_oci
-            .apply(
-                Actor::Agent,
-                OCI,
-                Transition::MarkPrepared { environment: None },
-                at(1)
-            )
-            .is_err()
-    );
+    assert!(agent_refused(
+        &allocated_oci,
+        OCI,
+        Transition::MarkPrepared { environment: None }
+    ));
     let jit = journal_in(NATIVE, AttemptState::JitReceived);
-    assert!(
-        jit.apply(
-            Actor::Agent,
-            NATIVE,
-            Transition::Start {
-                identity: StartedIdentity::Environment(env_identity())
-            },
-            at(1)
-        )
-        .is_err()
-    );
+    assert!(agent_refused(
+        &jit,
+        NATIVE,
+        Transition::Start {
+            identity: StartedIdentity::Environment(env_identity())
+        }
+    ));
     // An OCI start must name the pod that was prepared.
     let mut other = env_identity();
     other.uid = "someone-else".into();
     let jit_oci = journal_in(OCI, AttemptState::JitReceived);
-    assert!(
-        jit_oci
-            .apply(
-                Actor::Agent,
-                OCI,
-                Transition::Start {
-                    identity: StartedIdentity::Environment(other)
-                },
-                at(1)
-            )
-            .is_err()
-    );
+    assert!(agent_refused(
+        &jit_oci,
+        OCI,
+        Transition::Start {
+            identity: StartedIdentity::Environment(other)
+        }
+    ));
 }
 
 #[test]
@@ -166,28 +159,17 @@ fn conclusions_are_only_from_the_states_that_justify_them() {
     // CompletedJob only from Busy; ExitedIdleWithoutWork only from Idle.
     for from in reachable_states(NATIVE) {
         let j = journal_in(NATIVE, from);
-        let completed = j.apply(
-            Actor::Agent,
-            NATIVE,
-            Transition::Conclude(Outcome::CompletedJob),
-            at(1),
-        );
-        assert_eq!(
-            completed.is_ok(),
-            from == AttemptState::Busy,
-            "CompletedJob from {from:?}"
-        );
-        let idle = j.apply(
-            Actor::Agent,
-            NATIVE,
-            Transition::Conclude(Outcome::ExitedIdleWithoutWork),
-            at(1),
-        );
-        assert_eq!(
-            idle.is_ok(),
-            from == AttemptState::Idle,
-            "ExitedIdle from {from:?}"
-        );
+        for (outcome, justified_by) in [
+            (Outcome::CompletedJob, AttemptState::Busy),
+            (Outcome::ExitedIdleWithoutWork, AttemptState::Idle),
+        ] {
+            let concluded = j.apply(Actor::Agent, NATIVE, Transition::Conclude(outcome), at(1));
+            assert_eq!(
+                concluded.is_ok(),
+                from == justified_by,
+                "{outcome:?} from {from:?}"
+            );
+        }
     }
     let busy = journal_in(NATIVE, AttemptState::Busy);
     let done = step(&busy, NATIVE, EdgeKind::CompleteJob, at(9));

@@ -28,6 +28,16 @@ fn decide(j: &AttemptJournal, p: P, g: G, after_secs: i64) -> D {
     recovery_decision(j, p, g, &TIMEOUTS, at(after_secs))
 }
 
+/// A live runner of `j` GitHub does not list is adopted before t0 + 300 s (its JIT's deadline
+/// in these journals) and stopped for its registration timeout from then on.
+fn assert_registration_deadline_at_300s(j: &AttemptJournal) {
+    assert_eq!(decide(j, P::Alive, G::NotRegistered, 299), D::Adopt);
+    assert_eq!(
+        decide(j, P::Alive, G::NotRegistered, 300),
+        D::Terminate(TerminateReason::RegistrationTimeout)
+    );
+}
+
 const REG_BUSY: G = G::Registered { busy: true };
 const REG_IDLE: G = G::Registered { busy: false };
 
@@ -113,11 +123,7 @@ fn starting_rows() {
         decide(&j, P::Gone, G::NotRegistered, 0),
         D::Conclude(Outcome::Failed(FailureReason::ProcessExitedUnexpectedly))
     );
-    assert_eq!(decide(&j, P::Alive, G::NotRegistered, 299), D::Adopt);
-    assert_eq!(
-        decide(&j, P::Alive, G::NotRegistered, 300),
-        D::Terminate(TerminateReason::RegistrationTimeout)
-    );
+    assert_registration_deadline_at_300s(&j);
 }
 
 #[test]
@@ -125,11 +131,7 @@ fn the_registration_deadline_runs_from_the_jit_not_from_the_start() {
     // JIT at t0, started 200 s later: the deadline is t0 + 300 s, not t0 + 500 s.
     let jit = journal_in(NATIVE, S::JitReceived);
     let started = step(&jit, NATIVE, EdgeKind::Start, at(200));
-    assert_eq!(decide(&started, P::Alive, G::NotRegistered, 299), D::Adopt);
-    assert_eq!(
-        decide(&started, P::Alive, G::NotRegistered, 300),
-        D::Terminate(TerminateReason::RegistrationTimeout)
-    );
+    assert_registration_deadline_at_300s(&started);
 }
 
 #[test]

@@ -26,6 +26,10 @@ use runner_manager_node_agent::workspace::scrub::{Scrubbed, scrub_slot};
 use runner_manager_node_agent::workspace::scrub_plan::SlotOwner;
 use uuid::Uuid;
 
+#[path = "node_agent/workspace_support/mod.rs"]
+mod workspace_support;
+use workspace_support::{Immutable, assert_only_the_checkout_kept};
+
 // ---- a private mount namespace per test -------------------------------------------------------
 
 /// Set in the re-run test to its own name; its mount namespace, to prove it is another.
@@ -275,12 +279,7 @@ fn a_bind_mount_in_a_slot_entry_is_detached_and_the_scrub_is_clean() {
         matches!(scrubbed, Ok(Scrubbed::Clean { .. })),
         "{scrubbed:?}"
     );
-    let names: Vec<_> = fs::read_dir(&slot)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(names, ["_work"]);
-    assert!(slot.join("_work/repo/checkout.txt").exists());
+    assert_only_the_checkout_kept(&slot);
     assert_eq!(mounts_under(&slots), Vec::<PathBuf>::new());
     outside.intact();
 }
@@ -389,33 +388,6 @@ fn a_prune_after_a_restart_keeps_the_lower_of_a_running_overlay() {
         b"#!/bin/sh\n",
         "the running runner still reads its package"
     );
-}
-
-/// Sets the immutable flag on `path` (root only) and clears it on drop.
-struct Immutable(PathBuf);
-
-impl Immutable {
-    fn set(path: &Path) -> Self {
-        Self::flags(path, rustix::fs::IFlags::IMMUTABLE);
-        Self(path.to_path_buf())
-    }
-
-    fn flags(path: &Path, flags: rustix::fs::IFlags) {
-        let fd = rustix::fs::open(
-            path,
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NOFOLLOW,
-            rustix::fs::Mode::empty(),
-        )
-        .unwrap();
-        rustix::fs::ioctl_setflags(&fd, flags)
-            .expect("setting the immutable flag needs root on a filesystem that has it");
-    }
-}
-
-impl Drop for Immutable {
-    fn drop(&mut self) {
-        Self::flags(&self.0, rustix::fs::IFlags::empty());
-    }
 }
 
 /// Issue 29 case 4: a probe left mounted by a crash stayed mounted with its residue, and every

@@ -789,6 +789,13 @@ mod tests {
         serde_json::from_str(&text).unwrap()
     }
 
+    /// The body of GitHub's example delivery of a queued job (`examples()[5]`), `change`d.
+    fn example_with(change: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+        let mut e = examples().remove(5);
+        change(&mut e);
+        serde_json::to_vec(&e).unwrap()
+    }
+
     fn secret() -> SecretString {
         SecretString::from(SECRET)
     }
@@ -909,9 +916,7 @@ mod tests {
             WebhookOutcome::Duplicate
         );
         // Another action of the same job is news.
-        let mut taken = examples().remove(5);
-        taken["action"] = "in_progress".into();
-        let taken = serde_json::to_vec(&taken).unwrap();
+        let taken = example_with(|e| e["action"] = "in_progress".into());
         assert_eq!(
             r.receive(&signed("replay-3", &taken), &taken).await,
             WebhookOutcome::Accepted
@@ -981,9 +986,7 @@ mod tests {
         );
         // Signed right but about a policy the route does not cover: refused, and forgotten, so
         // the genuine delivery of that job is still taken.
-        let mut foreign = examples().remove(5);
-        foreign["repository"]["full_name"] = "victim/repo".into();
-        let foreign = serde_json::to_vec(&foreign).unwrap();
+        let foreign = example_with(|e| e["repository"]["full_name"] = "victim/repo".into());
         let h = headers(
             "workflow_job",
             "p-3",
@@ -1060,9 +1063,7 @@ mod tests {
             r.receive(&signed("m-2", wrong_shape), wrong_shape).await,
             WebhookOutcome::Malformed
         );
-        let mut unknown = examples().remove(5);
-        unknown["action"] = "exploded".into();
-        let unknown = serde_json::to_vec(&unknown).unwrap();
+        let unknown = example_with(|e| e["action"] = "exploded".into());
         assert_eq!(
             r.receive(&signed("m-3", &unknown), &unknown).await,
             WebhookOutcome::Malformed
@@ -1150,9 +1151,7 @@ mod tests {
             name: "web".into(),
         };
         for i in 0..32 {
-            let mut e = examples().remove(5);
-            e["workflow_job"]["id"] = (1_000_000 + i).into();
-            let b = serde_json::to_vec(&e).unwrap();
+            let b = example_with(|e| e["workflow_job"]["id"] = (1_000_000 + i).into());
             let sig = sign(&SecretString::from("team-secret"), &b);
             let h = headers("workflow_job", &format!("flood-{i}"), Some(&sig));
             assert_eq!(r.receive_on(&team, &h, &b).await, WebhookOutcome::Accepted);

@@ -31,25 +31,9 @@ pub struct WebhookControls {
     pub delay_ms: u64,
 }
 
-/// The `action` of a `workflow_job` delivery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum JobAction {
-    Queued,
-    InProgress,
-    Completed,
-}
-
-impl JobAction {
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::InProgress => "in_progress",
-            Self::Completed => "completed",
-        }
-    }
-}
+/// The `action` of a `workflow_job` delivery: the status the job moved into (the same three
+/// words, spelled the same on the wire).
+pub type JobAction = super::jobs::JobStatus;
 
 /// One sending attempt, as the admin API reports it.
 #[derive(Debug, Clone, Serialize, Deserialize)]

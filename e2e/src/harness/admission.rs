@@ -21,8 +21,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     RuleWithOperations, ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration,
     WebhookClientConfig,
 };
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
 };
@@ -31,7 +30,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 
 use super::cluster::ClusterError;
-use super::node::AGENT_SA;
+use super::node::{AGENT_SA, token_bound_to};
 
 /// The label scoping a test's webhook configuration to its namespaces.
 pub const SCOPE_LABEL: &str = "runner-manager.dev/e2e-admission";
@@ -277,25 +276,7 @@ pub async fn pod_bound_client(
     sa: &str,
     pod: &Pod,
 ) -> Result<Client, ClusterError> {
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: Vec::new(),
-            bound_object_ref: Some(BoundObjectReference {
-                kind: Some("Pod".into()),
-                api_version: Some("v1".into()),
-                name: pod.metadata.name.clone(),
-                uid: pod.metadata.uid.clone(),
-            }),
-            expiration_seconds: Some(3600),
-        },
-        ..TokenRequest::default()
-    };
-    let token = Api::<ServiceAccount>::namespaced(kube.clone(), system)
-        .create_token_request(sa, &PostParams::default(), &request)
-        .await?
-        .status
-        .map(|s| s.token)
-        .ok_or_else(|| err("TokenRequest answered without a token"))?;
+    let token = token_bound_to(kube, system, pod, sa, Vec::new()).await?;
     token_client(&token).await
 }
 

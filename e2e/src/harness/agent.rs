@@ -12,9 +12,11 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use runner_manager_crds::attempt::{RunnerAttempt, RunnerAttemptStatus};
 use runner_manager_crds::lease::AgentAdvert;
 use runner_manager_crds::names::{agent_lease_name, runner_name};
+use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::state::AttemptState;
 use serde_json::{Value, json};
 
+use super::attempt::{name, outcome};
 use super::fixtures::native_attempt;
 use super::github::ORG;
 use super::node::SimNode;
@@ -56,10 +58,7 @@ impl WorldBuilder {
         else {
             return Ok(None);
         };
-        let package = world
-            .package
-            .clone()
-            .ok_or_else(|| "the world publishes no package".to_owned())?;
+        let package = world.published_package()?;
         let on = world.add_node("agent-node", BTreeMap::new()).await?;
         let mut cmd = world.operator_command(&[])?;
         cmd.env("RM_CONTROLLERS", "false")
@@ -78,9 +77,13 @@ impl WorldBuilder {
 }
 
 impl AgentWorld {
-    /// Shorthand for `World::builder(test).agent_under_test()`.
-    pub async fn start(test: &str) -> Result<Option<Self>, String> {
-        World::builder(test).agent_under_test().await
+    /// Shorthand for `World::builder(test).agent_under_test()`, for a scenario: `None` when
+    /// there is no control plane to run on (the test is skipped), a panic when set-up fails.
+    pub async fn start(test: &str) -> Option<Self> {
+        World::builder(test)
+            .agent_under_test()
+            .await
+            .unwrap_or_else(|e| panic!("{test}: setting up the agent's world: {e}"))
     }
 
     /// The simulated node under test.
@@ -95,6 +98,21 @@ impl AgentWorld {
     /// The agent binary with this world's flags; `extra` env (e.g. `RM_AGENT_FAULT`).
     pub fn agent(&self, capacity: u32, extra: &[(&str, &str)]) -> Result<Running, String> {
         self.agent_command(World::agent_binary()?, capacity, extra)
+    }
+
+    /// [`Self::agent`] (capacity 4) placing a placeholder pod before each native runner and
+    /// waiting `wait_seconds` for the kubelet to admit it; `extra` env on top.
+    pub fn placeholder_agent(
+        &self,
+        wait_seconds: &str,
+        extra: &[(&str, &str)],
+    ) -> Result<Running, String> {
+        let mut env = vec![
+            ("RM_PLACEHOLDERS", "true"),
+            ("RM_PLACEHOLDER_WAIT_SECONDS", wait_seconds),
+        ];
+        env.extend_from_slice(extra);
+        self.agent(4, &env)
     }
 
     /// Like [`Self::agent`], with at most `nofile` open descriptors (soft and hard
@@ -202,6 +220,27 @@ impl AgentWorld {
         .await
     }
 
+    /// Wait until attempt `name` is `Cleaned` and assert that it concluded `expected`; the
+    /// attempt as it ended.
+    pub async fn wait_concluded(&self, name: &str, expected: Outcome) -> RunnerAttempt {
+        self.wait_concluded_saying(name, expected, "").await
+    }
+
+    /// Like [`Self::wait_concluded`], `context` saying which case of the scenario failed.
+    pub async fn wait_concluded_saying(
+        &self,
+        name: &str,
+        expected: Outcome,
+        context: &str,
+    ) -> RunnerAttempt {
+        let done = self
+            .wait_state(name, AttemptState::Cleaned)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(outcome(&done), Some(expected), "{context}");
+        done
+    }
+
     /// The operator's fact: what GitHub's list says of the runner.
     pub async fn set_github(
         &self,
@@ -260,14 +299,10 @@ impl AgentWorld {
             .attempt_uuid()
             .map(runner_name)
             .unwrap_or_default();
-        Ok(self
-            .fake
-            .runners()
+        self.fake
+            .runners_named(&name)
             .await
-            .map_err(|e| fail("runners", e))?
-            .into_iter()
-            .filter(|r| r["name"] == name.as_str())
-            .collect())
+            .map_err(|e| fail("runners", e))
     }
 
     /// The operator's deregistration: deletes every registration named for `attempt`.
@@ -301,19 +336,13 @@ impl AgentWorld {
 
     /// Queues a job with the stand-in's `behaviour` (`standin_runner::behaviour::JobBehaviour`).
     pub async fn queue_job_with(&self, behaviour: Value) -> Result<u64, String> {
-        let v = self
-            .fake
-            .admin(
-                "POST",
-                "jobs",
+        self.fake
+            .queue_job(
                 json!({"owner": ORG, "repo": "web", "labels": ["self-hosted", "linux"],
                        "behaviour": behaviour}),
             )
             .await
-            .map_err(|e| fail("queue job", e))?;
-        v["job_id"]
-            .as_u64()
-            .ok_or_else(|| format!("no job id in {v}"))
+            .map_err(|e| fail("queue job", e))
     }
 
     /// Waits until the fake assigned job `id` to a runner; returns the runner's name.
@@ -339,6 +368,32 @@ impl AgentWorld {
         AgentAdvert::from_annotations(&lease.metadata.annotations.unwrap_or_default()).ok()
     }
 
+    /// Online → `Idle`: the fake lists the runner of `a` online and the test, playing the
+    /// operator, writes that fact; the attempt once `Idle`.
+    pub async fn bring_to_idle(&self, a: &RunnerAttempt) -> RunnerAttempt {
+        let n = name(a);
+        self.wait_online(a)
+            .await
+            .unwrap_or_else(|e| panic!("{n} online: {e}"));
+        self.set_github(&n, true, false, 1)
+            .await
+            .unwrap_or_else(|e| panic!("{n}'s GitHub fact: {e}"));
+        self.wait_state(&n, AttemptState::Idle)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The agent just started (`agent`, as [`Self::agent`] and its kin answer), once it has
+    /// completed its recovery ([`Self::wait_recovered`]); a failure to start or recover fails
+    /// the test.
+    pub async fn recovered(&self, agent: Result<Running, String>) -> Running {
+        let agent = agent.unwrap_or_else(|e| panic!("starting the agent: {e}"));
+        self.wait_recovered()
+            .await
+            .unwrap_or_else(|e| panic!("the agent's recovery: {e}"));
+        agent
+    }
+
     pub async fn wait_recovered(&self) -> Result<AgentAdvert, String> {
         wait::until(STEP, "recoveryComplete on the Lease", || async {
             self.advert().await.filter(|a| a.recovery_complete)
@@ -350,11 +405,7 @@ impl AgentWorld {
     /// Sessions refused because the JIT was already used (a second runner with one JIT), and
     /// JIT mints, from the fake's counters.
     pub async fn second_sessions_and_mints(&self) -> Result<(u64, u64), String> {
-        let c = self
-            .fake
-            .counters()
-            .await
-            .map_err(|e| fail("counters", e))?;
+        let c = self.fake_counters().await?;
         let refused = c["runner_session"]["409"].as_u64().unwrap_or(0);
         let mints = c["generate_jitconfig"]["201"].as_u64().unwrap_or(0);
         Ok((refused, mints))

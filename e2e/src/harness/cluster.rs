@@ -68,3 +68,14 @@ pub async fn fresh_namespace(client: &Client, prefix: &str) -> Result<String, Cl
         .await?;
     Ok(name)
 }
+
+/// Every object `api` lists (a failed list fails the test).
+pub async fn list_all<K>(api: &kube::Api<K>) -> Vec<K>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.list(&kube::api::ListParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("listing: {e}"))
+        .items
+}

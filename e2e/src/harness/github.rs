@@ -14,6 +14,7 @@ use runner_manager_crds::target::GitHubTarget;
 use runner_manager_operator::github::auth::Credentials;
 use runner_manager_operator::github::retry::RetryPolicy;
 use runner_manager_operator::github::{GitHubClient, GitHubConfig};
+use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 
 use crate::fake_github::{self, RunningFake};
@@ -194,6 +195,75 @@ impl SimulatedGitHub {
             .as_array()
             .cloned()
             .unwrap_or_default())
+    }
+
+    /// The registrations the fake holds under `name`.
+    pub async fn runners_named(&self, name: &str) -> Result<Vec<Value>, FakeError> {
+        Ok(self
+            .runners()
+            .await?
+            .into_iter()
+            .filter(|r| r["name"] == name)
+            .collect())
+    }
+
+    /// Queue the job `job` describes (`{"owner", "repo", "labels", "behaviour", ..}`); its id.
+    pub async fn queue_job(&self, job: Value) -> Result<u64, FakeError> {
+        let v = self.admin("POST", "jobs", job).await?;
+        v["job_id"]
+            .as_u64()
+            .ok_or_else(|| FakeError::Admin("jobs".into(), format!("no job id in {v}")))
+    }
+
+    /// Add the repositories `names` to organization `owner` (what `GET /orgs/{org}/repos` lists).
+    pub async fn add_repos(&self, owner: &str, names: &[&str]) -> Result<Value, FakeError> {
+        self.admin("POST", "repos", json!({"owner": owner, "names": names}))
+            .await
+    }
+
+    /// Drop the next `n` webhook deliveries (the operator then only polls).
+    pub async fn drop_webhooks(&self, n: u64) -> Result<Value, FakeError> {
+        self.admin("PUT", "webhooks/controls", json!({"drop_next": n}))
+            .await
+    }
+
+    /// Queue a fault (`{"endpoint": .., "count": .., "status"/"latency_ms"/..}`) on the fake.
+    pub async fn fault(&self, fault: Value) -> Result<Value, FakeError> {
+        self.admin("POST", "faults", fault).await
+    }
+
+    /// Every webhook delivery the fake recorded, as captured on the wire.
+    pub async fn deliveries(&self) -> Result<Value, FakeError> {
+        self.admin("GET", "deliveries", Value::Null).await
+    }
+
+    /// Assert that no webhook reached the operator: every delivery the fake recorded was dropped
+    /// (the scenario turned webhooks off). The deliveries, for the caller's further checks.
+    pub async fn assert_every_delivery_dropped(&self) -> Vec<Value> {
+        let deliveries = self
+            .deliveries()
+            .await
+            .unwrap_or_else(|e| panic!("the fake's deliveries: {e}"));
+        let list = deliveries
+            .as_array()
+            .cloned()
+            .unwrap_or_else(|| panic!("deliveries are not a list: {deliveries}"));
+        assert!(
+            list.iter().all(|d| d["dropped"] == true),
+            "a webhook reached the operator: {deliveries}"
+        );
+        list
+    }
+
+    /// Every JIT config the fake ever issued, in the clear (to look for it where it must not be).
+    pub fn issued_jits(&self) -> Vec<String> {
+        self.running
+            .fake
+            .world()
+            .issued_jits
+            .iter()
+            .map(|j| j.expose_secret().to_owned())
+            .collect()
     }
 }
 

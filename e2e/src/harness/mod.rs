@@ -3,6 +3,7 @@
 
 pub mod admission;
 pub mod agent;
+pub mod attempt;
 pub mod cluster;
 pub mod fixtures;
 pub mod github;
@@ -13,4 +14,5 @@ pub mod product;
 pub mod scripted_agent;
 pub mod telemetry;
 pub mod wait;
+pub mod webhook;
 pub mod world;

@@ -124,11 +124,7 @@ pub async fn ensure_daemonset(
                         .into(),
                     ),
                     service_account_name: Some(AGENT_SA.into()),
-                    containers: vec![Container {
-                        name: "agent".into(),
-                        image: Some("runner-manager/node-agent:test".into()),
-                        ..Container::default()
-                    }],
+                    containers: vec![agent_container()],
                     ..PodSpec::default()
                 }),
             },
@@ -223,11 +219,7 @@ pub async fn agent_pod(
         spec: Some(PodSpec {
             node_name: Some(node.into()),
             service_account_name: Some(sa.into()),
-            containers: vec![Container {
-                name: "agent".into(),
-                image: Some("runner-manager/node-agent:test".into()),
-                ..Container::default()
-            }],
+            containers: vec![agent_container()],
             ..PodSpec::default()
         }),
         ..Pod::default()
@@ -243,6 +235,15 @@ pub fn agent_pod_name(node: &str) -> String {
     format!("agent-{node}")
 }
 
+/// The (never run) agent container of the DaemonSet and of the simulated agent pods.
+fn agent_container() -> Container {
+    Container {
+        name: "agent".into(),
+        image: Some("runner-manager/node-agent:test".into()),
+        ..Container::default()
+    }
+}
+
 /// A token for `sa`, bound to `pod`, for `audience` (one hour).
 pub async fn bound_token(
     kube: &Client,
@@ -251,9 +252,20 @@ pub async fn bound_token(
     sa: &str,
     audience: &str,
 ) -> Result<String, ClusterError> {
+    token_bound_to(kube, system, pod, sa, vec![audience.into()]).await
+}
+
+/// A token for `sa`, bound to `pod`, for `audiences` (none: the API server's own), one hour.
+pub async fn token_bound_to(
+    kube: &Client,
+    system: &str,
+    pod: &Pod,
+    sa: &str,
+    audiences: Vec<String>,
+) -> Result<String, ClusterError> {
     let request = TokenRequest {
         spec: TokenRequestSpec {
-            audiences: vec![audience.into()],
+            audiences,
             bound_object_ref: Some(BoundObjectReference {
                 kind: Some("Pod".into()),
                 api_version: Some("v1".into()),

@@ -12,8 +12,10 @@ use std::time::Duration;
 
 use kube::api::Api;
 use runner_manager_crds::attempt::RunnerAttempt;
+use runner_manager_crds::state::AttemptState;
 use serde_json::{Value, json};
 
+use super::attempt::state;
 use super::process::{OperatorAddrs, Running, operator_addrs};
 use super::wait;
 use super::world::{NodeHost, World, WorldBuilder, fail, kill_cgroup_tree, over_world};
@@ -34,7 +36,15 @@ pub struct NodeOptions {
     pub capacity: u32,
 }
 
+/// The node label that selects a runner pool: one a kubelet cannot set on its own node.
+pub const POOL_LABEL: &str = "node-restriction.kubernetes.io/runner-pool";
+
 impl NodeOptions {
+    /// A node of runner pool `pool` (its [`POOL_LABEL`]).
+    pub fn in_pool(prefix: &str, capacity: u32, pool: &str) -> Self {
+        Self::new(prefix, capacity, &[(POOL_LABEL, pool)])
+    }
+
     pub fn new(prefix: &str, capacity: u32, labels: &[(&str, &str)]) -> Self {
         Self {
             prefix: prefix.to_owned(),
@@ -65,6 +75,24 @@ pub struct ProductOptions {
     pub env: Vec<(String, String)>,
     /// How often the operators observe GitHub and resync ([`Cadence::Scenario`] unless said).
     pub cadence: Cadence,
+}
+
+impl ProductOptions {
+    /// The default product with one more tenant namespace (by prefix).
+    pub fn extra_namespace(prefix: &str) -> Self {
+        Self {
+            extra_namespaces: vec![prefix.into()],
+            ..Self::default()
+        }
+    }
+
+    /// The default product with one more operator flag (`--flag`, `value`).
+    pub fn operator_flag(flag: &str, value: &str) -> Self {
+        Self {
+            operator_flags: vec![(flag.into(), value.into())],
+            ..Self::default()
+        }
+    }
 }
 
 /// The operators' observation and resync cadence.
@@ -161,8 +189,13 @@ impl Product {
     /// The product with the default options for `test`: `None` (the reason printed) without
     /// `KUBECONFIG`; a failure to start it fails the test.
     pub async fn start(test: &str) -> Option<Product> {
+        Self::start_with(test, ProductOptions::default()).await
+    }
+
+    /// Like [`Self::start`], with `options`.
+    pub async fn start_with(test: &str, options: ProductOptions) -> Option<Product> {
         World::builder(test)
-            .product(ProductOptions::default())
+            .product(options)
             .await
             .unwrap_or_else(|e| panic!("{test}: the product did not start: {e}"))
     }
@@ -184,10 +217,7 @@ impl WorldBuilder {
         else {
             return Ok(None);
         };
-        let package = world
-            .package
-            .clone()
-            .ok_or_else(|| "the world publishes no package".to_owned())?;
+        let package = world.published_package()?;
         let mut this = Product {
             world,
             package,
@@ -401,14 +431,10 @@ impl Product {
     }
 
     async fn queue_job_body(&self, body: Value) -> Result<u64, String> {
-        let v = self
-            .fake
-            .admin("POST", "jobs", body)
+        self.fake
+            .queue_job(body)
             .await
-            .map_err(|e| fail("queue job", e))?;
-        v["job_id"]
-            .as_u64()
-            .ok_or_else(|| format!("no job id in {v}"))
+            .map_err(|e| fail("queue job", e))
     }
 
     /// The fake's view of job `id`.
@@ -417,6 +443,35 @@ impl Product {
             .admin("GET", &format!("jobs/{id}"), Value::Null)
             .await
             .map_err(|e| fail("job", e))
+    }
+
+    /// Queue `n` `self-hosted`, `linux` jobs that take `duration_ms` each, one after the other;
+    /// returns their ids in that order.
+    pub async fn queue_jobs(&self, n: usize, duration_ms: u64) -> Result<Vec<u64>, String> {
+        let mut jobs = Vec::with_capacity(n);
+        for _ in 0..n {
+            jobs.push(
+                self.queue_job(
+                    &["self-hosted", "linux"],
+                    json!({"duration_ms": duration_ms}),
+                )
+                .await?,
+            );
+        }
+        Ok(jobs)
+    }
+
+    /// Queue a `self-hosted`, `linux` job that takes `duration_ms` and wait until it is
+    /// `completed` at the fake (at most `within`); returns its id.
+    pub async fn run_job(&self, duration_ms: u64, within: Duration) -> Result<u64, String> {
+        let job = self
+            .queue_job(
+                &["self-hosted", "linux"],
+                json!({"duration_ms": duration_ms}),
+            )
+            .await?;
+        self.wait_jobs_completed(&[job], within).await?;
+        Ok(job)
     }
 
     /// The fake's view of job `id` once it is `completed` (waited for up to `deadline`).
@@ -475,6 +530,42 @@ impl Product {
         .unwrap_or_else(|e| panic!("{e}; logs in {}", self.logs().display()));
     }
 
+    /// Create the team's policy `name` with `spec` and wait until it says Ready.
+    pub async fn policy_ready(&self, name: &str, spec: Value) {
+        self.policy(name, spec)
+            .await
+            .unwrap_or_else(|e| panic!("policy {name}: {e}"));
+        self.wait_ready(name).await;
+    }
+
+    /// Wait until the fake holds no runner registration at all.
+    pub async fn wait_no_registrations(&self) -> Result<(), wait::TimedOut> {
+        wait::until(STEP, "no registration left at the fake", || async {
+            self.fake.runners().await.ok()?.is_empty().then_some(())
+        })
+        .await
+    }
+
+    /// Wait until the team's policy `name` is gone: its finalizer let it go (panics after
+    /// [`STEP`], naming the logs).
+    pub async fn wait_policy_gone(&self, name: &str) {
+        self.wait_gone(&self.policies(), name, &format!("policy {name} gone"))
+            .await;
+    }
+
+    /// Wait until `api` no longer has the object `name` (a failed read is not an answer);
+    /// panics after [`STEP`], saying `what` and naming the logs.
+    pub async fn wait_gone<K>(&self, api: &Api<K>, name: &str, what: &str)
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        wait::until(STEP, what, || async {
+            api.get_opt(name).await.ok()?.is_none().then_some(())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}; logs in {}", self.logs().display()));
+    }
+
     /// Wait until every job in `ids` is `completed` at the fake.
     pub async fn wait_jobs_completed(&self, ids: &[u64], deadline: Duration) -> Result<(), String> {
         wait::until(deadline, "every job completed", || async {
@@ -492,11 +583,7 @@ impl Product {
     /// The GitHub REST calls the operator made so far (every endpoint but the runner protocol and
     /// package downloads, which are the runner's and the agent's), and the raw counters.
     pub async fn operator_github_calls(&self) -> Result<(u64, Value), String> {
-        let c = self
-            .fake
-            .counters()
-            .await
-            .map_err(|e| fail("counters", e))?;
+        let c = self.fake_counters().await?;
         let mut total = 0;
         if let Value::Object(m) = &c {
             for (endpoint, outcomes) in m {
@@ -522,6 +609,32 @@ impl Product {
             .await
             .map(|l| l.items)
             .unwrap_or_default()
+    }
+
+    /// The team's attempts once `check` holds for the whole list (panics after `deadline`,
+    /// saying `what` and naming the logs).
+    pub async fn wait_attempts(
+        &self,
+        what: &str,
+        deadline: Duration,
+        check: impl Fn(&[RunnerAttempt]) -> bool,
+    ) -> Vec<RunnerAttempt> {
+        let check = &check;
+        wait::until(deadline, what, || async move {
+            let list = self.all_attempts().await;
+            check(&list).then_some(list)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}; logs in {}", self.logs().display()))
+    }
+
+    /// Wait until every attempt of the team is `Cleaned` (panics after [`STEP`], naming the
+    /// logs).
+    pub async fn wait_every_attempt_cleaned(&self) -> Vec<RunnerAttempt> {
+        self.wait_attempts("every attempt Cleaned", STEP, |list| {
+            list.iter().all(|a| state(a) == AttemptState::Cleaned)
+        })
+        .await
     }
 
     /// Stop every operator replica, keeping its log as `Drop` would.

@@ -30,6 +30,8 @@ use runner_manager_crds::outcome::{FailureReason, Outcome, RejectReason};
 use runner_manager_crds::state::{Actor, AttemptState};
 use runner_manager_node_agent::journal::{self, Decision};
 
+use super::attempt::state;
+
 /// How far the scripted agent takes attempts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Script {
@@ -179,13 +181,6 @@ impl ScriptedAgent {
     pub fn writes(&self) -> u64 {
         *self.writes.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
-
-fn state(a: &RunnerAttempt) -> AttemptState {
-    a.status
-        .as_ref()
-        .map(|s| s.journal.state())
-        .unwrap_or_default()
 }
 
 impl Agent {

@@ -1,8 +1,11 @@
 //! Waiting on a condition with a deadline: never a bare sleep standing in for synchronisation.
 
+use std::fmt::Debug;
 use std::future::Future;
 use std::time::Duration;
 
+use kube::Api;
+use serde::de::DeserializeOwned;
 use tokio::time::{Instant, sleep};
 
 /// The condition did not hold by the deadline.
@@ -27,4 +30,21 @@ where
         }
         sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Wait (at most `within`) until `api` no longer has the object `name`; `what` names the wait
+/// in the error. A failed read counts as gone, as it did in the scenarios that waited this way.
+pub async fn gone<K>(api: &Api<K>, name: &str, within: Duration, what: &str) -> Result<(), TimedOut>
+where
+    K: Clone + DeserializeOwned + Debug,
+{
+    until(within, what, || async {
+        api.get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+            .then_some(())
+    })
+    .await
 }

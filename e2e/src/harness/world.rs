@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 use runner_manager_crds::names::ownership_label;
@@ -390,6 +390,18 @@ impl NodeHost {
 }
 
 impl World {
+    /// The fake's counters (`{"<endpoint>": {"<status>": n}}`), failing with a harness error.
+    pub async fn fake_counters(&self) -> Result<serde_json::Value, String> {
+        self.fake.counters().await.map_err(|e| fail("counters", e))
+    }
+
+    /// The runner package this world published (built with `package_or_stand_in`).
+    pub fn published_package(&self) -> Result<PackageInfo, String> {
+        self.package
+            .clone()
+            .ok_or_else(|| "the world publishes no package".to_owned())
+    }
+
     /// A world for test `test` (its name also names the log directory).
     pub fn builder(test: &str) -> WorldBuilder {
         WorldBuilder::new(test)
@@ -610,6 +622,21 @@ impl World {
 
     pub fn policies(&self) -> Api<ScalePolicy> {
         Api::namespaced(self.kube.clone(), &self.team)
+    }
+
+    /// The team namespace's pods (runner pods and placeholders stand there).
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.kube.clone(), &self.team)
+    }
+
+    /// The resource requests of `pod`'s first container (the runner's, or the placeholder's).
+    pub fn container_requests(
+        pod: &Pod,
+    ) -> BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity> {
+        pod.spec
+            .as_ref()
+            .and_then(|s| s.containers.first()?.resources.as_ref()?.requests.clone())
+            .unwrap_or_else(|| panic!("{:?} requests nothing", pod.metadata.name))
     }
 
     /// The first Event of `reason` on the team's object `name`, waited for up to `deadline`.

@@ -10,25 +10,13 @@ use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::outcome::{FailureReason, Outcome, RejectReason};
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
+use runner_manager_e2e::harness::attempt::{
+    journal_of, name, outcome, pid_alive, pid_of, registration, runtime_path,
+};
+use runner_manager_e2e::harness::cluster::list_all;
 use runner_manager_e2e::harness::pin::Pinned;
 use runner_manager_e2e::harness::process::Running;
 use runner_manager_e2e::harness::wait;
-use runner_manager_e2e::harness::world::World;
-
-fn name(a: &RunnerAttempt) -> String {
-    a.metadata.name.clone().unwrap()
-}
-
-fn outcome(a: &RunnerAttempt) -> Option<Outcome> {
-    a.status.as_ref().and_then(|s| s.journal.outcome())
-}
-
-fn pid_alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ")
-}
 
 async fn wait_exit(agent: &mut Running) -> std::process::ExitStatus {
     wait::until(STEP, "the agent to exit", || {
@@ -37,14 +25,6 @@ async fn wait_exit(agent: &mut Running) -> std::process::ExitStatus {
     })
     .await
     .unwrap()
-}
-
-/// Online → `Idle`: the fake lists the runner online, the test writes the fact.
-async fn bring_to_idle(w: &AgentWorld, a: &RunnerAttempt) -> RunnerAttempt {
-    let n = name(a);
-    w.wait_online(a).await.unwrap();
-    w.set_github(&n, true, false, 1).await.unwrap();
-    w.wait_state(&n, AttemptState::Idle).await.unwrap()
 }
 
 /// The operator's ordered termination of an idle runner: the request, then the
@@ -77,7 +57,7 @@ async fn assert_settled(w: &AgentWorld, a: &RunnerAttempt, attempts_in_world: u6
 }
 
 fn print_launch(label: &str, a: &RunnerAttempt) {
-    let l = a.status.as_ref().unwrap().journal.launch.clone().unwrap();
+    let l = journal_of(a).launch.clone().unwrap();
     println!(
         "status.launch ({label}): materializeMs={} prepareMs={} registerMs={} spawnMs={} packageDownloaded={}",
         l.materialize_ms, l.prepare_ms, l.register_ms, l.spawn_ms, l.package_downloaded
@@ -86,15 +66,10 @@ fn print_launch(label: &str, a: &RunnerAttempt) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
-    let Some(w) = World::builder("a_runner_goes_from_pending_to_a_completed_job")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_runner_goes_from_pending_to_a_completed_job").await else {
         return;
     };
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     let started = w
@@ -103,7 +78,7 @@ async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
         })
         .await
         .unwrap();
-    let journal = &started.status.as_ref().unwrap().journal;
+    let journal = journal_of(&started);
     let process = journal.process().unwrap().clone();
     assert!(journal.runner().is_some());
     assert!(
@@ -124,25 +99,14 @@ async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
         "the runtime belongs to the first pool account"
     );
 
-    bring_to_idle(&w, &a).await;
+    w.bring_to_idle(&a).await;
     let job = w.queue_job(3000).await.unwrap();
     let runner = w.wait_assigned(job).await.unwrap();
-    assert_eq!(
-        runner,
-        started
-            .status
-            .as_ref()
-            .unwrap()
-            .journal
-            .runner()
-            .unwrap()
-            .name
-    );
+    assert_eq!(runner, registration(&started).name);
     w.set_job(&n, job).await.unwrap();
     w.set_github(&n, true, true, 2).await.unwrap();
     w.wait_state(&n, AttemptState::Busy).await.unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    w.wait_concluded(&n, Outcome::CompletedJob).await;
     assert!(!pid_alive(process.pid));
     assert_settled(&w, &a, 1).await;
     let diag = std::fs::read_to_string(w.host_root().join("diagnostics").join(format!("{n}.log")))
@@ -158,18 +122,14 @@ async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
         .await
         .unwrap();
     assert!(
-        !warm
-            .status
-            .as_ref()
-            .unwrap()
-            .journal
+        !journal_of(&warm)
             .launch
             .as_ref()
             .unwrap()
             .package_downloaded
     );
     print_launch("warm", &warm);
-    bring_to_idle(&w, &b).await;
+    w.bring_to_idle(&b).await;
     stop_idle(&w, &b, "ScaleDown").await;
     assert_settled(&w, &b, 2).await;
     drop(agent);
@@ -183,18 +143,14 @@ async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
 /// a tokio worker's stack.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_leaving_pathological_trees_is_cleaned_while_the_agent_serves_others() {
-    let Some(w) = World::builder("a_job_leaving_pathological_trees")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_job_leaving_pathological_trees").await else {
         return;
     };
     let mut agent = w.agent_with_fd_limit(2, &[], 1024).unwrap();
     w.wait_recovered().await.unwrap();
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
-    bring_to_idle(&w, &a).await;
+    w.bring_to_idle(&a).await;
     let job = w
         .queue_job_with(serde_json::json!({"deep_tree_depth": 20_000, "wide_tree_entries": 20_000}))
         .await
@@ -204,18 +160,13 @@ async fn a_job_leaving_pathological_trees_is_cleaned_while_the_agent_serves_othe
     w.set_github(&n, true, true, 2).await.unwrap();
     // Launched while the job builds its trees and the agent removes them.
     let b = w.pending_attempt().await.unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
-    let deferred = done
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
+    let done = w.wait_concluded(&n, Outcome::CompletedJob).await;
+    let deferred = journal_of(&done)
         .conditions
         .iter()
         .any(|c| format!("{:?}", c.type_) == "CleanupDeferred");
     assert!(!deferred, "the removal never failed");
-    bring_to_idle(&w, &b).await;
+    w.bring_to_idle(&b).await;
     stop_idle(&w, &b, "ScaleDown").await;
     assert_settled(&w, &b, 2).await;
     assert!(
@@ -274,27 +225,14 @@ fn condition<'a>(
 /// condition and cleans the attempt. Before: retried (and logged) every pass, no condition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unremovable_ephemeral_runtime_backs_off_under_a_cleanup_deferred_condition() {
-    let Some(w) = World::builder("an_unremovable_ephemeral_runtime_backs_off")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("an_unremovable_ephemeral_runtime_backs_off").await else {
         return;
     };
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
-    let idle = bring_to_idle(&w, &a).await;
-    let runtime = std::path::PathBuf::from(
-        idle.status
-            .as_ref()
-            .unwrap()
-            .journal
-            .workspace()
-            .unwrap()
-            .runtime_path(),
-    );
+    let idle = w.bring_to_idle(&a).await;
+    let runtime = runtime_path(&idle);
     let pinned = Pinned::set(runtime.join("pinned")).unwrap();
     stop_idle(&w, &a, "ScaleDown").await;
     let deferred = w
@@ -333,23 +271,17 @@ async fn an_unremovable_ephemeral_runtime_backs_off_under_a_cleanup_deferred_con
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_runner_is_terminated_in_order_and_exits_idle() {
-    let Some(w) = World::builder("an_idle_runner_is_terminated_in_order")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("an_idle_runner_is_terminated_in_order").await else {
         return;
     };
-    let _agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let idle = bring_to_idle(&w, &a).await;
-    let pid = idle.status.as_ref().unwrap().journal.process().unwrap().pid;
+    let idle = w.bring_to_idle(&a).await;
+    let pid = pid_of(&idle);
     stop_idle(&w, &a, "IdleTimeout").await;
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    let done = w.wait_concluded(&n, Outcome::ExitedIdleWithoutWork).await;
     assert!(!outcome(&done).unwrap().wants_replacement());
     assert!(!pid_alive(pid));
     assert_settled(&w, &a, 1).await;
@@ -357,15 +289,10 @@ async fn an_idle_runner_is_terminated_in_order_and_exits_idle() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_rejects_the_surplus_over_capacity() {
-    let Some(w) = World::builder("admission_rejects_the_surplus")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("admission_rejects_the_surplus").await else {
         return;
     };
-    let _agent = w.agent(1, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w.recovered(w.agent(1, &[])).await;
     let first = w.pending_attempt().await.unwrap();
     let second = w.pending_attempt().await.unwrap();
     let mut admitted = None;
@@ -384,7 +311,7 @@ async fn admission_rejects_the_surplus_over_capacity() {
     }
     let (rejected, settled, o) = rejected.expect("one attempt rejected");
     assert_eq!(o, Outcome::Rejected(RejectReason::NodeFull));
-    let journal = &settled.status.as_ref().unwrap().journal;
+    let journal = journal_of(&settled);
     assert_eq!(journal.state(), AttemptState::Cleaned);
     assert!(
         journal.workspace().is_none(),
@@ -414,7 +341,7 @@ async fn admission_rejects_the_surplus_over_capacity() {
     );
     assert!(spec.renew_time.is_some() && spec.holder_identity.is_some());
     let admitted = admitted.expect("one attempt admitted");
-    bring_to_idle(&w, &admitted).await;
+    w.bring_to_idle(&admitted).await;
     stop_idle(&w, &admitted, "ScaleDown").await;
     assert_settled(&w, &admitted, 1).await;
     wait::until(STEP, "the Lease to show the node free", || async {
@@ -426,15 +353,10 @@ async fn admission_rejects_the_surplus_over_capacity() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_agent_on_the_same_host_refuses_to_act() {
-    let Some(w) = World::builder("a_second_agent_on_the_same_host_refuses")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_second_agent_on_the_same_host_refuses").await else {
         return;
     };
-    let _first = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _first = w.recovered(w.agent(4, &[])).await;
     let mut second = w.agent(4, &[]).unwrap();
     let status = wait_exit(&mut second).await;
     assert_eq!(status.code(), Some(3), "{:?}", second.lines());
@@ -448,18 +370,14 @@ async fn a_second_agent_on_the_same_host_refuses_to_act() {
     w.wait_state(&name(&a), AttemptState::Starting)
         .await
         .unwrap();
-    bring_to_idle(&w, &a).await;
+    w.bring_to_idle(&a).await;
     stop_idle(&w, &a, "ScaleDown").await;
     assert_settled(&w, &a, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_agent_readopts_its_live_runner() {
-    let Some(w) = World::builder("a_restarted_agent_readopts")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_restarted_agent_readopts").await else {
         return;
     };
     let mut agent = w.agent(4, &[]).unwrap();
@@ -467,25 +385,17 @@ async fn a_restarted_agent_readopts_its_live_runner() {
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let idle = bring_to_idle(&w, &a).await;
-    let process = idle
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .process()
-        .unwrap()
-        .clone();
+    let idle = w.bring_to_idle(&a).await;
+    let process = journal_of(&idle).process().unwrap().clone();
 
     agent.terminate().unwrap();
     let status = wait_exit(&mut agent).await;
     assert!(status.success(), "{status:?}");
     assert!(pid_alive(process.pid), "the runner died with the agent");
 
-    let _again = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _again = w.recovered(w.agent(4, &[])).await;
     let now = w.attempts().get(&n).await.unwrap();
-    let journal = &now.status.as_ref().unwrap().journal;
+    let journal = journal_of(&now);
     assert_eq!(journal.state(), AttemptState::Idle);
     assert_eq!(
         journal.process(),
@@ -498,15 +408,14 @@ async fn a_restarted_agent_readopts_its_live_runner() {
     let job = w.queue_job(0).await.unwrap();
     w.wait_assigned(job).await.unwrap();
     w.set_job(&n, job).await.unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    w.wait_concluded(&n, Outcome::CompletedJob).await;
     assert_settled(&w, &a, 1).await;
 }
 
 /// Kill the agent at `boundary`, restart it without the fault, let things settle (the test
 /// playing the operator), and check the invariants. Returns the final attempt.
 async fn crash_at(test: &str, boundary: &str, expected: Outcome) {
-    let Some(w) = World::builder(test).agent_under_test().await.unwrap() else {
+    let Some(w) = AgentWorld::start(test).await else {
         return;
     };
     let mut agent = w.agent(4, &[("RM_AGENT_FAULT", boundary)]).unwrap();
@@ -518,12 +427,12 @@ async fn crash_at(test: &str, boundary: &str, expected: Outcome) {
         // deregistration follows the crash.
         "after-termination-intent" => {
             w.wait_state(&n, AttemptState::Starting).await.unwrap();
-            bring_to_idle(&w, &a).await;
+            w.bring_to_idle(&a).await;
             w.request_termination(&n, "IdleTimeout").await.unwrap();
         }
         "mid-cleanup" => {
             w.wait_state(&n, AttemptState::Starting).await.unwrap();
-            bring_to_idle(&w, &a).await;
+            w.bring_to_idle(&a).await;
             stop_idle(&w, &a, "IdleTimeout").await;
         }
         _ => {}
@@ -543,19 +452,8 @@ async fn crash_at(test: &str, boundary: &str, expected: Outcome) {
         // The reservation is journalled before any effect (parity row 63): at `Allocated`
         // nothing was minted, and right after the CAS nothing was downloaded or materialized.
         let crashed = w.attempts().get(&n).await.unwrap();
-        assert_eq!(
-            crashed.status.as_ref().unwrap().journal.state(),
-            AttemptState::Allocated
-        );
-        assert!(
-            crashed
-                .status
-                .as_ref()
-                .unwrap()
-                .journal
-                .workspace()
-                .is_some()
-        );
+        assert_eq!(journal_of(&crashed).state(), AttemptState::Allocated);
+        assert!(journal_of(&crashed).workspace().is_some());
         assert_eq!(w.second_sessions_and_mints().await.unwrap().1, 0);
     }
     if boundary == "after-allocated" {
@@ -574,8 +472,7 @@ async fn crash_at(test: &str, boundary: &str, expected: Outcome) {
         w.deregister(&a).await.unwrap();
     }
 
-    let _again = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _again = w.recovered(w.agent(4, &[])).await;
     // Settle as the operator would: a re-adopted runner is brought online and stopped; a lost
     // JIT's registration is deleted.
     let seen = w
@@ -587,15 +484,14 @@ async fn crash_at(test: &str, boundary: &str, expected: Outcome) {
         })
         .await
         .unwrap();
-    let state = seen.status.as_ref().unwrap().journal.state();
+    let state = journal_of(&seen).state();
     if state == AttemptState::Starting {
-        bring_to_idle(&w, &a).await;
+        w.bring_to_idle(&a).await;
     }
     if state != AttemptState::Cleaned {
         stop_idle(&w, &a, "IdleTimeout").await;
     }
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(expected), "{boundary}");
+    let done = w.wait_concluded_saying(&n, expected, boundary).await;
     if expected.wants_replacement() {
         // The operator deregisters what a lost launch left on GitHub, then replaces it.
         w.deregister(&done).await.unwrap();
@@ -665,11 +561,7 @@ async fn a_crash_mid_cleanup_finishes_the_cleanup() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_version_github_refuses_exits_7_and_is_concluded_distinctly() {
-    let Some(w) = World::builder("a_runner_version_github_refuses")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_runner_version_github_refuses").await else {
         return;
     };
     w.fake
@@ -680,17 +572,14 @@ async fn a_runner_version_github_refuses_exits_7_and_is_concluded_distinctly() {
         )
         .await
         .unwrap();
-    let _agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let done = w
-        .wait_state(&name(&a), AttemptState::Cleaned)
-        .await
-        .unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Failed(FailureReason::RunnerVersionRejected))
-    );
+        .wait_concluded(
+            &name(&a),
+            Outcome::Failed(FailureReason::RunnerVersionRejected),
+        )
+        .await;
     // The operator deletes the registration GitHub refused to serve.
     w.deregister(&done).await.unwrap();
     assert_settled(&w, &a, 1).await;
@@ -698,34 +587,22 @@ async fn a_runner_version_github_refuses_exits_7_and_is_concluded_distinctly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_that_dies_before_registering_is_a_failure() {
-    let Some(w) = World::builder("a_runner_that_dies_before_registering")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_runner_that_dies_before_registering").await else {
         return;
     };
-    let _agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let process = started
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .process()
-        .unwrap()
-        .clone();
+    let process = journal_of(&started).process().unwrap().clone();
     // Its registration vanishes under it (no termination was asked): the listener exits.
     w.wait_online(&a).await.unwrap();
     w.deregister(&a).await.unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Failed(FailureReason::ProcessExitedUnexpectedly))
-    );
+    w.wait_concluded(
+        &n,
+        Outcome::Failed(FailureReason::ProcessExitedUnexpectedly),
+    )
+    .await;
     assert!(!pid_alive(process.pid));
     assert_settled(&w, &a, 1).await;
 }
@@ -733,15 +610,10 @@ async fn a_runner_that_dies_before_registering_is_a_failure() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_an_attempt_stops_its_runner_in_order_before_the_finalizer_goes() {
     use kube::api::{DeleteParams, Patch, PatchParams};
-    let Some(w) = World::builder("deleting_an_attempt_stops_its_runner")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("deleting_an_attempt_stops_its_runner").await else {
         return;
     };
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     // The operator creates attempts with its cleanup finalizer.
@@ -754,8 +626,8 @@ async fn deleting_an_attempt_stops_its_runner_in_order_before_the_finalizer_goes
         .await
         .unwrap();
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let idle = bring_to_idle(&w, &a).await;
-    let pid = idle.status.as_ref().unwrap().journal.process().unwrap().pid;
+    let idle = w.bring_to_idle(&a).await;
+    let pid = pid_of(&idle);
     w.attempts()
         .delete(&n, &DeleteParams::default())
         .await
@@ -788,10 +660,7 @@ async fn deleting_an_attempt_stops_its_runner_in_order_before_the_finalizer_goes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_identity_keeps_recovery_incomplete_and_says_why() {
     use k8s_openapi::api::core::v1::Event;
-    let Some(w) = World::builder("an_unreadable_identity_keeps_recovery_incomplete")
-        .agent_under_test()
-        .await
-        .unwrap()
+    let Some(w) = AgentWorld::start("an_unreadable_identity_keeps_recovery_incomplete").await
     else {
         return;
     };
@@ -804,7 +673,7 @@ async fn an_unreadable_identity_keeps_recovery_incomplete_and_says_why() {
     assert!(!wait_exit(&mut agent).await.success());
     drop(agent);
     let jit_received = w.attempts().get(&n).await.unwrap();
-    let journal = &jit_received.status.as_ref().unwrap().journal;
+    let journal = journal_of(&jit_received);
     assert_eq!(journal.state(), AttemptState::JitReceived);
     let identity_file = std::path::Path::new(journal.workspace().unwrap().runtime_path())
         .join(".runner-process.json");
@@ -859,7 +728,7 @@ async fn an_unreadable_identity_keeps_recovery_incomplete_and_says_why() {
         })
         .await
         .unwrap();
-        bring_to_idle(&w, x).await;
+        w.bring_to_idle(x).await;
         stop_idle(&w, x, "ScaleDown").await;
     }
     for x in [&a, &waiting] {
@@ -872,15 +741,10 @@ async fn an_unreadable_identity_keeps_recovery_incomplete_and_says_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_persistent_slot_keeps_its_work_and_its_account_across_attempts() {
     use runner_manager_crds::policy::WorkspaceMode;
-    let Some(w) = World::builder("a_persistent_slot_keeps_its_work")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_persistent_slot_keeps_its_work").await else {
         return;
     };
-    let _agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w.recovered(w.agent(4, &[])).await;
     let mut uids = Vec::new();
     for round in 1..=2 {
         let a = w
@@ -894,14 +758,7 @@ async fn a_persistent_slot_keeps_its_work_and_its_account_across_attempts() {
             })
             .await
             .unwrap();
-        let placement = started
-            .status
-            .as_ref()
-            .unwrap()
-            .journal
-            .workspace()
-            .unwrap()
-            .clone();
+        let placement = journal_of(&started).workspace().unwrap().clone();
         assert_eq!(
             placement.slot_number(),
             Some(1),
@@ -911,12 +768,13 @@ async fn a_persistent_slot_keeps_its_work_and_its_account_across_attempts() {
         uids.push(std::os::unix::fs::MetadataExt::uid(
             &std::fs::metadata(&slot).unwrap(),
         ));
-        bring_to_idle(&w, &a).await;
+        w.bring_to_idle(&a).await;
         let job = w.queue_job(0).await.unwrap();
         w.wait_assigned(job).await.unwrap();
         w.set_job(&n, job).await.unwrap();
-        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-        assert_eq!(outcome(&done), Some(Outcome::CompletedJob), "round {round}");
+        let done = w
+            .wait_concluded_saying(&n, Outcome::CompletedJob, &format!("round {round}"))
+            .await;
         let left: Vec<String> = std::fs::read_dir(&slot)
             .unwrap()
             .flatten()
@@ -943,37 +801,24 @@ async fn a_persistent_slot_keeps_its_work_and_its_account_across_attempts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_never_listed_online_is_stopped_at_its_registration_deadline() {
     use runner_manager_crds::duration::ManifestDuration;
-    let Some(w) = World::builder("a_runner_never_listed_online")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_runner_never_listed_online").await else {
         return;
     };
-    let _agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w.recovered(w.agent(4, &[])).await;
     let a = w
         .pending_attempt_with(|s| s.timeouts.registration = ManifestDuration::from_secs(3))
         .await
         .unwrap();
     let n = name(&a);
     let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let pid = started
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .process()
-        .unwrap()
-        .pid;
+    let pid = pid_of(&started);
     // The operator never reports it online: the agent's own deadline stops it, in order.
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Failed(
-            FailureReason::TerminatedAfterRegistrationTimeout
-        ))
-    );
+    let done = w
+        .wait_concluded(
+            &n,
+            Outcome::Failed(FailureReason::TerminatedAfterRegistrationTimeout),
+        )
+        .await;
     assert!(outcome(&done).unwrap().wants_replacement());
     assert!(!pid_alive(pid));
     w.deregister(&done).await.unwrap();
@@ -984,19 +829,14 @@ async fn a_runner_never_listed_online_is_stopped_at_its_registration_deadline() 
 async fn a_changed_spec_is_refused_but_the_runner_is_still_stopped_and_cleaned() {
     use k8s_openapi::api::core::v1::Event;
     use kube::api::{Patch, PatchParams};
-    let Some(w) = World::builder("a_changed_spec_is_refused")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_changed_spec_is_refused").await else {
         return;
     };
-    let _agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    bring_to_idle(&w, &a).await;
+    w.bring_to_idle(&a).await;
     w.attempts()
         .patch(
             &n,
@@ -1019,8 +859,7 @@ async fn a_changed_spec_is_refused_but_the_runner_is_still_stopped_and_cleaned()
     .await
     .unwrap();
     stop_idle(&w, &a, "IdleTimeout").await;
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    w.wait_concluded(&n, Outcome::ExitedIdleWithoutWork).await;
     assert_settled(&w, &a, 1).await;
 }
 
@@ -1031,19 +870,14 @@ async fn a_changed_spec_is_refused_but_the_runner_is_still_stopped_and_cleaned()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_that_takes_a_job_under_a_changed_spec_still_concludes_and_cleans() {
     use kube::api::{Patch, PatchParams};
-    let Some(w) = World::builder("a_job_under_a_changed_spec")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_job_under_a_changed_spec").await else {
         return;
     };
-    let _agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    bring_to_idle(&w, &a).await;
+    w.bring_to_idle(&a).await;
     w.attempts()
         .patch(
             &n,
@@ -1063,8 +897,7 @@ async fn a_runner_that_takes_a_job_under_a_changed_spec_still_concludes_and_clea
     .unwrap();
     // Taken between two passes, no job fact written: the exit walks `AssignJob` first.
     w.queue_job(100).await.unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    w.wait_concluded(&n, Outcome::CompletedJob).await;
     assert_settled(&w, &a, 1).await;
 }
 
@@ -1081,10 +914,6 @@ async fn kill_runner(pid: u32) {
     })
     .await
     .unwrap();
-}
-
-fn pid_of(a: &RunnerAttempt) -> u32 {
-    a.status.as_ref().unwrap().journal.process().unwrap().pid
 }
 
 /// Waits until the agent's log has a line with every one of `needles`.
@@ -1104,11 +933,8 @@ async fn wait_logged(agent: &Running, what: &str, needles: &[&str]) {
 async fn warnings_on(w: &AgentWorld, n: &str) -> Vec<String> {
     let events =
         kube::Api::<k8s_openapi::api::core::v1::Event>::namespaced(w.kube.clone(), &w.team);
-    events
-        .list(&Default::default())
+    list_all(&events)
         .await
-        .unwrap()
-        .items
         .into_iter()
         .filter(|e| {
             e.involved_object.name.as_deref() == Some(n) && e.type_.as_deref() == Some("Warning")
@@ -1127,21 +953,17 @@ async fn warnings_on(w: &AgentWorld, n: &str) -> Vec<String> {
 /// the grace has passed: the wait is bounded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_runner_deregistered_before_its_stop_request_is_not_lost() {
-    let Some(w) = World::builder("an_idle_runner_deregistered_before_its_stop_request")
-        .agent_under_test()
-        .await
-        .unwrap()
+    let Some(w) = AgentWorld::start("an_idle_runner_deregistered_before_its_stop_request").await
     else {
         return;
     };
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(4, &[])).await;
     let mut settled = Vec::new();
     for requested in [true, false] {
         let a = w.pending_attempt().await.unwrap();
         let n = name(&a);
         w.wait_state(&n, AttemptState::Starting).await.unwrap();
-        let pid = pid_of(&bring_to_idle(&w, &a).await);
+        let pid = pid_of(&w.bring_to_idle(&a).await);
         w.deregister(&a).await.unwrap();
         wait::until(STEP, "the runner to exit as its registration goes", || {
             let alive = pid_alive(pid);
@@ -1176,8 +998,8 @@ async fn an_idle_runner_deregistered_before_its_stop_request_is_not_lost() {
             // Nobody asked: GitHub still lists it, no process: lost, after the grace.
             Outcome::Orphaned(runner_manager_crds::outcome::OrphanReason::ProcessLost)
         };
-        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-        assert_eq!(outcome(&done), Some(expected), "requested: {requested}");
+        w.wait_concluded_saying(&n, expected, &format!("requested: {requested}"))
+            .await;
         settled.push(a);
     }
     for a in &settled {
@@ -1196,15 +1018,10 @@ async fn an_idle_runner_deregistered_before_its_stop_request_is_not_lost() {
 async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
     use runner_manager_crds::duration::ManifestDuration;
     use runner_manager_crds::lease::RecoveryBlocked;
-    let Some(w) = World::builder("runner_deaths_are_concluded_only_on_a_witness")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("runner_deaths_are_concluded_only_on_a_witness").await else {
         return;
     };
-    let first = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let first = w.recovered(w.agent(4, &[])).await;
     let idle_timeout = 6;
     let a = w
         .pending_attempt_with(|s| s.timeouts.idle = ManifestDuration::from_secs(idle_timeout))
@@ -1212,7 +1029,7 @@ async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
         .unwrap();
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let idle = bring_to_idle(&w, &a).await;
+    let idle = w.bring_to_idle(&a).await;
     // GitHub stops answering (the operator writes `unreachable`) and the agent restarts.
     w.set_github_status(&n, "unreachable", false, 2)
         .await
@@ -1234,7 +1051,7 @@ async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
     heartbeats(&w, 3).await;
     let waiting = w.attempts().get(&n).await.unwrap();
     assert_eq!(
-        waiting.status.as_ref().unwrap().journal.state(),
+        journal_of(&waiting).state(),
         AttemptState::Idle,
         "concluded while GitHub was unreachable"
     );
@@ -1249,11 +1066,7 @@ async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
     );
     assert_eq!(w.second_sessions_and_mints().await.unwrap().1, 1);
     // Past the idle timeout (measured from `Idle`), GitHub answers: not listed.
-    let idle_since = idle
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
+    let idle_since = journal_of(&idle)
         .timestamps()
         .last_state_change_at
         .clone()
@@ -1266,8 +1079,7 @@ async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
     .await
     .unwrap();
     w.set_github_status(&n, "absent", false, 3).await.unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    let done = w.wait_concluded(&n, Outcome::ExitedIdleWithoutWork).await;
     assert!(!outcome(&done).unwrap().is_failure());
     assert!(!outcome(&done).unwrap().wants_replacement());
     let warnings = warnings_on(&w, &n).await;
@@ -1279,18 +1091,16 @@ async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
 
     // The attempt that waited launches; busy, its runner dies and GitHub does not list it.
     w.wait_state(&nb, AttemptState::Starting).await.unwrap();
-    bring_to_idle(&w, &b).await;
+    w.bring_to_idle(&b).await;
     w.set_job(&nb, 4242).await.unwrap();
     let busy = w.wait_state(&nb, AttemptState::Busy).await.unwrap();
     kill_runner(pid_of(&busy)).await;
     w.set_github_status(&nb, "absent", false, 2).await.unwrap();
-    let lost = w.wait_state(&nb, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&lost),
-        Some(Outcome::Orphaned(
-            runner_manager_crds::outcome::OrphanReason::ProcessLost
-        ))
-    );
+    w.wait_concluded(
+        &nb,
+        Outcome::Orphaned(runner_manager_crds::outcome::OrphanReason::ProcessLost),
+    )
+    .await;
     for x in [&a, &b] {
         w.deregister(x).await.unwrap();
         assert_settled(&w, x, 2).await;
@@ -1305,22 +1115,16 @@ async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
 /// `Busy` and its exit is a completed job (row 42).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
-    let Some(w) = World::builder("job_evidence_decides_short_jobs")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("job_evidence_decides_short_jobs").await else {
         return;
     };
-    let _agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w.recovered(w.agent(4, &[])).await;
 
     // Row 38: the job is queued before the runner connects; the agent never sees it busy.
     let job = w.queue_job(100).await.unwrap();
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    let done = w.wait_concluded(&n, Outcome::CompletedJob).await;
     assert_eq!(
         w.wait_assigned(job).await.unwrap(),
         runner_manager_crds::names::runner_name(a.spec.attempt_uuid().unwrap())
@@ -1331,22 +1135,17 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
     let b = w.pending_attempt().await.unwrap();
     let nb = name(&b);
     w.wait_state(&nb, AttemptState::Starting).await.unwrap();
-    bring_to_idle(&w, &b).await;
+    w.bring_to_idle(&b).await;
     w.queue_job(100).await.unwrap();
-    let done = w.wait_state(&nb, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    let done = w.wait_concluded(&nb, Outcome::CompletedJob).await;
     assert!(done.status.as_ref().unwrap().facts.job.is_none());
 
     // Row 42: an assignment withdrawn from a live runner.
     let c = w.pending_attempt().await.unwrap();
     let nc = name(&c);
     w.wait_state(&nc, AttemptState::Starting).await.unwrap();
-    let idle = bring_to_idle(&w, &c).await;
-    let first_idle = idle
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
+    let idle = w.bring_to_idle(&c).await;
+    let first_idle = journal_of(&idle)
         .timestamps()
         .last_state_change_at
         .clone()
@@ -1355,7 +1154,7 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
     w.wait_state(&nc, AttemptState::Busy).await.unwrap();
     w.set_github(&nc, true, false, 3).await.unwrap();
     let back = w.wait_state(&nc, AttemptState::Idle).await.unwrap();
-    let journal = &back.status.as_ref().unwrap().journal;
+    let journal = journal_of(&back);
     assert!(
         journal
             .timestamps()
@@ -1370,50 +1169,28 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
     // Busy again, and this time the worker started: its log keeps the runner busy.
     w.set_github(&nc, true, true, 4).await.unwrap();
     let busy = w.wait_state(&nc, AttemptState::Busy).await.unwrap();
-    let diag = std::path::Path::new(
-        busy.status
-            .as_ref()
-            .unwrap()
-            .journal
-            .workspace()
-            .unwrap()
-            .runtime_path(),
-    )
-    .join("_diag");
+    let diag = runtime_path(&busy).join("_diag");
     std::fs::write(diag.join("Worker_20260101-000000-utc.log"), b"").unwrap();
     w.set_github(&nc, true, false, 5).await.unwrap();
     heartbeats(&w, 2).await;
     let still = w.attempts().get(&nc).await.unwrap();
-    assert_eq!(
-        still.status.as_ref().unwrap().journal.state(),
-        AttemptState::Busy
-    );
+    assert_eq!(journal_of(&still).state(), AttemptState::Busy);
     kill_runner(pid_of(&busy)).await;
-    let done = w.wait_state(&nc, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::CompletedJob));
+    w.wait_concluded(&nc, Outcome::CompletedJob).await;
 
     // Row 45: no `_diag` at all, an exit at `Starting`: still a failure, never a completed job.
     let d = w.pending_attempt().await.unwrap();
     let nd = name(&d);
     let started = w.wait_state(&nd, AttemptState::Starting).await.unwrap();
     w.wait_online(&d).await.unwrap();
-    let runtime = std::path::PathBuf::from(
-        started
-            .status
-            .as_ref()
-            .unwrap()
-            .journal
-            .workspace()
-            .unwrap()
-            .runtime_path(),
-    );
+    let runtime = runtime_path(&started);
     std::fs::remove_dir_all(runtime.join("_diag")).unwrap();
     w.deregister(&d).await.unwrap();
-    let done = w.wait_state(&nd, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Failed(FailureReason::ProcessExitedUnexpectedly))
-    );
+    w.wait_concluded(
+        &nd,
+        Outcome::Failed(FailureReason::ProcessExitedUnexpectedly),
+    )
+    .await;
     for x in [&a, &b, &c, &d] {
         w.deregister(x).await.unwrap();
         assert_settled(&w, x, 4).await;
@@ -1426,35 +1203,20 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
 /// the package step measured (a cold download), the spawn never reached and read 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_launch_that_fails_at_registration_still_reports_its_timings() {
-    let Some(w) = World::builder("a_launch_that_fails_at_registration")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_launch_that_fails_at_registration").await else {
         return;
     };
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(4, &[])).await;
     w.fake
-        .admin(
-            "POST",
-            "faults",
-            serde_json::json!({"endpoint": "generate_jitconfig", "count": 1, "status": 403}),
-        )
+        .fault(serde_json::json!({"endpoint": "generate_jitconfig", "count": 1, "status": 403}))
         .await
         .unwrap();
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Failed(FailureReason::JitRequestFailed))
-    );
-    let launch = done
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
+    let done = w
+        .wait_concluded(&n, Outcome::Failed(FailureReason::JitRequestFailed))
+        .await;
+    let launch = journal_of(&done)
         .launch
         .clone()
         .expect("no status.launch on a failed launch");
@@ -1480,30 +1242,16 @@ async fn a_launch_that_fails_at_registration_still_reports_its_timings() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_crash() {
     use runner_manager_crds::duration::ManifestDuration;
-    let Some(w) = World::builder("the_termination_intent_is_durable")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("the_termination_intent_is_durable").await else {
         return;
     };
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let idle = bring_to_idle(&w, &a).await;
+    let idle = w.bring_to_idle(&a).await;
     let pid = pid_of(&idle);
-    let intent = std::path::Path::new(
-        idle.status
-            .as_ref()
-            .unwrap()
-            .journal
-            .workspace()
-            .unwrap()
-            .runtime_path(),
-    )
-    .join(".terminate-intent");
+    let intent = runtime_path(&idle).join(".terminate-intent");
     std::fs::create_dir(&intent).unwrap();
     // The request alone: a deregistration would end the runner by itself.
     w.request_termination(&n, "IdleTimeout").await.unwrap();
@@ -1516,13 +1264,9 @@ async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_cras
     heartbeats(&w, 2).await;
     assert!(pid_alive(pid), "signalled without a durable intent");
     let still = w.attempts().get(&n).await.unwrap();
-    assert_eq!(
-        still.status.as_ref().unwrap().journal.state(),
-        AttemptState::Idle
-    );
+    assert_eq!(journal_of(&still).state(), AttemptState::Idle);
     std::fs::remove_dir(&intent).unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    w.wait_concluded(&n, Outcome::ExitedIdleWithoutWork).await;
     assert!(!pid_alive(pid));
     w.deregister(&a).await.unwrap();
     assert_settled(&w, &a, 1).await;
@@ -1545,13 +1289,12 @@ async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_cras
     assert!(pid_alive(pid), "signalled before the crash");
     kill_runner(pid).await;
     let _again = w.agent(4, &[]).unwrap();
-    let done = w.wait_state(&nb, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Failed(
-            FailureReason::TerminatedAfterRegistrationTimeout
-        ))
-    );
+    let done = w
+        .wait_concluded(
+            &nb,
+            Outcome::Failed(FailureReason::TerminatedAfterRegistrationTimeout),
+        )
+        .await;
     w.deregister(&done).await.unwrap();
     assert_settled(&w, &b, 2).await;
 }
@@ -1564,15 +1307,10 @@ async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_cras
 /// node's running jobs do not starve the next launch (issue 32).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runner_environment_is_layered_and_a_refused_one_stops_before_any_effect() {
-    let Some(w) = World::builder("the_runner_environment_is_layered")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("the_runner_environment_is_layered").await else {
         return;
     };
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(4, &[])).await;
     let a = w
         .pending_attempt_with(|s| {
             s.env
@@ -1586,15 +1324,7 @@ async fn the_runner_environment_is_layered_and_a_refused_one_stops_before_any_ef
         .unwrap();
     let n = name(&a);
     let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let runtime = started
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .workspace()
-        .unwrap()
-        .runtime_path()
-        .to_owned();
+    let runtime = runtime_path(&started);
     let niceness = |pid: u32| -> i64 {
         // Field 19 of stat; the fields after the command's closing parenthesis start at 3.
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -1635,7 +1365,7 @@ async fn the_runner_environment_is_layered_and_a_refused_one_stops_before_any_ef
         "1"
     );
     for tmp in ["TMPDIR", "TEMP", "TMP"] {
-        assert_eq!(env[tmp], format!("{runtime}/tmp"), "{tmp}");
+        assert_eq!(env[tmp], format!("{}/tmp", runtime.display()), "{tmp}");
     }
     // Names only in messages: the listener's environment holds its JIT.
     let names: Vec<&String> = env.keys().collect();
@@ -1646,7 +1376,7 @@ async fn the_runner_environment_is_layered_and_a_refused_one_stops_before_any_ef
             && !std::path::Path::new(&runtime).join("profile").exists(),
         "a home directory in the attempt"
     );
-    bring_to_idle(&w, &a).await;
+    w.bring_to_idle(&a).await;
     stop_idle(&w, &a, "ScaleDown").await;
     assert_settled(&w, &a, 1).await;
 
@@ -1659,12 +1389,10 @@ async fn the_runner_environment_is_layered_and_a_refused_one_stops_before_any_ef
         .await
         .unwrap();
     let nr = name(&refused);
-    let done = w.wait_state(&nr, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Rejected(RejectReason::SnapshotUnusable))
-    );
-    assert!(done.status.as_ref().unwrap().journal.workspace().is_none());
+    let done = w
+        .wait_concluded(&nr, Outcome::Rejected(RejectReason::SnapshotUnusable))
+        .await;
+    assert!(journal_of(&done).workspace().is_none());
     let (_, mints_after) = w.second_sessions_and_mints().await.unwrap();
     assert_eq!(mints_after, mints_before, "a JIT was minted");
     assert!(w.runtimes().is_empty());
@@ -1691,18 +1419,6 @@ fn short_of(a: &RunnerAttempt) -> String {
     runner_manager_crds::names::short_hex(a.spec.attempt_uuid().unwrap())
 }
 
-fn runtime_of(a: &RunnerAttempt) -> std::path::PathBuf {
-    std::path::PathBuf::from(
-        a.status
-            .as_ref()
-            .unwrap()
-            .journal
-            .workspace()
-            .unwrap()
-            .runtime_path(),
-    )
-}
-
 /// Waits until `check` holds of the host (files, processes).
 async fn until_host(what: &str, check: impl Fn() -> bool) {
     wait::until(STEP, what, || {
@@ -1721,16 +1437,11 @@ async fn until_host(what: &str, check: impl Fn() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_materializer_is_the_overlay_and_a_world_leaves_no_mount_behind() {
     use runner_manager_node_agent::packages::overlay;
-    let Some(w) = World::builder("the_default_materializer_is_the_overlay")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("the_default_materializer_is_the_overlay").await else {
         return;
     };
     let scratch = w.scratch().to_path_buf();
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(4, &[])).await;
     assert!(
         agent
             .lines()
@@ -1740,7 +1451,7 @@ async fn the_default_materializer_is_the_overlay_and_a_world_leaves_no_mount_beh
         agent.lines()
     );
     let a = w.pending_attempt().await.unwrap();
-    let runtime = runtime_of(&bring_to_idle(&w, &a).await);
+    let runtime = runtime_path(&w.bring_to_idle(&a).await);
     assert_eq!(overlay::overlays_under(&scratch).unwrap(), vec![runtime]);
     drop(agent);
     drop(w);
@@ -1760,22 +1471,19 @@ async fn an_abandoned_slot_attempt_s_overlay_is_unmounted_before_its_slot_is_rel
     use kube::api::DeleteParams;
     use runner_manager_crds::policy::WorkspaceMode;
     use runner_manager_node_agent::packages::overlay;
-    let Some(w) = World::builder("abandoned_slot_overlay")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("abandoned_slot_overlay").await else {
         return;
     };
-    let _agent = w.agent(4, &[("RM_MATERIALIZE", "overlay")]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _agent = w
+        .recovered(w.agent(4, &[("RM_MATERIALIZE", "overlay")]))
+        .await;
     let a = w
         .pending_attempt_with(|s| s.workspace = WorkspaceMode::Persistent)
         .await
         .unwrap();
-    let idle = bring_to_idle(&w, &a).await;
-    let pid = idle.status.as_ref().unwrap().journal.process().unwrap().pid;
-    let slot = runtime_of(&idle);
+    let idle = w.bring_to_idle(&a).await;
+    let pid = pid_of(&idle);
+    let slot = runtime_path(&idle);
     assert!(
         overlay::is_mounted(&slot).unwrap(),
         "materialized by overlay"
@@ -1805,26 +1513,22 @@ async fn an_abandoned_slot_attempt_s_overlay_is_unmounted_before_its_slot_is_rel
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_removed() {
     use kube::api::DeleteParams;
-    let Some(w) = World::builder("orphans_are_stopped_and_removed")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("orphans_are_stopped_and_removed").await else {
         return;
     };
     let mut agent = w.agent(4, &[]).unwrap();
     w.wait_recovered().await.unwrap();
     // A live attempt every sweep must leave alone.
     let keep = w.pending_attempt().await.unwrap();
-    let kept = bring_to_idle(&w, &keep).await;
-    let keep_pid = kept.status.as_ref().unwrap().journal.process().unwrap().pid;
+    let kept = w.bring_to_idle(&keep).await;
+    let keep_pid = pid_of(&kept);
 
     // Deleted while its runner lives.
     let a = w.pending_attempt().await.unwrap();
-    let idle = bring_to_idle(&w, &a).await;
-    let pid = idle.status.as_ref().unwrap().journal.process().unwrap().pid;
+    let idle = w.bring_to_idle(&a).await;
+    let pid = pid_of(&idle);
     let (runtime, cgroup) = (
-        runtime_of(&idle),
+        runtime_path(&idle),
         w.cgroup_dir().join(format!("rm-{}", short_of(&a))),
     );
     assert!(cgroup.is_dir() && runtime.is_dir());
@@ -1845,36 +1549,26 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
 
     // A late child recreating a cleaned attempt's runtime: reaped, the attempt stays Cleaned.
     let b = w.pending_attempt().await.unwrap();
-    let b_idle = bring_to_idle(&w, &b).await;
+    let b_idle = w.bring_to_idle(&b).await;
     stop_idle(&w, &b, "ScaleDown").await;
     let b_done = w
         .wait_state(&name(&b), AttemptState::Cleaned)
         .await
         .unwrap();
-    let residue = runtime_of(&b_idle);
+    let residue = runtime_path(&b_idle);
     std::fs::create_dir_all(residue.join("_work").join("late")).unwrap();
     std::fs::write(residue.join("_work").join("late").join("out.log"), b"x").unwrap();
     until_host("the late residue reaped", || !residue.exists()).await;
     let b_now = w.attempts().get(&name(&b)).await.unwrap();
-    assert_eq!(
-        b_now.status.as_ref().unwrap().journal.state(),
-        AttemptState::Cleaned
-    );
+    assert_eq!(journal_of(&b_now).state(), AttemptState::Cleaned);
     assert_eq!(outcome(&b_now), outcome(&b_done));
 
     // Deleted while the agent is down.
     let c = w.pending_attempt().await.unwrap();
-    let c_idle = bring_to_idle(&w, &c).await;
-    let c_pid = c_idle
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .process()
-        .unwrap()
-        .pid;
+    let c_idle = w.bring_to_idle(&c).await;
+    let c_pid = pid_of(&c_idle);
     let (c_runtime, c_cgroup) = (
-        runtime_of(&c_idle),
+        runtime_path(&c_idle),
         w.cgroup_dir().join(format!("rm-{}", short_of(&c))),
     );
     agent.terminate().unwrap();
@@ -1916,8 +1610,7 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
     let other_cgroup = w.cgroup_dir().join("other");
     std::fs::create_dir(&other_cgroup).unwrap();
 
-    let again = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let again = w.recovered(w.agent(4, &[])).await;
     until_host("what the down agent's deleted attempt left removed", || {
         !pid_alive(c_pid)
             && !c_runtime.exists()
@@ -1962,13 +1655,10 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
 
     // The live attempt was never touched and is supervised as before.
     assert!(pid_alive(keep_pid));
-    assert!(runtime_of(&kept).is_dir());
+    assert!(runtime_path(&kept).is_dir());
     stop_idle(&w, &keep, "ScaleDown").await;
-    let done = w
-        .wait_state(&name(&keep), AttemptState::Cleaned)
-        .await
-        .unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    w.wait_concluded(&name(&keep), Outcome::ExitedIdleWithoutWork)
+        .await;
     assert!(!pid_alive(keep_pid));
 }
 
@@ -1980,18 +1670,14 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocked_removals_never_block_recovery_and_are_finished_once_unblocked() {
     use k8s_openapi::api::core::v1::Event;
-    let Some(w) = World::builder("blocked_removals_never_block_recovery")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("blocked_removals_never_block_recovery").await else {
         return;
     };
     let mut agent = w.agent(4, &[]).unwrap();
     w.wait_recovered().await.unwrap();
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
-    let a_runtime = runtime_of(&bring_to_idle(&w, &a).await);
+    let a_runtime = runtime_path(&w.bring_to_idle(&a).await);
     let pin_a = Pinned::set(a_runtime.join("pinned")).unwrap();
     stop_idle(&w, &a, "ScaleDown").await;
     w.wait_for(&n, "a CleanupDeferred condition", |s| {
@@ -2004,7 +1690,7 @@ async fn blocked_removals_never_block_recovery_and_are_finished_once_unblocked()
     .unwrap();
 
     let b = w.pending_attempt().await.unwrap();
-    let b_runtime = runtime_of(&bring_to_idle(&w, &b).await);
+    let b_runtime = runtime_path(&w.bring_to_idle(&b).await);
     stop_idle(&w, &b, "ScaleDown").await;
     w.wait_state(&name(&b), AttemptState::Cleaned)
         .await
@@ -2032,16 +1718,13 @@ async fn blocked_removals_never_block_recovery_and_are_finished_once_unblocked()
         .await
         .unwrap();
         let a_now = w.attempts().get(&n).await.unwrap();
-        let state = a_now.status.as_ref().unwrap().journal.state();
+        let state = journal_of(&a_now).state();
         assert!(
             state.is_concluded() && state != AttemptState::Cleaned,
             "round {round}: {state:?}"
         );
         let b_now = w.attempts().get(&name(&b)).await.unwrap();
-        assert_eq!(
-            b_now.status.as_ref().unwrap().journal.state(),
-            AttemptState::Cleaned
-        );
+        assert_eq!(journal_of(&b_now).state(), AttemptState::Cleaned);
         assert!(a_runtime.exists() && b_runtime.exists());
     }
     let events = kube::Api::<Event>::namespaced(w.kube.clone(), &w.team);
@@ -2070,11 +1753,7 @@ async fn blocked_removals_never_block_recovery_and_are_finished_once_unblocked()
 /// (row 68). Before, the agent never pruned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_launch_prunes_obsolete_packages_and_a_failed_prune_only_warns() {
-    let Some(w) = World::builder("every_launch_prunes_obsolete_packages")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("every_launch_prunes_obsolete_packages").await else {
         return;
     };
     let packages = w.host_root().join("packages");
@@ -2091,8 +1770,7 @@ async fn every_launch_prunes_obsolete_packages_and_a_failed_prune_only_warns() {
     std::fs::create_dir_all(packages.join(&stuck)).unwrap();
     let pin = Pinned::set(packages.join(&stuck).join("pinned")).unwrap();
 
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w.recovered(w.agent(4, &[])).await;
     let prunes = || {
         agent
             .lines()
@@ -2139,7 +1817,7 @@ async fn every_launch_prunes_obsolete_packages_and_a_failed_prune_only_warns() {
     );
     assert_eq!(prunes(), 2, "one prune per launch");
     for x in [&a, &b] {
-        bring_to_idle(&w, x).await;
+        w.bring_to_idle(x).await;
         stop_idle(&w, x, "ScaleDown").await;
     }
     for x in [&a, &b] {
@@ -2155,11 +1833,7 @@ async fn every_launch_prunes_obsolete_packages_and_a_failed_prune_only_warns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slots_alone() {
     use runner_manager_crds::policy::WorkspaceMode;
-    let Some(w) = World::builder("racing_slots_and_a_switch_back")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("racing_slots_and_a_switch_back").await else {
         return;
     };
     let mut agent = w.agent(4, &[]).unwrap();
@@ -2178,11 +1852,7 @@ async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slo
             .await
             .unwrap();
         slots.push(
-            started
-                .status
-                .as_ref()
-                .unwrap()
-                .journal
+            journal_of(&started)
                 .workspace()
                 .unwrap()
                 .slot_number()
@@ -2196,7 +1866,7 @@ async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slo
         "two racing admissions never share a slot"
     );
     for a in [&x, &y] {
-        bring_to_idle(&w, a).await;
+        w.bring_to_idle(a).await;
         stop_idle(&w, a, "ScaleDown").await;
     }
     for a in [&x, &y] {
@@ -2217,8 +1887,7 @@ async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slo
     agent.terminate().unwrap();
     assert!(wait_exit(&mut agent).await.success());
     drop(agent);
-    let _again = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let _again = w.recovered(w.agent(4, &[])).await;
     let free = wait::until(STEP, "both cleaned slots advertised", || async {
         w.advert()
             .await
@@ -2237,14 +1906,7 @@ async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slo
         })
         .await
         .unwrap();
-    let placement = started
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .workspace()
-        .unwrap()
-        .clone();
+    let placement = journal_of(&started).workspace().unwrap().clone();
     assert_eq!(placement.kind(), WorkspaceMode::Ephemeral);
     assert_eq!(
         placement.slot_number(),
@@ -2264,7 +1926,7 @@ async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slo
             .copied(),
         Some(2)
     );
-    bring_to_idle(&w, &e).await;
+    w.bring_to_idle(&e).await;
     stop_idle(&w, &e, "ScaleDown").await;
     w.wait_state(&name(&e), AttemptState::Cleaned)
         .await
@@ -2287,11 +1949,7 @@ async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolled_back_launch_keeps_a_slot_s_work_and_removes_an_ephemeral_runtime_whole() {
     use runner_manager_crds::policy::WorkspaceMode;
-    let Some(w) = World::builder("a_rolled_back_launch_keeps_a_slot_s_work")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_rolled_back_launch_keeps_a_slot_s_work").await else {
         return;
     };
     for mode in [WorkspaceMode::Persistent, WorkspaceMode::Ephemeral] {
@@ -2306,7 +1964,7 @@ async fn a_rolled_back_launch_keeps_a_slot_s_work_and_removes_an_ephemeral_runti
         assert!(!wait_exit(&mut agent).await.success(), "{mode:?}");
         drop(agent);
         let allocated = w.attempts().get(&name(&a)).await.unwrap();
-        let runtime = runtime_of(&allocated);
+        let runtime = runtime_path(&allocated);
         assert!(
             runtime.join("bin").is_dir(),
             "{mode:?}: the package was laid out"
@@ -2315,14 +1973,11 @@ async fn a_rolled_back_launch_keeps_a_slot_s_work_and_removes_an_ephemeral_runti
         std::fs::write(runtime.join("_work").join("checkout"), b"kept?").unwrap();
 
         let _again = w.agent(4, &[]).unwrap();
-        let done = w
-            .wait_state(&name(&a), AttemptState::Cleaned)
-            .await
-            .unwrap();
-        assert_eq!(
-            outcome(&done),
-            Some(Outcome::Failed(FailureReason::PreparationInterrupted))
-        );
+        w.wait_concluded(
+            &name(&a),
+            Outcome::Failed(FailureReason::PreparationInterrupted),
+        )
+        .await;
         match mode {
             WorkspaceMode::Persistent => {
                 let left: Vec<String> = std::fs::read_dir(&runtime)
@@ -2347,11 +2002,7 @@ async fn a_rolled_back_launch_keeps_a_slot_s_work_and_removes_an_ephemeral_runti
 async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceiling_decides_the_next_slot()
  {
     use runner_manager_crds::policy::WorkspaceMode;
-    let Some(w) = World::builder("a_partly_deleted_slot_stays_quarantined")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_partly_deleted_slot_stays_quarantined").await else {
         return;
     };
     let mut agent = w.agent(4, &[]).unwrap();
@@ -2360,7 +2011,7 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
         .pending_attempt_with(|s| s.workspace = WorkspaceMode::Persistent)
         .await
         .unwrap();
-    let s1 = runtime_of(&bring_to_idle(&w, &x).await);
+    let s1 = runtime_path(&w.bring_to_idle(&x).await);
     let pin = Pinned::set(s1.join("pinned")).unwrap();
     stop_idle(&w, &x, "ScaleDown").await;
     let quarantined = |s: &runner_manager_crds::attempt::RunnerAttemptStatus| {
@@ -2376,10 +2027,9 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
     agent.terminate().unwrap();
     assert!(wait_exit(&mut agent).await.success());
     drop(agent);
-    let again = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let again = w.recovered(w.agent(4, &[])).await;
     let x_now = w.attempts().get(&name(&x)).await.unwrap();
-    let state = x_now.status.as_ref().unwrap().journal.state();
+    let state = journal_of(&x_now).state();
     assert!(
         state.is_concluded() && state != AttemptState::Cleaned,
         "{state:?}"
@@ -2398,14 +2048,8 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
         })
         .await
         .unwrap();
-    let refused = w
-        .wait_state(&name(&y), AttemptState::Cleaned)
-        .await
-        .unwrap();
-    assert_eq!(
-        outcome(&refused),
-        Some(Outcome::Rejected(RejectReason::NodeFull))
-    );
+    w.wait_concluded(&name(&y), Outcome::Rejected(RejectReason::NodeFull))
+        .await;
     assert!(
         again
             .lines()
@@ -2431,21 +2075,14 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
         .await
         .unwrap();
     assert_eq!(
-        started
-            .status
-            .as_ref()
-            .unwrap()
-            .journal
-            .workspace()
-            .unwrap()
-            .slot_number(),
+        journal_of(&started).workspace().unwrap().slot_number(),
         Some(2)
     );
     assert_eq!(
         std::fs::read(s2.join("_work").join("checkout")).unwrap(),
         b"from an earlier job"
     );
-    bring_to_idle(&w, &z).await;
+    w.bring_to_idle(&z).await;
     stop_idle(&w, &z, "ScaleDown").await;
     w.wait_state(&name(&z), AttemptState::Cleaned)
         .await
@@ -2476,25 +2113,18 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
 /// including both waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_without_a_child_is_tried_three_times_and_leaves_no_handoff() {
-    let Some(w) = World::builder("a_start_without_a_child_is_tried_three_times")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_start_without_a_child_is_tried_three_times").await else {
         return;
     };
     let missing = w.host_root().join("no-such-entry-helper");
     let agent = w
-        .agent(4, &[("RM_ENTRY_HELPER", &missing.display().to_string())])
-        .unwrap();
-    w.wait_recovered().await.unwrap();
+        .recovered(w.agent(4, &[("RM_ENTRY_HELPER", &missing.display().to_string())]))
+        .await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Failed(FailureReason::ProcessStartFailed))
-    );
+    let done = w
+        .wait_concluded(&n, Outcome::Failed(FailureReason::ProcessStartFailed))
+        .await;
     wait_logged(&agent, "the failed launch at warn", &["launch failed", &n]).await;
     let retries = agent
         .lines()
@@ -2502,14 +2132,7 @@ async fn a_start_without_a_child_is_tried_three_times_and_leaves_no_handoff() {
         .filter(|l| l.contains("start failed before a child existed") && l.contains(&n))
         .count();
     assert_eq!(retries, 3, "three tries, each failing before a child");
-    let launch = done
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .launch
-        .clone()
-        .unwrap();
+    let launch = journal_of(&done).launch.clone().unwrap();
     print_launch("three failed starts", &done);
     assert!(
         launch.spawn_ms >= 30,
@@ -2530,22 +2153,17 @@ async fn a_start_without_a_child_is_tried_three_times_and_leaves_no_handoff() {
 /// concludes `ProcessStartFailed`, leaving no handoff.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_that_failed_after_its_child_existed_is_never_retried() {
-    let Some(w) = World::builder("a_start_that_failed_after_its_child_existed")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_start_that_failed_after_its_child_existed").await else {
         return;
     };
-    let agent = w.agent(4, &[("RM_ENTRY_HELPER", "/bin/false")]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let agent = w
+        .recovered(w.agent(4, &[("RM_ENTRY_HELPER", "/bin/false")]))
+        .await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(
-        outcome(&done),
-        Some(Outcome::Failed(FailureReason::ProcessStartFailed))
-    );
+    let done = w
+        .wait_concluded(&n, Outcome::Failed(FailureReason::ProcessStartFailed))
+        .await;
     wait_logged(&agent, "the failed launch at warn", &["launch failed", &n]).await;
     let tries = |what: &str| {
         agent
@@ -2571,11 +2189,7 @@ async fn a_start_that_failed_after_its_child_existed_is_never_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_persistent_slot_is_scrubbed_only_once_its_runner_is_gone() {
     use runner_manager_crds::policy::WorkspaceMode;
-    let Some(w) = World::builder("a_persistent_slot_is_scrubbed_only_once")
-        .agent_under_test()
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_persistent_slot_is_scrubbed_only_once").await else {
         return;
     };
     let mut crashing = w
@@ -2588,17 +2202,9 @@ async fn a_persistent_slot_is_scrubbed_only_once_its_runner_is_gone() {
         .unwrap();
     let n = name(&a);
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let idle = bring_to_idle(&w, &a).await;
+    let idle = w.bring_to_idle(&a).await;
     let pid = pid_of(&idle);
-    let slot = std::path::PathBuf::from(
-        idle.status
-            .as_ref()
-            .unwrap()
-            .journal
-            .workspace()
-            .unwrap()
-            .runtime_path(),
-    );
+    let slot = runtime_path(&idle);
     std::fs::create_dir_all(slot.join("_work")).unwrap();
     std::fs::write(slot.join("_work").join("kept.txt"), b"kept").unwrap();
     std::fs::write(slot.join("left-by-the-job.txt"), b"scrubbed").unwrap();
@@ -2615,8 +2221,7 @@ async fn a_persistent_slot_is_scrubbed_only_once_its_runner_is_gone() {
     assert!(slot.join("_diag").exists());
 
     let _again = w.agent(4, &[]).unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    assert_eq!(outcome(&done), Some(Outcome::ExitedIdleWithoutWork));
+    let done = w.wait_concluded(&n, Outcome::ExitedIdleWithoutWork).await;
     assert!(!pid_alive(pid));
     let left: Vec<String> = std::fs::read_dir(&slot)
         .unwrap()

@@ -11,23 +11,22 @@ use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::outcome::{FailureReason, Outcome, RejectReason};
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
+use runner_manager_e2e::harness::attempt::{journal_of, name, outcome, pid_alive, pid_of};
 use runner_manager_e2e::harness::process::Running;
 use runner_manager_e2e::harness::wait;
 
-fn name(a: &RunnerAttempt) -> String {
-    a.metadata.name.clone().unwrap()
-}
-
-fn outcome(a: &RunnerAttempt) -> Option<Outcome> {
-    a.status.as_ref().and_then(|s| s.journal.outcome())
+/// GitHub holds the next package download for `latency_ms`.
+async fn slow_package_download(w: &AgentWorld, latency_ms: u64) {
+    w.fake
+        .fault(serde_json::json!({"endpoint": "download_package", "count": 1, "latency_ms": latency_ms}))
+        .await
+        .unwrap();
 }
 
 /// Online → `Idle` → stopped in order → `Cleaned` (the test plays the operator).
 async fn stop_in_order(w: &AgentWorld, a: &RunnerAttempt) -> RunnerAttempt {
     let n = name(a);
-    w.wait_online(a).await.unwrap();
-    w.set_github(&n, true, false, 1).await.unwrap();
-    w.wait_state(&n, AttemptState::Idle).await.unwrap();
+    w.bring_to_idle(a).await;
     w.request_termination(&n, "ScaleDown").await.unwrap();
     w.deregister(a).await.unwrap();
     w.wait_state(&n, AttemptState::Cleaned).await.unwrap()
@@ -57,22 +56,13 @@ fn most_turns_at_once(lines: &[String]) -> (usize, usize, usize) {
 /// admitted: without the bound all four would prepare together.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn launches_prepare_at_once_within_the_bound() {
-    let Some(w) = AgentWorld::start("launches_prepare_at_once_within_the_bound")
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("launches_prepare_at_once_within_the_bound").await else {
         return;
     };
-    w.fake
-        .admin(
-            "POST",
-            "faults",
-            serde_json::json!({"endpoint": "download_package", "count": 1, "latency_ms": 3000}),
-        )
-        .await
-        .unwrap();
-    let agent = w.agent(4, &[("RM_PREPARATION_PERMITS", "2")]).unwrap();
-    w.wait_recovered().await.unwrap();
+    slow_package_download(&w, 3000).await;
+    let agent = w
+        .recovered(w.agent(4, &[("RM_PREPARATION_PERMITS", "2")]))
+        .await;
     let mut attempts = Vec::new();
     for _ in 0..4 {
         attempts.push(w.pending_attempt().await.unwrap());
@@ -97,13 +87,6 @@ async fn launches_prepare_at_once_within_the_bound() {
     assert!(w.runtimes().is_empty(), "runtimes left: {:?}", w.runtimes());
 }
 
-fn pid_alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ")
-}
-
 /// Lines of the agent's log naming `attempt` and holding `what`.
 fn logged(agent: &Running, attempt: &str, what: &str) -> usize {
     agent
@@ -120,24 +103,17 @@ fn logged(agent: &Running, attempt: &str, what: &str) -> usize {
 /// left, the attempt `Failed(ProcessStartFailed)`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_after_the_spawn_is_never_retried_and_leaves_no_child_identity_or_handoff() {
-    let Some(w) = AgentWorld::start("a_failure_after_the_spawn_is_never_retried")
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_failure_after_the_spawn_is_never_retried").await else {
         return;
     };
     let steps = ["handoff-delete", "identity-write", "child-map-insert"];
     for (i, step) in steps.into_iter().enumerate() {
-        let agent = w.agent(4, &[("RM_AGENT_FAIL", step)]).unwrap();
-        w.wait_recovered().await.unwrap();
+        let agent = w.recovered(w.agent(4, &[("RM_AGENT_FAIL", step)])).await;
         let a = w.pending_attempt().await.unwrap();
         let n = name(&a);
-        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-        assert_eq!(
-            outcome(&done),
-            Some(Outcome::Failed(FailureReason::ProcessStartFailed)),
-            "{step}"
-        );
+        let done = w
+            .wait_concluded_saying(&n, Outcome::Failed(FailureReason::ProcessStartFailed), step)
+            .await;
         assert!(
             agent
                 .lines()
@@ -186,31 +162,20 @@ async fn a_failure_after_the_spawn_is_never_retried_and_leaves_no_child_identity
 /// replacement — and clean it; one JIT in all, no handoff and no identity left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_child_the_launcher_cannot_stop_keeps_its_place_until_supervision_proves_it_dead() {
-    let Some(w) = AgentWorld::start("a_child_the_launcher_cannot_stop")
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_child_the_launcher_cannot_stop").await else {
         return;
     };
     let agent = w
-        .agent(
+        .recovered(w.agent(
             1,
             &[("RM_AGENT_FAIL", "child-map-insert,stop-after-start-failure")],
-        )
-        .unwrap();
-    w.wait_recovered().await.unwrap();
+        ))
+        .await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
     assert_eq!(outcome(&started), None);
-    let pid = started
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .process()
-        .unwrap()
-        .pid;
+    let pid = pid_of(&started);
     assert!(pid_alive(pid), "the child the stop did not take lives");
     assert_eq!(logged(&agent, &n, "start failed after a child existed"), 1);
     wait::until(STEP, "the Lease to show the node full", || async {
@@ -221,20 +186,11 @@ async fn a_child_the_launcher_cannot_stop_keeps_its_place_until_supervision_prov
     .await
     .unwrap();
     let second = w.pending_attempt().await.unwrap();
-    let rejected = w
-        .wait_state(&name(&second), AttemptState::Cleaned)
-        .await
-        .unwrap();
-    assert_eq!(
-        outcome(&rejected),
-        Some(Outcome::Rejected(RejectReason::NodeFull))
-    );
+    w.wait_concluded(&name(&second), Outcome::Rejected(RejectReason::NodeFull))
+        .await;
     // Still `Starting`, still its pid: nothing concluded it while it lives.
     let still = w.attempts().get(&n).await.unwrap();
-    assert_eq!(
-        still.status.as_ref().unwrap().journal.state(),
-        AttemptState::Starting
-    );
+    assert_eq!(journal_of(&still).state(), AttemptState::Starting);
     assert_eq!(outcome(&still), None);
 
     // The child dies; supervision proves it and concludes once.
@@ -265,23 +221,12 @@ async fn a_child_the_launcher_cannot_stop_keeps_its_place_until_supervision_prov
 /// for any more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_launch_waiting_for_its_package_stops_when_its_attempt_is_terminated() {
-    let Some(w) = AgentWorld::start("a_launch_waiting_for_its_package_stops")
-        .await
-        .unwrap()
-    else {
+    let Some(w) = AgentWorld::start("a_launch_waiting_for_its_package_stops").await else {
         return;
     };
     // GitHub holds the package download long enough for the request to land during it.
-    w.fake
-        .admin(
-            "POST",
-            "faults",
-            serde_json::json!({"endpoint": "download_package", "count": 1, "latency_ms": 20000}),
-        )
-        .await
-        .unwrap();
-    let agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    slow_package_download(&w, 20000).await;
+    let agent = w.recovered(w.agent(4, &[])).await;
     let a = w.pending_attempt().await.unwrap();
     let n = name(&a);
     wait::until(STEP, "the launch to wait for its package", || {

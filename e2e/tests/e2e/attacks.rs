@@ -17,10 +17,10 @@ use runner_manager_crds::conditions::{ConditionStatus, find};
 use runner_manager_crds::policy::{PolicyConditionType, PolicyReason, ScalePolicy};
 use runner_manager_e2e::harness::product::{Product, ProductOptions, STEP, WEBHOOK_SECRET};
 use runner_manager_e2e::harness::wait;
-use runner_manager_e2e::harness::world::World;
+use runner_manager_e2e::harness::webhook::post_workflow_job;
 use runner_manager_operator::webhook::sign;
 use secrecy::SecretString;
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// How long "nothing changed" is watched: many reconcile passes (the worlds resync every
 /// second) and more than a webhook batch.
@@ -49,6 +49,19 @@ async fn wait_condition(
     })
     .await
     .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()))
+}
+
+/// Wait until policy `ns`/`name` is `Ready=status` for its generation.
+async fn ready_in(p: &Product, ns: &str, name: &str, status: ConditionStatus) -> ScalePolicy {
+    wait_condition(p, ns, name, PolicyConditionType::Ready, status).await
+}
+
+/// A product with a second tenant namespace (`rm-aaa-…`, sorting before the victim's); the
+/// product and that namespace.
+async fn with_second_tenant(test: &str) -> Option<(Product, String)> {
+    let p = Product::start_with(test, ProductOptions::extra_namespace("rm-aaa")).await?;
+    let other = p.extra[0].clone();
+    Some((p, other))
 }
 
 fn condition(
@@ -121,18 +134,8 @@ fn delivery(action: &str, job_id: u64, repository: &str, labels: &[&str]) -> Vec
 
 /// POST `body` to `path` of operator 0's webhook listener with `signature` and `guid`.
 async fn post(p: &Product, path: &str, guid: &str, signature: &str, body: Vec<u8>) -> u16 {
-    reqwest::Client::new()
-        .post(format!("http://{}{path}", p.operators[0].webhook))
-        .header("content-type", "application/json")
-        .header("x-github-event", "workflow_job")
-        .header("x-github-delivery", guid)
-        .header("x-hub-signature-256", signature)
-        .body(body)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
+    let url = format!("http://{}{path}", p.operators[0].webhook);
+    post_workflow_job(&url, guid, signature, body).await
 }
 
 /// Finding 4: namespace `rm-aaa-…` sorts before the victim's `rm-team-…` and names the same
@@ -142,18 +145,9 @@ async fn post(p: &Product, path: &str, guid: &str, signature: &str, body: Vec<u8
 /// `Conflict`.
 #[tokio::test]
 async fn a_foreign_policy_with_a_junk_secret_never_takes_the_victims_jobs() {
-    let options = ProductOptions {
-        extra_namespaces: vec!["rm-aaa".into()],
-        ..ProductOptions::default()
-    };
-    let Some(p) = World::builder("attack_junk_secret_steals_jobs")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some((p, attacker)) = with_second_tenant("attack_junk_secret_steals_jobs").await else {
         return;
     };
-    let attacker = p.extra[0].clone();
     p.secret(&attacker, "junk", &[("token", "ghp_junkjunkjunkjunk")])
         .await
         .unwrap();
@@ -165,35 +159,14 @@ async fn a_foreign_policy_with_a_junk_secret_never_takes_the_victims_jobs() {
     .await
     .unwrap();
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    wait_condition(
-        &p,
-        &p.team,
-        "web",
-        PolicyConditionType::Ready,
-        ConditionStatus::True,
-    )
-    .await;
-    let steal = wait_condition(
-        &p,
-        &attacker,
-        "steal",
-        PolicyConditionType::Ready,
-        ConditionStatus::False,
-    )
-    .await;
+    ready_in(&p, &p.team, "web", ConditionStatus::True).await;
+    let steal = ready_in(&p, &attacker, "steal", ConditionStatus::False).await;
     assert_eq!(
         condition(&steal, PolicyConditionType::Ready).reason,
         PolicyReason::CredentialsRejected
     );
 
-    let jobs = vec![
-        p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-            .await
-            .unwrap(),
-        p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-            .await
-            .unwrap(),
-    ];
+    let jobs = p.queue_jobs(2, 200).await.unwrap();
     p.wait_jobs_completed(&jobs, Duration::from_secs(180))
         .await
         .unwrap();
@@ -271,32 +244,14 @@ async fn an_owner_bound_to_a_namespace_is_refused_elsewhere_even_with_valid_cred
         operator_flags: vec![("--owner-namespaces".into(), "acme={team}".into())],
         ..ProductOptions::default()
     };
-    let Some(p) = World::builder("attack_bound_owner")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start_with("attack_bound_owner", options).await else {
         return;
     };
     let attacker = p.extra[0].clone();
     p.policy_in(&attacker, "steal", json!({})).await.unwrap();
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    wait_condition(
-        &p,
-        &p.team,
-        "web",
-        PolicyConditionType::Ready,
-        ConditionStatus::True,
-    )
-    .await;
-    let steal = wait_condition(
-        &p,
-        &attacker,
-        "steal",
-        PolicyConditionType::Ready,
-        ConditionStatus::False,
-    )
-    .await;
+    ready_in(&p, &p.team, "web", ConditionStatus::True).await;
+    let steal = ready_in(&p, &attacker, "steal", ConditionStatus::False).await;
     let ready = condition(&steal, PolicyConditionType::Ready);
     assert_eq!(ready.reason, PolicyReason::OwnerBoundElsewhere, "{ready:?}");
     for part in [
@@ -313,13 +268,7 @@ async fn an_owner_bound_to_a_namespace_is_refused_elsewhere_even_with_valid_cred
         );
     }
 
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-        .await
-        .unwrap();
-    p.wait_jobs_completed(&[job], Duration::from_secs(180))
-        .await
-        .unwrap();
+    let job = p.run_job(200, Duration::from_secs(180)).await.unwrap();
     let steal = get_policy(&p, &attacker, "steal").await.unwrap();
     assert!(!pending_jobs(&steal).contains(&job.to_string()));
     assert!(attempts_in(&p, &attacker).await.is_empty());
@@ -337,18 +286,9 @@ async fn an_owner_bound_to_a_namespace_is_refused_elsewhere_even_with_valid_cred
 /// the refusal is about whose secret it is).
 #[tokio::test]
 async fn a_delivery_signed_with_one_teams_secret_for_another_teams_repository_is_refused() {
-    let options = ProductOptions {
-        extra_namespaces: vec!["rm-aaa".into()],
-        ..ProductOptions::default()
-    };
-    let Some(p) = World::builder("attack_foreign_hook_secret")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some((p, team_a)) = with_second_tenant("attack_foreign_hook_secret").await else {
         return;
     };
-    let team_a = p.extra[0].clone();
     let a_secret = SecretString::from("team-a-hook-secret");
     p.secret(&team_a, "hook", &[("secret", "team-a-hook-secret")])
         .await
@@ -367,14 +307,7 @@ async fn a_delivery_signed_with_one_teams_secret_for_another_teams_repository_is
     .unwrap();
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
     for (ns, name) in [(p.team.as_str(), "web"), (team_a.as_str(), "api")] {
-        wait_condition(
-            &p,
-            ns,
-            name,
-            PolicyConditionType::Ready,
-            ConditionStatus::True,
-        )
-        .await;
+        ready_in(&p, ns, name, ConditionStatus::True).await;
     }
     let forged_job = 990_000_001_u64;
     let forged = delivery("queued", forged_job, "acme/web", &["self-hosted", "linux"]);
@@ -449,27 +382,10 @@ async fn a_replayed_delivery_with_a_fresh_guid_changes_nothing() {
         return;
     };
     p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    wait_condition(
-        &p,
-        &p.team,
-        "web",
-        PolicyConditionType::Ready,
-        ConditionStatus::True,
-    )
-    .await;
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-        .await
-        .unwrap();
-    p.wait_jobs_completed(&[job], Duration::from_secs(180))
-        .await
-        .unwrap();
+    ready_in(&p, &p.team, "web", ConditionStatus::True).await;
+    let job = p.run_job(200, Duration::from_secs(180)).await.unwrap();
     // The genuine `queued` delivery, as captured on the wire.
-    let deliveries = p
-        .fake
-        .admin("GET", "deliveries", Value::Null)
-        .await
-        .unwrap();
+    let deliveries = p.fake.deliveries().await.unwrap();
     let captured = deliveries
         .as_array()
         .unwrap()
@@ -545,11 +461,10 @@ mod node_confinement {
     use runner_manager_e2e::harness::admission::{
         agent_client, grant_agent_rbac, label_namespaces, register, token_client, unregister,
     };
-    use runner_manager_e2e::harness::cluster::fresh_namespace;
+    use runner_manager_e2e::harness::cluster::{fresh_namespace, list_all};
     use runner_manager_e2e::harness::fixtures::native_attempt;
-    use runner_manager_e2e::harness::product::ProductOptions;
+    use runner_manager_e2e::harness::product::{Product, ProductOptions};
     use runner_manager_e2e::harness::wait;
-    use runner_manager_e2e::harness::world::World;
     use serde_json::{Value, json};
 
     /// The API server's answer to a refused write: (code, message).
@@ -558,6 +473,23 @@ mod node_confinement {
             Err(kube::Error::Api(s)) => (s.code, s.message),
             other => panic!("expected a refusal, got {other:?}"),
         }
+    }
+
+    /// The API server refused the write (403) with a message `saying` this.
+    fn assert_forbidden_saying<T: std::fmt::Debug>(r: Result<T, kube::Error>, saying: &str) {
+        let (code, message) = refusal(r);
+        assert_eq!(code, 403, "{message}");
+        assert!(message.contains(saying), "{message}");
+    }
+
+    /// Ask `attempts` to move attempt `name` to `node`: a change of its spec.
+    async fn move_to(
+        attempts: &Api<RunnerAttempt>,
+        name: &str,
+        node: &str,
+    ) -> Result<RunnerAttempt, kube::Error> {
+        let patch = Patch::Merge(json!({"spec": {"nodeName": node}}));
+        attempts.patch(name, &PatchParams::default(), &patch).await
     }
 
     fn status_patch(v: Value) -> Patch<Value> {
@@ -681,11 +613,7 @@ mod node_confinement {
             nodes: vec![],
             ..ProductOptions::default()
         };
-        let Some(p) = World::builder("agent_confinement")
-            .product(options)
-            .await
-            .unwrap()
-        else {
+        let Some(p) = Product::start_with("agent_confinement", options).await else {
             return;
         };
         let kube = p.kube.clone();
@@ -737,7 +665,7 @@ mod node_confinement {
         .unwrap();
 
         // 1. Node A concludes node B's busy attempt: refused, B's status unchanged.
-        let (code, message) = refusal(
+        assert_forbidden_saying(
             attempts_a
                 .patch_status(
                     &name_b,
@@ -745,15 +673,11 @@ mod node_confinement {
                     &status_patch(json!({"state": "Finished"})),
                 )
                 .await,
-        );
-        assert_eq!(code, 403, "{message}");
-        assert!(
-            message.contains(&format!("bound to node {node_b}")),
-            "{message}"
+            &format!("bound to node {node_b}"),
         );
         // 2. Node A forges the runner of its own attempt (so the operator would deregister
         //    someone else's runner): refused.
-        let (code, message) = refusal(
+        assert_forbidden_saying(
             attempts_a
                 .patch_status(
                     &name_a,
@@ -763,11 +687,7 @@ mod node_confinement {
                     ),
                 )
                 .await,
-        );
-        assert_eq!(code, 403, "{message}");
-        assert!(
-            message.contains("status.runner is not the agent's"),
-            "{message}"
+            "status.runner is not the agent's",
         );
         // 3. Node A writes node B's Lease (forged capacity, recoveryComplete): refused; and the
         //    operator's leader Lease: refused, the holder unchanged.
@@ -781,11 +701,9 @@ mod node_confinement {
             },
             ..Lease::default()
         };
-        let (code, message) = refusal(leases_a.create(&PostParams::default(), &forged).await);
-        assert_eq!(code, 403, "{message}");
-        assert!(
-            message.contains("an agent writes only its own node's Lease"),
-            "{message}"
+        assert_forbidden_saying(
+            leases_a.create(&PostParams::default(), &forged).await,
+            "an agent writes only its own node's Lease",
         );
         let (code, message) = refusal(
             leases_a
@@ -802,36 +720,16 @@ mod node_confinement {
         let extra = native_attempt(uuid::Uuid::new_v4(), "web", "uid-web", &node_a);
         let (code, _) = refusal(attempts_a.create(&PostParams::default(), &extra).await);
         assert_eq!(code, 403);
-        let (code, _) = refusal(
-            attempts_a
-                .patch(
-                    &name_b,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"nodeName": node_a}})),
-                )
-                .await,
-        );
+        let (code, _) = refusal(move_to(&attempts_a, &name_b, &node_a).await);
         assert_eq!(code, 403);
         let tenant = Api::<RunnerAttempt>::namespaced(overprivileged_tenant(&kube, &ns).await, &ns);
-        let (code, message) = refusal(tenant.create(&PostParams::default(), &extra).await);
-        assert_eq!(code, 403, "{message}");
-        assert!(
-            message.contains("only the operator creates RunnerAttempts"),
-            "{message}"
+        assert_forbidden_saying(
+            tenant.create(&PostParams::default(), &extra).await,
+            "only the operator creates RunnerAttempts",
         );
-        let (code, message) = refusal(
-            tenant
-                .patch(
-                    &name_b,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"nodeName": node_a}})),
-                )
-                .await,
-        );
-        assert_eq!(code, 403, "{message}");
-        assert!(
-            message.contains("only the operator changes an attempt's spec"),
-            "{message}"
+        assert_forbidden_saying(
+            move_to(&tenant, &name_b, &node_a).await,
+            "only the operator changes an attempt's spec",
         );
 
         // Nothing changed.
@@ -843,15 +741,7 @@ mod node_confinement {
             status_of(&admin_attempts.get(&name_a).await.unwrap())["runner"],
             status_of(&ra_a)["runner"]
         );
-        assert_eq!(
-            admin_attempts
-                .list(&Default::default())
-                .await
-                .unwrap()
-                .items
-                .len(),
-            2
-        );
+        assert_eq!(list_all(&admin_attempts).await.len(), 2);
         let leases = Api::<Lease>::namespaced(kube.clone(), &sys);
         assert!(
             leases

@@ -18,26 +18,21 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use runner_manager_crds::attempt::{AttemptConditionType, AttemptReason, RunnerAttempt};
+use runner_manager_crds::attempt::{AttemptConditionType, AttemptReason};
 use runner_manager_crds::conditions::{ConditionStatus, find};
 use runner_manager_crds::policy::{PolicyConditionType, PolicyReason, ScalePolicy};
 use runner_manager_crds::state::AttemptState;
+use runner_manager_e2e::harness::attempt::state;
 use runner_manager_e2e::harness::process::{Running, operator_addrs};
 use runner_manager_e2e::harness::product::{
     NodeOptions, Product, ProductOptions, STEP, WEBHOOK_SECRET,
 };
 use runner_manager_e2e::harness::wait;
+use runner_manager_e2e::harness::webhook::post_workflow_job;
 use runner_manager_e2e::harness::world::World;
 use runner_manager_operator::webhook::sign;
 use secrecy::SecretString;
 use serde_json::json;
-
-fn state(a: &RunnerAttempt) -> AttemptState {
-    a.status
-        .as_ref()
-        .map(|s| s.journal.state())
-        .unwrap_or(AttemptState::Pending)
-}
 
 /// Wait until policy `name` (team namespace) is `Ready=status` for its generation.
 async fn ready(p: &Product, name: &str, status: ConditionStatus) -> ScalePolicy {
@@ -154,18 +149,9 @@ fn slow_loris(addr: String, prefix: &'static [u8], every: Duration) -> Duration 
 }
 
 async fn post_delivery(p: &Product, body: Vec<u8>, signature: &str) -> u16 {
-    reqwest::Client::new()
-        .post(format!("http://{}/webhook", p.operators[0].webhook))
-        .header("content-type", "application/json")
-        .header("x-github-event", "workflow_job")
-        .header("x-github-delivery", uuid::Uuid::new_v4().to_string())
-        .header("x-hub-signature-256", signature)
-        .body(body)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
+    let url = format!("http://{}/webhook", p.operators[0].webhook);
+    let guid = uuid::Uuid::new_v4().to_string();
+    post_workflow_job(&url, &guid, signature, body).await
 }
 
 /// Finding 9: two slow-loris connections (one on each listener) that never finish their request
@@ -175,15 +161,8 @@ async fn post_delivery(p: &Product, body: Vec<u8>, signature: &str) -> u16 {
 /// certificate lives at most 90 days (finding 10).
 #[tokio::test]
 async fn slow_loris_connections_are_closed_while_legitimate_requests_succeed() {
-    let options = ProductOptions {
-        operator_flags: vec![("--listener-header-timeout".into(), "3s".into())],
-        ..ProductOptions::default()
-    };
-    let Some(p) = World::builder("attack_slow_loris")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let options = ProductOptions::operator_flag("--listener-header-timeout", "3s");
+    let Some(p) = Product::start_with("attack_slow_loris", options).await else {
         return;
     };
     let webhook = p.operators[0].webhook.clone();
@@ -217,19 +196,12 @@ async fn slow_loris_connections_are_closed_while_legitimate_requests_succeed() {
     let signature = sign(&SecretString::from(WEBHOOK_SECRET), &body);
     let status = post_delivery(&p, body, &signature).await;
     assert!((200..300).contains(&status), "a signed delivery: {status}");
-    wait::until(
-        STEP,
+    p.wait_attempts(
         "an idle runner (its JIT came through the broker)",
-        || async {
-            p.all_attempts()
-                .await
-                .iter()
-                .any(|a| state(a) == AttemptState::Idle)
-                .then_some(())
-        },
+        STEP,
+        |list| list.iter().any(|a| state(a) == AttemptState::Idle),
     )
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    .await;
     let hook_held = hook_loris.join().unwrap();
     let broker_held = broker_loris.join().unwrap();
     for (what, held) in [("webhook", hook_held), ("broker", broker_held)] {
@@ -254,15 +226,8 @@ async fn slow_loris_connections_are_closed_while_legitimate_requests_succeed() {
 /// keeps launching runners (each a JIT through the broker) across several rotations.
 #[tokio::test]
 async fn the_broker_certificate_rotates_while_an_agent_keeps_getting_jits() {
-    let options = ProductOptions {
-        operator_flags: vec![("--broker-cert-lifetime".into(), "15s".into())],
-        ..ProductOptions::default()
-    };
-    let Some(p) = World::builder("attack_cert_rotation")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let options = ProductOptions::operator_flag("--broker-cert-lifetime", "15s");
+    let Some(p) = Product::start_with("attack_cert_rotation", options).await else {
         return;
     };
     let broker = p.operators[0].broker.clone();
@@ -315,15 +280,8 @@ async fn the_broker_certificate_rotates_while_an_agent_keeps_getting_jits() {
 /// not Ready either (its listing would choose the package's URL). Nothing is created for either.
 #[tokio::test]
 async fn a_policy_naming_a_foreign_host_is_refused() {
-    let options = ProductOptions {
-        operator_flags: vec![("--download-hosts".into(), "".into())],
-        ..ProductOptions::default()
-    };
-    let Some(p) = World::builder("attack_foreign_host")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let options = ProductOptions::operator_flag("--download-hosts", "");
+    let Some(p) = Product::start_with("attack_foreign_host", options).await else {
         return;
     };
     p.policy(
@@ -363,11 +321,7 @@ async fn pool_labels_must_be_restricted_and_the_node_cap_holds() {
         operator_flags: vec![("--max-runners-per-node".into(), "1".into())],
         ..ProductOptions::default()
     };
-    let Some(p) = World::builder("attack_pool_labels")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start_with("attack_pool_labels", options).await else {
         return;
     };
     p.policy(
@@ -395,15 +349,10 @@ async fn pool_labels_must_be_restricted_and_the_node_cap_holds() {
     )
     .await
     .unwrap();
-    wait::until(STEP, "one idle runner", || async {
-        p.all_attempts()
-            .await
-            .iter()
-            .any(|a| state(a) == AttemptState::Idle)
-            .then_some(())
+    p.wait_attempts("one idle runner", STEP, |list| {
+        list.iter().any(|a| state(a) == AttemptState::Idle)
     })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    .await;
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(10) {
         let live = p
@@ -426,11 +375,7 @@ async fn the_agent_refuses_an_oversized_download_and_plain_http() {
         nodes: vec![NodeOptions::new("dl", 2, &[])],
         ..ProductOptions::default()
     };
-    let Some(mut p) = World::builder("attack_download_limits")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(mut p) = Product::start_with("attack_download_limits", options).await else {
         return;
     };
     p.kill_agent(0);

@@ -20,6 +20,7 @@ use runner_manager_crds::pods::{self, PlaceholderSpec, PodRole, placeholder_pod}
 use runner_manager_e2e::harness::admission::{
     agent_client, grant_agent_rbac, grant_plain_manifests_agent_rbac,
 };
+use runner_manager_e2e::harness::cluster::list_all;
 use runner_manager_e2e::harness::fixtures::native_attempt;
 use runner_manager_e2e::harness::node::AGENT_SA;
 use runner_manager_e2e::harness::node::SimNode;
@@ -149,15 +150,7 @@ async fn an_agent_token_creates_and_deletes_no_pod() {
     };
     let (code, _) = refusal(as_a.create(&dry, &good).await);
     assert_eq!(code, 403, "not even a dry run");
-    assert!(
-        admin
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty(),
-        "no pod was made"
-    );
+    assert!(list_all(&admin).await.is_empty(), "no pod was made");
 
     // Deletion: the broker's pods on node A and node B (made by the admin here), and an
     // ordinary pod of the namespace: each refused, each still there.
@@ -493,7 +486,7 @@ async fn an_agent_token_cannot_make_a_pod_that_reaches_secrets_labels_or_the_hos
     );
     assert_eq!(code, 403, "delete node B's pod: {message}");
     // Only the two pods above exist, unchanged.
-    let listed = admin.list(&Default::default()).await.unwrap().items;
+    let listed = list_all(&admin).await;
     assert_eq!(listed.len(), 2);
     for p in &listed {
         assert!(p.labels().get("app").is_none());

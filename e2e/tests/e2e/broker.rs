@@ -31,6 +31,8 @@ use runner_manager_crds::policy::ExecutionMode;
 use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_crds::state::{Actor, AttemptState};
 use runner_manager_e2e::harness;
+use runner_manager_e2e::harness::attempt::{journal_of, runtime_path};
+use runner_manager_e2e::harness::cluster::list_all;
 use runner_manager_e2e::harness::fixtures::native_attempt;
 use runner_manager_e2e::harness::github::pat_credentials;
 use runner_manager_e2e::harness::node::{
@@ -174,6 +176,29 @@ impl World {
             .unwrap()
     }
 
+    /// A pod `pod` bound to node-a under service account `sa`, with `labels` and controlled
+    /// by `owner`, and a broker token bound to it: a caller that is not (all of) an agent.
+    async fn pod_token_on_node_a(
+        &self,
+        pod: &str,
+        sa: &str,
+        labels: BTreeMap<String, String>,
+        owner: Option<&DaemonSet>,
+    ) -> String {
+        harness::node::agent_pod(&self.kube, &self.system, pod, "node-a", sa, labels, owner)
+            .await
+            .unwrap();
+        self.token(pod, sa, BROKER_AUDIENCE).await
+    }
+
+    /// The broker refuses `token` for `attempt`: it is not the agent of the attempt's node.
+    /// The answer's body.
+    async fn assert_wrong_node(&self, attempt: &RunnerAttempt, token: &str) -> Value {
+        let (status, body) = self.ask(attempt, Some(token)).await;
+        assert_eq!((status, code(&body)), (403, "WrongNode"), "{body}");
+        body
+    }
+
     async fn agent_token(&self, node: &str) -> String {
         self.token(&format!("agent-{node}"), AGENT_SA, BROKER_AUDIENCE)
             .await
@@ -186,10 +211,7 @@ impl World {
     /// A new attempt on `node`, walked by the agent to `Prepared`.
     async fn prepared_attempt(&self, node: &str) -> RunnerAttempt {
         let a = self.attempt_in(node, AttemptState::Prepared).await;
-        assert_eq!(
-            a.status.as_ref().unwrap().journal.state(),
-            AttemptState::Prepared
-        );
+        assert_eq!(journal_of(&a).state(), AttemptState::Prepared);
         a
     }
 
@@ -290,11 +312,7 @@ impl World {
         during: impl std::future::Future<Output = ()>,
     ) -> (u16, Value) {
         self.fake
-            .admin(
-                "POST",
-                "faults",
-                json!({"endpoint": "generate_jitconfig", "count": 1, "latency_ms": 1500}),
-            )
+            .fault(json!({"endpoint": "generate_jitconfig", "count": 1, "latency_ms": 1500}))
             .await
             .unwrap();
         let interfere = async {
@@ -360,13 +378,7 @@ impl World {
     }
 
     async fn registrations_named(&self, name: &str) -> Vec<Value> {
-        self.fake
-            .runners()
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|r| r["name"] == name)
-            .collect()
+        self.fake.runners_named(name).await.unwrap()
     }
 }
 
@@ -449,8 +461,8 @@ async fn callers_that_are_not_the_attempts_agent_are_refused() {
     let (status, body) = w.ask(&attempt, None).await;
     assert_eq!((status, code(&body)), (401, "Unauthenticated"), "{body}");
     // The agent of another node.
-    let (status, body) = w.ask(&attempt, Some(&w.agent_token("node-b").await)).await;
-    assert_eq!((status, code(&body)), (403, "WrongNode"), "{body}");
+    w.assert_wrong_node(&attempt, &w.agent_token("node-b").await)
+        .await;
     // A token for another audience (the API server's own).
     let wrong_aud = w
         .token(
@@ -475,37 +487,25 @@ async fn callers_that_are_not_the_attempts_agent_are_refused() {
         )
         .await
         .unwrap();
-    harness::node::agent_pod(
-        &w.kube,
-        &w.system,
-        "intruder-node-a",
-        "node-a",
-        "intruder",
-        agent_pod_labels(),
-        Some(&agent_daemonset(&w).await),
-    )
-    .await
-    .unwrap();
     let intruder = w
-        .token("intruder-node-a", "intruder", BROKER_AUDIENCE)
+        .pod_token_on_node_a(
+            "intruder-node-a",
+            "intruder",
+            agent_pod_labels(),
+            Some(&agent_daemonset(&w).await),
+        )
         .await;
-    let (status, body) = w.ask(&attempt, Some(&intruder)).await;
-    assert_eq!((status, code(&body)), (403, "WrongNode"), "{body}");
+    w.assert_wrong_node(&attempt, &intruder).await;
     // A pod of the agent's account but not an agent (no agent labels).
-    harness::node::agent_pod(
-        &w.kube,
-        &w.system,
-        "stray-node-a",
-        "node-a",
-        AGENT_SA,
-        BTreeMap::new(),
-        Some(&agent_daemonset(&w).await),
-    )
-    .await
-    .unwrap();
-    let stray = w.token("stray-node-a", AGENT_SA, BROKER_AUDIENCE).await;
-    let (status, body) = w.ask(&attempt, Some(&stray)).await;
-    assert_eq!((status, code(&body)), (403, "WrongNode"), "{body}");
+    let stray = w
+        .pod_token_on_node_a(
+            "stray-node-a",
+            AGENT_SA,
+            BTreeMap::new(),
+            Some(&agent_daemonset(&w).await),
+        )
+        .await;
+    w.assert_wrong_node(&attempt, &stray).await;
     // The token of a deleted agent pod.
     let token = w.agent_token("node-a").await;
     Api::<Pod>::namespaced(w.kube.clone(), &w.system)
@@ -513,17 +513,12 @@ async fn callers_that_are_not_the_attempts_agent_are_refused() {
         .await
         .unwrap();
     let pods = Api::<Pod>::namespaced(w.kube.clone(), &w.system);
-    wait::until(Duration::from_secs(30), "the agent pod is gone", || {
-        let pods = pods.clone();
-        async move {
-            pods.get_opt("agent-node-a")
-                .await
-                .ok()
-                .flatten()
-                .is_none()
-                .then_some(())
-        }
-    })
+    wait::gone(
+        &pods,
+        "agent-node-a",
+        Duration::from_secs(30),
+        "the agent pod is gone",
+    )
     .await
     .unwrap();
     let (status, body) = w.ask(&attempt, Some(&token)).await;
@@ -562,20 +557,10 @@ async fn a_pod_posing_as_an_agent_or_a_token_used_from_elsewhere_gets_no_jit() {
 
     // (a) Everything the old broker checked is right — service account, agent labels, node,
     // pod IP — but no controller at all.
-    harness::node::agent_pod(
-        &w.kube,
-        &w.system,
-        "forged-no-owner",
-        "node-a",
-        AGENT_SA,
-        agent_pod_labels(),
-        None,
-    )
-    .await
-    .unwrap();
-    let token = w.token("forged-no-owner", AGENT_SA, BROKER_AUDIENCE).await;
-    let (status, body) = w.ask(&attempt, Some(&token)).await;
-    assert_eq!((status, code(&body)), (403, "WrongNode"), "{body}");
+    let token = w
+        .pod_token_on_node_a("forged-no-owner", AGENT_SA, agent_pod_labels(), None)
+        .await;
+    let body = w.assert_wrong_node(&attempt, &token).await;
     assert!(
         !body.to_string().contains("DaemonSet"),
         "the answer does not say which check failed: {body}"
@@ -586,22 +571,15 @@ async fn a_pod_posing_as_an_agent_or_a_token_used_from_elsewhere_gets_no_jit() {
     let decoy = ensure_daemonset(&w.kube, &w.system, "decoy-node-agent", agent_pod_labels())
         .await
         .unwrap();
-    harness::node::agent_pod(
-        &w.kube,
-        &w.system,
-        "forged-decoy-owner",
-        "node-a",
-        AGENT_SA,
-        agent_pod_labels(),
-        Some(&decoy),
-    )
-    .await
-    .unwrap();
     let token = w
-        .token("forged-decoy-owner", AGENT_SA, BROKER_AUDIENCE)
+        .pod_token_on_node_a(
+            "forged-decoy-owner",
+            AGENT_SA,
+            agent_pod_labels(),
+            Some(&decoy),
+        )
         .await;
-    let (status, body) = w.ask(&attempt, Some(&token)).await;
-    assert_eq!((status, code(&body)), (403, "WrongNode"), "{body}");
+    w.assert_wrong_node(&attempt, &token).await;
 
     // (b) The real agent pod of node-a, but its IP is not the address the request comes from
     // (a token copied off the node and replayed from elsewhere).
@@ -609,8 +587,7 @@ async fn a_pod_posing_as_an_agent_or_a_token_used_from_elsewhere_gets_no_jit() {
     let agent = pods.get("agent-node-a").await.unwrap();
     set_pod_ip(&w.kube, &agent, "10.255.0.7").await.unwrap();
     let token = w.agent_token("node-a").await;
-    let (status, body) = w.ask(&attempt, Some(&token)).await;
-    assert_eq!((status, code(&body)), (403, "WrongNode"), "{body}");
+    w.assert_wrong_node(&attempt, &token).await;
 
     // Nothing was minted for any of them, and the attempt is still Prepared.
     assert_eq!(w.fake.calls("generate_jitconfig").await.unwrap(), 0);
@@ -1068,16 +1045,10 @@ async fn pods_are_made_only_for_the_callers_own_attempts_and_as_the_builder_make
     };
     w.trust_published_ca().await;
     let (token_a, token_b) = (w.agent_token("node-a").await, w.agent_token("node-b").await);
-    let pods = Api::<Pod>::namespaced(w.kube.clone(), &w.team);
+    let pods = w.pods();
     let on_a = w.attempt_in("node-a", AttemptState::Allocated).await;
     let on_b = w.attempt_in("node-b", AttemptState::Allocated).await;
-    let none = || async {
-        pods.list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    };
+    let none = || async { list_all(&pods).await.is_empty() };
 
     // Refused, and nothing made.
     let (status, body) = w
@@ -1092,16 +1063,7 @@ async fn pods_are_made_only_for_the_callers_own_attempts_and_as_the_builder_make
         .order(&stale, OrderedPod::Placeholder, Some(&token_a))
         .await;
     assert_eq!((status, code(&body)), (404, "UnknownAttempt"), "{body}");
-    let runtime = |a: &RunnerAttempt| {
-        a.status
-            .as_ref()
-            .unwrap()
-            .journal
-            .workspace()
-            .unwrap()
-            .runtime_path()
-            .to_owned()
-    };
+    let runtime = |a: &RunnerAttempt| runtime_path(a).to_string_lossy().into_owned();
     let runner_order = |host_runtime: String, run_as_user: u32| OrderedPod::Runner {
         host_runtime,
         run_as_user,

@@ -7,7 +7,6 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use runner_manager_crds::policy::ScalePolicy;
-use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::github::{ORG, SimulatedGitHub, pat_credentials};
 use runner_manager_e2e::harness::product::{Product, STEP};
 use runner_manager_e2e::harness::wait;
@@ -16,15 +15,21 @@ use runner_manager_operator::github::walk::WalkView;
 use serde_json::{Value, json};
 
 async fn queue(fake: &SimulatedGitHub, owner: &str, repo: &str, labels: &[&str]) -> u64 {
-    let v = fake
-        .admin(
-            "POST",
-            "jobs",
-            json!({"owner": owner, "repo": repo, "labels": labels, "behaviour": {}}),
-        )
+    fake.queue_job(json!({"owner": owner, "repo": repo, "labels": labels, "behaviour": {}}))
         .await
-        .unwrap();
-    v["job_id"].as_u64().unwrap()
+        .unwrap()
+}
+
+/// The organization-wide policy `org` (`minIdle` 0, webhooks on), walking the organization's
+/// repositories every `poll_interval`.
+async fn org_policy(p: &Product, poll_interval: &str) {
+    p.policy(
+        "org",
+        json!({"github": {"url": "https://github.com/acme"}, "minIdle": 0,
+               "scaling": {"webhook": true, "pollInterval": poll_interval}}),
+    )
+    .await
+    .unwrap();
 }
 
 fn ids(view: &WalkView) -> BTreeSet<u64> {
@@ -63,13 +68,7 @@ async fn walk_until(
 #[tokio::test]
 async fn an_organization_walk_finds_every_queued_job_within_one_interval() {
     let fake = SimulatedGitHub::start().await.unwrap();
-    fake.admin(
-        "POST",
-        "repos",
-        json!({"owner": ORG, "names": ["web", "api", "docs"]}),
-    )
-    .await
-    .unwrap();
+    fake.add_repos(ORG, &["web", "api", "docs"]).await.unwrap();
     let a = queue(&fake, ORG, "web", &["self-hosted", "linux"]).await;
     let b = queue(&fake, ORG, "api", &["self-hosted", "gpu"]).await;
     // Another organization's job is not this target's.
@@ -218,13 +217,7 @@ async fn a_job_queued_before_its_organization_policy_was_ready_starts_without_wa
     };
     let job = queue(&p.fake, "acme", "web", &["self-hosted", "linux"]).await;
     p.wait_delivery_answered(job).await;
-    p.policy(
-        "org",
-        json!({"github": {"url": "https://github.com/acme"}, "minIdle": 0,
-               "scaling": {"webhook": true, "pollInterval": "300s"}}),
-    )
-    .await
-    .unwrap();
+    org_policy(&p, "300s").await;
     p.job_completes_within(job, Duration::from_secs(60), "the walk")
         .await;
 }
@@ -237,25 +230,12 @@ async fn an_organization_target_with_every_webhook_dropped_still_runs_all_its_jo
     let Some(p) = Product::start("org_polling_dropped_webhooks").await else {
         return;
     };
+    p.fake.drop_webhooks(1000).await.unwrap();
     p.fake
-        .admin("PUT", "webhooks/controls", json!({"drop_next": 1000}))
+        .add_repos("acme", &["web", "api", "docs"])
         .await
         .unwrap();
-    p.fake
-        .admin(
-            "POST",
-            "repos",
-            json!({"owner": "acme", "names": ["web", "api", "docs"]}),
-        )
-        .await
-        .unwrap();
-    p.policy(
-        "org",
-        json!({"github": {"url": "https://github.com/acme"}, "minIdle": 0,
-               "scaling": {"webhook": true, "pollInterval": "10s"}}),
-    )
-    .await
-    .unwrap();
+    org_policy(&p, "10s").await;
     p.wait_ready("org").await;
     let mut jobs = Vec::new();
     for repo in ["web", "api", "api", "docs"] {
@@ -274,17 +254,8 @@ async fn an_organization_target_with_every_webhook_dropped_still_runs_all_its_jo
     p.wait_jobs_completed(&jobs, Duration::from_secs(180))
         .await
         .unwrap();
-    let deliveries = p
-        .fake
-        .admin("GET", "deliveries", Value::Null)
-        .await
-        .unwrap();
-    let list = deliveries.as_array().unwrap();
-    assert!(!list.is_empty(), "no delivery was even recorded");
-    assert!(
-        list.iter().all(|d| d["dropped"] == true),
-        "a webhook reached the operator: {deliveries}"
-    );
+    let deliveries = p.fake.assert_every_delivery_dropped().await;
+    assert!(!deliveries.is_empty(), "no delivery was even recorded");
     let mut runners = BTreeSet::new();
     for id in &jobs {
         let job = p.job(*id).await.unwrap();
@@ -297,23 +268,8 @@ async fn an_organization_target_with_every_webhook_dropped_still_runs_all_its_jo
         "org polling: {calls} operator GitHub calls for {} runners; {counters}",
         jobs.len()
     );
-    wait::until(STEP, "every attempt Cleaned", || async {
-        let list = p.all_attempts().await;
-        list.iter()
-            .all(|a| {
-                a.status
-                    .as_ref()
-                    .is_some_and(|s| s.journal.state() == AttemptState::Cleaned)
-            })
-            .then_some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
-    wait::until(STEP, "no registration left at the fake", || async {
-        p.fake.runners().await.ok()?.is_empty().then_some(())
-    })
-    .await
-    .unwrap();
+    p.wait_every_attempt_cleaned().await;
+    p.wait_no_registrations().await.unwrap();
     // No runner minted twice for one job (minIdle 0): with no delivery to say a job started,
     // a runner that took one must not leave its job's entry asking for another runner until
     // the walk proves the job gone. Counted once the ledger is empty (nothing asks any more).

@@ -8,30 +8,27 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
-use kube::api::{DeleteParams, ListParams};
+use kube::api::DeleteParams;
 use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::conditions::{ConditionStatus, find};
 use runner_manager_crds::names::runner_name;
 use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::policy::{PolicyConditionType, ScalePolicy};
 use runner_manager_crds::state::AttemptState;
+use runner_manager_e2e::harness::attempt::{journal_of, outcome, state};
+use runner_manager_e2e::harness::cluster::list_all;
 use runner_manager_e2e::harness::product::{
     NodeOptions, Product, ProductOptions, STEP, WriteCounter,
 };
 use runner_manager_e2e::harness::wait;
 use runner_manager_e2e::harness::world::World;
-use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 
-fn state(a: &RunnerAttempt) -> AttemptState {
-    a.status
-        .as_ref()
-        .map(|s| s.journal.state())
-        .unwrap_or(AttemptState::Pending)
-}
-
-fn outcome(a: &RunnerAttempt) -> Option<Outcome> {
-    a.status.as_ref().and_then(|s| s.journal.outcome())
+/// A product whose team's policy `web` (`spec`) is Ready.
+async fn product_with_web(test: &str, spec: Value) -> Option<Product> {
+    let p = Product::start(test).await?;
+    p.policy_ready("web", spec).await;
+    Some(p)
 }
 
 /// A product whose policy `web` is `spec` with a `Persistent` workspace, Ready; and where its
@@ -94,29 +91,18 @@ async fn completed_and_cleaned(p: &Product, job: u64) -> Value {
         .completed_job(job, Duration::from_secs(180))
         .await
         .unwrap();
-    wait_attempts(p, "every attempt cleaned", STEP, |list| {
-        list.iter().all(|a| state(a) == AttemptState::Cleaned)
-    })
-    .await;
+    p.wait_every_attempt_cleaned().await;
     j
 }
 
-/// Attempts in the team namespace once `check` holds for the whole list.
-async fn wait_attempts(
-    p: &Product,
-    what: &str,
-    deadline: Duration,
-    check: impl Fn(&[RunnerAttempt]) -> bool,
-) -> Vec<RunnerAttempt> {
-    let check = &check;
-    wait::until(deadline, what, || async move {
-        let list = p.all_attempts().await;
-        check(&list).then_some(list)
-    })
-    .await
-    .unwrap_or_else(|e| {
-        panic!("{e}; logs in {}", p.logs().display());
-    })
+/// What `dir` holds (nothing when it is not there).
+fn entries(dir: impl AsRef<Path>) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect()
 }
 
 /// The hygiene every scenario ends with, once the work is done: every attempt `Cleaned` (or
@@ -124,37 +110,17 @@ async fn wait_attempts(
 /// any host root, no runner process left in any agent's cgroup, and none of the JITs the fake
 /// issued anywhere — attempts and events in the API server, every process's log, every host root.
 async fn assert_settled_and_clean(p: &Product) {
-    wait_attempts(p, "every attempt Cleaned", STEP, |list| {
-        list.iter().all(|a| state(a) == AttemptState::Cleaned)
-    })
-    .await;
-    wait::until(STEP, "no registration left at the fake", || async {
-        p.fake.runners().await.ok()?.is_empty().then_some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}: {:?}", logs_hint(p)));
+    p.wait_every_attempt_cleaned().await;
+    p.wait_no_registrations()
+        .await
+        .unwrap_or_else(|e| panic!("{e}: {:?}", logs_hint(p)));
     for a in &p.agents {
         let runners = a.host.join("runners");
-        let left: Vec<_> = std::fs::read_dir(&runners)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .collect();
+        let left = entries(&runners);
         assert!(left.is_empty(), "runtimes left: {left:?}");
-        let gates: Vec<_> = std::fs::read_dir(a.host.join("gates"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .collect();
+        let gates = entries(a.host.join("gates"));
         assert!(gates.is_empty(), "job gates left: {gates:?}");
-        let caches: Vec<_> = std::fs::read_dir(a.host.join("caches").join("attempts"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .collect();
+        let caches = entries(a.host.join("caches").join("attempts"));
         assert!(
             caches.is_empty(),
             "runners' dependency caches left: {caches:?}"
@@ -166,20 +132,12 @@ async fn assert_settled_and_clean(p: &Product) {
         let procs = cgroup_procs(&a.cgroup_dir());
         assert!(procs.is_empty(), "runner processes left: {procs:?}");
     }
-    let jits: Vec<String> = p
-        .fake
-        .running
-        .fake
-        .world()
-        .issued_jits
-        .iter()
-        .map(|j| j.expose_secret().to_owned())
-        .collect();
+    let jits: Vec<String> = p.fake.issued_jits();
     assert!(!jits.is_empty(), "no JIT was ever issued");
     let attempts = serde_json::to_string(&p.all_attempts().await).unwrap();
     let events = {
         let api = kube::Api::<k8s_openapi::api::core::v1::Event>::all(p.kube.clone());
-        serde_json::to_string(&api.list(&ListParams::default()).await.unwrap().items).unwrap()
+        serde_json::to_string(&list_all(&api).await).unwrap()
     };
     let logs = p.all_log_lines().join("\n");
     for jit in &jits {
@@ -270,20 +228,12 @@ async fn webhook_jobs_scale_from_zero_and_everything_is_cleaned() {
         return;
     };
     let writes = WriteCounter::start(p.attempts()).await.unwrap();
-    p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    p.wait_ready("web").await;
+    p.policy_ready("web", json!({"minIdle": 0})).await;
     assert!(
         p.all_attempts().await.is_empty(),
         "minIdle 0 and no job: nothing to launch"
     );
-    let mut jobs = Vec::new();
-    for _ in 0..3 {
-        jobs.push(
-            p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 300}))
-                .await
-                .unwrap(),
-        );
-    }
+    let jobs = p.queue_jobs(3, 300).await.unwrap();
     p.wait_jobs_completed(&jobs, Duration::from_secs(180))
         .await
         .unwrap();
@@ -295,14 +245,15 @@ async fn webhook_jobs_scale_from_zero_and_everything_is_cleaned() {
         assert!(name.starts_with("runner-manager-"), "{job}");
         assert!(runners.insert(name), "two jobs on one runner");
     }
-    let attempts = wait_attempts(&p, "the job attempts concluded", STEP, |list| {
-        list.iter()
-            .filter(|a| runners.contains(&runner_name(a.spec.attempt_uuid().unwrap())))
-            .filter(|a| outcome(a) == Some(Outcome::CompletedJob))
-            .count()
-            == jobs.len()
-    })
-    .await;
+    let attempts = p
+        .wait_attempts("the job attempts concluded", STEP, |list| {
+            list.iter()
+                .filter(|a| runners.contains(&runner_name(a.spec.attempt_uuid().unwrap())))
+                .filter(|a| outcome(a) == Some(Outcome::CompletedJob))
+                .count()
+                == jobs.len()
+        })
+        .await;
     for a in &attempts {
         let name = a.metadata.name.as_deref().unwrap();
         assert!(name.starts_with("web-"), "{name}");
@@ -414,12 +365,10 @@ async fn a_job_runs_against_a_server_whose_certificate_a_private_ca_signed() {
 /// `minIdle: 2` holds two idle runners and no more, across several observation passes.
 #[tokio::test]
 async fn min_idle_holds_two_idle_runners_and_no_more() {
-    let Some(p) = Product::start("min_idle_holds_two").await else {
+    let Some(p) = product_with_web("min_idle_holds_two", json!({"minIdle": 2})).await else {
         return;
     };
-    p.policy("web", json!({"minIdle": 2})).await.unwrap();
-    p.wait_ready("web").await;
-    wait_attempts(&p, "two idle runners", Duration::from_secs(120), |list| {
+    p.wait_attempts("two idle runners", Duration::from_secs(120), |list| {
         list.iter()
             .filter(|a| state(a) == AttemptState::Idle)
             .count()
@@ -460,21 +409,8 @@ async fn min_idle_holds_two_idle_runners_and_no_more() {
         .delete("web", &DeleteParams::default())
         .await
         .unwrap();
-    wait::until(STEP, "the policy gone", || async {
-        p.policies()
-            .get_opt("web")
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
-    wait::until(STEP, "no registration left", || async {
-        p.fake.runners().await.ok()?.is_empty().then_some(())
-    })
-    .await
-    .unwrap();
+    p.wait_policy_gone("web").await;
+    p.wait_no_registrations().await.unwrap();
 }
 
 /// Two node pools: attempts land only on nodes the policy's `nodeSelector` allows.
@@ -482,24 +418,12 @@ async fn min_idle_holds_two_idle_runners_and_no_more() {
 async fn attempts_land_only_where_the_node_selector_allows() {
     let options = ProductOptions {
         nodes: vec![
-            NodeOptions::new(
-                "pool-a",
-                2,
-                &[("node-restriction.kubernetes.io/runner-pool", "a")],
-            ),
-            NodeOptions::new(
-                "pool-b",
-                2,
-                &[("node-restriction.kubernetes.io/runner-pool", "b")],
-            ),
+            NodeOptions::in_pool("pool-a", 2, "a"),
+            NodeOptions::in_pool("pool-b", 2, "b"),
         ],
         ..ProductOptions::default()
     };
-    let Some(p) = World::builder("node_selector_pools")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start_with("node_selector_pools", options).await else {
         return;
     };
     p.policy(
@@ -509,18 +433,18 @@ async fn attempts_land_only_where_the_node_selector_allows() {
     .await
     .unwrap();
     let b = p.agents[1].node.name.clone();
-    let list = wait_attempts(
-        &p,
-        "two idle runners on pool b",
-        Duration::from_secs(120),
-        |list| {
-            list.iter()
-                .filter(|a| state(a) == AttemptState::Idle)
-                .count()
-                == 2
-        },
-    )
-    .await;
+    let list = p
+        .wait_attempts(
+            "two idle runners on pool b",
+            Duration::from_secs(120),
+            |list| {
+                list.iter()
+                    .filter(|a| state(a) == AttemptState::Idle)
+                    .count()
+                    == 2
+            },
+        )
+        .await;
     for a in &list {
         assert_eq!(a.spec.node_name, b, "placed outside the node selector");
     }
@@ -533,34 +457,14 @@ async fn jobs_are_found_by_polling_when_every_webhook_is_dropped() {
     let Some(p) = Product::start("polling_repairs_dropped_webhooks").await else {
         return;
     };
-    p.fake
-        .admin("PUT", "webhooks/controls", json!({"drop_next": 1000}))
-        .await
-        .unwrap();
-    p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    p.wait_ready("web").await;
-    let mut jobs = Vec::new();
-    for _ in 0..2 {
-        jobs.push(
-            p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-                .await
-                .unwrap(),
-        );
-    }
+    p.fake.drop_webhooks(1000).await.unwrap();
+    p.policy_ready("web", json!({"minIdle": 0})).await;
+    let jobs = p.queue_jobs(2, 200).await.unwrap();
     p.wait_jobs_completed(&jobs, Duration::from_secs(180))
         .await
         .unwrap();
-    let deliveries = p
-        .fake
-        .admin("GET", "deliveries", Value::Null)
-        .await
-        .unwrap();
-    let list = deliveries.as_array().unwrap();
-    assert!(!list.is_empty(), "no delivery was even recorded");
-    assert!(
-        list.iter().all(|d| d["dropped"] == true),
-        "a webhook reached the operator: {deliveries}"
-    );
+    let deliveries = p.fake.assert_every_delivery_dropped().await;
+    assert!(!deliveries.is_empty(), "no delivery was even recorded");
     assert_settled_and_clean(&p).await;
 }
 
@@ -568,19 +472,18 @@ async fn jobs_are_found_by_polling_when_every_webhook_is_dropped() {
 /// with success, then everything drains and the policy's finalizer goes.
 #[tokio::test]
 async fn a_policy_deleted_while_its_runner_is_busy_drains_after_the_job() {
-    let Some(p) = Product::start("policy_deleted_while_busy").await else {
+    let Some(p) = product_with_web("policy_deleted_while_busy", json!({"minIdle": 0})).await else {
         return;
     };
-    p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    p.wait_ready("web").await;
     let job = p
         .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 6000}))
         .await
         .unwrap();
-    let busy = wait_attempts(&p, "a busy runner", Duration::from_secs(120), |list| {
-        list.iter().any(|a| state(a) == AttemptState::Busy)
-    })
-    .await;
+    let busy = p
+        .wait_attempts("a busy runner", Duration::from_secs(120), |list| {
+            list.iter().any(|a| state(a) == AttemptState::Busy)
+        })
+        .await;
     let busy = busy
         .into_iter()
         .find(|a| state(a) == AttemptState::Busy)
@@ -598,16 +501,7 @@ async fn a_policy_deleted_while_its_runner_is_busy_drains_after_the_job() {
         done["runner_name"].as_str(),
         Some(runner_name(busy.spec.attempt_uuid().unwrap()).as_str())
     );
-    wait::until(STEP, "the policy gone", || async {
-        p.policies()
-            .get_opt("web")
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    p.wait_policy_gone("web").await;
     let this = p
         .attempts()
         .get_opt(busy.metadata.name.as_deref().unwrap())
@@ -616,11 +510,7 @@ async fn a_policy_deleted_while_its_runner_is_busy_drains_after_the_job() {
     if let Some(a) = this {
         assert_eq!(outcome(&a), Some(Outcome::CompletedJob));
     }
-    wait::until(STEP, "no registration left", || async {
-        p.fake.runners().await.ok()?.is_empty().then_some(())
-    })
-    .await
-    .unwrap();
+    p.wait_no_registrations().await.unwrap();
 }
 
 /// The agent is killed (abort) after the broker answered and before the runner was spawned: the
@@ -635,8 +525,7 @@ async fn an_agent_killed_between_jit_and_spawn_recovers_without_a_second_runner(
     p.kill_agent(0);
     p.start_agent_with(0, &[("RM_AGENT_FAULT", "after-jit-before-spawn")])
         .unwrap();
-    p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    p.wait_ready("web").await;
+    p.policy_ready("web", json!({"minIdle": 0})).await;
     let job = p
         .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
         .await
@@ -687,26 +576,19 @@ async fn an_agent_killed_between_jit_and_spawn_recovers_without_a_second_runner(
 /// by the real node's Helm scenario: `helm upgrade`, then the policy deleted).
 #[tokio::test]
 async fn a_new_leader_draining_a_deleted_policy_deregisters_its_runners() {
-    let options = ProductOptions {
-        operator_flags: vec![("--orphan-grace".into(), "1h".into())],
-        ..ProductOptions::default()
-    };
-    let Some(mut p) = World::builder("new_leader_drains_deleted_policy")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let options = ProductOptions::operator_flag("--orphan-grace", "1h");
+    let Some(mut p) = Product::start_with("new_leader_drains_deleted_policy", options).await else {
         return;
     };
-    p.policy("web", json!({"minIdle": 1})).await.unwrap();
-    p.wait_ready("web").await;
-    let idle = wait_attempts(&p, "an idle runner", Duration::from_secs(120), |list| {
-        list.iter().any(|a| state(a) == AttemptState::Idle)
-    })
-    .await
-    .into_iter()
-    .find(|a| state(a) == AttemptState::Idle)
-    .unwrap();
+    p.policy_ready("web", json!({"minIdle": 1})).await;
+    let idle = p
+        .wait_attempts("an idle runner", Duration::from_secs(120), |list| {
+            list.iter().any(|a| state(a) == AttemptState::Idle)
+        })
+        .await
+        .into_iter()
+        .find(|a| state(a) == AttemptState::Idle)
+        .unwrap();
     let registration = runner_name(idle.spec.attempt_uuid().unwrap());
     assert_eq!(registrations_named(&p, &registration).await, 1);
 
@@ -716,16 +598,7 @@ async fn a_new_leader_draining_a_deleted_policy_deregisters_its_runners() {
         .await
         .unwrap();
     p.restart_operator(0).await.unwrap();
-    wait::until(STEP, "the policy gone", || async {
-        p.policies()
-            .get_opt("web")
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    p.wait_policy_gone("web").await;
     // The finalizer goes only after every attempt is gone, each deregistered before its stop
     // was asked: no wait here, and the orphan sweep (an hour's grace) cannot have done it.
     assert_eq!(
@@ -737,13 +610,7 @@ async fn a_new_leader_draining_a_deleted_policy_deregisters_its_runners() {
 }
 
 async fn registrations_named(p: &Product, name: &str) -> usize {
-    p.fake
-        .runners()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|r| r["name"] == name)
-        .count()
+    p.fake.runners_named(name).await.unwrap().len()
 }
 
 /// The operator dies between GitHub's 201 and the broker's journal write (issue 20, item 3): a
@@ -760,15 +627,10 @@ async fn an_operator_killed_between_the_mint_and_the_journal_leaves_no_registrat
         env: vec![(FAULT.into(), "after-mint-before-journal".into())],
         ..ProductOptions::default()
     };
-    let Some(mut p) = World::builder("operator_killed_after_the_mint")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(mut p) = Product::start_with("operator_killed_after_the_mint", options).await else {
         return;
     };
-    p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    p.wait_ready("web").await;
+    p.policy_ready("web", json!({"minIdle": 0})).await;
     let job = p
         .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
         .await
@@ -782,20 +644,21 @@ async fn an_operator_killed_between_the_mint_and_the_journal_leaves_no_registrat
         .await
         .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
     }
-    let lost = wait_attempts(&p, "the attempt concluded JitExpired", STEP, |list| {
-        list.iter().any(|a| {
-            outcome(a)
-                == Some(Outcome::Failed(
-                    runner_manager_crds::outcome::FailureReason::JitExpired,
-                ))
+    let lost = p
+        .wait_attempts("the attempt concluded JitExpired", STEP, |list| {
+            list.iter().any(|a| {
+                outcome(a)
+                    == Some(Outcome::Failed(
+                        runner_manager_crds::outcome::FailureReason::JitExpired,
+                    ))
+            })
         })
-    })
-    .await
-    .into_iter()
-    .find(|a| outcome(a).is_some())
-    .unwrap();
+        .await
+        .into_iter()
+        .find(|a| outcome(a).is_some())
+        .unwrap();
     assert!(
-        lost.status.as_ref().unwrap().journal.runner().is_none(),
+        journal_of(&lost).runner().is_none(),
         "the broker died before journalling a runner id"
     );
     let registration = runner_name(lost.spec.attempt_uuid().unwrap());
@@ -832,20 +695,13 @@ async fn an_operator_killed_between_the_mint_and_the_journal_leaves_no_registrat
 /// settles clean.
 #[tokio::test]
 async fn the_operator_killed_mid_burst_converges_after_restart() {
-    let Some(mut p) = Product::start("operator_killed_mid_burst").await else {
+    let Some(mut p) = product_with_web("operator_killed_mid_burst", json!({"minIdle": 0})).await
+    else {
         return;
     };
-    p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    p.wait_ready("web").await;
-    let mut jobs = Vec::new();
-    for _ in 0..4 {
-        jobs.push(
-            p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 500}))
-                .await
-                .unwrap(),
-        );
-    }
-    wait_attempts(&p, "the burst under way", STEP, |list| !list.is_empty()).await;
+    let jobs = p.queue_jobs(4, 500).await.unwrap();
+    p.wait_attempts("the burst under way", STEP, |list| !list.is_empty())
+        .await;
     p.kill_operator(0);
     p.restart_operator(0).await.unwrap();
     p.hook_to(0).await.unwrap();
@@ -866,11 +722,7 @@ async fn the_standby_takes_over_and_webhooks_it_received_count() {
         webhooks_to: 1,
         ..ProductOptions::default()
     };
-    let Some(mut p) = World::builder("leader_failover")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(mut p) = Product::start_with("leader_failover", options).await else {
         return;
     };
     let leader = wait::until(STEP, "a leader", || p.leader()).await.unwrap();
@@ -883,15 +735,8 @@ async fn the_standby_takes_over_and_webhooks_it_received_count() {
     if standby_i != 1 {
         p.hook_to(standby_i).await.unwrap();
     }
-    p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    p.wait_ready("web").await;
-    let first = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-        .await
-        .unwrap();
-    p.wait_jobs_completed(&[first], Duration::from_secs(120))
-        .await
-        .unwrap();
+    p.policy_ready("web", json!({"minIdle": 0})).await;
+    p.run_job(200, Duration::from_secs(120)).await.unwrap();
     p.kill_operator(leader_i);
     let standby = p.operators[standby_i].identity.clone();
     wait::until(STEP, "the standby to lead", || async {
@@ -899,13 +744,7 @@ async fn the_standby_takes_over_and_webhooks_it_received_count() {
     })
     .await
     .unwrap();
-    let second = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-        .await
-        .unwrap();
-    p.wait_jobs_completed(&[second], Duration::from_secs(120))
-        .await
-        .unwrap();
+    p.run_job(200, Duration::from_secs(120)).await.unwrap();
     assert_settled_and_clean(&p).await;
 }
 
@@ -913,19 +752,11 @@ async fn the_standby_takes_over_and_webhooks_it_received_count() {
 /// attempt is lost and no registration is left.
 #[tokio::test]
 async fn a_burst_converges_through_github_5xx_and_429_storms() {
-    let options = ProductOptions {
-        operator_flags: vec![("--attempt-history".into(), "2".into())],
-        ..ProductOptions::default()
-    };
-    let Some(p) = World::builder("github_storms")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let options = ProductOptions::operator_flag("--attempt-history", "2");
+    let Some(p) = Product::start_with("github_storms", options).await else {
         return;
     };
-    p.policy("web", json!({"minIdle": 0})).await.unwrap();
-    p.wait_ready("web").await;
+    p.policy_ready("web", json!({"minIdle": 0})).await;
     for (endpoint, fault) in [
         ("generate_jitconfig", json!({"status": 502, "count": 2})),
         (
@@ -943,21 +774,14 @@ async fn a_burst_converges_through_github_5xx_and_429_storms() {
         body["endpoint"] = json!(endpoint);
         p.fake.admin("POST", "faults", body).await.unwrap();
     }
-    let mut jobs = Vec::new();
-    for _ in 0..4 {
-        jobs.push(
-            p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 300}))
-                .await
-                .unwrap(),
-        );
-    }
+    let jobs = p.queue_jobs(4, 300).await.unwrap();
     p.wait_jobs_completed(&jobs, Duration::from_secs(180))
         .await
         .unwrap();
     assert_each_job_ran_once(&p, &jobs).await;
     assert_settled_and_clean(&p).await;
     // History: Cleaned attempts past the policy's limit (2 here) are garbage-collected.
-    wait_attempts(&p, "at most two Cleaned attempts kept", STEP, |list| {
+    p.wait_attempts("at most two Cleaned attempts kept", STEP, |list| {
         list.iter()
             .filter(|a| state(a) == AttemptState::Cleaned)
             .count()
@@ -974,11 +798,7 @@ async fn a_runner_that_never_registers_is_stopped_and_its_job_runs_elsewhere() {
         return;
     };
     p.fake
-        .admin(
-            "POST",
-            "faults",
-            json!({"endpoint": "runner_session", "latency_ms": 600_000, "count": 1}),
-        )
+        .fault(json!({"endpoint": "runner_session", "latency_ms": 600_000, "count": 1}))
         .await
         .unwrap();
     p.policy(
@@ -988,13 +808,7 @@ async fn a_runner_that_never_registers_is_stopped_and_its_job_runs_elsewhere() {
     .await
     .unwrap();
     p.wait_ready("web").await;
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-        .await
-        .unwrap();
-    p.wait_jobs_completed(&[job], Duration::from_secs(240))
-        .await
-        .unwrap();
+    let job = p.run_job(200, Duration::from_secs(240)).await.unwrap();
     let list = p.all_attempts().await;
     // Whichever sees the deadline first stops it: the operator (deregister, then
     // `spec.termination`) or the agent, which holds the same deadline from `jitReceivedAt`.
@@ -1052,16 +866,12 @@ async fn an_idle_timeout_exits_idle_without_work_and_is_not_replaced() {
     )
     .await
     .unwrap();
-    let list = wait_attempts(
-        &p,
-        "an idle-timeout exit",
-        Duration::from_secs(180),
-        |list| {
+    let list = p
+        .wait_attempts("an idle-timeout exit", Duration::from_secs(180), |list| {
             list.iter()
                 .any(|a| outcome(a) == Some(Outcome::ExitedIdleWithoutWork))
-        },
-    )
-    .await;
+        })
+        .await;
     let exited = list
         .iter()
         .find(|a| outcome(a) == Some(Outcome::ExitedIdleWithoutWork))
@@ -1319,10 +1129,11 @@ async fn a_restarted_agent_reopens_the_job_gate_of_a_live_runner() {
     else {
         return;
     };
-    let idle = wait_attempts(&p, "a runner idle", STEP, |list| {
-        list.iter().any(|a| state(a) == AttemptState::Idle)
-    })
-    .await;
+    let idle = p
+        .wait_attempts("a runner idle", STEP, |list| {
+            list.iter().any(|a| state(a) == AttemptState::Idle)
+        })
+        .await;
     let idle = idle
         .into_iter()
         .find(|a| state(a) == AttemptState::Idle)
@@ -1407,10 +1218,11 @@ async fn persistent_slots_keep_work_and_a_symlinked_work_quarantines_the_slot() 
         p.wait_jobs_completed(&[job], Duration::from_secs(180))
             .await
             .unwrap();
-        let list = wait_attempts(&p, "the job's attempt cleaned", STEP, |list| {
-            list.iter().all(|a| state(a) == AttemptState::Cleaned)
-        })
-        .await;
+        let list = p
+            .wait_attempts("the job's attempt cleaned", STEP, |list| {
+                list.iter().all(|a| state(a) == AttemptState::Cleaned)
+            })
+            .await;
         assert!(
             list.iter().all(|a| slot_of(a) == Some(1)),
             "round {i}: the lowest slot, reused: {:?}",
@@ -1438,18 +1250,20 @@ async fn persistent_slots_keep_work_and_a_symlinked_work_quarantines_the_slot() 
         .as_str()
         .unwrap()
         .to_owned();
-    let list = wait_attempts(&p, "the hostile job's slot quarantined", STEP, |list| {
-        list.iter().any(|a| {
-            runner_name(a.spec.attempt_uuid().unwrap()) == runner
-                && a.status.as_ref().is_some_and(|s| {
-                    s.journal.conditions.iter().any(|c| {
-                        c.type_ == runner_manager_crds::attempt::AttemptConditionType::Quarantined
-                            && c.status == ConditionStatus::True
+    let list = p
+        .wait_attempts("the hostile job's slot quarantined", STEP, |list| {
+            list.iter().any(|a| {
+                runner_name(a.spec.attempt_uuid().unwrap()) == runner
+                    && a.status.as_ref().is_some_and(|s| {
+                        s.journal.conditions.iter().any(|c| {
+                            c.type_
+                                == runner_manager_crds::attempt::AttemptConditionType::Quarantined
+                                && c.status == ConditionStatus::True
+                        })
                     })
-                })
+            })
         })
-    })
-    .await;
+        .await;
     let quarantined = list
         .iter()
         .find(|a| runner_name(a.spec.attempt_uuid().unwrap()) == runner)
@@ -1487,21 +1301,13 @@ async fn persistent_slots_keep_work_and_a_symlinked_work_quarantines_the_slot() 
 async fn a_lost_node_is_orphaned_replaced_elsewhere_and_released_by_abandon() {
     let options = ProductOptions {
         nodes: vec![
-            NodeOptions::new(
-                "lost",
-                1,
-                &[("node-restriction.kubernetes.io/runner-pool", "ci")],
-            ),
-            NodeOptions::new(
-                "kept",
-                1,
-                &[("node-restriction.kubernetes.io/runner-pool", "ci")],
-            ),
+            NodeOptions::in_pool("lost", 1, "ci"),
+            NodeOptions::in_pool("kept", 1, "ci"),
         ],
         operator_flags: vec![("--node-lost-grace".into(), "5s".into())],
         ..ProductOptions::default()
     };
-    let Some(mut p) = World::builder("node_lost").product(options).await.unwrap() else {
+    let Some(mut p) = Product::start_with("node_lost", options).await else {
         return;
     };
     p.policy(
@@ -1510,10 +1316,11 @@ async fn a_lost_node_is_orphaned_replaced_elsewhere_and_released_by_abandon() {
     )
     .await
     .unwrap();
-    let list = wait_attempts(&p, "one idle runner", Duration::from_secs(120), |list| {
-        list.iter().any(|a| state(a) == AttemptState::Idle)
-    })
-    .await;
+    let list = p
+        .wait_attempts("one idle runner", Duration::from_secs(120), |list| {
+            list.iter().any(|a| state(a) == AttemptState::Idle)
+        })
+        .await;
     let idle = list
         .into_iter()
         .find(|a| state(a) == AttemptState::Idle)
@@ -1532,8 +1339,7 @@ async fn a_lost_node_is_orphaned_replaced_elsewhere_and_released_by_abandon() {
             .status();
     }
     let name = idle.metadata.name.clone().unwrap();
-    wait_attempts(
-        &p,
+    p.wait_attempts(
         "the orphan replaced on the other node",
         Duration::from_secs(120),
         |list| {
@@ -1561,16 +1367,8 @@ async fn a_lost_node_is_orphaned_replaced_elsewhere_and_released_by_abandon() {
         )
         .await
         .unwrap();
-    wait::until(STEP, "the abandoned attempt released", || async {
-        p.attempts()
-            .get_opt(&name)
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+    p.wait_gone(&p.attempts(), &name, "the abandoned attempt released")
+        .await;
     // The dead runner's registration is gone; only the replacement's remains.
     let uuid = idle.spec.attempt_uuid().unwrap();
     wait::until(STEP, "the dead runner deregistered", || async {

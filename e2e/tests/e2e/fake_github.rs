@@ -204,31 +204,9 @@ where
     }
 }
 
-/// The App's RSA key pair (PEM), made once per test process with the system's openssl.
+/// The App's RSA key pair (PEM): the harness's, made once per test process with openssl.
 fn app_keys() -> &'static (String, String) {
-    static KEYS: OnceLock<(String, String)> = OnceLock::new();
-    KEYS.get_or_init(|| {
-        let private = Command::new("openssl")
-            .args(["genrsa", "2048"])
-            .stderr(Stdio::null())
-            .output()
-            .expect("openssl genrsa");
-        assert!(private.status.success());
-        let mut public = Command::new("openssl")
-            .args(["rsa", "-pubout"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        std::io::Write::write_all(&mut public.stdin.take().unwrap(), &private.stdout).unwrap();
-        let public = public.wait_with_output().unwrap();
-        assert!(public.status.success());
-        (
-            String::from_utf8(private.stdout).unwrap(),
-            String::from_utf8(public.stdout).unwrap(),
-        )
-    })
+    runner_manager_e2e::harness::github::app_keys().expect("openssl makes the App's key pair")
 }
 
 fn now() -> i64 {

@@ -38,6 +38,14 @@ fn labels() -> Vec<String> {
     ]
 }
 
+/// A JIT for runner `name` in runner group 1 with the usual [`labels`].
+async fn mint_jit(
+    gh: &GitHubClient,
+    name: &str,
+) -> Result<runner_manager_operator::github::types::JitConfig, GitHubError> {
+    gh.generate_jit(name, 1, &labels(), "_work").await
+}
+
 #[tokio::test]
 async fn app_auth_end_to_end_with_one_token_for_many_calls() {
     let fake = SimulatedGitHub::start().await.unwrap();
@@ -47,10 +55,7 @@ async fn app_auth_end_to_end_with_one_token_for_many_calls() {
         &format!("https://github.com/{ORG}/web"),
         app_credentials(None),
     );
-    let jit = gh
-        .generate_jit("runner-manager-a", 1, &labels(), "_work")
-        .await
-        .unwrap();
+    let jit = mint_jit(&gh, "runner-manager-a").await.unwrap();
     assert!(jit.runner.id > 0);
     assert!(
         !format!("{jit:?}").contains(secrecy::ExposeSecret::expose_secret(
@@ -84,9 +89,7 @@ async fn app_auth_end_to_end_with_one_token_for_many_calls() {
     assert_eq!(fake.calls("access_tokens").await.unwrap(), 1);
     // With a warm token a JIT mint costs exactly one GitHub call.
     let before = fake.counters().await.unwrap();
-    gh.generate_jit("runner-manager-b", 1, &labels(), "_work")
-        .await
-        .unwrap();
+    mint_jit(&gh, "runner-manager-b").await.unwrap();
     let after = fake.counters().await.unwrap();
     assert_eq!(total(&after) - total(&before), 1, "{before} -> {after}");
     check_contract(&gh.sent());
@@ -132,7 +135,7 @@ async fn a_token_works_at_organization_scope_and_pages_are_all_read() {
     let fake = SimulatedGitHub::start().await.unwrap();
     let gh = client(&fake, &format!("https://github.com/{ORG}"), pat());
     for i in 0..250 {
-        gh.generate_jit(&format!("runner-manager-{i:03}"), 1, &labels(), "_work")
+        mint_jit(&gh, &format!("runner-manager-{i:03}"))
             .await
             .unwrap();
     }
@@ -157,9 +160,7 @@ async fn a_token_works_at_organization_scope_and_pages_are_all_read() {
         "{counters}"
     );
     // A change is seen: the page that changed answers 200 with the new content.
-    gh.generate_jit("runner-manager-new", 1, &labels(), "_work")
-        .await
-        .unwrap();
+    mint_jit(&gh, "runner-manager-new").await.unwrap();
     assert_eq!(gh.list_runners().await.unwrap().len(), 251);
 
     check_contract(&gh.sent());
@@ -169,9 +170,7 @@ async fn a_token_works_at_organization_scope_and_pages_are_all_read() {
 async fn retry_after_is_honoured_and_a_permission_403_is_not_retried() {
     let fake = SimulatedGitHub::start().await.unwrap();
     let gh = client(&fake, &format!("https://github.com/{ORG}/web"), pat());
-    fake.admin(
-        "POST",
-        "faults",
+    fake.fault(
         json!({"endpoint": "list_runners", "count": 1, "status": 429, "retry_after_secs": 1}),
     )
     .await
@@ -185,24 +184,16 @@ async fn retry_after_is_honoured_and_a_permission_403_is_not_retried() {
     assert_eq!(fake.calls("list_runners").await.unwrap(), 2);
 
     // 5xx twice, then success.
-    fake.admin(
-        "POST",
-        "faults",
-        json!({"endpoint": "list_runners", "count": 2, "status": 502}),
-    )
-    .await
-    .unwrap();
+    fake.fault(json!({"endpoint": "list_runners", "count": 2, "status": 502}))
+        .await
+        .unwrap();
     assert!(gh.list_runners().await.unwrap().is_empty());
     assert_eq!(fake.calls("list_runners").await.unwrap(), 5);
 
     // A 403 that is not a rate limit is terminal: one call, an error naming the permission.
-    fake.admin(
-        "POST",
-        "faults",
-        json!({"endpoint": "list_runners", "count": 3, "status": 403}),
-    )
-    .await
-    .unwrap();
+    fake.fault(json!({"endpoint": "list_runners", "count": 3, "status": 403}))
+        .await
+        .unwrap();
     let err = gh.list_runners().await.unwrap_err();
     assert!(
         matches!(
@@ -230,17 +221,10 @@ async fn an_ambiguous_mint_failure_is_resolved_by_name_never_by_a_blind_resend()
     let fake = SimulatedGitHub::start().await.unwrap();
     let gh = client(&fake, &format!("https://github.com/{ORG}/web"), pat());
     // A 502 on the mint: the client looks the name up before minting again.
-    fake.admin(
-        "POST",
-        "faults",
-        json!({"endpoint": "generate_jitconfig", "count": 1, "status": 502}),
-    )
-    .await
-    .unwrap();
-    let jit = gh
-        .generate_jit("runner-manager-x", 1, &labels(), "_work")
+    fake.fault(json!({"endpoint": "generate_jitconfig", "count": 1, "status": 502}))
         .await
         .unwrap();
+    let jit = mint_jit(&gh, "runner-manager-x").await.unwrap();
     let sent: Vec<_> = gh
         .sent()
         .into_iter()
@@ -264,34 +248,17 @@ async fn an_ambiguous_mint_failure_is_resolved_by_name_never_by_a_blind_resend()
         })
         .collect();
     assert_eq!(order, ["mint", "lookup", "mint"], "{sent:?}");
-    let runners = fake.runners().await.unwrap();
-    let ours: Vec<_> = runners
-        .iter()
-        .filter(|r| r["name"] == "runner-manager-x")
-        .collect();
+    let ours = fake.runners_named("runner-manager-x").await.unwrap();
     assert_eq!(ours.len(), 1);
     assert_eq!(ours[0]["id"].as_i64(), Some(jit.runner.id));
 
     // A dropped connection before GitHub answered: the lookup finds nothing to delete and the
     // next mint succeeds under the same name.
-    fake.admin(
-        "POST",
-        "faults",
-        json!({"endpoint": "generate_jitconfig", "count": 1, "drop_connection": true}),
-    )
-    .await
-    .unwrap();
-    let again = gh
-        .generate_jit("runner-manager-y", 1, &labels(), "_work")
+    fake.fault(json!({"endpoint": "generate_jitconfig", "count": 1, "drop_connection": true}))
         .await
         .unwrap();
-    let ys: Vec<_> = fake
-        .runners()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|r| r["name"] == "runner-manager-y")
-        .collect();
+    let again = mint_jit(&gh, "runner-manager-y").await.unwrap();
+    let ys = fake.runners_named("runner-manager-y").await.unwrap();
     assert_eq!(ys.len(), 1, "exactly one registration: {ys:?}");
     assert_eq!(ys[0]["id"].as_i64(), Some(again.runner.id));
     check_contract(&gh.sent());
@@ -300,19 +267,10 @@ async fn an_ambiguous_mint_failure_is_resolved_by_name_never_by_a_blind_resend()
 #[tokio::test]
 async fn runner_groups_resolve_by_name_and_unknown_groups_name_the_fix() {
     let fake = SimulatedGitHub::start().await.unwrap();
-    let made = fake
-        .admin(
-            "POST",
-            "runner-groups",
-            json!({"owner": format!("orgs/{ORG}"), "name": "linux-big"}),
-        )
-        .await
-        .unwrap();
-    let gh = client(
-        &fake,
-        &format!("https://github.com/{ORG}"),
-        app_credentials(Some(777)),
-    );
+    let group = json!({"owner": format!("orgs/{ORG}"), "name": "linux-big"});
+    let made = fake.admin("POST", "runner-groups", group).await.unwrap();
+    let org = format!("https://github.com/{ORG}");
+    let gh = client(&fake, &org, app_credentials(Some(777)));
     let id = gh.runner_group_id("linux-big").await.unwrap();
     assert_eq!(Some(id), made["id"].as_i64());
     let calls = fake.calls("runner_groups").await.unwrap();
@@ -377,17 +335,10 @@ async fn a_created_registration_whose_answer_was_lost_is_deleted_and_never_remin
     let fake = SimulatedGitHub::start().await.unwrap();
     let gh = client(&fake, &format!("https://github.com/{ORG}/web"), pat());
     // GitHub registers the runner and answers 201, but the body never arrives: the JIT is lost.
-    fake.admin(
-        "POST",
-        "faults",
-        json!({"endpoint": "generate_jitconfig", "count": 1, "lose_body": true}),
-    )
-    .await
-    .unwrap();
-    let err = gh
-        .generate_jit("runner-manager-lost", 1, &labels(), "_work")
+    fake.fault(json!({"endpoint": "generate_jitconfig", "count": 1, "lose_body": true}))
         .await
-        .unwrap_err();
+        .unwrap();
+    let err = mint_jit(&gh, "runner-manager-lost").await.unwrap_err();
     assert!(err.is_retryable(), "{err:?}");
     let mints = gh
         .sent()
@@ -420,10 +371,7 @@ async fn an_enterprise_server_target_uses_its_api_v3_base() {
         ..Default::default()
     };
     let gh = GitHubClient::new(target, pat(), config).unwrap();
-    let jit = gh
-        .generate_jit("runner-manager-ghes", 1, &labels(), "_work")
-        .await
-        .unwrap();
+    let jit = mint_jit(&gh, "runner-manager-ghes").await.unwrap();
     let listed = gh.list_runners().await.unwrap();
     assert_eq!(
         listed.iter().map(|r| r.id).collect::<Vec<_>>(),

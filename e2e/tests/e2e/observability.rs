@@ -15,12 +15,11 @@ use runner_manager_crds::conditions::ConditionStatus;
 use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::policy::{PolicyConditionType, ScalePolicy};
 use runner_manager_crds::state::AttemptState;
-use runner_manager_e2e::harness::product::{ProductOptions, STEP};
+use runner_manager_e2e::harness::product::{Product, ProductOptions, STEP};
 use runner_manager_e2e::harness::telemetry::{
     OtlpReceiver, ReceivedSpan, agent_health, families, get, sample,
 };
 use runner_manager_e2e::harness::wait;
-use runner_manager_e2e::harness::world::World;
 use serde_json::json;
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -36,11 +35,7 @@ async fn one_launch_is_one_trace_and_both_binaries_report_what_happened() {
             .collect(),
         ..ProductOptions::default()
     };
-    let Some(p) = World::builder("observability")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start_with("observability", options).await else {
         return;
     };
     p.policy("web", json!({"minIdle": 0, "maxRunners": 3}))
@@ -60,13 +55,7 @@ async fn one_launch_is_one_trace_and_both_binaries_report_what_happened() {
     })
     .await
     .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 300}))
-        .await
-        .unwrap();
-    p.wait_jobs_completed(&[job], Duration::from_secs(180))
-        .await
-        .unwrap();
+    p.run_job(300, Duration::from_secs(180)).await.unwrap();
     let done = wait::until(
         STEP,
         "the attempt Cleaned with its job completed",
@@ -129,24 +118,17 @@ async fn one_launch_is_one_trace_and_both_binaries_report_what_happened() {
         Some(1.0)
     );
     // Job metrics name the policy that took the job and, once completed, how it ended.
-    assert!(
-        v(
-            "runner_manager_jobs_total",
-            &format!("{policy},action=\"queued\",result=\"none\"")
-        )
-        .is_some_and(|n| n >= 1.0),
-        "{}",
-        op.body
-    );
-    assert!(
-        v(
-            "runner_manager_jobs_total",
-            &format!("{policy},action=\"completed\",result=\"success\"")
-        )
-        .is_some_and(|n| n >= 1.0),
-        "{}",
-        op.body
-    );
+    for (action, result) in [("queued", "none"), ("completed", "success")] {
+        assert!(
+            v(
+                "runner_manager_jobs_total",
+                &format!("{policy},action=\"{action}\",result=\"{result}\"")
+            )
+            .is_some_and(|n| n >= 1.0),
+            "{action}: {}",
+            op.body
+        );
+    }
     assert!(
         v("runner_manager_job_startup_duration_seconds_count", &policy).is_some_and(|n| n >= 1.0)
     );

@@ -19,11 +19,14 @@ use runner_manager_crds::policy::{PolicyConditionType, PolicyReason, ScalePolicy
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::fake_github::PackageInfo;
 use runner_manager_e2e::harness;
+use runner_manager_e2e::harness::attempt::{registration, state};
+use runner_manager_e2e::harness::cluster::list_all;
 use runner_manager_e2e::harness::github::{ORG, app_secret_data, pat_credentials};
 use runner_manager_e2e::harness::node::SimNode;
 use runner_manager_e2e::harness::process::{OperatorAddrs, Running, operator_addrs};
 use runner_manager_e2e::harness::scripted_agent::{BrokerAccess, Script, ScriptedAgent};
 use runner_manager_e2e::harness::wait;
+use runner_manager_e2e::harness::webhook::post_workflow_job;
 use runner_manager_e2e::harness::world::Package;
 use runner_manager_operator::webhook::sign;
 use secrecy::SecretString;
@@ -205,11 +208,7 @@ impl World {
     }
 
     async fn list(&self) -> Vec<RunnerAttempt> {
-        self.attempts()
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
+        list_all(&self.attempts()).await
     }
 
     /// Wait until `check` holds over the team's attempts.
@@ -245,13 +244,7 @@ impl World {
                 serde_json::to_string(&a.status).unwrap()
             );
         }
-        out += &format!(
-            "deliveries: {}\n",
-            self.fake
-                .admin("GET", "deliveries", Value::Null)
-                .await
-                .unwrap()
-        );
+        out += &format!("deliveries: {}\n", self.fake.deliveries().await.unwrap());
         for o in &self.operators {
             if let Ok(m) = reqwest::get(format!("http://{}/metrics", o.health)).await {
                 let text = m.text().await.unwrap_or_default();
@@ -321,13 +314,6 @@ impl World {
     async fn registrations(&self) -> Vec<Value> {
         self.fake.runners().await.unwrap()
     }
-}
-
-fn state(a: &RunnerAttempt) -> AttemptState {
-    a.status
-        .as_ref()
-        .map(|s| s.journal.state())
-        .unwrap_or_default()
 }
 
 fn live(list: &[RunnerAttempt]) -> Vec<&RunnerAttempt> {
@@ -416,14 +402,7 @@ async fn scale_from_zero_on_a_signed_webhook() {
                 .cloned()
         })
         .await;
-    let runner = idle
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .runner()
-        .unwrap()
-        .clone();
+    let runner = registration(&idle);
     assert_eq!(runner.name, runner_name(idle.spec.attempt_uuid().unwrap()));
     let listed = w
         .fake
@@ -558,14 +537,7 @@ async fn a_runner_concluded_before_its_in_progress_delivery_still_records_its_jo
             l.iter().find(|a| state(a) == AttemptState::Idle).cloned()
         })
         .await;
-    let runner = idle
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .runner()
-        .unwrap()
-        .clone();
+    let runner = registration(&idle);
     // The runner takes the job and exits; the agent concludes and cleans before any delivery.
     w.agents[0].set(|s| s.finish_idle = true);
     w.attempts_until("the runner concluded and cleaned", LONG, |l| {
@@ -653,14 +625,7 @@ async fn a_concluded_runner_explains_no_other_jobs_entry_after_its_delivery() {
             l.iter().find(|a| state(a) == AttemptState::Idle).cloned()
         })
         .await;
-    let runner = idle
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .runner()
-        .unwrap()
-        .clone();
+    let runner = registration(&idle);
     // The node refuses new attempts; the runner takes a job and exits before any delivery.
     w.agents[0].set(|s| {
         s.reject = true;
@@ -707,18 +672,8 @@ async fn a_concluded_runner_explains_no_other_jobs_entry_after_its_delivery() {
 async fn post_webhook(addr: &str, body: &Value, secret: &str) -> u16 {
     let bytes = serde_json::to_vec(body).unwrap();
     let signature = sign(&SecretString::from(secret), &bytes);
-    reqwest::Client::new()
-        .post(format!("http://{addr}/webhook"))
-        .header("X-GitHub-Event", "workflow_job")
-        .header("X-GitHub-Delivery", uuid::Uuid::new_v4().to_string())
-        .header("X-Hub-Signature-256", signature)
-        .header("Content-Type", "application/json")
-        .body(bytes)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
+    let guid = uuid::Uuid::new_v4().to_string();
+    post_workflow_job(&format!("http://{addr}/webhook"), &guid, &signature, bytes).await
 }
 
 #[tokio::test]
@@ -887,11 +842,7 @@ async fn min_idle_then_scale_down_deregisters_first_and_leaves_a_runner_that_too
 
     // Every DELETE of a runner answers 422 (a job just landed): scale-down leaves them alone.
     w.fake
-        .admin(
-            "POST",
-            "faults",
-            json!({"endpoint": "delete_runner", "count": 1000, "status": 422}),
-        )
+        .fault(json!({"endpoint": "delete_runner", "count": 1000, "status": 422}))
         .await
         .unwrap();
     w.patch_policy("web", json!({"minIdle": 0})).await;
@@ -912,19 +863,7 @@ async fn min_idle_then_scale_down_deregisters_first_and_leaves_a_runner_that_too
 
     // Once GitHub lets go, both are deregistered first, then asked to stop.
     w.fake.admin("DELETE", "faults", Value::Null).await.unwrap();
-    let names: Vec<String> = idle
-        .iter()
-        .map(|a| {
-            a.status
-                .as_ref()
-                .unwrap()
-                .journal
-                .runner()
-                .unwrap()
-                .name
-                .clone()
-        })
-        .collect();
+    let names: Vec<String> = idle.iter().map(|a| registration(a).name).collect();
     w.attempts_until("both terminated with ScaleDown, deregistered", LONG, |l| {
         l.iter()
             .all(|a| {
@@ -1176,10 +1115,7 @@ async fn scale_from_zero_with_webhooks_dropped_by_polling() {
     let op = w.start_operator(&[]).await;
     w.add_node(Script::default(), op).await;
     w.hook_to(op).await;
-    w.fake
-        .admin("PUT", "webhooks/controls", json!({"drop_next": 100}))
-        .await
-        .unwrap();
+    w.fake.drop_webhooks(100).await.unwrap();
     w.policy("web", json!({"scaling": {"pollInterval": "10s"}}))
         .await;
     let job = w.queue_job().await;
@@ -1194,19 +1130,7 @@ async fn scale_from_zero_with_webhooks_dropped_by_polling() {
             .pending_jobs
             .contains_key(&job.to_string())
     );
-    let deliveries = w
-        .fake
-        .admin("GET", "deliveries", Value::Null)
-        .await
-        .unwrap();
-    assert!(
-        deliveries
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|d| d["dropped"] == true),
-        "{deliveries}"
-    );
+    w.fake.assert_every_delivery_dropped().await;
 }
 
 #[tokio::test]
@@ -1236,14 +1160,7 @@ async fn registration_timeout_requests_termination_and_a_replacement_carries_lin
         })
         .await;
     let first_name = first.metadata.name.clone().unwrap();
-    let runner = first
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
-        .runner()
-        .unwrap()
-        .clone();
+    let runner = registration(&first);
     let terminated = w
         .attempts_until("termination RegistrationTimeout", LONG, |l| {
             l.iter()

@@ -16,18 +16,37 @@ use runner_manager_crds::pods::{PlaceholderSpec, SAFE_TO_EVICT, placeholder_pod}
 use runner_manager_crds::policy::RunnerResources;
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::agent::AgentWorld;
+use runner_manager_e2e::harness::attempt::{journal_of, name};
 use runner_manager_e2e::harness::wait;
+use runner_manager_e2e::harness::world::World;
 use runner_manager_node_agent::pods::{self, PodRole};
 
 /// The pause image the real node imports (e2e/cluster/images.sh); never pulled here.
 const PAUSE: &str = "runner-manager.local/pause:1";
 
-fn name(a: &RunnerAttempt) -> String {
-    a.metadata.name.clone().unwrap()
-}
-
 fn placeholder_name(a: &RunnerAttempt) -> String {
     pods::pod_name(&name(a), PodRole::Placeholder)
+}
+
+/// The attempt's placeholder pod, while it stands.
+async fn placeholder_of(pods_api: &Api<Pod>, a: &RunnerAttempt) -> Option<Pod> {
+    pods_api.get_opt(&placeholder_name(a)).await.unwrap()
+}
+
+/// Stop attempt `a` in order (the test plays the operator) and wait until it is `Cleaned`.
+async fn stop_to_cleaned(w: &AgentWorld, a: &RunnerAttempt) -> RunnerAttempt {
+    let n = name(a);
+    w.request_termination(&n, "ScaleDown").await.unwrap();
+    w.deregister(a).await.unwrap();
+    w.wait_state(&n, AttemptState::Cleaned).await.unwrap()
+}
+
+/// Delete pod `name` at once: without a kubelet a graceful deletion never ends.
+async fn delete_now(pods_api: &Api<Pod>, name: &str) {
+    pods_api
+        .delete(name, &kube::api::DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
 }
 
 fn with_resources(s: &mut runner_manager_crds::attempt::AttemptSnapshot) {
@@ -39,21 +58,13 @@ fn with_resources(s: &mut runner_manager_crds::attempt::AttemptSnapshot) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_placeholder_stands_beside_a_native_runner_and_goes_after_its_cleanup() {
-    let Some(w) = AgentWorld::start("placeholder_lifecycle").await.unwrap() else {
+    let Some(w) = AgentWorld::start("placeholder_lifecycle").await else {
         return;
     };
     let agent = w
-        .agent(
-            4,
-            &[
-                ("RM_PLACEHOLDERS", "true"),
-                ("RM_PLACEHOLDER_WAIT_SECONDS", "0"),
-                ("RM_ORPHAN_SWEEP_SECONDS", "1"),
-            ],
-        )
-        .unwrap();
-    w.wait_recovered().await.unwrap();
-    let pods_api = Api::<Pod>::namespaced(w.kube.clone(), &w.team);
+        .recovered(w.placeholder_agent("0", &[("RM_ORPHAN_SWEEP_SECONDS", "1")]))
+        .await;
+    let pods_api = w.pods();
 
     let a = w.pending_attempt_with(with_resources).await.unwrap();
     let n = name(&a);
@@ -83,22 +94,12 @@ async fn a_placeholder_stands_beside_a_native_runner_and_goes_after_its_cleanup(
     let spec = pod.spec.as_ref().unwrap();
     assert_eq!(spec.node_name.as_deref(), Some(w.node().name.as_str()));
     assert_eq!(spec.automount_service_account_token, Some(false));
-    let requests = spec.containers[0]
-        .resources
-        .as_ref()
-        .unwrap()
-        .requests
-        .clone()
-        .unwrap();
+    let requests = World::container_requests(&pod);
     assert_eq!(requests["cpu"], Quantity("1".into()));
     assert_eq!(requests["memory"], Quantity("1Gi".into()));
     // Created before the JIT was received (second granularity on both sides).
     let created = pod.metadata.creation_timestamp.clone().unwrap().0;
-    let jit_at = started
-        .status
-        .as_ref()
-        .unwrap()
-        .journal
+    let jit_at = journal_of(&started)
         .timestamps()
         .jit_received_at
         .clone()
@@ -108,7 +109,7 @@ async fn a_placeholder_stands_beside_a_native_runner_and_goes_after_its_cleanup(
         created <= jit_at,
         "placeholder {created} after the JIT {jit_at}"
     );
-    if let Some(l) = started.status.as_ref().unwrap().journal.launch.as_ref() {
+    if let Some(l) = journal_of(&started).launch.as_ref() {
         println!(
             "status.launch (with placeholder): materializeMs={} prepareMs={} registerMs={} spawnMs={}",
             l.materialize_ms, l.prepare_ms, l.register_ms, l.spawn_ms
@@ -116,19 +117,10 @@ async fn a_placeholder_stands_beside_a_native_runner_and_goes_after_its_cleanup(
     }
 
     // Stopped (terminated while it starts): once Cleaned, the placeholder is gone.
-    w.request_termination(&n, "ScaleDown").await.unwrap();
-    w.deregister(&a).await.unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    println!(
-        "concluded {:?}",
-        done.status.as_ref().unwrap().journal.outcome()
-    );
+    let done = stop_to_cleaned(&w, &a).await;
+    println!("concluded {:?}", journal_of(&done).outcome());
     assert!(
-        pods_api
-            .get_opt(&placeholder_name(&a))
-            .await
-            .unwrap()
-            .is_none(),
+        placeholder_of(&pods_api, &a).await.is_none(),
         "the placeholder outlived its attempt's cleanup"
     );
 
@@ -168,38 +160,23 @@ async fn a_placeholder_stands_beside_a_native_runner_and_goes_after_its_cleanup(
 /// and the broker would have minted a JIT.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_placeholder_the_kubelet_never_runs_keeps_the_runner_from_starting() {
-    let Some(w) = AgentWorld::start("placeholder_refused").await.unwrap() else {
+    let Some(w) = AgentWorld::start("placeholder_refused").await else {
         return;
     };
-    let agent = w
-        .agent(
-            4,
-            &[
-                ("RM_PLACEHOLDERS", "true"),
-                ("RM_PLACEHOLDER_WAIT_SECONDS", "2"),
-            ],
-        )
-        .unwrap();
-    w.wait_recovered().await.unwrap();
-    let pods_api = Api::<Pod>::namespaced(w.kube.clone(), &w.team);
+    let agent = w.recovered(w.placeholder_agent("2", &[])).await;
     let a = w.pending_attempt_with(with_resources).await.unwrap();
     let n = name(&a);
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
-    let journal = &done.status.as_ref().unwrap().journal;
-    assert_eq!(
-        journal.outcome(),
-        Some(Outcome::Failed(FailureReason::ProcessStartFailed))
-    );
+    let pods_api = w.pods();
+    let done = w
+        .wait_concluded(&n, Outcome::Failed(FailureReason::ProcessStartFailed))
+        .await;
+    let journal = journal_of(&done);
     assert!(journal.process().is_none(), "a runner was started");
     assert!(journal.runner().is_none(), "a runner was registered");
     let (_, mints) = w.second_sessions_and_mints().await.unwrap();
     assert_eq!(mints, 0, "a JIT was minted before the placeholder stood");
     assert!(
-        pods_api
-            .get_opt(&placeholder_name(&a))
-            .await
-            .unwrap()
-            .is_none(),
+        placeholder_of(&pods_api, &a).await.is_none(),
         "the refused placeholder was left"
     );
     assert!(w.runtimes().is_empty(), "runtimes left: {:?}", w.runtimes());
@@ -233,20 +210,11 @@ async fn placeholder_other_than(pods_api: &Api<Pod>, a: &RunnerAttempt, not: &st
 async fn a_placeholder_deleted_under_a_running_runner_is_recreated_and_an_impostor_survives() {
     use k8s_openapi::api::core::v1::{Container, PodSpec};
     use kube::api::DeleteParams;
-    let Some(w) = AgentWorld::start("placeholder_kept").await.unwrap() else {
+    let Some(w) = AgentWorld::start("placeholder_kept").await else {
         return;
     };
-    let agent = w
-        .agent(
-            4,
-            &[
-                ("RM_PLACEHOLDERS", "true"),
-                ("RM_PLACEHOLDER_WAIT_SECONDS", "0"),
-            ],
-        )
-        .unwrap();
-    w.wait_recovered().await.unwrap();
-    let pods_api = Api::<Pod>::namespaced(w.kube.clone(), &w.team);
+    let agent = w.recovered(w.placeholder_agent("0", &[])).await;
+    let pods_api = w.pods();
     // No resources: a memory limit needs the memory controller delegated to the runner cgroups,
     // which the development machine does not, and this runner must run.
     let a = w.pending_attempt_with(|_| {}).await.unwrap();
@@ -299,7 +267,7 @@ async fn a_placeholder_deleted_under_a_running_runner_is_recreated_and_an_impost
         .await
         .unwrap();
     let now = w.attempts().get(&n).await.unwrap();
-    let state = now.status.as_ref().unwrap().journal.state();
+    let state = journal_of(&now).state();
     assert!(
         state.is_live() && state >= AttemptState::Starting,
         "the runner was stopped for its placeholder: {state:?}"
@@ -345,14 +313,12 @@ async fn a_placeholder_deleted_under_a_running_runner_is_recreated_and_an_impost
     let impostor_uid = made.metadata.uid.clone().unwrap();
 
     // The runner is stopped and cleaned; the impostor is left as it was.
-    w.request_termination(&n, "ScaleDown").await.unwrap();
-    w.deregister(&a).await.unwrap();
-    let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+    let done = stop_to_cleaned(&w, &a).await;
     println!(
         "concluded {:?} beside an impostor placeholder",
-        done.status.as_ref().unwrap().journal.outcome()
+        journal_of(&done).outcome()
     );
-    let left = pods_api.get_opt(&placeholder_name(&a)).await.unwrap();
+    let left = placeholder_of(&pods_api, &a).await;
     assert_eq!(
         left.and_then(|p| p.metadata.uid),
         Some(impostor_uid),
@@ -368,12 +334,11 @@ async fn a_placeholder_deleted_under_a_running_runner_is_recreated_and_an_impost
 async fn other_workloads_pods_on_the_node_are_advertised_and_cleared() {
     use k8s_openapi::api::coordination::v1::Lease;
     use runner_manager_crds::lease::FOREIGN_REQUESTS;
-    let Some(w) = AgentWorld::start("foreign_requests").await.unwrap() else {
+    let Some(w) = AgentWorld::start("foreign_requests").await else {
         return;
     };
-    let agent = w.agent(2, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
-    let pods_api = Api::<Pod>::namespaced(w.kube.clone(), &w.team);
+    let agent = w.recovered(w.agent(2, &[])).await;
+    let pods_api = w.pods();
     let leases = Api::<Lease>::namespaced(w.kube.clone(), &w.system);
     let lease_name = runner_manager_crds::names::agent_lease_name(&w.node().name);
     let advertised = |want: &'static str| {
@@ -414,13 +379,7 @@ async fn other_workloads_pods_on_the_node_are_advertised_and_cleared() {
     advertised("cpu=1500,memory=1073741824").await;
     // Gone at once: without a kubelet a graceful deletion never ends, and a terminating pod
     // still counts (as it does for the scheduler).
-    pods_api
-        .delete(
-            "database",
-            &kube::api::DeleteParams::default().grace_period(0),
-        )
-        .await
-        .unwrap();
+    delete_now(&pods_api, "database").await;
     advertised("cpu=0,memory=0").await;
     drop(agent);
 }
@@ -432,8 +391,7 @@ async fn another_workloads_pod_sends_the_runner_to_the_node_with_room() {
     use k8s_openapi::api::core::v1::Node;
     use kube::api::{Patch, PatchParams};
     use runner_manager_crds::lease::FOREIGN_REQUESTS;
-    use runner_manager_e2e::harness::product::{NodeOptions, ProductOptions};
-    use runner_manager_e2e::harness::world::World;
+    use runner_manager_e2e::harness::product::{NodeOptions, Product, ProductOptions};
     // Only a label the node cannot set on itself may select a pool.
     const POOL: &str = "node-restriction.kubernetes.io/runner-pool";
     let options = ProductOptions {
@@ -443,11 +401,7 @@ async fn another_workloads_pod_sends_the_runner_to_the_node_with_room() {
         ],
         ..ProductOptions::default()
     };
-    let Some(p) = World::builder("foreign_placement")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(p) = Product::start_with("foreign_placement", options).await else {
         return;
     };
     let (busy, idle) = (p.agents[0].node.name.clone(), p.agents[1].node.name.clone());
@@ -464,7 +418,7 @@ async fn another_workloads_pod_sends_the_runner_to_the_node_with_room() {
             .await
             .unwrap();
     }
-    let pods_api = Api::<Pod>::namespaced(p.kube.clone(), &p.team);
+    let pods_api = p.pods();
     let foreign: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "database"},
         "spec": {"nodeName": busy, "containers": [{"name": "c", "image": PAUSE,
@@ -509,11 +463,5 @@ async fn another_workloads_pod_sends_the_runner_to_the_node_with_room() {
         ),
     };
     assert_eq!(placed.spec.node_name, idle, "the busy node has 1 CPU left");
-    pods_api
-        .delete(
-            "database",
-            &kube::api::DeleteParams::default().grace_period(0),
-        )
-        .await
-        .unwrap();
+    delete_now(&pods_api, "database").await;
 }

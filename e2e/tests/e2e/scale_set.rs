@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use runner_manager_e2e::fake_github::jobs::Conclusion;
 use runner_manager_e2e::harness::github::{ORG, SimulatedGitHub, pat_credentials};
-use runner_manager_operator::github::scaleset::{ScaleSetClient, ScaleSetError};
+use runner_manager_operator::github::scaleset::{ScaleSet, ScaleSetClient, ScaleSetError};
 use serde_json::{Value, json};
 
 async fn world() -> (SimulatedGitHub, ScaleSetClient) {
@@ -27,6 +27,13 @@ async fn world() -> (SimulatedGitHub, ScaleSetClient) {
 
 fn labels(l: &[&str]) -> Vec<String> {
     l.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// The scale set `s` (runner group 1, label `linux`) most scenarios here run against.
+async fn linux_set(ss: &ScaleSetClient) -> ScaleSet {
+    ss.ensure_scale_set("s", 1, &labels(&["linux"]))
+        .await
+        .unwrap()
 }
 
 async fn queue(fake: &SimulatedGitHub, labels: &[&str]) -> i64 {
@@ -123,10 +130,7 @@ async fn a_scale_set_session_sees_a_job_through_its_whole_life() {
 #[tokio::test]
 async fn a_second_session_conflicts_until_the_first_is_deleted_or_lapses() {
     let (_fake, ss) = world().await;
-    let set = ss
-        .ensure_scale_set("s", 1, &labels(&["linux"]))
-        .await
-        .unwrap();
+    let set = linux_set(&ss).await;
     let first = ss.create_session(set.id, "operator-0").await.unwrap();
     let e = ss.create_session(set.id, "operator-1").await.unwrap_err();
     assert!(matches!(e, ScaleSetError::SessionConflict), "{e:?}");
@@ -153,10 +157,7 @@ async fn expired_tokens_are_refreshed() {
     )
     .await
     .unwrap();
-    let set = ss
-        .ensure_scale_set("s", 1, &labels(&["linux"]))
-        .await
-        .unwrap();
+    let set = linux_set(&ss).await;
     let session = ss.create_session(set.id, "operator-0").await.unwrap();
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let e = ss.get_message(&session, 0).await.unwrap_err();
@@ -171,19 +172,12 @@ async fn expired_tokens_are_refreshed() {
 #[tokio::test]
 async fn a_5xx_is_retryable_and_the_next_call_works() {
     let (fake, ss) = world().await;
-    let set = ss
-        .ensure_scale_set("s", 1, &labels(&["linux"]))
-        .await
-        .unwrap();
+    let set = linux_set(&ss).await;
     let session = ss.create_session(set.id, "operator-0").await.unwrap();
     for endpoint in ["scale_set_messages", "scale_set_acquire", "scale_set_jit"] {
-        fake.admin(
-            "POST",
-            "faults",
-            json!({"endpoint": endpoint, "count": 1, "status": 503}),
-        )
-        .await
-        .unwrap();
+        fake.fault(json!({"endpoint": endpoint, "count": 1, "status": 503}))
+            .await
+            .unwrap();
     }
     let e = ss.get_message(&session, 0).await.unwrap_err();
     assert!(e.is_retryable(), "{e:?}");
@@ -207,10 +201,7 @@ async fn a_5xx_is_retryable_and_the_next_call_works() {
 #[tokio::test]
 async fn a_long_poll_times_out_with_nothing() {
     let (_fake, ss) = world().await;
-    let set = ss
-        .ensure_scale_set("s", 1, &labels(&["linux"]))
-        .await
-        .unwrap();
+    let set = linux_set(&ss).await;
     let session = ss.create_session(set.id, "operator-0").await.unwrap();
     let started = std::time::Instant::now();
     assert!(ss.get_message(&session, 0).await.unwrap().is_none());
@@ -222,10 +213,7 @@ async fn a_long_poll_times_out_with_nothing() {
 #[tokio::test]
 async fn a_message_not_deleted_is_given_to_the_next_session() {
     let (fake, ss) = world().await;
-    let set = ss
-        .ensure_scale_set("s", 1, &labels(&["linux"]))
-        .await
-        .unwrap();
+    let set = linux_set(&ss).await;
     let first = ss.create_session(set.id, "operator-0").await.unwrap();
     let job = queue(&fake, &["self-hosted", "linux"]).await;
     let m = ss.get_message(&first, 0).await.unwrap().unwrap();

@@ -8,9 +8,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use runner_manager_crds::policy::ScalePolicy;
+use runner_manager_e2e::harness::attempt::outcome;
 use runner_manager_e2e::harness::product::{Product, ProductOptions, STEP};
 use runner_manager_e2e::harness::wait;
-use runner_manager_e2e::harness::world::World;
 use serde_json::{Value, json};
 
 async fn scale_sets(p: &Product) -> Value {
@@ -31,24 +31,24 @@ async fn wait_sessions(p: &Product, n: usize) {
 }
 
 async fn queue(p: &Product, repo: &str, labels: &[&str], ms: u64) -> u64 {
-    let v = p
-        .fake
-        .admin(
-            "POST",
-            "jobs",
-            json!({"owner": "acme", "repo": repo, "labels": labels,
-                   "behaviour": {"duration_ms": ms}}),
-        )
+    p.fake
+        .queue_job(json!({"owner": "acme", "repo": repo, "labels": labels,
+                          "behaviour": {"duration_ms": ms}}))
+        .await
+        .unwrap()
+}
+
+/// Queue a `self-hosted`, `linux` job of 200 ms on `acme/web` and wait (at most 60 s) until
+/// it is completed.
+async fn run_web_job(p: &Product) {
+    let job = queue(p, "web", &["self-hosted", "linux"], 200).await;
+    p.wait_jobs_completed(&[job], Duration::from_secs(60))
         .await
         .unwrap();
-    v["job_id"].as_u64().unwrap()
 }
 
 async fn drop_every_webhook(p: &Product) {
-    p.fake
-        .admin("PUT", "webhooks/controls", json!({"drop_next": 100_000}))
-        .await
-        .unwrap();
+    p.fake.drop_webhooks(100_000).await.unwrap();
 }
 
 /// Every job completed once, successfully, each on its own runner, that runner minted through
@@ -107,26 +107,16 @@ fn scale_set_calls(counters: &Value) -> u64 {
 /// off in the policy, four jobs queued at once in two repositories of the organization.
 #[tokio::test]
 async fn a_scale_set_policy_runs_a_burst_with_no_webhook() {
-    let Some(p) = Product::start("scale_set_burst").await else {
-        return;
-    };
-    drop_every_webhook(&p).await;
-    p.fake
-        .admin(
-            "POST",
-            "repos",
-            json!({"owner": "acme", "names": ["web", "api"]}),
-        )
-        .await
-        .unwrap();
-    p.policy(
-        "sets",
-        json!({"github": {"url": "https://github.com/acme", "demand": "ScaleSet"}, "minIdle": 0,
-               "scaling": {"webhook": false}}),
+    let Some(p) = scale_set_world_with(
+        "scale_set_burst",
+        ProductOptions::default(),
+        &["web", "api"],
     )
     .await
-    .unwrap();
-    p.wait_ready("sets").await;
+    else {
+        return;
+    };
+    scale_set_policy(&p, "sets", json!({})).await;
     wait_sessions(&p, 1).await;
     let started = Instant::now();
     let mut jobs = Vec::new();
@@ -139,19 +129,7 @@ async fn a_scale_set_policy_runs_a_burst_with_no_webhook() {
     let wall = started.elapsed();
     let set = format!("{}-sets", p.team);
     each_once_on_the_set(&p, &jobs, &set).await;
-    let deliveries = p
-        .fake
-        .admin("GET", "deliveries", Value::Null)
-        .await
-        .unwrap();
-    assert!(
-        deliveries
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|d| d["dropped"] == true),
-        "a webhook reached the operator: {deliveries}"
-    );
+    p.fake.assert_every_delivery_dropped().await;
     let (rest, counters) = p.operator_github_calls().await.unwrap();
     println!(
         "scale-set burst: {} jobs in {} ms; {rest} REST calls, {} scale-set calls; {counters}",
@@ -165,14 +143,9 @@ async fn a_scale_set_policy_runs_a_burst_with_no_webhook() {
 /// set each, and each job runs on a runner of the policy whose labels it asked for.
 #[tokio::test]
 async fn two_scale_set_policies_of_one_organization_each_get_only_their_jobs() {
-    let Some(p) = Product::start("scale_set_two_policies").await else {
+    let Some(p) = scale_set_world("scale_set_two_policies").await else {
         return;
     };
-    drop_every_webhook(&p).await;
-    p.fake
-        .admin("POST", "repos", json!({"owner": "acme", "names": ["web"]}))
-        .await
-        .unwrap();
     for (name, label) in [("linux", "linux"), ("gpu", "gpu")] {
         p.policy(
             name,
@@ -225,26 +198,10 @@ async fn the_standby_takes_the_scale_set_session_over_without_losing_or_duplicat
         operators: 2,
         ..ProductOptions::default()
     };
-    let Some(mut p) = World::builder("scale_set_failover")
-        .product(options)
-        .await
-        .unwrap()
-    else {
+    let Some(mut p) = scale_set_world_with("scale_set_failover", options, &["web"]).await else {
         return;
     };
-    drop_every_webhook(&p).await;
-    p.fake
-        .admin("POST", "repos", json!({"owner": "acme", "names": ["web"]}))
-        .await
-        .unwrap();
-    p.policy(
-        "sets",
-        json!({"github": {"url": "https://github.com/acme", "demand": "ScaleSet"}, "minIdle": 0,
-               "scaling": {"webhook": false}}),
-    )
-    .await
-    .unwrap();
-    p.wait_ready("sets").await;
+    scale_set_policy(&p, "sets", json!({})).await;
     wait_sessions(&p, 1).await;
     let first = vec![
         queue(&p, "web", &["self-hosted", "linux"], 200).await,
@@ -311,19 +268,6 @@ fn set_named<'a>(sets: &'a Value, name: &str) -> Option<&'a Value> {
 }
 
 /// Waits until policy `name` is gone (its finalizers released); the failure names the logs.
-async fn wait_policy_gone(p: &Product, name: &str) {
-    wait::until(STEP, &format!("policy {name} gone"), || async {
-        p.policies()
-            .get_opt(name)
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
-}
-
 async fn scale_set_policy(p: &Product, name: &str, extra: Value) {
     let mut spec = json!({"github": {"url": "https://github.com/acme", "demand": "ScaleSet"},
                           "minIdle": 0, "scaling": {"webhook": false}});
@@ -336,13 +280,28 @@ async fn scale_set_policy(p: &Product, name: &str, extra: Value) {
     p.wait_ready(name).await;
 }
 
-async fn scale_set_world(test: &str, options: ProductOptions) -> Option<Product> {
-    let p = World::builder(test).product(options).await.unwrap()?;
+/// [`scale_set_world_with`] the default options and the repository `web`.
+async fn scale_set_world(test: &str) -> Option<Product> {
+    scale_set_world_with(test, ProductOptions::default(), &["web"]).await
+}
+
+/// A [`scale_set_world`] whose `ScaleSet` policy `sets` is Ready and has its session open.
+async fn sets_world(test: &str) -> Option<Product> {
+    let p = scale_set_world(test).await?;
+    scale_set_policy(&p, "sets", json!({})).await;
+    wait_sessions(&p, 1).await;
+    Some(p)
+}
+
+/// A product whose webhooks are all dropped, with the organization's repositories `repos`.
+async fn scale_set_world_with(
+    test: &str,
+    options: ProductOptions,
+    repos: &[&str],
+) -> Option<Product> {
+    let p = Product::start_with(test, options).await?;
     drop_every_webhook(&p).await;
-    p.fake
-        .admin("POST", "repos", json!({"owner": "acme", "names": ["web"]}))
-        .await
-        .unwrap();
+    p.fake.add_repos("acme", repos).await.unwrap();
     Some(p)
 }
 
@@ -353,15 +312,10 @@ async fn scale_set_world(test: &str, options: ProductOptions) -> Option<Product>
 /// registration.
 #[tokio::test]
 async fn deleting_a_scale_set_policy_deletes_its_scale_set_through_an_outage_and_a_crash() {
-    let Some(mut p) = scale_set_world("scale_set_deleted", ProductOptions::default()).await else {
+    let Some(mut p) = sets_world("scale_set_deleted").await else {
         return;
     };
-    scale_set_policy(&p, "sets", json!({})).await;
-    wait_sessions(&p, 1).await;
-    let job = queue(&p, "web", &["self-hosted", "linux"], 200).await;
-    p.wait_jobs_completed(&[job], Duration::from_secs(60))
-        .await
-        .unwrap();
+    run_web_job(&p).await;
     let set = format!("{}-sets", p.team);
     let sets = scale_sets(&p).await;
     assert!(set_named(&sets, &set).is_some(), "{sets}");
@@ -376,11 +330,7 @@ async fn deleting_a_scale_set_policy_deletes_its_scale_set_through_an_outage_and
     );
     // GitHub's scale-set API is down.
     p.fake
-        .admin(
-            "POST",
-            "faults",
-            json!({"endpoint": "scale_sets", "count": 100_000, "status": 503}),
-        )
+        .fault(json!({"endpoint": "scale_sets", "count": 100_000, "status": 503}))
         .await
         .unwrap();
     p.policies()
@@ -404,7 +354,7 @@ async fn deleting_a_scale_set_policy_deletes_its_scale_set_through_an_outage_and
     p.kill_operator(0);
     p.fake.admin("DELETE", "faults", Value::Null).await.unwrap();
     p.restart_operator(0).await.unwrap();
-    wait_policy_gone(&p, "sets").await;
+    p.wait_policy_gone("sets").await;
     let sets = scale_sets(&p).await;
     assert!(
         set_named(&sets, &set).is_none(),
@@ -424,15 +374,10 @@ async fn deleting_a_scale_set_policy_deletes_its_scale_set_through_an_outage_and
 /// through it is left) and drops the set's finalizer and annotations; the policy lives on.
 #[tokio::test]
 async fn a_policy_leaving_the_scale_set_mode_deletes_its_scale_set() {
-    let Some(p) = scale_set_world("scale_set_mode_switch", ProductOptions::default()).await else {
+    let Some(p) = sets_world("scale_set_mode_switch").await else {
         return;
     };
-    scale_set_policy(&p, "sets", json!({})).await;
-    wait_sessions(&p, 1).await;
-    let job = queue(&p, "web", &["self-hosted", "linux"], 200).await;
-    p.wait_jobs_completed(&[job], Duration::from_secs(60))
-        .await
-        .unwrap();
+    run_web_job(&p).await;
     let set = format!("{}-sets", p.team);
     assert!(set_named(&scale_sets(&p).await, &set).is_some());
     p.policies()
@@ -475,11 +420,9 @@ async fn a_policy_leaving_the_scale_set_mode_deletes_its_scale_set() {
 /// and run, a job with the old labels no longer is.
 #[tokio::test]
 async fn a_label_change_updates_the_scale_set_in_place() {
-    let Some(p) = scale_set_world("scale_set_labels", ProductOptions::default()).await else {
+    let Some(p) = sets_world("scale_set_labels").await else {
         return;
     };
-    scale_set_policy(&p, "sets", json!({})).await;
-    wait_sessions(&p, 1).await;
     let set = format!("{}-sets", p.team);
     let before = scale_sets(&p).await;
     let id = set_named(&before, &set).unwrap()["id"].as_u64().unwrap();
@@ -535,7 +478,7 @@ async fn a_label_change_updates_the_scale_set_in_place() {
 /// `JobCompleted` would have removed it only at the end).
 #[tokio::test]
 async fn a_lost_job_started_leaves_no_stale_ledger_entry() {
-    let Some(p) = scale_set_world("scale_set_lost_started", ProductOptions::default()).await else {
+    let Some(p) = scale_set_world("scale_set_lost_started").await else {
         return;
     };
     p.fake
@@ -573,7 +516,7 @@ async fn a_lost_job_started_leaves_no_stale_ledger_entry() {
 /// every job runs.
 #[tokio::test]
 async fn a_scale_set_policy_acquires_no_more_than_it_can_serve() {
-    let Some(p) = scale_set_world("scale_set_backpressure", ProductOptions::default()).await else {
+    let Some(p) = scale_set_world("scale_set_backpressure").await else {
         return;
     };
     scale_set_policy(&p, "sets", json!({"maxRunners": 1})).await;
@@ -648,17 +591,11 @@ async fn started_after(p: &Product, jobs: &[u64], queued_at: Instant) -> Vec<Dur
 async fn demand_modes_side_by_side() {
     let mut rows = Vec::new();
     for mode in ["webhook", "polling", "scale-set"] {
-        let Some(p) = World::builder(&format!("side_by_side_{}", mode.replace('-', "_")))
-            .product(ProductOptions::default())
-            .await
-            .unwrap()
+        let Some(p) = Product::start(&format!("side_by_side_{}", mode.replace('-', "_"))).await
         else {
             return;
         };
-        p.fake
-            .admin("POST", "repos", json!({"owner": "acme", "names": ["web"]}))
-            .await
-            .unwrap();
+        p.fake.add_repos("acme", &["web"]).await.unwrap();
         let spec = match mode {
             "webhook" => json!({"github": {"url": "https://github.com/acme"}, "minIdle": 0,
                                 "scaling": {"webhook": true, "pollInterval": "60s"}}),
@@ -691,18 +628,10 @@ async fn demand_modes_side_by_side() {
             .await
             .unwrap();
         // Calls until every attempt is cleaned (deregistration included).
-        wait::until(STEP, "every attempt concluded", || async {
-            let list = p.all_attempts().await;
-            list.iter()
-                .all(|a| {
-                    a.status
-                        .as_ref()
-                        .is_some_and(|s| s.journal.outcome().is_some())
-                })
-                .then_some(())
+        p.wait_attempts("every attempt concluded", STEP, |list| {
+            list.iter().all(|a| outcome(a).is_some())
         })
-        .await
-        .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
+        .await;
         let (calls, counters) = p.operator_github_calls().await.unwrap();
         lat.sort();
         let ms = |d: Duration| d.as_millis();
@@ -735,8 +664,7 @@ async fn demand_modes_side_by_side() {
 async fn a_scale_set_id_written_into_a_policy_never_reaches_another_policys_set() {
     use kube::api::{Patch, PatchParams};
     use runner_manager_operator::controller::sources::scale_set::SET_ID_ANNOTATION;
-    let Some(mut p) = scale_set_world("scale_set_id_forged", ProductOptions::default()).await
-    else {
+    let Some(mut p) = scale_set_world("scale_set_id_forged").await else {
         return;
     };
     scale_set_policy(&p, "victim", json!({"labels": ["self-hosted", "victim"]})).await;
@@ -772,7 +700,7 @@ async fn a_scale_set_id_written_into_a_policy_never_reaches_another_policys_set(
         .delete("thief", &kube::api::DeleteParams::default())
         .await
         .unwrap();
-    wait_policy_gone(&p, "thief").await;
+    p.wait_policy_gone("thief").await;
     let sets = scale_sets(&p).await;
     assert!(
         set_named(&sets, &format!("{}-thief", p.team)).is_none(),

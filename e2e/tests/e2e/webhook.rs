@@ -12,7 +12,7 @@ use runner_manager_operator::webhook::{
     JobAction, JobEvent, MemorySink, WebhookConfig, WebhookReceiver, router,
 };
 use secrecy::SecretString;
-use serde_json::{Value, json};
+use serde_json::json;
 
 const SECRET: &str = "the-hook-secret";
 const WITHIN: Duration = Duration::from_secs(20);
@@ -60,10 +60,7 @@ async fn queue_job(github: &SimulatedGitHub, labels: &[&str]) -> u64 {
 
 /// The receivers' statuses for every delivery of a job, per hook id.
 async fn statuses(github: &SimulatedGitHub, job: u64) -> Vec<(u64, Vec<Option<u64>>)> {
-    let all = github
-        .admin("GET", "deliveries", Value::Null)
-        .await
-        .unwrap();
+    let all = github.deliveries().await.unwrap();
     all.as_array()
         .unwrap()
         .iter()

@@ -4,8 +4,6 @@
 
 use crate::launch_support;
 
-use std::time::Duration;
-
 use launch_support::*;
 use runner_manager_crds::attempt::{Launcher, ProcessIdentity};
 use runner_manager_node_agent::handoff::{HandoffError, HandoffRefusal, RestrictiveHandoff};
@@ -22,8 +20,7 @@ use runner_manager_node_agent::providers::{RunnerLauncher, Stopped};
 fn the_jit_reaches_the_listener_environment_only_and_nothing_survives_the_start() {
     let w = World::new();
     let launcher = w.launcher();
-    let (secret, value) = jit();
-    let handoff = RestrictiveHandoff::create(&w.runtime, RUNNER, &secret).unwrap();
+    let (handoff, value) = w.handoff();
     assert!(!format!("{handoff:?}").contains(&value));
     let id = launcher.start(&w.spec("sleep"), handoff).unwrap();
 
@@ -162,20 +159,13 @@ fn stop_kills_the_whole_cgroup_including_a_grandchild_that_escaped() {
 fn a_recycled_pid_reads_gone_and_is_never_signalled() {
     let w = World::new();
     let launcher = w.launcher();
-    let id = w.start(&launcher, "sleep");
-    w.wait_for("ready");
+    let id = w.start_sleeping(&launcher);
 
     // An unrelated process standing in for whoever got the runner's pid after a recycle.
-    let mut victim = std::process::Command::new("sleep")
-        .arg("1000")
-        .spawn()
-        .unwrap();
-    let vstat = runner_manager_node_agent::process::stat::read_stat(victim.id())
-        .unwrap()
-        .unwrap();
+    let (mut victim, victim_start) = recycled_pid_owner();
     let recycled = ProcessIdentity {
         pid: victim.id(),
-        start_time: vstat.start_time + 1,
+        start_time: victim_start + 1,
         ..id.clone()
     };
     assert_eq!(
@@ -185,7 +175,7 @@ fn a_recycled_pid_reads_gone_and_is_never_signalled() {
     // Same pid and start time but not in the recorded cgroup: a forged identity file.
     let forged = ProcessIdentity {
         pid: victim.id(),
-        start_time: vstat.start_time,
+        start_time: victim_start,
         ..id.clone()
     };
     assert_eq!(
@@ -216,10 +206,7 @@ fn a_recycled_pid_reads_gone_and_is_never_signalled() {
 fn the_exit_status_is_kept_for_the_conclusion() {
     let w = World::new();
     let launcher = w.launcher();
-    let id = w.start(&launcher, "exit7");
-    wait_until(Duration::from_secs(10), || {
-        !launcher.inspect(&id).unwrap().is_alive()
-    });
+    let id = w.start_and_wait_exit(&launcher, "exit7");
     assert_eq!(launcher.exit_status(&id).and_then(|s| s.code()), Some(7));
     assert_eq!(launcher.stop(&id).unwrap(), Stopped::AlreadyGone);
 }
@@ -229,8 +216,7 @@ fn a_missing_listener_fails_before_any_child_and_leaves_no_handoff() {
     let w = World::new();
     std::fs::remove_file(w.runtime.join("bin/Runner.Listener")).unwrap();
     let launcher = w.launcher();
-    let (secret, value) = jit();
-    let handoff = RestrictiveHandoff::create(&w.runtime, RUNNER, &secret).unwrap();
+    let (handoff, value) = w.handoff();
     let err = launcher.start(&w.spec("sleep"), handoff).unwrap_err();
     assert!(matches!(err.failure, StartFailure::ListenerMissing));
     assert!(err.retryable() && err.live.is_none());
@@ -246,8 +232,7 @@ fn a_helper_that_cannot_be_spawned_is_retryable_and_leaves_nothing() {
         w.parent(),
         w.base.path().join("no-such-helper"),
     );
-    let (secret, _) = jit();
-    let handoff = RestrictiveHandoff::create(&w.runtime, RUNNER, &secret).unwrap();
+    let (handoff, _) = w.handoff();
     let err = launcher.start(&w.spec("sleep"), handoff).unwrap_err();
     assert!(matches!(err.failure, StartFailure::Spawn(_)), "{err:?}");
     assert!(err.retryable());
@@ -266,8 +251,7 @@ fn a_helper_that_cannot_be_spawned_is_retryable_and_leaves_nothing() {
 fn a_helper_that_fails_after_it_existed_is_never_retried() {
     let w = World::new();
     let launcher = w.launcher();
-    let (secret, _) = jit();
-    let handoff = RestrictiveHandoff::create(&w.runtime, RUNNER, &secret).unwrap();
+    let (handoff, _) = w.handoff();
     // The runtime no longer private by the time the helper looks: it refuses the handoff.
     std::os::unix::fs::chown(&w.runtime, Some(0), Some(0)).unwrap();
     let err = launcher.start(&w.spec("sleep"), handoff).unwrap_err();

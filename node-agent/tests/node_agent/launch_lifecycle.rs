@@ -7,7 +7,6 @@ use crate::launch_support;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use launch_support::*;
 use runner_manager_crds::attempt::{Launcher, ProcessIdentity, TerminationReason};
@@ -25,12 +24,26 @@ use runner_manager_node_agent::termination::{
     INTENT_FILE, IntentReason, TerminationError, read_intent, terminate,
 };
 
+/// `terminate` as the registration deadline asks it of a `Starting` attempt.
+fn terminate_at_registration_deadline<L: RunnerLauncher + ?Sized>(
+    launcher: &L,
+    identity: &ProcessIdentity,
+    runtime: &Path,
+) -> Result<Outcome, TerminationError> {
+    terminate(
+        launcher,
+        identity,
+        runtime,
+        IntentReason::Deadline(TerminateReason::RegistrationTimeout),
+        AttemptState::Starting,
+    )
+}
+
 #[test]
 fn an_idle_termination_records_its_reason_stops_the_real_runner_and_is_not_a_failure() {
     let w = World::new();
     let launcher = w.launcher();
-    let id = w.start(&launcher, "sleep");
-    w.wait_for("ready");
+    let id = w.start_sleeping(&launcher);
     let reason = IntentReason::Deadline(TerminateReason::IdleTimeout);
     let outcome = terminate(&launcher, &id, &w.runtime, reason, AttemptState::Idle).unwrap();
     assert_eq!(outcome, Outcome::ExitedIdleWithoutWork);
@@ -49,18 +62,10 @@ fn an_idle_termination_records_its_reason_stops_the_real_runner_and_is_not_a_fai
 fn an_intent_that_cannot_be_made_durable_means_no_signal_and_no_outcome() {
     let w = World::new();
     let launcher = w.launcher();
-    let id = w.start(&launcher, "sleep");
-    w.wait_for("ready");
+    let id = w.start_sleeping(&launcher);
     // A directory where the intent must go: the rename over it fails.
     std::fs::create_dir(w.runtime.join(INTENT_FILE)).unwrap();
-    let err = terminate(
-        &launcher,
-        &id,
-        &w.runtime,
-        IntentReason::Deadline(TerminateReason::RegistrationTimeout),
-        AttemptState::Starting,
-    )
-    .unwrap_err();
+    let err = terminate_at_registration_deadline(&launcher, &id, &w.runtime).unwrap_err();
     assert!(
         matches!(err, TerminationError::IntentNotDurable(_)),
         "{err:?}"
@@ -78,6 +83,18 @@ struct Recording {
     runtime: PathBuf,
     log: Mutex<Vec<String>>,
     stop_kills: bool,
+}
+
+impl Recording {
+    /// A launcher for the runtime `runtime` whose stop kills the runner or, `!stop_kills`,
+    /// claims success and leaves it alive.
+    fn new(runtime: &Path, stop_kills: bool) -> Self {
+        Recording {
+            runtime: runtime.into(),
+            log: Mutex::new(vec![]),
+            stop_kills,
+        }
+    }
 }
 
 impl RunnerLauncher for Recording {
@@ -128,11 +145,7 @@ fn some_identity() -> ProcessIdentity {
 #[test]
 fn the_intent_is_on_disk_when_the_stop_happens_and_death_is_proven_after_it() {
     let dir = tempfile::tempdir().unwrap();
-    let l = Recording {
-        runtime: dir.path().into(),
-        log: Mutex::new(vec![]),
-        stop_kills: true,
-    };
+    let l = Recording::new(dir.path(), true);
     // Deleted while starting (not idle): a requested termination, not an idle exit.
     let reason = IntentReason::Requested(TerminationReason::Deleted);
     let outcome = terminate(
@@ -161,19 +174,8 @@ fn the_intent_is_on_disk_when_the_stop_happens_and_death_is_proven_after_it() {
 #[test]
 fn a_stop_that_claims_success_but_leaves_it_alive_concludes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let l = Recording {
-        runtime: dir.path().into(),
-        log: Mutex::new(vec![]),
-        stop_kills: false,
-    };
-    let err = terminate(
-        &l,
-        &some_identity(),
-        dir.path(),
-        IntentReason::Deadline(TerminateReason::RegistrationTimeout),
-        AttemptState::Starting,
-    )
-    .unwrap_err();
+    let l = Recording::new(dir.path(), false);
+    let err = terminate_at_registration_deadline(&l, &some_identity(), dir.path()).unwrap_err();
     assert!(
         matches!(err, TerminationError::Deferred(StopError::StillRunning)),
         "{err:?}"
@@ -184,28 +186,15 @@ fn a_stop_that_claims_success_but_leaves_it_alive_concludes_nothing() {
 fn a_recycled_pid_is_not_signalled_by_termination() {
     let w = World::new();
     let launcher = w.launcher();
-    let mut victim = std::process::Command::new("sleep")
-        .arg("1000")
-        .spawn()
-        .unwrap();
-    let vstat = runner_manager_node_agent::process::stat::read_stat(victim.id())
-        .unwrap()
-        .unwrap();
+    let (mut victim, victim_start) = recycled_pid_owner();
     let recycled = ProcessIdentity {
         launcher: Launcher::Direct,
         unit: None,
         pid: victim.id(),
-        start_time: vstat.start_time + 1,
+        start_time: victim_start + 1,
         cgroup: launcher.parent().child_relative("rm-0123456789ab"),
     };
-    let outcome = terminate(
-        &launcher,
-        &recycled,
-        &w.runtime,
-        IntentReason::Deadline(TerminateReason::RegistrationTimeout),
-        AttemptState::Starting,
-    )
-    .unwrap();
+    let outcome = terminate_at_registration_deadline(&launcher, &recycled, &w.runtime).unwrap();
     assert_eq!(
         outcome,
         Outcome::Failed(FailureReason::TerminatedAfterRegistrationTimeout)
@@ -276,10 +265,7 @@ fn diag_evidence_is_bounded_by_entry_count() {
 fn exit_code_7_is_a_rejected_runner_version_from_a_real_exit() {
     let w = World::new();
     let launcher = w.launcher();
-    let id = w.start(&launcher, "exit7");
-    wait_until(Duration::from_secs(10), || {
-        !launcher.inspect(&id).unwrap().is_alive()
-    });
+    let id = w.start_and_wait_exit(&launcher, "exit7");
     let reading = ExitReading::of(launcher.exit_status(&id));
     assert_eq!(reading, ExitReading::VersionRejected);
     assert_eq!(

@@ -4,6 +4,7 @@
 //! `cargo nextest run -p runner-manager-node-agent -E 'test(/^packages::/)'`.
 mod archive_support;
 mod launch_support;
+mod workspace_support;
 
 mod docker_systemd;
 mod launch_direct;

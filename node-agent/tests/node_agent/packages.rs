@@ -23,6 +23,8 @@ use runner_manager_node_agent::workspace::allocation::AllocationLock;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::workspace_support::{assert_file, names};
+
 // ---- archives ------------------------------------------------------------------------------
 
 enum Entry<'a> {
@@ -226,15 +228,6 @@ impl Host {
     }
 }
 
-fn names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<_> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
-    names
-}
-
 // ---- tests ---------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -256,22 +249,14 @@ async fn a_package_is_downloaded_once_verified_and_materialized_into_each_runtim
     assert!(m.timings.downloaded);
     assert!(m.timings.install > Duration::ZERO && m.timings.copy > Duration::ZERO);
     assert_eq!(m.copy.files, 8);
-    assert_eq!(
-        fs::read(first.join("bin/Runner.Listener")).unwrap(),
-        b"#!/bin/sh\necho listener\n"
+    assert_file(&first, "bin/Runner.Listener", b"#!/bin/sh\necho listener\n");
+    assert_file(
+        &first,
+        "bin/Runner.Listener.copy",
+        b"#!/bin/sh\necho listener\n",
     );
-    assert_eq!(
-        fs::read(first.join("bin/Runner.Listener.copy")).unwrap(),
-        b"#!/bin/sh\necho listener\n"
-    );
-    assert_eq!(
-        fs::read(first.join("a dir with spaces/file with spaces")).unwrap(),
-        b"spaces"
-    );
-    assert_eq!(
-        fs::read(first.join("externals/_work/nested is fine.txt")).unwrap(),
-        b"nested"
-    );
+    assert_file(&first, "a dir with spaces/file with spaces", b"spaces");
+    assert_file(&first, "externals/_work/nested is fine.txt", b"nested");
     assert_eq!(
         fs::read_link(first.join("externals/node")).unwrap(),
         Path::new("node20")
@@ -317,10 +302,7 @@ async fn a_package_is_laid_out_around_a_retained_work_without_opening_it() {
         .materialize("p-1", package, &slot, RuntimeKind::PersistentSlot)
         .await
         .unwrap();
-    assert_eq!(
-        fs::read(slot.join("_work/repo/checkout.txt")).unwrap(),
-        b"retained"
-    );
+    assert_file(&slot, "_work/repo/checkout.txt", b"retained");
     assert!(slot.join("bin/Runner.Listener").is_file());
     // The same runtime verified as ephemeral would count `_work` as foreign.
     let contents = host.cache.contents(&digest).unwrap();
@@ -352,10 +334,7 @@ async fn a_runtime_that_already_holds_a_package_entry_is_refused_and_left_alone(
         matches!(err, PackageError::Copy(CopyError::Occupied)),
         "{err:?}"
     );
-    assert_eq!(
-        fs::read(runtime.join("bin/Runner.Listener")).unwrap(),
-        b"planted"
-    );
+    assert_file(&runtime, "bin/Runner.Listener", b"planted");
     assert_eq!(host.cache.leases("o-1"), None);
 }
 
@@ -657,10 +636,7 @@ async fn a_tampered_package_tree_is_detected_and_reinstalled() {
         "from the kept archive, whose digest checked again"
     );
     assert_eq!(server.requests(), 1);
-    assert_eq!(
-        fs::read(r2.join("bin/Runner.Listener")).unwrap(),
-        b"#!/bin/sh\necho listener\n"
-    );
+    assert_file(&r2, "bin/Runner.Listener", b"#!/bin/sh\necho listener\n");
     assert_eq!(fs::read(&listener).unwrap(), b"#!/bin/sh\necho listener\n");
 
     // The kept archive tampered as well: downloaded again.

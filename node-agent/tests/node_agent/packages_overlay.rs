@@ -16,7 +16,7 @@ use runner_manager_crds::attempt::WorkspacePlacement;
 use runner_manager_node_agent::packages::download::{Downloader, RetryPolicy, Timeouts};
 use runner_manager_node_agent::packages::fingerprint::fingerprint;
 use runner_manager_node_agent::packages::overlay::{self, Materializer, Unmounted};
-use runner_manager_node_agent::packages::{PackageCache, PackageRef, RuntimeKind};
+use runner_manager_node_agent::packages::{Materialized, PackageCache, PackageRef, RuntimeKind};
 use runner_manager_node_agent::workspace::ephemeral::{
     EphemeralRemoval, create_ephemeral_runtime, remove_runtime_named, runtime_names,
 };
@@ -25,6 +25,8 @@ use runner_manager_node_agent::workspace::scrub::{Scrubbed, scrub_slot};
 use runner_manager_node_agent::workspace::scrub_plan::SlotOwner;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
+
+use crate::workspace_support::assert_file;
 
 const RUNNER_UID: u32 = 20001;
 const RUNNER_GID: u32 = 20000;
@@ -80,13 +82,21 @@ impl Host {
         let id = Uuid::new_v4();
         let runtime = create_ephemeral_runtime(self.dir.path(), id).unwrap();
         let m = self
+            .overlaid(attempt, &runtime, RuntimeKind::Ephemeral)
+            .await;
+        assert_eq!(m.copy.files, 0, "nothing is copied");
+        (id, runtime)
+    }
+
+    /// The package materialized for `attempt` in `dir` (a `kind` runtime): by overlay.
+    async fn overlaid(&self, attempt: &str, dir: &Path, kind: RuntimeKind) -> Materialized {
+        let m = self
             .cache
-            .materialize(attempt, self.package(), &runtime, RuntimeKind::Ephemeral)
+            .materialize(attempt, self.package(), dir, kind)
             .await
             .unwrap();
         assert_eq!(m.by, Materializer::Overlay);
-        assert_eq!(m.copy.files, 0, "nothing is copied");
-        (id, runtime)
+        m
     }
 }
 
@@ -113,9 +123,10 @@ async fn a_job_writing_through_the_mount_leaves_the_lower_and_the_next_view_pris
     let host = Host::new();
     let (id, runtime) = host.ephemeral("a-1").await;
     assert!(mounted(&runtime));
-    assert_eq!(
-        fs::read(runtime.join("bin/Runner.Listener")).unwrap(),
-        b"#!/bin/sh\necho listener\n"
+    assert_file(
+        &runtime,
+        "bin/Runner.Listener",
+        b"#!/bin/sh\necho listener\n",
     );
     let lower = host.lower();
     let before = fingerprint(&lower).unwrap();
@@ -160,7 +171,7 @@ async fn a_job_writing_through_the_mount_leaves_the_lower_and_the_next_view_pris
     assert!(step("rm").starts_with("0"), "{out}");
     assert!(step("setid").starts_with("0"), "{out}");
     assert!(step("own").starts_with("0"), "{out}");
-    assert_eq!(fs::read(runtime.join("mine")).unwrap(), b"ab");
+    assert_file(&runtime, "mine", b"ab");
     assert_eq!(
         fs::metadata(runtime.join("mine")).unwrap().uid(),
         RUNNER_UID
@@ -172,10 +183,7 @@ async fn a_job_writing_through_the_mount_leaves_the_lower_and_the_next_view_pris
     // Root's own writes through the mount (a runner that escalated) are copied up too.
     fs::write(runtime.join("bin/Runner.Worker.dll"), b"root-evil").unwrap();
     assert_eq!(fingerprint(&lower).unwrap(), before, "the lower changed");
-    assert_eq!(
-        fs::read(lower.join("bin/Runner.Listener")).unwrap(),
-        b"#!/bin/sh\necho listener\n"
-    );
+    assert_file(&lower, "bin/Runner.Listener", b"#!/bin/sh\necho listener\n");
     assert!(lower.join("run.sh").exists());
     // A set-id bit on the mount is inert (`nosuid`).
     let opts = fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -194,14 +202,8 @@ async fn a_job_writing_through_the_mount_leaves_the_lower_and_the_next_view_pris
     host.cache.release("a-1");
     // The next launch's view is the package as verified.
     let (_, next) = host.ephemeral("a-2").await;
-    assert_eq!(
-        fs::read(next.join("bin/Runner.Listener")).unwrap(),
-        b"#!/bin/sh\necho listener\n"
-    );
-    assert_eq!(
-        fs::read(next.join("bin/Runner.Worker.dll")).unwrap(),
-        b"worker"
-    );
+    assert_file(&next, "bin/Runner.Listener", b"#!/bin/sh\necho listener\n");
+    assert_file(&next, "bin/Runner.Worker.dll", b"worker");
     assert!(next.join("run.sh").exists() && next.join("externals").exists());
     assert!(!next.join("setid").exists());
     assert_eq!(fingerprint(&lower).unwrap(), before);
@@ -219,9 +221,10 @@ async fn a_lower_edited_behind_the_cache_is_caught_by_the_next_launch_and_reinst
     let (_, second) = host.ephemeral("a-2").await;
     // Found by the walk after the mount (the one walk of a warm launch), unmounted, reinstalled
     // from the kept archive and mounted again: the view is the verified package.
-    assert_eq!(
-        fs::read(second.join("bin/Runner.Listener")).unwrap(),
-        b"#!/bin/sh\necho listener\n"
+    assert_file(
+        &second,
+        "bin/Runner.Listener",
+        b"#!/bin/sh\necho listener\n",
     );
     overlay::unmount(&second).unwrap();
 }
@@ -250,15 +253,9 @@ async fn a_restarted_cache_proves_the_live_lower_in_place_instead_of_removing_it
         .await
         .unwrap();
     // The running job's next exec of a package file still finds it through the FIRST mount.
-    assert_eq!(
-        fs::read(first.join("bin/Runner.Listener")).unwrap(),
-        b"#!/bin/sh\necho listener\n"
-    );
+    assert_file(&first, "bin/Runner.Listener", b"#!/bin/sh\necho listener\n");
     assert_eq!(fs::metadata(host.lower()).unwrap().ino(), lower_inode);
-    assert_eq!(
-        fs::read(second.join("externals/node20/bin/node")).unwrap(),
-        b"node"
-    );
+    assert_file(&second, "externals/node20/bin/node", b"node");
     overlay::unmount(&second).unwrap();
     overlay::unmount(&first).unwrap();
 }
@@ -282,14 +279,14 @@ async fn a_restarted_cache_keeps_a_tampered_lower_that_a_mount_still_uses() {
         "{refused:?}"
     );
     assert!(!mounted(&second));
-    assert_eq!(fs::read(first.join("run.sh")).unwrap(), b"#!/bin/sh\n");
+    assert_file(&first, "run.sh", b"#!/bin/sh\n");
     // Once nothing runs on it, the next launch replaces it with the verified package.
     overlay::unmount(&first).unwrap();
     cache
         .materialize("a-3", host.package(), &second, RuntimeKind::Ephemeral)
         .await
         .unwrap();
-    assert_eq!(fs::read(second.join("config.sh")).unwrap(), b"#!/bin/sh\n");
+    assert_file(&second, "config.sh", b"#!/bin/sh\n");
     overlay::unmount(&second).unwrap();
 }
 
@@ -307,18 +304,11 @@ async fn a_slot_keeps_a_real_work_across_the_unmount_and_its_scrub_unmounts_firs
     let placement = WorkspacePlacement::slot(1, slot.display().to_string()).unwrap();
     for (round, attempt) in ["s-1", "s-2"].into_iter().enumerate() {
         prepare_slot(&slots, "team", "uid-1", 1).unwrap();
-        let m = host
-            .cache
-            .materialize(attempt, host.package(), &slot, RuntimeKind::PersistentSlot)
-            .await
-            .unwrap();
-        assert_eq!(m.by, Materializer::Overlay);
+        host.overlaid(attempt, &slot, RuntimeKind::PersistentSlot)
+            .await;
         assert!(mounted(&slot));
         // The retained workspace is visible through the mount.
-        assert_eq!(
-            fs::read(slot.join("_work/warm")).unwrap(),
-            b"from the last job"
-        );
+        assert_file(&slot, "_work/warm", b"from the last job");
         fs::write(slot.join(format!("_work/job-{round}")), b"checkout").unwrap();
         fs::write(slot.join(".runner"), b"identity").unwrap();
         fs::write(slot.join("bin/Runner.Listener"), b"job-edited").unwrap();

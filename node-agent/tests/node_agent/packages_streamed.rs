@@ -25,6 +25,8 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
+use crate::workspace_support::Immutable;
+
 fn package(listener: &[u8]) -> Vec<u8> {
     tar_gz(&[
         ("bin/Runner.Listener", listener, 0o755),
@@ -444,22 +446,7 @@ fn a_staging_entry_that_cannot_be_swept_does_not_stop_the_agent() {
     // longer stops the sweep: the removal detaches it, see removal.rs.)
     let locked = stuck.join("locked");
     fs::write(&locked, b"x").unwrap();
-    struct Immutable(PathBuf);
-    impl Immutable {
-        fn set(path: &std::path::Path, flags: rustix::fs::IFlags) {
-            let fd = rustix::fs::open(path, rustix::fs::OFlags::RDONLY, rustix::fs::Mode::empty())
-                .unwrap();
-            rustix::fs::ioctl_setflags(&fd, flags)
-                .expect("setting the immutable flag needs root on a filesystem that has it");
-        }
-    }
-    impl Drop for Immutable {
-        fn drop(&mut self) {
-            Self::set(&self.0, rustix::fs::IFlags::empty());
-        }
-    }
-    Immutable::set(&locked, rustix::fs::IFlags::IMMUTABLE);
-    let _unlock = Immutable(locked.clone());
+    let _unlock = Immutable::set(&locked);
     let made = PackageCache::new(dir.path().join("packages"), downloader());
     assert!(made.is_ok(), "{:?}", made.err());
     assert!(!staging.join("download-0123").exists(), "the rest swept");

@@ -4,7 +4,6 @@
 use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use runner_manager_crds::attempt::WorkspacePlacement;
@@ -17,6 +16,11 @@ use runner_manager_node_agent::workspace::scrub::{Scrubbed, scrub_slot};
 use runner_manager_node_agent::workspace::scrub_plan::SlotOwner;
 use runner_manager_node_agent::workspace::{Quarantine, SlotRefusal};
 use uuid::Uuid;
+
+use crate::workspace_support::{Immutable, assert_file, bounded, make_fifo, names};
+
+/// How long a removal of these small trees may take before it counts as blocked on a FIFO.
+const BOUND: Duration = Duration::from_secs(20);
 
 const NS: &str = "team";
 const UID: &str = "0f3c5d1e-uid";
@@ -79,68 +83,20 @@ impl Host {
         fs::write(slot.join("_work/repo/checkout.txt"), b"retained").unwrap();
         slot
     }
+    /// Replace the directory `path` of `slot` with a link out to the outside directory.
+    fn link_out(&self, slot: &Path, path: &str) {
+        fs::remove_dir_all(slot.join(path)).unwrap();
+        symlink(self.outside(), slot.join(path)).unwrap();
+    }
+
     fn scrub(&self, n: u32) -> Result<Scrubbed, Quarantine> {
         scrub_slot(&self.placement(n), &self.slots(), OWNER)
     }
 }
 
-fn names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<_> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
-    names
-}
-
-fn make_fifo(path: &Path) {
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        path,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o600),
-        0,
-    )
-    .unwrap();
-}
-
-/// Runs `f` on another thread and fails the test if it has not returned within 20 s: a removal
-/// that opened a FIFO would block forever instead of failing.
-fn bounded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || tx.send(f()));
-    rx.recv_timeout(Duration::from_secs(20))
-        .expect("the removal blocked (did it open a FIFO?)")
-}
-
-/// Sets the immutable flag (root only) and clears it again on drop, so the temporary directory
-/// can be removed.
-struct Immutable(PathBuf);
-
-impl Immutable {
-    fn set(path: &Path) -> Self {
-        let fd = rustix::fs::open(
-            path,
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NOFOLLOW,
-            rustix::fs::Mode::empty(),
-        )
-        .unwrap();
-        rustix::fs::ioctl_setflags(&fd, rustix::fs::IFlags::IMMUTABLE)
-            .expect("setting the immutable flag needs root on a filesystem that has it");
-        Self(path.to_path_buf())
-    }
-}
-
-impl Drop for Immutable {
-    fn drop(&mut self) {
-        if let Ok(fd) = rustix::fs::open(
-            &self.0,
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NOFOLLOW,
-            rustix::fs::Mode::empty(),
-        ) {
-            let _ = rustix::fs::ioctl_setflags(&fd, rustix::fs::IFlags::empty());
-        }
-    }
+/// Whether `path` itself is a symbolic link (not what it points to).
+fn is_link(path: impl AsRef<Path>) -> bool {
+    fs::symlink_metadata(path).unwrap().file_type().is_symlink()
 }
 
 fn assert_never_echoes(text: &str) {
@@ -161,17 +117,14 @@ fn a_scrub_retains_one_real_work_directory_and_removes_every_other_entry() {
     let host = Host::new();
     let slot = host.used_slot(1);
     make_fifo(&slot.join("tmp/clr-debug-pipe-runner-in"));
-    let scrubbed = bounded({
+    let scrubbed = bounded(BOUND, {
         let placement = host.placement(1);
         let slots = host.slots();
         move || scrub_slot(&placement, &slots, OWNER)
     });
     assert!(matches!(scrubbed, Ok(Scrubbed::Clean { removed }) if removed >= 12));
     assert_eq!(names(&slot), ["_work"]);
-    assert_eq!(
-        fs::read(slot.join("_work/repo/checkout.txt")).unwrap(),
-        b"retained"
-    );
+    assert_file(&slot, "_work/repo/checkout.txt", b"retained");
     // The next attempt may reuse it, warm.
     let again = prepare_slot(&host.slots(), NS, UID, 1).unwrap();
     assert!(again.retained_work);
@@ -209,8 +162,7 @@ fn a_read_only_subdirectory_is_removed() {
 fn a_symlink_planted_where_bin_was_is_unlinked_and_its_target_survives() {
     let host = Host::new();
     let slot = host.used_slot(1);
-    fs::remove_dir_all(slot.join("bin")).unwrap();
-    symlink(host.outside(), slot.join("bin")).unwrap();
+    host.link_out(&slot, "bin");
     // And a link inside a directory, pointing out.
     symlink(host.outside(), slot.join("externals/escape")).unwrap();
     assert!(matches!(host.scrub(1), Ok(Scrubbed::Clean { .. })));
@@ -224,19 +176,13 @@ fn a_symlink_planted_where_bin_was_is_unlinked_and_its_target_survives() {
 fn a_symlinked_work_quarantines_the_slot_and_removes_nothing() {
     let host = Host::new();
     let slot = host.used_slot(1);
-    fs::remove_dir_all(slot.join("_work")).unwrap();
-    symlink(host.outside(), slot.join("_work")).unwrap();
+    host.link_out(&slot, "_work");
     let before = names(&slot);
     let q = host.scrub(1).unwrap_err();
     assert_eq!(q.refusal, SlotRefusal::WorkNotADirectory);
     assert!(q.to_string().contains("keeps its slot lease"));
     assert_eq!(names(&slot), before, "nothing removed after the refusal");
-    assert!(
-        fs::symlink_metadata(slot.join("_work"))
-            .unwrap()
-            .file_type()
-            .is_symlink()
-    );
+    assert!(is_link(slot.join("_work")));
     host.outside_intact();
 }
 
@@ -262,13 +208,7 @@ fn a_slot_replaced_by_a_link_out_of_its_root_is_refused_before_anything_is_read(
     symlink(host.outside(), &slot).unwrap();
     let q = host.scrub(1).unwrap_err();
     assert_eq!(q.refusal, SlotRefusal::Containment);
-    assert!(
-        fs::symlink_metadata(&slot)
-            .unwrap()
-            .file_type()
-            .is_symlink(),
-        "link left in place"
-    );
+    assert!(is_link(&slot), "link left in place");
     assert!(host.outside().join("bin").is_dir());
     host.outside_intact();
 }
@@ -488,7 +428,7 @@ fn an_ephemeral_runtime_is_removed_whole_without_opening_fifos_or_following_link
     let host = Host::new();
     let attempt = Uuid::from_u128(0x3f2a_9c01_77aa_4bcd_8e00_1234_5678_9abc);
     let runtime = ephemeral_tree(&host, attempt);
-    let removal = bounded({
+    let removal = bounded(BOUND, {
         let root = host.root.clone();
         let journalled = runtime.to_str().unwrap().to_owned();
         move || remove_ephemeral_runtime(&root, attempt, &journalled)

@@ -9,7 +9,6 @@ use std::fs;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use runner_manager_crds::attempt::WorkspacePlacement;
@@ -24,29 +23,17 @@ use runner_manager_node_agent::workspace::scrub::{Scrubbed, scrub_slot};
 use runner_manager_node_agent::workspace::scrub_plan::SlotOwner;
 use uuid::Uuid;
 
+use crate::workspace_support::{
+    Immutable, assert_only_the_checkout_kept, assert_only_work_left, bounded, make_fifo,
+};
+
+/// How long a removal of these large trees may take before it counts as blocked on a FIFO.
+const BOUND: Duration = Duration::from_secs(30);
+
 const OWNER: SlotOwner<'static> = SlotOwner {
     namespace: "team",
     policy_uid: "uid",
 };
-
-fn make_fifo(path: &Path) {
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        path,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o600),
-        0,
-    )
-    .unwrap();
-}
-
-/// Fails the test if `f` has not returned within 30 s: a removal that opened a FIFO blocks.
-fn bounded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || tx.send(f()));
-    rx.recv_timeout(Duration::from_secs(30))
-        .expect("the removal blocked (did it open a FIFO?)")
-}
 
 /// An `externals`-shaped tree under `root` (40 × 7 directories of files) with links out to
 /// `outside` and FIFOs at every level. Returns how many entries it holds below `root`.
@@ -71,6 +58,19 @@ fn hostile_tree(root: &Path, outside: &Path) -> u64 {
     symlink(outside, root.join("externals/escape")).unwrap();
     make_fifo(&root.join("externals/pipe"));
     entries + 1 + 2
+}
+
+/// `(outside, slots, slot, below)`: slot 1 under `<base>/slots`, holding a hostile tree of
+/// `below` entries with links out to `<base>/outside`, and the `_work` a scrub keeps.
+fn hostile_slot(base: &Path) -> (PathBuf, PathBuf, PathBuf, u64) {
+    let outside = outside_dir(base);
+    let slots = base.join("slots");
+    let slot = prepare_slot(&slots, OWNER.namespace, OWNER.policy_uid, 1)
+        .unwrap()
+        .path;
+    let below = hostile_tree(&slot, &outside);
+    fs::create_dir_all(slot.join("_work")).unwrap();
+    (outside, slots, slot, below)
 }
 
 fn outside_dir(base: &Path) -> PathBuf {
@@ -107,7 +107,7 @@ fn the_parallel_remover_removes_what_the_sequential_one_does_and_follows_nothing
     let parent = open_dir(base.path());
     let name = CString::new("a").unwrap();
     let sequential = remove_entry_at(parent.as_fd(), &name, EntryKind::Directory).unwrap();
-    let parallel = bounded(move || {
+    let parallel = bounded(BOUND, move || {
         let parent = open_dir(b.parent().unwrap());
         let name = CString::new("b").unwrap();
         remove_entry_at_parallel(parent.as_fd(), &name, EntryKind::Directory, 4).unwrap()
@@ -122,61 +122,34 @@ fn the_parallel_remover_removes_what_the_sequential_one_does_and_follows_nothing
 #[test]
 fn a_large_slot_is_scrubbed_on_several_threads_without_following_links_or_opening_fifos() {
     let base = tempfile::tempdir().unwrap();
-    let outside = outside_dir(base.path());
-    let slots = base.path().join("slots");
-    let slot = prepare_slot(&slots, OWNER.namespace, OWNER.policy_uid, 1)
-        .unwrap()
-        .path;
-    let below = hostile_tree(&slot, &outside);
+    let (outside, slots, slot, below) = hostile_slot(base.path());
     fs::create_dir_all(slot.join("_work/repo")).unwrap();
     fs::write(slot.join("_work/repo/checkout.txt"), b"retained").unwrap();
     fs::write(slot.join(".credentials"), b"x").unwrap();
     let placement = WorkspacePlacement::slot(1, slot.to_str().unwrap()).unwrap();
-    let scrubbed = bounded(move || scrub_slot(&placement, &slots, OWNER));
+    let scrubbed = bounded(BOUND, move || scrub_slot(&placement, &slots, OWNER));
     assert_eq!(scrubbed, Ok(Scrubbed::Clean { removed: below + 1 }));
-    let names: Vec<_> = fs::read_dir(&slot)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(names, ["_work"]);
-    assert!(slot.join("_work/repo/checkout.txt").exists());
+    assert_only_the_checkout_kept(&slot);
     outside_intact(&outside);
 }
 
 #[test]
 fn an_unremovable_entry_deep_in_a_large_tree_quarantines_and_is_retried() {
     let base = tempfile::tempdir().unwrap();
-    let outside = outside_dir(base.path());
-    let slots = base.path().join("slots");
-    let slot = prepare_slot(&slots, OWNER.namespace, OWNER.policy_uid, 1)
-        .unwrap()
-        .path;
-    hostile_tree(&slot, &outside);
-    fs::create_dir_all(slot.join("_work")).unwrap();
+    let (outside, slots, slot, _) = hostile_slot(base.path());
     let stuck = slot.join("externals/m17/lib3/deep/f2");
-    let fd = rustix::fs::open(
-        &stuck,
-        rustix::fs::OFlags::RDONLY,
-        rustix::fs::Mode::empty(),
-    )
-    .unwrap();
-    rustix::fs::ioctl_setflags(&fd, rustix::fs::IFlags::IMMUTABLE)
-        .expect("setting the immutable flag needs root on a filesystem that has it");
+    let frozen = Immutable::set(&stuck);
     let placement = WorkspacePlacement::slot(1, slot.to_str().unwrap()).unwrap();
     let q = scrub_slot(&placement, &slots, OWNER).unwrap_err();
     assert_eq!(q.refusal, SlotRefusal::Deletion);
     assert!(stuck.exists());
     outside_intact(&outside);
-    rustix::fs::ioctl_setflags(&fd, rustix::fs::IFlags::empty()).unwrap();
+    drop(frozen);
     assert!(matches!(
         scrub_slot(&placement, &slots, OWNER),
         Ok(Scrubbed::Clean { .. })
     ));
-    let names: Vec<_> = fs::read_dir(&slot)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(names, ["_work"]);
+    assert_only_work_left(&slot);
 }
 
 #[test]
@@ -188,7 +161,9 @@ fn a_large_ephemeral_runtime_is_removed_whole_on_several_threads() {
     let below = hostile_tree(&runtime, &outside);
     let journalled = runtime.to_str().unwrap().to_owned();
     let host = base.path().to_path_buf();
-    let removal = bounded(move || remove_ephemeral_runtime(&host, attempt, &journalled));
+    let removal = bounded(BOUND, move || {
+        remove_ephemeral_runtime(&host, attempt, &journalled)
+    });
     assert_eq!(
         removal.unwrap(),
         EphemeralRemoval::Removed { entries: below + 1 }

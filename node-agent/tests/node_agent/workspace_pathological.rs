@@ -116,6 +116,13 @@ fn wide_tree(top: &Path, dirs: u32, files: u32) {
     }
 }
 
+/// A `DEPTH`-deep tree at `<dir>/job`, its link out to `<dir>/outside` (returned).
+fn deep_job(dir: &Path) -> std::path::PathBuf {
+    let outside = outside(dir);
+    deep_tree(&dir.join("job"), DEPTH, &outside);
+    outside
+}
+
 fn outside(dir: &Path) -> std::path::PathBuf {
     let outside = dir.join("outside");
     fs::create_dir(&outside).unwrap();
@@ -217,8 +224,7 @@ fn remove(parent: &Path, name: &str, threads: usize) -> std::io::Result<Removed>
 fn a_tree_thirty_thousand_deep_is_removed_on_a_small_stack_with_bounded_descriptors() {
     limit_descriptors();
     let dir = tempfile::tempdir().unwrap();
-    let outside = outside(dir.path());
-    deep_tree(&dir.path().join("job"), DEPTH, &outside);
+    let outside = deep_job(dir.path());
     let bystander = Bystander::start(&dir.path().join("other"));
     let parent = dir.path().to_path_buf();
     let removed = on_small_stack(move || remove(&parent, "job", 1)).unwrap();
@@ -244,8 +250,7 @@ fn a_tree_thirty_thousand_deep_is_removed_on_a_small_stack_with_bounded_descript
 fn a_deep_tree_is_removed_by_the_parallel_remover_too() {
     limit_descriptors();
     let dir = tempfile::tempdir().unwrap();
-    let outside = outside(dir.path());
-    deep_tree(&dir.path().join("job"), DEPTH, &outside);
+    let outside = deep_job(dir.path());
     let parent = dir.path().to_path_buf();
     let removed = on_small_stack(move || remove(&parent, "job", 2)).unwrap();
     assert!(!dir.path().join("job").exists());

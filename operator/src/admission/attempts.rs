@@ -101,6 +101,11 @@ mod tests {
         })
     }
 
+    /// `who` updating `old` into `new`, through `subresource` or (`None`) the object itself.
+    fn update(who: &Who, subresource: Option<&str>, old: &Value, new: &Value) -> Verdict {
+        decide(who, Operation::Update, subresource, Some(old), Some(new))
+    }
+
     fn agent(node: &str) -> Who {
         Who::Agent {
             node: Some(node.to_owned()),
@@ -111,33 +116,15 @@ mod tests {
     fn an_agent_writes_the_status_of_its_own_nodes_attempts_only() {
         let old = attempt("a", json!({"state": "Allocated"}));
         let new = attempt("a", json!({"state": "Preparing"}));
-        let own = decide(
-            &agent("a"),
-            Operation::Update,
-            Some("status"),
-            Some(&old),
-            Some(&new),
-        );
+        let own = update(&agent("a"), Some("status"), &old, &new);
         assert_eq!(own, Verdict::Allow);
-        let foreign = decide(
-            &agent("b"),
-            Operation::Update,
-            Some("status"),
-            Some(&old),
-            Some(&new),
-        );
+        let foreign = update(&agent("b"), Some("status"), &old, &new);
         assert_eq!(
             foreign,
             Verdict::deny("RunnerAttempt web-1 is bound to node a; the caller's agent runs on b")
         );
         // An unproven pod (gone, not the DaemonSet's, no node) writes nothing.
-        let unproven = decide(
-            &Who::Agent { node: None },
-            Operation::Update,
-            Some("status"),
-            Some(&old),
-            Some(&new),
-        );
+        let unproven = update(&Who::Agent { node: None }, Some("status"), &old, &new);
         assert!(!unproven.is_allowed());
     }
 
@@ -157,13 +144,7 @@ mod tests {
         ] {
             let mut new = old.clone();
             new["status"][field] = value;
-            let v = decide(
-                &agent("a"),
-                Operation::Update,
-                Some("status"),
-                Some(&old),
-                Some(&new),
-            );
+            let v = update(&agent("a"), Some("status"), &old, &new);
             assert_eq!(
                 v,
                 Verdict::deny(format!(
@@ -175,16 +156,7 @@ mod tests {
         // Removing the runner is a change too.
         let mut new = old.clone();
         new["status"].as_object_mut().unwrap().remove("runner");
-        assert!(
-            !decide(
-                &agent("a"),
-                Operation::Update,
-                Some("status"),
-                Some(&old),
-                Some(&new)
-            )
-            .is_allowed()
-        );
+        assert!(!update(&agent("a"), Some("status"), &old, &new).is_allowed());
     }
 
     #[test]
@@ -199,53 +171,17 @@ mod tests {
         }
         let mut changed = a.clone();
         changed["spec"]["nodeName"] = json!("b");
-        assert!(
-            !decide(
-                &agent("a"),
-                Operation::Update,
-                None,
-                Some(&a),
-                Some(&changed)
-            )
-            .is_allowed()
-        );
-        assert!(
-            !decide(
-                &Who::Other,
-                Operation::Update,
-                None,
-                Some(&a),
-                Some(&changed)
-            )
-            .is_allowed()
-        );
+        assert!(!update(&agent("a"), None, &a, &changed).is_allowed());
+        assert!(!update(&Who::Other, None, &a, &changed).is_allowed());
         // The agent may not touch the object itself at all (finalizers, labels).
         let mut relabelled = a.clone();
         relabelled["metadata"]["labels"] = json!({"x": "y"});
-        assert!(
-            !decide(
-                &agent("a"),
-                Operation::Update,
-                None,
-                Some(&a),
-                Some(&relabelled)
-            )
-            .is_allowed()
-        );
+        assert!(!update(&agent("a"), None, &a, &relabelled).is_allowed());
         // Others changing metadata only (the garbage collector, finalizer removal) pass.
-        assert!(
-            decide(
-                &Who::Other,
-                Operation::Update,
-                None,
-                Some(&a),
-                Some(&relabelled)
-            )
-            .is_allowed()
-        );
+        assert!(update(&Who::Other, None, &a, &relabelled).is_allowed());
         for who in [Who::Operator, Who::Admin] {
             assert!(decide(&who, Operation::Create, None, None, Some(&a)).is_allowed());
-            assert!(decide(&who, Operation::Update, None, Some(&a), Some(&changed)).is_allowed());
+            assert!(update(&who, None, &a, &changed).is_allowed());
         }
     }
 
@@ -255,25 +191,7 @@ mod tests {
         assert!(decide(&agent("b"), Operation::Delete, None, Some(&a), None).is_allowed());
         let mut new = a.clone();
         new["status"]["runner"] = json!({"id": 1});
-        assert!(
-            decide(
-                &Who::Other,
-                Operation::Update,
-                Some("status"),
-                Some(&a),
-                Some(&new)
-            )
-            .is_allowed()
-        );
-        assert!(
-            !decide(
-                &agent("a"),
-                Operation::Update,
-                Some("scale"),
-                Some(&a),
-                Some(&a)
-            )
-            .is_allowed()
-        );
+        assert!(update(&Who::Other, Some("status"), &a, &new).is_allowed());
+        assert!(!update(&agent("a"), Some("scale"), &a, &a).is_allowed());
     }
 }

@@ -150,6 +150,11 @@ mod tests {
         b
     }
 
+    /// Admission for the `inst-1`/`core` bucket [`budgets`] observed.
+    fn admit(b: &mut Budgets, priority: Priority, now_ms: i64) -> Admission {
+        b.admit("inst-1", "core", priority, now_ms)
+    }
+
     #[test]
     fn unknown_buckets_go() {
         let mut b = Budgets::default();
@@ -162,53 +167,35 @@ mod tests {
         // a JIT mint still goes.
         let mut b = budgets(5000, 400, 1_000);
         assert_eq!(
-            b.admit("inst-1", "core", Priority::Observe, 400_000),
+            admit(&mut b, Priority::Observe, 400_000),
             Admission::Wait(Duration::from_secs(600))
         );
-        assert_eq!(
-            b.admit("inst-1", "core", Priority::Launch, 400_000),
-            Admission::Go
-        );
+        assert_eq!(admit(&mut b, Priority::Launch, 400_000), Admission::Go);
         assert_eq!(b.get("inst-1", "core").unwrap().remaining, 399);
     }
 
     #[test]
     fn launches_wait_only_when_nothing_is_left() {
         let mut b = budgets(5000, 1, 1_000);
+        assert_eq!(admit(&mut b, Priority::Launch, 999_000), Admission::Go);
         assert_eq!(
-            b.admit("inst-1", "core", Priority::Launch, 999_000),
-            Admission::Go
-        );
-        assert_eq!(
-            b.admit("inst-1", "core", Priority::Launch, 999_000),
+            admit(&mut b, Priority::Launch, 999_000),
             Admission::Wait(Duration::from_secs(1))
         );
         // After the reset the window is assumed full again.
-        assert_eq!(
-            b.admit("inst-1", "core", Priority::Launch, 1_000_000),
-            Admission::Go
-        );
+        assert_eq!(admit(&mut b, Priority::Launch, 1_000_000), Admission::Go);
     }
 
     #[test]
     fn observation_is_paced_once_half_the_window_is_spent() {
         // 1,000/h, 600 left... above half: no pacing.
         let mut b = budgets(1000, 600, 3600);
-        assert_eq!(
-            b.admit("inst-1", "core", Priority::Observe, 0),
-            Admission::Go
-        );
-        assert_eq!(
-            b.admit("inst-1", "core", Priority::Observe, 0),
-            Admission::Go
-        );
+        assert_eq!(admit(&mut b, Priority::Observe, 0), Admission::Go);
+        assert_eq!(admit(&mut b, Priority::Observe, 0), Admission::Go);
         // 400 left (reserve 100): 300 spendable over 3,600 s = one per 12 s.
         let mut b = budgets(1000, 400, 3600);
-        assert_eq!(
-            b.admit("inst-1", "core", Priority::Observe, 0),
-            Admission::Go
-        );
-        match b.admit("inst-1", "core", Priority::Observe, 1_000) {
+        assert_eq!(admit(&mut b, Priority::Observe, 0), Admission::Go);
+        match admit(&mut b, Priority::Observe, 1_000) {
             Admission::Wait(d) => assert!(
                 d > Duration::from_secs(10) && d <= Duration::from_secs(12),
                 "{d:?}"
@@ -216,9 +203,6 @@ mod tests {
             Admission::Go => panic!("observation must be paced"),
         }
         // A launch is never paced.
-        assert_eq!(
-            b.admit("inst-1", "core", Priority::Launch, 1_000),
-            Admission::Go
-        );
+        assert_eq!(admit(&mut b, Priority::Launch, 1_000), Admission::Go);
     }
 }

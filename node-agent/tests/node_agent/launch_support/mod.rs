@@ -97,14 +97,51 @@ impl World {
         mode: &str,
     ) -> runner_manager_crds::attempt::ProcessIdentity {
         use runner_manager_node_agent::providers::RunnerLauncher;
-        let (secret, _) = jit();
+        let (handoff, _) = self.handoff();
+        launcher.start(&self.spec(mode), handoff).unwrap()
+    }
+
+    /// A fresh JIT handed off in this world's runtime to the runner account, and the JIT's
+    /// text (to look for where it must not be).
+    pub fn handoff(
+        &self,
+    ) -> (
+        runner_manager_node_agent::handoff::RestrictiveHandoff,
+        String,
+    ) {
+        let (secret, value) = jit();
         let handoff = runner_manager_node_agent::handoff::RestrictiveHandoff::create(
             &self.runtime,
             RUNNER,
             &secret,
         )
         .unwrap();
-        launcher.start(&self.spec(mode), handoff).unwrap()
+        (handoff, value)
+    }
+
+    /// [`Self::start`] the stand-in sleeping, and wait until it says it is ready.
+    pub fn start_sleeping(
+        &self,
+        launcher: &DirectLauncher,
+    ) -> runner_manager_crds::attempt::ProcessIdentity {
+        let id = self.start(launcher, "sleep");
+        self.wait_for("ready");
+        id
+    }
+
+    /// [`Self::start`] the stand-in in `mode`, one that exits by itself, and wait (10 s at the
+    /// most) until `launcher` no longer sees it alive.
+    pub fn start_and_wait_exit(
+        &self,
+        launcher: &DirectLauncher,
+        mode: &str,
+    ) -> runner_manager_crds::attempt::ProcessIdentity {
+        use runner_manager_node_agent::providers::RunnerLauncher;
+        let id = self.start(launcher, mode);
+        wait_until(Duration::from_secs(10), || {
+            !launcher.inspect(&id).unwrap().is_alive()
+        });
+        id
     }
 
     pub fn spec(&self, mode: &str) -> LaunchSpec<'_> {
@@ -223,4 +260,17 @@ pub fn handoffs_in(dir: &Path) -> usize {
         .flatten()
         .filter(|e| runner_manager_node_agent::handoff::is_handoff_name(&e.file_name()))
         .count()
+}
+
+/// An unrelated process standing in for whoever got a runner's pid after a recycle, and its
+/// `/proc` start time (the caller kills and reaps it).
+pub fn recycled_pid_owner() -> (std::process::Child, u64) {
+    let owner = std::process::Command::new("sleep")
+        .arg("1000")
+        .spawn()
+        .unwrap();
+    let stat = runner_manager_node_agent::process::stat::read_stat(owner.id())
+        .unwrap()
+        .unwrap();
+    (owner, stat.start_time)
 }

@@ -299,6 +299,21 @@ mod tests {
         Arc::new(if finalizer { held(a) } else { a })
     }
 
+    fn pending(name: &str, created: i64) -> Arc<RunnerAttempt> {
+        Arc::new(AttemptBuilder::new(name, "web").created(t(created)).build())
+    }
+
+    /// `Idle` on `node` since `since`.
+    fn idle_on(name: &str, node: &str, since: i64) -> Arc<RunnerAttempt> {
+        Arc::new(
+            AttemptBuilder::new(name, "web")
+                .node(node)
+                .state(AttemptState::Idle)
+                .edges_at(t(since))
+                .build(),
+        )
+    }
+
     const BOUNDS: Bounds = Bounds {
         admission_timeout: std::time::Duration::from_secs(60),
         node_lost_grace: std::time::Duration::from_secs(60),
@@ -337,14 +352,8 @@ mod tests {
             cleaned("c-old", 100, true),
             cleaned("c-mid", 200, true),
             cleaned("c-new", 300, false),
-            Arc::new(AttemptBuilder::new("p", "web").created(t(0)).build()),
-            Arc::new(
-                AttemptBuilder::new("i", "web")
-                    .node("lost")
-                    .state(AttemptState::Idle)
-                    .edges_at(t(900))
-                    .build(),
-            ),
+            pending("p", 0),
+            idle_on("i", "lost", 900),
             Arc::new(abandoned),
             Arc::new(
                 AttemptBuilder::new("fresh", "web")
@@ -459,14 +468,8 @@ mod tests {
             Arc::new(deleting),
             cleaned("c-mid", 200, false),
             cleaned("c-new", 300, false),
-            Arc::new(AttemptBuilder::new("p", "web").created(t(990)).build()),
-            Arc::new(
-                AttemptBuilder::new("i", "web")
-                    .node("quiet")
-                    .state(AttemptState::Idle)
-                    .edges_at(t(990))
-                    .build(),
-            ),
+            pending("p", 990),
+            idle_on("i", "quiet", 990),
         ];
         // The node went quiet 30 s ago: within the grace.
         let steps = plan(&attempts, t(1000), BOUNDS, |_, _| Some(t(970)));

@@ -413,15 +413,9 @@ mod tests {
             lease("b", 8, 9_990),
             lease("c", 8, 9_990),
         ];
-        let facts = node_facts(
-            &[&a, &b, &c],
-            &leases.iter().collect::<Vec<_>>(),
-            &[],
-            now,
-            None,
-        );
+        let facts = facts_of(&[&a, &b, &c], &leases, &[], now, None);
         let w = PlacementWorker::new();
-        let sel = BTreeMap::from([("pool".to_owned(), "ci".to_owned())]);
+        let sel = ci_pool();
         let none = Resources::default();
         // Every lease advertises the x64 package cached: `c` is preferred for it, and the
         // s390x node, first by name, is never chosen.
@@ -432,13 +426,69 @@ mod tests {
         assert!(p.url.contains("linux-arm64"), "{}", p.url);
         // With only x64 published, the arm64 and s390x nodes get nothing, and say why.
         assert_eq!(
-            w.choose(&facts[..2], &sel, none, "u", &packages(), now)
-                .map(|(n, _)| n),
+            chosen_by(&w, &facts[..2], &sel, none, now),
             Err(Unplaceable::NoPackageForArchitecture)
         );
         // A node without the label (only a hand-made Node object) is taken as amd64.
         let facts = node_facts(&[&node("d")], &[&lease("d", 8, 9_990)], &[], now, None);
         assert_eq!(facts[0].arch, Some(Arch::X64));
+    }
+
+    /// The room node `a` has left in the resource scenarios: 1 CPU and 6 GiB.
+    const ONE_CPU_SIX_GIB: Resources = Resources {
+        cpu_millis: 1000,
+        memory_bytes: 6 << 30,
+    };
+
+    /// What the resource scenarios ask room for.
+    const TWO_CPUS: Resources = Resources {
+        cpu_millis: 2000,
+        memory_bytes: 1 << 30,
+    };
+
+    /// The selector of the `pool: ci` nodes.
+    fn ci_pool() -> BTreeMap<String, String> {
+        BTreeMap::from([("pool".to_owned(), "ci".to_owned())])
+    }
+
+    /// Two CPUs go to node `b` of the ci pool: `a` (the first of `facts`) alone cannot hold
+    /// them.
+    fn assert_two_cpus_go_to_b(w: &PlacementWorker, facts: &[NodeFacts], now: Timestamp) {
+        let sel = ci_pool();
+        assert_eq!(chosen_by(w, facts, &sel, TWO_CPUS, now), Ok("b".to_owned()));
+        assert_eq!(
+            chosen_by(w, &facts[..1], &sel, TWO_CPUS, now),
+            Err(Unplaceable::InsufficientResources)
+        );
+    }
+
+    /// [`node_facts`] over the leases as the tests hold them.
+    fn facts_of(
+        nodes: &[&Node],
+        leases: &[Lease],
+        attempts: &[&RunnerAttempt],
+        now: Timestamp,
+        max_per_node: Option<u32>,
+    ) -> Vec<NodeFacts> {
+        node_facts(
+            nodes,
+            &leases.iter().collect::<Vec<_>>(),
+            attempts,
+            now,
+            max_per_node,
+        )
+    }
+
+    /// The node `w` chooses among `facts` for `need`, with the x64 package published.
+    fn chosen_by(
+        w: &PlacementWorker,
+        facts: &[NodeFacts],
+        sel: &BTreeMap<String, String>,
+        need: Resources,
+        now: Timestamp,
+    ) -> Result<String, Unplaceable> {
+        w.choose(facts, sel, need, "u", &packages(), now)
+            .map(|(n, _)| n)
     }
 
     fn lease(node: &str, capacity: u32, renewed: i64) -> Lease {
@@ -487,38 +537,12 @@ mod tests {
                 cpu: Some(Quantity("3".into())),
                 memory: Some(Quantity("2Gi".into())),
             });
-        let facts = node_facts(
-            &[&a, &b],
-            &leases.iter().collect::<Vec<_>>(),
-            &[&big],
-            now,
-            None,
-        );
-        assert_eq!(
-            facts[0].room,
-            Some(Resources {
-                cpu_millis: 1000,
-                memory_bytes: 6 << 30
-            })
-        );
+        let facts = facts_of(&[&a, &b], &leases, &[&big], now, None);
+        assert_eq!(facts[0].room, Some(ONE_CPU_SIX_GIB));
         assert_eq!(facts[1].room, None, "no allocatable published: unknown");
         let w = PlacementWorker::new();
-        let sel = BTreeMap::from([("pool".to_owned(), "ci".to_owned())]);
-        let two_cpus = Resources {
-            cpu_millis: 2000,
-            memory_bytes: 1 << 30,
-        };
         // By name `a` would win; its room cannot hold two CPUs, `b`'s is unknown.
-        assert_eq!(
-            w.choose(&facts, &sel, two_cpus, "u", &packages(), now)
-                .map(|(n, _)| n),
-            Ok("b".to_owned())
-        );
-        assert_eq!(
-            w.choose(&facts[..1], &sel, two_cpus, "u", &packages(), now)
-                .map(|(n, _)| n),
-            Err(Unplaceable::InsufficientResources)
-        );
+        assert_two_cpus_go_to_b(&w, &facts, now);
     }
 
     #[test]
@@ -557,51 +581,19 @@ mod tests {
             memory_bytes: 1 << 30,
         });
         let w = PlacementWorker::new();
-        let sel = BTreeMap::from([("pool".to_owned(), "ci".to_owned())]);
-        let two_cpus = Resources {
-            cpu_millis: 2000,
-            memory_bytes: 1 << 30,
-        };
+        let sel = ci_pool();
         // a: 4 CPUs less 1.5 of another workload less our 1.5 = 1: cannot hold 2; b can.
         let leases = [advertising("a", busy), advertising("b", None)];
-        let facts = node_facts(
-            &[&a, &b],
-            &leases.iter().collect::<Vec<_>>(),
-            &[&ours],
-            now,
-            None,
-        );
-        assert_eq!(
-            facts[0].room,
-            Some(Resources {
-                cpu_millis: 1000,
-                memory_bytes: 6 << 30
-            })
-        );
-        assert_eq!(
-            w.choose(&facts, &sel, two_cpus, "u", &packages(), now)
-                .map(|(n, _)| n),
-            Ok("b".to_owned())
-        );
-        assert_eq!(
-            w.choose(&facts[..1], &sel, two_cpus, "u", &packages(), now)
-                .map(|(n, _)| n),
-            Err(Unplaceable::InsufficientResources)
-        );
+        let facts = facts_of(&[&a, &b], &leases, &[&ours], now, None);
+        assert_eq!(facts[0].room, Some(ONE_CPU_SIX_GIB));
+        assert_two_cpus_go_to_b(&w, &facts, now);
         // An older agent publishes no foreign requests: the room is as before (2.5 CPUs) and
         // `a` holds two CPUs again.
         let leases = [advertising("a", None), advertising("b", None)];
-        let facts = node_facts(
-            &[&a, &b],
-            &leases.iter().collect::<Vec<_>>(),
-            &[&ours],
-            now,
-            None,
-        );
+        let facts = facts_of(&[&a, &b], &leases, &[&ours], now, None);
         assert_eq!(facts[0].room.map(|r| r.cpu_millis), Some(2500));
         assert_eq!(
-            w.choose(&facts[..1], &sel, two_cpus, "u", &packages(), now)
-                .map(|(n, _)| n),
+            chosen_by(&w, &facts[..1], &sel, TWO_CPUS, now),
             Ok("a".to_owned())
         );
     }
@@ -626,13 +618,7 @@ mod tests {
             journal: j,
             ..RunnerAttemptStatus::default()
         });
-        let facts = node_facts(
-            &[&a, &b],
-            &leases.iter().collect::<Vec<_>>(),
-            &[&pending, &rejected],
-            now,
-            None,
-        );
+        let facts = facts_of(&[&a, &b], &leases, &[&pending, &rejected], now, None);
         assert_eq!(facts[0].counted, BTreeSet::from(["p1".to_owned()]));
         assert!(
             facts[1].counted.is_empty(),
@@ -644,29 +630,21 @@ mod tests {
             "cooling down"
         );
         let w = PlacementWorker::new();
-        let sel = BTreeMap::from([("pool".to_owned(), "ci".to_owned())]);
+        let sel = ci_pool();
         assert_eq!(
-            w.choose(&facts, &sel, Resources::default(), "u", &packages(), now)
-                .map(|(n, _)| n),
+            chosen_by(&w, &facts, &sel, Resources::default(), now),
             Ok("a".into())
         );
         let later = Timestamp::from_second(10_040).unwrap();
         let leases = [lease("a", 2, 10_030), lease("b", 2, 10_030)];
-        let facts = node_facts(
-            &[&a, &b],
-            &leases.iter().collect::<Vec<_>>(),
-            &[&pending, &rejected],
-            later,
-            None,
-        );
+        let facts = facts_of(&[&a, &b], &leases, &[&pending, &rejected], later, None);
         assert_eq!(
             facts[1].agent.as_ref().unwrap().free,
             Some(2),
             "cooled down"
         );
         assert_eq!(
-            w.choose(&facts, &sel, Resources::default(), "u", &packages(), later)
-                .map(|(n, _)| n),
+            chosen_by(&w, &facts, &sel, Resources::default(), later),
             Ok("b".into()),
             "spread: b holds nothing"
         );
@@ -679,36 +657,21 @@ mod tests {
         // The agent claims 50; the admin allows 2 per node; one attempt is already there.
         let leases = [lease("a", 50, 9_990)];
         let pending = attempt("p1", "a");
-        let facts = node_facts(
-            &[&a],
-            &leases.iter().collect::<Vec<_>>(),
-            &[&pending],
-            now,
-            Some(2),
-        );
+        let facts = facts_of(&[&a], &leases, &[&pending], now, Some(2));
         assert_eq!(facts[0].agent.as_ref().unwrap().capacity, 2);
         let mut w = PlacementWorker::new();
-        let sel = BTreeMap::from([("pool".to_owned(), "ci".to_owned())]);
+        let sel = ci_pool();
         assert_eq!(
-            w.choose(&facts, &sel, Resources::default(), "u", &packages(), now)
-                .map(|(n, _)| n),
+            chosen_by(&w, &facts, &sel, Resources::default(), now),
             Ok("a".into())
         );
         w.created("p2", "a", now);
         assert!(
-            w.choose(&facts, &sel, Resources::default(), "u", &packages(), now)
-                .map(|(n, _)| n)
-                .is_err(),
+            chosen_by(&w, &facts, &sel, Resources::default(), now).is_err(),
             "2 of 2 used: full, whatever the advert says"
         );
         // A cap above the advert changes nothing.
-        let facts = node_facts(
-            &[&a],
-            &leases.iter().collect::<Vec<_>>(),
-            &[&pending],
-            now,
-            Some(100),
-        );
+        let facts = facts_of(&[&a], &leases, &[&pending], now, Some(100));
         assert_eq!(facts[0].agent.as_ref().unwrap().capacity, 50);
     }
 }
