@@ -24,6 +24,9 @@ pub const OCI: AttemptKind = AttemptKind {
     workspace: WorkspaceMode::Ephemeral,
 };
 
+/// Where an ephemeral attempt's admission places its runtime (`workspace.runtimePath`).
+pub const RUNTIME_PATH: &str = "/var/lib/rm/runners/abc";
+
 pub fn t0() -> Timestamp {
     Timestamp::from_second(1_800_000_000).unwrap()
 }
@@ -60,9 +63,7 @@ pub fn transition_in_slot(kind: AttemptKind, edge: EdgeKind, slot: u32) -> Trans
     match edge {
         EdgeKind::Admit => Transition::Admit {
             placement: match kind.workspace {
-                WorkspaceMode::Ephemeral => {
-                    WorkspacePlacement::ephemeral("/var/lib/rm/runners/abc")
-                }
+                WorkspaceMode::Ephemeral => WorkspacePlacement::ephemeral(RUNTIME_PATH),
                 WorkspaceMode::Persistent => {
                     WorkspacePlacement::slot(slot, format!("/slots/ns/uid/s{slot}")).unwrap()
                 }
@@ -125,13 +126,18 @@ fn step_in_slot(
     now: Timestamp,
     slot: u32,
 ) -> AttemptJournal {
-    j.apply(
-        edge.actor(),
-        kind,
-        transition_in_slot(kind, edge, slot),
-        now,
-    )
-    .unwrap_or_else(|e| panic!("{edge:?} from {:?}: {e}", j.state()))
+    step_with(j, kind, edge, transition_in_slot(kind, edge, slot), now)
+}
+
+fn step_with(
+    j: &AttemptJournal,
+    kind: AttemptKind,
+    edge: EdgeKind,
+    transition: Transition,
+    now: Timestamp,
+) -> AttemptJournal {
+    j.apply(edge.actor(), kind, transition, now)
+        .unwrap_or_else(|e| panic!("{edge:?} from {:?}: {e}", j.state()))
 }
 
 /// A journal in `state`, walked there along the shortest legal path, each edge at `t0`.
@@ -143,15 +149,18 @@ pub fn journal_in(kind: AttemptKind, state: AttemptState) -> AttemptJournal {
 
 /// [`journal_in`], a persistent attempt in slot `slot`.
 pub fn journal_in_slot(kind: AttemptKind, state: AttemptState, slot: u32) -> AttemptJournal {
-    journal_in_slot_at(kind, state, slot, t0())
+    journal_along(kind, state, t0(), |edge| {
+        transition_in_slot(kind, edge, slot)
+    })
 }
 
-/// [`journal_in_slot`], every edge at `at`.
-fn journal_in_slot_at(
+/// A journal in `state` along the shortest legal path, each edge at `at` carrying the payload
+/// `transition` gives it.
+fn journal_along(
     kind: AttemptKind,
     state: AttemptState,
-    slot: u32,
     at: Timestamp,
+    transition: impl Fn(EdgeKind) -> Transition,
 ) -> AttemptJournal {
     assert!(
         reachable(kind, state),
@@ -207,7 +216,7 @@ fn journal_in_slot_at(
     }
     let mut j = AttemptJournal::default();
     for e in path {
-        j = step_in_slot(&j, kind, e, at, slot);
+        j = step_with(&j, kind, e, transition(e), at);
     }
     assert_eq!(j.state(), state);
     j
@@ -252,6 +261,7 @@ pub struct AttemptBuilder {
     resources: serde_json::Map<String, serde_json::Value>,
     edges_at: Option<Timestamp>,
     job: Option<i64>,
+    registration: Option<RunnerRegistration>,
 }
 
 impl AttemptBuilder {
@@ -275,7 +285,19 @@ impl AttemptBuilder {
             resources: serde_json::Map::new(),
             edges_at: None,
             job: None,
+            registration: None,
         }
+    }
+
+    /// The GitHub registration the journal's JIT edge records (`status.runner`): whatever the
+    /// broker was told, the agent may journal any name and id, so a test can give another
+    /// runner's.
+    pub fn registration(mut self, name: &str, id: i64) -> Self {
+        self.registration = Some(RunnerRegistration {
+            name: name.to_owned(),
+            id,
+        });
+        self
     }
 
     /// Every edge of the journal at `at` ([`t0`] unless set): its timestamps (`busyAt`,
@@ -422,10 +444,15 @@ impl AttemptBuilder {
                 }),
                 ..AttemptFacts::default()
             };
-            a.status = Some(RunnerAttemptStatus {
-                journal: journal_in_slot_at(self.kind, state, self.slot, at),
-                facts,
+            let journal = journal_along(self.kind, state, at, |edge| {
+                match (edge, &self.registration) {
+                    (EdgeKind::ReceiveJit, Some(runner)) => Transition::ReceiveJit {
+                        runner: runner.clone(),
+                    },
+                    _ => transition_in_slot(self.kind, edge, self.slot),
+                }
             });
+            a.status = Some(RunnerAttemptStatus { journal, facts });
         }
         a
     }

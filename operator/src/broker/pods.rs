@@ -283,30 +283,17 @@ pub async fn remove(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use runner_manager_crds::fixtures::{AttemptBuilder, RUNTIME_PATH};
     use std::collections::BTreeMap;
 
-    const IMAGE: &str = "registry.local/runner@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-
-    fn attempt(mode: &str, state: &str) -> RunnerAttempt {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
-            "metadata": {"name": "oci-3f2a9c0177aa", "namespace": "team", "uid": "u-1"},
-            "spec": {
-                "id": "3f2a9c01-77aa-4bcd-8e00-123456789abc", "policy": "oci", "nodeName": "n1",
-                "snapshot": {
-                    "policyUid": "p", "target": {"url": "https://github.com/o/r", "scope": "Repository"},
-                    "labels": [], "runnerGroupId": 1, "workspace": "Ephemeral", "maxSlots": 1,
-                    "execution": {"mode": mode, "image": IMAGE},
-                    "runner": {"version": "2.330.0", "url": "https://example.invalid/r.tgz", "sha256": "0".repeat(64)},
-                    "timeouts": {"registration": "5m", "idle": "5m", "jitHandoff": "2m"}
-                }
-            },
-            "status": {
-                "state": state,
-                "workspace": {"kind": "Ephemeral", "runtimePath": "/var/lib/runner-manager/runners/3f2a9c0177aa"}
-            }
-        }))
-        .expect("a valid attempt")
+    /// Attempt `oci-3f2a9c0177aa` (uid `u-1`) of policy `oci` on node `n1`, walked to `state`.
+    fn attempt(mode: ExecutionMode, state: AttemptState) -> RunnerAttempt {
+        AttemptBuilder::new("oci-3f2a9c0177aa", "oci")
+            .namespace("team")
+            .uid("u-1")
+            .execution(mode)
+            .state(state)
+            .build()
     }
 
     fn caller(node: &str) -> Caller {
@@ -319,7 +306,7 @@ mod tests {
 
     fn runner(edit: impl FnOnce(&mut OrderedPod)) -> PodOrder {
         let mut pod = OrderedPod::Runner {
-            host_runtime: "/var/lib/runner-manager/runners/3f2a9c0177aa".into(),
+            host_runtime: RUNTIME_PATH.into(),
             run_as_user: 20001,
             run_as_group: 20000,
             environment: BTreeMap::from([("FOO".into(), "bar".into())]),
@@ -345,7 +332,7 @@ mod tests {
 
     #[test]
     fn an_order_from_the_attempts_node_gets_the_builders_pod_on_that_node() {
-        let a = attempt("Oci", "Preparing");
+        let a = attempt(ExecutionMode::Oci, AttemptState::Preparing);
         let pod = check_order(&a, &caller("n1"), &runner(|_| {}), None).expect("a pod");
         let spec = pod.spec.as_ref().expect("spec");
         assert_eq!(spec.node_name.as_deref(), Some("n1"));
@@ -353,7 +340,7 @@ mod tests {
         assert!(!is_repeat(&pod, &a, PodRole::Runner, "n2"));
         assert!(!is_repeat(&pod, &a, PodRole::Placeholder, "n1"));
         assert_eq!(check_removal(&pod, &caller("n1")), Ok(PodRole::Runner));
-        let native = attempt("Native", "Allocated");
+        let native = attempt(ExecutionMode::Native, AttemptState::Allocated);
         let placeholder = check_order(&native, &caller("n1"), &placeholder_order(), Some(&pause()))
             .expect("a placeholder");
         assert_eq!(
@@ -371,7 +358,7 @@ mod tests {
 
     #[test]
     fn a_stolen_nodes_order_for_what_the_attempt_does_not_want_is_refused() {
-        let a = attempt("Oci", "Preparing");
+        let a = attempt(ExecutionMode::Oci, AttemptState::Preparing);
         assert_eq!(
             code(check_order(&a, &caller("n2"), &runner(|_| {}), None)),
             BrokerErrorCode::WrongNode,
@@ -436,7 +423,7 @@ mod tests {
         }
         assert_eq!(
             code(check_order(
-                &attempt("Oci", "Idle"),
+                &attempt(ExecutionMode::Oci, AttemptState::Idle),
                 &caller("n1"),
                 &runner(|_| {}),
                 None
@@ -444,9 +431,12 @@ mod tests {
             BrokerErrorCode::PodRefused,
             "a runner pod only while Preparing"
         );
+        // The mode alone differs from `a`: a native attempt never journals Preparing.
+        let mut native_preparing = a.clone();
+        native_preparing.spec.snapshot.execution.mode = ExecutionMode::Native;
         assert_eq!(
             code(check_order(
-                &attempt("Native", "Preparing"),
+                &native_preparing,
                 &caller("n1"),
                 &runner(|_| {}),
                 None
@@ -456,7 +446,7 @@ mod tests {
         );
         assert_eq!(
             code(check_order(
-                &attempt("Native", "Allocated"),
+                &attempt(ExecutionMode::Native, AttemptState::Allocated),
                 &caller("n1"),
                 &placeholder_order(),
                 None
@@ -468,7 +458,7 @@ mod tests {
 
     #[test]
     fn only_an_attempts_pod_on_the_callers_node_is_removed() {
-        let a = attempt("Oci", "Preparing");
+        let a = attempt(ExecutionMode::Oci, AttemptState::Preparing);
         let pod = check_order(&a, &caller("n1"), &runner(|_| {}), None).expect("a pod");
         assert_eq!(
             check_removal(&pod, &caller("n2")).map_err(|e| e.code),

@@ -416,14 +416,9 @@ mod tests {
     #[tokio::test]
     async fn housekeeping_writes_each_step_in_order_the_finalizer_before_the_delete() {
         let (failed, seen) = housekeep_abandoned_then_cleaned(|req| {
-            (
-                200,
-                serde_json::json!({
-                    "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
-                    "metadata": {"name": req.path.rsplit('/').next().unwrap_or_default(), "namespace": "team"},
-                    "spec": serde_json::to_value(AttemptBuilder::new("x", "web").build().spec).unwrap_or_default(),
-                }),
-            )
+            let name = req.path.rsplit('/').next().unwrap_or_default();
+            let attempt = AttemptBuilder::new(name, "web").namespace("team").build();
+            (200, serde_json::to_value(attempt).unwrap_or_default())
         })
         .await;
         assert!(failed.is_empty(), "{failed:?}");

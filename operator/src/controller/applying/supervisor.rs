@@ -403,6 +403,7 @@ pub async fn observe(
 mod tests {
     use super::*;
     use crate::github::types::RunnerLabel;
+    use runner_manager_crds::fixtures::AttemptBuilder;
 
     fn runner(name: &str, status: &str, labels: &[&str]) -> Runner {
         Runner {
@@ -453,19 +454,12 @@ mod tests {
     #[test]
     fn a_forged_status_runner_never_chooses_the_registration_deleted() {
         let own = "01234567-89ab-4def-8123-456789abcdef";
-        // The agent (or anyone with status rights) wrote another runner's id and name.
-        let a: RunnerAttempt = serde_json::from_value(serde_json::json!({
-            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
-            "metadata": {"name": "web-1"},
-            "spec": {"id": own, "policy": "web", "nodeName": "n",
-              "snapshot": {"policyUid": "u", "target": {"url": "https://github.com/a/b", "scope": "Repository"},
-                "labels": ["x"], "runnerGroupId": 1, "workspace": "Ephemeral", "maxSlots": 1,
-                "execution": {"mode": "Native"},
-                "runner": {"version": "2.330.0", "url": "u", "sha256": "a".repeat(64)},
-                "timeouts": {"registration": "60s", "idle": "120s", "jitHandoff": "120s"}}},
-            "status": {"state": "Finished", "runner": {"id": 99, "name": "victim"}}
-        }))
-        .unwrap();
+        // The agent (or anyone with status rights) journalled another runner's id and name.
+        let a = AttemptBuilder::new("web-1", "web")
+            .state(AttemptState::Finished)
+            .registration("victim", 99)
+            .build();
+        assert_eq!(a.spec.id, own);
         assert_eq!(a.status.as_ref().unwrap().journal.runner().unwrap().id, 99);
         let mine = format!("runner-manager-{own}");
         assert_eq!(registration_name(&a).as_deref(), Some(mine.as_str()));
@@ -484,23 +478,14 @@ mod tests {
         assert!(listed_runner(&only_victim, &a).is_none());
     }
 
-    fn attempt_in(state: &str, runner: Option<i64>) -> RunnerAttempt {
-        let mut status = serde_json::json!({"state": state});
-        if let Some(id) = runner {
-            status["runner"] = serde_json::json!({"id": id, "name": "n"});
+    /// Attempt `web-1` in `state`, its JIT edge (if its path has one) journalling runner `id`.
+    fn attempt_in(state: AttemptState, runner: Option<i64>) -> RunnerAttempt {
+        let a = AttemptBuilder::new("web-1", "web").state(state);
+        match runner {
+            Some(id) => a.registration("n", id),
+            None => a,
         }
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
-            "metadata": {"name": "web-1"},
-            "spec": {"id": "01234567-89ab-4def-8123-456789abcdef", "policy": "web", "nodeName": "n",
-              "snapshot": {"policyUid": "u", "target": {"url": "https://github.com/a/b", "scope": "Repository"},
-                "labels": ["x"], "runnerGroupId": 1, "workspace": "Ephemeral", "maxSlots": 1,
-                "execution": {"mode": "Native"},
-                "runner": {"version": "2.330.0", "url": "u", "sha256": "a".repeat(64)},
-                "timeouts": {"registration": "60s", "idle": "120s", "jitHandoff": "120s"}}},
-            "status": status
-        }))
-        .unwrap()
+        .build()
     }
 
     #[test]
@@ -510,18 +495,23 @@ mod tests {
         listed.id = 42;
         let listing: HashMap<String, Runner> = [(name.to_owned(), listed.clone())].into();
         // A broker died between GitHub's 201 and its CAS: the agent concluded JitExpired, no id.
-        let lost = attempt_in("Failed", None);
+        let lost = attempt_in(AttemptState::Failed, None);
         assert_eq!(
             concluded_registration(&listing, &lost).map(|r| r.id),
             Some(42)
         );
         assert_eq!(
-            concluded_registration(&listing, &attempt_in("Finished", Some(42))).map(|r| r.id),
+            concluded_registration(&listing, &attempt_in(AttemptState::Finished, Some(42)))
+                .map(|r| r.id),
             Some(42)
         );
         // Live attempts are the termination's business, never this path's.
-        assert!(concluded_registration(&listing, &attempt_in("Prepared", None)).is_none());
-        assert!(concluded_registration(&listing, &attempt_in("Idle", Some(42))).is_none());
+        assert!(
+            concluded_registration(&listing, &attempt_in(AttemptState::Prepared, None)).is_none()
+        );
+        assert!(
+            concluded_registration(&listing, &attempt_in(AttemptState::Idle, Some(42))).is_none()
+        );
         // A busy registration is never deleted.
         listed.busy = true;
         let busy: HashMap<String, Runner> = [(name.to_owned(), listed)].into();
@@ -551,17 +541,29 @@ mod tests {
 
     #[test]
     fn no_github_fact_is_written_on_a_concluded_attempt_but_its_job_is() {
-        for state in ["Finished", "Failed", "Cleaned"] {
+        for state in [
+            AttemptState::Finished,
+            AttemptState::Failed,
+            AttemptState::Cleaned,
+        ] {
             let a = attempt_in(state, Some(42));
             assert!(
                 github_facts(&a, GitHubRunnerStatus::Online, true).is_none(),
-                "{state}: a GitHub fact"
+                "{state:?}: a GitHub fact"
             );
             // The job fact is: the ledger's presumption reads it on a concluded runner.
-            assert_eq!(job_facts(&a, &job(7)).unwrap().job, Some(job(7)), "{state}");
+            assert_eq!(
+                job_facts(&a, &job(7)).unwrap().job,
+                Some(job(7)),
+                "{state:?}"
+            );
         }
         // A live runner gets both: the agent decides on them.
-        for state in ["Starting", "Idle", "Busy"] {
+        for state in [
+            AttemptState::Starting,
+            AttemptState::Idle,
+            AttemptState::Busy,
+        ] {
             let a = attempt_in(state, Some(42));
             assert!(github_facts(&a, GitHubRunnerStatus::Online, true).is_some());
             assert_eq!(job_facts(&a, &job(7)).unwrap().job, Some(job(7)));
@@ -570,7 +572,7 @@ mod tests {
 
     #[test]
     fn a_job_fact_carries_the_github_fact_and_is_not_written_twice() {
-        let mut a = attempt_in("Starting", Some(42));
+        let mut a = attempt_in(AttemptState::Starting, Some(42));
         let github = github_facts(&a, GitHubRunnerStatus::Online, false).unwrap();
         a.status.as_mut().unwrap().facts = github.clone();
         let both = job_facts(&a, &job(7)).unwrap();
