@@ -262,6 +262,8 @@ pub struct AttemptBuilder {
     edges_at: Option<Timestamp>,
     job: Option<i64>,
     registration: Option<RunnerRegistration>,
+    conclusion: Option<(Outcome, AttemptState)>,
+    annotations: std::collections::BTreeMap<String, String>,
 }
 
 impl AttemptBuilder {
@@ -286,7 +288,24 @@ impl AttemptBuilder {
             edges_at: None,
             job: None,
             registration: None,
+            conclusion: None,
+            annotations: std::collections::BTreeMap::new(),
         }
+    }
+
+    /// Concluded with `outcome` from the live state `from` (`Pending` for a rejection) rather
+    /// than the journal's default conclusion: what a test of the outcome, or of whether the
+    /// runner ever registered (from `Idle` or `Busy`), needs. The state is the conclusion's, or
+    /// [`state`](Self::state)'s when that is `Cleaned` (the cleanup follows the conclusion).
+    pub fn concluded(mut self, outcome: Outcome, from: AttemptState) -> Self {
+        self.conclusion = Some((outcome, from));
+        self
+    }
+
+    /// A `metadata.annotations` entry.
+    pub fn annotation(mut self, key: &str, value: &str) -> Self {
+        self.annotations.insert(key.to_owned(), value.to_owned());
+        self
     }
 
     /// The GitHub registration the journal's JIT edge records (`status.runner`): whatever the
@@ -426,13 +445,14 @@ impl AttemptBuilder {
         let mut a: RunnerAttempt = serde_json::from_value(serde_json::json!({
             "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
             "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid,
+              "annotations": (!self.annotations.is_empty()).then_some(&self.annotations),
               "resourceVersion": self.resource_version,
               "creationTimestamp": self.created.map(|t| t.to_string())},
             "spec": {"id": "01234567-89ab-4def-8123-456789abcdef", "policy": self.policy,
               "nodeName": self.node, "snapshot": snapshot}
         }))
         .expect("the fixture is a valid RunnerAttempt");
-        if self.state.is_some() || self.job.is_some() {
+        if self.state.is_some() || self.job.is_some() || self.conclusion.is_some() {
             let state = self.state.unwrap_or_default();
             let at = self.edges_at.unwrap_or_else(t0);
             let facts = AttemptFacts {
@@ -444,14 +464,36 @@ impl AttemptBuilder {
                 }),
                 ..AttemptFacts::default()
             };
-            let journal = journal_along(self.kind, state, at, |edge| {
-                match (edge, &self.registration) {
-                    (EdgeKind::ReceiveJit, Some(runner)) => Transition::ReceiveJit {
-                        runner: runner.clone(),
-                    },
-                    _ => transition_in_slot(self.kind, edge, self.slot),
+            let payload = |edge| match (edge, &self.registration) {
+                (EdgeKind::ReceiveJit, Some(runner)) => Transition::ReceiveJit {
+                    runner: runner.clone(),
+                },
+                _ => transition_in_slot(self.kind, edge, self.slot),
+            };
+            let journal = match self.conclusion {
+                None => journal_along(self.kind, state, at, payload),
+                Some((outcome, from)) => {
+                    let live = journal_along(self.kind, from, at, payload);
+                    let conclude = Transition::Conclude(outcome);
+                    let mut j = step_with(&live, self.kind, conclude.kind(), conclude, at);
+                    if self.state == Some(AttemptState::Cleaned) {
+                        let cleanup: &[EdgeKind] = match (j.state(), self.kind.execution) {
+                            (AttemptState::Cleaned, _) => &[],
+                            (_, ExecutionMode::Oci) => &[EdgeKind::BeginDestroy, EdgeKind::Clean],
+                            (_, ExecutionMode::Native) => &[EdgeKind::Clean],
+                        };
+                        for e in cleanup {
+                            j = step_with(&j, self.kind, *e, payload(*e), at);
+                        }
+                    }
+                    assert!(
+                        self.state.is_none_or(|s| s == j.state()),
+                        "{outcome:?} from {from:?} never reaches {:?}",
+                        self.state
+                    );
+                    j
                 }
-            });
+            };
             a.status = Some(RunnerAttemptStatus { journal, facts });
         }
         a

@@ -2,7 +2,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use runner_manager_crds::attempt::{RunnerPackage, TerminationReason};
+use runner_manager_crds::attempt::{RunnerPackage, TargetScope, TerminationReason};
+use runner_manager_crds::fixtures::AttemptBuilder;
 use runner_manager_crds::outcome::{FailureReason, OrphanReason, RejectReason};
 use runner_manager_crds::policy::PolicyReason;
 use serde_json::json;
@@ -15,10 +16,6 @@ const NOW: i64 = 100_000;
 
 fn t(s: i64) -> Timestamp {
     Timestamp::from_second(s).unwrap()
-}
-
-fn rfc(s: i64) -> String {
-    t(s).to_string()
 }
 
 fn limits() -> Limits {
@@ -62,50 +59,40 @@ fn with_pending(mut p: ScalePolicy, jobs: usize) -> ScalePolicy {
     p
 }
 
-/// An attempt of generation 2 created at `created` on `node`; `status` is its flattened status.
-fn attempt(name: &str, node: &str, created: i64, status: Value) -> Arc<RunnerAttempt> {
-    let uuid = format!(
-        "01234567-89ab-4def-8123-{:012x}",
-        name.len() * 1000 + created as usize
-    );
-    Arc::new(
-        serde_json::from_value(json!({
-            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "RunnerAttempt",
-            "metadata": {"name": name, "namespace": "team",
-                         "creationTimestamp": rfc(created),
-                         "annotations": {POLICY_GENERATION_ANNOTATION: "2"}},
-            "spec": {"id": uuid, "policy": "web", "nodeName": node,
-              "snapshot": {"policyUid": "u-1", "target": {"url": "https://github.com/acme/web", "scope": "Repository"},
-                "labels": ["x"], "runnerGroupId": 1, "workspace": "Ephemeral", "maxSlots": 1,
-                "execution": {"mode": "Native"},
-                "runner": {"version": "2.330.0", "url": "u", "sha256": "a".repeat(64)},
-                "timeouts": {"registration": "60s", "idle": "120s", "jitHandoff": "120s"}}},
-            "status": status
-        }))
-        .unwrap(),
-    )
+/// An attempt of generation 2 of policy `web` created at `created` on `node`, no status yet.
+fn attempt(name: &str, node: &str, created: i64) -> AttemptBuilder {
+    AttemptBuilder::new(name, "web")
+        .namespace("team")
+        .node(node)
+        .created(t(created))
+        .annotation(POLICY_GENERATION_ANNOTATION, "2")
+        .policy_uid("u-1")
+        .target("https://github.com/acme/web", TargetScope::Repository)
 }
 
 fn pending(name: &str) -> Arc<RunnerAttempt> {
-    attempt(name, "n1", NOW - 5, json!({}))
+    Arc::new(
+        attempt(name, "n1", NOW - 5)
+            .state(AttemptState::Pending)
+            .build(),
+    )
 }
 
 fn starting(name: &str, jit_at: i64) -> Arc<RunnerAttempt> {
-    attempt(
-        name,
-        "n1",
-        jit_at - 5,
-        json!({"state": "Starting", "timestamps": {"jitReceivedAt": rfc(jit_at)}}),
+    Arc::new(
+        attempt(name, "n1", jit_at - 5)
+            .state(AttemptState::Starting)
+            .edges_at(t(jit_at))
+            .build(),
     )
 }
 
 fn idle_on(name: &str, node: &str, since: i64) -> Arc<RunnerAttempt> {
-    attempt(
-        name,
-        node,
-        since - 10,
-        json!({"state": "Idle", "timestamps": {"registeredAt": rfc(since),
-                                                "lastStateChangeAt": rfc(since)}}),
+    Arc::new(
+        attempt(name, node, since - 10)
+            .state(AttemptState::Idle)
+            .edges_at(t(since))
+            .build(),
     )
 }
 
@@ -113,43 +100,42 @@ fn idle(name: &str, since: i64) -> Arc<RunnerAttempt> {
     idle_on(name, "n1", since)
 }
 
+/// Busy since NOW-80.
 fn busy(name: &str) -> Arc<RunnerAttempt> {
-    attempt(
-        name,
-        "n1",
-        NOW - 100,
-        json!({"state": "Busy", "timestamps": {"registeredAt": rfc(NOW - 90),
-                                                "busyAt": rfc(NOW - 80),
-                                                "lastStateChangeAt": rfc(NOW - 80)}}),
+    Arc::new(
+        attempt(name, "n1", NOW - 100)
+            .state(AttemptState::Busy)
+            .edges_at(t(NOW - 80))
+            .build(),
     )
 }
 
+/// Concluded with `outcome` 10 s after its creation; `registered`: whether its runner had
+/// registered (a job's completion and an idle exit always had).
 fn concluded(name: &str, created: i64, outcome: Outcome, registered: bool) -> Arc<RunnerAttempt> {
-    let mut ts = json!({"concludedAt": rfc(created + 10), "lastStateChangeAt": rfc(created + 10)});
-    if registered {
-        ts["registeredAt"] = json!(rfc(created + 5));
-    }
-    let state = match outcome {
-        Outcome::CompletedJob | Outcome::ExitedIdleWithoutWork => "Finished",
-        Outcome::Failed(_) => "Failed",
-        Outcome::Orphaned(_) => "Orphaned",
-        Outcome::Rejected(_) => "Cleaned",
+    let from = match outcome {
+        Outcome::CompletedJob => AttemptState::Busy,
+        Outcome::ExitedIdleWithoutWork => AttemptState::Idle,
+        Outcome::Rejected(_) => AttemptState::Pending,
+        Outcome::Failed(_) | Outcome::Orphaned(_) if registered => AttemptState::Idle,
+        Outcome::Failed(_) | Outcome::Orphaned(_) => AttemptState::Allocated,
     };
-    attempt(
-        name,
-        "n1",
-        created,
-        json!({"state": state, "outcome": outcome, "timestamps": ts}),
+    Arc::new(
+        attempt(name, "n1", created)
+            .concluded(outcome, from)
+            .edges_at(t(created + 10))
+            .build(),
     )
 }
 
+/// A job's runner, cleaned at NOW-400.
 fn cleaned(name: &str) -> Arc<RunnerAttempt> {
-    attempt(
-        name,
-        "n1",
-        NOW - 500,
-        json!({"state": "Cleaned", "outcome": Outcome::CompletedJob,
-               "timestamps": {"cleanedAt": rfc(NOW - 400)}}),
+    Arc::new(
+        attempt(name, "n1", NOW - 500)
+            .concluded(Outcome::CompletedJob, AttemptState::Busy)
+            .state(AttemptState::Cleaned)
+            .edges_at(t(NOW - 400))
+            .build(),
     )
 }
 
