@@ -41,7 +41,8 @@ What is checked, and where (the matching rules; nothing outside them is looked a
       RunnerAttempt` (apiVersion runner-manager.dev/...): every key under `spec` and `status`
       must be in the schema, and a value of a field with an enum must be one of it.
 3. Metric names `runner_manager_...` anywhere (prose, code spans, code blocks): the names the
-   code registers are `Registry::with_prefix("P")` + `_` + each name given to `register(...)`
+   code registers are `Registry::with_prefix("P")` + `_` + each name given to `register(...)` or
+   to the telemetry crate's `registered(&mut registry, "name", ..)`
    (or listed as `("name", "help")` pairs or `name: "…", help:` table rows) in the same source file; a doc name matches with or
    without the exposition suffixes _total, _info, _bucket, _sum, _count, _created. A name ending
    in `*` matches any registered name it prefixes. Crate paths and log targets
@@ -405,6 +406,8 @@ def metric_names(root):
             if not prefixes:
                 continue
             found = re.findall(r'\.register(?:_with_unit)?\(\s*"([a-z][a-z0-9_]*)"', text)
+            # `telemetry::registry::registered(_as)(&mut registry, "name", "help", ..)`.
+            found += re.findall(r'\bregistered(?:_as)?\(\s*&mut \w+,\s*"([a-z][a-z0-9_]*)"', text)
             found += re.findall(r'\(\s*"([a-z][a-z0-9_]*)",\s*"', text)
             # A table of families (`metrics::POLICY_GAUGES`): rows `name: "…", help: "…"`.
             found += re.findall(r'\bname:\s*"([a-z][a-z0-9_]*)",\s*help:', text)

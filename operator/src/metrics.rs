@@ -15,6 +15,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use runner_manager_telemetry::registry::{registered, registered_as};
 
 use runner_manager_telemetry::exposition;
 
@@ -202,65 +203,56 @@ impl std::fmt::Debug for Metrics {
 impl Metrics {
     pub fn new() -> Arc<Self> {
         let mut registry = Registry::with_prefix("runner_manager");
-        let github_calls = Family::<CallLabels, Counter>::default();
-        registry.register(
+        let github_calls: Family<CallLabels, Counter> = registered(
+            &mut registry,
             "github_calls",
             "GitHub API calls by endpoint and HTTP status",
-            github_calls.clone(),
         );
-        let rate_limit_remaining = Family::<BucketLabels, Gauge>::default();
-        registry.register(
+        let rate_limit_remaining: Family<BucketLabels, Gauge> = registered(
+            &mut registry,
             "github_rate_limit_remaining",
             "Requests left in the rate-limit window, per credential and bucket, as GitHub last said",
-            rate_limit_remaining.clone(),
         );
-        let rate_limit_reset = Family::<BucketLabels, Gauge>::default();
-        registry.register(
+        let rate_limit_reset: Family<BucketLabels, Gauge> = registered(
+            &mut registry,
             "github_rate_limit_reset_timestamp_seconds",
             "When the rate-limit window resets (unix seconds), per credential and bucket",
-            rate_limit_reset.clone(),
         );
-        let broker_requests = Family::<OutcomeLabels, Counter>::default();
-        registry.register(
+        let broker_requests: Family<OutcomeLabels, Counter> = registered(
+            &mut registry,
             "broker_requests",
             "JIT broker requests by outcome",
-            broker_requests.clone(),
         );
-        let broker_duration = Histogram::new(exponential_buckets(0.005, 2.0, 12));
-        registry.register(
+        let broker_duration = registered_as(
+            &mut registry,
             "broker_request_duration_seconds",
             "Time to answer a JIT broker request",
-            broker_duration.clone(),
+            Histogram::new(exponential_buckets(0.005, 2.0, 12)),
         );
-        let webhook_deliveries = Family::<OutcomeLabels, Counter>::default();
-        registry.register(
+        let webhook_deliveries: Family<OutcomeLabels, Counter> = registered(
+            &mut registry,
             "webhook_deliveries",
             "workflow_job webhook deliveries by outcome",
-            webhook_deliveries.clone(),
         );
-        let api_writes = Family::<KindLabels, Counter>::default();
-        registry.register(
+        let api_writes: Family<KindLabels, Counter> = registered(
+            &mut registry,
             "api_writes",
             "Writes the operator's controllers sent to the API server, by kind",
-            api_writes.clone(),
         );
-        let attempts = Family::<StateLabels, Gauge>::default();
-        registry.register(
+        let attempts: Family<StateLabels, Gauge> = registered(
+            &mut registry,
             "attempts",
             "RunnerAttempts by state, as of the leader's last pass",
-            attempts.clone(),
         );
-        let attempts_created = Family::<ReasonLabels, Counter>::default();
-        registry.register(
+        let attempts_created: Family<ReasonLabels, Counter> = registered(
+            &mut registry,
             "attempts_created",
             "RunnerAttempts created, by why (scale_up or replacement)",
-            attempts_created.clone(),
         );
-        let placement_failures = Family::<ReasonLabels, Counter>::default();
-        registry.register(
+        let placement_failures: Family<ReasonLabels, Counter> = registered(
+            &mut registry,
             "placement_failures",
             "Attempts that could not be placed, by why no node fitted",
-            placement_failures.clone(),
         );
         // Every reason at 0 from the start: a rate or increase over a family with no series
         // is no data, not 0, and an alert on it (docs/observability.md) could not be told
@@ -270,80 +262,67 @@ impl Metrics {
                 reason: why.as_str().to_owned(),
             });
         }
-        let terminations = Family::<ReasonLabels, Counter>::default();
-        registry.register(
+        let terminations: Family<ReasonLabels, Counter> = registered(
+            &mut registry,
             "terminations_requested",
             "spec.termination requests, by reason",
-            terminations.clone(),
         );
-        let orphan_registrations_deleted = Counter::default();
-        registry.register(
+        let orphan_registrations_deleted: Counter = registered(
+            &mut registry,
             "orphan_registrations_deleted",
             "Runner registrations of ours with no attempt, deleted after the grace period",
-            orphan_registrations_deleted.clone(),
         );
-        let events_dropped = Counter::default();
-        registry.register(
+        let events_dropped: Counter = registered(
+            &mut registry,
             "events_dropped",
             "Kubernetes Events dropped because the publishing queue was full",
-            events_dropped.clone(),
         );
-        let leader = Gauge::default();
-        registry.register(
+        let leader: Gauge = registered(
+            &mut registry,
             "leader",
             "1 while this replica holds the leader Lease and reconciles",
-            leader.clone(),
         );
-        let pass_seconds = Gauge::<f64, AtomicU64>::default();
-        registry.register(
+        let pass_seconds: Gauge<f64, AtomicU64> = registered(
+            &mut registry,
             "reconcile_pass_seconds",
             "How long the leader's last full reconcile pass took",
-            pass_seconds.clone(),
         );
-        let reconcile_duration = Histogram::new(exponential_buckets(0.005, 2.0, 14));
-        registry.register(
+        let reconcile_duration = registered_as(
+            &mut registry,
             "reconcile_duration_seconds",
             "How long the leader's full reconcile passes take",
-            reconcile_duration.clone(),
+            Histogram::new(exponential_buckets(0.005, 2.0, 14)),
         );
-        let reconcile_errors = Family::<StageLabels, Counter>::default();
-        registry.register(
+        let reconcile_errors: Family<StageLabels, Counter> = registered(
+            &mut registry,
             "reconcile_errors",
             "Failures inside policy reconciles, by stage (dereference, validate, apply, status)",
-            reconcile_errors.clone(),
         );
         let policy: Vec<Family<PolicyLabels, Gauge>> = POLICY_GAUGES
             .iter()
-            .map(|g| {
-                let family = Family::default();
-                registry.register(g.name, g.help, family.clone());
-                family
-            })
+            .map(|g| registered(&mut registry, g.name, g.help))
             .collect();
-        let job_startup: JobHistogram<PolicyLabels> = Family::new_with_constructor(job_histogram);
-        registry.register(
+        let job_startup: JobHistogram<PolicyLabels> = registered_as(
+            &mut registry,
             "job_startup_duration_seconds",
             "From a job queued to a runner taking it (the in_progress delivery's started_at - created_at), by policy",
-            job_startup.clone(),
+            Family::new_with_constructor(job_histogram),
         );
-        let job_execution: JobHistogram<JobResultLabels> =
-            Family::new_with_constructor(job_histogram);
-        registry.register(
+        let job_execution: JobHistogram<JobResultLabels> = registered_as(
+            &mut registry,
             "job_execution_duration_seconds",
             "From a runner taking a job to its completion (the completed delivery's completed_at - started_at), by policy and result",
-            job_execution.clone(),
+            Family::new_with_constructor(job_histogram),
         );
-        let jobs = Family::<JobLabels, Counter>::default();
-        registry.register(
+        let jobs: Family<JobLabels, Counter> = registered(
+            &mut registry,
             "jobs",
             "workflow_job deliveries accepted, by policy, action (queued, waiting, in_progress, completed) and result",
-            jobs.clone(),
         );
-        let jit_mints = Counter::default();
-        registry.register(
+        let jit_mints: Counter = registered(
+            &mut registry,
             "jit_mints",
             "JIT runner configurations the broker minted at GitHub and handed to an agent",
-            jit_mints.clone(),
         );
         // The span export path's counts (the process's one tracer provider).
         runner_manager_telemetry::spans::register(&mut registry);

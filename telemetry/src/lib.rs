@@ -22,6 +22,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 pub mod allow;
 pub mod exposition;
 pub mod fields;
+pub mod registry;
 pub mod spans;
 pub mod testing;
 

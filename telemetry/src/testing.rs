@@ -88,6 +88,26 @@ pub fn check_list(allowed: &'static [&'static str]) -> Result<(), String> {
     Ok(())
 }
 
+/// Both checks a binary runs on its own allow-list, for its one test: the list keeps what it
+/// must and drops what a workflow controls ([`check_list`]), and every field name the binary's
+/// source (`src`, its `CARGO_MANIFEST_DIR/src`) gives a log line or span is on it: one that is
+/// not would be dropped from every line in production, unseen (parity row 111).
+pub fn check_binary(src: &std::path::Path, allowed: &'static [&'static str]) -> Result<(), String> {
+    check_list(allowed)?;
+    let (seen, refused) =
+        crate::fields::unlisted_in_tree(src, allowed).map_err(|e| e.to_string())?;
+    if seen <= 20 {
+        return Err(format!(
+            "the scan of {} found only {seen} fields",
+            src.display()
+        ));
+    }
+    if !refused.is_empty() {
+        return Err(format!("fields not on the allow-list: {refused:#?}"));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

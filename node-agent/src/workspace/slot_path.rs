@@ -83,6 +83,38 @@ pub fn derive_slot_path(
     Ok(slots_root.join(slot_dir(namespace, policy_uid, slot)))
 }
 
+/// `<slotsRoot>/<namespace>/<policy uid>/s<N>` directories (not following links), in the form
+/// [`slot_name`] gives only: the one walk of the slots root (the orphan sweep, the Lease's free
+/// slots, the account bindings restored at start).
+pub fn slot_dirs(root: &Path) -> Vec<(String, String, u32, std::path::PathBuf)> {
+    let dirs = |p: &Path| -> Vec<(String, std::path::PathBuf)> {
+        std::fs::read_dir(p)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
+            // `.seed` (package seeds) is no namespace.
+            .filter(|(n, _)| !n.starts_with('.'))
+            .collect()
+    };
+    let mut found = Vec::new();
+    for (ns, ns_dir) in dirs(root) {
+        for (policy, policy_dir) in dirs(&ns_dir) {
+            for (slot, path) in dirs(&policy_dir) {
+                if let Some(n) = slot
+                    .strip_prefix('s')
+                    .filter(|d| !d.starts_with('0'))
+                    .and_then(|d| d.parse::<u32>().ok())
+                {
+                    found.push((ns.clone(), policy.clone(), n, path));
+                }
+            }
+        }
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,5 +151,33 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), SENSITIVE_SLOT_ENTRIES.len());
         assert!(!names.contains(&WORK_DIR));
+    }
+
+    #[test]
+    fn slot_directories_are_found_by_their_derived_form_only() {
+        let root = tempfile::tempdir().unwrap();
+        for p in [
+            "ns/p/s1",
+            "ns/p/s2",
+            "ns/p/s01",
+            "ns/p/x",
+            "ns/q/s3",
+            ".seed/abc/s1",
+        ] {
+            std::fs::create_dir_all(root.path().join(p)).unwrap();
+        }
+        let mut found: Vec<(String, String, u32)> = slot_dirs(root.path())
+            .into_iter()
+            .map(|(a, b, n, _)| (a, b, n))
+            .collect();
+        found.sort();
+        assert_eq!(
+            found,
+            vec![
+                ("ns".into(), "p".into(), 1),
+                ("ns".into(), "p".into(), 2),
+                ("ns".into(), "q".into(), 3)
+            ]
+        );
     }
 }

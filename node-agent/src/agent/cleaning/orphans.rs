@@ -27,7 +27,7 @@ use crate::handoff::is_handoff_name;
 use crate::packages::overlay;
 use crate::providers::launcher::Stopped;
 use crate::workspace::ephemeral::{EphemeralRemoval, remove_runtime_named, runtime_names};
-use crate::workspace::slot_path::derive_slot_path;
+use crate::workspace::slot_path::{self, derive_slot_path};
 use crate::workspace::slot_table::SlotKey;
 
 use crate::agent::node::Agent;
@@ -247,7 +247,7 @@ fn sweep_runners(agent: &Agent, claims: &dyn Fn() -> BTreeSet<String>) -> SweepR
 /// cleanup's to scrub.
 fn sweep_slot_handoffs(agent: &Agent, report: &mut SweepReport) {
     let slots = agent.slots().clone();
-    for (namespace, policy_uid, n, dir) in slot_dirs(&agent.host.slots_root) {
+    for (namespace, policy_uid, n, dir) in slot_path::slot_dirs(&agent.host.slots_root) {
         let key = SlotKey {
             namespace,
             policy_uid,
@@ -268,36 +268,6 @@ fn sweep_slot_handoffs(agent: &Agent, report: &mut SweepReport) {
             }
         }
     }
-}
-
-/// `<slotsRoot>/<namespace>/<policy uid>/s<N>` directories (not following links).
-fn slot_dirs(root: &Path) -> Vec<(String, String, u32, std::path::PathBuf)> {
-    let dirs = |p: &Path| -> Vec<(String, std::path::PathBuf)> {
-        std::fs::read_dir(p)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
-            // `.seed` (package seeds) is no namespace.
-            .filter(|(n, _)| !n.starts_with('.'))
-            .collect()
-    };
-    let mut found = Vec::new();
-    for (ns, ns_dir) in dirs(root) {
-        for (policy, policy_dir) in dirs(&ns_dir) {
-            for (slot, path) in dirs(&policy_dir) {
-                if let Some(n) = slot
-                    .strip_prefix('s')
-                    .filter(|d| !d.starts_with('0'))
-                    .and_then(|d| d.parse::<u32>().ok())
-                {
-                    found.push((ns.clone(), policy.clone(), n, path));
-                }
-            }
-        }
-    }
-    found
 }
 
 /// Releases what abandoned attempts held once the sweep saw nothing of them running: no
@@ -399,33 +369,5 @@ mod tests {
             vec!["0123456789ab", "ffffffffffff"]
         );
         assert!(unclaimed(&found, &found.iter().cloned().collect()).is_empty());
-    }
-
-    #[test]
-    fn slot_directories_are_found_by_their_derived_form_only() {
-        let root = tempfile::tempdir().unwrap();
-        for p in [
-            "ns/p/s1",
-            "ns/p/s2",
-            "ns/p/s01",
-            "ns/p/x",
-            "ns/q/s3",
-            ".seed/abc/s1",
-        ] {
-            std::fs::create_dir_all(root.path().join(p)).unwrap();
-        }
-        let mut found: Vec<(String, String, u32)> = slot_dirs(root.path())
-            .into_iter()
-            .map(|(a, b, n, _)| (a, b, n))
-            .collect();
-        found.sort();
-        assert_eq!(
-            found,
-            vec![
-                ("ns".into(), "p".into(), 1),
-                ("ns".into(), "p".into(), 2),
-                ("ns".into(), "q".into(), 3)
-            ]
-        );
     }
 }

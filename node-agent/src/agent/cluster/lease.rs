@@ -119,25 +119,9 @@ pub fn free_cleaned_slots(
     leased: impl Fn(&str, &str, u32) -> bool,
 ) -> BTreeMap<String, u32> {
     let mut free = BTreeMap::new();
-    let dirs = |p: &Path| -> Vec<(String, std::path::PathBuf)> {
-        std::fs::read_dir(p)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
-            .collect()
-    };
-    for (ns, ns_path) in dirs(slots_root) {
-        for (uid, uid_path) in dirs(&ns_path) {
-            for (slot, _) in dirs(&uid_path) {
-                let Some(n) = slot.strip_prefix('s').and_then(|n| n.parse::<u32>().ok()) else {
-                    continue;
-                };
-                if !leased(&ns, &uid, n) {
-                    *free.entry(uid.clone()).or_insert(0) += 1;
-                }
-            }
+    for (ns, uid, n, _) in crate::workspace::slot_path::slot_dirs(slots_root) {
+        if !leased(&ns, &uid, n) {
+            *free.entry(uid).or_insert(0) += 1;
         }
     }
     free

@@ -576,15 +576,19 @@ pub async fn resume_prepared(
         .workspace()
         .map(|w| PathBuf::from(w.runtime_path()))
         .ok_or_else(|| StepError::Local("a prepared attempt without a workspace".into()))?;
-    let owner = owner_of(&runtime).filter(|u| agent.accounts().contains(*u));
-    let Some(uid_owner) = owner else {
+    // What a crash interrupted cannot be resumed: the attempt concludes.
+    let named = name.as_str();
+    let interrupted = move || async move {
         conclude(
             api,
-            &name,
+            named,
             Outcome::Failed(FailureReason::PreparationInterrupted),
         )
-        .await?;
-        return Ok(());
+        .await
+    };
+    let owner = owner_of(&runtime).filter(|u| agent.accounts().contains(*u));
+    let Some(uid_owner) = owner else {
+        return interrupted().await;
     };
     agent.accounts().restore(uid_owner, &uid);
     let account = RunnerAccount {
@@ -619,13 +623,7 @@ pub async fn resume_prepared(
             _ => false,
         };
         if !alive {
-            conclude(
-                api,
-                &name,
-                Outcome::Failed(FailureReason::PreparationInterrupted),
-            )
-            .await?;
-            return Ok(());
+            return interrupted().await;
         }
     }
     let request = JitRequest {

@@ -71,24 +71,13 @@ pub fn rebuild(agent: &Agent, attempts: &[RunnerAttempt]) {
 /// Persistent slots keep their account between attempts: a slot directory owned by a pool
 /// account binds that account to the slot.
 fn restore_slot_bindings(agent: &Agent) {
-    let dirs = |p: &Path| -> Vec<(String, std::path::PathBuf)> {
-        std::fs::read_dir(p)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
-            .collect()
-    };
-    for (_, ns) in dirs(&agent.host.slots_root) {
-        for (policy_uid, root) in dirs(&ns) {
-            for (slot, path) in dirs(&root) {
-                if let Some(owner) = owner_of(&path) {
-                    agent
-                        .accounts()
-                        .restore_binding(owner, &format!("{policy_uid}/{slot}"));
-                }
-            }
+    for (_, policy_uid, n, path) in crate::workspace::slot_path::slot_dirs(&agent.host.slots_root) {
+        if let Some(owner) = owner_of(&path) {
+            // The key `accounts::assign_for_slot` binds a slot's account under.
+            agent.accounts().restore_binding(
+                owner,
+                &format!("{policy_uid}/{}", crate::workspace::slot_path::slot_name(n)),
+            );
         }
     }
 }

@@ -18,6 +18,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 use runner_manager_crds::outcome::{Outcome, OutcomeWire};
+use runner_manager_telemetry::registry::{registered, registered_as};
 
 use crate::agent::labels::{EventReason, OrphanKind, PruneResult, ReconcileStage};
 use std::sync::atomic::AtomicU64;
@@ -142,132 +143,113 @@ impl AgentMetrics {
             "The agent's version",
             Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
         );
-        let launches = Family::<OutcomeLabels, Counter>::default();
-        registry.register(
+        let launches: Family<OutcomeLabels, Counter> = registered(
+            &mut registry,
             "launches",
             "Launches by outcome: started (the runner process exists), rejected (not admitted) or failed (concluded before it started)",
-            launches.clone(),
         );
-        let concluded = Family::<ConcludedLabels, Counter>::default();
-        registry.register(
+        let concluded: Family<ConcludedLabels, Counter> = registered(
+            &mut registry,
             "attempts_concluded",
             "Attempts this agent concluded, by outcome kind and reason (none for a completed job or an idle exit)",
-            concluded.clone(),
         );
-        let steps = Family::<StepLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.01, 2.0, 14))
-        });
-        registry.register(
+        let steps = registered_as(
+            &mut registry,
             "launch_step_duration_seconds",
             "Time each launch step took (materialize, prepare, register = the JIT request, spawn, total)",
-            steps.clone(),
+            Family::<StepLabels, Histogram>::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.01, 2.0, 14))
+            }),
         );
-        let package_downloads = Counter::default();
-        registry.register(
+        let package_downloads: Counter = registered(
+            &mut registry,
             "package_downloads",
             "Launches whose runner package had to be downloaded (not in the node's cache)",
-            package_downloads.clone(),
         );
-        let events = Family::<ReasonLabels, Counter>::default();
-        registry.register(
+        let events: Family<ReasonLabels, Counter> = registered(
+            &mut registry,
             "events",
             "Kubernetes Events the agent emitted, by reason",
-            events.clone(),
         );
-        let cleanup_deferrals = Counter::default();
-        registry.register(
+        let cleanup_deferrals: Counter = registered(
+            &mut registry,
             "cleanup_deferrals",
             "Cleanups deferred (a runner not proven stopped, an ephemeral runtime not removable): each is retried with backoff",
-            cleanup_deferrals.clone(),
         );
-        let quarantines = Counter::default();
-        registry.register(
+        let quarantines: Counter = registered(
+            &mut registry,
             "slot_quarantines",
             "Persistent slots quarantined because their scrub was refused",
-            quarantines.clone(),
         );
-        let slots = Family::<StateLabels, Gauge>::default();
-        registry.register(
+        let slots: Family<StateLabels, Gauge> = registered(
+            &mut registry,
             "slots",
             "Runner capacity of the node (state=capacity) and what is held of it (state=used)",
-            slots.clone(),
         );
-        let recovery_complete = Gauge::default();
-        registry.register(
+        let recovery_complete: Gauge = registered(
+            &mut registry,
             "recovery_complete",
             "1 once the startup recovery gate opened (every attempt found at start reconciled)",
-            recovery_complete.clone(),
         );
-        let recovery_blocked = Gauge::default();
-        registry.register(
+        let recovery_blocked: Gauge = registered(
+            &mut registry,
             "recovery_blocked",
             "1 while recovery is blocked on an attempt a person must look at (RecoveryBlocked Event)",
-            recovery_blocked.clone(),
         );
-        let ready = Gauge::default();
-        registry.register(
+        let ready: Gauge = registered(
+            &mut registry,
             "ready",
             "1 while /readyz answers 200 (fence held, Lease renewed recently, recovery gate open, launcher ready)",
-            ready.clone(),
         );
-        let heartbeat_age = FloatGauge::<f64, AtomicU64>::default();
-        registry.register(
+        let heartbeat_age: FloatGauge<f64, AtomicU64> = registered(
+            &mut registry,
             "heartbeat_age_seconds",
             "Seconds since the node Lease was last renewed (-1 before the first renewal)",
-            heartbeat_age.clone(),
         );
-        let lease_renewals = Family::<OutcomeLabels, Counter>::default();
-        registry.register(
+        let lease_renewals: Family<OutcomeLabels, Counter> = registered(
+            &mut registry,
             "lease_renewals",
             "Node Lease renewals by outcome (ok, failed)",
-            lease_renewals.clone(),
         );
-        let cached_packages = Gauge::default();
-        registry.register(
+        let cached_packages: Gauge = registered(
+            &mut registry,
             "cached_packages",
             "Runner packages materialized in the node's package cache",
-            cached_packages.clone(),
         );
-        let cache_bytes = Gauge::default();
-        registry.register(
+        let cache_bytes: Gauge = registered(
+            &mut registry,
             "cache_bytes",
             "Bytes in the node's dependency caches (spec.caches), as the last prune counted them",
-            cache_bytes.clone(),
         );
-        let api_requests = Family::<VerbLabels, Counter>::default();
-        registry.register(
+        let api_requests: Family<VerbLabels, Counter> = registered(
+            &mut registry,
             "api_requests",
             "Requests the agent sent to the Kubernetes API server, by verb (read = a GET or LIST, watch = a watch request)",
-            api_requests.clone(),
         );
-        let orphans_removed = Family::<KindLabels, Counter>::default();
-        registry.register(
+        let orphans_removed: Family<KindLabels, Counter> = registered(
+            &mut registry,
             "orphans_removed",
             "What the orphan sweep removed for attempts no longer on this node (runner, cgroup, runtime, handoff)",
-            orphans_removed.clone(),
         );
-        let package_prunes = Family::<ResultLabels, Counter>::default();
-        registry.register(
+        let package_prunes: Family<ResultLabels, Counter> = registered(
+            &mut registry,
             "package_prunes",
             "Package prunes after launches, by result (ran, skipped, failed)",
-            package_prunes.clone(),
         );
-        let materializer = Family::<ModeLabels, Gauge>::default();
-        registry.register(
+        let materializer: Family<ModeLabels, Gauge> = registered(
+            &mut registry,
             "materializer",
             "How packages are laid into runtimes (1 for the one in use: overlay or copy; `--materialize`)",
-            materializer.clone(),
         );
         for mode in crate::packages::overlay::Materializer::ALL {
             let _ = materializer.get_or_create(&ModeLabels {
                 mode: mode.as_str().into(),
             });
         }
-        let reconcile_errors = Family::<StageLabels, Counter>::default();
-        registry.register(
+        let reconcile_errors: Family<StageLabels, Counter> = registered(
+            &mut registry,
             "reconcile_errors",
             "Reconciles of an attempt that failed, by the stage of its life the attempt was in (launch, resume, supervise, cleanup, read); each is retried with backoff",
-            reconcile_errors.clone(),
         );
         for stage in ReconcileStage::ALL {
             let _ = reconcile_errors.get_or_create(&StageLabels {
