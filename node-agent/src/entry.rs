@@ -37,9 +37,7 @@ use secrecy::ExposeSecret;
 use crate::handoff;
 use crate::process::environment::JIT_VARIABLE;
 
-pub use crate::handoff::HANDOFF_POINTER;
-/// In the runtime: left by the helper once it has read and deleted the handoff, before exec.
-pub const TAKEN_MARKER: &str = ".jit-taken";
+pub use crate::handoff::{HANDOFF_POINTER, TAKEN_MARKER};
 /// How long a helper started before its JIT (a runner pod's, or a unit the systemd launcher
 /// pre-started) waits for its handoff before it gives up and ends: the JIT request's own bound
 /// and the placeholder's, and then some.

@@ -30,6 +30,8 @@ pub const ENVIRONMENT_PREFIX: &str = "jit-env-";
 /// In the runtime: the pointer naming the handoff file, written (after the handoff is whole and
 /// fsynced) by the agent ([`offer`]), removed by the helper.
 pub const HANDOFF_POINTER: &str = ".jit-handoff";
+/// In the runtime: left by the helper once it has read and deleted the handoff, before exec.
+pub const TAKEN_MARKER: &str = ".jit-taken";
 /// The handoff's name ends with this.
 const NAME_SUFFIX: &str = ".tmp";
 /// The only mode a runtime directory may have while it holds a handoff.
@@ -281,6 +283,16 @@ pub fn offer(runtime: &Path, account: RunnerAccount, handoff_name: &str) -> io::
         Some(account.uid),
         Some(account.gid),
     )
+}
+
+/// Removes an offer an earlier runner of the same runtime may have left (a persistent slot
+/// keeps its runtime, and its jobs run as the account that owns it): the pointer, which a
+/// waiting helper would follow to a handoff that job planted, and the taken marker, which would
+/// speak for this launch. Called before any helper of a new launch waits in the runtime.
+pub fn clear_stale_offer(runtime: &Path) {
+    for stale in [HANDOFF_POINTER, TAKEN_MARKER] {
+        let _ = std::fs::remove_file(runtime.join(stale));
+    }
 }
 
 /// Whether a directory entry name is a handoff's (for cleanup verification and tests).

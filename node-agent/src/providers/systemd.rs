@@ -740,8 +740,10 @@ impl RunnerLauncher for SystemdLauncher {
     }
 
     fn prestart(&self, spec: &LaunchSpec<'_>) -> Option<Prestart> {
-        // A receipt an earlier runner of a persistent slot left would be read as this helper's.
+        // What an earlier runner of a persistent slot (or a launch a crash cut short) left
+        // would be read as this helper's: its receipt, a pointer to a handoff, a taken marker.
         let _ = std::fs::remove_file(spec.runtime.join(RECEIPT));
+        crate::handoff::clear_stale_offer(spec.runtime);
         let environment_file = Self::environment_file(spec).ok()?;
         let unit = unit_properties(
             spec,

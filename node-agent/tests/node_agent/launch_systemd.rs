@@ -619,6 +619,33 @@ fn a_unit_started_ahead_of_its_jit_takes_the_handoff_offered_later() {
     launcher.stop(&identity).unwrap();
 }
 
+/// Issue 32, the attack: a job of a persistent slot leaves, for the slot's next runner, a pointer
+/// to a handoff of its own holding another JIT (its account owns the slot, so both pass the
+/// helper's checks). The unit started ahead must take the JIT the agent offers, never the planted
+/// one: the start clears what an earlier runner left before the helper looks.
+#[test]
+fn a_pointer_an_earlier_job_planted_is_not_what_the_next_runner_takes() {
+    if !inside_systemd("a_pointer_an_earlier_job_planted_is_not_what_the_next_runner_takes") {
+        return;
+    }
+    let (host, attempt, unit) = recording_host(runner(12));
+    let launcher = launcher(&host);
+    let (decoy, decoy_plain) = jit();
+    let planted = RestrictiveHandoff::create(&host.runtime, host.account, &decoy).unwrap();
+    let pointer = host.runtime.join(".jit-handoff");
+    std::fs::write(&pointer, planted.name()).unwrap();
+    std::os::unix::fs::chown(&pointer, Some(host.account.uid), Some(host.account.gid)).unwrap();
+    let spec = spec(&host, attempt, &[]);
+    let ahead = start_ahead(&launcher, &host, &spec, &unit);
+    let (secret, plain) = jit();
+    let handoff = RestrictiveHandoff::create(&host.runtime, host.account, &secret).unwrap();
+    let identity = launcher.start_prestarted(&spec, ahead, handoff).unwrap();
+    let took = read_when_there(&host.runtime.join("took"), Duration::from_secs(60));
+    assert_eq!(took, format!("{plain} {}", host.id));
+    assert!(!took.contains(&decoy_plain));
+    launcher.stop(&identity).unwrap();
+}
+
 /// Issue 32, the crash boundary: a unit started ahead whose JIT never comes (refused, or the
 /// agent crashed before `Starting`) has no identity journalled; the attempt's cleanup stops it
 /// by the attempt's name, and only a name of that form.

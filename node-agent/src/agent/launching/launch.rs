@@ -541,8 +541,11 @@ async fn allocate(
     }))
 }
 
-/// Owned by the runner's account, 0700, with its private `tmp` (TMPDIR).
+/// Owned by the runner's account, 0700, with its private `tmp` (TMPDIR), and no offer of an
+/// earlier runner's left in it for this launch's helper to follow (either provider's helper
+/// waits for the pointer in the runtime).
 fn own_runtime(runtime: &Path, account: RunnerAccount) -> std::io::Result<()> {
+    crate::handoff::clear_stale_offer(runtime);
     let tmp = runtime.join("tmp");
     match std::fs::DirBuilder::new().mode(0o700).create(&tmp) {
         Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
@@ -938,8 +941,32 @@ fn is_slow(t: &LaunchTimings) -> bool {
 }
 
 #[cfg(test)]
-mod slow_launch_tests {
+mod tests {
     use super::*;
+
+    /// A persistent slot's earlier job can leave a pointer to a handoff it planted, and a taken
+    /// marker: a new launch's runtime keeps neither, whichever provider's helper will wait in it.
+    #[test]
+    fn a_runtime_keeps_no_offer_an_earlier_runner_left() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = dir.path();
+        for stale in [
+            crate::handoff::HANDOFF_POINTER,
+            crate::handoff::TAKEN_MARKER,
+        ] {
+            std::fs::write(runtime.join(stale), "jit-planted.tmp").unwrap();
+        }
+        let meta = std::fs::metadata(runtime).unwrap();
+        let account = RunnerAccount {
+            uid: meta.uid(),
+            gid: meta.gid(),
+        };
+        own_runtime(runtime, account).unwrap();
+        assert!(!runtime.join(crate::handoff::HANDOFF_POINTER).exists());
+        assert!(!runtime.join(crate::handoff::TAKEN_MARKER).exists());
+        assert!(runtime.join("tmp").is_dir());
+    }
 
     #[test]
     fn a_launch_of_sixty_seconds_or_more_is_slow() {
