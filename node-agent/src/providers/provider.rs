@@ -279,10 +279,7 @@ where
     L: std::ops::Deref + Send + Sync,
     L::Target: RunnerLauncher,
 {
-    /// Hands the JIT to the helper [`Provider::prestart`] started. `Err(None)`: nothing took it
-    /// and nothing can (the caller starts the runner the ordinary way, with the same JIT);
-    /// `Err(Some(live))`: it may have been taken, never tried again (`live`: a child not proven
-    /// dead).
+    /// Hands the JIT to the helper [`Provider::prestart`] started.
     fn start_prestarted(
         &self,
         ns: &str,
@@ -290,30 +287,40 @@ where
         spec: &LaunchSpec<'_>,
         prestart: Prestart,
         jit: &SecretString,
-    ) -> Result<ProcessIdentity, Option<Option<ProcessIdentity>>> {
+    ) -> Ahead {
         let handoff = match RestrictiveHandoff::create(spec.runtime, spec.account, jit) {
             Ok(h) => h,
             Err(e) => {
                 tracing::warn!(namespace = %ns, attempt = %name, "handoff refused: {e}");
-                return Err(Some(None));
+                return Ahead::HandedOver(None);
             }
         };
         let started = tracing::info_span!("spawn").in_scope(|| {
             tokio::task::block_in_place(|| self.0.start_prestarted(spec, prestart, handoff))
         });
         match started {
-            Ok(id) => Ok(id),
+            Ok(id) => Ahead::HandedOver(Some(id)),
             Err(PrestartedStart::Unseen(handoff)) => {
                 drop(handoff);
                 tracing::warn!(namespace = %ns, attempt = %name, "the runner started ahead did not take its handoff; starting it again");
-                Err(None)
+                Ahead::Unseen
             }
             Err(PrestartedStart::Failed(e)) => {
                 tracing::warn!(namespace = %ns, attempt = %name, "start failed after a child existed ({e}); never retried");
-                Err(Some(e.live))
+                Ahead::HandedOver(e.live)
             }
         }
     }
+}
+
+/// How the hand-over to a runner started ahead of its JIT ended.
+enum Ahead {
+    /// The JIT went to the runner started ahead (or may have, or no handoff could be made): never
+    /// handed over again. The runner's identity when it started, or a child not proven dead,
+    /// which is journalled so supervision proves it.
+    HandedOver(Option<ProcessIdentity>),
+    /// Nothing took the JIT and nothing can: the runner is started the ordinary way with it.
+    Unseen,
 }
 
 /// Why a native step failed.
@@ -377,26 +384,18 @@ where
                 prestart,
                 ..
             } = request;
-            let mut identity = None;
-            let mut tries = 0..START_TRIES;
-            if let Some(prestart) = prestart {
-                match self.start_prestarted(ns, name, &spec, prestart, &jit) {
-                    Ok(id) => {
-                        // The JIT leaves memory here.
-                        drop(jit);
-                        return Ok(StartedIdentity::Process(id));
-                    }
-                    // Unseen: started the ordinary way with the same JIT.
-                    Err(None) => {}
-                    // Seen, or no handoff: never tried again. A child that could not be proven
-                    // dead is journalled so supervision proves it.
-                    Err(Some(live)) => {
-                        identity = live;
-                        tries = 0..0;
-                    }
-                }
+            if let Some(prestart) = prestart
+                && let Ahead::HandedOver(identity) =
+                    self.start_prestarted(ns, name, &spec, prestart, &jit)
+            {
+                // The JIT leaves memory here.
+                drop(jit);
+                return identity
+                    .map(StartedIdentity::Process)
+                    .ok_or(StartRefused::NotStarted);
             }
-            for tried in tries {
+            let mut identity = None;
+            for tried in 0..START_TRIES {
                 if tried > 0 {
                     tokio::time::sleep(START_RETRY_WAIT * 2u32.pow(tried - 1)).await;
                 }

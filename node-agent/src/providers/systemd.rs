@@ -820,10 +820,8 @@ impl RunnerLauncher for SystemdLauncher {
     }
 
     fn stop_prestarted(&self, short: &str) -> Result<Stopped, StopError> {
-        if !super::launcher::is_attempt_short(short) {
-            return Err(StopError::NotOurs);
-        }
-        self.stop_unit_named(&format!("rm-{short}.service"))
+        // The same unit, found the same way: by the name only attempt `short` derives.
+        self.stop_leftover(short)
     }
 
     fn inspect(&self, identity: &ProcessIdentity) -> io::Result<Inspection> {
