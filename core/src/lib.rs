@@ -8,6 +8,10 @@
 //!   the recovery table ([`recovery`]),
 //!   and the names, durations, architectures, hosts and environment rules the custom resources
 //!   are written in ([`names`], [`duration`], [`arch`], [`hosts`], [`helper_env`]).
+//! - A `RunnerAttempt` as the operator's decisions read it ([`attempt`]), and those decisions:
+//!   what is due for it ([`timeouts`]), the housekeeping of a policy's attempts
+//!   ([`housekeeping`]), the replacement backoff and `Degraded` ([`failures`]), and how many
+//!   ledger entries its runners have evidently taken ([`ledger`]).
 //! - What a node advertises on its Lease ([`lease`]).
 //! - A policy's GitHub target ([`target`]), which namespace may name it ([`tenancy`]), which
 //!   policy a queued job belongs to ([`matching`]), how many runners a policy wants and which
@@ -15,16 +19,22 @@
 //!   requests with [`quantity`]).
 //!
 //! `runner-manager-crds` builds the custom resources on these types and re-exports the modules
-//! under its own name; the operator's `policy` module re-exports the policy decisions. The
-//! decisions still in the operator (the job ledger, the plan) read the custom resources and have
-//! not moved (docs/architecture.md, "Crates").
+//! under its own name, and builds the validated attempt from the object
+//! (`runner_manager_crds::validate::attempt::Attempt`); the operator's `policy` module re-exports the
+//! policy decisions. The decisions still in the operator (the plan, which writes the policy's
+//! status and conditions, and the ledger's patches) read or write the custom resources and
+//! have not moved (docs/architecture.md, "Crates").
 
 pub mod arch;
+pub mod attempt;
 pub mod demand;
 pub mod duration;
+pub mod failures;
 pub mod helper_env;
 pub mod hosts;
+pub mod housekeeping;
 pub mod lease;
+pub mod ledger;
 pub mod matching;
 pub mod names;
 pub mod outcome;
@@ -34,3 +44,4 @@ pub mod recovery;
 pub mod state;
 pub mod target;
 pub mod tenancy;
+pub mod timeouts;

@@ -40,6 +40,9 @@ pub const POLICY_LABEL: &str = "runner-manager.dev/policy";
 pub const NODE_LABEL: &str = "runner-manager.dev/node";
 /// Annotation with which a person releases an attempt that can never be cleaned.
 pub const ABANDON_ANNOTATION: &str = "runner-manager.dev/abandon";
+/// Annotation the operator sets when it creates an attempt: the policy generation it was made
+/// for, which the failure count groups launches by.
+pub const POLICY_GENERATION_ANNOTATION: &str = "runner-manager.dev/policy-generation";
 /// Annotation the operator sets when it creates an attempt: the W3C `traceparent` of the
 /// attempt's trace (only while it exports OpenTelemetry traces), so the agent's launch spans
 /// join the operator's. Nothing decides on it.

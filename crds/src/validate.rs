@@ -9,6 +9,10 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+/// An attempt's validated view (`validate::attempt`): a child of this module that needs its
+/// `Problem`, so nothing here names it (the module-cycle check).
+pub mod attempt;
+
 use crate::attempt::TargetScope;
 use crate::policy::{ExecutionMode, MAX_RUNNERS_CEILING, ScalePolicySpec, WorkspaceMode};
 use runner_manager_core::target::GitHubTarget;

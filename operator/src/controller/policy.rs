@@ -11,9 +11,9 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
-use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::conditions::ConditionStatus;
 use runner_manager_crds::policy::{PolicyConditionType, ScalePolicy, ScalePolicyStatus};
+use runner_manager_crds::validate::attempt::Attempt;
 use serde_json::Value;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -71,7 +71,7 @@ pub async fn prepare(
     ctx: &Ctx,
     mem: &mut PolicyMemory,
     policy: &Arc<ScalePolicy>,
-    attempts: &[Arc<RunnerAttempt>],
+    attempts: &[Attempt],
     candidates: &(dyn Fn() -> Arc<Candidates> + Send + Sync),
     now: Timestamp,
 ) -> Vec<ReconcileError> {
@@ -231,17 +231,14 @@ pub async fn reconcile(
     cordoned: &HashSet<String>,
     mem: &mut PolicyMemory,
     policy: &Arc<ScalePolicy>,
-    attempts: &[Arc<RunnerAttempt>],
+    attempts: &[Attempt],
     conflicts: &[String],
     now: Timestamp,
 ) -> Applied {
     // Created before and still not cached: supply the plan counts (expectations, as a
     // ReplicaSet's). One the cache never shows within the placement TTL is given up.
     mem.created.retain(|name, at| {
-        at.elapsed() < IN_FLIGHT_TTL
-            && !attempts
-                .iter()
-                .any(|a| a.metadata.name.as_deref() == Some(name.as_str()))
+        at.elapsed() < IN_FLIGHT_TTL && !attempts.iter().any(|a| a.name() == name.as_str())
     });
     let in_flight: Vec<String> = mem.created.keys().cloned().collect();
     let readiness = match mem.resolved.as_ref().map(|e| &e.result) {
@@ -320,7 +317,7 @@ pub async fn apply(
     placement: &Mutex<PlacementWorker>,
     mem: &PolicyMemory,
     policy: &ScalePolicy,
-    attempts: &[Arc<RunnerAttempt>],
+    attempts: &[Attempt],
     plan: Plan,
     now: Timestamp,
 ) -> Applied {
@@ -360,7 +357,7 @@ fn publish(ctx: &Ctx, policy: &ScalePolicy, events: Vec<PolicyEvent>) {
 async fn terminate_all(
     ctx: &Ctx,
     mem: &PolicyMemory,
-    attempts: &[Arc<RunnerAttempt>],
+    attempts: &[Attempt],
     terminations: impl IntoIterator<Item = Termination>,
     errors: &mut Vec<ReconcileError>,
     now: Timestamp,
@@ -368,13 +365,10 @@ async fn terminate_all(
     let client = resolved(mem).map(|r| r.client.as_ref());
     let mut asked = 0;
     for t in terminations {
-        let Some(a) = attempts
-            .iter()
-            .find(|a| a.metadata.name.as_deref() == Some(t.attempt.as_str()))
-        else {
+        let Some(a) = attempts.iter().find(|a| a.name() == t.attempt) else {
             continue;
         };
-        match terminate(ctx, mem, client, a, t.reason, now).await {
+        match terminate(ctx, mem, client, &a.object, t.reason, now).await {
             Ok(Terminated::Requested) => asked += 1,
             Ok(Terminated::TookJob | Terminated::Skipped) => {}
             Err(e) => errors.push(e),
@@ -387,7 +381,7 @@ async fn apply_drain(
     ctx: &Ctx,
     mem: &PolicyMemory,
     policy: &ScalePolicy,
-    attempts: &[Arc<RunnerAttempt>],
+    attempts: &[Attempt],
     d: Drain,
     now: Timestamp,
 ) -> Vec<ReconcileError> {
@@ -415,7 +409,7 @@ async fn apply_run(
     placement: &Mutex<PlacementWorker>,
     mem: &PolicyMemory,
     policy: &ScalePolicy,
-    attempts: &[Arc<RunnerAttempt>],
+    attempts: &[Attempt],
     run: Run,
     now: Timestamp,
 ) -> Applied {

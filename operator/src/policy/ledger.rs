@@ -1,11 +1,15 @@
 //! The job ledger's rules (`status.pendingJobs`, DESIGN §7): which entries a source adds and
-//! removes, and how many entries the policy's own runners have evidently taken. Pure: the
-//! sources (`controller::sources`) and the plan read them; nothing here reads or writes.
+//! removes, as the merge patches of the status that add and remove them, and the policy's
+//! horizon for `runner_manager_core::ledger::presumed_taken` (how many entries the policy's own
+//! runners have evidently taken). Pure: the sources (`controller::sources`) and the plan read
+//! them; nothing here reads or writes.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use runner_manager_core::attempt::ValidatedAttempt;
+use runner_manager_core::ledger::presumed_taken;
 use runner_manager_crds::policy::{PENDING_JOBS_BOUND, ScalePolicy};
 use serde_json::{Map, Value, json};
 
@@ -29,78 +33,12 @@ pub fn additions(
     out
 }
 
-/// How many of a policy's pending jobs its own runners have evidently taken already, though the
-/// ledger does not know it yet (polling: no `in_progress` delivery; the entry stays until a poll
-/// proves the job left the queue, up to a couple of intervals). Without this a runner that took
-/// a job leaves "idle" while the job's entry still counts, and the policy mints a second runner
-/// for the same job (issue 19: 8 runners for 4 jobs).
-///
-/// - An entry whose job an attempt is known to run (`facts.job`, from the delivery) is taken.
-/// - A runner that took a job not known to us (busy, or concluded having completed one, within
-///   `horizon`) explains one entry recorded before it took its job: matched oldest entry to
-///   earliest runner, so a job queued after a runner went busy is never explained by it.
-///
-/// Only a scale-up is held back by it (`demand::decide_holding`); scale-down counts the whole
-/// ledger, so a runner is never removed on a presumption. Pure.
-pub fn presumed_taken(
-    ledger: &BTreeMap<String, Time>,
-    attempts: &[std::sync::Arc<runner_manager_crds::attempt::RunnerAttempt>],
-    now: Timestamp,
-    horizon: std::time::Duration,
-) -> u32 {
-    use runner_manager_crds::outcome::Outcome;
-    let known: std::collections::BTreeSet<String> = attempts
-        .iter()
-        .filter_map(|a| a.status.as_ref()?.facts.job.as_ref())
-        .map(|j| j.id.to_string())
-        .collect();
-    let mut taken = ledger.keys().filter(|k| known.contains(*k)).count();
-    let mut entries: Vec<Timestamp> = ledger
-        .iter()
-        .filter(|(k, _)| !known.contains(*k))
-        .map(|(_, t)| t.0)
-        .collect();
-    entries.sort();
-    let since = now
-        .checked_sub(k8s_openapi::jiff::SignedDuration::try_from(horizon).unwrap_or_default())
-        .unwrap_or(now);
-    let mut takers: Vec<Timestamp> = attempts
-        .iter()
-        .filter_map(|a| {
-            let status = a.status.as_ref()?;
-            if status.facts.job.is_some() {
-                return None;
-            }
-            let ts = status.journal.timestamps();
-            let completed = matches!(status.journal.outcome(), Some(Outcome::CompletedJob));
-            ts.busy_at
-                .as_ref()
-                .or(if completed {
-                    ts.concluded_at.as_ref()
-                } else {
-                    None
-                })
-                .map(|t| t.0)
-        })
-        .filter(|t| *t >= since)
-        .collect();
-    takers.sort();
-    let mut next = 0;
-    for took in takers {
-        if next < entries.len() && entries[next] <= took {
-            next += 1;
-            taken += 1;
-        }
-    }
-    u32::try_from(taken).unwrap_or(u32::MAX)
-}
-
 /// [`presumed_taken`] for a policy: the horizon is two poll intervals, the longest a taken
 /// job's entry waits for a poll to remove it; a `ScaleSet` policy's entries leave with their
 /// `JobStarted` (and the set's statistics), so only known jobs count there.
-pub fn presumed_taken_of(
+pub fn presumed_taken_of<A: AsRef<ValidatedAttempt>>(
     policy: &ScalePolicy,
-    attempts: &[std::sync::Arc<runner_manager_crds::attempt::RunnerAttempt>],
+    attempts: &[A],
     now: Timestamp,
 ) -> u32 {
     let horizon = if policy.spec.github.demand == runner_manager_crds::policy::DemandMode::ScaleSet
@@ -111,7 +49,12 @@ pub fn presumed_taken_of(
     };
     let empty = BTreeMap::new();
     let ledger = policy.status.as_ref().map_or(&empty, |s| &s.pending_jobs);
-    presumed_taken(ledger, attempts, now, horizon)
+    presumed_taken(
+        ledger.iter().map(|(job, at)| (job.as_str(), at.0)),
+        attempts,
+        now,
+        horizon,
+    )
 }
 
 /// The entries of jobs the organization walk saw leave the queue (listed queued by one read of
@@ -174,91 +117,5 @@ mod tests {
             .map(|i| (i.to_string(), Time(now)))
             .collect();
         assert!(additions(&full, [5_000_000], now).is_empty());
-    }
-
-    fn taker(
-        busy_at: Option<i64>,
-        completed_at: Option<i64>,
-        job: Option<i64>,
-    ) -> std::sync::Arc<runner_manager_crds::attempt::RunnerAttempt> {
-        use runner_manager_crds::fixtures::AttemptBuilder;
-        use runner_manager_crds::state::AttemptState;
-        let (state, at) = match (busy_at, completed_at) {
-            (_, Some(c)) => (AttemptState::Finished, c),
-            (Some(b), None) => (AttemptState::Busy, b),
-            (None, None) => (AttemptState::Idle, 0),
-        };
-        let mut a = AttemptBuilder::new("web-1", "web")
-            .node("n")
-            .state(state)
-            .edges_at(Timestamp::from_second(at).unwrap());
-        if let Some(j) = job {
-            a = a.job(j);
-        }
-        std::sync::Arc::new(a.build())
-    }
-
-    /// Why a concluded runner's job fact is written (`supervisor::job_facts`): its delivery
-    /// removed its own job's entry, and without the fact it explained another job's.
-    #[test]
-    fn a_concluded_runner_whose_job_is_known_explains_no_other_entry() {
-        let t = |s: i64| Time(Timestamp::from_second(s).unwrap());
-        // Jobs 1 and 2 queued together; the runner took 1, concluded, and 1's entry is gone.
-        let ledger: BTreeMap<String, Time> = [("2".into(), t(100))].into();
-        let now = Timestamp::from_second(170).unwrap();
-        let h = std::time::Duration::from_secs(120);
-        assert_eq!(
-            presumed_taken(&ledger, &[taker(None, Some(160), None)], now, h),
-            1,
-            "without its fact the runner hides job 2's demand"
-        );
-        assert_eq!(
-            presumed_taken(&ledger, &[taker(None, Some(160), Some(1))], now, h),
-            0,
-            "with it job 2 is demand"
-        );
-    }
-
-    #[test]
-    fn a_runner_that_took_a_job_explains_one_older_entry_within_the_horizon() {
-        let t = |s: i64| Time(Timestamp::from_second(s).unwrap());
-        let ledger: BTreeMap<String, Time> = [
-            ("1".into(), t(100)),
-            ("2".into(), t(100)),
-            ("3".into(), t(200)),
-        ]
-        .into();
-        let now = Timestamp::from_second(210).unwrap();
-        let h = std::time::Duration::from_secs(60);
-        // Nothing taken: an idle runner explains nothing.
-        assert_eq!(
-            presumed_taken(&ledger, &[taker(None, None, None)], now, h),
-            0
-        );
-        // A busy runner and one that completed its job explain two entries older than them.
-        let two = [taker(Some(150), None, None), taker(None, Some(160), None)];
-        assert_eq!(presumed_taken(&ledger, &two, now, h), 2);
-        // A runner busy before a job was recorded does not explain that job.
-        let early = [
-            taker(Some(150), None, None),
-            taker(Some(151), None, None),
-            taker(Some(152), None, None),
-        ];
-        assert_eq!(
-            presumed_taken(&ledger, &early, now, h),
-            2,
-            "entry 3 came after them"
-        );
-        // Past the horizon the ledger is trusted again.
-        assert_eq!(
-            presumed_taken(&ledger, &[taker(Some(100), None, None)], now, h),
-            0
-        );
-        // A job known to run on one of ours counts, whatever its age; its runner explains no
-        // other entry.
-        assert_eq!(
-            presumed_taken(&ledger, &[taker(Some(150), None, Some(3))], now, h),
-            1
-        );
     }
 }

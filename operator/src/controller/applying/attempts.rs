@@ -1,16 +1,17 @@
-//! Housekeeping of attempts that needs no GitHub call: the cleanup finalizer of `Cleaned`
-//! attempts, the abandon annotation, the operator's two edges (`ExpireAdmission`, `LoseNode`)
-//! and the history limit of `Cleaned` attempts per policy.
-
-use std::collections::BTreeMap;
-use std::sync::Arc;
+//! Housekeeping of attempts that needs no GitHub call, carried out: the cleanup finalizer of
+//! `Cleaned` attempts, the abandon annotation, the operator's two edges (`ExpireAdmission`,
+//! `LoseNode`) and the history limit of `Cleaned` attempts per policy. What is due is decided
+//! by `runner_manager_core::housekeeping::plan` from the validated attempts; this module reads
+//! the Leases it needs and writes.
 
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
+pub use runner_manager_core::housekeeping::{Bounds, Housekeep, plan};
 use runner_manager_crds::attempt::{RunnerAttempt, Transition};
 use runner_manager_crds::names::agent_lease_name;
 use runner_manager_crds::outcome::{OrphanReason, Outcome, RejectReason};
-use runner_manager_crds::state::{Actor, AttemptState};
+use runner_manager_crds::state::Actor;
+use runner_manager_crds::validate::attempt::Attempt;
 use runner_manager_crds::writer::{Decision, JournalError, JournalWriter};
 use runner_manager_crds::{ABANDON_ANNOTATION, CLEANUP_FINALIZER};
 
@@ -18,15 +19,7 @@ use crate::controller::Ctx;
 use crate::controller::errors::ReconcileError;
 use crate::controller::events::Reason;
 use crate::controller::placement_worker::agent_of;
-use crate::controller::timeouts::{Due, due};
 use crate::controller::writes::{FIELD_MANAGER, WriteKind};
-
-fn has_finalizer(a: &RunnerAttempt) -> bool {
-    a.metadata
-        .finalizers
-        .as_ref()
-        .is_some_and(|f| f.iter().any(|x| x == CLEANUP_FINALIZER))
-}
 
 fn without_finalizer(a: &RunnerAttempt) -> Vec<String> {
     a.metadata
@@ -95,119 +88,10 @@ async fn take_edge(ctx: &Ctx, a: &RunnerAttempt, outcome: Outcome, now: Timestam
     }
 }
 
-/// One step of housekeeping, decided without I/O ([`plan`]).
-#[derive(Clone, Copy, Debug)]
-pub enum Housekeep<'a> {
-    /// Released by the abandon annotation: an Event, the finalizer released, the attempt
-    /// deleted; the agent's cleanup is not waited for.
-    Abandon(&'a RunnerAttempt),
-    /// `Cleaned` and still holding the cleanup finalizer: agents write status only, so the
-    /// operator releases what the agent cleaned.
-    Release(&'a RunnerAttempt),
-    /// `Pending` past the admission timeout: the operator's `ExpireAdmission` edge.
-    ExpireAdmission(&'a RunnerAttempt),
-    /// Its node's agent Lease expired past the grace: the operator's `LoseNode` edge.
-    LoseNode(&'a RunnerAttempt),
-    /// A `Cleaned` attempt beyond the policy's history: deleted.
-    Prune(&'a RunnerAttempt),
-}
-
-/// What housekeeping bounds by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Bounds {
-    pub admission_timeout: std::time::Duration,
-    pub node_lost_grace: std::time::Duration,
-    /// `Cleaned` attempts kept per policy.
-    pub history: usize,
-}
-
-/// The housekeeping of `attempts`, in the order it is carried out: each attempt's step in the
-/// given order, then the prunes. `node_gone` says when a node's agent stopped renewing its
-/// Lease (`None` while it is fresh; the second argument is the attempt's last change, the
-/// fallback for a node whose Lease is gone). Pure.
-pub fn plan<'a>(
-    attempts: &'a [Arc<RunnerAttempt>],
-    now: Timestamp,
-    bounds: Bounds,
-    node_gone: impl Fn(&str, Option<Timestamp>) -> Option<Timestamp>,
-) -> Vec<Housekeep<'a>> {
-    let mut steps = Vec::new();
-    let mut cleaned: BTreeMap<(&str, &str), Vec<&'a RunnerAttempt>> = BTreeMap::new();
-    for a in attempts {
-        let a: &'a RunnerAttempt = a;
-        let abandoned = a
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|m| m.get(ABANDON_ANNOTATION))
-            .is_some_and(|v| v == "true");
-        if abandoned && has_finalizer(a) {
-            steps.push(Housekeep::Abandon(a));
-            continue;
-        }
-        if a.state() == AttemptState::Cleaned {
-            if has_finalizer(a) {
-                steps.push(Housekeep::Release(a));
-            }
-            cleaned
-                .entry((
-                    a.metadata.namespace.as_deref().unwrap_or_default(),
-                    a.spec.policy.as_str(),
-                ))
-                .or_default()
-                .push(a);
-            continue;
-        }
-        let fallback = a
-            .status
-            .as_ref()
-            .and_then(|s| s.journal.timestamps().last_state_change_at.as_ref())
-            .or(a.metadata.creation_timestamp.as_ref())
-            .map(|t| t.0);
-        let gone = node_gone(&a.spec.node_name, fallback);
-        match due(
-            a,
-            now,
-            bounds.admission_timeout,
-            gone,
-            bounds.node_lost_grace,
-        ) {
-            Some(Due::ExpireAdmission) => steps.push(Housekeep::ExpireAdmission(a)),
-            Some(Due::LoseNode) => steps.push(Housekeep::LoseNode(a)),
-            Some(Due::Terminate(_)) | None => {}
-        }
-    }
-    // History: keep the newest `history` Cleaned attempts of each policy.
-    for (_, mut list) in cleaned {
-        if list.len() <= bounds.history {
-            continue;
-        }
-        list.sort_by_key(|a| {
-            std::cmp::Reverse(
-                a.status
-                    .as_ref()
-                    .and_then(|s| s.journal.timestamps().cleaned_at.clone())
-                    .map(|t| t.0),
-            )
-        });
-        steps.extend(
-            list.into_iter()
-                .skip(bounds.history)
-                .filter(|a| a.metadata.deletion_timestamp.is_none())
-                .map(Housekeep::Prune),
-        );
-    }
-    steps
-}
-
 /// Housekeeping of `attempts` (one policy's, or those whose policy is gone): [`plan`], then
 /// each step carried out. Each failed write is returned, and the rest goes on; the next
 /// reconcile decides again on the fresh objects.
-pub async fn housekeeping(
-    ctx: &Ctx,
-    attempts: &[Arc<RunnerAttempt>],
-    now: Timestamp,
-) -> Vec<ReconcileError> {
+pub async fn housekeeping(ctx: &Ctx, attempts: &[Attempt], now: Timestamp) -> Vec<ReconcileError> {
     let bounds = Bounds {
         admission_timeout: ctx.settings.admission_timeout,
         node_lost_grace: ctx.settings.node_lost_grace,
@@ -218,16 +102,16 @@ pub async fn housekeeping(
     });
     let mut failed = Vec::new();
     for step in steps {
+        let held = *step.attempt();
+        let (a, ns, name) = (held.object.as_ref(), held.namespace(), held.name());
         match step {
-            Housekeep::Abandon(a) => {
-                let ns = a.metadata.namespace.as_deref().unwrap_or_default();
-                let name = a.metadata.name.as_deref().unwrap_or_default();
+            Housekeep::Abandon(_) => {
                 ctx.events.publish(
                     &a.object_ref(&()),
                     Reason::Abandoned,
                     format!(
                         "released by the {ABANDON_ANNOTATION} annotation in state {:?}; the agent's cleanup is not waited for",
-                        a.state()
+                        held.view.state
                     ),
                 );
                 if let Err(source) = ctx.writer.attempt_finalizers(a, without_finalizer(a)).await {
@@ -237,12 +121,12 @@ pub async fn housekeeping(
                     failed.push(ReconcileError::write(WriteKind::AttemptDelete)(source));
                 }
             }
-            Housekeep::Release(a) => {
+            Housekeep::Release(_) => {
                 if let Err(source) = ctx.writer.attempt_finalizers(a, without_finalizer(a)).await {
                     failed.push(ReconcileError::write(WriteKind::AttemptFinalizer)(source));
                 }
             }
-            Housekeep::ExpireAdmission(a) => {
+            Housekeep::ExpireAdmission(_) => {
                 let outcome = Outcome::Rejected(RejectReason::AdmissionTimeout);
                 if take_edge(ctx, a, outcome, now).await {
                     ctx.events.publish(
@@ -255,7 +139,7 @@ pub async fn housekeeping(
                     );
                 }
             }
-            Housekeep::LoseNode(a) => {
+            Housekeep::LoseNode(_) => {
                 let outcome = Outcome::Orphaned(OrphanReason::NodeLost);
                 if take_edge(ctx, a, outcome, now).await {
                     ctx.events.publish(
@@ -265,9 +149,7 @@ pub async fn housekeeping(
                     );
                 }
             }
-            Housekeep::Prune(a) => {
-                let ns = a.metadata.namespace.as_deref().unwrap_or_default();
-                let name = a.metadata.name.as_deref().unwrap_or_default();
+            Housekeep::Prune(_) => {
                 if let Err(source) = ctx.writer.delete_attempt(ns, name).await {
                     failed.push(ReconcileError::write(WriteKind::AttemptDelete)(source));
                 }
@@ -281,6 +163,8 @@ pub async fn housekeeping(
 mod tests {
     use super::*;
     use runner_manager_crds::fixtures::AttemptBuilder;
+    use runner_manager_crds::state::AttemptState;
+    use std::sync::Arc;
 
     fn t(s: i64) -> Timestamp {
         Timestamp::from_second(s).unwrap()
@@ -297,84 +181,6 @@ mod tests {
             .edges_at(t(at))
             .build();
         Arc::new(if finalizer { held(a) } else { a })
-    }
-
-    fn pending(name: &str, created: i64) -> Arc<RunnerAttempt> {
-        Arc::new(AttemptBuilder::new(name, "web").created(t(created)).build())
-    }
-
-    /// `Idle` on `node` since `since`.
-    fn idle_on(name: &str, node: &str, since: i64) -> Arc<RunnerAttempt> {
-        Arc::new(
-            AttemptBuilder::new(name, "web")
-                .node(node)
-                .state(AttemptState::Idle)
-                .edges_at(t(since))
-                .build(),
-        )
-    }
-
-    const BOUNDS: Bounds = Bounds {
-        admission_timeout: std::time::Duration::from_secs(60),
-        node_lost_grace: std::time::Duration::from_secs(60),
-        history: 2,
-    };
-
-    fn names(steps: &[Housekeep<'_>]) -> Vec<String> {
-        steps
-            .iter()
-            .map(|s| {
-                let (what, a) = match s {
-                    Housekeep::Abandon(a) => ("abandon", a),
-                    Housekeep::Release(a) => ("release", a),
-                    Housekeep::ExpireAdmission(a) => ("expire", a),
-                    Housekeep::LoseNode(a) => ("lose", a),
-                    Housekeep::Prune(a) => ("prune", a),
-                };
-                format!("{what} {}", a.metadata.name.as_deref().unwrap_or_default())
-            })
-            .collect()
-    }
-
-    /// Each attempt's step in the order given, the history's prunes last; an abandoned attempt
-    /// is released whatever else would be due for it.
-    #[test]
-    fn housekeeping_plans_each_attempts_step_in_order_and_prunes_last() {
-        let mut abandoned = held(
-            AttemptBuilder::new("ab", "web")
-                .node("lost")
-                .state(AttemptState::Busy)
-                .build(),
-        );
-        abandoned.metadata.annotations =
-            Some([(ABANDON_ANNOTATION.to_owned(), "true".to_owned())].into());
-        let attempts = vec![
-            cleaned("c-old", 100, true),
-            cleaned("c-mid", 200, true),
-            cleaned("c-new", 300, false),
-            pending("p", 0),
-            idle_on("i", "lost", 900),
-            Arc::new(abandoned),
-            Arc::new(
-                AttemptBuilder::new("fresh", "web")
-                    .state(AttemptState::Idle)
-                    .edges_at(t(990))
-                    .build(),
-            ),
-        ];
-        let gone = |node: &str, _: Option<Timestamp>| (node == "lost").then(|| t(0));
-        let steps = plan(&attempts, t(1000), BOUNDS, gone);
-        assert_eq!(
-            names(&steps),
-            [
-                "release c-old",
-                "release c-mid",
-                "expire p",
-                "lose i",
-                "abandon ab",
-                "prune c-old",
-            ]
-        );
     }
 
     fn abandoned(name: &str) -> Arc<RunnerAttempt> {
@@ -399,7 +205,7 @@ mod tests {
         use crate::controller::scripted;
         let (kube, seen) = scripted::client(answer);
         let ctx = scripted::ctx(kube);
-        let attempts = vec![abandoned("ab"), cleaned("done", 100, true)];
+        let (attempts, _) = Attempt::all([abandoned("ab"), cleaned("done", 100, true)]);
         (housekeeping(&ctx, &attempts, t(1000)).await, seen)
     }
 
@@ -452,23 +258,6 @@ mod tests {
             ),
             "{failed:?}"
         );
-    }
-
-    #[test]
-    fn nothing_is_due_within_the_bounds_and_a_pruned_attempt_being_deleted_is_left() {
-        let mut deleting = (*cleaned("c-old", 100, false)).clone();
-        deleting.metadata.deletion_timestamp =
-            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t(999)));
-        let attempts = vec![
-            Arc::new(deleting),
-            cleaned("c-mid", 200, false),
-            cleaned("c-new", 300, false),
-            pending("p", 990),
-            idle_on("i", "quiet", 990),
-        ];
-        // The node went quiet 30 s ago: within the grace.
-        let steps = plan(&attempts, t(1000), BOUNDS, |_, _| Some(t(970)));
-        assert!(steps.is_empty(), "{:?}", names(&steps));
     }
 
     #[test]

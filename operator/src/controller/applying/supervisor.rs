@@ -4,7 +4,6 @@
 //! orphan registrations of ours are deleted in two phases a grace period apart.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
@@ -14,6 +13,7 @@ use runner_manager_crds::attempt::{
 use runner_manager_crds::names::{RUNNER_NAME_PREFIX, attempt_of_runner_name, runner_name};
 use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_crds::state::AttemptState;
+use runner_manager_crds::validate::attempt::Attempt;
 use tokio::time::Instant;
 
 use crate::controller::errors::{GitHubRead, ReconcileError};
@@ -48,7 +48,7 @@ pub fn github_facts(
 }
 
 /// The job fact to write on `a`, with the GitHub fact it holds (one write), or None when it
-/// already holds this job. Written on a concluded attempt too: `policy::ledger::presumed_taken`
+/// already holds this job. Written on a concluded attempt too: `core::ledger::presumed_taken`
 /// reads it there. A `CompletedJob` runner without a known job is taken to explain one pending
 /// entry for two poll intervals; once the delivery has removed its own job's entry it would
 /// explain another job's, and that job would wait for a runner until the horizon passed (the
@@ -290,7 +290,7 @@ pub async fn observe(
     ctx: &Ctx,
     mem: &mut PolicyMemory,
     policy: &ScalePolicy,
-    attempts: &[Arc<RunnerAttempt>],
+    attempts: &[Attempt],
     client: &GitHubClient,
 ) -> Vec<ReconcileError> {
     let mut errors = Vec::new();
@@ -313,8 +313,10 @@ pub async fn observe(
         .iter()
         .map(|r| (r.name.clone(), r.clone()))
         .collect();
-    for a in attempts {
-        if a.state().is_terminal() {
+    for held in attempts {
+        // The facts are written with a CAS on the object as read.
+        let a = held.object.as_ref();
+        if held.view.state.is_terminal() {
             if let Some(r) = concluded_registration(&listing, a)
                 && let Err(source) = client.delete_runner(r.id, Priority::Observe).await
             {

@@ -28,6 +28,7 @@ use kube::runtime::reflector::ObjectRef;
 use runner_manager_crds::attempt::RunnerAttempt;
 use runner_manager_crds::policy::ScalePolicy;
 use runner_manager_crds::state::AttemptState;
+use runner_manager_crds::validate::attempt::Attempt;
 use tokio::time::Instant;
 
 use crate::controller::errors::{self, ReconcileError};
@@ -170,10 +171,11 @@ impl Leading {
     }
 
     /// The policy's attempts as the cache holds them now.
-    fn attempts_of(&self, p: &ScalePolicy) -> Vec<Arc<RunnerAttempt>> {
+    /// The policy's attempts as cached, each validated once for this reconcile.
+    fn attempts_of(&self, p: &ScalePolicy) -> Vec<Attempt> {
         let refs = self.index().attempts_of(&ObjectRef::from_obj(p));
         let store = &self.ctx.caches.attempts;
-        refs.iter().filter_map(|r| store.get(r)).collect()
+        validated(refs.iter().filter_map(|r| store.get(r)))
     }
 
     fn memory_of(&self, key: &str) -> Arc<tokio::sync::Mutex<PolicyMemory>> {
@@ -459,10 +461,10 @@ async fn sweep(lead: Arc<Leading>) {
             states.iter().map(|(s, n)| (state_name(*s), *n)).collect();
         ctx.metrics.attempts_by_state(&counts);
         let policies = &ctx.caches.policies;
-        let orphaned: Vec<Arc<RunnerAttempt>> = all
-            .into_iter()
-            .filter(|a| policies.get(&policy_of(a)).is_none())
-            .collect();
+        let orphaned = validated(
+            all.into_iter()
+                .filter(|a| policies.get(&policy_of(a)).is_none()),
+        );
         if !orphaned.is_empty() {
             let failed = attempts::housekeeping(ctx, &orphaned, Timestamp::now()).await;
             for e in &failed {
@@ -496,6 +498,16 @@ async fn sweep(lead: Arc<Leading>) {
         }
         tokio::time::sleep(ctx.settings.resync_interval).await;
     }
+}
+
+/// Attempts as the reconcile holds them: each object with its validated view. An object
+/// without one (no name: the API server never serves such) is left out and logged.
+fn validated(objects: impl IntoIterator<Item = Arc<RunnerAttempt>>) -> Vec<Attempt> {
+    let (held, refused) = Attempt::all(objects);
+    for problem in refused {
+        tracing::error!(error = %problem, "an attempt that cannot be read is left out of the reconcile");
+    }
+    held
 }
 
 /// One policy: housekeeping of its attempts → prepare → plan → apply.

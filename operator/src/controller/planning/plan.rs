@@ -12,7 +12,6 @@
 //! deleted attempts, and the status with its conditions.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -23,17 +22,18 @@ use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::policy::{
     PolicyConditionType, PolicyReason, ScalePolicy, ScalePolicyStatus,
 };
-use runner_manager_crds::recovery::TerminateReason;
 use runner_manager_crds::state::AttemptState;
+use runner_manager_crds::validate::attempt::Attempt;
 use serde_json::Value;
 
 use crate::controller::POLICY_FINALIZER;
 use crate::controller::events::Reason;
 use crate::controller::failures::{
-    Launch, consecutive_backoffs, consecutive_failures, is_launch_failure, lineages, resume_at,
+    consecutive_backoffs, consecutive_failures, is_launch_failure, launches, lineages, probe_due,
+    resume_at,
 };
 use crate::controller::placement_worker::{NodeFacts, PlacementWorker};
-use crate::controller::snapshot::{POLICY_GENERATION_ANNOTATION, Pinned, build};
+use crate::controller::snapshot::{Pinned, build};
 use crate::controller::timeouts::{Due, due};
 use crate::metrics::PolicyGauges;
 use crate::policy::demand::{AttemptView, DemandInput, ScaleDecision, decide_holding};
@@ -70,7 +70,8 @@ pub enum Readiness<'a> {
 #[derive(Clone, Copy, Debug)]
 pub struct Inputs<'a> {
     pub policy: &'a ScalePolicy,
-    pub attempts: &'a [Arc<RunnerAttempt>],
+    /// The policy's attempts, each validated once (the plan reads only their views).
+    pub attempts: &'a [Attempt],
     pub readiness: Readiness<'a>,
     /// Nodes marked unschedulable now.
     pub cordoned: &'a HashSet<String>,
@@ -216,89 +217,6 @@ pub fn cond(
     }
 }
 
-/// The outcome an attempt the operator terminated for a registration timeout will conclude
-/// with, and when it was decided. The request already settles it (the runner never
-/// registered, so it ends `Failed(TerminatedAfterRegistrationTimeout)` whatever the agent
-/// finds), and demand stops counting the attempt as supply the moment the request is written:
-/// without this, the creation that request causes could run before the agent concludes and be
-/// made as a plain scale-up, with no lineage and no backoff (a CI run met that interleaving).
-fn foreseen(a: &RunnerAttempt) -> Option<(Outcome, Timestamp)> {
-    let t = a.spec.termination.as_ref()?;
-    (t.reason == TerminationReason::RegistrationTimeout).then(|| {
-        (
-            TerminateReason::RegistrationTimeout.outcome(),
-            t.requested_at.0,
-        )
-    })
-}
-
-/// The attempts as the failure count sees them.
-pub fn launches(attempts: &[Arc<RunnerAttempt>]) -> Vec<Launch<'_>> {
-    let replaced: HashSet<&str> = attempts
-        .iter()
-        .filter_map(|a| a.spec.replaces.as_deref())
-        .collect();
-    attempts
-        .iter()
-        .filter_map(|a| {
-            let name = a.metadata.name.as_deref()?;
-            let journal = a.status.as_ref().map(|s| &s.journal);
-            let ts = journal.map(|j| j.timestamps());
-            Some(Launch {
-                name,
-                created: a.metadata.creation_timestamp.as_ref()?.0,
-                generation: a
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|m| m.get(POLICY_GENERATION_ANNOTATION))
-                    .and_then(|g| g.parse().ok())
-                    .unwrap_or(-1),
-                outcome: journal
-                    .and_then(|j| j.outcome())
-                    .or_else(|| foreseen(a).map(|(o, _)| o)),
-                registered: ts.is_some_and(|t| t.registered_at.is_some() || t.busy_at.is_some()),
-                concluded_at: ts
-                    .and_then(|t| t.concluded_at.as_ref())
-                    .map(|t| t.0)
-                    .or_else(|| foreseen(a).map(|(_, at)| at)),
-                replaced: replaced.contains(name),
-            })
-        })
-        .collect()
-}
-
-/// The attempts as demand and scale-down see them.
-pub fn views(attempts: &[Arc<RunnerAttempt>]) -> Vec<AttemptView<'_>> {
-    attempts
-        .iter()
-        .map(|a| {
-            let mut state = a.state();
-            // GitHub already said this runner took a job (webhook `in_progress`): it is busy
-            // for demand and scale-down, even before the agent takes the edge.
-            if matches!(state, AttemptState::Idle | AttemptState::Starting)
-                && a.status.as_ref().is_some_and(|s| s.facts.job.is_some())
-            {
-                state = AttemptState::Busy;
-            }
-            AttemptView {
-                name: a.metadata.name.as_deref().unwrap_or_default(),
-                state,
-                termination_requested: a.spec.termination.is_some()
-                    || a.metadata.deletion_timestamp.is_some(),
-                idle_since: (state == AttemptState::Idle)
-                    .then(|| {
-                        a.status
-                            .as_ref()
-                            .and_then(|s| s.journal.timestamps().last_state_change_at.clone())
-                            .map(|t| t.0)
-                    })
-                    .flatten(),
-            }
-        })
-        .collect()
-}
-
 /// Plan one policy. Pure.
 pub fn plan(i: &Inputs<'_>) -> Plan {
     if i.policy.metadata.deletion_timestamp.is_some() {
@@ -307,23 +225,22 @@ pub fn plan(i: &Inputs<'_>) -> Plan {
     Plan::Run(Box::new(run(i)))
 }
 
-fn drain(policy: &ScalePolicy, attempts: &[Arc<RunnerAttempt>]) -> Drain {
+fn drain(policy: &ScalePolicy, attempts: &[Attempt]) -> Drain {
     let mut d = Drain::default();
-    for a in attempts {
-        let state = a.state();
-        let name = a.metadata.name.clone().unwrap_or_default();
+    for a in attempts.iter().map(|a| &a.view) {
+        let state = a.state;
         if state == AttemptState::Cleaned {
-            if a.metadata.deletion_timestamp.is_none() {
-                d.delete.push(name);
+            if !a.deleting {
+                d.delete.push(a.name.clone());
             }
             continue;
         }
-        if a.spec.termination.is_none()
+        if a.termination.is_none()
             && state != AttemptState::Busy
             && (state.is_live() || state == AttemptState::Pending)
         {
             d.terminate.push(Termination {
-                attempt: name,
+                attempt: a.name.clone(),
                 reason: TerminationReason::PolicyDeleted,
             });
         }
@@ -360,7 +277,8 @@ fn run(i: &Inputs<'_>) -> Run {
         with
     });
 
-    let mut attempt_views = views(i.attempts);
+    let mut attempt_views: Vec<AttemptView<'_>> =
+        i.attempts.iter().map(|a| a.view.demand_view()).collect();
     attempt_views.extend(i.in_flight.iter().map(|name| AttemptView {
         name,
         state: AttemptState::Pending,
@@ -446,7 +364,7 @@ fn run(i: &Inputs<'_>) -> Run {
     for (a, view) in i.attempts.iter().zip(&attempt_views) {
         if view.state == AttemptState::Idle
             && !view.termination_requested
-            && i.cordoned.contains(a.spec.node_name.as_str())
+            && i.cordoned.contains(a.view.node.as_str())
             && named.insert(view.name)
         {
             terminations.push(Termination {
@@ -456,7 +374,7 @@ fn run(i: &Inputs<'_>) -> Run {
         }
     }
     // Timeouts that need a deregistration, and attempts a person deleted.
-    for a in i.attempts {
+    for a in i.attempts.iter().map(|a| &a.view) {
         let reason = match due(
             a,
             now,
@@ -465,16 +383,13 @@ fn run(i: &Inputs<'_>) -> Run {
             i.limits.node_lost_grace,
         ) {
             Some(Due::Terminate(r)) => Some(r),
-            _ => {
-                let state = a.state();
-                (a.metadata.deletion_timestamp.is_some()
-                    && a.spec.termination.is_none()
-                    && state.is_live()
-                    && state != AttemptState::Busy)
-                    .then_some(TerminationReason::Deleted)
-            }
+            _ => (a.deleting
+                && a.termination.is_none()
+                && a.state.is_live()
+                && a.state != AttemptState::Busy)
+                .then_some(TerminationReason::Deleted),
         };
-        let name = a.metadata.name.as_deref().unwrap_or_default();
+        let name = a.name.as_str();
         if let Some(reason) = reason
             && named.insert(name)
         {
@@ -600,31 +515,6 @@ fn run(i: &Inputs<'_>) -> Run {
     }
 }
 
-/// Whether a Degraded policy may send its probe: nothing of this generation is in flight (a
-/// launch neither concluded nor registered) and the newest failure concluded at least
-/// `cooldown` ago. Pure.
-pub fn probe_due(
-    history: &[Launch<'_>],
-    generation: i64,
-    cooldown: Duration,
-    now: Timestamp,
-) -> bool {
-    let mine = || history.iter().filter(|l| l.generation == generation);
-    if mine().any(|l| l.outcome.is_none() && !l.registered) {
-        return false;
-    }
-    let Some(last) = mine()
-        .filter(|l| is_launch_failure(l.outcome))
-        .filter_map(|l| l.concluded_at)
-        .max()
-    else {
-        return false;
-    };
-    let age = now.as_millisecond().saturating_sub(last.as_millisecond());
-    age >= i64::try_from(cooldown.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// The reason of a failed outcome as its wire form names it (`JitExpired`).
 fn failure_reason(o: Outcome) -> String {
     serde_json::to_value(o)
         .ok()

@@ -1,7 +1,9 @@
 //! Every decision a policy's reconcile makes, without a cluster.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
+use runner_manager_crds::POLICY_GENERATION_ANNOTATION;
 use runner_manager_crds::attempt::{RunnerPackage, TargetScope, TerminationReason};
 use runner_manager_crds::fixtures::AttemptBuilder;
 use runner_manager_crds::outcome::{FailureReason, OrphanReason, RejectReason};
@@ -190,9 +192,11 @@ impl Case {
     }
 
     fn plan(&self) -> Plan {
+        let (attempts, refused) = Attempt::all(self.attempts.iter().cloned());
+        assert!(refused.is_empty(), "{refused:?}");
         plan(&Inputs {
             policy: &self.policy,
-            attempts: &self.attempts,
+            attempts: &attempts,
             readiness: self.readiness,
             cordoned: &self.cordoned,
             conflicts: &self.conflicts,

@@ -20,7 +20,7 @@ use runner_manager_crds::{CLEANUP_FINALIZER, NODE_LABEL, POLICY_LABEL};
 
 /// The policy generation an attempt was made for: consecutive failures are counted within one
 /// generation, so a changed spec starts afresh (DESIGN §11).
-pub const POLICY_GENERATION_ANNOTATION: &str = "runner-manager.dev/policy-generation";
+pub use runner_manager_crds::POLICY_GENERATION_ANNOTATION;
 
 /// How long an agent may hold a `Prepared` attempt without a JIT (DESIGN §4 rule 9).
 pub const JIT_HANDOFF: ManifestDuration = ManifestDuration::from_secs(120);

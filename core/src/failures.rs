@@ -1,25 +1,73 @@
 //! Replacement without loops (DESIGN §11): launches that failed are counted per policy
 //! generation, each replacement waits an exponential backoff, and past the limit the policy is
-//! Degraded and creates nothing until its spec changes. Pure.
+//! Degraded and creates nothing until its spec changes. The history is each attempt of the
+//! policy as a [`Launch`] ([`launches`], from the validated attempts). Pure.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
-use runner_manager_crds::outcome::{FailureReason, Outcome};
+use jiff::Timestamp;
+
+use crate::attempt::ValidatedAttempt;
+use crate::outcome::{FailureReason, Outcome};
+use crate::recovery::{TerminateReason, TerminationReason};
 
 /// One attempt as the failure count sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Launch<'a> {
     pub name: &'a str,
     pub created: Timestamp,
-    /// The policy generation it was made for.
-    pub generation: i64,
+    /// The policy generation it was made for (None: unknown, counted toward none).
+    pub generation: Option<i64>,
     pub outcome: Option<Outcome>,
     /// GitHub listed it (or it took a job): the launch worked, whatever came after.
     pub registered: bool,
     pub concluded_at: Option<Timestamp>,
     /// Another attempt names it in `spec.replaces`.
     pub replaced: bool,
+}
+
+/// The outcome an attempt the operator terminated for a registration timeout will conclude
+/// with, and when it was decided. The request already settles it (the runner never
+/// registered, so it ends `Failed(TerminatedAfterRegistrationTimeout)` whatever the agent
+/// finds), and demand stops counting the attempt as supply the moment the request is written:
+/// without this, the creation that request causes could run before the agent concludes and be
+/// made as a plain scale-up, with no lineage and no backoff (a CI run met that interleaving).
+fn foreseen(a: &ValidatedAttempt) -> Option<(Outcome, Timestamp)> {
+    let t = a.termination?;
+    (t.reason == TerminationReason::RegistrationTimeout).then(|| {
+        (
+            TerminateReason::RegistrationTimeout.outcome(),
+            t.requested_at,
+        )
+    })
+}
+
+/// The attempts as the failure count sees them (one without a creation time, never stored, is
+/// not a launch).
+pub fn launches<A: AsRef<ValidatedAttempt>>(attempts: &[A]) -> Vec<Launch<'_>> {
+    let replaced: HashSet<&str> = attempts
+        .iter()
+        .filter_map(|a| a.as_ref().replaces.as_deref())
+        .collect();
+    attempts
+        .iter()
+        .map(AsRef::as_ref)
+        .filter_map(|a| {
+            Some(Launch {
+                name: &a.name,
+                created: a.created_at?,
+                generation: a.policy_generation,
+                outcome: a.outcome.or_else(|| foreseen(a).map(|(o, _)| o)),
+                registered: a.times.registered_at.is_some() || a.times.busy_at.is_some(),
+                concluded_at: a
+                    .times
+                    .concluded_at
+                    .or_else(|| foreseen(a).map(|(_, at)| at)),
+                replaced: replaced.contains(a.name.as_str()),
+            })
+        })
+        .collect()
 }
 
 /// A launch that failed for a reason the policy causes, which a replacement may hit again: its
@@ -80,7 +128,7 @@ pub fn consecutive_backoffs(launches: &[Launch<'_>], generation: i64) -> u32 {
 fn trailing(launches: &[Launch<'_>], generation: i64, counts: fn(Option<Outcome>) -> bool) -> u32 {
     let mut mine: Vec<&Launch<'_>> = launches
         .iter()
-        .filter(|l| l.generation == generation)
+        .filter(|l| l.generation == Some(generation))
         .collect();
     mine.sort_by(|a, b| b.created.cmp(&a.created).then(b.name.cmp(a.name)));
     let mut n = 0;
@@ -121,7 +169,7 @@ pub fn resume_at(
         .filter_map(|l| l.concluded_at)
         .max()?;
     let wait = backoff(failures, base, max);
-    last.checked_add(k8s_openapi::jiff::SignedDuration::try_from(wait).ok()?)
+    last.checked_add(jiff::SignedDuration::try_from(wait).ok()?)
         .ok()
 }
 
@@ -142,10 +190,35 @@ pub fn lineages<'a>(launches: &[Launch<'a>]) -> Vec<&'a str> {
     v.into_iter().map(|l| l.name).collect()
 }
 
+/// Whether a Degraded policy may send its probe: nothing of this generation is in flight (a
+/// launch neither concluded nor registered) and the newest failure concluded at least
+/// `cooldown` ago. Pure.
+pub fn probe_due(
+    history: &[Launch<'_>],
+    generation: i64,
+    cooldown: Duration,
+    now: Timestamp,
+) -> bool {
+    let mine = || history.iter().filter(|l| l.generation == Some(generation));
+    if mine().any(|l| l.outcome.is_none() && !l.registered) {
+        return false;
+    }
+    let Some(last) = mine()
+        .filter(|l| is_launch_failure(l.outcome))
+        .filter_map(|l| l.concluded_at)
+        .max()
+    else {
+        return false;
+    };
+    let age = now.as_millisecond().saturating_sub(last.as_millisecond());
+    age >= i64::try_from(cooldown.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The reason of a failed outcome as its wire form names it (`JitExpired`).
 #[cfg(test)]
 mod tests {
     use super::*;
-    use runner_manager_crds::outcome::RejectReason;
+    use crate::outcome::RejectReason;
 
     fn t(s: i64) -> Timestamp {
         Timestamp::from_second(s).unwrap()
@@ -155,7 +228,7 @@ mod tests {
         Launch {
             name,
             created: t(created),
-            generation: 1,
+            generation: Some(1),
             outcome,
             registered,
             concluded_at: outcome.map(|_| t(created + 10)),
@@ -264,5 +337,38 @@ mod tests {
         ];
         assert_eq!(lineage(&ls), Some("rej"));
         assert_eq!(lineages(&ls), vec!["rej"]);
+    }
+
+    /// The history read from validated attempts: a registration-timeout request counts as the
+    /// failure it settles, from when it was asked; a replaced attempt is marked; one never
+    /// stored is no launch; an unreadable generation counts toward none.
+    #[test]
+    fn launches_read_the_validated_attempts() {
+        use crate::attempt::TerminationAsked;
+        use crate::attempt::testing::{attempt, in_state};
+        use crate::recovery::TerminationReason;
+        use crate::state::AttemptState;
+        let mut timed_out = in_state(attempt("a", 100), AttemptState::Starting, 150);
+        timed_out.termination = Some(TerminationAsked {
+            reason: TerminationReason::RegistrationTimeout,
+            requested_at: t(400),
+        });
+        let mut replacement = attempt("b", 500);
+        replacement.replaces = Some("a".into());
+        replacement.policy_generation = None;
+        let mut unstored = attempt("c", 0);
+        unstored.created_at = None;
+        let all = [timed_out, replacement, unstored];
+        let ls = launches(&all);
+        assert_eq!(ls.len(), 2, "{ls:?}");
+        assert_eq!(
+            ls[0].outcome,
+            Some(TerminateReason::RegistrationTimeout.outcome())
+        );
+        assert_eq!(ls[0].concluded_at, Some(t(400)));
+        assert!(ls[0].replaced && !ls[0].registered);
+        assert!(is_launch_failure(ls[0].outcome));
+        assert_eq!(ls[1].generation, None);
+        assert_eq!(consecutive_failures(&ls, 1), 1);
     }
 }
