@@ -296,7 +296,7 @@ impl Metrics {
         let reconcile_errors: Family<StageLabels, Counter> = registered(
             &mut registry,
             "reconcile_errors",
-            "Failures inside policy reconciles, by stage (dereference, validate, apply, status)",
+            "Failures inside policy reconciles, by stage (housekeeping, resolve, observe, demand, apply, status)",
         );
         let policy: Vec<Family<PolicyLabels, Gauge>> = POLICY_GAUGES
             .iter()

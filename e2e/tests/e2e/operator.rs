@@ -736,10 +736,10 @@ async fn an_invalid_policy_is_not_ready_names_the_field_and_creates_nothing() {
         "an invalid policy creates nothing"
     );
     // Each failed resolution is counted by its stage (a missing Secret and an invalid spec are
-    // `validate`), and none backs the policy off: the resolution retries at its own interval.
+    // `resolve`), and none backs the policy off: the resolution retries at its own interval.
     assert!(
         w.operators[op]
-            .metric("runner_manager_reconcile_errors_total{stage=\"validate\"}")
+            .metric("runner_manager_reconcile_errors_total{stage=\"resolve\"}")
             .await
             >= 2.0,
         "{}",

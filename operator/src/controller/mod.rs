@@ -2,10 +2,10 @@
 //! the cached policies, triggered by their attempts, agent Leases and Nodes, with the one
 //! placement worker in its context.
 //!
-//! Each policy's reconcile: housekeeping of its attempts (finalizers, abandon, the operator's
-//! two edges, history), then resolution → observation of GitHub → a pass of its demand
-//! source (`policy::prepare`, `sources`), the pure plan (`plan`) and its application — placement and creation,
-//! scale-down, terminations, status (`policy::apply`).
+//! Each policy's reconcile is a pipeline of stages (`policy::reconcile`, one error type per
+//! stage in `errors`): housekeeping of its attempts (finalizers, abandon, the operator's two
+//! edges, history) → resolve → observe GitHub → a pass of its demand source (`sources`) → the
+//! pure plan (`plan`) → apply (placement and creation, scale-down, terminations) → status.
 //!
 //! The folders are the reconcile's stages (issue 30 item 7; the stackable operators' shape):
 //! `resolving` (what a policy needs beyond its spec), `sources` (where its demand comes from),

@@ -1,9 +1,22 @@
-//! One policy's reconcile: `prepare` does the I/O its decisions depend on (resolution, GitHub
-//! observation, polling and job checks), `plan::plan` decides without I/O, and `apply` carries
-//! the plan out — finalizer, creation with placement, terminations, status, events. Each step
-//! reports what failed as a typed [`ReconcileError`]; the caller counts them by stage and backs
-//! the policy off. A policy that is not Ready creates nothing and changes nothing already
-//! running.
+//! One policy's reconcile as a pipeline of stages, in stackable's shape (dereference → validate
+//! → build → apply → status): [`reconcile`] runs them in order, each a function of its own here
+//! with its own error type (`errors::Stage`):
+//!
+//! | stage | needs a client | what |
+//! | --- | --- | --- |
+//! | housekeeping | API server | the core's housekeeping plan of the attempts, carried out (`attempts::housekeeping`) |
+//! | resolve | API server, GitHub | the Secret, the target, the runner package: the policy's `Resolved` view ([`resolve_stage`]) |
+//! | observe | GitHub, API server | the target's runner listing: facts, concluded registrations, orphans ([`observe_stage`]) |
+//! | demand | GitHub, API server | a pass of the policy's demand source and its ledger write ([`demand_stage`]) |
+//! | plan | none (pure) | `plan::plan`: creations, terminations, status, events ([`plan_stage`]) |
+//! | apply | API server, GitHub | the finalizer, creation with placement, terminations, deletions ([`apply_stage`]) |
+//! | status | API server | the policy's status, when it changed ([`status_stage`]) |
+//!
+//! A stage's failures are kept and the next stage runs on what is known, as a level-triggered
+//! pass would on its next round, except where the next stage needs what failed: nothing is
+//! observed, polled or created without a resolution, and nothing is created when the finalizer
+//! could not be added. A policy that is not Ready creates nothing and changes nothing already
+//! running. The caller counts the failures by stage and backs the policy off.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -18,7 +31,11 @@ use serde_json::Value;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use super::errors::ReconcileError;
+use super::attempts::housekeeping;
+use super::errors::{
+    ApplyError, DemandError, ObserveError, ReconcileError, ResolveError, Stage, StatusError,
+    WriteFailed,
+};
 use super::events::Reason;
 use super::placement_worker::{PlacementWorker, node_facts};
 use super::plan::{
@@ -33,7 +50,134 @@ use super::supervisor::{Terminated, observe, terminate};
 use super::writes::WriteKind;
 use super::{Ctx, PolicyMemory, ResolvedEntry};
 
-/// The stored `Ready` condition of this generation, if the status has one: whether it is True.
+/// What one reconcile reads besides the policy's memory.
+#[derive(Clone, Copy)]
+pub struct Reading<'a> {
+    pub policy: &'a Arc<ScalePolicy>,
+    /// The policy's attempts, each validated once.
+    pub attempts: &'a [Attempt],
+    /// Nodes marked unschedulable now.
+    pub cordoned: &'a HashSet<String>,
+    /// Policies of other namespaces naming the same target.
+    pub conflicts: &'a [String],
+    /// The job matcher, built on first use (only polling reads it).
+    pub candidates: &'a (dyn Fn() -> Arc<Candidates> + Send + Sync),
+}
+
+impl std::fmt::Debug for Reading<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reading")
+            .field("policy", &self.policy.metadata.name)
+            .field("attempts", &self.attempts.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The time each stage took (microseconds, by `Stage::ALL`'s order): the round's profile.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StageTimes(pub [u64; Stage::ALL.len()]);
+
+impl StageTimes {
+    fn add(&mut self, stage: Stage, since: Instant) {
+        let us = u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX);
+        if let Some(slot) = Stage::ALL
+            .iter()
+            .position(|s| *s == stage)
+            .and_then(|i| self.0.get_mut(i))
+        {
+            *slot = slot.saturating_add(us);
+        }
+    }
+
+    pub fn of(&self, stage: Stage) -> u64 {
+        Stage::ALL
+            .iter()
+            .position(|s| *s == stage)
+            .and_then(|i| self.0.get(i))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// What a reconcile did, as its Controller needs it.
+#[derive(Debug, Default)]
+pub struct Reconciled {
+    /// What failed, with the stage it failed in; the rest was carried out.
+    pub errors: Vec<ReconcileError>,
+    /// More runners were wanted than placement found room for: a change of capacity anywhere
+    /// (an attempt ending, an agent's advert, a node) should reconcile this policy again.
+    pub wants_capacity: bool,
+    /// When a time-based gate the plan waits on opens (the replacement backoff).
+    pub wake_at: Option<Timestamp>,
+    /// Whether the status was written.
+    pub status_written: bool,
+    pub took: StageTimes,
+}
+
+/// One policy's reconcile: the stages in order (see the module's table).
+#[tracing::instrument(name = "reconcile", skip_all, fields(
+    policy.namespace = r.policy.metadata.namespace.as_deref().unwrap_or_default(),
+    policy.name = r.policy.metadata.name.as_deref().unwrap_or_default(),
+))]
+pub async fn reconcile(
+    ctx: &Ctx,
+    placement: &Mutex<PlacementWorker>,
+    mem: &mut PolicyMemory,
+    r: Reading<'_>,
+    now: Timestamp,
+) -> Reconciled {
+    let mut out = Reconciled::default();
+    let deleting = r.policy.metadata.deletion_timestamp.is_some();
+
+    let t = Instant::now();
+    let housekept = housekeeping(ctx, r.attempts, now).await;
+    out.errors.extend(housekept.into_iter().map(Into::into));
+    out.took.add(Stage::Housekeeping, t);
+
+    let t = Instant::now();
+    out.errors
+        .extend(resolve_stage(ctx, mem, r.policy).await.map(Into::into));
+    out.took.add(Stage::Resolve, t);
+
+    // A policy being deleted is drained: nothing is observed or polled for it.
+    if !deleting && let Some(resolved) = resolved(mem).cloned() {
+        let t = Instant::now();
+        let observed = observe_stage(ctx, mem, &r, &resolved).await;
+        out.errors.extend(observed.into_iter().map(Into::into));
+        out.took.add(Stage::Observe, t);
+
+        let t = Instant::now();
+        let demanded = demand_stage(ctx, mem, &r, &resolved, now).await;
+        out.errors.extend(demanded.into_iter().map(Into::into));
+        out.took.add(Stage::Demand, t);
+    }
+
+    let t = Instant::now();
+    let plan = plan_stage(ctx, mem, &r, now);
+    out.took.add(Stage::Plan, t);
+
+    let t = Instant::now();
+    let applied = apply_stage(ctx, placement, mem, &r, plan, now).await;
+    out.errors
+        .extend(applied.errors.into_iter().map(Into::into));
+    out.wants_capacity = applied.wants_capacity;
+    out.wake_at = applied.wake_at;
+    for name in &applied.created {
+        mem.created.insert(name.clone(), Instant::now());
+    }
+    out.took.add(Stage::Apply, t);
+
+    if let Some(status) = applied.status {
+        let t = Instant::now();
+        match status_stage(ctx, mem, r.policy, status).await {
+            Ok(written) => out.status_written = written,
+            Err(e) => out.errors.push(e.into()),
+        }
+        out.took.add(Stage::Status, t);
+    }
+    out
+}
+
 /// The stored `Ready` condition of this generation, if the status has one: whether it is True.
 fn stored_ready(policy: &ScalePolicy, generation: i64) -> Option<bool> {
     let status = policy.status.as_ref()?;
@@ -64,53 +208,38 @@ fn resolution_fresh(e: &ResolvedEntry, generation: i64) -> bool {
     e.generation == generation && e.at.elapsed() < ttl
 }
 
-/// A policy's I/O before its decisions: its resolution, the GitHub observation of its target,
-/// and a pass of its demand source (`sources::DemandSource`, chosen once per generation), whose
-/// ledger change is written here. What failed is returned; the rest went on.
-pub async fn prepare(
+/// The resolve stage: dereference and validate the policy (its Secret, target and runner
+/// package), once per generation and then at the resolution's TTL; kept in the policy's memory.
+/// A policy being deleted is resolved only when this process never did (a new leader meeting a
+/// policy already being deleted, as after `helm upgrade` on the real node): its drain
+/// deregisters each runner with the policy's client, and without one the runner is stopped and
+/// its registration stays on GitHub.
+async fn resolve_stage(
     ctx: &Ctx,
     mem: &mut PolicyMemory,
-    policy: &Arc<ScalePolicy>,
-    attempts: &[Attempt],
-    candidates: &(dyn Fn() -> Arc<Candidates> + Send + Sync),
-    now: Timestamp,
-) -> Vec<ReconcileError> {
-    let mut errors = Vec::new();
+    policy: &ScalePolicy,
+) -> Option<ResolveError> {
     let generation = policy.metadata.generation.unwrap_or(0);
-    if policy.metadata.deletion_timestamp.is_some() {
-        // The drain deregisters each runner before asking it to stop, with the policy's
-        // client. A process that never resolved the policy (a new leader meeting a policy
-        // already being deleted, as after `helm upgrade` on the real node) must resolve it
-        // now: without a client the runner is stopped and its registration stays on GitHub.
-        if resolved(mem).is_none() {
-            let result = resolve_now(ctx, policy).await;
-            if let Err(i) = &result {
-                let (reason, message) = (i.reason, i.message.clone());
-                errors.push(ReconcileError::Unresolved { reason, message });
-            }
-            mem.resolved = Some(ResolvedEntry {
-                generation,
-                at: Instant::now(),
-                result,
-            });
-        }
-        return errors;
+    let deleting = policy.metadata.deletion_timestamp.is_some();
+    let due = if deleting {
+        resolved(mem).is_none()
+    } else {
+        !mem.resolved
+            .as_ref()
+            .is_some_and(|e| resolution_fresh(e, generation))
+    };
+    if !due {
+        return None;
     }
-
-    // Resolution (once per generation, not per pass).
-    if !mem
+    // After a restart or failover the memory is empty: the stored condition says what a
+    // person last saw, so a thousand unchanged policies publish no thousand events.
+    let was_ok = mem
         .resolved
         .as_ref()
-        .is_some_and(|e| resolution_fresh(e, generation))
-    {
-        // After a restart or failover the memory is empty: the stored condition says what a
-        // person last saw, so a thousand unchanged policies publish no thousand events.
-        let was_ok = mem
-            .resolved
-            .as_ref()
-            .map(|e| e.result.is_ok())
-            .or_else(|| stored_ready(policy, generation));
-        let result = resolve_now(ctx, policy).await;
+        .map(|e| e.result.is_ok())
+        .or_else(|| stored_ready(policy, generation));
+    let result = resolve_now(ctx, policy).await;
+    if !deleting {
         match (&result, was_ok) {
             (Err(i), Some(true) | None) => {
                 ctx.events.publish(
@@ -133,35 +262,51 @@ pub async fn prepare(
             }
             _ => {}
         }
-        if let Err(i) = &result {
-            let (reason, message) = (i.reason, i.message.clone());
-            errors.push(if i.is_transient() {
-                ReconcileError::Unresolved { reason, message }
-            } else {
-                ReconcileError::Invalid { reason, message }
-            });
-        }
-        mem.resolved = Some(ResolvedEntry {
-            generation,
-            at: Instant::now(),
-            result,
-        });
     }
-    let resolved: Option<Resolved> = mem
-        .resolved
-        .as_ref()
-        .and_then(|e| e.result.as_ref().ok().cloned());
-    // GitHub observation, then the policy's demand source, each at its own interval.
-    let Some(r) = &resolved else {
-        return errors;
-    };
+    let error = result.as_ref().err().map(|i| {
+        let (reason, message) = (i.reason, i.message.clone());
+        if i.is_transient() || deleting {
+            ResolveError::Unresolved { reason, message }
+        } else {
+            ResolveError::Invalid { reason, message }
+        }
+    });
+    mem.resolved = Some(ResolvedEntry {
+        generation,
+        at: Instant::now(),
+        result,
+    });
+    error
+}
+
+/// The observe stage: GitHub's runner listing of the target, at the observe interval.
+async fn observe_stage(
+    ctx: &Ctx,
+    mem: &mut PolicyMemory,
+    r: &Reading<'_>,
+    resolved: &Resolved,
+) -> Vec<ObserveError> {
     if mem
         .last_observe
-        .is_none_or(|t| t.elapsed() >= ctx.settings.observe_interval)
+        .is_some_and(|t| t.elapsed() < ctx.settings.observe_interval)
     {
-        mem.last_observe = Some(Instant::now());
-        errors.extend(observe(ctx, mem, policy, attempts, &r.client).await);
+        return Vec::new();
     }
+    mem.last_observe = Some(Instant::now());
+    observe(ctx, mem, r.policy, r.attempts, &resolved.client).await
+}
+
+/// The demand stage: a pass of the policy's demand source (`sources::DemandSource`, chosen
+/// once per generation), whose ledger change is written here, through the one writer.
+async fn demand_stage(
+    ctx: &Ctx,
+    mem: &mut PolicyMemory,
+    r: &Reading<'_>,
+    resolved: &Resolved,
+    now: Timestamp,
+) -> Vec<DemandError> {
+    let policy = r.policy;
+    let generation = policy.metadata.generation.unwrap_or(0);
     if mem
         .demand
         .as_ref()
@@ -169,7 +314,7 @@ pub async fn prepare(
     {
         // The old source goes first: a scale-set session is deleted before its successor opens.
         mem.demand = None;
-        let source = sources::choose(ctx, policy, r);
+        let source = sources::choose(ctx, policy, resolved);
         tracing::debug!(
             policy.namespace = policy.metadata.namespace.as_deref().unwrap_or_default(),
             policy.name = policy.metadata.name.as_deref().unwrap_or_default(),
@@ -179,7 +324,7 @@ pub async fn prepare(
         mem.demand = Some(Chosen { generation, source });
     }
     let Some(chosen) = mem.demand.as_mut() else {
-        return errors;
+        return Vec::new();
     };
     let empty = std::collections::BTreeMap::new();
     let ledger = policy.status.as_ref().map_or(&empty, |s| &s.pending_jobs);
@@ -187,18 +332,18 @@ pub async fn prepare(
         .source
         .pass(Pass {
             policy,
-            resolved: r,
+            resolved,
             ledger,
-            candidates,
+            candidates: r.candidates,
             grace: ctx.settings.job_check_grace,
             now,
         })
         .await;
-    errors.extend(observed.errors);
+    let mut errors = observed.errors;
     let ns = policy.metadata.namespace.as_deref().unwrap_or_default();
     let name = policy.metadata.name.as_deref().unwrap_or_default();
     if let Err(source) = ctx.writer.pending_jobs(ns, name, observed.change).await {
-        errors.push(ReconcileError::write(WriteKind::PendingJobs)(source));
+        errors.push(WriteFailed::of(WriteKind::PendingJobs)(source).into());
     }
     errors
 }
@@ -218,27 +363,12 @@ impl Limits {
     }
 }
 
-/// A policy's decisions (`plan::plan`) and their application. `conflicts` are the policies of
-/// other namespaces naming the same target. What failed is returned; the rest was carried out.
-#[allow(clippy::too_many_arguments)]
-#[tracing::instrument(name = "reconcile", skip_all, fields(
-    policy.namespace = policy.metadata.namespace.as_deref().unwrap_or_default(),
-    policy.name = policy.metadata.name.as_deref().unwrap_or_default(),
-))]
-pub async fn reconcile(
-    ctx: &Ctx,
-    placement: &Mutex<PlacementWorker>,
-    cordoned: &HashSet<String>,
-    mem: &mut PolicyMemory,
-    policy: &Arc<ScalePolicy>,
-    attempts: &[Attempt],
-    conflicts: &[String],
-    now: Timestamp,
-) -> Applied {
-    // Created before and still not cached: supply the plan counts (expectations, as a
-    // ReplicaSet's). One the cache never shows within the placement TTL is given up.
+/// The plan stage: the policy's decisions (`plan::plan`), pure. Attempts this leader created
+/// that the cache does not show yet supply the plan's counts (expectations, as a
+/// ReplicaSet's); one the cache never shows within the placement TTL is given up.
+fn plan_stage(ctx: &Ctx, mem: &mut PolicyMemory, r: &Reading<'_>, now: Timestamp) -> Plan {
     mem.created.retain(|name, at| {
-        at.elapsed() < IN_FLIGHT_TTL && !attempts.iter().any(|a| a.name() == name.as_str())
+        at.elapsed() < IN_FLIGHT_TTL && !r.attempts.iter().any(|a| a.name() == name.as_str())
     });
     let in_flight: Vec<String> = mem.created.keys().cloned().collect();
     let readiness = match mem.resolved.as_ref().map(|e| &e.result) {
@@ -252,24 +382,16 @@ pub async fn reconcile(
         },
         None => Readiness::Unresolved,
     };
-    let plan = super::plan::plan(&Inputs {
-        policy,
-        attempts,
+    super::plan::plan(&Inputs {
+        policy: r.policy,
+        attempts: r.attempts,
         readiness,
-        cordoned,
-        conflicts,
+        cordoned: r.cordoned,
+        conflicts: r.conflicts,
         in_flight: &in_flight,
         limits: Limits::of(&ctx.settings),
         now,
-    });
-    let applied = apply(ctx, placement, mem, policy, attempts, plan, now).await;
-    for name in &applied.created {
-        mem.created.insert(name.clone(), Instant::now());
-    }
-    if let Some(v) = &applied.status_written {
-        mem.status_written = Some((v.clone(), Instant::now()));
-    }
-    applied
+    })
 }
 
 /// Status fields without their timestamps (`lastTransitionTime`, `lastScaleTime`). Pure.
@@ -293,40 +415,45 @@ const STATUS_ECHO: std::time::Duration = std::time::Duration::from_secs(5);
 /// placement worker's expectations last as long).
 const IN_FLIGHT_TTL: std::time::Duration = std::time::Duration::from_secs(120);
 
-/// What a reconcile did, as its Controller needs it.
+/// What the apply stage did.
 #[derive(Debug, Default)]
-pub struct Applied {
+struct Applied {
     /// What failed; the rest was carried out.
-    pub errors: Vec<ReconcileError>,
-    /// More runners were wanted than placement found room for: a change of capacity anywhere
-    /// (an attempt ending, an agent's advert, a node) should reconcile this policy again.
-    pub wants_capacity: bool,
-    /// When a time-based gate the plan waits on opens (the replacement backoff).
-    pub wake_at: Option<Timestamp>,
+    errors: Vec<ApplyError>,
+    wants_capacity: bool,
+    wake_at: Option<Timestamp>,
     /// The attempts created.
-    pub created: Vec<String>,
-    /// The status fields written.
-    pub status_written: Option<Value>,
+    created: Vec<String>,
+    /// What the status stage writes (nothing for a drain).
+    status: Option<NextStatus>,
 }
 
-/// Carry out a plan. Every step is tried whatever an earlier one did (as a level-triggered pass
-/// would on its next round), except that nothing is created when the finalizer could not be
-/// added: an attempt must never outlive a policy deleted before it held its finalizer.
-pub async fn apply(
+/// The status the plan settled on, for the status stage.
+#[derive(Debug)]
+struct NextStatus {
+    next: ScalePolicyStatus,
+    /// The finalizers the status write's response should hold (ours, once written).
+    finalizers: Option<Vec<String>>,
+}
+
+/// The apply stage: carry out a plan. Every step is tried whatever an earlier one did (as a
+/// level-triggered pass would on its next round), except that nothing is created when the
+/// finalizer could not be added: an attempt must never outlive a policy deleted before it held
+/// its finalizer.
+async fn apply_stage(
     ctx: &Ctx,
     placement: &Mutex<PlacementWorker>,
     mem: &PolicyMemory,
-    policy: &ScalePolicy,
-    attempts: &[Attempt],
+    r: &Reading<'_>,
     plan: Plan,
     now: Timestamp,
 ) -> Applied {
     match plan {
         Plan::Drain(d) => Applied {
-            errors: apply_drain(ctx, mem, policy, attempts, d, now).await,
+            errors: apply_drain(ctx, mem, r.policy, r.attempts, d, now).await,
             ..Applied::default()
         },
-        Plan::Run(run) => apply_run(ctx, placement, mem, policy, attempts, *run, now).await,
+        Plan::Run(run) => apply_run(ctx, placement, mem, r.policy, r.attempts, *run, now).await,
     }
 }
 
@@ -359,7 +486,7 @@ async fn terminate_all(
     mem: &PolicyMemory,
     attempts: &[Attempt],
     terminations: impl IntoIterator<Item = Termination>,
-    errors: &mut Vec<ReconcileError>,
+    errors: &mut Vec<ApplyError>,
     now: Timestamp,
 ) -> u32 {
     let client = resolved(mem).map(|r| r.client.as_ref());
@@ -384,14 +511,14 @@ async fn apply_drain(
     attempts: &[Attempt],
     d: Drain,
     now: Timestamp,
-) -> Vec<ReconcileError> {
+) -> Vec<ApplyError> {
     let ns = policy.metadata.namespace.as_deref().unwrap_or_default();
     let name = policy.metadata.name.as_deref().unwrap_or_default();
     ctx.metrics.forget_policy(ns, name);
     let mut errors = Vec::new();
     for attempt in &d.delete {
         if let Err(source) = ctx.writer.delete_attempt(ns, attempt).await {
-            errors.push(ReconcileError::write(WriteKind::AttemptDelete)(source));
+            errors.push(WriteFailed::of(WriteKind::AttemptDelete)(source).into());
         }
     }
     terminate_all(ctx, mem, attempts, d.terminate, &mut errors, now).await;
@@ -399,7 +526,7 @@ async fn apply_drain(
     if let Some(rest) = d.release
         && let Err(source) = ctx.writer.policy_finalizers_echoed(policy, rest).await
     {
-        errors.push(ReconcileError::write(WriteKind::PolicyFinalizer)(source));
+        errors.push(WriteFailed::of(WriteKind::PolicyFinalizer)(source).into());
     }
     errors
 }
@@ -435,7 +562,7 @@ async fn apply_run(
             Ok(()) => finalizers = Some(with),
             Err(source) => {
                 finalized = false;
-                errors.push(ReconcileError::write(WriteKind::PolicyFinalizer)(source));
+                errors.push(WriteFailed::of(WriteKind::PolicyFinalizer)(source).into());
             }
         }
     }
@@ -500,8 +627,25 @@ async fn apply_run(
     let mut events = run.events;
     events.extend(unplaceable);
     publish(ctx, policy, events);
+    Applied {
+        errors,
+        wants_capacity,
+        wake_at,
+        created,
+        status: Some(NextStatus { next, finalizers }),
+    }
+}
+
+/// The status stage: the status the plan settled on, written when it differs from the stored
+/// one. Returns whether it was written.
+async fn status_stage(
+    ctx: &Ctx,
+    mem: &mut PolicyMemory,
+    policy: &ScalePolicy,
+    s: NextStatus,
+) -> Result<bool, StatusError> {
     let old = policy.status.clone().unwrap_or_default();
-    let fields = status_fields(&next);
+    let fields = status_fields(&s.next);
     // A reconcile triggered by an event older than this leader's last status write (its own
     // finalizer write, say) sees the status before that write: the same fields are not sent
     // again while the cache catches up.
@@ -510,24 +654,15 @@ async fn apply_run(
     let just_written = mem.status_written.as_ref().is_some_and(|(v, at)| {
         at.elapsed() < STATUS_ECHO && without_times(v) == without_times(&fields)
     });
-    let mut status_written = None;
-    if next != old && !just_written {
-        match ctx
-            .writer
-            .policy_status(policy, finalizers.as_deref(), fields.clone())
-            .await
-        {
-            Ok(()) => status_written = Some(fields),
-            Err(source) => errors.push(ReconcileError::Status(source)),
-        }
+    if s.next == old || just_written {
+        return Ok(false);
     }
-    Applied {
-        errors,
-        wants_capacity,
-        wake_at,
-        created,
-        status_written,
-    }
+    ctx.writer
+        .policy_status(policy, s.finalizers.as_deref(), fields.clone())
+        .await
+        .map_err(StatusError)?;
+    mem.status_written = Some((fields, Instant::now()));
+    Ok(true)
 }
 
 /// The status fields the leader owns (never `pendingJobs`).
@@ -550,7 +685,7 @@ async fn create_attempts(
     resolved: &Resolved,
     count: u32,
     replaces: &[String],
-    errors: &mut Vec<ReconcileError>,
+    errors: &mut Vec<ApplyError>,
     names: &mut Vec<String>,
     now: Timestamp,
 ) -> Scaled {
@@ -620,7 +755,7 @@ async fn create_attempts(
                     .lock()
                     .await
                     .forget(new.attempt.metadata.name.as_deref().unwrap_or_default());
-                errors.push(ReconcileError::write(WriteKind::AttemptCreate)(source));
+                errors.push(WriteFailed::of(WriteKind::AttemptCreate)(source).into());
             }
         }
     }
@@ -712,12 +847,112 @@ mod tests {
         assert!(
             matches!(
                 errors.as_slice(),
-                [ReconcileError::Write {
+                [ApplyError::Write(WriteFailed {
                     kind: WriteKind::AttemptDelete,
                     ..
-                }]
+                })]
             ),
             "{errors:?}"
         );
+    }
+
+    /// A live policy whose credentials Secret is missing, with one attempt a person abandoned.
+    fn unresolvable_policy() -> ScalePolicy {
+        serde_json::from_value(json!({
+            "apiVersion": "runner-manager.dev/v1alpha1", "kind": "ScalePolicy",
+            "metadata": {"name": "web", "namespace": "team", "uid": "u-1", "generation": 2,
+                         "resourceVersion": "41"},
+            "spec": {"github": {"url": "https://github.com/acme/web",
+                                "credentialsSecretRef": {"name": "gh"}},
+                     "labels": ["self-hosted", "linux"], "minIdle": 1, "maxRunners": 2}
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The whole pipeline against a scripted API server: housekeeping's writes come first, then
+    /// the resolution's read, then (no resolution: nothing observed, polled or created) the
+    /// finalizer and last the status; the one failure is the resolve stage's and does not back
+    /// the policy off; every stage that ran is timed, and the plan is the only one without a
+    /// client.
+    #[tokio::test]
+    async fn the_stages_run_in_order_and_a_failed_resolution_creates_nothing() {
+        use runner_manager_crds::fixtures::AttemptBuilder;
+        let policy = Arc::new(unresolvable_policy());
+        let (kube, seen) = scripted::client(|req| match req.method.as_str() {
+            "GET" => scripted::not_found(),
+            "DELETE" => scripted::deleted(),
+            _ if req.path.contains("/scalepolicies/") => (
+                200,
+                serde_json::to_value(unresolvable_policy()).unwrap_or_default(),
+            ),
+            _ => (
+                200,
+                serde_json::to_value(AttemptBuilder::new("ab", "web").namespace("team").build())
+                    .unwrap_or_default(),
+            ),
+        });
+        let mut ctx = scripted::ctx(kube);
+        ctx.settings.hosts.github_hosts =
+            runner_manager_crds::hosts::HostList::parse("github.com").unwrap_or_default();
+        let mut abandoned = AttemptBuilder::new("ab", "web")
+            .namespace("team")
+            .state(runner_manager_crds::state::AttemptState::Busy)
+            .annotation(runner_manager_crds::ABANDON_ANNOTATION, "true")
+            .build();
+        abandoned.metadata.finalizers = Some(vec![runner_manager_crds::CLEANUP_FINALIZER.into()]);
+        let (attempts, _) = Attempt::all([Arc::new(abandoned)]);
+        let placement = Mutex::new(PlacementWorker::default());
+        let mut mem = PolicyMemory::default();
+        let candidates = || {
+            Arc::new(Candidates::of(
+                Vec::new(),
+                false,
+                &ctx.settings.owner_bindings,
+            ))
+        };
+        let reading = Reading {
+            policy: &policy,
+            attempts: &attempts,
+            cordoned: &HashSet::new(),
+            conflicts: &[],
+            candidates: &candidates,
+        };
+        let now = Timestamp::from_second(1_800_000_000).unwrap_or_else(|e| panic!("{e}"));
+        let done = reconcile(&ctx, &placement, &mut mem, reading, now).await;
+
+        let writes = seen.writes();
+        let secret = writes
+            .iter()
+            .position(|w| w.starts_with("GET ") && w.contains("/secrets/gh"));
+        assert_eq!(
+            writes
+                .iter()
+                .filter(|w| !w.starts_with("GET "))
+                .collect::<Vec<_>>(),
+            [
+                "PATCH runnerattempts/ab",
+                "DELETE runnerattempts/ab",
+                "PATCH scalepolicies/web",
+                "PATCH scalepolicies/web/status",
+            ],
+            "{writes:?}"
+        );
+        assert_eq!(
+            secret,
+            Some(2),
+            "resolution reads after housekeeping: {writes:?} {:?}",
+            done.errors
+        );
+        assert!(
+            !writes.iter().any(|w| w.starts_with("POST ")),
+            "nothing created without a resolution: {writes:?}"
+        );
+        let stages: Vec<Stage> = done.errors.iter().map(ReconcileError::stage).collect();
+        assert_eq!(stages, [Stage::Resolve], "{:?}", done.errors);
+        assert!(!done.errors.iter().any(ReconcileError::backs_off));
+        assert!(done.status_written);
+        for stage in [Stage::Observe, Stage::Demand] {
+            assert_eq!(done.took.of(stage), 0, "{stage:?} did not run");
+        }
     }
 }

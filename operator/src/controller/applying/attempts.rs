@@ -16,7 +16,7 @@ use runner_manager_crds::writer::{Decision, JournalError, JournalWriter};
 use runner_manager_crds::{ABANDON_ANNOTATION, CLEANUP_FINALIZER};
 
 use crate::controller::Ctx;
-use crate::controller::errors::ReconcileError;
+use crate::controller::errors::{HousekeepingError, WriteFailed};
 use crate::controller::events::Reason;
 use crate::controller::placement_worker::agent_of;
 use crate::controller::writes::{FIELD_MANAGER, WriteKind};
@@ -91,7 +91,11 @@ async fn take_edge(ctx: &Ctx, a: &RunnerAttempt, outcome: Outcome, now: Timestam
 /// Housekeeping of `attempts` (one policy's, or those whose policy is gone): [`plan`], then
 /// each step carried out. Each failed write is returned, and the rest goes on; the next
 /// reconcile decides again on the fresh objects.
-pub async fn housekeeping(ctx: &Ctx, attempts: &[Attempt], now: Timestamp) -> Vec<ReconcileError> {
+pub async fn housekeeping(
+    ctx: &Ctx,
+    attempts: &[Attempt],
+    now: Timestamp,
+) -> Vec<HousekeepingError> {
     let bounds = Bounds {
         admission_timeout: ctx.settings.admission_timeout,
         node_lost_grace: ctx.settings.node_lost_grace,
@@ -115,15 +119,21 @@ pub async fn housekeeping(ctx: &Ctx, attempts: &[Attempt], now: Timestamp) -> Ve
                     ),
                 );
                 if let Err(source) = ctx.writer.attempt_finalizers(a, without_finalizer(a)).await {
-                    failed.push(ReconcileError::write(WriteKind::AttemptFinalizer)(source));
+                    failed.push(HousekeepingError(WriteFailed::of(
+                        WriteKind::AttemptFinalizer,
+                    )(source)));
                 }
                 if let Err(source) = ctx.writer.delete_attempt(ns, name).await {
-                    failed.push(ReconcileError::write(WriteKind::AttemptDelete)(source));
+                    failed.push(HousekeepingError(
+                        WriteFailed::of(WriteKind::AttemptDelete)(source),
+                    ));
                 }
             }
             Housekeep::Release(_) => {
                 if let Err(source) = ctx.writer.attempt_finalizers(a, without_finalizer(a)).await {
-                    failed.push(ReconcileError::write(WriteKind::AttemptFinalizer)(source));
+                    failed.push(HousekeepingError(WriteFailed::of(
+                        WriteKind::AttemptFinalizer,
+                    )(source)));
                 }
             }
             Housekeep::ExpireAdmission(_) => {
@@ -151,7 +161,9 @@ pub async fn housekeeping(ctx: &Ctx, attempts: &[Attempt], now: Timestamp) -> Ve
             }
             Housekeep::Prune(_) => {
                 if let Err(source) = ctx.writer.delete_attempt(ns, name).await {
-                    failed.push(ReconcileError::write(WriteKind::AttemptDelete)(source));
+                    failed.push(HousekeepingError(
+                        WriteFailed::of(WriteKind::AttemptDelete)(source),
+                    ));
                 }
             }
         }
@@ -201,7 +213,10 @@ mod tests {
         + Send
         + Sync
         + 'static,
-    ) -> (Vec<ReconcileError>, crate::controller::scripted::Recorded) {
+    ) -> (
+        Vec<HousekeepingError>,
+        crate::controller::scripted::Recorded,
+    ) {
         use crate::controller::scripted;
         let (kube, seen) = scripted::client(answer);
         let ctx = scripted::ctx(kube);
@@ -251,10 +266,10 @@ mod tests {
         assert!(
             matches!(
                 failed.as_slice(),
-                [ReconcileError::Write {
+                [HousekeepingError(WriteFailed {
                     kind: WriteKind::AttemptFinalizer,
                     ..
-                }]
+                })]
             ),
             "{failed:?}"
         );

@@ -16,7 +16,9 @@ use runner_manager_crds::state::AttemptState;
 use runner_manager_crds::validate::attempt::Attempt;
 use tokio::time::Instant;
 
-use crate::controller::errors::{GitHubRead, ReconcileError};
+use crate::controller::errors::{
+    ApplyError, DeregisterFailed, GitHubRead, ObserveError, ReadFailed, WriteFailed,
+};
 use crate::controller::events::Reason;
 use crate::controller::writes::{Cas, WriteKind, Writer};
 use crate::controller::{Ctx, PolicyMemory};
@@ -189,7 +191,7 @@ pub async fn terminate(
     attempt: &RunnerAttempt,
     reason: TerminationReason,
     now: Timestamp,
-) -> Result<Terminated, ReconcileError> {
+) -> Result<Terminated, ApplyError> {
     let ns = attempt.metadata.namespace.as_deref().unwrap_or_default();
     let name = attempt.metadata.name.as_deref().unwrap_or_default();
     let decided_state = attempt.state();
@@ -197,7 +199,7 @@ pub async fn terminate(
         Ok(Some(a)) => a,
         Ok(None) => return Ok(Terminated::Skipped),
         Err(source) => {
-            return Err(ReconcileError::ReadAttempt {
+            return Err(ApplyError::ReadAttempt {
                 attempt: name.to_owned(),
                 source,
             });
@@ -230,10 +232,11 @@ pub async fn terminate(
             Some((None, name)) => match client.find_runner(&name, Priority::Observe).await {
                 Ok(found) => found.map(|r| r.id),
                 Err(source) => {
-                    return Err(ReconcileError::GitHubRead {
+                    return Err(ReadFailed {
                         what: GitHubRead::RunnerLookup,
                         source,
-                    });
+                    }
+                    .into());
                 }
             },
         };
@@ -251,10 +254,11 @@ pub async fn terminate(
                     return Ok(Terminated::TookJob);
                 }
                 Err(source) => {
-                    return Err(ReconcileError::Deregister {
+                    return Err(DeregisterFailed {
                         runner_id: id,
                         source,
-                    });
+                    }
+                    .into());
                 }
             }
         } else {
@@ -264,7 +268,7 @@ pub async fn terminate(
     ctx.writer
         .terminate(ns, name, reason, deregistered, now)
         .await
-        .map_err(ReconcileError::write(WriteKind::AttemptTermination))?;
+        .map_err(WriteFailed::of(WriteKind::AttemptTermination))?;
     ctx.metrics.termination(reason_name(reason));
     ctx.events.publish(
         &live.object_ref(&()),
@@ -292,7 +296,7 @@ pub async fn observe(
     policy: &ScalePolicy,
     attempts: &[Attempt],
     client: &GitHubClient,
-) -> Vec<ReconcileError> {
+) -> Vec<ObserveError> {
     let mut errors = Vec::new();
     // Every policy of the target reads one listing per half interval.
     let runners = match client
@@ -302,10 +306,13 @@ pub async fn observe(
         Ok(r) => r,
         Err(source) => {
             // Facts stay as they were.
-            errors.push(ReconcileError::GitHubRead {
-                what: GitHubRead::Runners,
-                source,
-            });
+            errors.push(
+                ReadFailed {
+                    what: GitHubRead::Runners,
+                    source,
+                }
+                .into(),
+            );
             return errors;
         }
     };
@@ -320,10 +327,13 @@ pub async fn observe(
             if let Some(r) = concluded_registration(&listing, a)
                 && let Err(source) = client.delete_runner(r.id, Priority::Observe).await
             {
-                errors.push(ReconcileError::Deregister {
-                    runner_id: r.id,
-                    source,
-                });
+                errors.push(
+                    DeregisterFailed {
+                        runner_id: r.id,
+                        source,
+                    }
+                    .into(),
+                );
             }
             continue;
         }
@@ -336,10 +346,7 @@ pub async fn observe(
         if let Err(source) =
             write_facts(&ctx.writer, a, |fresh| github_facts(fresh, status, busy)).await
         {
-            errors.push(ReconcileError::Write {
-                kind: WriteKind::AttemptFacts,
-                source,
-            });
+            errors.push(WriteFailed::of(WriteKind::AttemptFacts)(source).into());
         }
     }
     // Orphans: two sightings at least the grace apart before a DELETE. Every attempt id in the
@@ -370,10 +377,13 @@ pub async fn observe(
             match client.delete_runner(r.id, Priority::Observe).await {
                 Ok(d) => Some(d),
                 Err(source) => {
-                    errors.push(ReconcileError::Deregister {
-                        runner_id: r.id,
-                        source,
-                    });
+                    errors.push(
+                        DeregisterFailed {
+                            runner_id: r.id,
+                            source,
+                        }
+                        .into(),
+                    );
                     None
                 }
             }

@@ -9,10 +9,10 @@
 //! node loss, observation and poll intervals) are checked at least that often, as the old
 //! single pass did.
 //!
-//! A reconcile is housekeeping of the policy's attempts → `policy::prepare` (I/O) →
-//! `plan::plan` (pure) → `policy::apply`. Errors come back typed by stage; `error_policy`
-//! counts each in `runner_manager_reconcile_errors_total{stage}` and requeues the policy after
-//! its backoff. Only the leader runs this: `run` is dropped when leadership is lost.
+//! A reconcile is the stage pipeline `policy::reconcile` (housekeeping → resolve → observe →
+//! demand → plan → apply → status) on the policy's attempts, each validated once here
+//! (`attempts_of`). Errors come back typed by stage; `error_policy` counts each in
+//! `runner_manager_reconcile_errors_total{stage}` and requeues the policy after its backoff. Only the leader runs this: `run` is dropped when leadership is lost.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,7 +31,7 @@ use runner_manager_crds::state::AttemptState;
 use runner_manager_crds::validate::attempt::Attempt;
 use tokio::time::Instant;
 
-use crate::controller::errors::{self, ReconcileError};
+use crate::controller::errors::{self, ReconcileError, Stage};
 use crate::controller::index::{PolicyIndex, policy_of};
 use crate::controller::placement_worker::PlacementWorker;
 use crate::controller::sources::candidates::{Candidates, target_conflicts};
@@ -75,26 +75,25 @@ pub struct Leading {
 struct Profile {
     reconciles: AtomicU64,
     status_writes: AtomicU64,
-    housekeeping_us: AtomicU64,
-    prepare_us: AtomicU64,
-    apply_us: AtomicU64,
+    /// Microseconds per stage, by `errors::Stage::ALL`'s order.
+    stage_us: [AtomicU64; Stage::ALL.len()],
 }
 
 impl Profile {
-    fn add(at: &AtomicU64, since: Instant) {
-        let us = u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX);
-        at.fetch_add(us, Ordering::Relaxed);
+    fn add(&self, took: &policy::StageTimes) {
+        for (at, us) in self.stage_us.iter().zip(took.0) {
+            at.fetch_add(us, Ordering::Relaxed);
+        }
     }
 
-    fn take(&self) -> [u64; 5] {
-        [
-            &self.reconciles,
-            &self.status_writes,
-            &self.housekeeping_us,
-            &self.prepare_us,
-            &self.apply_us,
-        ]
-        .map(|a| a.swap(0, Ordering::Relaxed))
+    /// Reconciles, status writes and the time per stage, reset for the next round.
+    fn take(&self) -> (u64, u64, policy::StageTimes) {
+        let take = |a: &AtomicU64| a.swap(0, Ordering::Relaxed);
+        (
+            take(&self.reconciles),
+            take(&self.status_writes),
+            policy::StageTimes(self.stage_us.each_ref().map(take)),
+        )
     }
 }
 
@@ -333,13 +332,8 @@ impl Leading {
         rounds.done += 1;
         self.ctx.metrics.reconcile_pass(elapsed);
         let elapsed_ms = elapsed.as_millis() as u64;
-        let [
-            reconciles,
-            status_writes,
-            housekeeping_us,
-            prepare_us,
-            apply_us,
-        ] = self.profile.take();
+        let (reconciles, status_writes, took) = self.profile.take();
+        let ms = |stages: &[Stage]| stages.iter().map(|s| took.of(*s)).sum::<u64>() / 1000;
         if rounds.done == 1 {
             // The round that resolves every policy and writes every status: the one a failover
             // or an upgrade waits for.
@@ -349,9 +343,9 @@ impl Leading {
                 attempts = self.ctx.caches.attempts.state().len(),
                 reconciles,
                 status_writes,
-                housekeeping_ms = housekeeping_us / 1000,
-                prepare_ms = prepare_us / 1000,
-                apply_ms = apply_us / 1000,
+                housekeeping_ms = ms(&[Stage::Housekeeping]),
+                prepare_ms = ms(&[Stage::Resolve, Stage::Observe, Stage::Demand]),
+                apply_ms = ms(&[Stage::Plan, Stage::Apply, Stage::Status]),
                 "first reconcile pass done"
             );
         } else {
@@ -467,7 +461,7 @@ async fn sweep(lead: Arc<Leading>) {
         );
         if !orphaned.is_empty() {
             let failed = attempts::housekeeping(ctx, &orphaned, Timestamp::now()).await;
-            for e in &failed {
+            for e in failed.into_iter().map(ReconcileError::from) {
                 ctx.metrics.reconcile_error(e.stage().as_str());
                 tracing::debug!(stage = e.stage().as_str(), error = %e, "housekeeping of an attempt without a policy");
             }
@@ -510,7 +504,7 @@ fn validated(objects: impl IntoIterator<Item = Arc<RunnerAttempt>>) -> Vec<Attem
     held
 }
 
-/// One policy: housekeeping of its attempts → prepare → plan → apply.
+/// One policy: its backoff, then the stage pipeline (`policy::reconcile`).
 async fn reconcile(p: Arc<ScalePolicy>, lead: Arc<Leading>) -> Result<Action, Failed> {
     // The store may not show this leader's last writes of the policy yet: work from what they
     // returned then (`writes::Echoes`), not from the copy they replaced.
@@ -546,42 +540,29 @@ async fn reconcile_locked(
     }
     let now = Timestamp::now();
     let mine = lead.attempts_of(p);
-    // Housekeeping's failed writes (finalizers, deletions of cleaned attempts) are counted and
-    // retried with the next reconcile, but never back the policy off: one attempt whose write
-    // keeps failing must not hold the policy's scale-up and its other attempts to once a minute.
     let profile = &lead.profile;
     profile.reconciles.fetch_add(1, Ordering::Relaxed);
-    let t = Instant::now();
-    let housekeeping = attempts::housekeeping(ctx, &mine, now).await;
-    Profile::add(&profile.housekeeping_us, t);
-    let t = Instant::now();
     let candidates = || lead.candidates();
-    let mut failed = policy::prepare(ctx, mem, p, &mine, &candidates, now).await;
-    Profile::add(&profile.prepare_us, t);
-    let t = Instant::now();
     let conflicts = lead.conflicts();
-    let conflict = conflicts.get(k).map(Vec::as_slice).unwrap_or_default();
     let cordoned = policy::cordoned_nodes(ctx);
-    let applied = policy::reconcile(
-        ctx,
-        &lead.placement,
-        &cordoned,
-        mem,
-        p,
-        &mine,
-        conflict,
-        now,
-    )
-    .await;
-    Profile::add(&profile.apply_us, t);
-    if applied.status_written.is_some() {
+    let reading = policy::Reading {
+        policy: p,
+        attempts: &mine,
+        cordoned: &cordoned,
+        conflicts: conflicts.get(k).map(Vec::as_slice).unwrap_or_default(),
+        candidates: &candidates,
+    };
+    let applied = policy::reconcile(ctx, &lead.placement, mem, reading, now).await;
+    profile.add(&applied.took);
+    if applied.status_written {
         profile.status_writes.fetch_add(1, Ordering::Relaxed);
     }
-    failed.extend(applied.errors);
+    let failed = applied.errors;
     lead.index()
         .set_waiting(ObjectRef::from_obj(p.as_ref()), applied.wants_capacity);
+    // Housekeeping's failed writes (finalizers, deletions of cleaned attempts) are counted and
+    // retried with the next reconcile, but never back the policy off (`ReconcileError::backs_off`).
     mem.backoff = errors::Backoff::after(mem.backoff, &failed, generation, Instant::now());
-    failed.extend(housekeeping);
     let resync = ctx.settings.resync_interval;
     // The replacement backoff opens between resync rounds: wake for it.
     let next = applied

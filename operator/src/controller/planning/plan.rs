@@ -1,7 +1,7 @@
 //! One policy's decisions as data (in the style of linkerd2's policy-controller core): `plan`
 //! reads the policy, its attempts, its resolution and the cordoned nodes and returns a [`Plan`]
 //! — creations, terminations with reasons, the status and the events — without I/O;
-//! `policy::apply` carries it out. Placement ([`place`]) is pure too: it runs under the
+//! the apply stage (`policy::reconcile`) carries it out. Placement ([`place`]) is pure too: it runs under the
 //! placement worker's lock against the node facts of that moment, so it is a second pure step
 //! rather than part of `plan`. What apply made of the scaling step ([`Scaled`]) settles the
 //! `Scaling` condition ([`settle`]).

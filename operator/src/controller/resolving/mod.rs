@@ -1,4 +1,4 @@
-//! Stage 1 of a policy's reconcile (`policy::prepare`): what a policy needs beyond its spec (`resolve`), and a new attempt built from it without I/O (`snapshot`).
+//! The resolve stage of a policy's reconcile (`policy::reconcile`): what a policy needs beyond its spec (`resolve`), and a new attempt built from it without I/O (`snapshot`).
 
 pub mod resolve;
 pub mod snapshot;

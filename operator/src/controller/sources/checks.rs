@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use tokio::time::Instant;
 
 use super::source::{Observed, Pass};
-use crate::controller::errors::{GitHubRead, ReconcileError};
+use crate::controller::errors::{DemandError, GitHubRead, ReadFailed};
 use crate::github::client::GitHubClient;
 use crate::github::errors::GitHubError;
 
@@ -44,7 +44,7 @@ impl JobChecks {
         ledger: &BTreeMap<String, Time>,
         grace: std::time::Duration,
         now: Timestamp,
-        errors: &mut Vec<ReconcileError>,
+        errors: &mut Vec<DemandError>,
     ) -> Map<String, Value> {
         let mut remove = Map::new();
         for (job, queued) in ledger {
@@ -67,10 +67,10 @@ impl JobChecks {
                     remove.insert(job.clone(), Value::Null);
                 }
                 Ok(false) => {}
-                Err(source) => errors.push(ReconcileError::GitHubRead {
+                Err(source) => errors.push(DemandError::Read(ReadFailed {
                     what: GitHubRead::QueuedJobs,
                     source,
-                }),
+                })),
             }
         }
         self.checked.retain(|k, _| ledger.contains_key(k));

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::candidates::Candidates;
 use super::checks::JobChecks;
 use super::source::{DemandSource, Observed, Pass, SourceKind};
-use crate::controller::errors::{GitHubRead, ReconcileError};
+use crate::controller::errors::{DemandError, GitHubRead, ReadFailed};
 use crate::github::client::GitHubClient;
 use crate::github::errors::GitHubError;
 use crate::policy::ledger::{additions, stale_after_poll};
@@ -136,10 +136,10 @@ impl DemandSource for RepositoryPoll {
                         out.change = stale_after_poll(p.ledger, &jobs, cutoff);
                         out.change.extend(additions(p.ledger, jobs, p.now));
                     }
-                    Err(source) => out.errors.push(ReconcileError::GitHubRead {
+                    Err(source) => out.errors.push(DemandError::Read(ReadFailed {
                         what: GitHubRead::QueuedJobs,
                         source,
-                    }),
+                    })),
                 }
             }
             self.checks.check(&p, &mut out).await;

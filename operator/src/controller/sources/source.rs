@@ -10,7 +10,7 @@ use runner_manager_crds::policy::ScalePolicy;
 use serde_json::{Map, Value};
 
 use super::candidates::Candidates;
-use crate::controller::errors::ReconcileError;
+use crate::controller::errors::DemandError;
 use crate::controller::resolve::Resolved;
 
 /// Closed vocabulary of pull sources (the `kind` of the "demand source chosen" log line).
@@ -57,7 +57,7 @@ impl std::fmt::Debug for Pass<'_> {
 #[derive(Debug, Default)]
 pub struct Observed {
     pub change: Map<String, Value>,
-    pub errors: Vec<ReconcileError>,
+    pub errors: Vec<DemandError>,
 }
 
 /// A pull source of one policy's demand. Object-safe: the reconcile holds it as

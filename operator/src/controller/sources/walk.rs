@@ -14,7 +14,7 @@ use super::candidates::Candidates;
 use super::checks::JobChecks;
 use super::poll::before;
 use super::source::{DemandSource, Observed, Pass, SourceKind};
-use crate::controller::errors::{GitHubRead, ReconcileError};
+use crate::controller::errors::{DemandError, GitHubRead, ReadFailed};
 use crate::github::client::GitHubClient;
 use crate::policy::ledger::{additions, left_queue, stale_after_poll};
 use crate::policy::matching::JobLabels;
@@ -92,10 +92,10 @@ impl DemandSource for OrganizationWalk {
                     }
                     out.change = change;
                 }
-                Err(source) => out.errors.push(ReconcileError::GitHubRead {
+                Err(source) => out.errors.push(DemandError::Read(ReadFailed {
                     what: GitHubRead::RepositoryWalk,
                     source,
-                }),
+                })),
             }
             self.checks.check(&p, &mut out).await;
             out
