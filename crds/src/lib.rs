@@ -24,6 +24,8 @@ pub mod pods;
 pub mod policy;
 pub mod recovery;
 pub mod reference;
+#[cfg(feature = "scripted")]
+pub mod scripted;
 pub mod validate;
 #[cfg(feature = "client")]
 pub mod writer;

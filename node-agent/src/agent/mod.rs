@@ -16,6 +16,8 @@
 pub mod controller;
 pub mod fault;
 pub mod node;
+#[cfg(test)]
+pub mod scripted;
 
 pub mod cleaning;
 pub mod cluster;

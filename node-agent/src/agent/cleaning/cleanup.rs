@@ -366,3 +366,121 @@ async fn destroy_journalled(
         }
     }
 }
+
+#[cfg(test)]
+mod scripted_tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use runner_manager_crds::attempt::WorkspacePlacement;
+    use runner_manager_crds::fixtures::{AttemptBuilder, at};
+    use runner_manager_crds::outcome::{FailureReason, Outcome};
+    use runner_manager_crds::state::Actor;
+
+    use super::*;
+    use crate::agent::scripted;
+    use crate::workspace::ephemeral::ephemeral_runtime_path;
+
+    /// `web-1`, native and ephemeral, admitted into `runtime` and concluded before its start
+    /// (its preparation interrupted): a runtime to remove and no runner to stop.
+    fn concluded_in(runtime: &Path) -> RunnerAttempt {
+        let mut a = AttemptBuilder::new("web-1", "web")
+            .namespace("team")
+            .uid("u-1")
+            .resource_version("7")
+            .build();
+        let kind = a.spec.snapshot.kind();
+        let journal = [
+            Transition::Admit {
+                placement: WorkspacePlacement::ephemeral(runtime.display().to_string()),
+                spec_hash: "hash".into(),
+            },
+            Transition::Conclude(Outcome::Failed(FailureReason::PreparationInterrupted)),
+        ]
+        .into_iter()
+        .try_fold(AttemptJournal::default(), |j, t| {
+            j.apply(Actor::Agent, kind, t, at(100))
+        })
+        .unwrap_or_else(|e| panic!("{e:?}"));
+        a.status = Some(runner_manager_crds::attempt::RunnerAttemptStatus {
+            journal,
+            ..Default::default()
+        });
+        a
+    }
+
+    use std::path::Path;
+
+    /// The cleanup of `a` on a scripted agent whose API server answers every read with `a`
+    /// and every write with `a` too; also whether the runtime was still there when the first
+    /// status write arrived.
+    async fn clean_against(
+        root: &Path,
+        a: &RunnerAttempt,
+        runtime: &Path,
+    ) -> (Result<Step, StepError>, scripted::Recorded, bool) {
+        let there_at_write = Arc::new(AtomicBool::new(false));
+        let (seen_there, watched, body) = (
+            Arc::clone(&there_at_write),
+            runtime.to_owned(),
+            serde_json::to_value(a).unwrap_or_default(),
+        );
+        let (kube, seen) = scripted::client(move |req| {
+            if req.method == "PATCH" && req.path.ends_with("/status") && !req.is_event() {
+                seen_there.fetch_or(watched.exists(), Ordering::SeqCst);
+            }
+            (200, body.clone())
+        });
+        let agent = scripted::agent(kube, root);
+        let api = agent.cluster.attempts.in_namespace("team");
+        let step = clean(&agent, &api, a).await;
+        (step, seen, there_at_write.load(Ordering::SeqCst))
+    }
+
+    /// Against a scripted API server: an ephemeral runtime is removed whole before `Cleaned`
+    /// is written, and `Cleaned` is the one write (a CAS on the version read).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_runtime_is_removed_before_cleaned_is_written() {
+        let root = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let host_root = root.path().join("host");
+        let runtime = ephemeral_runtime_path(
+            &host_root,
+            uuid::Uuid::parse_str("01234567-89ab-4def-8123-456789abcdef")
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+        std::fs::create_dir_all(runtime.join("_work")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(runtime.join("_work/left.txt"), b"x").unwrap_or_else(|e| panic!("{e}"));
+        let a = concluded_in(&runtime);
+        let (step, seen, there) = clean_against(root.path(), &a, &runtime).await;
+        assert!(matches!(step, Ok(Step::Again)), "{step:?}");
+        assert!(!runtime.exists(), "the runtime is gone");
+        assert!(!there, "the runtime was gone before the status write");
+        assert_eq!(seen.changes(), ["PATCH runnerattempts/web-1/status"]);
+        let body = seen.body_of("PATCH runnerattempts/web-1/status");
+        assert_eq!(body["status"]["state"], "Cleaned", "{body}");
+        assert_eq!(body["metadata"]["resourceVersion"], "7", "{body}");
+    }
+
+    /// A journalled runtime that is not the path the agent derives for the attempt (an edited
+    /// status) is not removed, `Cleaned` is not written, and the deferral is said on the
+    /// attempt: the one status write is the `CleanupDeferred` condition, naming ownership.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_runtime_that_is_not_the_derived_path_is_left_and_cleaned_is_not_written() {
+        let root = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let elsewhere = root.path().join("precious");
+        std::fs::create_dir_all(&elsewhere).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(elsewhere.join("keep.txt"), b"x").unwrap_or_else(|e| panic!("{e}"));
+        let a = concluded_in(&elsewhere);
+        let (step, seen, _) = clean_against(root.path(), &a, &elsewhere).await;
+        assert!(matches!(step, Ok(Step::Wait)), "{step:?}");
+        assert!(elsewhere.join("keep.txt").exists(), "nothing removed");
+        assert_eq!(seen.changes(), ["PATCH runnerattempts/web-1/status"]);
+        let body = seen.body_of("PATCH runnerattempts/web-1/status");
+        let text = body.to_string();
+        assert!(
+            text.contains("CleanupDeferred") && text.contains("OwnershipUnproven"),
+            "{text}"
+        );
+        assert!(!text.contains("\"Cleaned\""), "{text}");
+    }
+}

@@ -990,3 +990,69 @@ mod tests {
         assert!(is_slow(&huge), "a total past u64 saturates and is slow");
     }
 }
+
+#[cfg(test)]
+mod scripted_tests {
+    use runner_manager_crds::fixtures::AttemptBuilder;
+    use runner_manager_crds::policy::ExecutionMode;
+
+    use super::*;
+    use crate::agent::scripted;
+
+    /// The launch of `a` on a scripted agent that already holds `held` attempts, against an
+    /// API server answering every request with `a`: the requests it sent, and whether anything
+    /// was made under the host root's runners.
+    async fn launch_against(a: &RunnerAttempt, held: u32) -> (scripted::Recorded, bool) {
+        let root = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let body = serde_json::to_value(a).unwrap_or_default();
+        let (kube, seen) = scripted::client(move |_| (200, body.clone()));
+        let agent = scripted::agent(kube, root.path());
+        for n in 0..held {
+            let _ = agent
+                .book()
+                .admit(&format!("other-{n}"), agent.host.capacity, true);
+        }
+        let api = agent.cluster.attempts.in_namespace("team");
+        let result = admit_and_launch(&agent, &api, a).await;
+        assert!(result.is_ok(), "{result:?}");
+        let made = crate::workspace::ephemeral::runners_dir(&agent.host.root).exists();
+        (seen, made)
+    }
+
+    fn pending(mode: ExecutionMode) -> RunnerAttempt {
+        AttemptBuilder::new("web-1", "web")
+            .namespace("team")
+            .uid("u-1")
+            .resource_version("7")
+            .execution(mode)
+            .build()
+    }
+
+    /// Against a scripted API server: an attempt this node cannot run (an OCI one on a
+    /// native-only agent) and one that would overfill the node are each concluded `Rejected`
+    /// from `Pending` by one status write, and nothing is allocated for them: no runtime, no
+    /// admission edge, no JIT.
+    #[tokio::test]
+    async fn a_rejected_attempt_is_one_status_write_and_nothing_on_the_host() {
+        for (a, held, reason) in [
+            (pending(ExecutionMode::Oci), 0, "SnapshotUnusable"),
+            (pending(ExecutionMode::Native), 4, "NodeFull"),
+        ] {
+            let (seen, made) = launch_against(&a, held).await;
+            assert_eq!(
+                seen.changes(),
+                ["PATCH runnerattempts/web-1/status"],
+                "{reason}"
+            );
+            let body = seen
+                .body_of("PATCH runnerattempts/web-1/status")
+                .to_string();
+            assert!(
+                body.contains("Rejected") && body.contains(reason),
+                "{reason}: {body}"
+            );
+            assert!(!body.contains("Allocated"), "{reason}: {body}");
+            assert!(!made, "{reason}: nothing allocated on the host");
+        }
+    }
+}
