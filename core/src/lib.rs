@@ -10,8 +10,9 @@
 //!   are written in ([`names`], [`duration`], [`arch`], [`hosts`], [`helper_env`]).
 //! - A `RunnerAttempt` as the operator's decisions read it ([`attempt`]), and those decisions:
 //!   what is due for it ([`timeouts`]), the housekeeping of a policy's attempts
-//!   ([`housekeeping`]), the replacement backoff and `Degraded` ([`failures`]), and how many
-//!   ledger entries its runners have evidently taken ([`ledger`]).
+//!   ([`housekeeping`]), the replacement backoff and `Degraded` ([`failures`]), how many
+//!   ledger entries its runners have evidently taken ([`ledger`]), and the policy's decisions
+//!   on them: how it scales and which attempts are terminated or drained ([`scaling`]).
 //! - What a node advertises on its Lease ([`lease`]).
 //! - A policy's GitHub target ([`target`]), which namespace may name it ([`tenancy`]), which
 //!   policy a queued job belongs to ([`matching`]), how many runners a policy wants and which
@@ -21,9 +22,9 @@
 //! `runner-manager-crds` builds the custom resources on these types and re-exports the modules
 //! under its own name, and builds the validated attempt from the object
 //! (`runner_manager_crds::validate::attempt::Attempt`); the operator's `policy` module re-exports the
-//! policy decisions. The decisions still in the operator (the plan, which writes the policy's
-//! status and conditions, and the ledger's patches) read or write the custom resources and
-//! have not moved (docs/architecture.md, "Crates").
+//! policy decisions. What stays in the operator renders or writes the custom resources: the
+//! plan's status, conditions, events and gauges (from a `scaling::Decision`) and the ledger's
+//! patches (docs/architecture.md, "Crates").
 
 pub mod arch;
 pub mod attempt;
@@ -41,6 +42,7 @@ pub mod outcome;
 pub mod placement;
 pub mod quantity;
 pub mod recovery;
+pub mod scaling;
 pub mod state;
 pub mod target;
 pub mod tenancy;

@@ -351,15 +351,14 @@ async fn demand_stage(
 /// Attempt creates sent at once by one policy.
 const CREATE_CONCURRENCY: usize = 8;
 
-impl Limits {
-    pub fn of(s: &super::Settings) -> Self {
-        Self {
-            admission_timeout: s.admission_timeout,
-            node_lost_grace: s.node_lost_grace,
-            max_consecutive_failures: s.max_consecutive_failures,
-            replacement_backoff: s.replacement_backoff,
-            replacement_backoff_max: s.replacement_backoff_max,
-        }
+/// The operator's settings a plan depends on.
+fn limits(s: &super::Settings) -> Limits {
+    Limits {
+        admission_timeout: s.admission_timeout,
+        node_lost_grace: s.node_lost_grace,
+        max_consecutive_failures: s.max_consecutive_failures,
+        replacement_backoff: s.replacement_backoff,
+        replacement_backoff_max: s.replacement_backoff_max,
     }
 }
 
@@ -389,7 +388,7 @@ fn plan_stage(ctx: &Ctx, mem: &mut PolicyMemory, r: &Reading<'_>, now: Timestamp
         cordoned: r.cordoned,
         conflicts: r.conflicts,
         in_flight: &in_flight,
-        limits: Limits::of(&ctx.settings),
+        limits: limits(&ctx.settings),
         now,
     })
 }

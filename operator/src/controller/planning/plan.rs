@@ -6,13 +6,17 @@
 //! rather than part of `plan`. What apply made of the scaling step ([`Scaled`]) settles the
 //! `Scaling` condition ([`settle`]).
 //!
-//! Every decision the reconcile makes is here and unit-tested below: drain on deletion, the
-//! finalizer, demand (`minIdle`, pending jobs, `maxRunners`), creation with lineage, the
-//! replacement backoff, `Degraded`, scale-down, placement refusals, cordoned nodes, timeouts,
-//! deleted attempts, and the status with its conditions.
+//! The decisions on the attempts — scaling with lineage, the replacement backoff, `Degraded`
+//! and its probe, scale-down, terminations for cordoned nodes, timeouts and deletions, the drain
+//! — are the core crate's (`runner_manager_core::scaling`, on the validated attempts and a
+//! `PolicyView`); this module adds what is the policy's own (its finalizer, and the status, its
+//! conditions, the events and the gauges that render the decision). All of it is unit-tested
+//! through [`plan`] in `plan_tests`: drain on deletion, the finalizer, demand (`minIdle`,
+//! pending jobs, `maxRunners`), creation with lineage, the replacement backoff, `Degraded`,
+//! scale-down, placement refusals, cordoned nodes, timeouts, deleted attempts, and the status
+//! with its conditions.
 
 use std::collections::{BTreeMap, HashSet};
-use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -22,34 +26,19 @@ use runner_manager_crds::outcome::Outcome;
 use runner_manager_crds::policy::{
     PolicyConditionType, PolicyReason, ScalePolicy, ScalePolicyStatus,
 };
-use runner_manager_crds::state::AttemptState;
 use runner_manager_crds::validate::attempt::Attempt;
 use serde_json::Value;
 
 use crate::controller::POLICY_FINALIZER;
 use crate::controller::events::Reason;
-use crate::controller::failures::{
-    consecutive_backoffs, consecutive_failures, is_launch_failure, launches, lineages, probe_due,
-    resume_at,
-};
 use crate::controller::placement_worker::{NodeFacts, PlacementWorker};
 use crate::controller::snapshot::{Pinned, build};
-use crate::controller::timeouts::{Due, due};
 use crate::metrics::PolicyGauges;
-use crate::policy::demand::{AttemptView, DemandInput, ScaleDecision, decide_holding};
 use crate::policy::placement::Unplaceable;
+use runner_manager_core::scaling::{Decision, PolicyView, decide};
+pub use runner_manager_core::scaling::{Limits, Scaling, Termination};
 
 pub type Cond = Condition<PolicyConditionType, PolicyReason>;
-
-/// The operator's settings a plan depends on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
-    pub admission_timeout: Duration,
-    pub node_lost_grace: Duration,
-    pub max_consecutive_failures: u32,
-    pub replacement_backoff: Duration,
-    pub replacement_backoff_max: Duration,
-}
 
 /// What resolution said of the policy's current generation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,13 +81,6 @@ pub struct PolicyEvent {
     pub note: String,
 }
 
-/// Deregister a runner, then ask its agent to stop it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Termination {
-    pub attempt: String,
-    pub reason: TerminationReason,
-}
-
 /// A policy's plan.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Plan {
@@ -118,41 +100,6 @@ pub struct Drain {
     /// The finalizers without ours, once every attempt is gone.
     pub release: Option<Vec<String>>,
     pub events: Vec<PolicyEvent>,
-}
-
-/// What the scale decision asks of apply.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Scaling {
-    /// The policy is not Ready: nothing is created and nothing scaled down.
-    NotReady,
-    /// More runners are wanted, but launches keep failing: replacements stop (until the
-    /// cool-down's probe, or while a launch is still in flight).
-    Degraded,
-    /// Degraded past its cool-down with nothing in flight: one probe launch; a probe that
-    /// registers ends the failure streak and clears `Degraded` (issue 15 item 7).
-    Probe {
-        replaces: Vec<String>,
-    },
-    /// More runners are wanted, after the replacement backoff.
-    BackingOff {
-        failures: u32,
-        until: Timestamp,
-    },
-    /// Create `count` attempts; the first ones replace these (lineage), newest first.
-    Create {
-        count: u32,
-        replaces: Vec<String>,
-    },
-    /// Deregister, then terminate, these idle attempts (oldest idle first).
-    ScaleDown {
-        idle: Vec<String>,
-    },
-    AtMaxRunners {
-        max: u32,
-    },
-    /// `spec.suspend`: nothing to create, no idle runner left to drain.
-    Suspended,
-    Steady,
 }
 
 /// A live policy's plan.
@@ -226,25 +173,12 @@ pub fn plan(i: &Inputs<'_>) -> Plan {
 }
 
 fn drain(policy: &ScalePolicy, attempts: &[Attempt]) -> Drain {
-    let mut d = Drain::default();
-    for a in attempts.iter().map(|a| &a.view) {
-        let state = a.state;
-        if state == AttemptState::Cleaned {
-            if !a.deleting {
-                d.delete.push(a.name.clone());
-            }
-            continue;
-        }
-        if a.termination.is_none()
-            && state != AttemptState::Busy
-            && (state.is_live() || state == AttemptState::Pending)
-        {
-            d.terminate.push(Termination {
-                attempt: a.name.clone(),
-                reason: TerminationReason::PolicyDeleted,
-            });
-        }
-    }
+    let drained = runner_manager_core::scaling::drain(attempts);
+    let mut d = Drain {
+        delete: drained.delete,
+        terminate: drained.terminate,
+        ..Drain::default()
+    };
     if attempts.is_empty() {
         let all = policy.metadata.finalizers.clone().unwrap_or_default();
         let rest: Vec<String> = all
@@ -277,137 +211,40 @@ fn run(i: &Inputs<'_>) -> Run {
         with
     });
 
-    let mut attempt_views: Vec<AttemptView<'_>> =
-        i.attempts.iter().map(|a| a.view.demand_view()).collect();
-    attempt_views.extend(i.in_flight.iter().map(|name| AttemptView {
-        name,
-        state: AttemptState::Pending,
-        termination_requested: false,
-        idle_since: None,
-    }));
-    // Suspended, the policy wants no runner: nothing is created, and every idle runner is a
-    // surplus the scale-down drains; busy ones finish (scale-down never names them). The pending
-    // jobs are still counted in the status.
-    let (min_idle, max_runners) = if policy.spec.suspend {
-        (0, 0)
-    } else {
-        (policy.spec.min_idle, policy.spec.max_runners)
-    };
-    let scale = decide_holding(
-        DemandInput {
-            min_idle,
-            max_runners,
+    let decision = decide(
+        &PolicyView {
+            generation,
+            min_idle: policy.spec.min_idle,
+            max_runners: policy.spec.max_runners,
+            suspend: policy.spec.suspend,
             pending_jobs,
+            presumed_taken: crate::policy::ledger::presumed_taken_of(policy, i.attempts, now),
+            ready: matches!(i.readiness, Readiness::Valid { .. }),
         },
-        &attempt_views,
-        crate::policy::ledger::presumed_taken_of(policy, i.attempts, now),
+        i.attempts,
+        i.in_flight,
+        i.cordoned,
+        i.limits,
+        now,
     );
-    let history = launches(i.attempts);
-    let failures = consecutive_failures(&history, generation);
-    let degraded = failures >= i.limits.max_consecutive_failures;
-    let last_failure = history
-        .iter()
-        .filter(|l| is_launch_failure(l.outcome))
-        .max_by_key(|l| l.created)
-        .and_then(|l| l.outcome);
-
-    let not_ready = !matches!(i.readiness, Readiness::Valid { .. });
-    let scaling = match &scale.decision {
-        _ if not_ready => Scaling::NotReady,
-        ScaleDecision::Steady | ScaleDecision::AtMaxRunners if policy.spec.suspend => {
-            Scaling::Suspended
-        }
-        ScaleDecision::Up { .. } if degraded => {
-            if probe_due(&history, generation, i.limits.replacement_backoff_max, now) {
-                Scaling::Probe {
-                    replaces: lineages(&history).into_iter().map(str::to_owned).collect(),
-                }
-            } else {
-                Scaling::Degraded
-            }
-        }
-        ScaleDecision::Up { create } => {
-            // Backing off counts more than `Degraded` does: a kubelet's refusal for resources.
-            let failures = consecutive_backoffs(&history, generation);
-            let gate = resume_at(
-                &history,
-                failures,
-                i.limits.replacement_backoff,
-                i.limits.replacement_backoff_max,
-            );
-            match gate.filter(|at| *at > now) {
-                Some(until) => Scaling::BackingOff { failures, until },
-                None => Scaling::Create {
-                    count: *create,
-                    replaces: lineages(&history).into_iter().map(str::to_owned).collect(),
-                },
-            }
-        }
-        ScaleDecision::Down { idle } => Scaling::ScaleDown {
-            idle: idle.iter().map(|s| (*s).to_owned()).collect(),
-        },
-        ScaleDecision::AtMaxRunners => Scaling::AtMaxRunners {
-            max: policy.spec.max_runners,
-        },
-        ScaleDecision::Steady => Scaling::Steady,
-    };
-
-    // One termination per attempt: the first reason found wins (scale-down, then a cordoned
-    // node, then a timeout or a deletion), as the live re-read before each one would decide.
-    let mut named: HashSet<&str> = match &scaling {
-        Scaling::ScaleDown { idle } => idle.iter().map(String::as_str).collect(),
-        _ => HashSet::new(),
-    };
-    let mut terminations = Vec::new();
-    // A cordoned node keeps its busy runners until their jobs end; its idle ones are
-    // deregistered and stopped now (DESIGN §11), and demand places their successors elsewhere.
-    for (a, view) in i.attempts.iter().zip(&attempt_views) {
-        if view.state == AttemptState::Idle
-            && !view.termination_requested
-            && i.cordoned.contains(a.view.node.as_str())
-            && named.insert(view.name)
-        {
-            terminations.push(Termination {
-                attempt: view.name.to_owned(),
-                reason: TerminationReason::Drain,
-            });
-        }
-    }
-    // Timeouts that need a deregistration, and attempts a person deleted.
-    for a in i.attempts.iter().map(|a| &a.view) {
-        let reason = match due(
-            a,
-            now,
-            i.limits.admission_timeout,
-            None,
-            i.limits.node_lost_grace,
-        ) {
-            Some(Due::Terminate(r)) => Some(r),
-            _ => (a.deleting
-                && a.termination.is_none()
-                && a.state.is_live()
-                && a.state != AttemptState::Busy)
-                .then_some(TerminationReason::Deleted),
-        };
-        let name = a.name.as_str();
-        if let Some(reason) = reason
-            && named.insert(name)
-        {
-            terminations.push(Termination {
-                attempt: name.to_owned(),
-                reason,
-            });
-        }
-    }
+    let Decision {
+        scaling,
+        terminations,
+        desired,
+        counts,
+        failures,
+        degraded,
+        last_failure,
+    } = decision;
 
     // Status: the leader's own fields.
     let mut base = old.clone();
     base.observed_generation = Some(generation);
-    base.desired = scale.desired;
-    base.starting = scale.counts.starting;
-    base.idle = scale.counts.idle;
-    base.busy = scale.counts.busy;
-    base.cleaning = scale.counts.cleaning + scale.counts.terminating;
+    base.desired = desired;
+    base.starting = counts.starting;
+    base.idle = counts.idle;
+    base.busy = counts.busy;
+    base.cleaning = counts.cleaning + counts.terminating;
     if let Readiness::Valid {
         version,
         runner_group_id,

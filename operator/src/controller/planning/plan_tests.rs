@@ -2,12 +2,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use runner_manager_crds::POLICY_GENERATION_ANNOTATION;
 use runner_manager_crds::attempt::{RunnerPackage, TargetScope, TerminationReason};
 use runner_manager_crds::fixtures::AttemptBuilder;
 use runner_manager_crds::outcome::{FailureReason, OrphanReason, RejectReason};
 use runner_manager_crds::policy::PolicyReason;
+use runner_manager_crds::state::AttemptState;
 use serde_json::json;
 
 use super::*;
