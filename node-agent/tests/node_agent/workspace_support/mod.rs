@@ -40,6 +40,14 @@ pub fn assert_file(dir: &Path, path: &str, contents: &[u8]) {
     );
 }
 
+/// Writes `contents` to `dir/path`, making its parent directories: what a job (or an
+/// attacker) left in a runtime, for [`assert_file`] to find again.
+pub fn write_file(dir: &Path, path: &str, contents: &[u8]) {
+    let file = dir.join(path);
+    fs::create_dir_all(file.parent().unwrap()).unwrap();
+    fs::write(file, contents).unwrap();
+}
+
 /// The names in `dir`, sorted.
 pub fn names(dir: &Path) -> Vec<String> {
     let mut names: Vec<_> = fs::read_dir(dir)
