@@ -227,22 +227,18 @@ mod tests {
             ))),
             O::Ended(Ended::Exited(0))
         );
-        assert_eq!(
-            observe(Some(&with("Failed", Some("Evicted"), None))),
-            O::Ended(Ended::Evicted)
-        );
-        assert_eq!(
-            observe(Some(&with("Failed", Some("OutOfcpu"), None))),
-            O::Ended(Ended::OutOfResources)
-        );
-        assert_eq!(
-            observe(Some(&with("Failed", Some("OutOfmemory"), None))),
-            O::Ended(Ended::OutOfResources)
-        );
-        assert_eq!(
-            observe(Some(&with("Failed", Some("NodeAffinity"), None))),
-            O::Ended(Ended::Refused)
-        );
+        for (reason, ended) in [
+            ("Evicted", Ended::Evicted),
+            ("OutOfcpu", Ended::OutOfResources),
+            ("OutOfmemory", Ended::OutOfResources),
+            ("NodeAffinity", Ended::Refused),
+        ] {
+            assert_eq!(
+                observe(Some(&with("Failed", Some(reason), None))),
+                O::Ended(ended),
+                "{reason}"
+            );
+        }
     }
 
     #[test]
