@@ -227,18 +227,12 @@ mod tests {
             ))),
             O::Ended(Ended::Exited(0))
         );
-        for (reason, ended) in [
-            ("Evicted", Ended::Evicted),
-            ("OutOfcpu", Ended::OutOfResources),
-            ("OutOfmemory", Ended::OutOfResources),
-            ("NodeAffinity", Ended::Refused),
-        ] {
-            assert_eq!(
-                observe(Some(&with("Failed", Some(reason), None))),
-                O::Ended(ended),
-                "{reason}"
-            );
-        }
+        // A pod the kubelet failed, by the reason it gave.
+        let failed = |reason| observe(Some(&with("Failed", Some(reason), None)));
+        assert_eq!(failed("Evicted"), O::Ended(Ended::Evicted));
+        assert_eq!(failed("OutOfcpu"), O::Ended(Ended::OutOfResources));
+        assert_eq!(failed("OutOfmemory"), O::Ended(Ended::OutOfResources));
+        assert_eq!(failed("NodeAffinity"), O::Ended(Ended::Refused));
     }
 
     #[test]
