@@ -225,47 +225,38 @@ async fn grant_agent_rbac_from(
         kind: kind.into(),
         name: name.clone(),
     };
-    let pp = PostParams::default();
-    Api::<ClusterRole>::all(kube.clone())
-        .create(
-            &pp,
-            &ClusterRole {
-                metadata: meta(None),
-                rules: Some(chart_rules(path, "ClusterRole", "-system-node-agent")?),
-                ..ClusterRole::default()
-            },
-        )
-        .await?;
-    Api::<ClusterRoleBinding>::all(kube.clone())
-        .create(
-            &pp,
-            &ClusterRoleBinding {
-                metadata: meta(None),
-                role_ref: role_ref("ClusterRole"),
-                subjects: Some(vec![subject.clone()]),
-            },
-        )
-        .await?;
-    Api::<Role>::namespaced(kube.clone(), system)
-        .create(
-            &pp,
-            &Role {
-                metadata: meta(Some(system)),
-                rules: Some(chart_rules(path, "Role", "runner-manager-node-agent")?),
-            },
-        )
-        .await?;
-    Api::<RoleBinding>::namespaced(kube.clone(), system)
-        .create(
-            &pp,
-            &RoleBinding {
-                metadata: meta(Some(system)),
-                role_ref: role_ref("Role"),
-                subjects: Some(vec![subject]),
-            },
-        )
-        .await?;
+    let cluster_role = ClusterRole {
+        metadata: meta(None),
+        rules: Some(chart_rules(path, "ClusterRole", "-system-node-agent")?),
+        ..ClusterRole::default()
+    };
+    made(Api::all(kube.clone()), &cluster_role).await?;
+    let cluster_binding = ClusterRoleBinding {
+        metadata: meta(None),
+        role_ref: role_ref("ClusterRole"),
+        subjects: Some(vec![subject.clone()]),
+    };
+    made(Api::all(kube.clone()), &cluster_binding).await?;
+    let role = Role {
+        metadata: meta(Some(system)),
+        rules: Some(chart_rules(path, "Role", "runner-manager-node-agent")?),
+    };
+    made(Api::namespaced(kube.clone(), system), &role).await?;
+    let binding = RoleBinding {
+        metadata: meta(Some(system)),
+        role_ref: role_ref("Role"),
+        subjects: Some(vec![subject]),
+    };
+    made(Api::namespaced(kube.clone(), system), &binding).await?;
     Ok(())
+}
+
+/// `object` created through `api`.
+async fn made<K>(api: Api<K>, object: &K) -> Result<K, kube::Error>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.create(&PostParams::default(), object).await
 }
 
 /// A client that authenticates as `sa` of `system` with a token bound to `pod` for the API
