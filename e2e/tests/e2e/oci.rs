@@ -19,6 +19,7 @@ use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
 use runner_manager_e2e::harness::attempt::{journal_of, name, outcome};
 use runner_manager_e2e::harness::process::{Running, binary};
+use runner_manager_e2e::harness::telemetry::get;
 use runner_manager_e2e::harness::wait;
 use runner_manager_e2e::harness::world::World;
 use runner_manager_node_agent::pods::{self as agent_pods, PodRole};
@@ -1105,12 +1106,7 @@ async fn an_idle_oci_runner_costs_no_api_read_in_steady_state() {
     w.bring_to_idle(&r.a).await;
 
     let reads = || async {
-        let body = reqwest::get(format!("http://{health}/metrics"))
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
+        let body = get(&health, "/metrics").await.ok()?.body;
         body.lines()
             .find(|l| l.starts_with("runner_manager_agent_api_requests_total{verb=\"read\"}"))
             .and_then(|l| l.rsplit(' ').next())
