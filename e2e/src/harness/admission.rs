@@ -29,7 +29,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 
-use super::cluster::ClusterError;
+use super::cluster::{ClusterError, created};
 use super::node::{AGENT_SA, token_bound_to};
 
 /// The label scoping a test's webhook configuration to its namespaces.
@@ -230,33 +230,25 @@ async fn grant_agent_rbac_from(
         rules: Some(chart_rules(path, "ClusterRole", "-system-node-agent")?),
         ..ClusterRole::default()
     };
-    made(Api::all(kube.clone()), &cluster_role).await?;
+    created(Api::all(kube.clone()), &cluster_role).await?;
     let cluster_binding = ClusterRoleBinding {
         metadata: meta(None),
         role_ref: role_ref("ClusterRole"),
         subjects: Some(vec![subject.clone()]),
     };
-    made(Api::all(kube.clone()), &cluster_binding).await?;
+    created(Api::all(kube.clone()), &cluster_binding).await?;
     let role = Role {
         metadata: meta(Some(system)),
         rules: Some(chart_rules(path, "Role", "runner-manager-node-agent")?),
     };
-    made(Api::namespaced(kube.clone(), system), &role).await?;
+    created(Api::namespaced(kube.clone(), system), &role).await?;
     let binding = RoleBinding {
         metadata: meta(Some(system)),
         role_ref: role_ref("Role"),
         subjects: Some(vec![subject]),
     };
-    made(Api::namespaced(kube.clone(), system), &binding).await?;
+    created(Api::namespaced(kube.clone(), system), &binding).await?;
     Ok(())
-}
-
-/// `object` created through `api`.
-async fn made<K>(api: Api<K>, object: &K) -> Result<K, kube::Error>
-where
-    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    api.create(&PostParams::default(), object).await
 }
 
 /// A client that authenticates as `sa` of `system` with a token bound to `pod` for the API
