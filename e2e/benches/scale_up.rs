@@ -632,10 +632,7 @@ async fn burst_policy(p: &Product, max_runners: usize) {
     .await
     .unwrap();
     wait_recovered(p).await;
-    let warmup = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 0}))
-        .await
-        .unwrap();
+    let warmup = p.queue_linux_job(0).await.unwrap();
     p.wait_jobs_completed(&[warmup], Duration::from_secs(180))
         .await
         .unwrap();
@@ -661,13 +658,11 @@ async fn queue_burst(
     before: &std::collections::HashSet<String>,
 ) -> BurstStart {
     let queued = Instant::now();
-    let ids: Vec<u64> = futures_util::future::join_all(
-        (0..jobs).map(|_| p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 1000}))),
-    )
-    .await
-    .into_iter()
-    .map(Result::unwrap)
-    .collect();
+    let ids: Vec<u64> = futures_util::future::join_all((0..jobs).map(|_| p.queue_linux_job(1000)))
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
     let all_queued = queued.elapsed();
     wait::until(
         Duration::from_secs(600),
@@ -946,9 +941,7 @@ async fn steady(n: usize, window: Duration) {
     // Jobs longer than the window keep every runner busy through it.
     let busy_for = window.as_millis() as u64 * 3;
     for _ in 0..n {
-        p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": busy_for}))
-            .await
-            .unwrap();
+        p.queue_linux_job(busy_for).await.unwrap();
     }
     all_in_state(&p, n, AttemptState::Busy, "every runner busy").await;
     let busy = reads_per_minute(&health, window).await;
@@ -1003,10 +996,7 @@ async fn single_job(
 ) -> (u64, Duration, Vec<(&'static str, Duration)>) {
     let before = started.count();
     let queued = Instant::now();
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 0}))
-        .await
-        .unwrap();
+    let job = p.queue_linux_job(0).await.unwrap();
     wait::until(Duration::from_secs(120), "the runner started", || async {
         (started.count() > before).then_some(())
     })

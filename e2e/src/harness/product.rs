@@ -450,15 +450,18 @@ impl Product {
     pub async fn queue_jobs(&self, n: usize, duration_ms: u64) -> Result<Vec<u64>, String> {
         let mut jobs = Vec::with_capacity(n);
         for _ in 0..n {
-            jobs.push(
-                self.queue_job(
-                    &["self-hosted", "linux"],
-                    json!({"duration_ms": duration_ms}),
-                )
-                .await?,
-            );
+            jobs.push(self.queue_linux_job(duration_ms).await?);
         }
         Ok(jobs)
+    }
+
+    /// A `self-hosted`, `linux` job of `duration_ms` ([`queue_job`](Self::queue_job)).
+    pub async fn queue_linux_job(&self, duration_ms: u64) -> Result<u64, String> {
+        self.queue_job(
+            &["self-hosted", "linux"],
+            json!({"duration_ms": duration_ms}),
+        )
+        .await
     }
 
     /// Queue a `self-hosted`, `linux` job that takes `duration_ms` and wait until it is

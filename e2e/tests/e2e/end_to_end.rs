@@ -288,10 +288,7 @@ async fn a_job_queued_before_its_policy_was_ready_starts_without_waiting_a_poll_
     let Some(p) = Product::start("queued_before_ready").await else {
         return;
     };
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-        .await
-        .unwrap();
+    let job = p.queue_linux_job(200).await.unwrap();
     p.wait_delivery_answered(job).await;
     p.policy(
         "web",
@@ -352,10 +349,7 @@ async fn a_job_runs_against_a_server_whose_certificate_a_private_ca_signed() {
     .await
     .unwrap();
     p.wait_ready("web").await;
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 300}))
-        .await
-        .unwrap();
+    let job = p.queue_linux_job(300).await.unwrap();
     p.wait_jobs_completed(&[job], Duration::from_secs(180))
         .await
         .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
@@ -475,10 +469,7 @@ async fn a_policy_deleted_while_its_runner_is_busy_drains_after_the_job() {
     let Some(p) = product_with_web("policy_deleted_while_busy", json!({"minIdle": 0})).await else {
         return;
     };
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 6000}))
-        .await
-        .unwrap();
+    let job = p.queue_linux_job(6000).await.unwrap();
     let busy = p
         .wait_attempts("a busy runner", Duration::from_secs(120), |list| {
             list.iter().any(|a| state(a) == AttemptState::Busy)
@@ -526,19 +517,10 @@ async fn an_agent_killed_between_jit_and_spawn_recovers_without_a_second_runner(
     p.start_agent_with(0, &[("RM_AGENT_FAULT", "after-jit-before-spawn")])
         .unwrap();
     p.policy_ready("web", json!({"minIdle": 0})).await;
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-        .await
-        .unwrap();
-    {
-        let agent = p.agents[0].process.as_mut().unwrap();
-        wait::until(STEP, "the agent to abort at the fault", || {
-            let exited = agent.child.try_wait().ok().flatten();
-            async move { exited }
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
-    }
+    let job = p.queue_linux_job(200).await.unwrap();
+    let agent = p.agents[0].process.as_mut().unwrap();
+    let aborted = agent.exited(STEP, "the agent to abort at the fault").await;
+    aborted.unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
     p.start_agent(0).unwrap();
     p.wait_jobs_completed(&[job], Duration::from_secs(180))
         .await
@@ -631,19 +613,12 @@ async fn an_operator_killed_between_the_mint_and_the_journal_leaves_no_registrat
         return;
     };
     p.policy_ready("web", json!({"minIdle": 0})).await;
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-        .await
-        .unwrap();
-    {
-        let operator = p.operators[0].process.as_mut().unwrap();
-        wait::until(STEP, "the operator to abort after the mint", || {
-            let exited = operator.child.try_wait().ok().flatten();
-            async move { exited }
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
-    }
+    let job = p.queue_linux_job(200).await.unwrap();
+    let operator = p.operators[0].process.as_mut().unwrap();
+    let aborted = operator
+        .exited(STEP, "the operator to abort after the mint")
+        .await;
+    aborted.unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
     let lost = p
         .wait_attempts("the attempt concluded JitExpired", STEP, |list| {
             list.iter().any(|a| {
@@ -1275,10 +1250,7 @@ async fn persistent_slots_keep_work_and_a_symlinked_work_quarantines_the_slot() 
         "cleanup followed the symlink"
     );
     // The next job gets slot 2.
-    let next = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-        .await
-        .unwrap();
+    let next = p.queue_linux_job(200).await.unwrap();
     let runner = p
         .completed_job(next, Duration::from_secs(180))
         .await
