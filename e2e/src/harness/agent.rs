@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use runner_manager_crds::attempt::{RunnerAttempt, RunnerAttemptStatus};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use runner_manager_crds::attempt::{AttemptJournal, RunnerAttempt, RunnerAttemptStatus};
 use runner_manager_crds::lease::AgentAdvert;
 use runner_manager_crds::names::{agent_lease_name, runner_name};
 use runner_manager_crds::outcome::Outcome;
@@ -357,6 +358,39 @@ impl AgentWorld {
         })
         .await
         .map_err(|e| e.to_string())
+    }
+
+    /// The journal of the attempt `name` as it is now, which must be in `state`.
+    pub async fn journal_in(&self, name: &str, state: AttemptState) -> AttemptJournal {
+        let now = self
+            .attempts()
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let journal = super::attempt::journal_of(&now).clone();
+        assert_eq!(journal.state(), state);
+        journal
+    }
+
+    /// Waits until the attempt `name` has an Event of `reason` (a failed read is tried again).
+    pub async fn wait_event(&self, name: &str, reason: &str) {
+        let events = Api::<Event>::namespaced(self.kube.clone(), &self.team);
+        wait::until(
+            STEP,
+            &format!("a {reason} event on the attempt"),
+            || async {
+                let list = events.list(&ListParams::default()).await.ok()?;
+                list.items
+                    .into_iter()
+                    .any(|e| {
+                        e.reason.as_deref() == Some(reason)
+                            && e.involved_object.name.as_deref() == Some(name)
+                    })
+                    .then_some(())
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// The agent's Lease advert, once the Lease exists.

@@ -394,9 +394,7 @@ async fn a_restarted_agent_readopts_its_live_runner() {
     assert!(pid_alive(process.pid), "the runner died with the agent");
 
     let _again = w.recovered(w.agent(4, &[])).await;
-    let now = w.attempts().get(&n).await.unwrap();
-    let journal = journal_of(&now);
-    assert_eq!(journal.state(), AttemptState::Idle);
+    let journal = w.journal_in(&n, AttemptState::Idle).await;
     assert_eq!(
         journal.process(),
         Some(&process),
@@ -659,7 +657,6 @@ async fn deleting_an_attempt_stops_its_runner_in_order_before_the_finalizer_goes
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_identity_keeps_recovery_incomplete_and_says_why() {
-    use k8s_openapi::api::core::v1::Event;
     let Some(w) = AgentWorld::start("an_unreadable_identity_keeps_recovery_incomplete").await
     else {
         return;
@@ -691,19 +688,7 @@ async fn an_unreadable_identity_keeps_recovery_incomplete_and_says_why() {
         blocked.recovery_blocked,
         Some(runner_manager_crds::lease::RecoveryBlocked::IdentityUnreadable)
     );
-    let events = kube::Api::<Event>::namespaced(w.kube.clone(), &w.team);
-    wait::until(STEP, "a RecoveryBlocked event on the attempt", || async {
-        let list = events.list(&Default::default()).await.ok()?;
-        list.items
-            .into_iter()
-            .find(|e| {
-                e.reason.as_deref() == Some("RecoveryBlocked")
-                    && e.involved_object.name.as_deref() == Some(n.as_str())
-            })
-            .map(|_| ())
-    })
-    .await
-    .unwrap();
+    w.wait_event(&n, "RecoveryBlocked").await;
     // Nothing is admitted while blocked: the new attempt stays `Pending`, nothing is minted.
     let waiting = w.pending_attempt().await.unwrap();
     heartbeats(&w, 3).await;
@@ -827,7 +812,6 @@ async fn a_runner_never_listed_online_is_stopped_at_its_registration_deadline() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_spec_is_refused_but_the_runner_is_still_stopped_and_cleaned() {
-    use k8s_openapi::api::core::v1::Event;
     use kube::api::{Patch, PatchParams};
     let Some(w) = AgentWorld::start("a_changed_spec_is_refused").await else {
         return;
@@ -845,19 +829,7 @@ async fn a_changed_spec_is_refused_but_the_runner_is_still_stopped_and_cleaned()
         )
         .await
         .unwrap();
-    let events = kube::Api::<Event>::namespaced(w.kube.clone(), &w.team);
-    wait::until(STEP, "a SpecChanged event on the attempt", || async {
-        let list = events.list(&Default::default()).await.ok()?;
-        list.items
-            .into_iter()
-            .find(|e| {
-                e.reason.as_deref() == Some("SpecChanged")
-                    && e.involved_object.name.as_deref() == Some(n.as_str())
-            })
-            .map(|_| ())
-    })
-    .await
-    .unwrap();
+    w.wait_event(&n, "SpecChanged").await;
     stop_idle(&w, &a, "IdleTimeout").await;
     w.wait_concluded(&n, Outcome::ExitedIdleWithoutWork).await;
     assert_settled(&w, &a, 1).await;

@@ -565,9 +565,7 @@ async fn a_restarted_agent_adopts_its_running_pod_without_a_second_jit() {
     let identity = journal_of(&idle).environment().unwrap().clone();
 
     let _again = restarted(&w, agent, Some(&mut r.container)).await;
-    let now = w.attempts().get(&r.n).await.unwrap();
-    let journal = journal_of(&now);
-    assert_eq!(journal.state(), AttemptState::Idle);
+    let journal = w.journal_in(&r.n, AttemptState::Idle).await;
     assert_eq!(
         journal.environment(),
         Some(&identity),
@@ -958,19 +956,7 @@ mod recovery {
             .unwrap();
 
         let _again = oci_agent(&w, "120");
-        let events = Api::<Event>::namespaced(w.kube.clone(), &w.team);
-        wait::until(STEP, "a SpecChanged event on the attempt", || async {
-            let list = events.list(&ListParams::default()).await.ok()?;
-            list.items
-                .into_iter()
-                .any(|e| {
-                    e.reason.as_deref() == Some("SpecChanged")
-                        && e.involved_object.name.as_deref() == Some(n.as_str())
-                })
-                .then_some(())
-        })
-        .await
-        .unwrap();
+        w.wait_event(n, "SpecChanged").await;
         // The pod's container ends on its own; only then does the attempt conclude.
         let _ = c.container.kill();
         let _ = c.container.wait();
