@@ -360,6 +360,58 @@ impl AgentWorld {
         .map_err(|e| e.to_string())
     }
 
+    /// Waits until the attempt `name` is in `state` or later; `what` names the wait.
+    pub async fn wait_from(&self, name: &str, state: AttemptState, what: &str) -> RunnerAttempt {
+        self.wait_for(name, what, |s| s.journal.state() >= state)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The agent at the tests' usual capacity (4) and settings, once it has recovered.
+    pub async fn serving(&self) -> Running {
+        self.serving_with(&[]).await
+    }
+
+    /// [`Self::serving`] with `extra` settings besides.
+    pub async fn serving_with(&self, extra: &[(&str, &str)]) -> Running {
+        self.recovered(self.agent(4, extra)).await
+    }
+
+    /// A new `Pending` attempt ([`Self::pending_attempt`]) and its name.
+    pub async fn pending_named(&self) -> (RunnerAttempt, String) {
+        let a = self
+            .pending_attempt()
+            .await
+            .unwrap_or_else(|e| panic!("a pending attempt: {e}"));
+        let n = name(&a);
+        (a, n)
+    }
+
+    /// [`Self::serving`], then one attempt of it ([`Self::pending_named`]).
+    pub async fn serving_one(&self) -> (Running, RunnerAttempt, String) {
+        let agent = self.serving().await;
+        let (a, n) = self.pending_named().await;
+        (agent, a, n)
+    }
+
+    /// [`Self::serving_one`], its runner started and brought online ([`Self::started_to_idle`]):
+    /// the agent, the attempt, its name and the attempt once `Idle`.
+    pub async fn serving_idle(&self) -> (Running, RunnerAttempt, String, RunnerAttempt) {
+        let (agent, a, n) = self.serving_one().await;
+        let idle = self.started_to_idle(&a).await;
+        (agent, a, n, idle)
+    }
+
+    /// The attempt `a` once its runner started, brought online ([`Self::bring_to_idle`]): the
+    /// attempt once `Idle`.
+    pub async fn started_to_idle(&self, a: &RunnerAttempt) -> RunnerAttempt {
+        let n = name(a);
+        self.wait_state(&n, AttemptState::Starting)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.bring_to_idle(a).await
+    }
+
     /// The journal of the attempt `name` as it is now, which must be in `state`.
     pub async fn journal_in(&self, name: &str, state: AttemptState) -> AttemptJournal {
         let now = self
