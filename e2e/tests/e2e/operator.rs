@@ -241,6 +241,31 @@ impl World {
         .await;
     }
 
+    /// Waits until the replacement of `replaced` is `Idle` (`what` names the wait), and asserts
+    /// it is on `node`.
+    async fn replaced_idle_on(&self, replaced: &RunnerAttempt, node: &str, what: &str) {
+        let replacement = self
+            .attempts_until(what, LONG, |l| {
+                l.iter()
+                    .find(|a| {
+                        a.spec.replaces == replaced.metadata.name && state(a) == AttemptState::Idle
+                    })
+                    .cloned()
+            })
+            .await;
+        assert_eq!(replacement.spec.node_name, node);
+    }
+
+    /// Waits until an attempt on `node` is `Idle` (`what` names the wait): that attempt.
+    async fn idle_on(&self, node: &str, what: &str) -> RunnerAttempt {
+        self.attempts_until(what, LONG, |l| {
+            l.iter()
+                .find(|a| state(a) == AttemptState::Idle && a.spec.node_name == node)
+                .cloned()
+        })
+        .await
+    }
+
     /// Waits until the policy `name` is `Ready`.
     async fn wait_ready(&self, name: &str) {
         wait::until(LONG, "the policy to be Ready", || async {
@@ -697,6 +722,24 @@ async fn a_concluded_runner_explains_no_other_jobs_entry_after_its_delivery() {
     .await;
 }
 
+/// The policy `name` is not `Degraded`.
+async fn assert_not_degraded(w: &World, name: &str) {
+    let degraded = w.condition(name, PolicyConditionType::Degraded).await;
+    assert!(
+        degraded
+            .as_ref()
+            .is_none_or(|c| c.0 != ConditionStatus::True),
+        "{degraded:?}"
+    );
+}
+
+/// The default agent script, edited by `edit`.
+fn script(edit: impl FnOnce(&mut Script)) -> Script {
+    let mut s = Script::default();
+    edit(&mut s);
+    s
+}
+
 /// The `in_progress` delivery of `job` taken by `runner`, posted signed to operator `op`, which
 /// accepts it.
 async fn post_in_progress(w: &World, op: usize, job: u64, runner: &str) {
@@ -961,10 +1004,7 @@ async fn each_node_runs_the_package_of_its_architecture_and_a_node_of_another_ge
         // operator saw first.
         let node = w
             .add_node_labelled(
-                Script {
-                    capacity: 2,
-                    ..Script::default()
-                },
+                script(|s| s.capacity = 2),
                 op,
                 &[(POOL_LABEL, pool.as_str()), (ARCH_LABEL, arch)],
             )
@@ -1054,13 +1094,13 @@ async fn a_suspended_policy_drains_its_idle_runners_launches_nothing_and_still_c
     let Some(mut w) = world("suspended_policy").await else {
         return;
     };
+    let op = w.operator_and_node().await;
     // Webhooks only: the queued job stays in the ledger while the policy is suspended.
-    let op = w
-        .serving_policy(
-            "web",
-            json!({"minIdle": 2, "scaling": {"pollInterval": "1h"}}),
-        )
-        .await;
+    w.policy(
+        "web",
+        json!({"minIdle": 2, "scaling": {"pollInterval": "1h"}}),
+    )
+    .await;
     w.attempts_until("two idle runners (minIdle 2)", LONG, |l| {
         (l.iter().filter(|a| state(a) == AttemptState::Idle).count() == 2).then_some(())
     })
@@ -1142,14 +1182,7 @@ async fn registration_timeout_requests_termination_and_a_replacement_carries_lin
         return;
     };
     let op = w.start_operator(&[]).await;
-    w.add_node(
-        Script {
-            never_register: true,
-            ..Script::default()
-        },
-        op,
-    )
-    .await;
+    w.add_node(script(|s| s.never_register = true), op).await;
     w.policy(
         "web",
         json!({"minIdle": 1, "timeouts": {"registration": "30s"}}),
@@ -1359,16 +1392,8 @@ async fn a_rejected_attempt_is_replaced_on_another_node_with_lineage() {
         })
         .await;
     assert_eq!(state(&rejected), AttemptState::Cleaned);
-    let replacement = w
-        .attempts_until("its replacement idle on the other node", LONG, |l| {
-            l.iter()
-                .find(|a| {
-                    a.spec.replaces == rejected.metadata.name && state(a) == AttemptState::Idle
-                })
-                .cloned()
-        })
+    w.replaced_idle_on(&rejected, &roomy, "its replacement idle on the other node")
         .await;
-    assert_eq!(replacement.spec.node_name, roomy);
 }
 
 #[tokio::test]
@@ -1376,15 +1401,9 @@ async fn failed_launches_back_off_then_degrade_the_policy_until_its_spec_changes
     let Some(mut w) = world("failed_launches_degrade").await else {
         return;
     };
-    let op = w.start_operator(&["--max-consecutive-failures", "3"]).await;
-    w.add_node(
-        Script {
-            fail_after_jit: true,
-            ..Script::default()
-        },
-        op,
-    )
-    .await;
+    let flags = ["--max-consecutive-failures", "3"];
+    let op = w.start_operator(&flags).await;
+    w.add_node(script(|s| s.fail_after_jit = true), op).await;
     w.policy("web", json!({"minIdle": 1})).await;
     let (_, reason, message) = w
         .until_condition(
@@ -1441,15 +1460,7 @@ async fn a_lost_node_orphans_its_attempts_and_they_are_replaced_elsewhere() {
         return;
     };
     let op = w.start_operator(&["--node-lost-grace", "2s"]).await;
-    let doomed = w
-        .add_node(
-            Script {
-                packages: vec![sha()],
-                ..Script::default()
-            },
-            op,
-        )
-        .await;
+    let doomed = w.add_node(script(|s| s.packages = vec![sha()]), op).await;
     w.policy("web", json!({"minIdle": 1})).await;
     let first = w
         .attempts_until("an idle attempt on the preferred node", LONG, |l| {
@@ -1479,14 +1490,8 @@ async fn a_lost_node_orphans_its_attempts_and_they_are_replaced_elsewhere() {
         .await;
     let outcome = serde_json::to_value(orphaned.status.unwrap().journal.outcome()).unwrap();
     assert_eq!(outcome, json!({"kind": "Orphaned", "reason": "NodeLost"}));
-    let replacement = w
-        .attempts_until("a replacement idle on the surviving node", LONG, |l| {
-            l.iter()
-                .find(|a| a.spec.replaces == first.metadata.name && state(a) == AttemptState::Idle)
-                .cloned()
-        })
-        .await;
-    assert_eq!(replacement.spec.node_name, survivor);
+    let what = "a replacement idle on the surviving node";
+    w.replaced_idle_on(&first, &survivor, what).await;
 }
 
 /// DESIGN §10: GitHub calls per launched runner, amortized over a burst of ten jobs (printed as
@@ -1553,14 +1558,8 @@ async fn agent_restarts_during_preparation_never_degrade_the_policy() {
             "30s",
         ])
         .await;
-    w.add_node(
-        Script {
-            interrupt_preparation: true,
-            ..Script::default()
-        },
-        op,
-    )
-    .await;
+    w.add_node(script(|s| s.interrupt_preparation = true), op)
+        .await;
     w.policy("web", json!({"minIdle": 1})).await;
     let interrupted = |l: &[RunnerAttempt]| {
         l.iter()
@@ -1574,26 +1573,14 @@ async fn agent_restarts_during_preparation_never_degrade_the_policy() {
         (interrupted(l) >= 5).then_some(())
     })
     .await;
-    let degraded = w.condition("web", PolicyConditionType::Degraded).await;
-    assert!(
-        degraded
-            .as_ref()
-            .is_none_or(|c| c.0 != ConditionStatus::True),
-        "{degraded:?}"
-    );
+    assert_not_degraded(&w, "web").await;
     w.agents[0].set(|s| s.interrupt_preparation = false);
     w.until_any_in(
         AttemptState::Idle,
         "an idle runner once the agents are back",
     )
     .await;
-    let degraded = w.condition("web", PolicyConditionType::Degraded).await;
-    assert!(
-        degraded
-            .as_ref()
-            .is_none_or(|c| c.0 != ConditionStatus::True),
-        "{degraded:?}"
-    );
+    assert_not_degraded(&w, "web").await;
 }
 
 #[tokio::test]
@@ -1602,24 +1589,9 @@ async fn github_calls_per_launched_runner_in_a_burst() {
         return;
     };
     let op = w.start_operator(&["--observe-interval", "10s"]).await;
-    w.add_node(
-        Script {
-            capacity: 10,
-            ..Script::default()
-        },
-        op,
-    )
-    .await;
+    w.add_node(script(|s| s.capacity = 10), op).await;
     w.policy("web", json!({"maxRunners": 10})).await;
-    wait::until(LONG, "the policy Ready", || async {
-        matches!(
-            w.condition("web", PolicyConditionType::Ready).await,
-            Some((ConditionStatus::True, ..))
-        )
-        .then_some(())
-    })
-    .await
-    .unwrap();
+    w.wait_ready("web").await;
     w.hook_to(op).await;
     w.fake
         .admin("DELETE", "counters", Value::Null)
@@ -1658,25 +1630,10 @@ async fn a_burst_of_jobs_creates_one_runner_per_job() {
         return;
     };
     let op = w.start_operator(&[]).await;
-    w.add_node(
-        Script {
-            capacity: 20,
-            ..Script::default()
-        },
-        op,
-    )
-    .await;
+    w.add_node(script(|s| s.capacity = 20), op).await;
     w.policy("web", json!({"maxRunners": 20, "minIdle": 0}))
         .await;
-    wait::until(LONG, "the policy Ready", || async {
-        matches!(
-            w.condition("web", PolicyConditionType::Ready).await,
-            Some((ConditionStatus::True, ..))
-        )
-        .then_some(())
-    })
-    .await
-    .unwrap();
+    w.wait_ready("web").await;
     w.hook_to(op).await;
     futures_util::future::join_all((0..10).map(|_| w.queue_job())).await;
     w.attempts_until("ten idle runners", LONG, |l| {
@@ -1772,13 +1729,7 @@ async fn a_cordoned_nodes_idle_runner_is_drained_and_replaced_elsewhere() {
     };
     let (op, first) = w.operator_with_node().await;
     w.policy("web", json!({"minIdle": 1})).await;
-    let idle = w
-        .attempts_until("an idle runner on the first node", LONG, |l| {
-            l.iter()
-                .find(|a| state(a) == AttemptState::Idle && a.spec.node_name == first)
-                .cloned()
-        })
-        .await;
+    let idle = w.idle_on(&first, "an idle runner on the first node").await;
     let runner = idle
         .status
         .as_ref()
@@ -1795,11 +1746,7 @@ async fn a_cordoned_nodes_idle_runner_is_drained_and_replaced_elsewhere() {
         .await
         .unwrap();
     let successor = w
-        .attempts_until("an idle successor on the second node", LONG, |l| {
-            l.iter()
-                .find(|a| state(a) == AttemptState::Idle && a.spec.node_name == second)
-                .cloned()
-        })
+        .idle_on(&second, "an idle successor on the second node")
         .await;
     let drained = w
         .attempts()
