@@ -616,6 +616,17 @@ impl Product {
 
     /// The team's attempts once `check` holds for the whole list (panics after `deadline`,
     /// saying `what` and naming the logs).
+    /// Waits (at most `deadline`) until an attempt is in `s`; `what` names the wait. That
+    /// attempt.
+    pub async fn one_in(&self, s: AttemptState, what: &str, deadline: Duration) -> RunnerAttempt {
+        let list = self
+            .wait_attempts(what, deadline, |list| list.iter().any(|a| state(a) == s))
+            .await;
+        list.into_iter()
+            .find(|a| state(a) == s)
+            .unwrap_or_else(|| panic!("{what}: gone"))
+    }
+
     pub async fn wait_attempts(
         &self,
         what: &str,
