@@ -37,15 +37,20 @@ use serde_json::{Value, json};
 
 /// A gauge's value from the operator's `/metrics`.
 async fn metric(health: &str, name: &str) -> Option<f64> {
-    let text = reqwest::get(format!("http://{health}/metrics"))
+    let text = runner_manager_e2e::harness::telemetry::get(health, "/metrics")
         .await
         .ok()?
-        .text()
-        .await
-        .ok()?;
+        .body;
     text.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
         .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+}
+
+/// [`first_pass`], waited for at most `secs` seconds; `what` names the wait.
+async fn first_pass_within(p: &Product, secs: u64, what: &str) -> (u64, u64, u64, String) {
+    wait::until(Duration::from_secs(secs), what, || async { first_pass(p) })
+        .await
+        .unwrap()
 }
 
 /// The operator's "first reconcile pass done" log line: (elapsed ms, policies, attempts, where
@@ -237,13 +242,7 @@ async fn scale(policies: usize, per_policy: usize) {
     };
     // The operator's log line, not a LIST: polling every policy at 10 Hz is load on the API
     // server the pass is bound by (one LIST of 1,000 policies costs it more than a status write).
-    let first = wait::until(
-        Duration::from_secs(900),
-        "the first-pass log line",
-        || async { first_pass(&p) },
-    )
-    .await
-    .unwrap();
+    let first = first_pass_within(&p, 900, "the first-pass log line").await;
     let all_reconciled = started.elapsed();
     let requests = delta(&requests_before, &apiserver_requests(&p.kube).await);
     let (calls_after, _) = p.operator_github_calls().await.unwrap();
@@ -284,13 +283,7 @@ async fn scale(policies: usize, per_policy: usize) {
     let restarted = Instant::now();
     let op = p.start_operator("operator-1").await.unwrap();
     p.operators.push(op);
-    let again = wait::until(
-        Duration::from_secs(300),
-        "the restarted operator's first pass",
-        || async { first_pass(&p) },
-    )
-    .await
-    .unwrap();
+    let again = first_pass_within(&p, 300, "the restarted operator's first pass").await;
     let restart_total = restarted.elapsed();
 
     let after = p.attempts().list(&ListParams::default()).await.unwrap();

@@ -457,6 +457,17 @@ const STATE_STEPS: [(&str, AttemptState); 3] = [
 ];
 
 /// Each step of [`STEPS`] over single-job samples: p50 / max after queueing.
+/// `{label} p50 … / {top} …` of the durations `at` (sorted here), when there are any.
+fn spread(label: &str, at: &mut [Duration], top: &str) -> Option<String> {
+    at.sort();
+    let last = *at.last()?;
+    Some(format!(
+        "{label} p50 {} / {top} {}",
+        ms(percentile(at, 0.5)),
+        ms(last)
+    ))
+}
+
 fn steps_line(samples: &[Vec<(&'static str, Duration)>]) -> String {
     let mut line = Vec::new();
     for label in STEPS {
@@ -464,14 +475,7 @@ fn steps_line(samples: &[Vec<(&'static str, Duration)>]) -> String {
             .iter()
             .filter_map(|s| s.iter().find(|(l, _)| *l == label).map(|(_, d)| *d))
             .collect();
-        at.sort();
-        if !at.is_empty() {
-            line.push(format!(
-                "{label} p50 {} / max {}",
-                ms(percentile(&at, 0.5)),
-                ms(*at.last().unwrap())
-            ));
-        }
+        line.extend(spread(label, &mut at, "max"));
     }
     line.join("; ")
 }
@@ -540,13 +544,7 @@ async fn package_label(p: &Product) -> String {
 /// `runner_manager_agent_materializer{mode}` gauge sets to 1.
 async fn agent_materializer(p: &Product) -> &'static str {
     use runner_manager_node_agent::packages::overlay::Materializer;
-    let health = wait::until(
-        Duration::from_secs(30),
-        "the agent's health address",
-        || async { agent_health(&p.agents[0].process.as_ref()?.lines()) },
-    )
-    .await
-    .unwrap();
+    let health = first_agent_health(p).await;
     let m = get(&health, "/metrics").await.unwrap();
     Materializer::ALL
         .into_iter()
@@ -593,16 +591,7 @@ fn timeline(
     created: &[Instant],
 ) -> String {
     let mut out = Vec::new();
-    let mut step = |label: &str, mut at: Vec<Duration>| {
-        at.sort();
-        if !at.is_empty() {
-            out.push(format!(
-                "{label} p50 {} / last {}",
-                ms(percentile(&at, 0.5)),
-                ms(*at.last().unwrap())
-            ));
-        }
-    };
+    let mut step = |label: &str, mut at: Vec<Duration>| out.extend(spread(label, &mut at, "last"));
     step(
         "created",
         created
@@ -643,10 +632,7 @@ async fn burst_policy(p: &Product, max_runners: usize) {
     .await
     .unwrap();
     wait_recovered(p).await;
-    let warmup = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 0}))
-        .await
-        .unwrap();
+    let warmup = p.queue_linux_job(0).await.unwrap();
     p.wait_jobs_completed(&[warmup], Duration::from_secs(180))
         .await
         .unwrap();
@@ -672,13 +658,11 @@ async fn queue_burst(
     before: &std::collections::HashSet<String>,
 ) -> BurstStart {
     let queued = Instant::now();
-    let ids: Vec<u64> = futures_util::future::join_all(
-        (0..jobs).map(|_| p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": 1000}))),
-    )
-    .await
-    .into_iter()
-    .map(Result::unwrap)
-    .collect();
+    let ids: Vec<u64> = futures_util::future::join_all((0..jobs).map(|_| p.queue_linux_job(1000)))
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
     let all_queued = queued.elapsed();
     wait::until(
         Duration::from_secs(600),
@@ -899,6 +883,26 @@ async fn reads_per_minute(health: &str, window: Duration) -> f64 {
 }
 
 /// Attempts of the team namespace in `state`.
+/// Waits (at most five minutes) until `n` attempts are in `state`; `what` names the wait.
+async fn all_in_state(p: &Product, n: usize, state: AttemptState, what: &str) {
+    wait::until(Duration::from_secs(300), what, || async {
+        (in_state(p, state).await >= n).then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+/// The first agent's health address, once it logged it.
+async fn first_agent_health(p: &Product) -> String {
+    wait::until(
+        Duration::from_secs(30),
+        "the agent's health address",
+        || async { agent_health(&p.agents[0].process.as_ref()?.lines()) },
+    )
+    .await
+    .unwrap()
+}
+
 async fn in_state(p: &Product, state: runner_manager_crds::state::AttemptState) -> usize {
     p.all_attempts()
         .await
@@ -927,35 +931,19 @@ async fn steady(n: usize, window: Duration) {
         return;
     };
     wait_recovered(&p).await;
-    let health = wait::until(
-        Duration::from_secs(30),
-        "the agent's health address",
-        || async { agent_health(&p.agents[0].process.as_ref()?.lines()) },
-    )
-    .await
-    .unwrap();
+    let health = first_agent_health(&p).await;
     let baseline = reads_per_minute(&health, window).await;
     p.policy("web", json!({"minIdle": n, "maxRunners": n}))
         .await
         .unwrap();
-    wait::until(Duration::from_secs(300), "every runner idle", || async {
-        (in_state(&p, AttemptState::Idle).await >= n).then_some(())
-    })
-    .await
-    .unwrap();
+    all_in_state(&p, n, AttemptState::Idle, "every runner idle").await;
     let idle = reads_per_minute(&health, window).await;
     // Jobs longer than the window keep every runner busy through it.
     let busy_for = window.as_millis() as u64 * 3;
     for _ in 0..n {
-        p.queue_job(&["self-hosted", "linux"], json!({"duration_ms": busy_for}))
-            .await
-            .unwrap();
+        p.queue_linux_job(busy_for).await.unwrap();
     }
-    wait::until(Duration::from_secs(300), "every runner busy", || async {
-        (in_state(&p, AttemptState::Busy).await >= n).then_some(())
-    })
-    .await
-    .unwrap();
+    all_in_state(&p, n, AttemptState::Busy, "every runner busy").await;
     let busy = reads_per_minute(&health, window).await;
     let per = |total: f64| (total - baseline).max(0.0) / n as f64;
     println!(
@@ -1008,10 +996,7 @@ async fn single_job(
 ) -> (u64, Duration, Vec<(&'static str, Duration)>) {
     let before = started.count();
     let queued = Instant::now();
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 0}))
-        .await
-        .unwrap();
+    let job = p.queue_linux_job(0).await.unwrap();
     wait::until(Duration::from_secs(120), "the runner started", || async {
         (started.count() > before).then_some(())
     })

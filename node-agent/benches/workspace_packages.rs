@@ -31,6 +31,10 @@ use runner_manager_node_agent::workspace::scrub::{Scrubbed, scrub_slot};
 use runner_manager_node_agent::workspace::scrub_plan::SlotOwner;
 use uuid::Uuid;
 
+#[path = "../tests/node_agent/workspace_support/mod.rs"]
+mod workspace_support;
+use workspace_support::wide_tree;
+
 struct Shape {
     name: &'static str,
     small_files: usize,
@@ -58,6 +62,19 @@ const FULL: Shape = Shape {
     // Five, not three: on a 2-core machine shared with builds a single run can be off by 2×.
     runs: 5,
 };
+
+impl Shape {
+    /// This shape's runner package under `root` ([`build_tree`]): (files, bytes).
+    fn package_tree(&self, root: &Path, seed: u64) -> (usize, u64) {
+        build_tree(
+            root,
+            self.small_files,
+            self.large_files,
+            self.large_size,
+            seed,
+        )
+    }
+}
 
 /// Deterministic incompressible bytes (xorshift), so no filesystem or gzip shortcut applies.
 struct Bytes(u64);
@@ -131,6 +148,37 @@ fn run(cmd: &mut Command) {
 }
 
 /// Writes back dirty pages before a timed step, so no step pays for the previous one's writes.
+/// `cp -a` of `tree` to `dst`, timed after a settle.
+fn cp_a(tree: &Path, dst: &Path) -> Duration {
+    settle();
+    let (t, ()) = time(|| {
+        run(Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", tree.display()))
+            .arg(dst))
+    });
+    t
+}
+
+/// `rm -rf` of `paths`, timed after a settle.
+fn rm_rf(paths: &[PathBuf]) -> Duration {
+    settle();
+    let (t, ()) = time(|| run(Command::new("rm").arg("-rf").args(paths)));
+    t
+}
+
+/// Run `ours` and `theirs`, alternating which goes first with round `i`, so neither side
+/// always follows the other's writeback.
+fn alternating(i: usize, ours: &mut dyn FnMut(), theirs: &mut dyn FnMut()) {
+    if i.is_multiple_of(2) {
+        ours();
+        theirs();
+    } else {
+        theirs();
+        ours();
+    }
+}
+
 fn settle() {
     run(&mut Command::new("sync"));
 }
@@ -178,13 +226,7 @@ fn main() {
 
     // The package: built, archived, then installed the way the cache installs it.
     let source = root.join("source");
-    let (files, bytes) = build_tree(
-        &source,
-        shape.small_files,
-        shape.large_files,
-        shape.large_size,
-        42,
-    );
+    let (files, bytes) = shape.package_tree(&source, 42);
     let archive = root.join("package.tar.gz");
     {
         let gz = flate2::write::GzEncoder::new(
@@ -212,14 +254,7 @@ fn main() {
     let (mut reflinked, mut check) = (0, CopyCheck::Full);
     for i in 0..shape.runs {
         let dst = root.join(format!("cp-{i}"));
-        settle();
-        let (t, ()) = time(|| {
-            run(Command::new("cp")
-                .arg("-a")
-                .arg(format!("{}/.", tree.display()))
-                .arg(&dst))
-        });
-        cp.push(t);
+        cp.push(cp_a(&tree, &dst));
         let runtime = root.join(format!("mat-{i}"));
         fs::create_dir(&runtime).unwrap();
         settle();
@@ -287,19 +322,8 @@ fn main() {
             assert!(matches!(scrubbed, Scrubbed::Clean { .. }));
             scrub.push(t);
         };
-        let mut theirs = || {
-            settle();
-            let (t, ()) = time(|| run(Command::new("rm").arg("-rf").args(&entries)));
-            rm.push(t);
-        };
-        // Alternating which goes first, so neither side always follows the other's writeback.
-        if i % 2 == 0 {
-            ours();
-            theirs();
-        } else {
-            theirs();
-            ours();
-        }
+        let mut theirs = || rm.push(rm_rf(&entries));
+        alternating(i, &mut ours, &mut theirs);
     }
     let (scrub, rm) = (median(scrub), median(rm));
 
@@ -324,18 +348,8 @@ fn main() {
             let (t, _) = time(|| remove_ephemeral_runtime(root, id, &journalled).unwrap());
             eph.push(t);
         };
-        let mut theirs = || {
-            settle();
-            let (t, ()) = time(|| run(Command::new("rm").arg("-rf").arg(&other)));
-            rm_eph.push(t);
-        };
-        if i % 2 == 0 {
-            ours();
-            theirs();
-        } else {
-            theirs();
-            ours();
-        }
+        let mut theirs = || rm_eph.push(rm_rf(std::slice::from_ref(&other)));
+        alternating(i, &mut ours, &mut theirs);
     }
     let (eph, rm_eph) = (median(eph), median(rm_eph));
 
@@ -423,13 +437,7 @@ fn caches_section(root: &Path, shape: &Shape) {
         return;
     }
     let registry = root.join("registry");
-    let (files, bytes) = build_tree(
-        &registry,
-        shape.small_files,
-        shape.large_files,
-        shape.large_size,
-        7,
-    );
+    let (files, bytes) = shape.package_tree(&registry, 7);
     let (mut cold, mut commit, mut warm, mut attach, mut baseline) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..shape.runs {
@@ -573,14 +581,7 @@ fn overlay_section(
         checked.push(t);
         // `cp -a`.
         let plain = root.join(format!("ovl-cp-{i}"));
-        settle();
-        let (t, ()) = time(|| {
-            run(Command::new("cp")
-                .arg("-a")
-                .arg(format!("{}/.", tree.display()))
-                .arg(&plain))
-        });
-        cp.push(t);
+        cp.push(cp_a(tree, &plain));
         // A job writes the same `_work` into each runtime.
         for dest in [&runtime, &copied, &plain] {
             build_tree(&dest.join("_work/repo"), shape.work_files, 0, 0, 11);
@@ -681,7 +682,7 @@ fn pathological(root: &Path, shape: &Shape, threads: usize) {
         ),
         (
             format!("{wide_dirs} directories + {wide_files} files in one"),
-            Box::new(move |p: &Path| wide(p, wide_dirs, wide_files)),
+            Box::new(move |p: &Path| wide_tree(p, wide_dirs, wide_files)),
         ),
     ] {
         let ours_tree = root.join("patho-ours");
@@ -764,19 +765,5 @@ fn deep_chain(top: &Path, depth: u32) {
     for _ in 0..depth {
         rustix::fs::mkdirat(&dir, "d", Mode::from_raw_mode(0o755)).unwrap();
         dir = rustix::fs::openat(&dir, "d", flags, Mode::empty()).unwrap();
-    }
-}
-
-fn wide(top: &Path, dirs: u32, files: u32) {
-    fs::create_dir(top).unwrap();
-    for i in 0..dirs {
-        let d = top.join(format!("d{i}"));
-        fs::create_dir(&d).unwrap();
-        fs::write(d.join("f"), b"x").unwrap();
-    }
-    let flat = top.join("flat");
-    fs::create_dir(&flat).unwrap();
-    for i in 0..files {
-        fs::File::create(flat.join(format!("f{i}"))).unwrap();
     }
 }

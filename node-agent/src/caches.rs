@@ -616,6 +616,17 @@ mod tests {
         rustix::process::geteuid().is_root()
     }
 
+    /// A fresh cache root with no size cap, for a test that must run as root (`None`
+    /// otherwise: the test does nothing). The directory is held by the caller.
+    fn caches_as_root() -> Option<(tempfile::TempDir, CacheRoot)> {
+        if !root_user() {
+            return None;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let caches = CacheRoot::new(t.path(), 0, u64::MAX);
+        Some((t, caches))
+    }
+
     const NS: &str = "team/github.com/acme/web";
 
     fn write(p: &Path, s: &str) {
@@ -640,11 +651,9 @@ mod tests {
     /// directory, a replaced file, a new link) applied to a clone, the old generation untouched.
     #[test]
     fn an_upper_is_applied_to_a_clone_and_the_old_generation_is_untouched() {
-        if !root_user() {
+        let Some((t, caches)) = caches_as_root() else {
             return;
-        }
-        let t = tempfile::tempdir().unwrap();
-        let caches = CacheRoot::new(t.path(), 0, u64::MAX);
+        };
         let ns = caches.namespace_dir(NS).unwrap();
         let g0 = ns.join("gen-0");
         write(&g0.join("npm/a.js"), "a0");
@@ -713,11 +722,9 @@ mod tests {
     /// The prune removes least recently used namespaces over the cap, never a leased one.
     #[test]
     fn the_prune_removes_the_least_recently_used_unleased_namespaces() {
-        if !root_user() {
+        let Some((_t, caches)) = caches_as_root() else {
             return;
-        }
-        let t = tempfile::tempdir().unwrap();
-        let caches = CacheRoot::new(t.path(), 0, u64::MAX);
+        };
         let names = [
             "t/github.com/acme/old",
             "t/github.com/acme/leased",

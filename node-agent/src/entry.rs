@@ -150,33 +150,22 @@ impl EntryArgs {
         };
         a.push("--runtime".into());
         a.push(self.runtime.clone().into());
-        if let Some(c) = &self.cgroup {
-            a.push("--cgroup".into());
-            a.push(c.clone().into());
-        }
-        if let Some(u) = self.uid {
-            a.push("--uid".into());
-            a.push(u.to_string().into());
-        }
-        if let Some(g) = self.gid {
-            a.push("--gid".into());
-            a.push(g.to_string().into());
-        }
-        if let Some(s) = self.await_handoff {
-            a.push("--await-handoff".into());
-            a.push(s.to_string().into());
-        }
-        if let Some(e) = &self.environment {
-            a.push("--environment".into());
-            a.push(e.clone().into());
-        }
-        if let Some(n) = self.nice {
-            a.push("--nice".into());
-            a.push(n.to_string().into());
-        }
-        if let Some(r) = &self.receipt {
-            a.push("--receipt".into());
-            a.push(r.clone().into());
+        // Each optional flag, when set, in this order.
+        let number = |n: u64| OsString::from(n.to_string());
+        let optional: [(&str, Option<OsString>); 7] = [
+            ("--cgroup", self.cgroup.clone().map(Into::into)),
+            ("--uid", self.uid.map(u64::from).map(number)),
+            ("--gid", self.gid.map(u64::from).map(number)),
+            ("--await-handoff", self.await_handoff.map(number)),
+            ("--environment", self.environment.clone().map(Into::into)),
+            ("--nice", self.nice.map(u64::from).map(number)),
+            ("--receipt", self.receipt.clone().map(Into::into)),
+        ];
+        for (flag, value) in optional {
+            if let Some(value) = value {
+                a.push(flag.into());
+                a.push(value);
+            }
         }
         a
     }

@@ -43,40 +43,24 @@ impl From<TerminationReason> for IntentReason {
     }
 }
 
-const TOKENS: [(IntentReason, &str); 8] = [
-    (
-        IntentReason::Deadline(TerminateReason::RegistrationTimeout),
-        "registration-timeout",
-    ),
-    (
-        IntentReason::Deadline(TerminateReason::IdleTimeout),
-        "idle-timeout",
-    ),
-    (
-        IntentReason::Requested(TerminationReason::RegistrationTimeout),
-        "requested:registration-timeout",
-    ),
-    (
-        IntentReason::Requested(TerminationReason::IdleTimeout),
-        "requested:idle-timeout",
-    ),
-    (
-        IntentReason::Requested(TerminationReason::PolicyDeleted),
-        "requested:policy-deleted",
-    ),
-    (
-        IntentReason::Requested(TerminationReason::Drain),
-        "requested:drain",
-    ),
-    (
-        IntentReason::Requested(TerminationReason::Deleted),
-        "requested:deleted",
-    ),
-    (
-        IntentReason::Requested(TerminationReason::ScaleDown),
-        "requested:scale-down",
-    ),
-];
+const TOKENS: [(IntentReason, &str); 8] = {
+    use IntentReason::{Deadline, Requested};
+    use TerminateReason as Due;
+    use TerminationReason as Asked;
+    [
+        (Deadline(Due::RegistrationTimeout), "registration-timeout"),
+        (Deadline(Due::IdleTimeout), "idle-timeout"),
+        (
+            Requested(Asked::RegistrationTimeout),
+            "requested:registration-timeout",
+        ),
+        (Requested(Asked::IdleTimeout), "requested:idle-timeout"),
+        (Requested(Asked::PolicyDeleted), "requested:policy-deleted"),
+        (Requested(Asked::Drain), "requested:drain"),
+        (Requested(Asked::Deleted), "requested:deleted"),
+        (Requested(Asked::ScaleDown), "requested:scale-down"),
+    ]
+};
 
 impl IntentReason {
     /// The file's content.

@@ -28,7 +28,7 @@ use uuid::Uuid;
 
 #[path = "node_agent/workspace_support/mod.rs"]
 mod workspace_support;
-use workspace_support::{Immutable, assert_only_the_checkout_kept};
+use workspace_support::{Immutable, assert_only_the_checkout_kept, write_file};
 
 // ---- a private mount namespace per test -------------------------------------------------------
 
@@ -36,9 +36,10 @@ use workspace_support::{Immutable, assert_only_the_checkout_kept};
 const ENV_TEST: &str = "RM_TEST_PRIVATE_MOUNTS";
 const ENV_PARENT_NS: &str = "RM_TEST_PARENT_MOUNT_NS";
 
-/// `true` inside the private mount namespace (run the test's body); `false` in the calling
-/// process, once the body ran there and passed. The test's name comes from its function's path,
-/// so this holds whichever test binary the file is compiled into.
+/// The first statement of a test that mounts: inside the private mount namespace it goes on to
+/// the test's body; in the calling process it runs the test again in that namespace and returns
+/// from the test once the body ran there and passed. The test's name comes from its function's
+/// path, so this holds whichever test binary the file is compiled into.
 macro_rules! private_mounts {
     () => {{
         fn here() {}
@@ -46,7 +47,9 @@ macro_rules! private_mounts {
         let path = path.strip_suffix("::here").expect("a function path");
         // libtest names a test by its path inside the crate.
         let test = path.split_once("::").map_or(path, |(_, rest)| rest);
-        enter_private_mounts(test)
+        if !enter_private_mounts(test) {
+            return;
+        }
     }};
 }
 
@@ -148,21 +151,36 @@ fn snapshot(root: &Path) -> BTreeMap<PathBuf, Node> {
 
 /// Host data outside the tree: a directory to bind-mount in, a file to bind-mount onto a file,
 /// and a file links point at.
+/// It lives in a temporary directory of its own (`base`), beside which a test makes the trees
+/// it removes.
 struct Outside {
+    base: tempfile::TempDir,
     root: PathBuf,
     before: BTreeMap<PathBuf, Node>,
 }
 
 impl Outside {
-    fn new(base: &Path) -> Self {
-        let root = base.join("host-data");
+    fn new() -> Self {
+        let base = tempfile::tempdir().unwrap();
+        let root = base.path().join("host-data");
         fs::create_dir_all(root.join("dir/nested")).unwrap();
         fs::write(root.join("dir/keep.txt"), b"the host's").unwrap();
         fs::write(root.join("dir/nested/deep.bin"), [7u8; 300]).unwrap();
         fs::write(root.join("file"), b"a host file").unwrap();
         fs::write(root.join("target"), b"a link's target").unwrap();
         let before = snapshot(&root);
-        Self { root, before }
+        Self { base, root, before }
+    }
+
+    fn base(&self) -> &Path {
+        self.base.path()
+    }
+
+    /// Host data, and the path `name` beside it for the tree a test removes.
+    fn beside(name: &str) -> (Self, PathBuf) {
+        let outside = Self::new();
+        let path = outside.base().join(name);
+        (outside, path)
     }
 
     fn dir(&self) -> PathBuf {
@@ -182,6 +200,33 @@ impl Outside {
     }
 }
 
+/// Host data, and beside it a host root holding the ephemeral runtime of a new attempt: the
+/// host data, the host root, the attempt and its runtime.
+fn runtime_beside_host_data() -> (Outside, PathBuf, Uuid, PathBuf) {
+    let outside = Outside::new();
+    let host = outside.base().join("host");
+    let attempt = Uuid::new_v4();
+    let runtime = create_ephemeral_runtime(&host, attempt).unwrap();
+    (outside, host, attempt, runtime)
+}
+
+/// `attempt`'s `runtime` is removed (as journalled), and the removal reports it so.
+fn assert_removal_succeeds(host: &Path, attempt: Uuid, runtime: &Path) {
+    let journalled = runtime.to_str().unwrap().to_owned();
+    let removed = remove_ephemeral_runtime(host, attempt, &journalled);
+    assert!(
+        matches!(removed, Ok(EphemeralRemoval::Removed { .. })),
+        "{removed:?}"
+    );
+}
+
+/// [`assert_removal_succeeds`], and nothing is left: no runtime, no mount under `host`.
+fn assert_removed(host: &Path, attempt: Uuid, runtime: &Path) {
+    assert_removal_succeeds(host, attempt, runtime);
+    assert!(!runtime.exists());
+    assert_eq!(mounts_under(host), Vec::<PathBuf>::new());
+}
+
 fn downloader() -> Downloader {
     Downloader::new(RetryPolicy::PRODUCTION, Timeouts::PRODUCTION).unwrap()
 }
@@ -197,28 +242,14 @@ const OWNER: SlotOwner<'static> = SlotOwner {
 /// emptied the host's directory, then stopped busy with the mount left.
 #[test]
 fn a_bind_mount_inside_a_copied_runtime_is_detached_and_the_host_directory_kept() {
-    if !private_mounts!() {
-        return;
-    }
-    let base = tempfile::tempdir().unwrap();
-    let outside = Outside::new(base.path());
-    let host = base.path().join("host");
-    let attempt = Uuid::new_v4();
-    let runtime = create_ephemeral_runtime(&host, attempt).unwrap();
+    private_mounts!();
+    let (outside, host, attempt, runtime) = runtime_beside_host_data();
+    write_file(&runtime, "bin/Runner.Listener", b"copied");
+    write_file(&runtime, "_work/hosts", b"");
     fs::create_dir_all(runtime.join("_work/cache")).unwrap();
-    fs::create_dir_all(runtime.join("bin")).unwrap();
-    fs::write(runtime.join("bin/Runner.Listener"), b"copied").unwrap();
-    fs::write(runtime.join("_work/hosts"), b"").unwrap();
     bind(&outside.dir(), &runtime.join("_work/cache"));
     bind(&outside.file(), &runtime.join("_work/hosts"));
-    let journalled = runtime.to_str().unwrap().to_owned();
-    let removed = remove_ephemeral_runtime(&host, attempt, &journalled);
-    assert!(
-        matches!(removed, Ok(EphemeralRemoval::Removed { .. })),
-        "{removed:?}"
-    );
-    assert!(!runtime.exists());
-    assert_eq!(mounts_under(&host), Vec::<PathBuf>::new());
+    assert_removed(&host, attempt, &runtime);
     outside.intact();
 }
 
@@ -226,14 +257,8 @@ fn a_bind_mount_inside_a_copied_runtime_is_detached_and_the_host_directory_kept(
 /// skeleton's levels is never opened into it, and the sequential remover detaches it.
 #[test]
 fn a_large_runtime_with_mounts_in_its_top_levels_is_removed_on_several_threads() {
-    if !private_mounts!() {
-        return;
-    }
-    let base = tempfile::tempdir().unwrap();
-    let outside = Outside::new(base.path());
-    let host = base.path().join("host");
-    let attempt = Uuid::new_v4();
-    let runtime = create_ephemeral_runtime(&host, attempt).unwrap();
+    private_mounts!();
+    let (outside, host, attempt, runtime) = runtime_beside_host_data();
     for d in 0..40 {
         let dir = runtime.join(format!("externals/m{d}"));
         fs::create_dir_all(dir.join("lib")).unwrap();
@@ -245,14 +270,7 @@ fn a_large_runtime_with_mounts_in_its_top_levels_is_removed_on_several_threads()
         fs::create_dir_all(runtime.join(at)).unwrap();
         bind(&outside.dir(), &runtime.join(at));
     }
-    let journalled = runtime.to_str().unwrap().to_owned();
-    let removed = remove_ephemeral_runtime(&host, attempt, &journalled);
-    assert!(
-        matches!(removed, Ok(EphemeralRemoval::Removed { .. })),
-        "{removed:?}"
-    );
-    assert!(!runtime.exists());
-    assert_eq!(mounts_under(&host), Vec::<PathBuf>::new());
+    assert_removed(&host, attempt, &runtime);
     outside.intact();
 }
 
@@ -260,17 +278,12 @@ fn a_large_runtime_with_mounts_in_its_top_levels_is_removed_on_several_threads()
 /// `tmp/<dir>`.
 #[test]
 fn a_bind_mount_in_a_slot_entry_is_detached_and_the_scrub_is_clean() {
-    if !private_mounts!() {
-        return;
-    }
-    let base = tempfile::tempdir().unwrap();
-    let outside = Outside::new(base.path());
-    let slots = base.path().join("slots");
+    private_mounts!();
+    let (outside, slots) = Outside::beside("slots");
     let slot = prepare_slot(&slots, OWNER.namespace, OWNER.policy_uid, 1)
         .unwrap()
         .path;
-    fs::create_dir_all(slot.join("_work/repo")).unwrap();
-    fs::write(slot.join("_work/repo/checkout.txt"), b"kept").unwrap();
+    write_file(&slot, "_work/repo/checkout.txt", b"kept");
     fs::create_dir_all(slot.join("tmp/mounted")).unwrap();
     bind(&outside.dir(), &slot.join("tmp/mounted"));
     let placement = WorkspacePlacement::slot(1, slot.to_str().unwrap()).unwrap();
@@ -287,12 +300,8 @@ fn a_bind_mount_in_a_slot_entry_is_detached_and_the_scrub_is_clean() {
 /// Issue 29 case 1, the staging sweep at agent start.
 #[test]
 fn a_bind_mount_in_a_staging_entry_is_detached_by_the_sweep() {
-    if !private_mounts!() {
-        return;
-    }
-    let base = tempfile::tempdir().unwrap();
-    let outside = Outside::new(base.path());
-    let packages = base.path().join("host/packages");
+    private_mounts!();
+    let (outside, packages) = Outside::beside("host/packages");
     let entry = packages.join(".staging/0123abcd/bin");
     fs::create_dir_all(&entry).unwrap();
     bind(&outside.dir(), &entry);
@@ -322,9 +331,7 @@ const OTHER_SHA: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb
 /// the agent's on top and left both; the removal then failed busy on every try, forever.
 #[test]
 fn a_mount_stacked_on_an_overlay_runtime_is_detached_and_the_runtime_removed() {
-    if !private_mounts!() {
-        return;
-    }
+    private_mounts!();
     let base = tempfile::tempdir().unwrap();
     let host = base.path().join("host");
     let lower = package_tree(&host.join("packages"), SHA);
@@ -335,14 +342,7 @@ fn a_mount_stacked_on_an_overlay_runtime_is_detached_and_the_runtime_removed() {
     fs::write(runtime.join("written-by-the-job"), b"upper").unwrap();
     tmpfs(&runtime);
     fs::write(runtime.join("on-the-tmpfs"), b"x").unwrap();
-    let journalled = runtime.to_str().unwrap().to_owned();
-    let removed = remove_ephemeral_runtime(&host, attempt, &journalled);
-    assert!(
-        matches!(removed, Ok(EphemeralRemoval::Removed { .. })),
-        "{removed:?}"
-    );
-    assert!(!runtime.exists());
-    assert_eq!(mounts_under(&host), Vec::<PathBuf>::new());
+    assert_removed(&host, attempt, &runtime);
     assert_eq!(snapshot(&lower), lower_before, "the package untouched");
     // The orphan sweep's entry point finds nothing left.
     let short = runtime.file_name().unwrap().to_str().unwrap().to_owned();
@@ -356,9 +356,7 @@ fn a_mount_stacked_on_an_overlay_runtime_is_detached_and_the_runtime_removed() {
 /// overlay whose lower is `packages/<sha>`; the prune removed that tree from under it.
 #[test]
 fn a_prune_after_a_restart_keeps_the_lower_of_a_running_overlay() {
-    if !private_mounts!() {
-        return;
-    }
+    private_mounts!();
     let base = tempfile::tempdir().unwrap();
     let host = base.path().join("host");
     let packages = host.join("packages");
@@ -394,12 +392,10 @@ fn a_prune_after_a_restart_keeps_the_lower_of_a_running_overlay() {
 /// start probed again.
 #[test]
 fn a_probe_left_by_a_crash_is_swept_and_a_recorded_success_is_not_probed_again() {
-    if !private_mounts!() {
-        return;
-    }
+    private_mounts!();
     let base = tempfile::tempdir().unwrap();
     let runners = base.path().join("runners");
-    let left = runners.join(".overlay-probe-0123456789abcdef");
+    let left = base.path().join("runners/.overlay-probe-0123456789abcdef");
     fs::create_dir_all(left.join("lower")).unwrap();
     fs::write(left.join("lower/probe"), b"lower").unwrap();
     fs::create_dir(left.join("rt")).unwrap();
@@ -449,9 +445,7 @@ const ENV_LOCKED: &str = "RM_TEST_LOCKED_MOUNT";
 /// with its closed reason and its mount point; once it can go, the next pass finishes.
 #[test]
 fn a_mount_that_cannot_be_detached_stops_the_removal_naming_it() {
-    if !private_mounts!() {
-        return;
-    }
+    private_mounts!();
     if let Ok(locked) = std::env::var(ENV_LOCKED) {
         // In the user namespace: the mount below is locked.
         let (host, attempt) = locked.split_once('\n').unwrap();
@@ -472,11 +466,7 @@ fn a_mount_that_cannot_be_detached_stops_the_removal_naming_it() {
         }
         return;
     }
-    let base = tempfile::tempdir().unwrap();
-    let outside = Outside::new(base.path());
-    let host = base.path().join("host");
-    let attempt = Uuid::new_v4();
-    let runtime = create_ephemeral_runtime(&host, attempt).unwrap();
+    let (outside, host, attempt, runtime) = runtime_beside_host_data();
     fs::create_dir_all(runtime.join("_work/cache")).unwrap();
     fs::write(runtime.join("_work/log"), b"x").unwrap();
     bind(&outside.dir(), &runtime.join("_work/cache"));
@@ -507,12 +497,7 @@ fn a_mount_that_cannot_be_detached_stops_the_removal_naming_it() {
     outside.intact();
     assert_eq!(mounts_under(&host), [runtime.join("_work/cache")]);
     // Where the mount can go, it does.
-    let journalled = runtime.to_str().unwrap().to_owned();
-    let removed = remove_ephemeral_runtime(&host, attempt, &journalled);
-    assert!(
-        matches!(removed, Ok(EphemeralRemoval::Removed { .. })),
-        "{removed:?}"
-    );
+    assert_removal_succeeds(&host, attempt, &runtime);
     outside.intact();
 }
 
@@ -659,11 +644,10 @@ fn plant_tree(top: &Path, plants: &[(u8, Plant)], outside: &Outside) -> Vec<Immu
 /// either way; once the immutable flags are cleared the next pass finishes, and no mount is
 /// left.
 fn one_tree(plants: &[(u8, Plant)], slot: bool) {
-    let base = tempfile::tempdir().unwrap();
-    let outside = Outside::new(base.path());
+    let outside = Outside::new();
     let frozen = !plants.iter().any(|(_, p)| matches!(p, Plant::Immutable));
     if slot {
-        let slots = base.path().join("slots");
+        let slots = outside.base().join("slots");
         let path = prepare_slot(&slots, OWNER.namespace, OWNER.policy_uid, 1)
             .unwrap()
             .path;
@@ -685,7 +669,7 @@ fn one_tree(plants: &[(u8, Plant)], slot: bool) {
             .collect();
         assert_eq!(names, ["_work"]);
     } else {
-        let host = base.path().join("host");
+        let host = outside.base().join("host");
         let attempt = Uuid::new_v4();
         let runtime = create_ephemeral_runtime(&host, attempt).unwrap();
         let journalled = runtime.to_str().unwrap().to_owned();
@@ -722,7 +706,7 @@ fn one_tree(plants: &[(u8, Plant)], slot: bool) {
         assert!(!runtime.exists());
     }
     outside.intact();
-    assert_eq!(mounts_under(base.path()), Vec::<PathBuf>::new());
+    assert_eq!(mounts_under(outside.base()), Vec::<PathBuf>::new());
 }
 
 /// The property of issue 29: for random trees with mounts, links, FIFOs and immutable files at
@@ -732,9 +716,7 @@ fn one_tree(plants: &[(u8, Plant)], slot: bool) {
 #[test]
 fn no_removal_of_a_random_tree_changes_a_byte_outside_it() {
     use proptest::test_runner::{Config, TestRng, TestRunner};
-    if !private_mounts!() {
-        return;
-    }
+    private_mounts!();
     let config = Config {
         cases: 16,
         failure_persistence: None,

@@ -64,12 +64,12 @@ pub fn emitted_field_names(source: &str) -> Vec<FieldUse> {
     found
 }
 
-/// The text up to the `)` closing the macro's `(`, strings and nesting respected.
-fn balanced(s: &str) -> Option<&str> {
-    let mut depth = 0usize;
-    let mut in_str = false;
-    let mut escaped = false;
-    for (i, c) in s.char_indices() {
+/// The characters of `s` with their byte offsets, less what string literals hold: a literal's
+/// opening quote is yielded, its contents (escapes respected) and closing quote are not. What
+/// both scans below walk, so a bracket or comma in a message never counts.
+fn outside_strings(s: &str) -> impl Iterator<Item = (usize, char)> + '_ {
+    let (mut in_str, mut escaped) = (false, false);
+    s.char_indices().filter(move |&(_, c)| {
         if in_str {
             match (escaped, c) {
                 (true, _) => escaped = false,
@@ -77,10 +77,18 @@ fn balanced(s: &str) -> Option<&str> {
                 (false, '"') => in_str = false,
                 _ => {}
             }
-            continue;
+            return false;
         }
+        in_str = c == '"';
+        true
+    })
+}
+
+/// The text up to the `)` closing the macro's `(`, strings and nesting respected.
+fn balanced(s: &str) -> Option<&str> {
+    let mut depth = 0usize;
+    for (i, c) in outside_strings(s) {
         match c {
-            '"' => in_str = true,
             '(' | '[' | '{' => depth += 1,
             ')' | ']' | '}' if depth == 0 => return Some(&s[..i]),
             ')' | ']' | '}' => depth -= 1,
@@ -93,19 +101,9 @@ fn balanced(s: &str) -> Option<&str> {
 /// Top-level comma-separated arguments.
 fn split_top(s: &str) -> Vec<&str> {
     let mut out = Vec::new();
-    let (mut depth, mut in_str, mut escaped, mut last) = (0usize, false, false, 0);
-    for (i, c) in s.char_indices() {
-        if in_str {
-            match (escaped, c) {
-                (true, _) => escaped = false,
-                (false, '\\') => escaped = true,
-                (false, '"') => in_str = false,
-                _ => {}
-            }
-            continue;
-        }
+    let (mut depth, mut last) = (0usize, 0);
+    for (i, c) in outside_strings(s) {
         match c {
-            '"' => in_str = true,
             '(' | '[' | '{' | '<' => depth += 1,
             ')' | ']' | '}' | '>' => depth = depth.saturating_sub(1),
             ',' if depth == 0 => {

@@ -171,20 +171,20 @@ pub async fn get_job(State(fake): Fake, Path(id): Path<u64>) -> Result<Json<Valu
     })))
 }
 
+/// An admin list: one JSON row of each of `items`.
+fn rows<T>(items: impl Iterator<Item = T>, row: impl Fn(T) -> Value) -> Json<Value> {
+    Json(Value::Array(items.map(row).collect()))
+}
+
 /// `GET /_admin/runners`: every registration, in every scope.
 pub async fn list_runners(State(fake): Fake) -> Json<Value> {
     let world = fake.world();
-    let list: Vec<Value> = world
-        .runners
-        .values()
-        .map(|r| {
-            json!({
-                "id": r.id, "name": r.name, "scope": r.scope.path(),
-                "status": r.status().as_str(), "busy": r.busy(), "jit_used": r.jit_used,
-            })
+    rows(world.runners.values(), |r| {
+        json!({
+            "id": r.id, "name": r.name, "scope": r.scope.path(),
+            "status": r.status().as_str(), "busy": r.busy(), "jit_used": r.jit_used,
         })
-        .collect();
-    Json(json!(list))
+    })
 }
 
 /// `GET /_admin/jits`: every encoded JIT config this simulated GitHub minted, in order. Only the
@@ -207,17 +207,12 @@ pub async fn issued_jits(State(fake): Fake) -> Json<Value> {
 /// deregistered.
 pub async fn mints(State(fake): Fake) -> Json<Value> {
     let world = fake.world();
-    let list: Vec<Value> = world
-        .mints
-        .iter()
-        .map(|m| {
-            json!({
-                "id": m.id, "name": m.name, "scope": m.scope, "at": m.at,
-                "sessions": m.sessions, "registered": world.runners.contains_key(&m.id),
-            })
+    rows(world.mints.iter(), |m| {
+        json!({
+            "id": m.id, "name": m.name, "scope": m.scope, "at": m.at,
+            "sessions": m.sessions, "registered": world.runners.contains_key(&m.id),
         })
-        .collect();
-    Json(json!(list))
+    })
 }
 
 /// `POST /_admin/faults`.
@@ -291,21 +286,16 @@ pub async fn set_controls(State(fake): Fake, Json(b): Json<WebhookControls>) -> 
 /// `GET /_admin/deliveries`.
 pub async fn deliveries(State(fake): Fake) -> Json<Value> {
     let world = fake.world();
-    let list: Vec<Value> = world
-        .deliveries
-        .iter()
-        .map(|d| {
-            json!({
-                "guid": d.guid, "hook_id": d.hook_id, "event": "workflow_job",
-                "action": d.action, "job_id": d.job_id, "dropped": d.dropped,
-                "attempts": d.attempts,
-                // What a captured delivery carries, for replay tests (its signature is the
-                // HMAC of exactly these bytes).
-                "body": String::from_utf8_lossy(&d.body),
-            })
+    rows(world.deliveries.iter(), |d| {
+        json!({
+            "guid": d.guid, "hook_id": d.hook_id, "event": "workflow_job",
+            "action": d.action, "job_id": d.job_id, "dropped": d.dropped,
+            "attempts": d.attempts,
+            // What a captured delivery carries, for replay tests (its signature is the
+            // HMAC of exactly these bytes).
+            "body": String::from_utf8_lossy(&d.body),
         })
-        .collect();
-    Json(json!(list))
+    })
 }
 
 /// `POST /_admin/deliveries/{guid}/redeliver`.
@@ -415,32 +405,37 @@ pub async fn scale_sets(State(fake): Fake) -> Json<Value> {
 }
 
 pub fn router() -> axum::Router<Arc<FakeGithub>> {
-    use axum::routing::{get, post, put};
-    axum::Router::new()
-        .route("/_admin/app", post(register_app))
-        .route("/_admin/installations", post(add_installation))
-        .route("/_admin/pats", post(add_pat))
-        .route("/_admin/runner-groups", post(add_group))
-        .route("/_admin/jobs", post(queue_job))
-        .route("/_admin/repos", post(add_repos))
-        .route("/_admin/scale-sets", get(scale_sets))
-        .route("/_admin/scale-sets/settings", put(set_scale_set_settings))
-        .route(
-            "/_admin/enterprises/{enterprise}/organizations",
-            put(set_enterprise_orgs),
-        )
-        .route("/_admin/jobs/{id}", get(get_job))
-        .route("/_admin/runners", get(list_runners))
-        .route("/_admin/jits", get(issued_jits))
-        .route("/_admin/mints", get(mints))
-        .route("/_admin/faults", post(add_fault).delete(clear_faults))
-        .route("/_admin/counters", get(counters).delete(reset_counters))
-        .route("/_admin/rate-limits", post(set_rate_limit))
-        .route("/_admin/webhooks", post(add_hook))
-        .route("/_admin/webhooks/controls", put(set_controls))
-        .route("/_admin/deliveries", get(deliveries))
-        .route("/_admin/deliveries/{guid}/redeliver", post(redeliver))
-        .route("/_admin/minimum-runner-version", put(set_minimum_version))
-        .route("/_admin/package", get(package))
-        .route("/_admin/downloads", post(add_download))
+    use axum::routing::{MethodRouter, get, post, put};
+    // One row a route: the path and what answers it.
+    #[rustfmt::skip]
+    let routes: [(&str, MethodRouter<Arc<FakeGithub>>); 23] = [
+        ("/_admin/app", post(register_app)),
+        ("/_admin/installations", post(add_installation)),
+        ("/_admin/pats", post(add_pat)),
+        ("/_admin/runner-groups", post(add_group)),
+        ("/_admin/jobs", post(queue_job)),
+        ("/_admin/repos", post(add_repos)),
+        ("/_admin/scale-sets", get(scale_sets)),
+        ("/_admin/scale-sets/settings", put(set_scale_set_settings)),
+        ("/_admin/enterprises/{enterprise}/organizations", put(set_enterprise_orgs)),
+        ("/_admin/jobs/{id}", get(get_job)),
+        ("/_admin/runners", get(list_runners)),
+        ("/_admin/jits", get(issued_jits)),
+        ("/_admin/mints", get(mints)),
+        ("/_admin/faults", post(add_fault).delete(clear_faults)),
+        ("/_admin/counters", get(counters).delete(reset_counters)),
+        ("/_admin/rate-limits", post(set_rate_limit)),
+        ("/_admin/webhooks", post(add_hook)),
+        ("/_admin/webhooks/controls", put(set_controls)),
+        ("/_admin/deliveries", get(deliveries)),
+        ("/_admin/deliveries/{guid}/redeliver", post(redeliver)),
+        ("/_admin/minimum-runner-version", put(set_minimum_version)),
+        ("/_admin/package", get(package)),
+        ("/_admin/downloads", post(add_download)),
+    ];
+    routes
+        .into_iter()
+        .fold(axum::Router::new(), |r, (path, method)| {
+            r.route(path, method)
+        })
 }

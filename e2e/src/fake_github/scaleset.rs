@@ -34,7 +34,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use secrecy::ExposeSecret;
@@ -59,6 +60,41 @@ fn actions_error(status: StatusCode, type_key: &str, message: &str) -> Response 
         })),
     )
         .into_response()
+}
+
+/// Who calls, as every handler here reads it first: the fake and the request's headers.
+#[derive(Debug)]
+pub struct Caller {
+    fake: Arc<FakeGithub>,
+    headers: HeaderMap,
+}
+
+impl FromRequestParts<Arc<FakeGithub>> for Caller {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        fake: &Arc<FakeGithub>,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Self {
+            fake: Arc::clone(fake),
+            headers: parts.headers.clone(),
+        })
+    }
+}
+
+/// No set of that id (in the caller's scope).
+fn set_not_found() -> Response {
+    actions_error(
+        StatusCode::NOT_FOUND,
+        "RunnerScaleSetNotFoundException",
+        "No runner scale set with this id.",
+    )
+}
+
+/// A set as the Actions service answers with it: with its statistics.
+fn set_answer(fake: &FakeGithub, set: &ScaleSet) -> Response {
+    Json(set_json(&fake.base_url, set, gather(fake, set.id, false).0)).into_response()
 }
 
 fn unauthorized() -> Response {
@@ -233,11 +269,8 @@ pub struct RegistrationBody {
 }
 
 /// `POST /actions/runner-registration`.
-pub async fn runner_registration(
-    State(fake): State<Arc<FakeGithub>>,
-    headers: HeaderMap,
-    Json(b): Json<RegistrationBody>,
-) -> Response {
+pub async fn runner_registration(c: Caller, Json(b): Json<RegistrationBody>) -> Response {
+    let Caller { fake, headers } = c;
     let presented = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
@@ -294,14 +327,10 @@ pub struct SetQuery {
 }
 
 /// `GET _apis/runtime/runnerscalesets?runnerGroupId=&name=`.
-pub async fn list_sets(
-    State(fake): State<Arc<FakeGithub>>,
-    headers: HeaderMap,
-    Query(q): Query<SetQuery>,
-) -> Response {
-    let scope = match fake.admin_scope(&headers) {
-        Ok(s) => s,
-        Err(()) => return unauthorized(),
+pub async fn list_sets(c: Caller, Query(q): Query<SetQuery>) -> Response {
+    let Caller { fake, headers } = c;
+    let Ok(scope) = fake.admin_scope(&headers) else {
+        return unauthorized();
     };
     let found: Vec<ScaleSet> = fake
         .world()
@@ -321,14 +350,10 @@ pub async fn list_sets(
 }
 
 /// `POST _apis/runtime/runnerscalesets`.
-pub async fn create_set(
-    State(fake): State<Arc<FakeGithub>>,
-    headers: HeaderMap,
-    Json(b): Json<Value>,
-) -> Response {
-    let scope = match fake.admin_scope(&headers) {
-        Ok(s) => s,
-        Err(()) => return unauthorized(),
+pub async fn create_set(c: Caller, Json(b): Json<Value>) -> Response {
+    let Caller { fake, headers } = c;
+    let Ok(scope) = fake.admin_scope(&headers) else {
+        return unauthorized();
     };
     let name = b["name"].as_str().unwrap_or_default().to_owned();
     let group_id = b["runnerGroupId"].as_u64().unwrap_or(1);
@@ -375,25 +400,18 @@ pub async fn create_set(
     };
     world.scale_sets.sets.insert(id, set.clone());
     drop(world);
-    Json(set_json(&fake.base_url, &set, gather(&fake, id, false).0)).into_response()
+    set_answer(&fake, &set)
 }
 
 /// `DELETE _apis/runtime/runnerscalesets/{id}`.
-pub async fn delete_set(
-    State(fake): State<Arc<FakeGithub>>,
-    headers: HeaderMap,
-    Path(id): Path<u64>,
-) -> Response {
+pub async fn delete_set(c: Caller, Path(id): Path<u64>) -> Response {
+    let Caller { fake, headers } = c;
     if fake.admin_scope(&headers).is_err() {
         return unauthorized();
     }
     let mut world = fake.world();
     let Some(set) = world.scale_sets.sets.remove(&id) else {
-        return actions_error(
-            StatusCode::NOT_FOUND,
-            "RunnerScaleSetNotFoundException",
-            "No runner scale set with this id.",
-        );
+        return set_not_found();
     };
     world.scale_sets.sessions.retain(|_, s| s.set != id);
     // The set's runners are unregistered with it.
@@ -404,14 +422,10 @@ pub async fn delete_set(
 }
 
 /// `GET _apis/runtime/runnerscalesets/{id}`: the set with its statistics.
-pub async fn get_set(
-    State(fake): State<Arc<FakeGithub>>,
-    headers: HeaderMap,
-    Path(id): Path<u64>,
-) -> Response {
-    let scope = match fake.admin_scope(&headers) {
-        Ok(s) => s,
-        Err(()) => return unauthorized(),
+pub async fn get_set(c: Caller, Path(id): Path<u64>) -> Response {
+    let Caller { fake, headers } = c;
+    let Ok(scope) = fake.admin_scope(&headers) else {
+        return unauthorized();
     };
     let Some(set) = fake
         .world()
@@ -421,26 +435,17 @@ pub async fn get_set(
         .filter(|s| s.scope == scope)
         .cloned()
     else {
-        return actions_error(
-            StatusCode::NOT_FOUND,
-            "RunnerScaleSetNotFoundException",
-            "No runner scale set with this id.",
-        );
+        return set_not_found();
     };
-    Json(set_json(&fake.base_url, &set, gather(&fake, id, false).0)).into_response()
+    set_answer(&fake, &set)
 }
 
 /// `PATCH _apis/runtime/runnerscalesets/{id}` (`UpdateRunnerScaleSet`): new name, runner group
 /// or labels; the set keeps its id, runners and queue.
-pub async fn update_set(
-    State(fake): State<Arc<FakeGithub>>,
-    headers: HeaderMap,
-    Path(id): Path<u64>,
-    Json(b): Json<Value>,
-) -> Response {
-    let scope = match fake.admin_scope(&headers) {
-        Ok(s) => s,
-        Err(()) => return unauthorized(),
+pub async fn update_set(c: Caller, Path(id): Path<u64>, Json(b): Json<Value>) -> Response {
+    let Caller { fake, headers } = c;
+    let Ok(scope) = fake.admin_scope(&headers) else {
+        return unauthorized();
     };
     let set = {
         let mut world = fake.world();
@@ -450,11 +455,7 @@ pub async fn update_set(
             .get_mut(&id)
             .filter(|s| s.scope == scope)
         else {
-            return actions_error(
-                StatusCode::NOT_FOUND,
-                "RunnerScaleSetNotFoundException",
-                "No runner scale set with this id.",
-            );
+            return set_not_found();
         };
         if let Some(n) = b["name"].as_str().filter(|n| !n.is_empty()) {
             set.name = n.to_owned();
@@ -474,26 +475,19 @@ pub async fn update_set(
         set.clone()
     };
     fake.bump_public();
-    Json(set_json(&fake.base_url, &set, gather(&fake, id, false).0)).into_response()
+    set_answer(&fake, &set)
 }
 
 /// `GET _apis/runtime/runnerscalesets/{id}/acquirablejobs` (admin token): the jobs the set
 /// takes that no set acquired yet; 204 when none.
-pub async fn acquirable_jobs(
-    State(fake): State<Arc<FakeGithub>>,
-    headers: HeaderMap,
-    Path(id): Path<u64>,
-) -> Response {
+pub async fn acquirable_jobs(c: Caller, Path(id): Path<u64>) -> Response {
+    let Caller { fake, headers } = c;
     if fake.admin_scope(&headers).is_err() {
         return unauthorized();
     }
     let world = fake.world();
     let Some(set) = world.scale_sets.sets.get(&id) else {
-        return actions_error(
-            StatusCode::NOT_FOUND,
-            "RunnerScaleSetNotFoundException",
-            "No runner scale set with this id.",
-        );
+        return set_not_found();
     };
     let value: Vec<Value> = world
         .jobs
@@ -532,12 +526,8 @@ fn session_json(fake: &FakeGithub, id: &str, s: &Session, token: &str) -> Value 
 }
 
 /// `POST _apis/runtime/runnerscalesets/{id}/sessions`: 409 while another session is live.
-pub async fn create_session(
-    State(fake): State<Arc<FakeGithub>>,
-    headers: HeaderMap,
-    Path(set): Path<u64>,
-    Json(b): Json<Value>,
-) -> Response {
+pub async fn create_session(c: Caller, Path(set): Path<u64>, Json(b): Json<Value>) -> Response {
+    let Caller { fake, headers } = c;
     if fake.admin_scope(&headers).is_err() {
         return unauthorized();
     }
@@ -547,11 +537,7 @@ pub async fn create_session(
         let mut world = fake.world();
         let w = &mut world.scale_sets;
         if !w.sets.contains_key(&set) {
-            return actions_error(
-                StatusCode::NOT_FOUND,
-                "RunnerScaleSetNotFoundException",
-                "No runner scale set with this id.",
-            );
+            return set_not_found();
         }
         let idle = w.settings.session_idle_secs;
         w.sessions.retain(|_, s| now - s.last_seen < idle);
@@ -579,11 +565,11 @@ pub async fn create_session(
 
 /// `PATCH|DELETE _apis/runtime/runnerscalesets/{id}/sessions/{session}`.
 pub async fn session(
-    State(fake): State<Arc<FakeGithub>>,
+    c: Caller,
     method: axum::http::Method,
-    headers: HeaderMap,
     Path((set, id)): Path<(u64, String)>,
 ) -> Response {
+    let Caller { fake, headers } = c;
     if fake.admin_scope(&headers).is_err() {
         return unauthorized();
     }
@@ -620,11 +606,11 @@ pub struct MessageQuery {
 /// `GET <messageQueueUrl>?lastMessageId=`: the set's next message, waiting up to `long_poll_ms`
 /// (then 202).
 pub async fn get_message(
-    State(fake): State<Arc<FakeGithub>>,
-    headers: HeaderMap,
+    c: Caller,
     Path(session): Path<String>,
     Query(q): Query<MessageQuery>,
 ) -> Response {
+    let Caller { fake, headers } = c;
     let id = match fake.queue_session(&headers) {
         Ok(id) if id == session => id,
         Ok(_) | Err(_) => return unauthorized(),
@@ -685,11 +671,8 @@ pub async fn get_message(
 }
 
 /// `DELETE <messageQueueUrl>/{messageId}`.
-pub async fn delete_message(
-    State(fake): State<Arc<FakeGithub>>,
-    headers: HeaderMap,
-    Path((session, message)): Path<(String, u64)>,
-) -> Response {
+pub async fn delete_message(c: Caller, Path((session, message)): Path<(String, u64)>) -> Response {
+    let Caller { fake, headers } = c;
     let id = match fake.queue_session(&headers) {
         Ok(id) if id == session => id,
         _ => return unauthorized(),
@@ -706,12 +689,8 @@ pub async fn delete_message(
 
 /// `POST _apis/runtime/runnerscalesets/{id}/acquirejobs` (message-queue token): the jobs of the
 /// list still available to this set are acquired by it, once.
-pub async fn acquire_jobs(
-    State(fake): State<Arc<FakeGithub>>,
-    headers: HeaderMap,
-    Path(set): Path<u64>,
-    Json(ids): Json<Vec<u64>>,
-) -> Response {
+pub async fn acquire_jobs(c: Caller, Path(set): Path<u64>, Json(ids): Json<Vec<u64>>) -> Response {
+    let Caller { fake, headers } = c;
     let id = match fake.queue_session(&headers) {
         Ok(id) => id,
         Err(()) => return unauthorized(),
@@ -744,22 +723,13 @@ pub async fn acquire_jobs(
 
 /// `POST _apis/runtime/runnerscalesets/{id}/generatejitconfig`: a runner of the set, with its
 /// labels, in its runner group.
-pub async fn generate_jit(
-    State(fake): State<Arc<FakeGithub>>,
-    headers: HeaderMap,
-    Path(set): Path<u64>,
-    Json(b): Json<Value>,
-) -> Response {
-    let scope = match fake.admin_scope(&headers) {
-        Ok(s) => s,
-        Err(()) => return unauthorized(),
+pub async fn generate_jit(c: Caller, Path(set): Path<u64>, Json(b): Json<Value>) -> Response {
+    let Caller { fake, headers } = c;
+    let Ok(scope) = fake.admin_scope(&headers) else {
+        return unauthorized();
     };
     let Some(st) = fake.world().scale_sets.sets.get(&set).cloned() else {
-        return actions_error(
-            StatusCode::NOT_FOUND,
-            "RunnerScaleSetNotFoundException",
-            "No runner scale set with this id.",
-        );
+        return set_not_found();
     };
     let req = JitRequest {
         name: b["name"].as_str().map(str::to_owned),

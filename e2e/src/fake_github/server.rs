@@ -10,7 +10,7 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{MethodRouter, delete, get, post};
 use futures_util::StreamExt;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -51,52 +51,32 @@ fn api_routes() -> Router<Arc<FakeGithub>> {
                 get(runners::downloads),
             );
     }
-    r.route("/orgs/{org}/actions/runner-groups", get(runners::groups))
-        .route(
-            "/enterprises/{enterprise}/actions/runner-groups",
-            get(runners::groups),
-        )
-        .route(
-            "/repos/{owner}/{repo}/actions/runs",
-            get(actions::list_runs),
-        )
-        .route(
-            "/repos/{owner}/{repo}/actions/runs/{run_id}/jobs",
-            get(actions::list_run_jobs),
-        )
-        .route(
-            "/repos/{owner}/{repo}/actions/jobs/{job_id}",
-            get(actions::get_job),
-        )
-        .route(
-            "/repos/{owner}/{repo}/actions/runs/{run_id}",
-            get(actions::get_run),
-        )
-        .route("/orgs/{org}/repos", get(actions::list_org_repos))
-        .merge(super::scaleset::routes())
-        .route("/graphql", post(actions::graphql))
-        .route("/repos/{owner}/{repo}/installation", get(app::installation))
-        .route("/orgs/{org}/installation", get(app::installation))
-        .route(
-            "/app/installations/{installation_id}/access_tokens",
-            post(app::access_tokens),
-        )
-        .route("/rate_limit", get(app::rate_limit))
-        .route(
-            "/repos/{owner}/{repo}/releases/latest",
-            get(releases::latest),
-        )
-        .route("/_downloads/{file}", get(releases::download))
-        .route("/_runner/sessions", post(runner_protocol::open_session))
-        .route(
-            "/_runner/sessions/{session}",
-            delete(runner_protocol::close_session),
-        )
-        .route("/_runner/jobs/next", get(runner_protocol::next_job))
-        .route(
-            "/_runner/jobs/{job_id}/complete",
-            post(runner_protocol::complete),
-        )
+    // One row a route: the path and what answers it.
+    #[rustfmt::skip]
+    let routes: [(&str, MethodRouter<Arc<FakeGithub>>); 18] = [
+        ("/orgs/{org}/actions/runner-groups", get(runners::groups)),
+        ("/enterprises/{enterprise}/actions/runner-groups", get(runners::groups)),
+        ("/repos/{owner}/{repo}/actions/runs", get(actions::list_runs)),
+        ("/repos/{owner}/{repo}/actions/runs/{run_id}/jobs", get(actions::list_run_jobs)),
+        ("/repos/{owner}/{repo}/actions/jobs/{job_id}", get(actions::get_job)),
+        ("/repos/{owner}/{repo}/actions/runs/{run_id}", get(actions::get_run)),
+        ("/orgs/{org}/repos", get(actions::list_org_repos)),
+        ("/graphql", post(actions::graphql)),
+        ("/repos/{owner}/{repo}/installation", get(app::installation)),
+        ("/orgs/{org}/installation", get(app::installation)),
+        ("/app/installations/{installation_id}/access_tokens", post(app::access_tokens)),
+        ("/rate_limit", get(app::rate_limit)),
+        ("/repos/{owner}/{repo}/releases/latest", get(releases::latest)),
+        ("/_downloads/{file}", get(releases::download)),
+        ("/_runner/sessions", post(runner_protocol::open_session)),
+        ("/_runner/sessions/{session}", delete(runner_protocol::close_session)),
+        ("/_runner/jobs/next", get(runner_protocol::next_job)),
+        ("/_runner/jobs/{job_id}/complete", post(runner_protocol::complete)),
+    ];
+    for (path, method) in routes {
+        r = r.route(path, method);
+    }
+    r.merge(super::scaleset::routes())
 }
 
 /// The whole application.

@@ -29,7 +29,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 
-use super::cluster::ClusterError;
+use super::cluster::{ClusterError, created};
 use super::node::{AGENT_SA, token_bound_to};
 
 /// The label scoping a test's webhook configuration to its namespaces.
@@ -225,46 +225,29 @@ async fn grant_agent_rbac_from(
         kind: kind.into(),
         name: name.clone(),
     };
-    let pp = PostParams::default();
-    Api::<ClusterRole>::all(kube.clone())
-        .create(
-            &pp,
-            &ClusterRole {
-                metadata: meta(None),
-                rules: Some(chart_rules(path, "ClusterRole", "-system-node-agent")?),
-                ..ClusterRole::default()
-            },
-        )
-        .await?;
-    Api::<ClusterRoleBinding>::all(kube.clone())
-        .create(
-            &pp,
-            &ClusterRoleBinding {
-                metadata: meta(None),
-                role_ref: role_ref("ClusterRole"),
-                subjects: Some(vec![subject.clone()]),
-            },
-        )
-        .await?;
-    Api::<Role>::namespaced(kube.clone(), system)
-        .create(
-            &pp,
-            &Role {
-                metadata: meta(Some(system)),
-                rules: Some(chart_rules(path, "Role", "runner-manager-node-agent")?),
-            },
-        )
-        .await?;
-    Api::<RoleBinding>::namespaced(kube.clone(), system)
-        .create(
-            &pp,
-            &RoleBinding {
-                metadata: meta(Some(system)),
-                role_ref: role_ref("Role"),
-                subjects: Some(vec![subject]),
-            },
-        )
-        .await?;
+    let cluster_role = ClusterRole {
+        metadata: meta(None),
+        rules: Some(chart_rules(path, "ClusterRole", "-system-node-agent")?),
+        ..ClusterRole::default()
+    };
+    created(Api::all(kube.clone()), &cluster_role).await?;
+    let cluster_binding = ClusterRoleBinding {
+        metadata: meta(None),
+        role_ref: role_ref("ClusterRole"),
+        subjects: Some(vec![subject.clone()]),
+    };
+    created(Api::all(kube.clone()), &cluster_binding).await?;
+    let role = Role {
+        metadata: meta(Some(system)),
+        rules: Some(chart_rules(path, "Role", "runner-manager-node-agent")?),
+    };
+    created(Api::namespaced(kube.clone(), system), &role).await?;
+    let binding = RoleBinding {
+        metadata: meta(Some(system)),
+        role_ref: role_ref("Role"),
+        subjects: Some(vec![subject]),
+    };
+    created(Api::namespaced(kube.clone(), system), &binding).await?;
     Ok(())
 }
 

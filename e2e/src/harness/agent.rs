@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use runner_manager_crds::attempt::{RunnerAttempt, RunnerAttemptStatus};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use runner_manager_crds::attempt::{AttemptJournal, RunnerAttempt, RunnerAttemptStatus};
 use runner_manager_crds::lease::AgentAdvert;
 use runner_manager_crds::names::{agent_lease_name, runner_name};
 use runner_manager_crds::outcome::Outcome;
@@ -357,6 +358,91 @@ impl AgentWorld {
         })
         .await
         .map_err(|e| e.to_string())
+    }
+
+    /// Waits until the attempt `name` is in `state` or later; `what` names the wait.
+    pub async fn wait_from(&self, name: &str, state: AttemptState, what: &str) -> RunnerAttempt {
+        self.wait_for(name, what, |s| s.journal.state() >= state)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The agent at the tests' usual capacity (4) and settings, once it has recovered.
+    pub async fn serving(&self) -> Running {
+        self.serving_with(&[]).await
+    }
+
+    /// [`Self::serving`] with `extra` settings besides.
+    pub async fn serving_with(&self, extra: &[(&str, &str)]) -> Running {
+        self.recovered(self.agent(4, extra)).await
+    }
+
+    /// A new `Pending` attempt ([`Self::pending_attempt`]) and its name.
+    pub async fn pending_named(&self) -> (RunnerAttempt, String) {
+        let a = self
+            .pending_attempt()
+            .await
+            .unwrap_or_else(|e| panic!("a pending attempt: {e}"));
+        let n = name(&a);
+        (a, n)
+    }
+
+    /// [`Self::serving`], then one attempt of it ([`Self::pending_named`]).
+    pub async fn serving_one(&self) -> (Running, RunnerAttempt, String) {
+        let agent = self.serving().await;
+        let (a, n) = self.pending_named().await;
+        (agent, a, n)
+    }
+
+    /// [`Self::serving_one`], its runner started and brought online ([`Self::started_to_idle`]):
+    /// the agent, the attempt, its name and the attempt once `Idle`.
+    pub async fn serving_idle(&self) -> (Running, RunnerAttempt, String, RunnerAttempt) {
+        let (agent, a, n) = self.serving_one().await;
+        let idle = self.started_to_idle(&a).await;
+        (agent, a, n, idle)
+    }
+
+    /// The attempt `a` once its runner started, brought online ([`Self::bring_to_idle`]): the
+    /// attempt once `Idle`.
+    pub async fn started_to_idle(&self, a: &RunnerAttempt) -> RunnerAttempt {
+        let n = name(a);
+        self.wait_state(&n, AttemptState::Starting)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.bring_to_idle(a).await
+    }
+
+    /// The journal of the attempt `name` as it is now, which must be in `state`.
+    pub async fn journal_in(&self, name: &str, state: AttemptState) -> AttemptJournal {
+        let now = self
+            .attempts()
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let journal = super::attempt::journal_of(&now).clone();
+        assert_eq!(journal.state(), state);
+        journal
+    }
+
+    /// Waits until the attempt `name` has an Event of `reason` (a failed read is tried again).
+    pub async fn wait_event(&self, name: &str, reason: &str) {
+        let events = Api::<Event>::namespaced(self.kube.clone(), &self.team);
+        wait::until(
+            STEP,
+            &format!("a {reason} event on the attempt"),
+            || async {
+                let list = events.list(&ListParams::default()).await.ok()?;
+                list.items
+                    .into_iter()
+                    .any(|e| {
+                        e.reason.as_deref() == Some(reason)
+                            && e.involved_object.name.as_deref() == Some(name)
+                    })
+                    .then_some(())
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// The agent's Lease advert, once the Lease exists.

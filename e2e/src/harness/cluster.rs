@@ -51,6 +51,14 @@ pub async fn install_crds(client: &Client) -> Result<(), ClusterError> {
 }
 
 /// A new namespace named after the test, unique per run.
+/// `object` created through `api` (the test's own objects: RBAC, service accounts).
+pub async fn created<K>(api: Api<K>, object: &K) -> Result<K, kube::Error>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.create(&PostParams::default(), object).await
+}
+
 pub async fn fresh_namespace(client: &Client, prefix: &str) -> Result<String, ClusterError> {
     let name = format!(
         "{prefix}-{}",

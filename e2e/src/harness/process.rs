@@ -5,6 +5,9 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use super::wait;
 
 /// The host the simulated GitHub serves on (http).
 pub const LOOPBACK: &str = "127.0.0.1";
@@ -111,6 +114,21 @@ impl Running {
         } else {
             Err(std::io::Error::other("kill -TERM failed"))
         }
+    }
+
+    /// Waits (at most `within`) for the process to exit, by itself or on a signal already sent;
+    /// `what` names the wait in the error.
+    pub async fn exited(
+        &mut self,
+        within: Duration,
+        what: &str,
+    ) -> Result<std::process::ExitStatus, wait::TimedOut> {
+        let child = &mut self.child;
+        wait::until(within, what, || {
+            let status = child.try_wait().ok().flatten();
+            async move { status }
+        })
+        .await
     }
 }
 

@@ -450,15 +450,18 @@ impl Product {
     pub async fn queue_jobs(&self, n: usize, duration_ms: u64) -> Result<Vec<u64>, String> {
         let mut jobs = Vec::with_capacity(n);
         for _ in 0..n {
-            jobs.push(
-                self.queue_job(
-                    &["self-hosted", "linux"],
-                    json!({"duration_ms": duration_ms}),
-                )
-                .await?,
-            );
+            jobs.push(self.queue_linux_job(duration_ms).await?);
         }
         Ok(jobs)
+    }
+
+    /// A `self-hosted`, `linux` job of `duration_ms` ([`queue_job`](Self::queue_job)).
+    pub async fn queue_linux_job(&self, duration_ms: u64) -> Result<u64, String> {
+        self.queue_job(
+            &["self-hosted", "linux"],
+            json!({"duration_ms": duration_ms}),
+        )
+        .await
     }
 
     /// Queue a `self-hosted`, `linux` job that takes `duration_ms` and wait until it is
@@ -613,6 +616,17 @@ impl Product {
 
     /// The team's attempts once `check` holds for the whole list (panics after `deadline`,
     /// saying `what` and naming the logs).
+    /// Waits (at most `deadline`) until an attempt is in `s`; `what` names the wait. That
+    /// attempt.
+    pub async fn one_in(&self, s: AttemptState, what: &str, deadline: Duration) -> RunnerAttempt {
+        let list = self
+            .wait_attempts(what, deadline, |list| list.iter().any(|a| state(a) == s))
+            .await;
+        list.into_iter()
+            .find(|a| state(a) == s)
+            .unwrap_or_else(|| panic!("{what}: gone"))
+    }
+
     pub async fn wait_attempts(
         &self,
         what: &str,

@@ -45,6 +45,11 @@ impl DiagLog {
     }
 
     /// Writes one line. Callers pass fixed messages and non-secret values only.
+    /// An `INFO` line.
+    pub fn info(&mut self, message: &str) {
+        self.line("INFO", message);
+    }
+
     pub fn line(&mut self, level: &str, message: &str) {
         // A log that cannot be written must not stop the runner; the real one carries on too.
         let _ = writeln!(

@@ -74,10 +74,9 @@ pub async fn main(args: &[String]) -> i32 {
             return EXIT_FAILED;
         }
     };
-    log.line(
-        "INFO",
-        &format!("Runner.Listener (stand-in) version {STANDIN_VERSION} starting"),
-    );
+    log.info(&format!(
+        "Runner.Listener (stand-in) version {STANDIN_VERSION} starting"
+    ));
     let Some(raw) = std::env::var_os(JIT_ENV) else {
         log.line("ERROR", "no JIT configuration in the environment");
         eprintln!("Runner is not configured: {JIT_ENV} is not set");
@@ -97,13 +96,10 @@ pub async fn main(args: &[String]) -> i32 {
         log.line("ERROR", &format!("cannot write settings: {e}"));
         return EXIT_FAILED;
     }
-    log.line(
-        "INFO",
-        &format!(
-            "runner {} (id {}) connecting",
-            settings.runner.agent_name, settings.runner.agent_id
-        ),
-    );
+    log.info(&format!(
+        "runner {} (id {}) connecting",
+        settings.runner.agent_name, settings.runner.agent_id
+    ));
     let mut client = RunnerClient::new(&settings.runner.server_url);
     if let Err(e) = client.connect(&settings, STANDIN_VERSION).await {
         log.line("ERROR", &format!("session refused: {e}"));
@@ -121,7 +117,7 @@ pub async fn main(args: &[String]) -> i32 {
     println!("√ Connected to GitHub");
     println!("Current runner version: '{STANDIN_VERSION}'");
     say("Listening for Jobs");
-    log.line("INFO", "listening for jobs");
+    log.info("listening for jobs");
     let job = loop {
         match client.next_job(POLL_SECS).await {
             Ok(Some(job)) => break job,
@@ -134,11 +130,11 @@ pub async fn main(args: &[String]) -> i32 {
         }
     };
     say(&format!("Running job: {}", job.name));
-    log.line("INFO", &format!("job {} acquired", job.job_id));
+    log.info(&format!("job {} acquired", job.job_id));
     let conclusion = match run_worker(&root, &job).await {
         Ok(0) => Conclusion::Success,
         Ok(code) => {
-            log.line("INFO", &format!("worker exited {code}"));
+            log.info(&format!("worker exited {code}"));
             Conclusion::Failure
         }
         Err(e) => {
@@ -157,10 +153,11 @@ pub async fn main(args: &[String]) -> i32 {
         Conclusion::Cancelled => "Canceled",
     };
     say(&format!("Job {} completed with result: {result}", job.name));
-    log.line(
-        "INFO",
-        &format!("job {} completed: {}", job.job_id, conclusion.as_str()),
-    );
+    log.info(&format!(
+        "job {} completed: {}",
+        job.job_id,
+        conclusion.as_str()
+    ));
     client.disconnect().await;
     job.behaviour.listener_exit_code.unwrap_or(0)
 }

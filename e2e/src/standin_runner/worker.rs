@@ -80,7 +80,7 @@ fn act(root: &Path, b: &JobBehaviour, log: &mut DiagLog) -> std::io::Result<()> 
                 f.content
             )));
         }
-        log.line("INFO", &format!("cache {} as expected", path.display()));
+        log.info(&format!("cache {} as expected", path.display()));
     }
     for f in &b.write_cache {
         let path = cache_path(f)?;
@@ -88,16 +88,13 @@ fn act(root: &Path, b: &JobBehaviour, log: &mut DiagLog) -> std::io::Result<()> 
             std::fs::create_dir_all(parent)?;
         }
         std::fs::write(&path, f.content.as_deref().unwrap_or_default())?;
-        log.line("INFO", &format!("wrote cache {}", path.display()));
+        log.info(&format!("wrote cache {}", path.display()));
     }
     for f in &b.write_files {
         let path = inside(&work, &f.path)
             .ok_or_else(|| std::io::Error::other("write_files paths must stay under _work"))?;
         write_file(&path, f.bytes)?;
-        log.line(
-            "INFO",
-            &format!("wrote {} bytes to _work/{}", f.bytes, f.path),
-        );
+        log.info(&format!("wrote {} bytes to _work/{}", f.bytes, f.path));
     }
     if b.fifo_in_tmp {
         let tmp = temp_dir(&work);
@@ -107,11 +104,11 @@ fn act(root: &Path, b: &JobBehaviour, log: &mut DiagLog) -> std::io::Result<()> 
         if !status.success() {
             return Err(std::io::Error::other("mkfifo failed"));
         }
-        log.line("INFO", &format!("left a FIFO at {}", fifo.display()));
+        log.info(&format!("left a FIFO at {}", fifo.display()));
     }
     if let Some(depth) = b.deep_tree_depth {
         build_deep_tree(&work.join("deep"), depth)?;
-        log.line("INFO", &format!("left a tree {depth} directories deep"));
+        log.info(&format!("left a tree {depth} directories deep"));
     }
     if let Some(entries) = b.wide_tree_entries {
         let wide = work.join("wide");
@@ -119,7 +116,7 @@ fn act(root: &Path, b: &JobBehaviour, log: &mut DiagLog) -> std::io::Result<()> 
         for i in 0..entries {
             std::fs::File::create(wide.join(format!("f{i}")))?;
         }
-        log.line("INFO", &format!("left {entries} files in one directory"));
+        log.info(&format!("left {entries} files in one directory"));
     }
     if let Some(secs) = b.orphan_child_secs {
         let child = std::process::Command::new("sleep")
@@ -133,7 +130,7 @@ fn act(root: &Path, b: &JobBehaviour, log: &mut DiagLog) -> std::io::Result<()> 
             root.join("_diag").join("orphan.pid"),
             child.id().to_string(),
         )?;
-        log.line("INFO", &format!("spawned orphan pid {}", child.id()));
+        log.info(&format!("spawned orphan pid {}", child.id()));
     }
     for (i, step) in b.steps.iter().enumerate() {
         let out = std::process::Command::new("bash")
@@ -147,7 +144,7 @@ fn act(root: &Path, b: &JobBehaviour, log: &mut DiagLog) -> std::io::Result<()> 
             .lines()
             .chain(String::from_utf8_lossy(&out.stderr).lines())
         {
-            log.line("INFO", &format!("step {i}: {line}"));
+            log.info(&format!("step {i}: {line}"));
         }
         if !out.status.success() {
             return Err(std::io::Error::other(format!(
@@ -155,7 +152,7 @@ fn act(root: &Path, b: &JobBehaviour, log: &mut DiagLog) -> std::io::Result<()> 
                 out.status
             )));
         }
-        log.line("INFO", &format!("step {i} passed"));
+        log.info(&format!("step {i} passed"));
     }
     // Written, not only reserved: untouched pages would never count against the cgroup.
     let mut held: Vec<Vec<u8>> = Vec::new();
@@ -163,7 +160,7 @@ fn act(root: &Path, b: &JobBehaviour, log: &mut DiagLog) -> std::io::Result<()> 
         for _ in 0..mib {
             held.push(vec![0x5a; 1 << 20]);
         }
-        log.line("INFO", &format!("holding {mib} MiB"));
+        log.info(&format!("holding {mib} MiB"));
     }
     match &b.busy {
         Some(load) => busy(&work, load, Duration::from_millis(b.duration_ms), log)?,
@@ -174,10 +171,7 @@ fn act(root: &Path, b: &JobBehaviour, log: &mut DiagLog) -> std::io::Result<()> 
     if let Some(target) = &b.symlink_work_to {
         std::fs::remove_dir_all(&work)?;
         std::os::unix::fs::symlink(target, &work)?;
-        log.line(
-            "INFO",
-            &format!("replaced _work with a symlink to {target}"),
-        );
+        log.info(&format!("replaced _work with a symlink to {target}"));
     }
     Ok(())
 }
@@ -236,13 +230,10 @@ fn busy(
             }
         }));
     }
-    log.line(
-        "INFO",
-        &format!(
-            "busy: {} threads, {} MiB/s to disk",
-            load.threads, load.write_mib_per_sec
-        ),
-    );
+    log.info(&format!(
+        "busy: {} threads, {} MiB/s to disk",
+        load.threads, load.write_mib_per_sec
+    ));
     let end = std::time::Instant::now() + duration;
     let until = load.until_file.as_deref().map(Path::new);
     while std::time::Instant::now() < end && !until.is_some_and(Path::exists) {
@@ -279,7 +270,7 @@ fn job_started_hook(job: &AcquiredJob, log: &mut DiagLog) -> Result<(), String> 
         .lines()
         .chain(String::from_utf8_lossy(&out.stderr).lines())
     {
-        log.line("INFO", &format!("hook: {line}"));
+        log.info(&format!("hook: {line}"));
     }
     if out.status.success() {
         Ok(())
@@ -316,13 +307,10 @@ pub fn main(args: &[String]) -> i32 {
             return EXIT_FAILED;
         }
     };
-    log.line(
-        "INFO",
-        &format!(
-            "job {} ({}) of {} starting",
-            job.job_id, job.name, job.repository
-        ),
-    );
+    log.info(&format!(
+        "job {} ({}) of {} starting",
+        job.job_id, job.name, job.repository
+    ));
     if let Err(refusal) = job_started_hook(&job, &mut log) {
         log.line("ERROR", &refusal);
         return HOOK_FAILED;
@@ -331,12 +319,9 @@ pub fn main(args: &[String]) -> i32 {
         log.line("ERROR", &format!("job step failed: {e}"));
         return EXIT_FAILED;
     }
-    log.line(
-        "INFO",
-        &format!(
-            "job {} finished, exit {}",
-            job.job_id, job.behaviour.worker_exit_code
-        ),
-    );
+    log.info(&format!(
+        "job {} finished, exit {}",
+        job.job_id, job.behaviour.worker_exit_code
+    ));
     job.behaviour.worker_exit_code
 }

@@ -34,6 +34,127 @@ async fn stop_idle(w: &AgentWorld, a: &RunnerAttempt, reason: &str) {
     w.deregister(a).await.unwrap();
 }
 
+/// The operator's part once a launch is lost or refused: it deletes the registration `done`
+/// left; then everything [`assert_settled`] asserts of `a`.
+async fn deregistered_and_settled(
+    w: &AgentWorld,
+    done: &RunnerAttempt,
+    a: &RunnerAttempt,
+    attempts_in_world: u64,
+) {
+    w.deregister(done).await.unwrap();
+    assert_settled(w, a, attempts_in_world).await;
+}
+
+/// A failed start's end: one JIT asked once and no handoff left ([`one_jit_asked_once_and_no_handoff`]),
+/// then the lost JIT's registration deleted and `a` settled ([`deregistered_and_settled`]).
+async fn lost_jit_deregistered_and_settled(
+    w: &AgentWorld,
+    done: &RunnerAttempt,
+    a: &RunnerAttempt,
+) {
+    one_jit_asked_once_and_no_handoff(w).await;
+    deregistered_and_settled(w, done, a, 1).await;
+}
+
+/// One JIT in the world, asked once, and no handoff file left.
+async fn one_jit_asked_once_and_no_handoff(w: &AgentWorld) {
+    assert!(w.handoff_files().is_empty(), "{:?}", w.handoff_files());
+    let (second_sessions, mints) = w.second_sessions_and_mints().await.unwrap();
+    assert_eq!((second_sessions, mints), (0, 1), "one JIT, asked once");
+}
+
+/// An idle runner whose attempt's spec is then edited (its labels): the agent, the attempt and
+/// its name.
+async fn idle_with_a_changed_spec(w: &AgentWorld) -> (Running, RunnerAttempt, String) {
+    use kube::api::{Patch, PatchParams};
+    let (agent, a, n) = w.serving_one().await;
+    w.started_to_idle(&a).await;
+    w.attempts()
+        .patch(
+            &n,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"snapshot": {"labels": ["self-hosted", "linux", "gpu"]}}})),
+        )
+        .await
+        .unwrap();
+    (agent, a, n)
+}
+
+/// The attempt `name` is still `Pending` (`why`: what admitting it would have been), and one JIT
+/// was minted in all.
+async fn still_pending_with_one_mint(w: &AgentWorld, name: &str, why: &str) {
+    let still = w.attempts().get(name).await.unwrap();
+    assert_eq!(
+        still
+            .status
+            .as_ref()
+            .map_or(AttemptState::Pending, |s| s.journal.state()),
+        AttemptState::Pending,
+        "{why}"
+    );
+    assert_eq!(w.second_sessions_and_mints().await.unwrap().1, 1);
+}
+
+/// A new attempt whose registration deadline is 3 s, once its runner started: the attempt, its
+/// name, and the attempt at `Starting`.
+async fn started_with_a_short_registration(
+    w: &AgentWorld,
+) -> (RunnerAttempt, String, RunnerAttempt) {
+    use runner_manager_crds::duration::ManifestDuration;
+    let a = w
+        .pending_attempt_with(|s| s.timeouts.registration = ManifestDuration::from_secs(3))
+        .await
+        .unwrap();
+    let n = name(&a);
+    let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    (a, n, started)
+}
+
+/// `agent` has logged a line containing `text`.
+fn assert_logged(agent: &Running, text: &str) {
+    assert!(
+        agent.lines().iter().any(|l| l.contains(text)),
+        "{:?}",
+        agent.lines()
+    );
+}
+
+/// A new attempt's runner brought to `Idle`: the attempt, the runner's pid, its runtime and its
+/// cgroup directory.
+async fn idle_runner(
+    w: &AgentWorld,
+) -> (RunnerAttempt, u32, std::path::PathBuf, std::path::PathBuf) {
+    let a = w.pending_attempt().await.unwrap();
+    let idle = w.bring_to_idle(&a).await;
+    let pid = pid_of(&idle);
+    let (runtime, cgroup) = (
+        runtime_path(&idle),
+        w.cgroup_dir().join(format!("rm-{}", short_of(&a))),
+    );
+    (a, pid, runtime, cgroup)
+}
+
+/// A new attempt on a persistent slot, at most `max_slots` slots on the node.
+async fn slot_attempt(w: &AgentWorld, max_slots: u32) -> RunnerAttempt {
+    use runner_manager_crds::policy::WorkspaceMode;
+    w.pending_attempt_with(|s| {
+        s.workspace = WorkspaceMode::Persistent;
+        s.max_slots = max_slots;
+    })
+    .await
+    .unwrap()
+}
+
+/// The names of the entries of `dir`.
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
 /// Everything the scenarios assert once an attempt is settled.
 async fn assert_settled(w: &AgentWorld, a: &RunnerAttempt, attempts_in_world: u64) {
     let done = w.wait_state(&name(a), AttemptState::Cleaned).await.unwrap();
@@ -69,15 +190,10 @@ async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
     let Some(w) = AgentWorld::start("a_runner_goes_from_pending_to_a_completed_job").await else {
         return;
     };
-    let agent = w.recovered(w.agent(4, &[])).await;
-    let a = w.pending_attempt().await.unwrap();
-    let n = name(&a);
+    let (agent, a, n) = w.serving_one().await;
     let started = w
-        .wait_for(&n, "Starting or later", |s| {
-            s.journal.state() >= AttemptState::Starting
-        })
-        .await
-        .unwrap();
+        .wait_from(&n, AttemptState::Starting, "Starting or later")
+        .await;
     let journal = journal_of(&started);
     let process = journal.process().unwrap().clone();
     assert!(journal.runner().is_some());
@@ -116,11 +232,8 @@ async fn a_runner_goes_from_pending_to_a_completed_job_and_is_cleaned() {
     // A second launch on the same node is warm: the package is cached.
     let b = w.pending_attempt().await.unwrap();
     let warm = w
-        .wait_for(&name(&b), "Starting or later", |s| {
-            s.journal.state() >= AttemptState::Starting
-        })
-        .await
-        .unwrap();
+        .wait_from(&name(&b), AttemptState::Starting, "Starting or later")
+        .await;
     assert!(
         !journal_of(&warm)
             .launch
@@ -148,8 +261,7 @@ async fn a_job_leaving_pathological_trees_is_cleaned_while_the_agent_serves_othe
     };
     let mut agent = w.agent_with_fd_limit(2, &[], 1024).unwrap();
     w.wait_recovered().await.unwrap();
-    let a = w.pending_attempt().await.unwrap();
-    let n = name(&a);
+    let (a, n) = w.pending_named().await;
     w.bring_to_idle(&a).await;
     let job = w
         .queue_job_with(serde_json::json!({"deep_tree_depth": 20_000, "wide_tree_entries": 20_000}))
@@ -228,11 +340,8 @@ async fn an_unremovable_ephemeral_runtime_backs_off_under_a_cleanup_deferred_con
     let Some(w) = AgentWorld::start("an_unremovable_ephemeral_runtime_backs_off").await else {
         return;
     };
-    let agent = w.recovered(w.agent(4, &[])).await;
-    let a = w.pending_attempt().await.unwrap();
-    let n = name(&a);
-    let idle = w.bring_to_idle(&a).await;
-    let runtime = runtime_path(&idle);
+    let (agent, a, n) = w.serving_one().await;
+    let runtime = runtime_path(&w.bring_to_idle(&a).await);
     let pinned = Pinned::set(runtime.join("pinned")).unwrap();
     stop_idle(&w, &a, "ScaleDown").await;
     let deferred = w
@@ -274,11 +383,7 @@ async fn an_idle_runner_is_terminated_in_order_and_exits_idle() {
     let Some(w) = AgentWorld::start("an_idle_runner_is_terminated_in_order").await else {
         return;
     };
-    let _agent = w.recovered(w.agent(4, &[])).await;
-    let a = w.pending_attempt().await.unwrap();
-    let n = name(&a);
-    w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let idle = w.bring_to_idle(&a).await;
+    let (_agent, a, n, idle) = w.serving_idle().await;
     let pid = pid_of(&idle);
     stop_idle(&w, &a, "IdleTimeout").await;
     let done = w.wait_concluded(&n, Outcome::ExitedIdleWithoutWork).await;
@@ -299,11 +404,8 @@ async fn admission_rejects_the_surplus_over_capacity() {
     let mut rejected = None;
     for a in [&first, &second] {
         let settled = w
-            .wait_for(&name(a), "admitted or rejected", |s| {
-                s.journal.state() >= AttemptState::Starting
-            })
-            .await
-            .unwrap();
+            .wait_from(&name(a), AttemptState::Starting, "admitted or rejected")
+            .await;
         match outcome(&settled) {
             Some(o) => rejected = Some((a.clone(), settled, o)),
             None => admitted = Some(a.clone()),
@@ -356,15 +458,11 @@ async fn a_second_agent_on_the_same_host_refuses_to_act() {
     let Some(w) = AgentWorld::start("a_second_agent_on_the_same_host_refuses").await else {
         return;
     };
-    let _first = w.recovered(w.agent(4, &[])).await;
+    let _first = w.serving().await;
     let mut second = w.agent(4, &[]).unwrap();
     let status = wait_exit(&mut second).await;
     assert_eq!(status.code(), Some(3), "{:?}", second.lines());
-    assert!(
-        second.lines().iter().any(|l| l.contains("refusing to act")),
-        "{:?}",
-        second.lines()
-    );
+    assert_logged(&second, "refusing to act");
     // The first one still serves.
     let a = w.pending_attempt().await.unwrap();
     w.wait_state(&name(&a), AttemptState::Starting)
@@ -380,12 +478,8 @@ async fn a_restarted_agent_readopts_its_live_runner() {
     let Some(w) = AgentWorld::start("a_restarted_agent_readopts").await else {
         return;
     };
-    let mut agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
-    let a = w.pending_attempt().await.unwrap();
-    let n = name(&a);
-    w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let idle = w.bring_to_idle(&a).await;
+    let (mut agent, a, n) = w.serving_one().await;
+    let idle = w.started_to_idle(&a).await;
     let process = journal_of(&idle).process().unwrap().clone();
 
     agent.terminate().unwrap();
@@ -393,10 +487,8 @@ async fn a_restarted_agent_readopts_its_live_runner() {
     assert!(status.success(), "{status:?}");
     assert!(pid_alive(process.pid), "the runner died with the agent");
 
-    let _again = w.recovered(w.agent(4, &[])).await;
-    let now = w.attempts().get(&n).await.unwrap();
-    let journal = journal_of(&now);
-    assert_eq!(journal.state(), AttemptState::Idle);
+    let _again = w.serving().await;
+    let journal = w.journal_in(&n, AttemptState::Idle).await;
     assert_eq!(
         journal.process(),
         Some(&process),
@@ -414,25 +506,24 @@ async fn a_restarted_agent_readopts_its_live_runner() {
 
 /// Kill the agent at `boundary`, restart it without the fault, let things settle (the test
 /// playing the operator), and check the invariants. Returns the final attempt.
-async fn crash_at(test: &str, boundary: &str, expected: Outcome) {
-    let Some(w) = AgentWorld::start(test).await else {
+async fn crash_at(boundary: &str, expected: Outcome) {
+    // The world is named for the boundary: `crash_after_allocated` for `after-allocated`.
+    let test = format!("crash_{}", boundary.replace('-', "_"));
+    let Some(w) = AgentWorld::start(&test).await else {
         return;
     };
     let mut agent = w.agent(4, &[("RM_AGENT_FAULT", boundary)]).unwrap();
     w.wait_recovered().await.unwrap();
-    let a = w.pending_attempt().await.unwrap();
-    let n = name(&a);
+    let (a, n) = w.pending_named().await;
     match boundary {
         // The request alone: the agent must see a live runner to write its intent. The
         // deregistration follows the crash.
         "after-termination-intent" => {
-            w.wait_state(&n, AttemptState::Starting).await.unwrap();
-            w.bring_to_idle(&a).await;
+            w.started_to_idle(&a).await;
             w.request_termination(&n, "IdleTimeout").await.unwrap();
         }
         "mid-cleanup" => {
-            w.wait_state(&n, AttemptState::Starting).await.unwrap();
-            w.bring_to_idle(&a).await;
+            w.started_to_idle(&a).await;
             stop_idle(&w, &a, "IdleTimeout").await;
         }
         _ => {}
@@ -472,7 +563,7 @@ async fn crash_at(test: &str, boundary: &str, expected: Outcome) {
         w.deregister(&a).await.unwrap();
     }
 
-    let _again = w.recovered(w.agent(4, &[])).await;
+    let _again = w.serving().await;
     // Settle as the operator would: a re-adopted runner is brought online and stopped; a lost
     // JIT's registration is deleted.
     let seen = w
@@ -499,64 +590,24 @@ async fn crash_at(test: &str, boundary: &str, expected: Outcome) {
     assert_settled(&w, &a, 1).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_after_allocated_concludes_preparation_interrupted() {
-    crash_at(
-        "crash_after_allocated",
-        "after-allocated",
-        Outcome::Failed(FailureReason::PreparationInterrupted),
-    )
-    .await;
+/// One test a fault boundary: [`crash_at`] the boundary, and the outcome the restarted agent
+/// must reach.
+macro_rules! crash_tests {
+    ($($test:ident: $boundary:literal => $expected:expr;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            crash_at($boundary, $expected).await;
+        }
+    )*};
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_after_materialize_concludes_preparation_interrupted() {
-    crash_at(
-        "crash_after_materialize",
-        "after-materialize",
-        Outcome::Failed(FailureReason::PreparationInterrupted),
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_between_the_jit_and_the_spawn_loses_the_jit() {
-    crash_at(
-        "crash_after_jit_before_spawn",
-        "after-jit-before-spawn",
-        Outcome::Failed(FailureReason::JitExpired),
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_between_the_spawn_and_starting_readopts_the_runner() {
-    crash_at(
-        "crash_after_spawn_before_starting",
-        "after-spawn-before-starting",
-        Outcome::ExitedIdleWithoutWork,
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_after_the_termination_intent_finishes_the_stop() {
-    crash_at(
-        "crash_after_termination_intent",
-        "after-termination-intent",
-        Outcome::ExitedIdleWithoutWork,
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_mid_cleanup_finishes_the_cleanup() {
-    crash_at(
-        "crash_mid_cleanup",
-        "mid-cleanup",
-        Outcome::ExitedIdleWithoutWork,
-    )
-    .await;
+crash_tests! {
+    a_crash_after_allocated_concludes_preparation_interrupted: "after-allocated" => Outcome::Failed(FailureReason::PreparationInterrupted);
+    a_crash_after_materialize_concludes_preparation_interrupted: "after-materialize" => Outcome::Failed(FailureReason::PreparationInterrupted);
+    a_crash_between_the_jit_and_the_spawn_loses_the_jit: "after-jit-before-spawn" => Outcome::Failed(FailureReason::JitExpired);
+    a_crash_between_the_spawn_and_starting_readopts_the_runner: "after-spawn-before-starting" => Outcome::ExitedIdleWithoutWork;
+    a_crash_after_the_termination_intent_finishes_the_stop: "after-termination-intent" => Outcome::ExitedIdleWithoutWork;
+    a_crash_mid_cleanup_finishes_the_cleanup: "mid-cleanup" => Outcome::ExitedIdleWithoutWork;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -572,17 +623,12 @@ async fn a_runner_version_github_refuses_exits_7_and_is_concluded_distinctly() {
         )
         .await
         .unwrap();
-    let _agent = w.recovered(w.agent(4, &[])).await;
+    let _agent = w.serving().await;
     let a = w.pending_attempt().await.unwrap();
-    let done = w
-        .wait_concluded(
-            &name(&a),
-            Outcome::Failed(FailureReason::RunnerVersionRejected),
-        )
-        .await;
+    let refused = Outcome::Failed(FailureReason::RunnerVersionRejected);
+    let done = w.wait_concluded(&name(&a), refused).await;
     // The operator deletes the registration GitHub refused to serve.
-    w.deregister(&done).await.unwrap();
-    assert_settled(&w, &a, 1).await;
+    deregistered_and_settled(&w, &done, &a, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -590,9 +636,7 @@ async fn a_runner_that_dies_before_registering_is_a_failure() {
     let Some(w) = AgentWorld::start("a_runner_that_dies_before_registering").await else {
         return;
     };
-    let _agent = w.recovered(w.agent(4, &[])).await;
-    let a = w.pending_attempt().await.unwrap();
-    let n = name(&a);
+    let (_agent, a, n) = w.serving_one().await;
     let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
     let process = journal_of(&started).process().unwrap().clone();
     // Its registration vanishes under it (no termination was asked): the listener exits.
@@ -613,9 +657,7 @@ async fn deleting_an_attempt_stops_its_runner_in_order_before_the_finalizer_goes
     let Some(w) = AgentWorld::start("deleting_an_attempt_stops_its_runner").await else {
         return;
     };
-    let agent = w.recovered(w.agent(4, &[])).await;
-    let a = w.pending_attempt().await.unwrap();
-    let n = name(&a);
+    let (agent, a, n) = w.serving_one().await;
     // The operator creates attempts with its cleanup finalizer.
     w.attempts()
         .patch(
@@ -625,8 +667,7 @@ async fn deleting_an_attempt_stops_its_runner_in_order_before_the_finalizer_goes
         )
         .await
         .unwrap();
-    w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let idle = w.bring_to_idle(&a).await;
+    let idle = w.started_to_idle(&a).await;
     let pid = pid_of(&idle);
     w.attempts()
         .delete(&n, &DeleteParams::default())
@@ -659,7 +700,6 @@ async fn deleting_an_attempt_stops_its_runner_in_order_before_the_finalizer_goes
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_identity_keeps_recovery_incomplete_and_says_why() {
-    use k8s_openapi::api::core::v1::Event;
     let Some(w) = AgentWorld::start("an_unreadable_identity_keeps_recovery_incomplete").await
     else {
         return;
@@ -668,8 +708,7 @@ async fn an_unreadable_identity_keeps_recovery_incomplete_and_says_why() {
         .agent(4, &[("RM_AGENT_FAULT", "after-spawn-before-starting")])
         .unwrap();
     w.wait_recovered().await.unwrap();
-    let a = w.pending_attempt().await.unwrap();
-    let n = name(&a);
+    let (a, n) = w.pending_named().await;
     assert!(!wait_exit(&mut agent).await.success());
     drop(agent);
     let jit_received = w.attempts().get(&n).await.unwrap();
@@ -691,43 +730,19 @@ async fn an_unreadable_identity_keeps_recovery_incomplete_and_says_why() {
         blocked.recovery_blocked,
         Some(runner_manager_crds::lease::RecoveryBlocked::IdentityUnreadable)
     );
-    let events = kube::Api::<Event>::namespaced(w.kube.clone(), &w.team);
-    wait::until(STEP, "a RecoveryBlocked event on the attempt", || async {
-        let list = events.list(&Default::default()).await.ok()?;
-        list.items
-            .into_iter()
-            .find(|e| {
-                e.reason.as_deref() == Some("RecoveryBlocked")
-                    && e.involved_object.name.as_deref() == Some(n.as_str())
-            })
-            .map(|_| ())
-    })
-    .await
-    .unwrap();
+    w.wait_event(&n, "RecoveryBlocked").await;
     // Nothing is admitted while blocked: the new attempt stays `Pending`, nothing is minted.
     let waiting = w.pending_attempt().await.unwrap();
     heartbeats(&w, 3).await;
-    let still = w.attempts().get(&name(&waiting)).await.unwrap();
-    assert_eq!(
-        still
-            .status
-            .as_ref()
-            .map_or(AttemptState::Pending, |s| s.journal.state()),
-        AttemptState::Pending,
-        "admitted while recovery was blocked"
-    );
-    assert_eq!(w.second_sessions_and_mints().await.unwrap().1, 1);
+    still_pending_with_one_mint(&w, &name(&waiting), "admitted while recovery was blocked").await;
 
     // A person restores the identity: the runner is re-adopted and recovery completes.
     std::fs::write(&identity_file, &original).unwrap();
     w.wait_recovered().await.unwrap();
     w.wait_state(&n, AttemptState::Starting).await.unwrap();
     for x in [&a, &waiting] {
-        w.wait_for(&name(x), "Starting", |s| {
-            s.journal.state() >= AttemptState::Starting
-        })
-        .await
-        .unwrap();
+        w.wait_from(&name(x), AttemptState::Starting, "Starting")
+            .await;
         w.bring_to_idle(x).await;
         stop_idle(&w, x, "ScaleDown").await;
     }
@@ -744,7 +759,7 @@ async fn a_persistent_slot_keeps_its_work_and_its_account_across_attempts() {
     let Some(w) = AgentWorld::start("a_persistent_slot_keeps_its_work").await else {
         return;
     };
-    let _agent = w.recovered(w.agent(4, &[])).await;
+    let _agent = w.serving().await;
     let mut uids = Vec::new();
     for round in 1..=2 {
         let a = w
@@ -752,12 +767,7 @@ async fn a_persistent_slot_keeps_its_work_and_its_account_across_attempts() {
             .await
             .unwrap();
         let n = name(&a);
-        let started = w
-            .wait_for(&n, "Starting", |s| {
-                s.journal.state() >= AttemptState::Starting
-            })
-            .await
-            .unwrap();
+        let started = w.wait_from(&n, AttemptState::Starting, "Starting").await;
         let placement = journal_of(&started).workspace().unwrap().clone();
         assert_eq!(
             placement.slot_number(),
@@ -775,11 +785,7 @@ async fn a_persistent_slot_keeps_its_work_and_its_account_across_attempts() {
         let done = w
             .wait_concluded_saying(&n, Outcome::CompletedJob, &format!("round {round}"))
             .await;
-        let left: Vec<String> = std::fs::read_dir(&slot)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
+        let left = names_in(&slot);
         assert!(
             left.iter().all(|e| e == "_work"),
             "round {round}: the scrub keeps only _work: {left:?}"
@@ -800,17 +806,11 @@ async fn a_persistent_slot_keeps_its_work_and_its_account_across_attempts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_never_listed_online_is_stopped_at_its_registration_deadline() {
-    use runner_manager_crds::duration::ManifestDuration;
     let Some(w) = AgentWorld::start("a_runner_never_listed_online").await else {
         return;
     };
-    let _agent = w.recovered(w.agent(4, &[])).await;
-    let a = w
-        .pending_attempt_with(|s| s.timeouts.registration = ManifestDuration::from_secs(3))
-        .await
-        .unwrap();
-    let n = name(&a);
-    let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    let _agent = w.serving().await;
+    let (a, n, started) = started_with_a_short_registration(&w).await;
     let pid = pid_of(&started);
     // The operator never reports it online: the agent's own deadline stops it, in order.
     let done = w
@@ -821,43 +821,16 @@ async fn a_runner_never_listed_online_is_stopped_at_its_registration_deadline() 
         .await;
     assert!(outcome(&done).unwrap().wants_replacement());
     assert!(!pid_alive(pid));
-    w.deregister(&done).await.unwrap();
-    assert_settled(&w, &a, 1).await;
+    deregistered_and_settled(&w, &done, &a, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_spec_is_refused_but_the_runner_is_still_stopped_and_cleaned() {
-    use k8s_openapi::api::core::v1::Event;
-    use kube::api::{Patch, PatchParams};
     let Some(w) = AgentWorld::start("a_changed_spec_is_refused").await else {
         return;
     };
-    let _agent = w.recovered(w.agent(4, &[])).await;
-    let a = w.pending_attempt().await.unwrap();
-    let n = name(&a);
-    w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    w.bring_to_idle(&a).await;
-    w.attempts()
-        .patch(
-            &n,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"snapshot": {"labels": ["self-hosted", "linux", "gpu"]}}})),
-        )
-        .await
-        .unwrap();
-    let events = kube::Api::<Event>::namespaced(w.kube.clone(), &w.team);
-    wait::until(STEP, "a SpecChanged event on the attempt", || async {
-        let list = events.list(&Default::default()).await.ok()?;
-        list.items
-            .into_iter()
-            .find(|e| {
-                e.reason.as_deref() == Some("SpecChanged")
-                    && e.involved_object.name.as_deref() == Some(n.as_str())
-            })
-            .map(|_| ())
-    })
-    .await
-    .unwrap();
+    let (_agent, a, n) = idle_with_a_changed_spec(&w).await;
+    w.wait_event(&n, "SpecChanged").await;
     stop_idle(&w, &a, "IdleTimeout").await;
     w.wait_concluded(&n, Outcome::ExitedIdleWithoutWork).await;
     assert_settled(&w, &a, 1).await;
@@ -869,23 +842,10 @@ async fn a_changed_spec_is_refused_but_the_runner_is_still_stopped_and_cleaned()
 /// reconcile retried forever and the attempt held its capacity and workspace).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_that_takes_a_job_under_a_changed_spec_still_concludes_and_cleans() {
-    use kube::api::{Patch, PatchParams};
     let Some(w) = AgentWorld::start("a_job_under_a_changed_spec").await else {
         return;
     };
-    let _agent = w.recovered(w.agent(4, &[])).await;
-    let a = w.pending_attempt().await.unwrap();
-    let n = name(&a);
-    w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    w.bring_to_idle(&a).await;
-    w.attempts()
-        .patch(
-            &n,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"snapshot": {"labels": ["self-hosted", "linux", "gpu"]}}})),
-        )
-        .await
-        .unwrap();
+    let (_agent, a, n) = idle_with_a_changed_spec(&w).await;
     wait::until(STEP, "a SpecChanged warning on the attempt", || async {
         warnings_on(&w, &n)
             .await
@@ -957,11 +917,10 @@ async fn an_idle_runner_deregistered_before_its_stop_request_is_not_lost() {
     else {
         return;
     };
-    let agent = w.recovered(w.agent(4, &[])).await;
+    let agent = w.serving().await;
     let mut settled = Vec::new();
     for requested in [true, false] {
-        let a = w.pending_attempt().await.unwrap();
-        let n = name(&a);
+        let (a, n) = w.pending_named().await;
         w.wait_state(&n, AttemptState::Starting).await.unwrap();
         let pid = pid_of(&w.bring_to_idle(&a).await);
         w.deregister(&a).await.unwrap();
@@ -1021,15 +980,14 @@ async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
     let Some(w) = AgentWorld::start("runner_deaths_are_concluded_only_on_a_witness").await else {
         return;
     };
-    let first = w.recovered(w.agent(4, &[])).await;
+    let first = w.serving().await;
     let idle_timeout = 6;
     let a = w
         .pending_attempt_with(|s| s.timeouts.idle = ManifestDuration::from_secs(idle_timeout))
         .await
         .unwrap();
     let n = name(&a);
-    w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let idle = w.bring_to_idle(&a).await;
+    let idle = w.started_to_idle(&a).await;
     // GitHub stops answering (the operator writes `unreachable`) and the agent restarts.
     w.set_github_status(&n, "unreachable", false, 2)
         .await
@@ -1055,16 +1013,7 @@ async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
         AttemptState::Idle,
         "concluded while GitHub was unreachable"
     );
-    let pending = w.attempts().get(&nb).await.unwrap();
-    assert_eq!(
-        pending
-            .status
-            .as_ref()
-            .map_or(AttemptState::Pending, |s| s.journal.state()),
-        AttemptState::Pending,
-        "admitted while recovery was incomplete"
-    );
-    assert_eq!(w.second_sessions_and_mints().await.unwrap().1, 1);
+    still_pending_with_one_mint(&w, &nb, "admitted while recovery was incomplete").await;
     // Past the idle timeout (measured from `Idle`), GitHub answers: not listed.
     let idle_since = journal_of(&idle)
         .timestamps()
@@ -1102,8 +1051,7 @@ async fn runner_deaths_are_concluded_only_on_a_witness_that_decides() {
     )
     .await;
     for x in [&a, &b] {
-        w.deregister(x).await.unwrap();
-        assert_settled(&w, x, 2).await;
+        deregistered_and_settled(&w, x, x, 2).await;
     }
 }
 
@@ -1118,12 +1066,11 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
     let Some(w) = AgentWorld::start("job_evidence_decides_short_jobs").await else {
         return;
     };
-    let _agent = w.recovered(w.agent(4, &[])).await;
+    let _agent = w.serving().await;
 
     // Row 38: the job is queued before the runner connects; the agent never sees it busy.
     let job = w.queue_job(100).await.unwrap();
-    let a = w.pending_attempt().await.unwrap();
-    let n = name(&a);
+    let (a, n) = w.pending_named().await;
     let done = w.wait_concluded(&n, Outcome::CompletedJob).await;
     assert_eq!(
         w.wait_assigned(job).await.unwrap(),
@@ -1192,8 +1139,7 @@ async fn job_evidence_decides_short_jobs_and_withdrawn_assignments() {
     )
     .await;
     for x in [&a, &b, &c, &d] {
-        w.deregister(x).await.unwrap();
-        assert_settled(&w, x, 4).await;
+        deregistered_and_settled(&w, x, x, 4).await;
     }
 }
 
@@ -1206,13 +1152,13 @@ async fn a_launch_that_fails_at_registration_still_reports_its_timings() {
     let Some(w) = AgentWorld::start("a_launch_that_fails_at_registration").await else {
         return;
     };
-    let agent = w.recovered(w.agent(4, &[])).await;
+    // GitHub will refuse the attempt's mint: set before the agent is there to ask.
     w.fake
         .fault(serde_json::json!({"endpoint": "generate_jitconfig", "count": 1, "status": 403}))
         .await
         .unwrap();
-    let a = w.pending_attempt().await.unwrap();
-    let n = name(&a);
+    let agent = w.serving().await;
+    let (_, n) = w.pending_named().await;
     let done = w
         .wait_concluded(&n, Outcome::Failed(FailureReason::JitRequestFailed))
         .await;
@@ -1241,17 +1187,12 @@ async fn a_launch_that_fails_at_registration_still_reports_its_timings() {
 /// `end_to_end.rs::a_runner_that_never_registers_is_stopped_and_its_job_runs_elsewhere`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_crash() {
-    use runner_manager_crds::duration::ManifestDuration;
     let Some(w) = AgentWorld::start("the_termination_intent_is_durable").await else {
         return;
     };
-    let agent = w.recovered(w.agent(4, &[])).await;
-    let a = w.pending_attempt().await.unwrap();
-    let n = name(&a);
-    w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let idle = w.bring_to_idle(&a).await;
-    let pid = pid_of(&idle);
+    let (agent, a, n, idle) = w.serving_idle().await;
     let intent = runtime_path(&idle).join(".terminate-intent");
+    let pid = pid_of(&idle);
     std::fs::create_dir(&intent).unwrap();
     // The request alone: a deregistration would end the runner by itself.
     w.request_termination(&n, "IdleTimeout").await.unwrap();
@@ -1268,8 +1209,7 @@ async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_cras
     std::fs::remove_dir(&intent).unwrap();
     w.wait_concluded(&n, Outcome::ExitedIdleWithoutWork).await;
     assert!(!pid_alive(pid));
-    w.deregister(&a).await.unwrap();
-    assert_settled(&w, &a, 1).await;
+    deregistered_and_settled(&w, &a, &a, 1).await;
     drop(agent);
 
     // Row 57: the registration deadline's intent, then a crash before any signal.
@@ -1277,12 +1217,7 @@ async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_cras
         .agent(4, &[("RM_AGENT_FAULT", "after-termination-intent")])
         .unwrap();
     w.wait_recovered().await.unwrap();
-    let b = w
-        .pending_attempt_with(|s| s.timeouts.registration = ManifestDuration::from_secs(3))
-        .await
-        .unwrap();
-    let nb = name(&b);
-    let started = w.wait_state(&nb, AttemptState::Starting).await.unwrap();
+    let (b, nb, started) = started_with_a_short_registration(&w).await;
     assert!(!wait_exit(&mut crashing).await.success());
     drop(crashing);
     let pid = pid_of(&started);
@@ -1295,8 +1230,7 @@ async fn the_termination_intent_is_durable_before_any_signal_and_outlives_a_cras
             Outcome::Failed(FailureReason::TerminatedAfterRegistrationTimeout),
         )
         .await;
-    w.deregister(&done).await.unwrap();
-    assert_settled(&w, &b, 2).await;
+    deregistered_and_settled(&w, &done, &b, 2).await;
 }
 
 /// The runner's environment (parity rows 70, 72): `runner.env` over the platform defaults, the
@@ -1310,7 +1244,7 @@ async fn the_runner_environment_is_layered_and_a_refused_one_stops_before_any_ef
     let Some(w) = AgentWorld::start("the_runner_environment_is_layered").await else {
         return;
     };
-    let agent = w.recovered(w.agent(4, &[])).await;
+    let agent = w.serving().await;
     let a = w
         .pending_attempt_with(|s| {
             s.env
@@ -1426,7 +1360,7 @@ async fn until_host(what: &str, check: impl Fn() -> bool) {
         async move { ok.then_some(()) }
     })
     .await
-    .unwrap();
+    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// The agent's default (`--materialize auto`) lays packages by overlay where the probe mount
@@ -1441,15 +1375,8 @@ async fn the_default_materializer_is_the_overlay_and_a_world_leaves_no_mount_beh
         return;
     };
     let scratch = w.scratch().to_path_buf();
-    let agent = w.recovered(w.agent(4, &[])).await;
-    assert!(
-        agent
-            .lines()
-            .iter()
-            .any(|l| l.contains("packages are laid into runtimes by overlay")),
-        "{:?}",
-        agent.lines()
-    );
+    let agent = w.serving().await;
+    assert_logged(&agent, "packages are laid into runtimes by overlay");
     let a = w.pending_attempt().await.unwrap();
     let runtime = runtime_path(&w.bring_to_idle(&a).await);
     assert_eq!(overlay::overlays_under(&scratch).unwrap(), vec![runtime]);
@@ -1474,9 +1401,7 @@ async fn an_abandoned_slot_attempt_s_overlay_is_unmounted_before_its_slot_is_rel
     let Some(w) = AgentWorld::start("abandoned_slot_overlay").await else {
         return;
     };
-    let _agent = w
-        .recovered(w.agent(4, &[("RM_MATERIALIZE", "overlay")]))
-        .await;
+    let _agent = w.serving_with(&[("RM_MATERIALIZE", "overlay")]).await;
     let a = w
         .pending_attempt_with(|s| s.workspace = WorkspaceMode::Persistent)
         .await
@@ -1516,21 +1441,14 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
     let Some(w) = AgentWorld::start("orphans_are_stopped_and_removed").await else {
         return;
     };
-    let mut agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let mut agent = w.serving().await;
     // A live attempt every sweep must leave alone.
     let keep = w.pending_attempt().await.unwrap();
     let kept = w.bring_to_idle(&keep).await;
     let keep_pid = pid_of(&kept);
 
     // Deleted while its runner lives.
-    let a = w.pending_attempt().await.unwrap();
-    let idle = w.bring_to_idle(&a).await;
-    let pid = pid_of(&idle);
-    let (runtime, cgroup) = (
-        runtime_path(&idle),
-        w.cgroup_dir().join(format!("rm-{}", short_of(&a))),
-    );
+    let (a, pid, runtime, cgroup) = idle_runner(&w).await;
     assert!(cgroup.is_dir() && runtime.is_dir());
     w.attempts()
         .delete(&name(&a), &DeleteParams::default())
@@ -1564,13 +1482,7 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
     assert_eq!(outcome(&b_now), outcome(&b_done));
 
     // Deleted while the agent is down.
-    let c = w.pending_attempt().await.unwrap();
-    let c_idle = w.bring_to_idle(&c).await;
-    let c_pid = pid_of(&c_idle);
-    let (c_runtime, c_cgroup) = (
-        runtime_path(&c_idle),
-        w.cgroup_dir().join(format!("rm-{}", short_of(&c))),
-    );
+    let (c, c_pid, c_runtime, c_cgroup) = idle_runner(&w).await;
     agent.terminate().unwrap();
     assert!(wait_exit(&mut agent).await.success());
     drop(agent);
@@ -1610,7 +1522,7 @@ async fn what_an_attempt_deleted_without_its_finalizer_leaves_is_stopped_and_rem
     let other_cgroup = w.cgroup_dir().join("other");
     std::fs::create_dir(&other_cgroup).unwrap();
 
-    let again = w.recovered(w.agent(4, &[])).await;
+    let again = w.serving().await;
     until_host("what the down agent's deleted attempt left removed", || {
         !pid_alive(c_pid)
             && !c_runtime.exists()
@@ -1673,10 +1585,7 @@ async fn blocked_removals_never_block_recovery_and_are_finished_once_unblocked()
     let Some(w) = AgentWorld::start("blocked_removals_never_block_recovery").await else {
         return;
     };
-    let mut agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
-    let a = w.pending_attempt().await.unwrap();
-    let n = name(&a);
+    let (mut agent, a, n) = w.serving_one().await;
     let a_runtime = runtime_path(&w.bring_to_idle(&a).await);
     let pin_a = Pinned::set(a_runtime.join("pinned")).unwrap();
     stop_idle(&w, &a, "ScaleDown").await;
@@ -1770,7 +1679,7 @@ async fn every_launch_prunes_obsolete_packages_and_a_failed_prune_only_warns() {
     std::fs::create_dir_all(packages.join(&stuck)).unwrap();
     let pin = Pinned::set(packages.join(&stuck).join("pinned")).unwrap();
 
-    let agent = w.recovered(w.agent(4, &[])).await;
+    let agent = w.serving().await;
     let prunes = || {
         agent
             .lines()
@@ -1779,11 +1688,8 @@ async fn every_launch_prunes_obsolete_packages_and_a_failed_prune_only_warns() {
             .count()
     };
     let a = w.pending_attempt().await.unwrap();
-    w.wait_for(&name(&a), "Starting or later", |s| {
-        s.journal.state() >= AttemptState::Starting
-    })
-    .await
-    .unwrap();
+    w.wait_from(&name(&a), AttemptState::Starting, "Starting or later")
+        .await;
     assert!(
         !packages.join(&old).exists() && !old_archive.exists(),
         "pruned"
@@ -1793,23 +1699,13 @@ async fn every_launch_prunes_obsolete_packages_and_a_failed_prune_only_warns() {
         packages.join(&w.package.sha256).is_dir(),
         "the launch's own version is kept"
     );
-    assert!(
-        agent
-            .lines()
-            .iter()
-            .any(|l| l.contains("package prune failed")),
-        "{:?}",
-        agent.lines()
-    );
+    assert_logged(&agent, "package prune failed");
     assert_eq!(prunes(), 1, "one prune per launch");
 
     drop(pin);
     let b = w.pending_attempt().await.unwrap();
-    w.wait_for(&name(&b), "Starting or later", |s| {
-        s.journal.state() >= AttemptState::Starting
-    })
-    .await
-    .unwrap();
+    w.wait_from(&name(&b), AttemptState::Starting, "Starting or later")
+        .await;
     assert!(!packages.join(&stuck).exists());
     assert!(
         packages.join(&w.package.sha256).is_dir(),
@@ -1836,8 +1732,7 @@ async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slo
     let Some(w) = AgentWorld::start("racing_slots_and_a_switch_back").await else {
         return;
     };
-    let mut agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let mut agent = w.serving().await;
     let (x, y) = tokio::join!(
         w.pending_attempt_with(|s| s.workspace = WorkspaceMode::Persistent),
         w.pending_attempt_with(|s| s.workspace = WorkspaceMode::Persistent),
@@ -1846,11 +1741,8 @@ async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slo
     let mut slots = Vec::new();
     for a in [&x, &y] {
         let started = w
-            .wait_for(&name(a), "Starting", |s| {
-                s.journal.state() >= AttemptState::Starting
-            })
-            .await
-            .unwrap();
+            .wait_from(&name(a), AttemptState::Starting, "Starting")
+            .await;
         slots.push(
             journal_of(&started)
                 .workspace()
@@ -1887,7 +1779,7 @@ async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slo
     agent.terminate().unwrap();
     assert!(wait_exit(&mut agent).await.success());
     drop(agent);
-    let _again = w.recovered(w.agent(4, &[])).await;
+    let _again = w.serving().await;
     let free = wait::until(STEP, "both cleaned slots advertised", || async {
         w.advert()
             .await
@@ -1901,11 +1793,8 @@ async fn racing_slots_a_restart_and_a_switch_back_to_ephemeral_leave_cleaned_slo
     // The policy switched back to ephemeral.
     let e = w.pending_attempt().await.unwrap();
     let started = w
-        .wait_for(&name(&e), "Starting", |s| {
-            s.journal.state() >= AttemptState::Starting
-        })
-        .await
-        .unwrap();
+        .wait_from(&name(&e), AttemptState::Starting, "Starting")
+        .await;
     let placement = journal_of(&started).workspace().unwrap().clone();
     assert_eq!(placement.kind(), WorkspaceMode::Ephemeral);
     assert_eq!(
@@ -1980,11 +1869,7 @@ async fn a_rolled_back_launch_keeps_a_slot_s_work_and_removes_an_ephemeral_runti
         .await;
         match mode {
             WorkspaceMode::Persistent => {
-                let left: Vec<String> = std::fs::read_dir(&runtime)
-                    .unwrap()
-                    .flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect();
+                let left = names_in(&runtime);
                 assert_eq!(left, vec!["_work".to_owned()], "only _work is kept");
                 assert!(runtime.join("_work").join("checkout").exists());
             }
@@ -2005,8 +1890,7 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
     let Some(w) = AgentWorld::start("a_partly_deleted_slot_stays_quarantined").await else {
         return;
     };
-    let mut agent = w.agent(4, &[]).unwrap();
-    w.wait_recovered().await.unwrap();
+    let mut agent = w.serving().await;
     let x = w
         .pending_attempt_with(|s| s.workspace = WorkspaceMode::Persistent)
         .await
@@ -2027,7 +1911,7 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
     agent.terminate().unwrap();
     assert!(wait_exit(&mut agent).await.success());
     drop(agent);
-    let again = w.recovered(w.agent(4, &[])).await;
+    let again = w.serving().await;
     let x_now = w.attempts().get(&name(&x)).await.unwrap();
     let state = journal_of(&x_now).state();
     assert!(
@@ -2041,13 +1925,7 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
     let s2 = s1.parent().unwrap().join("s2");
     std::fs::create_dir_all(s2.join("_work")).unwrap();
     std::fs::write(s2.join("_work").join("checkout"), b"from an earlier job").unwrap();
-    let y = w
-        .pending_attempt_with(|s| {
-            s.workspace = WorkspaceMode::Persistent;
-            s.max_slots = 1;
-        })
-        .await
-        .unwrap();
+    let y = slot_attempt(&w, 1).await;
     w.wait_concluded(&name(&y), Outcome::Rejected(RejectReason::NodeFull))
         .await;
     assert!(
@@ -2061,19 +1939,10 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
     assert!(s1.join("pinned").exists() && s2.join("_work").join("checkout").exists());
 
     // Raised again: the next launch gets s2, its retained work intact.
-    let z = w
-        .pending_attempt_with(|s| {
-            s.workspace = WorkspaceMode::Persistent;
-            s.max_slots = 2;
-        })
-        .await
-        .unwrap();
+    let z = slot_attempt(&w, 2).await;
     let started = w
-        .wait_for(&name(&z), "Starting", |s| {
-            s.journal.state() >= AttemptState::Starting
-        })
-        .await
-        .unwrap();
+        .wait_from(&name(&z), AttemptState::Starting, "Starting")
+        .await;
     assert_eq!(
         journal_of(&started).workspace().unwrap().slot_number(),
         Some(2)
@@ -2098,11 +1967,7 @@ async fn a_partly_deleted_slot_stays_quarantined_across_a_restart_and_the_ceilin
         format!("{:?}", condition(&done, "Quarantined").unwrap().reason),
         "Resolved"
     );
-    let left: Vec<String> = std::fs::read_dir(&s1)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
+    let left = names_in(&s1);
     assert!(left.iter().all(|e| e == "_work"), "{left:?}");
 }
 
@@ -2118,10 +1983,9 @@ async fn a_start_without_a_child_is_tried_three_times_and_leaves_no_handoff() {
     };
     let missing = w.host_root().join("no-such-entry-helper");
     let agent = w
-        .recovered(w.agent(4, &[("RM_ENTRY_HELPER", &missing.display().to_string())]))
+        .serving_with(&[("RM_ENTRY_HELPER", &missing.display().to_string())])
         .await;
-    let a = w.pending_attempt().await.unwrap();
-    let n = name(&a);
+    let (a, n) = w.pending_named().await;
     let done = w
         .wait_concluded(&n, Outcome::Failed(FailureReason::ProcessStartFailed))
         .await;
@@ -2139,12 +2003,8 @@ async fn a_start_without_a_child_is_tried_three_times_and_leaves_no_handoff() {
         "the tries were not 10 ms then 20 ms apart: {} ms",
         launch.spawn_ms
     );
-    assert!(w.handoff_files().is_empty(), "{:?}", w.handoff_files());
-    let (second_sessions, mints) = w.second_sessions_and_mints().await.unwrap();
-    assert_eq!((second_sessions, mints), (0, 1), "one JIT, asked once");
     // The operator deletes the registration the lost JIT left.
-    w.deregister(&done).await.unwrap();
-    assert_settled(&w, &a, 1).await;
+    lost_jit_deregistered_and_settled(&w, &done, &a).await;
 }
 
 /// A start that fails once its child existed is never tried again (parity row 52 in part): the
@@ -2156,11 +2016,8 @@ async fn a_start_that_failed_after_its_child_existed_is_never_retried() {
     let Some(w) = AgentWorld::start("a_start_that_failed_after_its_child_existed").await else {
         return;
     };
-    let agent = w
-        .recovered(w.agent(4, &[("RM_ENTRY_HELPER", "/bin/false")]))
-        .await;
-    let a = w.pending_attempt().await.unwrap();
-    let n = name(&a);
+    let agent = w.serving_with(&[("RM_ENTRY_HELPER", "/bin/false")]).await;
+    let (a, n) = w.pending_named().await;
     let done = w
         .wait_concluded(&n, Outcome::Failed(FailureReason::ProcessStartFailed))
         .await;
@@ -2174,11 +2031,7 @@ async fn a_start_that_failed_after_its_child_existed_is_never_retried() {
     };
     assert_eq!(tries("start failed after a child existed"), 1, "one try");
     assert_eq!(tries("start failed before a child existed"), 0);
-    assert!(w.handoff_files().is_empty(), "{:?}", w.handoff_files());
-    let (second_sessions, mints) = w.second_sessions_and_mints().await.unwrap();
-    assert_eq!((second_sessions, mints), (0, 1), "one JIT, asked once");
-    w.deregister(&done).await.unwrap();
-    assert_settled(&w, &a, 1).await;
+    lost_jit_deregistered_and_settled(&w, &done, &a).await;
 }
 
 /// A persistent slot is scrubbed only once its runner is signalled and gone, keeping `_work`
@@ -2201,8 +2054,7 @@ async fn a_persistent_slot_is_scrubbed_only_once_its_runner_is_gone() {
         .await
         .unwrap();
     let n = name(&a);
-    w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let idle = w.bring_to_idle(&a).await;
+    let idle = w.started_to_idle(&a).await;
     let pid = pid_of(&idle);
     let slot = runtime_path(&idle);
     std::fs::create_dir_all(slot.join("_work")).unwrap();
@@ -2223,11 +2075,7 @@ async fn a_persistent_slot_is_scrubbed_only_once_its_runner_is_gone() {
     let _again = w.agent(4, &[]).unwrap();
     let done = w.wait_concluded(&n, Outcome::ExitedIdleWithoutWork).await;
     assert!(!pid_alive(pid));
-    let left: Vec<String> = std::fs::read_dir(&slot)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
+    let left = names_in(&slot);
     assert_eq!(left, vec!["_work".to_owned()], "the scrub keeps only _work");
     assert_eq!(
         std::fs::read(slot.join("_work").join("kept.txt")).unwrap(),

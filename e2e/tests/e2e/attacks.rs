@@ -292,7 +292,7 @@ async fn a_delivery_signed_with_one_teams_secret_for_another_teams_repository_is
     let a_secret = SecretString::from("team-a-hook-secret");
     p.secret(&team_a, "hook", &[("secret", "team-a-hook-secret")])
         .await
-        .unwrap();
+        .expect("team A's webhook secret");
     p.policy_in(
         &team_a,
         "api",
@@ -461,7 +461,7 @@ mod node_confinement {
     use runner_manager_e2e::harness::admission::{
         agent_client, grant_agent_rbac, label_namespaces, register, token_client, unregister,
     };
-    use runner_manager_e2e::harness::cluster::{fresh_namespace, list_all};
+    use runner_manager_e2e::harness::cluster::{created, fresh_namespace, list_all};
     use runner_manager_e2e::harness::fixtures::native_attempt;
     use runner_manager_e2e::harness::product::{Product, ProductOptions};
     use runner_manager_e2e::harness::wait;
@@ -523,54 +523,45 @@ mod node_confinement {
             name: Some("tenant".into()),
             ..ObjectMeta::default()
         };
-        Api::<ServiceAccount>::namespaced(kube.clone(), ns)
-            .create(
-                &pp,
-                &ServiceAccount {
-                    metadata: meta(),
-                    ..ServiceAccount::default()
-                },
-            )
+        let account = ServiceAccount {
+            metadata: meta(),
+            ..ServiceAccount::default()
+        };
+        let role = Role {
+            metadata: meta(),
+            rules: Some(vec![PolicyRule {
+                api_groups: Some(vec!["runner-manager.dev".into()]),
+                resources: Some(vec!["runnerattempts".into()]),
+                verbs: vec![
+                    "get".into(),
+                    "create".into(),
+                    "update".into(),
+                    "patch".into(),
+                ],
+                ..PolicyRule::default()
+            }]),
+        };
+        let binding = RoleBinding {
+            metadata: meta(),
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "Role".into(),
+                name: "tenant".into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: "tenant".into(),
+                namespace: Some(ns.into()),
+                ..Subject::default()
+            }]),
+        };
+        created(Api::namespaced(kube.clone(), ns), &account)
             .await
             .unwrap();
-        Api::<Role>::namespaced(kube.clone(), ns)
-            .create(
-                &pp,
-                &Role {
-                    metadata: meta(),
-                    rules: Some(vec![PolicyRule {
-                        api_groups: Some(vec!["runner-manager.dev".into()]),
-                        resources: Some(vec!["runnerattempts".into()]),
-                        verbs: vec![
-                            "get".into(),
-                            "create".into(),
-                            "update".into(),
-                            "patch".into(),
-                        ],
-                        ..PolicyRule::default()
-                    }]),
-                },
-            )
+        created(Api::namespaced(kube.clone(), ns), &role)
             .await
             .unwrap();
-        Api::<RoleBinding>::namespaced(kube.clone(), ns)
-            .create(
-                &pp,
-                &RoleBinding {
-                    metadata: meta(),
-                    role_ref: RoleRef {
-                        api_group: "rbac.authorization.k8s.io".into(),
-                        kind: "Role".into(),
-                        name: "tenant".into(),
-                    },
-                    subjects: Some(vec![Subject {
-                        kind: "ServiceAccount".into(),
-                        name: "tenant".into(),
-                        namespace: Some(ns.into()),
-                        ..Subject::default()
-                    }]),
-                },
-            )
+        created(Api::namespaced(kube.clone(), ns), &binding)
             .await
             .unwrap();
         let token = Api::<ServiceAccount>::namespaced(kube.clone(), ns)

@@ -242,10 +242,7 @@ async fn the_broker_certificate_rotates_while_an_agent_keeps_getting_jits() {
     let start = Instant::now();
     // Jobs for 35 s: each takes an ephemeral runner, and each runner after it is a new JIT.
     while start.elapsed() < Duration::from_secs(35) {
-        let id = p
-            .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 300}))
-            .await
-            .unwrap();
+        let id = p.queue_linux_job(300).await.unwrap();
         p.wait_jobs_completed(&[id], STEP).await.unwrap();
         jobs.push(id);
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -607,10 +604,7 @@ async fn a_flood_from_one_address_leaves_launches_and_lease_writes_working() {
     }));
 
     // Meanwhile: a job is launched and runs, and writes through the webhook pass.
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 300}))
-        .await
-        .unwrap();
+    let job = p.queue_linux_job(300).await.unwrap();
     let leases = Api::<Lease>::namespaced(p.kube.clone(), &p.system);
     let probe = Lease {
         metadata: kube::api::ObjectMeta {

@@ -671,12 +671,12 @@ async fn a_concurrent_status_write_is_retried_and_a_concluded_attempt_gets_nothi
     let Some(w) = world("a_concurrent_status_write_is_retried", 1).await else {
         return;
     };
-    let token = w.agent_token("node-a").await;
 
     // 1. The operator writes a fact while the mint is in flight: the broker's CAS conflicts,
     //    it re-reads, finds the attempt still Prepared without a runner id, and writes again.
     let attempt = w.prepared_attempt("node-a").await;
     let name = attempt.metadata.name.clone().unwrap();
+    let token = w.agent_token("node-a").await;
     let fact = json!({"status": {"github": {"status": "absent", "busy": false, "generation": 1}}});
     let (status, body) = w
         .ask_while_minting(&attempt, &token, async {

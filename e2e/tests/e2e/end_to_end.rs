@@ -288,10 +288,7 @@ async fn a_job_queued_before_its_policy_was_ready_starts_without_waiting_a_poll_
     let Some(p) = Product::start("queued_before_ready").await else {
         return;
     };
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-        .await
-        .unwrap();
+    let job = p.queue_linux_job(200).await.unwrap();
     p.wait_delivery_answered(job).await;
     p.policy(
         "web",
@@ -352,10 +349,7 @@ async fn a_job_runs_against_a_server_whose_certificate_a_private_ca_signed() {
     .await
     .unwrap();
     p.wait_ready("web").await;
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 300}))
-        .await
-        .unwrap();
+    let job = p.queue_linux_job(300).await.unwrap();
     p.wait_jobs_completed(&[job], Duration::from_secs(180))
         .await
         .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
@@ -413,6 +407,39 @@ async fn min_idle_holds_two_idle_runners_and_no_more() {
     p.wait_no_registrations().await.unwrap();
 }
 
+/// Job `job` completed (within `within`) with success, on the runner of `a` (`why`).
+async fn succeeded_on(p: &Product, job: u64, a: &RunnerAttempt, within: Duration, why: &str) {
+    let done = p.completed_job(job, within).await.unwrap();
+    assert_eq!(done["conclusion"], "success", "{done}");
+    assert_eq!(
+        done["runner_name"].as_str(),
+        Some(runner_name(a.spec.attempt_uuid().unwrap()).as_str()),
+        "{why}"
+    );
+}
+
+/// The runner that ran job `job`, once it completed (within three minutes).
+async fn runner_of(p: &Product, job: u64) -> String {
+    p.completed_job(job, Duration::from_secs(180))
+        .await
+        .unwrap()["runner_name"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// How long a runner takes at most to be seen busy or idle in the scenarios that wait so.
+const TWO_MINUTES: Duration = Duration::from_secs(120);
+
+/// The policy `web` with `min_idle` runners on the nodes of `pool`.
+async fn pool_policy(p: &Product, min_idle: u32, pool: &str) {
+    let spec = json!({
+        "minIdle": min_idle,
+        "nodeSelector": {"node-restriction.kubernetes.io/runner-pool": pool},
+    });
+    p.policy("web", spec).await.unwrap();
+}
+
 /// Two node pools: attempts land only on nodes the policy's `nodeSelector` allows.
 #[tokio::test]
 async fn attempts_land_only_where_the_node_selector_allows() {
@@ -426,12 +453,7 @@ async fn attempts_land_only_where_the_node_selector_allows() {
     let Some(p) = Product::start_with("node_selector_pools", options).await else {
         return;
     };
-    p.policy(
-        "web",
-        json!({"minIdle": 2, "nodeSelector": {"node-restriction.kubernetes.io/runner-pool": "b"}}),
-    )
-    .await
-    .unwrap();
+    pool_policy(&p, 2, "b").await;
     let b = p.agents[1].node.name.clone();
     let list = p
         .wait_attempts(
@@ -475,32 +497,22 @@ async fn a_policy_deleted_while_its_runner_is_busy_drains_after_the_job() {
     let Some(p) = product_with_web("policy_deleted_while_busy", json!({"minIdle": 0})).await else {
         return;
     };
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 6000}))
-        .await
-        .unwrap();
+    let job = p.queue_linux_job(6000).await.unwrap();
     let busy = p
-        .wait_attempts("a busy runner", Duration::from_secs(120), |list| {
-            list.iter().any(|a| state(a) == AttemptState::Busy)
-        })
+        .one_in(AttemptState::Busy, "a busy runner", TWO_MINUTES)
         .await;
-    let busy = busy
-        .into_iter()
-        .find(|a| state(a) == AttemptState::Busy)
-        .unwrap();
     p.policies()
         .delete("web", &DeleteParams::default())
         .await
         .unwrap();
-    let done = p
-        .completed_job(job, Duration::from_secs(120))
-        .await
-        .unwrap();
-    assert_eq!(done["conclusion"], "success", "{done}");
-    assert_eq!(
-        done["runner_name"].as_str(),
-        Some(runner_name(busy.spec.attempt_uuid().unwrap()).as_str())
-    );
+    succeeded_on(
+        &p,
+        job,
+        &busy,
+        Duration::from_secs(120),
+        "the busy runner took it",
+    )
+    .await;
     p.wait_policy_gone("web").await;
     let this = p
         .attempts()
@@ -526,19 +538,10 @@ async fn an_agent_killed_between_jit_and_spawn_recovers_without_a_second_runner(
     p.start_agent_with(0, &[("RM_AGENT_FAULT", "after-jit-before-spawn")])
         .unwrap();
     p.policy_ready("web", json!({"minIdle": 0})).await;
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-        .await
-        .unwrap();
-    {
-        let agent = p.agents[0].process.as_mut().unwrap();
-        wait::until(STEP, "the agent to abort at the fault", || {
-            let exited = agent.child.try_wait().ok().flatten();
-            async move { exited }
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
-    }
+    let job = p.queue_linux_job(200).await.unwrap();
+    let agent = p.agents[0].process.as_mut().unwrap();
+    let aborted = agent.exited(STEP, "the agent to abort at the fault").await;
+    aborted.unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
     p.start_agent(0).unwrap();
     p.wait_jobs_completed(&[job], Duration::from_secs(180))
         .await
@@ -631,19 +634,12 @@ async fn an_operator_killed_between_the_mint_and_the_journal_leaves_no_registrat
         return;
     };
     p.policy_ready("web", json!({"minIdle": 0})).await;
-    let job = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-        .await
-        .unwrap();
-    {
-        let operator = p.operators[0].process.as_mut().unwrap();
-        wait::until(STEP, "the operator to abort after the mint", || {
-            let exited = operator.child.try_wait().ok().flatten();
-            async move { exited }
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
-    }
+    let job = p.queue_linux_job(200).await.unwrap();
+    let operator = p.operators[0].process.as_mut().unwrap();
+    let aborted = operator
+        .exited(STEP, "the operator to abort after the mint")
+        .await;
+    aborted.unwrap_or_else(|e| panic!("{e}; logs in {}", p.logs().display()));
     let lost = p
         .wait_attempts("the attempt concluded JitExpired", STEP, |list| {
             list.iter().any(|a| {
@@ -909,9 +905,8 @@ async fn an_idle_timeout_exits_idle_without_work_and_is_not_replaced() {
 /// is real.
 #[tokio::test]
 async fn a_fork_pull_request_never_touches_a_persistent_slot() {
-    let Some((p, slots)) =
-        persistent_product("fork_gate", json!({"minIdle": 0, "maxRunners": 1})).await
-    else {
+    let spec = json!({"minIdle": 0, "maxRunners": 1});
+    let Some((p, slots)) = persistent_product("fork_gate", spec).await else {
         return;
     };
     let work = slots.join("s1").join("_work");
@@ -919,15 +914,21 @@ async fn a_fork_pull_request_never_touches_a_persistent_slot() {
     let writes =
         |file: &str| json!({"duration_ms": 100, "write_files": [{"path": file, "bytes": 16}]});
     let run = |job: u64| completed_and_cleaned(&p, job);
+    // A pull request from `head` writing `file` runs to success: whether its write reached the
+    // slot.
+    let (product, slot_work) = (&p, &work);
+    let wrote = |file: &'static str, head: &'static str| async move {
+        let job = product
+            .queue_pull_request_job(&labels, writes(file), head)
+            .await
+            .unwrap();
+        assert_eq!(run(job).await["conclusion"], "success");
+        slot_work.join(file).is_file()
+    };
 
     // A pull request from acme/web itself runs on the slot.
-    let own = p
-        .queue_pull_request_job(&labels, writes("own.txt"), "acme/web")
-        .await
-        .unwrap();
-    assert_eq!(run(own).await["conclusion"], "success");
     assert!(
-        work.join("own.txt").is_file(),
+        wrote("own.txt", "acme/web").await,
         "the repository's own job ran"
     );
 
@@ -984,13 +985,8 @@ async fn a_fork_pull_request_never_touches_a_persistent_slot() {
         )
         .await
         .unwrap();
-    let fork = p
-        .queue_pull_request_job(&labels, writes("poison.txt"), "mallory/web")
-        .await
-        .unwrap();
-    assert_eq!(run(fork).await["conclusion"], "success");
     assert!(
-        work.join("poison.txt").is_file(),
+        wrote("poison.txt", "mallory/web").await,
         "with forkPullRequests: Allow the fork's write reaches the slot"
     );
 }
@@ -1129,15 +1125,7 @@ async fn a_restarted_agent_reopens_the_job_gate_of_a_live_runner() {
     else {
         return;
     };
-    let idle = p
-        .wait_attempts("a runner idle", STEP, |list| {
-            list.iter().any(|a| state(a) == AttemptState::Idle)
-        })
-        .await;
-    let idle = idle
-        .into_iter()
-        .find(|a| state(a) == AttemptState::Idle)
-        .unwrap();
+    let idle = p.one_in(AttemptState::Idle, "a runner idle", STEP).await;
     let socket = p.agents[0]
         .host
         .join("gates")
@@ -1169,16 +1157,8 @@ async fn a_restarted_agent_reopens_the_job_gate_of_a_live_runner() {
         )
         .await
         .unwrap();
-    let j = p
-        .completed_job(job, Duration::from_secs(180))
-        .await
-        .unwrap();
-    assert_eq!(j["conclusion"], "success", "{j}");
-    assert_eq!(
-        j["runner_name"].as_str(),
-        Some(runner_name(idle.spec.attempt_uuid().unwrap()).as_str()),
-        "the restarted agent's runner took it"
-    );
+    let took = "the restarted agent's runner took it";
+    succeeded_on(&p, job, &idle, Duration::from_secs(180), took).await;
     p.policies()
         .patch(
             "web",
@@ -1243,13 +1223,7 @@ async fn persistent_slots_keep_work_and_a_symlinked_work_quarantines_the_slot() 
         )
         .await
         .unwrap();
-    let runner = p
-        .completed_job(hostile, Duration::from_secs(180))
-        .await
-        .unwrap()["runner_name"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let runner = runner_of(&p, hostile).await;
     let list = p
         .wait_attempts("the hostile job's slot quarantined", STEP, |list| {
             list.iter().any(|a| {
@@ -1275,17 +1249,8 @@ async fn persistent_slots_keep_work_and_a_symlinked_work_quarantines_the_slot() 
         "cleanup followed the symlink"
     );
     // The next job gets slot 2.
-    let next = p
-        .queue_job(&["self-hosted", "linux"], json!({"duration_ms": 200}))
-        .await
-        .unwrap();
-    let runner = p
-        .completed_job(next, Duration::from_secs(180))
-        .await
-        .unwrap()["runner_name"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let next = p.queue_linux_job(200).await.unwrap();
+    let runner = runner_of(&p, next).await;
     let list = p.all_attempts().await;
     let a = list
         .iter()
@@ -1300,31 +1265,19 @@ async fn persistent_slots_keep_work_and_a_symlinked_work_quarantines_the_slot() 
 #[tokio::test]
 async fn a_lost_node_is_orphaned_replaced_elsewhere_and_released_by_abandon() {
     let options = ProductOptions {
-        nodes: vec![
-            NodeOptions::in_pool("lost", 1, "ci"),
-            NodeOptions::in_pool("kept", 1, "ci"),
-        ],
+        nodes: ["lost", "kept"]
+            .map(|n| NodeOptions::in_pool(n, 1, "ci"))
+            .to_vec(),
         operator_flags: vec![("--node-lost-grace".into(), "5s".into())],
         ..ProductOptions::default()
     };
     let Some(mut p) = Product::start_with("node_lost", options).await else {
         return;
     };
-    p.policy(
-        "web",
-        json!({"minIdle": 1, "nodeSelector": {"node-restriction.kubernetes.io/runner-pool": "ci"}}),
-    )
-    .await
-    .unwrap();
-    let list = p
-        .wait_attempts("one idle runner", Duration::from_secs(120), |list| {
-            list.iter().any(|a| state(a) == AttemptState::Idle)
-        })
+    pool_policy(&p, 1, "ci").await;
+    let idle = p
+        .one_in(AttemptState::Idle, "one idle runner", TWO_MINUTES)
         .await;
-    let idle = list
-        .into_iter()
-        .find(|a| state(a) == AttemptState::Idle)
-        .unwrap();
     let lost_i = p
         .agents
         .iter()

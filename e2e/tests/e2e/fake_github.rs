@@ -97,6 +97,29 @@ struct Answer {
     body: Value,
 }
 
+/// The template and the path of a resource of the test's repository ([`ORG`]/[`REPO`]).
+fn in_repo(template: &str, rest: &str) -> (String, String) {
+    (
+        format!("/repos/{{owner}}/{{repo}}/{template}"),
+        format!("/repos/{ORG}/{REPO}/{rest}"),
+    )
+}
+
+/// `template` with its one `{…}` parameter replaced by `value`.
+fn instance(template: &str, value: impl std::fmt::Display) -> String {
+    match (template.find('{'), template.find('}')) {
+        (Some(open), Some(close)) => {
+            format!("{}{value}{}", &template[..open], &template[close + 1..])
+        }
+        _ => template.to_owned(),
+    }
+}
+
+/// The JSON answer to `request` (of the runner protocol, which the description does not cover).
+async fn answered(request: reqwest::RequestBuilder) -> Value {
+    request.send().await.unwrap().json().await.unwrap()
+}
+
 /// A REST client that holds every exchange to GitHub's description.
 struct Api {
     http: reqwest::Client,
@@ -153,6 +176,54 @@ impl Api {
             headers,
             body: value,
         }
+    }
+
+    /// [`Self::call`] of `GET`.
+    async fn get(&self, template: &str, path: &str, token: Option<&str>) -> Answer {
+        self.call(Method::GET, template, path, token, None).await
+    }
+
+    /// [`Self::call`] of `POST` with the JSON `body`.
+    async fn post(&self, template: &str, path: &str, token: Option<&str>, body: Value) -> Answer {
+        self.call(Method::POST, template, path, token, Some(body))
+            .await
+    }
+
+    /// [`Self::get`] of a resource of the test's repository: `rest` after `/repos/{owner}/{repo}/`
+    /// in `template`, after `/repos/{ORG}/{REPO}/` in the path.
+    async fn repo_get(&self, template: &str, rest: &str, token: Option<&str>) -> Answer {
+        let (template, path) = in_repo(template, rest);
+        self.get(&template, &path, token).await
+    }
+
+    /// A body-less `method` call on a resource of the test's repository, `template` with its one
+    /// `{…}` parameter `value` ([`in_repo`]).
+    async fn repo_at(
+        &self,
+        method: Method,
+        template: &str,
+        value: impl std::fmt::Display,
+        token: Option<&str>,
+    ) -> Answer {
+        let (template, path) = in_repo(template, &instance(template, value));
+        self.call(method, &template, &path, token, None).await
+    }
+
+    /// Registers a webhook to `url`, signed with [`HOOK_SECRET`].
+    async fn hook(&self, url: &str) -> Value {
+        let hook = json!({"url": url, "secret": HOOK_SECRET});
+        self.admin(Method::POST, "webhooks", hook).await
+    }
+
+    /// Queues a `self-hosted` job in the test's repository.
+    async fn queue_job(&self) -> Value {
+        let job = json!({"owner": ORG, "repo": REPO, "labels": ["self-hosted"]});
+        self.admin(Method::POST, "jobs", job).await
+    }
+
+    /// [`Self::call`] of `DELETE`.
+    async fn delete(&self, template: &str, path: &str, token: Option<&str>) -> Answer {
+        self.call(Method::DELETE, template, path, token, None).await
     }
 
     async fn admin(&self, method: Method, path: &str, body: Value) -> Value {
@@ -231,6 +302,14 @@ fn good_jwt() -> String {
         .clone()
 }
 
+/// A simulated GitHub with its App, installation and PAT ([`setup_auth`]), and a client of it.
+async fn with_auth() -> (FakeProcess, Api) {
+    let fake = FakeProcess::start();
+    let api = Api::new(&fake.base);
+    setup_auth(&api).await;
+    (fake, api)
+}
+
 /// Registers the App and its installation on `ORG`, plus a PAT.
 async fn setup_auth(api: &Api) {
     api.admin(
@@ -266,12 +345,11 @@ const JIT_TEMPLATE: &str = "/repos/{owner}/{repo}/actions/runners/generate-jitco
 
 async fn generate_jit(api: &Api, token: &str, name: &str, labels: &[&str]) -> (u64, String) {
     let a = api
-        .call(
-            Method::POST,
+        .post(
             JIT_TEMPLATE,
             &format!("/repos/{ORG}/{REPO}/actions/runners/generate-jitconfig"),
             Some(token),
-            Some(json!({"name": name, "runner_group_id": 1, "labels": labels, "work_folder": "_work"})),
+            json!({"name": name, "runner_group_id": 1, "labels": labels, "work_folder": "_work"}),
         )
         .await;
     assert_eq!(a.status, 201, "{}", a.body);
@@ -417,11 +495,9 @@ impl Drop for ListenerRun {
 /// Downloads the package the fake publishes as the latest release, checks its digest, unpacks it.
 async fn install_runner(api: &Api, dest: &Path) {
     let rel = api
-        .call(
-            Method::GET,
+        .get(
             "/repos/{owner}/{repo}/releases/latest",
             "/repos/actions/runner/releases/latest",
-            None,
             None,
         )
         .await;
@@ -473,13 +549,7 @@ fn diag_logs(root: &Path, prefix: &str) -> Vec<PathBuf> {
 
 async fn runner_count(api: &Api, token: &str) -> u64 {
     let a = api
-        .call(
-            Method::GET,
-            "/repos/{owner}/{repo}/actions/runners",
-            &format!("/repos/{ORG}/{REPO}/actions/runners"),
-            Some(token),
-            None,
-        )
+        .repo_get("actions/runners", "actions/runners", Some(token))
         .await;
     assert_eq!(a.status, 200);
     a.body["total_count"].as_u64().unwrap()
@@ -487,13 +557,7 @@ async fn runner_count(api: &Api, token: &str) -> u64 {
 
 async fn job_state(api: &Api, token: &str, job_id: u64) -> Value {
     let a = api
-        .call(
-            Method::GET,
-            "/repos/{owner}/{repo}/actions/jobs/{job_id}",
-            &format!("/repos/{ORG}/{REPO}/actions/jobs/{job_id}"),
-            Some(token),
-            None,
-        )
+        .repo_at(Method::GET, "actions/jobs/{job_id}", job_id, Some(token))
         .await;
     assert_eq!(a.status, 200);
     a.body
@@ -504,16 +568,9 @@ async fn job_state(api: &Api, token: &str, job_id: u64) -> Value {
 
 #[tokio::test]
 async fn a_jit_runner_takes_one_job_reports_it_and_leaves() {
-    let fake = FakeProcess::start();
-    let api = Api::new(&fake.base);
-    setup_auth(&api).await;
+    let (_fake, api) = with_auth().await;
     let (receiver, hook_url) = Receiver::start().await;
-    api.admin(
-        Method::POST,
-        "webhooks",
-        json!({"url": hook_url, "secret": HOOK_SECRET}),
-    )
-    .await;
+    api.hook(&hook_url).await;
     let token = installation_token(&api).await;
 
     let dir = tempfile::tempdir().unwrap();
@@ -536,12 +593,10 @@ async fn a_jit_runner_takes_one_job_reports_it_and_leaves() {
         let path = &runner_path;
         async move {
             let a = api
-                .call(
-                    Method::GET,
+                .get(
                     "/repos/{owner}/{repo}/actions/runners/{runner_id}",
                     path,
                     Some(token),
-                    None,
                 )
                 .await;
             (a.body["status"] == "online").then_some(())
@@ -588,12 +643,10 @@ async fn a_jit_runner_takes_one_job_reports_it_and_leaves() {
         "the ephemeral runner is gone"
     );
     let gone = api
-        .call(
-            Method::GET,
+        .get(
             "/repos/{owner}/{repo}/actions/runners/{runner_id}",
             &runner_path,
             Some(&token),
-            None,
         )
         .await;
     assert_eq!(gone.status, 404);
@@ -640,9 +693,7 @@ async fn a_jit_runner_takes_one_job_reports_it_and_leaves() {
 
 #[tokio::test]
 async fn app_jwts_are_verified_and_tokens_are_scoped() {
-    let fake = FakeProcess::start();
-    let api = Api::new(&fake.base);
-    setup_auth(&api).await;
+    let (_fake, api) = with_auth().await;
     let tokens_path = format!("/app/installations/{INSTALLATION}/access_tokens");
     let t = "/app/installations/{installation_id}/access_tokens";
     let other_key = {
@@ -707,23 +758,15 @@ async fn app_jwts_are_verified_and_tokens_are_scoped() {
     assert_eq!(unknown.status, 404);
 
     let inst = api
-        .call(
-            Method::GET,
-            "/repos/{owner}/{repo}/installation",
-            &format!("/repos/{ORG}/{REPO}/installation"),
-            Some(&good_jwt()),
-            None,
-        )
+        .repo_get("installation", "installation", Some(&good_jwt()))
         .await;
     assert_eq!(inst.status, 200);
     assert_eq!(inst.body["id"].as_u64(), Some(INSTALLATION));
     let org_inst = api
-        .call(
-            Method::GET,
+        .get(
             "/orgs/{org}/installation",
             &format!("/orgs/{ORG}/installation"),
             Some(&good_jwt()),
-            None,
         )
         .await;
     assert_eq!(org_inst.status, 200);
@@ -731,70 +774,39 @@ async fn app_jwts_are_verified_and_tokens_are_scoped() {
     let token = installation_token(&api).await;
     assert!(token.starts_with("ghs_"));
     let list = "/repos/{owner}/{repo}/actions/runners";
-    let own = api
-        .call(
-            Method::GET,
-            list,
-            &format!("/repos/{ORG}/{REPO}/actions/runners"),
+    let own = format!("/repos/{ORG}/{REPO}/actions/runners");
+    let elsewhere = "/repos/someone-else/x/actions/runners";
+    let jwt = good_jwt();
+    for (path, credential, status, why) in [
+        (
+            own.as_str(),
+            Some(token.as_str()),
+            200,
+            "the installation's own account",
+        ),
+        (
+            elsewhere,
             Some(&token),
-            None,
-        )
-        .await;
-    assert_eq!(own.status, 200);
-    let other = api
-        .call(
-            Method::GET,
-            list,
-            "/repos/someone-else/x/actions/runners",
-            Some(&token),
-            None,
-        )
-        .await;
-    assert_eq!(
-        other.status, 403,
-        "an installation reaches only its own account"
-    );
-    let pat = api
-        .call(
-            Method::GET,
-            list,
-            "/repos/someone-else/x/actions/runners",
+            403,
+            "an installation reaches only its own account",
+        ),
+        (
+            elsewhere,
             Some(PAT),
-            None,
-        )
-        .await;
-    assert_eq!(pat.status, 200);
-    let anonymous = api
-        .call(
-            Method::GET,
-            list,
-            &format!("/repos/{ORG}/{REPO}/actions/runners"),
-            None,
-            None,
-        )
-        .await;
-    assert_eq!(anonymous.status, 401);
-    let bad = api
-        .call(
-            Method::GET,
-            list,
-            &format!("/repos/{ORG}/{REPO}/actions/runners"),
-            Some("ghs_nope"),
-            None,
-        )
-        .await;
-    assert_eq!(bad.status, 401);
-    // The App JWT is not a credential for the runner endpoints.
-    let jwt_there = api
-        .call(
-            Method::GET,
-            list,
-            &format!("/repos/{ORG}/{REPO}/actions/runners"),
-            Some(&good_jwt()),
-            None,
-        )
-        .await;
-    assert_eq!(jwt_there.status, 401);
+            200,
+            "a PAT reaches what its owner can",
+        ),
+        (&own, None, 401, "no credential"),
+        (&own, Some("ghs_nope"), 401, "an unknown token"),
+        // The App JWT is not a credential for the runner endpoints.
+        (&own, Some(&jwt), 401, "the App JWT"),
+    ] {
+        assert_eq!(
+            api.get(list, path, credential).await.status,
+            status,
+            "{why}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -802,9 +814,7 @@ async fn app_jwts_are_verified_and_tokens_are_scoped() {
 
 #[tokio::test]
 async fn runner_lists_paginate_with_link_headers_and_filter_by_name() {
-    let fake = FakeProcess::start();
-    let api = Api::new(&fake.base);
-    setup_auth(&api).await;
+    let (fake, api) = with_auth().await;
     for i in 0..5 {
         generate_jit(&api, PAT, &format!("r-{i}"), &["self-hosted"]).await;
     }
@@ -814,7 +824,7 @@ async fn runner_lists_paginate_with_link_headers_and_filter_by_name() {
     let mut next = Some(format!("{p}?per_page=2"));
     let mut pages = 0;
     while let Some(path) = next.take() {
-        let a = api.call(Method::GET, t, &path, Some(PAT), None).await;
+        let a = api.get(t, &path, Some(PAT)).await;
         assert_eq!(a.status, 200);
         assert_eq!(a.body["total_count"], 5);
         pages += 1;
@@ -834,12 +844,10 @@ async fn runner_lists_paginate_with_link_headers_and_filter_by_name() {
     assert_eq!(pages, 3);
     assert_eq!(seen, ["r-0", "r-1", "r-2", "r-3", "r-4"]);
 
-    let all = api.call(Method::GET, t, &p, Some(PAT), None).await;
+    let all = api.get(t, &p, Some(PAT)).await;
     assert!(all.headers.get("link").is_none(), "one page needs no Link");
     assert_eq!(all.body["runners"].as_array().unwrap().len(), 5);
-    let named = api
-        .call(Method::GET, t, &format!("{p}?name=r-3"), Some(PAT), None)
-        .await;
+    let named = api.get(t, &format!("{p}?name=r-3"), Some(PAT)).await;
     assert_eq!(named.body["total_count"], 1);
     assert_eq!(named.body["runners"][0]["name"], "r-3");
     assert_eq!(named.body["runners"][0]["status"], "offline");
@@ -847,42 +855,10 @@ async fn runner_lists_paginate_with_link_headers_and_filter_by_name() {
 
 #[tokio::test]
 async fn jit_registration_rules_and_one_shot_use() {
-    let fake = FakeProcess::start();
-    let api = Api::new(&fake.base);
-    setup_auth(&api).await;
+    let (fake, api) = with_auth().await;
     let path = format!("/repos/{ORG}/{REPO}/actions/runners/generate-jitconfig");
     let (_, jit) = generate_jit(&api, PAT, "dup", &["self-hosted"]).await;
 
-    let again = api
-        .call(
-            Method::POST,
-            JIT_TEMPLATE,
-            &path,
-            Some(PAT),
-            Some(json!({"name": "dup", "runner_group_id": 1, "labels": ["x"]})),
-        )
-        .await;
-    assert_eq!(again.status, 409);
-    let no_group = api
-        .call(
-            Method::POST,
-            JIT_TEMPLATE,
-            &path,
-            Some(PAT),
-            Some(json!({"name": "n", "labels": ["x"]})),
-        )
-        .await;
-    assert_eq!(no_group.status, 422);
-    let unknown_group = api
-        .call(
-            Method::POST,
-            JIT_TEMPLATE,
-            &path,
-            Some(PAT),
-            Some(json!({"name": "n", "runner_group_id": 99, "labels": ["x"]})),
-        )
-        .await;
-    assert_eq!(unknown_group.status, 404);
     let g = api
         .admin(
             Method::POST,
@@ -890,26 +866,36 @@ async fn jit_registration_rules_and_one_shot_use() {
             json!({"owner": format!("orgs/{ORG}"), "name": "locked", "usable": false}),
         )
         .await;
-    let locked = api
-        .call(
-            Method::POST,
-            JIT_TEMPLATE,
-            &path,
-            Some(PAT),
-            Some(json!({"name": "n", "runner_group_id": g["id"], "labels": ["x"]})),
-        )
-        .await;
-    assert_eq!(locked.status, 403);
-    let no_labels = api
-        .call(
-            Method::POST,
-            JIT_TEMPLATE,
-            &path,
-            Some(PAT),
-            Some(json!({"name": "n", "runner_group_id": 1, "labels": []})),
-        )
-        .await;
-    assert_eq!(no_labels.status, 422);
+    for (body, status, why) in [
+        (
+            json!({"name": "dup", "runner_group_id": 1, "labels": ["x"]}),
+            409,
+            "a name taken",
+        ),
+        (
+            json!({"name": "n", "labels": ["x"]}),
+            422,
+            "no runner group",
+        ),
+        (
+            json!({"name": "n", "runner_group_id": 99, "labels": ["x"]}),
+            404,
+            "an unknown group",
+        ),
+        (
+            json!({"name": "n", "runner_group_id": g["id"], "labels": ["x"]}),
+            403,
+            "a locked group",
+        ),
+        (
+            json!({"name": "n", "runner_group_id": 1, "labels": []}),
+            422,
+            "no labels",
+        ),
+    ] {
+        let answer = api.post(JIT_TEMPLATE, &path, Some(PAT), body).await;
+        assert_eq!(answer.status, status, "{why}");
+    }
 
     // The JIT carries the runner's real settings files, and opens exactly one session.
     let settings = JitSettings::decode(&SecretString::from(jit.clone())).unwrap();
@@ -940,13 +926,7 @@ async fn jit_registration_rules_and_one_shot_use() {
     );
     let id = mints[0]["id"].as_u64().unwrap();
     let deleted = api
-        .call(
-            Method::DELETE,
-            "/repos/{owner}/{repo}/actions/runners/{runner_id}",
-            &format!("/repos/{ORG}/{REPO}/actions/runners/{id}"),
-            Some(PAT),
-            None,
-        )
+        .repo_at(Method::DELETE, "actions/runners/{runner_id}", id, Some(PAT))
         .await;
     assert_eq!(deleted.status, 204);
     let mints = api.admin_get("mints").await;
@@ -956,59 +936,32 @@ async fn jit_registration_rules_and_one_shot_use() {
 
 #[tokio::test]
 async fn a_busy_runner_cannot_be_deleted() {
-    let fake = FakeProcess::start();
-    let api = Api::new(&fake.base);
-    setup_auth(&api).await;
+    let (fake, api) = with_auth().await;
     let (id, jit) = generate_jit(&api, PAT, "busy", &["self-hosted"]).await;
     let settings = JitSettings::decode(&SecretString::from(jit)).unwrap();
-    let session: Value = api
+    let session = api
         .http
         .post(format!("{}/_runner/sessions", fake.base))
         .json(&json!({
             "client_id": settings.credentials.data.client_id,
             "client_secret": settings.rsa_params.d,
             "version": package::STANDIN_VERSION,
-        }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        }));
+    let session = answered(session).await;
     let session = session["session_token"].as_str().unwrap().to_owned();
-    let queued = api
-        .admin(
-            Method::POST,
-            "jobs",
-            json!({"owner": ORG, "repo": REPO, "labels": ["self-hosted"]}),
-        )
-        .await;
-    let job: Value = api
-        .http
-        .get(format!("{}/_runner/jobs/next?wait_secs=5", fake.base))
-        .bearer_auth(&session)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let queued = api.queue_job().await;
+    let next = format!("{}/_runner/jobs/next?wait_secs=5", fake.base);
+    let job = answered(api.http.get(next).bearer_auth(&session)).await;
     assert_eq!(job["job_id"], queued["job_id"]);
 
     let t = "/repos/{owner}/{repo}/actions/runners/{runner_id}";
     let p = format!("/repos/{ORG}/{REPO}/actions/runners/{id}");
-    let busy = api.call(Method::GET, t, &p, Some(PAT), None).await;
+    let busy = api.get(t, &p, Some(PAT)).await;
     assert_eq!(busy.body["busy"], true);
-    let refused = api.call(Method::DELETE, t, &p, Some(PAT), None).await;
+    let refused = api.delete(t, &p, Some(PAT)).await;
     assert_eq!(refused.status, 422);
     let runs = api
-        .call(
-            Method::GET,
-            "/repos/{owner}/{repo}/actions/runs",
-            &format!("/repos/{ORG}/{REPO}/actions/runs?status=in_progress"),
-            Some(PAT),
-            None,
-        )
+        .repo_get("actions/runs", "actions/runs?status=in_progress", Some(PAT))
         .await;
     assert_eq!(runs.body["total_count"], 1);
 
@@ -1024,7 +977,7 @@ async fn a_busy_runner_cannot_be_deleted() {
         .await
         .unwrap();
     assert_eq!(done.status(), 204);
-    let deleted = api.call(Method::DELETE, t, &p, Some(PAT), None).await;
+    let deleted = api.delete(t, &p, Some(PAT)).await;
     assert_eq!(
         deleted.status, 404,
         "the ephemeral runner left with its job"
@@ -1033,18 +986,8 @@ async fn a_busy_runner_cannot_be_deleted() {
     // An idle runner deletes with 204.
     let (idle, _) = generate_jit(&api, PAT, "idle", &["self-hosted"]).await;
     let p = format!("/repos/{ORG}/{REPO}/actions/runners/{idle}");
-    assert_eq!(
-        api.call(Method::DELETE, t, &p, Some(PAT), None)
-            .await
-            .status,
-        204
-    );
-    assert_eq!(
-        api.call(Method::DELETE, t, &p, Some(PAT), None)
-            .await
-            .status,
-        404
-    );
+    assert_eq!(api.delete(t, &p, Some(PAT)).await.status, 204);
+    assert_eq!(api.delete(t, &p, Some(PAT)).await.status, 404);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1052,9 +995,7 @@ async fn a_busy_runner_cannot_be_deleted() {
 
 #[tokio::test]
 async fn injected_faults_and_counters() {
-    let fake = FakeProcess::start();
-    let api = Api::new(&fake.base);
-    setup_auth(&api).await;
+    let (fake, api) = with_auth().await;
     let t = "/repos/{owner}/{repo}/actions/runners";
     let p = format!("/repos/{ORG}/{REPO}/actions/runners");
     api.admin(
@@ -1064,14 +1005,11 @@ async fn injected_faults_and_counters() {
     )
     .await;
     for _ in 0..2 {
-        let a = api.call(Method::GET, t, &p, Some(PAT), None).await;
+        let a = api.get(t, &p, Some(PAT)).await;
         assert_eq!(a.status, 503);
         assert_eq!(a.headers.get("retry-after").unwrap(), "3");
     }
-    assert_eq!(
-        api.call(Method::GET, t, &p, Some(PAT), None).await.status,
-        200
-    );
+    assert_eq!(api.get(t, &p, Some(PAT)).await.status, 200);
 
     api.admin(
         Method::POST,
@@ -1101,10 +1039,7 @@ async fn injected_faults_and_counters() {
     )
     .await;
     let started = Instant::now();
-    assert_eq!(
-        api.call(Method::GET, t, &p, Some(PAT), None).await.status,
-        200
-    );
+    assert_eq!(api.get(t, &p, Some(PAT)).await.status, 200);
     assert!(started.elapsed() >= Duration::from_millis(400));
 
     api.admin(
@@ -1114,12 +1049,11 @@ async fn injected_faults_and_counters() {
     )
     .await;
     let a = api
-        .call(
-            Method::POST,
+        .post(
             JIT_TEMPLATE,
             &format!("/repos/{ORG}/{REPO}/actions/runners/generate-jitconfig"),
             Some(PAT),
-            Some(json!({"name": "x", "runner_group_id": 1, "labels": ["x"]})),
+            json!({"name": "x", "runner_group_id": 1, "labels": ["x"]}),
         )
         .await;
     assert_eq!(a.status, 429);
@@ -1133,9 +1067,7 @@ async fn injected_faults_and_counters() {
 
 #[tokio::test]
 async fn rate_limits_are_reported_and_enforced_per_bucket() {
-    let fake = FakeProcess::start();
-    let api = Api::new(&fake.base);
-    setup_auth(&api).await;
+    let (_fake, api) = with_auth().await;
     api.admin(
         Method::POST,
         "rate-limits",
@@ -1145,7 +1077,7 @@ async fn rate_limits_are_reported_and_enforced_per_bucket() {
     let t = "/repos/{owner}/{repo}/actions/runners";
     let p = format!("/repos/{ORG}/{REPO}/actions/runners");
     for left in [2, 1, 0] {
-        let a = api.call(Method::GET, t, &p, Some(PAT), None).await;
+        let a = api.get(t, &p, Some(PAT)).await;
         assert_eq!(a.status, 200);
         let h = |k: &str| a.headers.get(k).unwrap().to_str().unwrap().to_owned();
         assert_eq!(h("x-ratelimit-limit"), "3");
@@ -1153,14 +1085,12 @@ async fn rate_limits_are_reported_and_enforced_per_bucket() {
         assert_eq!(h("x-ratelimit-resource"), "core");
         assert!(h("x-ratelimit-reset").parse::<i64>().unwrap() > now());
     }
-    let over = api.call(Method::GET, t, &p, Some(PAT), None).await;
+    let over = api.get(t, &p, Some(PAT)).await;
     assert_eq!(over.status, 429);
     assert!(over.headers.get("retry-after").is_some());
     // Registration calls draw from their own bucket.
     let (_, _) = generate_jit(&api, PAT, "still-ok", &["x"]).await;
-    let rl = api
-        .call(Method::GET, "/rate_limit", "/rate_limit", Some(PAT), None)
-        .await;
+    let rl = api.get("/rate_limit", "/rate_limit", Some(PAT)).await;
     assert_eq!(rl.status, 200);
     assert_eq!(rl.body["resources"]["core"]["remaining"], 0);
     assert_eq!(
@@ -1177,12 +1107,7 @@ async fn webhook_deliveries_can_be_dropped_duplicated_and_redelivered() {
     let fake = FakeProcess::start();
     let api = Api::new(&fake.base);
     let (receiver, url) = Receiver::start().await;
-    api.admin(
-        Method::POST,
-        "webhooks",
-        json!({"url": url, "secret": HOOK_SECRET}),
-    )
-    .await;
+    api.hook(&url).await;
     api.admin(
         Method::PUT,
         "webhooks/controls",
@@ -1247,9 +1172,7 @@ async fn webhook_deliveries_can_be_dropped_duplicated_and_redelivered() {
 
 #[tokio::test]
 async fn every_scope_and_endpoint_answers_in_githubs_shape() {
-    let fake = FakeProcess::start();
-    let api = Api::new(&fake.base);
-    setup_auth(&api).await;
+    let (_fake, api) = with_auth().await;
     for (prefix, scope) in [
         ("/repos/{owner}/{repo}", format!("/repos/{ORG}/{REPO}")),
         ("/orgs/{org}", format!("/orgs/{ORG}")),
@@ -1301,44 +1224,24 @@ async fn every_scope_and_endpoint_answers_in_githubs_shape() {
             "/enterprises/acme/actions/runner-groups".to_owned(),
         ),
     ] {
-        let g = api.call(Method::GET, t, &p, Some(PAT), None).await;
+        let g = api.get(t, &p, Some(PAT)).await;
         assert_eq!(g.status, 200);
         assert_eq!(g.body["runner_groups"][0]["default"], true);
     }
-    let queued = api
-        .admin(
-            Method::POST,
-            "jobs",
-            json!({"owner": ORG, "repo": REPO, "labels": ["self-hosted"]}),
-        )
-        .await;
+    let queued = api.queue_job().await;
     let runs = api
-        .call(
-            Method::GET,
-            "/repos/{owner}/{repo}/actions/runs",
-            &format!("/repos/{ORG}/{REPO}/actions/runs?status=queued"),
-            Some(PAT),
-            None,
-        )
+        .repo_get("actions/runs", "actions/runs?status=queued", Some(PAT))
         .await;
     assert_eq!(runs.body["total_count"], 1);
     let run_id = runs.body["workflow_runs"][0]["id"].as_u64().unwrap();
     assert_eq!(Some(run_id), queued["run_id"].as_u64());
     let jobs = api
-        .call(
-            Method::GET,
-            "/repos/{owner}/{repo}/actions/runs/{run_id}/jobs",
-            &format!("/repos/{ORG}/{REPO}/actions/runs/{run_id}/jobs"),
-            Some(PAT),
-            None,
-        )
+        .repo_at(Method::GET, "actions/runs/{run_id}/jobs", run_id, Some(PAT))
         .await;
     assert_eq!(jobs.body["jobs"][0]["status"], "queued");
     let job = job_state(&api, PAT, queued["job_id"].as_u64().unwrap()).await;
     assert_eq!(job["labels"], json!(["self-hosted"]));
-    let rl = api
-        .call(Method::GET, "/rate_limit", "/rate_limit", None, None)
-        .await;
+    let rl = api.get("/rate_limit", "/rate_limit", None).await;
     assert_eq!(rl.status, 200);
 }
 
@@ -1347,9 +1250,7 @@ async fn every_scope_and_endpoint_answers_in_githubs_shape() {
 
 #[tokio::test]
 async fn job_behaviours_hostile_workspace_orphans_and_exit_codes() {
-    let fake = FakeProcess::start();
-    let api = Api::new(&fake.base);
-    setup_auth(&api).await;
+    let (_fake, api) = with_auth().await;
     let dir = tempfile::tempdir().unwrap();
     install_runner(&api, dir.path()).await;
     let root = dir.path().join("runner");

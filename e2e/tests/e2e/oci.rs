@@ -18,9 +18,11 @@ use runner_manager_crds::policy::ExecutionMode;
 use runner_manager_crds::state::AttemptState;
 use runner_manager_e2e::harness::agent::{AgentWorld, STEP};
 use runner_manager_e2e::harness::attempt::{journal_of, name, outcome};
-use runner_manager_e2e::harness::process::binary;
+use runner_manager_e2e::harness::process::{Running, binary};
+use runner_manager_e2e::harness::telemetry::get;
 use runner_manager_e2e::harness::wait;
 use runner_manager_e2e::harness::world::World;
+use runner_manager_node_agent::pods::{self as agent_pods, PodRole};
 use serde_json::json;
 
 /// An image pinned by digest. Nothing pulls it here: the kubelet double decides what happens.
@@ -42,19 +44,19 @@ fn oci(s: &mut runner_manager_crds::attempt::AttemptSnapshot) {
 }
 
 /// The agent with the OCI provider and short deadlines.
-fn oci_agent(
-    w: &AgentWorld,
-    start_deadline: &str,
-) -> runner_manager_e2e::harness::process::Running {
-    w.agent(
-        4,
-        &[
-            ("RM_OCI", "true"),
-            ("RM_OCI_START_DEADLINE_SECONDS", start_deadline),
-            ("RM_OCI_HANDOFF_DEADLINE_SECONDS", "30"),
-        ],
-    )
-    .unwrap()
+fn oci_agent(w: &AgentWorld, start_deadline: &str) -> Running {
+    oci_agent_with(w, start_deadline, &[])
+}
+
+/// The agent of `oci_agent`, with `extra` settings besides.
+fn oci_agent_with(w: &AgentWorld, start_deadline: &str, extra: &[(&str, &str)]) -> Running {
+    let mut env = vec![
+        ("RM_OCI", "true"),
+        ("RM_OCI_START_DEADLINE_SECONDS", start_deadline),
+        ("RM_OCI_HANDOFF_DEADLINE_SECONDS", "30"),
+    ];
+    env.extend_from_slice(extra);
+    w.agent(4, &env).unwrap()
 }
 
 /// The runner pods of an attempt (by the convention's labels).
@@ -82,6 +84,148 @@ async fn wait_no_pod(w: &AgentWorld, attempt: &str) {
     })
     .await
     .unwrap();
+}
+
+/// The attempt's own runner pod (by its derived name), once it exists.
+async fn wait_own_pod(w: &AgentWorld, attempt: &str) -> Pod {
+    let own = agent_pods::pod_name(attempt, PodRole::Runner);
+    wait::until(STEP, "the attempt's runner pod", || {
+        let own = own.clone();
+        async move { w.pods().get_opt(&own).await.ok().flatten() }
+    })
+    .await
+    .unwrap()
+}
+
+/// How a test finds its attempt's runner pod: by the convention's labels ([`wait_pod`]) or by
+/// the name the agent derives for it ([`wait_own_pod`]).
+#[derive(Clone, Copy)]
+enum Find {
+    Labelled,
+    Own,
+}
+
+/// An OCI attempt of a started agent, up to its runner pod: the agent and the double finishing
+/// deletions (both held for the test's life), the attempt, its name and its pod.
+type OnPod = (Running, FinishesDeletions, RunnerAttempt, String, Pod);
+
+/// What every OCI scenario does once its `agent` is started: the double finishes deletions,
+/// the agent has recovered, a pending OCI attempt is made and its runner pod is found (`find`).
+async fn up_to_pod(w: &AgentWorld, agent: Running, find: Find) -> OnPod {
+    let _deletions = finish_deletions(w);
+    w.wait_recovered().await.unwrap();
+    let a = w.pending_attempt_with(oci).await.unwrap();
+    let n = name(&a);
+    let pod = match find {
+        Find::Labelled => wait_pod(w, &n).await,
+        Find::Own => wait_own_pod(w, &n).await,
+    };
+    (agent, _deletions, a, n, pod)
+}
+
+/// An OCI attempt of a started agent whose runner pod the double runs.
+struct RunningPod<'w> {
+    /// Held for the test's life: the double finishes the runner pods' deletions.
+    _deletions: FinishesDeletions,
+    a: RunnerAttempt,
+    n: String,
+    pod: Pod,
+    kubelet: KubeletDouble<'w>,
+    container: std::process::Child,
+}
+
+/// [`up_to_pod`], then the double starts the pod's container and reports it running. Returns
+/// the agent beside it.
+async fn running_pod(w: &AgentWorld, agent: Running, find: Find) -> (Running, RunningPod<'_>) {
+    let (agent, _deletions, a, n, pod) = up_to_pod(w, agent, find).await;
+    let kubelet = KubeletDouble { w };
+    let container = kubelet.start(&pod).await;
+    let r = RunningPod {
+        _deletions,
+        a,
+        n,
+        pod,
+        kubelet,
+        container,
+    };
+    (agent, r)
+}
+
+/// The pod as the API server has it now.
+async fn live(w: &AgentWorld, pod: &Pod) -> Pod {
+    w.pods()
+        .get(pod.metadata.name.as_deref().unwrap())
+        .await
+        .unwrap()
+}
+
+/// An attempt whose pod never ran concludes `expected` and leaves nothing: no runner pod, no JIT
+/// (`no_jit` says so when one was), no runtime.
+async fn concludes_leaving_nothing(
+    w: &AgentWorld,
+    a: &RunnerAttempt,
+    expected: Outcome,
+    no_jit: &str,
+) {
+    let n = name(a);
+    w.wait_concluded(&n, expected).await;
+    wait_no_pod(w, &n).await;
+    assert!(w.registrations(a).await.unwrap().is_empty(), "{no_jit}");
+    assert!(w.runtimes().is_empty(), "the runtime was left");
+}
+
+/// The agent crashed (it exited by itself, not successfully), and is gone.
+async fn crashed(mut agent: Running) {
+    let exited = agent.exited(STEP, "the agent's crash").await.unwrap();
+    assert!(!exited.success(), "the agent did not crash");
+}
+
+/// The agent stopped on SIGTERM, and is gone.
+async fn stopped(mut agent: Running) {
+    agent.terminate().unwrap();
+    agent.exited(STEP, "the agent to exit").await.unwrap();
+}
+
+/// The agent stopped on SIGTERM (with `runner`, when given, still alive after it: the agent's
+/// runners outlive it), and its successor started and recovered.
+async fn restarted(
+    w: &AgentWorld,
+    agent: Running,
+    runner: Option<&mut std::process::Child>,
+) -> Running {
+    stopped(agent).await;
+    if let Some(runner) = runner {
+        assert!(
+            runner.try_wait().unwrap().is_none(),
+            "the runner died with the agent"
+        );
+    }
+    let again = oci_agent(w, "120");
+    w.wait_recovered().await.unwrap();
+    again
+}
+
+/// The Events of the test's namespace.
+async fn events(w: &AgentWorld) -> Vec<Event> {
+    Api::<Event>::namespaced(w.kube.clone(), &w.team)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+}
+
+/// The kubelet refuses a pod as it does when the node cannot fit its requests.
+async fn refuse_out_of_cpu(w: &AgentWorld, pod_name: &str) {
+    w.pods()
+        .patch_status(
+            pod_name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {
+                "phase": "Failed", "reason": "OutOfcpu",
+                "message": "Pod was rejected: Node didn't have enough resource: cpu"}})),
+        )
+        .await
+        .unwrap();
 }
 
 /// Plays the kubelet's part for the runner pods of the development control plane.
@@ -195,6 +339,61 @@ impl KubeletDouble<'_> {
             .gid(u32::try_from(sc.run_as_group.unwrap()).unwrap());
         cmd.spawn().unwrap()
     }
+
+    /// The container started and the pod running, as a kubelet would report it.
+    async fn start(&self, pod: &Pod) -> std::process::Child {
+        let container = self.run_container(pod);
+        self.running(pod).await;
+        container
+    }
+
+    /// The container's process exits by itself; the double reports its exit on the live pod.
+    async fn container_exits(
+        &self,
+        pod: &Pod,
+        mut container: std::process::Child,
+    ) -> std::process::ExitStatus {
+        let status = tokio::task::spawn_blocking(move || container.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        let live = live(self.w, pod).await;
+        let phase = if status.success() {
+            "Succeeded"
+        } else {
+            "Failed"
+        };
+        self.terminated(&live, phase, "Completed", status.code().unwrap_or(1))
+            .await;
+        status
+    }
+}
+
+/// The Idle runner of attempt `n` takes one job of `duration_ms`: assigned, told and `Busy`.
+async fn takes_a_job(w: &AgentWorld, n: &str, duration_ms: u64) {
+    let job = w.queue_job(duration_ms).await.unwrap();
+    w.wait_assigned(job).await.unwrap();
+    w.set_job(n, job).await.unwrap();
+    w.set_github(n, true, true, 2).await.unwrap();
+    w.wait_state(n, AttemptState::Busy).await.unwrap();
+}
+
+/// The busy runner pod of attempt `n`: its listener exits after its one job, the double
+/// reports the container's exit, and the attempt ends `Cleaned` with `CompletedJob` and no pod
+/// left. Returns the cleaned attempt.
+async fn job_done_to_cleaned(
+    kubelet: &KubeletDouble<'_>,
+    n: &str,
+    pod: &Pod,
+    container: std::process::Child,
+) -> RunnerAttempt {
+    let w = kubelet.w;
+    let status = kubelet.container_exits(pod, container).await;
+    let done = w
+        .wait_concluded_saying(n, Outcome::CompletedJob, &format!("{status:?}"))
+        .await;
+    wait_no_pod(w, n).await;
+    done
 }
 
 /// The Idle runner pod of attempt `n` takes one job of `duration_ms`; its listener exits after
@@ -204,42 +403,11 @@ async fn runs_one_job_to_cleaned(
     kubelet: &KubeletDouble<'_>,
     n: &str,
     pod: &Pod,
-    mut container: std::process::Child,
+    container: std::process::Child,
     duration_ms: u64,
 ) -> RunnerAttempt {
-    let w = kubelet.w;
-    let job = w.queue_job(duration_ms).await.unwrap();
-    w.wait_assigned(job).await.unwrap();
-    w.set_job(n, job).await.unwrap();
-    w.set_github(n, true, true, 2).await.unwrap();
-    w.wait_state(n, AttemptState::Busy).await.unwrap();
-    // The listener exits after its one job; the double reports the container's exit.
-    let status = tokio::task::spawn_blocking(move || container.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    let live = w
-        .pods()
-        .get(pod.metadata.name.as_deref().unwrap())
-        .await
-        .unwrap();
-    kubelet
-        .terminated(
-            &live,
-            if status.success() {
-                "Succeeded"
-            } else {
-                "Failed"
-            },
-            "Completed",
-            status.code().unwrap_or(1),
-        )
-        .await;
-    let done = w
-        .wait_concluded_saying(n, Outcome::CompletedJob, &format!("{status:?}"))
-        .await;
-    wait_no_pod(w, n).await;
-    done
+    takes_a_job(kubelet.w, n, duration_ms).await;
+    job_done_to_cleaned(kubelet, n, pod, container).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -265,12 +433,7 @@ async fn a_runner_pod_stuck_pulling_its_image_concludes_image_unavailable_and_is
     let Some(w) = AgentWorld::start("a_runner_pod_stuck_pulling_its_image").await else {
         return;
     };
-    let _agent = oci_agent(&w, "4");
-    let _kubelet = finish_deletions(&w);
-    w.wait_recovered().await.unwrap();
-    let a = w.pending_attempt_with(oci).await.unwrap();
-    let n = name(&a);
-    let pod = wait_pod(&w, &n).await;
+    let (_agent, _deletions, a, n, pod) = up_to_pod(&w, oci_agent(&w, "4"), Find::Labelled).await;
     // `Preparing` was journalled before the pod was created.
     let seen = w.attempts().get(&n).await.unwrap();
     assert_eq!(journal_of(&seen).state(), AttemptState::Preparing);
@@ -291,14 +454,8 @@ async fn a_runner_pod_stuck_pulling_its_image_concludes_image_unavailable_and_is
     assert_eq!(requests["memory"].0, "512Mi");
 
     KubeletDouble { w: &w }.image_pull_back_off(&pod).await;
-    w.wait_concluded(&n, Outcome::Failed(FailureReason::ImageUnavailable))
-        .await;
-    wait_no_pod(&w, &n).await;
-    assert!(
-        w.registrations(&a).await.unwrap().is_empty(),
-        "a JIT was minted for a pod that never ran"
-    );
-    assert!(w.runtimes().is_empty(), "the runtime was left");
+    let end = Outcome::Failed(FailureReason::ImageUnavailable);
+    concludes_leaving_nothing(&w, &a, end, "a JIT was minted for a pod that never ran").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -306,12 +463,7 @@ async fn a_runner_pod_deleted_by_someone_else_while_preparing_concludes_and_noth
     let Some(w) = AgentWorld::start("a_runner_pod_deleted_by_someone_else").await else {
         return;
     };
-    let _agent = oci_agent(&w, "120");
-    let _kubelet = finish_deletions(&w);
-    w.wait_recovered().await.unwrap();
-    let a = w.pending_attempt_with(oci).await.unwrap();
-    let n = name(&a);
-    let pod = wait_pod(&w, &n).await;
+    let (_agent, _deletions, a, _, pod) = up_to_pod(&w, oci_agent(&w, "120"), Find::Labelled).await;
     w.pods()
         .delete(
             pod.metadata.name.as_deref().unwrap(),
@@ -319,11 +471,14 @@ async fn a_runner_pod_deleted_by_someone_else_while_preparing_concludes_and_noth
         )
         .await
         .unwrap();
-    w.wait_concluded(&n, Outcome::Failed(FailureReason::ProcessStartFailed))
-        .await;
-    wait_no_pod(&w, &n).await;
-    assert!(w.registrations(&a).await.unwrap().is_empty());
-    assert!(w.runtimes().is_empty(), "the runtime was left");
+    let end = Outcome::Failed(FailureReason::ProcessStartFailed);
+    concludes_leaving_nothing(
+        &w,
+        &a,
+        end,
+        "a JIT was minted for a pod deleted before it ran",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -331,27 +486,16 @@ async fn a_crash_after_the_pod_is_created_destroys_it_once_and_concludes_prepara
     let Some(w) = AgentWorld::start("a_crash_after_the_pod_is_created").await else {
         return;
     };
-    let mut agent = w
+    let agent = w
         .agent(
             4,
             &[("RM_OCI", "true"), ("RM_AGENT_FAULT", "after-pod-created")],
         )
         .unwrap();
-    let _kubelet = finish_deletions(&w);
-    w.wait_recovered().await.unwrap();
-    let a = w.pending_attempt_with(oci).await.unwrap();
-    let n = name(&a);
-    let pod = wait_pod(&w, &n).await;
+    let (agent, _deletions, a, n, pod) = up_to_pod(&w, agent, Find::Labelled).await;
     // The agent waits for the pod to run before it journals `Prepared`: the double runs it.
     KubeletDouble { w: &w }.running(&pod).await;
-    let exited = wait::until(STEP, "the agent's crash", || {
-        let code = agent.child.try_wait().ok().flatten();
-        async move { code }
-    })
-    .await
-    .unwrap();
-    assert!(!exited.success(), "the agent did not crash");
-    drop(agent);
+    crashed(agent).await;
     let seen = w.attempts().get(&n).await.unwrap();
     assert_eq!(
         journal_of(&seen).state(),
@@ -370,16 +514,9 @@ async fn an_oci_runner_takes_its_jit_through_the_handoff_runs_a_job_and_its_pod_
     let Some(w) = AgentWorld::start("an_oci_runner_takes_its_jit").await else {
         return;
     };
-    let agent = oci_agent(&w, "120");
-    let _kubelet = finish_deletions(&w);
-    w.wait_recovered().await.unwrap();
-    let a = w.pending_attempt_with(oci).await.unwrap();
-    let n = name(&a);
-    let pod = wait_pod(&w, &n).await;
-    let kubelet = KubeletDouble { w: &w };
-    let container = kubelet.run_container(&pod);
-    kubelet.running(&pod).await;
-    let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    let (agent, r) = running_pod(&w, oci_agent(&w, "120"), Find::Labelled).await;
+    let pod = &r.pod;
+    let started = w.wait_state(&r.n, AttemptState::Starting).await.unwrap();
     let journal = journal_of(&started);
     let env = journal.environment().expect("the pod's identity").clone();
     assert_eq!(env.pod_name, pod.metadata.name.clone().unwrap());
@@ -395,22 +532,15 @@ async fn an_oci_runner_takes_its_jit_through_the_handoff_runs_a_job_and_its_pod_
     );
 
     // The listener (execed by the helper) registers and takes a job.
-    w.bring_to_idle(&a).await;
-    let done = runs_one_job_to_cleaned(&kubelet, &n, &pod, container, 1000).await;
+    w.bring_to_idle(&r.a).await;
+    let done = runs_one_job_to_cleaned(&r.kubelet, &r.n, pod, r.container, 1000).await;
     assert!(w.runtimes().is_empty(), "the runtime was left");
 
     // The JIT never reached the pod spec, an event, the attempt or a log.
     let jits: Vec<String> = w.fake.issued_jits();
     assert_eq!(jits.len(), 1, "one JIT for the attempt");
-    let pod_text = serde_json::to_string(&pod).unwrap();
-    let events = serde_json::to_string(
-        &Api::<Event>::namespaced(w.kube.clone(), &w.team)
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items,
-    )
-    .unwrap();
+    let pod_text = serde_json::to_string(pod).unwrap();
+    let events = serde_json::to_string(&events(&w).await).unwrap();
     let attempt_text = serde_json::to_string(&done).unwrap();
     let logs = agent.lines().join("\n");
     for jit in &jits {
@@ -429,36 +559,13 @@ async fn a_restarted_agent_adopts_its_running_pod_without_a_second_jit() {
     let Some(w) = AgentWorld::start("a_restarted_agent_adopts_its_running_pod").await else {
         return;
     };
-    let mut agent = oci_agent(&w, "120");
-    let _kubelet = finish_deletions(&w);
-    w.wait_recovered().await.unwrap();
-    let a = w.pending_attempt_with(oci).await.unwrap();
-    let n = name(&a);
-    let pod = wait_pod(&w, &n).await;
-    let kubelet = KubeletDouble { w: &w };
-    let mut container = kubelet.run_container(&pod);
-    kubelet.running(&pod).await;
-    w.wait_state(&n, AttemptState::Starting).await.unwrap();
-    let idle = w.bring_to_idle(&a).await;
+    let (agent, mut r) = running_pod(&w, oci_agent(&w, "120"), Find::Labelled).await;
+    w.wait_state(&r.n, AttemptState::Starting).await.unwrap();
+    let idle = w.bring_to_idle(&r.a).await;
     let identity = journal_of(&idle).environment().unwrap().clone();
 
-    agent.terminate().unwrap();
-    wait::until(STEP, "the agent to exit", || {
-        let status = agent.child.try_wait().ok().flatten();
-        async move { status }
-    })
-    .await
-    .unwrap();
-    assert!(
-        container.try_wait().unwrap().is_none(),
-        "the runner died with the agent"
-    );
-
-    let _again = oci_agent(&w, "120");
-    w.wait_recovered().await.unwrap();
-    let now = w.attempts().get(&n).await.unwrap();
-    let journal = journal_of(&now);
-    assert_eq!(journal.state(), AttemptState::Idle);
+    let _again = restarted(&w, agent, Some(&mut r.container)).await;
+    let journal = w.journal_in(&r.n, AttemptState::Idle).await;
     assert_eq!(
         journal.environment(),
         Some(&identity),
@@ -466,7 +573,7 @@ async fn a_restarted_agent_adopts_its_running_pod_without_a_second_jit() {
     );
 
     // Supervised again: a job runs on it, it is concluded, destroyed and cleaned.
-    runs_one_job_to_cleaned(&kubelet, &n, &pod, container, 500).await;
+    runs_one_job_to_cleaned(&r.kubelet, &r.n, &r.pod, r.container, 500).await;
     assert_eq!(
         w.fake.running.fake.world().issued_jits.len(),
         1,
@@ -480,62 +587,82 @@ mod recovery {
     use super::*;
     use k8s_openapi::api::core::v1::{Container, PodSpec};
     use kube::api::{ObjectMeta, PostParams};
-    use runner_manager_node_agent::pods::{self as agent_pods, PodRole};
-
-    /// The OCI agent of `oci_agent`, crashing at `fault` (`RM_AGENT_FAULT`).
-    fn oci_agent_crashing_at(
-        w: &AgentWorld,
-        fault: &str,
-    ) -> runner_manager_e2e::harness::process::Running {
-        w.agent(
-            4,
-            &[
-                ("RM_OCI", "true"),
-                ("RM_OCI_START_DEADLINE_SECONDS", "120"),
-                ("RM_OCI_HANDOFF_DEADLINE_SECONDS", "30"),
-                ("RM_AGENT_FAULT", fault),
-            ],
-        )
-        .unwrap()
-    }
-
-    async fn crashed(agent: &mut runner_manager_e2e::harness::process::Running) {
-        let exited = wait::until(STEP, "the agent's crash", || {
-            let code = agent.child.try_wait().ok().flatten();
-            async move { code }
-        })
-        .await
-        .unwrap();
-        assert!(!exited.success(), "the agent did not crash");
-    }
-
-    /// The attempt's own runner pod (by its derived name), once it exists.
-    async fn wait_own_pod(w: &AgentWorld, attempt: &str) -> Pod {
-        let own = agent_pods::pod_name(attempt, PodRole::Runner);
-        wait::until(STEP, "the attempt's runner pod", || {
-            let own = own.clone();
-            async move { w.pods().get_opt(&own).await.ok().flatten() }
-        })
-        .await
-        .unwrap()
-    }
+    use runner_manager_crds::attempt::{AttemptConditionType, AttemptJournal, AttemptReason};
+    use runner_manager_crds::conditions::Condition;
 
     fn mints(w: &AgentWorld) -> usize {
         w.fake.running.fake.world().issued_jits.len()
     }
 
-    /// The kubelet refuses a pod as it does when the node cannot fit its requests.
-    async fn refuse_out_of_cpu(w: &AgentWorld, pod_name: &str) {
-        w.pods()
-            .patch_status(
-                pod_name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"status": {
-                    "phase": "Failed", "reason": "OutOfcpu",
-                    "message": "Pod was rejected: Node didn't have enough resource: cpu"}})),
-            )
+    /// The attempt's end in the restart tests: one JIT in all, despite the restart, and no
+    /// runtime left.
+    fn one_jit_and_no_runtime(w: &AgentWorld) {
+        assert_eq!(mints(w), 1, "a second JIT");
+        assert!(w.runtimes().is_empty(), "the runtime was left");
+    }
+
+    /// The agent crashing at `fault` (`RM_AGENT_FAULT`) with the attempt's own pod running:
+    /// what the restart tests have when the agent is gone. `journalled`: the state the crash
+    /// must have left the attempt in.
+    async fn crashed_at<'w>(
+        w: &'w AgentWorld,
+        fault: &str,
+        journalled: Option<AttemptState>,
+    ) -> RunningPod<'w> {
+        let agent = oci_agent_with(w, "120", &[("RM_AGENT_FAULT", fault)]);
+        let (agent, r) = running_pod(w, agent, Find::Own).await;
+        crashed(agent).await;
+        if let Some(state) = journalled {
+            let seen = w.attempts().get(&r.n).await.unwrap();
+            assert_eq!(journal_of(&seen).state(), state);
+        }
+        r
+    }
+
+    /// A pod the test makes, as the API server made it.
+    async fn created(w: &AgentWorld, pod: &Pod) -> Pod {
+        w.pods().create(&PostParams::default(), pod).await.unwrap()
+    }
+
+    /// The kubelet refuses the attempt's `own` pod; the attempt's cleanup is deferred (another
+    /// pod holds it). Returns the attempt then.
+    async fn refused_to_cleanup_deferred(w: &AgentWorld, n: &str, own: &Pod) -> RunnerAttempt {
+        refuse_out_of_cpu(w, own.metadata.name.as_deref().unwrap()).await;
+        w.wait_state(n, AttemptState::CleanupDeferred)
+            .await
+            .unwrap()
+    }
+
+    /// Once nothing holds the cleanup: the refused attempt concludes `NodeOutOfResources`, and
+    /// leaves no runtime.
+    async fn concluded_out_of_resources(w: &AgentWorld, n: &str) {
+        w.wait_concluded(n, Outcome::Failed(FailureReason::NodeOutOfResources))
+            .await;
+        assert!(w.runtimes().is_empty(), "the runtime was left");
+    }
+
+    /// The `CleanupDeferred` condition of `journal`, which must be there, with its reason.
+    fn cleanup_deferred(
+        journal: &AttemptJournal,
+    ) -> &Condition<AttemptConditionType, AttemptReason> {
+        let c = journal
+            .conditions
+            .iter()
+            .find(|c| format!("{:?}", c.type_) == "CleanupDeferred")
+            .expect("a CleanupDeferred condition");
+        assert_eq!(format!("{:?}", c.reason), "OwnershipUnproven");
+        c
+    }
+
+    /// The attempt's own pod `own` goes; `kept` stays, the same pod. Returns `kept` as it is.
+    async fn own_pod_goes_and_stays(w: &AgentWorld, own: &Pod, kept: &Pod) -> Pod {
+        let own_name = own.metadata.name.clone().unwrap();
+        wait::gone(&w.pods(), &own_name, STEP, "the attempt's own pod to go")
             .await
             .unwrap();
+        let still = live(w, kept).await;
+        assert_eq!(still.metadata.uid, kept.metadata.uid, "replaced");
+        still
     }
 
     /// Issue 15 item 7: a runner pod the kubelet refuses for want of CPU concludes
@@ -547,12 +674,7 @@ mod recovery {
         let Some(w) = AgentWorld::start("a_runner_pod_the_kubelet_refuses_for_cpu").await else {
             return;
         };
-        let _agent = oci_agent(&w, "120");
-        let _kubelet = finish_deletions(&w);
-        w.wait_recovered().await.unwrap();
-        let a = w.pending_attempt_with(oci).await.unwrap();
-        let n = name(&a);
-        let pod = wait_own_pod(&w, &n).await;
+        let (_agent, _deletions, _, n, pod) = up_to_pod(&w, oci_agent(&w, "120"), Find::Own).await;
         refuse_out_of_cpu(&w, pod.metadata.name.as_deref().unwrap()).await;
         w.wait_concluded(&n, Outcome::Failed(FailureReason::NodeOutOfResources))
             .await;
@@ -614,12 +736,7 @@ mod recovery {
         let Some(w) = AgentWorld::start("a_runner_pod_of_another_generation").await else {
             return;
         };
-        let _agent = oci_agent(&w, "120");
-        let _kubelet = finish_deletions(&w);
-        w.wait_recovered().await.unwrap();
-        let a = w.pending_attempt_with(oci).await.unwrap();
-        let n = name(&a);
-        let own = wait_own_pod(&w, &n).await;
+        let (_agent, _deletions, a, n, own) = up_to_pod(&w, oci_agent(&w, "120"), Find::Own).await;
         let node = own.spec.as_ref().and_then(|s| s.node_name.clone());
         // Both on the agent's node, where its cleanup looks; nothing runs them.
         let labelled = |pod_name: String, generation: &str| Pod {
@@ -664,53 +781,22 @@ mod recovery {
             },
         ]);
         earlier.metadata.finalizers = Some(vec![HOLD.to_owned()]);
-        let earlier = w
-            .pods()
-            .create(&PostParams::default(), &earlier)
-            .await
-            .unwrap();
+        let earlier = created(&w, &earlier).await;
         let earlier_name = earlier.metadata.name.clone().unwrap();
-        let unowned = w
-            .pods()
-            .create(
-                &PostParams::default(),
-                &labelled(format!("{n}-labelled"), a.metadata.uid.as_deref().unwrap()),
-            )
-            .await
-            .unwrap();
+        let unowned = labelled(format!("{n}-labelled"), a.metadata.uid.as_deref().unwrap());
+        let unowned = created(&w, &unowned).await;
         let unowned_name = unowned.metadata.name.clone().unwrap();
-        refuse_out_of_cpu(&w, own.metadata.name.as_deref().unwrap()).await;
-
-        let deferred = w
-            .wait_state(&n, AttemptState::CleanupDeferred)
-            .await
-            .unwrap();
-        let status = deferred.status.as_ref().unwrap();
-        let c = status
-            .journal
-            .conditions
-            .iter()
-            .find(|c| format!("{:?}", c.type_) == "CleanupDeferred")
-            .expect("a CleanupDeferred condition");
+        let deferred = refused_to_cleanup_deferred(&w, &n, &own).await;
+        let c = cleanup_deferred(journal_of(&deferred));
         assert_eq!(
             c.status,
             runner_manager_crds::conditions::ConditionStatus::True
         );
-        assert_eq!(format!("{:?}", c.reason), "OwnershipUnproven");
         // The attempt's own pod went; the earlier generation's is still there.
-        let own_name = own.metadata.name.clone().unwrap();
-        wait::gone(&w.pods(), &own_name, STEP, "the attempt's own pod to go")
-            .await
-            .unwrap();
-        let still = w.pods().get(&earlier_name).await.unwrap();
-        assert_eq!(still.metadata.uid, earlier.metadata.uid, "replaced");
-        let events = Api::<Event>::namespaced(w.kube.clone(), &w.team)
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items;
+        own_pod_goes_and_stays(&w, &own, &earlier).await;
         assert!(
-            events
+            events(&w)
+                .await
                 .iter()
                 .any(|e| e.reason.as_deref() == Some("CleanupDeferred")
                     && e.involved_object.name.as_deref() == Some(n.as_str())),
@@ -730,9 +816,7 @@ mod recovery {
             .delete(&earlier_name, &DeleteParams::default())
             .await
             .ok();
-        w.wait_concluded(&n, Outcome::Failed(FailureReason::NodeOutOfResources))
-            .await;
-        assert!(w.runtimes().is_empty(), "the runtime was left");
+        concluded_out_of_resources(&w, &n).await;
         let left = w.pods().get(&unowned_name).await.unwrap();
         assert_eq!(left.metadata.uid, unowned.metadata.uid, "replaced");
         assert!(
@@ -774,8 +858,7 @@ mod recovery {
         let n = name(a);
         w.bring_to_idle(a).await;
         runs_one_job_to_cleaned(kubelet, &n, pod, container, 300).await;
-        assert_eq!(mints(w), 1, "a second JIT");
-        assert!(w.runtimes().is_empty(), "the runtime was left");
+        one_jit_and_no_runtime(w);
     }
 
     /// Parity row 16, `Prepared`: the agent dies with the pod running and `Prepared` journalled,
@@ -786,25 +869,13 @@ mod recovery {
         let Some(w) = AgentWorld::start("a_restart_in_prepared").await else {
             return;
         };
-        let mut agent = oci_agent_crashing_at(&w, "after-prepared");
-        let _deletions = finish_deletions(&w);
-        w.wait_recovered().await.unwrap();
-        let a = w.pending_attempt_with(oci).await.unwrap();
-        let n = name(&a);
-        let pod = wait_own_pod(&w, &n).await;
-        let kubelet = KubeletDouble { w: &w };
-        let container = kubelet.run_container(&pod);
-        kubelet.running(&pod).await;
-        crashed(&mut agent).await;
-        drop(agent);
-        let seen = w.attempts().get(&n).await.unwrap();
-        assert_eq!(journal_of(&seen).state(), AttemptState::Prepared);
+        let c = crashed_at(&w, "after-prepared", Some(AttemptState::Prepared)).await;
         assert_eq!(mints(&w), 0, "a JIT before the crash");
 
         let _again = oci_agent(&w, "120");
-        started_on(&w, &n, &pod).await;
-        assert_eq!(runner_pods(&w, &n).await.len(), 1, "a second pod");
-        finishes_with_one_jit(&kubelet, &a, &pod, container).await;
+        started_on(&w, &c.n, &c.pod).await;
+        assert_eq!(runner_pods(&w, &c.n).await.len(), 1, "a second pod");
+        finishes_with_one_jit(&c.kubelet, &c.a, &c.pod, c.container).await;
     }
 
     /// Parity row 16, `JitReceived` with the JIT still in the dead agent's memory (the crash
@@ -816,25 +887,18 @@ mod recovery {
         else {
             return;
         };
-        let mut agent = oci_agent_crashing_at(&w, "after-jit-before-spawn");
-        let _deletions = finish_deletions(&w);
-        w.wait_recovered().await.unwrap();
-        let a = w.pending_attempt_with(oci).await.unwrap();
-        let n = name(&a);
-        let pod = wait_own_pod(&w, &n).await;
-        let kubelet = KubeletDouble { w: &w };
-        let mut container = kubelet.run_container(&pod);
-        kubelet.running(&pod).await;
-        crashed(&mut agent).await;
-        drop(agent);
-        let seen = w.attempts().get(&n).await.unwrap();
-        assert_eq!(journal_of(&seen).state(), AttemptState::JitReceived);
+        let mut c = crashed_at(
+            &w,
+            "after-jit-before-spawn",
+            Some(AttemptState::JitReceived),
+        )
+        .await;
 
         let _again = oci_agent(&w, "120");
         let done = w
-            .wait_concluded(&n, Outcome::Failed(FailureReason::JitExpired))
+            .wait_concluded(&c.n, Outcome::Failed(FailureReason::JitExpired))
             .await;
-        wait_no_pod(&w, &n).await;
+        wait_no_pod(&w, &c.n).await;
         assert_eq!(mints(&w), 1, "the lost JIT was asked again");
         assert!(
             journal_of(&done).process().is_none(),
@@ -843,8 +907,8 @@ mod recovery {
         assert!(w.handoff_files().is_empty(), "a handoff was left");
         assert!(w.runtimes().is_empty(), "the runtime was left");
         // The double's container (still awaiting a handoff) goes with its pod.
-        let _ = container.kill();
-        let _ = container.wait();
+        let _ = c.container.kill();
+        let _ = c.container.wait();
     }
 
     /// Parity row 16, `JitReceived` after the helper took the handoff (its marker is in the
@@ -855,23 +919,16 @@ mod recovery {
         let Some(w) = AgentWorld::start("a_restart_in_jit_received_after_the_handoff").await else {
             return;
         };
-        let mut agent = oci_agent_crashing_at(&w, "after-spawn-before-starting");
-        let _deletions = finish_deletions(&w);
-        w.wait_recovered().await.unwrap();
-        let a = w.pending_attempt_with(oci).await.unwrap();
-        let n = name(&a);
-        let pod = wait_own_pod(&w, &n).await;
-        let kubelet = KubeletDouble { w: &w };
-        let container = kubelet.run_container(&pod);
-        kubelet.running(&pod).await;
-        crashed(&mut agent).await;
-        drop(agent);
-        let seen = w.attempts().get(&n).await.unwrap();
-        assert_eq!(journal_of(&seen).state(), AttemptState::JitReceived);
+        let c = crashed_at(
+            &w,
+            "after-spawn-before-starting",
+            Some(AttemptState::JitReceived),
+        )
+        .await;
 
         let _again = oci_agent(&w, "120");
-        started_on(&w, &n, &pod).await;
-        finishes_with_one_jit(&kubelet, &a, &pod, container).await;
+        started_on(&w, &c.n, &c.pod).await;
+        finishes_with_one_jit(&c.kubelet, &c.a, &c.pod, c.container).await;
     }
 
     /// `JitReceived` after the helper took the handoff, and the spec edited while the agent was
@@ -885,20 +942,11 @@ mod recovery {
         let Some(w) = AgentWorld::start("a_changed_spec_in_jit_received").await else {
             return;
         };
-        let mut agent = oci_agent_crashing_at(&w, "after-spawn-before-starting");
-        let _deletions = finish_deletions(&w);
-        w.wait_recovered().await.unwrap();
-        let a = w.pending_attempt_with(oci).await.unwrap();
-        let n = name(&a);
-        let pod = wait_own_pod(&w, &n).await;
-        let kubelet = KubeletDouble { w: &w };
-        let mut container = kubelet.run_container(&pod);
-        kubelet.running(&pod).await;
-        crashed(&mut agent).await;
-        drop(agent);
+        let mut c = crashed_at(&w, "after-spawn-before-starting", None).await;
+        let n = &c.n;
         w.attempts()
             .patch(
-                &n,
+                n,
                 &PatchParams::default(),
                 &Patch::Merge(
                     json!({"spec": {"snapshot": {"labels": ["self-hosted", "linux", "gpu"]}}}),
@@ -908,36 +956,20 @@ mod recovery {
             .unwrap();
 
         let _again = oci_agent(&w, "120");
-        let events = Api::<Event>::namespaced(w.kube.clone(), &w.team);
-        wait::until(STEP, "a SpecChanged event on the attempt", || async {
-            let list = events.list(&ListParams::default()).await.ok()?;
-            list.items
-                .into_iter()
-                .any(|e| {
-                    e.reason.as_deref() == Some("SpecChanged")
-                        && e.involved_object.name.as_deref() == Some(n.as_str())
-                })
-                .then_some(())
-        })
-        .await
-        .unwrap();
+        w.wait_event(n, "SpecChanged").await;
         // The pod's container ends on its own; only then does the attempt conclude.
-        let _ = container.kill();
-        let _ = container.wait();
-        let live = w
-            .pods()
-            .get(pod.metadata.name.as_deref().unwrap())
-            .await
-            .unwrap();
-        kubelet.terminated(&live, "Failed", "Error", 137).await;
-        let done = w.wait_state(&n, AttemptState::Cleaned).await.unwrap();
+        let _ = c.container.kill();
+        let _ = c.container.wait();
+        c.kubelet
+            .terminated(&live(&w, &c.pod).await, "Failed", "Error", 137)
+            .await;
+        let done = w.wait_state(n, AttemptState::Cleaned).await.unwrap();
         assert_ne!(
             outcome(&done),
             Some(Outcome::Failed(FailureReason::SpecChanged)),
             "the live pod holding the JIT was concluded SpecChanged"
         );
-        assert_eq!(mints(&w), 1, "a second JIT");
-        assert!(w.runtimes().is_empty(), "the runtime was left");
+        one_jit_and_no_runtime(&w);
     }
 
     /// Parity row 16, `Starting`: the agent stops with the runner started but not yet online;
@@ -947,33 +979,11 @@ mod recovery {
         let Some(w) = AgentWorld::start("a_restart_in_starting").await else {
             return;
         };
-        let mut agent = oci_agent(&w, "120");
-        let _deletions = finish_deletions(&w);
-        w.wait_recovered().await.unwrap();
-        let a = w.pending_attempt_with(oci).await.unwrap();
-        let n = name(&a);
-        let pod = wait_own_pod(&w, &n).await;
-        let kubelet = KubeletDouble { w: &w };
-        let mut container = kubelet.run_container(&pod);
-        kubelet.running(&pod).await;
-        started_on(&w, &n, &pod).await;
-        agent.terminate().unwrap();
-        wait::until(STEP, "the agent to exit", || {
-            let status = agent.child.try_wait().ok().flatten();
-            async move { status }
-        })
-        .await
-        .unwrap();
-        drop(agent);
-        assert!(
-            container.try_wait().unwrap().is_none(),
-            "the runner died with the agent"
-        );
-
-        let _again = oci_agent(&w, "120");
-        w.wait_recovered().await.unwrap();
-        started_on(&w, &n, &pod).await;
-        finishes_with_one_jit(&kubelet, &a, &pod, container).await;
+        let (agent, mut r) = running_pod(&w, oci_agent(&w, "120"), Find::Own).await;
+        started_on(&w, &r.n, &r.pod).await;
+        let _again = restarted(&w, agent, Some(&mut r.container)).await;
+        started_on(&w, &r.n, &r.pod).await;
+        finishes_with_one_jit(&r.kubelet, &r.a, &r.pod, r.container).await;
     }
 
     /// Parity row 16, `Busy`: the agent stops while the pod runs a job; the successor adopts
@@ -984,35 +994,15 @@ mod recovery {
         let Some(w) = AgentWorld::start("a_restart_in_busy").await else {
             return;
         };
-        let mut agent = oci_agent(&w, "120");
-        let _deletions = finish_deletions(&w);
-        w.wait_recovered().await.unwrap();
-        let a = w.pending_attempt_with(oci).await.unwrap();
-        let n = name(&a);
-        let pod = wait_own_pod(&w, &n).await;
-        let kubelet = KubeletDouble { w: &w };
-        let container = kubelet.run_container(&pod);
-        kubelet.running(&pod).await;
-        started_on(&w, &n, &pod).await;
-        w.bring_to_idle(&a).await;
+        let (agent, r) = running_pod(&w, oci_agent(&w, "120"), Find::Own).await;
+        let (n, pod) = (&r.n, &r.pod);
+        started_on(&w, n, pod).await;
+        w.bring_to_idle(&r.a).await;
         // A job long enough to outlive the restart.
-        let job = w.queue_job(8000).await.unwrap();
-        w.wait_assigned(job).await.unwrap();
-        w.set_job(&n, job).await.unwrap();
-        w.set_github(&n, true, true, 2).await.unwrap();
-        w.wait_state(&n, AttemptState::Busy).await.unwrap();
-        agent.terminate().unwrap();
-        wait::until(STEP, "the agent to exit", || {
-            let status = agent.child.try_wait().ok().flatten();
-            async move { status }
-        })
-        .await
-        .unwrap();
-        drop(agent);
+        takes_a_job(&w, n, 8000).await;
 
-        let _again = oci_agent(&w, "120");
-        w.wait_recovered().await.unwrap();
-        let now = w.attempts().get(&n).await.unwrap();
+        let _again = restarted(&w, agent, None).await;
+        let now = w.attempts().get(n).await.unwrap();
         let journal = journal_of(&now);
         assert_eq!(journal.state(), AttemptState::Busy, "not adopted busy");
         assert_eq!(
@@ -1021,33 +1011,8 @@ mod recovery {
             "another pod"
         );
         // The listener exits after its job; the double reports the exit.
-        let mut container = container;
-        let status = tokio::task::spawn_blocking(move || container.wait())
-            .await
-            .unwrap()
-            .unwrap();
-        let live = w
-            .pods()
-            .get(pod.metadata.name.as_deref().unwrap())
-            .await
-            .unwrap();
-        kubelet
-            .terminated(
-                &live,
-                if status.success() {
-                    "Succeeded"
-                } else {
-                    "Failed"
-                },
-                "Completed",
-                status.code().unwrap_or(1),
-            )
-            .await;
-        w.wait_concluded_saying(&n, Outcome::CompletedJob, &format!("{status:?}"))
-            .await;
-        wait_no_pod(&w, &n).await;
-        assert_eq!(mints(&w), 1, "a second JIT");
-        assert!(w.runtimes().is_empty(), "the runtime was left");
+        job_done_to_cleaned(&r.kubelet, n, pod, r.container).await;
+        one_jit_and_no_runtime(&w);
     }
 
     /// Parity row 17: a second runner pod claiming the attempt (its labels, its generation and
@@ -1060,12 +1025,7 @@ mod recovery {
         let Some(w) = AgentWorld::start("a_duplicate_runner_pod_is_quarantined").await else {
             return;
         };
-        let _agent = oci_agent(&w, "120");
-        let _deletions = finish_deletions(&w);
-        w.wait_recovered().await.unwrap();
-        let a = w.pending_attempt_with(oci).await.unwrap();
-        let n = name(&a);
-        let own = wait_own_pod(&w, &n).await;
+        let (_agent, _deletions, _, n, own) = up_to_pod(&w, oci_agent(&w, "120"), Find::Own).await;
         // The same claim as the agent's own pod, under another name, on the same node (where
         // the agent's cleanup looks); nothing runs it.
         let mut duplicate = own.clone();
@@ -1081,37 +1041,18 @@ mod recovery {
             c.volume_mounts = None;
         }
         duplicate.status = None;
-        let duplicate = w
-            .pods()
-            .create(&PostParams::default(), &duplicate)
-            .await
-            .unwrap();
+        let duplicate = created(&w, &duplicate).await;
         let duplicate_name = duplicate.metadata.name.clone().unwrap();
-        refuse_out_of_cpu(&w, own.metadata.name.as_deref().unwrap()).await;
-
-        let deferred = w
-            .wait_state(&n, AttemptState::CleanupDeferred)
-            .await
-            .unwrap();
+        let deferred = refused_to_cleanup_deferred(&w, &n, &own).await;
         let journal = journal_of(&deferred);
         assert_ne!(
             journal.environment().map(|e| e.uid.clone()),
             duplicate.metadata.uid.clone(),
             "the duplicate was adopted"
         );
-        let c = journal
-            .conditions
-            .iter()
-            .find(|c| format!("{:?}", c.type_) == "CleanupDeferred")
-            .expect("a CleanupDeferred condition");
-        assert_eq!(format!("{:?}", c.reason), "OwnershipUnproven");
+        let c = cleanup_deferred(journal);
         assert!(c.message.contains("second runner pod"), "{}", c.message);
-        let own_name = own.metadata.name.clone().unwrap();
-        wait::gone(&w.pods(), &own_name, STEP, "the attempt's own pod to go")
-            .await
-            .unwrap();
-        let still = w.pods().get(&duplicate_name).await.unwrap();
-        assert_eq!(still.metadata.uid, duplicate.metadata.uid, "replaced");
+        let still = own_pod_goes_and_stays(&w, &own, &duplicate).await;
         assert!(
             still.metadata.deletion_timestamp.is_none(),
             "the duplicate was deleted"
@@ -1121,9 +1062,7 @@ mod recovery {
             .delete(&duplicate_name, &DeleteParams::default())
             .await
             .unwrap();
-        w.wait_concluded(&n, Outcome::Failed(FailureReason::NodeOutOfResources))
-            .await;
-        assert!(w.runtimes().is_empty(), "the runtime was left");
+        concluded_out_of_resources(&w, &n).await;
     }
 }
 
@@ -1142,36 +1081,18 @@ async fn an_idle_oci_runner_costs_no_api_read_in_steady_state() {
         .unwrap()
         .port();
     let health = format!("127.0.0.1:{port}");
-    let agent = w
-        .agent(
-            4,
-            &[
-                ("RM_OCI", "true"),
-                ("RM_OCI_START_DEADLINE_SECONDS", "120"),
-                ("RM_OCI_HANDOFF_DEADLINE_SECONDS", "30"),
-                ("RM_HEALTH_ADDR", health.as_str()),
-            ],
-        )
-        .unwrap();
-    let _kubelet = finish_deletions(&w);
-    w.wait_recovered().await.unwrap();
-    let a = w.pending_attempt_with(oci).await.unwrap();
-    let n = name(&a);
-    let pod = wait_pod(&w, &n).await;
-    let kubelet = KubeletDouble { w: &w };
-    let container = kubelet.run_container(&pod);
-    kubelet.running(&pod).await;
-    let started = w.wait_state(&n, AttemptState::Starting).await.unwrap();
+    let (agent, r) = running_pod(
+        &w,
+        oci_agent_with(&w, "120", &[("RM_HEALTH_ADDR", health.as_str())]),
+        Find::Labelled,
+    )
+    .await;
+    let started = w.wait_state(&r.n, AttemptState::Starting).await.unwrap();
     let launch = journal_of(&started).launch.clone().unwrap();
-    w.bring_to_idle(&a).await;
+    w.bring_to_idle(&r.a).await;
 
     let reads = || async {
-        let body = reqwest::get(format!("http://{health}/metrics"))
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
+        let body = get(&health, "/metrics").await.ok()?.body;
         body.lines()
             .find(|l| l.starts_with("runner_manager_agent_api_requests_total{verb=\"read\"}"))
             .and_then(|l| l.rsplit(' ').next())
@@ -1199,6 +1120,6 @@ async fn an_idle_oci_runner_costs_no_api_read_in_steady_state() {
         0.0,
         "an Idle OCI runner's supervision read the API server"
     );
-    runs_one_job_to_cleaned(&kubelet, &n, &pod, container, 500).await;
+    runs_one_job_to_cleaned(&r.kubelet, &r.n, &r.pod, r.container, 500).await;
     drop(agent);
 }

@@ -191,6 +191,94 @@ impl World {
         name
     }
 
+    /// An operator ([`Self::start_operator`] with no extra flag) and one node with the default
+    /// script talking to it: the operator's index.
+    async fn operator_and_node(&mut self) -> usize {
+        self.operator_with_node().await.0
+    }
+
+    /// [`Self::operator_and_node`], and the node's name.
+    async fn operator_with_node(&mut self) -> (usize, String) {
+        let op = self.start_operator(&[]).await;
+        let node = self.add_node(Script::default(), op).await;
+        (op, node)
+    }
+
+    /// [`Self::operator_and_node`], then the policy `name` ([`Self::policy`]): the operator's
+    /// index.
+    async fn serving_policy(&mut self, name: &str, spec: Value) -> usize {
+        let op = self.operator_and_node().await;
+        self.policy(name, spec).await;
+        op
+    }
+
+    /// Waits until every attempt is `Cleaned` and its finalizer released; `what` names the wait.
+    async fn until_all_cleaned_and_released(&self, what: &str) {
+        self.attempts_until(what, LONG, |l| {
+            l.iter()
+                .all(|a| {
+                    state(a) == AttemptState::Cleaned
+                        && a.metadata.finalizers.as_ref().is_none_or(Vec::is_empty)
+                })
+                .then_some(())
+        })
+        .await;
+    }
+
+    /// Waits until every attempt is in `s`; `what` names the wait.
+    async fn until_all_in(&self, s: AttemptState, what: &str) {
+        self.attempts_until(what, LONG, |l| {
+            l.iter().all(|a| state(a) == s).then_some(())
+        })
+        .await;
+    }
+
+    /// Waits until some attempt is in `s`; `what` names the wait.
+    async fn until_any_in(&self, s: AttemptState, what: &str) {
+        self.attempts_until(what, LONG, |l| {
+            l.iter().any(|a| state(a) == s).then_some(())
+        })
+        .await;
+    }
+
+    /// Waits until the replacement of `replaced` is `Idle` (`what` names the wait), and asserts
+    /// it is on `node`.
+    async fn replaced_idle_on(&self, replaced: &RunnerAttempt, node: &str, what: &str) {
+        let replacement = self
+            .attempts_until(what, LONG, |l| {
+                l.iter()
+                    .find(|a| {
+                        a.spec.replaces == replaced.metadata.name && state(a) == AttemptState::Idle
+                    })
+                    .cloned()
+            })
+            .await;
+        assert_eq!(replacement.spec.node_name, node);
+    }
+
+    /// Waits until an attempt on `node` is `Idle` (`what` names the wait): that attempt.
+    async fn idle_on(&self, node: &str, what: &str) -> RunnerAttempt {
+        self.attempts_until(what, LONG, |l| {
+            l.iter()
+                .find(|a| state(a) == AttemptState::Idle && a.spec.node_name == node)
+                .cloned()
+        })
+        .await
+    }
+
+    /// Waits until the policy `name` is `Ready`.
+    async fn wait_ready(&self, name: &str) {
+        wait::until(LONG, "the policy to be Ready", || async {
+            matches!(
+                self.condition(name, PolicyConditionType::Ready).await,
+                Some((ConditionStatus::True, ..))
+            )
+            .then_some(())
+        })
+        .await
+        .unwrap();
+    }
+
     /// A policy for `acme/web` on this test's pool; `spec` is merged over the defaults.
     async fn policy(&self, name: &str, spec: Value) -> ScalePolicy {
         self.world.policy(name, spec).await.unwrap()
@@ -262,6 +350,34 @@ impl World {
         out
     }
 
+    /// Waits until the policy's condition `t` has `status`; `what` names the wait. The
+    /// condition then: its status, reason and message.
+    async fn until_condition(
+        &self,
+        policy: &str,
+        t: PolicyConditionType,
+        status: ConditionStatus,
+        what: &str,
+    ) -> (ConditionStatus, PolicyReason, String) {
+        wait::until(LONG, what, || async {
+            self.condition(policy, t).await.filter(|c| c.0 == status)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Waits until the policy is not `Ready` ([`Self::until_condition`]).
+    async fn until_not_ready(&self, policy: &str) -> (ConditionStatus, PolicyReason, String) {
+        let what = format!("{policy} not Ready");
+        self.until_condition(
+            policy,
+            PolicyConditionType::Ready,
+            ConditionStatus::False,
+            &what,
+        )
+        .await
+    }
+
     async fn condition(
         &self,
         policy: &str,
@@ -327,21 +443,12 @@ async fn scale_from_zero_on_a_signed_webhook() {
     let Some(mut w) = world("scale_from_zero_on_a_signed_webhook").await else {
         return;
     };
-    let op = w.start_operator(&[]).await;
-    let node = w.add_node(Script::default(), op).await;
+    let (op, node) = w.operator_with_node().await;
     // Webhooks only: the fake keeps the job queued (no runner session takes it), so polling
     // would put it back after the synthetic `in_progress` below.
     w.policy("web", json!({"scaling": {"pollInterval": "1h"}}))
         .await;
-    wait::until(LONG, "the policy to be Ready", || async {
-        matches!(
-            w.condition("web", PolicyConditionType::Ready).await,
-            Some((ConditionStatus::True, ..))
-        )
-        .then_some(())
-    })
-    .await
-    .unwrap();
+    w.wait_ready("web").await;
     assert!(w.list().await.is_empty(), "minIdle 0: nothing before a job");
     w.hook_to(op).await;
     let calls_before = w.fake.counters().await.unwrap();
@@ -431,14 +538,7 @@ async fn scale_from_zero_on_a_signed_webhook() {
 
     // The webhook `in_progress` for our runner name lands as the attempt's job fact, and the
     // agent takes it to Busy; `completed` empties the ledger.
-    let delivery = json!({
-        "action": "in_progress",
-        "workflow_job": {"id": job, "run_id": 1, "labels": ["self-hosted", "linux"], "runner_name": runner.name,
-                          "status": "in_progress"},
-        "repository": {"full_name": format!("{ORG}/web"), "html_url": format!("https://github.com/{ORG}/web")},
-    });
-    let code = post_webhook(&w.operators[op].webhook, &delivery, WEBHOOK_SECRET).await;
-    assert_eq!(code, 202, "in_progress accepted");
+    post_in_progress(&w, op, job, &runner.name).await;
     w.attempts_until("the attempt busy with its job", LONG, |l| {
         l.iter()
             .find(|a| {
@@ -463,15 +563,8 @@ async fn scale_from_zero_on_a_signed_webhook() {
     // The job ends: the agent concludes and cleans, the operator deregisters the concluded
     // runner GitHub still lists and releases the finalizer.
     w.agents[0].set(|s| s.finish_busy = true);
-    w.attempts_until("the attempt cleaned and released", LONG, |l| {
-        l.iter()
-            .all(|a| {
-                state(a) == AttemptState::Cleaned
-                    && a.metadata.finalizers.as_ref().is_none_or(Vec::is_empty)
-            })
-            .then_some(())
-    })
-    .await;
+    w.until_all_cleaned_and_released("the attempt cleaned and released")
+        .await;
     wait::until(LONG, "the concluded runner deregistered", || async {
         (!w.registrations()
             .await
@@ -517,19 +610,10 @@ async fn a_runner_concluded_before_its_in_progress_delivery_still_records_its_jo
     let Some(mut w) = world("a_runner_concluded_before_its_in_progress").await else {
         return;
     };
-    let op = w.start_operator(&[]).await;
-    w.add_node(Script::default(), op).await;
-    w.policy("web", json!({"scaling": {"pollInterval": "1h"}}))
+    let op = w
+        .serving_policy("web", json!({"scaling": {"pollInterval": "1h"}}))
         .await;
-    wait::until(LONG, "the policy to be Ready", || async {
-        matches!(
-            w.condition("web", PolicyConditionType::Ready).await,
-            Some((ConditionStatus::True, ..))
-        )
-        .then_some(())
-    })
-    .await
-    .unwrap();
+    w.wait_ready("web").await;
     w.hook_to(op).await;
     let job = w.queue_job().await;
     let idle = w
@@ -540,21 +624,10 @@ async fn a_runner_concluded_before_its_in_progress_delivery_still_records_its_jo
     let runner = registration(&idle);
     // The runner takes the job and exits; the agent concludes and cleans before any delivery.
     w.agents[0].set(|s| s.finish_idle = true);
-    w.attempts_until("the runner concluded and cleaned", LONG, |l| {
-        l.iter()
-            .all(|a| state(a) == AttemptState::Cleaned)
-            .then_some(())
-    })
-    .await;
+    w.until_all_in(AttemptState::Cleaned, "the runner concluded and cleaned")
+        .await;
     w.agents[0].set(|s| s.finish_idle = false);
-    let delivery = json!({
-        "action": "in_progress",
-        "workflow_job": {"id": job, "run_id": 1, "labels": ["self-hosted", "linux"], "runner_name": runner.name,
-                          "status": "in_progress"},
-        "repository": {"full_name": format!("{ORG}/web"), "html_url": format!("https://github.com/{ORG}/web")},
-    });
-    let code = post_webhook(&w.operators[op].webhook, &delivery, WEBHOOK_SECRET).await;
-    assert_eq!(code, 202, "in_progress accepted");
+    post_in_progress(&w, op, job, &runner.name).await;
     let done = w
         .attempts_until("the concluded runner's job recorded", LONG, |l| {
             l.iter()
@@ -595,22 +668,9 @@ async fn a_concluded_runner_explains_no_other_jobs_entry_after_its_delivery() {
     let Some(mut w) = world("a_concluded_runner_explains_no_other").await else {
         return;
     };
-    let op = w.start_operator(&[]).await;
-    w.add_node(Script::default(), op).await;
-    w.policy(
-        "web",
-        json!({"maxRunners": 1, "scaling": {"pollInterval": "1h"}}),
-    )
-    .await;
-    wait::until(LONG, "the policy to be Ready", || async {
-        matches!(
-            w.condition("web", PolicyConditionType::Ready).await,
-            Some((ConditionStatus::True, ..))
-        )
-        .then_some(())
-    })
-    .await
-    .unwrap();
+    let spec = json!({"maxRunners": 1, "scaling": {"pollInterval": "1h"}});
+    let op = w.serving_policy("web", spec).await;
+    w.wait_ready("web").await;
     w.hook_to(op).await;
     let first = w.queue_job().await;
     let second = w.queue_job().await;
@@ -639,14 +699,7 @@ async fn a_concluded_runner_explains_no_other_jobs_entry_after_its_delivery() {
     })
     .await;
     w.agents[0].set(|s| s.finish_idle = false);
-    let delivery = json!({
-        "action": "in_progress",
-        "workflow_job": {"id": first, "run_id": 1, "labels": ["self-hosted", "linux"], "runner_name": runner.name,
-                          "status": "in_progress"},
-        "repository": {"full_name": format!("{ORG}/web"), "html_url": format!("https://github.com/{ORG}/web")},
-    });
-    let code = post_webhook(&w.operators[op].webhook, &delivery, WEBHOOK_SECRET).await;
-    assert_eq!(code, 202, "in_progress accepted");
+    post_in_progress(&w, op, first, &runner.name).await;
     wait::until(LONG, "the first job to leave the ledger", || async {
         let p = w.policies().get("web").await.ok()?;
         let ledger = p.status?.pending_jobs;
@@ -669,6 +722,37 @@ async fn a_concluded_runner_explains_no_other_jobs_entry_after_its_delivery() {
     .await;
 }
 
+/// The policy `name` is not `Degraded`.
+async fn assert_not_degraded(w: &World, name: &str) {
+    let degraded = w.condition(name, PolicyConditionType::Degraded).await;
+    assert!(
+        degraded
+            .as_ref()
+            .is_none_or(|c| c.0 != ConditionStatus::True),
+        "{degraded:?}"
+    );
+}
+
+/// The default agent script, edited by `edit`.
+fn script(edit: impl FnOnce(&mut Script)) -> Script {
+    let mut s = Script::default();
+    edit(&mut s);
+    s
+}
+
+/// The `in_progress` delivery of `job` taken by `runner`, posted signed to operator `op`, which
+/// accepts it.
+async fn post_in_progress(w: &World, op: usize, job: u64, runner: &str) {
+    let delivery = json!({
+        "action": "in_progress",
+        "workflow_job": {"id": job, "run_id": 1, "labels": ["self-hosted", "linux"], "runner_name": runner,
+                          "status": "in_progress"},
+        "repository": {"full_name": format!("{ORG}/web"), "html_url": format!("https://github.com/{ORG}/web")},
+    });
+    let code = post_webhook(&w.operators[op].webhook, &delivery, WEBHOOK_SECRET).await;
+    assert_eq!(code, 202, "in_progress accepted");
+}
+
 async fn post_webhook(addr: &str, body: &Value, secret: &str) -> u16 {
     let bytes = serde_json::to_vec(body).unwrap();
     let signature = sign(&SecretString::from(secret), &bytes);
@@ -681,25 +765,14 @@ async fn an_invalid_policy_is_not_ready_names_the_field_and_creates_nothing() {
     let Some(mut w) = world("an_invalid_policy_is_not_ready").await else {
         return;
     };
-    let op = w.start_operator(&[]).await;
-    w.add_node(Script::default(), op).await;
-    w.policy(
-        "nosecret",
-        json!({"minIdle": 2, "github": {"credentialsSecretRef": {"name": "missing"}}}),
-    )
-    .await;
+    let spec = json!({"minIdle": 2, "github": {"credentialsSecretRef": {"name": "missing"}}});
+    let op = w.serving_policy("nosecret", spec).await;
     w.policy(
         "orgpersistent",
         json!({"minIdle": 1, "github": {"url": format!("https://github.com/{ORG}")}, "workspace": {"mode": "Persistent"}}),
     )
     .await;
-    let (status, reason, message) = wait::until(LONG, "nosecret not Ready", || async {
-        w.condition("nosecret", PolicyConditionType::Ready)
-            .await
-            .filter(|c| c.0 == ConditionStatus::False)
-    })
-    .await
-    .unwrap();
+    let (status, reason, message) = w.until_not_ready("nosecret").await;
     assert_eq!(
         (status, reason),
         (ConditionStatus::False, PolicyReason::SecretNotFound)
@@ -708,13 +781,7 @@ async fn an_invalid_policy_is_not_ready_names_the_field_and_creates_nothing() {
         message.contains("spec.github.credentialsSecretRef"),
         "{message}"
     );
-    let (_, reason, message) = wait::until(LONG, "orgpersistent not Ready", || async {
-        w.condition("orgpersistent", PolicyConditionType::Ready)
-            .await
-            .filter(|c| c.0 == ConditionStatus::False)
-    })
-    .await
-    .unwrap();
+    let (_, reason, message) = w.until_not_ready("orgpersistent").await;
     assert_eq!(reason, PolicyReason::InvalidSpec);
     assert!(message.contains("spec.workspace.mode"), "{message}");
     // A few passes later, still nothing created.
@@ -763,9 +830,7 @@ async fn a_bad_signature_is_refused_and_changes_nothing() {
     let Some(mut w) = world("a_bad_signature_is_refused").await else {
         return;
     };
-    let op = w.start_operator(&[]).await;
-    w.add_node(Script::default(), op).await;
-    w.policy("web", json!({})).await;
+    let op = w.serving_policy("web", json!({})).await;
     let delivery = json!({
         "action": "queued",
         "workflow_job": {"id": 991, "run_id": 1, "labels": ["self-hosted", "linux"], "status": "queued"},
@@ -797,15 +862,7 @@ async fn a_bad_signature_is_refused_and_changes_nothing() {
     assert_eq!(code, 401);
     // A correctly signed delivery afterwards is accepted: the receiver is live, and only the bad
     // one changed nothing. Only a Ready policy takes jobs (issue 13): wait for it first.
-    wait::until(LONG, "the policy to be Ready", || async {
-        matches!(
-            w.condition("web", PolicyConditionType::Ready).await,
-            Some((ConditionStatus::True, ..))
-        )
-        .then_some(())
-    })
-    .await
-    .unwrap();
+    w.wait_ready("web").await;
     let p = w.policies().get("web").await.unwrap();
     assert!(p.status.unwrap_or_default().pending_jobs.is_empty());
     assert!(w.list().await.is_empty());
@@ -824,9 +881,7 @@ async fn min_idle_then_scale_down_deregisters_first_and_leaves_a_runner_that_too
     let Some(mut w) = world("min_idle_then_scale_down").await else {
         return;
     };
-    let op = w.start_operator(&[]).await;
-    w.add_node(Script::default(), op).await;
-    w.policy("web", json!({"minIdle": 2})).await;
+    w.serving_policy("web", json!({"minIdle": 2})).await;
     let idle = w
         .attempts_until("two idle runners (minIdle 2)", LONG, |l| {
             let idle: Vec<_> = l
@@ -883,15 +938,8 @@ async fn min_idle_then_scale_down_deregisters_first_and_leaves_a_runner_that_too
         );
     }
     // The agent concludes and cleans; the operator releases the finalizers; nothing new starts.
-    w.attempts_until("attempts cleaned and released", LONG, |l| {
-        l.iter()
-            .all(|a| {
-                state(a) == AttemptState::Cleaned
-                    && a.metadata.finalizers.as_ref().is_none_or(Vec::is_empty)
-            })
-            .then_some(())
-    })
-    .await;
+    w.until_all_cleaned_and_released("attempts cleaned and released")
+        .await;
     assert!(live(&w.list().await).is_empty());
 }
 
@@ -956,10 +1004,7 @@ async fn each_node_runs_the_package_of_its_architecture_and_a_node_of_another_ge
         // operator saw first.
         let node = w
             .add_node_labelled(
-                Script {
-                    capacity: 2,
-                    ..Script::default()
-                },
+                script(|s| s.capacity = 2),
                 op,
                 &[(POOL_LABEL, pool.as_str()), (ARCH_LABEL, arch)],
             )
@@ -1049,8 +1094,7 @@ async fn a_suspended_policy_drains_its_idle_runners_launches_nothing_and_still_c
     let Some(mut w) = world("suspended_policy").await else {
         return;
     };
-    let op = w.start_operator(&[]).await;
-    w.add_node(Script::default(), op).await;
+    let op = w.operator_and_node().await;
     // Webhooks only: the queued job stays in the ledger while the policy is suspended.
     w.policy(
         "web",
@@ -1112,8 +1156,7 @@ async fn scale_from_zero_with_webhooks_dropped_by_polling() {
     let Some(mut w) = world("scale_from_zero_by_polling").await else {
         return;
     };
-    let op = w.start_operator(&[]).await;
-    w.add_node(Script::default(), op).await;
+    let op = w.operator_and_node().await;
     w.hook_to(op).await;
     w.fake.drop_webhooks(100).await.unwrap();
     w.policy("web", json!({"scaling": {"pollInterval": "10s"}}))
@@ -1139,14 +1182,7 @@ async fn registration_timeout_requests_termination_and_a_replacement_carries_lin
         return;
     };
     let op = w.start_operator(&[]).await;
-    w.add_node(
-        Script {
-            never_register: true,
-            ..Script::default()
-        },
-        op,
-    )
-    .await;
+    w.add_node(script(|s| s.never_register = true), op).await;
     w.policy(
         "web",
         json!({"minIdle": 1, "timeouts": {"registration": "30s"}}),
@@ -1356,16 +1392,8 @@ async fn a_rejected_attempt_is_replaced_on_another_node_with_lineage() {
         })
         .await;
     assert_eq!(state(&rejected), AttemptState::Cleaned);
-    let replacement = w
-        .attempts_until("its replacement idle on the other node", LONG, |l| {
-            l.iter()
-                .find(|a| {
-                    a.spec.replaces == rejected.metadata.name && state(a) == AttemptState::Idle
-                })
-                .cloned()
-        })
+    w.replaced_idle_on(&rejected, &roomy, "its replacement idle on the other node")
         .await;
-    assert_eq!(replacement.spec.node_name, roomy);
 }
 
 #[tokio::test]
@@ -1373,23 +1401,18 @@ async fn failed_launches_back_off_then_degrade_the_policy_until_its_spec_changes
     let Some(mut w) = world("failed_launches_degrade").await else {
         return;
     };
-    let op = w.start_operator(&["--max-consecutive-failures", "3"]).await;
-    w.add_node(
-        Script {
-            fail_after_jit: true,
-            ..Script::default()
-        },
-        op,
-    )
-    .await;
+    let flags = ["--max-consecutive-failures", "3"];
+    let op = w.start_operator(&flags).await;
+    w.add_node(script(|s| s.fail_after_jit = true), op).await;
     w.policy("web", json!({"minIdle": 1})).await;
-    let (_, reason, message) = wait::until(LONG, "the policy Degraded", || async {
-        w.condition("web", PolicyConditionType::Degraded)
-            .await
-            .filter(|c| c.0 == ConditionStatus::True)
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    let (_, reason, message) = w
+        .until_condition(
+            "web",
+            PolicyConditionType::Degraded,
+            ConditionStatus::True,
+            "the policy Degraded",
+        )
+        .await;
     assert_eq!(reason, PolicyReason::LaunchesFailing);
     assert!(message.contains("JitExpired"), "{message}");
     let failed = w.list().await;
@@ -1422,13 +1445,13 @@ async fn failed_launches_back_off_then_degrade_the_policy_until_its_spec_changes
         l.iter().find(|a| state(a) == AttemptState::Idle).cloned()
     })
     .await;
-    wait::until(LONG, "Degraded cleared", || async {
-        w.condition("web", PolicyConditionType::Degraded)
-            .await
-            .filter(|c| c.0 == ConditionStatus::False)
-    })
-    .await
-    .unwrap();
+    w.until_condition(
+        "web",
+        PolicyConditionType::Degraded,
+        ConditionStatus::False,
+        "Degraded cleared",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -1437,15 +1460,7 @@ async fn a_lost_node_orphans_its_attempts_and_they_are_replaced_elsewhere() {
         return;
     };
     let op = w.start_operator(&["--node-lost-grace", "2s"]).await;
-    let doomed = w
-        .add_node(
-            Script {
-                packages: vec![sha()],
-                ..Script::default()
-            },
-            op,
-        )
-        .await;
+    let doomed = w.add_node(script(|s| s.packages = vec![sha()]), op).await;
     w.policy("web", json!({"minIdle": 1})).await;
     let first = w
         .attempts_until("an idle attempt on the preferred node", LONG, |l| {
@@ -1475,14 +1490,8 @@ async fn a_lost_node_orphans_its_attempts_and_they_are_replaced_elsewhere() {
         .await;
     let outcome = serde_json::to_value(orphaned.status.unwrap().journal.outcome()).unwrap();
     assert_eq!(outcome, json!({"kind": "Orphaned", "reason": "NodeLost"}));
-    let replacement = w
-        .attempts_until("a replacement idle on the surviving node", LONG, |l| {
-            l.iter()
-                .find(|a| a.spec.replaces == first.metadata.name && state(a) == AttemptState::Idle)
-                .cloned()
-        })
-        .await;
-    assert_eq!(replacement.spec.node_name, survivor);
+    let what = "a replacement idle on the surviving node";
+    w.replaced_idle_on(&first, &survivor, what).await;
 }
 
 /// DESIGN §10: GitHub calls per launched runner, amortized over a burst of ten jobs (printed as
@@ -1508,18 +1517,12 @@ async fn one_installation_token_serves_the_controllers_and_the_broker() {
         .create(&PostParams::default(), &app)
         .await
         .unwrap();
-    let op = w.start_operator(&[]).await;
-    w.add_node(Script::default(), op).await;
-    w.policy(
-        "web",
-        json!({"minIdle": 1, "github": {"credentialsSecretRef": {"name": "github-app"}}}),
+    let spec = json!({"minIdle": 1, "github": {"credentialsSecretRef": {"name": "github-app"}}});
+    w.serving_policy("web", spec).await;
+    w.until_any_in(
+        AttemptState::Idle,
+        "an idle runner, its JIT minted by the broker",
     )
-    .await;
-    w.attempts_until("an idle runner, its JIT minted by the broker", LONG, |l| {
-        l.iter()
-            .any(|a| state(a) == AttemptState::Idle)
-            .then_some(())
-    })
     .await;
     let counters = w.fake.counters().await.unwrap();
     assert_eq!(
@@ -1555,14 +1558,8 @@ async fn agent_restarts_during_preparation_never_degrade_the_policy() {
             "30s",
         ])
         .await;
-    w.add_node(
-        Script {
-            interrupt_preparation: true,
-            ..Script::default()
-        },
-        op,
-    )
-    .await;
+    w.add_node(script(|s| s.interrupt_preparation = true), op)
+        .await;
     w.policy("web", json!({"minIdle": 1})).await;
     let interrupted = |l: &[RunnerAttempt]| {
         l.iter()
@@ -1576,27 +1573,14 @@ async fn agent_restarts_during_preparation_never_degrade_the_policy() {
         (interrupted(l) >= 5).then_some(())
     })
     .await;
-    let degraded = w.condition("web", PolicyConditionType::Degraded).await;
-    assert!(
-        degraded
-            .as_ref()
-            .is_none_or(|c| c.0 != ConditionStatus::True),
-        "{degraded:?}"
-    );
+    assert_not_degraded(&w, "web").await;
     w.agents[0].set(|s| s.interrupt_preparation = false);
-    w.attempts_until("an idle runner once the agents are back", LONG, |l| {
-        l.iter()
-            .any(|a| state(a) == AttemptState::Idle)
-            .then_some(())
-    })
+    w.until_any_in(
+        AttemptState::Idle,
+        "an idle runner once the agents are back",
+    )
     .await;
-    let degraded = w.condition("web", PolicyConditionType::Degraded).await;
-    assert!(
-        degraded
-            .as_ref()
-            .is_none_or(|c| c.0 != ConditionStatus::True),
-        "{degraded:?}"
-    );
+    assert_not_degraded(&w, "web").await;
 }
 
 #[tokio::test]
@@ -1605,24 +1589,9 @@ async fn github_calls_per_launched_runner_in_a_burst() {
         return;
     };
     let op = w.start_operator(&["--observe-interval", "10s"]).await;
-    w.add_node(
-        Script {
-            capacity: 10,
-            ..Script::default()
-        },
-        op,
-    )
-    .await;
+    w.add_node(script(|s| s.capacity = 10), op).await;
     w.policy("web", json!({"maxRunners": 10})).await;
-    wait::until(LONG, "the policy Ready", || async {
-        matches!(
-            w.condition("web", PolicyConditionType::Ready).await,
-            Some((ConditionStatus::True, ..))
-        )
-        .then_some(())
-    })
-    .await
-    .unwrap();
+    w.wait_ready("web").await;
     w.hook_to(op).await;
     w.fake
         .admin("DELETE", "counters", Value::Null)
@@ -1661,25 +1630,10 @@ async fn a_burst_of_jobs_creates_one_runner_per_job() {
         return;
     };
     let op = w.start_operator(&[]).await;
-    w.add_node(
-        Script {
-            capacity: 20,
-            ..Script::default()
-        },
-        op,
-    )
-    .await;
+    w.add_node(script(|s| s.capacity = 20), op).await;
     w.policy("web", json!({"maxRunners": 20, "minIdle": 0}))
         .await;
-    wait::until(LONG, "the policy Ready", || async {
-        matches!(
-            w.condition("web", PolicyConditionType::Ready).await,
-            Some((ConditionStatus::True, ..))
-        )
-        .then_some(())
-    })
-    .await
-    .unwrap();
+    w.wait_ready("web").await;
     w.hook_to(op).await;
     futures_util::future::join_all((0..10).map(|_| w.queue_job())).await;
     w.attempts_until("ten idle runners", LONG, |l| {
@@ -1713,9 +1667,7 @@ async fn deleting_a_policy_drains_it_and_abandon_releases_a_stuck_attempt() {
     let Some(mut w) = world("deleting_a_policy_drains").await else {
         return;
     };
-    let op = w.start_operator(&[]).await;
-    w.add_node(Script::default(), op).await;
-    w.policy("web", json!({"minIdle": 1})).await;
+    w.serving_policy("web", json!({"minIdle": 1})).await;
     w.policy(
         "stuck",
         json!({"minIdle": 1, "labels": ["self-hosted", "gpu"]}),
@@ -1775,16 +1727,9 @@ async fn a_cordoned_nodes_idle_runner_is_drained_and_replaced_elsewhere() {
     let Some(mut w) = world("cordoned_node_drained").await else {
         return;
     };
-    let op = w.start_operator(&[]).await;
-    let first = w.add_node(Script::default(), op).await;
+    let (op, first) = w.operator_with_node().await;
     w.policy("web", json!({"minIdle": 1})).await;
-    let idle = w
-        .attempts_until("an idle runner on the first node", LONG, |l| {
-            l.iter()
-                .find(|a| state(a) == AttemptState::Idle && a.spec.node_name == first)
-                .cloned()
-        })
-        .await;
+    let idle = w.idle_on(&first, "an idle runner on the first node").await;
     let runner = idle
         .status
         .as_ref()
@@ -1801,11 +1746,7 @@ async fn a_cordoned_nodes_idle_runner_is_drained_and_replaced_elsewhere() {
         .await
         .unwrap();
     let successor = w
-        .attempts_until("an idle successor on the second node", LONG, |l| {
-            l.iter()
-                .find(|a| state(a) == AttemptState::Idle && a.spec.node_name == second)
-                .cloned()
-        })
+        .idle_on(&second, "an idle successor on the second node")
         .await;
     let drained = w
         .attempts()

@@ -140,6 +140,16 @@ enum Laid {
     OriginChanged,
 }
 
+/// What one launch asked [`PackageCache::materialize_while`] for, handed to each of its rounds.
+#[derive(Clone, Copy)]
+struct Launch<'a> {
+    attempt: &'a str,
+    package: PackageRef<'a>,
+    runtime: &'a Path,
+    kind: RuntimeKind,
+    demand: Demand<'a>,
+}
+
 /// A materialized package.
 #[derive(Clone, Copy, Debug)]
 pub struct Materialized {
@@ -529,11 +539,15 @@ impl PackageCache {
         // that changed since it was trusted is found there, forgotten and unmounted, and the
         // launch goes round once more, which installs it again, as the walk before the mount
         // made it do.
+        let launch = Launch {
+            attempt,
+            package,
+            runtime,
+            kind,
+            demand,
+        };
         for _ in 0..2 {
-            if let Laid::Done(m) = self
-                .materialize_once(attempt, package, runtime, kind, demand)
-                .await?
-            {
+            if let Laid::Done(m) = self.materialize_once(launch).await? {
                 return Ok(m);
             }
         }
@@ -545,14 +559,14 @@ impl PackageCache {
         }))
     }
 
-    async fn materialize_once(
-        &self,
-        attempt: &str,
-        package: PackageRef<'_>,
-        runtime: &Path,
-        kind: RuntimeKind,
-        demand: Demand<'_>,
-    ) -> Result<Laid, PackageError> {
+    async fn materialize_once(&self, launch: Launch<'_>) -> Result<Laid, PackageError> {
+        let Launch {
+            attempt,
+            package,
+            runtime,
+            kind,
+            demand,
+        } = launch;
         let _interest = Interest::new(&self.interest, package.sha256);
         // The overlay checks its tree after the mount instead (see `materialize_while`).
         let walk = self.materializer != Materializer::Overlay;

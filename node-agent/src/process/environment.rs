@@ -228,46 +228,26 @@ mod tests {
 
     #[test]
     fn runner_env_cannot_set_loader_or_libc_variables() {
-        for (name, want) in [
-            (
-                "LD_PRELOAD",
-                EnvironmentRefusal::DynamicLoader("LD_PRELOAD".into()),
-            ),
-            (
-                "LD_LIBRARY_PATH",
-                EnvironmentRefusal::DynamicLoader("LD_LIBRARY_PATH".into()),
-            ),
-            (
-                "ld_audit",
-                EnvironmentRefusal::DynamicLoader("ld_audit".into()),
-            ),
-            (
-                "GCONV_PATH",
-                EnvironmentRefusal::CLibrary("GCONV_PATH".into()),
-            ),
-            (
-                "GLIBC_TUNABLES",
-                EnvironmentRefusal::CLibrary("GLIBC_TUNABLES".into()),
-            ),
-            (
-                "MALLOC_CHECK_",
-                EnvironmentRefusal::CLibrary("MALLOC_CHECK_".into()),
-            ),
-            ("NLSPATH", EnvironmentRefusal::CLibrary("NLSPATH".into())),
-            (
-                "HOSTALIASES",
-                EnvironmentRefusal::CLibrary("HOSTALIASES".into()),
-            ),
-            (
-                "RESOLV_HOST_CONF",
-                EnvironmentRefusal::CLibrary("RESOLV_HOST_CONF".into()),
-            ),
-            ("TZDIR", EnvironmentRefusal::CLibrary("TZDIR".into())),
-            (
-                "RUNNER_MANAGER_RUNNER_ENV",
-                EnvironmentRefusal::ReservedAgent,
-            ),
-        ] {
+        // Each refusal names the variable it refused.
+        type Refused = fn(&str) -> EnvironmentRefusal;
+        let loader = |name: &str| EnvironmentRefusal::DynamicLoader(name.into());
+        let libc = |name: &str| EnvironmentRefusal::CLibrary(name.into());
+        let reserved = |_: &str| EnvironmentRefusal::ReservedAgent;
+        let cases: [(&str, Refused); 11] = [
+            ("LD_PRELOAD", loader),
+            ("LD_LIBRARY_PATH", loader),
+            ("ld_audit", loader),
+            ("GCONV_PATH", libc),
+            ("GLIBC_TUNABLES", libc),
+            ("MALLOC_CHECK_", libc),
+            ("NLSPATH", libc),
+            ("HOSTALIASES", libc),
+            ("RESOLV_HOST_CONF", libc),
+            ("TZDIR", libc),
+            ("RUNNER_MANAGER_RUNNER_ENV", reserved),
+        ];
+        for (name, refusal) in cases {
+            let want = refusal(name);
             let layers = EnvironmentLayers {
                 runner_env: map(&[("GOOD", "1"), (name, "/tmp/planted-by-a-job.so")]),
                 ..Default::default()

@@ -126,22 +126,14 @@ mod tests {
             derive_slot_path(root, "team", "uid-1", 3),
             Ok(PathBuf::from("/srv/slots/team/uid-1/s3"))
         );
-        assert_eq!(
-            derive_slot_path(root, "..", "uid-1", 1),
-            Err(SlotPathError::Namespace)
-        );
-        assert_eq!(
-            derive_slot_path(root, "team", "a/b", 1),
-            Err(SlotPathError::PolicyUid)
-        );
-        assert_eq!(
-            derive_slot_path(root, "team", "", 1),
-            Err(SlotPathError::PolicyUid)
-        );
-        assert_eq!(
-            derive_slot_path(root, "team", "uid", 0),
-            Err(SlotPathError::SlotZero)
-        );
+        for (ns, uid, slot, refused) in [
+            ("..", "uid-1", 1, SlotPathError::Namespace),
+            ("team", "a/b", 1, SlotPathError::PolicyUid),
+            ("team", "", 1, SlotPathError::PolicyUid),
+            ("team", "uid", 0, SlotPathError::SlotZero),
+        ] {
+            assert_eq!(derive_slot_path(root, ns, uid, slot), Err(refused));
+        }
     }
 
     #[test]

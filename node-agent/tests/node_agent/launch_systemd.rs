@@ -182,6 +182,13 @@ fn launcher(host: &Host) -> SystemdLauncher {
         .with_network(node_network())
 }
 
+/// A host for `account`, and its launcher.
+fn launching(account: RunnerAccount) -> (Host, SystemdLauncher) {
+    let host = Host::new(account);
+    let launcher = launcher(&host);
+    (host, launcher)
+}
+
 /// The agent's default filter with this host's own addresses as the node's.
 fn node_network() -> RunnerNetwork {
     RunnerNetwork::new(&[], &[], &namespace_addresses("self"), &[]).unwrap()
@@ -271,8 +278,7 @@ fn a_failed_start_does_not_hold_the_units_name() {
     if !inside_systemd("a_failed_start_does_not_hold_the_units_name") {
         return;
     }
-    let host = Host::new(runner(1));
-    let launcher = launcher(&host);
+    let (host, launcher) = launching(runner(1));
     let attempt = uuid::Uuid::new_v4();
     let handoff_file = handoff(&host);
     std::os::unix::fs::chown(&host.runtime, Some(0), Some(0)).unwrap();
@@ -333,8 +339,7 @@ fn a_runner_ignoring_sigterm_is_stopped_without_waiting_for_the_stop_timeout() {
     if !inside_systemd("a_runner_ignoring_sigterm_is_stopped") {
         return;
     }
-    let host = Host::new(runner(2));
-    let launcher = launcher(&host);
+    let (host, launcher) = launching(runner(2));
     let identity = launcher
         .start(
             &spec(&host, uuid::Uuid::new_v4(), &[("PROBE_IGNORE_TERM", "1")]),
@@ -355,8 +360,7 @@ fn a_runner_unit_is_sandboxed_and_leaves_nothing_for_the_next_tenant() {
     if !inside_systemd("a_runner_unit_is_sandboxed") {
         return;
     }
-    let host = Host::new(runner(3));
-    let launcher = launcher(&host);
+    let (host, launcher) = launching(runner(3));
     let mut environment = BTreeMap::new();
     environment.insert("PROBE_ID".to_owned(), host.id.clone());
     environment.insert(
@@ -493,9 +497,8 @@ fn a_leftover_runner_unit_is_listed_and_stopped_by_its_attempt_name_only() {
     if !inside_systemd("a_leftover_runner_unit_is_listed_and_stopped_by_its_attempt_name_only") {
         return;
     }
-    let host = Host::new(runner(4));
-    let launcher = launcher(&host);
     let attempt = uuid::Uuid::new_v4();
+    let (host, launcher) = launching(runner(4));
     let short = attempt.simple().to_string()[..12].to_owned();
     let identity = launcher
         .start(
@@ -563,6 +566,13 @@ fn recording_host(account: RunnerAccount) -> (Host, uuid::Uuid, String) {
     (host, attempt, unit)
 }
 
+/// [`recording_host`] and its launcher: the host, the attempt, its unit name, the launcher.
+fn recording(account: RunnerAccount) -> (Host, uuid::Uuid, String, SystemdLauncher) {
+    let (host, attempt, unit) = recording_host(account);
+    let launcher = launcher(&host);
+    (host, attempt, unit, launcher)
+}
+
 /// The unit of `spec` started ahead of its JIT, once it runs and its helper waits (the helper
 /// writes its receipt first thing).
 fn start_ahead(
@@ -587,10 +597,9 @@ fn a_unit_started_ahead_of_its_jit_takes_the_handoff_offered_later() {
     if !inside_systemd("a_unit_started_ahead_of_its_jit_takes_the_handoff_offered_later") {
         return;
     }
-    let (host, attempt, unit) = recording_host(runner(9));
-    let launcher = launcher(&host);
-    let spec = spec(&host, attempt, &[]);
+    let (host, attempt, unit, launcher) = recording(runner(9));
     let asked = Instant::now();
+    let spec = spec(&host, attempt, &[]);
     let ahead = start_ahead(&launcher, &host, &spec, &unit);
     let waiting = asked.elapsed();
     assert!(!host.runtime.join("took").exists());
@@ -628,8 +637,7 @@ fn a_pointer_an_earlier_job_planted_is_not_what_the_next_runner_takes() {
     if !inside_systemd("a_pointer_an_earlier_job_planted_is_not_what_the_next_runner_takes") {
         return;
     }
-    let (host, attempt, unit) = recording_host(runner(12));
-    let launcher = launcher(&host);
+    let (host, attempt, unit, launcher) = recording(runner(12));
     let (decoy, decoy_plain) = jit();
     let planted = RestrictiveHandoff::create(&host.runtime, host.account, &decoy).unwrap();
     let pointer = host.runtime.join(".jit-handoff");
@@ -655,8 +663,7 @@ fn a_unit_started_ahead_whose_jit_never_comes_is_stopped_by_its_attempt_name() {
     {
         return;
     }
-    let (host, attempt, unit) = recording_host(runner(10));
-    let launcher = launcher(&host);
+    let (host, attempt, unit, launcher) = recording(runner(10));
     let short = attempt.simple().to_string()[..12].to_owned();
     // Held, as a launch waiting for its JIT holds it (its environment file is the helper's).
     let ahead = start_ahead(&launcher, &host, &spec(&host, attempt, &[]), &unit);
@@ -680,8 +687,7 @@ fn a_unit_started_ahead_that_ended_gives_its_jit_back_for_an_ordinary_start() {
     if !inside_systemd("a_unit_started_ahead_that_ended_gives_its_jit_back_for_an_ordinary_start") {
         return;
     }
-    let (host, attempt, unit) = recording_host(runner(11));
-    let launcher = launcher(&host);
+    let (host, attempt, unit, launcher) = recording(runner(11));
     let spec = spec(&host, attempt, &[]);
     let ahead = start_ahead(&launcher, &host, &spec, &unit);
     let killed = std::process::Command::new("systemctl")
@@ -719,9 +725,8 @@ fn another_tenants_runner_cannot_read_this_ones_runner_env() {
     if !inside_systemd("another_tenants_runner_cannot_read_this_ones_runner_env") {
         return;
     }
-    let host = Host::new(runner(5));
-    let launcher = launcher(&host);
     let secret = format!("tenantAsecret{}", uuid::Uuid::new_v4().simple());
+    let (host, launcher) = launching(runner(5));
     let victim = launcher
         .start(
             &spec(&host, uuid::Uuid::new_v4(), &[("TENANT_A_TOKEN", &secret)]),

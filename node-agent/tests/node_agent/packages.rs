@@ -18,12 +18,14 @@ use runner_manager_node_agent::packages::download::{
     DownloadError, DownloadLimits, Downloader, RetryPolicy, Timeouts,
 };
 use runner_manager_node_agent::packages::extract::{ExtractCap, ExtractError, ExtractLimits};
-use runner_manager_node_agent::packages::{PackageCache, PackageError, PackageRef, RuntimeKind};
+use runner_manager_node_agent::packages::{
+    Materialized, PackageCache, PackageError, PackageRef, RuntimeKind,
+};
 use runner_manager_node_agent::workspace::allocation::AllocationLock;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::workspace_support::{assert_file, names};
+use crate::workspace_support::{assert_file, names, write_file};
 
 // ---- archives ------------------------------------------------------------------------------
 
@@ -183,6 +185,25 @@ impl Server {
     fn set(&self, reply: Reply) {
         *self.replies.lock().unwrap() = VecDeque::from([reply]);
     }
+    /// The package `digest` at this server's URL.
+    fn package<'a>(&'a self, digest: &'a str) -> PackageRef<'a> {
+        PackageRef {
+            sha256: digest,
+            url: &self.url,
+        }
+    }
+}
+
+/// The runner package served, and a fresh host to materialize it on.
+async fn runner_served() -> (String, Server, Host) {
+    let (digest, server) = serve(runner_package()).await;
+    (digest, server, Host::new())
+}
+
+/// `archive`'s digest, and a server serving it (its one reply, repeated).
+async fn serve(archive: Vec<u8>) -> (String, Server) {
+    let digest = sha(&archive);
+    (digest, Server::start(vec![Reply::Body(archive)]).await)
 }
 
 const TEST_RETRY: RetryPolicy = RetryPolicy {
@@ -220,6 +241,17 @@ impl Host {
         fs::create_dir_all(&path).unwrap();
         path
     }
+    /// Materializes `package` for attempt `attempt` into the ephemeral runtime `runtime`.
+    async fn ephemeral(
+        &self,
+        attempt: &str,
+        package: PackageRef<'_>,
+        runtime: &Path,
+    ) -> Result<Materialized, PackageError> {
+        self.cache
+            .materialize(attempt, package, runtime, RuntimeKind::Ephemeral)
+            .await
+    }
     fn staging_is_empty(&self) -> bool {
         fs::read_dir(self.dir.path().join("packages/.staging"))
             .unwrap()
@@ -232,20 +264,10 @@ impl Host {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_package_is_downloaded_once_verified_and_materialized_into_each_runtime() {
-    let archive = runner_package();
-    let digest = sha(&archive);
-    let server = Server::start(vec![Reply::Body(archive)]).await;
-    let host = Host::new();
-    let package = PackageRef {
-        sha256: &digest,
-        url: &server.url,
-    };
+    let (digest, server, host) = runner_served().await;
+    let package = server.package(&digest);
     let first = host.runtime("aaaaaaaaaaaa");
-    let m = host
-        .cache
-        .materialize("a-1", package, &first, RuntimeKind::Ephemeral)
-        .await
-        .unwrap();
+    let m = host.ephemeral("a-1", package, &first).await.unwrap();
     assert!(m.timings.downloaded);
     assert!(m.timings.install > Duration::ZERO && m.timings.copy > Duration::ZERO);
     assert_eq!(m.copy.files, 8);
@@ -269,11 +291,7 @@ async fn a_package_is_downloaded_once_verified_and_materialized_into_each_runtim
     assert_eq!(host.cache.leases("a-1"), Some(digest.clone()));
 
     let second = host.runtime("bbbbbbbbbbbb");
-    let m = host
-        .cache
-        .materialize("a-2", package, &second, RuntimeKind::Ephemeral)
-        .await
-        .unwrap();
+    let m = host.ephemeral("a-2", package, &second).await.unwrap();
     assert!(!m.timings.downloaded);
     assert_eq!(m.timings.install, Duration::ZERO);
     assert_eq!(server.requests(), 1);
@@ -285,19 +303,12 @@ async fn a_package_is_downloaded_once_verified_and_materialized_into_each_runtim
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_package_is_laid_out_around_a_retained_work_without_opening_it() {
-    let archive = runner_package();
-    let digest = sha(&archive);
-    let server = Server::start(vec![Reply::Body(archive)]).await;
-    let host = Host::new();
+    let (digest, server, host) = runner_served().await;
     let slot = host.runtime("s1");
-    fs::create_dir_all(slot.join("_work/repo")).unwrap();
-    fs::write(slot.join("_work/repo/checkout.txt"), b"retained").unwrap();
+    write_file(&slot, "_work/repo/checkout.txt", b"retained");
     // Not the package's: verification of a slot must skip `_work`, or this would count.
-    fs::write(slot.join("_work/repo/extra"), b"x").unwrap();
-    let package = PackageRef {
-        sha256: &digest,
-        url: &server.url,
-    };
+    write_file(&slot, "_work/repo/extra", b"x");
+    let package = server.package(&digest);
     host.cache
         .materialize("p-1", package, &slot, RuntimeKind::PersistentSlot)
         .await
@@ -314,22 +325,11 @@ async fn a_package_is_laid_out_around_a_retained_work_without_opening_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runtime_that_already_holds_a_package_entry_is_refused_and_left_alone() {
-    let archive = runner_package();
-    let digest = sha(&archive);
-    let server = Server::start(vec![Reply::Body(archive)]).await;
-    let host = Host::new();
+    let (digest, server, host) = runner_served().await;
     let runtime = host.runtime("cccccccccccc");
-    fs::create_dir(runtime.join("bin")).unwrap();
-    fs::write(runtime.join("bin/Runner.Listener"), b"planted").unwrap();
-    let package = PackageRef {
-        sha256: &digest,
-        url: &server.url,
-    };
-    let err = host
-        .cache
-        .materialize("o-1", package, &runtime, RuntimeKind::Ephemeral)
-        .await
-        .unwrap_err();
+    write_file(&runtime, "bin/Runner.Listener", b"planted");
+    let package = server.package(&digest);
+    let err = host.ephemeral("o-1", package, &runtime).await.unwrap_err();
     assert!(
         matches!(err, PackageError::Copy(CopyError::Occupied)),
         "{err:?}"
@@ -344,19 +344,11 @@ async fn a_package_with_a_top_level_work_is_refused() {
         Entry::File("bin/Runner.Listener", b"x", 0o755),
         Entry::File("_work/repo/leftover", b"from a job", 0o644),
     ]);
-    let digest = sha(&archive);
-    let server = Server::start(vec![Reply::Body(archive)]).await;
+    let (digest, server) = serve(archive).await;
     let host = Host::new();
     let runtime = host.runtime("dddddddddddd");
-    let package = PackageRef {
-        sha256: &digest,
-        url: &server.url,
-    };
-    let err = host
-        .cache
-        .materialize("w-1", package, &runtime, RuntimeKind::Ephemeral)
-        .await
-        .unwrap_err();
+    let package = server.package(&digest);
+    let err = host.ephemeral("w-1", package, &runtime).await.unwrap_err();
     assert!(
         matches!(err, PackageError::Unsafe(ExtractError::TopLevelWork)),
         "{err:?}"
@@ -381,19 +373,11 @@ fn copying_a_tree_with_a_top_level_work_is_refused() {
 
 async fn refused(entries: &[Entry<'_>]) -> (PackageError, Host) {
     let archive = tar_gz(entries);
-    let digest = sha(&archive);
-    let server = Server::start(vec![Reply::Body(archive)]).await;
+    let (digest, server) = serve(archive).await;
     let host = Host::new();
     let runtime = host.runtime("eeeeeeeeeeee");
-    let package = PackageRef {
-        sha256: &digest,
-        url: &server.url,
-    };
-    let err = host
-        .cache
-        .materialize("x-1", package, &runtime, RuntimeKind::Ephemeral)
-        .await
-        .unwrap_err();
+    let package = server.package(&digest);
+    let err = host.ephemeral("x-1", package, &runtime).await.unwrap_err();
     assert!(err.is_terminal(), "{err:?}");
     assert!(host.staging_is_empty());
     assert!(!host.cache.tree(&digest).exists());
@@ -485,22 +469,12 @@ const SMALL: ExtractLimits = ExtractLimits {
 
 /// Materializes `archive` under `limits` into a fresh host; the error, the host and the server.
 async fn capped(archive: Vec<u8>, limits: ExtractLimits) -> (PackageError, Host, Server, String) {
-    let digest = sha(&archive);
-    let server = Server::start(vec![Reply::Body(archive)]).await;
+    let (digest, server) = serve(archive).await;
     let mut host = Host::new();
     host.cache = host.cache.with_extract_limits(limits);
     let runtime = host.runtime("cccccccccccc");
     let err = host
-        .cache
-        .materialize(
-            "cap-1",
-            PackageRef {
-                sha256: &digest,
-                url: &server.url,
-            },
-            &runtime,
-            RuntimeKind::Ephemeral,
-        )
+        .ephemeral("cap-1", server.package(&digest), &runtime)
         .await
         .unwrap_err();
     assert!(err.is_terminal(), "{err:?}");
@@ -534,16 +508,7 @@ async fn a_gzip_bomb_stops_at_the_cap_and_its_digest_is_refused_without_another_
     // inflated again.
     let runtime = host.runtime("dddddddddddd");
     let again = host
-        .cache
-        .materialize(
-            "cap-2",
-            PackageRef {
-                sha256: &digest,
-                url: &server.url,
-            },
-            &runtime,
-            RuntimeKind::Ephemeral,
-        )
+        .ephemeral("cap-2", server.package(&digest), &runtime)
         .await
         .unwrap_err();
     assert!(
@@ -558,21 +523,20 @@ async fn a_gzip_bomb_stops_at_the_cap_and_its_digest_is_refused_without_another_
     assert_eq!(server.requests(), 1, "no second download");
 }
 
+/// `err` is the refusal of an archive past `cap`.
+fn assert_too_large(err: &PackageError, cap: ExtractCap) {
+    assert!(
+        matches!(err, PackageError::Unsafe(ExtractError::TooLarge { cap: c, .. }) if *c == cap),
+        "{err:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn archives_past_the_entry_or_total_caps_are_refused() {
     let names: Vec<String> = (0..60).map(|i| format!("bin/f{i}")).collect();
     let many: Vec<Entry<'_>> = names.iter().map(|n| Entry::File(n, b"x", 0o644)).collect();
     let (err, ..) = capped(tar_gz(&many), SMALL).await;
-    assert!(
-        matches!(
-            err,
-            PackageError::Unsafe(ExtractError::TooLarge {
-                cap: ExtractCap::Entries,
-                ..
-            })
-        ),
-        "{err:?}"
-    );
+    assert_too_large(&err, ExtractCap::Entries);
     // Three files of 3 MiB: each under the per-file cap, together over the 8 MiB total.
     let chunk = vec![7u8; 3 << 20];
     let (err, ..) = capped(
@@ -584,16 +548,7 @@ async fn archives_past_the_entry_or_total_caps_are_refused() {
         SMALL,
     )
     .await;
-    assert!(
-        matches!(
-            err,
-            PackageError::Unsafe(ExtractError::TooLarge {
-                cap: ExtractCap::TotalBytes,
-                ..
-            })
-        ),
-        "{err:?}"
-    );
+    assert_too_large(&err, ExtractCap::TotalBytes);
 }
 
 #[test]
@@ -607,16 +562,9 @@ fn the_default_caps_sit_well_above_githubs_runner() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tampered_package_tree_is_detected_and_reinstalled() {
-    let archive = runner_package();
-    let digest = sha(&archive);
-    let server = Server::start(vec![Reply::Body(archive)]).await;
-    let host = Host::new();
-    let package = PackageRef {
-        sha256: &digest,
-        url: &server.url,
-    };
-    host.cache
-        .materialize("t-1", package, &host.runtime("r1"), RuntimeKind::Ephemeral)
+    let (digest, server, host) = runner_served().await;
+    let package = server.package(&digest);
+    host.ephemeral("t-1", package, &host.runtime("r1"))
         .await
         .unwrap();
     // A job rewrites the listener in place (same size, so only the fingerprint can tell).
@@ -625,11 +573,7 @@ async fn a_tampered_package_tree_is_detected_and_reinstalled() {
     f.write_all(b"#!/bin/sh\necho EVILIIII\n").unwrap();
     drop(f);
     let r2 = host.runtime("r2");
-    let m = host
-        .cache
-        .materialize("t-2", package, &r2, RuntimeKind::Ephemeral)
-        .await
-        .unwrap();
+    let m = host.ephemeral("t-2", package, &r2).await.unwrap();
     assert!(m.timings.install > Duration::ZERO, "reinstalled");
     assert!(
         !m.timings.downloaded,
@@ -647,8 +591,7 @@ async fn a_tampered_package_tree_is_detected_and_reinstalled() {
     fs::write(&kept, b"not the archive").unwrap();
     fs::write(host.cache.tree(&digest).join("config.sh"), b"edited").unwrap();
     let m = host
-        .cache
-        .materialize("t-3", package, &host.runtime("r3"), RuntimeKind::Ephemeral)
+        .ephemeral("t-3", package, &host.runtime("r3"))
         .await
         .unwrap();
     assert!(m.timings.downloaded);
@@ -660,16 +603,9 @@ async fn a_digest_mismatch_is_retried_then_given_up_and_nothing_is_extracted() {
     let server = Server::start(vec![Reply::Body(b"not what was pinned".to_vec())]).await;
     let host = Host::new();
     let digest = sha(b"the pinned archive");
-    let package = PackageRef {
-        sha256: &digest,
-        url: &server.url,
-    };
+    let package = server.package(&digest);
     let runtime = host.runtime("ffffffffffff");
-    let err = host
-        .cache
-        .materialize("m-1", package, &runtime, RuntimeKind::Ephemeral)
-        .await
-        .unwrap_err();
+    let err = host.ephemeral("m-1", package, &runtime).await.unwrap_err();
     assert!(
         matches!(&err, PackageError::Download(DownloadError::Exhausted { attempts: 3, last }) if matches!(**last, DownloadError::ChecksumMismatch)),
         "{err:?}"
@@ -689,13 +625,9 @@ async fn a_missing_package_is_not_retried_and_a_transient_error_is() {
     let server = Server::start(vec![Reply::Status(404)]).await;
     let host = Host::new();
     let digest = sha(b"x");
-    let package = PackageRef {
-        sha256: &digest,
-        url: &server.url,
-    };
+    let package = server.package(&digest);
     let err = host
-        .cache
-        .materialize("n-1", package, &host.runtime("n1"), RuntimeKind::Ephemeral)
+        .ephemeral("n-1", package, &host.runtime("n1"))
         .await
         .unwrap_err();
     assert!(
@@ -710,12 +642,8 @@ async fn a_missing_package_is_not_retried_and_a_transient_error_is() {
     let archive = runner_package();
     let digest = sha(&archive);
     let server = Server::start(vec![Reply::Status(503), Reply::Body(archive)]).await;
-    let package = PackageRef {
-        sha256: &digest,
-        url: &server.url,
-    };
-    host.cache
-        .materialize("n-2", package, &host.runtime("n2"), RuntimeKind::Ephemeral)
+    let package = server.package(&digest);
+    host.ephemeral("n-2", package, &host.runtime("n2"))
         .await
         .unwrap();
     assert_eq!(server.requests(), 2);
@@ -727,16 +655,11 @@ async fn launches_queued_behind_a_failed_install_get_its_failure_instead_of_down
     let host = Host::new();
     let archive = runner_package();
     let digest = sha(&archive);
-    let package = PackageRef {
-        sha256: &digest,
-        url: &server.url,
-    };
+    let package = server.package(&digest);
     let (r1, r2) = (host.runtime("q1"), host.runtime("q2"));
     let (first, second) = tokio::join!(
-        host.cache
-            .materialize("q-1", package, &r1, RuntimeKind::Ephemeral),
-        host.cache
-            .materialize("q-2", package, &r2, RuntimeKind::Ephemeral),
+        host.ephemeral("q-1", package, &r1),
+        host.ephemeral("q-2", package, &r2),
     );
     assert!(
         matches!(
@@ -756,8 +679,7 @@ async fn launches_queued_behind_a_failed_install_get_its_failure_instead_of_down
     );
     // A launch that starts after the failure tries again on its own.
     server.set(Reply::Body(archive));
-    host.cache
-        .materialize("q-3", package, &host.runtime("q3"), RuntimeKind::Ephemeral)
+    host.ephemeral("q-3", package, &host.runtime("q3"))
         .await
         .unwrap();
 }
@@ -774,28 +696,10 @@ async fn pruning_removes_only_unleased_versions_and_only_under_the_allocation_lo
         Server::start(vec![Reply::Body(b)]).await,
     );
     let host = Host::new();
-    host.cache
-        .materialize(
-            "v-1",
-            PackageRef {
-                sha256: &da,
-                url: &sa.url,
-            },
-            &host.runtime("v1"),
-            RuntimeKind::Ephemeral,
-        )
+    host.ephemeral("v-1", sa.package(&da), &host.runtime("v1"))
         .await
         .unwrap();
-    host.cache
-        .materialize(
-            "v-2",
-            PackageRef {
-                sha256: &db,
-                url: &sb.url,
-            },
-            &host.runtime("v2"),
-            RuntimeKind::Ephemeral,
-        )
+    host.ephemeral("v-2", sb.package(&db), &host.runtime("v2"))
         .await
         .unwrap();
     let lock = AllocationLock::default();
@@ -828,6 +732,23 @@ const SLOW_RETRY: RetryPolicy = RetryPolicy {
     maximum: Duration::from_millis(1000),
 };
 
+/// Launch `id` materializing the package `sha` from `url` into its ephemeral runtime while
+/// `wants` holds.
+async fn materialize_wanted(
+    host: &Host,
+    id: &str,
+    sha: &str,
+    url: &str,
+    wants: &std::sync::atomic::AtomicBool,
+) -> Result<Materialized, PackageError> {
+    let runtime = host.runtime(id);
+    let wanted = || wants.load(Ordering::SeqCst);
+    let package = PackageRef { sha256: sha, url };
+    host.cache
+        .materialize_while(id, package, &runtime, RuntimeKind::Ephemeral, &wanted)
+        .await
+}
+
 /// A launch's demand, switched off by the test.
 fn demand() -> Arc<std::sync::atomic::AtomicBool> {
     Arc::new(std::sync::atomic::AtomicBool::new(true))
@@ -851,21 +772,7 @@ async fn a_launch_that_stops_leaves_the_shared_download_to_the_launch_that_still
         let host = Arc::clone(&host);
         let (sha, url) = package_of(&server.url);
         tokio::spawn(async move {
-            let runtime = host.runtime(id);
-            let wanted = move || wants.load(Ordering::SeqCst);
-            let r = host
-                .cache
-                .materialize_while(
-                    id,
-                    PackageRef {
-                        sha256: &sha,
-                        url: &url,
-                    },
-                    &runtime,
-                    RuntimeKind::Ephemeral,
-                    &wanted,
-                )
-                .await;
+            let r = materialize_wanted(&host, id, &sha, &url, &wants).await;
             (r, std::time::Instant::now())
         })
     };
@@ -916,22 +823,7 @@ async fn a_download_stops_retrying_once_no_launch_waits_for_it() {
             server.url.clone(),
             digest.clone(),
         );
-        tokio::spawn(async move {
-            let runtime = host.runtime("only");
-            let wanted = move || wants.load(Ordering::SeqCst);
-            host.cache
-                .materialize_while(
-                    "only",
-                    PackageRef {
-                        sha256: &sha,
-                        url: &url,
-                    },
-                    &runtime,
-                    RuntimeKind::Ephemeral,
-                    &wanted,
-                )
-                .await
-        })
+        tokio::spawn(async move { materialize_wanted(&host, "only", &sha, &url, &wants).await })
     };
     wait_until("the first try to fail", || server.requests() == 1).await;
     wants.store(false, Ordering::SeqCst);

@@ -15,7 +15,7 @@ use runner_manager_node_agent::packages::download::{Downloader, RetryPolicy, Tim
 use runner_manager_node_agent::packages::extract::{ExtractLimits, extract_tar_gz};
 use runner_manager_node_agent::packages::fingerprint::fingerprint;
 use runner_manager_node_agent::packages::origin::prove_origin;
-use runner_manager_node_agent::packages::{PackageCache, PackageRef, RuntimeKind};
+use runner_manager_node_agent::packages::{Materialized, PackageCache, PackageRef, RuntimeKind};
 use sha2::{Digest, Sha256};
 
 /// A small package: files in nested directories, a link, an executable.
@@ -221,7 +221,11 @@ fn a_clone_of_a_tampered_origin_is_caught_by_the_full_check_its_origin_cannot_pa
     assert_eq!(mismatch.changed, 1);
 }
 
-fn cache_with(packages: &Path, archive: &[u8], sha: &str) -> PackageCache {
+/// A cache at `packages` holding the test package's archive, seeding under `seed_root` when
+/// given: the cache and the package's digest.
+fn cache_with(packages: &Path, seed_root: Option<&Path>) -> (PackageCache, String) {
+    let archive = archive();
+    let sha = digest(&archive);
     // The archive is kept where the cache keeps verified archives, so no download happens; the
     // URL is never asked.
     fs::create_dir_all(packages.join(".archives")).unwrap();
@@ -231,7 +235,28 @@ fn cache_with(packages: &Path, archive: &[u8], sha: &str) -> PackageCache {
         ..RetryPolicy::PRODUCTION
     };
     let downloader = Downloader::new(retry, Timeouts::PRODUCTION).unwrap();
-    PackageCache::new(packages, downloader).unwrap()
+    let cache = PackageCache::new(packages, downloader).unwrap();
+    let cache = match seed_root {
+        Some(root) => cache.with_seed_root(root).unwrap(),
+        None => cache,
+    };
+    (cache, sha)
+}
+
+/// The package `sha`, at a URL never asked (its archive is kept: [`cache_with`]).
+fn kept(sha: &str) -> PackageRef<'_> {
+    PackageRef {
+        sha256: sha,
+        url: "http://127.0.0.1:9/never",
+    }
+}
+
+/// Materializes the kept package `sha` for `attempt` into the ephemeral `runtime`.
+async fn ephemeral(cache: &PackageCache, attempt: &str, sha: &str, runtime: &Path) -> Materialized {
+    cache
+        .materialize(attempt, kept(sha), runtime, RuntimeKind::Ephemeral)
+        .await
+        .unwrap()
 }
 
 fn runtime_in(root: &Path, name: &str) -> PathBuf {
@@ -243,19 +268,10 @@ fn runtime_in(root: &Path, name: &str) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clones_from_the_cache_are_proven_once_then_checked_by_layout() {
     let Some(xfs) = Xfs::mount() else { return };
-    let archive = archive();
-    let sha = digest(&archive);
-    let cache = cache_with(&xfs.mount.join("packages"), &archive, &sha);
-    let package = PackageRef {
-        sha256: &sha,
-        url: "http://127.0.0.1:9/never",
-    };
+    let (cache, sha) = cache_with(&xfs.mount.join("packages"), None);
     for (attempt, name) in [("a-1", "aaaaaaaaaaaa"), ("a-2", "bbbbbbbbbbbb")] {
         let runtime = runtime_in(&xfs.mount, name);
-        let m = cache
-            .materialize(attempt, package, &runtime, RuntimeKind::Ephemeral)
-            .await
-            .unwrap();
+        let m = ephemeral(&cache, attempt, &sha, &runtime).await;
         assert_eq!((m.copy.files, m.copy.reflinked), (40, 40), "{m:?}");
         assert_eq!(m.check, CopyCheck::LayoutOnly);
     }
@@ -266,22 +282,11 @@ async fn clones_from_the_cache_are_proven_once_then_checked_by_layout() {
 async fn a_seed_is_made_once_on_the_runtime_volume_reused_and_remade_when_edited() {
     let Some(xfs) = Xfs::mount() else { return };
     let host = tempfile::tempdir().unwrap();
-    let archive = archive();
-    let sha = digest(&archive);
-    let cache = cache_with(&host.path().join("packages"), &archive, &sha)
-        .with_seed_root(&xfs.mount)
-        .unwrap();
-    let package = PackageRef {
-        sha256: &sha,
-        url: "http://127.0.0.1:9/never",
-    };
+    let (cache, sha) = cache_with(&host.path().join("packages"), Some(&xfs.mount));
     let seed = cache.seed_path(&xfs.mount, &sha);
 
     let first = runtime_in(&xfs.mount, "aaaaaaaaaaaa");
-    let m = cache
-        .materialize("a-1", package, &first, RuntimeKind::Ephemeral)
-        .await
-        .unwrap();
+    let m = ephemeral(&cache, "a-1", &sha, &first).await;
     assert_eq!((m.copy.reflinked, m.check), (40, CopyCheck::LayoutOnly));
     let seed_inode = fs::metadata(&seed).unwrap().ino();
     assert_eq!(
@@ -291,10 +296,7 @@ async fn a_seed_is_made_once_on_the_runtime_volume_reused_and_remade_when_edited
 
     // Reused: same seed, nothing installed, still clones.
     let second = runtime_in(&xfs.mount, "bbbbbbbbbbbb");
-    let m = cache
-        .materialize("a-2", package, &second, RuntimeKind::Ephemeral)
-        .await
-        .unwrap();
+    let m = ephemeral(&cache, "a-2", &sha, &second).await;
     assert_eq!(m.timings.install, std::time::Duration::ZERO);
     assert_eq!((m.copy.reflinked, m.check), (40, CopyCheck::LayoutOnly));
     assert_eq!(fs::metadata(&seed).unwrap().ino(), seed_inode);
@@ -302,10 +304,7 @@ async fn a_seed_is_made_once_on_the_runtime_volume_reused_and_remade_when_edited
     // An edited seed is not cloned from: it is remade, and the copy is the package.
     tamper(&seed.join("externals/m1/f5.dll"));
     let third = runtime_in(&xfs.mount, "cccccccccccc");
-    let m = cache
-        .materialize("a-3", package, &third, RuntimeKind::Ephemeral)
-        .await
-        .unwrap();
+    let m = ephemeral(&cache, "a-3", &sha, &third).await;
     assert_eq!((m.copy.reflinked, m.check), (40, CopyCheck::LayoutOnly));
     assert_ne!(fs::metadata(&seed).unwrap().ino(), seed_inode);
     let (_, contents) = installed(host.path());
@@ -316,10 +315,7 @@ async fn a_seed_is_made_once_on_the_runtime_volume_reused_and_remade_when_edited
 
     // A runtime on the cache's own volume still copies from the cache, hashing as it copies.
     let local = runtime_in(host.path(), "dddddddddddd");
-    let m = cache
-        .materialize("a-4", package, &local, RuntimeKind::Ephemeral)
-        .await
-        .unwrap();
+    let m = ephemeral(&cache, "a-4", &sha, &local).await;
     assert_eq!((m.copy.reflinked, m.copy.hashed), (0, 40));
     assert_eq!(m.check, CopyCheck::LayoutOnly);
 }
@@ -331,25 +327,15 @@ async fn a_seed_is_made_once_on_the_runtime_volume_reused_and_remade_when_edited
 async fn a_seed_from_before_a_restart_is_rebuilt_and_abandoned_entries_are_dropped() {
     let Some(xfs) = Xfs::mount() else { return };
     let host = tempfile::tempdir().unwrap();
-    let archive = archive();
-    let sha = digest(&archive);
     let packages = host.path().join("packages");
-    let package = PackageRef {
-        sha256: &sha,
-        url: "http://127.0.0.1:9/never",
-    };
-    let before = cache_with(&packages, &archive, &sha)
-        .with_seed_root(&xfs.mount)
-        .unwrap();
-    before
-        .materialize(
-            "a-1",
-            package,
-            &runtime_in(&xfs.mount, "aaaaaaaaaaaa"),
-            RuntimeKind::Ephemeral,
-        )
-        .await
-        .unwrap();
+    let (before, sha) = cache_with(&packages, Some(&xfs.mount));
+    ephemeral(
+        &before,
+        "a-1",
+        &sha,
+        &runtime_in(&xfs.mount, "aaaaaaaaaaaa"),
+    )
+    .await;
     let seed = before.seed_path(&xfs.mount, &sha);
     let inode = fs::metadata(&seed).unwrap().ino();
     drop(before);
@@ -367,14 +353,9 @@ async fn a_seed_from_before_a_restart_is_rebuilt_and_abandoned_entries_are_dropp
     fs::write(&unrelated, b"not a seed").unwrap();
 
     // The restarted process has recorded nothing: the seed is rebuilt, never reused.
-    let after = cache_with(&packages, &archive, &sha)
-        .with_seed_root(&xfs.mount)
-        .unwrap();
+    let (after, _) = cache_with(&packages, Some(&xfs.mount));
     let runtime = runtime_in(&xfs.mount, "bbbbbbbbbbbb");
-    let m = after
-        .materialize("a-2", package, &runtime, RuntimeKind::Ephemeral)
-        .await
-        .unwrap();
+    let m = ephemeral(&after, "a-2", &sha, &runtime).await;
     assert_eq!((m.copy.reflinked, m.check), (40, CopyCheck::LayoutOnly));
     assert_ne!(fs::metadata(&seed).unwrap().ino(), inode, "rebuilt");
     assert!(!staging.exists(), "an interrupted staging is dropped");
@@ -398,20 +379,9 @@ async fn a_seed_from_before_a_restart_is_rebuilt_and_abandoned_entries_are_dropp
 async fn pruning_a_version_removes_its_seeds() {
     let Some(xfs) = Xfs::mount() else { return };
     let host = tempfile::tempdir().unwrap();
-    let archive = archive();
-    let sha = digest(&archive);
-    let cache = cache_with(&host.path().join("packages"), &archive, &sha)
-        .with_seed_root(&xfs.mount)
-        .unwrap();
-    let package = PackageRef {
-        sha256: &sha,
-        url: "http://127.0.0.1:9/never",
-    };
+    let (cache, sha) = cache_with(&host.path().join("packages"), Some(&xfs.mount));
     let runtime = runtime_in(&xfs.mount, "aaaaaaaaaaaa");
-    cache
-        .materialize("a-1", package, &runtime, RuntimeKind::Ephemeral)
-        .await
-        .unwrap();
+    ephemeral(&cache, "a-1", &sha, &runtime).await;
     let seed = cache.seed_path(&xfs.mount, &sha);
     assert!(seed.is_dir());
     cache.release("a-1");
@@ -435,20 +405,9 @@ async fn a_seed_on_a_volume_that_cannot_clone_is_not_used_again() {
         eprintln!("skipped: /dev/shm is on the temporary directory's volume");
         return;
     }
-    let archive = archive();
-    let sha = digest(&archive);
-    let cache = cache_with(&host.path().join("packages"), &archive, &sha)
-        .with_seed_root(other.path())
-        .unwrap();
-    let package = PackageRef {
-        sha256: &sha,
-        url: "http://127.0.0.1:9/never",
-    };
+    let (cache, sha) = cache_with(&host.path().join("packages"), Some(other.path()));
     let first = runtime_in(other.path(), "aaaaaaaaaaaa");
-    let m = cache
-        .materialize("a-1", package, &first, RuntimeKind::Ephemeral)
-        .await
-        .unwrap();
+    let m = ephemeral(&cache, "a-1", &sha, &first).await;
     assert_eq!((m.copy.reflinked, m.copy.hashed), (0, 40));
     let seed = cache.seed_path(other.path(), &sha);
     let made = fs::metadata(&seed).unwrap().ino();
@@ -456,10 +415,7 @@ async fn a_seed_on_a_volume_that_cannot_clone_is_not_used_again() {
     tamper(&seed.join("externals/m1/f5.dll"));
     // Not remade, not copied from: the next copy comes from the cache, hashed as it is copied.
     let second = runtime_in(other.path(), "bbbbbbbbbbbb");
-    let m = cache
-        .materialize("a-2", package, &second, RuntimeKind::Ephemeral)
-        .await
-        .unwrap();
+    let m = ephemeral(&cache, "a-2", &sha, &second).await;
     assert_eq!(m.timings.install, std::time::Duration::ZERO);
     assert_eq!(
         (m.copy.reflinked, m.copy.hashed, m.check),

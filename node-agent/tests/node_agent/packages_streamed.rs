@@ -47,6 +47,28 @@ struct Held {
     declared: usize,
 }
 
+impl Held {
+    /// `body` less its gzip trailer at once, the trailer on release: every tar entry can be
+    /// extracted before the digest is known.
+    fn split(body: &[u8]) -> Self {
+        let (head, tail) = split(body);
+        Self {
+            declared: body.len(),
+            head,
+            tail,
+        }
+    }
+
+    /// `body` whole at once, then the connection closes.
+    fn whole(body: Vec<u8>) -> Self {
+        Self {
+            declared: body.len(),
+            head: body,
+            tail: Vec::new(),
+        }
+    }
+}
+
 /// Serves `held` to the first request; the test notifies the returned `Notify` to release the
 /// tail.
 async fn serve(held: Held) -> (String, Arc<Notify>) {
@@ -78,6 +100,13 @@ async fn serve(held: Held) -> (String, Arc<Notify>) {
         let _ = socket.shutdown().await;
     });
     (url, release)
+}
+
+/// Serves `held` with nothing held back: its URL.
+async fn serve_released(held: Held) -> String {
+    let (url, release) = serve(held).await;
+    release.notify_one();
+    url
 }
 
 struct Host {
@@ -164,6 +193,46 @@ fn split(body: &[u8]) -> (Vec<u8>, Vec<u8>) {
     (body[..at].to_vec(), body[at..].to_vec())
 }
 
+/// The genuine package and its digest.
+fn genuine() -> (Vec<u8>, String) {
+    let body = package(b"#!/bin/sh\necho listener\n");
+    let digest = sha(&body);
+    (body, digest)
+}
+
+/// A launch of `digest` on a fresh host, from a server sending `body` less its gzip trailer,
+/// once the extraction running ahead of the digest has written `staged` into staging: the
+/// host, the trailer's release and the launch.
+async fn extracting(
+    body: &[u8],
+    digest: &str,
+    staged: &str,
+) -> (
+    Arc<Host>,
+    Arc<Notify>,
+    tokio::task::JoinHandle<Result<Materialized, PackageError>>,
+) {
+    let (url, release) = serve(Held::split(body)).await;
+    let host = Arc::new(Host::new());
+    let launch = launched(&host, digest, &url);
+    until(
+        &format!("the extraction to write {staged} into staging"),
+        || host.staged(staged),
+    )
+    .await;
+    (host, release, launch)
+}
+
+/// [`materialized`] on a task of its own, for the test to watch while it runs.
+fn launched(
+    host: &Arc<Host>,
+    digest: &str,
+    url: &str,
+) -> tokio::task::JoinHandle<Result<Materialized, PackageError>> {
+    let (host, digest, url) = (Arc::clone(host), digest.to_owned(), url.to_owned());
+    tokio::spawn(async move { materialized(&host, &digest, &url).await })
+}
+
 async fn materialize(host: &Arc<Host>, digest: &str, url: &str) -> Result<(), PackageError> {
     materialized(host, digest, url).await.map(drop)
 }
@@ -188,25 +257,9 @@ async fn materialized(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_archive_extracted_while_it_downloads_reaches_the_cache_only_after_its_digest_matched() {
-    let body = package(b"#!/bin/sh\necho listener\n");
-    let digest = sha(&body);
-    let (head, tail) = split(&body);
-    let (url, release) = serve(Held {
-        declared: body.len(),
-        head,
-        tail,
-    })
-    .await;
-    let host = Arc::new(Host::new());
-    let launch = {
-        let (host, digest, url) = (Arc::clone(&host), digest.clone(), url.clone());
-        tokio::spawn(async move { materialized(&host, &digest, &url).await })
-    };
+    let (body, digest) = genuine();
     // The extraction ran ahead of the digest: its files stand in staging...
-    until("the extraction to write run.sh into staging", || {
-        host.staged("run.sh")
-    })
-    .await;
+    let (host, release, launch) = extracting(&body, &digest, "run.sh").await;
     // ...and nothing is in the cache while the digest is still open.
     assert!(!host.cache.tree(&digest).exists());
     assert!(!host.cache.is_trusted(&digest));
@@ -237,25 +290,9 @@ async fn an_archive_extracted_while_it_downloads_reaches_the_cache_only_after_it
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tampered_archive_extracted_while_it_downloads_leaves_nothing_usable() {
     // The pinned digest is the genuine package's; the server sends another, well-formed one.
-    let genuine = package(b"#!/bin/sh\necho listener\n");
-    let digest = sha(&genuine);
+    let (_, digest) = genuine();
     let forged = package(b"#!/bin/sh\necho forged\n");
-    let (head, tail) = split(&forged);
-    let (url, release) = serve(Held {
-        declared: forged.len(),
-        head,
-        tail,
-    })
-    .await;
-    let host = Arc::new(Host::new());
-    let launch = {
-        let (host, digest, url) = (Arc::clone(&host), digest.clone(), url.clone());
-        tokio::spawn(async move { materialize(&host, &digest, &url).await })
-    };
-    until("the forged archive's files in staging", || {
-        host.staged("bin/Runner.Listener")
-    })
-    .await;
+    let (host, release, launch) = extracting(&forged, &digest, "bin/Runner.Listener").await;
     assert!(!host.cache.tree(&digest).exists());
     release.notify_one();
     let err = launch.await.unwrap().unwrap_err();
@@ -266,8 +303,7 @@ async fn a_tampered_archive_extracted_while_it_downloads_leaves_nothing_usable()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_truncated_download_leaves_nothing_usable() {
-    let body = package(b"#!/bin/sh\necho listener\n");
-    let digest = sha(&body);
+    let (body, digest) = genuine();
     let (head, _) = split(&body);
     // The connection closes 8 bytes short of its Content-Length.
     let (url, release) = serve(Held {
@@ -288,8 +324,7 @@ async fn an_unsafe_stream_that_fails_its_digest_is_not_a_refusal_of_the_digest()
     // A man in the middle sends an archive with a climbing path: the streamed extraction refuses
     // it, but the bytes are not the pinned digest's, so the digest is not marked refused and the
     // genuine archive installs on the next launch.
-    let genuine = package(b"#!/bin/sh\necho listener\n");
-    let digest = sha(&genuine);
+    let (genuine, digest) = genuine();
     let mut h = tar::Header::new_gnu();
     h.set_entry_type(tar::EntryType::Regular);
     h.set_mode(0o644);
@@ -303,13 +338,7 @@ async fn an_unsafe_stream_that_fails_its_digest_is_not_a_refusal_of_the_digest()
     ));
     b.append(&h, &b"evil"[..]).unwrap();
     let unsafe_body = b.into_inner().unwrap().finish().unwrap();
-    let (url, release) = serve(Held {
-        declared: unsafe_body.len(),
-        head: unsafe_body,
-        tail: Vec::new(),
-    })
-    .await;
-    release.notify_one();
+    let url = serve_released(Held::whole(unsafe_body)).await;
     let host = Arc::new(Host::new());
     let err = materialize(&host, &digest, &url).await.unwrap_err();
     assert!(matches!(err, PackageError::Download(_)), "{err:?}");
@@ -320,22 +349,14 @@ async fn an_unsafe_stream_that_fails_its_digest_is_not_a_refusal_of_the_digest()
     assert!(!host.packages().join(".staging/escape").exists());
     assert!(!host.packages().join("escape").exists());
     assert!(!host.dir.path().join("escape").exists());
-    let (head, tail) = split(&genuine);
-    let (url, release) = serve(Held {
-        declared: genuine.len(),
-        head,
-        tail,
-    })
-    .await;
-    release.notify_one();
+    let url = serve_released(Held::split(&genuine)).await;
     materialize(&host, &digest, &url).await.unwrap();
     assert!(host.cache.is_trusted(&digest));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_crash_mid_install_left_in_staging_is_swept_and_never_used() {
-    let body = package(b"#!/bin/sh\necho listener\n");
-    let digest = sha(&body);
+    let (body, digest) = genuine();
     // What an agent killed mid-install leaves: a half-extracted staging tree and a partial
     // download beside it.
     let dir = tempfile::tempdir().unwrap();
@@ -351,14 +372,7 @@ async fn what_a_crash_mid_install_left_in_staging_is_swept_and_never_used() {
     );
     let host = Arc::new(Host { dir, cache });
     host.holds_nothing_of(&digest);
-    let (head, tail) = split(&body);
-    let (url, release) = serve(Held {
-        declared: body.len(),
-        head,
-        tail,
-    })
-    .await;
-    release.notify_one();
+    let url = serve_released(Held::split(&body)).await;
     materialize(&host, &digest, &url).await.unwrap();
     assert_eq!(
         fs::read(host.runtime().join("bin/Runner.Listener")).unwrap(),
@@ -383,13 +397,7 @@ async fn a_long_name_declaring_gigabytes_fails_fast_and_leaves_nothing() {
     std::io::Write::write_all(&mut gz, &vec![b'a'; 64 << 20]).unwrap();
     let body = gz.finish().unwrap();
     let digest = sha(&body);
-    let (url, release) = serve(Held {
-        declared: body.len(),
-        head: body,
-        tail: Vec::new(),
-    })
-    .await;
-    release.notify_one();
+    let url = serve_released(Held::whole(body)).await;
     let host = Arc::new(Host::new());
     let err = materialize(&host, &digest, &url).await.unwrap_err();
     assert!(
@@ -407,24 +415,8 @@ async fn a_long_name_declaring_gigabytes_fails_fast_and_leaves_nothing() {
 async fn a_launch_dropped_mid_install_leaves_no_staging() {
     // The launch goes away while the extraction runs; the download goes on (it is shared) and
     // the extraction finishes into staging that no one will rename in.
-    let body = package(b"#!/bin/sh\necho listener\n");
-    let digest = sha(&body);
-    let (head, tail) = split(&body);
-    let (url, release) = serve(Held {
-        declared: body.len(),
-        head,
-        tail,
-    })
-    .await;
-    let host = Arc::new(Host::new());
-    let launch = {
-        let (host, digest, url) = (Arc::clone(&host), digest.clone(), url.clone());
-        tokio::spawn(async move { materialize(&host, &digest, &url).await })
-    };
-    until("the extraction to write run.sh into staging", || {
-        host.staged("run.sh")
-    })
-    .await;
+    let (body, digest) = genuine();
+    let (host, release, launch) = extracting(&body, &digest, "run.sh").await;
     launch.abort();
     let _ = launch.await;
     release.notify_one();

@@ -17,7 +17,7 @@ use runner_manager_node_agent::workspace::scrub_plan::SlotOwner;
 use runner_manager_node_agent::workspace::{Quarantine, SlotRefusal};
 use uuid::Uuid;
 
-use crate::workspace_support::{Immutable, assert_file, bounded, make_fifo, names};
+use crate::workspace_support::{Immutable, assert_file, bounded, make_fifo, names, write_file};
 
 /// How long a removal of these small trees may take before it counts as blocked on a FIFO.
 const BOUND: Duration = Duration::from_secs(20);
@@ -142,18 +142,9 @@ fn a_slot_that_is_gone_is_not_a_refusal() {
 fn a_read_only_subdirectory_is_removed() {
     let host = Host::new();
     let slot = host.used_slot(1);
-    fs::create_dir_all(slot.join("externals/locked/inner")).unwrap();
-    fs::write(slot.join("externals/locked/inner/f"), b"x").unwrap();
-    fs::set_permissions(
-        slot.join("externals/locked/inner"),
-        fs::Permissions::from_mode(0o500),
-    )
-    .unwrap();
-    fs::set_permissions(
-        slot.join("externals/locked"),
-        fs::Permissions::from_mode(0o500),
-    )
-    .unwrap();
+    write_file(&slot, "externals/locked/inner/f", b"x");
+    read_only(&slot.join("externals/locked/inner"));
+    read_only(&slot.join("externals/locked"));
     assert!(matches!(host.scrub(1), Ok(Scrubbed::Clean { .. })));
     assert_eq!(names(&slot), ["_work"]);
 }
@@ -403,6 +394,12 @@ fn a_slot_standing_where_a_file_or_link_is_refuses_rather_than_replacing_it() {
 
 // ---- ephemeral runtimes --------------------------------------------------------------------
 
+/// `dir` made read-only to its owner (0500): what a job leaves to stop a removal that does not
+/// restore write access first.
+fn read_only(dir: &Path) {
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o500)).unwrap();
+}
+
 fn ephemeral_tree(host: &Host, attempt: Uuid) -> PathBuf {
     let runtime = create_ephemeral_runtime(&host.root, attempt).unwrap();
     assert_eq!(
@@ -410,13 +407,8 @@ fn ephemeral_tree(host: &Host, attempt: Uuid) -> PathBuf {
         0o700
     );
     fs::create_dir_all(runtime.join("tmp")).unwrap();
-    fs::create_dir_all(runtime.join("_work/repo/ro/inner")).unwrap();
-    fs::write(runtime.join("_work/repo/ro/inner/f"), b"x").unwrap();
-    fs::set_permissions(
-        runtime.join("_work/repo/ro"),
-        fs::Permissions::from_mode(0o500),
-    )
-    .unwrap();
+    write_file(&runtime, "_work/repo/ro/inner/f", b"x");
+    read_only(&runtime.join("_work/repo/ro"));
     make_fifo(&runtime.join("tmp/clr-debug-pipe-runner-in"));
     symlink(host.outside(), runtime.join("_work/cache-link")).unwrap();
     fs::hard_link(host.outside().join("keep.txt"), runtime.join("_work/hard")).unwrap();

@@ -25,6 +25,8 @@ use runner_manager_node_agent::workspace::remove_parallel::{
 use rustix::fs::{Mode, OFlags};
 use uuid::Uuid;
 
+use crate::workspace_support::wide_tree;
+
 /// Deeper than any descriptor limit a distribution ships by default, and far deeper than a
 /// recursion on a 64 KiB stack survives.
 const DEPTH: u32 = 30_000;
@@ -99,21 +101,6 @@ fn deep_tree(top: &Path, depth: u32, outside: &Path) {
     .unwrap();
     rustix::fs::mkdirat(&ro, "inner", Mode::from_raw_mode(0o755)).unwrap();
     rustix::fs::fchmod(&ro, Mode::from_raw_mode(0o555)).unwrap();
-}
-
-/// `dirs` subdirectories of `top` holding a file each, and one directory of `files` files.
-fn wide_tree(top: &Path, dirs: u32, files: u32) {
-    fs::create_dir(top).unwrap();
-    for i in 0..dirs {
-        let d = top.join(format!("d{i}"));
-        fs::create_dir(&d).unwrap();
-        fs::write(d.join("f"), b"x").unwrap();
-    }
-    let flat = top.join("flat");
-    fs::create_dir(&flat).unwrap();
-    for i in 0..files {
-        fs::File::create(flat.join(format!("f{i}"))).unwrap();
-    }
 }
 
 /// A `DEPTH`-deep tree at `<dir>/job`, its link out to `<dir>/outside` (returned).

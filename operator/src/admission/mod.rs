@@ -27,10 +27,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::Json;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
 use axum::response::IntoResponse;
 use axum::routing::post;
+use axum::{Extension, Json};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Pod;
@@ -225,27 +225,27 @@ async fn review(admission: &Admission, kind: Kind, body: &Value, peer: IpAddr) -
     response(&req.uid, &verdict)
 }
 
-async fn attempts_handler(
+/// One route's reviews: its [`Kind`] is the route's, set on it as an extension.
+async fn handler(
     State(admission): State<Arc<Admission>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(kind): Extension<Kind>,
     Json(body): Json<Value>,
 ) -> impl IntoResponse {
-    Json(review(&admission, Kind::Attempts, &body, peer.ip()).await)
-}
-
-async fn leases_handler(
-    State(admission): State<Arc<Admission>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Json(body): Json<Value>,
-) -> impl IntoResponse {
-    Json(review(&admission, Kind::Leases, &body, peer.ip()).await)
+    Json(review(&admission, kind, &body, peer.ip()).await)
 }
 
 /// The webhook's routes.
 pub fn router(admission: Arc<Admission>) -> axum::Router {
     axum::Router::new()
-        .route("/admission/runnerattempts", post(attempts_handler))
-        .route("/admission/leases", post(leases_handler))
+        .route(
+            "/admission/runnerattempts",
+            post(handler).layer(Extension(Kind::Attempts)),
+        )
+        .route(
+            "/admission/leases",
+            post(handler).layer(Extension(Kind::Leases)),
+        )
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(admission)
 }

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{ConnectInfo, Path, State};
+use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Path, Request};
 use axum::http::{HeaderMap, StatusCode, header::AUTHORIZATION};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -62,14 +62,55 @@ fn bearer(headers: &HeaderMap) -> Option<SecretString> {
     (!token.is_empty()).then(|| SecretString::from(token.to_owned()))
 }
 
-async fn jit(
-    State(broker): State<Arc<Broker>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path((namespace, name)): Path<(String, String)>,
+/// An agent's exchange with the broker, as every route reads it, in the order its handlers once
+/// took the parts one by one: the [`Call`], then the JSON body (`None` when there is none).
+struct Exchange<T>(Call, Option<Json<T>>);
+
+/// Who asks about what: the broker, the connection's peer, the path's namespace and name (an
+/// attempt's, or for a removal a pod's), the headers; and when the route began.
+struct Call {
+    broker: Arc<Broker>,
+    peer: SocketAddr,
+    namespace: String,
+    name: String,
     headers: HeaderMap,
-    body: Option<Json<JitRequest>>,
-) -> Response {
-    let started = std::time::Instant::now();
+    started: std::time::Instant,
+}
+
+impl<T> FromRequest<Arc<Broker>> for Exchange<T>
+where
+    Option<Json<T>>: FromRequest<Arc<Broker>>,
+    <Option<Json<T>> as FromRequest<Arc<Broker>>>::Rejection: IntoResponse,
+{
+    type Rejection = Response;
+
+    async fn from_request(req: Request, broker: &Arc<Broker>) -> Result<Self, Self::Rejection> {
+        let (mut parts, body) = req.into_parts();
+        let ConnectInfo(peer) = ConnectInfo::<SocketAddr>::from_request_parts(&mut parts, broker)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let Path((namespace, name)) =
+            Path::<(String, String)>::from_request_parts(&mut parts, broker)
+                .await
+                .map_err(IntoResponse::into_response)?;
+        let headers = parts.headers.clone();
+        let body = Option::<Json<T>>::from_request(Request::from_parts(parts, body), broker)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let call = Call {
+            broker: Arc::clone(broker),
+            peer,
+            namespace,
+            name,
+            headers,
+            started: std::time::Instant::now(),
+        };
+        Ok(Self(call, body))
+    }
+}
+
+async fn jit(Exchange(call, body): Exchange<JitRequest>) -> Response {
+    let (namespace, name) = (&call.namespace, &call.name);
     // One span per exchange. It is entered only once the attempt is read and the span joined to
     // the attempt's trace (its traceparent annotation), so the mint's GitHub spans sit under it.
     let span = tracing::info_span!(
@@ -81,7 +122,7 @@ async fn jit(
         outcome = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
     );
-    let result = handle(&broker, peer, &namespace, &name, &headers, body, &span).await;
+    let result = handle(&call, body, &span).await;
     let outcome = match &result {
         Ok(_) => "issued",
         Err(e) => error_label(e.code),
@@ -91,7 +132,7 @@ async fn jit(
         span.record("otel.status_code", "ERROR");
     }
     drop(span);
-    record(&broker, started, JIT_ROUTE, &namespace, &name, outcome);
+    call.record(JIT_ROUTE, outcome);
     match result {
         Ok(response) => (StatusCode::OK, Json(response)).into_response(),
         Err(e) => answer(e),
@@ -128,17 +169,14 @@ struct AttemptRequest<T> {
 /// Proves the caller, takes the body (`missing` when there is none) and reads the attempt, in
 /// that order: nothing is read for a caller that is not proven.
 async fn attempt_request<T>(
-    broker: &Broker,
-    peer: SocketAddr,
-    headers: &HeaderMap,
-    (namespace, name): (&str, &str),
+    call: &Call,
     body: Option<Json<T>>,
     missing: BrokerError,
 ) -> Result<AttemptRequest<T>, BrokerError> {
-    let caller = caller(broker, peer, headers, namespace, name).await?;
+    let caller = call.caller().await?;
     let Json(body) = body.ok_or(missing)?;
-    let attempts: Api<RunnerAttempt> = Api::namespaced(broker.kube.clone(), namespace);
-    let attempt = dereference(&attempts, name).await?;
+    let attempts: Api<RunnerAttempt> = Api::namespaced(call.broker.kube.clone(), &call.namespace);
+    let attempt = dereference(&attempts, &call.name).await?;
     Ok(AttemptRequest {
         caller,
         body,
@@ -147,33 +185,43 @@ async fn attempt_request<T>(
     })
 }
 
-/// The caller, proven (`super::authn`): a live agent pod of the agent DaemonSet, on a node.
-async fn caller(
-    broker: &Broker,
-    peer: SocketAddr,
-    headers: &HeaderMap,
-    namespace: &str,
-    name: &str,
-) -> Result<Caller, BrokerError> {
-    let token = bearer(headers).ok_or_else(|| {
-        refused(
-            BrokerErrorCode::Unauthenticated,
-            "a bound service-account token is required",
-        )
-    })?;
-    authenticate(&broker.kube, &broker.agents, &token, peer.ip())
-        .await
-        .map_err(|e| {
-            // The precise reason is for the operator's log; the caller gets a closed code.
-            tracing::warn!(namespace, name, peer = %peer.ip(), reason = %e, "broker caller refused");
-            let code = match e.http_status() {
-                401 => BrokerErrorCode::Unauthenticated,
-                403 => BrokerErrorCode::WrongNode,
-                429 => BrokerErrorCode::Throttled,
-                _ => BrokerErrorCode::Internal,
-            };
-            refused(code, e.public_message())
-        })
+impl Call {
+    /// The caller, proven (`super::authn`): a live agent pod of the agent DaemonSet, on a node.
+    async fn caller(&self) -> Result<Caller, BrokerError> {
+        let (broker, peer, namespace, name) =
+            (&self.broker, self.peer, &self.namespace, &self.name);
+        let token = bearer(&self.headers).ok_or_else(|| {
+            refused(
+                BrokerErrorCode::Unauthenticated,
+                "a bound service-account token is required",
+            )
+        })?;
+        authenticate(&broker.kube, &broker.agents, &token, peer.ip())
+            .await
+            .map_err(|e| {
+                // The precise reason is for the operator's log; the caller gets a closed code.
+                tracing::warn!(namespace, name, peer = %peer.ip(), reason = %e, "broker caller refused");
+                let code = match e.http_status() {
+                    401 => BrokerErrorCode::Unauthenticated,
+                    403 => BrokerErrorCode::WrongNode,
+                    429 => BrokerErrorCode::Throttled,
+                    _ => BrokerErrorCode::Internal,
+                };
+                refused(code, e.public_message())
+            })
+    }
+
+    /// Records the exchange's outcome on `route` (metric and log line).
+    fn record(&self, route: &'static str, outcome: &'static str) {
+        record(
+            &self.broker,
+            self.started,
+            route,
+            &self.namespace,
+            &self.name,
+            outcome,
+        );
+    }
 }
 
 /// The broker's routes, as they reach logs (`http.route`). Closed.
@@ -205,35 +253,16 @@ fn record(
 }
 
 /// `POST /v1/attempts/{namespace}/{name}/pods`: an agent orders a pod of its node's attempt.
-async fn pod_order(
-    State(broker): State<Arc<Broker>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path((namespace, name)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Option<Json<PodOrder>>,
-) -> Response {
-    let started = std::time::Instant::now();
+async fn pod_order(Exchange(call, body): Exchange<PodOrder>) -> Response {
+    let missing = refused(
+        BrokerErrorCode::PodRefused,
+        "a JSON body {attemptUid, pod: {role, ...}} is required",
+    );
     let result = async {
-        let r = attempt_request(
-            &broker,
-            peer,
-            &headers,
-            (&namespace, &name),
-            body,
-            refused(
-                BrokerErrorCode::PodRefused,
-                "a JSON body {attemptUid, pod: {role, ...}} is required",
-            ),
-        )
-        .await?;
-        pods::order(
-            &broker.kube,
-            &r.attempt,
-            &r.caller,
-            &r.body,
-            broker.placeholders.as_ref(),
-        )
-        .await
+        let r = attempt_request(&call, body, missing).await?;
+        let broker = &call.broker;
+        let placeholders = broker.placeholders.as_ref();
+        pods::order(&broker.kube, &r.attempt, &r.caller, &r.body, placeholders).await
     }
     .await;
     let outcome = match &result {
@@ -241,14 +270,7 @@ async fn pod_order(
         Ok(Made::Existing(_)) => "pod_existing",
         Err(e) => error_label(e.code),
     };
-    record(
-        &broker,
-        started,
-        POD_ORDER_ROUTE,
-        &namespace,
-        &name,
-        outcome,
-    );
+    call.record(POD_ORDER_ROUTE, outcome);
     match result {
         Ok(Made::Created(pod)) => (StatusCode::CREATED, Json(pod)).into_response(),
         Ok(Made::Existing(pod)) => (StatusCode::OK, Json(pod)).into_response(),
@@ -259,29 +281,15 @@ async fn pod_order(
 /// `POST /v1/attempts/{namespace}/{name}/job`: an agent relays its runner's job-started claim
 /// (`super::job`). A decision, refused or not, is a 200; an error is a caller the broker
 /// will not answer for.
-async fn job_admission(
-    State(broker): State<Arc<Broker>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path((namespace, name)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Option<Json<JobAdmissionRequest>>,
-) -> Response {
-    let started = std::time::Instant::now();
+async fn job_admission(Exchange(call, body): Exchange<JobAdmissionRequest>) -> Response {
     let result = async {
-        let r = attempt_request(
-            &broker,
-            peer,
-            &headers,
-            (&namespace, &name),
-            body,
-            refused(
-                BrokerErrorCode::InvalidRequest,
-                "a JSON body {attemptUid, repository, runId} is required",
-            ),
-        )
-        .await?;
+        let missing = refused(
+            BrokerErrorCode::InvalidRequest,
+            "a JSON body {attemptUid, repository, runId} is required",
+        );
+        let r = attempt_request(&call, body, missing).await?;
         super::confine(&r.attempt, &r.body.attempt_uid, &r.caller)?;
-        Ok::<_, BrokerError>(super::job::admit(&broker.clients, &r.attempt, &r.body).await)
+        Ok::<_, BrokerError>(super::job::admit(&call.broker.clients, &r.attempt, &r.body).await)
     }
     .await;
     let outcome = match &result {
@@ -289,7 +297,7 @@ async fn job_admission(
         Ok(_) => "job_refused",
         Err(e) => error_label(e.code),
     };
-    record(&broker, started, JOB_ROUTE, &namespace, &name, outcome);
+    call.record(JOB_ROUTE, outcome);
     match result {
         Ok(answer) => (StatusCode::OK, Json(answer)).into_response(),
         Err(e) => answer(e),
@@ -298,33 +306,26 @@ async fn job_admission(
 
 /// `POST /v1/pods/{namespace}/{name}/removal`: an agent removes a pod the broker made on its
 /// node.
-async fn pod_removal(
-    State(broker): State<Arc<Broker>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path((namespace, name)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Option<Json<PodRemoval>>,
-) -> Response {
-    let started = std::time::Instant::now();
+async fn pod_removal(Exchange(call, body): Exchange<PodRemoval>) -> Response {
     let result = async {
-        let caller = caller(&broker, peer, &headers, &namespace, &name).await?;
+        let caller = call.caller().await?;
         let Json(removal) = body
             .ok_or_else(|| refused(BrokerErrorCode::PodRefused, "a JSON body {uid} is required"))?;
-        pods::remove(&broker.kube, &namespace, &name, &caller, &removal).await
+        pods::remove(
+            &call.broker.kube,
+            &call.namespace,
+            &call.name,
+            &caller,
+            &removal,
+        )
+        .await
     }
     .await;
     let outcome = match &result {
         Ok(()) => "pod_removed",
         Err(e) => error_label(e.code),
     };
-    record(
-        &broker,
-        started,
-        POD_REMOVAL_ROUTE,
-        &namespace,
-        &name,
-        outcome,
-    );
+    call.record(POD_REMOVAL_ROUTE, outcome);
     match result {
         Ok(()) => (StatusCode::OK, Json(serde_json::json!({}))).into_response(),
         Err(e) => answer(e),
@@ -332,32 +333,22 @@ async fn pod_removal(
 }
 
 async fn handle(
-    broker: &Broker,
-    peer: SocketAddr,
-    namespace: &str,
-    name: &str,
-    headers: &HeaderMap,
+    call: &Call,
     body: Option<Json<JitRequest>>,
     span: &tracing::Span,
 ) -> Result<JitResponse, BrokerError> {
     use tracing::Instrument;
+    let (broker, namespace) = (&call.broker, &call.namespace);
+    let missing = refused(
+        BrokerErrorCode::NotPrepared,
+        "a JSON body {attemptUid, specHash} is required",
+    );
     let AttemptRequest {
         caller,
         body: request,
         attempts,
         attempt,
-    } = attempt_request(
-        broker,
-        peer,
-        headers,
-        (namespace, name),
-        body,
-        refused(
-            BrokerErrorCode::NotPrepared,
-            "a JSON body {attemptUid, specHash} is required",
-        ),
-    )
-    .await?;
+    } = attempt_request(call, body, missing).await?;
     span.record(
         "attempt.uid",
         attempt.metadata.uid.as_deref().unwrap_or_default(),

@@ -108,6 +108,11 @@ impl Request {
         }
     }
 
+    /// `GET` of a repository's Actions resource: `/repos/{owner}/{repo}/actions/{rest}`.
+    fn repo_actions(endpoint: Endpoint, owner: &str, repo: &str, rest: &str) -> Self {
+        Self::get(endpoint, format!("/repos/{owner}/{repo}/actions/{rest}"))
+    }
+
     fn get(endpoint: Endpoint, path: String) -> Self {
         Self::new(endpoint, Method::GET, path)
     }
@@ -143,6 +148,16 @@ struct Answer {
     status: StatusCode,
     headers: HeaderMap,
     body: Bytes,
+}
+
+impl Answer {
+    /// A page of a paged list with a page after it (its `Link` header has `rel="next"`).
+    fn has_next_page(&self) -> bool {
+        self.headers
+            .get("link")
+            .and_then(|l| l.to_str().ok())
+            .is_some_and(|l| l.contains("rel=\"next\""))
+    }
 }
 
 #[derive(Default)]
@@ -510,6 +525,13 @@ impl GitHubClient {
     }
 
     /// One call with retries where they are safe.
+    /// `req`'s answer, its body parsed as a `T` (one that is not: `Malformed` for its endpoint).
+    async fn call_parsed<T: DeserializeOwned>(&self, req: Request) -> Result<T, GitHubError> {
+        let endpoint = req.endpoint;
+        let answer = self.call(req).await?;
+        parse(endpoint, &answer.body)
+    }
+
     async fn call(&self, req: Request) -> Result<Answer, GitHubError> {
         let mut attempt = 0;
         let mut refreshed = false;
@@ -726,6 +748,12 @@ impl GitHubClient {
         self.target.runners_path()
     }
 
+    /// A `method` call on the target's runners' resource `rest` (`/{id}`,
+    /// `/generate-jitconfig`, …).
+    fn runners_request(&self, endpoint: Endpoint, method: Method, rest: &str) -> Request {
+        Request::new(endpoint, method, format!("{}{rest}", self.runners_path()))
+    }
+
     /// Every runner of the target, all pages; conditional per page (a 304 costs no budget).
     pub async fn list_runners(&self) -> Result<Vec<Runner>, GitHubError> {
         let mut all = Vec::new();
@@ -740,12 +768,7 @@ impl GitHubClient {
             let parsed: RunnerPage = parse(Endpoint::ListRunners, &answer.body)?;
             let n = parsed.runners.len();
             all.extend(parsed.runners);
-            let more = answer
-                .headers
-                .get("link")
-                .and_then(|l| l.to_str().ok())
-                .is_some_and(|l| l.contains("rel=\"next\""));
-            if !more || n == 0 {
+            if !answer.has_next_page() || n == 0 {
                 break;
             }
         }
@@ -777,16 +800,9 @@ impl GitHubClient {
 
     /// Delete a runner registration.
     pub async fn delete_runner(&self, id: i64, priority: Priority) -> Result<Deleted, GitHubError> {
-        let result = self
-            .call(
-                Request::new(
-                    Endpoint::DeleteRunner,
-                    Method::DELETE,
-                    format!("{}/{id}", self.runners_path()),
-                )
-                .priority(priority),
-            )
-            .await;
+        let request =
+            self.runners_request(Endpoint::DeleteRunner, Method::DELETE, &format!("/{id}"));
+        let result = self.call(request.priority(priority)).await;
         match result {
             Ok(_) => Ok(Deleted::Deleted),
             Err(e) if e.status() == Some(404) => Ok(Deleted::AlreadyGone),
@@ -833,17 +849,15 @@ impl GitHubClient {
         });
         let mut attempt = 0;
         loop {
-            let sent = self
-                .call(
-                    Request::new(
-                        Endpoint::GenerateJitConfig,
-                        Method::POST,
-                        format!("{}/generate-jitconfig", self.runners_path()),
-                    )
-                    .body(body.clone())
-                    .priority(Priority::Launch),
+            let request = self
+                .runners_request(
+                    Endpoint::GenerateJitConfig,
+                    Method::POST,
+                    "/generate-jitconfig",
                 )
-                .await;
+                .body(body.clone())
+                .priority(Priority::Launch);
+            let sent = self.call(request).await;
             let err = match sent {
                 Ok(answer) => match serde_json::from_slice::<JitConfigWire>(&answer.body) {
                     Ok(w) => {
@@ -990,17 +1004,11 @@ impl GitHubClient {
         owner: &str,
         repo: &str,
     ) -> Result<Vec<WorkflowRun>, GitHubError> {
-        let answer = self
-            .call(
-                Request::get(
-                    Endpoint::ListQueuedRuns,
-                    format!("/repos/{owner}/{repo}/actions/runs"),
-                )
-                .query("status", "queued")
-                .query("per_page", PER_PAGE)
-                .conditional(),
-            )
-            .await?;
+        let request = Request::repo_actions(Endpoint::ListQueuedRuns, owner, repo, "runs")
+            .query("status", "queued")
+            .query("per_page", PER_PAGE)
+            .conditional();
+        let answer = self.call(request).await?;
         Ok(parse::<WorkflowRunPage>(Endpoint::ListQueuedRuns, &answer.body)?.workflow_runs)
     }
 
@@ -1019,15 +1027,10 @@ impl GitHubClient {
         repo: &str,
         run_id: i64,
     ) -> Result<Vec<Job>, GitHubError> {
-        let answer = self
-            .call(
-                Request::get(
-                    Endpoint::ListRunJobs,
-                    format!("/repos/{owner}/{repo}/actions/runs/{run_id}/jobs"),
-                )
-                .query("per_page", PER_PAGE),
-            )
-            .await?;
+        let rest = format!("runs/{run_id}/jobs");
+        let request = Request::repo_actions(Endpoint::ListRunJobs, owner, repo, &rest)
+            .query("per_page", PER_PAGE);
+        let answer = self.call(request).await?;
         Ok(parse::<JobPage>(Endpoint::ListRunJobs, &answer.body)?.jobs)
     }
 
@@ -1051,12 +1054,7 @@ impl GitHubClient {
                     .filter(|r| !r.archived)
                     .map(|r| r.full_name),
             );
-            let more = answer
-                .headers
-                .get("link")
-                .and_then(|l| l.to_str().ok())
-                .is_some_and(|l| l.contains("rel=\"next\""));
-            if !more || n == 0 {
+            if !answer.has_next_page() || n == 0 {
                 break;
             }
         }
@@ -1106,16 +1104,14 @@ impl GitHubClient {
 
     /// A runner registration token of the target (the scale-set exchange's first step).
     pub async fn registration_token(&self) -> Result<SecretString, GitHubError> {
-        let answer = self
-            .call(
-                Request::new(
-                    Endpoint::CreateRegistrationToken,
-                    Method::POST,
-                    format!("{}/registration-token", self.runners_path()),
-                )
-                .priority(Priority::Launch),
+        let request = self
+            .runners_request(
+                Endpoint::CreateRegistrationToken,
+                Method::POST,
+                "/registration-token",
             )
-            .await?;
+            .priority(Priority::Launch);
+        let answer = self.call(request).await?;
         #[derive(serde::Deserialize)]
         struct Wire {
             token: SecretString,
@@ -1197,24 +1193,16 @@ impl GitHubClient {
         repo: &str,
         run_id: i64,
     ) -> Result<super::types::RunOrigin, GitHubError> {
-        let answer = self
-            .call(Request::get(
-                Endpoint::GetRun,
-                format!("/repos/{owner}/{repo}/actions/runs/{run_id}"),
-            ))
-            .await?;
-        parse(Endpoint::GetRun, &answer.body)
+        let rest = format!("runs/{run_id}");
+        self.call_parsed(Request::repo_actions(Endpoint::GetRun, owner, repo, &rest))
+            .await
     }
 
     /// One job of a repository (`None` for other scopes).
     pub async fn job(&self, owner: &str, repo: &str, job_id: i64) -> Result<Job, GitHubError> {
-        let answer = self
-            .call(Request::get(
-                Endpoint::GetJob,
-                format!("/repos/{owner}/{repo}/actions/jobs/{job_id}"),
-            ))
-            .await?;
-        parse(Endpoint::GetJob, &answer.body)
+        let rest = format!("jobs/{job_id}");
+        self.call_parsed(Request::repo_actions(Endpoint::GetJob, owner, repo, &rest))
+            .await
     }
 }
 

@@ -22,6 +22,7 @@ use std::time::Duration;
 use reqwest::Method;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -91,8 +92,7 @@ pub struct ScaleSet {
     pub runner_group_id: i64,
     #[serde(default)]
     pub labels: Vec<SetLabel>,
-    /// Present on reads of the set (`GET …/{id}`).
-    #[serde(default)]
+    /// Present on reads of the set (`GET …/{id}`); absent, `None`.
     pub statistics: Option<Statistics>,
 }
 
@@ -137,6 +137,20 @@ pub struct Session {
     pub queue_url: String,
     pub queue_token: SecretString,
     pub statistics: Statistics,
+}
+
+/// A list the Actions service answers with: `{"count": …, "value": […]}`.
+#[derive(Deserialize)]
+struct List<T> {
+    value: Vec<T>,
+}
+
+/// The path of a scale set's message session.
+fn session_path(scale_set: i64, session: &Session) -> String {
+    format!(
+        "_apis/runtime/runnerscalesets/{scale_set}/sessions/{}",
+        session.id
+    )
 }
 
 #[derive(Deserialize)]
@@ -436,44 +450,53 @@ impl ScaleSetClient {
     ) -> Result<(u16, bytes::Bytes), ScaleSetError> {
         use tracing::Instrument;
         let span = request_span(name, &method);
-        let result = self
-            .service_unspanned(name, method, path, query, body)
-            .instrument(span.clone())
-            .await;
+        let result = async {
+            let mut fresh = false;
+            loop {
+                let (url, token) = self.admin(fresh).await?;
+                self.count(name);
+                let mut rb = self
+                    .gh
+                    .http()
+                    .request(method.clone(), format!("{url}/{path}"))
+                    .query(&[("api-version", API_VERSION)])
+                    .query(query)
+                    .bearer_auth(token.expose_secret());
+                if let Some(b) = &body {
+                    rb = rb.json(b);
+                }
+                let resp = rb.send().await.map_err(|_| ScaleSetError::Transport)?;
+                let status = resp.status().as_u16();
+                let bytes = resp.bytes().await.map_err(|_| ScaleSetError::Transport)?;
+                if status == 401 && !fresh {
+                    fresh = true;
+                    continue;
+                }
+                return Ok((status, bytes));
+            }
+        }
+        .instrument(span.clone())
+        .await;
         record(&span, result.as_ref().map(|(s, _)| *s));
         result
     }
 
-    async fn service_unspanned(
-        &self,
-        name: &'static str,
-        method: Method,
-        path: &str,
-        query: &[(&str, String)],
-        body: Option<Value>,
-    ) -> Result<(u16, bytes::Bytes), ScaleSetError> {
-        let mut fresh = false;
-        loop {
-            let (url, token) = self.admin(fresh).await?;
-            self.count(name);
-            let mut rb = self
-                .gh
-                .http()
-                .request(method.clone(), format!("{url}/{path}"))
-                .query(&[("api-version", API_VERSION)])
-                .query(query)
-                .bearer_auth(token.expose_secret());
-            if let Some(b) = &body {
-                rb = rb.json(b);
-            }
-            let resp = rb.send().await.map_err(|_| ScaleSetError::Transport)?;
-            let status = resp.status().as_u16();
-            let bytes = resp.bytes().await.map_err(|_| ScaleSetError::Transport)?;
-            if status == 401 && !fresh {
-                fresh = true;
-                continue;
-            }
-            return Ok((status, bytes));
+    /// A service answer of `200` with a JSON `T`; any other status is refused.
+    fn answered<T: DeserializeOwned>(
+        (status, body): (u16, bytes::Bytes),
+    ) -> Result<T, ScaleSetError> {
+        if status != 200 {
+            return Err(Self::refused(status, &body));
+        }
+        serde_json::from_slice(&body).map_err(|_| ScaleSetError::Malformed)
+    }
+
+    /// A service answer with no body to read: one of the `ok` statuses, or refused.
+    fn accepted((status, body): (u16, bytes::Bytes), ok: &[u16]) -> Result<(), ScaleSetError> {
+        if ok.contains(&status) {
+            Ok(())
+        } else {
+            Err(Self::refused(status, &body))
         }
     }
 
@@ -496,42 +519,22 @@ impl ScaleSetClient {
         labels: &[String],
     ) -> Result<ScaleSet, ScaleSetError> {
         let path = "_apis/runtime/runnerscalesets";
-        let (status, body) = self
-            .service(
-                "get_scale_set",
-                Method::GET,
-                path,
-                &[
-                    ("runnerGroupId", runner_group_id.to_string()),
-                    ("name", name.to_owned()),
-                ],
-                None,
-            )
+        let query = [
+            ("runnerGroupId", runner_group_id.to_string()),
+            ("name", name.to_owned()),
+        ];
+        let answer = self
+            .service("get_scale_set", Method::GET, path, &query, None)
             .await?;
-        if status != 200 {
-            return Err(Self::refused(status, &body));
-        }
-        #[derive(Deserialize)]
-        struct List {
-            value: Vec<ScaleSet>,
-        }
-        let list: List = serde_json::from_slice(&body).map_err(|_| ScaleSetError::Malformed)?;
+        let list: List<ScaleSet> = Self::answered(answer)?;
         if let Some(found) = list.value.into_iter().next() {
             return Ok(found);
         }
-        let (status, body) = self
-            .service(
-                "create_scale_set",
-                Method::POST,
-                path,
-                &[],
-                Some(set_body(name, runner_group_id, labels)),
-            )
+        let body = set_body(name, runner_group_id, labels);
+        let answer = self
+            .service("create_scale_set", Method::POST, path, &[], Some(body))
             .await?;
-        if status != 200 {
-            return Err(Self::refused(status, &body));
-        }
-        serde_json::from_slice(&body).map_err(|_| ScaleSetError::Malformed)
+        Self::answered(answer)
     }
 
     /// The scale sets of that name (in that runner group when given; the deletion of a policy
@@ -545,23 +548,11 @@ impl ScaleSetClient {
         if let Some(g) = runner_group_id {
             query.push(("runnerGroupId", g.to_string()));
         }
-        let (status, body) = self
-            .service(
-                "get_scale_set",
-                Method::GET,
-                "_apis/runtime/runnerscalesets",
-                &query,
-                None,
-            )
+        let path = "_apis/runtime/runnerscalesets";
+        let answer = self
+            .service("get_scale_set", Method::GET, path, &query, None)
             .await?;
-        if status != 200 {
-            return Err(Self::refused(status, &body));
-        }
-        #[derive(Deserialize)]
-        struct List {
-            value: Vec<ScaleSet>,
-        }
-        let list: List = serde_json::from_slice(&body).map_err(|_| ScaleSetError::Malformed)?;
+        let list: List<ScaleSet> = Self::answered(answer)?;
         Ok(list.value.into_iter().filter(|s| s.name == name).collect())
     }
 
@@ -595,19 +586,12 @@ impl ScaleSetClient {
         runner_group_id: i64,
         labels: &[String],
     ) -> Result<ScaleSet, ScaleSetError> {
-        let (status, body) = self
-            .service(
-                "update_scale_set",
-                Method::PATCH,
-                &format!("_apis/runtime/runnerscalesets/{id}"),
-                &[],
-                Some(set_body(name, runner_group_id, labels)),
-            )
+        let path = format!("_apis/runtime/runnerscalesets/{id}");
+        let body = set_body(name, runner_group_id, labels);
+        let answer = self
+            .service("update_scale_set", Method::PATCH, &path, &[], Some(body))
             .await?;
-        if status != 200 {
-            return Err(Self::refused(status, &body));
-        }
-        serde_json::from_slice(&body).map_err(|_| ScaleSetError::Malformed)
+        Self::answered(answer)
     }
 
     /// Delete the scale set (its sessions and runner registrations go with it). A set GitHub
@@ -634,19 +618,11 @@ impl ScaleSetClient {
     }
 
     pub async fn delete_scale_set(&self, id: i64) -> Result<(), ScaleSetError> {
-        let (status, body) = self
-            .service(
-                "delete_scale_set",
-                Method::DELETE,
-                &format!("_apis/runtime/runnerscalesets/{id}"),
-                &[],
-                None,
-            )
+        let path = format!("_apis/runtime/runnerscalesets/{id}");
+        let answer = self
+            .service("delete_scale_set", Method::DELETE, &path, &[], None)
             .await?;
-        if status != 204 && status != 200 && status != 404 {
-            return Err(Self::refused(status, &body));
-        }
-        Ok(())
+        Self::accepted(answer, &[204, 200, 404])
     }
 
     /// The jobs still available to the set (`GET …/{id}/acquirablejobs`; 204: none): what a
@@ -677,8 +653,9 @@ impl ScaleSetClient {
         }
     }
 
-    fn session_of(&self, body: &[u8]) -> Result<Session, ScaleSetError> {
-        let w: SessionWire = serde_json::from_slice(body).map_err(|_| ScaleSetError::Malformed)?;
+    /// The session a `200` answer describes, its queue on a host this client may call.
+    fn session_of(&self, answer: (u16, bytes::Bytes)) -> Result<Session, ScaleSetError> {
+        let w: SessionWire = Self::answered(answer)?;
         self.check_host(&w.message_queue_url)?;
         Ok(Session {
             id: w.session_id,
@@ -694,19 +671,12 @@ impl ScaleSetClient {
         scale_set: i64,
         owner: &str,
     ) -> Result<Session, ScaleSetError> {
-        let (status, body) = self
-            .service(
-                "create_session",
-                Method::POST,
-                &format!("_apis/runtime/runnerscalesets/{scale_set}/sessions"),
-                &[],
-                Some(json!({"ownerName": owner})),
-            )
+        let path = format!("_apis/runtime/runnerscalesets/{scale_set}/sessions");
+        let body = json!({"ownerName": owner});
+        let answer = self
+            .service("create_session", Method::POST, &path, &[], Some(body))
             .await?;
-        if status != 200 {
-            return Err(Self::refused(status, &body));
-        }
-        self.session_of(&body)
+        self.session_of(answer)
     }
 
     /// A new message-queue token for the session.
@@ -715,22 +685,11 @@ impl ScaleSetClient {
         scale_set: i64,
         session: &Session,
     ) -> Result<Session, ScaleSetError> {
-        let (status, body) = self
-            .service(
-                "refresh_session",
-                Method::PATCH,
-                &format!(
-                    "_apis/runtime/runnerscalesets/{scale_set}/sessions/{}",
-                    session.id
-                ),
-                &[],
-                None,
-            )
+        let path = session_path(scale_set, session);
+        let answer = self
+            .service("refresh_session", Method::PATCH, &path, &[], None)
             .await?;
-        if status != 200 {
-            return Err(Self::refused(status, &body));
-        }
-        self.session_of(&body)
+        self.session_of(answer)
     }
 
     /// Close the session (leadership handed over, shutdown): the standby need not wait for it
@@ -740,22 +699,11 @@ impl ScaleSetClient {
         scale_set: i64,
         session: &Session,
     ) -> Result<(), ScaleSetError> {
-        let (status, body) = self
-            .service(
-                "delete_session",
-                Method::DELETE,
-                &format!(
-                    "_apis/runtime/runnerscalesets/{scale_set}/sessions/{}",
-                    session.id
-                ),
-                &[],
-                None,
-            )
+        let path = session_path(scale_set, session);
+        let answer = self
+            .service("delete_session", Method::DELETE, &path, &[], None)
             .await?;
-        if status != 204 && status != 404 {
-            return Err(Self::refused(status, &body));
-        }
-        Ok(())
+        Self::accepted(answer, &[204, 404])
     }
 
     /// One long poll: `None` when nothing came before GitHub ended it (202).
@@ -815,11 +763,7 @@ impl ScaleSetClient {
                 session.queue_url.trim_end_matches('/')
             ))
             .bearer_auth(session.queue_token.expose_secret());
-        let (status, body) = spanned("delete_message", Method::DELETE, rb).await?;
-        if status != 204 {
-            return Err(Self::refused(status, &body));
-        }
-        Ok(())
+        Self::accepted(spanned("delete_message", Method::DELETE, rb).await?, &[204])
     }
 
     /// Acquire jobs (runner request ids) for the scale set: the ones GitHub gives back are ours.
@@ -840,17 +784,8 @@ impl ScaleSetClient {
             .query(&[("api-version", API_VERSION)])
             .bearer_auth(session.queue_token.expose_secret())
             .json(ids);
-        let (status, body) = spanned("acquire_jobs", Method::POST, rb).await?;
-        if status != 200 {
-            return Err(Self::refused(status, &body));
-        }
-        #[derive(Deserialize)]
-        struct List {
-            value: Vec<i64>,
-        }
-        Ok(serde_json::from_slice::<List>(&body)
-            .map_err(|_| ScaleSetError::Malformed)?
-            .value)
+        let list: List<i64> = Self::answered(spanned("acquire_jobs", Method::POST, rb).await?)?;
+        Ok(list.value)
     }
 
     /// Mint a runner of the scale set.
@@ -872,9 +807,6 @@ impl ScaleSetClient {
         if status == 404 {
             self.gone(scale_set);
         }
-        if status != 200 {
-            return Err(Self::refused(status, &body));
-        }
         #[derive(Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Runner {
@@ -887,7 +819,7 @@ impl ScaleSetClient {
             #[serde(rename = "encodedJITConfig")]
             encoded: SecretString,
         }
-        let w: Wire = serde_json::from_slice(&body).map_err(|_| ScaleSetError::Malformed)?;
+        let w: Wire = Self::answered((status, body))?;
         Ok(ScaleSetJit {
             runner_id: w.runner.id,
             runner_name: w.runner.name,

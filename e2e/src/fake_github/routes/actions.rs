@@ -3,13 +3,12 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{OriginalUri, Path, Query, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use serde_json::Value;
 
-use super::pagination::{PageQuery, paginate};
-use super::runners::{Params, conditional, scope_of};
+use super::runners::{Call, Listing, conditional, scope_of};
 use crate::fake_github::error::ApiError;
 use crate::fake_github::jobs::Job;
 use crate::fake_github::shapes;
@@ -28,49 +27,39 @@ fn param<'a>(p: &'a std::collections::BTreeMap<String, String>, k: &str) -> &'a 
     p.get(k).map_or("", String::as_str)
 }
 
-pub async fn list_runs(
-    State(fake): State<Arc<FakeGithub>>,
-    Path(params): Params,
-    Query(query): Query<PageQuery>,
-    OriginalUri(uri): OriginalUri,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    fake.authorize(&headers, &scope_of(&params)?)?;
-    let mut jobs = repo_jobs(&fake, param(&params, "owner"), param(&params, "repo"));
+pub async fn list_runs(l: Listing) -> Result<Response, ApiError> {
+    l.fake.authorize(&l.headers, &scope_of(&l.params)?)?;
+    let mut jobs = repo_jobs(&l.fake, l.param("owner"), l.param("repo"));
     // Newest first, as GitHub lists runs.
     jobs.reverse();
     let runs: Vec<Value> = jobs
         .iter()
-        .filter(|j| query.status.as_ref().is_none_or(|s| j.status.as_str() == s))
-        .map(|j| shapes::workflow_run(&fake.base_url, j))
+        .filter(|j| {
+            l.query
+                .status
+                .as_ref()
+                .is_none_or(|s| j.status.as_str() == s)
+        })
+        .map(|j| shapes::workflow_run(&l.fake.base_url, j))
         .collect();
-    let (page, link) = paginate(&runs, &query, &fake.base_url, &uri);
-    let body = serde_json::json!({"total_count": runs.len(), "workflow_runs": page});
-    Ok(conditional(&headers, &body, link))
+    Ok(l.counted(&runs, "workflow_runs"))
 }
 
-pub async fn list_run_jobs(
-    State(fake): State<Arc<FakeGithub>>,
-    Path(params): Params,
-    Query(query): Query<PageQuery>,
-    OriginalUri(uri): OriginalUri,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    fake.authorize(&headers, &scope_of(&params)?)?;
-    let run_id: u64 = param(&params, "run_id")
+pub async fn list_run_jobs(l: Listing) -> Result<Response, ApiError> {
+    l.fake.authorize(&l.headers, &scope_of(&l.params)?)?;
+    let run_id: u64 = l
+        .param("run_id")
         .parse()
         .map_err(|_| ApiError::not_found())?;
-    let jobs: Vec<Value> = repo_jobs(&fake, param(&params, "owner"), param(&params, "repo"))
+    let jobs: Vec<Value> = repo_jobs(&l.fake, l.param("owner"), l.param("repo"))
         .iter()
         .filter(|j| j.run_id == run_id)
-        .map(|j| shapes::job(&fake.base_url, j))
+        .map(|j| shapes::job(&l.fake.base_url, j))
         .collect();
     if jobs.is_empty() {
         return Err(ApiError::not_found());
     }
-    let (page, link) = paginate(&jobs, &query, &fake.base_url, &uri);
-    let body = serde_json::json!({"total_count": jobs.len(), "jobs": page});
-    Ok(conditional(&headers, &body, link))
+    Ok(l.counted(&jobs, "jobs"))
 }
 
 /// The repository's job whose `id_of` is the path parameter `id_param` (authorized first).
@@ -91,46 +80,34 @@ fn repo_job_by(
         .ok_or_else(ApiError::not_found)
 }
 
-pub async fn get_job(
-    State(fake): State<Arc<FakeGithub>>,
-    Path(params): Params,
-    headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
-    let job = repo_job_by(&fake, &params, &headers, "job_id", |j| j.id)?;
-    Ok(Json(shapes::job(&fake.base_url, &job)))
+pub async fn get_job(c: Call) -> Result<Json<Value>, ApiError> {
+    let job = repo_job_by(&c.fake, &c.params, &c.headers, "job_id", |j| j.id)?;
+    Ok(Json(shapes::job(&c.fake.base_url, &job)))
 }
 
 /// `GET /repos/{owner}/{repo}/actions/runs/{run_id}`: the run (the fake has one job per run).
-pub async fn get_run(
-    State(fake): State<Arc<FakeGithub>>,
-    Path(params): Params,
-    headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
-    let job = repo_job_by(&fake, &params, &headers, "run_id", |j| j.run_id)?;
-    Ok(Json(shapes::workflow_run(&fake.base_url, &job)))
+pub async fn get_run(c: Call) -> Result<Json<Value>, ApiError> {
+    let job = repo_job_by(&c.fake, &c.params, &c.headers, "run_id", |j| j.run_id)?;
+    Ok(Json(shapes::workflow_run(&c.fake.base_url, &job)))
 }
 
 /// `GET /orgs/{org}/repos`: the organization's repositories (those added by the admin API and
 /// those a job was queued in), by name, paged, with an ETag. An installation token of the
 /// organization and a PAT may list them.
-pub async fn list_org_repos(
-    State(fake): State<Arc<FakeGithub>>,
-    Path(params): Params,
-    Query(query): Query<PageQuery>,
-    OriginalUri(uri): OriginalUri,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    let org = param(&params, "org").to_owned();
-    fake.authorize(&headers, &crate::fake_github::scope::Scope::org(&org))?;
-    let repos: Vec<Value> = fake
+pub async fn list_org_repos(l: Listing) -> Result<Response, ApiError> {
+    let org = l.param("org").to_owned();
+    l.fake
+        .authorize(&l.headers, &crate::fake_github::scope::Scope::org(&org))?;
+    let repos: Vec<Value> = l
+        .fake
         .world()
         .repos_of(&org)
         .into_iter()
-        .map(|(_, name)| shapes::minimal_repository(&fake.base_url, &org, &name))
+        .map(|(_, name)| shapes::minimal_repository(&l.fake.base_url, &org, &name))
         .collect();
-    let (page, link) = paginate(&repos, &query, &fake.base_url, &uri);
+    let (page, link) = l.page(&repos);
     // GitHub answers this one with a bare array.
-    Ok(conditional(&headers, &Value::Array(page), link))
+    Ok(conditional(&l.headers, &Value::Array(page), link))
 }
 
 /// `POST /graphql`, for the one query the operator sends: an enterprise's organizations

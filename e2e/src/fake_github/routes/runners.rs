@@ -4,8 +4,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{OriginalUri, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{FromRequestParts, OriginalUri, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use secrecy::ExposeSecret;
 use serde_json::{Value, json};
@@ -18,6 +19,97 @@ use crate::fake_github::scope::Scope;
 use crate::fake_github::state::{FakeGithub, JitRequest};
 
 pub type Params = Path<BTreeMap<String, String>>;
+
+/// What a route without a body reads of its request, extracted in the order its handlers once
+/// took them one by one: the fake, the path's parameters and the headers.
+#[derive(Debug)]
+pub struct Call {
+    pub fake: Arc<FakeGithub>,
+    pub params: BTreeMap<String, String>,
+    pub headers: HeaderMap,
+}
+
+impl FromRequestParts<Arc<FakeGithub>> for Call {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        fake: &Arc<FakeGithub>,
+    ) -> Result<Self, Response> {
+        let Path(params) = Params::from_request_parts(parts, fake)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        Ok(Self {
+            fake: Arc::clone(fake),
+            params,
+            headers: parts.headers.clone(),
+        })
+    }
+}
+
+impl Call {
+    /// The path parameter `k` (empty when the route has none).
+    pub fn param(&self, k: &str) -> &str {
+        self.params.get(k).map_or("", String::as_str)
+    }
+
+    /// The scope the path names, once the caller is authorized for it.
+    pub fn authorized(&self) -> Result<Scope, ApiError> {
+        let scope = scope_of(&self.params)?;
+        self.fake.authorize(&self.headers, &scope)?;
+        Ok(scope)
+    }
+}
+
+/// What a paged list route reads of its request: a [`Call`]'s, then the page query and the URI
+/// (for the `Link` header), in the order its handlers once took them one by one.
+#[derive(Debug)]
+pub struct Listing {
+    call: Call,
+    pub query: PageQuery,
+    pub uri: Uri,
+}
+
+impl std::ops::Deref for Listing {
+    type Target = Call;
+
+    fn deref(&self) -> &Call {
+        &self.call
+    }
+}
+
+impl FromRequestParts<Arc<FakeGithub>> for Listing {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        fake: &Arc<FakeGithub>,
+    ) -> Result<Self, Self::Rejection> {
+        let call = Call::from_request_parts(parts, fake).await?;
+        let Query(query) = Query::<PageQuery>::from_request_parts(parts, fake)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let OriginalUri(uri) = OriginalUri::from_request_parts(parts, fake)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        Ok(Self { call, query, uri })
+    }
+}
+
+impl Listing {
+    /// This request's page of `items`, and its `Link` header value.
+    pub fn page<T: Clone>(&self, items: &[T]) -> (Vec<T>, Option<axum::http::HeaderValue>) {
+        paginate(items, &self.query, &self.fake.base_url, &self.uri)
+    }
+
+    /// The answer `{"total_count", "<key>": <this page>}`, with its ETag ([`conditional`]) and
+    /// `Link` header.
+    pub fn counted(&self, items: &[Value], key: &str) -> Response {
+        let (page, link) = self.page(items);
+        let body = json!({"total_count": items.len(), key: page});
+        conditional(&self.headers, &body, link)
+    }
+}
 
 /// The scope named by a route's path parameters.
 pub fn scope_of(params: &BTreeMap<String, String>) -> Result<Scope, ApiError> {
@@ -41,28 +133,20 @@ fn runner_id(params: &BTreeMap<String, String>) -> Result<u64, ApiError> {
         .ok_or_else(ApiError::not_found)
 }
 
-pub async fn list(
-    State(fake): State<Arc<FakeGithub>>,
-    Path(params): Params,
-    Query(query): Query<PageQuery>,
-    OriginalUri(uri): OriginalUri,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    let scope = scope_of(&params)?;
-    fake.authorize(&headers, &scope)?;
-    let mut world = fake.world();
+pub async fn list(l: Listing) -> Result<Response, ApiError> {
+    let scope = scope_of(&l.params)?;
+    l.fake.authorize(&l.headers, &scope)?;
+    let mut world = l.fake.world();
     let ids: Vec<u64> = world
         .runners
         .values()
         .filter(|r| r.scope == scope)
-        .filter(|r| query.name.as_ref().is_none_or(|n| r.name == *n))
+        .filter(|r| l.query.name.as_ref().is_none_or(|n| r.name == *n))
         .map(|r| r.id)
         .collect();
     let all: Vec<Value> = ids.iter().filter_map(|id| world.runner_json(*id)).collect();
     drop(world);
-    let (page, link) = paginate(&all, &query, &fake.base_url, &uri);
-    let body = json!({"total_count": all.len(), "runners": page});
-    Ok(conditional(&headers, &body, link))
+    Ok(l.counted(&all, "runners"))
 }
 
 /// GitHub answers list endpoints with an ETag and honours If-None-Match with a 304 and no
@@ -101,15 +185,10 @@ fn etag_of(body: &Value) -> String {
     )
 }
 
-pub async fn get(
-    State(fake): State<Arc<FakeGithub>>,
-    Path(params): Params,
-    headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
-    let scope = scope_of(&params)?;
-    fake.authorize(&headers, &scope)?;
-    let id = runner_id(&params)?;
-    let mut world = fake.world();
+pub async fn get(c: Call) -> Result<Json<Value>, ApiError> {
+    let scope = c.authorized()?;
+    let id = runner_id(&c.params)?;
+    let mut world = c.fake.world();
     if world.runners.get(&id).is_none_or(|r| r.scope != scope) {
         return Err(ApiError::not_found());
     }
@@ -171,13 +250,9 @@ pub async fn registration_token(
     ))
 }
 
-pub async fn downloads(
-    State(fake): State<Arc<FakeGithub>>,
-    Path(params): Params,
-    headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
-    let scope = scope_of(&params)?;
-    fake.authorize(&headers, &scope)?;
+pub async fn downloads(c: Call) -> Result<Json<Value>, ApiError> {
+    c.authorized()?;
+    let fake = &c.fake;
     let mut list: Vec<Value> = fake
         .package
         .iter()
@@ -207,17 +282,12 @@ pub async fn downloads(
     Ok(Json(Value::Array(list)))
 }
 
-pub async fn groups(
-    State(fake): State<Arc<FakeGithub>>,
-    Path(params): Params,
-    Query(query): Query<PageQuery>,
-    OriginalUri(uri): OriginalUri,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    let scope = scope_of(&params)?;
-    fake.authorize(&headers, &scope)?;
-    let base = fake.base_url.clone();
-    let groups: Vec<Value> = fake
+pub async fn groups(l: Listing) -> Result<Response, ApiError> {
+    let scope = scope_of(&l.params)?;
+    l.fake.authorize(&l.headers, &scope)?;
+    let base = l.fake.base_url.clone();
+    let groups: Vec<Value> = l
+        .fake
         .world()
         .groups_of(&scope)
         .iter()
@@ -237,5 +307,11 @@ pub async fn groups(
             })
         })
         .collect();
-    Ok(page_response(&groups, "runner_groups", &query, &base, &uri))
+    Ok(page_response(
+        &groups,
+        "runner_groups",
+        &l.query,
+        &base,
+        &l.uri,
+    ))
 }

@@ -430,22 +430,18 @@ mod tests {
         }
         assert_eq!(verdict(&refused), Verdict::Refused(Refusal::OutOfCpu));
         assert_eq!(verdict(&Pod::default()), Verdict::Pending);
-        assert_eq!(
-            verdict(&with_status("Failed", Some("OutOfcpu"))),
-            Verdict::Refused(Refusal::OutOfCpu)
-        );
-        assert_eq!(
-            verdict(&with_status("Failed", Some("OutOfmemory"))),
-            Verdict::Refused(Refusal::OutOfMemory)
-        );
-        assert_eq!(
-            verdict(&with_status("Failed", Some("Evicted"))),
-            Verdict::Refused(Refusal::Evicted)
-        );
-        assert_eq!(
-            verdict(&with_status("Failed", Some("NodeAffinity"))),
-            Verdict::Refused(Refusal::Failed)
-        );
+        for (reason, refusal) in [
+            ("OutOfcpu", Refusal::OutOfCpu),
+            ("OutOfmemory", Refusal::OutOfMemory),
+            ("Evicted", Refusal::Evicted),
+            ("NodeAffinity", Refusal::Failed),
+        ] {
+            assert_eq!(
+                verdict(&with_status("Failed", Some(reason))),
+                Verdict::Refused(refusal),
+                "{reason}"
+            );
+        }
     }
 
     #[test]

@@ -367,48 +367,27 @@ mod tests {
         );
         // Unreadable `_diag`, an unclean exit, a requested stop, a runner still listed, or a
         // state other than `Busy`: the other rules decide.
-        assert!(!assignment_never_taken(
-            S::Busy,
-            clean,
-            JobEvidence::Unknown,
-            None,
-            gone
-        ));
-        assert!(!assignment_never_taken(
-            S::Busy,
-            ExitReading::Other,
-            listener_only,
-            None,
-            gone
-        ));
-        assert!(!assignment_never_taken(
-            S::Busy,
-            clean,
-            listener_only,
-            Some(IntentReason::Requested(TerminationReason::Deleted)),
-            gone
-        ));
-        assert!(!assignment_never_taken(
-            S::Busy,
-            clean,
-            listener_only,
-            None,
-            GitHubObservation::Registered { busy: true }
-        ));
-        assert!(!assignment_never_taken(
-            S::Busy,
-            clean,
-            listener_only,
-            None,
-            GitHubObservation::Unreachable
-        ));
-        assert!(!assignment_never_taken(
-            S::Idle,
-            clean,
-            listener_only,
-            None,
-            gone
-        ));
+        let requested = Some(IntentReason::Requested(TerminationReason::Deleted));
+        let listed = GitHubObservation::Registered { busy: true };
+        for (state, exit, evidence, intent, github) in [
+            (S::Busy, clean, JobEvidence::Unknown, None, gone),
+            (S::Busy, ExitReading::Other, listener_only, None, gone),
+            (S::Busy, clean, listener_only, requested, gone),
+            (S::Busy, clean, listener_only, None, listed),
+            (
+                S::Busy,
+                clean,
+                listener_only,
+                None,
+                GitHubObservation::Unreachable,
+            ),
+            (S::Idle, clean, listener_only, None, gone),
+        ] {
+            assert!(
+                !assignment_never_taken(state, exit, evidence, intent, github),
+                "{state:?} {exit:?} {evidence:?} {intent:?} {github:?}"
+            );
+        }
         // The walk: back to `Idle`, from where `ExitedIdleWithoutWork` is legal.
         assert_eq!(
             observe_edge(S::Busy, S::Idle),

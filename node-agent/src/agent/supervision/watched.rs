@@ -121,6 +121,22 @@ impl Freshness {
 mod tests {
     use super::*;
 
+    /// Whether the watch's copy at version `seen` is behind the agent's own write of `written`
+    /// at `at` (attempt `u`).
+    fn behind(f: &Freshness, seen: &str, written: &str, at: Instant) -> bool {
+        matches!(
+            f.check("u", Some(seen), Some(written), at),
+            Verdict::Behind(_)
+        )
+    }
+
+    /// A tracker whose watch has shown version 1 of attempt `u`, and the time.
+    fn shown_once() -> (Freshness, Instant) {
+        let f = Freshness::default();
+        f.shown("u", "1");
+        (f, Instant::now())
+    }
+
     #[test]
     fn without_a_write_of_its_own_any_copy_is_current() {
         let f = Freshness::default();
@@ -132,9 +148,7 @@ mod tests {
 
     #[test]
     fn a_copy_from_before_the_agents_own_last_write_is_not_stepped_on() {
-        let f = Freshness::default();
-        let now = Instant::now();
-        f.shown("u", "1");
+        let (f, now) = shown_once();
         // The launch wrote versions 2 to 4; the watch has shown only 2 so far.
         f.shown("u", "2");
         assert_eq!(
@@ -165,27 +179,16 @@ mod tests {
         );
         // A copy the watch showed before the write is not.
         f.shown("u", "6");
-        assert!(matches!(
-            f.check("u", Some("5"), Some("6"), Instant::now()),
-            Verdict::Behind(_)
-        ));
+        assert!(behind(&f, "5", "6", Instant::now()));
     }
 
     #[test]
     fn a_write_the_watch_never_shows_is_waited_for_at_most_the_bound() {
-        let f = Freshness::default();
-        let now = Instant::now();
-        f.shown("u", "1");
-        assert!(matches!(
-            f.check("u", Some("1"), Some("2"), now),
-            Verdict::Behind(_)
-        ));
+        let (f, now) = shown_once();
+        assert!(behind(&f, "1", "2", now));
         // A re-list skipped version 2 and showed 7.
         f.shown("u", "7");
-        assert!(matches!(
-            f.check("u", Some("7"), Some("2"), now + WRITE_SEEN_WITHIN / 2),
-            Verdict::Behind(_)
-        ));
+        assert!(behind(&f, "7", "2", now + WRITE_SEEN_WITHIN / 2));
         assert_eq!(
             f.check("u", Some("7"), Some("2"), now + WRITE_SEEN_WITHIN),
             Verdict::Current
@@ -194,13 +197,8 @@ mod tests {
 
     #[test]
     fn a_forgotten_attempt_starts_afresh() {
-        let f = Freshness::default();
-        let now = Instant::now();
-        f.shown("u", "1");
-        assert!(matches!(
-            f.check("u", Some("1"), Some("2"), now),
-            Verdict::Behind(_)
-        ));
+        let (f, now) = shown_once();
+        assert!(behind(&f, "1", "2", now));
         f.forget("u");
         assert!(f.lock().is_empty());
     }

@@ -227,22 +227,12 @@ mod tests {
             ))),
             O::Ended(Ended::Exited(0))
         );
-        assert_eq!(
-            observe(Some(&with("Failed", Some("Evicted"), None))),
-            O::Ended(Ended::Evicted)
-        );
-        assert_eq!(
-            observe(Some(&with("Failed", Some("OutOfcpu"), None))),
-            O::Ended(Ended::OutOfResources)
-        );
-        assert_eq!(
-            observe(Some(&with("Failed", Some("OutOfmemory"), None))),
-            O::Ended(Ended::OutOfResources)
-        );
-        assert_eq!(
-            observe(Some(&with("Failed", Some("NodeAffinity"), None))),
-            O::Ended(Ended::Refused)
-        );
+        // A pod the kubelet failed, by the reason it gave.
+        let failed = |reason| observe(Some(&with("Failed", Some(reason), None)));
+        assert_eq!(failed("Evicted"), O::Ended(Ended::Evicted));
+        assert_eq!(failed("OutOfcpu"), O::Ended(Ended::OutOfResources));
+        assert_eq!(failed("OutOfmemory"), O::Ended(Ended::OutOfResources));
+        assert_eq!(failed("NodeAffinity"), O::Ended(Ended::Refused));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Shared by the workspace and package tests (and `removal.rs`, its own binary): FIFOs to plant
-//! in hostile trees, a bound on a removal that must not block on one, what a directory holds
-//! and what a scrubbed slot keeps.
+//! in hostile trees, a bound on a removal that must not block on one, a wide tree, what a
+//! directory holds and what a scrubbed slot keeps (and the workspace benchmark, for its wide
+//! tree).
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
 use std::fs;
@@ -38,6 +39,29 @@ pub fn assert_file(dir: &Path, path: &str, contents: &[u8]) {
         "{}",
         dir.join(path).display()
     );
+}
+
+/// Writes `contents` to `dir/path`, making its parent directories: what a job (or an
+/// attacker) left in a runtime, for [`assert_file`] to find again.
+pub fn write_file(dir: &Path, path: &str, contents: &[u8]) {
+    let file = dir.join(path);
+    fs::create_dir_all(file.parent().unwrap()).unwrap();
+    fs::write(file, contents).unwrap();
+}
+
+/// `dirs` subdirectories of `top` holding a file each, and one directory of `files` files.
+pub fn wide_tree(top: &Path, dirs: u32, files: u32) {
+    fs::create_dir(top).unwrap();
+    for i in 0..dirs {
+        let d = top.join(format!("d{i}"));
+        fs::create_dir(&d).unwrap();
+        fs::write(d.join("f"), b"x").unwrap();
+    }
+    let flat = top.join("flat");
+    fs::create_dir(&flat).unwrap();
+    for i in 0..files {
+        fs::File::create(flat.join(format!("f{i}"))).unwrap();
+    }
 }
 
 /// The names in `dir`, sorted.
