@@ -590,24 +590,36 @@ async fn crash_at(boundary: &str, expected: Outcome) {
     assert_settled(&w, &a, 1).await;
 }
 
-/// One test a fault boundary: [`crash_at`] the boundary, and the outcome the restarted agent
+/// One test per fault boundary: [`crash_at`] the boundary, and the outcome the restarted agent
 /// must reach.
-macro_rules! crash_tests {
-    ($($test:ident: $boundary:literal => $expected:expr;)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $test() {
-            crash_at($boundary, $expected).await;
-        }
-    )*};
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_allocated_concludes_preparation_interrupted() {
+    crash_at("after-allocated", Outcome::Failed(FailureReason::PreparationInterrupted)).await;
 }
 
-crash_tests! {
-    a_crash_after_allocated_concludes_preparation_interrupted: "after-allocated" => Outcome::Failed(FailureReason::PreparationInterrupted);
-    a_crash_after_materialize_concludes_preparation_interrupted: "after-materialize" => Outcome::Failed(FailureReason::PreparationInterrupted);
-    a_crash_between_the_jit_and_the_spawn_loses_the_jit: "after-jit-before-spawn" => Outcome::Failed(FailureReason::JitExpired);
-    a_crash_between_the_spawn_and_starting_readopts_the_runner: "after-spawn-before-starting" => Outcome::ExitedIdleWithoutWork;
-    a_crash_after_the_termination_intent_finishes_the_stop: "after-termination-intent" => Outcome::ExitedIdleWithoutWork;
-    a_crash_mid_cleanup_finishes_the_cleanup: "mid-cleanup" => Outcome::ExitedIdleWithoutWork;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_materialize_concludes_preparation_interrupted() {
+    crash_at("after-materialize", Outcome::Failed(FailureReason::PreparationInterrupted)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_jit_and_the_spawn_loses_the_jit() {
+    crash_at("after-jit-before-spawn", Outcome::Failed(FailureReason::JitExpired)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_spawn_and_starting_readopts_the_runner() {
+    crash_at("after-spawn-before-starting", Outcome::ExitedIdleWithoutWork).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_the_termination_intent_finishes_the_stop() {
+    crash_at("after-termination-intent", Outcome::ExitedIdleWithoutWork).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_mid_cleanup_finishes_the_cleanup() {
+    crash_at("mid-cleanup", Outcome::ExitedIdleWithoutWork).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
