@@ -121,48 +121,26 @@ struct PolicyGauge {
 /// The per-policy gauges: a new one is a [`PolicyGauges`] field and a row here (and its
 /// docs/observability.md row, which `make test`'s docs stage asks for). Registration, the
 /// values of a pass and the removal of a gone policy's series all read this table.
+#[rustfmt::skip]
 const POLICY_GAUGES: &[PolicyGauge] = &[
-    PolicyGauge {
-        name: "policy_desired_runners",
-        help: "Runners the policy wants (status.desired), as of the leader's last pass",
-        value: |g| g.desired,
-    },
-    PolicyGauge {
-        name: "policy_starting_runners",
-        help: "The policy's runners launching or registering",
-        value: |g| g.starting,
-    },
-    PolicyGauge {
-        name: "policy_idle_runners",
-        help: "The policy's runners registered and waiting for a job",
-        value: |g| g.idle,
-    },
-    PolicyGauge {
-        name: "policy_busy_runners",
-        help: "The policy's runners running a job",
-        value: |g| g.busy,
-    },
-    PolicyGauge {
-        name: "policy_cleaning_runners",
-        help: "The policy's runners leaving or being cleaned up (status.cleaning)",
-        value: |g| g.cleaning,
-    },
-    PolicyGauge {
-        name: "policy_pending_jobs",
-        help: "Jobs queued for the policy that no runner has taken yet",
-        value: |g| g.pending_jobs,
-    },
-    PolicyGauge {
-        name: "policy_min_runners",
-        help: "spec.minIdle: idle runners kept ready",
-        value: |g| g.min,
-    },
-    PolicyGauge {
-        name: "policy_max_runners",
-        help: "spec.maxRunners",
-        value: |g| g.max,
-    },
+    gauge("policy_desired_runners", "Runners the policy wants (status.desired), as of the leader's last pass", |g| g.desired),
+    gauge("policy_starting_runners", "The policy's runners launching or registering", |g| g.starting),
+    gauge("policy_idle_runners", "The policy's runners registered and waiting for a job", |g| g.idle),
+    gauge("policy_busy_runners", "The policy's runners running a job", |g| g.busy),
+    gauge("policy_cleaning_runners", "The policy's runners leaving or being cleaned up (status.cleaning)", |g| g.cleaning),
+    gauge("policy_pending_jobs", "Jobs queued for the policy that no runner has taken yet", |g| g.pending_jobs),
+    gauge("policy_min_runners", "spec.minIdle: idle runners kept ready", |g| g.min),
+    gauge("policy_max_runners", "spec.maxRunners", |g| g.max),
 ];
+
+/// One row of [`POLICY_GAUGES`].
+const fn gauge(
+    name: &'static str,
+    help: &'static str,
+    value: fn(&PolicyGauges) -> u32,
+) -> PolicyGauge {
+    PolicyGauge { name, help, value }
+}
 
 /// Every metric of the operator.
 pub struct Metrics {
@@ -203,163 +181,146 @@ impl std::fmt::Debug for Metrics {
 impl Metrics {
     pub fn new() -> Arc<Self> {
         let mut registry = Registry::with_prefix("runner_manager");
-        let github_calls: Family<CallLabels, Counter> = registered(
-            &mut registry,
-            "github_calls",
-            "GitHub API calls by endpoint and HTTP status",
-        );
-        let rate_limit_remaining: Family<BucketLabels, Gauge> = registered(
-            &mut registry,
-            "github_rate_limit_remaining",
-            "Requests left in the rate-limit window, per credential and bucket, as GitHub last said",
-        );
-        let rate_limit_reset: Family<BucketLabels, Gauge> = registered(
-            &mut registry,
-            "github_rate_limit_reset_timestamp_seconds",
-            "When the rate-limit window resets (unix seconds), per credential and bucket",
-        );
-        let broker_requests: Family<OutcomeLabels, Counter> = registered(
-            &mut registry,
-            "broker_requests",
-            "JIT broker requests by outcome",
-        );
-        let broker_duration = registered_as(
-            &mut registry,
-            "broker_request_duration_seconds",
-            "Time to answer a JIT broker request",
-            Histogram::new(exponential_buckets(0.005, 2.0, 12)),
-        );
-        let webhook_deliveries: Family<OutcomeLabels, Counter> = registered(
-            &mut registry,
-            "webhook_deliveries",
-            "workflow_job webhook deliveries by outcome",
-        );
-        let api_writes: Family<KindLabels, Counter> = registered(
-            &mut registry,
-            "api_writes",
-            "Writes the operator's controllers sent to the API server, by kind",
-        );
-        let attempts: Family<StateLabels, Gauge> = registered(
-            &mut registry,
-            "attempts",
-            "RunnerAttempts by state, as of the leader's last pass",
-        );
-        let attempts_created: Family<ReasonLabels, Counter> = registered(
-            &mut registry,
-            "attempts_created",
-            "RunnerAttempts created, by why (scale_up or replacement)",
-        );
-        let placement_failures: Family<ReasonLabels, Counter> = registered(
-            &mut registry,
-            "placement_failures",
-            "Attempts that could not be placed, by why no node fitted",
-        );
+        // Each family registered as its field is made, in this order (the order `/metrics`
+        // lists them); the registry itself goes in last, with the span counts and the build.
+        let metrics = Self {
+            github_calls: registered(
+                &mut registry,
+                "github_calls",
+                "GitHub API calls by endpoint and HTTP status",
+            ),
+            rate_limit_remaining: registered(
+                &mut registry,
+                "github_rate_limit_remaining",
+                "Requests left in the rate-limit window, per credential and bucket, as GitHub last said",
+            ),
+            rate_limit_reset: registered(
+                &mut registry,
+                "github_rate_limit_reset_timestamp_seconds",
+                "When the rate-limit window resets (unix seconds), per credential and bucket",
+            ),
+            broker_requests: registered(
+                &mut registry,
+                "broker_requests",
+                "JIT broker requests by outcome",
+            ),
+            broker_duration: registered_as(
+                &mut registry,
+                "broker_request_duration_seconds",
+                "Time to answer a JIT broker request",
+                Histogram::new(exponential_buckets(0.005, 2.0, 12)),
+            ),
+            webhook_deliveries: registered(
+                &mut registry,
+                "webhook_deliveries",
+                "workflow_job webhook deliveries by outcome",
+            ),
+            api_writes: registered(
+                &mut registry,
+                "api_writes",
+                "Writes the operator's controllers sent to the API server, by kind",
+            ),
+            attempts: registered(
+                &mut registry,
+                "attempts",
+                "RunnerAttempts by state, as of the leader's last pass",
+            ),
+            attempts_created: registered(
+                &mut registry,
+                "attempts_created",
+                "RunnerAttempts created, by why (scale_up or replacement)",
+            ),
+            placement_failures: registered(
+                &mut registry,
+                "placement_failures",
+                "Attempts that could not be placed, by why no node fitted",
+            ),
+            terminations: registered(
+                &mut registry,
+                "terminations_requested",
+                "spec.termination requests, by reason",
+            ),
+            orphan_registrations_deleted: registered(
+                &mut registry,
+                "orphan_registrations_deleted",
+                "Runner registrations of ours with no attempt, deleted after the grace period",
+            ),
+            events_dropped: registered(
+                &mut registry,
+                "events_dropped",
+                "Kubernetes Events dropped because the publishing queue was full",
+            ),
+            leader: registered(
+                &mut registry,
+                "leader",
+                "1 while this replica holds the leader Lease and reconciles",
+            ),
+            pass_seconds: registered(
+                &mut registry,
+                "reconcile_pass_seconds",
+                "How long the leader's last full reconcile pass took",
+            ),
+            reconcile_duration: registered_as(
+                &mut registry,
+                "reconcile_duration_seconds",
+                "How long the leader's full reconcile passes take",
+                Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            ),
+            reconcile_errors: registered(
+                &mut registry,
+                "reconcile_errors",
+                "Failures inside policy reconciles, by stage (housekeeping, resolve, observe, demand, apply, status)",
+            ),
+            policy: POLICY_GAUGES
+                .iter()
+                .map(|g| registered(&mut registry, g.name, g.help))
+                .collect(),
+            job_startup: registered_as(
+                &mut registry,
+                "job_startup_duration_seconds",
+                "From a job queued to a runner taking it (the in_progress delivery's started_at - created_at), by policy",
+                Family::new_with_constructor(job_histogram),
+            ),
+            job_execution: registered_as(
+                &mut registry,
+                "job_execution_duration_seconds",
+                "From a runner taking a job to its completion (the completed delivery's completed_at - started_at), by policy and result",
+                Family::new_with_constructor(job_histogram),
+            ),
+            jobs: registered(
+                &mut registry,
+                "jobs",
+                "workflow_job deliveries accepted, by policy, action (queued, waiting, in_progress, completed) and result",
+            ),
+            jit_mints: registered(
+                &mut registry,
+                "jit_mints",
+                "JIT runner configurations the broker minted at GitHub and handed to an agent",
+            ),
+            job_series: std::sync::Mutex::default(),
+            registry: {
+                // The span export path's counts (the process's one tracer provider).
+                runner_manager_telemetry::spans::register(&mut registry);
+                registry.register(
+                    "build",
+                    "The operator's version",
+                    prometheus_client::metrics::info::Info::new(vec![(
+                        "version",
+                        env!("CARGO_PKG_VERSION"),
+                    )]),
+                );
+                registry
+            },
+        };
         // Every reason at 0 from the start: a rate or increase over a family with no series
         // is no data, not 0, and an alert on it (docs/observability.md) could not be told
         // from one whose metric does not exist.
         for why in Unplaceable::ALL {
-            let _ = placement_failures.get_or_create(&ReasonLabels {
+            let _ = metrics.placement_failures.get_or_create(&ReasonLabels {
                 reason: why.as_str().to_owned(),
             });
         }
-        let terminations: Family<ReasonLabels, Counter> = registered(
-            &mut registry,
-            "terminations_requested",
-            "spec.termination requests, by reason",
-        );
-        let orphan_registrations_deleted: Counter = registered(
-            &mut registry,
-            "orphan_registrations_deleted",
-            "Runner registrations of ours with no attempt, deleted after the grace period",
-        );
-        let events_dropped: Counter = registered(
-            &mut registry,
-            "events_dropped",
-            "Kubernetes Events dropped because the publishing queue was full",
-        );
-        let leader: Gauge = registered(
-            &mut registry,
-            "leader",
-            "1 while this replica holds the leader Lease and reconciles",
-        );
-        let pass_seconds: Gauge<f64, AtomicU64> = registered(
-            &mut registry,
-            "reconcile_pass_seconds",
-            "How long the leader's last full reconcile pass took",
-        );
-        let reconcile_duration = registered_as(
-            &mut registry,
-            "reconcile_duration_seconds",
-            "How long the leader's full reconcile passes take",
-            Histogram::new(exponential_buckets(0.005, 2.0, 14)),
-        );
-        let reconcile_errors: Family<StageLabels, Counter> = registered(
-            &mut registry,
-            "reconcile_errors",
-            "Failures inside policy reconciles, by stage (housekeeping, resolve, observe, demand, apply, status)",
-        );
-        let policy: Vec<Family<PolicyLabels, Gauge>> = POLICY_GAUGES
-            .iter()
-            .map(|g| registered(&mut registry, g.name, g.help))
-            .collect();
-        let job_startup: JobHistogram<PolicyLabels> = registered_as(
-            &mut registry,
-            "job_startup_duration_seconds",
-            "From a job queued to a runner taking it (the in_progress delivery's started_at - created_at), by policy",
-            Family::new_with_constructor(job_histogram),
-        );
-        let job_execution: JobHistogram<JobResultLabels> = registered_as(
-            &mut registry,
-            "job_execution_duration_seconds",
-            "From a runner taking a job to its completion (the completed delivery's completed_at - started_at), by policy and result",
-            Family::new_with_constructor(job_histogram),
-        );
-        let jobs: Family<JobLabels, Counter> = registered(
-            &mut registry,
-            "jobs",
-            "workflow_job deliveries accepted, by policy, action (queued, waiting, in_progress, completed) and result",
-        );
-        let jit_mints: Counter = registered(
-            &mut registry,
-            "jit_mints",
-            "JIT runner configurations the broker minted at GitHub and handed to an agent",
-        );
-        // The span export path's counts (the process's one tracer provider).
-        runner_manager_telemetry::spans::register(&mut registry);
-        registry.register(
-            "build",
-            "The operator's version",
-            prometheus_client::metrics::info::Info::new(vec![(
-                "version",
-                env!("CARGO_PKG_VERSION"),
-            )]),
-        );
-        Arc::new(Self {
-            reconcile_duration,
-            reconcile_errors,
-            policy,
-            job_startup,
-            job_execution,
-            jobs,
-            job_series: std::sync::Mutex::default(),
-            jit_mints,
-            pass_seconds,
-            registry,
-            api_writes,
-            attempts,
-            attempts_created,
-            placement_failures,
-            terminations,
-            orphan_registrations_deleted,
-            events_dropped,
-            leader,
-            github_calls,
-            rate_limit_remaining,
-            rate_limit_reset,
-            broker_requests,
-            broker_duration,
-            webhook_deliveries,
-        })
+        Arc::new(metrics)
     }
 
     /// One GitHub call; `status` 0 for a transport failure.

@@ -230,8 +230,8 @@ async fn the_broker_certificate_rotates_while_an_agent_keeps_getting_jits() {
     let Some(p) = Product::start_with("attack_cert_rotation", options).await else {
         return;
     };
-    let broker = p.operators[0].broker.clone();
-    let (first_serial, not_after) = served_certificate(&p, &broker).await;
+    let broker = &p.operators[0].broker;
+    let (first_serial, not_after) = served_certificate(&p, broker).await;
     assert!(
         not_after - now_unix() <= 20,
         "a 15 s certificate expires in {} s",
@@ -247,7 +247,7 @@ async fn the_broker_certificate_rotates_while_an_agent_keeps_getting_jits() {
         jobs.push(id);
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
-    let (last_serial, not_after) = served_certificate(&p, &broker).await;
+    let (last_serial, not_after) = served_certificate(&p, broker).await;
     assert_ne!(first_serial, last_serial, "the certificate was rotated");
     assert!(not_after - now_unix() <= 20);
     assert!(jobs.len() >= 3, "jobs ran across the rotations: {jobs:?}");
@@ -266,10 +266,7 @@ async fn the_broker_certificate_rotates_while_an_agent_keeps_getting_jits() {
             )
         })
         .collect();
-    assert!(
-        failed.is_empty(),
-        "attempts failed across rotations: {failed:?}"
-    );
+    assert!(failed.is_empty(), "failed across rotations: {failed:?}");
 }
 
 /// Finding 8: a policy naming a GitHub host the admin did not list is not Ready, naming the

@@ -143,173 +143,158 @@ impl AgentMetrics {
             "The agent's version",
             Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
         );
-        let launches: Family<OutcomeLabels, Counter> = registered(
-            &mut registry,
-            "launches",
-            "Launches by outcome: started (the runner process exists), rejected (not admitted) or failed (concluded before it started)",
-        );
-        let concluded: Family<ConcludedLabels, Counter> = registered(
-            &mut registry,
-            "attempts_concluded",
-            "Attempts this agent concluded, by outcome kind and reason (none for a completed job or an idle exit)",
-        );
-        let steps = registered_as(
-            &mut registry,
-            "launch_step_duration_seconds",
-            "Time each launch step took (materialize, prepare, register = the JIT request, spawn, total)",
-            Family::<StepLabels, Histogram>::new_with_constructor(|| {
-                Histogram::new(exponential_buckets(0.01, 2.0, 14))
-            }),
-        );
-        let package_downloads: Counter = registered(
-            &mut registry,
-            "package_downloads",
-            "Launches whose runner package had to be downloaded (not in the node's cache)",
-        );
-        let events: Family<ReasonLabels, Counter> = registered(
-            &mut registry,
-            "events",
-            "Kubernetes Events the agent emitted, by reason",
-        );
-        let cleanup_deferrals: Counter = registered(
-            &mut registry,
-            "cleanup_deferrals",
-            "Cleanups deferred (a runner not proven stopped, an ephemeral runtime not removable): each is retried with backoff",
-        );
-        let quarantines: Counter = registered(
-            &mut registry,
-            "slot_quarantines",
-            "Persistent slots quarantined because their scrub was refused",
-        );
-        let slots: Family<StateLabels, Gauge> = registered(
-            &mut registry,
-            "slots",
-            "Runner capacity of the node (state=capacity) and what is held of it (state=used)",
-        );
-        let recovery_complete: Gauge = registered(
-            &mut registry,
-            "recovery_complete",
-            "1 once the startup recovery gate opened (every attempt found at start reconciled)",
-        );
-        let recovery_blocked: Gauge = registered(
-            &mut registry,
-            "recovery_blocked",
-            "1 while recovery is blocked on an attempt a person must look at (RecoveryBlocked Event)",
-        );
-        let ready: Gauge = registered(
-            &mut registry,
-            "ready",
-            "1 while /readyz answers 200 (fence held, Lease renewed recently, recovery gate open, launcher ready)",
-        );
-        let heartbeat_age: FloatGauge<f64, AtomicU64> = registered(
-            &mut registry,
-            "heartbeat_age_seconds",
-            "Seconds since the node Lease was last renewed (-1 before the first renewal)",
-        );
-        let lease_renewals: Family<OutcomeLabels, Counter> = registered(
-            &mut registry,
-            "lease_renewals",
-            "Node Lease renewals by outcome (ok, failed)",
-        );
-        let cached_packages: Gauge = registered(
-            &mut registry,
-            "cached_packages",
-            "Runner packages materialized in the node's package cache",
-        );
-        let cache_bytes: Gauge = registered(
-            &mut registry,
-            "cache_bytes",
-            "Bytes in the node's dependency caches (spec.caches), as the last prune counted them",
-        );
-        let api_requests: Family<VerbLabels, Counter> = registered(
-            &mut registry,
-            "api_requests",
-            "Requests the agent sent to the Kubernetes API server, by verb (read = a GET or LIST, watch = a watch request)",
-        );
-        let orphans_removed: Family<KindLabels, Counter> = registered(
-            &mut registry,
-            "orphans_removed",
-            "What the orphan sweep removed for attempts no longer on this node (runner, cgroup, runtime, handoff)",
-        );
-        let package_prunes: Family<ResultLabels, Counter> = registered(
-            &mut registry,
-            "package_prunes",
-            "Package prunes after launches, by result (ran, skipped, failed)",
-        );
-        let materializer: Family<ModeLabels, Gauge> = registered(
-            &mut registry,
-            "materializer",
-            "How packages are laid into runtimes (1 for the one in use: overlay or copy; `--materialize`)",
-        );
+        // Each family registered as its field is made, in this order (the order `/metrics`
+        // lists them after the span counts and the build); the registry itself goes in last.
+        let metrics = Self {
+            launches: registered(
+                &mut registry,
+                "launches",
+                "Launches by outcome: started (the runner process exists), rejected (not admitted) or failed (concluded before it started)",
+            ),
+            concluded: registered(
+                &mut registry,
+                "attempts_concluded",
+                "Attempts this agent concluded, by outcome kind and reason (none for a completed job or an idle exit)",
+            ),
+            steps: registered_as(
+                &mut registry,
+                "launch_step_duration_seconds",
+                "Time each launch step took (materialize, prepare, register = the JIT request, spawn, total)",
+                Family::<StepLabels, Histogram>::new_with_constructor(|| {
+                    Histogram::new(exponential_buckets(0.01, 2.0, 14))
+                }),
+            ),
+            package_downloads: registered(
+                &mut registry,
+                "package_downloads",
+                "Launches whose runner package had to be downloaded (not in the node's cache)",
+            ),
+            events: registered(
+                &mut registry,
+                "events",
+                "Kubernetes Events the agent emitted, by reason",
+            ),
+            cleanup_deferrals: registered(
+                &mut registry,
+                "cleanup_deferrals",
+                "Cleanups deferred (a runner not proven stopped, an ephemeral runtime not removable): each is retried with backoff",
+            ),
+            quarantines: registered(
+                &mut registry,
+                "slot_quarantines",
+                "Persistent slots quarantined because their scrub was refused",
+            ),
+            slots: registered(
+                &mut registry,
+                "slots",
+                "Runner capacity of the node (state=capacity) and what is held of it (state=used)",
+            ),
+            recovery_complete: registered(
+                &mut registry,
+                "recovery_complete",
+                "1 once the startup recovery gate opened (every attempt found at start reconciled)",
+            ),
+            recovery_blocked: registered(
+                &mut registry,
+                "recovery_blocked",
+                "1 while recovery is blocked on an attempt a person must look at (RecoveryBlocked Event)",
+            ),
+            ready: registered(
+                &mut registry,
+                "ready",
+                "1 while /readyz answers 200 (fence held, Lease renewed recently, recovery gate open, launcher ready)",
+            ),
+            heartbeat_age: registered(
+                &mut registry,
+                "heartbeat_age_seconds",
+                "Seconds since the node Lease was last renewed (-1 before the first renewal)",
+            ),
+            lease_renewals: registered(
+                &mut registry,
+                "lease_renewals",
+                "Node Lease renewals by outcome (ok, failed)",
+            ),
+            cached_packages: registered(
+                &mut registry,
+                "cached_packages",
+                "Runner packages materialized in the node's package cache",
+            ),
+            cache_bytes: registered(
+                &mut registry,
+                "cache_bytes",
+                "Bytes in the node's dependency caches (spec.caches), as the last prune counted them",
+            ),
+            api_requests: registered(
+                &mut registry,
+                "api_requests",
+                "Requests the agent sent to the Kubernetes API server, by verb (read = a GET or LIST, watch = a watch request)",
+            ),
+            orphans_removed: registered(
+                &mut registry,
+                "orphans_removed",
+                "What the orphan sweep removed for attempts no longer on this node (runner, cgroup, runtime, handoff)",
+            ),
+            package_prunes: registered(
+                &mut registry,
+                "package_prunes",
+                "Package prunes after launches, by result (ran, skipped, failed)",
+            ),
+            materializer: registered(
+                &mut registry,
+                "materializer",
+                "How packages are laid into runtimes (1 for the one in use: overlay or copy; `--materialize`)",
+            ),
+            reconcile_errors: registered(
+                &mut registry,
+                "reconcile_errors",
+                "Reconciles of an attempt that failed, by the stage of its life the attempt was in (launch, resume, supervise, cleanup, read); each is retried with backoff",
+            ),
+            registry,
+            started: Instant::now(),
+        };
         for mode in crate::packages::overlay::Materializer::ALL {
-            let _ = materializer.get_or_create(&ModeLabels {
+            let _ = metrics.materializer.get_or_create(&ModeLabels {
                 mode: mode.as_str().into(),
             });
         }
-        let reconcile_errors: Family<StageLabels, Counter> = registered(
-            &mut registry,
-            "reconcile_errors",
-            "Reconciles of an attempt that failed, by the stage of its life the attempt was in (launch, resume, supervise, cleanup, read); each is retried with backoff",
-        );
         for stage in ReconcileStage::ALL {
-            let _ = reconcile_errors.get_or_create(&StageLabels {
+            let _ = metrics.reconcile_errors.get_or_create(&StageLabels {
                 stage: stage.as_str().into(),
             });
         }
         for kind in OrphanKind::ALL {
-            let _ = orphans_removed.get_or_create(&KindLabels {
+            let _ = metrics.orphans_removed.get_or_create(&KindLabels {
                 kind: kind.as_str().into(),
             });
         }
         for result in PruneResult::ALL {
-            let _ = package_prunes.get_or_create(&ResultLabels {
+            let _ = metrics.package_prunes.get_or_create(&ResultLabels {
                 result: result.as_str().into(),
             });
         }
         // Every series of the closed vocabularies exists from the start, at 0, so a rate or an
         // alert has a series to read before the first occurrence.
         for verb in API_VERBS {
-            let _ = api_requests.get_or_create(&VerbLabels { verb: verb.into() });
+            let _ = metrics
+                .api_requests
+                .get_or_create(&VerbLabels { verb: verb.into() });
         }
         for outcome in ["started", "rejected", "failed"] {
-            let _ = launches.get_or_create(&OutcomeLabels {
+            let _ = metrics.launches.get_or_create(&OutcomeLabels {
                 outcome: outcome.into(),
             });
         }
         for reason in EventReason::ALL {
-            let _ = events.get_or_create(&ReasonLabels {
+            let _ = metrics.events.get_or_create(&ReasonLabels {
                 reason: reason.as_str().into(),
             });
         }
         for outcome in ["ok", "failed"] {
-            let _ = lease_renewals.get_or_create(&OutcomeLabels {
+            let _ = metrics.lease_renewals.get_or_create(&OutcomeLabels {
                 outcome: outcome.into(),
             });
         }
-        Self {
-            registry,
-            launches,
-            concluded,
-            steps,
-            package_downloads,
-            events,
-            cleanup_deferrals,
-            quarantines,
-            slots,
-            recovery_complete,
-            recovery_blocked,
-            ready,
-            heartbeat_age,
-            lease_renewals,
-            cached_packages,
-            cache_bytes,
-            orphans_removed,
-            package_prunes,
-            api_requests,
-            reconcile_errors,
-            materializer,
-            started: Instant::now(),
-        }
+        metrics
     }
 
     /// A runner process was started; the step timings in milliseconds as journalled.
