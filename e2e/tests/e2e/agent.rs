@@ -594,22 +594,38 @@ async fn crash_at(boundary: &str, expected: Outcome) {
 /// must reach.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_allocated_concludes_preparation_interrupted() {
-    crash_at("after-allocated", Outcome::Failed(FailureReason::PreparationInterrupted)).await;
+    crash_at(
+        "after-allocated",
+        Outcome::Failed(FailureReason::PreparationInterrupted),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_materialize_concludes_preparation_interrupted() {
-    crash_at("after-materialize", Outcome::Failed(FailureReason::PreparationInterrupted)).await;
+    crash_at(
+        "after-materialize",
+        Outcome::Failed(FailureReason::PreparationInterrupted),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_between_the_jit_and_the_spawn_loses_the_jit() {
-    crash_at("after-jit-before-spawn", Outcome::Failed(FailureReason::JitExpired)).await;
+    crash_at(
+        "after-jit-before-spawn",
+        Outcome::Failed(FailureReason::JitExpired),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_between_the_spawn_and_starting_readopts_the_runner() {
-    crash_at("after-spawn-before-starting", Outcome::ExitedIdleWithoutWork).await;
+    crash_at(
+        "after-spawn-before-starting",
+        Outcome::ExitedIdleWithoutWork,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
