@@ -1,10 +1,11 @@
 //! A `RunnerAttempt` as the operator's decisions read it ([`ValidatedAttempt`], issue 30 item
 //! 2): built once per reconcile from the custom resource
 //! (`runner_manager_crds::validate::attempt`), with its names resolved, its annotations parsed
-//! and its timestamps unwrapped. Housekeeping ([`crate::housekeeping`]), the timeouts ([`crate::timeouts`]), the
-//! failure count ([`crate::failures`]), demand's view ([`ValidatedAttempt::demand_view`]) and the
-//! job ledger's presumption ([`crate::ledger`]) read it instead of the object, so none of them
-//! parses an annotation or unwraps a name again, and all of them are tested without Kubernetes.
+//! and its timestamps unwrapped. Housekeeping ([`crate::housekeeping`]), the timeouts
+//! ([`crate::timeouts`]), the failure count ([`crate::failures`]), the policy's decisions
+//! ([`crate::scaling`]), demand's view ([`ValidatedAttempt::demand_view`]) and the job ledger's
+//! presumption ([`crate::ledger`]) read it instead of the object, so none of them parses an
+//! annotation or unwraps a name again, and all of them are tested without Kubernetes.
 
 use std::time::Duration;
 

@@ -21,8 +21,8 @@
 //!
 //! `runner-manager-crds` builds the custom resources on these types and re-exports the modules
 //! under its own name, and builds the validated attempt from the object
-//! (`runner_manager_crds::validate::attempt::Attempt`); the operator's `policy` module re-exports the
-//! policy decisions. What stays in the operator renders or writes the custom resources: the
+//! (`runner_manager_crds::validate::attempt::Attempt`); the operator's `policy` module
+//! re-exports the policy decisions. What stays in the operator renders or writes the custom resources: the
 //! plan's status, conditions, events and gauges (from a `scaling::Decision`) and the ledger's
 //! patches (docs/architecture.md, "Crates").
 

@@ -231,18 +231,6 @@ impl ReconcileError {
             Self::Status(_) => true,
         }
     }
-
-    /// The write that failed, if this is one (tests and logs name it).
-    pub fn write_kind(&self) -> Option<WriteKind> {
-        let w = match self {
-            Self::Housekeeping(HousekeepingError(w))
-            | Self::Observe(ObserveError::Write(w))
-            | Self::Demand(DemandError::Write(w))
-            | Self::Apply(ApplyError::Write(w)) => w,
-            _ => return None,
-        };
-        Some(w.kind)
-    }
 }
 
 /// First wait after a failed reconcile; doubles per consecutive failure up to [`BACKOFF_MAX`].

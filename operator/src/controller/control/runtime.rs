@@ -12,7 +12,8 @@
 //! A reconcile is the stage pipeline `policy::reconcile` (housekeeping → resolve → observe →
 //! demand → plan → apply → status) on the policy's attempts, each validated once here
 //! (`attempts_of`). Errors come back typed by stage; `error_policy` counts each in
-//! `runner_manager_reconcile_errors_total{stage}` and requeues the policy after its backoff. Only the leader runs this: `run` is dropped when leadership is lost.
+//! `runner_manager_reconcile_errors_total{stage}` and requeues the policy after its backoff.
+//! Only the leader runs this: `run` is dropped when leadership is lost.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -169,8 +170,8 @@ impl Leading {
         }
     }
 
-    /// The policy's attempts as the cache holds them now.
-    /// The policy's attempts as cached, each validated once for this reconcile.
+    /// The policy's attempts as the cache holds them now, each validated once for this
+    /// reconcile.
     fn attempts_of(&self, p: &ScalePolicy) -> Vec<Attempt> {
         let refs = self.index().attempts_of(&ObjectRef::from_obj(p));
         let store = &self.ctx.caches.attempts;
