@@ -61,6 +61,11 @@ impl Stage {
         }
     }
 
+    /// Its place in [`Stage::ALL`] (the declaration order, which `ALL` follows).
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
     /// Whether the stage reaches the API server or GitHub (the others are pure, tested without
     /// either, and cannot fail).
     pub const fn needs_client(self) -> bool {
@@ -391,6 +396,9 @@ mod tests {
             .filter(|s| !s.needs_client())
             .collect();
         assert_eq!(pure, [Stage::Plan]);
+        for (i, stage) in Stage::ALL.into_iter().enumerate() {
+            assert_eq!(stage.index(), i, "{stage:?}");
+        }
     }
 
     #[test]

@@ -80,22 +80,13 @@ pub struct StageTimes(pub [u64; Stage::ALL.len()]);
 impl StageTimes {
     fn add(&mut self, stage: Stage, since: Instant) {
         let us = u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX);
-        if let Some(slot) = Stage::ALL
-            .iter()
-            .position(|s| *s == stage)
-            .and_then(|i| self.0.get_mut(i))
-        {
+        if let Some(slot) = self.0.get_mut(stage.index()) {
             *slot = slot.saturating_add(us);
         }
     }
 
     pub fn of(&self, stage: Stage) -> u64 {
-        Stage::ALL
-            .iter()
-            .position(|s| *s == stage)
-            .and_then(|i| self.0.get(i))
-            .copied()
-            .unwrap_or(0)
+        self.0.get(stage.index()).copied().unwrap_or(0)
     }
 }
 
